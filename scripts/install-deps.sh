@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs every Debian package odmoe needs to build and test. Idempotent and quiet on success:
+# packages already present are skipped without touching apt.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
+  libabsl-dev libspdlog-dev libfmt-dev
+  libgtest-dev libgmock-dev
+  nlohmann-json3-dev libtomlplusplus-dev
+  clang-14 libclang-rt-14-dev
+  python3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+log=$(mktemp)
+if ! { $sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "install-deps: failed to install: ${missing[*]}" >&2
+  rm -f "$log"
+  exit 1
+fi
+rm -f "$log"

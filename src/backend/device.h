@@ -1,0 +1,170 @@
+// The backend interface: one Device per compute device, with buffers, streams, copies, memory information and
+// the compute ops the engine needs. Every op of the forward pass goes through a Device, so a forward pass can
+// run on the CPU reference, on the mock GPU (tests of budgets, loading and stall accounting) or on CUDA.
+//
+// Conventions for ops:
+//  - Pointers are device addresses taken from Buffer::data() (plus byte offsets): host memory for the CPU
+//    device, the mock GPU's own arena for the mock GPU, CUDA memory for CUDA. Never pass host memory to an op
+//    of a device whose memory is not host memory; data reaches such a device only through Copy*.
+//  - Activations are fp32. Weights are a WeightRef: bytes in the checkpoint's dtype (F32, F16 or BF16), read
+//    with fp32 accumulation.
+//  - Row-major everywhere; shapes are given in the comments as [rows, cols].
+//  - Every op and copy is enqueued on a Stream (nullptr: the device's default stream) and is ordered with
+//    the other work of that stream. Host code reads results only after Synchronize (or a D2H copy, which
+//    synchronizes the stream it runs on).
+//  - Ops report programming errors (null pointers, impossible sizes) through CHECK; they do not fail.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "src/common/dtype.h"
+
+namespace odmoe {
+
+enum class DeviceKind { kCpu, kMockGpu, kCuda };
+std::string_view DeviceKindName(DeviceKind kind);  // "cpu", "mock-gpu", "cuda"
+
+class Device;
+
+// A block of device memory. Freed (and its bytes returned to the device's budget) when destroyed.
+// Thread safety: the object itself is immutable; ordering of accesses is by streams.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  size_t size() const { return size_; }
+  template <typename T>
+  T* as() {
+    return static_cast<T*>(data_);
+  }
+  template <typename T>
+  const T* as() const {
+    return static_cast<const T*>(data_);
+  }
+
+ protected:
+  Buffer(void* data, size_t size) : data_(data), size_(size) {}
+
+ private:
+  void* data_;
+  size_t size_;
+};
+
+// An ordered queue of work on one device. Work on different streams of a device may overlap; an Event
+// recorded on one stream and waited on by another orders them.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+};
+
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+// A weight in device memory in its storage dtype.
+struct WeightRef {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  bool empty() const { return data == nullptr; }
+};
+
+struct MemoryInfo {
+  uint64_t capacity = 0;  // bytes the device may allocate in all; 0: no limit known
+  uint64_t in_use = 0;    // bytes allocated now
+  uint64_t peak = 0;      // most bytes allocated at once since creation (or ResetPeak)
+};
+
+struct TransferStats {
+  uint64_t h2d_bytes = 0;
+  uint64_t h2d_copies = 0;
+  uint64_t d2h_bytes = 0;
+  uint64_t d2h_copies = 0;
+  uint64_t d2d_bytes = 0;
+  uint64_t d2d_copies = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual DeviceKind kind() const = 0;
+  virtual std::string name() const = 0;
+
+  // ---- memory --------------------------------------------------------------------------------------------
+  // `tag` says what the memory is for (for messages and accounting). ResourceExhausted, naming the tag, the
+  // request and what is in use, when the device's capacity would be exceeded.
+  virtual absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes, std::string_view tag) = 0;
+  virtual MemoryInfo memory_info() const = 0;
+  virtual void ResetPeak() = 0;
+
+  // ---- streams and copies ----------------------------------------------------------------------------------
+  virtual std::unique_ptr<Stream> CreateStream() = 0;
+  virtual std::unique_ptr<Event> CreateEvent() = 0;
+  virtual void RecordEvent(Event& event, Stream* stream) = 0;
+  virtual void WaitEvent(Stream* stream, Event& event) = 0;
+  // Blocks the host until all work on `stream` (nullptr: the default stream) has finished.
+  virtual void Synchronize(Stream* stream) = 0;
+  // Blocks the host until all work on every stream has finished.
+  virtual void SynchronizeAll() = 0;
+
+  // Host memory -> device memory. The host memory must stay valid until the stream is synchronized.
+  virtual void CopyToDevice(void* dst, const void* src, size_t bytes, Stream* stream) = 0;
+  // Device memory -> host memory; returns when the bytes are in `dst` (synchronizes `stream`).
+  virtual void CopyToHost(void* dst, const void* src, size_t bytes, Stream* stream) = 0;
+  virtual void CopyOnDevice(void* dst, const void* src, size_t bytes, Stream* stream) = 0;
+  virtual TransferStats transfer_stats() const = 0;
+
+  // ---- ops -------------------------------------------------------------------------------------------------
+  // out[i, :] = table[ids[i], :] as fp32. ids: [n] (device memory), table: [vocab, dim].
+  virtual void Embedding(const int32_t* ids, int64_t n, WeightRef table, int64_t dim, float* out,
+                         Stream* stream) = 0;
+  // out[i, :] = x[i, :] / sqrt(mean(x[i, :]^2) + eps) * weight. x, out: [rows, dim] (may alias).
+  virtual void RmsNorm(const float* x, WeightRef weight, int64_t rows, int64_t dim, float eps, float* out,
+                       Stream* stream) = 0;
+  // y[n, out_dim] = x[n, in_dim] * w[out_dim, in_dim]^T (+ bias[out_dim] when given). y must not alias x.
+  virtual void MatMul(const float* x, WeightRef w, WeightRef bias, int64_t n, int64_t in_dim, int64_t out_dim,
+                      float* y, Stream* stream) = 0;
+  // Rotary embedding in the HF "rotate_half" layout, in place. x: [n, heads, head_dim]; token i sits at
+  // position positions[i] (device memory, [n]).
+  virtual void Rope(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim, double theta,
+                    Stream* stream) = 0;
+  // Causal attention of n new tokens against a cache that already holds `past` tokens plus these n
+  // (k_cache, v_cache: [past + n, kv_heads, head_dim], the new tokens at rows past..past+n-1).
+  // q: [n, heads, head_dim]; out: [n, heads, head_dim]. Query head h reads kv head h / (heads / kv_heads).
+  virtual void Attention(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past,
+                         int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
+                         Stream* stream) = 0;
+  // Router: softmax over logits[i, :num_experts], top-k (ties: lower expert id first), best first; weights
+  // renormalised to sum 1 when `renormalize`. logits: [n, num_experts]; ids, weights: [n, k].
+  virtual void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,
+                          int32_t* ids, float* weights, Stream* stream) = 0;
+  // out = silu(gate) * up, elementwise over `count` values (out may alias gate).
+  virtual void SwiGlu(const float* gate, const float* up, int64_t count, float* out, Stream* stream) = 0;
+  // y += x elementwise over `count` values.
+  virtual void Add(const float* x, int64_t count, float* y, Stream* stream) = 0;
+  // dst[i, :] = src[rows[i], :] for i < n. src: [*, dim], dst: [n, dim], rows: [n] (device memory).
+  virtual void GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* dst,
+                          Stream* stream) = 0;
+  // dst[rows[i], :] += scale[i] * src[i, :] for i < n, in order of i (deterministic). When `sigmoid_scale`
+  // the factor is sigmoid(scale[i]) instead. src: [n, dim], rows, scale: [n] (device memory).
+  virtual void ScatterAddScaled(const float* src, const int32_t* rows, const float* scale, int64_t n, int64_t dim,
+                                bool sigmoid_scale, float* dst, Stream* stream) = 0;
+
+  // ---- accounting ------------------------------------------------------------------------------------------
+  // How many ops of each name (e.g. "MatMul") this device has run since creation: a test hook that shows on
+  // which device a forward pass computed.
+  virtual std::map<std::string, int64_t> op_counts() const = 0;
+};
+
+}  // namespace odmoe

@@ -1,0 +1,34 @@
+#include "src/common/status.h"
+
+namespace odmoe {
+
+int ExitCodeFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return kExitOk;
+    case absl::StatusCode::kInvalidArgument:
+      return kExitUsage;
+    case absl::StatusCode::kNotFound:
+      return kExitNotFound;
+    case absl::StatusCode::kDataLoss:
+      return kExitCorrupt;
+    case absl::StatusCode::kFailedPrecondition:
+      return kExitInvalidModel;
+    case absl::StatusCode::kUnimplemented:
+      return kExitUnsupported;
+    case absl::StatusCode::kOutOfRange:
+      return kExitOutOfRange;
+    case absl::StatusCode::kResourceExhausted:
+      return kExitResources;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      return kExitUnavailable;
+    default:
+      return kExitInternal;
+  }
+}
+
+absl::Status CorruptError(std::string_view msg) { return absl::DataLossError(std::string(msg)); }
+absl::Status InvalidModelError(std::string_view msg) { return absl::FailedPreconditionError(std::string(msg)); }
+
+}  // namespace odmoe

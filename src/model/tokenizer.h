@@ -1,0 +1,77 @@
+// SentencePiece tokenizer (BPE models with byte fallback, as Mixtral/Llama ship in tokenizer.model), written
+// from the model format: no dependency on the sentencepiece library. Encodes and decodes exactly like
+// SentencePiece for the normalizers odmoe accepts ("identity"; a model with a precompiled NFKC charsmap is
+// refused rather than approximated).
+//
+// Checkpoints that ship only tokenizer.json (the Qwen and OLMoE families) have no SentencePiece model: odmoe
+// runs them with token ids (--prompt-ids); Tokenizer::Load reports NotFound for them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace odmoe {
+
+class Tokenizer {
+ public:
+  // Reads DIR/tokenizer.model and, if present, DIR/tokenizer_config.json (add_bos_token, add_eos_token;
+  // defaults: BOS yes, EOS no). NotFound names the missing file; a malformed file gives DataLoss naming it;
+  // an unsupported model (unigram, non-identity normalizer) gives Unimplemented naming the field.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& dir);
+  // From the serialized model proto. `where` names the source in messages.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromSerializedModel(std::string_view model, bool add_bos,
+                                                                         bool add_eos, const std::string& where);
+  ~Tokenizer();
+
+  // Text to ids, without BOS/EOS. Control tokens written in the text ("</s>") are ordinary text.
+  std::vector<int32_t> Encode(std::string_view text) const;
+  // Text to ids with BOS / EOS added as tokenizer_config.json asks.
+  std::vector<int32_t> EncodeForModel(std::string_view text) const;
+  // Ids to text, as SentencePiece's DecodeIds does: control tokens vanish, byte pieces are reassembled into
+  // UTF-8 (invalid bytes become U+FFFD), the leading-space marker of the first piece is dropped.
+  std::string Decode(std::span<const int32_t> ids) const;
+
+  int32_t vocab_size() const;
+  int32_t bos_id() const;
+  int32_t eos_id() const;
+  int32_t unk_id() const;
+  bool add_bos() const;
+  // The piece string of `id` (with the "▁" marker), or "" if out of range.
+  std::string_view IdToPiece(int32_t id) const;
+  bool IsControl(int32_t id) const;
+  bool IsByte(int32_t id) const;
+
+  struct Impl;
+
+ private:
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Turns a stream of generated ids into text as they arrive, for printing while generating. Never emits part of
+// a UTF-8 character (byte-fallback pieces are held until their character is complete) and places the
+// leading-space marker as full decoding would: Push(ids one by one) concatenated with Finish() equals
+// Decode(context + ids) minus Decode(context).
+class IncrementalDecoder {
+ public:
+  // `context`: ids already in the sequence (the prompt), which are not emitted.
+  IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int32_t> context);
+  // Appends one id; returns the text that is now complete (possibly empty).
+  std::string Push(int32_t id);
+  // Returns whatever is still held back (incomplete UTF-8 becomes U+FFFD, as Decode would give).
+  std::string Finish();
+
+ private:
+  const Tokenizer& tokenizer_;
+  bool at_start_;               // no visible piece has been decoded yet in the whole sequence
+  std::string pending_bytes_;   // byte-fallback bytes not yet forming complete characters
+};
+
+}  // namespace odmoe

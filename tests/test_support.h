@@ -1,0 +1,51 @@
+// Helpers shared by the tests: where ../shared and the build live, temporary folders, running programs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace odmoe::testing {
+
+// ../shared next to the project root (CMake's ODMOE_SHARED_DIR).
+std::string SharedDir();
+// ../shared/models/NAME.
+std::string SharedModel(const std::string& name);
+// True if ../shared/models/NAME exists; tests that need it skip with a message naming the path otherwise.
+bool HaveSharedModel(const std::string& name);
+// Names of every model folder under ../shared/models (sorted).
+std::vector<std::string> SharedModelNames();
+
+std::string SourceDir();
+std::string BinaryDir();
+// build/bin/NAME.
+std::string ProgramPath(const std::string& name);
+
+// A fresh empty directory under the system temp dir, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+void WriteFile(const std::string& path, const std::string& contents);
+std::string ReadFile(const std::string& path);
+// Copies every regular file of `from` into `to` (which must exist).
+void CopyDir(const std::string& from, const std::string& to);
+
+struct RunResult {
+  int exit_code = -1;   // the program's exit status; -1 if it did not exit normally (signal)
+  int signal = 0;       // the signal that ended it, if any
+  std::string out;      // stdout
+  std::string err;      // stderr
+};
+// Runs `argv` (argv[0] a path) to completion with no stdin, capturing stdout and stderr.
+RunResult RunProgram(const std::vector<std::string>& argv);
+
+}  // namespace odmoe::testing
