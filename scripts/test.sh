@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs the whole test suite of an existing build (build/ unless BUILD_DIR says otherwise).
+# Builds (if needed) and runs the whole test suite. Extra arguments go to ctest (e.g. -L unit, -R golden).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
-jobs=$(nproc 2>/dev/null || echo 2)
-[ "$jobs" -gt 2 ] && jobs=2
+jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+bash scripts/build.sh
 ctest --test-dir "$build" --output-on-failure -j "$jobs" "$@"

@@ -1,0 +1,95 @@
+#include "src/engine/generator.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+namespace odmoe {
+
+absl::Status ValidateRequest(const ModelConfig& config, std::span<const int32_t> prompt, int64_t max_new_tokens) {
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty: give at least one token");
+  if (max_new_tokens < 0) {
+    return absl::InvalidArgumentError(StrCat("--max-new-tokens must be >= 0, got ", max_new_tokens));
+  }
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= config.vocab_size) {
+      return absl::OutOfRangeError(StrCat("prompt token id ", prompt[i], " at index ", i,
+                                          " is outside the vocabulary [0, ", config.vocab_size, ")"));
+    }
+  }
+  const int64_t total = static_cast<int64_t>(prompt.size()) + max_new_tokens;
+  if (static_cast<int64_t>(prompt.size()) > config.max_position_embeddings) {
+    return absl::OutOfRangeError(StrCat("the prompt has ", prompt.size(), " tokens, more than the model's ",
+                                        config.max_position_embeddings, " positions (max_position_embeddings)"));
+  }
+  if (total > config.max_position_embeddings) {
+    return absl::OutOfRangeError(StrCat("prompt (", prompt.size(), " tokens) + --max-new-tokens (", max_new_tokens,
+                                        ") exceeds the model's ", config.max_position_embeddings,
+                                        " positions (max_position_embeddings)"));
+  }
+  return CheckSequenceLength(config, total);
+}
+
+absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t> prompt,
+                                        const GenerateOptions& options,
+                                        const std::function<void(int32_t)>& on_token) {
+  using Clock = std::chrono::steady_clock;
+  const ModelConfig& c = engine.config();
+  ODMOE_RETURN_IF_ERROR(ValidateRequest(c, prompt, options.max_new_tokens));
+  ODMOE_RETURN_IF_ERROR(options.sampling.Validate());
+
+  GenerateResult result;
+  Sampler sampler(options.sampling);
+  const auto start = Clock::now();
+  // The last generated token is never fed back, so the cache needs prompt + max_new - 1 positions.
+  ODMOE_RETURN_IF_ERROR(engine.StartSequence(static_cast<int64_t>(prompt.size()) +
+                                             std::max<int64_t>(0, options.max_new_tokens - 1)));
+  std::vector<PositionRouting>* routing = options.record_routing ? &result.routing : nullptr;
+  ODMOE_ASSIGN_OR_RETURN(std::vector<float> logits, engine.Forward(prompt, routing));
+  if (options.keep_last_logits) result.last_logits = logits;
+  result.stop_reason = "length";
+
+  auto first_token_time = start;
+  for (int64_t step = 0; step < options.max_new_tokens; ++step) {
+    if (step > 0) {
+      const int32_t fed = result.tokens.back();
+      ODMOE_ASSIGN_OR_RETURN(logits, engine.Forward(std::span<const int32_t>(&fed, 1), routing));
+    }
+    const int32_t next = sampler.Next(logits);
+    if (step == 0) first_token_time = Clock::now();
+    result.tokens.push_back(next);
+    if (on_token) on_token(next);
+    const bool is_eos = std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), next) != c.eos_token_ids.end();
+    if (is_eos && !options.ignore_eos) {
+      result.stop_reason = "eos";
+      break;
+    }
+  }
+  const auto end = Clock::now();
+  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  result.total_ms = ms(start, end);
+  if (!result.tokens.empty()) result.ttft_ms = ms(start, first_token_time);
+  if (result.tokens.size() >= 2) {
+    const double decode_ms = ms(first_token_time, end);
+    result.decode_tokens_per_s = decode_ms > 0 ? static_cast<double>(result.tokens.size() - 1) / (decode_ms / 1e3) : 0;
+  }
+  return result;
+}
+
+absl::StatusOr<std::unique_ptr<LocalModel>> LocalModel::Open(const std::string& model_dir,
+                                                             std::unique_ptr<Device> device, EngineOptions options) {
+  std::unique_ptr<LocalModel> m(new LocalModel());
+  ODMOE_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(model_dir));
+  ODMOE_ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(model_dir));
+  m->device_ = std::move(device);
+  ODMOE_ASSIGN_OR_RETURN(m->weights_,
+                         ModelWeights::Load(m->config_, *m->checkpoint_, *m->device_, WeightSelection::All()));
+  ODMOE_ASSIGN_OR_RETURN(m->experts_,
+                         LocalExpertExecutor::Create(*m->device_, *m->weights_, options.max_tokens_per_forward));
+  ODMOE_ASSIGN_OR_RETURN(m->engine_, Engine::Create(*m->weights_, *m->device_, m->experts_.get(), options));
+  return m;
+}
+
+}  // namespace odmoe

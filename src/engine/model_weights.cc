@@ -1,0 +1,111 @@
+#include "src/engine/model_weights.h"
+
+#include <algorithm>
+#include <map>
+
+#include "src/common/status.h"
+#include "src/common/strings.h"
+#include "src/model/model_layout.h"
+
+namespace odmoe {
+
+absl::StatusOr<WeightRef> ModelWeights::Upload(Checkpoint& checkpoint, Device& device, const TensorSpec& spec) {
+  ODMOE_ASSIGN_OR_RETURN(TensorData t, checkpoint.Read(spec));
+  const size_t bytes = t.info->nbytes;
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buf, device.Allocate(bytes, spec.name));
+  device.CopyToDevice(buf->data(), t.data, bytes, nullptr);
+  WeightRef ref{buf->data(), t.dtype};
+  device_bytes_ += bytes;
+  buffers_.push_back(std::move(buf));
+  return ref;
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConfig& config, Checkpoint& checkpoint,
+                                                                 Device& device, const WeightSelection& selection) {
+  std::unique_ptr<ModelWeights> w(new ModelWeights(config));
+  w->layers_.resize(static_cast<size_t>(config.num_layers));
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    LayerWeights& lw = w->layers_[static_cast<size_t>(l)];
+    lw.sparse = config.IsSparseLayer(l);
+    if (lw.sparse) lw.experts.resize(static_cast<size_t>(config.num_experts));
+  }
+
+  if (selection.non_expert) {
+    // Validate everything first so that a bad checkpoint fails before any device memory is used.
+    const std::vector<TensorSpec> specs = NonExpertTensors(config);
+    ODMOE_RETURN_IF_ERROR(checkpoint.Validate(specs));
+    for (const TensorSpec& spec : specs) {
+      ODMOE_ASSIGN_OR_RETURN(WeightRef ref, w->Upload(checkpoint, device, spec));
+      LayerWeights* lw = spec.layer >= 0 ? &w->layers_[static_cast<size_t>(spec.layer)] : nullptr;
+      switch (spec.role) {
+        case TensorRole::kEmbed: w->embed_ = ref; break;
+        case TensorRole::kLmHead: w->lm_head_ = ref; break;
+        case TensorRole::kFinalNorm: w->final_norm_ = ref; break;
+        case TensorRole::kInputNorm: lw->input_norm = ref; break;
+        case TensorRole::kPostNorm: lw->post_norm = ref; break;
+        case TensorRole::kQ: lw->attn.q = ref; break;
+        case TensorRole::kK: lw->attn.k = ref; break;
+        case TensorRole::kV: lw->attn.v = ref; break;
+        case TensorRole::kO: lw->attn.o = ref; break;
+        case TensorRole::kQBias: lw->attn.q_bias = ref; break;
+        case TensorRole::kKBias: lw->attn.k_bias = ref; break;
+        case TensorRole::kVBias: lw->attn.v_bias = ref; break;
+        case TensorRole::kOBias: lw->attn.o_bias = ref; break;
+        case TensorRole::kQNorm: lw->attn.q_norm = ref; break;
+        case TensorRole::kKNorm: lw->attn.k_norm = ref; break;
+        case TensorRole::kRouter: lw->router = ref; break;
+        case TensorRole::kSharedGate:
+          lw->shared.gate = ref;
+          lw->shared.intermediate = config.shared_expert_intermediate_size;
+          break;
+        case TensorRole::kSharedUp: lw->shared.up = ref; break;
+        case TensorRole::kSharedDown: lw->shared.down = ref; break;
+        case TensorRole::kSharedExpertGate: lw->shared_gate = ref; break;
+        case TensorRole::kDenseGate:
+          lw->dense.gate = ref;
+          lw->dense.intermediate = config.dense_intermediate_size;
+          break;
+        case TensorRole::kDenseUp: lw->dense.up = ref; break;
+        case TensorRole::kDenseDown: lw->dense.down = ref; break;
+        case TensorRole::kExpertGate:
+        case TensorRole::kExpertUp:
+        case TensorRole::kExpertDown:
+          return absl::InternalError(StrCat("expert tensor ", spec.name, " among the non-expert tensors"));
+      }
+    }
+    if (config.tie_word_embeddings) w->lm_head_ = w->embed_;
+  }
+
+  std::vector<std::pair<int64_t, int64_t>> wanted;
+  if (selection.experts == WeightSelection::Experts::kAll) {
+    for (int64_t l : config.SparseLayers()) {
+      for (int64_t e = 0; e < config.num_experts; ++e) wanted.emplace_back(l, e);
+    }
+  } else if (selection.experts == WeightSelection::Experts::kSome) {
+    wanted = selection.some;
+  }
+  for (auto [l, e] : wanted) {
+    if (l < 0 || l >= config.num_layers || !config.IsSparseLayer(l) || e < 0 || e >= config.num_experts) {
+      return absl::InvalidArgumentError(StrCat("expert (layer ", l, ", expert ", e, ") does not exist in this model"));
+    }
+    const std::vector<TensorSpec> specs = ExpertTensors(config, l, e);
+    ODMOE_RETURN_IF_ERROR(checkpoint.Validate(specs));
+    MlpWeights& m = w->layers_[static_cast<size_t>(l)].experts[static_cast<size_t>(e)];
+    ODMOE_ASSIGN_OR_RETURN(m.gate, w->Upload(checkpoint, device, specs[0]));
+    ODMOE_ASSIGN_OR_RETURN(m.up, w->Upload(checkpoint, device, specs[1]));
+    ODMOE_ASSIGN_OR_RETURN(m.down, w->Upload(checkpoint, device, specs[2]));
+    m.intermediate = config.expert_intermediate_size;
+  }
+  device.SynchronizeAll();
+  return w;
+}
+
+const MlpWeights* ModelWeights::expert(int64_t layer, int64_t e) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size())) return nullptr;
+  const LayerWeights& lw = layers_[static_cast<size_t>(layer)];
+  if (e < 0 || e >= static_cast<int64_t>(lw.experts.size())) return nullptr;
+  const MlpWeights& m = lw.experts[static_cast<size_t>(e)];
+  return m.present() ? &m : nullptr;
+}
+
+}  // namespace odmoe

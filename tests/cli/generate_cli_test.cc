@@ -1,0 +1,130 @@
+// The `odmoe generate` program as users and scripts call it: the README's command prints the golden
+// continuation, --json carries what later tools parse, and bad requests exit with one stderr line and a
+// specific code.
+#include <algorithm>
+
+#include "gtest/gtest.h"
+#include "src/common/json.h"
+#include "src/common/status.h"
+#include "src/model/tokenizer.h"
+#include "tests/engine/golden_support.h"
+#include "tests/test_support.h"
+
+namespace odmoe {
+namespace {
+
+using odmoe::testing::ProgramPath;
+using odmoe::testing::RunProgram;
+using odmoe::testing::RunResult;
+using odmoe::testing::SharedModel;
+
+int Lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+class GenerateCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!odmoe::testing::HaveSharedModel("tiny-mixtral-kjv")) {
+      GTEST_SKIP() << "needs " << SharedModel("tiny-mixtral-kjv");
+    }
+  }
+  std::string odmoe_ = ProgramPath("odmoe");
+};
+
+TEST_F(GenerateCliTest, ReadmeCommandPrintsTheGoldenContinuation) {
+  const std::string dir = SharedModel("tiny-mixtral-kjv");
+  auto golden = odmoe::testing::LoadGolden(dir);
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  const auto& gc = golden->cases.at(0);
+  ASSERT_EQ(gc.text, "In the beginning God created the heaven and the earth.");
+  RunResult r = RunProgram({odmoe_, "generate", "--model", dir, "--prompt", gc.text, "--max-new-tokens", "64"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto tok = Tokenizer::Load(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  std::vector<int32_t> all = gc.prompt_ids, ids;
+  for (const auto& s : gc.greedy) ids.push_back(s.id);
+  all.insert(all.end(), ids.begin(), ids.end());
+  const std::string full = (*tok)->Decode(all), prompt_text = (*tok)->Decode(gc.prompt_ids);
+  ASSERT_EQ(full.compare(0, prompt_text.size(), prompt_text), 0);
+  EXPECT_EQ(r.out, full.substr(prompt_text.size()) + "\n");
+}
+
+TEST_F(GenerateCliTest, JsonCarriesTokensTextLogitsRoutingAndTimings) {
+  const std::string dir = SharedModel("tiny-mixtral-kjv");
+  auto golden = odmoe::testing::LoadGolden(dir);
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  const auto& gc = golden->cases.at(0);
+  RunResult r = RunProgram({odmoe_, "generate", "--model", dir, "--prompt", gc.text, "--max-new-tokens", "8",
+                            "--dump-logits", "--dump-routing", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = ParseJson(r.out, "stdout");
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ((*j)["prompt_ids"].get<std::vector<int32_t>>(), gc.prompt_ids);
+  const auto tokens = (*j)["tokens"].get<std::vector<int32_t>>();
+  ASSERT_EQ(tokens.size(), 8u);
+  for (size_t i = 0; i < tokens.size(); ++i) EXPECT_EQ(tokens[i], gc.greedy[i].id) << "step " << i;
+  EXPECT_TRUE((*j)["text"].is_string());
+  EXPECT_EQ((*j)["last_logits"].size(), gc.last_logits.size());
+  // Routing: prompt positions, then the input token of each decode step after the first.
+  const Json& routing = (*j)["routing"];
+  ASSERT_EQ(routing.size(), gc.prompt_ids.size() + 7);
+  EXPECT_EQ(routing[0].size(), 8u);      // 8 sparse layers
+  EXPECT_EQ(routing[0][0].size(), 2u);   // top-2
+  EXPECT_GT((*j)["timings"]["ttft_ms"].get<double>(), 0.0);
+  EXPECT_GT((*j)["timings"]["decode_tokens_per_s"].get<double>(), 0.0);
+}
+
+TEST_F(GenerateCliTest, PromptIdsWorkAndSamplingIsSeeded) {
+  const std::string dir = SharedModel("tiny-mixtral-kjv");
+  auto run = [&](const std::string& seed) {
+    return RunProgram({odmoe_, "generate", "--model", dir, "--prompt-ids", "1,457,3155,890", "--max-new-tokens",
+                       "12", "--temperature", "0.9", "--top-k", "40", "--top-p", "0.95", "--seed", seed,
+                       "--ignore-eos", "--json"});
+  };
+  RunResult a = run("5"), b = run("5"), c = run("6");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  auto ja = ParseJson(a.out, "a"), jb = ParseJson(b.out, "b"), jc = ParseJson(c.out, "c");
+  ASSERT_TRUE(ja.ok() && jb.ok() && jc.ok());
+  EXPECT_EQ((*ja)["tokens"], (*jb)["tokens"]);
+  EXPECT_EQ((*ja)["tokens"].size(), 12u);
+  EXPECT_NE((*ja)["tokens"], (*jc)["tokens"]);
+}
+
+struct BadCase {
+  std::vector<std::string> args;
+  int code;
+  std::string needle;  // must appear in the one stderr line
+};
+
+TEST_F(GenerateCliTest, BadRequestsExitWithOneLineAndASpecificCode) {
+  const std::string kjv = SharedModel("tiny-mixtral-kjv");
+  const std::string qwen = SharedModel("qwen2moe-tiny");
+  const std::vector<BadCase> cases = {
+      {{"--model", kjv, "--prompt-ids", "1,4096", "--max-new-tokens", "4"}, kExitOutOfRange, "4096"},
+      {{"--model", kjv, "--prompt-ids", "1,-3", "--max-new-tokens", "4"}, kExitOutOfRange, "-3"},
+      {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "100000"}, kExitOutOfRange, "max_position_embeddings"},
+      {{"--model", kjv, "--prompt", "x"}, kExitUsage, "--max-new-tokens"},
+      {{"--model", kjv, "--prompt", "x", "--prompt-ids", "1", "--max-new-tokens", "1"}, kExitUsage, "--prompt-ids"},
+      {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--bogus"}, kExitUsage, "--bogus"},
+      {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "two"}, kExitUsage, "--max-new-tokens"},
+      {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--temperature", "-1"}, kExitUsage,
+       "--temperature"},
+      {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--backend", "tpu"}, kExitUsage, "tpu"},
+      {{"--model", qwen, "--prompt", "hello", "--max-new-tokens", "1"}, kExitInvalidModel, "--prompt-ids"},
+      {{"--model", "/nonexistent/model", "--prompt-ids", "1", "--max-new-tokens", "1"}, kExitNotFound,
+       "/nonexistent/model"},
+  };
+  for (const BadCase& c : cases) {
+    std::vector<std::string> argv = {odmoe_, "generate"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    RunResult r = RunProgram(argv);
+    SCOPED_TRACE(c.needle);
+    EXPECT_EQ(r.signal, 0) << "crashed";
+    EXPECT_EQ(r.exit_code, c.code) << r.err;
+    EXPECT_EQ(Lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+}  // namespace
+}  // namespace odmoe

@@ -1,0 +1,151 @@
+// Engine properties that hold for any model: chunked prefill equals one pass, prefill + decode equals feeding
+// the whole sequence at once, the mock GPU computes exactly what the CPU computes, and bad requests are errors.
+#include "src/engine/engine.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "src/backend/device_factory.h"
+#include "src/engine/generator.h"
+#include "tests/test_support.h"
+
+namespace odmoe {
+namespace {
+
+std::unique_ptr<LocalModel> OpenModel(const std::string& name, const std::string& device_spec,
+                                      EngineOptions options = {}) {
+  auto device = CreateDevice(device_spec);
+  EXPECT_TRUE(device.ok()) << device.status();
+  if (!device.ok()) return nullptr;
+  auto model = LocalModel::Open(odmoe::testing::SharedModel(name), std::move(device).value(), options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(model).value() : nullptr;
+}
+
+double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    err = std::max(err, std::fabs(static_cast<double>(a[i]) - b[i]));
+    ref = std::max(ref, std::fabs(static_cast<double>(b[i])));
+  }
+  return err / ref;
+}
+
+const std::vector<int32_t> kPrompt = {1, 17, 250, 3, 99, 42, 7, 300, 11, 64, 5};
+
+class EngineModelTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!odmoe::testing::HaveSharedModel(GetParam())) {
+      GTEST_SKIP() << "needs " << odmoe::testing::SharedModel(GetParam());
+    }
+  }
+};
+
+TEST_P(EngineModelTest, ChunkedPrefillEqualsOnePass) {
+  auto one = OpenModel(GetParam(), "cpu");
+  auto chunked = OpenModel(GetParam(), "cpu", EngineOptions{.max_tokens_per_forward = 3});
+  ASSERT_TRUE(one && chunked);
+  GenerateOptions opt;
+  opt.max_new_tokens = 4;
+  opt.keep_last_logits = true;
+  opt.record_routing = true;
+  auto a = Generate(one->engine(), kPrompt, opt);
+  auto b = Generate(chunked->engine(), kPrompt, opt);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_LE(MaxRelDiff(b->last_logits, a->last_logits), 1e-5);
+  EXPECT_EQ(a->tokens, b->tokens);
+  EXPECT_EQ(a->routing, b->routing);
+  EXPECT_EQ(a->routing.size(), kPrompt.size() + 3);
+}
+
+TEST_P(EngineModelTest, DecodeEqualsOnePassOverTheWholeSequence) {
+  auto model = OpenModel(GetParam(), "cpu");
+  ASSERT_TRUE(model);
+  GenerateOptions opt;
+  opt.max_new_tokens = 6;
+  opt.ignore_eos = true;
+  opt.record_routing = true;
+  auto decoded = Generate(model->engine(), kPrompt, opt);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ASSERT_EQ(decoded->tokens.size(), 6u);
+  // Feed prompt + all generated tokens but the last in one prefill: same routing, and the logits of its last
+  // position pick the last generated token.
+  std::vector<int32_t> seq = kPrompt;
+  seq.insert(seq.end(), decoded->tokens.begin(), decoded->tokens.end() - 1);
+  GenerateOptions one;
+  one.max_new_tokens = 1;
+  one.record_routing = true;
+  auto pass = Generate(model->engine(), seq, one);
+  ASSERT_TRUE(pass.ok()) << pass.status();
+  EXPECT_EQ(pass->routing, decoded->routing);
+  EXPECT_EQ(pass->tokens.at(0), decoded->tokens.back());
+}
+
+TEST_P(EngineModelTest, MockGpuComputesExactlyWhatTheCpuComputes) {
+  auto cpu = OpenModel(GetParam(), "cpu");
+  auto mock = OpenModel(GetParam(), "mock-gpu");
+  ASSERT_TRUE(cpu && mock);
+  GenerateOptions opt;
+  opt.max_new_tokens = 5;
+  opt.keep_last_logits = true;
+  opt.record_routing = true;
+  auto a = Generate(cpu->engine(), kPrompt, opt);
+  auto b = Generate(mock->engine(), kPrompt, opt);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_EQ(a->last_logits, b->last_logits);  // bitwise: the same kernels on the bytes that crossed the link
+  EXPECT_EQ(a->tokens, b->tokens);
+  EXPECT_EQ(a->routing, b->routing);
+  // Everything ran on the engine's own device.
+  EXPECT_GT(mock->device().op_counts().at("MatMul"), 0);
+  EXPECT_GT(mock->device().transfer_stats().h2d_bytes, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineModelTest,
+                         ::testing::Values("mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny", "olmoe-tiny"),
+                         [](const auto& p) {
+                           std::string n = p.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+TEST(EngineTest, BadRequestsAreErrors) {
+  if (!odmoe::testing::HaveSharedModel("mixtral-tiny")) GTEST_SKIP() << "needs ../shared/models/mixtral-tiny";
+  auto model = OpenModel("mixtral-tiny", "cpu");
+  ASSERT_TRUE(model);
+  const ModelConfig& c = model->config();
+  GenerateOptions opt;
+  opt.max_new_tokens = 2;
+  std::vector<int32_t> bad = {1, static_cast<int32_t>(c.vocab_size)};
+  auto r = Generate(model->engine(), bad, opt);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(r.status().message().find("outside the vocabulary"), absl::string_view::npos) << r.status();
+  r = Generate(model->engine(), std::vector<int32_t>{}, opt);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<int32_t> longest(static_cast<size_t>(c.max_position_embeddings), 1);
+  r = Generate(model->engine(), longest, opt);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kOutOfRange) << r.status();
+  EXPECT_NE(r.status().message().find("max_position_embeddings"), absl::string_view::npos) << r.status();
+  // The engine still serves a good request afterwards.
+  r = Generate(model->engine(), kPrompt, opt);
+  EXPECT_TRUE(r.ok()) << r.status();
+}
+
+TEST(GroupByExpertTest, AscendingExpertsTokensInOrder) {
+  // 3 tokens, k = 2.
+  const std::vector<int32_t> ids = {5, 1, 1, 3, 5, 3};
+  const std::vector<float> w = {0.6f, 0.4f, 0.7f, 0.3f, 0.9f, 0.1f};
+  auto b = GroupByExpert(ids, w, 3, 2);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0].expert, 1);
+  EXPECT_EQ(b[0].rows, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(b[0].weights, (std::vector<float>{0.4f, 0.7f}));
+  EXPECT_EQ(b[1].expert, 3);
+  EXPECT_EQ(b[1].rows, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(b[2].expert, 5);
+  EXPECT_EQ(b[2].rows, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(b[2].weights, (std::vector<float>{0.6f, 0.9f}));
+}
+
+}  // namespace
+}  // namespace odmoe

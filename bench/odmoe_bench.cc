@@ -1,0 +1,107 @@
+// odmoe-bench: benchmarks that print JSON lines (one per measurement) and then a human table.
+//
+//   odmoe-bench decode --model DIR [--backend cpu] [--prompt-len 16,128] [--new-tokens 64,256] [--repeat 3]
+//     Single-process TTFT and decode tokens/s, batch 1, EOS ignored, after one warm-up request; the figure of
+//     each (prompt, output) pair is the median over --repeat runs.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "src/backend/device_factory.h"
+#include "src/cli/flags.h"
+#include "src/common/json.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+#include "src/engine/generator.h"
+
+namespace odmoe {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+absl::Status RunDecode(const std::vector<std::string>& args) {
+  ODMOE_ASSIGN_OR_RETURN(cli::Flags f, cli::Flags::Parse(args, {"model", "backend", "prompt-len", "new-tokens",
+                                                                  "repeat"},
+                                                         {}));
+  ODMOE_ASSIGN_OR_RETURN(std::string model_dir, f.Required("model"));
+  const std::string backend = f.Get("backend").value_or("cpu");
+  ODMOE_ASSIGN_OR_RETURN(std::vector<int64_t> prompt_lens, f.IntList("prompt-len"));
+  ODMOE_ASSIGN_OR_RETURN(std::vector<int64_t> new_tokens, f.IntList("new-tokens"));
+  ODMOE_ASSIGN_OR_RETURN(int64_t repeat, f.Int("repeat", 3));
+  if (prompt_lens.empty()) prompt_lens = {16, 128};
+  if (new_tokens.empty()) new_tokens = {64, 256};
+  if (repeat < 1) return absl::InvalidArgumentError("--repeat must be >= 1");
+
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(backend));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<LocalModel> model, LocalModel::Open(model_dir, std::move(device)));
+  const ModelConfig& c = model->config();
+
+  struct Row {
+    int64_t prompt, output;
+    double ttft_ms, tps;
+  };
+  std::vector<Row> rows;
+  for (int64_t p : prompt_lens) {
+    for (int64_t n : new_tokens) {
+      // A deterministic prompt of ordinary tokens (BOS first when the model has one).
+      std::vector<int32_t> prompt;
+      for (int64_t i = 0; i < p; ++i) {
+        prompt.push_back(static_cast<int32_t>((i == 0 && c.bos_token_id) ? *c.bos_token_id : 3 + (i * 37) % (c.vocab_size - 3)));
+      }
+      GenerateOptions opt;
+      opt.max_new_tokens = n;
+      opt.ignore_eos = true;
+      ODMOE_RETURN_IF_ERROR(Generate(model->engine(), prompt, opt).status());  // warm-up
+      std::vector<double> ttft, tps;
+      for (int64_t r = 0; r < repeat; ++r) {
+        ODMOE_ASSIGN_OR_RETURN(GenerateResult res, Generate(model->engine(), prompt, opt));
+        ttft.push_back(res.ttft_ms);
+        tps.push_back(res.decode_tokens_per_s);
+      }
+      Row row{p, n, Median(ttft), Median(tps)};
+      rows.push_back(row);
+      Json j = {{"bench", "decode"},       {"model", model_dir},   {"backend", backend},
+                {"prompt_tokens", p},      {"output_tokens", n},   {"repeat", repeat},
+                {"ttft_ms", row.ttft_ms},  {"decode_tokens_per_s", row.tps}};
+      std::printf("%s\n", DumpJson(j).c_str());
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\n%-8s %-8s %12s %16s\n", "prompt", "output", "ttft_ms", "decode_tok/s");
+  for (const Row& r : rows) {
+    std::printf("%-8lld %-8lld %12.2f %16.1f\n", static_cast<long long>(r.prompt), static_cast<long long>(r.output),
+                r.ttft_ms, r.tps);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace odmoe
+
+int main(int argc, char** argv) {
+  const std::string usage =
+      "usage: odmoe-bench decode --model DIR [--backend cpu] [--prompt-len 16,128] [--new-tokens 64,256] "
+      "[--repeat 3]\n";
+  if (argc < 2) {
+    std::fputs(usage.c_str(), stderr);
+    return odmoe::kExitUsage;
+  }
+  const std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  absl::Status status;
+  if (cmd == "decode") {
+    status = odmoe::RunDecode(args);
+  } else {
+    std::fprintf(stderr, "odmoe-bench: unknown benchmark '%s'\n%s", cmd.c_str(), usage.c_str());
+    return odmoe::kExitUsage;
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "odmoe-bench %s: %s\n", cmd.c_str(), std::string(status.message()).c_str());
+    return odmoe::ExitCodeFor(status);
+  }
+  return 0;
+}

@@ -1,0 +1,106 @@
+#include "src/cli/flags.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+#include "src/common/strings.h"
+
+namespace odmoe::cli {
+namespace {
+
+absl::StatusOr<int64_t> ParseInt(const std::string& flag, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE) {
+    return absl::InvalidArgumentError(StrCat("--", flag, ": expected an integer, got '", text, "'"));
+  }
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
+absl::StatusOr<Flags> Flags::Parse(const std::vector<std::string>& args, const std::set<std::string>& with_value,
+                                   const std::set<std::string>& booleans) {
+  Flags flags;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) {
+      return absl::InvalidArgumentError(StrCat("unexpected argument '", arg, "' (flags start with --)"));
+    }
+    std::string name = arg.substr(2), value;
+    bool has_value = false;
+    if (const size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    if (booleans.count(name) > 0) {
+      if (has_value) return absl::InvalidArgumentError(StrCat("--", name, " takes no value"));
+      flags.values_[name] = "true";
+    } else if (with_value.count(name) > 0) {
+      if (!has_value) {
+        if (i + 1 >= args.size()) return absl::InvalidArgumentError(StrCat("--", name, " needs a value"));
+        value = args[++i];
+      }
+      flags.values_[name] = value;
+    } else {
+      return absl::InvalidArgumentError(StrCat("unknown flag --", name));
+    }
+  }
+  return flags;
+}
+
+std::optional<std::string> Flags::Get(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::StatusOr<std::string> Flags::Required(const std::string& name) const {
+  auto v = Get(name);
+  if (!v) return absl::InvalidArgumentError(StrCat("--", name, " is required"));
+  return *v;
+}
+
+absl::StatusOr<int64_t> Flags::Int(const std::string& name, int64_t fallback) const {
+  auto v = Get(name);
+  if (!v) return fallback;
+  return ParseInt(name, *v);
+}
+
+absl::StatusOr<double> Flags::Double(const std::string& name, double fallback) const {
+  auto v = Get(name);
+  if (!v) return fallback;
+  errno = 0;
+  char* end = nullptr;
+  const double d = std::strtod(v->c_str(), &end);
+  if (v->empty() || end != v->c_str() + v->size() || errno == ERANGE || !std::isfinite(d)) {
+    return absl::InvalidArgumentError(StrCat("--", name, ": expected a number, got '", *v, "'"));
+  }
+  return d;
+}
+
+absl::StatusOr<std::vector<int64_t>> Flags::IntList(const std::string& name) const {
+  std::vector<int64_t> out;
+  auto v = Get(name);
+  if (!v) return out;
+  size_t start = 0;
+  while (start <= v->size()) {
+    size_t comma = v->find(',', start);
+    if (comma == std::string::npos) comma = v->size();
+    std::string item = v->substr(start, comma - start);
+    // Allow spaces around items ("1, 2, 3").
+    item.erase(0, item.find_first_not_of(' '));
+    if (const size_t last = item.find_last_not_of(' '); last != std::string::npos) item.erase(last + 1);
+    if (item.empty()) return absl::InvalidArgumentError(StrCat("--", name, ": empty item in '", *v, "'"));
+    auto parsed = ParseInt(name, item);
+    if (!parsed.ok()) return parsed.status();
+    out.push_back(*parsed);
+    start = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace odmoe::cli

@@ -1,0 +1,119 @@
+// The forward pass of a decoder-only MoE transformer (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) on one Device:
+// prefill and incremental decode over a KV cache. Routed experts are computed by an ExpertExecutor, so the same
+// engine runs with every expert local (the single-process engine) or with experts on remote workers (main).
+//
+// Per layer: x += o_proj(attention(rope(qk_norm(q, k)), v)) on rms_norm(x); then on h = rms_norm(x):
+// a sparse layer routes h (softmax, top-k) and adds sum_k w_k * expert_k(h) (+ sigmoid(h.g) * shared(h));
+// a dense layer adds mlp(h). The final norm and lm_head give the logits of the last position.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/backend/device.h"
+#include "src/engine/model_weights.h"
+#include "src/engine/moe_units.h"
+#include "src/model/model_config.h"
+
+namespace odmoe {
+
+// Routed-expert computation of one sparse layer.
+class ExpertExecutor {
+ public:
+  virtual ~ExpertExecutor() = default;
+  // For every token i < n and each of its k experts: out[i] += weight * expert(h[i]). Experts are applied in
+  // ascending id order and, within an expert, tokens in order, so results are bitwise reproducible wherever
+  // the experts run. h, out: [n, hidden] device memory; ids, weights: [n, k] host memory (best first).
+  virtual absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
+                           std::span<const float> weights, float* out, Stream* stream) = 0;
+};
+
+// Groups a layer's routing by expert: for each expert id in ascending order, the token rows that chose it and
+// their weights. Every executor (local or remote) uses this one grouping so the summation order is the same.
+struct ExpertBatch {
+  int32_t expert = 0;
+  std::vector<int32_t> rows;    // token indices, ascending
+  std::vector<float> weights;   // same length as rows
+};
+std::vector<ExpertBatch> GroupByExpert(std::span<const int32_t> ids, std::span<const float> weights, int64_t n,
+                                       int64_t k);
+
+// Computes routed experts from weights held on the engine's own device.
+class LocalExpertExecutor : public ExpertExecutor {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalExpertExecutor>> Create(Device& device, const ModelWeights& weights,
+                                                                     int64_t max_tokens);
+  absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
+                   std::span<const float> weights, float* out, Stream* stream) override;
+
+ private:
+  LocalExpertExecutor(Device& device, const ModelWeights& weights) : device_(device), weights_(weights) {}
+  Device& device_;
+  const ModelWeights& weights_;
+  int64_t max_tokens_ = 0;
+  std::unique_ptr<MlpWorkspace> ws_;
+  std::unique_ptr<Buffer> xg_, yg_, index_;  // gathered inputs/outputs [max_tokens, hidden]; rows + scales
+};
+
+// The expert ids chosen at one position: [sparse layer][k], best first.
+using PositionRouting = std::vector<std::vector<int32_t>>;
+
+struct EngineOptions {
+  int64_t max_tokens_per_forward = 256;  // prefill is processed in chunks of at most this many tokens
+};
+
+// Not thread-safe: one request at a time (the caller serialises).
+class Engine {
+ public:
+  // `experts` must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const ModelWeights& weights, Device& device,
+                                                        ExpertExecutor* experts, EngineOptions options = {});
+
+  // Starts a new sequence with room for `capacity` positions (allocates the KV cache). OutOfRange when the
+  // capacity exceeds the model's positions.
+  absl::Status StartSequence(int64_t capacity);
+  // Runs `ids` at the next positions and appends them to the KV cache. Returns the logits ([vocab]) of the last
+  // of them. When `routing` is given, appends one PositionRouting per token.
+  absl::StatusOr<std::vector<float>> Forward(std::span<const int32_t> ids, std::vector<PositionRouting>* routing);
+
+  int64_t position() const { return position_; }
+  int64_t capacity() const { return capacity_; }
+  const ModelConfig& config() const { return weights_.config(); }
+  Device& device() { return device_; }
+
+ private:
+  Engine(const ModelWeights& weights, Device& device, ExpertExecutor* experts, EngineOptions options)
+      : weights_(weights), device_(device), experts_(experts), options_(options) {}
+  absl::Status AllocateWorkspace();
+  absl::Status ForwardChunk(std::span<const int32_t> ids, std::vector<PositionRouting>* routing, bool last_chunk);
+
+  const ModelWeights& weights_;
+  Device& device_;
+  ExpertExecutor* experts_;
+  EngineOptions options_;
+  std::unique_ptr<Stream> stream_;
+
+  int64_t position_ = 0;
+  int64_t capacity_ = 0;
+  std::vector<std::unique_ptr<Buffer>> k_cache_, v_cache_;  // per layer: [capacity, kv_heads, head_dim]
+
+  // Workspace for one chunk of C = max_tokens_per_forward tokens.
+  std::unique_ptr<Buffer> ids_, positions_;           // [C] int32
+  std::unique_ptr<Buffer> x_, h_, attn_, o_, moe_;    // [C, hidden] / [C, q_size]
+  std::unique_ptr<Buffer> q_, k_, v_;                 // [C, q_size], [C, kv_size], [C, kv_size]
+  std::unique_ptr<Buffer> router_logits_;             // [C, num_experts]
+  std::unique_ptr<Buffer> topk_ids_, topk_weights_;   // [C, k]
+  std::unique_ptr<Buffer> shared_out_, shared_gate_;  // [C, hidden], [C]
+  std::unique_ptr<Buffer> iota_;                      // [C] int32: 0, 1, 2, ...
+  std::unique_ptr<Buffer> zeros_;                     // [C, hidden] of 0.0f
+  std::unique_ptr<Buffer> last_, logits_;             // [hidden], [vocab]
+  std::unique_ptr<MlpWorkspace> mlp_ws_;
+  std::vector<int32_t> host_ids_;
+  std::vector<float> host_weights_;
+  std::vector<float> host_logits_;
+};
+
+}  // namespace odmoe

@@ -1,0 +1,71 @@
+// Text generation over an Engine: validate the request, prefill the prompt, then decode token by token until
+// EOS (any of the model's EOS ids) or the token limit. Also `LocalModel`, which assembles everything a
+// single process needs (config, checkpoint, device, weights, experts, engine) from a model folder.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/backend/device.h"
+#include "src/engine/engine.h"
+#include "src/engine/model_weights.h"
+#include "src/engine/sampler.h"
+#include "src/model/checkpoint.h"
+#include "src/model/model_config.h"
+
+namespace odmoe {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 64;
+  SamplingOptions sampling;
+  bool ignore_eos = false;       // keep generating past EOS (benchmarks need fixed lengths)
+  bool record_routing = false;   // fill GenerateResult::routing
+  bool keep_last_logits = false; // fill GenerateResult::last_logits
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;        // generated ids (an EOS that stopped generation included)
+  std::vector<float> last_logits;     // logits at the last prompt position
+  // For every position processed (prompt, then each decode step's input token): [sparse layer][k].
+  std::vector<PositionRouting> routing;
+  std::string stop_reason;            // "eos" or "length"
+  double ttft_ms = 0;                 // request start to the first generated token
+  double decode_tokens_per_s = 0;     // tokens after the first / time after the first (0 if fewer than 2)
+  double total_ms = 0;
+};
+
+// Checks a prompt against the model: non-empty, ids inside the vocabulary, and prompt + max_new_tokens within
+// the model's positions. OutOfRange / InvalidArgument with a message naming the value.
+absl::Status ValidateRequest(const ModelConfig& config, std::span<const int32_t> prompt, int64_t max_new_tokens);
+
+// Runs one request. `on_token` (optional) is called with each generated id as soon as it is known.
+absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t> prompt,
+                                        const GenerateOptions& options,
+                                        const std::function<void(int32_t)>& on_token = nullptr);
+
+// A whole model in one process on one device.
+class LocalModel {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalModel>> Open(const std::string& model_dir,
+                                                          std::unique_ptr<Device> device, EngineOptions options = {});
+  const ModelConfig& config() const { return config_; }
+  Engine& engine() { return *engine_; }
+  Device& device() { return *device_; }
+  Checkpoint& checkpoint() { return *checkpoint_; }
+
+ private:
+  LocalModel() = default;
+  ModelConfig config_;
+  std::unique_ptr<Checkpoint> checkpoint_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<LocalExpertExecutor> experts_;
+  std::unique_ptr<Engine> engine_;
+};
+
+}  // namespace odmoe

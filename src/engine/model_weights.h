@@ -1,0 +1,85 @@
+// The weights of a model, uploaded to one Device in their checkpoint dtype.
+//
+// Which tensors a process holds depends on its role: the single-process engine and the shadow hold everything,
+// main holds everything but the routed experts, a worker holds only experts. `WeightSelection` says which.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/backend/device.h"
+#include "src/model/checkpoint.h"
+#include "src/model/model_config.h"
+
+namespace odmoe {
+
+// A SwiGLU MLP: down(silu(gate(x)) * up(x)). Routed experts, the shared expert and dense MLP layers all have
+// this shape. `intermediate` is 0 when the MLP is absent.
+struct MlpWeights {
+  WeightRef gate;  // [intermediate, hidden]
+  WeightRef up;    // [intermediate, hidden]
+  WeightRef down;  // [hidden, intermediate]
+  int64_t intermediate = 0;
+  bool present() const { return intermediate > 0; }
+};
+
+struct AttentionWeights {
+  WeightRef q, k, v, o;                      // [q_size, h], [kv_size, h], [kv_size, h], [h, q_size]
+  WeightRef q_bias, k_bias, v_bias, o_bias;  // empty when the architecture has none
+  WeightRef q_norm, k_norm;                  // [head_dim] (per head) or [q_size]/[kv_size] (whole projection)
+};
+
+struct LayerWeights {
+  WeightRef input_norm, post_norm;  // [hidden]
+  AttentionWeights attn;
+  bool sparse = false;
+  WeightRef router;        // [num_experts, hidden] (sparse layers)
+  MlpWeights shared;       // the shared expert (Qwen2-MoE), absent otherwise
+  WeightRef shared_gate;   // [1, hidden]: sigmoid gate of the shared expert
+  MlpWeights dense;        // dense MLP (layers without a router)
+  std::vector<MlpWeights> experts;  // [num_experts]; an expert not held has intermediate == 0
+};
+
+// Which tensors to upload.
+struct WeightSelection {
+  bool non_expert = true;  // embeddings, attention, norms, routers, shared experts, dense MLPs, lm_head
+  // Routed experts: all of them, none, or those for which `want_expert(layer, expert)` is true.
+  enum class Experts { kAll, kNone, kSome } experts = Experts::kAll;
+  std::vector<std::pair<int64_t, int64_t>> some;  // (layer, expert) pairs when kSome
+
+  static WeightSelection All() { return {}; }
+  static WeightSelection NonExpertOnly() { return {true, Experts::kNone, {}}; }
+};
+
+// Thread safety: immutable after Load.
+class ModelWeights {
+ public:
+  // Reads the selected tensors from `checkpoint` (validated: presence, dtype, shape) and copies them to
+  // `device`. Errors name the tensor and the file; ResourceExhausted when the device is too small.
+  static absl::StatusOr<std::unique_ptr<ModelWeights>> Load(const ModelConfig& config, Checkpoint& checkpoint,
+                                                            Device& device, const WeightSelection& selection);
+
+  const ModelConfig& config() const { return config_; }
+  WeightRef embed() const { return embed_; }        // [vocab, hidden]
+  WeightRef final_norm() const { return final_norm_; }  // [hidden]
+  WeightRef lm_head() const { return lm_head_; }    // [vocab, hidden] (the embedding when tied)
+  const LayerWeights& layer(int64_t l) const { return layers_[static_cast<size_t>(l)]; }
+  // The routed expert (layer, e), or nullptr when this process does not hold it.
+  const MlpWeights* expert(int64_t layer, int64_t e) const;
+  uint64_t device_bytes() const { return device_bytes_; }
+
+ private:
+  explicit ModelWeights(const ModelConfig& config) : config_(config) {}
+  absl::StatusOr<WeightRef> Upload(Checkpoint& checkpoint, Device& device, const TensorSpec& spec);
+
+  ModelConfig config_;
+  WeightRef embed_, final_norm_, lm_head_;
+  std::vector<LayerWeights> layers_;
+  std::vector<std::unique_ptr<Buffer>> buffers_;
+  uint64_t device_bytes_ = 0;
+};
+
+}  // namespace odmoe
