@@ -1,0 +1,343 @@
+// The fp32 reference kernels. See cpu_kernels.h for the numerics.
+//
+// Dot products (MatMul, Attention) accumulate in 8 fp32 lanes (lane j sums the products of elements
+// k = j mod 8 in increasing k), then the tail, then the lanes combine in a fixed tree. The order depends only on
+// the length, so results are reproducible bit for bit, and the compiler can vectorise the lanes without
+// -ffast-math. RmsNorm's mean of squares is summed in double and rounded to fp32 (torch's cascade sum is
+// accurate to about that).
+#include "src/backend/cpu_kernels.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "src/common/dtype.h"
+#include "src/common/status.h"
+
+namespace odmoe::cpu {
+namespace {
+
+constexpr int kLanes = 8;
+
+// The fp32 value of every f16 bit pattern (256 KiB), built once.
+const float* F16Table() {
+  static const std::vector<float>* table = [] {
+    auto* t = new std::vector<float>(65536);
+    for (uint32_t i = 0; i < 65536; ++i) (*t)[i] = F16ToF32(static_cast<uint16_t>(i));
+    return t;
+  }();
+  return table->data();
+}
+
+inline uint16_t LoadU16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+inline float CombineLanes(const float* acc) {
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+// sum_k a[k] * b[k] in the fixed lane order described at the top of the file.
+inline float Dot(const float* a, const float* b, int64_t len) {
+  float acc[kLanes] = {};
+  const int64_t main = len - len % kLanes;
+  for (int64_t k = 0; k < main; k += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] += a[k + j] * b[k + j];
+  }
+  for (int64_t k = main; k < len; ++k) acc[k - main] += a[k] * b[k];
+  return CombineLanes(acc);
+}
+
+// Four dots of `a` with b0..b3 at once (one pass over `a`); out[r] is bit-identical to Dot(a, b_r, len).
+inline void Dot4(const float* a, const float* b0, const float* b1, const float* b2, const float* b3, int64_t len,
+                 float* out) {
+  float acc0[kLanes] = {}, acc1[kLanes] = {}, acc2[kLanes] = {}, acc3[kLanes] = {};
+  const int64_t main = len - len % kLanes;
+  for (int64_t k = 0; k < main; k += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const float av = a[k + j];
+      acc0[j] += av * b0[k + j];
+      acc1[j] += av * b1[k + j];
+      acc2[j] += av * b2[k + j];
+      acc3[j] += av * b3[k + j];
+    }
+  }
+  for (int64_t k = main; k < len; ++k) {
+    const float av = a[k];
+    acc0[k - main] += av * b0[k];
+    acc1[k - main] += av * b1[k];
+    acc2[k - main] += av * b2[k];
+    acc3[k - main] += av * b3[k];
+  }
+  out[0] = CombineLanes(acc0);
+  out[1] = CombineLanes(acc1);
+  out[2] = CombineLanes(acc2);
+  out[3] = CombineLanes(acc3);
+}
+
+inline float Sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+
+void CheckWeight(WeightRef w) {
+  ODMOE_CHECK(w.data != nullptr);
+  ODMOE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16);
+}
+
+}  // namespace
+
+void WidenWeights(WeightRef w, int64_t first, int64_t count, float* out) {
+  CheckWeight(w);
+  ODMOE_CHECK(first >= 0 && count >= 0);
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  switch (w.dtype) {
+    case DType::kF32:
+      std::memcpy(out, base + first * 4, static_cast<size_t>(count) * 4);
+      return;
+    case DType::kBF16: {
+      const uint8_t* p = base + first * 2;
+      for (int64_t i = 0; i < count; ++i) out[i] = Bf16ToF32(LoadU16(p + 2 * i));
+      return;
+    }
+    case DType::kF16: {
+      const float* table = F16Table();
+      const uint8_t* p = base + first * 2;
+      for (int64_t i = 0; i < count; ++i) out[i] = table[LoadU16(p + 2 * i)];
+      return;
+    }
+    default:
+      ODMOE_CHECK(false && "unsupported weight dtype");
+  }
+}
+
+float WeightAt(WeightRef w, int64_t index) {
+  float v;
+  WidenWeights(w, index, 1, &v);
+  return v;
+}
+
+void Embedding(const int32_t* ids, int64_t n, WeightRef table, int64_t dim, float* out) {
+  ODMOE_CHECK(n >= 0 && dim >= 0);
+  if (n == 0 || dim == 0) return;
+  ODMOE_CHECK(ids != nullptr && out != nullptr);
+  for (int64_t i = 0; i < n; ++i) {
+    ODMOE_CHECK(ids[i] >= 0);
+    WidenWeights(table, static_cast<int64_t>(ids[i]) * dim, dim, out + i * dim);
+  }
+}
+
+void RmsNorm(const float* x, WeightRef weight, int64_t rows, int64_t dim, float eps, float* out) {
+  ODMOE_CHECK(rows >= 0 && dim > 0);
+  if (rows == 0) return;
+  ODMOE_CHECK(x != nullptr && out != nullptr);
+  std::vector<float> w(static_cast<size_t>(dim));  // [dim]
+  WidenWeights(weight, 0, dim, w.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = out + r * dim;
+    double sum_sq = 0.0;
+    for (int64_t c = 0; c < dim; ++c) sum_sq += static_cast<double>(xr[c]) * xr[c];
+    const float variance = static_cast<float>(sum_sq / static_cast<double>(dim));
+    const float inv_rms = 1.0f / std::sqrt(variance + eps);
+    for (int64_t c = 0; c < dim; ++c) yr[c] = w[c] * (xr[c] * inv_rms);
+  }
+}
+
+void MatMul(const float* x, WeightRef w, WeightRef bias, int64_t n, int64_t in_dim, int64_t out_dim, float* y) {
+  ODMOE_CHECK(n >= 0 && in_dim >= 0 && out_dim >= 0);
+  if (n == 0 || out_dim == 0) return;
+  ODMOE_CHECK(x != nullptr && y != nullptr);
+  CheckWeight(w);
+  std::vector<float> b;  // [out_dim]
+  if (!bias.empty()) {
+    b.resize(static_cast<size_t>(out_dim));
+    WidenWeights(bias, 0, out_dim, b.data());
+  }
+  // F32 weights that are suitably aligned are read in place; anything else is widened, a tile of rows at a time.
+  const bool direct = w.dtype == DType::kF32 && reinterpret_cast<uintptr_t>(w.data) % alignof(float) == 0;
+  constexpr int64_t kRowTile = 4;
+  std::vector<float> tile;  // [kRowTile, in_dim]
+  if (!direct) tile.resize(static_cast<size_t>(kRowTile * in_dim));
+  for (int64_t o0 = 0; o0 < out_dim; o0 += kRowTile) {
+    const int64_t rows = std::min(kRowTile, out_dim - o0);
+    const float* wr[kRowTile];
+    for (int64_t r = 0; r < rows; ++r) {
+      if (direct) {
+        wr[r] = static_cast<const float*>(w.data) + (o0 + r) * in_dim;
+      } else {
+        WidenWeights(w, (o0 + r) * in_dim, in_dim, tile.data() + r * in_dim);
+        wr[r] = tile.data() + r * in_dim;
+      }
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      const float* xt = x + t * in_dim;
+      float* yt = y + t * out_dim + o0;
+      float dots[kRowTile];
+      if (rows == kRowTile) {
+        Dot4(xt, wr[0], wr[1], wr[2], wr[3], in_dim, dots);
+      } else {
+        for (int64_t r = 0; r < rows; ++r) dots[r] = Dot(xt, wr[r], in_dim);
+      }
+      for (int64_t r = 0; r < rows; ++r) yt[r] = b.empty() ? dots[r] : dots[r] + b[o0 + r];
+    }
+  }
+}
+
+void RopeInvFreq(int64_t head_dim, double theta, float* inv_freq) {
+  ODMOE_CHECK(head_dim > 0 && head_dim % 2 == 0);
+  // torch: 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)), all in float32.
+  const float base = static_cast<float>(theta);
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    inv_freq[i] = 1.0f / std::pow(base, exponent);
+  }
+}
+
+void Rope(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim, double theta) {
+  ODMOE_CHECK(n >= 0 && heads >= 0 && head_dim > 0 && head_dim % 2 == 0);
+  if (n == 0 || heads == 0) return;
+  ODMOE_CHECK(x != nullptr && positions != nullptr);
+  const int64_t half = head_dim / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half)), cos_v(static_cast<size_t>(half)),
+      sin_v(static_cast<size_t>(half));
+  RopeInvFreq(head_dim, theta, inv_freq.data());
+  for (int64_t t = 0; t < n; ++t) {
+    const float pos = static_cast<float>(positions[t]);
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = pos * inv_freq[i];
+      cos_v[i] = std::cos(angle);
+      sin_v[i] = std::sin(angle);
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + (t * heads + h) * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = v[i];
+        const float b = v[i + half];
+        v[i] = a * cos_v[i] - b * sin_v[i];
+        v[i + half] = b * cos_v[i] + a * sin_v[i];
+      }
+    }
+  }
+}
+
+void Attention(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past, int64_t heads,
+               int64_t kv_heads, int64_t head_dim, float scale, float* out) {
+  ODMOE_CHECK(n >= 0 && past >= 0 && heads > 0 && kv_heads > 0 && head_dim > 0);
+  ODMOE_CHECK(heads % kv_heads == 0);
+  if (n == 0) return;
+  ODMOE_CHECK(q != nullptr && k_cache != nullptr && v_cache != nullptr && out != nullptr);
+  const int64_t group = heads / kv_heads;
+  std::vector<float> probs(static_cast<size_t>(past + n));  // [past + n]
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t visible = past + i + 1;  // cache rows 0..past+i
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t g = h / group;
+      const float* qv = q + (i * heads + h) * head_dim;
+      float max_score = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < visible; ++j) {
+        const float s = Dot(qv, k_cache + (j * kv_heads + g) * head_dim, head_dim) * scale;
+        probs[j] = s;
+        max_score = std::max(max_score, s);
+      }
+      float sum = 0.0f;
+      for (int64_t j = 0; j < visible; ++j) {
+        probs[j] = std::exp(probs[j] - max_score);
+        sum += probs[j];
+      }
+      for (int64_t j = 0; j < visible; ++j) probs[j] /= sum;
+      float* ov = out + (i * heads + h) * head_dim;
+      std::fill(ov, ov + head_dim, 0.0f);
+      for (int64_t j = 0; j < visible; ++j) {
+        const float p = probs[j];
+        const float* vv = v_cache + (j * kv_heads + g) * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) ov[d] += p * vv[d];
+      }
+    }
+  }
+}
+
+void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize, int32_t* ids,
+                float* weights) {
+  ODMOE_CHECK(n >= 0 && num_experts > 0 && k >= 1 && k <= num_experts);
+  if (n == 0) return;
+  ODMOE_CHECK(logits != nullptr && ids != nullptr && weights != nullptr);
+  std::vector<float> probs(static_cast<size_t>(num_experts));  // [num_experts]
+  std::vector<int32_t> order(static_cast<size_t>(num_experts));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* lt = logits + t * num_experts;
+    float max_logit = -std::numeric_limits<float>::infinity();
+    for (int64_t e = 0; e < num_experts; ++e) max_logit = std::max(max_logit, lt[e]);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < num_experts; ++e) {
+      probs[e] = std::exp(lt[e] - max_logit);
+      sum += probs[e];
+    }
+    for (int64_t e = 0; e < num_experts; ++e) probs[e] /= sum;
+    // Best first; equal probabilities by lower id; NaN last (a total order, whatever the values).
+    auto key = [&](int32_t e) { return std::isnan(probs[e]) ? -std::numeric_limits<float>::infinity() : probs[e]; };
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      const float ka = key(a), kb = key(b);
+      if (ka != kb) return ka > kb;
+      return a < b;
+    });
+    int32_t* it = ids + t * k;
+    float* wt = weights + t * k;
+    float top_sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      it[j] = order[j];
+      wt[j] = probs[order[j]];
+      top_sum += wt[j];
+    }
+    if (renormalize) {
+      for (int64_t j = 0; j < k; ++j) wt[j] /= top_sum;
+    }
+  }
+}
+
+void SwiGlu(const float* gate, const float* up, int64_t count, float* out) {
+  ODMOE_CHECK(count >= 0);
+  if (count == 0) return;
+  ODMOE_CHECK(gate != nullptr && up != nullptr && out != nullptr);
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void Add(const float* x, int64_t count, float* y) {
+  ODMOE_CHECK(count >= 0);
+  if (count == 0) return;
+  ODMOE_CHECK(x != nullptr && y != nullptr);
+  for (int64_t i = 0; i < count; ++i) y[i] += x[i];
+}
+
+void GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* dst) {
+  ODMOE_CHECK(n >= 0 && dim >= 0);
+  if (n == 0 || dim == 0) return;
+  ODMOE_CHECK(src != nullptr && rows != nullptr && dst != nullptr);
+  for (int64_t i = 0; i < n; ++i) {
+    ODMOE_CHECK(rows[i] >= 0);
+    std::memmove(dst + i * dim, src + static_cast<int64_t>(rows[i]) * dim, static_cast<size_t>(dim) * sizeof(float));
+  }
+}
+
+void ScatterAddScaled(const float* src, const int32_t* rows, const float* scale, int64_t n, int64_t dim,
+                      bool sigmoid_scale, float* dst) {
+  ODMOE_CHECK(n >= 0 && dim >= 0);
+  if (n == 0 || dim == 0) return;
+  ODMOE_CHECK(src != nullptr && rows != nullptr && scale != nullptr && dst != nullptr);
+  for (int64_t i = 0; i < n; ++i) {
+    ODMOE_CHECK(rows[i] >= 0);
+    const float f = sigmoid_scale ? Sigmoid(scale[i]) : scale[i];
+    const float* s = src + i * dim;
+    float* d = dst + static_cast<int64_t>(rows[i]) * dim;
+    for (int64_t c = 0; c < dim; ++c) d[c] += f * s[c];
+  }
+}
+
+}  // namespace odmoe::cpu

@@ -1,0 +1,615 @@
+// The mock GPU. See mock_gpu_device.h for the memory and clock model.
+//
+// Cost of each op (flops; bytes read + written, fp32 activations = 4 bytes, weights at their dtype's size w):
+//   Embedding         0;                          n*4 + n*dim*w + n*dim*4
+//   RmsNorm           4*rows*dim;                 2*rows*dim*4 + dim*w
+//   MatMul            2*n*in*out (+ n*out bias);  out*in*w (+ out*w_bias) + n*in*4 + n*out*4
+//   Rope              6*n*heads*head_dim;         2*n*heads*head_dim*4 + n*4
+//   Attention         4*heads*head_dim*sum_i(past+i+1);  2*n*heads*head_dim*4 + 2*(past+n)*kv_heads*head_dim*4
+//   RouterTopK        4*n*experts;                n*experts*4 + n*k*8
+//   SwiGlu            5*count;                    3*count*4
+//   Add               count;                      3*count*4
+//   GatherRows        0;                          2*n*dim*4 + n*4
+//   ScatterAddScaled  2*n*dim;                    3*n*dim*4 + n*8
+#include "src/backend/mock_gpu_device.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "src/backend/cpu_kernels.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+namespace odmoe {
+namespace {
+
+constexpr size_t kAlignment = 256;  // as cudaMalloc
+
+std::string FormatBytes(uint64_t bytes) {
+  return absl::StrFormat("%d bytes (%.1f MiB)", bytes, static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
+[[noreturn]] void Die(const std::string& message) {
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+// Bytes of `count` 4-byte elements (fp32 activations, int32 ids).
+uint64_t Bytes4(int64_t count) { return static_cast<uint64_t>(count) * 4; }
+uint64_t WeightBytes(WeightRef w, int64_t count) {
+  ODMOE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16);
+  return static_cast<uint64_t>(count) * DTypeSize(w.dtype);
+}
+
+}  // namespace
+
+std::string_view MockGpuWorkName(MockGpuWork kind) {
+  switch (kind) {
+    case MockGpuWork::kH2D:
+      return "h2d";
+    case MockGpuWork::kD2H:
+      return "d2h";
+    case MockGpuWork::kD2D:
+      return "d2d";
+    case MockGpuWork::kCompute:
+      return "compute";
+  }
+  return "?";
+}
+
+uint64_t Fnv1a64(const void* data, size_t bytes) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < bytes; ++i) {
+    hash ^= p[i];
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
+struct MockGpuDevice::State {
+  explicit State(const MockGpuOptions& o) : options(o) {}
+
+  struct Block {
+    size_t size;
+    std::string tag;
+  };
+
+  const MockGpuOptions options;
+  mutable absl::Mutex mu;
+  std::map<uintptr_t, Block> live ABSL_GUARDED_BY(mu);  // start address -> block
+  uint64_t in_use ABSL_GUARDED_BY(mu) = 0;
+  uint64_t peak ABSL_GUARDED_BY(mu) = 0;
+  std::map<int, double> stream_time ABSL_GUARDED_BY(mu) = {{0, 0.0}};  // stream id -> its time
+  int next_stream_id ABSL_GUARDED_BY(mu) = 1;
+  std::map<int, double> event_time ABSL_GUARDED_BY(mu);  // recorded events only
+  int next_event_id ABSL_GUARDED_BY(mu) = 1;
+  double host_time ABSL_GUARDED_BY(mu) = 0;
+  double latest_end ABSL_GUARDED_BY(mu) = 0;
+  double h2d_free ABSL_GUARDED_BY(mu) = 0;  // when the H2D link is next free
+  double d2h_free ABSL_GUARDED_BY(mu) = 0;
+  std::vector<MockGpuInterval> timeline ABSL_GUARDED_BY(mu);
+  MockGpuStats stats ABSL_GUARDED_BY(mu);
+  std::map<std::string, int64_t> op_counts ABSL_GUARDED_BY(mu);
+
+  bool ContainsLocked(const void* ptr, size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const auto p = reinterpret_cast<uintptr_t>(ptr);
+    auto it = live.upper_bound(p);
+    if (it == live.begin()) return false;
+    --it;
+    return p - it->first <= it->second.size && bytes <= it->second.size - (p - it->first);
+  }
+
+  // Aborts unless [ptr, ptr + bytes) is device memory of this device (nothing to check for 0 bytes).
+  void CheckArgLocked(std::string_view op, std::string_view arg, const void* ptr, uint64_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (bytes == 0) return;
+    if (ptr == nullptr) Die(StrCat("mock-gpu ", op, ": argument '", arg, "' is null (", bytes, " bytes expected)"));
+    if (!ContainsLocked(ptr, bytes)) {
+      Die(StrCat("mock-gpu ", op, ": argument '", arg, "' [", absl::StrFormat("%p", ptr), ", +", bytes,
+                 " bytes) is not inside a live allocation of this device; device ops take device memory (host data "
+                 "reaches the device only through CopyToDevice)"));
+    }
+  }
+
+  void CheckNotDeviceLocked(std::string_view op, std::string_view arg, const void* ptr, uint64_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (bytes == 0) return;
+    if (ptr == nullptr) Die(StrCat("mock-gpu ", op, ": argument '", arg, "' is null (", bytes, " bytes expected)"));
+    if (ContainsLocked(ptr, 1)) {
+      Die(StrCat("mock-gpu ", op, ": argument '", arg, "' is device memory but must be host memory"));
+    }
+  }
+
+  // Largest index of idx[0..n) (device memory, already checked); aborts on a negative one. -1 when n == 0.
+  int64_t MaxIndexLocked(std::string_view op, std::string_view arg, const int32_t* idx, int64_t n) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    int64_t max_index = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      if (idx[i] < 0) Die(StrCat("mock-gpu ", op, ": ", arg, "[", i, "] = ", idx[i], " is negative"));
+      max_index = std::max<int64_t>(max_index, idx[i]);
+    }
+    return max_index;
+  }
+
+  int StreamIdLocked(Stream* stream) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  int EventIdLocked(Event& event) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Places work of `duration` on the clock of stream `stream_id` (and on the link of an H2D/D2H copy) and
+  // records it. Returns its end.
+  double ScheduleLocked(MockGpuWork kind, std::string_view op, int stream_id, uint64_t bytes, double flops,
+                        double duration) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    double& stream_clock = stream_time.at(stream_id);
+    double start = std::max(stream_clock, host_time);
+    double* link = kind == MockGpuWork::kH2D ? &h2d_free : kind == MockGpuWork::kD2H ? &d2h_free : nullptr;
+    if (link != nullptr) start = std::max(start, *link);
+    const double end = start + duration;
+    stream_clock = end;
+    if (link != nullptr) *link = end;
+    latest_end = std::max(latest_end, end);
+    switch (kind) {
+      case MockGpuWork::kH2D:
+        stats.h2d_busy_s += duration;
+        break;
+      case MockGpuWork::kD2H:
+        stats.d2h_busy_s += duration;
+        break;
+      case MockGpuWork::kD2D:
+        break;
+      case MockGpuWork::kCompute:
+        stats.compute_busy_s += duration;
+        break;
+    }
+    if (options.record_timeline) {
+      timeline.push_back(MockGpuInterval{kind, std::string(op), stream_id, start, end, bytes, flops});
+    }
+    return end;
+  }
+
+  void ScheduleOpLocked(std::string_view op, int stream_id, uint64_t bytes, double flops)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const double duration = std::max(flops / options.flops_per_s, static_cast<double>(bytes) / options.mem_bytes_per_s);
+    ScheduleLocked(MockGpuWork::kCompute, op, stream_id, bytes, flops, duration);
+    ++op_counts[std::string(op)];
+    ++stats.ops;
+  }
+};
+
+namespace {
+
+class MockGpuBuffer final : public Buffer {
+ public:
+  MockGpuBuffer(void* data, size_t size, std::shared_ptr<MockGpuDevice::State> state)
+      : Buffer(data, size), state_(std::move(state)) {}
+  ~MockGpuBuffer() override {
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->live.erase(reinterpret_cast<uintptr_t>(data()));
+      state_->in_use -= size();
+    }
+    std::free(data());
+  }
+
+ private:
+  std::shared_ptr<MockGpuDevice::State> state_;
+};
+
+class MockGpuStream final : public Stream {
+ public:
+  MockGpuStream(std::shared_ptr<MockGpuDevice::State> state, int id) : state(std::move(state)), id(id) {}
+  ~MockGpuStream() override {
+    absl::MutexLock lock(&state->mu);
+    state->stream_time.erase(id);
+  }
+  const std::shared_ptr<MockGpuDevice::State> state;
+  const int id;
+};
+
+class MockGpuEvent final : public Event {
+ public:
+  MockGpuEvent(std::shared_ptr<MockGpuDevice::State> state, int id) : state(std::move(state)), id(id) {}
+  ~MockGpuEvent() override {
+    absl::MutexLock lock(&state->mu);
+    state->event_time.erase(id);
+  }
+  const std::shared_ptr<MockGpuDevice::State> state;
+  const int id;
+};
+
+}  // namespace
+
+int MockGpuDevice::State::StreamIdLocked(Stream* stream) const {
+  if (stream == nullptr) return 0;
+  auto* s = dynamic_cast<MockGpuStream*>(stream);
+  if (s == nullptr || s->state.get() != this) Die("mock-gpu: a Stream of another device was passed to this device");
+  return s->id;
+}
+
+int MockGpuDevice::State::EventIdLocked(Event& event) const {
+  auto* e = dynamic_cast<MockGpuEvent*>(&event);
+  if (e == nullptr || e->state.get() != this) Die("mock-gpu: an Event of another device was passed to this device");
+  return e->id;
+}
+
+MockGpuDevice::MockGpuDevice(MockGpuOptions options) : options_(options), state_(std::make_shared<State>(options)) {
+  ODMOE_CHECK(options.h2d_bytes_per_s > 0 && options.d2h_bytes_per_s > 0);
+  ODMOE_CHECK(options.flops_per_s > 0 && options.mem_bytes_per_s > 0);
+  ODMOE_CHECK(options.h2d_latency_s >= 0 && options.d2h_latency_s >= 0);
+}
+
+MockGpuDevice::~MockGpuDevice() = default;
+
+std::string MockGpuDevice::name() const {
+  return absl::StrFormat("mock-gpu (%.1f GiB, H2D %.1f GB/s)",
+                         static_cast<double>(options_.capacity_bytes) / (1024.0 * 1024.0 * 1024.0),
+                         options_.h2d_bytes_per_s / 1e9);
+}
+
+// ---- memory ------------------------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Buffer>> MockGpuDevice::Allocate(size_t bytes, std::string_view tag) {
+  {
+    absl::MutexLock lock(&state_->mu);
+    const uint64_t capacity = options_.capacity_bytes;
+    if (bytes > capacity - std::min(capacity, state_->in_use)) {
+      ++state_->stats.failed_allocations;
+      return absl::ResourceExhaustedError(StrCat("mock-gpu: out of device memory allocating ", FormatBytes(bytes),
+                                                 " for '", tag, "': ", FormatBytes(state_->in_use),
+                                                 " of its capacity of ", FormatBytes(capacity), " are in use"));
+    }
+    state_->in_use += bytes;
+    state_->peak = std::max(state_->peak, state_->in_use);
+  }
+  const size_t rounded = (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+  void* data = std::aligned_alloc(kAlignment, rounded);
+  if (data == nullptr) {
+    absl::MutexLock lock(&state_->mu);
+    state_->in_use -= bytes;
+    return absl::ResourceExhaustedError(
+        StrCat("mock-gpu: the host is out of memory allocating ", FormatBytes(bytes), " for '", tag, "'"));
+  }
+  if (options_.poison_allocations) std::memset(data, 0xFF, rounded);
+  {
+    absl::MutexLock lock(&state_->mu);
+    state_->live.emplace(reinterpret_cast<uintptr_t>(data), State::Block{bytes, std::string(tag)});
+    ++state_->stats.allocations;
+  }
+  return std::unique_ptr<Buffer>(new MockGpuBuffer(data, bytes, state_));
+}
+
+MemoryInfo MockGpuDevice::memory_info() const {
+  absl::MutexLock lock(&state_->mu);
+  return MemoryInfo{options_.capacity_bytes, state_->in_use, state_->peak};
+}
+
+void MockGpuDevice::ResetPeak() {
+  absl::MutexLock lock(&state_->mu);
+  state_->peak = state_->in_use;
+}
+
+// ---- streams -----------------------------------------------------------------------------------------------
+
+std::unique_ptr<Stream> MockGpuDevice::CreateStream() {
+  absl::MutexLock lock(&state_->mu);
+  const int id = state_->next_stream_id++;
+  state_->stream_time[id] = 0.0;
+  return std::make_unique<MockGpuStream>(state_, id);
+}
+
+std::unique_ptr<Event> MockGpuDevice::CreateEvent() {
+  absl::MutexLock lock(&state_->mu);
+  return std::make_unique<MockGpuEvent>(state_, state_->next_event_id++);
+}
+
+void MockGpuDevice::RecordEvent(Event& event, Stream* stream) {
+  absl::MutexLock lock(&state_->mu);
+  const int event_id = state_->EventIdLocked(event);
+  state_->event_time[event_id] = state_->stream_time.at(state_->StreamIdLocked(stream));
+}
+
+void MockGpuDevice::WaitEvent(Stream* stream, Event& event) {
+  absl::MutexLock lock(&state_->mu);
+  const int event_id = state_->EventIdLocked(event);
+  double& t = state_->stream_time.at(state_->StreamIdLocked(stream));
+  auto it = state_->event_time.find(event_id);
+  if (it != state_->event_time.end()) t = std::max(t, it->second);
+}
+
+void MockGpuDevice::Synchronize(Stream* stream) {
+  absl::MutexLock lock(&state_->mu);
+  state_->host_time = std::max(state_->host_time, state_->stream_time.at(state_->StreamIdLocked(stream)));
+}
+
+void MockGpuDevice::SynchronizeAll() {
+  absl::MutexLock lock(&state_->mu);
+  state_->host_time = std::max(state_->host_time, state_->latest_end);
+}
+
+// ---- copies ------------------------------------------------------------------------------------------------
+
+void MockGpuDevice::CopyToDevice(void* dst, const void* src, size_t bytes, Stream* stream) {
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    state_->CheckArgLocked("CopyToDevice", "dst", dst, bytes);
+    state_->CheckNotDeviceLocked("CopyToDevice", "src", src, bytes);
+    const double duration = options_.h2d_latency_s + static_cast<double>(bytes) / options_.h2d_bytes_per_s;
+    state_->ScheduleLocked(MockGpuWork::kH2D, "CopyToDevice", sid, bytes, 0, duration);
+    state_->stats.transfers.h2d_bytes += bytes;
+    ++state_->stats.transfers.h2d_copies;
+  }
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+void MockGpuDevice::CopyToHost(void* dst, const void* src, size_t bytes, Stream* stream) {
+  absl::MutexLock lock(&state_->mu);
+  const int sid = state_->StreamIdLocked(stream);
+  state_->CheckArgLocked("CopyToHost", "src", src, bytes);
+  state_->CheckNotDeviceLocked("CopyToHost", "dst", dst, bytes);
+  const double duration = options_.d2h_latency_s + static_cast<double>(bytes) / options_.d2h_bytes_per_s;
+  const double end = state_->ScheduleLocked(MockGpuWork::kD2H, "CopyToHost", sid, bytes, 0, duration);
+  state_->host_time = std::max(state_->host_time, end);  // returns when the bytes are on the host
+  state_->stats.transfers.d2h_bytes += bytes;
+  ++state_->stats.transfers.d2h_copies;
+  // Under the lock: the caller waits for the copy anyway, and this keeps the source alive while it is read.
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+void MockGpuDevice::CopyOnDevice(void* dst, const void* src, size_t bytes, Stream* stream) {
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    state_->CheckArgLocked("CopyOnDevice", "dst", dst, bytes);
+    state_->CheckArgLocked("CopyOnDevice", "src", src, bytes);
+    const double duration = 2.0 * static_cast<double>(bytes) / options_.mem_bytes_per_s;
+    state_->ScheduleLocked(MockGpuWork::kD2D, "CopyOnDevice", sid, bytes, 0, duration);
+    state_->stats.transfers.d2d_bytes += bytes;
+    ++state_->stats.transfers.d2d_copies;
+  }
+  if (bytes > 0) std::memmove(dst, src, bytes);
+}
+
+TransferStats MockGpuDevice::transfer_stats() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->stats.transfers;
+}
+
+// ---- ops: check every argument against the registry, schedule, then compute outside the lock -----------------
+
+void MockGpuDevice::Embedding(const int32_t* ids, int64_t n, WeightRef table, int64_t dim, float* out, Stream* stream) {
+  ODMOE_CHECK(n >= 0 && dim >= 0);
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    uint64_t table_bytes = 0;
+    if (n > 0 && dim > 0) {
+      state_->CheckArgLocked("Embedding", "ids", ids, Bytes4(n));
+      const int64_t max_id = state_->MaxIndexLocked("Embedding", "ids", ids, n);
+      state_->CheckArgLocked("Embedding", "table", table.data, WeightBytes(table, (max_id + 1) * dim));
+      state_->CheckArgLocked("Embedding", "out", out, Bytes4(n * dim));
+      table_bytes = WeightBytes(table, n * dim);
+    }
+    state_->ScheduleOpLocked("Embedding", sid, Bytes4(n) + table_bytes + Bytes4(n * dim), 0);
+  }
+  cpu::Embedding(ids, n, table, dim, out);
+}
+
+void MockGpuDevice::RmsNorm(const float* x, WeightRef weight, int64_t rows, int64_t dim, float eps, float* out,
+                            Stream* stream) {
+  ODMOE_CHECK(rows >= 0 && dim > 0);
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    const uint64_t weight_bytes = WeightBytes(weight, dim);
+    if (rows > 0) {
+      state_->CheckArgLocked("RmsNorm", "x", x, Bytes4(rows * dim));
+      state_->CheckArgLocked("RmsNorm", "weight", weight.data, weight_bytes);
+      state_->CheckArgLocked("RmsNorm", "out", out, Bytes4(rows * dim));
+    }
+    state_->ScheduleOpLocked("RmsNorm", sid, 2 * Bytes4(rows * dim) + weight_bytes,
+                             4.0 * static_cast<double>(rows * dim));
+  }
+  cpu::RmsNorm(x, weight, rows, dim, eps, out);
+}
+
+void MockGpuDevice::MatMul(const float* x, WeightRef w, WeightRef bias, int64_t n, int64_t in_dim, int64_t out_dim,
+                           float* y, Stream* stream) {
+  ODMOE_CHECK(n >= 0 && in_dim >= 0 && out_dim >= 0);
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    const uint64_t w_bytes = WeightBytes(w, out_dim * in_dim);
+    const uint64_t bias_bytes = bias.empty() ? 0 : WeightBytes(bias, out_dim);
+    if (n > 0 && out_dim > 0) {
+      state_->CheckArgLocked("MatMul", "x", x, Bytes4(n * in_dim));
+      state_->CheckArgLocked("MatMul", "w", w.data, w_bytes);
+      if (!bias.empty()) state_->CheckArgLocked("MatMul", "bias", bias.data, bias_bytes);
+      state_->CheckArgLocked("MatMul", "y", y, Bytes4(n * out_dim));
+    }
+    double flops = 2.0 * static_cast<double>(n) * static_cast<double>(in_dim) * static_cast<double>(out_dim);
+    if (!bias.empty()) flops += static_cast<double>(n * out_dim);
+    state_->ScheduleOpLocked("MatMul", sid, w_bytes + bias_bytes + Bytes4(n * in_dim) + Bytes4(n * out_dim), flops);
+  }
+  cpu::MatMul(x, w, bias, n, in_dim, out_dim, y);
+}
+
+void MockGpuDevice::Rope(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim, double theta,
+                         Stream* stream) {
+  ODMOE_CHECK(n >= 0 && heads >= 0 && head_dim > 0);
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    const int64_t count = n * heads * head_dim;
+    if (n > 0 && heads > 0) {
+      state_->CheckArgLocked("Rope", "x", x, Bytes4(count));
+      state_->CheckArgLocked("Rope", "positions", positions, Bytes4(n));
+    }
+    state_->ScheduleOpLocked("Rope", sid, 2 * Bytes4(count) + Bytes4(n), 6.0 * static_cast<double>(count));
+  }
+  cpu::Rope(x, positions, n, heads, head_dim, theta);
+}
+
+void MockGpuDevice::Attention(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past,
+                              int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
+                              Stream* stream) {
+  ODMOE_CHECK(n >= 0 && past >= 0 && heads > 0 && kv_heads > 0 && head_dim > 0);
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    const uint64_t q_bytes = Bytes4(n * heads * head_dim);
+    const uint64_t kv_bytes = Bytes4((past + n) * kv_heads * head_dim);
+    if (n > 0) {
+      state_->CheckArgLocked("Attention", "q", q, q_bytes);
+      state_->CheckArgLocked("Attention", "k_cache", k_cache, kv_bytes);
+      state_->CheckArgLocked("Attention", "v_cache", v_cache, kv_bytes);
+      state_->CheckArgLocked("Attention", "out", out, q_bytes);
+    }
+    // sum over new tokens i of the visible rows past + i + 1.
+    const double visible =
+        static_cast<double>(n) * static_cast<double>(past) + static_cast<double>(n) * static_cast<double>(n + 1) / 2.0;
+    state_->ScheduleOpLocked("Attention", sid, 2 * q_bytes + 2 * kv_bytes,
+                             4.0 * static_cast<double>(heads * head_dim) * visible);
+  }
+  cpu::Attention(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale, out);
+}
+
+void MockGpuDevice::RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,
+                               int32_t* ids, float* weights, Stream* stream) {
+  ODMOE_CHECK(n >= 0 && num_experts > 0 && k >= 1 && k <= num_experts);
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    if (n > 0) {
+      state_->CheckArgLocked("RouterTopK", "logits", logits, Bytes4(n * num_experts));
+      state_->CheckArgLocked("RouterTopK", "ids", ids, Bytes4(n * k));
+      state_->CheckArgLocked("RouterTopK", "weights", weights, Bytes4(n * k));
+    }
+    state_->ScheduleOpLocked("RouterTopK", sid, Bytes4(n * num_experts) + 2 * Bytes4(n * k),
+                             4.0 * static_cast<double>(n * num_experts));
+  }
+  cpu::RouterTopK(logits, n, num_experts, k, renormalize, ids, weights);
+}
+
+void MockGpuDevice::SwiGlu(const float* gate, const float* up, int64_t count, float* out, Stream* stream) {
+  ODMOE_CHECK(count >= 0);
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    state_->CheckArgLocked("SwiGlu", "gate", gate, Bytes4(count));
+    state_->CheckArgLocked("SwiGlu", "up", up, Bytes4(count));
+    state_->CheckArgLocked("SwiGlu", "out", out, Bytes4(count));
+    state_->ScheduleOpLocked("SwiGlu", sid, 3 * Bytes4(count), 5.0 * static_cast<double>(count));
+  }
+  cpu::SwiGlu(gate, up, count, out);
+}
+
+void MockGpuDevice::Add(const float* x, int64_t count, float* y, Stream* stream) {
+  ODMOE_CHECK(count >= 0);
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    state_->CheckArgLocked("Add", "x", x, Bytes4(count));
+    state_->CheckArgLocked("Add", "y", y, Bytes4(count));
+    state_->ScheduleOpLocked("Add", sid, 3 * Bytes4(count), static_cast<double>(count));
+  }
+  cpu::Add(x, count, y);
+}
+
+void MockGpuDevice::GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* dst,
+                               Stream* stream) {
+  ODMOE_CHECK(n >= 0 && dim >= 0);
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    if (n > 0 && dim > 0) {
+      state_->CheckArgLocked("GatherRows", "rows", rows, Bytes4(n));
+      const int64_t max_row = state_->MaxIndexLocked("GatherRows", "rows", rows, n);
+      state_->CheckArgLocked("GatherRows", "src", src, Bytes4((max_row + 1) * dim));
+      state_->CheckArgLocked("GatherRows", "dst", dst, Bytes4(n * dim));
+    }
+    state_->ScheduleOpLocked("GatherRows", sid, 2 * Bytes4(n * dim) + Bytes4(n), 0);
+  }
+  cpu::GatherRows(src, rows, n, dim, dst);
+}
+
+void MockGpuDevice::ScatterAddScaled(const float* src, const int32_t* rows, const float* scale, int64_t n, int64_t dim,
+                                     bool sigmoid_scale, float* dst, Stream* stream) {
+  ODMOE_CHECK(n >= 0 && dim >= 0);
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    if (n > 0 && dim > 0) {
+      state_->CheckArgLocked("ScatterAddScaled", "src", src, Bytes4(n * dim));
+      state_->CheckArgLocked("ScatterAddScaled", "rows", rows, Bytes4(n));
+      state_->CheckArgLocked("ScatterAddScaled", "scale", scale, Bytes4(n));
+      const int64_t max_row = state_->MaxIndexLocked("ScatterAddScaled", "rows", rows, n);
+      state_->CheckArgLocked("ScatterAddScaled", "dst", dst, Bytes4((max_row + 1) * dim));
+    }
+    state_->ScheduleOpLocked("ScatterAddScaled", sid, 3 * Bytes4(n * dim) + 2 * Bytes4(n),
+                             2.0 * static_cast<double>(n * dim));
+  }
+  cpu::ScatterAddScaled(src, rows, scale, n, dim, sigmoid_scale, dst);
+}
+
+// ---- accounting and test hooks -----------------------------------------------------------------------------
+
+std::map<std::string, int64_t> MockGpuDevice::op_counts() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->op_counts;
+}
+
+uint64_t MockGpuDevice::Checksum(const void* device_ptr, size_t bytes) const {
+  absl::MutexLock lock(&state_->mu);
+  state_->CheckArgLocked("Checksum", "device_ptr", device_ptr, bytes);
+  return Fnv1a64(device_ptr, bytes);
+}
+
+bool MockGpuDevice::Contains(const void* ptr, size_t bytes) const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->ContainsLocked(ptr, bytes);
+}
+
+double MockGpuDevice::virtual_time_s() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->host_time;
+}
+
+double MockGpuDevice::completion_time_s() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->latest_end;
+}
+
+double MockGpuDevice::StreamTime(Stream* stream) const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->stream_time.at(state_->StreamIdLocked(stream));
+}
+
+int MockGpuDevice::StreamId(Stream* stream) const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->StreamIdLocked(stream);
+}
+
+std::vector<MockGpuInterval> MockGpuDevice::timeline() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->timeline;
+}
+
+void MockGpuDevice::ClearTimeline() {
+  absl::MutexLock lock(&state_->mu);
+  state_->timeline.clear();
+}
+
+MockGpuStats MockGpuDevice::stats() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->stats;
+}
+
+}  // namespace odmoe

@@ -1,0 +1,536 @@
+#include "src/backend/cuda_device.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/attention.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemv.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+#include "kernels/router.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+// Aborts with the CUDA error's text: a failed launch or an asynchronous fault is a bug, like a failed CHECK.
+#define ODMOE_CUDA_CHECK(expr)                                                                      \
+  do {                                                                                              \
+    const cudaError_t odmoe_cuda_err_ = (expr);                                                     \
+    if (odmoe_cuda_err_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d: CUDA error in %s: %s (%s)\n", __FILE__, __LINE__, #expr,         \
+                   cudaGetErrorName(odmoe_cuda_err_), cudaGetErrorString(odmoe_cuda_err_));         \
+      std::abort();                                                                                 \
+    }                                                                                               \
+  } while (0)
+
+#define ODMOE_CUBLAS_CHECK(expr)                                                                   \
+  do {                                                                                             \
+    const cublasStatus_t odmoe_cublas_st_ = (expr);                                                \
+    if (odmoe_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                               \
+      std::fprintf(stderr, "%s:%d: cuBLAS error in %s: %s\n", __FILE__, __LINE__, #expr,           \
+                   cublasGetStatusString(odmoe_cublas_st_));                                       \
+      std::abort();                                                                                \
+    }                                                                                              \
+  } while (0)
+
+namespace odmoe {
+namespace {
+
+// Above this many tokens MatMul uses cuBLAS instead of the GEMV kernel.
+constexpr int64_t kGemvMaxTokens = kernels::kGemvMaxTokens;
+// Up to this many new tokens Attention uses the split-sequence decode kernel.
+constexpr int64_t kDecodeMaxTokens = 4;
+// The most scratch bytes MatMul uses for 16-bit copies of activations (larger n is processed in row chunks).
+constexpr size_t kGemmScratchBytes = size_t{32} << 20;
+
+std::string FormatBytes(uint64_t bytes) {
+  return absl::StrFormat("%d bytes (%.1f MiB)", bytes, static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
+// Makes `ordinal` the calling thread's current device (cheap when it already is).
+void UseDevice(int ordinal) {
+  int current = -1;
+  ODMOE_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != ordinal) ODMOE_CUDA_CHECK(cudaSetDevice(ordinal));
+}
+
+// Memory accounting shared by the device and its buffers (buffers may outlive the device).
+struct Accounting {
+  Accounting(int ordinal_in, uint64_t capacity_in) : ordinal(ordinal_in), capacity(capacity_in) {}
+  const int ordinal;
+  const uint64_t capacity;
+  mutable absl::Mutex mu;
+  uint64_t in_use ABSL_GUARDED_BY(mu) = 0;
+  uint64_t peak ABSL_GUARDED_BY(mu) = 0;
+};
+
+class CudaBuffer final : public Buffer {
+ public:
+  CudaBuffer(void* data, size_t size, std::shared_ptr<Accounting> accounting)
+      : Buffer(data, size), accounting_(std::move(accounting)) {}
+  ~CudaBuffer() override {
+    if (data() != nullptr) {
+      int current = -1;
+      const bool switched = cudaGetDevice(&current) == cudaSuccess && current != accounting_->ordinal &&
+                            cudaSetDevice(accounting_->ordinal) == cudaSuccess;
+      // cudaFree fails only when the context is gone (process exit); nothing is left to free then.
+      (void)cudaFree(data());
+      if (switched) (void)cudaSetDevice(current);
+    }
+    absl::MutexLock lock(&accounting_->mu);
+    accounting_->in_use -= size();
+  }
+
+ private:
+  std::shared_ptr<Accounting> accounting_;
+};
+
+// A CUDA stream with what the ops enqueued on it need: a cuBLAS handle bound to it and scratch memory.
+// Used by one host thread at a time.
+class CudaStream final : public Stream {
+ public:
+  explicit CudaStream(int ordinal) : ordinal_(ordinal) {
+    UseDevice(ordinal_);
+    ODMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  ~CudaStream() override {
+    UseDevice(ordinal_);
+    (void)cudaStreamSynchronize(stream_);
+    if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+    if (scratch_ != nullptr) (void)cudaFree(scratch_);
+    (void)cudaStreamDestroy(stream_);
+  }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+
+  cudaStream_t get() const { return stream_; }
+
+  cublasHandle_t cublas() {
+    if (cublas_ == nullptr) {
+      ODMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
+      ODMOE_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+      // fp32 products ask for CUBLAS_COMPUTE_32F_PEDANTIC explicitly; here: no reduced-precision split-K
+      // reductions for the 16-bit ones either.
+      ODMOE_CUBLAS_CHECK(cublasSetMathMode(
+          cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    }
+    return cublas_;
+  }
+
+  // At least `bytes` of device memory, valid for work enqueued on this stream until the next call. Growing
+  // waits for the stream first, since earlier work may still use the old block.
+  void* Scratch(size_t bytes) {
+    if (bytes > scratch_bytes_) {
+      ODMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      if (scratch_ != nullptr) ODMOE_CUDA_CHECK(cudaFree(scratch_));
+      scratch_ = nullptr;
+      const size_t rounded = (bytes + (size_t{1} << 20) - 1) & ~((size_t{1} << 20) - 1);
+      ODMOE_CUDA_CHECK(cudaMalloc(&scratch_, rounded));
+      scratch_bytes_ = rounded;
+    }
+    return scratch_;
+  }
+
+ private:
+  const int ordinal_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+};
+
+class CudaEvent final : public Event {
+ public:
+  explicit CudaEvent(int ordinal) : ordinal_(ordinal) {
+    UseDevice(ordinal_);
+    ODMOE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  }
+  ~CudaEvent() override {
+    UseDevice(ordinal_);
+    (void)cudaEventDestroy(event_);
+  }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  const int ordinal_;
+  cudaEvent_t event_ = nullptr;
+};
+
+// Calls f with w.data as a typed pointer: const float*, const __half* or const __nv_bfloat16*.
+template <typename F>
+void WithWeightType(WeightRef w, F&& f) {
+  switch (w.dtype) {
+    case DType::kF32:
+      f(static_cast<const float*>(w.data));
+      return;
+    case DType::kF16:
+      f(static_cast<const __half*>(w.data));
+      return;
+    case DType::kBF16:
+      f(static_cast<const __nv_bfloat16*>(w.data));
+      return;
+    default:
+      break;
+  }
+  std::fprintf(stderr, "CudaDevice: weights must be F32, F16 or BF16, not %s\n",
+               std::string(DTypeName(w.dtype)).c_str());
+  std::abort();
+}
+
+bool FitsInt(int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); }
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int ordinal, std::string gpu_name, uint64_t capacity)
+      : ordinal_(ordinal),
+        gpu_name_(std::move(gpu_name)),
+        accounting_(std::make_shared<Accounting>(ordinal, capacity)),
+        default_stream_(std::make_unique<CudaStream>(ordinal)) {}
+  ~CudaDevice() override {
+    UseDevice(ordinal_);
+    (void)cudaDeviceSynchronize();
+  }
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string name() const override { return StrCat("cuda:", ordinal_, " (", gpu_name_, ")"); }
+
+  // ---- memory ----------------------------------------------------------------------------------------------
+  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes, std::string_view tag) override {
+    {
+      absl::MutexLock lock(&accounting_->mu);
+      const uint64_t capacity = accounting_->capacity;
+      if (bytes > capacity - std::min(capacity, accounting_->in_use)) {
+        return absl::ResourceExhaustedError(StrCat(name(), ": cannot allocate ", FormatBytes(bytes), " for '", tag,
+                                                   "': ", FormatBytes(accounting_->in_use),
+                                                   " of its capacity of ", FormatBytes(capacity), " are in use"));
+      }
+      accounting_->in_use += bytes;
+      accounting_->peak = std::max(accounting_->peak, accounting_->in_use);
+    }
+    void* data = nullptr;
+    if (bytes > 0) {
+      UseDevice(ordinal_);
+      const cudaError_t err = cudaMalloc(&data, bytes);
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();  // an allocation failure is not sticky: clear it
+        size_t free_bytes = 0;
+        size_t total_bytes = 0;
+        (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+        absl::MutexLock lock(&accounting_->mu);
+        accounting_->in_use -= bytes;
+        return absl::ResourceExhaustedError(StrCat(name(), ": cudaMalloc of ", FormatBytes(bytes), " for '", tag,
+                                                   "' failed (", cudaGetErrorString(err), "); the GPU has ",
+                                                   FormatBytes(free_bytes), " free of ", FormatBytes(total_bytes)));
+      }
+    }
+    return std::unique_ptr<Buffer>(new CudaBuffer(data, bytes, accounting_));
+  }
+
+  MemoryInfo memory_info() const override {
+    absl::MutexLock lock(&accounting_->mu);
+    return MemoryInfo{accounting_->capacity, accounting_->in_use, accounting_->peak};
+  }
+
+  void ResetPeak() override {
+    absl::MutexLock lock(&accounting_->mu);
+    accounting_->peak = accounting_->in_use;
+  }
+
+  // ---- streams and copies ----------------------------------------------------------------------------------
+  std::unique_ptr<Stream> CreateStream() override { return std::make_unique<CudaStream>(ordinal_); }
+  std::unique_ptr<Event> CreateEvent() override { return std::make_unique<CudaEvent>(ordinal_); }
+
+  void RecordEvent(Event& event, Stream* stream) override {
+    UseDevice(ordinal_);
+    ODMOE_CUDA_CHECK(cudaEventRecord(static_cast<CudaEvent&>(event).get(), S(stream)->get()));
+  }
+  void WaitEvent(Stream* stream, Event& event) override {
+    UseDevice(ordinal_);
+    ODMOE_CUDA_CHECK(cudaStreamWaitEvent(S(stream)->get(), static_cast<CudaEvent&>(event).get(), 0));
+  }
+  void Synchronize(Stream* stream) override {
+    UseDevice(ordinal_);
+    ODMOE_CUDA_CHECK(cudaStreamSynchronize(S(stream)->get()));
+  }
+  void SynchronizeAll() override {
+    UseDevice(ordinal_);
+    ODMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  void CopyToDevice(void* dst, const void* src, size_t bytes, Stream* stream) override {
+    if (bytes > 0) {
+      ODMOE_CHECK(dst != nullptr && src != nullptr);
+      UseDevice(ordinal_);
+      ODMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, S(stream)->get()));
+    }
+    absl::MutexLock lock(&mu_);
+    transfers_.h2d_bytes += bytes;
+    ++transfers_.h2d_copies;
+  }
+  void CopyToHost(void* dst, const void* src, size_t bytes, Stream* stream) override {
+    UseDevice(ordinal_);
+    if (bytes > 0) {
+      ODMOE_CHECK(dst != nullptr && src != nullptr);
+      ODMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, S(stream)->get()));
+    }
+    ODMOE_CUDA_CHECK(cudaStreamSynchronize(S(stream)->get()));
+    absl::MutexLock lock(&mu_);
+    transfers_.d2h_bytes += bytes;
+    ++transfers_.d2h_copies;
+  }
+  void CopyOnDevice(void* dst, const void* src, size_t bytes, Stream* stream) override {
+    if (bytes > 0) {
+      ODMOE_CHECK(dst != nullptr && src != nullptr);
+      UseDevice(ordinal_);
+      ODMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, S(stream)->get()));
+    }
+    absl::MutexLock lock(&mu_);
+    transfers_.d2d_bytes += bytes;
+    ++transfers_.d2d_copies;
+  }
+  TransferStats transfer_stats() const override {
+    absl::MutexLock lock(&mu_);
+    return transfers_;
+  }
+
+  // ---- ops -------------------------------------------------------------------------------------------------
+  void Embedding(const int32_t* ids, int64_t n, WeightRef table, int64_t dim, float* out, Stream* stream) override {
+    CountOp("Embedding");
+    ODMOE_CHECK(n >= 0 && dim >= 0);
+    if (n == 0 || dim == 0) return;
+    ODMOE_CHECK(ids != nullptr && !table.empty() && out != nullptr);
+    UseDevice(ordinal_);
+    WithWeightType(table, [&](auto* t) {
+      ODMOE_CUDA_CHECK(kernels::LaunchEmbedding(ids, n, t, dim, out, S(stream)->get()));
+    });
+  }
+
+  void RmsNorm(const float* x, WeightRef weight, int64_t rows, int64_t dim, float eps, float* out,
+               Stream* stream) override {
+    CountOp("RmsNorm");
+    ODMOE_CHECK(rows >= 0 && dim > 0);
+    if (rows == 0) return;
+    ODMOE_CHECK(x != nullptr && !weight.empty() && out != nullptr);
+    UseDevice(ordinal_);
+    WithWeightType(weight, [&](auto* w) {
+      ODMOE_CUDA_CHECK(kernels::LaunchRmsNorm(x, w, rows, dim, eps, out, S(stream)->get()));
+    });
+  }
+
+  void MatMul(const float* x, WeightRef w, WeightRef bias, int64_t n, int64_t in_dim, int64_t out_dim, float* y,
+              Stream* stream) override {
+    CountOp("MatMul");
+    ODMOE_CHECK(n >= 0 && in_dim > 0 && out_dim >= 0);
+    if (n == 0 || out_dim == 0) return;
+    ODMOE_CHECK(x != nullptr && !w.empty() && y != nullptr);
+    UseDevice(ordinal_);
+    CudaStream* s = S(stream);
+    const bool fused_bias = !bias.empty() && bias.dtype == w.dtype;
+    if (n <= kGemvMaxTokens) {
+      WithWeightType(w, [&](auto* wp) {
+        using W = std::remove_const_t<std::remove_pointer_t<decltype(wp)>>;
+        const W* bp = fused_bias ? static_cast<const W*>(bias.data) : nullptr;
+        ODMOE_CUDA_CHECK(kernels::LaunchGemv(x, wp, bp, n, in_dim, out_dim, y, s->get()));
+      });
+      if (!bias.empty() && !fused_bias) AddBias(bias, n, out_dim, y, s);
+      return;
+    }
+    Gemm(x, w, n, in_dim, out_dim, y, s);
+    if (!bias.empty()) AddBias(bias, n, out_dim, y, s);
+  }
+
+  void Rope(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim, double theta,
+            Stream* stream) override {
+    CountOp("Rope");
+    ODMOE_CHECK(n >= 0 && heads >= 0 && head_dim > 0 && head_dim % 2 == 0);
+    if (n == 0 || heads == 0) return;
+    ODMOE_CHECK(x != nullptr && positions != nullptr);
+    UseDevice(ordinal_);
+    ODMOE_CUDA_CHECK(kernels::LaunchRope(x, positions, n, heads, head_dim, theta, S(stream)->get()));
+  }
+
+  void Attention(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past, int64_t heads,
+                 int64_t kv_heads, int64_t head_dim, float scale, float* out, Stream* stream) override {
+    CountOp("Attention");
+    ODMOE_CHECK(n >= 0 && past >= 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0);
+    ODMOE_CHECK(head_dim > 0 && head_dim <= kernels::kMaxHeadDim);
+    if (n == 0) return;
+    ODMOE_CHECK(q != nullptr && k_cache != nullptr && v_cache != nullptr && out != nullptr);
+    UseDevice(ordinal_);
+    CudaStream* s = S(stream);
+    if (n <= kDecodeMaxTokens) {
+      const size_t floats = kernels::AttentionDecodeWorkspaceFloats(n, past, heads, head_dim);
+      float* workspace = floats > 0 ? static_cast<float*>(s->Scratch(floats * sizeof(float))) : nullptr;
+      ODMOE_CUDA_CHECK(kernels::LaunchAttentionDecode(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale,
+                                                      out, workspace, floats, s->get()));
+    } else {
+      ODMOE_CUDA_CHECK(kernels::LaunchAttentionPrefill(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim,
+                                                       scale, out, s->get()));
+    }
+  }
+
+  void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize, int32_t* ids,
+                  float* weights, Stream* stream) override {
+    CountOp("RouterTopK");
+    ODMOE_CHECK(n >= 0 && k >= 1 && k <= num_experts);
+    if (n == 0) return;
+    ODMOE_CHECK(logits != nullptr && ids != nullptr && weights != nullptr);
+    UseDevice(ordinal_);
+    ODMOE_CUDA_CHECK(
+        kernels::LaunchRouterTopK(logits, n, num_experts, k, renormalize, ids, weights, S(stream)->get()));
+  }
+
+  void SwiGlu(const float* gate, const float* up, int64_t count, float* out, Stream* stream) override {
+    CountOp("SwiGlu");
+    ODMOE_CHECK(count >= 0);
+    if (count == 0) return;
+    UseDevice(ordinal_);
+    ODMOE_CUDA_CHECK(kernels::LaunchSwiGlu(gate, up, count, out, S(stream)->get()));
+  }
+
+  void Add(const float* x, int64_t count, float* y, Stream* stream) override {
+    CountOp("Add");
+    ODMOE_CHECK(count >= 0);
+    if (count == 0) return;
+    UseDevice(ordinal_);
+    ODMOE_CUDA_CHECK(kernels::LaunchAdd(x, count, y, S(stream)->get()));
+  }
+
+  void GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* dst,
+                  Stream* stream) override {
+    CountOp("GatherRows");
+    ODMOE_CHECK(n >= 0 && dim >= 0);
+    if (n == 0 || dim == 0) return;
+    UseDevice(ordinal_);
+    ODMOE_CUDA_CHECK(kernels::LaunchGatherRows(src, rows, n, dim, dst, S(stream)->get()));
+  }
+
+  void ScatterAddScaled(const float* src, const int32_t* rows, const float* scale, int64_t n, int64_t dim,
+                        bool sigmoid_scale, float* dst, Stream* stream) override {
+    CountOp("ScatterAddScaled");
+    ODMOE_CHECK(n >= 0 && dim >= 0);
+    if (n == 0 || dim == 0) return;
+    UseDevice(ordinal_);
+    ODMOE_CUDA_CHECK(
+        kernels::LaunchScatterAddScaled(src, rows, scale, n, dim, sigmoid_scale, dst, S(stream)->get()));
+  }
+
+  std::map<std::string, int64_t> op_counts() const override {
+    absl::MutexLock lock(&mu_);
+    return op_counts_;
+  }
+
+ private:
+  CudaStream* S(Stream* stream) { return stream != nullptr ? static_cast<CudaStream*>(stream) : default_stream_.get(); }
+
+  void CountOp(const char* op) {
+    absl::MutexLock lock(&mu_);
+    ++op_counts_[op];
+  }
+
+  void AddBias(WeightRef bias, int64_t n, int64_t out_dim, float* y, CudaStream* s) {
+    WithWeightType(bias, [&](auto* b) { ODMOE_CUDA_CHECK(kernels::LaunchAddBias(b, n, out_dim, y, s->get())); });
+  }
+
+  // y[n, out_dim] = x[n, in_dim] * w[out_dim, in_dim]^T with cuBLAS (column-major: y^T = w^T' * x^T).
+  void Gemm(const float* x, WeightRef w, int64_t n, int64_t in_dim, int64_t out_dim, float* y, CudaStream* s) {
+    ODMOE_CHECK(FitsInt(n) && FitsInt(in_dim) && FitsInt(out_dim));
+    const int m = static_cast<int>(out_dim);
+    const int k = static_cast<int>(in_dim);
+    const float one = 1.0f;
+    const float zero = 0.0f;
+    cublasHandle_t handle = s->cublas();
+    if (w.dtype == DType::kF32) {
+      ODMOE_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, static_cast<int>(n), k, &one, w.data,
+                                      CUDA_R_32F, k, x, CUDA_R_32F, k, &zero, y, CUDA_R_32F, m,
+                                      CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+      return;
+    }
+    ODMOE_CHECK(w.dtype == DType::kF16 || w.dtype == DType::kBF16);
+    const cudaDataType_t type = w.dtype == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
+    // Row chunks whose hi + lo 16-bit copies fit the scratch budget.
+    const size_t row_bytes = static_cast<size_t>(in_dim) * 2 * sizeof(uint16_t);
+    const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>(kGemmScratchBytes / row_bytes), 1, n);
+    void* scratch = s->Scratch(static_cast<size_t>(chunk) * row_bytes);
+    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+      const int64_t rows = std::min(chunk, n - r0);
+      const int64_t count = rows * in_dim;
+      void* hi = scratch;
+      void* lo = static_cast<uint16_t*>(scratch) + count;
+      if (w.dtype == DType::kF16) {
+        ODMOE_CUDA_CHECK(kernels::LaunchSplitToPair(x + r0 * in_dim, count, static_cast<__half*>(hi),
+                                                    static_cast<__half*>(lo), s->get()));
+      } else {
+        ODMOE_CUDA_CHECK(kernels::LaunchSplitToPair(x + r0 * in_dim, count, static_cast<__nv_bfloat16*>(hi),
+                                                    static_cast<__nv_bfloat16*>(lo), s->get()));
+      }
+      float* yc = y + r0 * out_dim;
+      ODMOE_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, static_cast<int>(rows), k, &one, w.data,
+                                      type, k, hi, type, k, &zero, yc, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+      ODMOE_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, static_cast<int>(rows), k, &one, w.data,
+                                      type, k, lo, type, k, &one, yc, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+    }
+  }
+
+  const int ordinal_;
+  const std::string gpu_name_;
+  const std::shared_ptr<Accounting> accounting_;
+  const std::unique_ptr<CudaStream> default_stream_;
+  mutable absl::Mutex mu_;
+  TransferStats transfers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> op_counts_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, uint64_t capacity_bytes) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    return absl::UnavailableError(StrCat("no CUDA device: cudaGetDeviceCount returned ", cudaGetErrorName(err), " (",
+                                         cudaGetErrorString(err), "), ", count, " devices"));
+  }
+  if (ordinal < 0 || ordinal >= count) {
+    return absl::InvalidArgumentError(
+        StrCat("CUDA device ", ordinal, " does not exist: this process sees ", count, " (0 .. ", count - 1, ")"));
+  }
+  cudaDeviceProp prop{};
+  ODMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+  if (prop.major < 8) {
+    return absl::UnimplementedError(StrCat("CUDA device ", ordinal, " (", prop.name, ") has compute capability ",
+                                           prop.major, ".", prop.minor,
+                                           "; the kernels are built for 8.0 (Ampere) and newer"));
+  }
+  UseDevice(ordinal);
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  const cudaError_t info_err = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (info_err != cudaSuccess) {
+    return absl::UnavailableError(
+        StrCat("CUDA device ", ordinal, " (", prop.name, "): cudaMemGetInfo failed: ", cudaGetErrorString(info_err)));
+  }
+  const uint64_t capacity = capacity_bytes != 0 ? capacity_bytes : static_cast<uint64_t>(total_bytes);
+  return std::unique_ptr<Device>(new CudaDevice(ordinal, prop.name, capacity));
+}
+
+}  // namespace odmoe

@@ -1,0 +1,37 @@
+// The CUDA backend: a Device whose memory is the memory of one GPU and whose ops run the kernels of kernels/
+// (and cuBLAS for dense products of more than kernels::kGemvMaxTokens tokens).
+//
+//  - Memory: cudaMalloc per Buffer, accounted against `capacity_bytes` (0: the GPU's total memory as
+//    cudaMemGetInfo reports it). ResourceExhausted when the budget or cudaMalloc says no. Per-stream scratch
+//    (attention splits, 16-bit copies of activations for cuBLAS; at most a few tens of MiB per stream) is not
+//    counted in MemoryInfo.
+//  - Streams are non-blocking CUDA streams (the default stream, nullptr, is one the device owns), events are
+//    CUDA events without timing. Each stream owns its cuBLAS handle and scratch, so work on different streams
+//    shares nothing.
+//  - Weights stay in their checkpoint dtype. MatMul of up to kGemvMaxTokens tokens runs the bandwidth-bound
+//    GEMV kernel (fp32 accumulation). Larger products go to cuBLAS: fp32 weights with
+//    CUBLAS_COMPUTE_32F_PEDANTIC (no TF32); fp16/bf16 weights with fp32 accumulation on tensor cores, the fp32
+//    activations being split into a hi + lo pair of the weight's dtype (two GEMMs), which keeps about 16
+//    (bf16) or 22 (fp16) bits of each activation instead of 8 or 11.
+//  - Attention: the split-sequence decode kernel for up to 4 new tokens, the tiled prefill kernel beyond.
+//  - Ops report CUDA errors (a bad launch, a fault) by aborting with the error's text: like CHECKs, they are
+//    bugs, not input errors.
+//
+// Thread safety: methods may be called from any thread; accounting (memory, transfers, op counts) is guarded by
+// a mutex. A Stream must be used by one thread at a time (its scratch and cuBLAS handle are not shared).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "src/backend/device.h"
+
+namespace odmoe {
+
+// The GPU `ordinal` as a Device. Unavailable when the process sees no CUDA device (the message carries
+// cudaGetDeviceCount's error), InvalidArgument for an ordinal that does not exist, Unimplemented for a GPU older
+// than compute capability 8.0 (the kernels are built for 8.0, 8.6, 8.9 and 9.0).
+absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, uint64_t capacity_bytes /*0 = whole GPU*/);
+
+}  // namespace odmoe
