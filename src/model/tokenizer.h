@@ -27,7 +27,7 @@ class Tokenizer {
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& dir);
   // From the serialized model proto. `where` names the source in messages.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromSerializedModel(std::string_view model, bool add_bos,
-                                                                         bool add_eos, const std::string& where);
+                                                                        bool add_eos, const std::string& where);
   ~Tokenizer();
 
   // Text to ids, without BOS/EOS. Control tokens written in the text ("</s>") are ordinary text.
@@ -36,6 +36,12 @@ class Tokenizer {
   std::vector<int32_t> EncodeForModel(std::string_view text) const;
   // Ids to text, as SentencePiece's DecodeIds does: control tokens vanish, byte pieces are reassembled into
   // UTF-8 (invalid bytes become U+FFFD), the leading-space marker of the first piece is dropped.
+  // In detail, as current SentencePiece: while the text is empty, a piece loses one leading "▁" if the
+  // normalizer adds a dummy prefix or removes extra whitespace, and after one piece has lost it no later piece
+  // does (unless remove_extra_whitespaces: then every leading "▁" goes). Older SentencePiece releases dropped
+  // it whatever the normalizer, from every piece while the text was empty: with add_dummy_prefix the two differ
+  // only for ids that start with a bare "▁" piece (older: ["▁", "▁a"] -> "a"; here " a").
+  // Ids outside [0, vocab_size()) (SentencePiece refuses them) decode like a control token: to nothing.
   std::string Decode(std::span<const int32_t> ids) const;
 
   int32_t vocab_size() const;
@@ -51,14 +57,23 @@ class Tokenizer {
   struct Impl;
 
  private:
+  friend class IncrementalDecoder;  // decodes piece by piece with the same rules as Decode
   explicit Tokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
 // Turns a stream of generated ids into text as they arrive, for printing while generating. Never emits part of
-// a UTF-8 character (byte-fallback pieces are held until their character is complete) and places the
-// leading-space marker as full decoding would: Push(ids one by one) concatenated with Finish() equals
-// Decode(context + ids) minus Decode(context).
+// a UTF-8 character (byte-fallback pieces are held until their character is complete, and only while they
+// can still become one) and places the leading-space marker as full decoding would: Push(ids one by one)
+// concatenated with Finish() equals Decode(context + ids) minus Decode(context).
+//
+// One exception, where Decode(context) is not a prefix of Decode(context + ids): `context` ends with byte
+// pieces that begin a character which the pushed bytes complete. Decode(context) showed those bytes as U+FFFD,
+// Decode(context + ids) has the character; the decoder then emits the whole character (and keeps going), since
+// it cannot take back what the caller printed. Prompts from Encode never end that way.
+// Finish() ends the byte run: call it once, after the last Push.
+//
+// Thread safety: none; one decoder per stream. REQUIRES: `tokenizer` outlives the decoder.
 class IncrementalDecoder {
  public:
   // `context`: ids already in the sequence (the prompt), which are not emitted.
@@ -69,9 +84,18 @@ class IncrementalDecoder {
   std::string Finish();
 
  private:
+  // Decodes the complete characters (and definitely invalid bytes) at the front of pending_bytes_; with
+  // `final`, also the rest, as SentencePiece does at the end of a run of byte pieces.
+  std::string DrainBytes(bool final);
+  // Drops the front of `out` while it repeats context_tail_ (text the caller already has).
+  std::string SkipShown(std::string out);
+
   const Tokenizer& tokenizer_;
-  bool at_start_;               // no visible piece has been decoded yet in the whole sequence
-  std::string pending_bytes_;   // byte-fallback bytes not yet forming complete characters
+  bool at_start_ = true;       // SentencePiece's is_bos_ws: the next piece may still lose its leading "▁"
+  bool bos_ws_seen_ = false;   // the last non-byte piece had its leading "▁" dropped
+  bool text_empty_ = true;     // Decode(context + ids so far) is empty (byte pieces always give text)
+  std::string pending_bytes_;  // byte-fallback bytes not yet forming complete characters
+  std::string context_tail_;   // what Decode(context) showed for the bytes it left held: one U+FFFD each
 };
 
 }  // namespace odmoe
