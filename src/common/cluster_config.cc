@@ -1,0 +1,237 @@
+#include "src/common/cluster_config.h"
+
+#include <filesystem>
+#include <set>
+
+#include "src/common/mapped_file.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+#include "toml++/toml.h"
+
+namespace odmoe {
+namespace {
+
+absl::Status FieldError(const std::string& where, std::string_view scope, std::string_view field,
+                        std::string_view problem) {
+  return absl::InvalidArgumentError(StrCat(where, ": ", scope, scope.empty() ? "" : ": ", "field '", field, "': ",
+                                           problem));
+}
+
+// Typed reads of a TOML table that name the field on error.
+class Fields {
+ public:
+  Fields(const toml::table& t, const std::string& where, std::string scope)
+      : t_(t), where_(where), scope_(std::move(scope)) {}
+
+  absl::StatusOr<std::optional<std::string>> String(std::string_view key) const {
+    const toml::node* n = t_.get(key);
+    if (n == nullptr) return std::optional<std::string>{};
+    if (!n->is_string()) return FieldError(where_, scope_, key, "expected a string");
+    return std::optional<std::string>{n->value<std::string>().value()};
+  }
+  absl::StatusOr<std::optional<int64_t>> Int(std::string_view key) const {
+    const toml::node* n = t_.get(key);
+    if (n == nullptr) return std::optional<int64_t>{};
+    if (!n->is_integer()) return FieldError(where_, scope_, key, "expected an integer");
+    return std::optional<int64_t>{n->value<int64_t>().value()};
+  }
+  // Every key of the table must be one of `known`: a misspelt key is an error, not silently ignored.
+  absl::Status OnlyKnown(const std::set<std::string>& known) const {
+    for (const auto& [k, v] : t_) {
+      if (known.count(std::string(k.str())) == 0) {
+        return FieldError(where_, scope_, std::string(k.str()), "unknown field");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const toml::table& t_;
+  const std::string& where_;
+  std::string scope_;
+};
+
+absl::Status CheckAddress(const std::string& where, const std::string& scope, const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    return FieldError(where, scope, "address", StrCat("expected host:port, got '", address, "'"));
+  }
+  const std::string port = address.substr(colon + 1);
+  if (port.find_first_not_of("0123456789") != std::string::npos || port.size() > 5 || std::stoi(port) > 65535 ||
+      std::stoi(port) == 0) {
+    return FieldError(where, scope, "address", StrCat("port must be 1..65535, got '", port, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string_view NodeRoleName(NodeRole role) {
+  switch (role) {
+    case NodeRole::kMain: return "main";
+    case NodeRole::kShadow: return "shadow";
+    case NodeRole::kWorker: return "worker";
+  }
+  return "?";
+}
+
+const NodeConfig* ClusterConfig::Find(std::string_view n) const {
+  for (const NodeConfig& node : nodes) {
+    if (node.name == n) return &node;
+  }
+  return nullptr;
+}
+
+const NodeConfig* ClusterConfig::main() const {
+  for (const NodeConfig& node : nodes) {
+    if (node.role == NodeRole::kMain) return &node;
+  }
+  return nullptr;
+}
+
+const NodeConfig* ClusterConfig::shadow() const {
+  for (const NodeConfig& node : nodes) {
+    if (node.role == NodeRole::kShadow) return &node;
+  }
+  return nullptr;
+}
+
+std::vector<const NodeConfig*> ClusterConfig::workers() const {
+  std::vector<const NodeConfig*> out;
+  for (const NodeConfig& node : nodes) {
+    if (node.role == NodeRole::kWorker) out.push_back(&node);
+  }
+  return out;
+}
+
+absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const std::string& where,
+                                                 const std::string& base_dir) {
+  toml::table root;
+  try {
+    root = toml::parse(text, where);
+  } catch (const toml::parse_error& e) {
+    return absl::DataLossError(StrCat(where, ":", e.source().begin.line, ":", e.source().begin.column,
+                                      ": invalid TOML: ", std::string(e.description())));
+  }
+  ClusterConfig c;
+  c.file = where;
+  for (const auto& [k, v] : root) {
+    const std::string key(k.str());
+    if (key != "cluster" && key != "model" && key != "node") {
+      return FieldError(where, "", key, "unknown section (expected [cluster], [model] and [[node]])");
+    }
+  }
+  if (const toml::node* cn = root.get("cluster")) {
+    if (!cn->is_table()) return FieldError(where, "", "cluster", "expected a table");
+    Fields f(*cn->as_table(), where, "[cluster]");
+    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"name", "epoch", "group_size", "rpc_timeout_ms", "startup_timeout_ms"}));
+    ODMOE_ASSIGN_OR_RETURN(auto name, f.String("name"));
+    if (name) c.name = *name;
+    if (c.name.empty() || c.name.find_first_of("/ \t\n") != std::string::npos) {
+      return FieldError(where, "[cluster]", "name", "must be non-empty, without '/' or spaces");
+    }
+    ODMOE_ASSIGN_OR_RETURN(auto epoch, f.Int("epoch"));
+    if (epoch) {
+      if (*epoch < 1) return FieldError(where, "[cluster]", "epoch", "must be >= 1");
+      c.epoch = static_cast<uint64_t>(*epoch);
+    }
+    ODMOE_ASSIGN_OR_RETURN(auto group, f.Int("group_size"));
+    if (group) {
+      if (*group < 0 || *group > 1024) return FieldError(where, "[cluster]", "group_size", "must be 0..1024");
+      c.group_size = static_cast<int32_t>(*group);
+    }
+    ODMOE_ASSIGN_OR_RETURN(auto rpc, f.Int("rpc_timeout_ms"));
+    if (rpc) {
+      if (*rpc < 1) return FieldError(where, "[cluster]", "rpc_timeout_ms", "must be >= 1");
+      c.rpc_timeout_ms = *rpc;
+    }
+    ODMOE_ASSIGN_OR_RETURN(auto startup, f.Int("startup_timeout_ms"));
+    if (startup) {
+      if (*startup < 1) return FieldError(where, "[cluster]", "startup_timeout_ms", "must be >= 1");
+      c.startup_timeout_ms = *startup;
+    }
+  }
+  if (const toml::node* mn = root.get("model")) {
+    if (!mn->is_table()) return FieldError(where, "", "model", "expected a table");
+    Fields f(*mn->as_table(), where, "[model]");
+    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"path"}));
+    ODMOE_ASSIGN_OR_RETURN(auto path, f.String("path"));
+    if (path && !path->empty()) {
+      std::filesystem::path p(*path);
+      if (p.is_relative()) p = std::filesystem::path(base_dir) / p;
+      c.model.path = p.lexically_normal().string();
+    }
+  }
+  const toml::node* nodes = root.get("node");
+  if (nodes == nullptr || !nodes->is_array_of_tables()) {
+    return FieldError(where, "", "node", "expected [[node]] entries");
+  }
+  std::set<std::string> names, addresses;
+  int32_t next_worker = 0;
+  for (const toml::node& entry : *nodes->as_array()) {
+    const toml::table& t = *entry.as_table();
+    NodeConfig node;
+    Fields pre(t, where, "[[node]]");
+    ODMOE_ASSIGN_OR_RETURN(auto name, pre.String("name"));
+    if (!name || name->empty()) return FieldError(where, "[[node]]", "name", "missing");
+    if (name->find_first_of("/ \t\n") != std::string::npos) {
+      return FieldError(where, "[[node]]", "name", StrCat("'", *name, "' must not contain '/' or spaces"));
+    }
+    node.name = *name;
+    const std::string scope = StrCat("node '", node.name, "'");
+    if (!names.insert(node.name).second) return FieldError(where, scope, "name", "used by two nodes");
+    Fields f(t, where, scope);
+    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"name", "role", "address", "device", "gpu_budget_mb", "threads"}));
+    ODMOE_ASSIGN_OR_RETURN(auto role, f.String("role"));
+    if (!role) return FieldError(where, scope, "role", "missing (main, shadow or worker)");
+    if (*role == "main") {
+      node.role = NodeRole::kMain;
+    } else if (*role == "shadow") {
+      node.role = NodeRole::kShadow;
+    } else if (*role == "worker") {
+      node.role = NodeRole::kWorker;
+      node.worker_index = next_worker++;
+    } else {
+      return FieldError(where, scope, "role", StrCat("'", *role, "' (expected main, shadow or worker)"));
+    }
+    ODMOE_ASSIGN_OR_RETURN(auto address, f.String("address"));
+    if (!address) return FieldError(where, scope, "address", "missing");
+    node.address = *address;
+    ODMOE_RETURN_IF_ERROR(CheckAddress(where, scope, node.address));
+    if (!addresses.insert(node.address).second) return FieldError(where, scope, "address", "used by two nodes");
+    ODMOE_ASSIGN_OR_RETURN(auto device, f.String("device"));
+    if (device) node.device = *device;
+    ODMOE_ASSIGN_OR_RETURN(auto budget, f.Int("gpu_budget_mb"));
+    if (budget) {
+      if (*budget < 1) return FieldError(where, scope, "gpu_budget_mb", "must be >= 1");
+      node.gpu_budget_bytes = static_cast<uint64_t>(*budget) << 20;
+    }
+    ODMOE_ASSIGN_OR_RETURN(auto threads, f.Int("threads"));
+    if (threads) {
+      if (*threads < 1 || *threads > 64) return FieldError(where, scope, "threads", "must be 1..64");
+      node.threads = static_cast<int32_t>(*threads);
+    }
+    c.nodes.push_back(std::move(node));
+  }
+  int mains = 0, shadows = 0;
+  for (const NodeConfig& n : c.nodes) {
+    mains += n.role == NodeRole::kMain;
+    shadows += n.role == NodeRole::kShadow;
+  }
+  if (mains != 1) return FieldError(where, "", "node", StrCat("need exactly one main node, found ", mains));
+  if (shadows > 1) return FieldError(where, "", "node", StrCat("at most one shadow node, found ", shadows));
+  if (next_worker < 1) return FieldError(where, "", "node", "need at least one worker node");
+  if (c.group_size > next_worker || (c.group_size > 0 && next_worker % c.group_size != 0)) {
+    return FieldError(where, "[cluster]", "group_size",
+                      StrCat(c.group_size, " must divide the number of workers (", next_worker, ")"));
+  }
+  return c;
+}
+
+absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path) {
+  ODMOE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  const std::string base = std::filesystem::path(path).parent_path().string();
+  return ParseClusterConfig(text, path, base.empty() ? "." : base);
+}
+
+}  // namespace odmoe

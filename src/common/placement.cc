@@ -1,0 +1,82 @@
+#include "src/common/placement.h"
+
+#include <algorithm>
+
+#include "src/common/strings.h"
+
+namespace odmoe {
+namespace {
+
+std::vector<int32_t> Sorted(std::span<const int32_t> v) {
+  std::vector<int32_t> out(v.begin(), v.end());
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Placement> Placement::Create(int32_t num_workers, int32_t group_size) {
+  if (num_workers < 1) return absl::InvalidArgumentError(StrCat("need at least one worker, got ", num_workers));
+  if (group_size < 1 || group_size > num_workers) {
+    return absl::InvalidArgumentError(
+        StrCat("group_size must be between 1 and the number of workers (", num_workers, "), got ", group_size));
+  }
+  if (num_workers % group_size != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("group_size ", group_size, " does not divide the number of workers (", num_workers, ")"));
+  }
+  return Placement(num_workers, group_size);
+}
+
+int32_t Placement::GroupOf(int64_t sparse_index) const {
+  return static_cast<int32_t>(sparse_index % num_groups());
+}
+
+bool Placement::ServesInDecode(int32_t worker, int64_t sparse_index) const {
+  return worker / group_size_ == GroupOf(sparse_index);
+}
+
+std::vector<int64_t> Placement::DecodeLayersOf(int32_t worker, int64_t num_sparse) const {
+  std::vector<int64_t> out;
+  for (int64_t s = 0; s < num_sparse; ++s) {
+    if (ServesInDecode(worker, s)) out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<Assignment> Placement::Assign(int64_t sparse_index, std::span<const int32_t> experts) const {
+  const int32_t group = GroupOf(sparse_index);
+  std::vector<Assignment> out;
+  const std::vector<int32_t> sorted = Sorted(experts);
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    out.push_back({sorted[i], WorkerOf(group, static_cast<int32_t>(i % static_cast<size_t>(group_size_))), true});
+  }
+  return out;
+}
+
+std::vector<Assignment> Placement::Resolve(int64_t sparse_index, std::span<const int32_t> predicted,
+                                           std::span<const int32_t> actual) const {
+  const std::vector<Assignment> planned = Assign(sparse_index, predicted);
+  const std::vector<int32_t> want = Sorted(actual);
+  std::vector<int32_t> unused_workers;  // workers whose predicted expert is not needed, in expert order
+  for (const Assignment& a : planned) {
+    if (!std::binary_search(want.begin(), want.end(), a.expert)) unused_workers.push_back(a.worker);
+  }
+  const int32_t group = GroupOf(sparse_index);
+  std::vector<Assignment> out;
+  size_t next_unused = 0, next_slot = 0;
+  for (int32_t e : want) {
+    auto hit = std::find_if(planned.begin(), planned.end(), [&](const Assignment& a) { return a.expert == e; });
+    if (hit != planned.end()) {
+      out.push_back(*hit);
+    } else if (next_unused < unused_workers.size()) {
+      out.push_back({e, unused_workers[next_unused++], false});
+    } else {
+      out.push_back({e, WorkerOf(group, static_cast<int32_t>(next_slot++ % static_cast<size_t>(group_size_))), false});
+    }
+  }
+  return out;
+}
+
+}  // namespace odmoe

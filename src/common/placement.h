@@ -1,0 +1,66 @@
+// Which worker serves which expert: the one object that owns all placement arithmetic (OD-MoE section 3,
+// ../shared/DESIGN.md). Every node calls this same code, so main, the shadow and the workers agree on where
+// each expert is without asking each other.
+//
+// Workers are numbered 0..N_W-1 in the order of the cluster file and split into N_W/G groups of G consecutive
+// workers. Decode: sparse layer s (the s-th layer with a router) is served by group (s mod N_W/G); inside the
+// group the experts of a set are assigned one-to-one in ascending id order (expert i of the sorted set to the
+// group's worker i mod G). Prefill: expert e of every layer is served by worker (e mod N_W).
+//
+// Thread safety: immutable; safe to share.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace odmoe {
+
+struct Assignment {
+  int32_t expert = 0;
+  int32_t worker = 0;           // global worker index
+  bool predicted = true;        // false: a miss, loaded on demand by `worker`
+};
+
+class Placement {
+ public:
+  // InvalidArgument unless num_workers >= 1, 1 <= group_size <= num_workers and group_size divides
+  // num_workers.
+  static absl::StatusOr<Placement> Create(int32_t num_workers, int32_t group_size);
+
+  int32_t num_workers() const { return num_workers_; }
+  int32_t group_size() const { return group_size_; }
+  int32_t num_groups() const { return num_workers_ / group_size_; }
+
+  // The group serving sparse layer `sparse_index` in decode.
+  int32_t GroupOf(int64_t sparse_index) const;
+  // Global index of worker `slot` (0..G-1) of group `group`.
+  int32_t WorkerOf(int32_t group, int32_t slot) const { return group * group_size_ + slot; }
+  // True if worker `worker` belongs to the group serving `sparse_index`.
+  bool ServesInDecode(int32_t worker, int64_t sparse_index) const;
+  // Sparse-layer indices (0..num_sparse-1) that `worker` serves in decode.
+  std::vector<int64_t> DecodeLayersOf(int32_t worker, int64_t num_sparse) const;
+
+  // One-to-one assignment of an expert set (any order, no duplicates) to the group of `sparse_index`.
+  // Result in ascending expert order.
+  std::vector<Assignment> Assign(int64_t sparse_index, std::span<const int32_t> experts) const;
+
+  // Where the actual experts run when `predicted` was announced (and loaded) before routing was known:
+  // an actual expert that was predicted runs where Assign(predicted) put it; a missed one goes to the worker
+  // of a predicted expert that turned out unused (in ascending order of both), or, when there are more misses
+  // than unused predictions, round-robin over the group's slots. Result in ascending expert order.
+  std::vector<Assignment> Resolve(int64_t sparse_index, std::span<const int32_t> predicted,
+                                  std::span<const int32_t> actual) const;
+
+  // The worker computing expert `expert` (of any layer) during prefill.
+  int32_t PrefillWorkerOf(int32_t expert) const { return expert % num_workers_; }
+
+ private:
+  Placement(int32_t num_workers, int32_t group_size) : num_workers_(num_workers), group_size_(group_size) {}
+  int32_t num_workers_;
+  int32_t group_size_;
+};
+
+}  // namespace odmoe
