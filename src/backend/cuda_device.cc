@@ -13,6 +13,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -24,28 +25,29 @@
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "kernels/router.h"
+#include "src/backend/cpu_kernels.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 
 // Aborts with the CUDA error's text: a failed launch or an asynchronous fault is a bug, like a failed CHECK.
-#define ODMOE_CUDA_CHECK(expr)                                                                      \
-  do {                                                                                              \
-    const cudaError_t odmoe_cuda_err_ = (expr);                                                     \
-    if (odmoe_cuda_err_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: CUDA error in %s: %s (%s)\n", __FILE__, __LINE__, #expr,         \
-                   cudaGetErrorName(odmoe_cuda_err_), cudaGetErrorString(odmoe_cuda_err_));         \
-      std::abort();                                                                                 \
-    }                                                                                               \
+#define ODMOE_CUDA_CHECK(expr)                                                              \
+  do {                                                                                      \
+    const cudaError_t odmoe_cuda_err_ = (expr);                                             \
+    if (odmoe_cuda_err_ != cudaSuccess) {                                                   \
+      std::fprintf(stderr, "%s:%d: CUDA error in %s: %s (%s)\n", __FILE__, __LINE__, #expr, \
+                   cudaGetErrorName(odmoe_cuda_err_), cudaGetErrorString(odmoe_cuda_err_)); \
+      std::abort();                                                                         \
+    }                                                                                       \
   } while (0)
 
-#define ODMOE_CUBLAS_CHECK(expr)                                                                   \
-  do {                                                                                             \
-    const cublasStatus_t odmoe_cublas_st_ = (expr);                                                \
-    if (odmoe_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                               \
-      std::fprintf(stderr, "%s:%d: cuBLAS error in %s: %s\n", __FILE__, __LINE__, #expr,           \
-                   cublasGetStatusString(odmoe_cublas_st_));                                       \
-      std::abort();                                                                                \
-    }                                                                                              \
+#define ODMOE_CUBLAS_CHECK(expr)                                                         \
+  do {                                                                                   \
+    const cublasStatus_t odmoe_cublas_st_ = (expr);                                      \
+    if (odmoe_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                     \
+      std::fprintf(stderr, "%s:%d: cuBLAS error in %s: %s\n", __FILE__, __LINE__, #expr, \
+                   cublasGetStatusString(odmoe_cublas_st_));                             \
+      std::abort();                                                                      \
+    }                                                                                    \
   } while (0)
 
 namespace odmoe {
@@ -206,6 +208,8 @@ class CudaDevice final : public Device {
   ~CudaDevice() override {
     UseDevice(ordinal_);
     (void)cudaDeviceSynchronize();
+    absl::MutexLock lock(&rope_mu_);
+    for (auto& [key, table] : rope_tables_) (void)cudaFree(table);
   }
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
@@ -218,8 +222,8 @@ class CudaDevice final : public Device {
       const uint64_t capacity = accounting_->capacity;
       if (bytes > capacity - std::min(capacity, accounting_->in_use)) {
         return absl::ResourceExhaustedError(StrCat(name(), ": cannot allocate ", FormatBytes(bytes), " for '", tag,
-                                                   "': ", FormatBytes(accounting_->in_use),
-                                                   " of its capacity of ", FormatBytes(capacity), " are in use"));
+                                                   "': ", FormatBytes(accounting_->in_use), " of its capacity of ",
+                                                   FormatBytes(capacity), " are in use"));
       }
       accounting_->in_use += bytes;
       accounting_->peak = std::max(accounting_->peak, accounting_->in_use);
@@ -317,9 +321,8 @@ class CudaDevice final : public Device {
     if (n == 0 || dim == 0) return;
     ODMOE_CHECK(ids != nullptr && !table.empty() && out != nullptr);
     UseDevice(ordinal_);
-    WithWeightType(table, [&](auto* t) {
-      ODMOE_CUDA_CHECK(kernels::LaunchEmbedding(ids, n, t, dim, out, S(stream)->get()));
-    });
+    WithWeightType(table,
+                   [&](auto* t) { ODMOE_CUDA_CHECK(kernels::LaunchEmbedding(ids, n, t, dim, out, S(stream)->get())); });
   }
 
   void RmsNorm(const float* x, WeightRef weight, int64_t rows, int64_t dim, float eps, float* out,
@@ -363,7 +366,9 @@ class CudaDevice final : public Device {
     if (n == 0 || heads == 0) return;
     ODMOE_CHECK(x != nullptr && positions != nullptr);
     UseDevice(ordinal_);
-    ODMOE_CUDA_CHECK(kernels::LaunchRope(x, positions, n, heads, head_dim, theta, S(stream)->get()));
+    CudaStream* s = S(stream);
+    ODMOE_CUDA_CHECK(
+        kernels::LaunchRope(x, positions, n, heads, head_dim, theta, InvFreqTable(head_dim, theta, s), s->get()));
   }
 
   void Attention(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past, int64_t heads,
@@ -381,8 +386,8 @@ class CudaDevice final : public Device {
       ODMOE_CUDA_CHECK(kernels::LaunchAttentionDecode(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale,
                                                       out, workspace, floats, s->get()));
     } else {
-      ODMOE_CUDA_CHECK(kernels::LaunchAttentionPrefill(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim,
-                                                       scale, out, s->get()));
+      ODMOE_CUDA_CHECK(kernels::LaunchAttentionPrefill(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale,
+                                                       out, s->get()));
     }
   }
 
@@ -393,8 +398,7 @@ class CudaDevice final : public Device {
     if (n == 0) return;
     ODMOE_CHECK(logits != nullptr && ids != nullptr && weights != nullptr);
     UseDevice(ordinal_);
-    ODMOE_CUDA_CHECK(
-        kernels::LaunchRouterTopK(logits, n, num_experts, k, renormalize, ids, weights, S(stream)->get()));
+    ODMOE_CUDA_CHECK(kernels::LaunchRouterTopK(logits, n, num_experts, k, renormalize, ids, weights, S(stream)->get()));
   }
 
   void SwiGlu(const float* gate, const float* up, int64_t count, float* out, Stream* stream) override {
@@ -413,8 +417,7 @@ class CudaDevice final : public Device {
     ODMOE_CUDA_CHECK(kernels::LaunchAdd(x, count, y, S(stream)->get()));
   }
 
-  void GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* dst,
-                  Stream* stream) override {
+  void GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* dst, Stream* stream) override {
     CountOp("GatherRows");
     ODMOE_CHECK(n >= 0 && dim >= 0);
     if (n == 0 || dim == 0) return;
@@ -428,8 +431,7 @@ class CudaDevice final : public Device {
     ODMOE_CHECK(n >= 0 && dim >= 0);
     if (n == 0 || dim == 0) return;
     UseDevice(ordinal_);
-    ODMOE_CUDA_CHECK(
-        kernels::LaunchScatterAddScaled(src, rows, scale, n, dim, sigmoid_scale, dst, S(stream)->get()));
+    ODMOE_CUDA_CHECK(kernels::LaunchScatterAddScaled(src, rows, scale, n, dim, sigmoid_scale, dst, S(stream)->get()));
   }
 
   std::map<std::string, int64_t> op_counts() const override {
@@ -443,6 +445,24 @@ class CudaDevice final : public Device {
   void CountOp(const char* op) {
     absl::MutexLock lock(&mu_);
     ++op_counts_[op];
+  }
+
+  // RoPE inverse frequencies computed once per (head_dim, theta) by the CPU reference (cpu::RopeInvFreq), so
+  // that both backends rotate by bitwise the same angles. The first use waits for its upload.
+  const float* InvFreqTable(int64_t head_dim, double theta, CudaStream* s) {
+    absl::MutexLock lock(&rope_mu_);
+    const auto key = std::make_pair(head_dim, theta);
+    const auto it = rope_tables_.find(key);
+    if (it != rope_tables_.end()) return it->second;
+    std::vector<float> host(static_cast<size_t>(head_dim / 2));
+    cpu::RopeInvFreq(head_dim, theta, host.data());
+    float* table = nullptr;
+    const size_t bytes = host.size() * sizeof(float);
+    ODMOE_CUDA_CHECK(cudaMalloc(&table, bytes));
+    ODMOE_CUDA_CHECK(cudaMemcpyAsync(table, host.data(), bytes, cudaMemcpyHostToDevice, s->get()));
+    ODMOE_CUDA_CHECK(cudaStreamSynchronize(s->get()));
+    rope_tables_.emplace(key, table);
+    return table;
   }
 
   void AddBias(WeightRef bias, int64_t n, int64_t out_dim, float* y, CudaStream* s) {
@@ -498,6 +518,8 @@ class CudaDevice final : public Device {
   mutable absl::Mutex mu_;
   TransferStats transfers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> op_counts_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex rope_mu_;
+  std::map<std::pair<int64_t, double>, float*> rope_tables_ ABSL_GUARDED_BY(rope_mu_);  // [head_dim / 2] each
 };
 
 }  // namespace

@@ -14,6 +14,8 @@
 //    activations being split into a hi + lo pair of the weight's dtype (two GEMMs), which keeps about 16
 //    (bf16) or 22 (fp16) bits of each activation instead of 8 or 11.
 //  - Attention: the split-sequence decode kernel for up to 4 new tokens, the tiled prefill kernel beyond.
+//  - Rope rotates by the inverse frequencies of the CPU reference (cpu::RopeInvFreq, uploaded once per
+//    head_dim and theta), so both backends use bitwise the same frequencies.
 //  - Ops report CUDA errors (a bad launch, a fault) by aborting with the error's text: like CHECKs, they are
 //    bugs, not input errors.
 //

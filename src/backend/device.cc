@@ -1,20 +1,8 @@
 #include "src/backend/device.h"
 
-#include <cstdint>
-#include <limits>
-#include <memory>
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
-#include "src/backend/cpu_device.h"
-#include "src/backend/device_factory.h"
-#include "src/backend/mock_gpu_device.h"
-#include "src/common/strings.h"
-
-#ifdef ODMOE_HAVE_CUDA
-#include "src/backend/cuda_device.h"
-#endif
 
 namespace odmoe {
 
@@ -28,36 +16,6 @@ std::string_view DeviceKindName(DeviceKind kind) {
       return "cuda";
   }
   return "?";
-}
-
-absl::StatusOr<std::unique_ptr<Device>> CreateDevice(std::string_view spec) {
-  constexpr std::string_view kChoices = "cpu, mock-gpu, mock-gpu:CAPACITY_MB, cuda";
-  if (spec == "cpu") return std::unique_ptr<Device>(new CpuDevice());
-  if (spec == "mock-gpu") return std::unique_ptr<Device>(new MockGpuDevice());
-  constexpr std::string_view kMockPrefix = "mock-gpu:";
-  if (spec.starts_with(kMockPrefix)) {
-    const std::string_view mb_text = spec.substr(kMockPrefix.size());
-    uint64_t mb = 0;
-    if (!absl::SimpleAtoi(ToAbslView(mb_text), &mb) || mb == 0 ||
-        mb > std::numeric_limits<uint64_t>::max() / (uint64_t{1} << 20)) {
-      return absl::InvalidArgumentError(
-          StrCat("device '", spec,
-                 "': the capacity after 'mock-gpu:' must be a positive number of MiB, e.g. "
-                 "mock-gpu:8192"));
-    }
-    MockGpuOptions options;
-    options.capacity_bytes = mb << 20;
-    return std::unique_ptr<Device>(new MockGpuDevice(options));
-  }
-  if (spec == "cuda") {
-#ifdef ODMOE_HAVE_CUDA
-    // The CUDA backend (src/backend/cuda_device.h): GPU 0, its whole memory.
-    return CreateCudaDevice(/*ordinal=*/0, /*capacity_bytes=*/0);
-#else
-    return absl::InvalidArgumentError("device 'cuda': this build has no CUDA backend (configure with ODMOE_CUDA=ON)");
-#endif
-  }
-  return absl::InvalidArgumentError(StrCat("unknown device '", spec, "'; choose one of: ", kChoices));
 }
 
 }  // namespace odmoe

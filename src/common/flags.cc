@@ -1,4 +1,4 @@
-#include "src/cli/flags.h"
+#include "src/common/flags.h"
 
 #include <cerrno>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include "src/common/strings.h"
 
-namespace odmoe::cli {
+namespace odmoe {
 namespace {
 
 absl::StatusOr<int64_t> ParseInt(const std::string& flag, const std::string& text) {
@@ -103,4 +103,4 @@ absl::StatusOr<std::vector<int64_t>> Flags::IntList(const std::string& name) con
   return out;
 }
 
-}  // namespace odmoe::cli
+}  // namespace odmoe

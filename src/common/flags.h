@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace odmoe::cli {
+namespace odmoe {
 
 class Flags {
  public:
@@ -31,4 +31,4 @@ class Flags {
   std::map<std::string, std::string> values_;  // without the leading "--"
 };
 
-}  // namespace odmoe::cli
+}  // namespace odmoe

@@ -1,10 +1,10 @@
-#include "src/common/strings.h"
 #include "src/common/json.h"
 
 #include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "src/common/strings.h"
 
 namespace odmoe {
 
@@ -50,6 +50,8 @@ const Json* JsonFields::Get(std::string_view key) const {
 }
 
 bool JsonFields::Has(std::string_view key) const { return Get(key) != nullptr; }
+
+bool JsonFields::Contains(std::string_view key) const { return object_.is_object() && object_.contains(key); }
 
 absl::Status JsonFields::FieldError(std::string_view key, std::string_view problem) const {
   return absl::FailedPreconditionError(StrCat(where_, ": field '", key, "': ", problem));

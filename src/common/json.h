@@ -29,7 +29,8 @@ class JsonFields {
  public:
   JsonFields(const Json& object, std::string where);
 
-  bool Has(std::string_view key) const;  // present and not null
+  bool Has(std::string_view key) const;         // present and not null
+  bool Contains(std::string_view key) const;    // present, possibly null
   const Json* Get(std::string_view key) const;  // nullptr when absent or null
 
   absl::StatusOr<int64_t> Int(std::string_view key) const;
@@ -43,6 +44,7 @@ class JsonFields {
   absl::StatusOr<std::vector<int64_t>> IntOrIntList(std::string_view key) const;
   absl::StatusOr<std::vector<int64_t>> IntList(std::string_view key) const;
 
+  const Json& object() const { return object_; }
   const std::string& where() const { return where_; }
   absl::Status FieldError(std::string_view key, std::string_view problem) const;
 

@@ -1,4 +1,3 @@
-#include "src/common/strings.h"
 #include "src/common/mapped_file.h"
 
 #include <fcntl.h>
@@ -12,6 +11,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "src/common/strings.h"
 
 namespace odmoe {
 namespace {
@@ -56,12 +56,11 @@ MappedFile::~MappedFile() {
 }
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return IoError(path, "stat", errno);
+  if (!S_ISREG(st.st_mode)) return absl::FailedPreconditionError(StrCat(path, ": not a regular file"));
   std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) return IoError(path, "open", errno);
-    return absl::UnavailableError(StrCat(path, ": cannot be read"));
-  }
+  if (!in) return absl::UnavailableError(StrCat(path, ": cannot be read"));
   std::ostringstream ss;
   ss << in.rdbuf();
   if (in.bad()) return absl::UnavailableError(StrCat(path, ": read failed"));

@@ -1,4 +1,3 @@
-#include "src/common/strings.h"
 #include "src/model/checkpoint.h"
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include "src/common/json.h"
 #include "src/common/mapped_file.h"
 #include "src/common/status.h"
+#include "src/common/strings.h"
 
 namespace odmoe {
 namespace {
@@ -35,7 +35,14 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   ck->dir_ = dir;
   const std::string index_path = dir + "/model.safetensors.index.json";
   const std::string single_path = dir + "/model.safetensors";
-  if (FileExists(index_path)) {
+  // Like Transformers, a single model.safetensors wins over an index.
+  if (FileExists(single_path)) {
+    ck->source_ = single_path;
+    ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(single_path));
+    for (const TensorInfo& t : file->tensors()) ck->where_[t.name] = file.get();
+    ck->shards_.push_back(std::move(file));
+  } else if (FileExists(index_path)) {
+    ck->source_ = index_path;
     ODMOE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index_path));
     ODMOE_ASSIGN_OR_RETURN(Json index, ParseJson(text, index_path));
     if (!index.is_object()) return CorruptError(StrCat(index_path, ": expected a JSON object"));
@@ -52,21 +59,22 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
       ODMOE_RETURN_IF_ERROR(CheckShardName(index_path, shard_name));
       auto it = shard_by_name.find(shard_name);
       if (it == shard_by_name.end()) {
-        ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
-                               SafetensorsFile::Open(StrCat(dir, "/", shard_name)));
-        it = shard_by_name.emplace(shard_name, file.get()).first;
-        ck->shards_.push_back(std::move(file));
+        const std::string shard_path = StrCat(dir, "/", shard_name);
+        auto file = SafetensorsFile::Open(shard_path);
+        if (absl::IsNotFound(file.status())) {
+          return absl::NotFoundError(
+              StrCat(shard_path, ": no such file (shard listed in ", index_path, " for tensor '", tensor, "')"));
+        }
+        if (!file.ok()) return file.status();
+        it = shard_by_name.emplace(shard_name, file->get()).first;
+        ck->shards_.push_back(std::move(file).value());
       }
       if (it->second->Find(tensor) == nullptr) {
         return CorruptError(StrCat(index_path, ": tensor '", tensor, "' is listed in shard '", shard_name,
-                                         "' but that file does not contain it"));
+                                   "' but that file does not contain it"));
       }
       ck->where_[tensor] = it->second;
     }
-  } else if (FileExists(single_path)) {
-    ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(single_path));
-    for (const TensorInfo& t : file->tensors()) ck->where_[t.name] = file.get();
-    ck->shards_.push_back(std::move(file));
   } else {
     return absl::NotFoundError(
         StrCat(dir, ": no model.safetensors or model.safetensors.index.json (is this a model folder?)"));
@@ -87,16 +95,16 @@ const TensorInfo* Checkpoint::Find(std::string_view name) const {
 absl::StatusOr<TensorData> Checkpoint::Check(std::string_view name, std::span<const int64_t> expected) const {
   const SafetensorsFile* file = ShardOf(name);
   if (file == nullptr) {
-    return absl::NotFoundError(StrCat(dir_, ": tensor '", name, "' is missing from the checkpoint"));
+    return absl::NotFoundError(StrCat(source_, ": tensor '", name, "' is missing from the checkpoint"));
   }
   const TensorInfo* info = file->Find(name);
   if (!info->dtype || (*info->dtype != DType::kF32 && *info->dtype != DType::kF16 && *info->dtype != DType::kBF16)) {
     return absl::UnimplementedError(StrCat(file->path(), ": tensor '", name, "' has dtype ", info->dtype_name,
-                                                 ", which odmoe does not support (supported: F32, F16, BF16)"));
+                                           ", which odmoe does not support (supported: F32, F16, BF16)"));
   }
   if (!std::equal(info->shape.begin(), info->shape.end(), expected.begin(), expected.end())) {
     return InvalidModelError(StrCat(file->path(), ": tensor '", name, "' has shape ", info->ShapeString(),
-                                          " but the config needs [", absl::StrJoin(expected, ", "), "]"));
+                                    " but the config needs [", absl::StrJoin(expected, ", "), "]"));
   }
   return TensorData{info, file->DataOf(*info), *info->dtype, &file->path()};
 }

@@ -34,6 +34,10 @@ class Checkpoint {
   static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
 
   const std::string& dir() const { return dir_; }
+  // The file that lists the tensors: DIR/model.safetensors.index.json, or DIR/model.safetensors.
+  const std::string& source() const { return source_; }
+  // The validated shards, in the order they were opened.
+  const std::vector<std::unique_ptr<SafetensorsFile>>& shards() const { return shards_; }
   // Metadata lookup (records nothing). nullptr if absent.
   const TensorInfo* Find(std::string_view name) const;
   // The shard that holds `name`; nullptr if absent.
@@ -61,6 +65,7 @@ class Checkpoint {
   absl::StatusOr<TensorData> Check(std::string_view name, std::span<const int64_t> expected) const;
 
   std::string dir_;
+  std::string source_;  // model.safetensors.index.json or model.safetensors: named when a tensor is missing
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;
   std::unordered_map<std::string, const SafetensorsFile*> where_;  // tensor name -> shard
   mutable std::mutex mu_;

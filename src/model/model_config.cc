@@ -1,4 +1,3 @@
-#include "src/common/strings.h"
 #include "src/model/model_config.h"
 
 #include <algorithm>
@@ -8,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "src/common/mapped_file.h"
 #include "src/common/status.h"
+#include "src/common/strings.h"
 
 namespace odmoe {
 namespace {
@@ -76,8 +76,13 @@ absl::StatusOr<Architecture> DetectArchitecture(const JsonFields& f) {
                      StrCat("'", type, "' is not supported (supported: ", absl::StrJoin(supported, ", "), ")"));
 }
 
-absl::Status RequirePositive(const JsonFields& f, std::string_view field, int64_t v) {
+// Sizes beyond these are not a real model; bounding them keeps every shape product far from int64 overflow.
+constexpr int64_t kMaxSize = int64_t{1} << 24;
+constexpr int64_t kMaxPositions = int64_t{1} << 40;
+
+absl::Status RequirePositive(const JsonFields& f, std::string_view field, int64_t v, int64_t max = kMaxSize) {
   if (v <= 0) return f.FieldError(field, StrCat("must be positive, got ", v));
+  if (v > max) return f.FieldError(field, StrCat(v, " is too large (at most ", max, ")"));
   return absl::OkStatus();
 }
 
@@ -90,13 +95,16 @@ absl::StatusOr<double> ReadRope(const JsonFields& f, double fallback) {
     const Json* rp = f.Get(key);
     if (rp == nullptr) continue;
     if (!rp->is_object()) return f.FieldError(key, StrCat("expected an object, got ", JsonTypeName(*rp)));
-    JsonFields rf(*rp, f.where());
-    ODMOE_ASSIGN_OR_RETURN(std::string type, rf.String("rope_type", ""));
-    if (type.empty()) {
-      ODMOE_ASSIGN_OR_RETURN(type, rf.String("type", "default"));
+    JsonFields rf(*rp, StrCat(f.where(), ": ", key));
+    for (const auto& [k, v] : rp->items()) {  // Transformers 5 nests parameters per layer type for some models
+      if (v.is_object()) {
+        return Unsupported(f.where(), StrCat(key, ".", k), "per-layer-type rope parameters are not implemented");
+      }
     }
+    const char* type_key = rf.Has("rope_type") ? "rope_type" : "type";  // "type": the legacy spelling
+    ODMOE_ASSIGN_OR_RETURN(std::string type, rf.String(type_key, "default"));
     if (type != "default") {
-      return Unsupported(f.where(), StrCat(key, ".rope_type"),
+      return Unsupported(f.where(), StrCat(key, ".", type_key),
                          StrCat("rope scaling '", type, "' is not implemented (only 'default')"));
     }
     ODMOE_ASSIGN_OR_RETURN(double partial, rf.Number("partial_rotary_factor", 1.0));
@@ -113,25 +121,53 @@ absl::StatusOr<double> ReadRope(const JsonFields& f, double fallback) {
   return theta;
 }
 
-// The attention window that applies, if any. Mixtral: `sliding_window`. Qwen: only when use_sliding_window
-// (or layer_types lists a sliding layer).
-absl::StatusOr<std::optional<int64_t>> ReadSlidingWindow(const JsonFields& f, Architecture arch) {
-  if (arch == Architecture::kOlmoe) return std::optional<int64_t>{};
-  ODMOE_ASSIGN_OR_RETURN(int64_t window, f.Int("sliding_window", 0));
-  bool in_effect = false;
+// The attention window that applies, if any, following what HF Transformers' modeling code does:
+//   Mixtral: every layer uses `sliding_window` when it is not null.
+//   Qwen3-MoE: every layer uses `sliding_window` (default 4096) when `use_sliding_window` is true.
+//   Qwen2-MoE: the layers that `layer_types` marks "sliding_attention" (when absent: the even layers below
+//     `max_window_layers`, and only with `use_sliding_window`) use `sliding_window` (default 4096).
+//   OLMoE: no sliding window.
+absl::StatusOr<std::optional<int64_t>> ReadSlidingWindow(const JsonFields& f, Architecture arch, int64_t num_layers) {
+  const std::optional<int64_t> none;
+  if (arch == Architecture::kOlmoe) return none;
+  const bool explicit_null = f.Contains("sliding_window") && !f.Has("sliding_window");
+  // Absent: HF's default (Mixtral: none; Qwen: 4096). Explicit null: no window.
+  ODMOE_ASSIGN_OR_RETURN(int64_t window, f.Int("sliding_window", arch == Architecture::kMixtral ? 0 : 4096));
   if (arch == Architecture::kMixtral) {
-    in_effect = window > 0;
-  } else {
-    ODMOE_ASSIGN_OR_RETURN(bool use, f.Bool("use_sliding_window", false));
-    in_effect = use;
-    if (const Json* types = f.Get("layer_types"); types != nullptr && types->is_array()) {
-      for (const Json& t : *types) {
-        if (t.is_string() && t.get<std::string>() == "sliding_attention") in_effect = true;
+    if (!f.Has("sliding_window")) return none;
+    if (window <= 0) return f.FieldError("sliding_window", StrCat("must be positive or null, got ", window));
+    return std::optional<int64_t>{window};
+  }
+  ODMOE_ASSIGN_OR_RETURN(bool use, f.Bool("use_sliding_window", false));
+  bool any_sliding = false;
+  if (arch == Architecture::kQwen3Moe) {
+    any_sliding = use && !explicit_null;
+  } else if (const Json* types = f.Get("layer_types")) {  // Qwen2-MoE with explicit layer types
+    if (!types->is_array()) return f.FieldError("layer_types", StrCat("expected a list, got ", JsonTypeName(*types)));
+    if (static_cast<int64_t>(types->size()) != num_layers) {
+      return f.FieldError("layer_types",
+                          StrCat("lists ", types->size(), " layers but num_hidden_layers is ", num_layers));
+    }
+    for (const Json& t : *types) {
+      if (!t.is_string()) return f.FieldError("layer_types", StrCat("expected strings, got ", JsonTypeName(t)));
+      const std::string type = t.get<std::string>();
+      if (type == "sliding_attention") {
+        any_sliding = true;
+      } else if (type != "full_attention") {
+        return Unsupported(f.where(), "layer_types", StrCat("layer type '", type, "' is not implemented"));
       }
     }
-    if (in_effect && window <= 0) window = 4096;  // HF's default window when enabled without a size
+  } else {  // Qwen2-MoE without layer_types: layers 0, 2, 4, ... below max_window_layers slide
+    ODMOE_ASSIGN_OR_RETURN(int64_t max_window_layers, f.Int("max_window_layers", 28));
+    any_sliding = use && max_window_layers > 0;
   }
-  if (!in_effect) return std::optional<int64_t>{};
+  if (!any_sliding) return none;
+  // Qwen2-MoE sets the window to 0 unless use_sliding_window is true; a null window has no size either.
+  if ((arch == Architecture::kQwen2Moe && !use) || explicit_null) window = 0;
+  if (window <= 0) {
+    return Unsupported(f.where(), "sliding_window",
+                       StrCat("sliding-window layers with a window of ", window, " tokens are not implemented"));
+  }
   return std::optional<int64_t>{window};
 }
 
@@ -178,14 +214,22 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const Json& json, const std::string
     return Unsupported(where, "quantization_config", "pre-quantized checkpoints are not supported");
   }
   ODMOE_ASSIGN_OR_RETURN(std::string act, f.String("hidden_act", "silu"));
-  if (act != "silu") return Unsupported(where, "hidden_act", StrCat("'", act, "' (only 'silu')"));
+  if (act != "silu" && act != "swish") {  // HF's ACT2FN maps both names to SiLU
+    return Unsupported(where, "hidden_act", StrCat("'", act, "' is not implemented (only 'silu')"));
+  }
   if (f.Has("clip_qkv")) return Unsupported(where, "clip_qkv", "clipping of q/k/v is not implemented");
 
   ODMOE_ASSIGN_OR_RETURN(c.vocab_size, f.Int("vocab_size", d.vocab_size));
   ODMOE_ASSIGN_OR_RETURN(c.hidden_size, f.Int("hidden_size", d.hidden_size));
   ODMOE_ASSIGN_OR_RETURN(c.num_layers, f.Int("num_hidden_layers", d.num_layers));
   ODMOE_ASSIGN_OR_RETURN(c.num_heads, f.Int("num_attention_heads", d.num_heads));
-  ODMOE_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", d.num_kv_heads.value_or(c.num_heads)));
+  // An explicit null means one kv head per attention head (HF's __post_init__), as does an omitted field for
+  // the architectures whose default is None.
+  if (f.Contains("num_key_value_heads") && !f.Has("num_key_value_heads")) {
+    c.num_kv_heads = c.num_heads;
+  } else {
+    ODMOE_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", d.num_kv_heads.value_or(c.num_heads)));
+  }
   ODMOE_ASSIGN_OR_RETURN(c.max_position_embeddings, f.Int("max_position_embeddings", d.max_position_embeddings));
   ODMOE_ASSIGN_OR_RETURN(c.rms_norm_eps, f.Number("rms_norm_eps", d.rms_norm_eps));
   ODMOE_ASSIGN_OR_RETURN(c.rope_theta, ReadRope(f, d.rope_theta));
@@ -194,11 +238,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const Json& json, const std::string
   ODMOE_RETURN_IF_ERROR(RequirePositive(f, "num_hidden_layers", c.num_layers));
   ODMOE_RETURN_IF_ERROR(RequirePositive(f, "num_attention_heads", c.num_heads));
   ODMOE_RETURN_IF_ERROR(RequirePositive(f, "num_key_value_heads", c.num_kv_heads));
-  ODMOE_RETURN_IF_ERROR(RequirePositive(f, "max_position_embeddings", c.max_position_embeddings));
-  if (!(c.rms_norm_eps > 0)) return f.FieldError("rms_norm_eps", "must be positive");
+  ODMOE_RETURN_IF_ERROR(RequirePositive(f, "max_position_embeddings", c.max_position_embeddings, kMaxPositions));
+  if (!(c.rms_norm_eps > 0) || !std::isfinite(c.rms_norm_eps)) {
+    return f.FieldError("rms_norm_eps", "must be a positive number");
+  }
   if (c.num_heads % c.num_kv_heads != 0) {
-    return f.FieldError("num_key_value_heads", StrCat(c.num_kv_heads, " does not divide num_attention_heads (",
-                                                            c.num_heads, ")"));
+    return f.FieldError("num_key_value_heads",
+                        StrCat(c.num_kv_heads, " does not divide num_attention_heads (", c.num_heads, ")"));
   }
   if (f.Has("head_dim")) {
     ODMOE_ASSIGN_OR_RETURN(c.head_dim, f.Int("head_dim"));
@@ -206,12 +252,20 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const Json& json, const std::string
   } else {
     if (c.hidden_size % c.num_heads != 0) {
       return f.FieldError("head_dim", StrCat("absent, and hidden_size (", c.hidden_size,
-                                                   ") is not a multiple of num_attention_heads (", c.num_heads, ")"));
+                                             ") is not a multiple of num_attention_heads (", c.num_heads, ")"));
     }
     c.head_dim = c.hidden_size / c.num_heads;
   }
-  if (c.head_dim % 2 != 0) return f.FieldError("head_dim", StrCat("must be even for rotary embedding, got ",
-                                                                         c.head_dim));
+  if (c.head_dim % 2 != 0) {
+    return f.FieldError("head_dim", StrCat("must be even for rotary embedding, got ", c.head_dim));
+  }
+  // OLMoE normalises q over hidden_size and k over (hidden_size / heads) * kv_heads: HF only runs when the
+  // projections have exactly those widths.
+  if (c.arch == Architecture::kOlmoe && c.q_size() != c.hidden_size) {
+    return Unsupported(where, "head_dim",
+                       StrCat(c.head_dim, " x ", c.num_heads, " heads != hidden_size (", c.hidden_size,
+                              "): OLMoE's q/k norm spans hidden_size"));
+  }
 
   // Expert count: `num_local_experts` (Mixtral) or `num_experts` (Qwen, OLMoE); HF maps one name to the other.
   const bool has_local = f.Has("num_local_experts"), has_num = f.Has("num_experts");
@@ -221,8 +275,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const Json& json, const std::string
     return f.FieldError("num_experts", StrCat(n_num, " disagrees with num_local_experts (", n_local, ")"));
   }
   c.num_experts = has_local ? n_local : n_num;
+  const char* experts_key = has_local ? "num_local_experts" : "num_experts";
   ODMOE_ASSIGN_OR_RETURN(c.top_k, f.Int("num_experts_per_tok", d.top_k));
-  if (c.num_experts < 0) return f.FieldError("num_experts", "must not be negative");
+  // Qwen's decoder layers fall back to a dense MLP when there are no experts; Mixtral and OLMoE always route.
+  const bool may_be_dense = c.arch == Architecture::kQwen2Moe || c.arch == Architecture::kQwen3Moe;
+  if (c.num_experts < 0 || (c.num_experts == 0 && !may_be_dense)) {
+    return f.FieldError(experts_key, StrCat("must be positive, got ", c.num_experts));
+  }
+  if (c.num_experts > kMaxSize) return f.FieldError(experts_key, StrCat(c.num_experts, " is too large"));
   if (c.num_experts > 0) {
     ODMOE_RETURN_IF_ERROR(RequirePositive(f, "num_experts_per_tok", c.top_k));
     if (c.top_k > c.num_experts) {
@@ -263,17 +323,18 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const Json& json, const std::string
       c.o_bias = c.qkv_bias;
       c.qk_norm = QkNorm::kPerHead;
       break;
-
     }
   }
   if (c.num_experts > 0) {
-    ODMOE_RETURN_IF_ERROR(RequirePositive(f, c.arch == Architecture::kQwen2Moe || c.arch == Architecture::kQwen3Moe
-                                                 ? "moe_intermediate_size"
-                                                 : "intermediate_size",
+    ODMOE_RETURN_IF_ERROR(RequirePositive(f,
+                                          c.arch == Architecture::kQwen2Moe || c.arch == Architecture::kQwen3Moe
+                                              ? "moe_intermediate_size"
+                                              : "intermediate_size",
                                           c.expert_intermediate_size));
   }
-  if (c.shared_expert_intermediate_size < 0) {
-    return f.FieldError("shared_expert_intermediate_size", "must not be negative");
+  if (c.shared_expert_intermediate_size < 0 || c.shared_expert_intermediate_size > kMaxSize) {
+    return f.FieldError("shared_expert_intermediate_size",
+                        StrCat("must be in [0, ", kMaxSize, "], got ", c.shared_expert_intermediate_size));
   }
 
   if (c.arch == Architecture::kQwen2Moe || c.arch == Architecture::kQwen3Moe) {
@@ -286,33 +347,38 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const Json& json, const std::string
       }
     }
   }
-  ODMOE_ASSIGN_OR_RETURN(c.sliding_window, ReadSlidingWindow(f, c.arch));
+  ODMOE_ASSIGN_OR_RETURN(c.sliding_window, ReadSlidingWindow(f, c.arch, c.num_layers));
 
   ODMOE_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.Bool("tie_word_embeddings", false));
+  // Token ids: an explicit value must lie in the vocabulary; an explicit null means none; an omitted field
+  // takes HF's default for the architecture when that default fits the vocabulary.
+  auto in_vocab = [&](int64_t id) { return id >= 0 && id < c.vocab_size; };
   if (f.Has("bos_token_id")) {
     ODMOE_ASSIGN_OR_RETURN(int64_t bos, f.Int("bos_token_id"));
+    if (!in_vocab(bos)) {
+      return f.FieldError("bos_token_id", StrCat(bos, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
     c.bos_token_id = bos;
-  } else if (!json.contains("bos_token_id")) {
+  } else if (!f.Contains("bos_token_id") && d.bos && in_vocab(*d.bos)) {
     c.bos_token_id = d.bos;
   }
-  if (json.contains("eos_token_id")) {
+  if (f.Contains("eos_token_id")) {
     ODMOE_ASSIGN_OR_RETURN(c.eos_token_ids, f.IntOrIntList("eos_token_id"));
-  } else if (d.eos) {
+    for (int64_t id : c.eos_token_ids) {
+      if (!in_vocab(id)) {
+        return f.FieldError("eos_token_id", StrCat(id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+      }
+    }
+  } else if (d.eos && in_vocab(*d.eos)) {
     c.eos_token_ids = {*d.eos};
   }
-  for (int64_t id : c.eos_token_ids) {
-    if (id < 0 || id >= c.vocab_size) {
-      return f.FieldError("eos_token_id", StrCat(id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
-    }
-  }
 
-  std::string dtype;
-  ODMOE_ASSIGN_OR_RETURN(dtype, f.String("dtype", ""));
-  if (dtype.empty()) {
-    ODMOE_ASSIGN_OR_RETURN(dtype, f.String("torch_dtype", "float32"));
-  }
+  // The declared dtype: `dtype` (Transformers 5) or `torch_dtype` (4.x); float32 when neither is given.
+  const char* dtype_key = f.Has("dtype") ? "dtype" : "torch_dtype";
+  ODMOE_ASSIGN_OR_RETURN(std::string dtype, f.String(dtype_key, "float32"));
   if (dtype != "float32" && dtype != "float16" && dtype != "bfloat16" && dtype != "auto") {
-    return Unsupported(where, "dtype", StrCat("'", dtype, "' (supported: float32, float16, bfloat16)"));
+    return Unsupported(where, dtype_key,
+                       StrCat("'", dtype, "' is not supported (supported: float32, float16, bfloat16)"));
   }
   c.torch_dtype = dtype;
   return c;
@@ -346,13 +412,13 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
 absl::Status CheckSequenceLength(const ModelConfig& config, int64_t total_tokens) {
   if (total_tokens > config.max_position_embeddings) {
     return absl::OutOfRangeError(StrCat("sequence of ", total_tokens,
-                                              " tokens exceeds the model's max_position_embeddings (",
-                                              config.max_position_embeddings, ")"));
+                                        " tokens exceeds the model's max_position_embeddings (",
+                                        config.max_position_embeddings, ")"));
   }
   if (config.sliding_window && total_tokens > *config.sliding_window) {
     return absl::UnimplementedError(StrCat("config.json: field 'sliding_window': a sequence of ", total_tokens,
-                                                 " tokens exceeds the window of ", *config.sliding_window,
-                                                 ", and sliding-window attention is not implemented"));
+                                           " tokens exceeds the window of ", *config.sliding_window,
+                                           ", and sliding-window attention is not implemented"));
   }
   return absl::OkStatus();
 }

@@ -49,7 +49,10 @@ struct ModelConfig {
   bool qkv_bias = false;  // q/k/v projections have biases
   bool o_bias = false;    // o projection has a bias
   QkNorm qk_norm = QkNorm::kNone;
-  std::optional<int64_t> sliding_window;  // only set when a window is in effect
+  // The window of the layers that slide, only set when at least one does (Mixtral: sliding_window not null;
+  // Qwen: use_sliding_window, and for Qwen2-MoE layer_types / max_window_layers). Not implemented: a request
+  // longer than the window is refused by CheckSequenceLength.
+  std::optional<int64_t> sliding_window;
 
   bool tie_word_embeddings = false;
   std::optional<int64_t> bos_token_id;

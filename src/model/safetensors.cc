@@ -1,4 +1,3 @@
-#include "src/common/strings.h"
 #include "src/model/safetensors.h"
 
 #include <algorithm>
@@ -8,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "src/common/json.h"
 #include "src/common/status.h"
+#include "src/common/strings.h"
 
 namespace odmoe {
 namespace {
@@ -18,10 +18,9 @@ struct KnownDType {
 };
 // Every dtype the safetensors format defines; only F32/F16/BF16 (and the integer types) map to ours.
 constexpr KnownDType kKnownDTypes[] = {
-    {"BOOL", 8},     {"U8", 8},       {"I8", 8},   {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8},
-    {"I16", 16},     {"U16", 16},     {"F16", 16}, {"BF16", 16},   {"I32", 32},    {"U32", 32},
-    {"F32", 32},     {"F64", 64},     {"I64", 64}, {"U64", 64},    {"C64", 64},    {"F4", 4},
-    {"F6_E2M3", 6},  {"F6_E3M2", 6},
+    {"BOOL", 8}, {"U8", 8},   {"I8", 8},    {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8}, {"I16", 16},
+    {"U16", 16}, {"F16", 16}, {"BF16", 16}, {"I32", 32},    {"U32", 32},    {"F32", 32},    {"F64", 64},
+    {"I64", 64}, {"U64", 64}, {"C64", 64},  {"F4", 4},      {"F6_E2M3", 6}, {"F6_E3M2", 6},
 };
 
 const KnownDType* FindKnown(std::string_view name) {
@@ -51,11 +50,11 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensors(const uint8_t* data, size_t s
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | data[i];
   if (header_len > kMaxSafetensorsHeaderBytes) {
     return CorruptError(StrCat(where, ": header length ", header_len, " exceeds the limit of ",
-                                     kMaxSafetensorsHeaderBytes, " bytes (corrupt or not a safetensors file)"));
+                               kMaxSafetensorsHeaderBytes, " bytes (corrupt or not a safetensors file)"));
   }
   if (header_len > size - 8) {
-    return CorruptError(StrCat(where, ": header length ", header_len, " runs past the end of the file (",
-                                     size, " bytes): truncated?"));
+    return CorruptError(
+        StrCat(where, ": header length ", header_len, " runs past the end of the file (", size, " bytes): truncated?"));
   }
   if (header_len < 2 || data[8] != '{') {
     return CorruptError(StrCat(where, ": header does not start with a JSON object"));
@@ -118,14 +117,13 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensors(const uint8_t* data, size_t s
     if (begin > end) return CorruptError(StrCat(ctx, ": data_offsets [", begin, ", ", end, "] are reversed"));
     if (end > data_size) {
       return CorruptError(StrCat(ctx, ": data_offsets [", begin, ", ", end, "] lie outside the data section (",
-                                       data_size, " bytes): truncated file?"));
+                                 data_size, " bytes): truncated file?"));
     }
     const __int128 bits = numel * known->bits;
     const __int128 need = (bits + 7) / 8;
     if (need != static_cast<__int128>(end - begin)) {
-      return CorruptError(StrCat(ctx, ": data_offsets span ", end - begin, " bytes but shape ",
-                                       t.ShapeString(), " of ", t.dtype_name, " needs ",
-                                       static_cast<uint64_t>(need)));
+      return CorruptError(StrCat(ctx, ": data_offsets span ", end - begin, " bytes but shape ", t.ShapeString(), " of ",
+                                 t.dtype_name, " needs ", static_cast<uint64_t>(need)));
     }
     t.offset = out.data_start + begin;
     t.nbytes = end - begin;
@@ -134,13 +132,16 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensors(const uint8_t* data, size_t s
   std::sort(out.tensors.begin(), out.tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.offset != b.offset ? a.offset < b.offset : a.nbytes < b.nbytes;
   });
-  for (size_t i = 1; i < out.tensors.size(); ++i) {
-    const TensorInfo& prev = out.tensors[i - 1];
-    const TensorInfo& cur = out.tensors[i];
-    if (prev.nbytes > 0 && cur.nbytes > 0 && prev.offset + prev.nbytes > cur.offset) {
-      return CorruptError(StrCat(where, ": tensors '", prev.name, "' and '", cur.name,
-                                       "' overlap in the data section"));
+  // Sorted by offset, a tensor overlaps an earlier one iff it starts before the end of the previous non-empty
+  // one. Empty tensors occupy no bytes and overlap nothing, but must not hide an overlap between neighbours.
+  const TensorInfo* prev = nullptr;
+  for (const TensorInfo& cur : out.tensors) {
+    if (cur.nbytes == 0) continue;
+    if (prev != nullptr && prev->offset + prev->nbytes > cur.offset) {
+      return CorruptError(
+          StrCat(where, ": tensors '", prev->name, "' and '", cur.name, "' overlap in the data section"));
     }
+    prev = &cur;
   }
   return out;
 }

@@ -1,0 +1,39 @@
+// Causal multi-head attention with grouped-query heads, fp32 throughout.
+//
+// Shapes (row-major): q, out: [n, heads, head_dim]; k_cache, v_cache: [past + n, kv_heads, head_dim], the n new
+// tokens at rows past .. past + n - 1. Query token t (position past + t) attends to cache rows 0 .. past + t.
+// Query head h reads kv head h / (heads / kv_heads). Scores are scale * dot(q, k); softmax in fp32 with the
+// running maximum subtracted (online softmax). head_dim <= kMaxHeadDim.
+//
+// Two kernels:
+//  - decode: one block per (token, head, split); a split walks one slice of the sequence in tiles of 64 keys
+//    (one warp per key for the scores, one thread per output dimension for V). With more than one split the
+//    partial (max, sum, acc) go to a workspace and a second kernel combines them ("flash decoding"), so that a
+//    single token against a long context still fills the GPU. Meant for n <= a few tokens.
+//  - prefill: one block per (head, 16 consecutive query tokens); K/V tiles of 32 keys are staged in shared
+//    memory and shared by the 16 queries (4 per warp, one key per lane). Meant for prompts.
+// Both compute the same function; either may be used for any n.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace odmoe::kernels {
+
+inline constexpr int64_t kMaxHeadDim = 256;
+
+// Floats of workspace LaunchAttentionDecode uses to split the sequence as it prefers for these sizes (0: it
+// would not split). Passing a smaller workspace reduces the number of splits (none when it is 0 or null).
+size_t AttentionDecodeWorkspaceFloats(int64_t n, int64_t past, int64_t heads, int64_t head_dim);
+
+cudaError_t LaunchAttentionDecode(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past,
+                                  int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
+                                  float* workspace, size_t workspace_floats, cudaStream_t stream);
+
+cudaError_t LaunchAttentionPrefill(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past,
+                                   int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
+                                   cudaStream_t stream);
+
+}  // namespace odmoe::kernels

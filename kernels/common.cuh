@@ -1,0 +1,95 @@
+// Device helpers shared by the kernels of this directory: dtype conversion, 16-byte vector loads, warp and
+// block reductions. Internal: included by the .cu files here only, never by a public header.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace odmoe::kernels::internal {
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// The two 16-bit values of a 32-bit word as floats (element 0 in the low half: little-endian order).
+__device__ __forceinline__ void Unpack2(uint32_t word, float* out, const __nv_bfloat16*) {
+  out[0] = __uint_as_float(word << 16);
+  out[1] = __uint_as_float(word & 0xffff0000u);
+}
+__device__ __forceinline__ void Unpack2(uint32_t word, float* out, const __half*) {
+  out[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(word & 0xffffu)));
+  out[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(word >> 16)));
+}
+
+// 16-byte vector loads through the read-only cache: Vec16<W>::kElems elements of type W, as floats.
+// REQUIRES: p 16-byte aligned.
+template <typename W>
+struct Vec16 {
+  static constexpr int kElems = 8;  // __half and __nv_bfloat16
+  __device__ __forceinline__ static void Load(const W* p, float* out) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    Unpack2(raw.x, out + 0, p);
+    Unpack2(raw.y, out + 2, p);
+    Unpack2(raw.z, out + 4, p);
+    Unpack2(raw.w, out + 6, p);
+  }
+};
+template <>
+struct Vec16<float> {
+  static constexpr int kElems = 4;
+  __device__ __forceinline__ static void Load(const float* p, float* out) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  }
+};
+
+__device__ __forceinline__ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block, returned to every thread; the order of additions is fixed (deterministic).
+// REQUIRES: every thread of the block calls it; blockDim.x a multiple of 32.
+__device__ __forceinline__ float BlockSum(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  v = WarpSum(v);
+  __syncthreads();  // earlier users of `partial` are done
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float total = lane < warps ? partial[lane] : 0.0f;
+  return WarpSum(total);
+}
+
+__device__ __forceinline__ float BlockMax(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  v = WarpMax(v);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float total = lane < warps ? partial[lane] : -INFINITY;
+  return WarpMax(total);
+}
+
+}  // namespace odmoe::kernels::internal

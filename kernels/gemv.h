@@ -1,0 +1,25 @@
+// Bandwidth-oriented matrix-vector products for a few tokens: y[n, out] = x[n, in] * w[out, in]^T (+ bias).
+//
+// One warp per output row reads the row once with 16-byte loads (4 fp32 or 8 fp16/bf16 weights per lane and
+// load) and accumulates in fp32 for up to kGemvMaxTokens tokens at once, x coming from L1/L2. Rows whose start
+// is not 16-byte aligned (in_dim not a multiple of 8, or unaligned pointers) take a scalar path. Meant for
+// n <= kGemvMaxTokens (larger n loops over groups of tokens, reading the weights once per group).
+// W is float, __half or __nv_bfloat16 (explicitly instantiated in gemv.cu).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace odmoe::kernels {
+
+inline constexpr int64_t kGemvMaxTokens = 8;
+
+// x: [n, in_dim] fp32; w: [out_dim, in_dim]; bias: [out_dim] or null; y: [n, out_dim] (must not alias x).
+template <typename W>
+cudaError_t LaunchGemv(const float* x, const W* w, const W* bias, int64_t n, int64_t in_dim, int64_t out_dim, float* y,
+                       cudaStream_t stream);
+
+}  // namespace odmoe::kernels

@@ -1,0 +1,80 @@
+// Weight-only quantization: INT8 with one absmax per output row, NF4 with one absmax per block of 64 along the
+// input dimension; quantizers (bitwise equal to the CPU ones in src/backend/quantize.h), dequantizers, and
+// dequantizing GEMV (few tokens) / GEMM (many tokens) with fp32 activations and accumulation.
+//
+// Layouts, for a weight w: [rows, cols] (rows = output features, cols = input features):
+//  INT8: q: int8 [rows, cols]; absmax: float [rows] = max_j |w[r, j]|.
+//        q[r, j] = rint(w[r, j] / absmax[r] * 127) in fp32 (division, then product, round half to even);
+//        0 when absmax[r] == 0. Dequantized: q * (absmax[r] / 127).
+//  NF4:  blocks of 64 columns per row, the last one partial when cols % 64 != 0: bpr = ceil(cols / 64).
+//        absmax: float [rows, bpr] = max |w| over the block.
+//        codes: uint8 [rows, bpr * 32]: byte b of a row holds column 2b in its high nibble and column 2b + 1 in
+//        its low nibble (the bitsandbytes order); nibbles past `cols` hold 7 (the code of 0.0).
+//        code = index into kNf4CodeBook nearest to w * (1.0f / absmax) (fp32), by the bitsandbytes decision
+//        thresholds (midpoints, a value on a midpoint goes to the lower code); absmax == 0 gives code 7.
+//        Dequantized: kNf4CodeBook[code] * absmax.
+// W is float, __half or __nv_bfloat16 for the quantizers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace odmoe::kernels {
+
+inline constexpr int64_t kNf4BlockSize = 64;
+inline int64_t Nf4BlocksPerRow(int64_t cols) { return (cols + kNf4BlockSize - 1) / kNf4BlockSize; }
+inline int64_t Nf4RowBytes(int64_t cols) { return Nf4BlocksPerRow(cols) * (kNf4BlockSize / 2); }
+
+// The NF4 code book of QLoRA / bitsandbytes (normal-float quantiles, ascending, 0.0 at index 7).
+inline constexpr float kNf4CodeBook[16] = {
+    -1.0f,
+    -0.6961928009986877f,
+    -0.5250730514526367f,
+    -0.39491748809814453f,
+    -0.28444138169288635f,
+    -0.18477343022823334f,
+    -0.09105003625154495f,
+    0.0f,
+    0.07958029955625534f,
+    0.16093020141124725f,
+    0.24611230194568634f,
+    0.33791524171829224f,
+    0.44070982933044434f,
+    0.5626170039176941f,
+    0.7229568362236023f,
+    1.0f,
+};
+
+// ---- quantizers and dequantizers ---------------------------------------------------------------------------
+// One block per row.
+template <typename W>
+cudaError_t LaunchQuantizeInt8Rows(const W* w, int64_t rows, int64_t cols, int8_t* q, float* absmax,
+                                   cudaStream_t stream);
+// One warp per block of 64.
+template <typename W>
+cudaError_t LaunchQuantizeNf4(const W* w, int64_t rows, int64_t cols, uint8_t* codes, float* absmax,
+                              cudaStream_t stream);
+// w: [rows, cols] fp32.
+cudaError_t LaunchDequantizeInt8Rows(const int8_t* q, const float* absmax, int64_t rows, int64_t cols, float* w,
+                                     cudaStream_t stream);
+cudaError_t LaunchDequantizeNf4(const uint8_t* codes, const float* absmax, int64_t rows, int64_t cols, float* w,
+                                cudaStream_t stream);
+
+// ---- products: y[n, rows] = x[n, cols] * dequant(w)^T ------------------------------------------------------
+// GEMV: one warp per output row, 16-byte weight loads (16 int8 or 32 NF4 weights per lane and load), up to
+// kGemvMaxTokens (gemv.h) tokens per pass over the weights; the row (INT8) or block (NF4) scale is applied to
+// each partial sum. GEMM: 64x64 output tiles, 32-deep k steps, the weight tile dequantized into shared memory,
+// 4x4 outputs per thread, fp32 FMA. y must not alias x.
+cudaError_t LaunchGemvInt8(const float* x, const int8_t* q, const float* absmax, int64_t n, int64_t cols, int64_t rows,
+                           float* y, cudaStream_t stream);
+cudaError_t LaunchGemvNf4(const float* x, const uint8_t* codes, const float* absmax, int64_t n, int64_t cols,
+                          int64_t rows, float* y, cudaStream_t stream);
+cudaError_t LaunchGemmInt8(const float* x, const int8_t* q, const float* absmax, int64_t n, int64_t cols, int64_t rows,
+                           float* y, cudaStream_t stream);
+cudaError_t LaunchGemmNf4(const float* x, const uint8_t* codes, const float* absmax, int64_t n, int64_t cols,
+                          int64_t rows, float* y, cudaStream_t stream);
+
+}  // namespace odmoe::kernels

@@ -1,0 +1,267 @@
+// The CUDA backend through the Device interface against CpuDevice (the fp32 reference): every op on the same
+// inputs, including both MatMul paths (GEMV and cuBLAS) for F32/F16/BF16 weights and both attention kernels;
+// memory accounting and capacity errors; streams, events and copies; op counts. Skipped without a GPU, except
+// the check that creating the device then fails with a clear Unavailable error.
+#include "src/backend/cuda_device.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "src/backend/cpu_device.h"
+#include "tests/kernels/gpu_test_util.h"
+
+namespace odmoe {
+namespace {
+
+using gpu_test::ExpectClose;
+using gpu_test::RandomFloats;
+
+TEST(CreateCudaDeviceTest, FailsClearlyWithoutAGpuOrForABadOrdinal) {
+  std::string why;
+  if (!gpu_test::HaveGpu(&why)) {
+    const auto device = CreateCudaDevice(0, 0);
+    ASSERT_FALSE(device.ok());
+    EXPECT_EQ(device.status().code(), absl::StatusCode::kUnavailable) << device.status();
+    EXPECT_NE(std::string(device.status().message()).find("cudaGetDeviceCount"), std::string::npos) << device.status();
+    return;
+  }
+  const auto device = CreateCudaDevice(1000, 0);
+  ASSERT_FALSE(device.ok());
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument) << device.status();
+}
+
+// The same bytes on the CPU reference device and on the CUDA device.
+struct Twin {
+  std::unique_ptr<Buffer> cpu;
+  std::unique_ptr<Buffer> gpu;
+};
+
+class CudaDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!gpu_test::HaveGpu(&why)) GTEST_SKIP() << why;
+    auto device = CreateCudaDevice(0, 0);
+    ASSERT_TRUE(device.ok()) << device.status();
+    gpu_ = std::move(device).value();
+    cpu_ = std::make_unique<CpuDevice>();
+  }
+
+  Twin Make(const void* data, size_t bytes, const std::string& tag) {
+    Twin t;
+    auto c = cpu_->Allocate(bytes, tag);
+    auto g = gpu_->Allocate(bytes, tag);
+    EXPECT_TRUE(c.ok() && g.ok());
+    t.cpu = std::move(c).value();
+    t.gpu = std::move(g).value();
+    if (data != nullptr) {
+      cpu_->CopyToDevice(t.cpu->data(), data, bytes, nullptr);
+      gpu_->CopyToDevice(t.gpu->data(), data, bytes, nullptr);
+      // `data` may be a temporary, and ops may run on other streams.
+      gpu_->Synchronize(nullptr);
+    }
+    return t;
+  }
+  template <typename T>
+  Twin Make(const std::vector<T>& v, const std::string& tag) {
+    return Make(v.data(), v.size() * sizeof(T), tag);
+  }
+  Twin Zeros(size_t floats, const std::string& tag) {
+    std::vector<float> z(floats, 0.0f);
+    return Make(z, tag);
+  }
+  // A weight as raw bytes of its dtype.
+  Twin Weight(DType dtype, const std::vector<float>& values, const std::string& tag) {
+    return Make(gpu_test::TestWeight::Encode(dtype, values), tag);
+  }
+  static WeightRef CpuRef(const Twin& t, DType dtype) { return WeightRef{t.cpu->data(), dtype}; }
+  static WeightRef GpuRef(const Twin& t, DType dtype) { return WeightRef{t.gpu->data(), dtype}; }
+
+  template <typename T>
+  std::vector<T> Get(Device& device, const Buffer& buffer) {
+    std::vector<T> host(buffer.size() / sizeof(T));
+    device.CopyToHost(host.data(), buffer.data(), buffer.size(), nullptr);
+    return host;
+  }
+  void ExpectSame(const Twin& t, double atol, double rtol, const std::string& what) {
+    ExpectClose(Get<float>(*gpu_, *t.gpu), Get<float>(*cpu_, *t.cpu), atol, rtol, what);
+  }
+
+  std::unique_ptr<Device> gpu_;
+  std::unique_ptr<Device> cpu_;
+};
+
+TEST_F(CudaDeviceTest, KindNameAndMemoryInfo) {
+  EXPECT_EQ(gpu_->kind(), DeviceKind::kCuda);
+  EXPECT_EQ(gpu_->name().rfind("cuda:0", 0), 0u) << gpu_->name();
+  const MemoryInfo info = gpu_->memory_info();
+  EXPECT_GT(info.capacity, uint64_t{1} << 30);
+  EXPECT_EQ(info.in_use, 0u);
+}
+
+TEST_F(CudaDeviceTest, CapacityIsEnforcedAndAccounted) {
+  auto device = CreateCudaDevice(0, 1 << 20);
+  ASSERT_TRUE(device.ok()) << device.status();
+  auto a = (*device)->Allocate(600 << 10, "first");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ((*device)->memory_info().in_use, 600u << 10);
+  auto b = (*device)->Allocate(600 << 10, "experts of layer 3");
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(b.status().message()).find("experts of layer 3"), std::string::npos) << b.status();
+  a->reset();
+  EXPECT_EQ((*device)->memory_info().in_use, 0u);
+  EXPECT_EQ((*device)->memory_info().peak, 600u << 10);
+  (*device)->ResetPeak();
+  EXPECT_EQ((*device)->memory_info().peak, 0u);
+  // A buffer may outlive its device.
+  auto c = (*device)->Allocate(1024, "survivor");
+  ASSERT_TRUE(c.ok());
+  device->reset();
+  c->reset();
+}
+
+TEST_F(CudaDeviceTest, StreamsEventsAndCopies) {
+  const size_t count = 1 << 20;
+  std::vector<float> host(count);
+  for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>(i) * 0.5f;
+  auto a = gpu_->Allocate(count * 4, "a");
+  auto b = gpu_->Allocate(count * 4, "b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto s1 = gpu_->CreateStream();
+  auto s2 = gpu_->CreateStream();
+  auto ev = gpu_->CreateEvent();
+  gpu_->CopyToDevice((*a)->data(), host.data(), count * 4, s1.get());
+  gpu_->RecordEvent(*ev, s1.get());
+  gpu_->WaitEvent(s2.get(), *ev);
+  gpu_->CopyOnDevice((*b)->data(), (*a)->data(), count * 4, s2.get());
+  gpu_->Add(static_cast<const float*>((*a)->data()), count, static_cast<float*>((*b)->data()), s2.get());
+  std::vector<float> back(count);
+  gpu_->CopyToHost(back.data(), (*b)->data(), count * 4, s2.get());
+  for (size_t i = 0; i < count; ++i) ASSERT_EQ(back[i], host[i] * 2) << i;
+  gpu_->SynchronizeAll();
+  const TransferStats stats = gpu_->transfer_stats();
+  EXPECT_EQ(stats.h2d_copies, 1u);
+  EXPECT_EQ(stats.h2d_bytes, count * 4);
+  EXPECT_EQ(stats.d2d_copies, 1u);
+  EXPECT_EQ(stats.d2h_copies, 1u);
+  EXPECT_EQ(gpu_->op_counts().at("Add"), 1);
+}
+
+TEST_F(CudaDeviceTest, MatMulMatchesCpuDeviceOnBothPaths) {
+  std::mt19937 rng(40);
+  int64_t calls = 0;
+  for (DType dtype : gpu_test::kWeightTypes) {
+    for (const auto& [in, out] : std::vector<std::pair<int64_t, int64_t>>{{64, 48}, {256, 1000}, {127, 33}}) {
+      const Twin w = Weight(dtype, RandomFloats(static_cast<size_t>(in * out), rng), "w");
+      const Twin bias = Weight(dtype, RandomFloats(static_cast<size_t>(out), rng), "bias");
+      const Twin bias32 = Weight(DType::kF32, RandomFloats(static_cast<size_t>(out), rng), "bias32");
+      for (int64_t n : {1, 3, 8, 9, 40, 300}) {
+        const Twin x = Make(RandomFloats(static_cast<size_t>(n * in), rng), "x");
+        const Twin y = Zeros(static_cast<size_t>(n * out), "y");
+        const Twin yb = Zeros(static_cast<size_t>(n * out), "yb");
+        for (Device* d : {cpu_.get(), gpu_.get()}) {
+          const bool g = d == gpu_.get();
+          const auto ref = [&](const Twin& t, DType dt) { return g ? GpuRef(t, dt) : CpuRef(t, dt); };
+          const auto ptr = [&](const Twin& t) { return static_cast<float*>(g ? t.gpu->data() : t.cpu->data()); };
+          d->MatMul(ptr(x), ref(w, dtype), ref(bias, dtype), n, in, out, ptr(y), nullptr);
+          d->MatMul(ptr(x), ref(w, dtype), ref(bias32, DType::kF32), n, in, out, ptr(yb), nullptr);
+        }
+        calls += 2;
+        // GEMV and fp32 cuBLAS (no TF32): fp32 rounding only. 16-bit cuBLAS: the activations carry ~16 bits.
+        const bool gemm16 = n > 8 && dtype != DType::kF32;
+        const double atol = (gemm16 ? 2e-4 : 2e-5) * std::sqrt(static_cast<double>(in));
+        const std::string what = std::string(DTypeName(dtype)) + " n=" + std::to_string(n) +
+                                 " in=" + std::to_string(in) + " out=" + std::to_string(out);
+        ExpectSame(y, atol, 1e-4, what);
+        ExpectSame(yb, atol, 1e-4, what + " (f32 bias)");
+      }
+    }
+  }
+  EXPECT_EQ(gpu_->op_counts().at("MatMul"), calls);
+}
+
+TEST_F(CudaDeviceTest, LayerOpsMatchCpuDevice) {
+  std::mt19937 rng(41);
+  const int64_t vocab = 97, hidden = 96, heads = 6, kv_heads = 2, head_dim = 48, experts = 16, top_k = 4;
+  for (DType dtype : gpu_test::kWeightTypes) {
+    for (const auto& [n, past] : std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {1, 2000}, {3, 40}, {20, 5}}) {
+      const std::string what =
+          std::string(DTypeName(dtype)) + " n=" + std::to_string(n) + " past=" + std::to_string(past);
+      const int64_t len = past + n;
+      std::vector<int32_t> ids_host(static_cast<size_t>(n));
+      std::vector<int32_t> pos_host(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        ids_host[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37 + 5) % vocab);
+        pos_host[static_cast<size_t>(i)] = static_cast<int32_t>(past + i);
+      }
+      const Twin ids = Make(ids_host, "ids");
+      const Twin pos = Make(pos_host, "positions");
+      const Twin table = Weight(dtype, RandomFloats(static_cast<size_t>(vocab * hidden), rng), "embed");
+      const Twin norm_w = Weight(dtype, RandomFloats(static_cast<size_t>(hidden), rng, 0.5f, 1.5f), "norm");
+      const Twin h = Zeros(static_cast<size_t>(n * hidden), "h");
+      const Twin normed = Zeros(static_cast<size_t>(n * hidden), "normed");
+      const Twin q = Make(RandomFloats(static_cast<size_t>(n * heads * head_dim), rng), "q");
+      const Twin kc = Make(RandomFloats(static_cast<size_t>(len * kv_heads * head_dim), rng), "k cache");
+      const Twin vc = Make(RandomFloats(static_cast<size_t>(len * kv_heads * head_dim), rng), "v cache");
+      const Twin attn = Zeros(static_cast<size_t>(n * heads * head_dim), "attn");
+      const Twin logits = Make(RandomFloats(static_cast<size_t>(n * experts), rng, -3.0f, 3.0f), "router logits");
+      const Twin rids = Make(std::vector<int32_t>(static_cast<size_t>(n * top_k), 0), "expert ids");
+      const Twin rw = Zeros(static_cast<size_t>(n * top_k), "expert weights");
+      const Twin gate = Make(RandomFloats(static_cast<size_t>(n * hidden), rng, -4.0f, 4.0f), "gate");
+      const Twin up = Make(RandomFloats(static_cast<size_t>(n * hidden), rng), "up");
+      const Twin act = Zeros(static_cast<size_t>(n * hidden), "act");
+      std::vector<int32_t> rows_host(static_cast<size_t>(2 * n));
+      for (int64_t i = 0; i < 2 * n; ++i) rows_host[static_cast<size_t>(i)] = static_cast<int32_t>(i % n);
+      const Twin rows = Make(rows_host, "rows");
+      const Twin gathered = Zeros(static_cast<size_t>(2 * n * hidden), "gathered");
+      const Twin scale = Make(RandomFloats(static_cast<size_t>(2 * n), rng), "scale");
+      const Twin acc = Make(RandomFloats(static_cast<size_t>(n * hidden), rng), "acc");
+      for (Device* d : {cpu_.get(), gpu_.get()}) {
+        const bool g = d == gpu_.get();
+        const auto ref = [&](const Twin& t) { return g ? GpuRef(t, dtype) : CpuRef(t, dtype); };
+        const auto f = [&](const Twin& t) { return static_cast<float*>(g ? t.gpu->data() : t.cpu->data()); };
+        const auto i32 = [&](const Twin& t) { return static_cast<int32_t*>(g ? t.gpu->data() : t.cpu->data()); };
+        auto stream = d->CreateStream();
+        d->Embedding(i32(ids), n, ref(table), hidden, f(h), stream.get());
+        d->RmsNorm(f(h), ref(norm_w), n, hidden, 1e-5f, f(normed), stream.get());
+        d->Rope(f(q), i32(pos), n, heads, head_dim, 10000.0, stream.get());
+        d->Rope(f(kc) + past * kv_heads * head_dim, i32(pos), n, kv_heads, head_dim, 10000.0, stream.get());
+        d->Attention(f(q), f(kc), f(vc), n, past, heads, kv_heads, head_dim, 1.0f / std::sqrt(48.0f), f(attn),
+                     stream.get());
+        d->RouterTopK(f(logits), n, experts, top_k, true, i32(rids), f(rw), stream.get());
+        d->SwiGlu(f(gate), f(up), n * hidden, f(act), stream.get());
+        d->Add(f(normed), n * hidden, f(act), stream.get());
+        d->GatherRows(f(act), i32(rows), 2 * n, hidden, f(gathered), stream.get());
+        d->ScatterAddScaled(f(gathered), i32(rows), f(scale), 2 * n, hidden, true, f(acc), stream.get());
+        d->Synchronize(stream.get());
+      }
+      ExpectSame(h, 0.0, 0.0, what + " embedding");
+      ExpectSame(normed, 1e-6, 1e-5, what + " rmsnorm");
+      ExpectSame(q, 1e-6, 1e-5, what + " rope q");
+      ExpectSame(kc, 1e-6, 1e-5, what + " rope k");
+      ExpectSame(attn, 2e-5, 1e-4, what + " attention");
+      EXPECT_EQ(Get<int32_t>(*gpu_, *rids.gpu), Get<int32_t>(*cpu_, *rids.cpu)) << what << " router ids";
+      ExpectSame(rw, 1e-7, 1e-5, what + " router weights");
+      ExpectSame(act, 1e-6, 1e-5, what + " swiglu + add");
+      ExpectSame(gathered, 1e-6, 1e-5, what + " gather");
+      ExpectSame(acc, 1e-6, 1e-5, what + " scatter-add");
+    }
+  }
+  const std::map<std::string, int64_t> counts = gpu_->op_counts();
+  for (const char* op :
+       {"Embedding", "RmsNorm", "Attention", "RouterTopK", "SwiGlu", "Add", "GatherRows", "ScatterAddScaled"}) {
+    EXPECT_EQ(counts.at(op), 12) << op;
+  }
+  EXPECT_EQ(counts.at("Rope"), 24);
+  EXPECT_EQ(counts.count("MatMul"), 0u);
+}
+
+}  // namespace
+}  // namespace odmoe

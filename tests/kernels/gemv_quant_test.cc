@@ -1,0 +1,227 @@
+// Dense GEMV and the INT8 / NF4 kernels: GEMV vs the CPU MatMul for every weight dtype (aligned and scalar
+// paths, 1..17 tokens, odd sizes); GPU quantizers and dequantizers bitwise equal to the CPU ones
+// (src/backend/quantize.h); dequantizing GEMV / GEMM vs the CPU MatMul of the CPU-dequantized weights; round-trip
+// error bounds. Skipped without a GPU.
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/gemv.h"
+#include "kernels/quant.h"
+#include "src/backend/cpu_kernels.h"
+#include "src/backend/quantize.h"
+#include "tests/kernels/gpu_test_util.h"
+
+namespace odmoe {
+namespace {
+
+using gpu_test::DeviceArray;
+using gpu_test::ExpectClose;
+using gpu_test::GpuTest;
+using gpu_test::RandomFloats;
+using gpu_test::TestWeight;
+
+std::string Shape(int64_t n, int64_t in, int64_t out) {
+  return "n=" + std::to_string(n) + " in=" + std::to_string(in) + " out=" + std::to_string(out);
+}
+
+class GemvKernelTest : public GpuTest {};
+
+TEST_F(GemvKernelTest, MatchesCpuMatMul) {
+  std::mt19937 rng(20);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},      {7, 5},     {64, 33}, {127, 64},
+                                                           {1024, 300}, {4096, 40}, {136, 17}};
+  for (DType dtype : gpu_test::kWeightTypes) {
+    for (const auto& [in, out] : shapes) {
+      TestWeight w(dtype, RandomFloats(static_cast<size_t>(in * out), rng));
+      TestWeight bias(dtype, RandomFloats(static_cast<size_t>(out), rng));
+      for (int64_t n : {1, 2, 3, 8, 9, 17}) {
+        const std::string what = std::string(DTypeName(dtype)) + " " + Shape(n, in, out);
+        const std::vector<float> x = RandomFloats(static_cast<size_t>(n * in), rng);
+        std::vector<float> want(static_cast<size_t>(n * out));
+        std::vector<float> want_bias(want.size());
+        cpu::MatMul(x.data(), w.host_ref(), WeightRef{}, n, in, out, want.data());
+        cpu::MatMul(x.data(), w.host_ref(), bias.host_ref(), n, in, out, want_bias.data());
+        DeviceArray<float> dx(x);
+        DeviceArray<float> ux(x.size(), 1);  // x one float off alignment: the scalar path
+        ux.Upload(x, 1);
+        DeviceArray<float> y(want.size()), yb(want.size()), yu(want.size());
+        gpu_test::WithDeviceType(w, [&](auto* wp) {
+          using W = std::remove_const_t<std::remove_pointer_t<decltype(wp)>>;
+          const W* bp = reinterpret_cast<const W*>(bias.device.get());
+          ODMOE_ASSERT_CUDA(
+              kernels::LaunchGemv(dx.get(), wp, static_cast<const W*>(nullptr), n, in, out, y.get(), stream_));
+          ODMOE_ASSERT_CUDA(kernels::LaunchGemv(dx.get(), wp, bp, n, in, out, yb.get(), stream_));
+          ODMOE_ASSERT_CUDA(kernels::LaunchGemv(ux.get() + 1, wp, bp, n, in, out, yu.get(), stream_));
+        });
+        Sync();
+        const double atol = 1e-5 * std::sqrt(static_cast<double>(in));
+        ExpectClose(y.Download(), want, atol, 1e-5, what);
+        ExpectClose(yb.Download(), want_bias, atol, 1e-5, what + " bias");
+        ExpectClose(yu.Download(), want_bias, atol, 1e-5, what + " bias, unaligned x");
+      }
+    }
+  }
+}
+
+// Weights with structure: Gaussian values, a zero row, a row of one repeated value, values on exact int8
+// half steps, and (for bf16/f16) whatever rounding the dtype brings.
+std::vector<float> QuantTestWeights(int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  std::vector<float> w(static_cast<size_t>(rows * cols));
+  for (float& v : w) v = dist(rng);
+  if (rows > 1) {
+    for (int64_t j = 0; j < cols; ++j) w[static_cast<size_t>(cols + j)] = 0.0f;
+  }
+  if (rows > 2) {
+    for (int64_t j = 0; j < cols; ++j) w[static_cast<size_t>(2 * cols + j)] = -0.25f;
+  }
+  if (rows > 3) {
+    for (int64_t j = 0; j < cols; ++j) w[static_cast<size_t>(3 * cols + j)] = static_cast<float>(j % 255 - 127) / 2;
+  }
+  return w;
+}
+
+class QuantKernelTest : public GpuTest {};
+
+TEST_F(QuantKernelTest, GpuQuantizersEqualCpuQuantizersBitwise) {
+  std::mt19937 rng(21);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {3, 63}, {5, 64}, {7, 131}, {4, 200}, {64, 4096}};
+  for (DType dtype : gpu_test::kWeightTypes) {
+    for (const auto& [rows, cols] : shapes) {
+      const std::string what = std::string(DTypeName(dtype)) + " " + std::to_string(rows) + "x" + std::to_string(cols);
+      TestWeight w(dtype, QuantTestWeights(rows, cols, rng));
+      // INT8.
+      std::vector<int8_t> q(static_cast<size_t>(rows * cols));
+      std::vector<float> absmax(static_cast<size_t>(rows));
+      QuantizeInt8Rows(w.host.data(), dtype, rows, cols, q.data(), absmax.data());
+      DeviceArray<int8_t> dq(q.size());
+      DeviceArray<float> dabs(absmax.size());
+      gpu_test::WithDeviceType(w, [&](auto* wp) {
+        ODMOE_ASSERT_CUDA(kernels::LaunchQuantizeInt8Rows(wp, rows, cols, dq.get(), dabs.get(), stream_));
+      });
+      Sync();
+      EXPECT_EQ(dq.Download(), q) << "int8 codes " << what;
+      EXPECT_EQ(dabs.Download(), absmax) << "int8 absmax " << what;
+      // NF4.
+      const int64_t bpr = Nf4BlocksPerRow(cols);
+      std::vector<uint8_t> codes(static_cast<size_t>(rows * Nf4RowBytes(cols)));
+      std::vector<float> nabs(static_cast<size_t>(rows * bpr));
+      QuantizeNf4(w.host.data(), dtype, rows, cols, codes.data(), nabs.data());
+      DeviceArray<uint8_t> dcodes(codes.size());
+      DeviceArray<float> dnabs(nabs.size());
+      gpu_test::WithDeviceType(w, [&](auto* wp) {
+        ODMOE_ASSERT_CUDA(kernels::LaunchQuantizeNf4(wp, rows, cols, dcodes.get(), dnabs.get(), stream_));
+      });
+      Sync();
+      EXPECT_EQ(dcodes.Download(), codes) << "nf4 codes " << what;
+      EXPECT_EQ(dnabs.Download(), nabs) << "nf4 absmax " << what;
+      // Dequantizers, bitwise too.
+      std::vector<float> back8(q.size()), back4(q.size());
+      DequantizeInt8Rows(q.data(), absmax.data(), rows, cols, back8.data());
+      DequantizeNf4(codes.data(), nabs.data(), rows, cols, back4.data());
+      DeviceArray<float> d8(q.size()), d4(q.size());
+      ODMOE_ASSERT_CUDA(kernels::LaunchDequantizeInt8Rows(dq.get(), dabs.get(), rows, cols, d8.get(), stream_));
+      ODMOE_ASSERT_CUDA(kernels::LaunchDequantizeNf4(dcodes.get(), dnabs.get(), rows, cols, d4.get(), stream_));
+      Sync();
+      EXPECT_EQ(d8.Download(), back8) << "int8 dequantized " << what;
+      EXPECT_EQ(d4.Download(), back4) << "nf4 dequantized " << what;
+    }
+  }
+}
+
+// Host-only: runs without a GPU too.
+TEST(QuantKernelConstantsTest, CodeBookAndLayoutMatchTheCpuOnes) {
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(kernels::kNf4CodeBook[i], kNf4CodeBook[i]) << i;
+  for (int64_t cols : {1, 63, 64, 65, 70, 4096}) {
+    EXPECT_EQ(kernels::Nf4RowBytes(cols), Nf4RowBytes(cols));
+    EXPECT_EQ(kernels::Nf4BlocksPerRow(cols), Nf4BlocksPerRow(cols));
+  }
+}
+
+TEST_F(QuantKernelTest, RoundTripErrorBounds) {
+  std::mt19937 rng(22);
+  const int64_t rows = 96;
+  const int64_t cols = 1000;
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  std::vector<float> w(static_cast<size_t>(rows * cols));
+  for (float& v : w) v = dist(rng);
+  DeviceArray<float> dw(w);
+  DeviceArray<int8_t> q(w.size());
+  DeviceArray<float> a8(static_cast<size_t>(rows));
+  DeviceArray<uint8_t> codes(static_cast<size_t>(rows * kernels::Nf4RowBytes(cols)));
+  DeviceArray<float> a4(static_cast<size_t>(rows * kernels::Nf4BlocksPerRow(cols)));
+  DeviceArray<float> back8(w.size()), back4(w.size());
+  ODMOE_ASSERT_CUDA(kernels::LaunchQuantizeInt8Rows(dw.get(), rows, cols, q.get(), a8.get(), stream_));
+  ODMOE_ASSERT_CUDA(kernels::LaunchQuantizeNf4(dw.get(), rows, cols, codes.get(), a4.get(), stream_));
+  ODMOE_ASSERT_CUDA(kernels::LaunchDequantizeInt8Rows(q.get(), a8.get(), rows, cols, back8.get(), stream_));
+  ODMOE_ASSERT_CUDA(kernels::LaunchDequantizeNf4(codes.get(), a4.get(), rows, cols, back4.get(), stream_));
+  Sync();
+  const auto r8 = back8.Download(), r4 = back4.Download(), abs8 = a8.Download(), abs4 = a4.Download();
+  double e8 = 0.0, e4 = 0.0, ref = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < cols; ++j) {
+      const size_t i = static_cast<size_t>(r * cols + j);
+      ASSERT_LE(std::fabs(r8[i] - w[i]), abs8[static_cast<size_t>(r)] / 127.0f * 0.5f * 1.0001f) << "int8 " << i;
+      ASSERT_LE(std::fabs(r4[i] - w[i]), abs4[static_cast<size_t>(r * 16 + j / 64)] * 0.152f) << "nf4 " << i;
+      e8 += (r8[i] - w[i]) * static_cast<double>(r8[i] - w[i]);
+      e4 += (r4[i] - w[i]) * static_cast<double>(r4[i] - w[i]);
+      ref += static_cast<double>(w[i]) * w[i];
+    }
+  }
+  EXPECT_LT(std::sqrt(e8 / ref), 0.02) << "int8 relative RMS error";
+  EXPECT_LT(std::sqrt(e4 / ref), 0.15) << "nf4 relative RMS error";
+}
+
+TEST_F(QuantKernelTest, DequantizingGemvAndGemmMatchCpuMatMul) {
+  std::mt19937 rng(23);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},     {64, 33},   {70, 65},  {127, 5},
+                                                           {256, 300}, {1000, 64}, {4096, 17}};
+  for (const auto& [cols, rows] : shapes) {
+    const std::vector<float> w = QuantTestWeights(rows, cols, rng);
+    std::vector<int8_t> q(w.size());
+    std::vector<float> a8(static_cast<size_t>(rows));
+    QuantizeInt8Rows(w.data(), DType::kF32, rows, cols, q.data(), a8.data());
+    std::vector<uint8_t> codes(static_cast<size_t>(rows * Nf4RowBytes(cols)));
+    std::vector<float> a4(static_cast<size_t>(rows * Nf4BlocksPerRow(cols)));
+    QuantizeNf4(w.data(), DType::kF32, rows, cols, codes.data(), a4.data());
+    std::vector<float> w8(w.size()), w4(w.size());
+    DequantizeInt8Rows(q.data(), a8.data(), rows, cols, w8.data());
+    DequantizeNf4(codes.data(), a4.data(), rows, cols, w4.data());
+    DeviceArray<int8_t> dq(q);
+    DeviceArray<float> da8(a8), da4(a4);
+    DeviceArray<uint8_t> dcodes(codes);
+    for (int64_t n : {1, 3, 8, 9, 70, 130}) {
+      const std::string what = Shape(n, cols, rows);
+      const std::vector<float> x = RandomFloats(static_cast<size_t>(n * cols), rng);
+      std::vector<float> want8(static_cast<size_t>(n * rows)), want4(want8.size());
+      cpu::MatMul(x.data(), WeightRef{w8.data(), DType::kF32}, WeightRef{}, n, cols, rows, want8.data());
+      cpu::MatMul(x.data(), WeightRef{w4.data(), DType::kF32}, WeightRef{}, n, cols, rows, want4.data());
+      DeviceArray<float> dx(x);
+      DeviceArray<float> ux(x.size(), 1);
+      ux.Upload(x, 1);
+      DeviceArray<float> g8(want8.size()), g4(want8.size()), m8(want8.size()), m4(want8.size()), u4(want8.size());
+      ODMOE_ASSERT_CUDA(kernels::LaunchGemvInt8(dx.get(), dq.get(), da8.get(), n, cols, rows, g8.get(), stream_));
+      ODMOE_ASSERT_CUDA(kernels::LaunchGemvNf4(dx.get(), dcodes.get(), da4.get(), n, cols, rows, g4.get(), stream_));
+      ODMOE_ASSERT_CUDA(
+          kernels::LaunchGemvNf4(ux.get() + 1, dcodes.get(), da4.get(), n, cols, rows, u4.get(), stream_));
+      ODMOE_ASSERT_CUDA(kernels::LaunchGemmInt8(dx.get(), dq.get(), da8.get(), n, cols, rows, m8.get(), stream_));
+      ODMOE_ASSERT_CUDA(kernels::LaunchGemmNf4(dx.get(), dcodes.get(), da4.get(), n, cols, rows, m4.get(), stream_));
+      Sync();
+      // Scales are applied to partial sums instead of to each weight: fp32 rounding differences only.
+      const double atol = 2e-5 * std::sqrt(static_cast<double>(cols));
+      ExpectClose(g8.Download(), want8, atol, 1e-4, "int8 gemv " + what);
+      ExpectClose(g4.Download(), want4, atol, 1e-4, "nf4 gemv " + what);
+      ExpectClose(u4.Download(), want4, atol, 1e-4, "nf4 gemv unaligned x " + what);
+      ExpectClose(m8.Download(), want8, atol, 1e-4, "int8 gemm " + what);
+      ExpectClose(m4.Download(), want4, atol, 1e-4, "nf4 gemm " + what);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace odmoe
