@@ -39,6 +39,10 @@ std::string ReadFile(const std::string& path);
 // Copies every regular file of `from` into `to` (which must exist).
 void CopyDir(const std::string& from, const std::string& to);
 
+// `n` distinct TCP ports on 127.0.0.1 that were free a moment ago (bound with port 0, then released), so
+// tests that start servers can run in parallel.
+std::vector<int> PickFreePorts(int n);
+
 struct RunResult {
   int exit_code = -1;   // the program's exit status; -1 if it did not exit normally (signal)
   int signal = 0;       // the signal that ended it, if any

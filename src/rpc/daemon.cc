@@ -1,0 +1,64 @@
+#include "src/rpc/daemon.h"
+
+#include <signal.h>
+
+#include <cstdio>
+
+#include "src/common/flags.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+namespace odmoe::rpc {
+
+absl::StatusOr<DaemonArgs> ParseDaemonArgs(const std::vector<std::string>& args, NodeRole role) {
+  ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, {"config", "node", "model"}, {}));
+  ODMOE_ASSIGN_OR_RETURN(std::string config_path, f.Required("config"));
+  ODMOE_ASSIGN_OR_RETURN(std::string node_name, f.Required("node"));
+  DaemonArgs d;
+  ODMOE_ASSIGN_OR_RETURN(d.cluster, LoadClusterConfig(config_path));
+  const NodeConfig* self = d.cluster.Find(node_name);
+  if (self == nullptr) {
+    return absl::InvalidArgumentError(StrCat("--node: no node named '", node_name, "' in ", config_path));
+  }
+  if (self->role != role) {
+    return absl::InvalidArgumentError(StrCat("--node: node '", node_name, "' in ", config_path, " has role ",
+                                             NodeRoleName(self->role), ", not ", NodeRoleName(role)));
+  }
+  d.self = *self;
+  d.model_dir = f.Get("model").value_or(d.cluster.model.path);
+  if (d.model_dir.empty()) {
+    return absl::InvalidArgumentError(StrCat("no model: give --model DIR or [model] path in ", config_path));
+  }
+  return d;
+}
+
+namespace {
+sigset_t ShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+}  // namespace
+
+void BlockShutdownSignals() {
+  sigset_t set = ShutdownSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+void ServeUntilSignal(Server& server) {
+  sigset_t set = ShutdownSignals();
+  server.MarkServing(true);
+  int sig = 0;
+  sigwait(&set, &sig);
+  server.Shutdown(2000);
+}
+
+int ExitWith(const std::string& program, const absl::Status& status) {
+  if (status.ok()) return kExitOk;
+  std::fprintf(stderr, "%s: %s\n", program.c_str(), std::string(status.message()).c_str());
+  return ExitCodeFor(status);
+}
+
+}  // namespace odmoe::rpc

@@ -1,0 +1,35 @@
+// The start-up every daemon shares: `--config FILE --node NAME [--model DIR]`, the cluster file read and the
+// node found in it, and serving until SIGINT/SIGTERM.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/common/cluster_config.h"
+#include "src/rpc/rpc_util.h"
+
+namespace odmoe::rpc {
+
+struct DaemonArgs {
+  ClusterConfig cluster;
+  NodeConfig self;
+  std::string model_dir;  // --model, else the cluster file's [model] path
+};
+
+// Parses the daemon flags and loads the cluster file. `role` is the role the node must have in the file.
+// InvalidArgument (usage) / NotFound / DataLoss with a message naming the flag, file or field.
+absl::StatusOr<DaemonArgs> ParseDaemonArgs(const std::vector<std::string>& args, NodeRole role);
+
+// Blocks SIGINT and SIGTERM in the calling thread and every thread it starts later. Call it first in main(),
+// before any gRPC object exists, so that the signals reach ServeUntilSignal and nowhere else.
+void BlockShutdownSignals();
+
+// Marks the server SERVING, waits for SIGINT or SIGTERM, then shuts it down gracefully.
+// REQUIRES: BlockShutdownSignals() was called before any thread was started.
+void ServeUntilSignal(Server& server);
+
+// Runs `body` and turns a failure into one stderr line "PROGRAM: message" and the exit code of the status.
+int ExitWith(const std::string& program, const absl::Status& status);
+
+}  // namespace odmoe::rpc

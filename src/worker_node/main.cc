@@ -1,0 +1,42 @@
+// odmoe-worker --config FILE --node NAME [--model DIR]: serves routed-expert computation for the cluster file's
+// node NAME until SIGINT or SIGTERM. All logic lives in src/worker_node/worker_node.h.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+#include "src/rpc/daemon.h"
+#include "src/worker_node/worker_node.h"
+
+namespace {
+
+absl::Status Run(const std::vector<std::string>& args) {
+  ODMOE_ASSIGN_OR_RETURN(odmoe::rpc::DaemonArgs daemon, odmoe::rpc::ParseDaemonArgs(args, odmoe::NodeRole::kWorker));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::WorkerNode> node,
+                         odmoe::WorkerNode::Create(daemon.cluster, daemon.self, daemon.model_dir));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::Server> server,
+                         odmoe::rpc::Server::Start({daemon.self.address, daemon.self.threads}, {node.get()}));
+  std::string layers;
+  for (int64_t l : node->decode_layers()) layers += odmoe::StrCat(layers.empty() ? "" : ",", l);
+  spdlog::info(
+      "odmoe-worker {} (worker {} of {}) serving {} on port {}: model {} (fingerprint {}, epoch {}), device {}, "
+      "GPU budget {} bytes, decode layers [{}], up to {} rows per call",
+      daemon.self.name, daemon.self.worker_index, daemon.cluster.workers().size(), daemon.self.address, server->port(),
+      daemon.model_dir, node->fingerprint(), node->epoch(), node->device().name(), node->budget_bytes(), layers,
+      node->max_rows_per_call());
+  odmoe::rpc::ServeUntilSignal(*server);
+  spdlog::info("odmoe-worker {}: shut down", daemon.self.name);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Before any thread exists, so SIGINT/SIGTERM reach ServeUntilSignal only.
+  odmoe::rpc::BlockShutdownSignals();
+  spdlog::set_default_logger(spdlog::stderr_color_mt("odmoe-worker"));
+  return odmoe::rpc::ExitWith("odmoe-worker", Run(std::vector<std::string>(argv + 1, argv + argc)));
+}

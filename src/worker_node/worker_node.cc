@@ -1,0 +1,531 @@
+#include "src/worker_node/worker_node.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <span>
+
+#include "absl/strings/str_format.h"
+#include "spdlog/spdlog.h"
+#include "src/backend/cpu_device.h"
+#include "src/backend/device_factory.h"
+#include "src/backend/mock_gpu_device.h"
+#include "src/common/placement.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+#include "src/model/fingerprint.h"
+#include "src/model/model_layout.h"
+#include "src/rpc/rpc_util.h"
+
+namespace odmoe {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Offsets of the three projections inside one expert allocation (as cudaMalloc aligns).
+constexpr size_t kAlignment = 256;
+size_t AlignUp(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+double MsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+std::string Mib(uint64_t bytes) { return absl::StrFormat("%.2f MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+// Room left in a response for everything but the output tensors' data.
+constexpr int64_t kResponseHeadroomBytes = 1 << 20;
+
+// The node's device with its budget as the capacity where the backend takes one. A mock GPU records no timeline
+// here: a daemon runs for long.
+absl::StatusOr<std::unique_ptr<Device>> CreateWorkerDevice(const std::string& spec, uint64_t budget) {
+  if (spec == "cpu") return std::unique_ptr<Device>(new CpuDevice(budget));
+  if (spec.starts_with("mock-gpu")) {
+    ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> probe, CreateDevice(spec));  // validates "mock-gpu[:MB]"
+    MockGpuOptions options;
+    const uint64_t spec_capacity = probe->memory_info().capacity;
+    options.capacity_bytes = budget == 0 ? spec_capacity : std::min(budget, spec_capacity);
+    options.record_timeline = false;
+    return std::unique_ptr<Device>(new MockGpuDevice(options));
+  }
+  return CreateDevice(spec);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(const ClusterConfig& cluster, const NodeConfig& self,
+                                                               const std::string& model_dir,
+                                                               const WorkerOptions& options) {
+  if (self.role != NodeRole::kWorker) {
+    return absl::InvalidArgumentError(
+        StrCat("node '", self.name, "' has role ", NodeRoleName(self.role), "; a worker daemon needs a worker node"));
+  }
+  if (options.max_rows_per_call < 1) {
+    return absl::InvalidArgumentError(StrCat("max_rows_per_call must be >= 1, got ", options.max_rows_per_call));
+  }
+  std::unique_ptr<WorkerNode> node(new WorkerNode(cluster, self, options));
+  ODMOE_RETURN_IF_ERROR(node->Init(model_dir));
+  return node;
+}
+
+WorkerNode::~WorkerNode() = default;
+
+absl::Status WorkerNode::Init(const std::string& model_dir) {
+  const std::vector<const NodeConfig*> workers = cluster_.workers();
+  if (self_.worker_index < 0 || self_.worker_index >= static_cast<int32_t>(workers.size())) {
+    return absl::InvalidArgumentError(StrCat("node '", self_.name, "' has worker index ", self_.worker_index,
+                                             " but the cluster has ", workers.size(), " workers"));
+  }
+  ODMOE_ASSIGN_OR_RETURN(config_, LoadModelConfig(model_dir));
+  ODMOE_ASSIGN_OR_RETURN(checkpoint_, Checkpoint::Open(model_dir));
+  ODMOE_ASSIGN_OR_RETURN(fingerprint_, ModelFingerprint(model_dir, *checkpoint_));
+  // Every expert is checked now (metadata only: nothing is read) so a bad checkpoint fails at start, not in
+  // the middle of a request.
+  const std::vector<TensorSpec> experts = AllExpertTensors(config_);
+  ODMOE_RETURN_IF_ERROR(checkpoint_->Validate(experts));
+  for (size_t i = 0; i + 2 < experts.size(); i += 3) {
+    uint64_t bytes = 0;
+    for (size_t j = i; j < i + 3; ++j) bytes += AlignUp(checkpoint_->Find(experts[j].name)->nbytes);
+    expert_bytes_ = std::max(expert_bytes_, bytes);
+  }
+
+  const int32_t group_size =
+      cluster_.group_size > 0 ? cluster_.group_size : static_cast<int32_t>(std::max<int64_t>(1, config_.top_k));
+  absl::StatusOr<Placement> placement = Placement::Create(static_cast<int32_t>(workers.size()), group_size);
+  if (!placement.ok()) {
+    return absl::InvalidArgumentError(StrCat("cluster ", cluster_.file, ": group size ", group_size,
+                                             (cluster_.group_size > 0 ? "" : " (the model's top-k)"), ": ",
+                                             placement.status().message()));
+  }
+  const std::vector<int64_t> sparse = config_.SparseLayers();
+  for (int64_t s : placement->DecodeLayersOf(self_.worker_index, static_cast<int64_t>(sparse.size()))) {
+    decode_layers_.push_back(sparse[static_cast<size_t>(s)]);
+  }
+
+  ODMOE_ASSIGN_OR_RETURN(device_, CreateWorkerDevice(self_.device, self_.gpu_budget_bytes));
+  const uint64_t capacity = device_->memory_info().capacity;
+  budget_bytes_ = self_.gpu_budget_bytes == 0 ? capacity
+                  : capacity == 0             ? self_.gpu_budget_bytes
+                                              : std::min(capacity, self_.gpu_budget_bytes);
+
+  // The workspace: MLP scratch, the received hidden state, gathered rows and one expert's output, all for
+  // max_rows rows, and the row indices of every task of a call.
+  const int64_t rows = options_.max_rows_per_call;
+  const int64_t h = config_.hidden_size;
+  const int64_t inter = std::max<int64_t>(1, config_.expert_intermediate_size);
+  const uint64_t activation_bytes = static_cast<uint64_t>(rows * h) * sizeof(float);
+  const uint64_t index_bytes = static_cast<uint64_t>(rows * std::max<int64_t>(1, config_.num_experts)) * 4;
+  const uint64_t ws_bytes = 2 * static_cast<uint64_t>(rows * inter) * sizeof(float);
+  const uint64_t needed = ws_bytes + 3 * activation_bytes + index_bytes;
+  if (budget_bytes_ != 0 && needed + expert_bytes_ > budget_bytes_) {
+    return absl::ResourceExhaustedError(StrCat("worker '", self_.name, "': its GPU budget of ", Mib(budget_bytes_),
+                                               " cannot hold the workspace (", Mib(needed), " for ", rows,
+                                               " rows per call) plus one expert (", Mib(expert_bytes_),
+                                               "); raise gpu_budget_mb in ", cluster_.file));
+  }
+  absl::MutexLock compute_lock(&compute_mu_);
+  absl::MutexLock load_lock(&load_mu_);
+  compute_stream_ = device_->CreateStream();
+  load_stream_ = device_->CreateStream();
+  ODMOE_ASSIGN_OR_RETURN(ws_, MlpWorkspace::Create(*device_, rows, inter));
+  ODMOE_ASSIGN_OR_RETURN(hidden_, AllocateWithinBudget(activation_bytes, "worker hidden state"));
+  ODMOE_ASSIGN_OR_RETURN(gathered_, AllocateWithinBudget(activation_bytes, "worker gathered rows"));
+  ODMOE_ASSIGN_OR_RETURN(output_, AllocateWithinBudget(activation_bytes, "worker expert output"));
+  ODMOE_ASSIGN_OR_RETURN(rows_, AllocateWithinBudget(index_bytes, "worker row indices"));
+  workspace_bytes_ = ws_->bytes() + 3 * activation_bytes + index_bytes;
+  return absl::OkStatus();
+}
+
+// ---- memory ----------------------------------------------------------------------------------------------------
+
+absl::Status WorkerNode::BudgetError(std::string_view what, uint64_t bytes) const {
+  const MemoryInfo mi = device_->memory_info();
+  return absl::ResourceExhaustedError(StrCat(
+      "worker '", self_.name, "': ", what, " needs ", Mib(bytes), " but its GPU budget of ", Mib(budget_bytes_),
+      " has ", Mib(mi.in_use), " in use (workspace ", Mib(workspace_bytes_), ", one expert ", Mib(expert_bytes_), ")"));
+}
+
+absl::StatusOr<std::unique_ptr<Buffer>> WorkerNode::AllocateWithinBudget(size_t bytes, std::string_view tag) {
+  absl::MutexLock lock(&alloc_mu_);
+  if (budget_bytes_ != 0) {
+    const uint64_t in_use = device_->memory_info().in_use;
+    if (in_use > budget_bytes_ || bytes > budget_bytes_ - in_use) return BudgetError(tag, bytes);
+  }
+  return device_->Allocate(bytes, tag);
+}
+
+int WorkerNode::EvictIdle(uint64_t bytes, const std::vector<ExpertKey>& keep) {
+  std::vector<std::unique_ptr<LoadedExpert>> victims;
+  {
+    absl::MutexLock lock(&mu_);
+    // Candidates: ready entries, those this request does not need first, then oldest first.
+    std::vector<std::pair<std::pair<bool, uint64_t>, ExpertKey>> order;
+    for (const auto& [key, entry] : resident_) {
+      if (entry.loading) continue;
+      const bool kept = std::find(keep.begin(), keep.end(), key) != keep.end();
+      order.push_back({{kept, entry.sequence}, key});
+    }
+    std::sort(order.begin(), order.end());
+    const uint64_t limit = budget_bytes_ != 0 ? budget_bytes_ : device_->memory_info().capacity;
+    uint64_t in_use = device_->memory_info().in_use;
+    for (const auto& [rank, key] : order) {
+      if (limit != 0 && in_use <= limit && bytes <= limit - in_use) break;
+      auto it = resident_.find(key);
+      in_use -= std::min<uint64_t>(in_use, it->second.expert->buffer->size());
+      victims.push_back(std::move(it->second.expert));
+      resident_.erase(it);
+    }
+    counters_.evictions += victims.size();
+  }
+  return static_cast<int>(victims.size());  // the buffers are freed here, outside the lock
+}
+
+absl::StatusOr<std::unique_ptr<WorkerNode::LoadedExpert>> WorkerNode::LoadExpert(int64_t layer, int64_t e,
+                                                                                 Stream* stream, bool may_evict,
+                                                                                 const std::vector<ExpertKey>& keep) {
+  const Clock::time_point start = Clock::now();
+  const std::vector<TensorSpec> specs = ExpertTensors(config_, layer, e);
+  std::vector<TensorData> tensors;
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (const TensorSpec& spec : specs) {
+    ODMOE_ASSIGN_OR_RETURN(TensorData t, checkpoint_->Read(spec));
+    offsets.push_back(total);
+    total += AlignUp(t.info->nbytes);
+    tensors.push_back(t);
+  }
+  const std::string tag = StrCat("expert ", e, " of layer ", layer);
+  absl::StatusOr<std::unique_ptr<Buffer>> buffer = AllocateWithinBudget(total, tag);
+  if (!buffer.ok() && absl::IsResourceExhausted(buffer.status()) && may_evict && EvictIdle(total, keep) > 0) {
+    buffer = AllocateWithinBudget(total, tag);
+  }
+  if (!buffer.ok()) return buffer.status();
+  auto loaded = std::make_unique<LoadedExpert>();
+  loaded->buffer = std::move(buffer).value();
+  uint8_t* base = loaded->buffer->as<uint8_t>();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    device_->CopyToDevice(base + offsets[i], tensors[i].data, tensors[i].info->nbytes, stream);
+    loaded->tensor_bytes += tensors[i].info->nbytes;
+    const WeightRef ref{base + offsets[i], tensors[i].dtype};
+    switch (specs[i].role) {
+      case TensorRole::kExpertGate:
+        loaded->mlp.gate = ref;
+        break;
+      case TensorRole::kExpertUp:
+        loaded->mlp.up = ref;
+        break;
+      case TensorRole::kExpertDown:
+        loaded->mlp.down = ref;
+        break;
+      default:
+        return absl::InternalError(StrCat("unexpected tensor ", specs[i].name, " among an expert's"));
+    }
+  }
+  loaded->mlp.intermediate = config_.expert_intermediate_size;
+  // The mapped bytes stay valid; waiting here makes the expert usable from any stream and times the load.
+  device_->Synchronize(stream);
+  loaded->load_ms = MsSince(start);
+  return loaded;
+}
+
+std::unique_ptr<WorkerNode::LoadedExpert> WorkerNode::TakeResident(const ExpertKey& key, double* waited_ms) {
+  const Clock::time_point start = Clock::now();
+  absl::MutexLock lock(&mu_);
+  auto it = resident_.find(key);
+  while (it != resident_.end() && it->second.loading) {
+    resident_changed_.Wait(&mu_);
+    it = resident_.find(key);
+  }
+  *waited_ms = MsSince(start);
+  if (it == resident_.end()) return nullptr;
+  std::unique_ptr<LoadedExpert> expert = std::move(it->second.expert);
+  resident_.erase(it);
+  return expert;
+}
+
+int64_t WorkerNode::ResidentExperts() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(resident_.size());
+}
+
+// ---- requests --------------------------------------------------------------------------------------------------
+
+absl::Status WorkerNode::CheckLayer(int64_t layer) const {
+  if (layer < 0 || layer >= config_.num_layers) {
+    return absl::InvalidArgumentError(
+        StrCat("layer ", layer, " does not exist (the model has layers 0..", config_.num_layers - 1, ")"));
+  }
+  if (!config_.IsSparseLayer(layer)) {
+    return absl::InvalidArgumentError(
+        StrCat("layer ", layer, " is a dense MLP layer (it has no experts; main computes it)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerNode::Compute(const v1::ComputeExpertsRequest& request, v1::ComputeExpertsResponse* response) {
+  response->Clear();
+  ODMOE_RETURN_IF_ERROR(rpc::CheckHeader(request.header(), cluster_.epoch, fingerprint_));
+  ODMOE_RETURN_IF_ERROR(CheckLayer(request.layer()));
+  if (request.tasks_size() == 0) return absl::InvalidArgumentError("tasks: empty (no expert to compute)");
+  const int64_t h = config_.hidden_size;
+  const int64_t shape[] = {-1, h};
+  std::vector<int64_t> dims;
+  ODMOE_ASSIGN_OR_RETURN(std::vector<float> hidden, rpc::DecodeF32(request.hidden(), shape, "hidden", &dims));
+  const int64_t n = dims[0];
+  if (n > options_.max_rows_per_call) {
+    return absl::InvalidArgumentError(StrCat("hidden: ", n, " rows, more than this worker's limit of ",
+                                             options_.max_rows_per_call,
+                                             " rows per call; split the batch into several calls"));
+  }
+  std::vector<bool> seen(static_cast<size_t>(config_.num_experts), false);
+  int64_t total_rows = 0;
+  for (int i = 0; i < request.tasks_size(); ++i) {
+    const v1::ExpertTask& task = request.tasks(i);
+    const std::string where = StrCat("tasks[", i, "] (expert ", task.expert(), ")");
+    if (task.expert() < 0 || task.expert() >= config_.num_experts) {
+      return absl::InvalidArgumentError(
+          StrCat(where, ": no such expert (layer ", request.layer(), " has experts 0..", config_.num_experts - 1, ")"));
+    }
+    if (seen[static_cast<size_t>(task.expert())]) {
+      return absl::InvalidArgumentError(StrCat(where, ": the expert appears twice in one request"));
+    }
+    seen[static_cast<size_t>(task.expert())] = true;
+    if (task.rows_size() == 0) return absl::InvalidArgumentError(StrCat(where, ": rows: empty"));
+    for (int j = 0; j < task.rows_size(); ++j) {
+      const int32_t r = task.rows(j);
+      if (r < 0 || r >= n) {
+        return absl::InvalidArgumentError(
+            StrCat(where, ": rows[", j, "] = ", r, " is out of range [0, ", n, ") of hidden's rows"));
+      }
+      if (j > 0 && r <= task.rows(j - 1)) {
+        return absl::InvalidArgumentError(
+            StrCat(where, ": rows must be strictly ascending; rows[", j, "] = ", r, " follows ", task.rows(j - 1)));
+      }
+    }
+    total_rows += task.rows_size();
+  }
+  const int64_t output_bytes = total_rows * h * static_cast<int64_t>(sizeof(float));
+  if (output_bytes > rpc::kMaxMessageBytes - kResponseHeadroomBytes) {
+    return absl::InvalidArgumentError(StrCat("the outputs of this request would take ", output_bytes,
+                                             " bytes, more than one message carries; split the tasks over "
+                                             "several calls"));
+  }
+
+  absl::MutexLock lock(&compute_mu_);
+  absl::Status status = ComputeLocked(request, hidden, n, response);
+  if (!status.ok()) response->Clear();
+  return status;
+}
+
+absl::Status WorkerNode::ComputeLocked(const v1::ComputeExpertsRequest& request, const std::vector<float>& hidden,
+                                       int64_t n, v1::ComputeExpertsResponse* response) {
+  Stream* stream = compute_stream_.get();
+  const int64_t layer = request.layer();
+  const int64_t h = config_.hidden_size;
+  // One upload of the hidden state and one of every task's rows, back to back. Both host vectors live until
+  // the first CopyToHost below has synchronized the stream.
+  std::vector<int32_t> packed;
+  std::vector<ExpertKey> keys;
+  for (const v1::ExpertTask& task : request.tasks()) {
+    packed.insert(packed.end(), task.rows().begin(), task.rows().end());
+    keys.emplace_back(layer, task.expert());
+  }
+  device_->CopyToDevice(hidden_->data(), hidden.data(), hidden.size() * sizeof(float), stream);
+  device_->CopyToDevice(rows_->data(), packed.data(), packed.size() * sizeof(int32_t), stream);
+  const int32_t* dev_rows = rows_->as<int32_t>();
+
+  size_t offset = 0;
+  for (int i = 0; i < request.tasks_size(); ++i) {
+    const v1::ExpertTask& task = request.tasks(i);
+    const int64_t e = task.expert();
+    double load_ms = 0;
+    std::unique_ptr<LoadedExpert> expert = TakeResident(keys[static_cast<size_t>(i)], &load_ms);
+    const bool on_demand = expert == nullptr;
+    if (on_demand) {
+      const std::vector<ExpertKey> later(keys.begin() + i + 1, keys.end());
+      absl::StatusOr<std::unique_ptr<LoadedExpert>> loaded = LoadExpert(layer, e, stream, /*may_evict=*/true, later);
+      if (!loaded.ok()) {
+        device_->Synchronize(stream);  // the uploads above read `hidden` and `packed`, which die on return
+        return absl::Status(loaded.status().code(), StrCat("loading expert ", e, " of layer ", layer,
+                                                           " on demand: ", loaded.status().message()));
+      }
+      expert = std::move(loaded).value();
+      load_ms = expert->load_ms;
+      absl::MutexLock counters_lock(&mu_);
+      counters_.loads += 1;
+      counters_.loads_on_demand += 1;
+      counters_.bytes_loaded += expert->tensor_bytes;
+      counters_.load_ms_total += load_ms;
+      counters_.on_demand_load_ms_total += load_ms;
+    }
+
+    const Clock::time_point start = Clock::now();
+    const int64_t m = task.rows_size();
+    // Exactly LocalExpertExecutor's ops: gather the rows (an exact copy), then the SwiGLU MLP.
+    const float* x = hidden_->as<float>();
+    if (!(m == n && n == 1)) {
+      device_->GatherRows(hidden_->as<float>(), dev_rows + offset, m, h, gathered_->as<float>(), stream);
+      x = gathered_->as<float>();
+    }
+    RunMlp(*device_, expert->mlp, x, m, h, *ws_, output_->as<float>(), stream);
+    v1::ExpertOutput* out = response->add_outputs();
+    out->set_expert(task.expert());
+    v1::Tensor* tensor = out->mutable_output();
+    tensor->set_dtype(v1::DTYPE_F32);
+    tensor->add_shape(m);
+    tensor->add_shape(h);
+    std::string* data = tensor->mutable_data();
+    data->resize(static_cast<size_t>(m * h) * sizeof(float));
+    device_->CopyToHost(data->data(), output_->data(), data->size(), stream);  // synchronizes the stream
+    const double compute_ms = MsSince(start);
+    expert.reset();  // evict: no expert cache
+    out->set_loaded_on_demand(on_demand);
+    out->set_load_ms(load_ms);
+    out->set_compute_ms(compute_ms);
+    offset += static_cast<size_t>(m);
+
+    absl::MutexLock counters_lock(&mu_);
+    counters_.experts_computed += 1;
+    counters_.rows_computed += static_cast<uint64_t>(m);
+    counters_.compute_ms_total += compute_ms;
+    counters_.evictions += 1;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> WorkerNode::DoPrefetch(const v1::PrefetchRequest& request) {
+  ODMOE_RETURN_IF_ERROR(rpc::CheckHeader(request.header(), cluster_.epoch, fingerprint_));
+  ODMOE_RETURN_IF_ERROR(CheckLayer(request.layer()));
+  if (request.experts_size() == 0) return absl::InvalidArgumentError("experts: empty (nothing to prefetch)");
+  std::vector<bool> seen(static_cast<size_t>(config_.num_experts), false);
+  for (int i = 0; i < request.experts_size(); ++i) {
+    const int32_t e = request.experts(i);
+    if (e < 0 || e >= config_.num_experts) {
+      return absl::InvalidArgumentError(StrCat("experts[", i, "] = ", e, ": no such expert (layer ", request.layer(),
+                                               " has experts 0..", config_.num_experts - 1, ")"));
+    }
+    if (seen[static_cast<size_t>(e)]) {
+      return absl::InvalidArgumentError(StrCat("experts[", i, "] = ", e, ": listed twice"));
+    }
+    seen[static_cast<size_t>(e)] = true;
+  }
+
+  const int64_t layer = request.layer();
+  absl::MutexLock load_lock(&load_mu_);
+  std::vector<ExpertKey> started;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int32_t e : request.experts()) {
+      if (!resident_.contains({layer, e})) started.emplace_back(layer, e);
+    }
+    const uint64_t needed = started.size() * expert_bytes_;
+    const uint64_t in_use = device_->memory_info().in_use;
+    if (budget_bytes_ != 0 && (in_use > budget_bytes_ || needed > budget_bytes_ - in_use)) {
+      return BudgetError(StrCat("prefetching ", started.size(), " experts of layer ", layer), needed);
+    }
+    for (const ExpertKey& key : started) {
+      ResidentEntry& entry = resident_[key];
+      entry.loading = true;
+      entry.sequence = next_sequence_++;
+    }
+  }
+
+  for (size_t i = 0; i < started.size(); ++i) {
+    absl::StatusOr<std::unique_ptr<LoadedExpert>> loaded =
+        LoadExpert(layer, started[i].second, load_stream_.get(), /*may_evict=*/false, {});
+    absl::MutexLock lock(&mu_);
+    if (!loaded.ok()) {
+      // Drop this and the remaining placeholders; a waiting ComputeExperts then loads on demand.
+      for (size_t j = i; j < started.size(); ++j) resident_.erase(started[j]);
+      resident_changed_.SignalAll();
+      return absl::Status(loaded.status().code(), StrCat("prefetching expert ", started[i].second, " of layer ", layer,
+                                                         ": ", loaded.status().message()));
+    }
+    ResidentEntry& entry = resident_[started[i]];
+    entry.expert = std::move(loaded).value();
+    entry.loading = false;
+    counters_.loads += 1;
+    counters_.prefetches += 1;
+    counters_.bytes_loaded += entry.expert->tensor_bytes;
+    counters_.load_ms_total += entry.expert->load_ms;
+    resident_changed_.SignalAll();
+  }
+  return static_cast<int32_t>(started.size());
+}
+
+v1::WorkerStats WorkerNode::Stats(bool reset) {
+  v1::WorkerStats s;
+  s.set_node(self_.name);
+  {
+    absl::MutexLock lock(&mu_);
+    s.set_experts_computed(counters_.experts_computed);
+    s.set_rows_computed(counters_.rows_computed);
+    s.set_loads(counters_.loads);
+    s.set_loads_on_demand(counters_.loads_on_demand);
+    s.set_bytes_loaded(counters_.bytes_loaded);
+    s.set_load_ms_total(counters_.load_ms_total);
+    s.set_on_demand_load_ms_total(counters_.on_demand_load_ms_total);
+    s.set_compute_ms_total(counters_.compute_ms_total);
+    s.set_evictions(counters_.evictions);
+    s.set_prefetches(counters_.prefetches);
+    if (reset) counters_ = Counters{};
+  }
+  const MemoryInfo mi = device_->memory_info();
+  v1::DeviceMemory* mem = s.mutable_memory();
+  mem->set_device(device_->name());
+  mem->set_capacity_bytes(budget_bytes_);
+  mem->set_in_use_bytes(mi.in_use);
+  mem->set_peak_bytes(mi.peak);
+  if (reset) device_->ResetPeak();
+  for (int64_t l : decode_layers_) s.add_layers(static_cast<int32_t>(l));
+  return s;
+}
+
+v1::Membership WorkerNode::MembershipInfo() const {
+  v1::Membership m;
+  m.set_epoch(cluster_.epoch);
+  m.set_model_fingerprint(fingerprint_);
+  m.set_self(self_.name);
+  for (const NodeConfig& node : cluster_.nodes) {
+    v1::NodeInfo* info = m.add_nodes();
+    info->set_name(node.name);
+    info->set_role(std::string(NodeRoleName(node.role)));
+    info->set_address(node.address);
+    info->set_device(node.device);
+    info->set_gpu_budget_bytes(node.gpu_budget_bytes);
+  }
+  return m;
+}
+
+// ---- gRPC handlers ---------------------------------------------------------------------------------------------
+
+grpc::Status WorkerNode::ComputeExperts(grpc::ServerContext* /*context*/, const v1::ComputeExpertsRequest* request,
+                                        v1::ComputeExpertsResponse* response) {
+  const absl::Status status = Compute(*request, response);
+  if (!status.ok()) spdlog::warn("{}: ComputeExperts refused: {}", self_.name, status.ToString());
+  return rpc::ToGrpc(status);
+}
+
+grpc::Status WorkerNode::Prefetch(grpc::ServerContext* /*context*/, const v1::PrefetchRequest* request,
+                                  v1::PrefetchResponse* response) {
+  absl::StatusOr<int32_t> accepted = DoPrefetch(*request);
+  if (!accepted.ok()) {
+    spdlog::warn("{}: Prefetch refused: {}", self_.name, accepted.status().ToString());
+    return rpc::ToGrpc(accepted.status());
+  }
+  response->set_accepted(*accepted);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerNode::GetStats(grpc::ServerContext* /*context*/, const v1::StatsRequest* request,
+                                  v1::WorkerStats* response) {
+  *response = Stats(request->reset());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerNode::GetMembership(grpc::ServerContext* /*context*/, const v1::MembershipRequest* /*request*/,
+                                       v1::Membership* response) {
+  *response = MembershipInfo();
+  return grpc::Status::OK;
+}
+
+}  // namespace odmoe

@@ -1,0 +1,199 @@
+// The worker daemon's service: routed-expert computation of one sparse layer at a time, with no expert cache
+// (OD-MoE, ../shared/DESIGN.md). A worker memory-maps the checkpoint, and for each expert it is asked to compute
+// copies the expert's gate/up/down projections to its device (on demand, or ahead of time by Prefetch),
+// computes SwiGLU on the rows main sent, returns the unweighted outputs and frees the expert again.
+//
+// Exactness: every output is computed with the same device ops as LocalExpertExecutor (GatherRows of the
+// requested rows, skipped only when the request and the hidden state both have one row, then RunMlp), so main,
+// scattering the outputs with ScatterAddScaled in ascending expert order, gets bit for bit what the
+// single-process engine computes.
+//
+// Memory: the device holds, at most, the fixed workspace allocated at start, the experts prefetched and not yet
+// used, and the one expert being loaded on demand. The budget is the node's gpu_budget_bytes (the device's own
+// capacity when none is set); a worker refuses to start when the budget cannot hold the workspace plus one
+// expert. When an on-demand load does not fit, idle prefetched experts (predicted, not yet used) are evicted,
+// those not needed by the current request first.
+//
+// Checkpoint access: the worker reads (Checkpoint::Read) only routed-expert tensors, and only of the experts it
+// is asked to load; the model fingerprint reads metadata only.
+//
+// Threads: the gRPC server's handler threads call the RPC methods concurrently; the class starts no thread.
+// Expert computation is serialized by `compute_mu_` (one device budget, one workspace); Prefetch loads outside
+// it (serialized among themselves by `load_mu_`), so a prefetch never waits for a computation. Residency and
+// counters are guarded by `mu_`; a ComputeExperts that needs an expert a Prefetch is still loading waits for it
+// (`resident_changed_`). Lock order: `compute_mu_` or `load_mu_` first; `alloc_mu_` and `mu_` are leaves, never
+// held together.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "odmoe/v1/worker.grpc.pb.h"
+#include "src/backend/device.h"
+#include "src/common/cluster_config.h"
+#include "src/engine/model_weights.h"
+#include "src/engine/moe_units.h"
+#include "src/model/checkpoint.h"
+#include "src/model/model_config.h"
+
+namespace odmoe {
+
+// Most token rows (the first dimension of ComputeExpertsRequest.hidden) one ComputeExperts call may carry by
+// default; main splits larger batches into several calls. Equal to EngineOptions::max_tokens_per_forward's
+// default, so main's prefill chunks fit one call.
+inline constexpr int64_t kWorkerMaxRowsPerCall = 256;
+
+struct WorkerOptions {
+  int64_t max_rows_per_call = kWorkerMaxRowsPerCall;  // sizes the workspace allocated at start
+};
+
+class WorkerNode final : public v1::Worker::Service {
+ public:
+  // Opens `model_dir` (config + memory-mapped checkpoint, every expert tensor validated but none read),
+  // computes the model fingerprint, creates the device of `self` with its GPU budget and allocates the
+  // workspace. `self` must be a worker of `cluster`. Errors: those of the model loader; InvalidArgument for a
+  // bad device spec, a node that is not a worker, or a group size the worker count does not allow;
+  // ResourceExhausted (naming the budget) when the budget cannot hold the workspace and one expert.
+  static absl::StatusOr<std::unique_ptr<WorkerNode>> Create(const ClusterConfig& cluster, const NodeConfig& self,
+                                                            const std::string& model_dir,
+                                                            const WorkerOptions& options = {});
+  ~WorkerNode() override;
+
+  // ---- gRPC (odmoe.v1.Worker) -------------------------------------------------------------------------------
+  grpc::Status ComputeExperts(grpc::ServerContext* context, const v1::ComputeExpertsRequest* request,
+                              v1::ComputeExpertsResponse* response) override;
+  grpc::Status Prefetch(grpc::ServerContext* context, const v1::PrefetchRequest* request,
+                        v1::PrefetchResponse* response) override;
+  grpc::Status GetStats(grpc::ServerContext* context, const v1::StatsRequest* request,
+                        v1::WorkerStats* response) override;
+  grpc::Status GetMembership(grpc::ServerContext* context, const v1::MembershipRequest* request,
+                             v1::Membership* response) override;
+
+  // ---- the same operations as absl::Status (what the handlers call) -------------------------------------------
+  // Validates the whole request first (FailedPrecondition for a header of another epoch or model;
+  // InvalidArgument naming the field for anything else), then computes every task in order. On error the
+  // response is cleared and no expert stays loaded by this call.
+  absl::Status Compute(const v1::ComputeExpertsRequest& request, v1::ComputeExpertsResponse* response);
+  // Loads the listed experts that are neither resident nor loading, synchronously; returns how many loads it
+  // started. ResourceExhausted, naming the budget, when they do not fit next to what is resident.
+  absl::StatusOr<int32_t> DoPrefetch(const v1::PrefetchRequest& request);
+  // The counters since start (or the last reset) and the device memory; `reset` zeroes the counters and the
+  // device's peak after reading them.
+  v1::WorkerStats Stats(bool reset);
+  v1::Membership MembershipInfo() const;
+
+  // ---- for main.cc and tests --------------------------------------------------------------------------------
+  const NodeConfig& self() const { return self_; }
+  const ModelConfig& config() const { return config_; }
+  const std::string& fingerprint() const { return fingerprint_; }
+  uint64_t epoch() const { return cluster_.epoch; }
+  Device& device() { return *device_; }
+  // The mapped checkpoint; ReadNames() lists every tensor this worker has read.
+  const Checkpoint& checkpoint() const { return *checkpoint_; }
+  int64_t max_rows_per_call() const { return options_.max_rows_per_call; }
+  // Device bytes held for the whole life of the worker (MLP workspace, hidden state, gathered rows, outputs).
+  uint64_t workspace_bytes() const { return workspace_bytes_; }
+  // Device bytes one loaded expert occupies.
+  uint64_t expert_bytes() const { return expert_bytes_; }
+  // The memory budget the worker keeps to (0: unlimited).
+  uint64_t budget_bytes() const { return budget_bytes_; }
+  // Model layer indices of the sparse layers this worker's group serves in decode (Placement).
+  const std::vector<int64_t>& decode_layers() const { return decode_layers_; }
+  // How many experts are resident (prefetched, not yet used) or loading now.
+  int64_t ResidentExperts() const;
+
+ private:
+  using ExpertKey = std::pair<int64_t, int64_t>;  // (layer, expert)
+
+  // One expert's projections in device memory (one allocation: gate, up, down at aligned offsets).
+  struct LoadedExpert {
+    std::unique_ptr<Buffer> buffer;
+    MlpWeights mlp;
+    uint64_t tensor_bytes = 0;  // bytes copied host-to-device
+    double load_ms = 0;
+  };
+  struct ResidentEntry {
+    bool loading = true;  // a Prefetch is copying it; `expert` is set when done
+    std::unique_ptr<LoadedExpert> expert;
+    uint64_t sequence = 0;  // order of arrival, for eviction (oldest first)
+  };
+
+  struct Counters {
+    uint64_t experts_computed = 0;
+    uint64_t rows_computed = 0;
+    uint64_t loads = 0;
+    uint64_t loads_on_demand = 0;
+    uint64_t bytes_loaded = 0;
+    double load_ms_total = 0;
+    double on_demand_load_ms_total = 0;
+    double compute_ms_total = 0;
+    uint64_t evictions = 0;
+    uint64_t prefetches = 0;
+  };
+
+  WorkerNode(const ClusterConfig& cluster, const NodeConfig& self, const WorkerOptions& options)
+      : cluster_(cluster), self_(self), options_(options) {}
+
+  absl::Status Init(const std::string& model_dir);
+  // InvalidArgument unless `layer` is a sparse layer of the model.
+  absl::Status CheckLayer(int64_t layer) const;
+  // Copies expert (layer, e) from the mapped checkpoint to a new device allocation on `stream` and waits for
+  // the copies. On ResourceExhausted, evicts idle resident experts (those not in `keep` first) and retries.
+  // Prefetch passes `may_evict` false: a prediction never displaces another one.
+  absl::StatusOr<std::unique_ptr<LoadedExpert>> LoadExpert(int64_t layer, int64_t e, Stream* stream, bool may_evict,
+                                                           const std::vector<ExpertKey>& keep);
+  // Allocates `bytes` within the budget (atomically with the budget check).
+  absl::StatusOr<std::unique_ptr<Buffer>> AllocateWithinBudget(size_t bytes, std::string_view tag);
+  absl::Status BudgetError(std::string_view what, uint64_t bytes) const;
+  // Frees idle resident experts, oldest first, those not in `keep` before those in it, until `bytes` more fit
+  // in the budget (or none is left). Returns how many were evicted.
+  int EvictIdle(uint64_t bytes, const std::vector<ExpertKey>& keep);
+  // Takes expert (layer, e) out of the resident set, waiting for an in-flight prefetch of it; nullptr when it
+  // is neither resident nor loading. `waited_ms` gets the time spent waiting.
+  std::unique_ptr<LoadedExpert> TakeResident(const ExpertKey& key, double* waited_ms);
+  absl::Status ComputeLocked(const v1::ComputeExpertsRequest& request, const std::vector<float>& hidden, int64_t n,
+                             v1::ComputeExpertsResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(compute_mu_);
+
+  const ClusterConfig cluster_;
+  const NodeConfig self_;
+  const WorkerOptions options_;
+  ModelConfig config_;
+  std::unique_ptr<Checkpoint> checkpoint_;
+  std::string fingerprint_;
+  std::unique_ptr<Device> device_;
+  uint64_t budget_bytes_ = 0;
+  uint64_t expert_bytes_ = 0;
+  uint64_t workspace_bytes_ = 0;
+  std::vector<int64_t> decode_layers_;
+
+  // Serializes computation; owns the workspace and the compute stream.
+  absl::Mutex compute_mu_;
+  std::unique_ptr<Stream> compute_stream_ ABSL_GUARDED_BY(compute_mu_);
+  std::unique_ptr<MlpWorkspace> ws_ ABSL_GUARDED_BY(compute_mu_);
+  std::unique_ptr<Buffer> hidden_ ABSL_GUARDED_BY(compute_mu_);    // [max_rows, hidden]
+  std::unique_ptr<Buffer> gathered_ ABSL_GUARDED_BY(compute_mu_);  // [max_rows, hidden]
+  std::unique_ptr<Buffer> output_ ABSL_GUARDED_BY(compute_mu_);    // [max_rows, hidden]
+  std::unique_ptr<Buffer> rows_ ABSL_GUARDED_BY(compute_mu_);      // [max_rows * num_experts] int32
+
+  // Serializes Prefetch loads; owns their stream.
+  absl::Mutex load_mu_;
+  std::unique_ptr<Stream> load_stream_ ABSL_GUARDED_BY(load_mu_);
+
+  // Makes the budget check and the allocation one step.
+  absl::Mutex alloc_mu_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar resident_changed_;  // signalled when a loading entry becomes ready or is dropped
+  std::map<ExpertKey, ResidentEntry> resident_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  Counters counters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace odmoe

@@ -1,0 +1,806 @@
+// The worker daemon's service on a real gRPC server on loopback (in-process), on ../shared/models/mixtral-tiny:
+// outputs bit for bit equal to the single-process engine's expert computation, on-demand loading and
+// prefetching counted, experts evicted after use, the GPU budget kept, bad input to every RPC refused while
+// the worker keeps serving, and no non-expert tensor ever read. The last tests run the odmoe-worker program.
+#include "src/worker_node/worker_node.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
+#include "src/backend/cpu_device.h"
+#include "src/common/strings.h"
+#include "src/engine/engine.h"
+#include "src/model/fingerprint.h"
+#include "src/model/model_layout.h"
+#include "src/rpc/rpc_util.h"
+#include "tests/test_support.h"
+
+namespace odmoe {
+namespace {
+
+using ::odmoe::testing::HaveSharedModel;
+using ::odmoe::testing::SharedModel;
+
+constexpr char kModel[] = "mixtral-tiny";
+constexpr uint64_t kEpoch = 7;
+constexpr int64_t kDeadlineMs = 60000;
+
+// A cluster of one main and two workers (group size 1: w0 serves sparse layers 0, 2, ...; w1 serves 1, 3, ...).
+std::string ClusterToml(const std::string& model_dir, int w0_port = 2) {
+  return StrCat(R"([cluster]
+name = "worker-test"
+epoch = 7
+group_size = 1
+[model]
+path = ")",
+                model_dir, R"("
+[[node]]
+name = "main"
+role = "main"
+address = "127.0.0.1:1"
+[[node]]
+name = "w0"
+role = "worker"
+address = "127.0.0.1:)",
+                w0_port, R"("
+device = "mock-gpu"
+[[node]]
+name = "w1"
+role = "worker"
+address = "127.0.0.1:3"
+device = "mock-gpu"
+)");
+}
+
+ClusterConfig MakeCluster(const std::string& model_dir) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(ClusterToml(model_dir), "worker_test.toml", "/");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *c : ClusterConfig{};
+}
+
+struct Routing {
+  std::vector<int32_t> ids;    // [n, k]
+  std::vector<float> weights;  // [n, k]
+};
+
+// k distinct experts per token, best first in no particular sense (the executor only groups them).
+Routing RandomRouting(int64_t n, int64_t k, int64_t num_experts, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+  Routing r;
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<int32_t> all(static_cast<size_t>(num_experts));
+    for (int32_t e = 0; e < num_experts; ++e) all[static_cast<size_t>(e)] = e;
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int64_t j = 0; j < k; ++j) {
+      r.ids.push_back(all[static_cast<size_t>(j)]);
+      r.weights.push_back(weight(rng));
+    }
+  }
+  return r;
+}
+
+std::vector<float> RandomHidden(int64_t n, int64_t hidden, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> h(static_cast<size_t>(n * hidden));
+  for (float& v : h) v = dist(rng);
+  return h;
+}
+
+bool BitwiseEqual(const float* a, const float* b, size_t count) { return std::memcmp(a, b, count * 4) == 0; }
+
+class WorkerNodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveSharedModel(kModel)) GTEST_SKIP() << "needs ../shared: " << SharedModel(kModel) << " is missing";
+    model_dir_ = SharedModel(kModel);
+    cluster_ = MakeCluster(model_dir_);
+    ASSERT_EQ(cluster_.workers().size(), 2u);
+
+    // The reference: every weight on a CPU device, as the single-process engine holds them.
+    absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir_);
+    ASSERT_TRUE(config.ok()) << config.status();
+    config_ = *config;
+    auto checkpoint = Checkpoint::Open(model_dir_);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    ref_checkpoint_ = std::move(checkpoint).value();
+    auto weights = ModelWeights::Load(config_, *ref_checkpoint_, ref_device_, WeightSelection::All());
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    ref_weights_ = std::move(weights).value();
+    auto executor = LocalExpertExecutor::Create(ref_device_, *ref_weights_, kRefMaxTokens);
+    ASSERT_TRUE(executor.ok()) << executor.status();
+    ref_executor_ = std::move(executor).value();
+  }
+
+  void TearDown() override { StopWorker(); }
+
+  // Starts worker `name` of the cluster (with `budget_bytes` when non-zero) on a free loopback port.
+  // `threads` bounds the server's handler threads (rpc::ServerOptions). Not the daemons' default of 2: with 2,
+  // rpc::Server's thread quota refuses a few percent of even sequential calls ("Server Threadpool Exhausted",
+  // RESOURCE_EXHAUSTED), which is the server's business, not the worker's.
+  void StartWorker(const std::string& name = "w0", uint64_t budget_bytes = 0, WorkerOptions options = {},
+                   int threads = 8) {
+    StopWorker();
+    NodeConfig self = *cluster_.Find(name);
+    self.gpu_budget_bytes = budget_bytes;
+    auto node = WorkerNode::Create(cluster_, self, model_dir_, options);
+    ASSERT_TRUE(node.ok()) << node.status();
+    node_ = std::move(node).value();
+    auto server = rpc::Server::Start({"127.0.0.1:0", threads}, {node_.get()});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(server).value();
+    address_ = StrCat("127.0.0.1:", server_->port());
+    stub_ = v1::Worker::NewStub(rpc::MakeChannel(address_));
+  }
+
+  void StopWorker() {
+    stub_.reset();
+    if (server_ != nullptr) server_->Shutdown(0);
+    server_.reset();
+    node_.reset();
+  }
+
+  void FillGoodHeader(v1::RequestHeader* header) { rpc::FillHeader(header, kEpoch, node_->fingerprint(), "test"); }
+
+  // A request for the experts of `routing` grouped as every executor groups them.
+  v1::ComputeExpertsRequest MakeRequest(int64_t layer, const std::vector<float>& hidden, int64_t n,
+                                        const std::vector<ExpertBatch>& batches) {
+    v1::ComputeExpertsRequest req;
+    FillGoodHeader(req.mutable_header());
+    req.set_layer(static_cast<int32_t>(layer));
+    const int64_t shape[] = {n, config_.hidden_size};
+    rpc::EncodeF32(hidden, shape, req.mutable_hidden());
+    for (const ExpertBatch& b : batches) {
+      v1::ExpertTask* t = req.add_tasks();
+      t->set_expert(b.expert);
+      for (int32_t r : b.rows) t->add_rows(r);
+    }
+    return req;
+  }
+
+  grpc::Status Compute(const v1::ComputeExpertsRequest& req, v1::ComputeExpertsResponse* resp) {
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, kDeadlineMs);
+    return stub_->ComputeExperts(&ctx, req, resp);
+  }
+  grpc::Status Prefetch(int64_t layer, const std::vector<int32_t>& experts, v1::PrefetchResponse* resp,
+                        uint64_t epoch = kEpoch) {
+    v1::PrefetchRequest req;
+    FillGoodHeader(req.mutable_header());
+    req.mutable_header()->set_epoch(epoch);
+    req.set_layer(static_cast<int32_t>(layer));
+    for (int32_t e : experts) req.add_experts(e);
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, kDeadlineMs);
+    return stub_->Prefetch(&ctx, req, resp);
+  }
+  v1::WorkerStats Stats(bool reset = false) {
+    v1::StatsRequest req;
+    req.set_reset(reset);
+    v1::WorkerStats stats;
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, kDeadlineMs);
+    const grpc::Status s = stub_->GetStats(&ctx, req, &stats);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return stats;
+  }
+
+  // out[n, hidden] of the layer's routed experts as the single-process engine computes it.
+  std::vector<float> LocalMoe(int64_t layer, const std::vector<float>& hidden, int64_t n, const Routing& r) {
+    const size_t count = hidden.size();
+    std::vector<float> out(count, 0.0f);
+    const absl::Status s = ref_executor_->Run(layer, hidden.data(), n, r.ids, r.weights, out.data(), nullptr);
+    EXPECT_TRUE(s.ok()) << s;
+    return out;
+  }
+
+  // The same sum from a worker's unweighted outputs, as main forms it: ScatterAddScaled in ascending expert
+  // order.
+  std::vector<float> SumOutputs(const v1::ComputeExpertsResponse& resp, const std::vector<ExpertBatch>& batches,
+                                int64_t n) {
+    std::vector<float> out(static_cast<size_t>(n * config_.hidden_size), 0.0f);
+    EXPECT_EQ(resp.outputs_size(), static_cast<int>(batches.size()));
+    for (size_t i = 0; i < batches.size() && static_cast<int>(i) < resp.outputs_size(); ++i) {
+      const v1::ExpertOutput& o = resp.outputs(static_cast<int>(i));
+      EXPECT_EQ(o.expert(), batches[i].expert);
+      const int64_t m = static_cast<int64_t>(batches[i].rows.size());
+      const int64_t shape[] = {m, config_.hidden_size};
+      auto values = rpc::DecodeF32(o.output(), shape, "output");
+      EXPECT_TRUE(values.ok()) << values.status();
+      if (!values.ok()) continue;
+      ref_device_.ScatterAddScaled(values->data(), batches[i].rows.data(), batches[i].weights.data(), m,
+                                   config_.hidden_size, /*sigmoid_scale=*/false, out.data(), nullptr);
+    }
+    return out;
+  }
+
+  // One expert's output on the reference device: gathered rows through RunMlp.
+  std::vector<float> LocalExpert(int64_t layer, int32_t e, const std::vector<float>& hidden,
+                                 const std::vector<int32_t>& rows) {
+    const int64_t h = config_.hidden_size;
+    const int64_t m = static_cast<int64_t>(rows.size());
+    std::vector<float> x;
+    for (int32_t r : rows) x.insert(x.end(), hidden.begin() + r * h, hidden.begin() + (r + 1) * h);
+    auto ws = MlpWorkspace::Create(ref_device_, m, config_.expert_intermediate_size);
+    EXPECT_TRUE(ws.ok()) << ws.status();
+    std::vector<float> y(static_cast<size_t>(m * h));
+    RunMlp(ref_device_, *ref_weights_->expert(layer, e), x.data(), m, h, **ws, y.data(), nullptr);
+    return y;
+  }
+
+  // Every tensor the worker read is a routed expert's.
+  void ExpectOnlyExpertTensorsRead() {
+    for (const std::string& name : node_->checkpoint().ReadNames()) {
+      EXPECT_TRUE(IsExpertTensorName(name)) << "the worker read the non-expert tensor " << name;
+    }
+  }
+
+  static constexpr int64_t kRefMaxTokens = 64;
+  std::string model_dir_;
+  ClusterConfig cluster_;
+  ModelConfig config_;
+  CpuDevice ref_device_;
+  std::unique_ptr<Checkpoint> ref_checkpoint_;
+  std::unique_ptr<ModelWeights> ref_weights_;
+  std::unique_ptr<LocalExpertExecutor> ref_executor_;
+
+  std::unique_ptr<WorkerNode> node_;
+  std::unique_ptr<rpc::Server> server_;
+  std::string address_;
+  std::unique_ptr<v1::Worker::Stub> stub_;
+};
+
+TEST_F(WorkerNodeTest, OutputsEqualLocalExecutorBitwise) {
+  StartWorker();
+  const uint64_t workspace = node_->device().memory_info().in_use;
+  EXPECT_EQ(workspace, node_->workspace_bytes());
+  int64_t experts = 0, rows = 0;
+  std::set<std::string> expected_reads;
+  for (int64_t layer : config_.SparseLayers()) {
+    for (int64_t n : {1, 2, 5, 17}) {
+      SCOPED_TRACE(StrCat("layer ", layer, ", ", n, " tokens"));
+      const uint32_t seed = static_cast<uint32_t>(layer * 100 + n);
+      const std::vector<float> hidden = RandomHidden(n, config_.hidden_size, seed);
+      const Routing routing = RandomRouting(n, config_.top_k, config_.num_experts, seed);
+      const std::vector<ExpertBatch> batches = GroupByExpert(routing.ids, routing.weights, n, config_.top_k);
+
+      v1::ComputeExpertsResponse resp;
+      const grpc::Status s = Compute(MakeRequest(layer, hidden, n, batches), &resp);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      const std::vector<float> local = LocalMoe(layer, hidden, n, routing);
+      const std::vector<float> remote = SumOutputs(resp, batches, n);
+      EXPECT_TRUE(BitwiseEqual(local.data(), remote.data(), local.size()));
+
+      for (int i = 0; i < resp.outputs_size(); ++i) {
+        const ExpertBatch& b = batches[static_cast<size_t>(i)];
+        const std::vector<float> y = LocalExpert(layer, b.expert, hidden, b.rows);
+        ASSERT_EQ(resp.outputs(i).output().data().size(), y.size() * 4);
+        EXPECT_TRUE(
+            BitwiseEqual(y.data(), reinterpret_cast<const float*>(resp.outputs(i).output().data().data()), y.size()))
+            << "expert " << b.expert;
+        EXPECT_TRUE(resp.outputs(i).loaded_on_demand());
+        EXPECT_GE(resp.outputs(i).load_ms(), 0.0);
+        EXPECT_GE(resp.outputs(i).compute_ms(), 0.0);
+        rows += static_cast<int64_t>(b.rows.size());
+        for (const TensorSpec& t : ExpertTensors(config_, layer, b.expert)) expected_reads.insert(t.name);
+      }
+      experts += resp.outputs_size();
+      // Evicted after compute: only the workspace is left on the device.
+      EXPECT_EQ(node_->device().memory_info().in_use, workspace);
+    }
+  }
+  const v1::WorkerStats stats = Stats();
+  EXPECT_EQ(stats.node(), "w0");
+  EXPECT_EQ(stats.experts_computed(), static_cast<uint64_t>(experts));
+  EXPECT_EQ(stats.rows_computed(), static_cast<uint64_t>(rows));
+  EXPECT_EQ(stats.loads(), static_cast<uint64_t>(experts));
+  EXPECT_EQ(stats.loads_on_demand(), static_cast<uint64_t>(experts));
+  EXPECT_EQ(stats.evictions(), static_cast<uint64_t>(experts));
+  EXPECT_EQ(stats.prefetches(), 0u);
+  EXPECT_EQ(stats.bytes_loaded(), static_cast<uint64_t>(experts) * 3 * 128 * 192 * 2);  // bf16 projections
+  EXPECT_EQ(stats.memory().in_use_bytes(), workspace);
+  EXPECT_GE(stats.memory().peak_bytes(), workspace + node_->expert_bytes());
+  EXPECT_LE(stats.memory().peak_bytes(), workspace + node_->expert_bytes());  // one expert at a time
+
+  // The worker read exactly the tensors of the experts it computed: no non-expert tensor.
+  ExpectOnlyExpertTensorsRead();
+  const std::vector<std::string> read = node_->checkpoint().ReadNames();
+  EXPECT_EQ(std::set<std::string>(read.begin(), read.end()), expected_reads);
+}
+
+TEST_F(WorkerNodeTest, SplitAcrossCallsEqualsOneCall) {
+  // Main may send one call per expert (experts on different workers): the sum is the same bit for bit.
+  StartWorker();
+  const int64_t n = 9, layer = 1;
+  const std::vector<float> hidden = RandomHidden(n, config_.hidden_size, 5);
+  const Routing routing = RandomRouting(n, config_.top_k, config_.num_experts, 5);
+  const std::vector<ExpertBatch> batches = GroupByExpert(routing.ids, routing.weights, n, config_.top_k);
+  v1::ComputeExpertsResponse all;
+  for (const ExpertBatch& b : batches) {
+    v1::ComputeExpertsResponse one;
+    const grpc::Status s = Compute(MakeRequest(layer, hidden, n, {b}), &one);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(one.outputs_size(), 1);
+    *all.add_outputs() = one.outputs(0);
+  }
+  const std::vector<float> local = LocalMoe(layer, hidden, n, routing);
+  const std::vector<float> remote = SumOutputs(all, batches, n);
+  EXPECT_TRUE(BitwiseEqual(local.data(), remote.data(), local.size()));
+}
+
+TEST_F(WorkerNodeTest, PrefetchedExpertIsNotLoadedOnDemand) {
+  StartWorker();
+  const uint64_t workspace = node_->workspace_bytes();
+  const uint64_t expert = node_->expert_bytes();
+  v1::PrefetchResponse pre;
+  grpc::Status s = Prefetch(1, {2, 5}, &pre);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(pre.accepted(), 2);
+  s = Prefetch(1, {5, 2}, &pre);  // already resident: nothing started
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(pre.accepted(), 0);
+  EXPECT_EQ(node_->ResidentExperts(), 2);
+  EXPECT_EQ(node_->device().memory_info().in_use, workspace + 2 * expert);
+  v1::WorkerStats stats = Stats();
+  EXPECT_EQ(stats.loads(), 2u);
+  EXPECT_EQ(stats.prefetches(), 2u);
+  EXPECT_EQ(stats.loads_on_demand(), 0u);
+
+  const int64_t n = 4;
+  const std::vector<float> hidden = RandomHidden(n, config_.hidden_size, 11);
+  const std::vector<ExpertBatch> batches = {
+      {2, {0, 3}, {0.5f, 0.25f}}, {5, {1, 2, 3}, {0.5f, 0.5f, 0.75f}}, {7, {0, 1, 2}, {0.5f, 0.5f, 0.25f}}};
+  v1::ComputeExpertsResponse resp;
+  s = Compute(MakeRequest(1, hidden, n, batches), &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(resp.outputs_size(), 3);
+  EXPECT_FALSE(resp.outputs(0).loaded_on_demand());
+  EXPECT_FALSE(resp.outputs(1).loaded_on_demand());
+  EXPECT_TRUE(resp.outputs(2).loaded_on_demand());
+  for (int i = 0; i < 3; ++i) {
+    const ExpertBatch& b = batches[static_cast<size_t>(i)];
+    const std::vector<float> y = LocalExpert(1, b.expert, hidden, b.rows);
+    EXPECT_TRUE(
+        BitwiseEqual(y.data(), reinterpret_cast<const float*>(resp.outputs(i).output().data().data()), y.size()));
+  }
+  // Used prefetched experts are evicted too: nothing stays resident.
+  EXPECT_EQ(node_->ResidentExperts(), 0);
+  EXPECT_EQ(node_->device().memory_info().in_use, workspace);
+  stats = Stats(/*reset=*/true);
+  EXPECT_EQ(stats.loads(), 3u);
+  EXPECT_EQ(stats.loads_on_demand(), 1u);
+  EXPECT_EQ(stats.prefetches(), 2u);
+  EXPECT_EQ(stats.evictions(), 3u);
+  EXPECT_EQ(stats.experts_computed(), 3u);
+  EXPECT_EQ(stats.rows_computed(), 8u);
+  EXPECT_GT(stats.on_demand_load_ms_total(), 0.0);
+  EXPECT_GE(stats.load_ms_total(), stats.on_demand_load_ms_total());
+  // Reset zeroes the counters.
+  stats = Stats();
+  EXPECT_EQ(stats.loads(), 0u);
+  EXPECT_EQ(stats.experts_computed(), 0u);
+  EXPECT_EQ(stats.compute_ms_total(), 0.0);
+  EXPECT_EQ(stats.memory().peak_bytes(), workspace);
+  ExpectOnlyExpertTensorsRead();
+}
+
+TEST_F(WorkerNodeTest, BudgetIsKept) {
+  StartWorker();
+  const uint64_t workspace = node_->workspace_bytes();
+  const uint64_t expert = node_->expert_bytes();
+  // Room for the workspace and 8.5 experts.
+  StartWorker("w0", workspace + 8 * expert + expert / 2);
+  EXPECT_EQ(Stats().memory().capacity_bytes(), workspace + 8 * expert + expert / 2);
+  v1::PrefetchResponse pre;
+  grpc::Status s = Prefetch(0, {0, 1, 2, 3, 4, 5, 6, 7}, &pre);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(pre.accepted(), 8);
+  // Two more do not fit: refused, naming the budget.
+  s = Prefetch(1, {0, 1}, &pre);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("budget"), std::string::npos) << s.error_message();
+  EXPECT_EQ(node_->ResidentExperts(), 8);
+
+  // An on-demand load evicts the oldest idle prediction to make room, and computes correctly.
+  const int64_t n = 3;
+  const std::vector<float> hidden = RandomHidden(n, config_.hidden_size, 3);
+  const std::vector<ExpertBatch> batches = {{3, {0, 2}, {1.0f, 1.0f}}, {7, {1}, {1.0f}}};
+  v1::ComputeExpertsResponse resp;
+  s = Compute(MakeRequest(1, hidden, n, batches), &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(resp.outputs_size(), 2);
+  EXPECT_TRUE(resp.outputs(0).loaded_on_demand());
+  const std::vector<float> y = LocalExpert(1, 3, hidden, {0, 2});
+  EXPECT_TRUE(BitwiseEqual(y.data(), reinterpret_cast<const float*>(resp.outputs(0).output().data().data()), y.size()));
+  EXPECT_LE(node_->device().memory_info().peak, node_->budget_bytes());
+  EXPECT_EQ(node_->ResidentExperts(), 7);  // (layer 0, expert 0) was evicted
+  EXPECT_EQ(Stats().evictions(), 3u);      // one prediction, two used experts
+
+  // A resident expert of layer 0 is still used without a load.
+  const std::vector<ExpertBatch> layer0 = {{7, {1}, {1.0f}}};
+  s = Compute(MakeRequest(0, hidden, n, layer0), &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(resp.outputs(0).loaded_on_demand());
+  // The evicted one is loaded on demand again.
+  const std::vector<ExpertBatch> evicted = {{0, {1}, {1.0f}}};
+  s = Compute(MakeRequest(0, hidden, n, evicted), &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(resp.outputs(0).loaded_on_demand());
+}
+
+TEST_F(WorkerNodeTest, RefusesToStartWhenBudgetTooSmall) {
+  StartWorker();
+  const uint64_t too_small = node_->workspace_bytes() + node_->expert_bytes() - 1;
+  StopWorker();
+  NodeConfig self = *cluster_.Find("w0");
+  self.gpu_budget_bytes = too_small;
+  auto node = WorkerNode::Create(cluster_, self, model_dir_);
+  ASSERT_FALSE(node.ok());
+  EXPECT_EQ(node.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(node.status().message().find("budget"), std::string::npos) << node.status();
+
+  self.device = "tpu";
+  self.gpu_budget_bytes = 0;
+  node = WorkerNode::Create(cluster_, self, model_dir_);
+  EXPECT_EQ(node.status().code(), absl::StatusCode::kInvalidArgument) << node.status();
+  node = WorkerNode::Create(cluster_, *cluster_.main(), model_dir_);
+  EXPECT_EQ(node.status().code(), absl::StatusCode::kInvalidArgument) << node.status();
+}
+
+TEST_F(WorkerNodeTest, MembershipAndServedLayers) {
+  StartWorker("w1");
+  v1::Membership m;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(ctx, kDeadlineMs);
+  const grpc::Status s = stub_->GetMembership(&ctx, v1::MembershipRequest(), &m);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(m.epoch(), kEpoch);
+  auto fingerprint = ModelFingerprint(model_dir_, *ref_checkpoint_);
+  ASSERT_TRUE(fingerprint.ok()) << fingerprint.status();
+  EXPECT_EQ(m.model_fingerprint(), *fingerprint);
+  EXPECT_EQ(m.self(), "w1");
+  ASSERT_EQ(m.nodes_size(), 3);
+  EXPECT_EQ(m.nodes(0).name(), "main");
+  EXPECT_EQ(m.nodes(0).role(), "main");
+  EXPECT_EQ(m.nodes(2).name(), "w1");
+  EXPECT_EQ(m.nodes(2).role(), "worker");
+  EXPECT_EQ(m.nodes(2).device(), "mock-gpu");
+  // Two groups of one: w1 serves sparse layer 1 (of 0, 1, 2).
+  const v1::WorkerStats stats = Stats();
+  ASSERT_EQ(stats.layers_size(), 1);
+  EXPECT_EQ(stats.layers(0), 1);
+  EXPECT_EQ(stats.memory().device().find("mock"), 0u) << stats.memory().device();
+  StartWorker("w0");
+  const v1::WorkerStats w0 = Stats();
+  EXPECT_EQ(std::vector<int32_t>(w0.layers().begin(), w0.layers().end()), (std::vector<int32_t>{0, 2}));
+}
+
+TEST_F(WorkerNodeTest, BadInputIsRefusedAndTheWorkerKeepsServing) {
+  WorkerOptions options;
+  options.max_rows_per_call = 16;
+  StartWorker("w0", 0, options);
+  const uint64_t workspace = node_->workspace_bytes();
+  const int64_t n = 3, layer = 2, h = config_.hidden_size;
+  const std::vector<float> hidden = RandomHidden(n, h, 1);
+  const std::vector<ExpertBatch> batches = {{1, {0, 2}, {1.0f, 1.0f}}, {6, {1, 2}, {1.0f, 1.0f}}};
+  const v1::ComputeExpertsRequest good = MakeRequest(layer, hidden, n, batches);
+  v1::ComputeExpertsResponse expected;
+  ASSERT_TRUE(Compute(good, &expected).ok());
+  int good_calls = 1;
+
+  // After every refused call the worker still computes the good request, bit for bit as before.
+  auto expect_still_serving = [&](const std::string& what) {
+    v1::ComputeExpertsResponse resp;
+    const grpc::Status s = Compute(good, &resp);
+    ASSERT_TRUE(s.ok()) << "after " << what << ": " << s.error_message();
+    ASSERT_EQ(resp.outputs_size(), 2) << what;
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(resp.outputs(i).output().data(), expected.outputs(i).output().data()) << what;
+    }
+    ++good_calls;
+  };
+
+  struct Case {
+    std::string what;
+    std::function<void(v1::ComputeExpertsRequest&)> mutate;
+    grpc::StatusCode code = grpc::StatusCode::INVALID_ARGUMENT;
+  };
+  const std::vector<Case> cases = {
+      {"wrong epoch", [](auto& r) { r.mutable_header()->set_epoch(kEpoch + 1); },
+       grpc::StatusCode::FAILED_PRECONDITION},
+      {"no header", [](auto& r) { r.clear_header(); }, grpc::StatusCode::FAILED_PRECONDITION},
+      {"wrong fingerprint", [](auto& r) { r.mutable_header()->set_model_fingerprint("0123456789abcdef"); },
+       grpc::StatusCode::FAILED_PRECONDITION},
+      {"negative layer", [](auto& r) { r.set_layer(-1); }},
+      {"layer past the model", [](auto& r) { r.set_layer(3); }},
+      {"expert -1", [](auto& r) { r.mutable_tasks(0)->set_expert(-1); }},
+      {"expert 8 of 8", [](auto& r) { r.mutable_tasks(1)->set_expert(8); }},
+      {"duplicate expert", [](auto& r) { r.mutable_tasks(1)->set_expert(1); }},
+      {"no tasks", [](auto& r) { r.clear_tasks(); }},
+      {"empty rows", [](auto& r) { r.mutable_tasks(0)->clear_rows(); }},
+      {"row out of range", [](auto& r) { r.mutable_tasks(0)->set_rows(1, 3); }},
+      {"negative row", [](auto& r) { r.mutable_tasks(0)->set_rows(0, -1); }},
+      {"rows descending",
+       [](auto& r) {
+         r.mutable_tasks(1)->set_rows(0, 2);
+         r.mutable_tasks(1)->set_rows(1, 1);
+       }},
+      {"duplicate row", [](auto& r) { r.mutable_tasks(1)->set_rows(0, 2); }},
+      {"hidden dtype BF16", [](auto& r) { r.mutable_hidden()->set_dtype(v1::DTYPE_BF16); }},
+      {"hidden dtype unset", [](auto& r) { r.mutable_hidden()->set_dtype(v1::DTYPE_UNSPECIFIED); }},
+      {"hidden rank 1",
+       [](auto& r) {
+         r.mutable_hidden()->clear_shape();
+         r.mutable_hidden()->add_shape(3 * 128);
+       }},
+      {"hidden size 127", [](auto& r) { r.mutable_hidden()->set_shape(1, 127); }},
+      {"hidden bytes short", [](auto& r) { r.mutable_hidden()->mutable_data()->pop_back(); }},
+      {"hidden shape larger than data", [](auto& r) { r.mutable_hidden()->set_shape(0, 4); }},
+      {"hidden empty",
+       [](auto& r) {
+         r.mutable_hidden()->set_shape(0, 0);
+         r.mutable_hidden()->clear_data();
+       }},
+      {"hidden missing", [](auto& r) { r.clear_hidden(); }},
+      {"more rows than the worker takes",
+       [h](auto& r) {
+         const std::vector<float> big(static_cast<size_t>(17 * h), 0.5f);
+         const int64_t shape[] = {17, h};
+         rpc::EncodeF32(big, shape, r.mutable_hidden());
+       }},
+  };
+  for (const Case& c : cases) {
+    v1::ComputeExpertsRequest bad = good;
+    c.mutate(bad);
+    v1::ComputeExpertsResponse resp;
+    const grpc::Status s = Compute(bad, &resp);
+    EXPECT_EQ(s.error_code(), c.code) << c.what << ": " << s.error_message();
+    EXPECT_FALSE(s.error_message().empty()) << c.what;
+    expect_still_serving(c.what);
+  }
+  {
+    v1::ComputeExpertsRequest bad = good;
+    bad.mutable_hidden()->clear_shape();
+    bad.mutable_hidden()->add_shape(17);
+    bad.mutable_hidden()->add_shape(h);
+    v1::ComputeExpertsResponse resp;
+    const std::vector<float> big(static_cast<size_t>(17 * h), 0.5f);
+    bad.mutable_hidden()->set_data(big.data(), big.size() * 4);
+    const grpc::Status s = Compute(bad, &resp);
+    EXPECT_NE(s.error_message().find("split"), std::string::npos) << s.error_message();
+  }
+
+  // Prefetch: header, layer, experts.
+  const std::vector<std::pair<std::string, std::function<void(v1::PrefetchRequest&)>>> prefetch_cases = {
+      {"wrong epoch", [](auto& r) { r.mutable_header()->set_epoch(99); }},
+      {"wrong fingerprint", [](auto& r) { r.mutable_header()->set_model_fingerprint("x"); }},
+      {"bad layer", [](auto& r) { r.set_layer(17); }},
+      {"expert out of range", [](auto& r) { r.set_experts(0, 8); }},
+      {"negative expert", [](auto& r) { r.set_experts(0, -3); }},
+      {"duplicate expert", [](auto& r) { r.add_experts(r.experts(0)); }},
+      {"no experts", [](auto& r) { r.clear_experts(); }},
+  };
+  for (const auto& [what, mutate] : prefetch_cases) {
+    v1::PrefetchRequest req;
+    FillGoodHeader(req.mutable_header());
+    req.set_layer(0);
+    req.add_experts(4);
+    mutate(req);
+    v1::PrefetchResponse resp;
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, kDeadlineMs);
+    const grpc::Status s = stub_->Prefetch(&ctx, req, &resp);
+    EXPECT_FALSE(s.ok()) << "prefetch " << what;
+    const bool header = what.starts_with("wrong");
+    EXPECT_EQ(s.error_code(), header ? grpc::StatusCode::FAILED_PRECONDITION : grpc::StatusCode::INVALID_ARGUMENT)
+        << what << ": " << s.error_message();
+    expect_still_serving("prefetch " + what);
+  }
+  EXPECT_EQ(node_->ResidentExperts(), 0);
+
+  // Oversized: a 66 MB message. Our own channel refuses to send it; a channel without limits gets it refused
+  // by the server.
+  {
+    const int64_t rows = (int64_t{66} << 20) / (h * 4);
+    const std::vector<float> big(static_cast<size_t>(rows * h), 0.25f);
+    const int64_t shape[] = {rows, h};
+    v1::ComputeExpertsRequest bad = good;
+    rpc::EncodeF32(big, shape, bad.mutable_hidden());
+    v1::ComputeExpertsResponse resp;
+    grpc::Status s = Compute(bad, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(-1);
+    args.SetMaxReceiveMessageSize(-1);
+    auto unlimited = v1::Worker::NewStub(grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, kDeadlineMs);
+    s = unlimited->ComputeExperts(&ctx, bad, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    expect_still_serving("an oversized message");
+  }
+
+  // Bytes that are no ComputeExpertsRequest at all, to every method.
+  for (const std::string method : {"ComputeExperts", "Prefetch", "GetStats", "GetMembership"}) {
+    grpc::GenericStub generic(rpc::MakeChannel(address_));
+    grpc::CompletionQueue cq;
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, kDeadlineMs);
+    const std::string garbage = "\xff\xff\xff\xff\x0f not a protobuf";
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer request(&slice, 1), response;
+    auto call = generic.PrepareUnaryCall(&ctx, "/odmoe.v1.Worker/" + method, request, &cq);
+    call->StartCall();
+    grpc::Status s;
+    call->Finish(&response, &s, reinterpret_cast<void*>(1));
+    void* tag = nullptr;
+    bool ok = false;
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_FALSE(s.ok()) << method;
+    expect_still_serving("garbage bytes to " + method);
+  }
+
+  const v1::WorkerStats stats = Stats();
+  EXPECT_EQ(stats.experts_computed(), static_cast<uint64_t>(2 * good_calls));
+  EXPECT_EQ(stats.loads_on_demand(), static_cast<uint64_t>(2 * good_calls));
+  EXPECT_EQ(stats.memory().in_use_bytes(), workspace);
+  ExpectOnlyExpertTensorsRead();
+}
+
+TEST_F(WorkerNodeTest, ConcurrentCallsStayExact) {
+  // Four clients at once (StartWorker gives the server enough handler threads that gRPC admits them all).
+  StartWorker();
+  const int64_t n = 6, layer = 0;
+  const std::vector<float> hidden = RandomHidden(n, config_.hidden_size, 21);
+  const Routing routing = RandomRouting(n, config_.top_k, config_.num_experts, 21);
+  const std::vector<ExpertBatch> batches = GroupByExpert(routing.ids, routing.weights, n, config_.top_k);
+  const v1::ComputeExpertsRequest req = MakeRequest(layer, hidden, n, batches);
+  const std::vector<float> local = LocalMoe(layer, hidden, n, routing);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      auto stub = v1::Worker::NewStub(rpc::MakeChannel(address_));
+      for (int i = 0; i < 8; ++i) {
+        if ((i + t) % 2 == 0) {
+          v1::PrefetchRequest pre;
+          FillGoodHeader(pre.mutable_header());
+          pre.set_layer(static_cast<int32_t>(layer));
+          for (const ExpertBatch& b : batches) pre.add_experts(b.expert);
+          v1::PrefetchResponse pre_resp;
+          grpc::ClientContext ctx;
+          rpc::SetDeadline(ctx, kDeadlineMs);
+          if (!stub->Prefetch(&ctx, pre, &pre_resp).ok()) ++failures;
+        }
+        v1::ComputeExpertsResponse resp;
+        grpc::ClientContext ctx;
+        rpc::SetDeadline(ctx, kDeadlineMs);
+        const grpc::Status s = stub->ComputeExperts(&ctx, req, &resp);
+        if (!s.ok()) {
+          ADD_FAILURE() << s.error_code() << " " << s.error_message();
+          ++failures;
+          continue;
+        }
+        const std::vector<float> remote = SumOutputs(resp, batches, n);
+        if (!BitwiseEqual(local.data(), remote.data(), local.size())) ++failures;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(node_->device().memory_info().in_use,
+            node_->workspace_bytes() + static_cast<uint64_t>(node_->ResidentExperts()) * node_->expert_bytes());
+  const v1::WorkerStats stats = Stats();
+  EXPECT_EQ(stats.experts_computed(), 32 * batches.size());
+  EXPECT_EQ(stats.loads(), stats.evictions() + static_cast<uint64_t>(node_->ResidentExperts()));
+}
+
+// ---- the odmoe-worker program ----------------------------------------------------------------------------------
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return 0;
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+class WorkerDaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveSharedModel(kModel)) GTEST_SKIP() << "needs ../shared: " << SharedModel(kModel) << " is missing";
+    program_ = odmoe::testing::ProgramPath("odmoe-worker");
+    if (access(program_.c_str(), X_OK) != 0) GTEST_SKIP() << "needs the program " << program_ << " (not built)";
+  }
+  std::string program_;
+  odmoe::testing::TempDir dir_;
+};
+
+TEST_F(WorkerDaemonTest, BadFlagsExitWithUsage) {
+  const std::string config = dir_.File("cluster.toml");
+  odmoe::testing::WriteFile(config, ClusterToml(SharedModel(kModel)));
+  auto r = odmoe::testing::RunProgram({program_, "--config", config, "--node", "main"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("odmoe-worker: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("role"), std::string::npos) << r.err;
+  r = odmoe::testing::RunProgram({program_, "--config", config});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  r = odmoe::testing::RunProgram({program_, "--config", dir_.File("missing.toml"), "--node", "w0"});
+  EXPECT_NE(r.exit_code, 0) << r.err;
+}
+
+TEST_F(WorkerDaemonTest, ServesUntilSigterm) {
+  const int port = FreePort();
+  ASSERT_GT(port, 0);
+  const std::string config = dir_.File("cluster.toml");
+  odmoe::testing::WriteFile(config, ClusterToml(SharedModel(kModel), port));
+  const std::string log = dir_.File("worker.log");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    dup2(fd, 1);
+    execl(program_.c_str(), program_.c_str(), "--config", config.c_str(), "--node", "w0", nullptr);
+    _exit(127);
+  }
+  const std::string address = StrCat("127.0.0.1:", port);
+  auto channel = rpc::MakeChannel(address);
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  bool serving = false;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!serving && std::chrono::steady_clock::now() < give_up) {
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, 1000);
+    ctx.set_wait_for_ready(true);  // wait for the connection within the deadline instead of failing at once
+    grpc::health::v1::HealthCheckResponse resp;
+    const grpc::Status s = health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp);
+    serving = s.ok() && resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+    if (!serving) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(serving) << odmoe::testing::ReadFile(log);
+  if (serving) {
+    auto stub = v1::Worker::NewStub(channel);
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, kDeadlineMs);
+    v1::Membership m;
+    const grpc::Status s = stub->GetMembership(&ctx, v1::MembershipRequest(), &m);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(m.self(), "w0");
+    EXPECT_EQ(m.epoch(), kEpoch);
+  }
+  kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status)) << "status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << odmoe::testing::ReadFile(log);
+  EXPECT_NE(odmoe::testing::ReadFile(log).find("serving"), std::string::npos) << odmoe::testing::ReadFile(log);
+}
+
+}  // namespace
+}  // namespace odmoe
