@@ -12,7 +12,11 @@ namespace odmoe::cli {
 // config needs), then prints a summary.
 int RunInspect(const std::vector<std::string>& args);
 
-// odmoe generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N [...]
+// odmoe generate (--model DIR | --endpoint HOST:PORT) (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N
+// [...]: in this process, or through a cluster's main node.
 int RunGenerate(const std::vector<std::string>& args);
+
+// odmoe cluster up|down|status --config FILE ...: runs a cluster file's daemons on this machine.
+int RunCluster(const std::vector<std::string>& args);
 
 }  // namespace odmoe::cli

@@ -1,4 +1,4 @@
-// odmoe generate: one request on a model in this process.
+// odmoe generate: one request on a model in this process, or (--endpoint) through a cluster's main node.
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -7,7 +7,8 @@
 
 #include "src/backend/device_factory.h"
 #include "src/cli/commands.h"
-#include "src/cli/flags.h"
+#include "src/cluster/client.h"
+#include "src/common/flags.h"
 #include "src/common/json.h"
 #include "src/common/mapped_file.h"
 #include "src/common/status.h"
@@ -22,12 +23,20 @@ constexpr char kUsage[] =
     "usage: odmoe generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
     "           [--temperature T --top-k K --top-p P --seed S] [--ignore-eos] [--backend cpu|mock-gpu|cuda]\n"
     "           [--dump-logits] [--dump-routing] [--json]\n"
+    "       odmoe generate --endpoint HOST:PORT (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
+    "           [the same sampling and output flags] [--timeout-ms MS]\n"
     "  Greedy unless --temperature > 0. Without --json the text is printed as it is generated; with --json one\n"
     "  JSON object: prompt_ids, tokens, text, stop_reason, last_logits (--dump-logits), routing (--dump-routing),\n"
-    "  timings {ttft_ms, decode_tokens_per_s}. Models without tokenizer.model (Qwen, OLMoE) need --prompt-ids.\n";
+    "  timings {ttft_ms, decode_tokens_per_s}. Models without tokenizer.model (Qwen, OLMoE) need --prompt-ids.\n"
+    "  --endpoint sends the request to a cluster's main node (which has the model: no --model, no --backend);\n"
+    "  the JSON then also has `stats`: per worker the experts computed and on-demand loads, bytes loaded\n"
+    "  host-to-device, on-demand loads and their total ms, ttft, decode tokens/s, and the expert tensors main\n"
+    "  opened (0). --timeout-ms bounds the whole request (default 600000).\n";
 
 struct Request {
   std::string model_dir;
+  std::string endpoint;  // --endpoint: run on a cluster
+  int64_t timeout_ms = 600000;
   std::string backend = "cpu";
   std::vector<int32_t> prompt_ids;
   bool have_text_prompt = false;
@@ -40,10 +49,27 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(
       Flags f, Flags::Parse(args,
                             {"model", "prompt", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p",
-                             "seed", "backend"},
+                             "seed", "backend", "endpoint", "timeout-ms"},
                             {"ignore-eos", "dump-logits", "dump-routing", "json"}));
   Request r;
-  ODMOE_ASSIGN_OR_RETURN(r.model_dir, f.Required("model"));
+  if (f.Has("endpoint")) {
+    r.endpoint = *f.Get("endpoint");
+    if (r.endpoint.empty()) return absl::InvalidArgumentError("--endpoint: expected HOST:PORT of a main node");
+    if (f.Has("model")) {
+      return absl::InvalidArgumentError("--model cannot be combined with --endpoint: the main node has the model");
+    }
+    if (f.Has("backend")) {
+      return absl::InvalidArgumentError(
+          "--backend cannot be combined with --endpoint: the cluster file sets each node's device");
+    }
+    ODMOE_ASSIGN_OR_RETURN(r.timeout_ms, f.Int("timeout-ms", r.timeout_ms));
+    if (r.timeout_ms < 1) {
+      return absl::InvalidArgumentError(StrCat("--timeout-ms must be positive, got ", r.timeout_ms));
+    }
+  } else {
+    if (f.Has("timeout-ms")) return absl::InvalidArgumentError("--timeout-ms needs --endpoint");
+    ODMOE_ASSIGN_OR_RETURN(r.model_dir, f.Required("model"));
+  }
   if (f.Has("prompt") == f.Has("prompt-ids")) {
     return absl::InvalidArgumentError("give exactly one of --prompt TEXT and --prompt-ids 1,2,3");
   }
@@ -75,8 +101,88 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   return r;
 }
 
+void PrintJson(const Json& out) {
+  const std::string text = DumpJson(out);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
+}
+
+// The request through a cluster's main node: same output as a local run, plus `stats`.
+absl::Status RunRemote(const Request& r) {
+  v1::GenerateRequest req;
+  if (r.have_text_prompt) {
+    req.set_prompt(r.prompt_text);
+  } else {
+    req.mutable_prompt_ids()->Add(r.prompt_ids.begin(), r.prompt_ids.end());
+  }
+  req.set_max_new_tokens(r.options.max_new_tokens);
+  req.mutable_sampling()->set_temperature(r.options.sampling.temperature);
+  req.mutable_sampling()->set_top_k(r.options.sampling.top_k);
+  req.mutable_sampling()->set_top_p(r.options.sampling.top_p);
+  req.mutable_sampling()->set_seed(r.options.sampling.seed);
+  req.set_ignore_eos(r.options.ignore_eos);
+  req.set_dump_logits(r.options.keep_last_logits);
+  req.set_dump_routing(r.options.record_routing);
+
+  std::function<void(const v1::GenerateResponse&)> on_chunk;
+  bool first_id = true;
+  if (!r.json) {
+    on_chunk = [&](const v1::GenerateResponse& chunk) {
+      if (chunk.has_text()) {
+        std::fwrite(chunk.text().data(), 1, chunk.text().size(), stdout);
+      } else {
+        for (int32_t id : chunk.tokens()) {
+          std::printf(first_id ? "%d" : " %d", id);
+          first_id = false;
+        }
+      }
+      std::fflush(stdout);
+    };
+  }
+  ODMOE_ASSIGN_OR_RETURN(RemoteResult result, GenerateRemote(r.endpoint, req, r.timeout_ms, on_chunk));
+  if (!r.json) {
+    std::fputc('\n', stdout);
+    return absl::OkStatus();
+  }
+  Json out = Json::object();
+  out["prompt_ids"] = result.prompt_ids;
+  out["tokens"] = result.tokens;
+  if (result.has_text) out["text"] = result.text;
+  out["stop_reason"] = result.stop_reason;
+  if (r.options.keep_last_logits) out["last_logits"] = result.last_logits;
+  if (r.options.record_routing) out["routing"] = result.routing;
+  const v1::RequestStats& st = result.stats;
+  out["timings"] = {{"ttft_ms", st.ttft_ms()}, {"decode_tokens_per_s", st.decode_tokens_per_s()},
+                    {"total_ms", st.total_ms()}};
+  Json workers = Json::array();
+  for (const v1::WorkerRequestStats& w : st.workers()) {
+    workers.push_back({{"node", w.node()},
+                       {"experts_computed", w.experts_computed()},
+                       {"rows_computed", w.rows_computed()},
+                       {"calls", w.calls()},
+                       {"bytes_loaded", w.bytes_loaded()},
+                       {"loads_on_demand", w.loads_on_demand()},
+                       {"on_demand_load_ms", w.on_demand_load_ms()},
+                       {"compute_ms", w.compute_ms()},
+                       {"busy_retries", w.busy_retries()}});
+  }
+  out["stats"] = {{"ttft_ms", st.ttft_ms()},
+                  {"decode_tokens_per_s", st.decode_tokens_per_s()},
+                  {"total_ms", st.total_ms()},
+                  {"workers", workers},
+                  {"bytes_loaded", st.bytes_loaded()},
+                  {"loads_on_demand", st.loads_on_demand()},
+                  {"on_demand_load_ms", st.on_demand_load_ms()},
+                  {"expert_tensors_opened", st.expert_tensors_opened()},
+                  {"positions", st.positions()}};
+  out["endpoint"] = r.endpoint;
+  PrintJson(out);
+  return absl::OkStatus();
+}
+
 absl::Status Run(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(Request r, ParseRequest(args));
+  if (!r.endpoint.empty()) return RunRemote(r);
 
   std::unique_ptr<Tokenizer> tokenizer;
   auto tok = Tokenizer::Load(r.model_dir);
@@ -138,9 +244,7 @@ absl::Status Run(const std::vector<std::string>& args) {
   out["timings"] = {{"ttft_ms", result.ttft_ms}, {"decode_tokens_per_s", result.decode_tokens_per_s},
                     {"total_ms", result.total_ms}};
   out["backend"] = r.backend;
-  const std::string text = DumpJson(out);
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fputc('\n', stdout);
+  PrintJson(out);
   return absl::OkStatus();
 }
 

@@ -1,0 +1,322 @@
+// odmoe cluster up|down|status: runs the daemons of a cluster file on this machine, in the background.
+//
+// `up` starts every node of the file as its own process (odmoe-main / odmoe-shadow / odmoe-worker from the
+// directory of this program), each in its own session with its output in RUN_DIR/NODE.log and its pid in
+// RUN_DIR/NODE.pid, waits until every node reports SERVING over grpc.health.v1, and prints
+// "grpc: HOST:PORT", the client API's address, on a line of its own (scripts parse it). If a node fails to
+// start, the others are stopped again and the failing node's log is shown.
+// `down` stops them (SIGTERM, then SIGKILL after a grace period); `status` asks each node for its health and
+// memory.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "odmoe/v1/shadow.grpc.pb.h"
+#include "odmoe/v1/worker.grpc.pb.h"
+#include "src/cli/commands.h"
+#include "src/common/cluster_config.h"
+#include "src/common/flags.h"
+#include "src/common/json.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+#include "src/rpc/rpc_util.h"
+
+namespace odmoe::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kUsage[] =
+    "usage: odmoe cluster up --config FILE [--model DIR] [--run-dir DIR]\n"
+    "       odmoe cluster down --config FILE [--run-dir DIR]\n"
+    "       odmoe cluster status --config FILE [--run-dir DIR] [--json]\n";
+
+uint64_t Fnv(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// Where the pid and log files of a cluster live: --run-dir, else a folder under the temp dir named after the
+// cluster and the cluster file's absolute path (two checkouts with the same file name do not collide).
+std::string RunDir(const Flags& f, const ClusterConfig& c, const std::string& config_path) {
+  if (auto d = f.Get("run-dir")) return *d;
+  std::error_code ec;
+  const std::string abs = fs::weakly_canonical(config_path, ec).string();
+  char suffix[17];
+  std::snprintf(suffix, sizeof(suffix), "%08llx", static_cast<unsigned long long>(Fnv(abs) & 0xffffffffull));
+  const char* tmp = std::getenv("TMPDIR");
+  return StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/odmoe-run-", getuid(), "/", c.name, "-", suffix);
+}
+
+std::string ProgramDir() {
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : self.parent_path().string();
+}
+
+std::string ProgramFor(NodeRole role) {
+  switch (role) {
+    case NodeRole::kMain: return "odmoe-main";
+    case NodeRole::kShadow: return "odmoe-shadow";
+    case NodeRole::kWorker: return "odmoe-worker";
+  }
+  return "";
+}
+
+std::string PidFile(const std::string& run_dir, const NodeConfig& n) { return run_dir + "/" + n.name + ".pid"; }
+std::string LogFile(const std::string& run_dir, const NodeConfig& n) { return run_dir + "/" + n.name + ".log"; }
+
+// The pid recorded for `node`, if that process still runs as that node (a recycled pid is not ours).
+std::optional<pid_t> LivePid(const std::string& run_dir, const NodeConfig& node) {
+  std::ifstream in(PidFile(run_dir, node));
+  long pid = 0;
+  if (!(in >> pid) || pid <= 0) return std::nullopt;
+  std::ifstream cmd(StrCat("/proc/", pid, "/cmdline"), std::ios::binary);
+  std::stringstream ss;
+  ss << cmd.rdbuf();
+  const std::string cmdline = ss.str();
+  const std::string marker = StrCat("--node", std::string(1, '\0'), node.name, std::string(1, '\0'));
+  if (cmdline.find(marker) == std::string::npos) return std::nullopt;
+  return static_cast<pid_t>(pid);
+}
+
+std::string Tail(const std::string& path, size_t max_lines) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  std::string line;
+  while (std::getline(in, line)) {
+    lines.push_back(line);
+    if (lines.size() > max_lines) lines.erase(lines.begin());
+  }
+  std::string out;
+  for (const auto& l : lines) out += "    " + l + "\n";
+  return out;
+}
+
+absl::StatusOr<pid_t> Spawn(const std::string& program, const std::vector<std::string>& args,
+                            const std::string& log_path) {
+  const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log < 0) return absl::UnavailableError(StrCat("cannot write ", log_path, ": ", std::strerror(errno)));
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(log);
+    return absl::UnavailableError(StrCat("fork failed: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    setsid();
+    const int devnull = open("/dev/null", O_RDONLY);
+    dup2(devnull, 0);
+    dup2(log, 1);
+    dup2(log, 2);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(program.c_str()));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(program.c_str(), argv.data());
+    std::fprintf(stderr, "cannot run %s: %s\n", program.c_str(), std::strerror(errno));
+    _exit(127);
+  }
+  close(log);
+  return pid;
+}
+
+// Stops `pid`: SIGTERM, then SIGKILL when it has not exited after `grace`. Reaps it when it is our child.
+void Stop(pid_t pid, std::chrono::milliseconds grace) {
+  kill(pid, SIGTERM);
+  const auto deadline = Clock::now() + grace;
+  while (Clock::now() < deadline) {
+    waitpid(pid, nullptr, WNOHANG);
+    if (kill(pid, 0) != 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+absl::Status Up(const Flags& f, const ClusterConfig& c, const std::string& config_path) {
+  const std::string run_dir = RunDir(f, c, config_path);
+  for (const NodeConfig& n : c.nodes) {
+    if (auto pid = LivePid(run_dir, n)) {
+      return absl::AlreadyExistsError(StrCat("node '", n.name, "' of cluster '", c.name, "' is already running (pid ",
+                                             *pid, "); run `odmoe cluster down --config ", config_path, "` first"));
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec) return absl::UnavailableError(StrCat("cannot create ", run_dir, ": ", ec.message()));
+  const std::string bin = ProgramDir();
+  std::string model = f.Get("model").value_or("");
+  if (!model.empty()) model = fs::absolute(model, ec).string();
+  const std::string abs_config = fs::absolute(config_path, ec).string();
+
+  std::map<std::string, pid_t> started;
+  auto stop_all = [&] {
+    for (const auto& [name, pid] : started) {
+      Stop(pid, std::chrono::milliseconds(3000));
+      fs::remove(run_dir + "/" + name + ".pid", ec);
+    }
+  };
+  for (const NodeConfig& n : c.nodes) {
+    const std::string program = bin + "/" + ProgramFor(n.role);
+    std::vector<std::string> args = {"--config", abs_config, "--node", n.name};
+    if (!model.empty()) {
+      args.push_back("--model");
+      args.push_back(model);
+    }
+    auto pid = Spawn(program, args, LogFile(run_dir, n));
+    if (!pid.ok()) {
+      stop_all();
+      return pid.status();
+    }
+    started[n.name] = *pid;
+    std::ofstream(PidFile(run_dir, n)) << *pid << "\n";
+  }
+
+  // Wait until every node serves. A node that exits stops the whole start-up.
+  const auto deadline = Clock::now() + std::chrono::milliseconds(c.startup_timeout_ms);
+  std::map<std::string, bool> serving;
+  while (true) {
+    for (const NodeConfig& n : c.nodes) {
+      if (serving[n.name]) continue;
+      int status = 0;
+      if (waitpid(started[n.name], &status, WNOHANG) == started[n.name]) {
+        started.erase(n.name);
+        stop_all();
+        return absl::UnavailableError(StrCat(
+            "node '", n.name, "' exited during start-up (", WIFEXITED(status) ? "exit code " : "signal ",
+            WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), "); its log ", LogFile(run_dir, n), ":\n",
+            Tail(LogFile(run_dir, n), 10)));
+      }
+      auto ok = rpc::CheckServing(n.address, 500);
+      if (ok.ok() && *ok) serving[n.name] = true;
+    }
+    size_t up = 0;
+    for (const auto& [name, s] : serving) up += s;
+    if (up == c.nodes.size()) break;
+    if (Clock::now() > deadline) {
+      std::string waiting;
+      for (const NodeConfig& n : c.nodes) {
+        if (!serving[n.name]) waiting += StrCat(waiting.empty() ? "" : ", ", n.name);
+      }
+      stop_all();
+      return absl::DeadlineExceededError(StrCat("nodes not serving after ", c.startup_timeout_ms,
+                                                " ms (startup_timeout_ms): ", waiting, "; logs in ", run_dir));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::printf("cluster '%s' up: %zu nodes serving; logs in %s\n", c.name.c_str(), c.nodes.size(), run_dir.c_str());
+  std::printf("grpc: %s\n", c.main()->address.c_str());
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+absl::Status Down(const Flags& f, const ClusterConfig& c, const std::string& config_path) {
+  const std::string run_dir = RunDir(f, c, config_path);
+  int stopped = 0;
+  std::error_code ec;
+  // Stop every node at once, then wait for all of them.
+  std::vector<std::thread> stoppers;
+  for (const NodeConfig& n : c.nodes) {
+    if (auto pid = LivePid(run_dir, n)) {
+      ++stopped;
+      stoppers.emplace_back([p = *pid] { Stop(p, std::chrono::milliseconds(10000)); });
+    }
+  }
+  for (auto& t : stoppers) t.join();
+  for (const NodeConfig& n : c.nodes) fs::remove(PidFile(run_dir, n), ec);
+  std::printf("cluster '%s': stopped %d node%s\n", c.name.c_str(), stopped, stopped == 1 ? "" : "s");
+  return absl::OkStatus();
+}
+
+absl::Status Status(const Flags& f, const ClusterConfig& c, const std::string& config_path) {
+  const std::string run_dir = RunDir(f, c, config_path);
+  Json nodes = Json::array();
+  bool all_serving = true;
+  for (const NodeConfig& n : c.nodes) {
+    Json j = {{"node", n.name}, {"role", NodeRoleName(n.role)}, {"address", n.address}, {"device", n.device}};
+    auto pid = LivePid(run_dir, n);
+    j["pid"] = pid ? Json(*pid) : Json(nullptr);
+    auto serving = rpc::CheckServing(n.address, 1000);
+    j["health"] = !serving.ok() ? "UNREACHABLE" : (*serving ? "SERVING" : "NOT_SERVING");
+    all_serving = all_serving && serving.ok() && *serving;
+    const v1::DeviceMemory* mem = nullptr;
+    v1::WorkerStats ws;
+    v1::ShadowStats ss;
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, 1000);
+    if (serving.ok() && n.role == NodeRole::kWorker) {
+      if (v1::Worker::NewStub(rpc::MakeChannel(n.address))->GetStats(&ctx, {}, &ws).ok()) mem = &ws.memory();
+    } else if (serving.ok() && n.role == NodeRole::kShadow) {
+      if (v1::Shadow::NewStub(rpc::MakeChannel(n.address))->GetStats(&ctx, {}, &ss).ok()) mem = &ss.memory();
+    }
+    if (mem != nullptr) {
+      j["gpu_memory"] = {{"device", mem->device()},
+                         {"capacity_bytes", mem->capacity_bytes()},
+                         {"in_use_bytes", mem->in_use_bytes()},
+                         {"peak_bytes", mem->peak_bytes()}};
+    }
+    nodes.push_back(j);
+  }
+  if (f.Has("json")) {
+    std::printf("%s\n", DumpJson(Json{{"cluster", c.name}, {"nodes", nodes}}).c_str());
+  } else {
+    std::printf("cluster '%s' (%s)\n%-10s %-7s %-22s %-12s %-9s %s\n", c.name.c_str(), config_path.c_str(), "node",
+                "role", "address", "health", "pid", "gpu memory (in use / peak / budget)");
+    for (const Json& j : nodes) {
+      std::string mem = "-";
+      if (j.contains("gpu_memory")) {
+        const Json& m = j["gpu_memory"];
+        auto mib = [](const Json& v) { return StrCat(v.get<uint64_t>() >> 20, " MiB"); };
+        mem = StrCat(mib(m["in_use_bytes"]), " / ", mib(m["peak_bytes"]), " / ",
+                     m["capacity_bytes"].get<uint64_t>() == 0 ? std::string("-") : mib(m["capacity_bytes"]));
+      }
+      std::printf("%-10s %-7s %-22s %-12s %-9s %s\n", j["node"].get<std::string>().c_str(),
+                  j["role"].get<std::string>().c_str(), j["address"].get<std::string>().c_str(),
+                  j["health"].get<std::string>().c_str(),
+                  j["pid"].is_null() ? "-" : std::to_string(j["pid"].get<int64_t>()).c_str(), mem.c_str());
+    }
+  }
+  if (!all_serving) return absl::UnavailableError("not every node is serving");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunCluster(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? kExitUsage : kExitOk;
+  }
+  const std::string verb = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  absl::Status status = [&]() -> absl::Status {
+    ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(rest, {"config", "model", "run-dir"}, {"json"}));
+    ODMOE_ASSIGN_OR_RETURN(std::string config_path, f.Required("config"));
+    ODMOE_ASSIGN_OR_RETURN(ClusterConfig c, LoadClusterConfig(config_path));
+    if (verb == "up") return Up(f, c, config_path);
+    if (verb == "down") return Down(f, c, config_path);
+    if (verb == "status") return Status(f, c, config_path);
+    return absl::InvalidArgumentError(StrCat("unknown cluster command '", verb, "' (up, down, status)"));
+  }();
+  if (status.ok()) return kExitOk;
+  // One line for the reason; a start-up failure appends the failing node's log below it.
+  std::fprintf(stderr, "odmoe cluster %s: %s\n", verb.c_str(), std::string(status.message()).c_str());
+  return ExitCodeFor(status);
+}
+
+}  // namespace odmoe::cli

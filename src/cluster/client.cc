@@ -1,0 +1,44 @@
+#include "src/cluster/client.h"
+
+#include <optional>
+
+#include "src/common/strings.h"
+#include "src/rpc/rpc_util.h"
+
+namespace odmoe {
+
+absl::StatusOr<RemoteResult> GenerateRemote(const std::string& endpoint, const v1::GenerateRequest& request,
+                                            int64_t timeout_ms,
+                                            std::function<void(const v1::GenerateResponse&)> on_chunk) {
+  if (timeout_ms < 1) return absl::InvalidArgumentError(StrCat("timeout must be positive, got ", timeout_ms, " ms"));
+  std::unique_ptr<v1::Inference::Stub> stub = v1::Inference::NewStub(rpc::MakeChannel(endpoint));
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(ctx, timeout_ms);
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader = stub->Generate(&ctx, request);
+  v1::GenerateResponse message;
+  std::optional<v1::GenerateResponse> last;
+  while (reader->Read(&message)) {
+    if (on_chunk) on_chunk(message);
+    if (message.done()) last = message;
+  }
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) return rpc::FromGrpc(status, StrCat("main at ", endpoint));
+  if (!last.has_value()) {
+    return absl::DataLossError(StrCat("main at ", endpoint, ": the response stream ended without its final message"));
+  }
+  RemoteResult r;
+  r.prompt_ids.assign(last->prompt_ids().begin(), last->prompt_ids().end());
+  r.tokens.assign(last->all_tokens().begin(), last->all_tokens().end());
+  r.has_text = last->has_text();
+  r.text = last->full_text();
+  r.stop_reason = last->stop_reason();
+  r.last_logits.assign(last->last_logits().begin(), last->last_logits().end());
+  for (const v1::PositionRouting& p : last->routing()) {
+    std::vector<std::vector<int32_t>>& position = r.routing.emplace_back();
+    for (const v1::LayerRouting& l : p.layers()) position.emplace_back(l.experts().begin(), l.experts().end());
+  }
+  r.stats = last->stats();
+  return r;
+}
+
+}  // namespace odmoe

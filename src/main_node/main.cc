@@ -1,0 +1,36 @@
+// odmoe-main: the main node daemon. `odmoe-main --config FILE --node NAME [--model DIR]`.
+// Comes up without waiting for the workers (channels dial on first use); a request that needs a worker that
+// is down fails with UNAVAILABLE naming it.
+#include <string>
+#include <vector>
+
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+#include "src/common/status.h"
+#include "src/main_node/main_node.h"
+#include "src/rpc/daemon.h"
+
+namespace {
+
+absl::Status Serve(const std::vector<std::string>& args) {
+  ODMOE_ASSIGN_OR_RETURN(odmoe::rpc::DaemonArgs d, odmoe::rpc::ParseDaemonArgs(args, odmoe::NodeRole::kMain));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::MainNode> node, odmoe::MainNode::Create(d));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::Server> server,
+                         odmoe::rpc::Server::Start({d.self.address, d.self.threads}, {node.get()}));
+  spdlog::info(
+      "odmoe-main {} serving {} on port {}: model {} (fingerprint {}, epoch {}), device {}, {} workers, "
+      "tokenizer {}",
+      d.self.name, d.self.address, server->port(), d.model_dir, node->fingerprint(), d.cluster.epoch, d.self.device,
+      d.cluster.workers().size(), node->has_tokenizer() ? "yes" : "no");
+  odmoe::rpc::ServeUntilSignal(*server);
+  spdlog::info("odmoe-main {}: shut down", d.self.name);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  odmoe::rpc::BlockShutdownSignals();
+  spdlog::set_default_logger(spdlog::stderr_color_mt("odmoe-main"));
+  return odmoe::rpc::ExitWith("odmoe-main", Serve(std::vector<std::string>(argv + 1, argv + argc)));
+}

@@ -1,0 +1,102 @@
+// The main node (odmoe-main): the client API of the cluster. It holds every non-expert weight (embeddings,
+// attention, norms, routers, shared experts, dense MLPs, lm_head) on its device and the KV cache, runs attention
+// and routing layer by layer, and has the routed experts computed by the workers (RemoteExpertExecutor). It
+// never opens a routed expert's tensor (Checkpoint::ExpertTensorsRead() stays 0; reported in every request's
+// stats). The shadow is optional and not used yet: without predictions a worker loads an expert when main's
+// router asks for it.
+//
+// Requests run one at a time: Generate holds a mutex for the whole request, so concurrent clients wait their
+// turn. A request is validated before it waits (bad requests are answered at once).
+//
+// Thread safety: the gRPC handlers may be called concurrently from the server's threads; the engine, the
+// executor and the tokenizer's decoding state are used only under request_mu_.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "odmoe/v1/main.grpc.pb.h"
+#include "src/backend/device.h"
+#include "src/common/cluster_config.h"
+#include "src/engine/engine.h"
+#include "src/engine/generator.h"
+#include "src/engine/model_weights.h"
+#include "src/main_node/remote_experts.h"
+#include "src/model/checkpoint.h"
+#include "src/model/model_config.h"
+#include "src/model/tokenizer.h"
+#include "src/rpc/daemon.h"
+
+namespace odmoe {
+
+struct MainNodeOptions {
+  EngineOptions engine;
+  // Tests lower it to force chunked expert calls; production keeps rpc::kMaxTensorBytesPerCall.
+  int64_t max_tensor_bytes_per_call = rpc::kMaxTensorBytesPerCall;
+  int64_t max_rows_per_call = 256;  // the workers' limit (kWorkerMaxRowsPerCall)
+};
+
+class MainNode final : public v1::Inference::Service {
+ public:
+  // Loads the model's config, opens its checkpoint, uploads the non-expert weights to the device named by the
+  // node's `device` spec, loads tokenizer.model when the model has one, and prepares (without dialing) the
+  // channels to the workers of the cluster file. Errors name the file, tensor or field at fault.
+  static absl::StatusOr<std::unique_ptr<MainNode>> Create(const rpc::DaemonArgs& args, MainNodeOptions options = {});
+  ~MainNode() override;
+
+  // Streams one GenerateResponse per generated token (its id and, with a tokenizer, the text it completes) and
+  // a final one (done = true) with the whole result and the request's stats.
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::Status GetMembership(grpc::ServerContext* context, const v1::MembershipRequest* request,
+                             v1::Membership* response) override;
+
+  // Generate without gRPC. `emit` receives each message in order and returns false when the client has gone
+  // (the request then stops); `cancelled` (optional) is polled before every sparse layer. Errors:
+  // InvalidArgument / OutOfRange / FailedPrecondition for a bad request (nothing emitted), a worker's status
+  // (Unavailable, DeadlineExceeded, ...) naming it, Cancelled when the client went away.
+  absl::Status RunRequest(const v1::GenerateRequest& request,
+                          const std::function<bool(const v1::GenerateResponse&)>& emit,
+                          const std::function<bool()>& cancelled = nullptr);
+
+  // Routed-expert tensors this node has read from its checkpoint (0 unless something is wrong).
+  int64_t expert_tensors_opened() const { return checkpoint_->ExpertTensorsRead(); }
+  const std::string& fingerprint() const { return fingerprint_; }
+  const ModelConfig& config() const { return config_; }
+  const NodeConfig& self() const { return self_; }
+  bool has_tokenizer() const { return tokenizer_ != nullptr; }
+
+ private:
+  MainNode() = default;
+  // The prompt ids of a request: prompt_ids, or the text prompt tokenized. InvalidArgument when both or neither
+  // is given; FailedPrecondition for a text prompt when the model has no tokenizer.
+  absl::StatusOr<std::vector<int32_t>> PromptOf(const v1::GenerateRequest& request) const;
+
+  ClusterConfig cluster_;
+  NodeConfig self_;
+  std::string model_dir_;
+  std::string fingerprint_;
+  ModelConfig config_;
+  std::unique_ptr<Checkpoint> checkpoint_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<Tokenizer> tokenizer_;  // nullptr when the model ships no tokenizer.model
+  std::atomic<uint64_t> next_request_id_{1};
+
+  absl::Mutex request_mu_;  // one request at a time
+  std::unique_ptr<RemoteExpertExecutor> experts_ ABSL_GUARDED_BY(request_mu_);
+  std::unique_ptr<Engine> engine_ ABSL_GUARDED_BY(request_mu_);
+};
+
+// Fills `out` with the cluster's membership as seen by node `self`.
+void FillMembership(const ClusterConfig& cluster, const std::string& self, const std::string& fingerprint,
+                    v1::Membership* out);
+
+}  // namespace odmoe

@@ -1,0 +1,384 @@
+#include "src/main_node/remote_experts.h"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+#include "src/model/model_layout.h"
+
+namespace odmoe {
+namespace {
+
+size_t F32Bytes(int64_t count) { return static_cast<size_t>(count) * sizeof(float); }
+
+// The calls of one layer. Shared with the gRPC callbacks (shared_ptr), so that whichever of Run and the last
+// callback finishes last frees it. The calls of one worker are consecutive and form a chain: each call's
+// callback starts the next one of the same worker (unless a call has failed).
+struct LayerCalls {
+  struct Call {
+    v1::Worker::Stub* stub = nullptr;
+    int64_t timeout_ms = 0;
+    size_t next_in_chain = 0;  // the worker's next call, or calls.size()
+    v1::ComputeExpertsRequest request;
+    v1::ComputeExpertsResponse response;  // written by the attempt in flight
+    grpc::Status status;                  // of the last attempt
+    int attempts = 0;
+    // One per attempt, the last one current; never freed before the layer is (a callback may still be
+    // returning from an older attempt). Guarded by `mu` of the LayerCalls.
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  };
+  std::vector<std::unique_ptr<Call>> calls;  // fixed before the first call starts
+
+  absl::Mutex mu;
+  int active_chains ABSL_GUARDED_BY(mu) = 0;
+  std::optional<size_t> first_failure ABSL_GUARDED_BY(mu);  // the call that failed first
+  std::vector<size_t> to_retry ABSL_GUARDED_BY(mu);         // calls the worker had no thread for (chain paused)
+};
+
+// A gRPC synchronous server answers this, without running the handler, when it momentarily has no thread for
+// the call (a thread that is exiting still holds its quota). Safe to retry: Run does, after a short backoff.
+constexpr int kMaxAttempts = 10;
+bool IsThreadpoolExhausted(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+         status.error_message() == "Server Threadpool Exhausted";
+}
+
+// Starts (or retries) call `i` of `state` unless a call of the layer has failed (then its chain ends). Its
+// callback starts the next call of the chain, or queues the call for a retry (pausing the chain).
+void StartCall(const std::shared_ptr<LayerCalls>& state, size_t i) {
+  LayerCalls::Call* call = state->calls[i].get();
+  grpc::ClientContext* ctx = nullptr;
+  {
+    absl::MutexLock lock(&state->mu);
+    if (state->first_failure.has_value()) {
+      --state->active_chains;
+      return;
+    }
+    call->contexts.push_back(std::make_unique<grpc::ClientContext>());
+    ctx = call->contexts.back().get();
+    ++call->attempts;
+  }
+  rpc::SetDeadline(*ctx, call->timeout_ms);
+  call->response.Clear();
+  call->stub->async()->ComputeExperts(ctx, &call->request, &call->response, [state, i](grpc::Status status) {
+    size_t next = state->calls.size();
+    {
+      absl::MutexLock lock(&state->mu);
+      LayerCalls::Call* done = state->calls[i].get();
+      if (IsThreadpoolExhausted(status) && done->attempts < kMaxAttempts && !state->first_failure.has_value()) {
+        state->to_retry.push_back(i);
+        --state->active_chains;
+      } else {
+        done->status = std::move(status);
+        if (!done->status.ok() && !state->first_failure.has_value()) state->first_failure = i;
+        if (!state->first_failure.has_value() && done->next_in_chain < state->calls.size()) {
+          next = done->next_in_chain;
+        } else {
+          --state->active_chains;
+        }
+      }
+    }
+    if (next < state->calls.size()) StartCall(state, next);
+  });
+}
+
+}  // namespace
+
+std::vector<PlannedCall> PlanCalls(const std::vector<ExpertBatch>& batches, const std::vector<int32_t>& worker_of,
+                                   int64_t max_rows, int64_t max_task_rows) {
+  ODMOE_CHECK(max_rows >= 1 && max_task_rows >= 1 && worker_of.size() == batches.size());
+  const size_t cap = static_cast<size_t>(max_rows), task_cap = static_cast<size_t>(max_task_rows);
+  const size_t piece = std::min(cap, task_cap);
+  std::vector<int32_t> workers(worker_of.begin(), worker_of.end());
+  std::sort(workers.begin(), workers.end());
+  workers.erase(std::unique(workers.begin(), workers.end()), workers.end());
+
+  std::vector<PlannedCall> calls;
+  for (int32_t w : workers) {
+    PlannedCall current;
+    current.worker = w;
+    size_t task_rows = 0;  // (token, expert) rows of `current`
+    auto close = [&]() {
+      if (current.tasks.empty()) return;
+      calls.push_back(std::move(current));
+      current = PlannedCall();
+      current.worker = w;
+      task_rows = 0;
+    };
+    for (size_t b = 0; b < batches.size(); ++b) {
+      if (worker_of[b] != w) continue;
+      const std::vector<int32_t>& rows = batches[b].rows;
+      for (size_t begin = 0; begin < rows.size(); begin += piece) {
+        const size_t end = std::min(rows.size(), begin + piece);
+        const auto first = rows.begin() + static_cast<std::ptrdiff_t>(begin);
+        const auto last = rows.begin() + static_cast<std::ptrdiff_t>(end);
+        std::vector<int32_t> merged;  // current.rows + this piece's rows (both ascending)
+        std::set_union(current.rows.begin(), current.rows.end(), first, last, std::back_inserter(merged));
+        if (merged.size() > cap || task_rows + (end - begin) > task_cap) {
+          close();
+          merged.assign(first, last);
+        }
+        current.rows = std::move(merged);
+        current.tasks.push_back({b, begin, end});
+        task_rows += end - begin;
+      }
+    }
+    close();
+  }
+  return calls;
+}
+
+absl::StatusOr<std::unique_ptr<RemoteExpertExecutor>> RemoteExpertExecutor::Create(
+    Device& device, const ModelConfig& config, const Checkpoint& checkpoint, std::vector<WorkerEndpoint> workers,
+    int32_t group_size, RemoteExpertOptions options) {
+  if (workers.empty()) return absl::InvalidArgumentError("main needs at least one worker to compute experts");
+  if (options.max_tokens < 1 || options.max_tensor_bytes_per_call < 1 || options.max_rows_per_call < 1 ||
+      options.rpc_timeout_ms < 1) {
+    return absl::InvalidArgumentError(
+        "RemoteExpertOptions: max_tokens, max_tensor_bytes_per_call, "
+        "max_rows_per_call and rpc_timeout_ms must be positive");
+  }
+  ODMOE_ASSIGN_OR_RETURN(Placement placement, Placement::Create(static_cast<int32_t>(workers.size()), group_size));
+  std::unique_ptr<RemoteExpertExecutor> ex(
+      new RemoteExpertExecutor(device, config, checkpoint, std::move(workers), placement, std::move(options)));
+  const int64_t hidden = config.hidden_size, k = std::max<int64_t>(1, config.top_k);
+  const int64_t t = ex->options_.max_tokens;
+  ODMOE_ASSIGN_OR_RETURN(ex->yg_, device.Allocate(F32Bytes(t * hidden), "remote expert outputs"));
+  ODMOE_ASSIGN_OR_RETURN(ex->index_, device.Allocate(2 * F32Bytes(t * k), "expert routing index"));
+  ex->host_h_.resize(static_cast<size_t>(t * hidden));
+  ex->host_out_.resize(static_cast<size_t>(t * k * hidden));
+  return ex;
+}
+
+RemoteExpertExecutor::RemoteExpertExecutor(Device& device, const ModelConfig& config, const Checkpoint& checkpoint,
+                                           std::vector<WorkerEndpoint> workers, Placement placement,
+                                           RemoteExpertOptions options)
+    : device_(device),
+      config_(config),
+      checkpoint_(checkpoint),
+      workers_(std::move(workers)),
+      placement_(placement),
+      options_(std::move(options)) {
+  for (const WorkerEndpoint& w : workers_) stubs_.push_back(v1::Worker::NewStub(rpc::MakeChannel(w.address)));
+  stats_.resize(workers_.size());
+}
+
+RemoteExpertExecutor::~RemoteExpertExecutor() = default;
+
+void RemoteExpertExecutor::BeginRequest(uint64_t request_id, std::function<bool()> cancelled) {
+  request_id_ = request_id;
+  cancelled_ = std::move(cancelled);
+  stats_.assign(workers_.size(), WorkerCallStats());
+}
+
+uint64_t RemoteExpertExecutor::ExpertBytes(int64_t layer, int32_t expert) const {
+  uint64_t bytes = 0;
+  for (const TensorSpec& spec : ExpertTensors(config_, layer, expert)) {
+    if (const TensorInfo* info = checkpoint_.Find(spec.name)) bytes += info->nbytes;
+  }
+  return bytes;
+}
+
+absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
+                                       std::span<const float> weights, float* out, Stream* stream) {
+  const int64_t hidden = config_.hidden_size, k = config_.top_k;
+  if (n < 1 || n > options_.max_tokens) {
+    return absl::InternalError(StrCat("remote expert executor got ", n, " tokens; it takes 1..", options_.max_tokens));
+  }
+  const int64_t sparse_index = config_.SparseIndex(layer);
+  if (sparse_index < 0) return absl::InternalError(StrCat("layer ", layer, " has no routed experts"));
+  if (cancelled_ && cancelled_()) return absl::CancelledError("the request was cancelled by the client");
+  for (int64_t i = 0; i < n * k; ++i) {
+    const int32_t e = ids[static_cast<size_t>(i)];
+    if (e < 0 || e >= config_.num_experts) {
+      return absl::InternalError(StrCat("router of layer ", layer, " chose expert ", e, " of ", config_.num_experts));
+    }
+  }
+  const std::vector<ExpertBatch> batches = GroupByExpert(ids, weights, n, k);
+
+  // Who computes what: decode (one token) goes to the layer's group, the actual set assigned one-to-one; a
+  // prefill chunk spreads expert e to worker e mod N_W.
+  std::vector<int32_t> worker_of(batches.size());
+  if (n == 1) {
+    std::vector<int32_t> experts;
+    for (const ExpertBatch& b : batches) experts.push_back(b.expert);
+    const std::vector<Assignment> assigned = placement_.Assign(sparse_index, experts);
+    ODMOE_CHECK(assigned.size() == batches.size());
+    for (size_t b = 0; b < batches.size(); ++b) {
+      ODMOE_CHECK(assigned[b].expert == batches[b].expert);
+      worker_of[b] = assigned[b].worker;
+    }
+  } else {
+    for (size_t b = 0; b < batches.size(); ++b) worker_of[b] = placement_.PrefillWorkerOf(batches[b].expert);
+  }
+
+  // Rows and scales of every (token, expert) pair, batch after batch, exactly as LocalExpertExecutor uploads
+  // them; offsets[b] is where batch b starts.
+  const size_t pairs = static_cast<size_t>(n * k);
+  std::vector<size_t> offsets(batches.size());
+  packed_.assign(2 * pairs, 0);
+  size_t at = 0;
+  for (size_t b = 0; b < batches.size(); ++b) {
+    offsets[b] = at;
+    for (size_t i = 0; i < batches[b].rows.size(); ++i, ++at) {
+      packed_[at] = batches[b].rows[i];
+      std::memcpy(&packed_[pairs + at], &batches[b].weights[i], sizeof(float));
+    }
+  }
+  ODMOE_CHECK(at == pairs);
+  device_.CopyToDevice(index_->data(), packed_.data(), packed_.size() * sizeof(int32_t), stream);
+  // The layer's input to the host (this synchronizes the stream).
+  device_.CopyToHost(host_h_.data(), h, F32Bytes(n * hidden), stream);
+
+  // One request per planned call.
+  const int64_t rows_per_bytes =
+      std::max<int64_t>(1, options_.max_tensor_bytes_per_call / static_cast<int64_t>(F32Bytes(hidden)));
+  const std::vector<PlannedCall> plan =
+      PlanCalls(batches, worker_of, std::min(options_.max_rows_per_call, rows_per_bytes), rows_per_bytes);
+  auto state = std::make_shared<LayerCalls>();
+  for (const PlannedCall& pc : plan) {
+    auto call = std::make_unique<LayerCalls::Call>();
+    v1::ComputeExpertsRequest& req = call->request;
+    rpc::FillHeader(req.mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id_);
+    req.set_layer(static_cast<int32_t>(layer));
+    v1::Tensor* t = req.mutable_hidden();
+    t->set_dtype(v1::DTYPE_F32);
+    t->add_shape(static_cast<int64_t>(pc.rows.size()));
+    t->add_shape(hidden);
+    std::string* data = t->mutable_data();
+    data->resize(pc.rows.size() * F32Bytes(hidden));
+    for (size_t r = 0; r < pc.rows.size(); ++r) {
+      std::memcpy(data->data() + r * F32Bytes(hidden), host_h_.data() + static_cast<int64_t>(pc.rows[r]) * hidden,
+                  F32Bytes(hidden));
+    }
+    for (const PlannedCall::Task& task : pc.tasks) {
+      const ExpertBatch& b = batches[task.batch];
+      v1::ExpertTask* et = req.add_tasks();
+      et->set_expert(b.expert);
+      for (size_t i = task.begin; i < task.end; ++i) {
+        const auto local = std::lower_bound(pc.rows.begin(), pc.rows.end(), b.rows[i]) - pc.rows.begin();
+        et->add_rows(static_cast<int32_t>(local));
+      }
+    }
+    call->stub = stubs_[static_cast<size_t>(pc.worker)].get();
+    call->timeout_ms = options_.rpc_timeout_ms;
+    state->calls.push_back(std::move(call));
+  }
+
+  // One chain per worker (the plan lists a worker's calls consecutively): start the first call of each.
+  std::vector<size_t> heads;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const bool last_of_worker = i + 1 == plan.size() || plan[i + 1].worker != plan[i].worker;
+    state->calls[i]->next_in_chain = last_of_worker ? plan.size() : i + 1;
+    if (i == 0 || plan[i - 1].worker != plan[i].worker) heads.push_back(i);
+  }
+  {
+    absl::MutexLock lock(&state->mu);
+    state->active_chains = static_cast<int>(heads.size());
+  }
+  for (size_t i : heads) StartCall(state, i);
+
+  // Wait until every chain has ended, restarting those paused for a retry after a backoff (1, 2, 4, .. 64 ms);
+  // after a failure, cancel the calls in flight (outside the lock: TryCancel may run their callbacks).
+  std::optional<size_t> failure;
+  for (;;) {
+    std::vector<size_t> retry;
+    int attempts = 0;
+    {
+      absl::MutexLock lock(&state->mu);
+      auto wake = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+        return state->active_chains == 0 || state->first_failure.has_value() || !state->to_retry.empty();
+      };
+      state->mu.Await(absl::Condition(&wake));
+      failure = state->first_failure;
+      if (failure.has_value()) break;
+      retry.swap(state->to_retry);
+      if (retry.empty()) break;  // every chain has ended
+      state->active_chains += static_cast<int>(retry.size());
+      for (size_t i : retry) attempts = std::max(attempts, state->calls[i]->attempts);
+    }
+    for (size_t i : retry) ++stats_[static_cast<size_t>(plan[i].worker)].busy_retries;
+    absl::SleepFor(absl::Milliseconds(1 << std::min(attempts - 1, 6)));
+    for (size_t i : retry) StartCall(state, i);
+  }
+  if (failure.has_value()) {
+    // No attempt starts after the failure was recorded, so these are all the current ones; TryCancel is
+    // thread-safe against an attempt that is just starting.
+    std::vector<grpc::ClientContext*> current;
+    {
+      absl::MutexLock lock(&state->mu);
+      for (const auto& call : state->calls) {
+        if (!call->contexts.empty()) current.push_back(call->contexts.back().get());
+      }
+    }
+    for (grpc::ClientContext* ctx : current) ctx->TryCancel();
+  }
+  {
+    absl::MutexLock lock(&state->mu);
+    auto all_ended = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) { return state->active_chains == 0; };
+    state->mu.Await(absl::Condition(&all_ended));
+    failure = state->first_failure;
+  }
+  auto where = [&](size_t i) {
+    const WorkerEndpoint& w = workers_[static_cast<size_t>(plan[i].worker)];
+    return StrCat("worker ", w.name, " at ", w.address, " (layer ", layer, ")");
+  };
+  if (failure.has_value()) return rpc::FromGrpc(state->calls[*failure]->status, where(*failure));
+
+  // Check the replies and gather every expert's outputs into host_out_.
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const PlannedCall& pc = plan[i];
+    const v1::ComputeExpertsResponse& resp = state->calls[i]->response;
+    if (resp.outputs_size() != static_cast<int>(pc.tasks.size())) {
+      return absl::DataLossError(
+          StrCat(where(i), ": returned ", resp.outputs_size(), " expert outputs for ", pc.tasks.size(), " tasks"));
+    }
+    WorkerCallStats& st = stats_[static_cast<size_t>(pc.worker)];
+    ++st.calls;
+    for (size_t t = 0; t < pc.tasks.size(); ++t) {
+      const PlannedCall::Task& task = pc.tasks[t];
+      const ExpertBatch& b = batches[task.batch];
+      const v1::ExpertOutput& o = resp.outputs(static_cast<int>(t));
+      if (o.expert() != b.expert) {
+        return absl::DataLossError(
+            StrCat(where(i), ": output ", t, " is of expert ", o.expert(), ", expected ", b.expert));
+      }
+      const int64_t m = static_cast<int64_t>(task.end - task.begin);
+      const int64_t shape[] = {m, hidden};
+      ODMOE_ASSIGN_OR_RETURN(std::vector<float> values,
+                             rpc::DecodeF32(o.output(), shape, StrCat(where(i), ": output of expert ", b.expert)));
+      std::memcpy(host_out_.data() + static_cast<int64_t>(offsets[task.batch] + task.begin) * hidden, values.data(),
+                  F32Bytes(m * hidden));
+      ++st.experts_computed;
+      st.rows_computed += static_cast<uint64_t>(m);
+      st.compute_ms += o.compute_ms();
+      if (o.loaded_on_demand()) {
+        ++st.loads_on_demand;
+        st.on_demand_load_ms += o.load_ms();
+        st.bytes_loaded += ExpertBytes(layer, b.expert);
+      }
+    }
+  }
+
+  // The sum, in LocalExpertExecutor's order: experts ascending, each one's rows in order.
+  const int32_t* dev_rows = index_->as<int32_t>();
+  const float* dev_scales = reinterpret_cast<const float*>(index_->as<int32_t>() + pairs);
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const int64_t m = static_cast<int64_t>(batches[b].rows.size());
+    device_.CopyToDevice(yg_->data(), host_out_.data() + static_cast<int64_t>(offsets[b]) * hidden,
+                         F32Bytes(m * hidden), stream);
+    device_.ScatterAddScaled(yg_->as<float>(), dev_rows + offsets[b], dev_scales + offsets[b], m, hidden,
+                             /*sigmoid_scale=*/false, out, stream);
+  }
+  // host_out_ and packed_ must stay untouched until the copies are done.
+  device_.Synchronize(stream);
+  return absl::OkStatus();
+}
+
+}  // namespace odmoe

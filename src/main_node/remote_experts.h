@@ -1,0 +1,141 @@
+// Routed experts computed on remote workers: main's ExpertExecutor.
+//
+// For each sparse layer main sends the post-attention hidden state of the tokens that chose an expert to the
+// worker that serves it (src/common/placement.h: decode, one token, goes to the layer's group with the actual
+// expert set assigned one-to-one, "load after routing"; prefill, several tokens, sends expert e to worker
+// e mod N_W), gets back each expert's unweighted output rows, and sums them on its own device in the fixed order
+// of LocalExpertExecutor (experts in ascending id order, an expert's rows in order, ScatterAddScaled with the
+// router weights). Since a worker computes expert(h[rows]) with the same rows and the same ops as the
+// single-process engine, the sum is bitwise identical to it wherever the experts ran (given the same device
+// kind on both sides).
+//
+// Every call carries the request header (epoch, model fingerprint, sender, request id) and a deadline
+// (the cluster's rpc_timeout_ms). A call never carries more than max_tensor_bytes_per_call of hidden state, nor
+// asks for more than that of outputs: a large prefill is split into several calls (as is one of more than
+// max_rows_per_call token rows, the workers' limit), keeping an expert's rows in one call whenever they fit. The calls
+// of one layer run concurrently across workers (gRPC callback stubs, no threads of ours) and one after another
+// for the same worker, so a worker never has more than one call of main in flight (its handler threads are few
+// and its computation is serialized anyway): at most N_W calls are in flight. A failed call fails the layer with
+// the worker's status code and a message naming the worker; the other calls of the layer are cancelled.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "odmoe/v1/worker.grpc.pb.h"
+#include "src/backend/device.h"
+#include "src/common/placement.h"
+#include "src/engine/engine.h"
+#include "src/model/checkpoint.h"
+#include "src/model/model_config.h"
+#include "src/rpc/rpc_util.h"
+
+namespace odmoe {
+
+// A worker as main dials it: its name in the cluster file and its address. Index in the vector = worker index.
+struct WorkerEndpoint {
+  std::string name;
+  std::string address;
+};
+
+// What one request cost on one worker, summed from the workers' ExpertOutput fields.
+struct WorkerCallStats {
+  uint64_t calls = 0;             // ComputeExperts calls
+  uint64_t experts_computed = 0;  // (expert, call) pairs
+  uint64_t rows_computed = 0;     // (token, expert) pairs: token rows through experts
+  uint64_t loads_on_demand = 0;   // experts that were not resident when their call arrived
+  uint64_t bytes_loaded = 0;      // checkpoint bytes of the experts loaded on demand
+  double on_demand_load_ms = 0;   // the workers' load time for them
+  double compute_ms = 0;
+  uint64_t busy_retries = 0;  // calls the worker's server turned away for want of a thread, then retried
+};
+
+struct RemoteExpertOptions {
+  std::string sender = "main";  // this node's name, in every request header
+  uint64_t epoch = 1;
+  std::string fingerprint;  // the model fingerprint (src/model/fingerprint.h)
+  int64_t rpc_timeout_ms = 30000;
+  int64_t max_tokens = 256;  // the most tokens one Run gets (the engine's max_tokens_per_forward)
+  int64_t max_tensor_bytes_per_call = rpc::kMaxTensorBytesPerCall;
+  int64_t max_rows_per_call = 256;  // the workers' limit on token rows per call (kWorkerMaxRowsPerCall)
+};
+
+// One ComputeExperts call of a layer's plan: the tokens it sends and the experts it asks for.
+struct PlannedCall {
+  struct Task {
+    size_t batch = 0;  // index into the layer's ExpertBatch list
+    size_t begin = 0;  // this task covers batch.rows[begin, end)
+    size_t end = 0;
+  };
+  int32_t worker = 0;
+  std::vector<int32_t> rows;  // token indices sent (ascending, distinct): the request's hidden is h[rows]
+  std::vector<Task> tasks;
+};
+
+// Splits a layer's work into calls: batch b (an expert and its rows) goes to worker `worker_of[b]`; a call
+// sends at most `max_rows` distinct token rows and asks for at most `max_task_rows` (token, expert) rows in
+// all (its outputs). An expert's rows stay in one call unless they alone exceed the smaller limit (then they
+// are split into pieces of that size). Calls are ordered by worker, then by their first batch.
+// REQUIRES: max_rows >= 1, max_task_rows >= 1, worker_of.size() == batches.size().
+std::vector<PlannedCall> PlanCalls(const std::vector<ExpertBatch>& batches, const std::vector<int32_t>& worker_of,
+                                   int64_t max_rows, int64_t max_task_rows);
+
+// Thread safety: Run, BeginRequest and stats are called by one thread at a time (the engine's owner, which
+// serialises requests); the gRPC callbacks of a layer's calls touch only that layer's call state, under its
+// own mutex, and Run returns only after every call of the layer has finished.
+class RemoteExpertExecutor : public ExpertExecutor {
+ public:
+  // Dials nothing yet: channels connect on first use, so workers may come up later. `checkpoint` is used for
+  // metadata only (expert sizes for the stats; no tensor is read) and must outlive the executor, as must
+  // `device`. InvalidArgument for an empty worker list or a group size that does not divide it.
+  static absl::StatusOr<std::unique_ptr<RemoteExpertExecutor>> Create(Device& device, const ModelConfig& config,
+                                                                      const Checkpoint& checkpoint,
+                                                                      std::vector<WorkerEndpoint> workers,
+                                                                      int32_t group_size, RemoteExpertOptions options);
+  ~RemoteExpertExecutor() override;
+
+  absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
+                   std::span<const float> weights, float* out, Stream* stream) override;
+
+  // Starts the accounting of a new client request: zeroes the stats, stamps `request_id` into every header.
+  // `cancelled` (optional) is polled before each layer; when it returns true Run fails with Cancelled.
+  void BeginRequest(uint64_t request_id, std::function<bool()> cancelled = nullptr);
+  // Drops the `cancelled` hook of the request (whose captures may be about to die); the stats stay.
+  void EndRequest() { cancelled_ = nullptr; }
+  // Per worker (index = worker index), since BeginRequest.
+  const std::vector<WorkerCallStats>& stats() const { return stats_; }
+  const std::vector<WorkerEndpoint>& workers() const { return workers_; }
+  const Placement& placement() const { return placement_; }
+
+ private:
+  RemoteExpertExecutor(Device& device, const ModelConfig& config, const Checkpoint& checkpoint,
+                       std::vector<WorkerEndpoint> workers, Placement placement, RemoteExpertOptions options);
+  // Bytes of expert (layer, e) in the checkpoint (metadata only).
+  uint64_t ExpertBytes(int64_t layer, int32_t expert) const;
+
+  Device& device_;
+  const ModelConfig& config_;
+  const Checkpoint& checkpoint_;
+  const std::vector<WorkerEndpoint> workers_;
+  const Placement placement_;
+  const RemoteExpertOptions options_;
+  std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;  // one per worker
+
+  uint64_t request_id_ = 0;
+  std::function<bool()> cancelled_;
+  std::vector<WorkerCallStats> stats_;
+
+  // Host staging and device buffers, reused across layers.
+  std::vector<float> host_h_;      // [n, hidden]: the layer's input, copied from the device
+  std::vector<float> host_out_;    // [n * k, hidden]: expert outputs, batch after batch
+  std::vector<int32_t> packed_;    // [2, n * k]: rows, then scales (as bits), batch after batch
+  std::unique_ptr<Buffer> yg_;     // [max_tokens, hidden]: one expert's outputs on the device
+  std::unique_ptr<Buffer> index_;  // rows + scales of every (token, expert) pair: 2 x [max_tokens * k]
+};
+
+}  // namespace odmoe

@@ -1,0 +1,33 @@
+// odmoe-shadow: the shadow node daemon. `odmoe-shadow --config FILE --node NAME [--model DIR]`.
+#include <string>
+#include <vector>
+
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+#include "src/common/status.h"
+#include "src/rpc/daemon.h"
+#include "src/shadow_node/shadow_node.h"
+
+namespace {
+
+absl::Status Serve(const std::vector<std::string>& args) {
+  ODMOE_ASSIGN_OR_RETURN(odmoe::rpc::DaemonArgs d, odmoe::rpc::ParseDaemonArgs(args, odmoe::NodeRole::kShadow));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::ShadowNode> node, odmoe::ShadowNode::Create(d));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::Server> server,
+                         odmoe::rpc::Server::Start({d.self.address, d.self.threads}, {node.get()}));
+  spdlog::info(
+      "odmoe-shadow {} serving {} on port {}: model {} (fingerprint {}, epoch {}); health, stats and "
+      "membership only (no prediction yet)",
+      d.self.name, d.self.address, server->port(), d.model_dir, node->fingerprint(), d.cluster.epoch);
+  odmoe::rpc::ServeUntilSignal(*server);
+  spdlog::info("odmoe-shadow {}: shut down", d.self.name);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  odmoe::rpc::BlockShutdownSignals();
+  spdlog::set_default_logger(spdlog::stderr_color_mt("odmoe-shadow"));
+  return odmoe::rpc::ExitWith("odmoe-shadow", Serve(std::vector<std::string>(argv + 1, argv + argc)));
+}

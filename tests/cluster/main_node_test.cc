@@ -1,0 +1,672 @@
+// The main node with real workers, in one process on loopback: N WorkerNode services and a MainNode, each on
+// its own gRPC server at 127.0.0.1 with a free port, and clients through GenerateRemote (and the odmoe CLI).
+// Results must equal the single-process engine exactly: tokens and routing, and the last logits bit for bit.
+// Needs ../shared/models (each test says which model it skips without).
+#include "src/main_node/main_node.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "src/backend/device_factory.h"
+#include "src/cluster/client.h"
+#include "src/common/json.h"
+#include "src/common/placement.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+#include "src/engine/generator.h"
+#include "src/main_node/remote_experts.h"
+#include "src/model/tokenizer.h"
+#include "src/rpc/rpc_util.h"
+#include "src/shadow_node/shadow_node.h"
+#include "src/worker_node/worker_node.h"
+#include "tests/test_support.h"
+
+namespace odmoe {
+namespace {
+
+using ::odmoe::testing::HaveSharedModel;
+using ::odmoe::testing::SharedModel;
+
+constexpr uint64_t kEpoch = 7;
+constexpr int64_t kTimeoutMs = 120000;
+
+// A Worker service that never answers ComputeExperts until the call is cancelled (its deadline passes).
+class HungWorker final : public v1::Worker::Service {
+ public:
+  grpc::Status ComputeExperts(grpc::ServerContext* context, const v1::ComputeExpertsRequest*,
+                              v1::ComputeExpertsResponse*) override {
+    while (!context->IsCancelled() && !stop_.WaitForNotificationWithTimeout(absl::Milliseconds(10))) {
+    }
+    return grpc::Status(grpc::StatusCode::CANCELLED, "gave up");
+  }
+  void Stop() { stop_.Notify(); }
+
+ private:
+  absl::Notification stop_;
+};
+
+struct ClusterSpec {
+  std::string model;
+  int workers = 8;
+  int group_size = 0;  // 0: the model's top-k
+  std::string main_device = "cpu";
+  std::string worker_device = "mock-gpu";
+  int64_t rpc_timeout_ms = 60000;
+  int down_worker = -1;  // this worker gets an address where nothing listens
+  int hung_worker = -1;  // this worker never answers
+  MainNodeOptions main_options;
+};
+
+std::string ClusterToml(const ClusterSpec& spec, const std::string& main_address,
+                        const std::vector<std::string>& worker_addresses) {
+  std::string t = StrCat("[cluster]\nname = \"test\"\nepoch = ", kEpoch, "\ngroup_size = ", spec.group_size,
+                         "\nrpc_timeout_ms = ", spec.rpc_timeout_ms, "\n[model]\npath = \"", SharedModel(spec.model),
+                         "\"\n[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"", main_address,
+                         "\"\ndevice = \"", spec.main_device, "\"\n");
+  for (size_t i = 0; i < worker_addresses.size(); ++i) {
+    t += StrCat("[[node]]\nname = \"w", i, "\"\nrole = \"worker\"\naddress = \"", worker_addresses[i],
+                "\"\ndevice = \"", spec.worker_device, "\"\n");
+  }
+  return t;
+}
+
+ClusterConfig ParseToml(const std::string& toml) {
+  absl::StatusOr<ClusterConfig> c = ParseClusterConfig(toml, "test.toml", "/");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+// A loopback port where nothing listens: bound (so no one else takes it) but not listening, so connections
+// are refused. Held until the test ends.
+int ClosedPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  static std::vector<int>* held = new std::vector<int>();  // closed when the test process exits
+  held->push_back(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Workers and main, all in this process.
+class TestCluster {
+ public:
+  explicit TestCluster(ClusterSpec spec) : spec_(std::move(spec)) {}
+
+  absl::Status Start() {
+    const std::string model_dir = SharedModel(spec_.model);
+    // The workers are built from a config with placeholder addresses (they only need their index, the epoch
+    // and the group size); main then gets the real ports.
+    std::vector<std::string> placeholder;
+    for (int i = 0; i < spec_.workers; ++i) placeholder.push_back(StrCat("127.0.0.1:", 2 + i));
+    const ClusterConfig worker_view = ParseToml(ClusterToml(spec_, "127.0.0.1:1", placeholder));
+    std::vector<std::string> addresses;
+    for (int i = 0; i < spec_.workers; ++i) {
+      if (i == spec_.down_worker) {
+        addresses.push_back(StrCat("127.0.0.1:", ClosedPort()));
+        workers_.push_back(nullptr);
+        continue;
+      }
+      std::unique_ptr<rpc::Server> server;
+      if (i == spec_.hung_worker) {
+        hung_ = std::make_unique<HungWorker>();
+        ODMOE_ASSIGN_OR_RETURN(server, rpc::Server::Start({"127.0.0.1:0", 2}, {hung_.get()}));
+        workers_.push_back(nullptr);
+      } else {
+        ODMOE_ASSIGN_OR_RETURN(
+            std::unique_ptr<WorkerNode> w,
+            WorkerNode::Create(worker_view, *worker_view.workers()[static_cast<size_t>(i)], model_dir));
+        ODMOE_ASSIGN_OR_RETURN(server, rpc::Server::Start({"127.0.0.1:0", 2}, {w.get()}));
+        workers_.push_back(std::move(w));
+      }
+      server->MarkServing(true);
+      addresses.push_back(StrCat("127.0.0.1:", server->port()));
+      worker_servers_.push_back(std::move(server));
+    }
+    cluster_ = ParseToml(ClusterToml(spec_, "127.0.0.1:1", addresses));
+    rpc::DaemonArgs args{cluster_, *cluster_.main(), model_dir};
+    ODMOE_ASSIGN_OR_RETURN(main_, MainNode::Create(args, spec_.main_options));
+    ODMOE_ASSIGN_OR_RETURN(main_server_, rpc::Server::Start({"127.0.0.1:0", 2}, {main_.get()}));
+    main_server_->MarkServing(true);
+    endpoint_ = StrCat("127.0.0.1:", main_server_->port());
+    return absl::OkStatus();
+  }
+
+  ~TestCluster() {
+    if (hung_ != nullptr) hung_->Stop();
+    if (main_server_ != nullptr) main_server_->Shutdown(0);
+    for (auto& s : worker_servers_) s->Shutdown(0);
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+  MainNode& main() { return *main_; }
+  WorkerNode* worker(int i) { return workers_[static_cast<size_t>(i)].get(); }
+  const ClusterConfig& cluster() const { return cluster_; }
+
+ private:
+  ClusterSpec spec_;
+  ClusterConfig cluster_;
+  std::unique_ptr<HungWorker> hung_;
+  std::vector<std::unique_ptr<WorkerNode>> workers_;  // nullptr for a down or hung worker
+  std::vector<std::unique_ptr<rpc::Server>> worker_servers_;
+  std::unique_ptr<MainNode> main_;
+  std::unique_ptr<rpc::Server> main_server_;
+  std::string endpoint_;
+};
+
+v1::GenerateRequest IdsRequest(const std::vector<int32_t>& ids, int64_t max_new_tokens) {
+  v1::GenerateRequest r;
+  r.mutable_prompt_ids()->Add(ids.begin(), ids.end());
+  r.set_max_new_tokens(max_new_tokens);
+  r.set_ignore_eos(true);
+  r.set_dump_logits(true);
+  r.set_dump_routing(true);
+  return r;
+}
+
+// A prompt of `n` ids spread over the vocabulary.
+std::vector<int32_t> SpreadPrompt(const ModelConfig& c, int n) {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>((1 + 37 * i + 11 * i * i) % c.vocab_size));
+  return ids;
+}
+
+GenerateResult LocalReference(const std::string& model, const std::string& device, const std::vector<int32_t>& prompt,
+                              int64_t max_new_tokens, EngineOptions engine = {}) {
+  auto dev = CreateDevice(device);
+  EXPECT_TRUE(dev.ok()) << dev.status();
+  auto local = LocalModel::Open(SharedModel(model), std::move(dev).value(), engine);
+  EXPECT_TRUE(local.ok()) << local.status();
+  GenerateOptions o;
+  o.max_new_tokens = max_new_tokens;
+  o.ignore_eos = true;
+  o.record_routing = true;
+  o.keep_last_logits = true;
+  auto r = Generate((*local)->engine(), prompt, o);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return *r;
+}
+
+void ExpectSameAsLocal(const RemoteResult& remote, const GenerateResult& local, const std::vector<int32_t>& prompt) {
+  EXPECT_EQ(remote.prompt_ids, prompt);
+  EXPECT_EQ(remote.tokens, local.tokens);
+  EXPECT_EQ(remote.stop_reason, local.stop_reason);
+  ASSERT_EQ(remote.routing.size(), local.routing.size());
+  for (size_t p = 0; p < local.routing.size(); ++p) EXPECT_EQ(remote.routing[p], local.routing[p]) << "position " << p;
+  ASSERT_EQ(remote.last_logits.size(), local.last_logits.size());
+  EXPECT_EQ(std::memcmp(remote.last_logits.data(), local.last_logits.data(), local.last_logits.size() * sizeof(float)),
+            0)
+      << "last_logits differ from the single-process engine's bit for bit";
+  for (float v : remote.last_logits) ASSERT_TRUE(std::isfinite(v));
+}
+
+// Per worker, what main's placement must have sent: (token, expert) rows and (expert, call) pairs. Prefill
+// (the prompt, one chunk) sends expert e to worker e mod N_W; each decode position sends the layer's actual
+// set to its group, one-to-one.
+struct Expected {
+  std::vector<uint64_t> rows, experts;
+};
+Expected ExpectedWork(const ModelConfig& c, const std::vector<PositionRouting>& routing, size_t prompt_len, int workers,
+                      int group_size) {
+  const int32_t g = group_size > 0 ? group_size : static_cast<int32_t>(c.top_k);
+  const Placement placement = *Placement::Create(workers, g);
+  Expected e{std::vector<uint64_t>(static_cast<size_t>(workers)), std::vector<uint64_t>(static_cast<size_t>(workers))};
+  const size_t sparse = c.SparseLayers().size();
+  // A one-token prompt runs as a decode step.
+  const size_t first_decode = prompt_len > 1 ? prompt_len : 0;
+  for (size_t s = 0; s < sparse; ++s) {
+    std::map<int32_t, int> prefill;  // expert -> tokens that chose it
+    for (size_t p = 0; p < first_decode; ++p) {
+      for (int32_t x : routing[p][s]) ++prefill[x];
+    }
+    for (const auto& [x, count] : prefill) {
+      const size_t w = static_cast<size_t>(placement.PrefillWorkerOf(x));
+      e.rows[w] += static_cast<uint64_t>(count);
+      e.experts[w] += 1;
+    }
+    for (size_t p = first_decode; p < routing.size(); ++p) {
+      for (const Assignment& a : placement.Assign(static_cast<int64_t>(s), routing[p][s])) {
+        e.rows[static_cast<size_t>(a.worker)] += 1;
+        e.experts[static_cast<size_t>(a.worker)] += 1;
+      }
+    }
+  }
+  return e;
+}
+
+void CheckStats(const RemoteResult& r, const ModelConfig& c, size_t prompt_len, TestCluster& cluster, int workers,
+                int group_size) {
+  const v1::RequestStats& st = r.stats;
+  const uint64_t positions = prompt_len + (r.tokens.empty() ? 0 : r.tokens.size() - 1);
+  EXPECT_EQ(st.positions(), positions);
+  EXPECT_EQ(st.expert_tensors_opened(), 0u);
+  EXPECT_EQ(cluster.main().expert_tensors_opened(), 0);
+  ASSERT_EQ(st.workers_size(), workers);
+  uint64_t rows = 0, loads = 0, bytes = 0;
+  for (const v1::WorkerRequestStats& w : st.workers()) {
+    rows += w.rows_computed();
+    loads += w.loads_on_demand();
+    bytes += w.bytes_loaded();
+  }
+  // Every (token, expert) pair of every sparse layer computed exactly once, somewhere.
+  EXPECT_EQ(rows, static_cast<uint64_t>(c.top_k) * c.SparseLayers().size() * positions);
+  EXPECT_EQ(st.loads_on_demand(), loads);
+  EXPECT_EQ(st.bytes_loaded(), bytes);
+  EXPECT_GT(loads, 0u);  // no shadow: every expert is loaded after routing
+  EXPECT_GT(bytes, 0u);
+  const Expected want = ExpectedWork(c, r.routing, prompt_len, workers, group_size);
+  for (int i = 0; i < workers; ++i) {
+    const v1::WorkerRequestStats& w = st.workers(i);
+    EXPECT_EQ(w.node(), StrCat("w", i));
+    EXPECT_EQ(w.rows_computed(), want.rows[static_cast<size_t>(i)]) << "worker " << i;
+    EXPECT_EQ(w.experts_computed(), want.experts[static_cast<size_t>(i)]) << "worker " << i;
+    // The worker's own counters agree with what main accounted.
+    if (WorkerNode* node = cluster.worker(i)) {
+      const v1::WorkerStats ws = node->Stats(/*reset=*/true);
+      EXPECT_EQ(ws.rows_computed(), w.rows_computed()) << "worker " << i;
+      EXPECT_EQ(ws.experts_computed(), w.experts_computed()) << "worker " << i;
+      EXPECT_EQ(ws.loads_on_demand(), w.loads_on_demand()) << "worker " << i;
+      EXPECT_EQ(ws.bytes_loaded(), w.bytes_loaded()) << "worker " << i;
+    }
+  }
+}
+
+// ---- PlanCalls -----------------------------------------------------------------------------------------------
+
+TEST(PlanCallsTest, KeepsExpertsWholeAndRespectsLimits) {
+  std::vector<ExpertBatch> batches(3);
+  batches[0] = {1, {0, 1, 2, 3}, {1, 1, 1, 1}};
+  batches[1] = {4, {2, 3, 4}, {1, 1, 1}};
+  batches[2] = {6, {0, 5}, {1, 1}};
+  // Experts 1 and 6 on worker 1, expert 4 on worker 0.
+  std::vector<PlannedCall> calls = PlanCalls(batches, {1, 0, 1}, 100, 100);
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0].worker, 0);
+  EXPECT_EQ(calls[0].rows, (std::vector<int32_t>{2, 3, 4}));
+  ASSERT_EQ(calls[0].tasks.size(), 1u);
+  EXPECT_EQ(calls[1].worker, 1);
+  EXPECT_EQ(calls[1].rows, (std::vector<int32_t>{0, 1, 2, 3, 5}));  // the union, each row sent once
+  ASSERT_EQ(calls[1].tasks.size(), 2u);
+  EXPECT_EQ(calls[1].tasks[0].batch, 0u);
+  EXPECT_EQ(calls[1].tasks[1].batch, 2u);
+
+  // At most 4 rows sent per call: experts 1 and 6 no longer fit together.
+  calls = PlanCalls(batches, {1, 0, 1}, 4, 100);
+  ASSERT_EQ(calls.size(), 3u);
+  EXPECT_EQ(calls[1].rows, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(calls[2].rows, (std::vector<int32_t>{0, 5}));
+
+  // At most 3 rows: expert 1's four rows are split into 3 + 1.
+  calls = PlanCalls(batches, {0, 0, 0}, 3, 100);
+  size_t covered = 0;
+  for (const PlannedCall& c : calls) {
+    EXPECT_LE(c.rows.size(), 3u);
+    for (const PlannedCall::Task& t : c.tasks) covered += t.end - t.begin;
+  }
+  EXPECT_EQ(covered, 9u);
+
+  // At most 5 task rows per call (outputs): expert 4 (3 rows) cannot join expert 1 (4 rows).
+  calls = PlanCalls(batches, {0, 0, 0}, 100, 5);
+  for (const PlannedCall& c : calls) {
+    size_t task_rows = 0;
+    for (const PlannedCall::Task& t : c.tasks) task_rows += t.end - t.begin;
+    EXPECT_LE(task_rows, 5u);
+  }
+}
+
+// ---- the cluster against the single-process engine ----------------------------------------------------------
+
+class ClusterMatchesEngine : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ClusterMatchesEngine, TokensRoutingAndLogitsIdentical) {
+  const std::string model = GetParam();
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  ClusterSpec spec;
+  spec.model = model;
+  TestCluster cluster(spec);
+  const absl::Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  const ModelConfig& c = cluster.main().config();
+  const std::vector<int32_t> prompt = SpreadPrompt(c, 9);
+  constexpr int64_t kNew = 6;
+  const GenerateResult local = LocalReference(model, "cpu", prompt, kNew);
+
+  std::vector<int32_t> streamed;
+  int finals = 0;
+  auto remote =
+      GenerateRemote(cluster.endpoint(), IdsRequest(prompt, kNew), kTimeoutMs, [&](const v1::GenerateResponse& m) {
+        streamed.insert(streamed.end(), m.tokens().begin(), m.tokens().end());
+        finals += m.done();
+      });
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  ExpectSameAsLocal(*remote, local, prompt);
+  EXPECT_EQ(streamed, local.tokens);  // each token streamed once, in order
+  EXPECT_EQ(finals, 1);
+  CheckStats(*remote, c, prompt.size(), cluster, 8, 0);
+
+  // A one-token prompt (decode placement from the first position) and a second request on the same main.
+  const std::vector<int32_t> one = {prompt[3]};
+  const GenerateResult local1 = LocalReference(model, "cpu", one, 4);
+  auto remote1 = GenerateRemote(cluster.endpoint(), IdsRequest(one, 4), kTimeoutMs, nullptr);
+  ASSERT_TRUE(remote1.ok()) << remote1.status();
+  ExpectSameAsLocal(*remote1, local1, one);
+  CheckStats(*remote1, c, 1, cluster, 8, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ClusterMatchesEngine,
+                         ::testing::Values("mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny", "olmoe-tiny"),
+                         [](const auto& param_info) {
+                           std::string n = param_info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+TEST(MainNodeTest, ChunkedCallsAndOtherTopologiesStayExact) {
+  const std::string model = "mixtral-tiny";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  // Four workers in groups of one, main on the mock GPU, prefill in chunks of 5 tokens, and calls limited to
+  // 3 rows of hidden state so that experts are split over several calls.
+  ClusterSpec spec;
+  spec.model = model;
+  spec.workers = 4;
+  spec.group_size = 1;
+  spec.main_device = "mock-gpu";
+  spec.main_options.engine.max_tokens_per_forward = 5;
+  spec.main_options.max_tensor_bytes_per_call = 3 * 128 * sizeof(float);
+  TestCluster cluster(spec);
+  const absl::Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  const std::vector<int32_t> prompt = SpreadPrompt(cluster.main().config(), 13);
+  EngineOptions engine;
+  engine.max_tokens_per_forward = 5;
+  const GenerateResult local = LocalReference(model, "mock-gpu", prompt, 5, engine);
+  auto remote = GenerateRemote(cluster.endpoint(), IdsRequest(prompt, 5), kTimeoutMs, nullptr);
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  ExpectSameAsLocal(*remote, local, prompt);
+  const ModelConfig& c = cluster.main().config();
+  uint64_t rows = 0, calls = 0, experts = 0, retries = 0;
+  for (const auto& w : remote->stats.workers()) {
+    rows += w.rows_computed();
+    calls += w.calls();
+    experts += w.experts_computed();
+    retries += w.busy_retries();
+  }
+  RecordProperty("busy_retries", static_cast<int>(retries));  // a worker with no thread free: retried
+  EXPECT_EQ(rows, static_cast<uint64_t>(c.top_k) * c.SparseLayers().size() * remote->stats.positions());
+  EXPECT_GE(calls, experts / 2);  // sanity: calls were made; with 3 rows per call, many
+  EXPECT_EQ(remote->stats.expert_tensors_opened(), 0u);
+}
+
+TEST(MainNodeTest, TextPromptStreamsTheSameText) {
+  const std::string model = "demo-mixtral-kjv";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  ClusterSpec spec;
+  spec.model = model;
+  TestCluster cluster(spec);
+  const absl::Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  ASSERT_TRUE(cluster.main().has_tokenizer());
+  auto tokenizer = Tokenizer::Load(SharedModel(model));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const std::string text = "In the beginning God created";
+  const std::vector<int32_t> prompt = (*tokenizer)->EncodeForModel(text);
+  const GenerateResult local = LocalReference(model, "cpu", prompt, 12);
+
+  v1::GenerateRequest req = IdsRequest({}, 12);
+  req.set_prompt(text);
+  std::string streamed;
+  bool every_chunk_has_text = true;
+  auto remote = GenerateRemote(cluster.endpoint(), req, kTimeoutMs, [&](const v1::GenerateResponse& m) {
+    streamed += m.text();
+    every_chunk_has_text = every_chunk_has_text && m.has_text();
+  });
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  ExpectSameAsLocal(*remote, local, prompt);
+  EXPECT_TRUE(remote->has_text);
+  EXPECT_TRUE(every_chunk_has_text);
+  EXPECT_EQ(remote->text, (*tokenizer)->Decode(local.tokens));
+  // The streamed text continues the prompt's text (as the local command prints it).
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), local.tokens.begin(), local.tokens.end());
+  EXPECT_EQ((*tokenizer)->Decode(prompt) + streamed, (*tokenizer)->Decode(all));
+}
+
+// ---- bad requests ------------------------------------------------------------------------------------------
+
+TEST(MainNodeTest, BadRequestsFailAndMainKeepsServing) {
+  const std::string model = "qwen2moe-tiny";  // no tokenizer.model
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  ClusterSpec spec;
+  spec.model = model;
+  TestCluster cluster(spec);
+  const absl::Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  const ModelConfig& c = cluster.main().config();
+  ASSERT_FALSE(cluster.main().has_tokenizer());
+
+  auto expect_error = [&](const v1::GenerateRequest& req, absl::StatusCode code, const std::string& words) {
+    int messages = 0;
+    auto r = GenerateRemote(cluster.endpoint(), req, kTimeoutMs, [&](const v1::GenerateResponse&) { ++messages; });
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), code) << r.status();
+    EXPECT_NE(r.status().message().find(words), absl::string_view::npos) << r.status();
+    EXPECT_EQ(messages, 0);
+  };
+  expect_error(IdsRequest({}, 4), absl::StatusCode::kInvalidArgument, "prompt is empty");
+  expect_error(IdsRequest({1, static_cast<int32_t>(c.vocab_size)}, 4), absl::StatusCode::kOutOfRange, "vocabulary");
+  expect_error(IdsRequest({1, -3}, 4), absl::StatusCode::kOutOfRange, "vocabulary");
+  v1::GenerateRequest both = IdsRequest({1, 2}, 4);
+  both.set_prompt("hello");
+  expect_error(both, absl::StatusCode::kInvalidArgument, "not both");
+  v1::GenerateRequest text = IdsRequest({}, 4);
+  text.set_prompt("hello");
+  expect_error(text, absl::StatusCode::kFailedPrecondition, "prompt_ids");
+  expect_error(IdsRequest({1, 2}, c.max_position_embeddings), absl::StatusCode::kOutOfRange, "max_position_embeddings");
+  expect_error(IdsRequest({1, 2}, -1), absl::StatusCode::kInvalidArgument, "max-new-tokens");
+  v1::GenerateRequest hot = IdsRequest({1, 2}, 4);
+  hot.mutable_sampling()->set_temperature(-1);
+  expect_error(hot, absl::StatusCode::kInvalidArgument, "temperature");
+
+  // Still serving, and still exact.
+  const std::vector<int32_t> prompt = {5, 6, 7};
+  auto ok = GenerateRemote(cluster.endpoint(), IdsRequest(prompt, 3), kTimeoutMs, nullptr);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ExpectSameAsLocal(*ok, LocalReference(model, "cpu", prompt, 3), prompt);
+
+  // Membership: every node, the epoch and the fingerprint the workers have.
+  auto stub = v1::Inference::NewStub(rpc::MakeChannel(cluster.endpoint()));
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(ctx, kTimeoutMs);
+  v1::Membership m;
+  ASSERT_TRUE(stub->GetMembership(&ctx, v1::MembershipRequest(), &m).ok());
+  EXPECT_EQ(m.epoch(), kEpoch);
+  EXPECT_EQ(m.self(), "main");
+  EXPECT_EQ(m.model_fingerprint(), cluster.worker(0)->fingerprint());
+  EXPECT_EQ(m.nodes_size(), 9);
+}
+
+TEST(MainNodeTest, TextPromptOnMainWithoutTokenizerWithoutWorkers) {
+  // RunRequest directly: validation needs no worker, and main starts without its workers being up.
+  const std::string model = "olmoe-tiny";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  ClusterSpec spec;
+  spec.model = model;
+  std::vector<std::string> nowhere;
+  for (int i = 0; i < 4; ++i) nowhere.push_back(StrCat("127.0.0.1:", ClosedPort()));
+  spec.workers = 4;
+  const ClusterConfig cluster = ParseToml(ClusterToml(spec, "127.0.0.1:1", nowhere));
+  auto main = MainNode::Create({cluster, *cluster.main(), SharedModel(model)});
+  ASSERT_TRUE(main.ok()) << main.status();
+  v1::GenerateRequest req;
+  req.set_prompt("hello");
+  req.set_max_new_tokens(2);
+  const absl::Status s = (*main)->RunRequest(req, [](const v1::GenerateResponse&) { return true; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("prompt_ids"), absl::string_view::npos) << s;
+  EXPECT_EQ((*main)->expert_tensors_opened(), 0);
+}
+
+// ---- failing workers -----------------------------------------------------------------------------------------
+
+TEST(MainNodeTest, WorkerDownFailsWithUnavailableNamingIt) {
+  const std::string model = "mixtral-tiny";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  ClusterSpec spec;
+  spec.model = model;
+  spec.workers = 2;
+  spec.group_size = 1;  // two groups: sparse layer 1 is served by w1 alone
+  spec.down_worker = 1;
+  TestCluster cluster(spec);
+  const absl::Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  // Fails fast with UNAVAILABLE (not DEADLINE_EXCEEDED after the 60 s deadline).
+  auto r = GenerateRemote(cluster.endpoint(), IdsRequest({3, 4, 5}, 4), kTimeoutMs, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_NE(r.status().message().find("worker w1"), absl::string_view::npos) << r.status();
+  // Main keeps serving: the next request fails the same way, promptly.
+  auto again = GenerateRemote(cluster.endpoint(), IdsRequest({3}, 1), kTimeoutMs, nullptr);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kUnavailable) << again.status();
+}
+
+TEST(MainNodeTest, HungWorkerHitsTheDeadline) {
+  const std::string model = "mixtral-tiny";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  ClusterSpec spec;
+  spec.model = model;
+  spec.workers = 2;
+  spec.group_size = 1;
+  spec.hung_worker = 0;
+  spec.rpc_timeout_ms = 300;
+  TestCluster cluster(spec);
+  const absl::Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  auto r = GenerateRemote(cluster.endpoint(), IdsRequest({3, 4, 5}, 2), kTimeoutMs, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_NE(r.status().message().find("worker w0"), absl::string_view::npos) << r.status();
+}
+
+// ---- the shadow (health, stats, membership only) -------------------------------------------------------------
+
+TEST(ShadowNodeTest, AnswersStatsAndMembership) {
+  const std::string model = "mixtral-tiny";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  ClusterSpec spec;
+  spec.model = model;
+  spec.workers = 2;
+  std::string toml = ClusterToml(spec, "127.0.0.1:1", {"127.0.0.1:2", "127.0.0.1:3"});
+  toml += "[[node]]\nname = \"shadow\"\nrole = \"shadow\"\naddress = \"127.0.0.1:4\"\ndevice = \"mock-gpu:64\"\n";
+  const ClusterConfig cluster = ParseToml(toml);
+  auto shadow = ShadowNode::Create({cluster, *cluster.shadow(), SharedModel(model)});
+  ASSERT_TRUE(shadow.ok()) << shadow.status();
+  auto server = rpc::Server::Start({"127.0.0.1:0", 2}, {shadow->get()});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Shadow::NewStub(rpc::MakeChannel(StrCat("127.0.0.1:", (*server)->port())));
+  {
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, kTimeoutMs);
+    v1::ShadowStats st;
+    ASSERT_TRUE(stub->GetStats(&ctx, v1::StatsRequest(), &st).ok());
+    EXPECT_EQ(st.node(), "shadow");
+    EXPECT_EQ(st.requests(), 0u);
+    EXPECT_EQ(st.memory().capacity_bytes(), uint64_t{64} << 20);
+  }
+  {
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, kTimeoutMs);
+    v1::Membership m;
+    const grpc::Status s = stub->GetMembership(&ctx, v1::MembershipRequest(), &m);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(m.self(), "shadow");
+    EXPECT_EQ(m.epoch(), kEpoch);
+    EXPECT_EQ(m.nodes_size(), 4);
+    EXPECT_EQ(m.model_fingerprint(), (*shadow)->fingerprint());
+  }
+}
+
+// ---- odmoe generate --endpoint ------------------------------------------------------------------------------
+
+TEST(GenerateEndpointCliTest, SameJsonAsLocalPlusStats) {
+  const std::string model = "mixtral-tiny";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  const std::string odmoe = testing::ProgramPath("odmoe");
+  ClusterSpec spec;
+  spec.model = model;
+  TestCluster cluster(spec);
+  const absl::Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  const std::vector<std::string> common = {"--prompt-ids", "3,14,15,92",    "--max-new-tokens", "5",
+                                           "--ignore-eos", "--dump-logits", "--dump-routing",   "--json"};
+  std::vector<std::string> local_argv = {odmoe, "generate", "--model", SharedModel(model)};
+  local_argv.insert(local_argv.end(), common.begin(), common.end());
+  std::vector<std::string> remote_argv = {odmoe, "generate", "--endpoint", cluster.endpoint()};
+  remote_argv.insert(remote_argv.end(), common.begin(), common.end());
+  const testing::RunResult local = testing::RunProgram(local_argv);
+  const testing::RunResult remote = testing::RunProgram(remote_argv);
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  ASSERT_EQ(remote.exit_code, 0) << remote.err;
+  auto lj = ParseJson(local.out, "local");
+  auto rj = ParseJson(remote.out, "remote");
+  ASSERT_TRUE(lj.ok() && rj.ok()) << local.out << remote.out;
+  for (const char* key : {"prompt_ids", "tokens", "stop_reason", "last_logits", "routing"}) {
+    EXPECT_EQ((*rj)[key], (*lj)[key]) << key;
+  }
+  EXPECT_TRUE((*rj)["timings"].contains("ttft_ms"));
+  EXPECT_TRUE((*rj)["timings"].contains("decode_tokens_per_s"));
+  const Json& st = (*rj)["stats"];
+  EXPECT_EQ(st["expert_tensors_opened"], 0);
+  EXPECT_EQ(st["workers"].size(), 8u);
+  for (const char* key : {"bytes_loaded", "loads_on_demand", "on_demand_load_ms", "ttft_ms", "decode_tokens_per_s"}) {
+    EXPECT_TRUE(st.contains(key)) << key;
+  }
+  uint64_t rows = 0;
+  for (const Json& w : st["workers"]) {
+    EXPECT_TRUE(w.contains("node") && w.contains("experts_computed") && w.contains("bytes_loaded"));
+    rows += w["rows_computed"].get<uint64_t>();
+  }
+  EXPECT_EQ(rows, 2u * 3u * (4u + 4u));  // k x sparse layers x positions
+
+  // Without --json: the ids as they stream (no tokenizer), one line.
+  const testing::RunResult plain =
+      testing::RunProgram({odmoe, "generate", "--endpoint", cluster.endpoint(), "--prompt-ids", "3,14,15,92",
+                           "--max-new-tokens", "5", "--ignore-eos"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  std::string ids;
+  for (const Json& t : (*lj)["tokens"]) ids += StrCat(ids.empty() ? "" : " ", t.get<int>());
+  EXPECT_EQ(plain.out, ids + "\n");
+
+  // Usage errors and an unreachable main: one stderr line, exit codes by status.
+  const testing::RunResult both =
+      testing::RunProgram({odmoe, "generate", "--endpoint", cluster.endpoint(), "--model", SharedModel(model),
+                           "--prompt-ids", "1", "--max-new-tokens", "1"});
+  EXPECT_EQ(both.exit_code, 2) << both.err;
+  EXPECT_NE(both.err.find("--model"), std::string::npos) << both.err;
+  const testing::RunResult down =
+      testing::RunProgram({odmoe, "generate", "--endpoint", StrCat("127.0.0.1:", ClosedPort()), "--prompt-ids", "1",
+                           "--max-new-tokens", "1"});
+  EXPECT_EQ(down.exit_code, 9) << down.err;
+  EXPECT_EQ(std::count(down.err.begin(), down.err.end(), '\n'), 1) << down.err;
+  const testing::RunResult bad = testing::RunProgram(
+      {odmoe, "generate", "--endpoint", cluster.endpoint(), "--prompt-ids", "1,99999", "--max-new-tokens", "1"});
+  EXPECT_EQ(bad.exit_code, 7) << bad.err;  // OutOfRange from main
+}
+
+}  // namespace
+}  // namespace odmoe
