@@ -94,7 +94,9 @@ std::vector<int> PickFreePorts(int n) {
 
 RunResult RunProgram(const std::vector<std::string>& argv) {
   int out_pipe[2], err_pipe[2];
-  if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0) throw std::runtime_error("pipe failed");
+  // Close-on-exec: the program gets only its own ends as stdout/stderr, so nothing it starts in the
+  // background (e.g. daemons) keeps the pipes open after it exits.
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
   pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {

@@ -123,6 +123,9 @@ absl::StatusOr<pid_t> Spawn(const std::string& program, const std::vector<std::s
     dup2(devnull, 0);
     dup2(log, 1);
     dup2(log, 2);
+    // The daemon outlives this command: it must not hold any other descriptor of ours (a caller's pipe would
+    // otherwise stay open until the cluster stops).
+    for (int fd = 3; fd < 1024; ++fd) close(fd);
     std::vector<char*> argv;
     argv.push_back(const_cast<char*>(program.c_str()));
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));

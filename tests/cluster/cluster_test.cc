@@ -1,0 +1,223 @@
+// The whole cluster as real processes on loopback (main + shadow + 8 workers on the mock GPU), started with
+// `odmoe cluster up` as users do: for every shared model, tokens, routing and logits through the cluster are
+// identical to the single-process engine, the goldens pass through it, the workers' compute counters add up
+// to k x sparse layers x positions, and main never opened an expert tensor.
+#include <signal.h>
+
+#include <fstream>
+#include <numeric>
+#include <regex>
+
+#include "gtest/gtest.h"
+#include "src/backend/device_factory.h"
+#include "src/cluster/client.h"
+#include "src/common/json.h"
+#include "src/common/strings.h"
+#include "src/engine/generator.h"
+#include "tests/engine/golden_support.h"
+#include "tests/test_support.h"
+
+namespace odmoe {
+namespace {
+
+using odmoe::testing::ProgramPath;
+using odmoe::testing::RunProgram;
+using odmoe::testing::RunResult;
+
+// A cluster file with free loopback ports; `cluster up` on construction, `cluster down` on destruction.
+class LocalCluster {
+ public:
+  LocalCluster(const std::string& model_dir, int workers, int group_size) {
+    const std::vector<int> ports = odmoe::testing::PickFreePorts(workers + 2);
+    std::string toml = StrCat("[cluster]\nname = \"test\"\nepoch = 7\ngroup_size = ", group_size,
+                              "\nrpc_timeout_ms = 60000\nstartup_timeout_ms = 120000\n");
+    auto node = [&](const std::string& name, const std::string& role, int port, const std::string& extra) {
+      toml += StrCat("\n[[node]]\nname = \"", name, "\"\nrole = \"", role, "\"\naddress = \"127.0.0.1:", port,
+                     "\"\nthreads = 2\n", extra);
+    };
+    node("main", "main", ports[0], "device = \"cpu\"\n");
+    node("shadow", "shadow", ports[1], "device = \"cpu\"\n");
+    for (int w = 0; w < workers; ++w) {
+      node(StrCat("worker", w), "worker", ports[static_cast<size_t>(w + 2)],
+           "device = \"mock-gpu\"\ngpu_budget_mb = 256\n");
+    }
+    config_ = dir_.File("cluster.toml");
+    odmoe::testing::WriteFile(config_, toml);
+    up_ = RunProgram({ProgramPath("odmoe"), "cluster", "up", "--config", config_, "--model", model_dir,
+                      "--run-dir", run_dir()});
+    std::smatch m;
+    static const std::regex kGrpc("(^|\\n)grpc: ([^\\n]+)\\n");
+    if (up_.exit_code == 0 && std::regex_search(up_.out, m, kGrpc)) endpoint_ = m[2];
+  }
+  ~LocalCluster() { Down(); }
+  RunResult Down() { return RunProgram({ProgramPath("odmoe"), "cluster", "down", "--config", config_, "--run-dir", run_dir()}); }
+
+  const std::string& endpoint() const { return endpoint_; }
+  const RunResult& up() const { return up_; }
+  const std::string& config() const { return config_; }
+  std::string run_dir() const { return dir_.File("run"); }
+
+ private:
+  odmoe::testing::TempDir dir_;
+  std::string config_;
+  RunResult up_;
+  std::string endpoint_;
+};
+
+v1::GenerateRequest MakeRequest(const std::vector<int32_t>& prompt, const GenerateOptions& o) {
+  v1::GenerateRequest req;
+  for (int32_t id : prompt) req.add_prompt_ids(id);
+  req.set_max_new_tokens(o.max_new_tokens);
+  req.set_ignore_eos(o.ignore_eos);
+  req.set_dump_logits(o.keep_last_logits);
+  req.set_dump_routing(o.record_routing);
+  return req;
+}
+
+class ClusterModelTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ClusterModelTest, IdenticalToTheSingleProcessEngineAndPassesTheGoldens) {
+  const std::string name = GetParam();
+  const std::string dir = odmoe::testing::SharedModel(name);
+  if (!odmoe::testing::HaveSharedModel(name)) GTEST_SKIP() << "needs " << dir;
+  auto config = LoadModelConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const int group = static_cast<int>(config->top_k);  // 8 workers: 4 groups for top-2, 2 for top-4
+
+  LocalCluster cluster(dir, 8, group);
+  ASSERT_EQ(cluster.up().exit_code, 0) << cluster.up().err;
+  ASSERT_FALSE(cluster.endpoint().empty()) << cluster.up().out;
+
+  auto device = CreateDevice("cpu");
+  ASSERT_TRUE(device.ok());
+  auto local = LocalModel::Open(dir, std::move(device).value());
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto golden = odmoe::testing::LoadGolden(dir);
+  ASSERT_TRUE(golden.ok()) << golden.status();
+
+  const int64_t sparse = static_cast<int64_t>(config->SparseLayers().size());
+  int64_t requests = 0;
+  auto remote = [&](const std::vector<int32_t>& prompt,
+                    const GenerateOptions& o) -> absl::StatusOr<GenerateResult> {
+    auto r = GenerateRemote(cluster.endpoint(), MakeRequest(prompt, o), 120000);
+    if (!r.ok()) return r.status();
+    ++requests;
+    // Identical to the single-process engine: tokens, routing and (bitwise) logits.
+    GenerateOptions lo = o;
+    lo.record_routing = true;
+    lo.keep_last_logits = true;
+    auto l = Generate((*local)->engine(), prompt, lo);
+    EXPECT_TRUE(l.ok()) << l.status();
+    if (l.ok()) {
+      EXPECT_EQ(r->tokens, l->tokens);
+      if (o.keep_last_logits) {
+        EXPECT_EQ(r->last_logits, l->last_logits);
+      }
+      if (o.record_routing) {
+        std::vector<PositionRouting> got(r->routing.begin(), r->routing.end());
+        EXPECT_EQ(got, l->routing);
+      }
+    }
+    // Every (position, sparse layer) sent k experts to the workers, and each was computed once.
+    const int64_t positions = static_cast<int64_t>(prompt.size() + std::max<size_t>(r->tokens.size(), 1) - 1);
+    uint64_t computed = 0;
+    for (const auto& w : r->stats.workers()) computed += w.rows_computed();
+    EXPECT_EQ(computed, static_cast<uint64_t>(config->top_k * sparse * positions));
+    EXPECT_EQ(r->stats.expert_tensors_opened(), 0u) << "main opened an expert tensor";
+    GenerateResult g;
+    g.tokens = r->tokens;
+    g.last_logits = r->last_logits;
+    g.routing.assign(r->routing.begin(), r->routing.end());
+    g.stop_reason = r->stop_reason;
+    return g;
+  };
+  odmoe::testing::GoldenCounts counts;
+  odmoe::testing::CheckGolden(remote, *golden, odmoe::testing::GoldenThresholds::Fp32(), name + " cluster", counts);
+  std::cout << "[cluster golden] " << name << ": " << counts.tokens << " greedy tokens, " << counts.routing
+            << " routing decisions compared over " << requests << " requests\n";
+  EXPECT_GT(counts.tokens, 0);
+  EXPECT_GT(counts.routing, 0);
+
+  RunResult status = RunProgram({ProgramPath("odmoe"), "cluster", "status", "--config", cluster.config(),
+                                 "--run-dir", cluster.run_dir(), "--json"});
+  EXPECT_EQ(status.exit_code, 0) << status.out << status.err;
+  RunResult down = cluster.Down();
+  EXPECT_EQ(down.exit_code, 0) << down.err;
+  EXPECT_NE(down.out.find("stopped 10 nodes"), std::string::npos) << down.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(SharedModels, ClusterModelTest,
+                         ::testing::Values("tiny-mixtral-kjv", "demo-mixtral-kjv", "mixtral-tiny", "qwen2moe-tiny",
+                                           "qwen3moe-tiny", "olmoe-tiny"),
+                         [](const auto& p) {
+                           std::string n = p.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+class ClusterCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!odmoe::testing::HaveSharedModel("tiny-mixtral-kjv")) GTEST_SKIP() << "needs ../shared/models";
+  }
+};
+
+TEST_F(ClusterCliTest, GenerateThroughTheEndpointPrintsTheSameJsonAsLocally) {
+  const std::string dir = odmoe::testing::SharedModel("tiny-mixtral-kjv");
+  LocalCluster cluster(dir, 8, 2);
+  ASSERT_EQ(cluster.up().exit_code, 0) << cluster.up().err;
+  const std::vector<std::string> common = {"--prompt", "In the beginning God created the heaven and the earth.",
+                                           "--max-new-tokens", "16", "--dump-routing", "--json"};
+  std::vector<std::string> remote_args = {ProgramPath("odmoe"), "generate", "--endpoint", cluster.endpoint()};
+  std::vector<std::string> local_args = {ProgramPath("odmoe"), "generate", "--model", dir};
+  remote_args.insert(remote_args.end(), common.begin(), common.end());
+  local_args.insert(local_args.end(), common.begin(), common.end());
+  RunResult rr = RunProgram(remote_args), lr = RunProgram(local_args);
+  ASSERT_EQ(rr.exit_code, 0) << rr.err;
+  ASSERT_EQ(lr.exit_code, 0) << lr.err;
+  auto rj = ParseJson(rr.out, "remote"), lj = ParseJson(lr.out, "local");
+  ASSERT_TRUE(rj.ok() && lj.ok());
+  for (const char* key : {"prompt_ids", "tokens", "text", "routing", "stop_reason"}) {
+    EXPECT_EQ((*rj)[key], (*lj)[key]) << key;
+  }
+  const Json& stats = (*rj)["stats"];
+  EXPECT_EQ(stats["workers"].size(), 8u);
+  EXPECT_GT(stats["bytes_loaded"].get<uint64_t>(), 0u);
+  EXPECT_EQ(stats["expert_tensors_opened"].get<uint64_t>(), 0u);
+  EXPECT_TRUE((*rj)["timings"].contains("ttft_ms"));
+}
+
+TEST_F(ClusterCliTest, AWorkerThatCannotStartStopsTheStartUpCleanly) {
+  const std::string dir = odmoe::testing::SharedModel("tiny-mixtral-kjv");
+  // A worker whose device cannot be created exits at start-up; the others are stopped again.
+  odmoe::testing::TempDir tmp;
+  const std::vector<int> ports = odmoe::testing::PickFreePorts(3);
+  std::string toml = StrCat("[cluster]\nname = \"bad\"\nstartup_timeout_ms = 60000\n[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"127.0.0.1:",
+                            ports[0], "\"\n[[node]]\nname = \"w0\"\nrole = \"worker\"\naddress = \"127.0.0.1:", ports[1],
+                            "\"\ndevice = \"no-such-device\"\n[[node]]\nname = \"w1\"\nrole = \"worker\"\naddress = \"127.0.0.1:",
+                            ports[2], "\"\ndevice = \"mock-gpu\"\n");
+  odmoe::testing::WriteFile(tmp.File("bad.toml"), toml);
+  RunResult up = RunProgram({ProgramPath("odmoe"), "cluster", "up", "--config", tmp.File("bad.toml"), "--model", dir,
+                             "--run-dir", tmp.File("run")});
+  EXPECT_NE(up.exit_code, 0);
+  EXPECT_EQ(up.signal, 0);
+  EXPECT_NE(up.err.find("exited during start-up"), std::string::npos) << up.err;
+  // Nothing is left running: status reports every node unreachable.
+  RunResult status = RunProgram({ProgramPath("odmoe"), "cluster", "status", "--config", tmp.File("bad.toml"),
+                                 "--run-dir", tmp.File("run"), "--json"});
+  auto j = ParseJson(status.out, "status");
+  ASSERT_TRUE(j.ok()) << status.out;
+  for (const Json& n : (*j)["nodes"]) EXPECT_EQ(n["health"], "UNREACHABLE") << n.dump();
+}
+
+TEST_F(ClusterCliTest, BadClusterFileIsOneLineNamingTheField) {
+  odmoe::testing::TempDir tmp;
+  odmoe::testing::WriteFile(tmp.File("c.toml"), "[cluster]\nepoch = -1\n[[node]]\nname = \"m\"\nrole = \"main\"\naddress = \"127.0.0.1:1\"\n");
+  RunResult up = RunProgram({ProgramPath("odmoe"), "cluster", "up", "--config", tmp.File("c.toml")});
+  EXPECT_EQ(up.exit_code, 2) << up.err;
+  EXPECT_NE(up.err.find("'epoch'"), std::string::npos) << up.err;
+  EXPECT_EQ(std::count(up.err.begin(), up.err.end(), '\n'), 1) << up.err;
+}
+
+}  // namespace
+}  // namespace odmoe
