@@ -47,6 +47,9 @@ absl::StatusOr<std::unique_ptr<Device>> CreateWorkerDevice(const std::string& sp
     options.record_timeline = false;
     return std::unique_ptr<Device>(new MockGpuDevice(options));
   }
+  // A CUDA device takes the budget (whole MiB, rounded up) as its own capacity, so the backend itself refuses
+  // to allocate past it.
+  if (spec == "cuda" && budget != 0) return CreateDevice(StrCat("cuda:", (budget + (1u << 20) - 1) >> 20));
   return CreateDevice(spec);
 }
 

@@ -67,6 +67,14 @@ TEST(ClusterConfigTest, TheShippedLocalConfigLoads) {
   EXPECT_EQ(c->workers().size(), 8u);
 }
 
+TEST(ClusterConfigTest, TheShippedTestbedConfigLoads) {
+  auto c = LoadClusterConfig(odmoe::testing::SourceDir() + "/configs/testbed.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->nodes.size(), 10u);
+  EXPECT_EQ(c->workers().size(), 8u);
+  EXPECT_EQ(c->workers()[7]->gpu_budget_bytes, 1024ull << 20);
+}
+
 struct Bad {
   std::string from, to;  // replace `from` in kGood by `to`
   std::string needle;    // the message must name this
