@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "src/backend/device_factory.h"
-#include "src/cli/flags.h"
+#include "src/common/flags.h"
 #include "src/common/json.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
@@ -24,7 +24,7 @@ double Median(std::vector<double> v) {
 }
 
 absl::Status RunDecode(const std::vector<std::string>& args) {
-  ODMOE_ASSIGN_OR_RETURN(cli::Flags f, cli::Flags::Parse(args, {"model", "backend", "prompt-len", "new-tokens",
+  ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, {"model", "backend", "prompt-len", "new-tokens",
                                                                   "repeat"},
                                                          {}));
   ODMOE_ASSIGN_OR_RETURN(std::string model_dir, f.Required("model"));
