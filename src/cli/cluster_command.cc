@@ -284,7 +284,10 @@ absl::Status Status(const Flags& f, const ClusterConfig& c, const std::string& c
       std::string mem = "-";
       if (j.contains("gpu_memory")) {
         const Json& m = j["gpu_memory"];
-        auto mib = [](const Json& v) { return StrCat(v.get<uint64_t>() >> 20, " MiB"); };
+        auto mib = [](const Json& v) {
+          const uint64_t b = v.get<uint64_t>();
+          return b >= (uint64_t{1} << 20) ? StrCat(b >> 20, " MiB") : StrCat((b + 1023) >> 10, " KiB");
+        };
         mem = StrCat(mib(m["in_use_bytes"]), " / ", mib(m["peak_bytes"]), " / ",
                      m["capacity_bytes"].get<uint64_t>() == 0 ? std::string("-") : mib(m["capacity_bytes"]));
       }
