@@ -3,11 +3,21 @@
 //   odmoe-bench decode --model DIR [--backend cpu] [--prompt-len 16,128] [--new-tokens 64,256] [--repeat 3]
 //     Single-process TTFT and decode tokens/s, batch 1, EOS ignored, after one warm-up request; the figure of
 //     each (prompt, output) pair is the median over --repeat runs.
+//
+//   odmoe-bench engine (--synthetic CONFIG [--layers N] [--seed S] | --model DIR) [--backend cpu]
+//       [--pairs 16x64,16x256,128x64,128x256] [--repeat 3] [--copy-mb 1024]
+//     The whole model resident on one device, batch 1: TTFT, decode tokens/s, bytes read per token and the
+//     memory-bandwidth bound (engine_bench.cc).
+//
+//   odmoe-bench kernels [--backend cpu] [--hidden 4096] [--inter 14336] [--contexts 1024,4096,16384]
+//       [--heads 32] [--kv-heads 8] [--head-dim 128] [--rotate-mb 256] [--iters N] [--copy-mb 1024]
+//     Achieved GB/s of the expert GEMVs and decode attention against the copy bandwidth (kernels_bench.cc).
 #include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "bench/benchmarks.h"
 #include "src/backend/device_factory.h"
 #include "src/common/flags.h"
 #include "src/common/json.h"
@@ -85,7 +95,11 @@ absl::Status RunDecode(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   const std::string usage =
       "usage: odmoe-bench decode --model DIR [--backend cpu] [--prompt-len 16,128] [--new-tokens 64,256] "
-      "[--repeat 3]\n";
+      "[--repeat 3]\n"
+      "       odmoe-bench engine (--synthetic CONFIG [--layers N] [--seed S] | --model DIR) [--backend cpu]\n"
+      "           [--pairs 16x64,16x256,128x64,128x256] [--repeat 3] [--copy-mb 1024]\n"
+      "       odmoe-bench kernels [--backend cpu] [--hidden 4096] [--inter 14336] [--contexts 1024,4096,16384]\n"
+      "           [--heads 32] [--kv-heads 8] [--head-dim 128] [--rotate-mb 256] [--iters N] [--copy-mb 1024]\n";
   if (argc < 2) {
     std::fputs(usage.c_str(), stderr);
     return odmoe::kExitUsage;
@@ -95,6 +109,10 @@ int main(int argc, char** argv) {
   absl::Status status;
   if (cmd == "decode") {
     status = odmoe::RunDecode(args);
+  } else if (cmd == "engine") {
+    status = odmoe::bench::RunEngine(args);
+  } else if (cmd == "kernels") {
+    status = odmoe::bench::RunKernels(args);
   } else {
     std::fprintf(stderr, "odmoe-bench: unknown benchmark '%s'\n%s", cmd.c_str(), usage.c_str());
     return odmoe::kExitUsage;

@@ -23,6 +23,8 @@ constexpr char kUsage[] =
     "usage: odmoe generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
     "           [--temperature T --top-k K --top-p P --seed S] [--ignore-eos] [--backend cpu|mock-gpu|cuda]\n"
     "           [--dump-logits] [--dump-routing] [--json]\n"
+    "       odmoe generate --synthetic CONFIG [--layers N] [--weights-seed S] --prompt-ids 1,2,3 --max-new-tokens N\n"
+    "           [the same sampling, backend and output flags]\n"
     "       odmoe generate --endpoint HOST:PORT (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
     "           [the same sampling and output flags] [--timeout-ms MS]\n"
     "  Greedy unless --temperature > 0. Without --json the text is printed as it is generated; with --json one\n"
@@ -31,10 +33,14 @@ constexpr char kUsage[] =
     "  --endpoint sends the request to a cluster's main node (which has the model: no --model, no --backend);\n"
     "  the JSON then also has `stats`: per worker the experts computed and on-demand loads, bytes loaded\n"
     "  host-to-device, on-demand loads and their total ms, ttft, decode tokens/s, and the expert tensors main\n"
-    "  opened (0). --timeout-ms bounds the whole request (default 600000).\n";
+    "  opened (0). --timeout-ms bounds the whole request (default 600000).\n"
+    "  --synthetic runs the model of CONFIG (a config.json or a folder with one) with seeded random weights\n"
+    "  (--weights-seed, default 0; --seed stays the sampling seed), --layers N of them (default: the config's).\n";
 
 struct Request {
   std::string model_dir;
+  bool synthetic = false;  // --synthetic: `spec` instead of model_dir
+  SyntheticSpec spec;
   std::string endpoint;  // --endpoint: run on a cluster
   int64_t timeout_ms = 600000;
   std::string backend = "cpu";
@@ -49,7 +55,8 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(
       Flags f, Flags::Parse(args,
                             {"model", "prompt", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p",
-                             "seed", "backend", "endpoint", "timeout-ms"},
+                             "seed", "backend", "endpoint", "timeout-ms", "synthetic", "layers",
+                             "weights-seed"},
                             {"ignore-eos", "dump-logits", "dump-routing", "json"}));
   Request r;
   if (f.Has("endpoint")) {
@@ -68,7 +75,26 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
     }
   } else {
     if (f.Has("timeout-ms")) return absl::InvalidArgumentError("--timeout-ms needs --endpoint");
-    ODMOE_ASSIGN_OR_RETURN(r.model_dir, f.Required("model"));
+    if (f.Has("synthetic")) {
+      if (f.Has("model")) return absl::InvalidArgumentError("give one of --model DIR and --synthetic CONFIG");
+      if (f.Has("prompt")) {
+        return absl::InvalidArgumentError("--synthetic has no tokenizer: pass token ids with --prompt-ids");
+      }
+      r.synthetic = true;
+      r.spec.config_path = *f.Get("synthetic");
+      ODMOE_ASSIGN_OR_RETURN(r.spec.layers, f.Int("layers", 0));
+      if (r.spec.layers < 0) return absl::InvalidArgumentError(StrCat("--layers must be >= 1, got ", r.spec.layers));
+      ODMOE_ASSIGN_OR_RETURN(int64_t wseed, f.Int("weights-seed", 0));
+      r.spec.seed = static_cast<uint64_t>(wseed);
+    } else {
+      if (f.Has("layers") || f.Has("weights-seed")) {
+        return absl::InvalidArgumentError("--layers and --weights-seed need --synthetic CONFIG");
+      }
+      ODMOE_ASSIGN_OR_RETURN(r.model_dir, f.Required("model"));
+    }
+  }
+  if (!r.endpoint.empty() && (f.Has("synthetic") || f.Has("layers") || f.Has("weights-seed"))) {
+    return absl::InvalidArgumentError("--synthetic cannot be combined with --endpoint: the main node has the model");
   }
   if (f.Has("prompt") == f.Has("prompt-ids")) {
     return absl::InvalidArgumentError("give exactly one of --prompt TEXT and --prompt-ids 1,2,3");
@@ -185,11 +211,13 @@ absl::Status Run(const std::vector<std::string>& args) {
   if (!r.endpoint.empty()) return RunRemote(r);
 
   std::unique_ptr<Tokenizer> tokenizer;
-  auto tok = Tokenizer::Load(r.model_dir);
-  if (tok.ok()) {
-    tokenizer = std::move(tok).value();
-  } else if (!absl::IsNotFound(tok.status())) {
-    return tok.status();
+  if (!r.synthetic) {
+    auto tok = Tokenizer::Load(r.model_dir);
+    if (tok.ok()) {
+      tokenizer = std::move(tok).value();
+    } else if (!absl::IsNotFound(tok.status())) {
+      return tok.status();
+    }
   }
   if (r.have_text_prompt) {
     if (tokenizer == nullptr) {
@@ -200,11 +228,21 @@ absl::Status Run(const std::vector<std::string>& args) {
     r.prompt_ids = tokenizer->EncodeForModel(r.prompt_text);
   }
 
-  ODMOE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(r.model_dir));
+  ModelConfig config;
+  if (r.synthetic) {
+    ODMOE_ASSIGN_OR_RETURN(config, SyntheticModelConfig(r.spec));
+  } else {
+    ODMOE_ASSIGN_OR_RETURN(config, LoadModelConfig(r.model_dir));
+  }
   // Reject a bad request before loading any weights.
   ODMOE_RETURN_IF_ERROR(ValidateRequest(config, r.prompt_ids, r.options.max_new_tokens));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(r.backend));
-  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<LocalModel> model, LocalModel::Open(r.model_dir, std::move(device)));
+  std::unique_ptr<LocalModel> model;
+  if (r.synthetic) {
+    ODMOE_ASSIGN_OR_RETURN(model, LocalModel::OpenSynthetic(r.spec, std::move(device)));
+  } else {
+    ODMOE_ASSIGN_OR_RETURN(model, LocalModel::Open(r.model_dir, std::move(device)));
+  }
 
   std::unique_ptr<IncrementalDecoder> stream_decoder;
   std::function<void(int32_t)> on_token;
@@ -244,6 +282,9 @@ absl::Status Run(const std::vector<std::string>& args) {
   out["timings"] = {{"ttft_ms", result.ttft_ms}, {"decode_tokens_per_s", result.decode_tokens_per_s},
                     {"total_ms", result.total_ms}};
   out["backend"] = r.backend;
+  if (r.synthetic) {
+    out["synthetic"] = {{"config", r.spec.config_path}, {"layers", config.num_layers}, {"seed", r.spec.seed}};
+  }
   PrintJson(out);
   return absl::OkStatus();
 }

@@ -84,12 +84,27 @@ absl::StatusOr<std::unique_ptr<LocalModel>> LocalModel::Open(const std::string& 
   ODMOE_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(model_dir));
   ODMOE_ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(model_dir));
   m->device_ = std::move(device);
-  ODMOE_ASSIGN_OR_RETURN(m->weights_,
-                         ModelWeights::Load(m->config_, *m->checkpoint_, *m->device_, WeightSelection::All()));
-  ODMOE_ASSIGN_OR_RETURN(m->experts_,
-                         LocalExpertExecutor::Create(*m->device_, *m->weights_, options.max_tokens_per_forward));
-  ODMOE_ASSIGN_OR_RETURN(m->engine_, Engine::Create(*m->weights_, *m->device_, m->experts_.get(), options));
+  CheckpointSource source(*m->checkpoint_);
+  ODMOE_RETURN_IF_ERROR(m->Assemble(source, options));
   return m;
+}
+
+absl::StatusOr<std::unique_ptr<LocalModel>> LocalModel::OpenSynthetic(const SyntheticSpec& spec,
+                                                                      std::unique_ptr<Device> device,
+                                                                      EngineOptions options) {
+  std::unique_ptr<LocalModel> m(new LocalModel());
+  ODMOE_ASSIGN_OR_RETURN(m->config_, SyntheticModelConfig(spec));
+  m->device_ = std::move(device);
+  SyntheticSource source(m->config_, spec.seed);
+  ODMOE_RETURN_IF_ERROR(m->Assemble(source, options));
+  return m;
+}
+
+absl::Status LocalModel::Assemble(TensorSource& source, EngineOptions options) {
+  ODMOE_ASSIGN_OR_RETURN(weights_, ModelWeights::Load(config_, source, *device_, WeightSelection::All()));
+  ODMOE_ASSIGN_OR_RETURN(experts_, LocalExpertExecutor::Create(*device_, *weights_, options.max_tokens_per_forward));
+  ODMOE_ASSIGN_OR_RETURN(engine_, Engine::Create(*weights_, *device_, experts_.get(), options));
+  return absl::OkStatus();
 }
 
 }  // namespace odmoe

@@ -17,6 +17,7 @@
 #include "src/engine/sampler.h"
 #include "src/model/checkpoint.h"
 #include "src/model/model_config.h"
+#include "src/model/synthetic.h"
 
 namespace odmoe {
 
@@ -53,13 +54,20 @@ class LocalModel {
  public:
   static absl::StatusOr<std::unique_ptr<LocalModel>> Open(const std::string& model_dir,
                                                           std::unique_ptr<Device> device, EngineOptions options = {});
+  // The model of `spec` with synthetic weights (src/model/synthetic.h), generated on the host and uploaded.
+  static absl::StatusOr<std::unique_ptr<LocalModel>> OpenSynthetic(const SyntheticSpec& spec,
+                                                                   std::unique_ptr<Device> device,
+                                                                   EngineOptions options = {});
   const ModelConfig& config() const { return config_; }
   Engine& engine() { return *engine_; }
   Device& device() { return *device_; }
+  const ModelWeights& weights() const { return *weights_; }
+  // REQUIRES: opened with Open (a synthetic model has no checkpoint).
   Checkpoint& checkpoint() { return *checkpoint_; }
 
  private:
   LocalModel() = default;
+  absl::Status Assemble(TensorSource& source, EngineOptions options);
   ModelConfig config_;
   std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<Device> device_;

@@ -9,11 +9,12 @@
 
 namespace odmoe {
 
-absl::StatusOr<WeightRef> ModelWeights::Upload(Checkpoint& checkpoint, Device& device, const TensorSpec& spec) {
-  ODMOE_ASSIGN_OR_RETURN(TensorData t, checkpoint.Read(spec));
-  const size_t bytes = t.info->nbytes;
+absl::StatusOr<WeightRef> ModelWeights::Upload(TensorSource& source, Device& device, const TensorSpec& spec) {
+  ODMOE_ASSIGN_OR_RETURN(SourceTensor t, source.Read(spec));
+  const size_t bytes = t.nbytes;
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buf, device.Allocate(bytes, spec.name));
   device.CopyToDevice(buf->data(), t.data, bytes, nullptr);
+  if (!source.stable()) device.Synchronize(nullptr);  // the next Read reuses the host bytes
   WeightRef ref{buf->data(), t.dtype};
   device_bytes_ += bytes;
   buffers_.push_back(std::move(buf));
@@ -21,6 +22,12 @@ absl::StatusOr<WeightRef> ModelWeights::Upload(Checkpoint& checkpoint, Device& d
 }
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConfig& config, Checkpoint& checkpoint,
+                                                                 Device& device, const WeightSelection& selection) {
+  CheckpointSource source(checkpoint);
+  return Load(config, source, device, selection);
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConfig& config, TensorSource& source,
                                                                  Device& device, const WeightSelection& selection) {
   std::unique_ptr<ModelWeights> w(new ModelWeights(config));
   w->layers_.resize(static_cast<size_t>(config.num_layers));
@@ -31,11 +38,11 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
   }
 
   if (selection.non_expert) {
-    // Validate everything first so that a bad checkpoint fails before any device memory is used.
+    // Validate everything first so that a bad source fails before any device memory is used.
     const std::vector<TensorSpec> specs = NonExpertTensors(config);
-    ODMOE_RETURN_IF_ERROR(checkpoint.Validate(specs));
+    ODMOE_RETURN_IF_ERROR(source.Validate(specs));
     for (const TensorSpec& spec : specs) {
-      ODMOE_ASSIGN_OR_RETURN(WeightRef ref, w->Upload(checkpoint, device, spec));
+      ODMOE_ASSIGN_OR_RETURN(WeightRef ref, w->Upload(source, device, spec));
       LayerWeights* lw = spec.layer >= 0 ? &w->layers_[static_cast<size_t>(spec.layer)] : nullptr;
       switch (spec.role) {
         case TensorRole::kEmbed: w->embed_ = ref; break;
@@ -89,11 +96,11 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
       return absl::InvalidArgumentError(StrCat("expert (layer ", l, ", expert ", e, ") does not exist in this model"));
     }
     const std::vector<TensorSpec> specs = ExpertTensors(config, l, e);
-    ODMOE_RETURN_IF_ERROR(checkpoint.Validate(specs));
+    ODMOE_RETURN_IF_ERROR(source.Validate(specs));
     MlpWeights& m = w->layers_[static_cast<size_t>(l)].experts[static_cast<size_t>(e)];
-    ODMOE_ASSIGN_OR_RETURN(m.gate, w->Upload(checkpoint, device, specs[0]));
-    ODMOE_ASSIGN_OR_RETURN(m.up, w->Upload(checkpoint, device, specs[1]));
-    ODMOE_ASSIGN_OR_RETURN(m.down, w->Upload(checkpoint, device, specs[2]));
+    ODMOE_ASSIGN_OR_RETURN(m.gate, w->Upload(source, device, specs[0]));
+    ODMOE_ASSIGN_OR_RETURN(m.up, w->Upload(source, device, specs[1]));
+    ODMOE_ASSIGN_OR_RETURN(m.down, w->Upload(source, device, specs[2]));
     m.intermediate = config.expert_intermediate_size;
   }
   device.SynchronizeAll();

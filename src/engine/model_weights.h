@@ -13,6 +13,7 @@
 #include "src/backend/device.h"
 #include "src/model/checkpoint.h"
 #include "src/model/model_config.h"
+#include "src/model/tensor_source.h"
 
 namespace odmoe {
 
@@ -57,8 +58,12 @@ struct WeightSelection {
 // Thread safety: immutable after Load.
 class ModelWeights {
  public:
-  // Reads the selected tensors from `checkpoint` (validated: presence, dtype, shape) and copies them to
-  // `device`. Errors name the tensor and the file; ResourceExhausted when the device is too small.
+  // Reads the selected tensors from `source` (validated first: presence, dtype, shape) and copies them to
+  // `device`. Errors name the tensor and the source; ResourceExhausted when the device is too small. A source
+  // whose bytes do not outlive the next Read (stable() false) is synchronized after each copy.
+  static absl::StatusOr<std::unique_ptr<ModelWeights>> Load(const ModelConfig& config, TensorSource& source,
+                                                            Device& device, const WeightSelection& selection);
+  // The same from a checkpoint (through CheckpointSource).
   static absl::StatusOr<std::unique_ptr<ModelWeights>> Load(const ModelConfig& config, Checkpoint& checkpoint,
                                                             Device& device, const WeightSelection& selection);
 
@@ -73,7 +78,7 @@ class ModelWeights {
 
  private:
   explicit ModelWeights(const ModelConfig& config) : config_(config) {}
-  absl::StatusOr<WeightRef> Upload(Checkpoint& checkpoint, Device& device, const TensorSpec& spec);
+  absl::StatusOr<WeightRef> Upload(TensorSource& source, Device& device, const TensorSpec& spec);
 
   ModelConfig config_;
   WeightRef embed_, final_norm_, lm_head_;

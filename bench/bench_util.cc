@@ -1,0 +1,64 @@
+#include "bench/bench_util.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+namespace odmoe::bench {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+absl::StatusOr<double> MeasureCopyBandwidth(Device& device, size_t bytes, int iters) {
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> a, device.Allocate(bytes, "bench copy source"));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> b, device.Allocate(bytes, "bench copy destination"));
+  {
+    std::vector<uint8_t> host(bytes, 0x5a);
+    device.CopyToDevice(a->data(), host.data(), bytes, nullptr);
+    device.SynchronizeAll();
+  }
+  device.CopyOnDevice(b->data(), a->data(), bytes, nullptr);  // warm-up
+  device.SynchronizeAll();
+  const Clock::time_point start = Clock::now();
+  for (int i = 0; i < iters; ++i) {
+    if (i % 2 == 0) {
+      device.CopyOnDevice(b->data(), a->data(), bytes, nullptr);
+    } else {
+      device.CopyOnDevice(a->data(), b->data(), bytes, nullptr);
+    }
+  }
+  device.SynchronizeAll();
+  const double s = SecondsSince(start);
+  return s > 0 ? 2.0 * static_cast<double>(bytes) * iters / s : 0.0;
+}
+
+absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> ParsePairs(const std::string& text) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(pos, end - pos);
+    long long p = 0, n = 0;
+    char tail = 0;
+    if (std::sscanf(item.c_str(), "%lldx%lld%c", &p, &n, &tail) != 2 || p < 1 || n < 1) {
+      return absl::InvalidArgumentError(
+          StrCat("--pairs: expected PROMPTxOUTPUT[,PROMPTxOUTPUT...] with positive numbers, got '", item, "'"));
+    }
+    out.emplace_back(p, n);
+    pos = end + 1;
+  }
+  return out;
+}
+
+void PrintJsonLine(const Json& j) {
+  std::printf("%s\n", DumpJson(j).c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace odmoe::bench

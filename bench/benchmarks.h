@@ -1,0 +1,14 @@
+// The odmoe-bench subcommands; each parses its flags and prints JSON lines and a table.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace odmoe::bench {
+
+absl::Status RunEngine(const std::vector<std::string>& args);   // engine_bench.cc
+absl::Status RunKernels(const std::vector<std::string>& args);  // kernels_bench.cc
+
+}  // namespace odmoe::bench

@@ -1,0 +1,272 @@
+// odmoe-bench kernels: achieved memory bandwidth of the decode kernels, against the device copy bandwidth
+// measured in the same run.
+//
+//  - expert-FFN GEMV at batch 1: Device::MatMul with n = 1 over bf16 weights of the gate/up shape
+//    [inter, hidden] and the down shape [hidden, inter]; on CUDA builds with --backend cuda also the INT8 and NF4
+//    dequantizing GEMVs of kernels/quant.h (called directly: the Device interface has no quantized op). Bytes
+//    counted: the weights (codes + scales for INT8/NF4) + x + y.
+//  - decode attention: Device::Attention for one new token against `context` cached positions (fp32 K/V),
+//    bytes = K + V read (+ q and out).
+// Every figure rotates over as many copies of its operands as make up --rotate-mb (at least 2), so that with
+// the default (256 MB, five times an H100's 50 MB L2) no call finds its weights in cache.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "bench/benchmarks.h"
+#include "src/backend/device_factory.h"
+#include "src/common/flags.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+#include "src/model/synthetic.h"
+
+#ifdef ODMOE_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/quant.h"
+#endif
+
+namespace odmoe::bench {
+namespace {
+
+struct Result {
+  std::string kernel;
+  std::string shape;
+  double bytes_per_call = 0;
+  double us_per_call = 0;
+  double gb_per_s = 0;
+};
+
+size_t Copies(double rotate_bytes, double bytes_each) {
+  return static_cast<size_t>(std::max(2.0, std::ceil(rotate_bytes / bytes_each)));
+}
+
+// Times `iters` calls of `call(i)` (i = 0, 1, ...) after `copies` warm-up calls; the device is synchronized at
+// both ends and `sync` is what does that.
+template <typename Call, typename Sync>
+Result Time(const std::string& kernel, const std::string& shape, double bytes_per_call, int64_t iters, size_t copies,
+            Call call, Sync sync) {
+  for (size_t i = 0; i < copies; ++i) call(i);
+  sync();
+  const Clock::time_point start = Clock::now();
+  for (int64_t i = 0; i < iters; ++i) call(static_cast<size_t>(i) % copies);
+  sync();
+  const double s = SecondsSince(start);
+  Result r{kernel, shape, bytes_per_call, 1e6 * s / static_cast<double>(iters), 0};
+  r.gb_per_s = s > 0 ? bytes_per_call * static_cast<double>(iters) / s / 1e9 : 0;
+  return r;
+}
+
+absl::StatusOr<Result> BenchGemvBf16(Device& dev, int64_t out_dim, int64_t in_dim, double rotate_bytes, int64_t iters) {
+  const size_t wbytes = static_cast<size_t>(out_dim * in_dim) * 2;
+  const size_t copies = Copies(rotate_bytes, static_cast<double>(wbytes));
+  std::vector<uint8_t> host(wbytes);
+  TensorSpec spec{"bench.gemv.weight", {out_dim, in_dim}, TensorRole::kExpertGate};
+  GenerateSyntheticTensor(1, spec, DType::kBF16, 0, static_cast<uint64_t>(out_dim * in_dim), host.data());
+  std::vector<std::unique_ptr<Buffer>> w;
+  for (size_t i = 0; i < copies; ++i) {
+    ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> b, dev.Allocate(wbytes, "bench gemv weight"));
+    dev.CopyToDevice(b->data(), host.data(), wbytes, nullptr);
+    dev.SynchronizeAll();
+    w.push_back(std::move(b));
+  }
+  std::vector<float> xh(static_cast<size_t>(in_dim), 0.5f);
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> x, dev.Allocate(xh.size() * 4, "bench gemv x"));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> y, dev.Allocate(static_cast<size_t>(out_dim) * 4, "bench gemv y"));
+  dev.CopyToDevice(x->data(), xh.data(), xh.size() * 4, nullptr);
+  dev.SynchronizeAll();
+  const double bytes = static_cast<double>(wbytes) + 4.0 * static_cast<double>(in_dim + out_dim);
+  return Time(
+      "gemv_bf16", StrCat(out_dim, "x", in_dim), bytes, iters, copies,
+      [&](size_t i) {
+        dev.MatMul(x->as<float>(), WeightRef{w[i]->data(), DType::kBF16}, WeightRef{}, 1, in_dim, out_dim,
+                   y->as<float>(), nullptr);
+      },
+      [&] { dev.SynchronizeAll(); });
+}
+
+absl::StatusOr<Result> BenchAttention(Device& dev, int64_t context, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                      double rotate_bytes, int64_t iters) {
+  const size_t kv_bytes = static_cast<size_t>(context * kv_heads * head_dim) * 4;  // K or V
+  const size_t copies = Copies(rotate_bytes, 2.0 * static_cast<double>(kv_bytes));
+  std::vector<float> host(kv_bytes / 4);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = SyntheticValue(2, i % 7, false, i) * 50.0f;
+  std::vector<std::unique_ptr<Buffer>> k, v;
+  for (size_t i = 0; i < copies; ++i) {
+    ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> kb, dev.Allocate(kv_bytes, "bench attention k"));
+    ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> vb, dev.Allocate(kv_bytes, "bench attention v"));
+    dev.CopyToDevice(kb->data(), host.data(), kv_bytes, nullptr);
+    dev.CopyToDevice(vb->data(), host.data(), kv_bytes, nullptr);
+    dev.SynchronizeAll();
+    k.push_back(std::move(kb));
+    v.push_back(std::move(vb));
+  }
+  const size_t qbytes = static_cast<size_t>(heads * head_dim) * 4;
+  std::vector<float> qh(qbytes / 4, 0.1f);
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> q, dev.Allocate(qbytes, "bench attention q"));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> out, dev.Allocate(qbytes, "bench attention out"));
+  dev.CopyToDevice(q->data(), qh.data(), qbytes, nullptr);
+  dev.SynchronizeAll();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const double bytes = 2.0 * static_cast<double>(kv_bytes) + 2.0 * static_cast<double>(qbytes);
+  return Time(
+      "attention_decode", StrCat("ctx", context, " h", heads, "/", kv_heads, " d", head_dim), bytes, iters, copies,
+      [&](size_t i) {
+        dev.Attention(q->as<float>(), k[i]->as<float>(), v[i]->as<float>(), 1, context - 1, heads, kv_heads, head_dim,
+                      scale, out->as<float>(), nullptr);
+      },
+      [&] { dev.SynchronizeAll(); });
+}
+
+#ifdef ODMOE_HAVE_CUDA
+absl::Status CudaOk(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+// INT8 (nf4 = false) or NF4 GEMV straight through kernels/quant.h on CUDA memory outside the Device's accounting.
+absl::StatusOr<Result> BenchGemvQuant(bool nf4, int64_t rows, int64_t cols, double rotate_bytes, int64_t iters) {
+  const size_t code_bytes =
+      nf4 ? static_cast<size_t>(rows * kernels::Nf4RowBytes(cols)) : static_cast<size_t>(rows * cols);
+  const size_t scale_floats =
+      nf4 ? static_cast<size_t>(rows * kernels::Nf4BlocksPerRow(cols)) : static_cast<size_t>(rows);
+  const size_t each = code_bytes + scale_floats * 4;
+  const size_t copies = Copies(rotate_bytes, static_cast<double>(each));
+  std::vector<uint8_t> codes(code_bytes);
+  uint64_t h = 0x12345678;
+  for (uint8_t& b : codes) {
+    h = h * 6364136223846793005ull + 1442695040888963407ull;
+    b = static_cast<uint8_t>(h >> 56);
+  }
+  std::vector<float> scales(scale_floats, 0.05f);
+  std::vector<void*> q(copies, nullptr), s(copies, nullptr);
+  void *x = nullptr, *y = nullptr;
+  absl::Status st;
+  auto free_all = [&] {
+    for (void* p : q) cudaFree(p);
+    for (void* p : s) cudaFree(p);
+    cudaFree(x);
+    cudaFree(y);
+  };
+  for (size_t i = 0; i < copies && st.ok(); ++i) {
+    st = CudaOk(cudaMalloc(&q[i], code_bytes), "cudaMalloc");
+    if (st.ok()) st = CudaOk(cudaMalloc(&s[i], scale_floats * 4), "cudaMalloc");
+    if (st.ok()) st = CudaOk(cudaMemcpy(q[i], codes.data(), code_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    if (st.ok()) st = CudaOk(cudaMemcpy(s[i], scales.data(), scale_floats * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  std::vector<float> xh(static_cast<size_t>(cols), 0.5f);
+  if (st.ok()) st = CudaOk(cudaMalloc(&x, xh.size() * 4), "cudaMalloc");
+  if (st.ok()) st = CudaOk(cudaMalloc(&y, static_cast<size_t>(rows) * 4), "cudaMalloc");
+  if (st.ok()) st = CudaOk(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+  if (!st.ok()) {
+    free_all();
+    return st;
+  }
+  cudaError_t launch = cudaSuccess;
+  const double bytes = static_cast<double>(each) + 4.0 * static_cast<double>(rows + cols);
+  Result r = Time(
+      nf4 ? "gemv_nf4" : "gemv_int8", StrCat(rows, "x", cols), bytes, iters, copies,
+      [&](size_t i) {
+        cudaError_t e =
+            nf4 ? kernels::LaunchGemvNf4(static_cast<const float*>(x), static_cast<const uint8_t*>(q[i]),
+                                         static_cast<const float*>(s[i]), 1, cols, rows, static_cast<float*>(y), 0)
+                : kernels::LaunchGemvInt8(static_cast<const float*>(x), static_cast<const int8_t*>(q[i]),
+                                          static_cast<const float*>(s[i]), 1, cols, rows, static_cast<float*>(y), 0);
+        if (e != cudaSuccess) launch = e;
+      },
+      [&] {
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) launch = e;
+      });
+  free_all();
+  ODMOE_RETURN_IF_ERROR(CudaOk(launch, nf4 ? "GEMV NF4" : "GEMV INT8"));
+  return r;
+}
+#endif
+
+}  // namespace
+
+absl::Status RunKernels(const std::vector<std::string>& args) {
+  ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
+                                               {"backend", "hidden", "inter", "contexts", "heads", "kv-heads",
+                                                "head-dim", "rotate-mb", "iters", "copy-mb"},
+                                               {}));
+  const std::string backend = f.Get("backend").value_or("cpu");
+  ODMOE_ASSIGN_OR_RETURN(int64_t hidden, f.Int("hidden", 4096));
+  ODMOE_ASSIGN_OR_RETURN(int64_t inter, f.Int("inter", 14336));
+  ODMOE_ASSIGN_OR_RETURN(std::vector<int64_t> contexts, f.IntList("contexts"));
+  ODMOE_ASSIGN_OR_RETURN(int64_t heads, f.Int("heads", 32));
+  ODMOE_ASSIGN_OR_RETURN(int64_t kv_heads, f.Int("kv-heads", 8));
+  ODMOE_ASSIGN_OR_RETURN(int64_t head_dim, f.Int("head-dim", 128));
+  ODMOE_ASSIGN_OR_RETURN(int64_t rotate_mb, f.Int("rotate-mb", 256));
+  ODMOE_ASSIGN_OR_RETURN(int64_t iters, f.Int("iters", backend == "cpu" ? 4 : 200));
+  ODMOE_ASSIGN_OR_RETURN(int64_t copy_mb, f.Int("copy-mb", 1024));
+  if (contexts.empty()) contexts = {1024, 4096, 16384};
+  if (hidden < 1 || inter < 1 || heads < 1 || kv_heads < 1 || head_dim < 1 || heads % kv_heads != 0 || rotate_mb < 0 ||
+      iters < 1 || copy_mb < 1) {
+    return absl::InvalidArgumentError(
+        "--hidden, --inter, --heads, --kv-heads, --head-dim, --iters, --copy-mb must be positive, --heads a multiple "
+        "of --kv-heads");
+  }
+  for (int64_t c : contexts) {
+    if (c < 1) return absl::InvalidArgumentError(StrCat("--contexts: positive lengths, got ", c));
+  }
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> dev, CreateDevice(backend));
+  ODMOE_ASSIGN_OR_RETURN(const double copy_bw,
+                         MeasureCopyBandwidth(*dev, static_cast<size_t>(copy_mb) << 20, backend == "cpu" ? 4 : 20));
+  const double copy_gbs = copy_bw / 1e9;
+  const double rotate = static_cast<double>(rotate_mb) * (1 << 20);
+  PrintJsonLine({{"bench", "kernels"},
+                 {"kernel", "copy"},
+                 {"backend", backend},
+                 {"device", dev->name()},
+                 {"bytes", static_cast<double>(copy_mb) * (1 << 20)},
+                 {"gb_per_s", copy_gbs}});
+
+  std::vector<Result> results;
+  std::vector<std::pair<int64_t, int64_t>> gemv_shapes = {{inter, hidden}, {hidden, inter}};
+  for (auto [o, i] : gemv_shapes) {
+    ODMOE_ASSIGN_OR_RETURN(Result r, BenchGemvBf16(*dev, o, i, rotate, iters));
+    results.push_back(r);
+  }
+  bool quant = false;
+#ifdef ODMOE_HAVE_CUDA
+  if (dev->kind() == DeviceKind::kCuda) {
+    quant = true;
+    for (bool nf4 : {false, true}) {
+      for (auto [o, i] : gemv_shapes) {
+        ODMOE_ASSIGN_OR_RETURN(Result r, BenchGemvQuant(nf4, o, i, rotate, iters));
+        results.push_back(r);
+      }
+    }
+  }
+#endif
+  for (int64_t ctx : contexts) {
+    ODMOE_ASSIGN_OR_RETURN(Result r, BenchAttention(*dev, ctx, heads, kv_heads, head_dim, rotate, iters));
+    results.push_back(r);
+  }
+  for (const Result& r : results) {
+    PrintJsonLine({{"bench", "kernels"},
+                   {"kernel", r.kernel},
+                   {"shape", r.shape},
+                   {"backend", backend},
+                   {"bytes_per_call", r.bytes_per_call},
+                   {"us_per_call", r.us_per_call},
+                   {"gb_per_s", r.gb_per_s},
+                   {"fraction_of_copy", copy_gbs > 0 ? r.gb_per_s / copy_gbs : 0}});
+  }
+  std::printf("\n%s (%s): copy %.1f GB/s (read + write)%s\n", backend.c_str(), dev->name().c_str(), copy_gbs,
+              quant ? "" : "; INT8/NF4 GEMVs only with --backend cuda");
+  std::printf("%-18s %-22s %12s %12s %10s %10s\n", "kernel", "shape", "MB/call", "us/call", "GB/s", "of_copy");
+  for (const Result& r : results) {
+    std::printf("%-18s %-22s %12.2f %12.1f %10.1f %9.1f%%\n", r.kernel.c_str(), r.shape.c_str(), r.bytes_per_call / 1e6,
+                r.us_per_call, r.gb_per_s, copy_gbs > 0 ? 100 * r.gb_per_s / copy_gbs : 0);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace odmoe::bench
