@@ -1,0 +1,2 @@
+
+In the beginning God created

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Builds odmoe with clang-14 under sanitizers (CUDA off) and runs its tests.
+#
+#   scripts/sanitize.sh asan [ctest args]   AddressSanitizer + LeakSanitizer + UndefinedBehaviorSanitizer, every
+#                                           ctest (the fuzz targets are built too: scripts/fuzz.sh reuses the build)
+#   scripts/sanitize.sh tsan [ctest args]   ThreadSanitizer, the tests whose code runs threads: every ctest labelled
+#                                           cluster (daemons, gRPC handlers, fan-out to workers) and the test
+#                                           programs in TSAN_EXTRA_TESTS (default backend_test: devices shared by
+#                                           threads, the mock GPU's loader thread), run directly
+#
+# Builds in build-asan/ or build-tsan/ (BUILD_DIR overrides), -O1 -g1, without NDEBUG (asserts stay on), and
+# -fno-sanitize-recover=all: the first report fails the test. JOBS (default: nproc) bounds the build and ctest.
+# SANITIZE_TARGETS="a b": build only those targets and run no test (scripts/fuzz.sh uses it).
+#
+# ThreadSanitizer and Debian's uninstrumented libraries (gRPC, Abseil, protobuf), handled in three ways:
+#  - absl::Mutex / CondVar / Notification: their happens-before edges are made inside libabsl_synchronization,
+#    invisible to TSan, so every access under an absl::MutexLock would look racy. scripts/sanitize/tsan_absl_shim.cc
+#    (LD_PRELOADed into every test process and the daemons they start) interposes their entry points and reports
+#    them with TSan's mutex annotations, as Abseil does when it is built with TSan.
+#  - gRPC's own synchronization (lock-free queues, closures) stays invisible: the accesses the libraries make
+#    themselves are not checked (called_from_lib, generated below), and grpcpp's inline header code is not
+#    instrumented (scripts/sanitize/tsan_ignorelist.txt). odmoe's code, its gRPC callbacks and the generated
+#    .pb.cc / .grpc.pb.cc code stay instrumented.
+#  - Before the suite, scripts/sanitize/tsan_canary.cc checks that the setup is not blind: a deliberate race must
+#    be reported, and the same accesses under absl::Mutex (lock, CondVar, Await, Notification) must not be.
+# Clang 14's TSan needs the older address-space layout: the run goes under `setarch -R` (no ASLR) when allowed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+mode=${1:-}
+case "$mode" in
+  asan)
+    san="address,undefined"
+    fuzz=ON
+    ;;
+  tsan)
+    san="thread"
+    fuzz=OFF
+    ;;
+  *)
+    echo "usage: scripts/sanitize.sh asan|tsan [ctest args...]" >&2
+    exit 2
+    ;;
+esac
+shift
+build=${BUILD_DIR:-build-$mode}
+jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+tsan_labels=${TSAN_LABELS:-cluster}
+tsan_extra=${TSAN_EXTRA_TESTS:-backend_test}
+
+bash scripts/install-deps.sh
+for tool in clang-14 clang++-14; do
+  command -v "$tool" >/dev/null || { echo "sanitize: $tool not found (scripts/install-deps.sh installs it)" >&2; exit 1; }
+done
+
+# -Wno-unknown-warning-option: odmoe_warnings passes GCC's -Wshadow=local, which clang does not know.
+opt="-O1 -g1 -Wno-unknown-warning-option"
+[ "$mode" = tsan ] && opt+=" -fsanitize-ignorelist=$root/scripts/sanitize/tsan_ignorelist.txt"
+configure=(
+  cmake -S . -B "$build" -G Ninja
+  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$opt" "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$opt"
+  -DODMOE_CUDA=OFF "-DODMOE_SANITIZE=$san" "-DODMOE_FUZZ=$fuzz"
+)
+stamp="$build/.sanitize-configure"
+if [ ! -f "$build/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "${configure[*]}" ]; then
+  log="${TMPDIR:-/tmp}/odmoe-sanitize-$mode-configure.log"
+  "${configure[@]}" >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
+  echo "${configure[*]}" >"$stamp"
+fi
+
+if [ -n "${SANITIZE_TARGETS:-}" ]; then
+  # shellcheck disable=SC2086
+  cmake --build "$build" -j "$jobs" --target $SANITIZE_TARGETS
+  exit 0
+fi
+
+if [ "$mode" = asan ]; then
+  cmake --build "$build" -j "$jobs"
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:halt_on_error=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=0:print_summary=1"
+  export LSAN_OPTIONS="suppressions=$root/scripts/sanitize/lsan.supp:print_suppressions=0"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  ctest --test-dir "$build" --output-on-failure -j "$jobs" "$@"
+  exit 0
+fi
+
+# ThreadSanitizer: only the test programs that run threads (and the daemons and CLI they start, which they
+# depend on): those tests/CMakeLists.txt labels with TSAN_LABELS, plus TSAN_EXTRA_TESTS.
+mapfile -t tsan_targets < <(sed -nE "s/^odmoe_test\(([A-Za-z0-9_]+) .*LABELS[^)]*\b($tsan_labels)\b.*/\1/p" tests/CMakeLists.txt)
+# shellcheck disable=SC2206
+tsan_targets+=($tsan_extra)
+[ ${#tsan_targets[@]} -gt 0 ] || { echo "sanitize: no test is labelled '$tsan_labels' in tests/CMakeLists.txt" >&2; exit 1; }
+cmake --build "$build" -j "$jobs" --target "${tsan_targets[@]}"
+shim="$(cd "$build" && pwd)/lib/libodmoe_tsan_absl_shim.so"
+absl_cflags=(-std=c++20 -O1 -g1 -fPIC)
+if [ ! -f "$shim" ] || [ scripts/sanitize/tsan_absl_shim.cc -nt "$shim" ]; then
+  clang++-14 "${absl_cflags[@]}" -shared -Wl,-Bsymbolic scripts/sanitize/tsan_absl_shim.cc -o "$shim" -ldl
+fi
+canary="$build/bin/odmoe_tsan_canary"
+if [ ! -f "$canary" ] || [ scripts/sanitize/tsan_canary.cc -nt "$canary" ]; then
+  clang++-14 "${absl_cflags[@]}" -fsanitize=thread scripts/sanitize/tsan_canary.cc -o "$canary" -labsl_synchronization \
+    -labsl_time -lpthread
+fi
+export LD_PRELOAD="$shim"
+# TSan in clang 14 needs the old address-space layout; setarch -R disables ASLR for the run (kernels with
+# vm.mmap_rnd_bits above 28 otherwise stop it with "unexpected memory mapping").
+run=(setarch "$(uname -m)" -R)
+"${run[@]}" true 2>/dev/null || run=()
+# The uninstrumented third-party libraries synchronize through atomics TSan cannot see (gRPC's lock-free queues
+# and closures, Abseil's spinlocks and call_once, protobuf's arenas), so the accesses they make through TSan's
+# interceptors (memcpy, sendmsg, operator new/delete inside gRPC) raise reports inside those libraries.
+# called_from_lib stops TSan from checking what those libraries themselves touch; every access made by
+# odmoe's instrumented code (generated .pb.cc included) stays checked. One line per loaded library (TSan
+# refuses a pattern that matches two), listed from the test programs' own dependencies.
+supp="$build/tsan.supp"
+{
+  echo "# Generated by scripts/sanitize.sh tsan: uninstrumented gRPC, Abseil and protobuf libraries."
+  { ldd "$build"/tests/* "$build"/bin/* 2>/dev/null || true; } | awk '{print $1}' |
+    grep -E '^lib(grpc|gpr|upb|absl_|protobuf|address_sorting|cares|re2)' | sort -u | sed 's/^/called_from_lib:/'
+} >"$supp"
+export TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:history_size=4:suppressions=$supp"
+echo "sanitize: canary (a deliberate race must be reported, the same accesses under absl::Mutex must not)"
+rc=0
+out=$("${run[@]}" "$canary" race 2>&1) || rc=$?
+if [ "$rc" -ne 66 ] || ! grep -q "WARNING: ThreadSanitizer: data race" <<<"$out"; then
+  echo "$out" >&2
+  echo "sanitize: FAILED: ThreadSanitizer did not report the deliberate race (exit $rc): the TSan setup is blind" >&2
+  exit 1
+fi
+"${run[@]}" "$canary" locked >/dev/null || {
+  echo "sanitize: FAILED: a race reported under absl::Mutex: the absl shim is not in effect" >&2
+  exit 1
+}
+"${run[@]}" ctest --test-dir "$build" --output-on-failure -j "$jobs" -L "$tsan_labels" "$@"
+for t in $tsan_extra; do
+  echo "sanitize: $t (all of it, under ThreadSanitizer)"
+  (cd "$root" && "${run[@]}" "$build/tests/$t" --gtest_brief=1) || { echo "sanitize: FAILED: $t" >&2; exit 1; }
+done
