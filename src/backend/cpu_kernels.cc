@@ -15,6 +15,7 @@
 #include <numeric>
 #include <vector>
 
+#include "src/backend/quantize.h"
 #include "src/common/dtype.h"
 #include "src/common/status.h"
 
@@ -151,13 +152,19 @@ void MatMul(const float* x, WeightRef w, WeightRef bias, int64_t n, int64_t in_d
   ODMOE_CHECK(n >= 0 && in_dim >= 0 && out_dim >= 0);
   if (n == 0 || out_dim == 0) return;
   ODMOE_CHECK(x != nullptr && y != nullptr);
-  CheckWeight(w);
+  if (w.quantized()) {
+    ODMOE_CHECK(w.data != nullptr && w.scales != nullptr);
+  } else {
+    CheckWeight(w);
+  }
   std::vector<float> b;  // [out_dim]
   if (!bias.empty()) {
     b.resize(static_cast<size_t>(out_dim));
     WidenWeights(bias, 0, out_dim, b.data());
   }
-  // F32 weights that are suitably aligned are read in place; anything else is widened, a tile of rows at a time.
+  // F32 weights that are suitably aligned are read in place; anything else is widened (or dequantized, with
+  // the very functions of quantize.h, so a quantized w gives bitwise what its fp32 dequantization gives), a
+  // tile of rows at a time.
   const bool direct = w.dtype == DType::kF32 && reinterpret_cast<uintptr_t>(w.data) % alignof(float) == 0;
   constexpr int64_t kRowTile = 4;
   std::vector<float> tile;  // [kRowTile, in_dim]
@@ -165,11 +172,17 @@ void MatMul(const float* x, WeightRef w, WeightRef bias, int64_t n, int64_t in_d
   for (int64_t o0 = 0; o0 < out_dim; o0 += kRowTile) {
     const int64_t rows = std::min(kRowTile, out_dim - o0);
     const float* wr[kRowTile];
+    if (w.dtype == DType::kI8) {
+      DequantizeInt8Rows(static_cast<const int8_t*>(w.data) + o0 * in_dim, w.scales + o0, rows, in_dim, tile.data());
+    } else if (w.dtype == DType::kU8) {
+      DequantizeNf4(static_cast<const uint8_t*>(w.data) + o0 * Nf4RowBytes(in_dim),
+                    w.scales + o0 * Nf4BlocksPerRow(in_dim), rows, in_dim, tile.data());
+    }
     for (int64_t r = 0; r < rows; ++r) {
       if (direct) {
         wr[r] = static_cast<const float*>(w.data) + (o0 + r) * in_dim;
       } else {
-        WidenWeights(w, (o0 + r) * in_dim, in_dim, tile.data() + r * in_dim);
+        if (!w.quantized()) WidenWeights(w, (o0 + r) * in_dim, in_dim, tile.data() + r * in_dim);
         wr[r] = tile.data() + r * in_dim;
       }
     }

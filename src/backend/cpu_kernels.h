@@ -4,6 +4,7 @@
 //
 // Numerics follow HF Transformers (eager, fp32):
 //  - Weights are read in their storage dtype (F32, F16 or BF16) and widened to fp32; accumulation is fp32.
+//    MatMul also takes weight-only quantized weights (INT8 rows, NF4), dequantized to fp32 as quantize.h does.
 //  - RmsNorm: var = mean(x^2) (fp32), x * rsqrt(var + eps), then * weight.
 //  - Rope ("rotate_half", non-interleaved): inv_freq[i] = 1 / theta^(2i/d) computed in fp32 as torch does,
 //    angle = float(pos) * inv_freq[i] in fp32, out[i] = x[i]*cos - x[i+d/2]*sin, out[i+d/2] =
@@ -37,7 +38,9 @@ void RmsNorm(const float* x, WeightRef weight, int64_t rows, int64_t dim, float 
 
 // y = x * w^T (+ bias). x: [n, in_dim], w: [out_dim, in_dim], bias: [out_dim] or empty, y: [n, out_dim].
 // REQUIRES: y does not alias x. Each weight row is widened once and dotted with all n rows of x; y[t, o] is
-// the same for every n (the dot's summation order depends on in_dim only).
+// the same for every n (the dot's summation order depends on in_dim only). A quantized w (kI8 / kU8, the
+// layouts of quantize.h, w.scales set) is dequantized a tile of rows at a time with DequantizeInt8Rows /
+// DequantizeNf4, so y is bitwise the result for w dequantized to fp32. bias must be dense.
 void MatMul(const float* x, WeightRef w, WeightRef bias, int64_t n, int64_t in_dim, int64_t out_dim, float* y);
 
 // The fp32 inverse frequencies of RoPE: inv_freq[i] = 1 / theta^(float(2i) / float(head_dim)), i < head_dim/2.

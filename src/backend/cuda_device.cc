@@ -23,6 +23,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemv.h"
 #include "kernels/norm.h"
+#include "kernels/quant.h"
 #include "kernels/rope.h"
 #include "kernels/router.h"
 #include "src/backend/cpu_kernels.h"
@@ -345,6 +346,11 @@ class CudaDevice final : public Device {
     ODMOE_CHECK(x != nullptr && !w.empty() && y != nullptr);
     UseDevice(ordinal_);
     CudaStream* s = S(stream);
+    if (w.quantized()) {
+      QuantizedMatMul(x, w, n, in_dim, out_dim, y, s);
+      if (!bias.empty()) AddBias(bias, n, out_dim, y, s);
+      return;
+    }
     const bool fused_bias = !bias.empty() && bias.dtype == w.dtype;
     if (n <= kGemvMaxTokens) {
       WithWeightType(w, [&](auto* wp) {
@@ -467,6 +473,29 @@ class CudaDevice final : public Device {
 
   void AddBias(WeightRef bias, int64_t n, int64_t out_dim, float* y, CudaStream* s) {
     WithWeightType(bias, [&](auto* b) { ODMOE_CUDA_CHECK(kernels::LaunchAddBias(b, n, out_dim, y, s->get())); });
+  }
+
+  // y[n, out_dim] = x[n, in_dim] * dequant(w)^T for a quantized w (kernels/quant.h): the GEMV kernels for up to
+  // kGemvMaxTokens tokens, the tiled GEMM above (in chunks of tokens its grid can hold).
+  void QuantizedMatMul(const float* x, WeightRef w, int64_t n, int64_t in_dim, int64_t out_dim, float* y,
+                       CudaStream* s) {
+    ODMOE_CHECK(w.scales != nullptr);
+    const bool int8 = w.dtype == DType::kI8;
+    const auto* q = static_cast<const int8_t*>(w.data);
+    const auto* codes = static_cast<const uint8_t*>(w.data);
+    if (n <= kGemvMaxTokens) {
+      ODMOE_CUDA_CHECK(int8 ? kernels::LaunchGemvInt8(x, q, w.scales, n, in_dim, out_dim, y, s->get())
+                            : kernels::LaunchGemvNf4(x, codes, w.scales, n, in_dim, out_dim, y, s->get()));
+      return;
+    }
+    constexpr int64_t kGemmMaxTokens = int64_t{65535} * 64;  // the GEMM's grid.y limit times its 64-token tiles
+    for (int64_t t0 = 0; t0 < n; t0 += kGemmMaxTokens) {
+      const int64_t count = std::min(kGemmMaxTokens, n - t0);
+      const float* xc = x + t0 * in_dim;
+      float* yc = y + t0 * out_dim;
+      ODMOE_CUDA_CHECK(int8 ? kernels::LaunchGemmInt8(xc, q, w.scales, count, in_dim, out_dim, yc, s->get())
+                            : kernels::LaunchGemmNf4(xc, codes, w.scales, count, in_dim, out_dim, yc, s->get()));
+    }
   }
 
   // y[n, out_dim] = x[n, in_dim] * w[out_dim, in_dim]^T with cuBLAS (column-major: y^T = w^T' * x^T).

@@ -72,11 +72,17 @@ class Event {
   virtual ~Event() = default;
 };
 
-// A weight in device memory in its storage dtype.
+// A weight in device memory in its storage dtype: dense (F32, F16, BF16), or weight-only quantized
+// (src/backend/quantize.h layouts, produced at load time for the shadow's replica):
+//  - kI8: INT8 rows, `data` int8 [rows, cols], `scales` the per-row absmax [rows];
+//  - kU8: NF4, `data` the codes [rows, Nf4RowBytes(cols)], `scales` the block absmax [rows, Nf4BlocksPerRow(cols)].
+// Only MatMul takes a quantized weight (as w; never as bias); every other op takes dense weights.
 struct WeightRef {
   const void* data = nullptr;
   DType dtype = DType::kF32;
+  const float* scales = nullptr;  // quantized weights only
   bool empty() const { return data == nullptr; }
+  bool quantized() const { return dtype == DType::kI8 || dtype == DType::kU8; }
 };
 
 struct MemoryInfo {
@@ -133,6 +139,8 @@ class Device {
   virtual void RmsNorm(const float* x, WeightRef weight, int64_t rows, int64_t dim, float eps, float* out,
                        Stream* stream) = 0;
   // y[n, out_dim] = x[n, in_dim] * w[out_dim, in_dim]^T (+ bias[out_dim] when given). y must not alias x.
+  // A quantized w gives exactly what the same call gives with w dequantized to fp32 (quantize.h) on the CPU
+  // devices; on CUDA, the dequantizing kernels (fp32 accumulation, summation order of their own).
   virtual void MatMul(const float* x, WeightRef w, WeightRef bias, int64_t n, int64_t in_dim, int64_t out_dim,
                       float* y, Stream* stream) = 0;
   // Rotary embedding in the HF "rotate_half" layout, in place. x: [n, heads, head_dim]; token i sits at

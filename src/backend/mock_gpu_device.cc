@@ -3,7 +3,8 @@
 // Cost of each op (flops; bytes read + written, fp32 activations = 4 bytes, weights at their dtype's size w):
 //   Embedding         0;                          n*4 + n*dim*w + n*dim*4
 //   RmsNorm           4*rows*dim;                 2*rows*dim*4 + dim*w
-//   MatMul            2*n*in*out (+ n*out bias);  out*in*w (+ out*w_bias) + n*in*4 + n*out*4
+//   MatMul            2*n*in*out (+ n*out bias);  out*in*w (+ out*w_bias) + n*in*4 + n*out*4; quantized w:
+//                                                 its codes (out*in INT8, out*Nf4RowBytes(in) NF4) and scales
 //   Rope              6*n*heads*head_dim;         2*n*heads*head_dim*4 + n*4
 //   Attention         4*heads*head_dim*sum_i(past+i+1);  2*n*heads*head_dim*4 + 2*(past+n)*kv_heads*head_dim*4
 //   RouterTopK        4*n*experts;                n*experts*4 + n*k*8
@@ -24,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "src/backend/cpu_kernels.h"
+#include "src/backend/quantize.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 
@@ -47,6 +49,18 @@ uint64_t Bytes4(int64_t count) { return static_cast<uint64_t>(count) * 4; }
 uint64_t WeightBytes(WeightRef w, int64_t count) {
   ODMOE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16);
   return static_cast<uint64_t>(count) * DTypeSize(w.dtype);
+}
+// Bytes of w's data for a [rows, cols] weight, dense or quantized (quantize.h layouts).
+uint64_t MatrixBytes(WeightRef w, int64_t rows, int64_t cols) {
+  if (w.dtype == DType::kI8) return static_cast<uint64_t>(rows * cols);
+  if (w.dtype == DType::kU8) return static_cast<uint64_t>(rows * Nf4RowBytes(cols));
+  return WeightBytes(w, rows * cols);
+}
+// Bytes of w's scales for a [rows, cols] weight (0 when dense).
+uint64_t ScaleBytes(WeightRef w, int64_t rows, int64_t cols) {
+  if (w.dtype == DType::kI8) return Bytes4(rows);
+  if (w.dtype == DType::kU8) return Bytes4(rows * Nf4BlocksPerRow(cols));
+  return 0;
 }
 
 }  // namespace
@@ -426,17 +440,20 @@ void MockGpuDevice::MatMul(const float* x, WeightRef w, WeightRef bias, int64_t 
   {
     absl::MutexLock lock(&state_->mu);
     const int sid = state_->StreamIdLocked(stream);
-    const uint64_t w_bytes = WeightBytes(w, out_dim * in_dim);
+    const uint64_t w_bytes = MatrixBytes(w, out_dim, in_dim);
+    const uint64_t scale_bytes = ScaleBytes(w, out_dim, in_dim);
     const uint64_t bias_bytes = bias.empty() ? 0 : WeightBytes(bias, out_dim);
     if (n > 0 && out_dim > 0) {
       state_->CheckArgLocked("MatMul", "x", x, Bytes4(n * in_dim));
       state_->CheckArgLocked("MatMul", "w", w.data, w_bytes);
+      if (w.quantized()) state_->CheckArgLocked("MatMul", "w.scales", w.scales, scale_bytes);
       if (!bias.empty()) state_->CheckArgLocked("MatMul", "bias", bias.data, bias_bytes);
       state_->CheckArgLocked("MatMul", "y", y, Bytes4(n * out_dim));
     }
     double flops = 2.0 * static_cast<double>(n) * static_cast<double>(in_dim) * static_cast<double>(out_dim);
     if (!bias.empty()) flops += static_cast<double>(n * out_dim);
-    state_->ScheduleOpLocked("MatMul", sid, w_bytes + bias_bytes + Bytes4(n * in_dim) + Bytes4(n * out_dim), flops);
+    state_->ScheduleOpLocked("MatMul", sid,
+                             w_bytes + scale_bytes + bias_bytes + Bytes4(n * in_dim) + Bytes4(n * out_dim), flops);
   }
   cpu::MatMul(x, w, bias, n, in_dim, out_dim, y);
 }

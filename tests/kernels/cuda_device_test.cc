@@ -1,7 +1,8 @@
 // The CUDA backend through the Device interface against CpuDevice (the fp32 reference): every op on the same
-// inputs, including both MatMul paths (GEMV and cuBLAS) for F32/F16/BF16 weights and both attention kernels;
-// memory accounting and capacity errors; streams, events and copies; op counts. Skipped without a GPU, except
-// the check that creating the device then fails with a clear Unavailable error.
+// inputs, including both MatMul paths (GEMV and cuBLAS) for F32/F16/BF16 weights, both paths (GEMV and GEMM)
+// for INT8 / NF4 quantized weights, and both attention kernels; memory accounting and capacity errors; streams,
+// events and copies; op counts. Skipped without a GPU, except the check that creating the device then fails
+// with a clear Unavailable error.
 #include "src/backend/cuda_device.h"
 
 #include <cmath>
@@ -14,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "src/backend/cpu_device.h"
+#include "src/backend/quantize.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace odmoe {
@@ -181,6 +183,58 @@ TEST_F(CudaDeviceTest, MatMulMatchesCpuDeviceOnBothPaths) {
                                  " in=" + std::to_string(in) + " out=" + std::to_string(out);
         ExpectSame(y, atol, 1e-4, what);
         ExpectSame(yb, atol, 1e-4, what + " (f32 bias)");
+      }
+    }
+  }
+  EXPECT_EQ(gpu_->op_counts().at("MatMul"), calls);
+}
+
+// Quantized weights: the dequantizing GEMV (n <= 8) and GEMM kernels against the CPU device, which computes
+// the F32 MatMul of the dequantized weight; with no bias, a bias of the source dtype and an fp32 bias.
+TEST_F(CudaDeviceTest, QuantizedMatMulMatchesCpuDevice) {
+  std::mt19937 rng(42);
+  int64_t calls = 0;
+  for (DType quant : {DType::kI8, DType::kU8}) {
+    for (const auto& [in, out] : std::vector<std::pair<int64_t, int64_t>>{{64, 48}, {127, 33}, {256, 300}}) {
+      const std::vector<float> values = RandomFloats(static_cast<size_t>(in * out), rng);
+      std::vector<uint8_t> data;
+      std::vector<float> scales;
+      if (quant == DType::kI8) {
+        data.resize(static_cast<size_t>(in * out));
+        scales.resize(static_cast<size_t>(out));
+        QuantizeInt8Rows(values.data(), DType::kF32, out, in, reinterpret_cast<int8_t*>(data.data()), scales.data());
+      } else {
+        data.resize(static_cast<size_t>(out * Nf4RowBytes(in)));
+        scales.resize(static_cast<size_t>(out * Nf4BlocksPerRow(in)));
+        QuantizeNf4(values.data(), DType::kF32, out, in, data.data(), scales.data());
+      }
+      const Twin w = Make(data, "w");
+      const Twin ws = Make(scales, "w.scales");
+      const Twin bias = Weight(DType::kBF16, RandomFloats(static_cast<size_t>(out), rng), "bias");
+      const Twin bias32 = Weight(DType::kF32, RandomFloats(static_cast<size_t>(out), rng), "bias32");
+      for (int64_t n : {1, 3, 8, 9, 70, 300}) {
+        const Twin x = Make(RandomFloats(static_cast<size_t>(n * in), rng), "x");
+        const Twin y = Zeros(static_cast<size_t>(n * out), "y");
+        const Twin yb = Zeros(static_cast<size_t>(n * out), "yb");
+        const Twin yb32 = Zeros(static_cast<size_t>(n * out), "yb32");
+        for (Device* d : {cpu_.get(), gpu_.get()}) {
+          const bool g = d == gpu_.get();
+          const auto ref = [&](const Twin& t, DType dt) { return g ? GpuRef(t, dt) : CpuRef(t, dt); };
+          const auto ptr = [&](const Twin& t) { return static_cast<float*>(g ? t.gpu->data() : t.cpu->data()); };
+          WeightRef wq = ref(w, quant);
+          wq.scales = ptr(ws);
+          d->MatMul(ptr(x), wq, WeightRef{}, n, in, out, ptr(y), nullptr);
+          d->MatMul(ptr(x), wq, ref(bias, DType::kBF16), n, in, out, ptr(yb), nullptr);
+          d->MatMul(ptr(x), wq, ref(bias32, DType::kF32), n, in, out, ptr(yb32), nullptr);
+        }
+        calls += 3;
+        // Scales applied to partial sums, another summation order: fp32 rounding differences only.
+        const double atol = 2e-5 * std::sqrt(static_cast<double>(in));
+        const std::string what = std::string(DTypeName(quant)) + " n=" + std::to_string(n) +
+                                 " in=" + std::to_string(in) + " out=" + std::to_string(out);
+        ExpectSame(y, atol, 1e-4, what);
+        ExpectSame(yb, atol, 1e-4, what + " (bf16 bias)");
+        ExpectSame(yb32, atol, 1e-4, what + " (f32 bias)");
       }
     }
   }
