@@ -12,6 +12,11 @@
 //   odmoe-bench kernels [--backend cpu] [--hidden 4096] [--inter 14336] [--contexts 1024,4096,16384]
 //       [--heads 32] [--kv-heads 8] [--head-dim 128] [--rotate-mb 256] [--iters N] [--copy-mb 1024]
 //     Achieved GB/s of the expert GEMVs and decode attention against the copy bandwidth (kernels_bench.cc).
+//
+//   odmoe-bench prediction --config FILE --prompts FILE [--model DIR] [--prompt-count N] [--max-new-tokens 256]
+//       [--cases 1,2,3,4,5,6] [--grid 1,2,4,8,16] [--shadow-quant int8] [--run-dir DIR]
+//     A real cluster (`odmoe cluster up`) per OD-MoE ablation case and alignment-period pair: decode tokens/s,
+//     recall, timely recall, on-demand loads and stall per token (prediction_bench.cc).
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -99,7 +104,9 @@ int main(int argc, char** argv) {
       "       odmoe-bench engine (--synthetic CONFIG [--layers N] [--seed S] | --model DIR) [--backend cpu]\n"
       "           [--pairs 16x64,16x256,128x64,128x256] [--repeat 3] [--copy-mb 1024]\n"
       "       odmoe-bench kernels [--backend cpu] [--hidden 4096] [--inter 14336] [--contexts 1024,4096,16384]\n"
-      "           [--heads 32] [--kv-heads 8] [--head-dim 128] [--rotate-mb 256] [--iters N] [--copy-mb 1024]\n";
+      "           [--heads 32] [--kv-heads 8] [--head-dim 128] [--rotate-mb 256] [--iters N] [--copy-mb 1024]\n"
+      "       odmoe-bench prediction --config FILE --prompts FILE [--model DIR] [--prompt-count N]\n"
+      "           [--max-new-tokens 256] [--cases 1,2,3,4,5,6] [--grid 1,2,4,8,16] [--shadow-quant Q] [--run-dir DIR]\n";
   if (argc < 2) {
     std::fputs(usage.c_str(), stderr);
     return odmoe::kExitUsage;
@@ -113,6 +120,8 @@ int main(int argc, char** argv) {
     status = odmoe::bench::RunEngine(args);
   } else if (cmd == "kernels") {
     status = odmoe::bench::RunKernels(args);
+  } else if (cmd == "prediction") {
+    status = odmoe::bench::RunPrediction(args);
   } else {
     std::fprintf(stderr, "odmoe-bench: unknown benchmark '%s'\n%s", cmd.c_str(), usage.c_str());
     return odmoe::kExitUsage;

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -41,9 +42,17 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kUsage[] =
-    "usage: odmoe cluster up --config FILE [--model DIR] [--run-dir DIR]\n"
+    "usage: odmoe cluster up --config FILE [--model DIR] [--run-dir DIR] [--ablation-case 1..6]\n"
+    "                        [--prediction shadow|random|none] [--shadow-quant fp16|int8|nf4|none]\n"
+    "                        [--align-token N] [--align-kv N] [--max-lead-tokens N]\n"
+    "         (the [shadow] overrides are passed on to every daemon; --ablation-case: OD-MoE section 4.2,\n"
+    "          1 token+KV alignment, 2 token only, 3 KV only, 4 none, 5 random prefetch, 6 load after routing)\n"
     "       odmoe cluster down --config FILE [--run-dir DIR]\n"
     "       odmoe cluster status --config FILE [--run-dir DIR] [--json]\n";
+
+// The [shadow] overrides `up` checks and passes on to every daemon.
+constexpr const char* kShadowFlags[] = {"ablation-case", "prediction",      "shadow-quant",
+                                        "align-token",   "align-kv",        "max-lead-tokens"};
 
 uint64_t Fnv(std::string_view s) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -181,6 +190,12 @@ absl::Status Up(const Flags& f, const ClusterConfig& c, const std::string& confi
       args.push_back("--model");
       args.push_back(model);
     }
+    for (const char* flag : kShadowFlags) {
+      if (auto v = f.Get(flag)) {
+        args.push_back(StrCat("--", flag));
+        args.push_back(*v);
+      }
+    }
     auto pid = Spawn(program, args, LogFile(run_dir, n));
     if (!pid.ok()) {
       stop_all();
@@ -311,9 +326,15 @@ int RunCluster(const std::vector<std::string>& args) {
   const std::string verb = args[0];
   std::vector<std::string> rest(args.begin() + 1, args.end());
   absl::Status status = [&]() -> absl::Status {
-    ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(rest, {"config", "model", "run-dir"}, {"json"}));
+    std::set<std::string> with_value = {"config", "model", "run-dir"};
+    if (verb == "up") with_value.insert(std::begin(kShadowFlags), std::end(kShadowFlags));
+    ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(rest, with_value, {"json"}));
     ODMOE_ASSIGN_OR_RETURN(std::string config_path, f.Required("config"));
     ODMOE_ASSIGN_OR_RETURN(ClusterConfig c, LoadClusterConfig(config_path));
+    // Checked here too, so a bad override fails at once with one message instead of in every daemon.
+    ShadowOverrides overrides{f.Get("ablation-case"), f.Get("prediction"), f.Get("shadow-quant"),
+                              f.Get("align-token"),   f.Get("align-kv"),   f.Get("max-lead-tokens")};
+    ODMOE_RETURN_IF_ERROR(ApplyShadowOverrides(overrides, c.shadow() != nullptr, &c.shadow_settings));
     if (verb == "up") return Up(f, c, config_path);
     if (verb == "down") return Down(f, c, config_path);
     if (verb == "status") return Status(f, c, config_path);

@@ -200,7 +200,18 @@ absl::Status RunRemote(const Request& r) {
                   {"loads_on_demand", st.loads_on_demand()},
                   {"on_demand_load_ms", st.on_demand_load_ms()},
                   {"expert_tensors_opened", st.expert_tensors_opened()},
-                  {"positions", st.positions()}};
+                  {"positions", st.positions()},
+                  {"prediction", st.prediction()},
+                  {"recall", st.recall()},
+                  {"timely_recall", st.timely_recall()},
+                  {"recall_per_token", std::vector<double>(st.recall_per_token().begin(), st.recall_per_token().end())},
+                  {"predictions_received", st.predictions_received()},
+                  {"predictions_missing", st.predictions_missing()},
+                  {"shadow_lead_layers", st.shadow_lead_layers()},
+                  {"tokens_aligned", st.tokens_aligned()},
+                  {"kv_aligned", st.kv_aligned()},
+                  {"alignment_bytes", st.alignment_bytes()},
+                  {"stall_ms", st.stall_ms()}};
   out["endpoint"] = r.endpoint;
   PrintJson(out);
   return absl::OkStatus();

@@ -1,5 +1,7 @@
 #include "src/common/cluster_config.h"
 
+#include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 
@@ -75,6 +77,95 @@ std::string_view NodeRoleName(NodeRole role) {
   return "?";
 }
 
+std::string_view PredictionModeName(PredictionMode mode) {
+  switch (mode) {
+    case PredictionMode::kShadow: return "shadow";
+    case PredictionMode::kRandom: return "random";
+    case PredictionMode::kNone: return "none";
+  }
+  return "?";
+}
+
+std::string_view ShadowQuantName(ShadowQuant quant) {
+  switch (quant) {
+    case ShadowQuant::kFp16: return "fp16";
+    case ShadowQuant::kInt8: return "int8";
+    case ShadowQuant::kNf4: return "nf4";
+    case ShadowQuant::kNone: return "none";
+  }
+  return "?";
+}
+
+absl::StatusOr<ShadowQuant> ParseShadowQuant(std::string_view text) {
+  if (text == "fp16") return ShadowQuant::kFp16;
+  if (text == "int8") return ShadowQuant::kInt8;
+  if (text == "nf4") return ShadowQuant::kNf4;
+  if (text == "none") return ShadowQuant::kNone;
+  return absl::InvalidArgumentError(StrCat("shadow quantization '", text, "' (expected fp16, int8, nf4 or none)"));
+}
+
+absl::Status ApplyAblationCase(int64_t ablation_case, ShadowSettings* settings) {
+  const int64_t t = settings->align_token > 0 ? settings->align_token : 1;
+  const int64_t kv = settings->align_kv > 0 ? settings->align_kv : 1;
+  switch (ablation_case) {
+    case 1: *settings = {PredictionMode::kShadow, settings->quant, t, kv, settings->max_lead_tokens, settings->seed}; break;
+    case 2: *settings = {PredictionMode::kShadow, settings->quant, t, 0, settings->max_lead_tokens, settings->seed}; break;
+    case 3: *settings = {PredictionMode::kShadow, settings->quant, 0, kv, settings->max_lead_tokens, settings->seed}; break;
+    case 4: *settings = {PredictionMode::kShadow, settings->quant, 0, 0, settings->max_lead_tokens, settings->seed}; break;
+    case 5: settings->mode = PredictionMode::kRandom; break;
+    case 6: settings->mode = PredictionMode::kNone; break;
+    default:
+      return absl::InvalidArgumentError(StrCat("--ablation-case must be 1..6 (OD-MoE section 4.2), got ", ablation_case));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyShadowOverrides(const ShadowOverrides& o, bool has_shadow_node, ShadowSettings* settings) {
+  auto integer = [](const std::optional<std::string>& text, const char* flag, int64_t min,
+                    int64_t* out) -> absl::Status {
+    if (!text) return absl::OkStatus();
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(text->c_str(), &end, 10);
+    if (text->empty() || *end != '\0' || errno != 0 || v < min || v > 1000000) {
+      return absl::InvalidArgumentError(StrCat("--", flag, ": expected an integer in ", min, "..1000000, got '",
+                                               *text, "'"));
+    }
+    *out = v;
+    return absl::OkStatus();
+  };
+  if (o.ablation_case) {
+    int64_t c = 0;
+    ODMOE_RETURN_IF_ERROR(integer(o.ablation_case, "ablation-case", 1, &c));
+    ODMOE_RETURN_IF_ERROR(ApplyAblationCase(c, settings));
+  }
+  if (o.prediction) {
+    if (*o.prediction == "shadow") {
+      settings->mode = PredictionMode::kShadow;
+    } else if (*o.prediction == "random") {
+      settings->mode = PredictionMode::kRandom;
+    } else if (*o.prediction == "none") {
+      settings->mode = PredictionMode::kNone;
+    } else {
+      return absl::InvalidArgumentError(
+          StrCat("--prediction: '", *o.prediction, "' (expected shadow, random or none)"));
+    }
+  }
+  if (o.shadow_quant) {
+    absl::StatusOr<ShadowQuant> q = ParseShadowQuant(*o.shadow_quant);
+    if (!q.ok()) return absl::InvalidArgumentError(StrCat("--shadow-quant: ", q.status().message()));
+    settings->quant = *q;
+  }
+  ODMOE_RETURN_IF_ERROR(integer(o.align_token, "align-token", 0, &settings->align_token));
+  ODMOE_RETURN_IF_ERROR(integer(o.align_kv, "align-kv", 0, &settings->align_kv));
+  ODMOE_RETURN_IF_ERROR(integer(o.max_lead_tokens, "max-lead-tokens", 1, &settings->max_lead_tokens));
+  if (settings->mode == PredictionMode::kShadow && !has_shadow_node) {
+    return absl::InvalidArgumentError(
+        "prediction by the shadow (ablation cases 1-4) needs a node with role = \"shadow\" in the cluster file");
+  }
+  return absl::OkStatus();
+}
+
 const NodeConfig* ClusterConfig::Find(std::string_view n) const {
   for (const NodeConfig& node : nodes) {
     if (node.name == n) return &node;
@@ -117,8 +208,8 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
   c.file = where;
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
-    if (key != "cluster" && key != "model" && key != "node") {
-      return FieldError(where, "", key, "unknown section (expected [cluster], [model] and [[node]])");
+    if (key != "cluster" && key != "model" && key != "node" && key != "shadow") {
+      return FieldError(where, "", key, "unknown section (expected [cluster], [model], [shadow] and [[node]])");
     }
   }
   if (const toml::node* cn = root.get("cluster")) {
@@ -161,6 +252,36 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
       if (p.is_relative()) p = std::filesystem::path(base_dir) / p;
       c.model.path = p.lexically_normal().string();
     }
+  }
+  std::optional<std::string> mode_text;
+  if (const toml::node* sn = root.get("shadow")) {
+    if (!sn->is_table()) return FieldError(where, "", "shadow", "expected a table");
+    Fields f(*sn->as_table(), where, "[shadow]");
+    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"mode", "quant", "align_token", "align_kv", "max_lead_tokens", "seed"}));
+    ShadowSettings& ss = c.shadow_settings;
+    ODMOE_ASSIGN_OR_RETURN(mode_text, f.String("mode"));
+    ODMOE_ASSIGN_OR_RETURN(auto quant, f.String("quant"));
+    if (quant) {
+      absl::StatusOr<ShadowQuant> q = ParseShadowQuant(*quant);
+      if (!q.ok()) return FieldError(where, "[shadow]", "quant", std::string(q.status().message()));
+      ss.quant = *q;
+    }
+    struct IntField {
+      const char* key;
+      int64_t* value;
+      int64_t min;
+    };
+    for (const IntField& field : {IntField{"align_token", &ss.align_token, 0}, IntField{"align_kv", &ss.align_kv, 0},
+                                  IntField{"max_lead_tokens", &ss.max_lead_tokens, 1}}) {
+      ODMOE_ASSIGN_OR_RETURN(auto v, f.Int(field.key));
+      if (!v) continue;
+      if (*v < field.min || *v > 1000000) {
+        return FieldError(where, "[shadow]", field.key, StrCat("must be ", field.min, "..1000000, got ", *v));
+      }
+      *field.value = *v;
+    }
+    ODMOE_ASSIGN_OR_RETURN(auto seed, f.Int("seed"));
+    if (seed) c.shadow_settings.seed = static_cast<uint64_t>(*seed);
   }
   const toml::node* nodes = root.get("node");
   if (nodes == nullptr || !nodes->is_array_of_tables()) {
@@ -221,6 +342,20 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
   if (mains != 1) return FieldError(where, "", "node", StrCat("need exactly one main node, found ", mains));
   if (shadows > 1) return FieldError(where, "", "node", StrCat("at most one shadow node, found ", shadows));
   if (next_worker < 1) return FieldError(where, "", "node", "need at least one worker node");
+  if (!mode_text) {
+    c.shadow_settings.mode = shadows == 1 ? PredictionMode::kShadow : PredictionMode::kNone;
+  } else if (*mode_text == "shadow") {
+    if (shadows == 0) {
+      return FieldError(where, "[shadow]", "mode", "'shadow' needs a node with role = \"shadow\" in the file");
+    }
+    c.shadow_settings.mode = PredictionMode::kShadow;
+  } else if (*mode_text == "random") {
+    c.shadow_settings.mode = PredictionMode::kRandom;
+  } else if (*mode_text == "none") {
+    c.shadow_settings.mode = PredictionMode::kNone;
+  } else {
+    return FieldError(where, "[shadow]", "mode", StrCat("'", *mode_text, "' (expected shadow, random or none)"));
+  }
   if (c.group_size > next_worker || (c.group_size > 0 && next_worker % c.group_size != 0)) {
     return FieldError(where, "[cluster]", "group_size",
                       StrCat(c.group_size, " must divide the number of workers (", next_worker, ")"));

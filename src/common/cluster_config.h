@@ -9,6 +9,12 @@
 //   startup_timeout_ms = 60000
 //   [model]
 //   path = "../models/demo-mixtral-kjv"   # relative to this file
+//   [shadow]
+//   mode = "shadow"           # shadow | random | none (default: shadow when a shadow node exists, else none)
+//   quant = "int8"            # fp16 | int8 | nf4 | none: the shadow's replica
+//   align_token = 1           # T_tok: main sends the shadow each new token every N decode steps (0: never)
+//   align_kv = 1              # T_kv: ... and that token's K/V of every layer every N steps (0: never)
+//   max_lead_tokens = 1       # how far (positions) the shadow may run ahead of main
 //   [[node]]
 //   name = "main"  role = "main"  address = "127.0.0.1:7100"  device = "cpu"
 //   [[node]]
@@ -44,6 +50,49 @@ struct ModelSource {
   std::string path;  // a Hugging Face checkpoint folder (absolute after loading)
 };
 
+// How experts get predicted, and the shadow's settings ([shadow] in the cluster file; `odmoe cluster up`
+// overrides them with --shadow-quant, --align-token, --align-kv and --ablation-case).
+enum class PredictionMode {
+  kShadow,  // the shadow node predicts (needs a shadow node in the file)
+  kRandom,  // no shadow: main prefetches k random experts per sparse layer (OD-MoE ablation case 5)
+  kNone,    // no prediction: workers load after routing (case 6)
+};
+std::string_view PredictionModeName(PredictionMode mode);  // "shadow", "random", "none"
+
+enum class ShadowQuant { kFp16, kInt8, kNf4, kNone };
+std::string_view ShadowQuantName(ShadowQuant quant);  // "fp16", "int8", "nf4", "none"
+// Parses "fp16", "int8", "nf4", "none" (no quantization: the full-precision model); InvalidArgument naming the value.
+absl::StatusOr<ShadowQuant> ParseShadowQuant(std::string_view text);
+
+struct ShadowSettings {
+  PredictionMode mode = PredictionMode::kShadow;  // kNone when the file has no shadow node and sets no mode
+  ShadowQuant quant = ShadowQuant::kInt8;
+  // Alignment periods in decode steps: main sends the shadow the new token every align_token steps and that
+  // step's K/V (of every layer) every align_kv steps; 0 = never.
+  int64_t align_token = 1;
+  int64_t align_kv = 1;
+  // How many positions the shadow may run ahead of the position main is decoding (>= 1).
+  int64_t max_lead_tokens = 1;
+  uint64_t seed = 1;  // kRandom's predictions
+};
+
+// OD-MoE's ablation cases (section 4.2) as settings: 1 shadow with token and KV alignment (every step), 2 token
+// alignment only, 3 KV alignment only, 4 no alignment, 5 no shadow with random prefetch, 6 no shadow, load after
+// routing. Cases 1-4 keep the periods already set where they are nonzero (1 otherwise). InvalidArgument for a
+// case outside 1..6.
+absl::Status ApplyAblationCase(int64_t ablation_case, ShadowSettings* settings);
+
+// The command-line overrides of [shadow] that `odmoe cluster up` passes on to every daemon: --ablation-case N
+// first, then --prediction MODE, --shadow-quant Q, --align-token N, --align-kv N, --max-lead-tokens N. Each
+// value is given as text (absent: keep). Errors name the flag. `has_shadow_node`: a shadow mode needs one.
+struct ShadowOverrides {
+  std::optional<std::string> ablation_case, prediction, shadow_quant, align_token, align_kv, max_lead_tokens;
+  bool any() const {
+    return ablation_case || prediction || shadow_quant || align_token || align_kv || max_lead_tokens;
+  }
+};
+absl::Status ApplyShadowOverrides(const ShadowOverrides& overrides, bool has_shadow_node, ShadowSettings* settings);
+
 struct ClusterConfig {
   std::string file;  // where it was read from
   std::string name = "odmoe";
@@ -52,6 +101,7 @@ struct ClusterConfig {
   int64_t rpc_timeout_ms = 30000;
   int64_t startup_timeout_ms = 60000;
   ModelSource model;
+  ShadowSettings shadow_settings;
   std::vector<NodeConfig> nodes;
 
   const NodeConfig* Find(std::string_view name) const;

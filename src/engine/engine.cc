@@ -176,6 +176,46 @@ absl::Status Engine::StartSequence(int64_t capacity) {
   return absl::OkStatus();
 }
 
+absl::Status Engine::Truncate(int64_t position) {
+  if (position < 0 || position > position_) {
+    return absl::OutOfRangeError(
+        StrCat("cannot truncate the sequence to position ", position, ": it has ", position_, " positions"));
+  }
+  position_ = position;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::ReadKv(int64_t position, float* k, float* v) {
+  if (position < 0 || position >= position_) {
+    return absl::OutOfRangeError(
+        StrCat("KV of position ", position, " requested, but the sequence has ", position_, " positions"));
+  }
+  const int64_t kv = config().kv_size();
+  for (size_t l = 0; l < k_cache_.size(); ++l) {
+    device_.CopyToHost(k + static_cast<int64_t>(l) * kv, k_cache_[l]->as<float>() + position * kv, F32Bytes(kv),
+                       stream_.get());
+    device_.CopyToHost(v + static_cast<int64_t>(l) * kv, v_cache_[l]->as<float>() + position * kv, F32Bytes(kv),
+                       stream_.get());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::WriteKv(int64_t position, const float* k, const float* v) {
+  if (position < 0 || position >= position_) {
+    return absl::OutOfRangeError(
+        StrCat("KV of position ", position, " written, but the sequence has ", position_, " positions"));
+  }
+  const int64_t kv = config().kv_size();
+  for (size_t l = 0; l < k_cache_.size(); ++l) {
+    device_.CopyToDevice(k_cache_[l]->as<float>() + position * kv, k + static_cast<int64_t>(l) * kv, F32Bytes(kv),
+                         stream_.get());
+    device_.CopyToDevice(v_cache_[l]->as<float>() + position * kv, v + static_cast<int64_t>(l) * kv, F32Bytes(kv),
+                         stream_.get());
+  }
+  device_.Synchronize(stream_.get());  // the host rows may die on return
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids,
                                                    std::vector<PositionRouting>* routing) {
   const ModelConfig& c = config();
@@ -208,6 +248,7 @@ absl::Status Engine::ForwardChunk(std::span<const int32_t> ids, std::vector<Posi
   const int64_t hidden = c.hidden_size, past = position_;
   const int64_t k = c.top_k;
 
+  experts_->BeginForward(past, n);
   std::vector<int32_t> positions(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = static_cast<int32_t>(past + i);
   d.CopyToDevice(ids_->data(), ids.data(), ids.size() * sizeof(int32_t), s);

@@ -29,6 +29,13 @@ class ExpertExecutor {
   // the experts run. h, out: [n, hidden] device memory; ids, weights: [n, k] host memory (best first).
   virtual absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
                            std::span<const float> weights, float* out, Stream* stream) = 0;
+  // Called by the engine before each forward chunk: the next Run calls (one per sparse layer, in layer order)
+  // are for the tokens at positions [first_position, first_position + n). Executors that place or predict
+  // per position (main's remote executor, the shadow's) use it; the default ignores it.
+  virtual void BeginForward(int64_t first_position, int64_t n) {
+    (void)first_position;
+    (void)n;
+  }
 };
 
 // Groups a layer's routing by expert: for each expert id in ascending order, the token rows that chose it and
@@ -78,6 +85,15 @@ class Engine {
   // Runs `ids` at the next positions and appends them to the KV cache. Returns the logits ([vocab]) of the last
   // of them. When `routing` is given, appends one PositionRouting per token.
   absl::StatusOr<std::vector<float>> Forward(std::span<const int32_t> ids, std::vector<PositionRouting>* routing);
+
+  // Drops every position from `position` on (the next Forward runs at `position`): the shadow's roll back to
+  // an aligned token. OutOfRange unless 0 <= position <= position().
+  absl::Status Truncate(int64_t position);
+  // The K and V cache rows of `position` (< position()) for every layer, to or from host memory:
+  // k, v: [num_layers, kv_size] fp32 (kv_size = num_key_value_heads * head_dim, the post-norm, post-RoPE K as
+  // attention reads it). OutOfRange for a position not yet computed. WriteKv is the shadow's KV alignment.
+  absl::Status ReadKv(int64_t position, float* k, float* v);
+  absl::Status WriteKv(int64_t position, const float* k, const float* v);
 
   int64_t position() const { return position_; }
   int64_t capacity() const { return capacity_; }

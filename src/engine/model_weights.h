@@ -44,15 +44,23 @@ struct LayerWeights {
   std::vector<MlpWeights> experts;  // [num_experts]; an expert not held has intermediate == 0
 };
 
+// How the linear weights inside the decoder layers (attention projections, routers, experts, shared experts,
+// dense MLPs) are stored on the device; embeddings, lm_head, norms and biases are always kept as they are.
+// The shadow's replica: kFp16 rounds them to fp16; kInt8 / kNf4 quantize them at load time (src/backend/
+// quantize.h) and MatMul dequantizes as it reads.
+enum class WeightQuant { kNone, kFp16, kInt8, kNf4 };
+
 // Which tensors to upload.
 struct WeightSelection {
   bool non_expert = true;  // embeddings, attention, norms, routers, shared experts, dense MLPs, lm_head
   // Routed experts: all of them, none, or those for which `want_expert(layer, expert)` is true.
   enum class Experts { kAll, kNone, kSome } experts = Experts::kAll;
   std::vector<std::pair<int64_t, int64_t>> some;  // (layer, expert) pairs when kSome
+  WeightQuant quant = WeightQuant::kNone;
 
   static WeightSelection All() { return {}; }
-  static WeightSelection NonExpertOnly() { return {true, Experts::kNone, {}}; }
+  static WeightSelection NonExpertOnly() { return {true, Experts::kNone, {}, WeightQuant::kNone}; }
+  static WeightSelection Quantized(WeightQuant q) { return {true, Experts::kAll, {}, q}; }
 };
 
 // Thread safety: immutable after Load.
@@ -78,7 +86,9 @@ class ModelWeights {
 
  private:
   explicit ModelWeights(const ModelConfig& config) : config_(config) {}
-  absl::StatusOr<WeightRef> Upload(TensorSource& source, Device& device, const TensorSpec& spec);
+  absl::StatusOr<WeightRef> Upload(TensorSource& source, Device& device, const TensorSpec& spec, WeightQuant quant);
+  absl::StatusOr<WeightRef> UploadBytes(Device& device, const void* data, size_t bytes, DType dtype,
+                                        const std::string& tag, bool sync);
 
   ModelConfig config_;
   WeightRef embed_, final_norm_, lm_head_;

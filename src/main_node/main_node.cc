@@ -65,6 +65,17 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   }
   absl::MutexLock lock(&node->request_mu_);
   node->experts_ = std::move(experts).value();
+  const ShadowSettings& ss = args.cluster.shadow_settings;
+  if (ss.mode == PredictionMode::kShadow && args.cluster.shadow() != nullptr) {
+    node->shadow_link_ = std::make_unique<ShadowLink>(
+        args.cluster.shadow()->address, node->config_,
+        ShadowLinkOptions{args.cluster.epoch, node->fingerprint_, args.self.name});
+  } else if (ss.mode == PredictionMode::kRandom) {
+    std::vector<std::string> addresses;
+    for (const NodeConfig* w : args.cluster.workers()) addresses.push_back(w->address);
+    rpc::PrefetchSenderOptions po{args.cluster.epoch, node->fingerprint_, args.self.name, args.cluster.rpc_timeout_ms};
+    node->random_sender_ = std::make_unique<rpc::PrefetchSender>(addresses, node->experts_->placement(), po);
+  }
   ODMOE_ASSIGN_OR_RETURN(node->engine_,
                          Engine::Create(*node->weights_, *node->device_, node->experts_.get(), options.engine));
   return node;
@@ -72,9 +83,36 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
 
 MainNode::~MainNode() {
   absl::MutexLock lock(&request_mu_);
+  shadow_link_.reset();
+  random_sender_.reset();
   engine_.reset();
   experts_.reset();
 }
+
+namespace {
+
+// k distinct experts of `num_experts`, a pure function of its arguments (splitmix64 stream).
+std::vector<int32_t> RandomExperts(uint64_t seed, uint64_t request_id, int64_t position, int64_t sparse_index,
+                                   int64_t num_experts, int64_t k) {
+  uint64_t state = seed ^ (request_id * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(position) << 20) ^
+                   static_cast<uint64_t>(sparse_index);
+  auto next = [&state]() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  std::vector<int32_t> all(static_cast<size_t>(num_experts));
+  for (int64_t e = 0; e < num_experts; ++e) all[static_cast<size_t>(e)] = static_cast<int32_t>(e);
+  for (int64_t i = 0; i < k && i < num_experts; ++i) {  // partial Fisher-Yates
+    const uint64_t j = static_cast<uint64_t>(i) + next() % static_cast<uint64_t>(num_experts - i);
+    std::swap(all[static_cast<size_t>(i)], all[static_cast<size_t>(j)]);
+  }
+  all.resize(static_cast<size_t>(std::min(k, num_experts)));
+  return all;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<int32_t>> MainNode::PromptOf(const v1::GenerateRequest& request) const {
   const bool has_text = !request.prompt().empty();
@@ -112,8 +150,31 @@ absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
 
   absl::MutexLock lock(&request_mu_);
   bool client_gone = false;
-  experts_->BeginRequest(next_request_id_.fetch_add(1),
-                         [&]() { return client_gone || (cancelled != nullptr && cancelled()); });
+  const uint64_t request_id = next_request_id_.fetch_add(1);
+  experts_->BeginRequest(request_id, [&]() { return client_gone || (cancelled != nullptr && cancelled()); });
+
+  // Expert prediction for the decode steps (positions prompt .. prompt + max_new - 2).
+  const ShadowSettings& ss = cluster_.shadow_settings;
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  const std::vector<int64_t> sparse_layers = config_.SparseLayers();
+  board_.Reset(static_cast<int64_t>(sparse_layers.size()), config_.top_k);
+  if (shadow_link_ != nullptr) {
+    experts_->SetPrediction(&board_, prompt_len);
+    shadow_link_->Start(request_id, prompt, request.max_new_tokens(), ss, &board_);
+  } else if (random_sender_ != nullptr) {
+    experts_->SetPrediction(&board_, prompt_len, [&](int64_t position) {
+      for (size_t s = 0; s < sparse_layers.size(); ++s) {
+        std::vector<int32_t> predicted = RandomExperts(ss.seed, request_id, position, static_cast<int64_t>(s),
+                                                       config_.num_experts, config_.top_k);
+        random_sender_->Send(request_id, position, sparse_layers[s], static_cast<int64_t>(s), predicted);
+        board_.Put(position, static_cast<int64_t>(s), std::move(predicted));
+      }
+    });
+  } else {
+    experts_->SetPrediction(&board_, prompt_len);  // no predictions: recall 0, misses recorded
+  }
+  std::vector<float> kv_k, kv_v;
+  int64_t generated = 0;
   std::unique_ptr<IncrementalDecoder> decoder;
   if (tokenizer_ != nullptr) decoder = std::make_unique<IncrementalDecoder>(*tokenizer_, prompt);
   auto on_token = [&](int32_t id) {
@@ -123,9 +184,31 @@ absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
     chunk.set_has_text(decoder != nullptr);
     if (decoder != nullptr) chunk.set_text(decoder->Push(id));
     if (!emit(chunk)) client_gone = true;
+    // Main now decodes the position of this token (unless it was the last one or ends the request): the shadow
+    // learns where main is, with the alignment due at this step.
+    const int64_t i = generated++;
+    const bool is_eos =
+        std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), id) != config_.eos_token_ids.end();
+    if (shadow_link_ == nullptr || i + 1 >= request.max_new_tokens() || (is_eos && !request.ignore_eos())) return;
+    const bool send_token = ss.align_token > 0 && i % ss.align_token == 0;
+    const bool send_kv = ss.align_kv > 0 && i % ss.align_kv == 0;
+    if (send_kv) {
+      kv_k.resize(static_cast<size_t>(config_.num_layers * config_.kv_size()));
+      kv_v.resize(kv_k.size());
+      if (!engine_->ReadKv(prompt_len + i - 1, kv_k.data(), kv_v.data()).ok()) return;
+    }
+    shadow_link_->Step(prompt_len + i, send_token ? std::optional<int32_t>(id) : std::nullopt,
+                       send_kv ? kv_k.data() : nullptr, send_kv ? kv_v.data() : nullptr);
   };
   absl::StatusOr<GenerateResult> result = odmoe::Generate(*engine_, prompt, options, on_token);
   experts_->EndRequest();
+  AlignmentCounts alignment;
+  if (shadow_link_ != nullptr) {
+    // The shadow's predictions for the last positions may still be on their way: they count for recall.
+    shadow_link_->Finish(/*wait_ms=*/2000);
+    alignment = shadow_link_->counts();
+  }
+  if (random_sender_ != nullptr) random_sender_->Drain();
   if (!result.ok()) {
     if (client_gone) return absl::CancelledError("the client went away");
     return result.status();
@@ -170,6 +253,31 @@ absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
     stats->set_on_demand_load_ms(stats->on_demand_load_ms() + w.on_demand_load_ms);
   }
   stats->set_expert_tensors_opened(static_cast<uint64_t>(checkpoint_->ExpertTensorsRead()));
+  const RecallSummary recall = board_.Summarize();
+  stats->set_prediction(std::string(PredictionModeName(ss.mode)));
+  stats->set_recall(recall.recall);
+  stats->set_timely_recall(recall.timely_recall);
+  stats->mutable_recall_per_token()->Add(recall.recall_per_token.begin(), recall.recall_per_token.end());
+  stats->set_predictions_received(recall.predictions_received);
+  stats->set_predictions_missing(recall.predictions_missing);
+  stats->set_shadow_lead_layers(recall.lead_layers_mean);
+  stats->set_tokens_aligned(alignment.tokens);
+  stats->set_kv_aligned(alignment.kv);
+  stats->set_alignment_bytes(alignment.bytes);
+  stats->set_stall_ms(stats->on_demand_load_ms());
+  {
+    absl::MutexLock stats_lock(&stats_mu_);
+    ++counters_.requests;
+    counters_.decode_layers += recall.decode_layers;
+    counters_.correct += recall.correct;
+    counters_.timely += recall.timely;
+    counters_.predictions_missing += recall.predictions_missing;
+    counters_.loads_on_demand += stats->loads_on_demand();
+    counters_.stall_ms += stats->on_demand_load_ms();
+    counters_.tokens_aligned += alignment.tokens;
+    counters_.kv_aligned += alignment.kv;
+    counters_.alignment_bytes += alignment.bytes;
+  }
   const size_t fed = result->tokens.empty() ? 0 : result->tokens.size() - 1;  // the last token is never fed back
   stats->set_positions(prompt.size() + fed);
   if (!emit(last)) return absl::CancelledError("the client went away");
@@ -185,6 +293,40 @@ grpc::Status MainNode::Generate(grpc::ServerContext* context, const v1::Generate
     spdlog::warn("request from {} failed: {}", context->peer(), std::string(status.ToString()));
   }
   return rpc::ToGrpc(status);
+}
+
+v1::MainStats MainNode::Stats(bool reset) {
+  v1::MainStats s;
+  s.set_node(self_.name);
+  s.set_prediction(std::string(PredictionModeName(cluster_.shadow_settings.mode)));
+  const MemoryInfo m = device_->memory_info();
+  v1::DeviceMemory* mem = s.mutable_memory();
+  mem->set_device(device_->name());
+  mem->set_capacity_bytes(m.capacity);
+  mem->set_in_use_bytes(m.in_use);
+  mem->set_peak_bytes(m.peak);
+  absl::MutexLock lock(&stats_mu_);
+  const Counters& c = counters_;
+  s.set_requests(c.requests);
+  s.set_decode_layers(c.decode_layers);
+  s.set_correct(c.correct);
+  s.set_timely(c.timely);
+  const double denominator = static_cast<double>(c.decode_layers) * static_cast<double>(std::max<int64_t>(1, config_.top_k));
+  s.set_recall(c.decode_layers > 0 ? static_cast<double>(c.correct) / denominator : 0.0);
+  s.set_timely_recall(c.decode_layers > 0 ? static_cast<double>(c.timely) / denominator : 0.0);
+  s.set_predictions_missing(c.predictions_missing);
+  s.set_loads_on_demand(c.loads_on_demand);
+  s.set_stall_ms(c.stall_ms);
+  s.set_tokens_aligned(c.tokens_aligned);
+  s.set_kv_aligned(c.kv_aligned);
+  s.set_alignment_bytes(c.alignment_bytes);
+  if (reset) counters_ = Counters{};
+  return s;
+}
+
+grpc::Status MainNode::GetStats(grpc::ServerContext*, const v1::StatsRequest* request, v1::MainStats* response) {
+  *response = Stats(request->reset());
+  return grpc::Status::OK;
 }
 
 grpc::Status MainNode::GetMembership(grpc::ServerContext*, const v1::MembershipRequest*, v1::Membership* response) {

@@ -2,8 +2,10 @@
 // attention, norms, routers, shared experts, dense MLPs, lm_head) on its device and the KV cache, runs attention
 // and routing layer by layer, and has the routed experts computed by the workers (RemoteExpertExecutor). It
 // never opens a routed expert's tensor (Checkpoint::ExpertTensorsRead() stays 0; reported in every request's
-// stats). The shadow is optional and not used yet: without predictions a worker loads an expert when main's
-// router asks for it.
+// stats). Expert prediction follows the cluster file's [shadow] mode: "shadow" streams each request to the
+// shadow (ShadowLink: prompt, per-step token/KV alignment) and places experts where its predictions had them
+// loaded; "random" predicts k random experts per layer itself and prefetches them (ablation case 5); "none"
+// loads after routing. Recall and timely recall of every request are in its stats (PredictionBoard).
 //
 // Requests run one at a time: Generate holds a mutex for the whole request, so concurrent clients wait their
 // turn. A request is validated before it waits (bad requests are answered at once).
@@ -28,11 +30,14 @@
 #include "src/engine/engine.h"
 #include "src/engine/generator.h"
 #include "src/engine/model_weights.h"
+#include "src/main_node/prediction.h"
 #include "src/main_node/remote_experts.h"
+#include "src/main_node/shadow_link.h"
 #include "src/model/checkpoint.h"
 #include "src/model/model_config.h"
 #include "src/model/tokenizer.h"
 #include "src/rpc/daemon.h"
+#include "src/rpc/prefetch_sender.h"
 
 namespace odmoe {
 
@@ -57,6 +62,9 @@ class MainNode final : public v1::Inference::Service {
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
   grpc::Status GetMembership(grpc::ServerContext* context, const v1::MembershipRequest* request,
                              v1::Membership* response) override;
+  grpc::Status GetStats(grpc::ServerContext* context, const v1::StatsRequest* request,
+                        v1::MainStats* response) override;
+  v1::MainStats Stats(bool reset);
 
   // Generate without gRPC. `emit` receives each message in order and returns false when the client has gone
   // (the request then stops); `cancelled` (optional) is polled before every sparse layer. Errors:
@@ -93,6 +101,19 @@ class MainNode final : public v1::Inference::Service {
   absl::Mutex request_mu_;  // one request at a time
   std::unique_ptr<RemoteExpertExecutor> experts_ ABSL_GUARDED_BY(request_mu_);
   std::unique_ptr<Engine> engine_ ABSL_GUARDED_BY(request_mu_);
+  // Expert prediction (cluster_.shadow_settings.mode): the shadow's stream, or main's own random predictions.
+  PredictionBoard board_;
+  std::unique_ptr<ShadowLink> shadow_link_ ABSL_GUARDED_BY(request_mu_);
+  std::unique_ptr<rpc::PrefetchSender> random_sender_ ABSL_GUARDED_BY(request_mu_);
+
+  struct Counters {
+    uint64_t requests = 0;
+    uint64_t decode_layers = 0, correct = 0, timely = 0, predictions_missing = 0, loads_on_demand = 0;
+    double stall_ms = 0;
+    uint64_t tokens_aligned = 0, kv_aligned = 0, alignment_bytes = 0;
+  };
+  mutable absl::Mutex stats_mu_;
+  Counters counters_ ABSL_GUARDED_BY(stats_mu_);
 };
 
 // Fills `out` with the cluster's membership as seen by node `self`.

@@ -175,6 +175,21 @@ void RemoteExpertExecutor::BeginRequest(uint64_t request_id, std::function<bool(
   request_id_ = request_id;
   cancelled_ = std::move(cancelled);
   stats_.assign(workers_.size(), WorkerCallStats());
+  board_ = nullptr;
+  on_decode_position_ = nullptr;
+  position_ = 0;
+}
+
+void RemoteExpertExecutor::SetPrediction(PredictionBoard* board, int64_t decode_start,
+                                         std::function<void(int64_t position)> on_decode_position) {
+  board_ = board;
+  decode_start_ = decode_start;
+  on_decode_position_ = std::move(on_decode_position);
+}
+
+void RemoteExpertExecutor::BeginForward(int64_t first_position, int64_t n) {
+  position_ = first_position;
+  if (n == 1 && first_position >= decode_start_ && on_decode_position_) on_decode_position_(first_position);
 }
 
 uint64_t RemoteExpertExecutor::ExpertBytes(int64_t layer, int32_t expert) const {
@@ -205,10 +220,20 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
   // Who computes what: decode (one token) goes to the layer's group, the actual set assigned one-to-one; a
   // prefill chunk spreads expert e to worker e mod N_W.
   std::vector<int32_t> worker_of(batches.size());
+  std::vector<int32_t> experts;  // the actual set, ascending
+  for (const ExpertBatch& b : batches) experts.push_back(b.expert);
+  const bool decode = n == 1 && board_ != nullptr && position_ >= decode_start_;
   if (n == 1) {
-    std::vector<int32_t> experts;
-    for (const ExpertBatch& b : batches) experts.push_back(b.expert);
-    const std::vector<Assignment> assigned = placement_.Assign(sparse_index, experts);
+    // With a prediction, the experts it announced run where it had them loaded; misses go to the workers whose
+    // predicted expert went unused (they load on demand).
+    std::optional<std::vector<int32_t>> predicted;
+    if (decode) {
+      board_->SetProgress(position_, sparse_index);
+      predicted = board_->Get(position_, sparse_index);
+    }
+    const std::vector<Assignment> assigned = predicted.has_value()
+                                                 ? placement_.Resolve(sparse_index, *predicted, experts)
+                                                 : placement_.Assign(sparse_index, experts);
     ODMOE_CHECK(assigned.size() == batches.size());
     for (size_t b = 0; b < batches.size(); ++b) {
       ODMOE_CHECK(assigned[b].expert == batches[b].expert);
@@ -247,6 +272,7 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
     v1::ComputeExpertsRequest& req = call->request;
     rpc::FillHeader(req.mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id_);
     req.set_layer(static_cast<int32_t>(layer));
+    req.set_position(position_);
     v1::Tensor* t = req.mutable_hidden();
     t->set_dtype(v1::DTYPE_F32);
     t->add_shape(static_cast<int64_t>(pc.rows.size()));
@@ -332,6 +358,7 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
   if (failure.has_value()) return rpc::FromGrpc(state->calls[*failure]->status, where(*failure));
 
   // Check the replies and gather every expert's outputs into host_out_.
+  std::vector<bool> resident(batches.size(), true);  // per batch: no piece of it was loaded on demand
   for (size_t i = 0; i < plan.size(); ++i) {
     const PlannedCall& pc = plan[i];
     const v1::ComputeExpertsResponse& resp = state->calls[i]->response;
@@ -359,12 +386,15 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
       st.rows_computed += static_cast<uint64_t>(m);
       st.compute_ms += o.compute_ms();
       if (o.loaded_on_demand()) {
+        resident[task.batch] = false;
         ++st.loads_on_demand;
         st.on_demand_load_ms += o.load_ms();
         st.bytes_loaded += ExpertBytes(layer, b.expert);
       }
     }
   }
+
+  if (decode) board_->Record(position_, sparse_index, experts, resident);
 
   // The sum, in LocalExpertExecutor's order: experts ascending, each one's rows in order.
   const int32_t* dev_rows = index_->as<int32_t>();

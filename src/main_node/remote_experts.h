@@ -31,6 +31,7 @@
 #include "src/backend/device.h"
 #include "src/common/placement.h"
 #include "src/engine/engine.h"
+#include "src/main_node/prediction.h"
 #include "src/model/checkpoint.h"
 #include "src/model/model_config.h"
 #include "src/rpc/rpc_util.h"
@@ -101,12 +102,25 @@ class RemoteExpertExecutor : public ExpertExecutor {
 
   absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
                    std::span<const float> weights, float* out, Stream* stream) override;
+  void BeginForward(int64_t first_position, int64_t n) override;
+
+  // Expert prediction for the current request (BeginRequest clears it): positions >= `decode_start` run one
+  // token at a time are decode steps; for those the executor places the actual experts where the prediction
+  // in `board` (if one arrived) had them loaded (Placement::Resolve), else by Placement::Assign, and records
+  // what happened in `board`. `on_decode_position` (optional) is called as each decode position begins
+  // (main's random predictions are made there). `board` must outlive the request.
+  void SetPrediction(PredictionBoard* board, int64_t decode_start,
+                     std::function<void(int64_t position)> on_decode_position = nullptr);
 
   // Starts the accounting of a new client request: zeroes the stats, stamps `request_id` into every header.
   // `cancelled` (optional) is polled before each layer; when it returns true Run fails with Cancelled.
   void BeginRequest(uint64_t request_id, std::function<bool()> cancelled = nullptr);
   // Drops the `cancelled` hook of the request (whose captures may be about to die); the stats stay.
-  void EndRequest() { cancelled_ = nullptr; }
+  void EndRequest() {
+    cancelled_ = nullptr;
+    board_ = nullptr;
+    on_decode_position_ = nullptr;
+  }
   // Per worker (index = worker index), since BeginRequest.
   const std::vector<WorkerCallStats>& stats() const { return stats_; }
   const std::vector<WorkerEndpoint>& workers() const { return workers_; }
@@ -128,6 +142,10 @@ class RemoteExpertExecutor : public ExpertExecutor {
 
   uint64_t request_id_ = 0;
   std::function<bool()> cancelled_;
+  PredictionBoard* board_ = nullptr;
+  int64_t decode_start_ = 0;
+  std::function<void(int64_t)> on_decode_position_;
+  int64_t position_ = 0;  // of the current forward chunk's first token
   std::vector<WorkerCallStats> stats_;
 
   // Host staging and device buffers, reused across layers.

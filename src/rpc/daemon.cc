@@ -11,7 +11,10 @@
 namespace odmoe::rpc {
 
 absl::StatusOr<DaemonArgs> ParseDaemonArgs(const std::vector<std::string>& args, NodeRole role) {
-  ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, {"config", "node", "model"}, {}));
+  ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
+                                               {"config", "node", "model", "ablation-case", "prediction",
+                                                "shadow-quant", "align-token", "align-kv", "max-lead-tokens"},
+                                               {}));
   ODMOE_ASSIGN_OR_RETURN(std::string config_path, f.Required("config"));
   ODMOE_ASSIGN_OR_RETURN(std::string node_name, f.Required("node"));
   DaemonArgs d;
@@ -25,6 +28,10 @@ absl::StatusOr<DaemonArgs> ParseDaemonArgs(const std::vector<std::string>& args,
                                              NodeRoleName(self->role), ", not ", NodeRoleName(role)));
   }
   d.self = *self;
+  ShadowOverrides overrides{f.Get("ablation-case"), f.Get("prediction"), f.Get("shadow-quant"),
+                            f.Get("align-token"),   f.Get("align-kv"),   f.Get("max-lead-tokens")};
+  ODMOE_RETURN_IF_ERROR(
+      ApplyShadowOverrides(overrides, d.cluster.shadow() != nullptr, &d.cluster.shadow_settings));
   d.model_dir = f.Get("model").value_or(d.cluster.model.path);
   if (d.model_dir.empty()) {
     return absl::InvalidArgumentError(StrCat("no model: give --model DIR or [model] path in ", config_path));

@@ -15,10 +15,14 @@ absl::Status Serve(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::ShadowNode> node, odmoe::ShadowNode::Create(d));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::Server> server,
                          odmoe::rpc::Server::Start({d.self.address, d.self.threads}, {node.get()}));
+  const odmoe::ShadowSettings& s = node->settings();
   spdlog::info(
-      "odmoe-shadow {} serving {} on port {}: model {} (fingerprint {}, epoch {}); health, stats and "
-      "membership only (no prediction yet)",
-      d.self.name, d.self.address, server->port(), d.model_dir, node->fingerprint(), d.cluster.epoch);
+      "odmoe-shadow {} serving {} on port {}: model {} (fingerprint {}, epoch {}); prediction {}, replica {} "
+      "({} bytes), token alignment every {} steps, KV every {} (0: never), lead <= {} positions",
+      d.self.name, d.self.address, server->port(), d.model_dir, node->fingerprint(), d.cluster.epoch,
+      std::string(odmoe::PredictionModeName(s.mode)),
+      node->has_replica() ? std::string(odmoe::ShadowQuantName(s.quant)) : std::string("not loaded"),
+      node->replica_bytes(), s.align_token, s.align_kv, s.max_lead_tokens);
   odmoe::rpc::ServeUntilSignal(*server);
   spdlog::info("odmoe-shadow {}: shut down", d.self.name);
   return absl::OkStatus();

@@ -1,31 +1,362 @@
 #include "src/shadow_node/shadow_node.h"
 
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "spdlog/spdlog.h"
 #include "src/backend/device_factory.h"
+#include "src/common/placement.h"
 #include "src/common/status.h"
-#include "src/model/checkpoint.h"
+#include "src/common/strings.h"
+#include "src/engine/generator.h"
 #include "src/model/fingerprint.h"
+#include "src/rpc/rpc_util.h"
 
 namespace odmoe {
+
+WeightQuant WeightQuantOf(ShadowQuant quant) {
+  switch (quant) {
+    case ShadowQuant::kFp16: return WeightQuant::kFp16;
+    case ShadowQuant::kInt8: return WeightQuant::kInt8;
+    case ShadowQuant::kNf4: return WeightQuant::kNf4;
+    case ShadowQuant::kNone: return WeightQuant::kNone;
+  }
+  return WeightQuant::kNone;
+}
+
+// The replica's experts are all local; this wrapper reports each decode position's routing before computing.
+class PredictingExecutor : public ExpertExecutor {
+ public:
+  using Callback = std::function<void(int64_t position, int64_t layer, std::span<const int32_t> experts)>;
+  explicit PredictingExecutor(std::unique_ptr<LocalExpertExecutor> local, int64_t top_k)
+      : local_(std::move(local)), top_k_(top_k) {}
+
+  void BeginForward(int64_t first_position, int64_t n) override {
+    position_ = first_position;
+    n_ = n;
+  }
+  absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
+                   std::span<const float> weights, float* out, Stream* stream) override {
+    if (on_predict_ && n == 1 && n_ == 1 && position_ >= decode_start_) {
+      on_predict_(position_, layer, ids.subspan(0, static_cast<size_t>(top_k_)));
+    }
+    return local_->Run(layer, h, n, ids, weights, out, stream);
+  }
+  // Positions >= decode_start run one at a time are predicted through `on_predict` (nullptr: none).
+  void Set(int64_t decode_start, Callback on_predict) {
+    decode_start_ = decode_start;
+    on_predict_ = std::move(on_predict);
+  }
+
+ private:
+  std::unique_ptr<LocalExpertExecutor> local_;
+  int64_t top_k_;
+  int64_t decode_start_ = 0;
+  Callback on_predict_;
+  int64_t position_ = 0;
+  int64_t n_ = 0;
+};
+
+// What main has told the shadow about one request so far (filled by the stream's reader thread).
+struct ShadowNode::Session {
+  // Fixed at the start.
+  uint64_t request_id = 0;
+  std::vector<int32_t> prompt;
+  int64_t max_new_tokens = 0;
+  int64_t align_token = 0;
+  int64_t max_lead = 1;
+
+  absl::Mutex mu;
+  int64_t main_position ABSL_GUARDED_BY(mu) = -1;  // the position main is decoding (prompt - 1 during prefill)
+  bool main_done ABSL_GUARDED_BY(mu) = false;      // main closed its side (or the stream broke)
+  absl::Status error ABSL_GUARDED_BY(mu);          // a malformed message from main
+  std::map<int64_t, int32_t> tokens ABSL_GUARDED_BY(mu);  // aligned tokens by position
+  std::map<int64_t, std::pair<std::vector<float>, std::vector<float>>> kv ABSL_GUARDED_BY(mu);  // pending K/V
+};
 
 absl::StatusOr<std::unique_ptr<ShadowNode>> ShadowNode::Create(const rpc::DaemonArgs& args) {
   std::unique_ptr<ShadowNode> node(new ShadowNode());
   node->cluster_ = args.cluster;
   node->self_ = args.self;
-  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(args.model_dir));
-  ODMOE_ASSIGN_OR_RETURN(node->fingerprint_, ModelFingerprint(args.model_dir, *checkpoint));
+  node->model_dir_ = args.model_dir;
+  ODMOE_ASSIGN_OR_RETURN(node->config_, LoadModelConfig(args.model_dir));
+  ODMOE_ASSIGN_OR_RETURN(node->checkpoint_, Checkpoint::Open(args.model_dir));
+  ODMOE_ASSIGN_OR_RETURN(node->fingerprint_, ModelFingerprint(args.model_dir, *node->checkpoint_));
   ODMOE_ASSIGN_OR_RETURN(node->device_, CreateDevice(args.self.device));
+  if (args.cluster.shadow_settings.mode != PredictionMode::kShadow) return node;
+
+  WeightSelection selection = WeightSelection::Quantized(WeightQuantOf(args.cluster.shadow_settings.quant));
+  ODMOE_ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(node->config_, *node->checkpoint_, *node->device_, selection));
+  EngineOptions engine_options;
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<LocalExpertExecutor> local,
+                         LocalExpertExecutor::Create(*node->device_, *node->weights_,
+                                                     engine_options.max_tokens_per_forward));
+
+  std::vector<std::string> workers;
+  for (const NodeConfig* w : args.cluster.workers()) workers.push_back(w->address);
+  const int32_t group_size =
+      args.cluster.group_size > 0 ? args.cluster.group_size : static_cast<int32_t>(node->config_.top_k);
+  absl::StatusOr<Placement> placement = Placement::Create(static_cast<int32_t>(workers.size()), group_size);
+  if (!placement.ok()) {
+    return absl::InvalidArgumentError(StrCat(args.cluster.file, ": group size ", group_size, ": ",
+                                             placement.status().message()));
+  }
+  rpc::PrefetchSenderOptions po;
+  po.epoch = args.cluster.epoch;
+  po.fingerprint = node->fingerprint_;
+  po.sender = args.self.name;
+  po.rpc_timeout_ms = args.cluster.rpc_timeout_ms;
+  node->sender_ = std::make_unique<rpc::PrefetchSender>(workers, *placement, po);
+
+  absl::MutexLock lock(&node->run_mu_);
+  node->executor_ = std::make_unique<PredictingExecutor>(std::move(local), node->config_.top_k);
+  ODMOE_ASSIGN_OR_RETURN(node->engine_,
+                         Engine::Create(*node->weights_, *node->device_, node->executor_.get(), engine_options));
   return node;
 }
 
-grpc::Status ShadowNode::GetStats(grpc::ServerContext*, const v1::StatsRequest*, v1::ShadowStats* response) {
-  response->set_node(self_.name);
+ShadowNode::~ShadowNode() {
+  if (sender_ != nullptr) sender_->Drain();
+  absl::MutexLock lock(&run_mu_);
+  engine_.reset();
+  executor_.reset();
+}
+
+namespace {
+
+int32_t Argmax(const std::vector<float>& logits) {
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+}  // namespace
+
+grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
+                                grpc::ServerReaderWriter<v1::Prediction, v1::FollowMessage>* stream) {
+  v1::FollowMessage first;
+  if (!stream->Read(&first)) return grpc::Status(grpc::StatusCode::CANCELLED, "main closed the stream at once");
+  absl::Status bad;
+  Session session;
+  if (!first.has_start()) {
+    bad = absl::InvalidArgumentError("the first message of a Follow stream must be a FollowStart");
+  } else {
+    const v1::FollowStart& start = first.start();
+    bad = rpc::CheckHeader(start.header(), cluster_.epoch, fingerprint_);
+    session.request_id = start.header().request_id();
+    session.prompt.assign(start.prompt_ids().begin(), start.prompt_ids().end());
+    session.max_new_tokens = start.max_new_tokens();
+    session.align_token = start.align_token();
+    session.max_lead = start.max_lead_tokens();
+    if (bad.ok()) bad = ValidateRequest(config_, session.prompt, session.max_new_tokens);
+    if (bad.ok() && (session.align_token < 0 || start.align_kv() < 0)) {
+      bad = absl::InvalidArgumentError(StrCat("align_token and align_kv must be >= 0, got ", session.align_token,
+                                              " and ", start.align_kv()));
+    }
+    if (bad.ok() && session.max_lead < 1) {
+      bad = absl::InvalidArgumentError(StrCat("max_lead_tokens must be >= 1, got ", session.max_lead));
+    }
+    if (bad.ok() && weights_ == nullptr) {
+      bad = absl::FailedPreconditionError(StrCat("shadow '", self_.name, "' runs in prediction mode '",
+                                                 PredictionModeName(cluster_.shadow_settings.mode),
+                                                 "' and holds no replica"));
+    }
+  }
+  if (!bad.ok()) {
+    spdlog::warn("{}: Follow refused: {}", self_.name, bad.ToString());
+    return rpc::ToGrpc(bad);
+  }
+
+  {
+    absl::MutexLock lock(&session.mu);
+    session.main_position = static_cast<int64_t>(session.prompt.size()) - 1;
+  }
+  // The reader: main's steps into the session, until main closes its side or the stream breaks.
+  const int64_t prompt_len = static_cast<int64_t>(session.prompt.size());
+  const int64_t kv_values = config_.num_layers * config_.kv_size();
+  std::thread reader([&]() {
+    v1::FollowMessage msg;
+    while (stream->Read(&msg)) {
+      absl::Status status;
+      if (!msg.has_step()) {
+        status = absl::InvalidArgumentError("a Follow stream carries one FollowStart, then FollowSteps only");
+      } else {
+        const v1::FollowStep& step = msg.step();
+        const int64_t p = step.position();
+        std::vector<float> k, v;
+        if (p < prompt_len || p > prompt_len + session.max_new_tokens) {
+          status = absl::InvalidArgumentError(StrCat("step position ", p, " is outside the request's decode positions [",
+                                                     prompt_len, ", ", prompt_len + session.max_new_tokens, ")"));
+        } else if (step.has_token() && (step.token() < 0 || step.token() >= config_.vocab_size)) {
+          status = absl::OutOfRangeError(StrCat("aligned token ", step.token(), " at position ", p,
+                                                " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+        } else if (step.has_k() || step.has_v()) {
+          const int64_t shape[] = {config_.num_layers, config_.kv_size()};
+          absl::StatusOr<std::vector<float>> dk = rpc::DecodeF32(step.k(), shape, "step.k");
+          absl::StatusOr<std::vector<float>> dv = rpc::DecodeF32(step.v(), shape, "step.v");
+          if (!dk.ok()) status = dk.status();
+          else if (!dv.ok()) status = dv.status();
+          else {
+            k = std::move(dk).value();
+            v = std::move(dv).value();
+          }
+        }
+        if (status.ok()) {
+          absl::MutexLock lock(&session.mu);
+          session.main_position = std::max(session.main_position, p);
+          if (step.has_token()) session.tokens[p] = step.token();
+          if (!k.empty()) session.kv[p - 1] = {std::move(k), std::move(v)};
+          absl::MutexLock stats_lock(&stats_mu_);
+          counters_.tokens_aligned += step.has_token() ? 1 : 0;
+          counters_.kv_aligned += step.has_k() ? 1 : 0;
+          counters_.alignment_bytes += step.k().data().size() + step.v().data().size();
+        }
+      }
+      if (!status.ok()) {
+        absl::MutexLock lock(&session.mu);
+        session.error = status;
+        break;
+      }
+    }
+    absl::MutexLock lock(&session.mu);
+    session.main_done = true;
+  });
+  (void)kv_values;
+
+  absl::Status status;
+  {
+    absl::MutexLock lock(&run_mu_);
+    status = RunSession(session, stream);
+  }
+  if (!status.ok()) context->TryCancel();  // unblocks the reader
+  reader.join();
+  {
+    absl::MutexLock lock(&session.mu);
+    if (status.ok() && !session.error.ok()) status = session.error;
+  }
+  if (!status.ok()) spdlog::warn("{}: Follow of request {} failed: {}", self_.name, session.request_id, status.ToString());
+  return rpc::ToGrpc(status);
+}
+
+absl::Status ShadowNode::RunSession(Session& session,
+                                    grpc::ServerReaderWriter<v1::Prediction, v1::FollowMessage>* stream) {
+  const int64_t prompt_len = static_cast<int64_t>(session.prompt.size());
+  const int64_t last = prompt_len + session.max_new_tokens - 2;  // the last position main decodes
+  {
+    absl::MutexLock lock(&stats_mu_);
+    ++counters_.requests;
+  }
+  if (last < prompt_len) return absl::OkStatus();  // nothing is decoded: no prediction to make
+
+  const int64_t num_sparse = static_cast<int64_t>(config_.SparseLayers().size());
+  int64_t main_position_seen = prompt_len - 1;  // for the lead statistics (updated each position)
+  bool stream_ok = true;
+  executor_->Set(prompt_len, [&](int64_t position, int64_t layer, std::span<const int32_t> experts) {
+    const int64_t sparse_index = config_.SparseIndex(layer);
+    // The workers first: their loads are what the prediction is for.
+    sender_->Send(session.request_id, position, layer, sparse_index, experts);
+    v1::Prediction p;
+    p.set_position(position);
+    p.set_layer(static_cast<int32_t>(layer));
+    p.mutable_experts()->Add(experts.begin(), experts.end());
+    if (stream_ok && !stream->Write(p)) stream_ok = false;
+    absl::MutexLock lock(&stats_mu_);
+    ++counters_.predictions;
+    counters_.lead_sum += static_cast<double>((position - main_position_seen) * num_sparse + sparse_index);
+  });
+  struct Unset {
+    PredictingExecutor* e;
+    ~Unset() { e->Set(0, nullptr); }
+  } unset{executor_.get()};
+
+  ODMOE_RETURN_IF_ERROR(engine_->StartSequence(last + 1));
+  ODMOE_ASSIGN_OR_RETURN(std::vector<float> logits, engine_->Forward(session.prompt, nullptr));
+  int32_t guess = Argmax(logits);
+  std::vector<int32_t> used;  // the token the replica ran at each decode position (index position - prompt)
+  int64_t pos = prompt_len;
+  for (;;) {
+    int32_t token = guess;
+    std::vector<std::pair<int64_t, std::pair<std::vector<float>, std::vector<float>>>> kv_writes;
+    {
+      absl::MutexLock lock(&session.mu);
+      // Roll back to the first aligned token that differs from what the replica ran.
+      for (auto it = session.tokens.begin(); it != session.tokens.end() && it->first < pos; ++it) {
+        const size_t i = static_cast<size_t>(it->first - prompt_len);
+        if (i < used.size() && used[i] != it->second) {
+          pos = it->first;
+          used.resize(i);
+          ODMOE_RETURN_IF_ERROR(engine_->Truncate(pos));
+          absl::MutexLock stats_lock(&stats_mu_);
+          ++counters_.rollbacks;
+          break;
+        }
+      }
+      const bool token_due = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(session.mu) {
+        return session.align_token > 0 && (pos - prompt_len) % session.align_token == 0;
+      }();
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(session.mu) {
+        if (session.main_done || !session.error.ok() || !stream_ok) return true;
+        if (pos > session.main_position + session.max_lead) return false;
+        return !token_due || session.tokens.contains(pos);
+      };
+      session.mu.Await(absl::Condition(&ready));
+      if (!session.error.ok() || !stream_ok) break;
+      // Main has finished: run on only up to the last position it decoded.
+      if (session.main_done && pos > std::min(last, session.main_position)) break;
+      if (pos > last) break;
+      main_position_seen = session.main_position;
+      if (auto it = session.tokens.find(pos); it != session.tokens.end()) token = it->second;
+      // Main's K/V for positions the replica has computed replace its own.
+      for (auto it = session.kv.begin(); it != session.kv.end() && it->first < engine_->position();) {
+        kv_writes.emplace_back(it->first, std::move(it->second));
+        it = session.kv.erase(it);
+      }
+    }
+    for (auto& [p, kv] : kv_writes) ODMOE_RETURN_IF_ERROR(engine_->WriteKv(p, kv.first.data(), kv.second.data()));
+    ODMOE_ASSIGN_OR_RETURN(logits, engine_->Forward(std::span<const int32_t>(&token, 1), nullptr));
+    guess = Argmax(logits);
+    used.push_back(token);
+    ++pos;
+    absl::MutexLock lock(&stats_mu_);
+    ++counters_.positions_decoded;
+  }
+  if (!stream_ok) return absl::UnavailableError("main went away (writing a prediction failed)");
+  return absl::OkStatus();
+}
+
+v1::ShadowStats ShadowNode::Stats(bool reset) {
+  v1::ShadowStats s;
+  s.set_node(self_.name);
   const MemoryInfo m = device_->memory_info();
-  v1::DeviceMemory* mem = response->mutable_memory();
+  v1::DeviceMemory* mem = s.mutable_memory();
   mem->set_device(device_->name());
   mem->set_capacity_bytes(m.capacity);
   mem->set_in_use_bytes(m.in_use);
   mem->set_peak_bytes(m.peak);
-  response->set_requests(0);  // the shadow runs no request yet
+  s.set_quant(std::string(ShadowQuantName(cluster_.shadow_settings.quant)));
+  if (sender_ != nullptr) {
+    const rpc::PrefetchSenderStats ps = sender_->stats();
+    s.set_prefetch_calls(ps.calls);
+    s.set_prefetch_failures(ps.failures);
+  }
+  absl::MutexLock lock(&stats_mu_);
+  s.set_requests(counters_.requests);
+  s.set_predictions(counters_.predictions);
+  s.set_positions_decoded(counters_.positions_decoded);
+  s.set_rollbacks(counters_.rollbacks);
+  s.set_tokens_aligned(counters_.tokens_aligned);
+  s.set_kv_aligned(counters_.kv_aligned);
+  s.set_alignment_bytes(counters_.alignment_bytes);
+  s.set_lead_layers_mean(counters_.predictions > 0 ? counters_.lead_sum / static_cast<double>(counters_.predictions)
+                                                   : 0.0);
+  if (reset) counters_ = Counters{};
+  return s;
+}
+
+grpc::Status ShadowNode::GetStats(grpc::ServerContext*, const v1::StatsRequest* request, v1::ShadowStats* response) {
+  *response = Stats(request->reset());
   return grpc::Status::OK;
 }
 

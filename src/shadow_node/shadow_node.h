@@ -1,41 +1,101 @@
-// The shadow node (odmoe-shadow). Eventually it runs a quantized replica ahead of main and predicts each layer's
-// experts (Scaled Emulative Prediction). For now it only serves: health (grpc.health.v1, from the server), its
-// device's memory and request count (GetStats; no request is ever run, so 0) and the cluster membership. It
-// opens the model's checkpoint for the fingerprint only (metadata; no tensor is read) and loads no weights.
+// The shadow node (odmoe-shadow): Scaled Emulative Prediction (OD-MoE section 3, ../shared/DESIGN.md). It holds
+// a full replica of the model whose decoder-layer linear weights are quantized at load time (FP16, INT8 per
+// output row, NF4 in blocks of 64; embeddings, lm_head, norms and biases kept), runs each request main serves
+// ahead of main, and as soon as its router of a sparse layer has chosen at a decode position it tells that
+// layer's workers to load those experts (Prefetch, fire and forget) and tells main (the Follow stream).
 //
-// Thread safety: the handlers may be called concurrently; the object is immutable after Create apart from the
-// device's own (thread-safe) memory accounting.
+// One Follow stream per client request. Main sends FollowStart (the prompt), then a FollowStep as it starts
+// each decode position, carrying the aligned token every T_tok steps and the K/V of the position it decoded
+// last every T_kv steps. The shadow:
+//  - prefills the prompt on its replica and guesses each next token itself (greedy on its own logits);
+//  - at a position where a token alignment is due, waits for main's token (late departure); elsewhere it runs
+//    on with its own guess, at most max_lead_tokens positions ahead of the position main is decoding;
+//  - when an aligned token differs from the one it used at that position, it rolls back there (drops its KV
+//    from that position on) and runs again, so predictions of the same (position, layer) are re-sent;
+//  - writes main's K/V into its own cache as it arrives (for positions it has computed; later ones wait).
+// The stream ends when the shadow has run the last position main decoded and main has closed its side.
+// A miss never affects main's tokens: predictions only decide where experts are loaded.
+//
+// Requests run one at a time on the replica (a second Follow waits for the first to end). Thread safety: the
+// gRPC handlers may be called concurrently; the engine is used only under run_mu_; each Follow has its own
+// session state, shared by its reader thread and its handler under the session's mutex.
 #pragma once
 
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "odmoe/v1/shadow.grpc.pb.h"
 #include "src/backend/device.h"
 #include "src/common/cluster_config.h"
+#include "src/engine/engine.h"
+#include "src/engine/model_weights.h"
+#include "src/model/checkpoint.h"
+#include "src/model/model_config.h"
 #include "src/rpc/daemon.h"
+#include "src/rpc/prefetch_sender.h"
 
 namespace odmoe {
 
+class PredictingExecutor;
+
+WeightQuant WeightQuantOf(ShadowQuant quant);
+
 class ShadowNode final : public v1::Shadow::Service {
  public:
-  // Opens the checkpoint (for the fingerprint) and the device named by the node's `device` spec.
+  // Opens the checkpoint and the device named by the node's `device` spec; in prediction mode "shadow" it also
+  // loads the quantized replica (every tensor: the shadow holds the whole model).
   static absl::StatusOr<std::unique_ptr<ShadowNode>> Create(const rpc::DaemonArgs& args);
+  ~ShadowNode() override;
 
+  grpc::Status Follow(grpc::ServerContext* context,
+                      grpc::ServerReaderWriter<v1::Prediction, v1::FollowMessage>* stream) override;
   grpc::Status GetStats(grpc::ServerContext* context, const v1::StatsRequest* request,
                         v1::ShadowStats* response) override;
   grpc::Status GetMembership(grpc::ServerContext* context, const v1::MembershipRequest* request,
                              v1::Membership* response) override;
 
   const std::string& fingerprint() const { return fingerprint_; }
+  const ShadowSettings& settings() const { return cluster_.shadow_settings; }
+  bool has_replica() const { return weights_ != nullptr; }
+  uint64_t replica_bytes() const { return weights_ != nullptr ? weights_->device_bytes() : 0; }
+  v1::ShadowStats Stats(bool reset);
 
  private:
+  struct Session;
+  struct Counters {
+    uint64_t requests = 0;
+    uint64_t predictions = 0;
+    uint64_t positions_decoded = 0;
+    uint64_t rollbacks = 0;
+    uint64_t tokens_aligned = 0;
+    uint64_t kv_aligned = 0;
+    uint64_t alignment_bytes = 0;
+    double lead_sum = 0;
+  };
   ShadowNode() = default;
+  // The body of Follow once the start message is read and checked.
+  absl::Status RunSession(Session& session, grpc::ServerReaderWriter<v1::Prediction, v1::FollowMessage>* stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+
   ClusterConfig cluster_;
   NodeConfig self_;
+  std::string model_dir_;
   std::string fingerprint_;
+  ModelConfig config_;
+  std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<Device> device_;
+  std::unique_ptr<ModelWeights> weights_;  // nullptr unless prediction mode is "shadow"
+  std::unique_ptr<rpc::PrefetchSender> sender_;
+
+  absl::Mutex run_mu_;
+  std::unique_ptr<PredictingExecutor> executor_ ABSL_GUARDED_BY(run_mu_);
+  std::unique_ptr<Engine> engine_ ABSL_GUARDED_BY(run_mu_);
+
+  mutable absl::Mutex stats_mu_;
+  Counters counters_ ABSL_GUARDED_BY(stats_mu_);
 };
 
 }  // namespace odmoe

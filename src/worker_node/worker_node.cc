@@ -161,10 +161,11 @@ int WorkerNode::EvictIdle(uint64_t bytes, const std::vector<ExpertKey>& keep) {
   {
     absl::MutexLock lock(&mu_);
     // Candidates: ready entries, those this request does not need first, then oldest first.
-    std::vector<std::pair<std::pair<bool, uint64_t>, ExpertKey>> order;
+    std::vector<std::pair<std::pair<bool, uint64_t>, ResidentKey>> order;
     for (const auto& [key, entry] : resident_) {
       if (entry.loading) continue;
-      const bool kept = std::find(keep.begin(), keep.end(), key) != keep.end();
+      const ExpertKey expert_key{std::get<0>(key), std::get<1>(key)};
+      const bool kept = std::find(keep.begin(), keep.end(), expert_key) != keep.end();
       order.push_back({{kept, entry.sequence}, key});
     }
     std::sort(order.begin(), order.end());
@@ -178,8 +179,39 @@ int WorkerNode::EvictIdle(uint64_t bytes, const std::vector<ExpertKey>& keep) {
       resident_.erase(it);
     }
     counters_.evictions += victims.size();
+    counters_.prefetches_unused += victims.size();
   }
   return static_cast<int>(victims.size());  // the buffers are freed here, outside the lock
+}
+
+bool WorkerNode::Passed(const Progress& progress, uint64_t request_id, int64_t position, int64_t layer) {
+  if (request_id == 0 || progress.request_id == 0) return false;
+  if (request_id != progress.request_id) return true;
+  return std::pair(position, layer) <= std::pair(progress.position, progress.layer);
+}
+
+int WorkerNode::AdvanceProgress(uint64_t request_id, int64_t position, int64_t layer) {
+  if (request_id == 0) return 0;
+  std::vector<std::unique_ptr<LoadedExpert>> victims;
+  {
+    absl::MutexLock lock(&mu_);
+    progress_ = Progress{request_id, position, layer};
+    for (auto it = resident_.begin(); it != resident_.end();) {
+      const ResidentEntry& entry = it->second;
+      // Stale: predicted for a (position, layer) main has gone past. The current layer's own entries stay: the
+      // request being computed takes them.
+      const bool current = entry.request_id == request_id && entry.position == position && std::get<0>(it->first) == layer;
+      if (!entry.loading && !current && Passed(progress_, entry.request_id, entry.position, std::get<0>(it->first))) {
+        victims.push_back(std::move(it->second.expert));
+        it = resident_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    counters_.evictions += victims.size();
+    counters_.prefetches_unused += victims.size();
+  }
+  return static_cast<int>(victims.size());
 }
 
 absl::StatusOr<std::unique_ptr<WorkerNode::LoadedExpert>> WorkerNode::LoadExpert(int64_t layer, int64_t e,
@@ -230,13 +262,23 @@ absl::StatusOr<std::unique_ptr<WorkerNode::LoadedExpert>> WorkerNode::LoadExpert
   return loaded;
 }
 
-std::unique_ptr<WorkerNode::LoadedExpert> WorkerNode::TakeResident(const ExpertKey& key, double* waited_ms) {
+std::unique_ptr<WorkerNode::LoadedExpert> WorkerNode::TakeResident(const ExpertKey& key, int64_t position,
+                                                                   double* waited_ms) {
   const Clock::time_point start = Clock::now();
   absl::MutexLock lock(&mu_);
-  auto it = resident_.find(key);
+  // The entry for `position`, else the newest for an earlier one (entries for later positions are kept for
+  // their own turn).
+  auto find = [&]() {
+    auto it = resident_.upper_bound(ResidentKey{key.first, key.second, position});
+    if (it == resident_.begin()) return resident_.end();
+    --it;
+    if (std::get<0>(it->first) != key.first || std::get<1>(it->first) != key.second) return resident_.end();
+    return it;
+  };
+  auto it = find();
   while (it != resident_.end() && it->second.loading) {
     resident_changed_.Wait(&mu_);
-    it = resident_.find(key);
+    it = find();
   }
   *waited_ms = MsSince(start);
   if (it == resident_.end()) return nullptr;
@@ -313,6 +355,7 @@ absl::Status WorkerNode::Compute(const v1::ComputeExpertsRequest& request, v1::C
                                              "several calls"));
   }
 
+  AdvanceProgress(request.header().request_id(), request.position(), request.layer());
   absl::MutexLock lock(&compute_mu_);
   absl::Status status = ComputeLocked(request, hidden, n, response);
   if (!status.ok()) response->Clear();
@@ -341,7 +384,7 @@ absl::Status WorkerNode::ComputeLocked(const v1::ComputeExpertsRequest& request,
     const v1::ExpertTask& task = request.tasks(i);
     const int64_t e = task.expert();
     double load_ms = 0;
-    std::unique_ptr<LoadedExpert> expert = TakeResident(keys[static_cast<size_t>(i)], &load_ms);
+    std::unique_ptr<LoadedExpert> expert = TakeResident(keys[static_cast<size_t>(i)], request.position(), &load_ms);
     const bool on_demand = expert == nullptr;
     if (on_demand) {
       const std::vector<ExpertKey> later(keys.begin() + i + 1, keys.end());
@@ -395,7 +438,8 @@ absl::Status WorkerNode::ComputeLocked(const v1::ComputeExpertsRequest& request,
   return absl::OkStatus();
 }
 
-absl::StatusOr<int32_t> WorkerNode::DoPrefetch(const v1::PrefetchRequest& request) {
+absl::StatusOr<int32_t> WorkerNode::DoPrefetch(const v1::PrefetchRequest& request, bool* late) {
+  if (late != nullptr) *late = false;
   ODMOE_RETURN_IF_ERROR(rpc::CheckHeader(request.header(), cluster_.epoch, fingerprint_));
   ODMOE_RETURN_IF_ERROR(CheckLayer(request.layer()));
   if (request.experts_size() == 0) return absl::InvalidArgumentError("experts: empty (nothing to prefetch)");
@@ -413,34 +457,44 @@ absl::StatusOr<int32_t> WorkerNode::DoPrefetch(const v1::PrefetchRequest& reques
   }
 
   const int64_t layer = request.layer();
+  const uint64_t request_id = request.header().request_id();
+  const int64_t position = request.position();
   absl::MutexLock load_lock(&load_mu_);
-  std::vector<ExpertKey> started;
+  std::vector<ResidentKey> started;
   {
     absl::MutexLock lock(&mu_);
+    if (Passed(progress_, request_id, position, layer)) {
+      // Main already asked for this layer (or went past it): loading now would only waste the link.
+      counters_.prefetches_late += 1;
+      if (late != nullptr) *late = true;
+      return 0;
+    }
     for (int32_t e : request.experts()) {
-      if (!resident_.contains({layer, e})) started.emplace_back(layer, e);
+      if (!resident_.contains({layer, e, position})) started.emplace_back(layer, e, position);
     }
     const uint64_t needed = started.size() * expert_bytes_;
     const uint64_t in_use = device_->memory_info().in_use;
     if (budget_bytes_ != 0 && (in_use > budget_bytes_ || needed > budget_bytes_ - in_use)) {
       return BudgetError(StrCat("prefetching ", started.size(), " experts of layer ", layer), needed);
     }
-    for (const ExpertKey& key : started) {
+    for (const ResidentKey& key : started) {
       ResidentEntry& entry = resident_[key];
       entry.loading = true;
       entry.sequence = next_sequence_++;
+      entry.request_id = request_id;
+      entry.position = position;
     }
   }
 
   for (size_t i = 0; i < started.size(); ++i) {
     absl::StatusOr<std::unique_ptr<LoadedExpert>> loaded =
-        LoadExpert(layer, started[i].second, load_stream_.get(), /*may_evict=*/false, {});
+        LoadExpert(layer, std::get<1>(started[i]), load_stream_.get(), /*may_evict=*/false, {});
     absl::MutexLock lock(&mu_);
     if (!loaded.ok()) {
       // Drop this and the remaining placeholders; a waiting ComputeExperts then loads on demand.
       for (size_t j = i; j < started.size(); ++j) resident_.erase(started[j]);
       resident_changed_.SignalAll();
-      return absl::Status(loaded.status().code(), StrCat("prefetching expert ", started[i].second, " of layer ", layer,
+      return absl::Status(loaded.status().code(), StrCat("prefetching expert ", std::get<1>(started[i]), " of layer ", layer,
                                                          ": ", loaded.status().message()));
     }
     ResidentEntry& entry = resident_[started[i]];
@@ -470,6 +524,8 @@ v1::WorkerStats WorkerNode::Stats(bool reset) {
     s.set_compute_ms_total(counters_.compute_ms_total);
     s.set_evictions(counters_.evictions);
     s.set_prefetches(counters_.prefetches);
+    s.set_prefetches_late(counters_.prefetches_late);
+    s.set_prefetches_unused(counters_.prefetches_unused);
     if (reset) counters_ = Counters{};
   }
   const MemoryInfo mi = device_->memory_info();
@@ -510,12 +566,14 @@ grpc::Status WorkerNode::ComputeExperts(grpc::ServerContext* /*context*/, const 
 
 grpc::Status WorkerNode::Prefetch(grpc::ServerContext* /*context*/, const v1::PrefetchRequest* request,
                                   v1::PrefetchResponse* response) {
-  absl::StatusOr<int32_t> accepted = DoPrefetch(*request);
+  bool late = false;
+  absl::StatusOr<int32_t> accepted = DoPrefetch(*request, &late);
   if (!accepted.ok()) {
     spdlog::warn("{}: Prefetch refused: {}", self_.name, accepted.status().ToString());
     return rpc::ToGrpc(accepted.status());
   }
   response->set_accepted(*accepted);
+  response->set_late(late);
   return grpc::Status::OK;
 }
 

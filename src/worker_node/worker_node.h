@@ -14,6 +14,13 @@
 // expert. When an on-demand load does not fit, idle prefetched experts (predicted, not yet used) are evicted,
 // those not needed by the current request first.
 //
+// Predictions: a Prefetch is for one (request, decode position, layer); its experts stay resident for that
+// position (several positions of one expert may be resident at once), and main's ComputeExperts takes the one
+// of its own position (else the newest earlier one: the same weights). Every ComputeExperts with a request id
+// records how far main has got: idle prefetched experts of an earlier (position, layer), or of another request,
+// are then freed unused (counted), and a Prefetch for a (position, layer) main has already asked for is late:
+// nothing is loaded (counted). Requests without an id (0) are not tracked.
+//
 // Checkpoint access: the worker reads (Checkpoint::Read) only routed-expert tensors, and only of the experts it
 // is asked to load; the model fingerprint reads metadata only.
 //
@@ -29,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -83,7 +91,9 @@ class WorkerNode final : public v1::Worker::Service {
   absl::Status Compute(const v1::ComputeExpertsRequest& request, v1::ComputeExpertsResponse* response);
   // Loads the listed experts that are neither resident nor loading, synchronously; returns how many loads it
   // started. ResourceExhausted, naming the budget, when they do not fit next to what is resident.
-  absl::StatusOr<int32_t> DoPrefetch(const v1::PrefetchRequest& request);
+  // A prediction for a (request, position, layer) main has already asked for (or gone past) is late: nothing is
+  // loaded, 0 is returned and `*late` (optional) is set.
+  absl::StatusOr<int32_t> DoPrefetch(const v1::PrefetchRequest& request, bool* late = nullptr);
   // The counters since start (or the last reset) and the device memory; `reset` zeroes the counters and the
   // device's peak after reading them.
   v1::WorkerStats Stats(bool reset);
@@ -123,7 +133,19 @@ class WorkerNode final : public v1::Worker::Service {
     bool loading = true;  // a Prefetch is copying it; `expert` is set when done
     std::unique_ptr<LoadedExpert> expert;
     uint64_t sequence = 0;  // order of arrival, for eviction (oldest first)
+    // What the prediction was for: the request and decode position (request 0: untracked, never stale).
+    uint64_t request_id = 0;
+    int64_t position = 0;
   };
+  // Main's progress: the (request, position, layer) of its latest ComputeExperts with a request id.
+  struct Progress {
+    uint64_t request_id = 0;
+    int64_t position = -1;
+    int64_t layer = -1;
+  };
+  // True when main has already asked for (position, layer) of `request_id` or gone past it (or on to another
+  // request): a prediction for it is late, a prefetched expert for it stale.
+  static bool Passed(const Progress& progress, uint64_t request_id, int64_t position, int64_t layer);
 
   struct Counters {
     uint64_t experts_computed = 0;
@@ -136,6 +158,8 @@ class WorkerNode final : public v1::Worker::Service {
     double compute_ms_total = 0;
     uint64_t evictions = 0;
     uint64_t prefetches = 0;
+    uint64_t prefetches_late = 0;
+    uint64_t prefetches_unused = 0;
   };
 
   WorkerNode(const ClusterConfig& cluster, const NodeConfig& self, const WorkerOptions& options)
@@ -157,7 +181,10 @@ class WorkerNode final : public v1::Worker::Service {
   int EvictIdle(uint64_t bytes, const std::vector<ExpertKey>& keep);
   // Takes expert (layer, e) out of the resident set, waiting for an in-flight prefetch of it; nullptr when it
   // is neither resident nor loading. `waited_ms` gets the time spent waiting.
-  std::unique_ptr<LoadedExpert> TakeResident(const ExpertKey& key, double* waited_ms);
+  // Prefers the entry predicted for `position`, else the newest one for an earlier position (the same weights).
+  std::unique_ptr<LoadedExpert> TakeResident(const ExpertKey& key, int64_t position, double* waited_ms);
+  // Records main's progress and frees the idle prefetched experts it made stale. Returns how many were freed.
+  int AdvanceProgress(uint64_t request_id, int64_t position, int64_t layer);
   absl::Status ComputeLocked(const v1::ComputeExpertsRequest& request, const std::vector<float>& hidden, int64_t n,
                              v1::ComputeExpertsResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(compute_mu_);
 
@@ -191,7 +218,10 @@ class WorkerNode final : public v1::Worker::Service {
 
   mutable absl::Mutex mu_;
   absl::CondVar resident_changed_;  // signalled when a loading entry becomes ready or is dropped
-  std::map<ExpertKey, ResidentEntry> resident_ ABSL_GUARDED_BY(mu_);
+  // Keyed by (layer, expert, position): predictions of one expert for several positions may be resident.
+  using ResidentKey = std::tuple<int64_t, int64_t, int64_t>;
+  std::map<ResidentKey, ResidentEntry> resident_ ABSL_GUARDED_BY(mu_);
+  Progress progress_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   Counters counters_ ABSL_GUARDED_BY(mu_);
 };

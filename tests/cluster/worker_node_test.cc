@@ -401,6 +401,67 @@ TEST_F(WorkerNodeTest, PrefetchedExpertIsNotLoadedOnDemand) {
   ExpectOnlyExpertTensorsRead();
 }
 
+TEST_F(WorkerNodeTest, PredictionsAreKeptForTheirPositionAndFreedWhenMainPassesThem) {
+  // Requests with an id are tracked: a prefetched expert is for one (position, layer); main's request for
+  // that layer takes it; once main has gone past it, an unused one is freed, and a prediction arriving late
+  // loads nothing.
+  StartWorker();
+  const uint64_t workspace = node_->workspace_bytes();
+  auto prefetch = [&](uint64_t request, int64_t position, int64_t layer, std::vector<int32_t> experts) {
+    v1::PrefetchRequest req;
+    FillGoodHeader(req.mutable_header());
+    req.mutable_header()->set_request_id(request);
+    req.set_layer(static_cast<int32_t>(layer));
+    req.set_position(position);
+    for (int32_t e : experts) req.add_experts(e);
+    v1::PrefetchResponse resp;
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, kDeadlineMs);
+    const grpc::Status st = stub_->Prefetch(&ctx, req, &resp);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return resp;
+  };
+  const int64_t n = 1;
+  const std::vector<float> hidden = RandomHidden(n, config_.hidden_size, 5);
+  auto compute = [&](uint64_t request, int64_t position, int64_t layer, int32_t expert) {
+    v1::ComputeExpertsRequest req = MakeRequest(layer, hidden, n, {{expert, {0}, {1.0f}}});
+    req.mutable_header()->set_request_id(request);
+    req.set_position(position);
+    v1::ComputeExpertsResponse resp;
+    const grpc::Status st = Compute(req, &resp);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return resp.outputs_size() == 1 && !resp.outputs(0).loaded_on_demand();  // true: it was resident
+  };
+  // Position 20: layers 0 and 1 predicted {1, 2} each; position 21, layer 0: {3}.
+  EXPECT_EQ(prefetch(1, 20, 0, {1, 2}).accepted(), 2);
+  EXPECT_EQ(prefetch(1, 20, 1, {1, 2}).accepted(), 2);
+  EXPECT_EQ(prefetch(1, 21, 0, {1, 3}).accepted(), 2);
+  EXPECT_EQ(node_->ResidentExperts(), 6);
+  // Main at (20, 0) uses expert 1; expert 2 of (20, 0) stays until main goes past it.
+  EXPECT_TRUE(compute(1, 20, 0, 1));
+  EXPECT_EQ(node_->ResidentExperts(), 5);
+  // Main at (20, 1): (20, 0)'s unused expert 2 is freed; this layer's own expert 2 is used.
+  EXPECT_TRUE(compute(1, 20, 1, 2));
+  EXPECT_EQ(node_->ResidentExperts(), 3);  // (20, 1, 1), (21, 0, 1), (21, 0, 3)
+  // A prediction for (20, 0) now is late: nothing loads.
+  v1::PrefetchResponse late = prefetch(1, 20, 0, {5});
+  EXPECT_TRUE(late.late());
+  EXPECT_EQ(late.accepted(), 0);
+  // Main at (21, 0) takes the expert predicted for position 21, not 20's.
+  EXPECT_TRUE(compute(1, 21, 0, 1));
+  EXPECT_EQ(node_->ResidentExperts(), 1);  // (20, 1)'s expert 1 was freed as stale; (21, 0)'s expert 3 stays
+  // Another request makes everything of the first stale.
+  EXPECT_FALSE(compute(2, 16, 0, 4));
+  EXPECT_EQ(node_->ResidentExperts(), 0);
+  EXPECT_EQ(node_->device().memory_info().in_use, workspace);
+  const v1::WorkerStats stats = Stats();
+  EXPECT_EQ(stats.prefetches(), 6u);
+  EXPECT_EQ(stats.prefetches_late(), 1u);
+  EXPECT_EQ(stats.prefetches_unused(), 3u);  // (20,0,2), (20,1,1), (21,0,3)
+  EXPECT_EQ(stats.loads_on_demand(), 1u);
+  EXPECT_EQ(stats.loads(), stats.evictions());
+}
+
 TEST_F(WorkerNodeTest, BudgetIsKept) {
   StartWorker();
   const uint64_t workspace = node_->workspace_bytes();

@@ -108,6 +108,67 @@ TEST(ClusterConfigTest, BadFilesNameTheFieldAtFault) {
   }
 }
 
+TEST(ClusterConfigTest, ShadowSectionAndOverrides) {
+  // Defaults: a shadow node means shadow prediction, INT8, alignment every step.
+  auto c = ParseClusterConfig(kGood, "lab.toml", "/etc/odmoe");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->shadow_settings.mode, PredictionMode::kShadow);
+  EXPECT_EQ(c->shadow_settings.quant, ShadowQuant::kInt8);
+  EXPECT_EQ(c->shadow_settings.align_token, 1);
+  EXPECT_EQ(c->shadow_settings.align_kv, 1);
+  const std::string with = std::string(kGood) +
+                           "\n[shadow]\nmode = \"shadow\"\nquant = \"nf4\"\nalign_token = 4\nalign_kv = 0\n"
+                           "max_lead_tokens = 2\n";
+  c = ParseClusterConfig(with, "lab.toml", "/");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->shadow_settings.quant, ShadowQuant::kNf4);
+  EXPECT_EQ(c->shadow_settings.align_token, 4);
+  EXPECT_EQ(c->shadow_settings.align_kv, 0);
+  EXPECT_EQ(c->shadow_settings.max_lead_tokens, 2);
+  for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
+           {"quant = \"int4\"", "'quant'"},
+           {"align_kv = -1", "'align_kv'"},
+           {"max_lead_tokens = 0", "'max_lead_tokens'"},
+           {"mode = \"oracle\"", "'mode'"},
+           {"period = 2", "'period'"}}) {
+    auto bad = ParseClusterConfig(std::string(kGood) + "\n[shadow]\n" + body + "\n", "lab.toml", "/");
+    ASSERT_FALSE(bad.ok()) << body;
+    EXPECT_NE(bad.status().message().find(field), absl::string_view::npos) << bad.status();
+    EXPECT_NE(bad.status().message().find("lab.toml: [shadow]"), absl::string_view::npos) << bad.status();
+  }
+
+  // The ablation cases and the command-line overrides (`odmoe cluster up --ablation-case ...`).
+  ShadowSettings s;
+  ASSERT_TRUE(ApplyAblationCase(3, &s).ok());
+  EXPECT_EQ(s.mode, PredictionMode::kShadow);
+  EXPECT_EQ(s.align_token, 0);
+  EXPECT_EQ(s.align_kv, 1);
+  ASSERT_TRUE(ApplyAblationCase(4, &s).ok());
+  EXPECT_EQ(s.align_token + s.align_kv, 0);
+  ASSERT_TRUE(ApplyAblationCase(1, &s).ok());
+  EXPECT_EQ(s.align_token, 1);
+  EXPECT_EQ(s.align_kv, 1);
+  ASSERT_TRUE(ApplyAblationCase(5, &s).ok());
+  EXPECT_EQ(s.mode, PredictionMode::kRandom);
+  ASSERT_TRUE(ApplyAblationCase(6, &s).ok());
+  EXPECT_EQ(s.mode, PredictionMode::kNone);
+  EXPECT_EQ(ApplyAblationCase(7, &s).code(), absl::StatusCode::kInvalidArgument);
+
+  ShadowSettings o;
+  ASSERT_TRUE(ApplyShadowOverrides({"2", std::nullopt, "fp16", "8", std::nullopt, std::nullopt}, true, &o).ok());
+  EXPECT_EQ(o.mode, PredictionMode::kShadow);
+  EXPECT_EQ(o.quant, ShadowQuant::kFp16);
+  EXPECT_EQ(o.align_token, 8);
+  EXPECT_EQ(o.align_kv, 0);
+  absl::Status bad = ApplyShadowOverrides({std::nullopt, std::nullopt, std::nullopt, "x", std::nullopt, std::nullopt},
+                                          true, &o);
+  EXPECT_NE(bad.message().find("--align-token"), absl::string_view::npos) << bad;
+  bad = ApplyShadowOverrides({"1", std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt}, false, &o);
+  EXPECT_NE(bad.message().find("shadow"), absl::string_view::npos) << bad;
+  EXPECT_TRUE(
+      ApplyShadowOverrides({"6", std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt}, false, &o).ok());
+}
+
 TEST(ClusterConfigTest, NeedsAMainAndAWorker) {
   auto c = ParseClusterConfig("[[node]]\nname = \"m\"\nrole = \"main\"\naddress = \"h:1\"\n", "x.toml", ".");
   EXPECT_FALSE(c.ok());

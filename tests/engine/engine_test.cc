@@ -3,6 +3,7 @@
 #include "src/engine/engine.h"
 
 #include <cmath>
+#include <map>
 
 #include "gtest/gtest.h"
 #include "src/backend/device_factory.h"
@@ -129,6 +130,92 @@ TEST(EngineTest, BadRequestsAreErrors) {
   // The engine still serves a good request afterwards.
   r = Generate(model->engine(), kPrompt, opt);
   EXPECT_TRUE(r.ok()) << r.status();
+}
+
+TEST_P(EngineModelTest, TruncateAndKvRoundTripReproduceTheSequence) {
+  // The shadow's roll back and KV alignment: truncating and running the same tokens again gives the same
+  // logits bit for bit; the KV rows read from one engine and written into another make it continue exactly
+  // as the first (here over its own, identical rows, then over rows of another sequence).
+  auto model = OpenModel(GetParam(), "cpu");
+  ASSERT_TRUE(model);
+  Engine& e = model->engine();
+  const ModelConfig& c = model->config();
+  ASSERT_TRUE(e.StartSequence(32).ok());
+  ASSERT_TRUE(e.Forward(kPrompt, nullptr).ok());
+  const int32_t a = 5, b = 9;
+  auto la = e.Forward(std::span<const int32_t>(&a, 1), nullptr);
+  ASSERT_TRUE(la.ok());
+  const std::vector<float> first = *la;
+  ASSERT_EQ(e.position(), static_cast<int64_t>(kPrompt.size()) + 1);
+  std::vector<float> k(static_cast<size_t>(c.num_layers * c.kv_size())), v(k.size());
+  ASSERT_TRUE(e.ReadKv(e.position() - 1, k.data(), v.data()).ok());
+  // Another token at the same position, then back.
+  ASSERT_TRUE(e.Truncate(static_cast<int64_t>(kPrompt.size())).ok());
+  auto lb = e.Forward(std::span<const int32_t>(&b, 1), nullptr);
+  ASSERT_TRUE(lb.ok());
+  EXPECT_NE(*lb, first);
+  ASSERT_TRUE(e.Truncate(static_cast<int64_t>(kPrompt.size())).ok());
+  la = e.Forward(std::span<const int32_t>(&a, 1), nullptr);
+  ASSERT_TRUE(la.ok());
+  EXPECT_EQ(*la, first);
+  // Writing back the rows read gives the same continuation; the K/V of token b instead changes it.
+  std::vector<float> kb(k.size()), vb(k.size());
+  ASSERT_TRUE(e.Truncate(static_cast<int64_t>(kPrompt.size())).ok());
+  ASSERT_TRUE(e.Forward(std::span<const int32_t>(&b, 1), nullptr).ok());
+  ASSERT_TRUE(e.ReadKv(e.position() - 1, kb.data(), vb.data()).ok());
+  EXPECT_NE(kb, k);
+  const int32_t next = 7;
+  ASSERT_TRUE(e.WriteKv(e.position() - 1, k.data(), v.data()).ok());  // b's position now holds a's K/V
+  auto with_a = e.Forward(std::span<const int32_t>(&next, 1), nullptr);
+  ASSERT_TRUE(with_a.ok());
+  ASSERT_TRUE(e.Truncate(static_cast<int64_t>(kPrompt.size())).ok());
+  ASSERT_TRUE(e.Forward(std::span<const int32_t>(&a, 1), nullptr).ok());
+  auto reference = e.Forward(std::span<const int32_t>(&next, 1), nullptr);
+  ASSERT_TRUE(reference.ok());
+  EXPECT_EQ(*with_a, *reference);
+  // Bad positions are errors.
+  EXPECT_EQ(e.Truncate(e.position() + 1).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(e.ReadKv(e.position(), k.data(), v.data()).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(e.WriteKv(-1, k.data(), v.data()).code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST_P(EngineModelTest, QuantizedReplicaStaysCloseToTheModel) {
+  // The shadow's replica: FP16/INT8/NF4 decoder-layer weights give logits near the full model's, further
+  // away as the code gets coarser, and not identical (the weights really are quantized).
+  auto full = OpenModel(GetParam(), "cpu");
+  ASSERT_TRUE(full);
+  auto checkpoint = Checkpoint::Open(odmoe::testing::SharedModel(GetParam()));
+  ASSERT_TRUE(checkpoint.ok());
+  GenerateOptions opt;
+  opt.max_new_tokens = 1;
+  opt.keep_last_logits = true;
+  auto reference = Generate(full->engine(), kPrompt, opt);
+  ASSERT_TRUE(reference.ok());
+  std::map<WeightQuant, double> err;
+  for (WeightQuant q : {WeightQuant::kFp16, WeightQuant::kInt8, WeightQuant::kNf4}) {
+    auto device = CreateDevice("cpu");
+    ASSERT_TRUE(device.ok());
+    auto weights = ModelWeights::Load(full->config(), **checkpoint, **device, WeightSelection::Quantized(q));
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    auto experts = LocalExpertExecutor::Create(**device, **weights, 256);
+    ASSERT_TRUE(experts.ok());
+    auto engine = Engine::Create(**weights, **device, experts->get());
+    ASSERT_TRUE(engine.ok());
+    auto r = Generate(**engine, kPrompt, opt);
+    ASSERT_TRUE(r.ok()) << r.status();
+    err[q] = MaxRelDiff(r->last_logits, reference->last_logits);
+    if (q == WeightQuant::kInt8 || q == WeightQuant::kNf4) {
+      EXPECT_GT(err[q], 0.0);  // (fp16 can be exact: bf16 checkpoints' values often fit fp16)
+      // Quantized weights are a quarter / an eighth of fp32 (plus scales).
+      EXPECT_LT((*weights)->device_bytes(), full->weights().device_bytes());
+    }
+  }
+  // Loose bounds: these test models have random weights and small logits, so relative errors look large.
+  EXPECT_LT(err[WeightQuant::kFp16], 1e-2);
+  EXPECT_LT(err[WeightQuant::kInt8], 0.2);
+  EXPECT_LT(err[WeightQuant::kNf4], 1.5);
+  EXPECT_LE(err[WeightQuant::kFp16], err[WeightQuant::kInt8]);
+  EXPECT_LT(err[WeightQuant::kInt8], err[WeightQuant::kNf4]);
 }
 
 TEST(GroupByExpertTest, AscendingExpertsTokensInOrder) {

@@ -1,0 +1,235 @@
+// odmoe-bench prediction: expert prediction in a real cluster (OD-MoE section 4.2). For each setting it starts
+// the cluster of --config with `odmoe cluster up` and that setting's overrides, sends every prompt of --prompts
+// (greedy, EOS ignored) to main, stops the cluster, and prints one JSON line: decode tokens/s, recall, timely
+// recall, on-demand loads and stall time per token, the shadow's lead and the alignment traffic.
+//
+// Settings: each ablation case of --cases (1 token+KV alignment, 2 token only, 3 KV only, 4 none, 5 random
+// prefetch, 6 load after routing), then, with --grid P1,P2,..., case 1 at every (align_token, align_kv) pair of
+// those periods.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "bench/benchmarks.h"
+#include "src/cluster/client.h"
+#include "src/common/cluster_config.h"
+#include "src/common/flags.h"
+#include "src/common/json.h"
+#include "src/common/mapped_file.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+namespace odmoe::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Runs `argv` with its stdout sent to our stderr (our stdout carries only JSON lines and the table).
+absl::Status RunQuiet(const std::vector<std::string>& argv) {
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    dup2(2, 1);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::UnavailableError(StrCat("`", argv[0], " ", argv.size() > 1 ? argv[1] : "", " ",
+                                         argv.size() > 2 ? argv[2] : "", " ...` failed (exit ",
+                                         WIFEXITED(status) ? WEXITSTATUS(status) : -1, ")"));
+  }
+  return absl::OkStatus();
+}
+
+struct Setting {
+  std::string name;
+  std::vector<std::string> flags;  // passed to `odmoe cluster up`
+  int64_t ablation_case = 0;
+  int64_t align_token = -1, align_kv = -1;  // -1: the case's own
+};
+
+struct Figures {
+  double decode_tps = 0, recall = 0, timely = 0, stall_ms_per_token = 0, loads_per_token = 0, lead = 0;
+  double ttft_ms = 0;
+  uint64_t tokens_aligned = 0, kv_aligned = 0, alignment_bytes = 0, decode_tokens = 0;
+};
+
+absl::StatusOr<Figures> RunSetting(const std::string& odmoe, const std::string& config, const std::string& model,
+                                   const std::string& run_dir, const Setting& s,
+                                   const std::vector<std::vector<int32_t>>& prompts, int64_t max_new_tokens,
+                                   const std::string& endpoint) {
+  std::vector<std::string> up = {odmoe, "cluster", "up", "--config", config, "--run-dir", run_dir};
+  if (!model.empty()) {
+    up.push_back("--model");
+    up.push_back(model);
+  }
+  up.insert(up.end(), s.flags.begin(), s.flags.end());
+  ODMOE_RETURN_IF_ERROR(RunQuiet(up));
+  Figures f;
+  absl::Status status;
+  double decode_seconds = 0, stall_ms = 0, recall_sum = 0, timely_sum = 0, lead_sum = 0, ttft_sum = 0;
+  uint64_t loads = 0;
+  for (size_t i = 0; i < prompts.size() && status.ok(); ++i) {
+    v1::GenerateRequest req;
+    req.mutable_prompt_ids()->Add(prompts[i].begin(), prompts[i].end());
+    req.set_max_new_tokens(max_new_tokens);
+    req.set_ignore_eos(true);
+    absl::StatusOr<RemoteResult> r = GenerateRemote(endpoint, req, 3600 * 1000);
+    if (!r.ok()) {
+      status = r.status();
+      break;
+    }
+    const v1::RequestStats& st = r->stats;
+    const uint64_t steps = r->tokens.size() > 1 ? r->tokens.size() - 1 : 0;
+    f.decode_tokens += steps;
+    if (st.decode_tokens_per_s() > 0) decode_seconds += static_cast<double>(steps) / st.decode_tokens_per_s();
+    stall_ms += st.stall_ms();
+    loads += st.loads_on_demand();
+    recall_sum += st.recall();
+    timely_sum += st.timely_recall();
+    lead_sum += st.shadow_lead_layers();
+    ttft_sum += st.ttft_ms();
+    f.tokens_aligned += st.tokens_aligned();
+    f.kv_aligned += st.kv_aligned();
+    f.alignment_bytes += st.alignment_bytes();
+  }
+  const absl::Status down = RunQuiet({odmoe, "cluster", "down", "--config", config, "--run-dir", run_dir});
+  ODMOE_RETURN_IF_ERROR(status);
+  ODMOE_RETURN_IF_ERROR(down);
+  const double n = static_cast<double>(prompts.size());
+  const double tokens = static_cast<double>(std::max<uint64_t>(1, f.decode_tokens));
+  f.decode_tps = decode_seconds > 0 ? static_cast<double>(f.decode_tokens) / decode_seconds : 0;
+  f.recall = recall_sum / n;  // every request decodes the same number of steps (EOS ignored)
+  f.timely = timely_sum / n;
+  f.lead = lead_sum / n;
+  f.ttft_ms = ttft_sum / n;
+  f.stall_ms_per_token = stall_ms / tokens;
+  f.loads_per_token = static_cast<double>(loads) / tokens;
+  return f;
+}
+
+}  // namespace
+
+absl::Status RunPrediction(const std::vector<std::string>& args) {
+  ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
+                                               {"config", "model", "prompts", "prompt-count", "max-new-tokens",
+                                                "cases", "grid", "shadow-quant", "run-dir"},
+                                               {}));
+  ODMOE_ASSIGN_OR_RETURN(std::string config_path, f.Required("config"));
+  ODMOE_ASSIGN_OR_RETURN(std::string prompts_path, f.Required("prompts"));
+  ODMOE_ASSIGN_OR_RETURN(int64_t prompt_count, f.Int("prompt-count", 0));
+  ODMOE_ASSIGN_OR_RETURN(int64_t max_new, f.Int("max-new-tokens", 256));
+  ODMOE_ASSIGN_OR_RETURN(std::vector<int64_t> cases, f.IntList("cases"));
+  ODMOE_ASSIGN_OR_RETURN(std::vector<int64_t> grid, f.IntList("grid"));
+  if (!f.Has("cases")) cases = {1, 2, 3, 4, 5, 6};
+  if (max_new < 2) return absl::InvalidArgumentError("--max-new-tokens must be >= 2 (decode steps are measured)");
+  for (int64_t c : cases) {
+    if (c < 1 || c > 6) return absl::InvalidArgumentError(StrCat("--cases: ", c, " is not an ablation case (1..6)"));
+  }
+  for (int64_t p : grid) {
+    if (p < 1) return absl::InvalidArgumentError(StrCat("--grid: periods must be >= 1, got ", p));
+  }
+
+  // The prompts: {"prompts": [[ids...], ...]} (recall_prompts.json of the shared models).
+  ODMOE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(prompts_path));
+  ODMOE_ASSIGN_OR_RETURN(Json pj, ParseJson(text, prompts_path));
+  std::vector<std::vector<int32_t>> prompts;
+  if (!pj.is_object() || !pj.contains("prompts") || !pj["prompts"].is_array()) {
+    return absl::InvalidArgumentError(StrCat(prompts_path, ": expected an object with a \"prompts\" array"));
+  }
+  for (const Json& p : pj["prompts"]) {
+    if (!p.is_array() || p.empty()) return absl::InvalidArgumentError(StrCat(prompts_path, ": a prompt is not a non-empty array of ids"));
+    std::vector<int32_t> ids;
+    for (const Json& id : p) {
+      if (!id.is_number_integer()) return absl::InvalidArgumentError(StrCat(prompts_path, ": a prompt id is not an integer"));
+      ids.push_back(id.get<int32_t>());
+    }
+    prompts.push_back(std::move(ids));
+    if (prompt_count > 0 && static_cast<int64_t>(prompts.size()) == prompt_count) break;
+  }
+  if (prompts.empty()) return absl::InvalidArgumentError(StrCat(prompts_path, ": no prompts"));
+
+  ODMOE_ASSIGN_OR_RETURN(ClusterConfig cluster, LoadClusterConfig(config_path));
+  const std::string endpoint = cluster.main()->address;
+  std::error_code ec;
+  const std::string odmoe = (fs::read_symlink("/proc/self/exe", ec).parent_path() / "odmoe").string();
+  const std::string run_dir =
+      f.Get("run-dir").value_or(StrCat(fs::temp_directory_path().string(), "/odmoe-bench-prediction-", getpid()));
+  const std::string model = f.Get("model").value_or("");
+  const std::string quant = f.Get("shadow-quant").value_or("");
+
+  std::vector<Setting> settings;
+  auto with_quant = [&](std::vector<std::string> flags) {
+    if (!quant.empty()) {
+      flags.push_back("--shadow-quant");
+      flags.push_back(quant);
+    }
+    return flags;
+  };
+  for (int64_t c : cases) {
+    Setting s{StrCat("case ", c), with_quant({"--ablation-case", StrCat(c)}), c};
+    if (c <= 4) {  // the periods of the case, every step
+      s.flags.insert(s.flags.end(), {"--align-token", c == 1 || c == 2 ? "1" : "0", "--align-kv", c == 1 || c == 3 ? "1" : "0"});
+      s.align_token = c == 1 || c == 2 ? 1 : 0;
+      s.align_kv = c == 1 || c == 3 ? 1 : 0;
+    }
+    settings.push_back(s);
+  }
+  for (int64_t t : grid) {
+    for (int64_t kv : grid) {
+      settings.push_back({StrCat("T", t, "_KV", kv),
+                          with_quant({"--ablation-case", "1", "--align-token", StrCat(t), "--align-kv", StrCat(kv)}), 1,
+                          t, kv});
+    }
+  }
+
+  struct Row {
+    Setting s;
+    Figures f;
+  };
+  std::vector<Row> rows;
+  for (const Setting& s : settings) {
+    ODMOE_ASSIGN_OR_RETURN(Figures fig, RunSetting(odmoe, config_path, model, run_dir, s, prompts, max_new, endpoint));
+    PrintJsonLine({{"bench", "prediction"},
+                   {"setting", s.name},
+                   {"ablation_case", s.ablation_case},
+                   {"align_token", s.align_token},
+                   {"align_kv", s.align_kv},
+                   {"shadow_quant", quant.empty() ? "(cluster file)" : quant},
+                   {"config", config_path},
+                   {"prompts", prompts.size()},
+                   {"max_new_tokens", max_new},
+                   {"decode_tokens", fig.decode_tokens},
+                   {"decode_tokens_per_s", fig.decode_tps},
+                   {"ttft_ms", fig.ttft_ms},
+                   {"recall", fig.recall},
+                   {"timely_recall", fig.timely},
+                   {"loads_on_demand_per_token", fig.loads_per_token},
+                   {"stall_ms_per_token", fig.stall_ms_per_token},
+                   {"shadow_lead_layers", fig.lead},
+                   {"tokens_aligned", fig.tokens_aligned},
+                   {"kv_aligned", fig.kv_aligned},
+                   {"alignment_bytes", fig.alignment_bytes}});
+    rows.push_back({s, fig});
+  }
+  std::printf("\n%-10s %10s %9s %9s %12s %12s %8s\n", "setting", "decode/s", "recall%", "timely%", "loads/tok",
+              "stall_ms/tok", "lead");
+  for (const Row& r : rows) {
+    std::printf("%-10s %10.1f %9.2f %9.2f %12.2f %12.3f %8.1f\n", r.s.name.c_str(), r.f.decode_tps,
+                100 * r.f.recall, 100 * r.f.timely, r.f.loads_per_token, r.f.stall_ms_per_token, r.f.lead);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace odmoe::bench

@@ -1,0 +1,91 @@
+#include "src/main_node/prediction.h"
+
+#include <algorithm>
+
+namespace odmoe {
+
+void PredictionBoard::Reset(int64_t num_sparse, int64_t top_k) {
+  absl::MutexLock lock(&mu_);
+  num_sparse_ = num_sparse;
+  top_k_ = top_k;
+  predictions_.clear();
+  outcomes_.clear();
+  progress_ = {-1, -1};
+  received_ = 0;
+  lead_sum_ = 0;
+}
+
+void PredictionBoard::Put(int64_t position, int64_t sparse_index, std::vector<int32_t> experts) {
+  absl::MutexLock lock(&mu_);
+  ++received_;
+  // Lead: sparse layers between main's current (position, layer) and the predicted one.
+  if (progress_.first >= 0) {
+    lead_sum_ += static_cast<double>((position - progress_.first) * num_sparse_ + (sparse_index - progress_.second));
+  } else {
+    lead_sum_ += static_cast<double>(sparse_index + 1);  // main has not started decoding yet
+  }
+  predictions_[{position, sparse_index}] = std::move(experts);
+}
+
+std::optional<std::vector<int32_t>> PredictionBoard::Get(int64_t position, int64_t sparse_index) const {
+  absl::MutexLock lock(&mu_);
+  auto it = predictions_.find({position, sparse_index});
+  if (it == predictions_.end()) return std::nullopt;
+  return it->second;
+}
+
+void PredictionBoard::SetProgress(int64_t position, int64_t sparse_index) {
+  absl::MutexLock lock(&mu_);
+  progress_ = {position, sparse_index};
+}
+
+void PredictionBoard::Record(int64_t position, int64_t sparse_index, std::vector<int32_t> actual,
+                             std::vector<bool> resident) {
+  absl::MutexLock lock(&mu_);
+  outcomes_[{position, sparse_index}] = Outcome{std::move(actual), std::move(resident)};
+}
+
+RecallSummary PredictionBoard::Summarize() const {
+  absl::MutexLock lock(&mu_);
+  RecallSummary s;
+  s.predictions_received = received_;
+  s.lead_layers_mean = received_ > 0 ? lead_sum_ / static_cast<double>(received_) : 0;
+  int64_t current = -1;
+  uint64_t token_correct = 0, token_total = 0;
+  auto close_token = [&]() {
+    if (token_total > 0) {
+      s.recall_per_token.push_back(static_cast<double>(token_correct) / static_cast<double>(token_total));
+    }
+    token_correct = token_total = 0;
+  };
+  for (const auto& [key, outcome] : outcomes_) {
+    if (key.first != current) {
+      close_token();
+      current = key.first;
+    }
+    ++s.decode_layers;
+    const uint64_t k = static_cast<uint64_t>(std::max<int64_t>(1, top_k_));
+    token_total += k;
+    auto it = predictions_.find(key);
+    if (it == predictions_.end()) {
+      ++s.predictions_missing;
+      continue;
+    }
+    for (size_t i = 0; i < outcome.actual.size(); ++i) {
+      const int32_t e = outcome.actual[i];
+      if (std::find(it->second.begin(), it->second.end(), e) == it->second.end()) continue;
+      ++s.correct;
+      ++token_correct;
+      if (i < outcome.resident.size() && outcome.resident[i]) ++s.timely;
+    }
+  }
+  close_token();
+  const double denominator = static_cast<double>(s.decode_layers) * static_cast<double>(std::max<int64_t>(1, top_k_));
+  if (s.decode_layers > 0) {
+    s.recall = static_cast<double>(s.correct) / denominator;
+    s.timely_recall = static_cast<double>(s.timely) / denominator;
+  }
+  return s;
+}
+
+}  // namespace odmoe

@@ -1,0 +1,71 @@
+// What main knows about expert prediction during one request: the predictions it has received (from the
+// shadow's Follow stream, or made up at random for ablation case 5), where it is itself (so that the shadow's
+// lead can be measured), and what actually happened at every decode (position, sparse layer): the actual top-k
+// and which of its experts the workers found already resident or loading.
+//
+// Recall (OD-MoE eq. 3) = correct predictions / (k x sparse layers x decode steps), from the LAST prediction
+// received for each (position, layer) by the end of the request (a shadow that rolled back to an aligned
+// token re-sends a corrected one). Timely recall counts only the correct ones whose expert the worker had
+// before main's request came (the prediction was in time to load it).
+//
+// Thread safety: Put/SetProgress come from the stream's reader thread while the request thread calls Get and
+// Record; everything is under one mutex.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace odmoe {
+
+struct RecallSummary {
+  double recall = 0;          // fraction, 0..1
+  double timely_recall = 0;
+  std::vector<double> recall_per_token;  // one per decode position, in order
+  uint64_t decode_layers = 0;            // (position, sparse layer) pairs decoded
+  uint64_t predictions_received = 0;
+  uint64_t predictions_missing = 0;      // decoded pairs never predicted
+  uint64_t correct = 0;
+  uint64_t timely = 0;
+  double lead_layers_mean = 0;           // how many sparse layers ahead of main predictions arrived, on average
+};
+
+class PredictionBoard {
+ public:
+  // Starts a request: forgets everything. `num_sparse`: sparse layers of the model; `top_k`: k.
+  void Reset(int64_t num_sparse, int64_t top_k);
+
+  // A prediction for (position, sparse layer `sparse_index`); replaces an earlier one of the same pair.
+  void Put(int64_t position, int64_t sparse_index, std::vector<int32_t> experts);
+  std::optional<std::vector<int32_t>> Get(int64_t position, int64_t sparse_index) const;
+  // Main is about to run (position, sparse_index).
+  void SetProgress(int64_t position, int64_t sparse_index);
+
+  // What happened at a decoded (position, sparse layer): the actual experts and, for each, whether its worker
+  // had it before the request (not loaded on demand).
+  void Record(int64_t position, int64_t sparse_index, std::vector<int32_t> actual, std::vector<bool> resident);
+
+  RecallSummary Summarize() const;
+
+ private:
+  using Key = std::pair<int64_t, int64_t>;  // (position, sparse index)
+  struct Outcome {
+    std::vector<int32_t> actual;
+    std::vector<bool> resident;
+  };
+  mutable absl::Mutex mu_;
+  int64_t num_sparse_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t top_k_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<Key, std::vector<int32_t>> predictions_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, Outcome> outcomes_ ABSL_GUARDED_BY(mu_);
+  Key progress_ ABSL_GUARDED_BY(mu_) = {-1, -1};
+  uint64_t received_ ABSL_GUARDED_BY(mu_) = 0;
+  double lead_sum_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace odmoe

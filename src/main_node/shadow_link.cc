@@ -1,0 +1,114 @@
+#include "src/main_node/shadow_link.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "spdlog/spdlog.h"
+#include "src/rpc/rpc_util.h"
+
+namespace odmoe {
+
+ShadowLink::ShadowLink(const std::string& address, const ModelConfig& config, ShadowLinkOptions options)
+    : channel_(rpc::MakeChannel(address)),
+      stub_(v1::Shadow::NewStub(channel_)),
+      config_(config),
+      options_(std::move(options)) {}
+
+ShadowLink::~ShadowLink() { Finish(0); }
+
+bool ShadowLink::Start(uint64_t request_id, std::span<const int32_t> prompt, int64_t max_new_tokens,
+                       const ShadowSettings& settings, PredictionBoard* board) {
+  Finish(0);  // a stream left open by a failed request
+  broken_ = false;
+  counts_ = AlignmentCounts{};
+  context_ = std::make_unique<grpc::ClientContext>();
+  stream_ = stub_->Follow(context_.get());
+  v1::FollowMessage start_msg;
+  v1::FollowStart* start = start_msg.mutable_start();
+  rpc::FillHeader(start->mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id);
+  start->mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
+  start->set_max_new_tokens(max_new_tokens);
+  start->set_align_token(settings.align_token);
+  start->set_align_kv(settings.align_kv);
+  start->set_max_lead_tokens(settings.max_lead_tokens);
+  if (!stream_->Write(start_msg)) {
+    if (!warned_) spdlog::warn("the shadow is unreachable: decoding without predictions (experts load on demand)");
+    warned_ = true;
+    broken_ = true;
+  }
+  reader_done_ = std::make_unique<absl::Notification>();
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  const int64_t last = prompt_len + max_new_tokens - 2;
+  reader_ = std::thread([this, board, prompt_len, last]() {
+    v1::Prediction p;
+    const int64_t k = config_.top_k;
+    while (stream_->Read(&p)) {
+      // A malformed prediction is dropped (counted as missing), never trusted for placement.
+      const int64_t sparse_index = config_.SparseIndex(p.layer());
+      bool ok = p.layer() >= 0 && p.layer() < config_.num_layers && sparse_index >= 0 &&
+                p.position() >= prompt_len && p.position() <= last && p.experts_size() == k;
+      std::vector<int32_t> experts(p.experts().begin(), p.experts().end());
+      for (int32_t e : experts) ok = ok && e >= 0 && e < config_.num_experts;
+      std::vector<int32_t> sorted = experts;
+      std::sort(sorted.begin(), sorted.end());
+      ok = ok && std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+      if (!ok) {
+        spdlog::warn("dropping a malformed prediction from the shadow (position {}, layer {}, {} experts)",
+                     p.position(), p.layer(), p.experts_size());
+        continue;
+      }
+      board->Put(p.position(), sparse_index, std::move(experts));
+    }
+    reader_done_->Notify();
+  });
+  return !broken_;
+}
+
+void ShadowLink::Step(int64_t position, std::optional<int32_t> token, const float* k, const float* v) {
+  if (stream_ == nullptr || broken_) return;
+  v1::FollowMessage msg;
+  v1::FollowStep* step = msg.mutable_step();
+  step->set_position(position);
+  if (token.has_value()) {
+    step->set_has_token(true);
+    step->set_token(*token);
+  }
+  if (k != nullptr && v != nullptr) {
+    const int64_t n = config_.num_layers * config_.kv_size();
+    const int64_t shape[] = {config_.num_layers, config_.kv_size()};
+    rpc::EncodeF32(std::span<const float>(k, static_cast<size_t>(n)), shape, step->mutable_k());
+    rpc::EncodeF32(std::span<const float>(v, static_cast<size_t>(n)), shape, step->mutable_v());
+  }
+  if (!stream_->Write(msg)) {
+    if (!warned_) spdlog::warn("the shadow's stream broke: decoding on without predictions");
+    warned_ = true;
+    broken_ = true;
+    return;
+  }
+  counts_.tokens += token.has_value() ? 1 : 0;
+  if (k != nullptr && v != nullptr) {
+    counts_.kv += 1;
+    counts_.bytes += static_cast<uint64_t>(step->k().data().size() + step->v().data().size());
+  }
+}
+
+void ShadowLink::Finish(int64_t wait_ms) {
+  if (stream_ == nullptr) return;
+  if (!broken_) stream_->WritesDone();
+  if (!reader_done_->WaitForNotificationWithTimeout(absl::Milliseconds(std::max<int64_t>(0, wait_ms)))) {
+    context_->TryCancel();  // the shadow is late or stuck: its remaining predictions count as missing
+    reader_done_->WaitForNotification();
+  }
+  reader_.join();
+  const grpc::Status status = stream_->Finish();
+  if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
+    spdlog::warn("the shadow ended the request's stream with {}: {}", static_cast<int>(status.error_code()),
+                 status.error_message());
+  }
+  stream_.reset();
+  context_.reset();
+  reader_done_.reset();
+}
+
+}  // namespace odmoe

@@ -1,0 +1,74 @@
+// Main's side of the shadow's Follow stream (shadow.proto) for one request: it sends the prompt, then a step
+// per decode position with the alignment due at that step (the token every T_tok steps, the K/V of the last
+// decoded position every T_kv steps), and a reader thread files the shadow's predictions into the request's
+// PredictionBoard.
+//
+// The shadow is an optimisation, never a dependency: if the stream cannot be opened or breaks, main logs it
+// once and goes on without predictions (workers then load after routing); tokens never depend on it.
+//
+// Thread safety: Start, Step and Finish are called by the request thread, one at a time; the reader thread
+// only touches the board (thread-safe) and its own state.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
+#include "odmoe/v1/shadow.grpc.pb.h"
+#include "src/common/cluster_config.h"
+#include "src/main_node/prediction.h"
+#include "src/model/model_config.h"
+
+namespace odmoe {
+
+struct ShadowLinkOptions {
+  uint64_t epoch = 1;
+  std::string fingerprint;
+  std::string sender = "main";
+};
+
+struct AlignmentCounts {
+  uint64_t tokens = 0;  // token alignments sent
+  uint64_t kv = 0;      // KV alignments sent
+  uint64_t bytes = 0;   // K/V bytes sent
+};
+
+class ShadowLink {
+ public:
+  ShadowLink(const std::string& address, const ModelConfig& config, ShadowLinkOptions options);
+  ~ShadowLink();
+
+  // Opens the stream for request `request_id` and sends FollowStart. Predictions go to `board` (which must
+  // outlive Finish). Returns false (and logs why) when the shadow cannot be reached: the request goes on without.
+  bool Start(uint64_t request_id, std::span<const int32_t> prompt, int64_t max_new_tokens,
+             const ShadowSettings& settings, PredictionBoard* board);
+  // Main starts decoding `position`: sends the step with `token` (token alignment) and `k`/`v` ([num_layers,
+  // kv_size] of position - 1; both null for none). No-op when the stream is not open.
+  void Step(int64_t position, std::optional<int32_t> token, const float* k, const float* v);
+  // Closes main's side and waits up to `wait_ms` for the shadow's remaining predictions, then ends the stream.
+  void Finish(int64_t wait_ms);
+
+  bool active() const { return stream_ != nullptr && !broken_; }
+  const AlignmentCounts& counts() const { return counts_; }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Shadow::Stub> stub_;
+  const ModelConfig& config_;
+  const ShadowLinkOptions options_;
+  bool warned_ = false;
+
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::FollowMessage, v1::Prediction>> stream_;
+  std::unique_ptr<absl::Notification> reader_done_;
+  std::thread reader_;
+  bool broken_ = false;
+  AlignmentCounts counts_;
+};
+
+}  // namespace odmoe

@@ -1,0 +1,72 @@
+#include "src/rpc/prefetch_sender.h"
+
+#include <map>
+
+#include "spdlog/spdlog.h"
+#include "src/rpc/rpc_util.h"
+
+namespace odmoe::rpc {
+
+struct PrefetchSender::Call {
+  grpc::ClientContext context;
+  v1::PrefetchRequest request;
+  v1::PrefetchResponse response;
+  int32_t worker = 0;
+};
+
+PrefetchSender::PrefetchSender(const std::vector<std::string>& workers, Placement placement,
+                               PrefetchSenderOptions options)
+    : placement_(placement), options_(std::move(options)) {
+  for (const std::string& address : workers) stubs_.push_back(v1::Worker::NewStub(MakeChannel(address)));
+}
+
+PrefetchSender::~PrefetchSender() { Drain(); }
+
+void PrefetchSender::Send(uint64_t request_id, int64_t position, int64_t layer, int64_t sparse_index,
+                          std::span<const int32_t> experts) {
+  // One call per worker, its experts in ascending order.
+  std::map<int32_t, std::vector<int32_t>> by_worker;
+  for (const Assignment& a : placement_.Assign(sparse_index, experts)) by_worker[a.worker].push_back(a.expert);
+  for (auto& [worker, list] : by_worker) {
+    if (worker < 0 || worker >= static_cast<int32_t>(stubs_.size())) continue;
+    auto* call = new Call();
+    call->worker = worker;
+    FillHeader(call->request.mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id);
+    call->request.set_layer(static_cast<int32_t>(layer));
+    call->request.set_position(position);
+    for (int32_t e : list) call->request.add_experts(e);
+    SetDeadline(call->context, options_.rpc_timeout_ms);
+    {
+      absl::MutexLock lock(&mu_);
+      ++in_flight_;
+      ++stats_.calls;
+    }
+    stubs_[static_cast<size_t>(worker)]->async()->Prefetch(&call->context, &call->request, &call->response,
+                                                           [this, call](grpc::Status status) {
+                                                             if (!status.ok()) {
+                                                               spdlog::debug("prefetch to worker {} failed: {}",
+                                                                             call->worker, status.error_message());
+                                                             }
+                                                             absl::MutexLock lock(&mu_);
+                                                             if (!status.ok()) ++stats_.failures;
+                                                             if (status.ok() && call->response.late()) ++stats_.late;
+                                                             --in_flight_;
+                                                             // Freed under the lock: Drain cannot return (and
+                                                             // the sender die) before this call is gone.
+                                                             delete call;
+                                                           });
+  }
+}
+
+void PrefetchSender::Drain() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int64_t* n) { return *n == 0; }, &in_flight_));
+}
+
+PrefetchSenderStats PrefetchSender::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace odmoe::rpc

@@ -1,0 +1,63 @@
+// Fire-and-forget Prefetch calls to the workers: the shadow (and main, for random prediction) tells the workers
+// of a layer's group which experts to load, without waiting for the loads. Each prediction becomes one Prefetch
+// per worker of the group that gets an expert (Placement::Assign, the same function main uses), sent with the
+// gRPC callback API so the sender never blocks on a worker.
+//
+// Thread safety: Send may be called from several threads; Drain waits for every call sent so far. The
+// destructor drains.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "odmoe/v1/worker.grpc.pb.h"
+#include "src/common/placement.h"
+
+namespace odmoe::rpc {
+
+struct PrefetchSenderOptions {
+  uint64_t epoch = 1;
+  std::string fingerprint;
+  std::string sender;
+  int64_t rpc_timeout_ms = 30000;
+};
+
+struct PrefetchSenderStats {
+  uint64_t calls = 0;     // Prefetch calls sent
+  uint64_t failures = 0;  // of which failed (worker unreachable, refused for want of room, ...)
+  uint64_t late = 0;      // of which the worker found late (main had already asked for the layer)
+};
+
+class PrefetchSender {
+ public:
+  // `workers`: addresses in worker-index order (the cluster file's order).
+  PrefetchSender(const std::vector<std::string>& workers, Placement placement, PrefetchSenderOptions options);
+  ~PrefetchSender();
+
+  // Sends the prediction `experts` of model layer `layer` (sparse layer `sparse_index`) at decode `position`
+  // of request `request_id` to the workers that will serve them.
+  void Send(uint64_t request_id, int64_t position, int64_t layer, int64_t sparse_index,
+            std::span<const int32_t> experts);
+  // Waits until every call sent so far has completed.
+  void Drain();
+  PrefetchSenderStats stats() const;
+  const Placement& placement() const { return placement_; }
+
+ private:
+  struct Call;
+
+  const Placement placement_;
+  const PrefetchSenderOptions options_;
+  std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
+
+  mutable absl::Mutex mu_;
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  PrefetchSenderStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace odmoe::rpc

@@ -1,0 +1,269 @@
+// The shadow (Scaled Emulative Prediction) with main and workers in one process on loopback: predictions reach
+// main and the workers, recall is computed from them, alignment sends exactly what its periods say, and the
+// tokens never change (they equal the single-process engine's whatever the shadow does). Needs
+// ../shared/models/tiny-mixtral-kjv.
+#include "src/shadow_node/shadow_node.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "src/backend/device_factory.h"
+#include "src/cluster/client.h"
+#include "src/common/json.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+#include "src/engine/generator.h"
+#include "src/main_node/main_node.h"
+#include "src/rpc/rpc_util.h"
+#include "src/worker_node/worker_node.h"
+#include "tests/test_support.h"
+
+namespace odmoe {
+namespace {
+
+using ::odmoe::testing::HaveSharedModel;
+using ::odmoe::testing::SharedModel;
+
+constexpr char kModel[] = "tiny-mixtral-kjv";
+constexpr int64_t kTimeoutMs = 120000;
+
+struct ShadowSpec {
+  std::string shadow_toml;   // the [shadow] section's body
+  bool start_shadow = true;  // false: the shadow's address has nothing behind it
+  int workers = 4;
+};
+
+// main + shadow + workers, in this process.
+class ShadowCluster {
+ public:
+  absl::Status Start(const ShadowSpec& spec) {
+    const std::string model = SharedModel(kModel);
+    // Workers first (from a config with placeholder addresses: they need only their index), then the shadow
+    // (which dials the workers), then main (which dials both).
+    std::vector<std::string> placeholders;
+    for (int i = 0; i < spec.workers; ++i) placeholders.push_back(StrCat("127.0.0.1:", 10 + i));
+    ODMOE_ASSIGN_OR_RETURN(ClusterConfig view, Parse(spec, "127.0.0.1:1", "127.0.0.1:2", placeholders));
+    std::vector<std::string> workers;
+    for (int i = 0; i < spec.workers; ++i) {
+      ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<WorkerNode> w,
+                             WorkerNode::Create(view, *view.workers()[static_cast<size_t>(i)], model));
+      ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<rpc::Server> s, rpc::Server::Start({"127.0.0.1:0", 4}, {w.get()}));
+      s->MarkServing(true);
+      workers.push_back(StrCat("127.0.0.1:", s->port()));
+      workers_.push_back(std::move(w));
+      servers_.push_back(std::move(s));
+    }
+    std::string shadow_address = StrCat("127.0.0.1:", testing::PickFreePorts(1)[0]);
+    if (spec.start_shadow) {
+      ODMOE_ASSIGN_OR_RETURN(ClusterConfig sc, Parse(spec, "127.0.0.1:1", shadow_address, workers));
+      ODMOE_ASSIGN_OR_RETURN(shadow_, ShadowNode::Create({sc, *sc.shadow(), model}));
+      ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<rpc::Server> s, rpc::Server::Start({"127.0.0.1:0", 2}, {shadow_.get()}));
+      s->MarkServing(true);
+      shadow_address = StrCat("127.0.0.1:", s->port());
+      servers_.push_back(std::move(s));
+    }
+    ODMOE_ASSIGN_OR_RETURN(cluster_, Parse(spec, "127.0.0.1:1", shadow_address, workers));
+    ODMOE_ASSIGN_OR_RETURN(main_, MainNode::Create({cluster_, *cluster_.main(), model}));
+    ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<rpc::Server> s, rpc::Server::Start({"127.0.0.1:0", 2}, {main_.get()}));
+    s->MarkServing(true);
+    endpoint_ = StrCat("127.0.0.1:", s->port());
+    servers_.push_back(std::move(s));
+    return absl::OkStatus();
+  }
+  ~ShadowCluster() {
+    for (auto it = servers_.rbegin(); it != servers_.rend(); ++it) (*it)->Shutdown(0);
+  }
+
+  absl::StatusOr<RemoteResult> Generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens) {
+    v1::GenerateRequest r;
+    r.mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
+    r.set_max_new_tokens(max_new_tokens);
+    r.set_ignore_eos(true);
+    return GenerateRemote(endpoint_, r, kTimeoutMs);
+  }
+  MainNode& main() { return *main_; }
+  ShadowNode* shadow() { return shadow_.get(); }
+  WorkerNode& worker(int i) { return *workers_[static_cast<size_t>(i)]; }
+  const ClusterConfig& cluster() const { return cluster_; }
+
+ private:
+  static absl::StatusOr<ClusterConfig> Parse(const ShadowSpec& spec, const std::string& main_address,
+                                             const std::string& shadow_address,
+                                             const std::vector<std::string>& workers) {
+    std::string t = StrCat("[cluster]\nname = \"shadowtest\"\nepoch = 3\ngroup_size = 2\nrpc_timeout_ms = 60000\n",
+                           "[shadow]\n", spec.shadow_toml, "\n[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"",
+                           main_address, "\"\n[[node]]\nname = \"shadow\"\nrole = \"shadow\"\naddress = \"",
+                           shadow_address, "\"\n");
+    for (size_t i = 0; i < workers.size(); ++i) {
+      t += StrCat("[[node]]\nname = \"w", i, "\"\nrole = \"worker\"\naddress = \"", workers[i],
+                  "\"\ndevice = \"mock-gpu\"\ngpu_budget_mb = 64\n");
+    }
+    return ParseClusterConfig(t, "shadow_test.toml", "/");
+  }
+
+  ClusterConfig cluster_;
+  std::vector<std::unique_ptr<WorkerNode>> workers_;
+  std::unique_ptr<ShadowNode> shadow_;
+  std::unique_ptr<MainNode> main_;
+  std::vector<std::unique_ptr<rpc::Server>> servers_;
+  std::string endpoint_;
+};
+
+std::vector<std::vector<int32_t>> RecallPrompts(size_t count) {
+  const std::string path = SharedModel(kModel) + "/recall_prompts.json";
+  absl::StatusOr<Json> j = ParseJson(testing::ReadFile(path), path);
+  EXPECT_TRUE(j.ok()) << j.status();
+  std::vector<std::vector<int32_t>> out;
+  for (const Json& p : (*j)["prompts"]) {
+    if (out.size() == count) break;
+    out.push_back(p.get<std::vector<int32_t>>());
+  }
+  return out;
+}
+
+std::vector<int32_t> LocalTokens(const std::vector<int32_t>& prompt, int64_t max_new_tokens) {
+  static std::unique_ptr<LocalModel> local = [] {
+    auto m = LocalModel::Open(SharedModel(kModel), *CreateDevice("cpu"));
+    EXPECT_TRUE(m.ok()) << m.status();
+    return std::move(m).value();
+  }();
+  GenerateOptions o;
+  o.max_new_tokens = max_new_tokens;
+  o.ignore_eos = true;
+  auto r = odmoe::Generate(local->engine(), prompt, o);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r->tokens;
+}
+
+class ShadowTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveSharedModel(kModel)) GTEST_SKIP() << "needs " << SharedModel(kModel);
+  }
+};
+
+// Runs `prompts` through a cluster with the given [shadow] settings; checks the tokens against the engine and
+// returns the recall over all of them (from main's cumulative stats, which must agree with the per-request ones).
+struct RunFigures {
+  double recall = 0, timely = 0;
+  uint64_t missing = 0, tokens_aligned = 0, kv_aligned = 0, alignment_bytes = 0, requests = 0;
+  v1::ShadowStats shadow;
+  v1::MainStats main;
+};
+RunFigures RunPrompts(const std::string& shadow_toml, const std::vector<std::vector<int32_t>>& prompts,
+                      int64_t max_new_tokens) {
+  ShadowCluster c;
+  const absl::Status started = c.Start({shadow_toml});
+  EXPECT_TRUE(started.ok()) << started;
+  RunFigures f;
+  if (!started.ok()) return f;
+  for (const std::vector<int32_t>& prompt : prompts) {
+    absl::StatusOr<RemoteResult> r = c.Generate(prompt, max_new_tokens);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) continue;
+    EXPECT_EQ(r->tokens, LocalTokens(prompt, max_new_tokens)) << "the shadow must never change main's tokens";
+    const v1::RequestStats& s = r->stats;
+    EXPECT_EQ(s.recall_per_token_size(), max_new_tokens - 1);
+    f.tokens_aligned += s.tokens_aligned();
+    f.kv_aligned += s.kv_aligned();
+    f.alignment_bytes += s.alignment_bytes();
+    f.missing += s.predictions_missing();
+    ++f.requests;
+  }
+  f.main = c.main().Stats(false);
+  f.recall = f.main.recall();
+  f.timely = f.main.timely_recall();
+  if (c.shadow() != nullptr) f.shadow = c.shadow()->Stats(false);
+  return f;
+}
+
+TEST_F(ShadowTest, FullPrecisionShadowPredictsEveryExpert) {
+  // Unquantized, the replica computes exactly what main computes (same ops, same order): with token and KV
+  // alignment every prediction is right, so recall is exactly 1.
+  const RunFigures f = RunPrompts("quant = \"none\"\nalign_token = 1\nalign_kv = 1\n", RecallPrompts(2), 24);
+  EXPECT_EQ(f.recall, 1.0);
+  EXPECT_EQ(f.missing, 0u);
+  EXPECT_GT(f.timely, 0.0);
+  EXPECT_LE(f.timely, f.recall);
+  EXPECT_EQ(f.shadow.predictions(), f.main.decode_layers());  // no roll back: one prediction per (position, layer)
+  EXPECT_EQ(f.shadow.rollbacks(), 0u);
+}
+
+TEST_F(ShadowTest, QuantizationMovesRecall) {
+  // Recall comes from the replica's real predictions: a coarser quantization predicts worse. Without
+  // alignment the replica drifts on its own tokens, so the differences show within a few prompts.
+  const std::vector<std::vector<int32_t>> prompts = RecallPrompts(3);
+  const RunFigures fp16 = RunPrompts("quant = \"fp16\"\nalign_token = 1\nalign_kv = 1\n", prompts, 32);
+  const RunFigures int8 = RunPrompts("quant = \"int8\"\nalign_token = 1\nalign_kv = 1\n", prompts, 32);
+  const RunFigures nf4 = RunPrompts("quant = \"nf4\"\nalign_token = 1\nalign_kv = 1\n", prompts, 32);
+  std::cout << "[recall T1 KV1, 3 prompts x 31 steps] fp16 " << fp16.recall << " int8 " << int8.recall << " nf4 "
+            << nf4.recall << "\n";
+  EXPECT_GT(fp16.recall, 0.97);
+  EXPECT_GT(int8.recall, 0.9);
+  EXPECT_GT(nf4.recall, 0.8);
+  EXPECT_LT(nf4.recall, fp16.recall);
+  EXPECT_NE(nf4.recall, int8.recall);
+  EXPECT_EQ(std::string(fp16.shadow.quant()), "fp16");
+  EXPECT_EQ(std::string(nf4.shadow.quant()), "nf4");
+}
+
+TEST_F(ShadowTest, AlignmentPeriodsSendExactlyWhatTheySay) {
+  const int64_t n = 20;  // steps i = 0..18 feed a position; the token is sent when i % T_tok == 0, KV when i % T_kv == 0
+  const RunFigures f = RunPrompts("quant = \"int8\"\nalign_token = 3\nalign_kv = 4\n", RecallPrompts(1), n);
+  auto count = [&](int64_t period) { return static_cast<uint64_t>((n - 2) / period + 1); };
+  EXPECT_EQ(f.tokens_aligned, count(3));
+  EXPECT_EQ(f.kv_aligned, count(4));
+  auto config = LoadModelConfig(SharedModel(kModel));
+  ASSERT_TRUE(config.ok());
+  const uint64_t kv_bytes = 2 * static_cast<uint64_t>(config->num_layers * config->kv_size()) * sizeof(float);
+  EXPECT_EQ(f.alignment_bytes, count(4) * kv_bytes);
+  // The shadow received the same.
+  EXPECT_EQ(f.shadow.tokens_aligned(), count(3));
+  EXPECT_EQ(f.shadow.kv_aligned(), count(4));
+  EXPECT_EQ(f.shadow.alignment_bytes(), count(4) * kv_bytes);
+  EXPECT_GT(f.recall, 0.5);
+
+  // No alignment at all: nothing is sent but the steps (positions), and the shadow runs on its own tokens.
+  const RunFigures none = RunPrompts("quant = \"int8\"\nalign_token = 0\nalign_kv = 0\n", RecallPrompts(1), n);
+  EXPECT_EQ(none.tokens_aligned, 0u);
+  EXPECT_EQ(none.kv_aligned, 0u);
+  EXPECT_EQ(none.shadow.tokens_aligned(), 0u);
+  EXPECT_EQ(none.shadow.rollbacks(), 0u);
+  EXPECT_GT(none.recall, 0.0);
+}
+
+TEST_F(ShadowTest, WithoutTheShadowRequestsStillSucceed) {
+  // The shadow's address has nothing behind it: main decodes without predictions (load after routing).
+  ShadowCluster c;
+  ShadowSpec spec{"quant = \"int8\"\n", /*start_shadow=*/false};
+  ASSERT_TRUE(c.Start(spec).ok());
+  const std::vector<int32_t> prompt = RecallPrompts(1)[0];
+  absl::StatusOr<RemoteResult> r = c.Generate(prompt, 8);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tokens, LocalTokens(prompt, 8));
+  EXPECT_EQ(r->stats.recall(), 0.0);
+  EXPECT_EQ(r->stats.predictions_received(), 0u);
+  EXPECT_EQ(r->stats.predictions_missing(), static_cast<uint64_t>(7 * c.main().config().SparseLayers().size()));
+}
+
+TEST_F(ShadowTest, RandomPredictionHitsAboutKOfE) {
+  // Ablation case 5: main predicts k random experts of E per layer and prefetches them; recall is near k/E.
+  ShadowCluster c;
+  ASSERT_TRUE(c.Start({"mode = \"random\"\n"}).ok());
+  ASSERT_EQ(c.shadow()->has_replica(), false);  // no shadow prediction: the replica is not loaded
+  const std::vector<int32_t> prompt = RecallPrompts(1)[0];
+  absl::StatusOr<RemoteResult> r = c.Generate(prompt, 32);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tokens, LocalTokens(prompt, 32));
+  const ModelConfig& config = c.main().config();
+  const double expected = static_cast<double>(config.top_k) / static_cast<double>(config.num_experts);
+  EXPECT_NEAR(r->stats.recall(), expected, 0.1);
+  EXPECT_EQ(r->stats.prediction(), "random");
+  EXPECT_EQ(r->stats.predictions_missing(), 0u);
+}
+
+}  // namespace
+}  // namespace odmoe
