@@ -19,17 +19,19 @@ absl::Status ValidateRequest(const ModelConfig& config, std::span<const int32_t>
                                           " is outside the vocabulary [0, ", config.vocab_size, ")"));
     }
   }
-  const int64_t total = static_cast<int64_t>(prompt.size()) + max_new_tokens;
-  if (static_cast<int64_t>(prompt.size()) > config.max_position_embeddings) {
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  if (prompt_len > config.max_position_embeddings) {
     return absl::OutOfRangeError(StrCat("the prompt has ", prompt.size(), " tokens, more than the model's ",
                                         config.max_position_embeddings, " positions (max_position_embeddings)"));
   }
-  if (total > config.max_position_embeddings) {
+  // Compared without computing prompt_len + max_new_tokens, which overflows for a max_new_tokens near INT64_MAX
+  // (a request's int64 field; found by fuzz/generate_request_fuzzer).
+  if (max_new_tokens > config.max_position_embeddings - prompt_len) {
     return absl::OutOfRangeError(StrCat("prompt (", prompt.size(), " tokens) + --max-new-tokens (", max_new_tokens,
                                         ") exceeds the model's ", config.max_position_embeddings,
                                         " positions (max_position_embeddings)"));
   }
-  return CheckSequenceLength(config, total);
+  return CheckSequenceLength(config, prompt_len + max_new_tokens);
 }
 
 absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t> prompt,
