@@ -61,7 +61,7 @@ struct Setting {
 
 struct Figures {
   double decode_tps = 0, recall = 0, timely = 0, stall_ms_per_token = 0, loads_per_token = 0, lead = 0;
-  double ttft_ms = 0;
+  double ttft_ms = 0, t_m_ms = 0, t_w_ms = 0, load_ms = 0, t_maxload_ms = 0;
   uint64_t tokens_aligned = 0, kv_aligned = 0, alignment_bytes = 0, decode_tokens = 0;
 };
 
@@ -95,11 +95,15 @@ absl::StatusOr<Figures> RunSetting(const std::string& odmoe, const std::string& 
     f.decode_tokens += steps;
     if (st.decode_tokens_per_s() > 0) decode_seconds += static_cast<double>(steps) / st.decode_tokens_per_s();
     stall_ms += st.stall_ms();
-    loads += st.loads_on_demand();
+    loads += st.decode_loads_on_demand();
     recall_sum += st.recall();
     timely_sum += st.timely_recall();
     lead_sum += st.shadow_lead_layers();
     ttft_sum += st.ttft_ms();
+    f.t_m_ms += st.t_m_ms() / static_cast<double>(prompts.size());
+    f.t_w_ms += st.t_w_ms() / static_cast<double>(prompts.size());
+    f.load_ms += st.expert_load_ms() / static_cast<double>(prompts.size());
+    f.t_maxload_ms += st.t_maxload_ms() / static_cast<double>(prompts.size());
     f.tokens_aligned += st.tokens_aligned();
     f.kv_aligned += st.kv_aligned();
     f.alignment_bytes += st.alignment_bytes();
@@ -218,16 +222,22 @@ absl::Status RunPrediction(const std::vector<std::string>& args) {
                    {"loads_on_demand_per_token", fig.loads_per_token},
                    {"stall_ms_per_token", fig.stall_ms_per_token},
                    {"shadow_lead_layers", fig.lead},
+                   {"t_m_ms", fig.t_m_ms},
+                   {"t_w_ms", fig.t_w_ms},
+                   {"expert_load_ms", fig.load_ms},
+                   {"t_maxload_ms", fig.t_maxload_ms},
+                   {"io_bound", fig.load_ms > fig.t_maxload_ms},
                    {"tokens_aligned", fig.tokens_aligned},
                    {"kv_aligned", fig.kv_aligned},
                    {"alignment_bytes", fig.alignment_bytes}});
     rows.push_back({s, fig});
   }
-  std::printf("\n%-10s %10s %9s %9s %12s %12s %8s\n", "setting", "decode/s", "recall%", "timely%", "loads/tok",
-              "stall_ms/tok", "lead");
+  std::printf("\n%-10s %10s %9s %9s %10s %13s %6s %7s %7s %8s %10s\n", "setting", "decode/s", "recall%",
+              "timely%", "loads/tok", "stall_ms/tok", "lead", "t_M_ms", "t_W_ms", "load_ms", "t_maxload");
   for (const Row& r : rows) {
-    std::printf("%-10s %10.1f %9.2f %9.2f %12.2f %12.3f %8.1f\n", r.s.name.c_str(), r.f.decode_tps,
-                100 * r.f.recall, 100 * r.f.timely, r.f.loads_per_token, r.f.stall_ms_per_token, r.f.lead);
+    std::printf("%-10s %10.1f %9.2f %9.2f %10.2f %13.3f %6.1f %7.3f %7.3f %8.3f %10.3f\n", r.s.name.c_str(),
+                r.f.decode_tps, 100 * r.f.recall, 100 * r.f.timely, r.f.loads_per_token, r.f.stall_ms_per_token,
+                r.f.lead, r.f.t_m_ms, r.f.t_w_ms, r.f.load_ms, r.f.t_maxload_ms);
   }
   return absl::OkStatus();
 }

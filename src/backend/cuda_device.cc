@@ -289,6 +289,31 @@ class CudaDevice final : public Device {
     transfers_.h2d_bytes += bytes;
     ++transfers_.h2d_copies;
   }
+  absl::Status RegisterHostMemory(const void* p, size_t bytes) override {
+    ODMOE_RETURN_IF_ERROR(RecordHostRange(p, bytes));
+    UseDevice(ordinal_);
+    void* host = const_cast<void*>(p);
+    int read_only = 0;
+    (void)cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, ordinal_);
+    cudaError_t err = cudaErrorNotSupported;
+    if (read_only != 0) err = cudaHostRegister(host, bytes, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      err = cudaHostRegister(host, bytes, cudaHostRegisterPortable);
+    }
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky
+      ForgetHostRange(p);
+      return absl::UnavailableError(StrCat(name(), ": cudaHostRegister of ", FormatBytes(bytes),
+                                           " failed: ", cudaGetErrorString(err)));
+    }
+    return absl::OkStatus();
+  }
+  void UnregisterHostMemory(const void* p) override {
+    if (!ForgetHostRange(p)) return;
+    UseDevice(ordinal_);
+    if (cudaHostUnregister(const_cast<void*>(p)) != cudaSuccess) (void)cudaGetLastError();
+  }
   void CopyToHost(void* dst, const void* src, size_t bytes, Stream* stream) override {
     UseDevice(ordinal_);
     if (bytes > 0) {

@@ -1,8 +1,10 @@
 #include "src/backend/device.h"
 
+#include <iterator>
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "src/common/strings.h"
 
 namespace odmoe {
 
@@ -16,6 +18,46 @@ std::string_view DeviceKindName(DeviceKind kind) {
       return "cuda";
   }
   return "?";
+}
+
+absl::Status Device::RecordHostRange(const void* p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return absl::InvalidArgumentError("RegisterHostMemory: empty host range");
+  const uintptr_t start = reinterpret_cast<uintptr_t>(p);
+  absl::MutexLock lock(&host_mu_);
+  auto next = host_ranges_.lower_bound(start);
+  const bool overlaps_next = next != host_ranges_.end() && next->first < start + bytes;
+  const bool overlaps_prev = next != host_ranges_.begin() && std::prev(next)->first + std::prev(next)->second > start;
+  if (overlaps_next || overlaps_prev) {
+    return absl::InvalidArgumentError(
+        StrCat("RegisterHostMemory: [", start, ", +", bytes, ") overlaps a registered host range"));
+  }
+  host_ranges_.emplace(start, bytes);
+  return absl::OkStatus();
+}
+
+bool Device::ForgetHostRange(const void* p) {
+  absl::MutexLock lock(&host_mu_);
+  return host_ranges_.erase(reinterpret_cast<uintptr_t>(p)) > 0;
+}
+
+absl::Status Device::RegisterHostMemory(const void* p, size_t bytes) { return RecordHostRange(p, bytes); }
+
+void Device::UnregisterHostMemory(const void* p) { ForgetHostRange(p); }
+
+bool Device::IsRegisteredHostMemory(const void* p, size_t bytes) const {
+  const uintptr_t start = reinterpret_cast<uintptr_t>(p);
+  absl::MutexLock lock(&host_mu_);
+  auto it = host_ranges_.upper_bound(start);
+  if (it == host_ranges_.begin()) return false;
+  --it;
+  return start >= it->first && start + bytes <= it->first + it->second;
+}
+
+uint64_t Device::registered_host_bytes() const {
+  absl::MutexLock lock(&host_mu_);
+  uint64_t total = 0;
+  for (const auto& [start, bytes] : host_ranges_) total += bytes;
+  return total;
 }
 
 }  // namespace odmoe

@@ -22,7 +22,9 @@
 #include <string>
 #include <string_view>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "src/common/dtype.h"
 
 namespace odmoe {
@@ -131,6 +133,20 @@ class Device {
   virtual void CopyOnDevice(void* dst, const void* src, size_t bytes, Stream* stream) = 0;
   virtual TransferStats transfer_stats() const = 0;
 
+  // ---- host memory registration ----------------------------------------------------------------------------
+  // Registers the host range [p, p + bytes) for fast copies (CUDA: page-locked with cudaHostRegister, read-only
+  // and portable where supported, so a read-only shared mapping can be registered; CPU and mock GPU: recorded,
+  // and the mock GPU times copies from it at its pinned bandwidth). The range must stay mapped until
+  // UnregisterHostMemory(p). InvalidArgument when it overlaps a registered range or is empty; the backend's
+  // error when it refuses (the memory is then still usable, copies from it are only slower).
+  virtual absl::Status RegisterHostMemory(const void* p, size_t bytes);
+  // Undoes RegisterHostMemory(p, ...); nothing when `p` does not start a registered range.
+  virtual void UnregisterHostMemory(const void* p);
+  // True if [p, p + bytes) lies inside one registered range.
+  bool IsRegisteredHostMemory(const void* p, size_t bytes) const;
+  // Bytes registered now, over all ranges.
+  uint64_t registered_host_bytes() const;
+
   // ---- ops -------------------------------------------------------------------------------------------------
   // out[i, :] = table[ids[i], :] as fp32. ids: [n] (device memory), table: [vocab, dim].
   virtual void Embedding(const int32_t* ids, int64_t n, WeightRef table, int64_t dim, float* out,
@@ -173,6 +189,16 @@ class Device {
   // How many ops of each name (e.g. "MatMul") this device has run since creation: a test hook that shows on
   // which device a forward pass computed.
   virtual std::map<std::string, int64_t> op_counts() const = 0;
+
+ protected:
+  // The bookkeeping of RegisterHostMemory for implementations that override it: records [p, p + bytes)
+  // (InvalidArgument on overlap or an empty range) / forgets it (false when `p` starts no range).
+  absl::Status RecordHostRange(const void* p, size_t bytes);
+  bool ForgetHostRange(const void* p);
+
+ private:
+  mutable absl::Mutex host_mu_;
+  std::map<uintptr_t, size_t> host_ranges_ ABSL_GUARDED_BY(host_mu_);  // start -> bytes
 };
 
 }  // namespace odmoe

@@ -257,6 +257,7 @@ MockGpuDevice::MockGpuDevice(MockGpuOptions options) : options_(options), state_
   ODMOE_CHECK(options.h2d_bytes_per_s > 0 && options.d2h_bytes_per_s > 0);
   ODMOE_CHECK(options.flops_per_s > 0 && options.mem_bytes_per_s > 0);
   ODMOE_CHECK(options.h2d_latency_s >= 0 && options.d2h_latency_s >= 0);
+  ODMOE_CHECK(options.h2d_pageable_bytes_per_s >= 0);
 }
 
 MockGpuDevice::~MockGpuDevice() = default;
@@ -355,7 +356,9 @@ void MockGpuDevice::CopyToDevice(void* dst, const void* src, size_t bytes, Strea
     const int sid = state_->StreamIdLocked(stream);
     state_->CheckArgLocked("CopyToDevice", "dst", dst, bytes);
     state_->CheckNotDeviceLocked("CopyToDevice", "src", src, bytes);
-    const double duration = options_.h2d_latency_s + static_cast<double>(bytes) / options_.h2d_bytes_per_s;
+    const bool pinned = options_.h2d_pageable_bytes_per_s <= 0 || IsRegisteredHostMemory(src, bytes);
+    const double rate = pinned ? options_.h2d_bytes_per_s : options_.h2d_pageable_bytes_per_s;
+    const double duration = options_.h2d_latency_s + static_cast<double>(bytes) / rate;
     state_->ScheduleLocked(MockGpuWork::kH2D, "CopyToDevice", sid, bytes, 0, duration);
     state_->stats.transfers.h2d_bytes += bytes;
     ++state_->stats.transfers.h2d_copies;

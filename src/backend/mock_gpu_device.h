@@ -17,7 +17,9 @@
 //    only by Synchronize, SynchronizeAll and CopyToHost; work cannot start before the host clock (the host
 //    issued it then).
 //  - CopyToDevice starts at max(stream time, host clock, time the H2D link is free) and ends
-//    start + (h2d_latency_s + bytes / h2d_bytes_per_s); all H2D copies share one link, so they serialise.
+//    start + (h2d_latency_s + bytes / rate); all H2D copies share one link, so they serialise. The rate is
+//    h2d_bytes_per_s (pinned) when the source lies in host memory registered with RegisterHostMemory, or when
+//    h2d_pageable_bytes_per_s is 0 (the default: no distinction), and h2d_pageable_bytes_per_s otherwise.
 //    CopyToHost likewise on its own D2H link, and then advances the host clock to its end.
 //  - CopyOnDevice takes 2 * bytes / mem_bytes_per_s (read + write) on its stream, no link.
 //  - An op starts at max(stream time, host clock) and takes max(flops / flops_per_s, bytes / mem_bytes_per_s)
@@ -47,8 +49,14 @@ namespace odmoe {
 // Defaults: a 16 GiB card on PCIe 4.0 x16 (about 25 GB/s achieved each way, 10 us per copy), 50 TFLOP/s and
 // 900 GB/s of memory bandwidth (a consumer GPU of the RTX 30/40 class).
 struct MockGpuOptions {
+  // Pageable / pinned host-to-device bandwidth measured on the reference H100 (8.8 / 55 GB/s).
+  static constexpr double kPageableFraction = 8.8 / 55.0;
+
   uint64_t capacity_bytes = uint64_t{16} << 30;
-  double h2d_bytes_per_s = 25e9;
+  double h2d_bytes_per_s = 25e9;  // from registered (pinned) host memory
+  // From pageable host memory (not registered); 0: the same as h2d_bytes_per_s. The reference H100 measures
+  // ~55 GB/s pinned and ~8.8 GB/s pageable (kPageableFraction of it).
+  double h2d_pageable_bytes_per_s = 0;
   double h2d_latency_s = 10e-6;
   double d2h_bytes_per_s = 25e9;
   double d2h_latency_s = 10e-6;

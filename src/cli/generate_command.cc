@@ -211,7 +211,15 @@ absl::Status RunRemote(const Request& r) {
                   {"tokens_aligned", st.tokens_aligned()},
                   {"kv_aligned", st.kv_aligned()},
                   {"alignment_bytes", st.alignment_bytes()},
-                  {"stall_ms", st.stall_ms()}};
+                  {"stall_ms", st.stall_ms()},
+                  {"decode_loads_on_demand", st.decode_loads_on_demand()},
+                  {"t_m_ms", st.t_m_ms()},
+                  {"t_w_ms", st.t_w_ms()},
+                  {"expert_load_ms", st.expert_load_ms()},
+                  {"t_maxload_ms", st.t_maxload_ms()},
+                  {"io_bound", st.io_bound()},
+                  {"groups", st.groups()},
+                  {"stall_ms_per_layer", std::vector<double>(st.stall_ms_per_layer().begin(), st.stall_ms_per_layer().end())}};
   out["endpoint"] = r.endpoint;
   PrintJson(out);
   return absl::OkStatus();

@@ -37,6 +37,12 @@ class Fields {
     if (!n->is_integer()) return FieldError(where_, scope_, key, "expected an integer");
     return std::optional<int64_t>{n->value<int64_t>().value()};
   }
+  absl::StatusOr<std::optional<bool>> Bool(std::string_view key) const {
+    const toml::node* n = t_.get(key);
+    if (n == nullptr) return std::optional<bool>{};
+    if (!n->is_boolean()) return FieldError(where_, scope_, key, "expected true or false");
+    return std::optional<bool>{n->value<bool>().value()};
+  }
   // Every key of the table must be one of `known`: a misspelt key is an error, not silently ignored.
   absl::Status OnlyKnown(const std::set<std::string>& known) const {
     for (const auto& [k, v] : t_) {
@@ -215,7 +221,9 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
   if (const toml::node* cn = root.get("cluster")) {
     if (!cn->is_table()) return FieldError(where, "", "cluster", "expected a table");
     Fields f(*cn->as_table(), where, "[cluster]");
-    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"name", "epoch", "group_size", "rpc_timeout_ms", "startup_timeout_ms"}));
+    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"name", "epoch", "group_size", "rpc_timeout_ms", "startup_timeout_ms", "share_host_experts"}));
+    ODMOE_ASSIGN_OR_RETURN(auto share, f.Bool("share_host_experts"));
+    if (share) c.share_host_experts = *share;
     ODMOE_ASSIGN_OR_RETURN(auto name, f.String("name"));
     if (name) c.name = *name;
     if (c.name.empty() || c.name.find_first_of("/ \t\n") != std::string::npos) {
@@ -245,12 +253,31 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
   if (const toml::node* mn = root.get("model")) {
     if (!mn->is_table()) return FieldError(where, "", "model", "expected a table");
     Fields f(*mn->as_table(), where, "[model]");
-    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"path"}));
-    ODMOE_ASSIGN_OR_RETURN(auto path, f.String("path"));
-    if (path && !path->empty()) {
-      std::filesystem::path p(*path);
+    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"path", "synthetic", "layers", "seed"}));
+    auto resolve = [&](const std::string& relative) {
+      std::filesystem::path p(relative);
       if (p.is_relative()) p = std::filesystem::path(base_dir) / p;
-      c.model.path = p.lexically_normal().string();
+      return p.lexically_normal().string();
+    };
+    ODMOE_ASSIGN_OR_RETURN(auto path, f.String("path"));
+    if (path && !path->empty()) c.model.path = resolve(*path);
+    ODMOE_ASSIGN_OR_RETURN(auto synthetic, f.String("synthetic"));
+    ODMOE_ASSIGN_OR_RETURN(auto layers, f.Int("layers"));
+    ODMOE_ASSIGN_OR_RETURN(auto seed, f.Int("seed"));
+    if (synthetic) {
+      if (synthetic->empty()) return FieldError(where, "[model]", "synthetic", "expected a config.json path");
+      if (path) return FieldError(where, "[model]", "synthetic", "give either path or synthetic, not both");
+      c.model.synthetic = resolve(*synthetic);
+    } else if (layers || seed) {
+      return FieldError(where, "[model]", layers ? "layers" : "seed", "only goes with synthetic = \"config.json\"");
+    }
+    if (layers) {
+      if (*layers < 0) return FieldError(where, "[model]", "layers", "must be >= 0 (0: the config's)");
+      c.model.layers = *layers;
+    }
+    if (seed) {
+      if (*seed < 0) return FieldError(where, "[model]", "seed", "must be >= 0");
+      c.model.seed = static_cast<uint64_t>(*seed);
     }
   }
   std::optional<std::string> mode_text;

@@ -7,8 +7,10 @@
 //   group_size = 2            # workers per group; 0 or absent: the model's top-k
 //   rpc_timeout_ms = 30000    # deadline of every RPC between nodes
 //   startup_timeout_ms = 60000
+//   share_host_experts = true # workers of one host share one host copy of the experts (/dev/shm)
 //   [model]
 //   path = "../models/demo-mixtral-kjv"   # relative to this file
+//   # or synthetic weights instead of path: synthetic = "config.json"  layers = 2  seed = 1
 //   [shadow]
 //   mode = "shadow"           # shadow | random | none (default: shadow when a shadow node exists, else none)
 //   quant = "int8"            # fp16 | int8 | nf4 | none: the shadow's replica
@@ -46,8 +48,14 @@ struct NodeConfig {
   int32_t threads = 2;            // RPC handler threads
 };
 
+// [model]: a checkpoint (`path`), or synthetic weights (`synthetic`, `layers`, `seed`; src/model/synthetic.h),
+// which every node generates for itself; the two are mutually exclusive.
 struct ModelSource {
-  std::string path;  // a Hugging Face checkpoint folder (absolute after loading)
+  std::string path;       // a Hugging Face checkpoint folder (absolute after loading)
+  std::string synthetic;  // a config.json (or a folder holding one) for synthetic weights (absolute after loading)
+  int64_t layers = 0;     // synthetic: > 0 replaces num_hidden_layers; 0: the config's
+  uint64_t seed = 0;      // synthetic: the weights' seed
+  bool is_synthetic() const { return !synthetic.empty(); }
 };
 
 // How experts get predicted, and the shadow's settings ([shadow] in the cluster file; `odmoe cluster up`
@@ -100,6 +108,7 @@ struct ClusterConfig {
   int32_t group_size = 0;  // 0: the model's top-k
   int64_t rpc_timeout_ms = 30000;
   int64_t startup_timeout_ms = 60000;
+  bool share_host_experts = true;  // [cluster] share_host_experts
   ModelSource model;
   ShadowSettings shadow_settings;
   std::vector<NodeConfig> nodes;

@@ -200,6 +200,27 @@ absl::Status Engine::ReadKv(int64_t position, float* k, float* v) {
   return absl::OkStatus();
 }
 
+absl::Status Engine::ReadKvRange(int64_t first, int64_t count, float* k, float* v) {
+  if (first < 0 || count < 0 || first + count > position_) {
+    return absl::OutOfRangeError(StrCat("KV of positions ", first, "..", first + count - 1,
+                                        " requested, but the sequence has ", position_, " positions"));
+  }
+  const int64_t kv = config().kv_size();
+  const int64_t layers = static_cast<int64_t>(k_cache_.size());
+  std::vector<float> tmp(static_cast<size_t>(count * kv));
+  for (int64_t l = 0; l < layers; ++l) {
+    for (int which = 0; which < 2; ++which) {
+      const Buffer& cache = which == 0 ? *k_cache_[static_cast<size_t>(l)] : *v_cache_[static_cast<size_t>(l)];
+      float* out = which == 0 ? k : v;
+      device_.CopyToHost(tmp.data(), cache.as<float>() + first * kv, F32Bytes(count * kv), stream_.get());
+      for (int64_t i = 0; i < count; ++i) {
+        std::copy_n(tmp.data() + i * kv, kv, out + (i * layers + l) * kv);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Engine::WriteKv(int64_t position, const float* k, const float* v) {
   if (position < 0 || position >= position_) {
     return absl::OutOfRangeError(

@@ -94,6 +94,9 @@ class Engine {
   // attention reads it). OutOfRange for a position not yet computed. WriteKv is the shadow's KV alignment.
   absl::Status ReadKv(int64_t position, float* k, float* v);
   absl::Status WriteKv(int64_t position, const float* k, const float* v);
+  // The K and V rows of positions [first, first + count) (all computed): k, v: [count, num_layers, kv_size],
+  // one device-to-host copy per layer and tensor.
+  absl::Status ReadKvRange(int64_t first, int64_t count, float* k, float* v);
 
   int64_t position() const { return position_; }
   int64_t capacity() const { return capacity_; }

@@ -8,6 +8,8 @@
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/model/fingerprint.h"
+#include "src/model/model_layout.h"
+#include "src/model/synthetic.h"
 
 namespace odmoe {
 
@@ -31,18 +33,41 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   node->cluster_ = args.cluster;
   node->self_ = args.self;
   node->model_dir_ = args.model_dir;
-  ODMOE_ASSIGN_OR_RETURN(node->config_, LoadModelConfig(args.model_dir));
-  ODMOE_ASSIGN_OR_RETURN(node->checkpoint_, Checkpoint::Open(args.model_dir));
-  ODMOE_ASSIGN_OR_RETURN(node->fingerprint_, ModelFingerprint(args.model_dir, *node->checkpoint_));
-  auto tokenizer = Tokenizer::Load(args.model_dir);
-  if (tokenizer.ok()) {
-    node->tokenizer_ = std::move(tokenizer).value();
-  } else if (!absl::IsNotFound(tokenizer.status())) {
-    return tokenizer.status();
+  // Weights: the checkpoint, or synthetic ones generated here ([model] synthetic, when no --model is given): main
+  // makes only the non-expert tensors, and has no tokenizer then (prompt ids only).
+  const bool synthetic = args.model_dir.empty() && args.cluster.model.is_synthetic();
+  uint64_t expert_bytes = 0;
+  if (synthetic) {
+    const SyntheticSpec spec{args.cluster.model.synthetic, args.cluster.model.layers, args.cluster.model.seed};
+    ODMOE_ASSIGN_OR_RETURN(node->config_, SyntheticModelConfig(spec));
+    ODMOE_ASSIGN_OR_RETURN(node->fingerprint_, SyntheticFingerprint(spec));
+    ODMOE_ASSIGN_OR_RETURN(node->device_, CreateDevice(args.self.device));
+    SyntheticSource source(node->config_, spec.seed);
+    ODMOE_ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(node->config_, source, *node->device_,
+                                                              WeightSelection::NonExpertOnly()));
+    expert_bytes = 3 * static_cast<uint64_t>(node->config_.expert_intermediate_size * node->config_.hidden_size) *
+                   DTypeSize(SyntheticDType(node->config_));
+  } else {
+    ODMOE_ASSIGN_OR_RETURN(node->config_, LoadModelConfig(args.model_dir));
+    ODMOE_ASSIGN_OR_RETURN(node->checkpoint_, Checkpoint::Open(args.model_dir));
+    ODMOE_ASSIGN_OR_RETURN(node->fingerprint_, ModelFingerprint(args.model_dir, *node->checkpoint_));
+    auto tokenizer = Tokenizer::Load(args.model_dir);
+    if (tokenizer.ok()) {
+      node->tokenizer_ = std::move(tokenizer).value();
+    } else if (!absl::IsNotFound(tokenizer.status())) {
+      return tokenizer.status();
+    }
+    ODMOE_ASSIGN_OR_RETURN(node->device_, CreateDevice(args.self.device));
+    ODMOE_ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(node->config_, *node->checkpoint_, *node->device_,
+                                                              WeightSelection::NonExpertOnly()));
+    // An expert's bytes as stored (metadata only: nothing is read).
+    const std::vector<int64_t> sparse = node->config_.SparseLayers();
+    if (!sparse.empty()) {
+      for (const TensorSpec& spec : ExpertTensors(node->config_, sparse[0], 0)) {
+        if (const TensorInfo* info = node->checkpoint_->Find(spec.name)) expert_bytes += info->nbytes;
+      }
+    }
   }
-  ODMOE_ASSIGN_OR_RETURN(node->device_, CreateDevice(args.self.device));
-  ODMOE_ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(node->config_, *node->checkpoint_, *node->device_,
-                                                            WeightSelection::NonExpertOnly()));
 
   std::vector<WorkerEndpoint> workers;
   for (const NodeConfig* w : args.cluster.workers()) workers.push_back({w->name, w->address});
@@ -56,7 +81,7 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   ro.max_tokens = options.engine.max_tokens_per_forward;
   ro.max_tensor_bytes_per_call = options.max_tensor_bytes_per_call;
   ro.max_rows_per_call = options.max_rows_per_call;
-  auto experts = RemoteExpertExecutor::Create(*node->device_, node->config_, *node->checkpoint_, std::move(workers),
+  auto experts = RemoteExpertExecutor::Create(*node->device_, node->config_, expert_bytes, std::move(workers),
                                               group_size, ro);
   if (!experts.ok()) {
     return absl::Status(experts.status().code(),
@@ -65,6 +90,7 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   }
   absl::MutexLock lock(&node->request_mu_);
   node->experts_ = std::move(experts).value();
+  node->placement_groups_ = node->experts_->placement().num_groups();
   const ShadowSettings& ss = args.cluster.shadow_settings;
   if (ss.mode == PredictionMode::kShadow && args.cluster.shadow() != nullptr) {
     node->shadow_link_ = std::make_unique<ShadowLink>(
@@ -192,6 +218,14 @@ absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
     if (shadow_link_ == nullptr || i + 1 >= request.max_new_tokens() || (is_eos && !request.ignore_eos())) return;
     const bool send_token = ss.align_token > 0 && i % ss.align_token == 0;
     const bool send_kv = ss.align_kv > 0 && i % ss.align_kv == 0;
+    if (i == 0 && ss.align_kv > 0 && prompt_len > 1) {
+      // KV alignment starts from main's state: the prompt's K/V (but its last position, which the first step
+      // carries) goes once, before the first step.
+      const size_t row = static_cast<size_t>(config_.num_layers * config_.kv_size());
+      std::vector<float> pk(row * static_cast<size_t>(prompt_len - 1)), pv(pk.size());
+      if (!engine_->ReadKvRange(0, prompt_len - 1, pk.data(), pv.data()).ok()) return;
+      shadow_link_->SendKv(0, prompt_len - 1, pk.data(), pv.data());
+    }
     if (send_kv) {
       kv_k.resize(static_cast<size_t>(config_.num_layers * config_.kv_size()));
       kv_v.resize(kv_k.size());
@@ -252,7 +286,7 @@ absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
     stats->set_loads_on_demand(stats->loads_on_demand() + w.loads_on_demand);
     stats->set_on_demand_load_ms(stats->on_demand_load_ms() + w.on_demand_load_ms);
   }
-  stats->set_expert_tensors_opened(static_cast<uint64_t>(checkpoint_->ExpertTensorsRead()));
+  stats->set_expert_tensors_opened(static_cast<uint64_t>(expert_tensors_opened()));
   const RecallSummary recall = board_.Summarize();
   stats->set_prediction(std::string(PredictionModeName(ss.mode)));
   stats->set_recall(recall.recall);
@@ -264,7 +298,17 @@ absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
   stats->set_tokens_aligned(alignment.tokens);
   stats->set_kv_aligned(alignment.kv);
   stats->set_alignment_bytes(alignment.bytes);
-  stats->set_stall_ms(stats->on_demand_load_ms());
+  const DecodeTiming& timing = experts_->timing();
+  const int32_t groups = experts_->placement().num_groups();
+  stats->set_t_m_ms(timing.t_m_ms());
+  stats->set_t_w_ms(timing.t_w_ms());
+  stats->set_expert_load_ms(timing.load_ms_per_expert());
+  stats->set_t_maxload_ms(timing.t_maxload_ms(groups));
+  stats->set_io_bound(timing.loads > 0 && timing.load_ms_per_expert() > timing.t_maxload_ms(groups));
+  stats->set_groups(groups);
+  stats->set_stall_ms(recall.stall_ms);
+  stats->set_decode_loads_on_demand(recall.loads_on_demand);
+  stats->mutable_stall_ms_per_layer()->Add(recall.stall_ms_per_layer.begin(), recall.stall_ms_per_layer.end());
   {
     absl::MutexLock stats_lock(&stats_mu_);
     ++counters_.requests;
@@ -272,11 +316,18 @@ absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
     counters_.correct += recall.correct;
     counters_.timely += recall.timely;
     counters_.predictions_missing += recall.predictions_missing;
-    counters_.loads_on_demand += stats->loads_on_demand();
-    counters_.stall_ms += stats->on_demand_load_ms();
+    counters_.loads_on_demand += recall.loads_on_demand;
+    counters_.stall_ms += recall.stall_ms;
     counters_.tokens_aligned += alignment.tokens;
     counters_.kv_aligned += alignment.kv;
     counters_.alignment_bytes += alignment.bytes;
+    DecodeTiming& t = counters_.timing;
+    t.main_ms += timing.main_ms;
+    t.worker_ms += timing.worker_ms;
+    t.load_ms += timing.load_ms;
+    t.main_layers += timing.main_layers;
+    t.worker_layers += timing.worker_layers;
+    t.loads += timing.loads;
   }
   const size_t fed = result->tokens.empty() ? 0 : result->tokens.size() - 1;  // the last token is never fed back
   stats->set_positions(prompt.size() + fed);
@@ -320,6 +371,12 @@ v1::MainStats MainNode::Stats(bool reset) {
   s.set_tokens_aligned(c.tokens_aligned);
   s.set_kv_aligned(c.kv_aligned);
   s.set_alignment_bytes(c.alignment_bytes);
+  const int32_t groups = placement_groups_;
+  s.set_t_m_ms(c.timing.t_m_ms());
+  s.set_t_w_ms(c.timing.t_w_ms());
+  s.set_expert_load_ms(c.timing.load_ms_per_expert());
+  s.set_t_maxload_ms(c.timing.t_maxload_ms(groups));
+  s.set_io_bound(c.timing.loads > 0 && c.timing.load_ms_per_expert() > c.timing.t_maxload_ms(groups));
   if (reset) counters_ = Counters{};
   return s;
 }

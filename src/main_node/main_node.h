@@ -75,7 +75,7 @@ class MainNode final : public v1::Inference::Service {
                           const std::function<bool()>& cancelled = nullptr);
 
   // Routed-expert tensors this node has read from its checkpoint (0 unless something is wrong).
-  int64_t expert_tensors_opened() const { return checkpoint_->ExpertTensorsRead(); }
+  int64_t expert_tensors_opened() const { return checkpoint_ != nullptr ? checkpoint_->ExpertTensorsRead() : 0; }
   const std::string& fingerprint() const { return fingerprint_; }
   const ModelConfig& config() const { return config_; }
   const NodeConfig& self() const { return self_; }
@@ -92,7 +92,7 @@ class MainNode final : public v1::Inference::Service {
   std::string model_dir_;
   std::string fingerprint_;
   ModelConfig config_;
-  std::unique_ptr<Checkpoint> checkpoint_;
+  std::unique_ptr<Checkpoint> checkpoint_;  // nullptr with synthetic weights
   std::unique_ptr<Device> device_;
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<Tokenizer> tokenizer_;  // nullptr when the model ships no tokenizer.model
@@ -111,7 +111,9 @@ class MainNode final : public v1::Inference::Service {
     uint64_t decode_layers = 0, correct = 0, timely = 0, predictions_missing = 0, loads_on_demand = 0;
     double stall_ms = 0;
     uint64_t tokens_aligned = 0, kv_aligned = 0, alignment_bytes = 0;
+    DecodeTiming timing;
   };
+  int32_t placement_groups_ = 1;  // N_G, for t_maxload
   mutable absl::Mutex stats_mu_;
   Counters counters_ ABSL_GUARDED_BY(stats_mu_);
 };

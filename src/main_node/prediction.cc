@@ -40,9 +40,9 @@ void PredictionBoard::SetProgress(int64_t position, int64_t sparse_index) {
 }
 
 void PredictionBoard::Record(int64_t position, int64_t sparse_index, std::vector<int32_t> actual,
-                             std::vector<bool> resident) {
+                             std::vector<bool> resident, double stall_ms) {
   absl::MutexLock lock(&mu_);
-  outcomes_[{position, sparse_index}] = Outcome{std::move(actual), std::move(resident)};
+  outcomes_[{position, sparse_index}] = Outcome{std::move(actual), std::move(resident), stall_ms};
 }
 
 RecallSummary PredictionBoard::Summarize() const {
@@ -50,6 +50,7 @@ RecallSummary PredictionBoard::Summarize() const {
   RecallSummary s;
   s.predictions_received = received_;
   s.lead_layers_mean = received_ > 0 ? lead_sum_ / static_cast<double>(received_) : 0;
+  s.stall_ms_per_layer.assign(static_cast<size_t>(std::max<int64_t>(0, num_sparse_)), 0.0);
   int64_t current = -1;
   uint64_t token_correct = 0, token_total = 0;
   auto close_token = [&]() {
@@ -64,6 +65,9 @@ RecallSummary PredictionBoard::Summarize() const {
       current = key.first;
     }
     ++s.decode_layers;
+    s.stall_ms += outcome.stall_ms;
+    if (key.second >= 0 && key.second < num_sparse_) s.stall_ms_per_layer[static_cast<size_t>(key.second)] += outcome.stall_ms;
+    for (bool r : outcome.resident) s.loads_on_demand += r ? 0 : 1;
     const uint64_t k = static_cast<uint64_t>(std::max<int64_t>(1, top_k_));
     token_total += k;
     auto it = predictions_.find(key);

@@ -33,6 +33,9 @@ struct RecallSummary {
   uint64_t correct = 0;
   uint64_t timely = 0;
   double lead_layers_mean = 0;           // how many sparse layers ahead of main predictions arrived, on average
+  uint64_t loads_on_demand = 0;          // decode experts no worker had when main asked (loaded after routing)
+  double stall_ms = 0;                   // the workers' load time of those (main waited for it)
+  std::vector<double> stall_ms_per_layer;  // the same per sparse layer
 };
 
 class PredictionBoard {
@@ -47,8 +50,9 @@ class PredictionBoard {
   void SetProgress(int64_t position, int64_t sparse_index);
 
   // What happened at a decoded (position, sparse layer): the actual experts and, for each, whether its worker
-  // had it before the request (not loaded on demand).
-  void Record(int64_t position, int64_t sparse_index, std::vector<int32_t> actual, std::vector<bool> resident);
+  // had it before the request (not loaded on demand), and the load time main waited for (`stall_ms`).
+  void Record(int64_t position, int64_t sparse_index, std::vector<int32_t> actual, std::vector<bool> resident,
+              double stall_ms);
 
   RecallSummary Summarize() const;
 
@@ -57,6 +61,7 @@ class PredictionBoard {
   struct Outcome {
     std::vector<int32_t> actual;
     std::vector<bool> resident;
+    double stall_ms = 0;
   };
   mutable absl::Mutex mu_;
   int64_t num_sparse_ ABSL_GUARDED_BY(mu_) = 0;

@@ -135,7 +135,7 @@ std::vector<PlannedCall> PlanCalls(const std::vector<ExpertBatch>& batches, cons
 }
 
 absl::StatusOr<std::unique_ptr<RemoteExpertExecutor>> RemoteExpertExecutor::Create(
-    Device& device, const ModelConfig& config, const Checkpoint& checkpoint, std::vector<WorkerEndpoint> workers,
+    Device& device, const ModelConfig& config, uint64_t expert_bytes, std::vector<WorkerEndpoint> workers,
     int32_t group_size, RemoteExpertOptions options) {
   if (workers.empty()) return absl::InvalidArgumentError("main needs at least one worker to compute experts");
   if (options.max_tokens < 1 || options.max_tensor_bytes_per_call < 1 || options.max_rows_per_call < 1 ||
@@ -146,7 +146,7 @@ absl::StatusOr<std::unique_ptr<RemoteExpertExecutor>> RemoteExpertExecutor::Crea
   }
   ODMOE_ASSIGN_OR_RETURN(Placement placement, Placement::Create(static_cast<int32_t>(workers.size()), group_size));
   std::unique_ptr<RemoteExpertExecutor> ex(
-      new RemoteExpertExecutor(device, config, checkpoint, std::move(workers), placement, std::move(options)));
+      new RemoteExpertExecutor(device, config, expert_bytes, std::move(workers), placement, std::move(options)));
   const int64_t hidden = config.hidden_size, k = std::max<int64_t>(1, config.top_k);
   const int64_t t = ex->options_.max_tokens;
   ODMOE_ASSIGN_OR_RETURN(ex->yg_, device.Allocate(F32Bytes(t * hidden), "remote expert outputs"));
@@ -156,12 +156,12 @@ absl::StatusOr<std::unique_ptr<RemoteExpertExecutor>> RemoteExpertExecutor::Crea
   return ex;
 }
 
-RemoteExpertExecutor::RemoteExpertExecutor(Device& device, const ModelConfig& config, const Checkpoint& checkpoint,
+RemoteExpertExecutor::RemoteExpertExecutor(Device& device, const ModelConfig& config, uint64_t expert_bytes,
                                            std::vector<WorkerEndpoint> workers, Placement placement,
                                            RemoteExpertOptions options)
     : device_(device),
       config_(config),
-      checkpoint_(checkpoint),
+      expert_bytes_(expert_bytes),
       workers_(std::move(workers)),
       placement_(placement),
       options_(std::move(options)) {
@@ -178,6 +178,8 @@ void RemoteExpertExecutor::BeginRequest(uint64_t request_id, std::function<bool(
   board_ = nullptr;
   on_decode_position_ = nullptr;
   position_ = 0;
+  timing_ = DecodeTiming();
+  last_layer_end_.reset();
 }
 
 void RemoteExpertExecutor::SetPrediction(PredictionBoard* board, int64_t decode_start,
@@ -192,16 +194,9 @@ void RemoteExpertExecutor::BeginForward(int64_t first_position, int64_t n) {
   if (n == 1 && first_position >= decode_start_ && on_decode_position_) on_decode_position_(first_position);
 }
 
-uint64_t RemoteExpertExecutor::ExpertBytes(int64_t layer, int32_t expert) const {
-  uint64_t bytes = 0;
-  for (const TensorSpec& spec : ExpertTensors(config_, layer, expert)) {
-    if (const TensorInfo* info = checkpoint_.Find(spec.name)) bytes += info->nbytes;
-  }
-  return bytes;
-}
-
 absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
                                        std::span<const float> weights, float* out, Stream* stream) {
+  const absl::Time entered = absl::Now();
   const int64_t hidden = config_.hidden_size, k = config_.top_k;
   if (n < 1 || n > options_.max_tokens) {
     return absl::InternalError(StrCat("remote expert executor got ", n, " tokens; it takes 1..", options_.max_tokens));
@@ -308,6 +303,7 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
     absl::MutexLock lock(&state->mu);
     state->active_chains = static_cast<int>(heads.size());
   }
+  const absl::Time sent = absl::Now();
   for (size_t i : heads) StartCall(state, i);
 
   // Wait until every chain has ended, restarting those paused for a retry after a backoff (1, 2, 4, .. 64 ms);
@@ -356,9 +352,19 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
     return StrCat("worker ", w.name, " at ", w.address, " (layer ", layer, ")");
   };
   if (failure.has_value()) return rpc::FromGrpc(state->calls[*failure]->status, where(*failure));
+  const absl::Time received = absl::Now();
+  if (n == 1) {
+    if (last_layer_end_.has_value()) {
+      timing_.main_ms += absl::ToDoubleMilliseconds(entered - *last_layer_end_);
+      ++timing_.main_layers;
+    }
+    timing_.worker_ms += absl::ToDoubleMilliseconds(received - sent);
+    ++timing_.worker_layers;
+  }
 
   // Check the replies and gather every expert's outputs into host_out_.
   std::vector<bool> resident(batches.size(), true);  // per batch: no piece of it was loaded on demand
+  double stall_ms = 0;                               // load time of the experts loaded on demand
   for (size_t i = 0; i < plan.size(); ++i) {
     const PlannedCall& pc = plan[i];
     const v1::ComputeExpertsResponse& resp = state->calls[i]->response;
@@ -387,14 +393,17 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
       st.compute_ms += o.compute_ms();
       if (o.loaded_on_demand()) {
         resident[task.batch] = false;
+        stall_ms += o.load_ms();
+        timing_.load_ms += o.load_ms();
+        ++timing_.loads;
         ++st.loads_on_demand;
         st.on_demand_load_ms += o.load_ms();
-        st.bytes_loaded += ExpertBytes(layer, b.expert);
+        st.bytes_loaded += expert_bytes_;
       }
     }
   }
 
-  if (decode) board_->Record(position_, sparse_index, experts, resident);
+  if (decode) board_->Record(position_, sparse_index, experts, resident, stall_ms);
 
   // The sum, in LocalExpertExecutor's order: experts ascending, each one's rows in order.
   const int32_t* dev_rows = index_->as<int32_t>();
@@ -408,6 +417,11 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
   }
   // host_out_ and packed_ must stay untouched until the copies are done.
   device_.Synchronize(stream);
+  if (n == 1) {
+    last_layer_end_ = absl::Now();
+  } else {
+    last_layer_end_.reset();  // prefill: t_M is measured in decode only
+  }
   return absl::OkStatus();
 }
 

@@ -22,11 +22,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "odmoe/v1/worker.grpc.pb.h"
 #include "src/backend/device.h"
 #include "src/common/placement.h"
@@ -54,6 +56,21 @@ struct WorkerCallStats {
   double on_demand_load_ms = 0;   // the workers' load time for them
   double compute_ms = 0;
   uint64_t busy_retries = 0;  // calls the worker's server turned away for want of a thread, then retried
+};
+
+// Where decode time goes (OD-MoE eq. 1), since BeginRequest: t_M, main's own time per sparse layer (from the
+// end of one layer's expert round trip to the start of the next: attention, routing, the sum, and at a
+// position's first layer the embedding and sampling); t_W, a layer's expert round trip (send, the workers'
+// loads and compute, receive); the workers' time per expert load (every on-demand load, prefill included).
+struct DecodeTiming {
+  double main_ms = 0, worker_ms = 0, load_ms = 0;  // sums
+  uint64_t main_layers = 0, worker_layers = 0, loads = 0;
+  double t_m_ms() const { return main_layers > 0 ? main_ms / static_cast<double>(main_layers) : 0; }
+  double t_w_ms() const { return worker_layers > 0 ? worker_ms / static_cast<double>(worker_layers) : 0; }
+  double load_ms_per_expert() const { return loads > 0 ? load_ms / static_cast<double>(loads) : 0; }
+  // The most time one expert may take to load without stalling compute: (N_G) t_M + (N_G - 1) t_W with N_G
+  // groups taking the sparse layers round-robin.
+  double t_maxload_ms(int32_t groups) const { return groups * t_m_ms() + (groups - 1) * t_w_ms(); }
 };
 
 struct RemoteExpertOptions {
@@ -91,11 +108,11 @@ std::vector<PlannedCall> PlanCalls(const std::vector<ExpertBatch>& batches, cons
 // own mutex, and Run returns only after every call of the layer has finished.
 class RemoteExpertExecutor : public ExpertExecutor {
  public:
-  // Dials nothing yet: channels connect on first use, so workers may come up later. `checkpoint` is used for
-  // metadata only (expert sizes for the stats; no tensor is read) and must outlive the executor, as must
-  // `device`. InvalidArgument for an empty worker list or a group size that does not divide it.
+  // Dials nothing yet: channels connect on first use, so workers may come up later. `expert_bytes`: the bytes of
+  // one routed expert (its three projections) as stored, for the stats. `device` must outlive the executor.
+  // InvalidArgument for an empty worker list or a group size that does not divide it.
   static absl::StatusOr<std::unique_ptr<RemoteExpertExecutor>> Create(Device& device, const ModelConfig& config,
-                                                                      const Checkpoint& checkpoint,
+                                                                      uint64_t expert_bytes,
                                                                       std::vector<WorkerEndpoint> workers,
                                                                       int32_t group_size, RemoteExpertOptions options);
   ~RemoteExpertExecutor() override;
@@ -123,18 +140,17 @@ class RemoteExpertExecutor : public ExpertExecutor {
   }
   // Per worker (index = worker index), since BeginRequest.
   const std::vector<WorkerCallStats>& stats() const { return stats_; }
+  const DecodeTiming& timing() const { return timing_; }
   const std::vector<WorkerEndpoint>& workers() const { return workers_; }
   const Placement& placement() const { return placement_; }
 
  private:
-  RemoteExpertExecutor(Device& device, const ModelConfig& config, const Checkpoint& checkpoint,
+  RemoteExpertExecutor(Device& device, const ModelConfig& config, uint64_t expert_bytes,
                        std::vector<WorkerEndpoint> workers, Placement placement, RemoteExpertOptions options);
-  // Bytes of expert (layer, e) in the checkpoint (metadata only).
-  uint64_t ExpertBytes(int64_t layer, int32_t expert) const;
 
   Device& device_;
   const ModelConfig& config_;
-  const Checkpoint& checkpoint_;
+  const uint64_t expert_bytes_;
   const std::vector<WorkerEndpoint> workers_;
   const Placement placement_;
   const RemoteExpertOptions options_;
@@ -146,6 +162,8 @@ class RemoteExpertExecutor : public ExpertExecutor {
   int64_t decode_start_ = 0;
   std::function<void(int64_t)> on_decode_position_;
   int64_t position_ = 0;  // of the current forward chunk's first token
+  DecodeTiming timing_;
+  std::optional<absl::Time> last_layer_end_;  // when the previous decode layer's round trip ended
   std::vector<WorkerCallStats> stats_;
 
   // Host staging and device buffers, reused across layers.

@@ -93,6 +93,29 @@ void ShadowLink::Step(int64_t position, std::optional<int32_t> token, const floa
   }
 }
 
+void ShadowLink::SendKv(int64_t first, int64_t count, const float* k, const float* v) {
+  if (stream_ == nullptr || broken_ || count <= 0) return;
+  const int64_t row = config_.num_layers * config_.kv_size();
+  const int64_t per_message = std::max<int64_t>(1, (4 << 20) / std::max<int64_t>(1, 2 * row * 4));
+  for (int64_t at = 0; at < count; at += per_message) {
+    const int64_t n = std::min(per_message, count - at);
+    v1::FollowMessage msg;
+    v1::FollowKv* kv = msg.mutable_kv();
+    kv->set_first_position(first + at);
+    const int64_t shape[] = {n, config_.num_layers, config_.kv_size()};
+    rpc::EncodeF32(std::span<const float>(k + at * row, static_cast<size_t>(n * row)), shape, kv->mutable_k());
+    rpc::EncodeF32(std::span<const float>(v + at * row, static_cast<size_t>(n * row)), shape, kv->mutable_v());
+    if (!stream_->Write(msg)) {
+      if (!warned_) spdlog::warn("the shadow's stream broke: decoding on without predictions");
+      warned_ = true;
+      broken_ = true;
+      return;
+    }
+    counts_.bytes += static_cast<uint64_t>(kv->k().data().size() + kv->v().data().size());
+    counts_.prompt_positions += static_cast<uint64_t>(n);
+  }
+}
+
 void ShadowLink::Finish(int64_t wait_ms) {
   if (stream_ == nullptr) return;
   if (!broken_) stream_->WritesDone();

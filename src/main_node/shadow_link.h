@@ -36,6 +36,7 @@ struct AlignmentCounts {
   uint64_t tokens = 0;  // token alignments sent
   uint64_t kv = 0;      // KV alignments sent
   uint64_t bytes = 0;   // K/V bytes sent
+  uint64_t prompt_positions = 0;  // prompt positions whose K/V was sent (once, before the first step)
 };
 
 class ShadowLink {
@@ -50,6 +51,9 @@ class ShadowLink {
   // Main starts decoding `position`: sends the step with `token` (token alignment) and `k`/`v` ([num_layers,
   // kv_size] of position - 1; both null for none). No-op when the stream is not open.
   void Step(int64_t position, std::optional<int32_t> token, const float* k, const float* v);
+  // KV alignment of positions [first, first + count): rows of [count, num_layers, kv_size] each, sent in
+  // messages of at most ~4 MiB. No-op when the stream is not open.
+  void SendKv(int64_t first, int64_t count, const float* k, const float* v);
   // Closes main's side and waits up to `wait_ms` for the shadow's remaining predictions, then ends the stream.
   void Finish(int64_t wait_ms);
 

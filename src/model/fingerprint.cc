@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "src/common/mapped_file.h"
 #include "src/common/status.h"
@@ -31,6 +32,23 @@ absl::StatusOr<std::string> ModelFingerprint(const std::string& model_dir, const
     Mix(h, t->dtype_name.data(), t->dtype_name.size() + 1);
     for (int64_t d : t->shape) Mix(h, &d, sizeof(d));
   }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  return std::string(hex);
+}
+
+absl::StatusOr<std::string> SyntheticFingerprint(const SyntheticSpec& spec) {
+  ODMOE_ASSIGN_OR_RETURN(ModelConfig config, SyntheticModelConfig(spec));
+  std::string path = spec.config_path;
+  if (std::filesystem::is_directory(path)) path += "/config.json";
+  ODMOE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  uint64_t h = 0xcbf29ce484222325ull;
+  static constexpr char kTag[] = "odmoe synthetic weights v1";
+  Mix(h, kTag, sizeof(kTag));
+  Mix(h, text.data(), text.size());
+  const int64_t layers = config.num_layers;
+  Mix(h, &layers, sizeof(layers));
+  Mix(h, &spec.seed, sizeof(spec.seed));
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
   return std::string(hex);

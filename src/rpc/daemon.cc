@@ -33,8 +33,9 @@ absl::StatusOr<DaemonArgs> ParseDaemonArgs(const std::vector<std::string>& args,
   ODMOE_RETURN_IF_ERROR(
       ApplyShadowOverrides(overrides, d.cluster.shadow() != nullptr, &d.cluster.shadow_settings));
   d.model_dir = f.Get("model").value_or(d.cluster.model.path);
-  if (d.model_dir.empty()) {
-    return absl::InvalidArgumentError(StrCat("no model: give --model DIR or [model] path in ", config_path));
+  if (d.model_dir.empty() && !d.cluster.model.is_synthetic()) {
+    return absl::InvalidArgumentError(
+        StrCat("no model: give --model DIR or [model] path (or synthetic) in ", config_path));
   }
   return d;
 }

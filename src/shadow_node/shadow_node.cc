@@ -14,6 +14,7 @@
 #include "src/common/strings.h"
 #include "src/engine/generator.h"
 #include "src/model/fingerprint.h"
+#include "src/model/synthetic.h"
 #include "src/rpc/rpc_util.h"
 
 namespace odmoe {
@@ -83,14 +84,28 @@ absl::StatusOr<std::unique_ptr<ShadowNode>> ShadowNode::Create(const rpc::Daemon
   node->cluster_ = args.cluster;
   node->self_ = args.self;
   node->model_dir_ = args.model_dir;
-  ODMOE_ASSIGN_OR_RETURN(node->config_, LoadModelConfig(args.model_dir));
-  ODMOE_ASSIGN_OR_RETURN(node->checkpoint_, Checkpoint::Open(args.model_dir));
-  ODMOE_ASSIGN_OR_RETURN(node->fingerprint_, ModelFingerprint(args.model_dir, *node->checkpoint_));
+  // Weights: the checkpoint, or synthetic ones generated here ([model] synthetic, when no --model is given).
+  const bool synthetic = args.model_dir.empty() && args.cluster.model.is_synthetic();
+  const SyntheticSpec spec{args.cluster.model.synthetic, args.cluster.model.layers, args.cluster.model.seed};
+  if (synthetic) {
+    ODMOE_ASSIGN_OR_RETURN(node->config_, SyntheticModelConfig(spec));
+    ODMOE_ASSIGN_OR_RETURN(node->fingerprint_, SyntheticFingerprint(spec));
+  } else {
+    ODMOE_ASSIGN_OR_RETURN(node->config_, LoadModelConfig(args.model_dir));
+    ODMOE_ASSIGN_OR_RETURN(node->checkpoint_, Checkpoint::Open(args.model_dir));
+    ODMOE_ASSIGN_OR_RETURN(node->fingerprint_, ModelFingerprint(args.model_dir, *node->checkpoint_));
+  }
   ODMOE_ASSIGN_OR_RETURN(node->device_, CreateDevice(args.self.device));
   if (args.cluster.shadow_settings.mode != PredictionMode::kShadow) return node;
 
   WeightSelection selection = WeightSelection::Quantized(WeightQuantOf(args.cluster.shadow_settings.quant));
-  ODMOE_ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(node->config_, *node->checkpoint_, *node->device_, selection));
+  if (synthetic) {
+    SyntheticSource source(node->config_, spec.seed);
+    ODMOE_ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(node->config_, source, *node->device_, selection));
+  } else {
+    ODMOE_ASSIGN_OR_RETURN(node->weights_,
+                           ModelWeights::Load(node->config_, *node->checkpoint_, *node->device_, selection));
+  }
   EngineOptions engine_options;
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<LocalExpertExecutor> local,
                          LocalExpertExecutor::Create(*node->device_, *node->weights_,
@@ -180,8 +195,35 @@ grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
     v1::FollowMessage msg;
     while (stream->Read(&msg)) {
       absl::Status status;
-      if (!msg.has_step()) {
-        status = absl::InvalidArgumentError("a Follow stream carries one FollowStart, then FollowSteps only");
+      if (msg.has_kv()) {
+        // Several positions' K/V (the prompt's): rows of [n, num_layers, kv_size].
+        const v1::FollowKv& kv = msg.kv();
+        const int64_t shape[] = {-1, config_.num_layers, config_.kv_size()};
+        std::vector<int64_t> dims;
+        absl::StatusOr<std::vector<float>> dk = rpc::DecodeF32(kv.k(), shape, "kv.k", &dims);
+        absl::StatusOr<std::vector<float>> dv = rpc::DecodeF32(kv.v(), shape, "kv.v");
+        if (!dk.ok()) {
+          status = dk.status();
+        } else if (!dv.ok()) {
+          status = dv.status();
+        } else if (dv->size() != dk->size()) {
+          status = absl::InvalidArgumentError("kv.k and kv.v have different shapes");
+        } else if (kv.first_position() < 0 || kv.first_position() + dims[0] > prompt_len + session.max_new_tokens) {
+          status = absl::InvalidArgumentError(StrCat("kv positions ", kv.first_position(), "..",
+                                                     kv.first_position() + dims[0] - 1, " are outside the request"));
+        } else {
+          const size_t row = static_cast<size_t>(kv_values);
+          absl::MutexLock lock(&session.mu);
+          for (int64_t i = 0; i < dims[0]; ++i) {
+            const size_t at = static_cast<size_t>(i) * row;
+            session.kv[kv.first_position() + i] = {std::vector<float>(dk->begin() + at, dk->begin() + at + row),
+                                                   std::vector<float>(dv->begin() + at, dv->begin() + at + row)};
+          }
+          absl::MutexLock stats_lock(&stats_mu_);
+          counters_.alignment_bytes += kv.k().data().size() + kv.v().data().size();
+        }
+      } else if (!msg.has_step()) {
+        status = absl::InvalidArgumentError("a Follow stream carries one FollowStart, then FollowSteps and FollowKvs");
       } else {
         const v1::FollowStep& step = msg.step();
         const int64_t p = step.position();
@@ -223,7 +265,6 @@ grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
     absl::MutexLock lock(&session.mu);
     session.main_done = true;
   });
-  (void)kv_values;
 
   absl::Status status;
   {

@@ -1,6 +1,7 @@
 #include "src/worker_node/worker_node.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <span>
@@ -15,6 +16,7 @@
 #include "src/common/strings.h"
 #include "src/model/fingerprint.h"
 #include "src/model/model_layout.h"
+#include "src/model/synthetic.h"
 #include "src/rpc/rpc_util.h"
 
 namespace odmoe {
@@ -45,6 +47,8 @@ absl::StatusOr<std::unique_ptr<Device>> CreateWorkerDevice(const std::string& sp
     const uint64_t spec_capacity = probe->memory_info().capacity;
     options.capacity_bytes = budget == 0 ? spec_capacity : std::min(budget, spec_capacity);
     options.record_timeline = false;
+    // Copies from memory the worker did not register (experts outside its store) run at pageable speed.
+    options.h2d_pageable_bytes_per_s = options.h2d_bytes_per_s * MockGpuOptions::kPageableFraction;
     return std::unique_ptr<Device>(new MockGpuDevice(options));
   }
   // A CUDA device takes the budget (whole MiB, rounded up) as its own capacity, so the backend itself refuses
@@ -70,7 +74,8 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(const ClusterConf
   return node;
 }
 
-WorkerNode::~WorkerNode() = default;
+// The store unregisters its memory from the device: it goes first.
+WorkerNode::~WorkerNode() { store_.reset(); }
 
 absl::Status WorkerNode::Init(const std::string& model_dir) {
   const std::vector<const NodeConfig*> workers = cluster_.workers();
@@ -78,16 +83,29 @@ absl::Status WorkerNode::Init(const std::string& model_dir) {
     return absl::InvalidArgumentError(StrCat("node '", self_.name, "' has worker index ", self_.worker_index,
                                              " but the cluster has ", workers.size(), " workers"));
   }
-  ODMOE_ASSIGN_OR_RETURN(config_, LoadModelConfig(model_dir));
-  ODMOE_ASSIGN_OR_RETURN(checkpoint_, Checkpoint::Open(model_dir));
-  ODMOE_ASSIGN_OR_RETURN(fingerprint_, ModelFingerprint(model_dir, *checkpoint_));
+  if (model_dir.empty() && cluster_.model.is_synthetic()) {
+    const SyntheticSpec spec{cluster_.model.synthetic, cluster_.model.layers, cluster_.model.seed};
+    ODMOE_ASSIGN_OR_RETURN(config_, SyntheticModelConfig(spec));
+    ODMOE_ASSIGN_OR_RETURN(fingerprint_, SyntheticFingerprint(spec));
+    source_ = std::make_unique<SyntheticSource>(config_, spec.seed);
+    synthetic_dtype_ = SyntheticDType(config_);
+  } else {
+    if (model_dir.empty()) return absl::InvalidArgumentError(StrCat("no model: [model] in ", cluster_.file));
+    ODMOE_ASSIGN_OR_RETURN(config_, LoadModelConfig(model_dir));
+    ODMOE_ASSIGN_OR_RETURN(checkpoint_, Checkpoint::Open(model_dir));
+    ODMOE_ASSIGN_OR_RETURN(fingerprint_, ModelFingerprint(model_dir, *checkpoint_));
+    source_ = std::make_unique<CheckpointSource>(*checkpoint_);
+  }
   // Every expert is checked now (metadata only: nothing is read) so a bad checkpoint fails at start, not in
   // the middle of a request.
   const std::vector<TensorSpec> experts = AllExpertTensors(config_);
-  ODMOE_RETURN_IF_ERROR(checkpoint_->Validate(experts));
+  ODMOE_RETURN_IF_ERROR(source_->Validate(experts));
   for (size_t i = 0; i + 2 < experts.size(); i += 3) {
     uint64_t bytes = 0;
-    for (size_t j = i; j < i + 3; ++j) bytes += AlignUp(checkpoint_->Find(experts[j].name)->nbytes);
+    for (size_t j = i; j < i + 3; ++j) {
+      ODMOE_ASSIGN_OR_RETURN(ExpertTensorMeta meta, TensorMeta(experts[j]));
+      bytes += AlignUp(meta.nbytes);
+    }
     expert_bytes_ = std::max(expert_bytes_, bytes);
   }
 
@@ -105,6 +123,38 @@ absl::Status WorkerNode::Init(const std::string& model_dir) {
   }
 
   ODMOE_ASSIGN_OR_RETURN(device_, CreateWorkerDevice(self_.device, self_.gpu_budget_bytes));
+
+  // The host copy: the experts of the decode layers, and expert e of every sparse layer when this worker
+  // computes e in prefill.
+  ExpertStoreOptions store_options;
+  auto served_by = [&](int32_t worker, std::vector<std::pair<int64_t, int64_t>>* out) {
+    for (int64_t s : placement->DecodeLayersOf(worker, static_cast<int64_t>(sparse.size()))) {
+      for (int64_t e = 0; e < config_.num_experts; ++e) out->emplace_back(sparse[static_cast<size_t>(s)], e);
+    }
+    for (int64_t l : sparse) {
+      for (int64_t e = 0; e < config_.num_experts; ++e) {
+        if (placement->PrefillWorkerOf(static_cast<int32_t>(e)) == worker) out->emplace_back(l, e);
+      }
+    }
+  };
+  served_by(self_.worker_index, &store_options.served);
+  // The shared segment holds what the workers of this host serve together (all of them on a one-host cluster,
+  // this worker's own on a LAN testbed with one worker per host); every one of them computes the same set.
+  const auto host_of = [](const std::string& address) { return address.substr(0, address.rfind(':')); };
+  for (const NodeConfig* w : workers) {
+    if (host_of(w->address) == host_of(self_.address)) served_by(w->worker_index, &store_options.shared_keys);
+  }
+  store_options.share = cluster_.share_host_experts && options_.share_host_experts;
+  store_options.shm_dir = options_.shm_dir;
+  store_options.segment_name = StrCat("odmoe-", cluster_.name, "-e", cluster_.epoch, "-", fingerprint_.substr(0, 8));
+  store_options.fingerprint = fingerprint_;
+  {
+    absl::MutexLock source_lock(&source_mu_);
+    ODMOE_ASSIGN_OR_RETURN(
+        store_, ExpertStore::Open(
+                    config_, *source_, [this](const TensorSpec& spec) { return TensorMeta(spec); }, store_options,
+                    device_.get()));
+  }
   const uint64_t capacity = device_->memory_info().capacity;
   budget_bytes_ = self_.gpu_budget_bytes == 0 ? capacity
                   : capacity == 0             ? self_.gpu_budget_bytes
@@ -136,6 +186,19 @@ absl::Status WorkerNode::Init(const std::string& model_dir) {
   ODMOE_ASSIGN_OR_RETURN(rows_, AllocateWithinBudget(index_bytes, "worker row indices"));
   workspace_bytes_ = ws_->bytes() + 3 * activation_bytes + index_bytes;
   return absl::OkStatus();
+}
+
+absl::StatusOr<ExpertTensorMeta> WorkerNode::TensorMeta(const TensorSpec& spec) const {
+  if (checkpoint_ == nullptr) {
+    uint64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= static_cast<uint64_t>(d);
+    return ExpertTensorMeta{synthetic_dtype_, numel * DTypeSize(synthetic_dtype_)};
+  }
+  const TensorInfo* info = checkpoint_->Find(spec.name);
+  if (info == nullptr || !info->dtype.has_value()) {
+    return absl::NotFoundError(StrCat("tensor ", spec.name, " is missing or of an unsupported dtype"));
+  }
+  return ExpertTensorMeta{*info->dtype, info->nbytes};
 }
 
 // ---- memory ----------------------------------------------------------------------------------------------------
@@ -219,14 +282,40 @@ absl::StatusOr<std::unique_ptr<WorkerNode::LoadedExpert>> WorkerNode::LoadExpert
                                                                                  const std::vector<ExpertKey>& keep) {
   const Clock::time_point start = Clock::now();
   const std::vector<TensorSpec> specs = ExpertTensors(config_, layer, e);
-  std::vector<TensorData> tensors;
-  std::vector<size_t> offsets;
+  // The packed block when the store holds the expert (one copy); else the source's tensors: for a mapped
+  // checkpoint, one copy per projection straight from the mapping; for a generator, packed into `staging`
+  // first (it lives until the copy has been synchronized below).
+  const ExpertStore::Expert* packed = store_->Find(layer, e);
+  std::array<const uint8_t*, 3> host{};
+  std::array<uint64_t, 3> nbytes{};
+  std::array<uint64_t, 3> offsets{};
+  std::array<DType, 3> dtypes{};
+  std::vector<uint8_t> staging;
   size_t total = 0;
-  for (const TensorSpec& spec : specs) {
-    ODMOE_ASSIGN_OR_RETURN(TensorData t, checkpoint_->Read(spec));
-    offsets.push_back(total);
-    total += AlignUp(t.info->nbytes);
-    tensors.push_back(t);
+  if (packed != nullptr) {
+    total = packed->block_bytes;
+    for (size_t i = 0; i < 3; ++i) {
+      offsets[i] = packed->offsets[i];
+      dtypes[i] = packed->dtypes[i];
+    }
+  } else {
+    absl::MutexLock source_lock(&source_mu_);
+    for (size_t i = 0; i < specs.size() && i < 3; ++i) {
+      ODMOE_ASSIGN_OR_RETURN(SourceTensor t, source_->Read(specs[i]));
+      offsets[i] = total;
+      nbytes[i] = t.nbytes;
+      dtypes[i] = t.dtype;
+      total += AlignUp(t.nbytes);
+      if (source_->stable()) {
+        host[i] = t.data;
+      } else {
+        staging.resize(total);
+        std::memcpy(staging.data() + offsets[i], t.data, t.nbytes);
+      }
+    }
+    if (!source_->stable()) {
+      for (size_t i = 0; i < 3; ++i) host[i] = staging.data() + offsets[i];
+    }
   }
   const std::string tag = StrCat("expert ", e, " of layer ", layer);
   absl::StatusOr<std::unique_ptr<Buffer>> buffer = AllocateWithinBudget(total, tag);
@@ -237,10 +326,17 @@ absl::StatusOr<std::unique_ptr<WorkerNode::LoadedExpert>> WorkerNode::LoadExpert
   auto loaded = std::make_unique<LoadedExpert>();
   loaded->buffer = std::move(buffer).value();
   uint8_t* base = loaded->buffer->as<uint8_t>();
-  for (size_t i = 0; i < specs.size(); ++i) {
-    device_->CopyToDevice(base + offsets[i], tensors[i].data, tensors[i].info->nbytes, stream);
-    loaded->tensor_bytes += tensors[i].info->nbytes;
-    const WeightRef ref{base + offsets[i], tensors[i].dtype};
+  if (packed != nullptr) {
+    device_->CopyToDevice(base, packed->data, packed->copy_bytes, stream);  // one copy moves the expert
+    loaded->tensor_bytes = packed->tensor_bytes;
+  } else {
+    for (size_t i = 0; i < 3; ++i) {
+      device_->CopyToDevice(base + offsets[i], host[i], nbytes[i], stream);
+      loaded->tensor_bytes += nbytes[i];
+    }
+  }
+  for (size_t i = 0; i < specs.size() && i < 3; ++i) {
+    const WeightRef ref{base + offsets[i], dtypes[i]};
     switch (specs[i].role) {
       case TensorRole::kExpertGate:
         loaded->mlp.gate = ref;
@@ -526,6 +622,11 @@ v1::WorkerStats WorkerNode::Stats(bool reset) {
     s.set_prefetches(counters_.prefetches);
     s.set_prefetches_late(counters_.prefetches_late);
     s.set_prefetches_unused(counters_.prefetches_unused);
+    s.set_host_bytes_packed(store_->host_bytes());
+    s.set_host_experts_shared(store_->shared());
+    s.set_host_bytes_pinned(store_->pinned_bytes());
+    s.set_host_experts_packed(static_cast<uint64_t>(store_->experts()));
+    s.set_host_packed_here(store_->packed_here());
     if (reset) counters_ = Counters{};
   }
   const MemoryInfo mi = device_->memory_info();

@@ -21,8 +21,16 @@
 // are then freed unused (counted), and a Prefetch for a (position, layer) main has already asked for is late:
 // nothing is loaded (counted). Requests without an id (0) are not tracked.
 //
-// Checkpoint access: the worker reads (Checkpoint::Read) only routed-expert tensors, and only of the experts it
-// is asked to load; the model fingerprint reads metadata only.
+// Host memory (ExpertStore, expert_store.h): at start the worker packs the experts it serves (those of its
+// group's decode layers, and expert e of every sparse layer when e mod N_W is its index: prefill) contiguously,
+// one block per expert, registered with the device, so one CopyToDevice moves an expert. By default the store is
+// a shared-memory segment holding every routed expert, shared by all workers of the host (the first one packs
+// it; `[cluster] share_host_experts = false` or WorkerOptions::share_host_experts turns sharing off). Experts
+// outside the store (taken over after another worker failed) are read from the weight source, slower but
+// correct.
+//
+// Weight access: the worker reads only routed-expert tensors (Checkpoint::Read, or synthetic generation when the
+// cluster file's [model] is synthetic); the model fingerprint reads metadata only.
 //
 // Threads: the gRPC server's handler threads call the RPC methods concurrently; the class starts no thread.
 // Expert computation is serialized by `compute_mu_` (one device budget, one workspace); Prefetch loads outside
@@ -50,6 +58,8 @@
 #include "src/engine/moe_units.h"
 #include "src/model/checkpoint.h"
 #include "src/model/model_config.h"
+#include "src/model/tensor_source.h"
+#include "src/worker_node/expert_store.h"
 
 namespace odmoe {
 
@@ -60,12 +70,17 @@ inline constexpr int64_t kWorkerMaxRowsPerCall = 256;
 
 struct WorkerOptions {
   int64_t max_rows_per_call = kWorkerMaxRowsPerCall;  // sizes the workspace allocated at start
+  // Share one host copy of the experts with the host's other workers (also needs the cluster file's
+  // share_host_experts); false: a private store of the served experts.
+  bool share_host_experts = true;
+  std::string shm_dir = "/dev/shm";  // where shared segments and their lock files live
 };
 
 class WorkerNode final : public v1::Worker::Service {
  public:
-  // Opens `model_dir` (config + memory-mapped checkpoint, every expert tensor validated but none read),
-  // computes the model fingerprint, creates the device of `self` with its GPU budget and allocates the
+  // Opens `model_dir` (config + memory-mapped checkpoint, every expert tensor validated), or, when `model_dir` is
+  // empty and the cluster's [model] is synthetic, the synthetic spec; computes the model fingerprint, packs the
+  // expert store (see the class comment), creates the device of `self` with its GPU budget and allocates the
   // workspace. `self` must be a worker of `cluster`. Errors: those of the model loader; InvalidArgument for a
   // bad device spec, a node that is not a worker, or a group size the worker count does not allow;
   // ResourceExhausted (naming the budget) when the budget cannot hold the workspace and one expert.
@@ -105,8 +120,11 @@ class WorkerNode final : public v1::Worker::Service {
   const std::string& fingerprint() const { return fingerprint_; }
   uint64_t epoch() const { return cluster_.epoch; }
   Device& device() { return *device_; }
-  // The mapped checkpoint; ReadNames() lists every tensor this worker has read.
+  // The mapped checkpoint; ReadNames() lists every tensor this worker has read. REQUIRES: has_checkpoint().
   const Checkpoint& checkpoint() const { return *checkpoint_; }
+  bool has_checkpoint() const { return checkpoint_ != nullptr; }
+  // The packed host copy of the experts.
+  const ExpertStore& store() const { return *store_; }
   int64_t max_rows_per_call() const { return options_.max_rows_per_call; }
   // Device bytes held for the whole life of the worker (MLP workspace, hidden state, gathered rows, outputs).
   uint64_t workspace_bytes() const { return workspace_bytes_; }
@@ -166,6 +184,8 @@ class WorkerNode final : public v1::Worker::Service {
       : cluster_(cluster), self_(self), options_(options) {}
 
   absl::Status Init(const std::string& model_dir);
+  // dtype and size of an expert tensor from the checkpoint's metadata or the synthetic config.
+  absl::StatusOr<ExpertTensorMeta> TensorMeta(const TensorSpec& spec) const;
   // InvalidArgument unless `layer` is a sparse layer of the model.
   absl::Status CheckLayer(int64_t layer) const;
   // Copies expert (layer, e) from the mapped checkpoint to a new device allocation on `stream` and waits for
@@ -192,7 +212,13 @@ class WorkerNode final : public v1::Worker::Service {
   const NodeConfig self_;
   const WorkerOptions options_;
   ModelConfig config_;
-  std::unique_ptr<Checkpoint> checkpoint_;
+  std::unique_ptr<Checkpoint> checkpoint_;  // null for synthetic weights
+  // Where expert bytes come from: the checkpoint, or a SyntheticSource. Reads of a source that is not stable
+  // are serialized by `source_mu_` (and copied before it is released).
+  std::unique_ptr<TensorSource> source_;
+  absl::Mutex source_mu_;
+  DType synthetic_dtype_ = DType::kBF16;
+  std::unique_ptr<ExpertStore> store_;
   std::string fingerprint_;
   std::unique_ptr<Device> device_;
   uint64_t budget_bytes_ = 0;

@@ -17,6 +17,7 @@
 #include "src/common/strings.h"
 #include "src/engine/generator.h"
 #include "src/main_node/main_node.h"
+#include "src/model/synthetic.h"
 #include "src/rpc/rpc_util.h"
 #include "src/worker_node/worker_node.h"
 #include "tests/test_support.h"
@@ -219,11 +220,13 @@ TEST_F(ShadowTest, AlignmentPeriodsSendExactlyWhatTheySay) {
   auto config = LoadModelConfig(SharedModel(kModel));
   ASSERT_TRUE(config.ok());
   const uint64_t kv_bytes = 2 * static_cast<uint64_t>(config->num_layers * config->kv_size()) * sizeof(float);
-  EXPECT_EQ(f.alignment_bytes, count(4) * kv_bytes);
+  // KV alignment also sends the prompt's K/V once (all but its last position, which the first step carries).
+  const uint64_t prompt_kv = (RecallPrompts(1)[0].size() - 1) * kv_bytes;
+  EXPECT_EQ(f.alignment_bytes, count(4) * kv_bytes + prompt_kv);
   // The shadow received the same.
   EXPECT_EQ(f.shadow.tokens_aligned(), count(3));
   EXPECT_EQ(f.shadow.kv_aligned(), count(4));
-  EXPECT_EQ(f.shadow.alignment_bytes(), count(4) * kv_bytes);
+  EXPECT_EQ(f.shadow.alignment_bytes(), count(4) * kv_bytes + prompt_kv);
   EXPECT_GT(f.recall, 0.5);
 
   // No alignment at all: nothing is sent but the steps (positions), and the shadow runs on its own tokens.
@@ -264,6 +267,108 @@ TEST_F(ShadowTest, RandomPredictionHitsAboutKOfE) {
   EXPECT_EQ(r->stats.prediction(), "random");
   EXPECT_EQ(r->stats.predictions_missing(), 0u);
 }
+
+TEST(SyntheticClusterTest, EveryNodeGeneratesItsOwnWeightsAndTokensMatchTheEngine) {
+  // [model] synthetic: main generates the non-expert tensors, each worker its experts, the shadow all of them
+  // (quantized); nobody reads a checkpoint, and the tokens are the single-process engine's on the same spec.
+  const std::string config = testing::SourceDir() + "/tests/data/tiny-mixtral/config.json";
+  const SyntheticSpec spec{config, 3, 11};
+  auto toml = [&](const std::string& shadow, const std::vector<std::string>& workers) {
+    std::string t = StrCat("[cluster]\nname = \"synth\"\nepoch = 2\ngroup_size = 2\nshare_host_experts = false\n",
+                           "[model]\nsynthetic = \"", config, "\"\nlayers = 3\nseed = 11\n[shadow]\nquant = \"int8\"\n",
+                           "[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"127.0.0.1:1\"\n",
+                           "[[node]]\nname = \"shadow\"\nrole = \"shadow\"\naddress = \"", shadow, "\"\n");
+    for (size_t i = 0; i < workers.size(); ++i) {
+      t += StrCat("[[node]]\nname = \"w", i, "\"\nrole = \"worker\"\naddress = \"", workers[i],
+                  "\"\ndevice = \"mock-gpu\"\ngpu_budget_mb = 16\n");
+    }
+    auto c = ParseClusterConfig(t, "synth.toml", "/");
+    EXPECT_TRUE(c.ok()) << c.status();
+    return *c;
+  };
+  std::vector<std::unique_ptr<rpc::Server>> servers;
+  std::vector<std::unique_ptr<WorkerNode>> workers;
+  std::vector<std::string> addresses;
+  const ClusterConfig view = toml("127.0.0.1:2", {"127.0.0.1:10", "127.0.0.1:11"});
+  for (int i = 0; i < 2; ++i) {
+    auto w = WorkerNode::Create(view, *view.workers()[static_cast<size_t>(i)], "");
+    ASSERT_TRUE(w.ok()) << w.status();
+    auto s = rpc::Server::Start({"127.0.0.1:0", 4}, {w->get()});
+    ASSERT_TRUE(s.ok());
+    (*s)->MarkServing(true);
+    addresses.push_back(StrCat("127.0.0.1:", (*s)->port()));
+    workers.push_back(std::move(w).value());
+    servers.push_back(std::move(s).value());
+  }
+  const ClusterConfig shadow_view = toml("127.0.0.1:2", addresses);
+  auto shadow = ShadowNode::Create({shadow_view, *shadow_view.shadow(), ""});
+  ASSERT_TRUE(shadow.ok()) << shadow.status();
+  auto shadow_server = rpc::Server::Start({"127.0.0.1:0", 2}, {shadow->get()});
+  ASSERT_TRUE(shadow_server.ok());
+  (*shadow_server)->MarkServing(true);
+  const ClusterConfig full = toml(StrCat("127.0.0.1:", (*shadow_server)->port()), addresses);
+  auto main = MainNode::Create({full, *full.main(), ""});
+  ASSERT_TRUE(main.ok()) << main.status();
+  EXPECT_FALSE((*main)->has_tokenizer());
+  EXPECT_EQ((*main)->fingerprint(), workers[0]->fingerprint());
+  EXPECT_EQ((*main)->fingerprint(), (*shadow)->fingerprint());
+  auto main_server = rpc::Server::Start({"127.0.0.1:0", 2}, {main->get()});
+  ASSERT_TRUE(main_server.ok());
+  (*main_server)->MarkServing(true);
+
+  auto local = LocalModel::OpenSynthetic(spec, *CreateDevice("cpu"));
+  ASSERT_TRUE(local.ok()) << local.status();
+  const std::vector<int32_t> prompt = {1, 17, 40, 3, 99, 42};
+  GenerateOptions o;
+  o.max_new_tokens = 12;
+  o.ignore_eos = true;
+  auto expected = odmoe::Generate((*local)->engine(), prompt, o);
+  ASSERT_TRUE(expected.ok());
+  v1::GenerateRequest r;
+  r.mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
+  r.set_max_new_tokens(12);
+  r.set_ignore_eos(true);
+  auto got = GenerateRemote(StrCat("127.0.0.1:", (*main_server)->port()), r, kTimeoutMs);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->tokens, expected->tokens);
+  EXPECT_GT(got->stats.recall(), 0.5);  // the INT8 replica of synthetic weights predicts too
+  (*main_server)->Shutdown(0);
+  (*shadow_server)->Shutdown(0);
+  for (auto& s : servers) s->Shutdown(0);
+}
+
+// OD-MoE's six ablation cases (section 4.2): whatever predicts, main's tokens are the single-process engine's.
+class AblationCaseTest : public ShadowTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(AblationCaseTest, TokensIdenticalToTheSingleProcessEngine) {
+  ShadowSettings settings;
+  ASSERT_TRUE(ApplyAblationCase(GetParam(), &settings).ok());
+  const std::string toml = StrCat("mode = \"", PredictionModeName(settings.mode), "\"\nquant = \"int8\"\nalign_token = ",
+                                  settings.align_token, "\nalign_kv = ", settings.align_kv, "\n");
+  ShadowCluster c;
+  const absl::Status started = c.Start({toml});
+  ASSERT_TRUE(started.ok()) << started;
+  const int64_t n = 24;
+  for (const std::vector<int32_t>& prompt : RecallPrompts(2)) {
+    absl::StatusOr<RemoteResult> r = c.Generate(prompt, n);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->tokens, LocalTokens(prompt, n)) << "case " << GetParam();
+    const v1::RequestStats& st = r->stats;
+    EXPECT_EQ(st.prediction(), std::string(PredictionModeName(settings.mode)));
+    if (GetParam() == 6) {
+      EXPECT_EQ(st.predictions_received(), 0u);
+      EXPECT_EQ(st.recall(), 0.0);
+    } else {
+      EXPECT_GT(st.recall(), 0.0);
+    }
+    // Alignment traffic follows the case: token alignment in 1 and 2, KV in 1 and 3, none otherwise.
+    EXPECT_EQ(st.tokens_aligned() > 0, GetParam() == 1 || GetParam() == 2);
+    EXPECT_EQ(st.kv_aligned() > 0, GetParam() == 1 || GetParam() == 3);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, AblationCaseTest, ::testing::Values(1, 2, 3, 4, 5, 6),
+                         [](const auto& p) { return StrCat("case", p.param); });
 
 }  // namespace
 }  // namespace odmoe

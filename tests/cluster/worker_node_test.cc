@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -24,6 +25,8 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "src/backend/cpu_device.h"
+#include "src/backend/mock_gpu_device.h"
+#include "src/common/placement.h"
 #include "src/common/strings.h"
 #include "src/engine/engine.h"
 #include "src/model/fingerprint.h"
@@ -129,7 +132,32 @@ class WorkerNodeTest : public ::testing::Test {
     ref_executor_ = std::move(executor).value();
   }
 
-  void TearDown() override { StopWorker(); }
+  void TearDown() override {
+    StopWorker();
+    if (!shm_dir_.empty()) std::filesystem::remove_all(shm_dir_);
+  }
+
+  // A private folder for this test's shared expert segments (in /dev/shm where there is one), so tests running
+  // in parallel never share a segment.
+  const std::string& ShmDir() {
+    if (shm_dir_.empty()) {
+      std::string pattern = access("/dev/shm", W_OK) == 0 ? "/dev/shm/odmoe-test-XXXXXX" : "/tmp/odmoe-test-XXXXXX";
+      EXPECT_NE(mkdtemp(pattern.data()), nullptr) << std::strerror(errno);
+      shm_dir_ = pattern;
+    }
+    return shm_dir_;
+  }
+  // A worker of the cluster made directly (no server), with this test's shm folder.
+  std::unique_ptr<WorkerNode> MakeWorker(const std::string& name, uint64_t budget_bytes = 0, bool share = true) {
+    NodeConfig self = *cluster_.Find(name);
+    self.gpu_budget_bytes = budget_bytes;
+    WorkerOptions options;
+    options.share_host_experts = share;
+    options.shm_dir = ShmDir();
+    auto node = WorkerNode::Create(cluster_, self, model_dir_, options);
+    EXPECT_TRUE(node.ok()) << node.status();
+    return node.ok() ? std::move(node).value() : nullptr;
+  }
 
   // Starts worker `name` of the cluster (with `budget_bytes` when non-zero) on a free loopback port.
   // `threads` bounds the server's handler threads (rpc::ServerOptions). Not the daemons' default of 2: with 2,
@@ -140,6 +168,7 @@ class WorkerNodeTest : public ::testing::Test {
     StopWorker();
     NodeConfig self = *cluster_.Find(name);
     self.gpu_budget_bytes = budget_bytes;
+    if (options.shm_dir == WorkerOptions{}.shm_dir) options.shm_dir = ShmDir();
     auto node = WorkerNode::Create(cluster_, self, model_dir_, options);
     ASSERT_TRUE(node.ok()) << node.status();
     node_ = std::move(node).value();
@@ -157,7 +186,10 @@ class WorkerNodeTest : public ::testing::Test {
     node_.reset();
   }
 
-  void FillGoodHeader(v1::RequestHeader* header) { rpc::FillHeader(header, kEpoch, node_->fingerprint(), "test"); }
+  // (Tests that make workers without a server, node_ unset, fill the header themselves.)
+  void FillGoodHeader(v1::RequestHeader* header) {
+    rpc::FillHeader(header, kEpoch, node_ != nullptr ? node_->fingerprint() : std::string(), "test");
+  }
 
   // A request for the experts of `routing` grouped as every executor groups them.
   v1::ComputeExpertsRequest MakeRequest(int64_t layer, const std::vector<float>& hidden, int64_t n,
@@ -261,6 +293,7 @@ class WorkerNodeTest : public ::testing::Test {
   std::unique_ptr<ModelWeights> ref_weights_;
   std::unique_ptr<LocalExpertExecutor> ref_executor_;
 
+  std::string shm_dir_;
   std::unique_ptr<WorkerNode> node_;
   std::unique_ptr<rpc::Server> server_;
   std::string address_;
@@ -319,10 +352,12 @@ TEST_F(WorkerNodeTest, OutputsEqualLocalExecutorBitwise) {
   EXPECT_GE(stats.memory().peak_bytes(), workspace + node_->expert_bytes());
   EXPECT_LE(stats.memory().peak_bytes(), workspace + node_->expert_bytes());  // one expert at a time
 
-  // The worker read exactly the tensors of the experts it computed: no non-expert tensor.
+  // The worker read only expert tensors: those it packed at start (here the shared store: all of them),
+  // among them every expert it computed.
   ExpectOnlyExpertTensorsRead();
   const std::vector<std::string> read = node_->checkpoint().ReadNames();
-  EXPECT_EQ(std::set<std::string>(read.begin(), read.end()), expected_reads);
+  const std::set<std::string> read_set(read.begin(), read.end());
+  for (const std::string& name : expected_reads) EXPECT_TRUE(read_set.contains(name)) << name;
 }
 
 TEST_F(WorkerNodeTest, SplitAcrossCallsEqualsOneCall) {
@@ -771,6 +806,249 @@ TEST_F(WorkerNodeTest, ConcurrentCallsStayExact) {
   const v1::WorkerStats stats = Stats();
   EXPECT_EQ(stats.experts_computed(), 32 * batches.size());
   EXPECT_EQ(stats.loads(), stats.evictions() + static_cast<uint64_t>(node_->ResidentExperts()));
+}
+
+// ---- the host expert store (issue 7) --------------------------------------------------------------------------
+
+// The (layer, expert) pairs worker `index` of `placement` serves: its decode layers' experts and, in prefill,
+// expert e of every sparse layer when e mod N_W is its index.
+std::set<std::pair<int64_t, int64_t>> ServedExperts(const ModelConfig& config, const Placement& placement,
+                                                    int32_t index) {
+  std::set<std::pair<int64_t, int64_t>> out;
+  const std::vector<int64_t> sparse = config.SparseLayers();
+  for (int64_t s : placement.DecodeLayersOf(index, static_cast<int64_t>(sparse.size()))) {
+    for (int64_t e = 0; e < config.num_experts; ++e) out.emplace(sparse[static_cast<size_t>(s)], e);
+  }
+  for (int64_t l : sparse) {
+    for (int64_t e = 0; e < config.num_experts; ++e) {
+      if (placement.PrefillWorkerOf(static_cast<int32_t>(e)) == index) out.emplace(l, e);
+    }
+  }
+  return out;
+}
+
+TEST_F(WorkerNodeTest, PrivateStorePacksServedExpertsAndLoadsEachWithOneCopy) {
+  std::unique_ptr<WorkerNode> w = MakeWorker("w0", 0, /*share=*/false);
+  ASSERT_NE(w, nullptr);
+  const Placement placement = *Placement::Create(2, 1);
+  const auto served = ServedExperts(config_, placement, 0);
+  v1::WorkerStats stats = w->Stats(false);
+  EXPECT_FALSE(stats.host_experts_shared());
+  EXPECT_TRUE(stats.host_packed_here());
+  EXPECT_EQ(stats.host_experts_packed(), served.size());
+  EXPECT_GT(stats.host_bytes_packed(), served.size() * w->expert_bytes() - 1);
+  EXPECT_EQ(stats.host_bytes_pinned(), stats.host_bytes_packed());  // registered with the mock GPU
+  EXPECT_TRUE(w->store().segment_path().empty());
+
+  auto& mock = dynamic_cast<MockGpuDevice&>(w->device());
+  const int64_t n = 2;
+  const std::vector<float> hidden = RandomHidden(n, config_.hidden_size, 11);
+  // One served expert (layer 0 is w0's decode layer) and one it does not serve (layer 1 belongs to w1, and
+  // expert 1 is w1's in prefill): one copy against three, and the unpacked one crosses the link at pageable speed.
+  double busy_packed = 0, busy_unpacked = 0;
+  for (const auto& [layer, e] : std::vector<std::pair<int64_t, int32_t>>{{0, 3}, {1, 1}}) {
+    SCOPED_TRACE(StrCat("layer ", layer, " expert ", e));
+    const bool is_served = served.contains({layer, e});
+    EXPECT_EQ(is_served, layer == 0);
+    const TransferStats before = mock.transfer_stats();
+    const double busy_before = mock.stats().h2d_busy_s;
+    v1::ComputeExpertsRequest req = MakeRequest(layer, hidden, n, {{e, {0, 1}, {1.0f, 1.0f}}});
+    rpc::FillHeader(req.mutable_header(), kEpoch, w->fingerprint(), "test");
+    v1::ComputeExpertsResponse resp;
+    ASSERT_TRUE(w->Compute(req, &resp).ok());
+    const TransferStats after = mock.transfer_stats();
+    // Two uploads per call (hidden state, rows), then the expert.
+    EXPECT_EQ(after.h2d_copies - before.h2d_copies, 2u + (is_served ? 1u : 3u));
+    (is_served ? busy_packed : busy_unpacked) = mock.stats().h2d_busy_s - busy_before;
+    const std::vector<float> y = LocalExpert(layer, e, hidden, {0, 1});
+    ASSERT_EQ(resp.outputs_size(), 1);
+    EXPECT_TRUE(BitwiseEqual(y.data(), reinterpret_cast<const float*>(resp.outputs(0).output().data().data()), y.size()));
+  }
+  EXPECT_LT(busy_packed, busy_unpacked);
+}
+
+TEST_F(WorkerNodeTest, DecodeLoadsFollowThePlacementAndTheBudgetIsKept) {
+  // Two workers (group size 1): every decode token, each sparse layer's predicted experts are prefetched on the
+  // layer's worker and its actual experts computed there. Each actual expert is loaded exactly once on the
+  // right worker (prefetched when predicted, on demand otherwise) and evicted after compute; a wrong prediction
+  // is freed unused. The budget holds the workspace and four experts (two stale predictions of the worker's
+  // previous layer next to two new ones), and is never exceeded.
+  std::unique_ptr<WorkerNode> probe = MakeWorker("w0");
+  ASSERT_NE(probe, nullptr);
+  const uint64_t budget = probe->workspace_bytes() + 4 * probe->expert_bytes();
+  probe.reset();
+  std::vector<std::unique_ptr<WorkerNode>> workers;
+  workers.push_back(MakeWorker("w0", budget));
+  workers.push_back(MakeWorker("w1", budget));
+  ASSERT_NE(workers[0], nullptr);
+  ASSERT_NE(workers[1], nullptr);
+  const Placement placement = *Placement::Create(2, 1);
+  const std::vector<int64_t> sparse = config_.SparseLayers();
+  struct Expect {
+    uint64_t loads = 0, on_demand = 0, prefetches = 0, unused = 0, computed = 0, calls = 0;
+  };
+  Expect expect[2];
+  std::mt19937 rng(3);
+  const uint64_t request_id = 9;
+  for (int64_t position = 4; position < 12; ++position) {
+    const std::vector<float> hidden = RandomHidden(1, config_.hidden_size, static_cast<uint32_t>(position));
+    for (size_t s = 0; s < sparse.size(); ++s) {
+      const int64_t layer = sparse[s];
+      const Routing actual_r = RandomRouting(1, config_.top_k, config_.num_experts, rng());
+      const Routing predicted_r = RandomRouting(1, config_.top_k, config_.num_experts, rng());
+      std::vector<int32_t> actual = actual_r.ids, predicted = predicted_r.ids;
+      if (position % 3 == 0) predicted = actual;  // some tokens predicted exactly
+      std::sort(actual.begin(), actual.end());
+      std::sort(predicted.begin(), predicted.end());
+      const std::vector<Assignment> pre = placement.Assign(static_cast<int64_t>(s), predicted);
+      const std::vector<Assignment> act = placement.Resolve(static_cast<int64_t>(s), predicted, actual);
+      const int32_t worker = placement.WorkerOf(placement.GroupOf(static_cast<int64_t>(s)), 0);
+      v1::PrefetchRequest preq;
+      rpc::FillHeader(preq.mutable_header(), kEpoch, workers[0]->fingerprint(), "test");
+      preq.mutable_header()->set_request_id(request_id);
+      preq.set_layer(static_cast<int32_t>(layer));
+      preq.set_position(position);
+      for (const Assignment& a : pre) {
+        EXPECT_EQ(a.worker, worker);
+        preq.add_experts(a.expert);
+      }
+      absl::StatusOr<int32_t> accepted = workers[static_cast<size_t>(worker)]->DoPrefetch(preq);
+      ASSERT_TRUE(accepted.ok()) << accepted.status();
+      EXPECT_EQ(*accepted, static_cast<int32_t>(predicted.size()));
+      std::vector<ExpertBatch> batches;
+      for (const Assignment& a : act) {
+        EXPECT_EQ(a.worker, worker);
+        batches.push_back({a.expert, {0}, {1.0f}});
+      }
+      v1::ComputeExpertsRequest req = MakeRequest(layer, hidden, 1, batches);
+      rpc::FillHeader(req.mutable_header(), kEpoch, workers[0]->fingerprint(), "test");
+      req.mutable_header()->set_request_id(request_id);
+      req.set_position(position);
+      v1::ComputeExpertsResponse resp;
+      const absl::Status st = workers[static_cast<size_t>(worker)]->Compute(req, &resp);
+      ASSERT_TRUE(st.ok()) << st;
+      for (int i = 0; i < resp.outputs_size(); ++i) {
+        const bool was_predicted = std::binary_search(predicted.begin(), predicted.end(), resp.outputs(i).expert());
+        EXPECT_EQ(resp.outputs(i).loaded_on_demand(), !was_predicted);
+        const std::vector<float> y = LocalExpert(layer, resp.outputs(i).expert(), hidden, {0});
+        EXPECT_TRUE(
+            BitwiseEqual(y.data(), reinterpret_cast<const float*>(resp.outputs(i).output().data().data()), y.size()));
+      }
+      Expect& x = expect[worker];
+      uint64_t hits = 0;
+      for (int32_t e : actual) hits += std::binary_search(predicted.begin(), predicted.end(), e) ? 1 : 0;
+      x.prefetches += predicted.size();
+      x.on_demand += actual.size() - hits;
+      x.loads += predicted.size() + actual.size() - hits;
+      x.unused += predicted.size() - hits;  // freed when main moves on
+      x.computed += actual.size();
+      x.calls += 1;
+      // After compute only the still-unused predictions of this layer may be resident.
+      EXPECT_EQ(workers[static_cast<size_t>(worker)]->ResidentExperts(), static_cast<int64_t>(predicted.size() - hits));
+    }
+  }
+  for (int w = 0; w < 2; ++w) {
+    SCOPED_TRACE(StrCat("w", w));
+    const v1::WorkerStats st = workers[static_cast<size_t>(w)]->Stats(false);
+    const uint64_t pending = static_cast<uint64_t>(workers[static_cast<size_t>(w)]->ResidentExperts());
+    EXPECT_EQ(st.loads(), expect[w].loads);
+    EXPECT_EQ(st.loads_on_demand(), expect[w].on_demand);
+    EXPECT_EQ(st.prefetches(), expect[w].prefetches);
+    EXPECT_EQ(st.experts_computed(), expect[w].computed);
+    EXPECT_EQ(st.prefetches_unused() + pending, expect[w].unused);
+    EXPECT_EQ(st.evictions() + pending, st.loads());  // everything loaded is evicted (or still pending)
+    EXPECT_LE(st.memory().peak_bytes(), budget);
+    EXPECT_GT(st.memory().peak_bytes(), workers[static_cast<size_t>(w)]->workspace_bytes());
+    // One host-to-device copy per expert load (besides the two uploads of every call).
+    const TransferStats t = workers[static_cast<size_t>(w)]->device().transfer_stats();
+    EXPECT_EQ(t.h2d_copies, st.loads() + 2 * expect[w].calls);
+  }
+}
+
+TEST_F(WorkerNodeTest, TwoWorkersOfOneHostShareOneSegment) {
+  std::unique_ptr<WorkerNode> w0 = MakeWorker("w0");
+  ASSERT_NE(w0, nullptr);
+  const std::string segment = w0->store().segment_path();
+  const std::string lock = w0->store().lock_path();
+  EXPECT_EQ(segment, StrCat(ShmDir(), "/odmoe-worker-test-e7-", w0->fingerprint().substr(0, 8)));
+  const size_t reads_w0 = w0->checkpoint().ReadNames().size();
+  EXPECT_EQ(reads_w0, AllExpertTensors(config_).size());  // the creator packed every expert
+  std::unique_ptr<WorkerNode> w1 = MakeWorker("w1");
+  ASSERT_NE(w1, nullptr);
+  EXPECT_EQ(w1->store().segment_path(), segment);
+  const v1::WorkerStats s0 = w0->Stats(false), s1 = w1->Stats(false);
+  EXPECT_TRUE(s0.host_experts_shared());
+  EXPECT_TRUE(s1.host_experts_shared());
+  EXPECT_TRUE(s0.host_packed_here());
+  EXPECT_FALSE(s1.host_packed_here());  // mapped w0's segment
+  EXPECT_EQ(s0.host_bytes_packed(), s1.host_bytes_packed());
+  EXPECT_EQ(s1.host_bytes_pinned(), s1.host_bytes_packed());
+  EXPECT_EQ(s1.host_experts_packed(), static_cast<uint64_t>(config_.SparseLayers().size() * config_.num_experts));
+  EXPECT_TRUE(w1->checkpoint().ReadNames().empty());  // w1 read (and copied) nothing to pack
+
+  // Both compute bit-exact results from the shared bytes, one copy per expert.
+  const int64_t n = 3;
+  const std::vector<float> hidden = RandomHidden(n, config_.hidden_size, 21);
+  for (WorkerNode* w : {w0.get(), w1.get()}) {
+    for (int64_t layer : config_.SparseLayers()) {
+      const uint64_t copies = w->device().transfer_stats().h2d_copies;
+      v1::ComputeExpertsRequest req = MakeRequest(layer, hidden, n, {{5, {0, 2}, {1.0f, 1.0f}}});
+      rpc::FillHeader(req.mutable_header(), kEpoch, w->fingerprint(), "test");
+      v1::ComputeExpertsResponse resp;
+      ASSERT_TRUE(w->Compute(req, &resp).ok());
+      EXPECT_EQ(w->device().transfer_stats().h2d_copies - copies, 3u);
+      const std::vector<float> y = LocalExpert(layer, 5, hidden, {0, 2});
+      ASSERT_EQ(resp.outputs_size(), 1);
+      EXPECT_TRUE(
+          BitwiseEqual(y.data(), reinterpret_cast<const float*>(resp.outputs(0).output().data().data()), y.size()));
+    }
+  }
+  // The creator leaves first: the segment stays for w1; the last one removes it and its lock file.
+  w0.reset();
+  EXPECT_TRUE(std::filesystem::exists(segment));
+  w1.reset();
+  EXPECT_FALSE(std::filesystem::exists(segment));
+  EXPECT_FALSE(std::filesystem::exists(lock));
+}
+
+TEST_F(WorkerNodeTest, LeftoverSegmentOfACrashedWorkerIsRebuilt) {
+  // What a worker killed half-way through packing leaves: a segment of the right name with garbage (no ready
+  // mark) and its lock file, held by nobody.
+  std::unique_ptr<WorkerNode> probe = MakeWorker("w0");
+  ASSERT_NE(probe, nullptr);
+  const std::string segment = probe->store().segment_path();
+  const std::string lock = probe->store().lock_path();
+  const uint64_t size = probe->store().host_bytes();
+  probe.reset();
+  ASSERT_FALSE(std::filesystem::exists(segment));
+  for (const uint64_t leftover_size : {uint64_t{100}, size}) {
+    SCOPED_TRACE(StrCat("leftover of ", leftover_size, " bytes"));
+    {
+      std::FILE* f = std::fopen(segment.c_str(), "wb");
+      ASSERT_NE(f, nullptr);
+      std::vector<char> junk(leftover_size, 'x');
+      std::fwrite(junk.data(), 1, junk.size(), f);
+      std::fclose(f);
+      f = std::fopen(lock.c_str(), "wb");
+      ASSERT_NE(f, nullptr);
+      std::fclose(f);
+    }
+    std::unique_ptr<WorkerNode> w1 = MakeWorker("w1");
+    ASSERT_NE(w1, nullptr);
+    EXPECT_TRUE(w1->Stats(false).host_packed_here());  // rebuilt, not trusted
+    EXPECT_EQ(std::filesystem::file_size(segment), size);
+    const std::vector<float> hidden = RandomHidden(1, config_.hidden_size, 2);
+    v1::ComputeExpertsRequest req = MakeRequest(1, hidden, 1, {{6, {0}, {1.0f}}});
+    rpc::FillHeader(req.mutable_header(), kEpoch, w1->fingerprint(), "test");
+    v1::ComputeExpertsResponse resp;
+    ASSERT_TRUE(w1->Compute(req, &resp).ok());
+    const std::vector<float> y = LocalExpert(1, 6, hidden, {0});
+    ASSERT_EQ(resp.outputs_size(), 1);
+    EXPECT_TRUE(BitwiseEqual(y.data(), reinterpret_cast<const float*>(resp.outputs(0).output().data().data()), y.size()));
+    w1.reset();
+    EXPECT_FALSE(std::filesystem::exists(segment));
+    EXPECT_FALSE(std::filesystem::exists(lock));
+  }
 }
 
 // ---- the odmoe-worker program ----------------------------------------------------------------------------------

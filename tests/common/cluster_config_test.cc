@@ -169,6 +169,44 @@ TEST(ClusterConfigTest, ShadowSectionAndOverrides) {
       ApplyShadowOverrides({"6", std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt}, false, &o).ok());
 }
 
+TEST(ClusterConfigTest, SyntheticModelAndHostSharing) {
+  auto c = ParseClusterConfig(kGood, "lab.toml", "/etc/odmoe");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->model.is_synthetic());
+  EXPECT_TRUE(c->share_host_experts);  // the default
+  std::string text = kGood;
+  const std::string path_line = "path = \"../models/demo\"\n";
+  text.replace(text.find(path_line), path_line.size(), "synthetic = \"models/tiny.json\"\nlayers = 2\nseed = 5\n");
+  text.replace(text.find("rpc_timeout_ms"), 0, "share_host_experts = false\n");
+  c = ParseClusterConfig(text, "lab.toml", "/etc/odmoe");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->model.is_synthetic());
+  EXPECT_EQ(c->model.synthetic, "/etc/odmoe/models/tiny.json");  // relative to the file
+  EXPECT_EQ(c->model.path, "");
+  EXPECT_EQ(c->model.layers, 2);
+  EXPECT_EQ(c->model.seed, 5u);
+  EXPECT_FALSE(c->share_host_experts);
+
+  struct Bad {
+    const char* model;
+    const char* field;
+  };
+  for (const Bad& b : {Bad{"path = \"a\"\nsynthetic = \"b.json\"", "synthetic"}, Bad{"path = \"a\"\nseed = 1", "seed"},
+                       Bad{"synthetic = \"b.json\"\nlayers = -1", "layers"},
+                       Bad{"synthetic = \"b.json\"\nseed = \"x\"", "seed"}, Bad{"synthetic = \"\"", "synthetic"}}) {
+    std::string bad = kGood;
+    bad.replace(bad.find(path_line), path_line.size(), std::string(b.model) + "\n");
+    auto r = ParseClusterConfig(bad, "lab.toml", "/");
+    ASSERT_FALSE(r.ok()) << b.model;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find(b.field), std::string::npos) << r.status();
+  }
+  std::string bad = kGood;
+  bad.replace(bad.find("rpc_timeout_ms"), 0, "share_host_experts = 1\n");
+  auto r = ParseClusterConfig(bad, "lab.toml", "/");
+  EXPECT_NE(r.status().message().find("share_host_experts"), std::string::npos) << r.status();
+}
+
 TEST(ClusterConfigTest, NeedsAMainAndAWorker) {
   auto c = ParseClusterConfig("[[node]]\nname = \"m\"\nrole = \"main\"\naddress = \"h:1\"\n", "x.toml", ".");
   EXPECT_FALSE(c.ok());

@@ -173,6 +173,16 @@ TEST_P(EngineModelTest, TruncateAndKvRoundTripReproduceTheSequence) {
   auto reference = e.Forward(std::span<const int32_t>(&next, 1), nullptr);
   ASSERT_TRUE(reference.ok());
   EXPECT_EQ(*with_a, *reference);
+  // A range read equals the rows read one by one ([count, layers, kv_size]).
+  const int64_t count = e.position();
+  std::vector<float> rk(static_cast<size_t>(count) * k.size()), rv(rk.size());
+  ASSERT_TRUE(e.ReadKvRange(0, count, rk.data(), rv.data()).ok());
+  for (int64_t p = 0; p < count; ++p) {
+    ASSERT_TRUE(e.ReadKv(p, k.data(), v.data()).ok());
+    EXPECT_TRUE(std::equal(k.begin(), k.end(), rk.begin() + p * static_cast<int64_t>(k.size()))) << p;
+    EXPECT_TRUE(std::equal(v.begin(), v.end(), rv.begin() + p * static_cast<int64_t>(v.size()))) << p;
+  }
+  EXPECT_EQ(e.ReadKvRange(1, count, rk.data(), rv.data()).code(), absl::StatusCode::kOutOfRange);
   // Bad positions are errors.
   EXPECT_EQ(e.Truncate(e.position() + 1).code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(e.ReadKv(e.position(), k.data(), v.data()).code(), absl::StatusCode::kOutOfRange);
