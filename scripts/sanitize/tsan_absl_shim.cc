@@ -1,4 +1,5 @@
-// Makes Debian's Abseil synchronization visible to ThreadSanitizer (scripts/sanitize.sh tsan preloads it).
+// Makes Debian's Abseil synchronization and gRPC's completion queues visible to ThreadSanitizer (scripts/sanitize.sh
+// tsan preloads it).
 //
 // libabsl_synchronization.so is not built with -fsanitize=thread, so TSan sees neither absl::Mutex's atomics nor
 // its futex waits: without help, every access made under an absl::MutexLock looks unsynchronized. This library,
@@ -12,6 +13,13 @@
 // LockWhen / Await, which absl evaluates with the mutex held, possibly in the unlocking thread) runs between the
 // pre and post hooks, where TSan ignores memory accesses. Several entry points call others through the PLT
 // (WaitWithTimeout -> WaitWithDeadline, Notify -> Lock, ...): only the outermost call of a thread is annotated.
+//
+// gRPC core is not built with TSan either, and hands a batch of operations from the thread that starts it to the
+// thread that completes it through its own lock-free queues. The same way, the shim makes the tag of a batch a
+// release -> acquire pair: grpc_call_start_batch and grpc_server_request_(registered_)call release the tag, and
+// grpc_completion_queue_next / _pluck acquire the tag of the event they return (the thread that then runs the
+// completion: a sync-API caller, a server thread, or the callback API's "nexting" thread). So what a thread
+// wrote before starting a call (the response message, the callback tag) happens before its completion runs.
 //
 // Limits: Notification::HasBeenNotified() is inline (polling it gives no happens-before here); Await and
 // CondVar::Wait are annotated as exclusive (odmoe holds its mutexes exclusively when it waits).
@@ -27,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "grpc/grpc.h"
 
 extern "C" {
 // From compiler-rt's sanitizer/tsan_interface.h, weak: in a process without TSan they are null and skipped.
@@ -98,6 +107,17 @@ void* RealOf(MemberFn fn) {
 
 // Calls the real `fn` on `self`; the static per instantiation caches the lookup.
 #define ODMOE_REAL(Ret, fn, ...) reinterpret_cast<Ret (*)(__VA_ARGS__)>(RealOf(fn))
+
+// The real C function `name` (libgrpc), looked up after this library.
+template <typename Fn>
+Fn RealC(const char* name) {
+  void* real = dlsym(RTLD_NEXT, name);
+  if (real == nullptr) {
+    std::fprintf(stderr, "tsan_absl_shim: %s not found after the shim\n", name);
+    std::abort();
+  }
+  return reinterpret_cast<Fn>(real);
+}
 
 }  // namespace
 
@@ -298,3 +318,53 @@ bool Notification::WaitForNotificationWithDeadline(absl::Time deadline) const {
 
 ABSL_NAMESPACE_END
 }  // namespace absl
+
+// ---- gRPC: a batch's tag is released when the batch starts and acquired where its completion is returned ------
+
+extern "C" {
+
+grpc_call_error grpc_call_start_batch(grpc_call* call, const grpc_op* ops, size_t nops, void* tag, void* reserved) {
+  static auto real =
+      RealC<grpc_call_error (*)(grpc_call*, const grpc_op*, size_t, void*, void*)>("grpc_call_start_batch");
+  if (tag != nullptr) Release(tag);
+  return real(call, ops, nops, tag, reserved);
+}
+
+grpc_call_error grpc_server_request_call(grpc_server* server, grpc_call** call, grpc_call_details* details,
+                                         grpc_metadata_array* request_metadata, grpc_completion_queue* cq_bound,
+                                         grpc_completion_queue* cq_notify, void* tag) {
+  static auto real =
+      RealC<grpc_call_error (*)(grpc_server*, grpc_call**, grpc_call_details*, grpc_metadata_array*,
+                                grpc_completion_queue*, grpc_completion_queue*, void*)>("grpc_server_request_call");
+  if (tag != nullptr) Release(tag);
+  return real(server, call, details, request_metadata, cq_bound, cq_notify, tag);
+}
+
+grpc_call_error grpc_server_request_registered_call(grpc_server* server, void* method, grpc_call** call,
+                                                    gpr_timespec* deadline, grpc_metadata_array* request_metadata,
+                                                    grpc_byte_buffer** payload, grpc_completion_queue* cq_bound,
+                                                    grpc_completion_queue* cq_notify, void* tag) {
+  static auto real =
+      RealC<grpc_call_error (*)(grpc_server*, void*, grpc_call**, gpr_timespec*, grpc_metadata_array*,
+                                grpc_byte_buffer**, grpc_completion_queue*, grpc_completion_queue*, void*)>(
+          "grpc_server_request_registered_call");
+  if (tag != nullptr) Release(tag);
+  return real(server, method, call, deadline, request_metadata, payload, cq_bound, cq_notify, tag);
+}
+
+grpc_event grpc_completion_queue_next(grpc_completion_queue* cq, gpr_timespec deadline, void* reserved) {
+  static auto real = RealC<grpc_event (*)(grpc_completion_queue*, gpr_timespec, void*)>("grpc_completion_queue_next");
+  const grpc_event event = real(cq, deadline, reserved);
+  if (event.type == GRPC_OP_COMPLETE && event.tag != nullptr) Acquire(event.tag);
+  return event;
+}
+
+grpc_event grpc_completion_queue_pluck(grpc_completion_queue* cq, void* tag, gpr_timespec deadline, void* reserved) {
+  static auto real =
+      RealC<grpc_event (*)(grpc_completion_queue*, void*, gpr_timespec, void*)>("grpc_completion_queue_pluck");
+  const grpc_event event = real(cq, tag, deadline, reserved);
+  if (event.type == GRPC_OP_COMPLETE && event.tag != nullptr) Acquire(event.tag);
+  return event;
+}
+
+}  // extern "C"
