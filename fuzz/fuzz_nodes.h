@@ -71,6 +71,7 @@ inline WorkerNode* FuzzWorker(const char* who) {
   const ClusterConfig cluster = FuzzClusterConfig(who);
   WorkerOptions options;
   options.max_rows_per_call = 8;
+  options.share_host_experts = false;  // no /dev/shm segment left behind by a fuzzing process
   absl::StatusOr<std::unique_ptr<WorkerNode>> node = WorkerNode::Create(cluster, *cluster.Find("w0"), dir, options);
   if (!node.ok()) FuzzSetupFailed(who, node.status().ToString(), 1);
   return node->release();

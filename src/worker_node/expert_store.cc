@@ -100,7 +100,12 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(const ModelConfig
     for (int attempt = 0; attempt < kMaxAttempts && !opened; ++attempt) {
       bool retry = false;
       bool foreign = false;
-      ODMOE_RETURN_IF_ERROR(store->TryOpenShared(config, source, options, &retry, &foreign));
+      const absl::Status shared = store->TryOpenShared(config, source, options, &retry, &foreign);
+      if (!shared.ok()) {
+        // No shared segment here (a full or missing /dev/shm, permissions): the worker still runs, privately.
+        spdlog::warn("expert store: {}", shared.ToString());
+        break;
+      }
       if (!retry) {
         opened = true;
         break;
@@ -242,7 +247,12 @@ absl::Status ExpertStore::TryOpenShared(const ModelConfig& config, TensorSource&
       close(fd);
       return s;
     };
-    if (ftruncate(seg, static_cast<off_t>(size_)) != 0) return fail(Errno("ftruncate", segment_path_));
+    // Reserve the bytes now (tmpfs allocates on write, and a full /dev/shm would otherwise be a SIGBUS
+    // half-way through the fill): a full one is an error here, and the store falls back to private memory.
+    if (const int err = posix_fallocate(seg, 0, static_cast<off_t>(size_)); err != 0) {
+      errno = err;
+      return fail(Errno(StrCat("reserve ", size_, " bytes for"), segment_path_));
+    }
     void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, seg, 0);
     if (p == MAP_FAILED) return fail(Errno("mmap", segment_path_));
     base_ = static_cast<uint8_t*>(p);

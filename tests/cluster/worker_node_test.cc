@@ -965,6 +965,25 @@ TEST_F(WorkerNodeTest, DecodeLoadsFollowThePlacementAndTheBudgetIsKept) {
   }
 }
 
+TEST_F(WorkerNodeTest, WithoutUsableSharedMemoryTheWorkerPacksPrivately) {
+  // No shared segment can be made (here: its folder does not exist; in a container: a full /dev/shm): the
+  // worker still starts, with a private store, and computes.
+  NodeConfig self = *cluster_.Find("w0");
+  WorkerOptions options;
+  options.shm_dir = ShmDir() + "/does/not/exist";
+  auto node = WorkerNode::Create(cluster_, self, model_dir_, options);
+  ASSERT_TRUE(node.ok()) << node.status();
+  const v1::WorkerStats s = (*node)->Stats(false);
+  EXPECT_FALSE(s.host_experts_shared());
+  EXPECT_GT(s.host_bytes_packed(), 0u);
+  const std::vector<float> hidden = RandomHidden(1, config_.hidden_size, 4);
+  v1::ComputeExpertsRequest req = MakeRequest(config_.SparseLayers()[0], hidden, 1, {{0, {0}, {1.0f}}});
+  rpc::FillHeader(req.mutable_header(), kEpoch, (*node)->fingerprint(), "test");
+  v1::ComputeExpertsResponse resp;
+  const absl::Status st = (*node)->Compute(req, &resp);
+  EXPECT_TRUE(st.ok()) << st;
+}
+
 TEST_F(WorkerNodeTest, TwoWorkersOfOneHostShareOneSegment) {
   std::unique_ptr<WorkerNode> w0 = MakeWorker("w0");
   ASSERT_NE(w0, nullptr);
