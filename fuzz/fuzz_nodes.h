@@ -14,6 +14,7 @@
 #include "src/common/cluster_config.h"
 #include "src/main_node/main_node.h"
 #include "src/rpc/daemon.h"
+#include "src/shadow_node/shadow_node.h"
 #include "src/worker_node/worker_node.h"
 
 namespace odmoe::fuzz {
@@ -84,6 +85,20 @@ inline MainNode* FuzzMain(const char* who) {
   args.cluster = FuzzClusterConfig(who);
   args.self = *args.cluster.Find("main");
   absl::StatusOr<std::unique_ptr<MainNode>> node = MainNode::Create(args);
+  if (!node.ok()) FuzzSetupFailed(who, node.status().ToString(), 1);
+  return node->release();
+}
+
+// A shadow of mixtral-tiny with an INT8 replica (a cluster of main, shadow and two workers that nothing dials).
+// It lives as long as the process.
+inline ShadowNode* FuzzShadow(const char* who) {
+  const std::string dir = FuzzSharedModel(who, "mixtral-tiny");
+  const std::string toml = std::string(kFuzzCluster) +
+                           "[[node]]\nname = \"shadow\"\nrole = \"shadow\"\naddress = \"127.0.0.1:4\"\n"
+                           "device = \"cpu\"\n[shadow]\nquant = \"int8\"\n";
+  absl::StatusOr<ClusterConfig> cluster = ParseClusterConfig(toml, "fuzz.toml", "/");
+  if (!cluster.ok()) FuzzSetupFailed(who, cluster.status().ToString(), 1);
+  absl::StatusOr<std::unique_ptr<ShadowNode>> node = ShadowNode::Create({*cluster, *cluster->shadow(), dir});
   if (!node.ok()) FuzzSetupFailed(who, node.status().ToString(), 1);
   return node->release();
 }

@@ -200,6 +200,21 @@ def request_seeds():
         ("out_of_vocab", "prompt_ids: 4096 max_new_tokens: 1"),
     ]:
         out("generate_request_fuzzer", f"{name}.pb", encode("odmoe.v1.GenerateRequest", proto, text))
+    # The shadow's Follow stream (mixtral-tiny: 3 layers, 2 kv heads x 32): a start, a step with token and K/V,
+    # the prompt's K/V, and malformed ones.
+    proto = "odmoe/v1/shadow.proto"
+    kv = 3 * 2 * 32
+    for name, text in [
+        ("start", 'start { header { sender: "main" request_id: 3 } prompt_ids: 1 prompt_ids: 40 prompt_ids: 7 '
+                  "max_new_tokens: 8 align_token: 1 align_kv: 1 max_lead_tokens: 1 }"),
+        ("step_token_kv", f'step {{ position: 3 has_token: true token: 42 k {{ dtype: DTYPE_F32 shape: 3 shape: 64 '
+                          f'data: "{f32(kv)}" }} v {{ dtype: DTYPE_F32 shape: 3 shape: 64 data: "{f32(kv)}" }} }}'),
+        ("step_position_only", "step { position: 5 }"),
+        ("prompt_kv", f'kv {{ first_position: 0 k {{ dtype: DTYPE_F32 shape: 2 shape: 3 shape: 64 data: "{f32(2 * kv)}" }} '
+                      f'v {{ dtype: DTYPE_F32 shape: 2 shape: 3 shape: 64 data: "{f32(2 * kv)}" }} }}'),
+        ("bad_token", "step { position: 4 has_token: true token: -1 }"),
+    ]:
+        out("follow_message_fuzzer", f"{name}.pb", encode("odmoe.v1.FollowMessage", proto, text))
 
 
 if __name__ == "__main__":

@@ -149,12 +149,8 @@ int32_t Argmax(const std::vector<float>& logits) {
 
 }  // namespace
 
-grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
-                                grpc::ServerReaderWriter<v1::Prediction, v1::FollowMessage>* stream) {
-  v1::FollowMessage first;
-  if (!stream->Read(&first)) return grpc::Status(grpc::StatusCode::CANCELLED, "main closed the stream at once");
+absl::Status ShadowNode::BeginSession(const v1::FollowMessage& first, Session& session) {
   absl::Status bad;
-  Session session;
   if (!first.has_start()) {
     bad = absl::InvalidArgumentError("the first message of a Follow stream must be a FollowStart");
   } else {
@@ -179,6 +175,91 @@ grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
                                                  "' and holds no replica"));
     }
   }
+  return bad;
+}
+
+absl::Status ShadowNode::ApplyMessage(const v1::FollowMessage& msg, Session& session) {
+  const int64_t prompt_len = static_cast<int64_t>(session.prompt.size());
+  const int64_t kv_values = config_.num_layers * config_.kv_size();
+  absl::Status status;
+  if (msg.has_kv()) {
+    // Several positions' K/V (the prompt's): rows of [n, num_layers, kv_size].
+    const v1::FollowKv& kv = msg.kv();
+    const int64_t shape[] = {-1, config_.num_layers, config_.kv_size()};
+    std::vector<int64_t> dims;
+    absl::StatusOr<std::vector<float>> dk = rpc::DecodeF32(kv.k(), shape, "kv.k", &dims);
+    absl::StatusOr<std::vector<float>> dv = rpc::DecodeF32(kv.v(), shape, "kv.v");
+    if (!dk.ok()) {
+      status = dk.status();
+    } else if (!dv.ok()) {
+      status = dv.status();
+    } else if (dv->size() != dk->size()) {
+      status = absl::InvalidArgumentError("kv.k and kv.v have different shapes");
+    } else if (kv.first_position() < 0 || kv.first_position() + dims[0] > prompt_len + session.max_new_tokens) {
+      status = absl::InvalidArgumentError(StrCat("kv positions ", kv.first_position(), "..",
+                                                 kv.first_position() + dims[0] - 1, " are outside the request"));
+    } else {
+      const size_t row = static_cast<size_t>(kv_values);
+      absl::MutexLock lock(&session.mu);
+      for (int64_t i = 0; i < dims[0]; ++i) {
+        const size_t at = static_cast<size_t>(i) * row;
+        session.kv[kv.first_position() + i] = {std::vector<float>(dk->begin() + at, dk->begin() + at + row),
+                                               std::vector<float>(dv->begin() + at, dv->begin() + at + row)};
+      }
+      absl::MutexLock stats_lock(&stats_mu_);
+      counters_.alignment_bytes += kv.k().data().size() + kv.v().data().size();
+    }
+  } else if (!msg.has_step()) {
+    status = absl::InvalidArgumentError("a Follow stream carries one FollowStart, then FollowSteps and FollowKvs");
+  } else {
+    const v1::FollowStep& step = msg.step();
+    const int64_t p = step.position();
+    std::vector<float> k, v;
+    if (p < prompt_len || p > prompt_len + session.max_new_tokens) {
+      status = absl::InvalidArgumentError(StrCat("step position ", p, " is outside the request's decode positions [",
+                                                 prompt_len, ", ", prompt_len + session.max_new_tokens, ")"));
+    } else if (step.has_token() && (step.token() < 0 || step.token() >= config_.vocab_size)) {
+      status = absl::OutOfRangeError(StrCat("aligned token ", step.token(), " at position ", p,
+                                            " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+    } else if (step.has_k() || step.has_v()) {
+      const int64_t shape[] = {config_.num_layers, config_.kv_size()};
+      absl::StatusOr<std::vector<float>> dk = rpc::DecodeF32(step.k(), shape, "step.k");
+      absl::StatusOr<std::vector<float>> dv = rpc::DecodeF32(step.v(), shape, "step.v");
+      if (!dk.ok()) status = dk.status();
+      else if (!dv.ok()) status = dv.status();
+      else {
+        k = std::move(dk).value();
+        v = std::move(dv).value();
+      }
+    }
+    if (status.ok()) {
+      absl::MutexLock lock(&session.mu);
+      session.main_position = std::max(session.main_position, p);
+      if (step.has_token()) session.tokens[p] = step.token();
+      if (!k.empty()) session.kv[p - 1] = {std::move(k), std::move(v)};
+      absl::MutexLock stats_lock(&stats_mu_);
+      counters_.tokens_aligned += step.has_token() ? 1 : 0;
+      counters_.kv_aligned += step.has_k() ? 1 : 0;
+      counters_.alignment_bytes += step.k().data().size() + step.v().data().size();
+    }
+  }
+  return status;
+}
+
+absl::Status ShadowNode::CheckFollowMessages(const v1::FollowMessage& first,
+                                             const std::vector<v1::FollowMessage>& rest) {
+  Session session;
+  ODMOE_RETURN_IF_ERROR(BeginSession(first, session));
+  for (const v1::FollowMessage& msg : rest) ODMOE_RETURN_IF_ERROR(ApplyMessage(msg, session));
+  return absl::OkStatus();
+}
+
+grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
+                                grpc::ServerReaderWriter<v1::Prediction, v1::FollowMessage>* stream) {
+  v1::FollowMessage first;
+  if (!stream->Read(&first)) return grpc::Status(grpc::StatusCode::CANCELLED, "main closed the stream at once");
+  Session session;
+  const absl::Status bad = BeginSession(first, session);
   if (!bad.ok()) {
     spdlog::warn("{}: Follow refused: {}", self_.name, bad.ToString());
     return rpc::ToGrpc(bad);
@@ -189,73 +270,10 @@ grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
     session.main_position = static_cast<int64_t>(session.prompt.size()) - 1;
   }
   // The reader: main's steps into the session, until main closes its side or the stream breaks.
-  const int64_t prompt_len = static_cast<int64_t>(session.prompt.size());
-  const int64_t kv_values = config_.num_layers * config_.kv_size();
   std::thread reader([&]() {
     v1::FollowMessage msg;
     while (stream->Read(&msg)) {
-      absl::Status status;
-      if (msg.has_kv()) {
-        // Several positions' K/V (the prompt's): rows of [n, num_layers, kv_size].
-        const v1::FollowKv& kv = msg.kv();
-        const int64_t shape[] = {-1, config_.num_layers, config_.kv_size()};
-        std::vector<int64_t> dims;
-        absl::StatusOr<std::vector<float>> dk = rpc::DecodeF32(kv.k(), shape, "kv.k", &dims);
-        absl::StatusOr<std::vector<float>> dv = rpc::DecodeF32(kv.v(), shape, "kv.v");
-        if (!dk.ok()) {
-          status = dk.status();
-        } else if (!dv.ok()) {
-          status = dv.status();
-        } else if (dv->size() != dk->size()) {
-          status = absl::InvalidArgumentError("kv.k and kv.v have different shapes");
-        } else if (kv.first_position() < 0 || kv.first_position() + dims[0] > prompt_len + session.max_new_tokens) {
-          status = absl::InvalidArgumentError(StrCat("kv positions ", kv.first_position(), "..",
-                                                     kv.first_position() + dims[0] - 1, " are outside the request"));
-        } else {
-          const size_t row = static_cast<size_t>(kv_values);
-          absl::MutexLock lock(&session.mu);
-          for (int64_t i = 0; i < dims[0]; ++i) {
-            const size_t at = static_cast<size_t>(i) * row;
-            session.kv[kv.first_position() + i] = {std::vector<float>(dk->begin() + at, dk->begin() + at + row),
-                                                   std::vector<float>(dv->begin() + at, dv->begin() + at + row)};
-          }
-          absl::MutexLock stats_lock(&stats_mu_);
-          counters_.alignment_bytes += kv.k().data().size() + kv.v().data().size();
-        }
-      } else if (!msg.has_step()) {
-        status = absl::InvalidArgumentError("a Follow stream carries one FollowStart, then FollowSteps and FollowKvs");
-      } else {
-        const v1::FollowStep& step = msg.step();
-        const int64_t p = step.position();
-        std::vector<float> k, v;
-        if (p < prompt_len || p > prompt_len + session.max_new_tokens) {
-          status = absl::InvalidArgumentError(StrCat("step position ", p, " is outside the request's decode positions [",
-                                                     prompt_len, ", ", prompt_len + session.max_new_tokens, ")"));
-        } else if (step.has_token() && (step.token() < 0 || step.token() >= config_.vocab_size)) {
-          status = absl::OutOfRangeError(StrCat("aligned token ", step.token(), " at position ", p,
-                                                " is outside the vocabulary [0, ", config_.vocab_size, ")"));
-        } else if (step.has_k() || step.has_v()) {
-          const int64_t shape[] = {config_.num_layers, config_.kv_size()};
-          absl::StatusOr<std::vector<float>> dk = rpc::DecodeF32(step.k(), shape, "step.k");
-          absl::StatusOr<std::vector<float>> dv = rpc::DecodeF32(step.v(), shape, "step.v");
-          if (!dk.ok()) status = dk.status();
-          else if (!dv.ok()) status = dv.status();
-          else {
-            k = std::move(dk).value();
-            v = std::move(dv).value();
-          }
-        }
-        if (status.ok()) {
-          absl::MutexLock lock(&session.mu);
-          session.main_position = std::max(session.main_position, p);
-          if (step.has_token()) session.tokens[p] = step.token();
-          if (!k.empty()) session.kv[p - 1] = {std::move(k), std::move(v)};
-          absl::MutexLock stats_lock(&stats_mu_);
-          counters_.tokens_aligned += step.has_token() ? 1 : 0;
-          counters_.kv_aligned += step.has_k() ? 1 : 0;
-          counters_.alignment_bytes += step.k().data().size() + step.v().data().size();
-        }
-      }
+      const absl::Status status = ApplyMessage(msg, session);
       if (!status.ok()) {
         absl::MutexLock lock(&session.mu);
         session.error = status;

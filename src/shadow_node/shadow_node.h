@@ -23,6 +23,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -62,6 +63,9 @@ class ShadowNode final : public v1::Shadow::Service {
   bool has_replica() const { return weights_ != nullptr; }
   uint64_t replica_bytes() const { return weights_ != nullptr ? weights_->device_bytes() : 0; }
   v1::ShadowStats Stats(bool reset);
+  // Checks a Follow stream's messages as the handler does, without a stream or a run: `first` must be a valid
+  // FollowStart, then each of `rest` is applied to the session in order (the fuzz target's entry point).
+  absl::Status CheckFollowMessages(const v1::FollowMessage& first, const std::vector<v1::FollowMessage>& rest);
 
  private:
   struct Session;
@@ -76,6 +80,10 @@ class ShadowNode final : public v1::Shadow::Service {
     double lead_sum = 0;
   };
   ShadowNode() = default;
+  // Checks the stream's first message (a FollowStart: header, prompt, periods) and fills `session`.
+  absl::Status BeginSession(const v1::FollowMessage& first, Session& session);
+  // Checks one later message (a FollowStep or FollowKv) and files it into `session`.
+  absl::Status ApplyMessage(const v1::FollowMessage& msg, Session& session);
   // The body of Follow once the start message is read and checked.
   absl::Status RunSession(Session& session, grpc::ServerReaderWriter<v1::Prediction, v1::FollowMessage>* stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
