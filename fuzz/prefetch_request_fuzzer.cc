@@ -37,6 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   odmoe::v1::ComputeExpertsRequest compute;
   *compute.mutable_header() = request.header();
   compute.set_layer(request.layer());
+  compute.set_position(request.position());  // the position the prediction was for: main's request for it
   const int64_t hidden = worker->config().hidden_size;
   const std::vector<float> row(static_cast<size_t>(hidden), 0.0f);
   const int64_t dims[] = {1, hidden};
