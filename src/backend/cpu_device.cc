@@ -101,6 +101,7 @@ std::unique_ptr<Event> CpuDevice::CreateEvent() { return std::make_unique<CpuEve
 // Work is complete when enqueued, so ordering needs nothing.
 void CpuDevice::RecordEvent(Event&, Stream*) {}
 void CpuDevice::WaitEvent(Stream*, Event&) {}
+void CpuDevice::SynchronizeEvent(Event&) {}
 void CpuDevice::Synchronize(Stream*) {}
 void CpuDevice::SynchronizeAll() {}
 

@@ -37,6 +37,7 @@ class CpuDevice final : public Device {
   std::unique_ptr<Event> CreateEvent() override;
   void RecordEvent(Event& event, Stream* stream) override;
   void WaitEvent(Stream* stream, Event& event) override;
+  void SynchronizeEvent(Event& event) override;
   void Synchronize(Stream* stream) override;
   void SynchronizeAll() override;
 

@@ -266,6 +266,10 @@ class CudaDevice final : public Device {
     UseDevice(ordinal_);
     ODMOE_CUDA_CHECK(cudaEventRecord(static_cast<CudaEvent&>(event).get(), S(stream)->get()));
   }
+  void SynchronizeEvent(Event& event) override {
+    UseDevice(ordinal_);
+    ODMOE_CUDA_CHECK(cudaEventSynchronize(static_cast<CudaEvent&>(event).get()));
+  }
   void WaitEvent(Stream* stream, Event& event) override {
     UseDevice(ordinal_);
     ODMOE_CUDA_CHECK(cudaStreamWaitEvent(S(stream)->get(), static_cast<CudaEvent&>(event).get(), 0));

@@ -123,6 +123,9 @@ class Device {
   virtual void WaitEvent(Stream* stream, Event& event) = 0;
   // Blocks the host until all work on `stream` (nullptr: the default stream) has finished.
   virtual void Synchronize(Stream* stream) = 0;
+  // Blocks the host until the work captured by `event` (its last RecordEvent) has finished; at once for an event
+  // never recorded.
+  virtual void SynchronizeEvent(Event& event) = 0;
   // Blocks the host until all work on every stream has finished.
   virtual void SynchronizeAll() = 0;
 

@@ -338,6 +338,12 @@ void MockGpuDevice::WaitEvent(Stream* stream, Event& event) {
   if (it != state_->event_time.end()) t = std::max(t, it->second);
 }
 
+void MockGpuDevice::SynchronizeEvent(Event& event) {
+  absl::MutexLock lock(&state_->mu);
+  auto it = state_->event_time.find(state_->EventIdLocked(event));
+  if (it != state_->event_time.end()) state_->host_time = std::max(state_->host_time, it->second);
+}
+
 void MockGpuDevice::Synchronize(Stream* stream) {
   absl::MutexLock lock(&state_->mu);
   state_->host_time = std::max(state_->host_time, state_->stream_time.at(state_->StreamIdLocked(stream)));

@@ -14,8 +14,8 @@
 // Virtual clock (no sleeps; the same calls give the same times). All work executes synchronously on the
 // calling thread when it is enqueued; only its timing is simulated:
 //  - Each Stream has a time: when the work enqueued on it so far completes. The host has a clock too, advanced
-//    only by Synchronize, SynchronizeAll and CopyToHost; work cannot start before the host clock (the host
-//    issued it then).
+//    only by Synchronize, SynchronizeEvent, SynchronizeAll and CopyToHost; work cannot start before the host
+//    clock (the host issued it then).
 //  - CopyToDevice starts at max(stream time, host clock, time the H2D link is free) and ends
 //    start + (h2d_latency_s + bytes / rate); all H2D copies share one link, so they serialise. The rate is
 //    h2d_bytes_per_s (pinned) when the source lies in host memory registered with RegisterHostMemory, or when
@@ -113,6 +113,7 @@ class MockGpuDevice final : public Device {
   std::unique_ptr<Event> CreateEvent() override;
   void RecordEvent(Event& event, Stream* stream) override;
   void WaitEvent(Stream* stream, Event& event) override;
+  void SynchronizeEvent(Event& event) override;
   void Synchronize(Stream* stream) override;
   void SynchronizeAll() override;
 

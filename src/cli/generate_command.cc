@@ -190,7 +190,8 @@ absl::Status RunRemote(const Request& r) {
                        {"loads_on_demand", w.loads_on_demand()},
                        {"on_demand_load_ms", w.on_demand_load_ms()},
                        {"compute_ms", w.compute_ms()},
-                       {"busy_retries", w.busy_retries()}});
+                       {"busy_retries", w.busy_retries()},
+                       {"peak_calls_in_flight", w.peak_calls_in_flight()}});
   }
   out["stats"] = {{"ttft_ms", st.ttft_ms()},
                   {"decode_tokens_per_s", st.decode_tokens_per_s()},

@@ -221,7 +221,8 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
   if (const toml::node* cn = root.get("cluster")) {
     if (!cn->is_table()) return FieldError(where, "", "cluster", "expected a table");
     Fields f(*cn->as_table(), where, "[cluster]");
-    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"name", "epoch", "group_size", "rpc_timeout_ms", "startup_timeout_ms", "share_host_experts"}));
+    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"name", "epoch", "group_size", "rpc_timeout_ms", "startup_timeout_ms",
+                                        "share_host_experts", "prefill_minibatch_rows"}));
     ODMOE_ASSIGN_OR_RETURN(auto share, f.Bool("share_host_experts"));
     if (share) c.share_host_experts = *share;
     ODMOE_ASSIGN_OR_RETURN(auto name, f.String("name"));
@@ -243,6 +244,13 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     if (rpc) {
       if (*rpc < 1) return FieldError(where, "[cluster]", "rpc_timeout_ms", "must be >= 1");
       c.rpc_timeout_ms = *rpc;
+    }
+    ODMOE_ASSIGN_OR_RETURN(auto minibatch, f.Int("prefill_minibatch_rows"));
+    if (minibatch) {
+      if (*minibatch < 0 || *minibatch > (int64_t{1} << 20)) {
+        return FieldError(where, "[cluster]", "prefill_minibatch_rows", "must be 0 (no mini-batches) .. 1048576");
+      }
+      c.prefill_minibatch_rows = *minibatch;
     }
     ODMOE_ASSIGN_OR_RETURN(auto startup, f.Int("startup_timeout_ms"));
     if (startup) {

@@ -8,6 +8,7 @@
 //   rpc_timeout_ms = 30000    # deadline of every RPC between nodes
 //   startup_timeout_ms = 60000
 //   share_host_experts = true # workers of one host share one host copy of the experts (/dev/shm)
+//   prefill_minibatch_rows = 32  # prefill: (token, expert) rows per call to a worker, pipelined (0: no split)
 //   [model]
 //   path = "../models/demo-mixtral-kjv"   # relative to this file
 //   # or synthetic weights instead of path: synthetic = "config.json"  layers = 2  seed = 1
@@ -109,6 +110,7 @@ struct ClusterConfig {
   int64_t rpc_timeout_ms = 30000;
   int64_t startup_timeout_ms = 60000;
   bool share_host_experts = true;  // [cluster] share_host_experts
+  int64_t prefill_minibatch_rows = 32;  // [cluster] prefill_minibatch_rows (0: no mini-batches)
   ModelSource model;
   ShadowSettings shadow_settings;
   std::vector<NodeConfig> nodes;

@@ -78,6 +78,7 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   ro.epoch = args.cluster.epoch;
   ro.fingerprint = node->fingerprint_;
   ro.rpc_timeout_ms = args.cluster.rpc_timeout_ms;
+  ro.prefill_minibatch_rows = args.cluster.prefill_minibatch_rows;
   ro.max_tokens = options.engine.max_tokens_per_forward;
   ro.max_tensor_bytes_per_call = options.max_tensor_bytes_per_call;
   ro.max_rows_per_call = options.max_rows_per_call;
@@ -282,6 +283,7 @@ absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
     ws->set_on_demand_load_ms(w.on_demand_load_ms);
     ws->set_compute_ms(w.compute_ms);
     ws->set_busy_retries(w.busy_retries);
+    ws->set_peak_calls_in_flight(w.peak_calls_in_flight);
     stats->set_bytes_loaded(stats->bytes_loaded() + w.bytes_loaded);
     stats->set_loads_on_demand(stats->loads_on_demand() + w.loads_on_demand);
     stats->set_on_demand_load_ms(stats->on_demand_load_ms() + w.on_demand_load_ms);

@@ -18,13 +18,13 @@ namespace {
 size_t F32Bytes(int64_t count) { return static_cast<size_t>(count) * sizeof(float); }
 
 // The calls of one layer. Shared with the gRPC callbacks (shared_ptr), so that whichever of Run and the last
-// callback finishes last frees it. The calls of one worker are consecutive and form a chain: each call's
-// callback starts the next one of the same worker (unless a call has failed).
+// callback finishes last frees it. Each worker's calls form a queue started in order with at most `window` in
+// flight: a call's callback starts the worker's next unstarted call (unless a call has failed).
 struct LayerCalls {
   struct Call {
     v1::Worker::Stub* stub = nullptr;
     int64_t timeout_ms = 0;
-    size_t next_in_chain = 0;  // the worker's next call, or calls.size()
+    size_t queue = 0;  // index into `queues` (the worker's)
     v1::ComputeExpertsRequest request;
     v1::ComputeExpertsResponse response;  // written by the attempt in flight
     grpc::Status status;                  // of the last attempt
@@ -33,12 +33,31 @@ struct LayerCalls {
     // returning from an older attempt). Guarded by `mu` of the LayerCalls.
     std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   };
+  struct Queue {
+    std::vector<size_t> calls;  // in order
+    size_t next = 0;            // the first not yet started
+    int in_flight = 0;
+    int peak_in_flight = 0;
+  };
   std::vector<std::unique_ptr<Call>> calls;  // fixed before the first call starts
+  int window = 1;
 
   absl::Mutex mu;
-  int active_chains ABSL_GUARDED_BY(mu) = 0;
+  std::vector<Queue> queues ABSL_GUARDED_BY(mu);
+  int in_flight ABSL_GUARDED_BY(mu) = 0;
+  size_t finished ABSL_GUARDED_BY(mu) = 0;                   // calls that succeeded
   std::optional<size_t> first_failure ABSL_GUARDED_BY(mu);  // the call that failed first
-  std::vector<size_t> to_retry ABSL_GUARDED_BY(mu);         // calls the worker had no thread for (chain paused)
+  std::vector<size_t> to_retry ABSL_GUARDED_BY(mu);         // calls the worker had no thread for
+
+  // Takes the next call of queue `q` to start, if the window and the failures allow; marks it in flight.
+  std::optional<size_t> NextLocked(size_t q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    Queue& queue = queues[q];
+    if (first_failure.has_value() || queue.next >= queue.calls.size() || queue.in_flight >= window) return {};
+    ++queue.in_flight;
+    ++in_flight;
+    queue.peak_in_flight = std::max(queue.peak_in_flight, queue.in_flight);
+    return queue.calls[queue.next++];
+  }
 };
 
 // A gRPC synchronous server answers this, without running the handler, when it momentarily has no thread for
@@ -49,15 +68,16 @@ bool IsThreadpoolExhausted(const grpc::Status& status) {
          status.error_message() == "Server Threadpool Exhausted";
 }
 
-// Starts (or retries) call `i` of `state` unless a call of the layer has failed (then its chain ends). Its
-// callback starts the next call of the chain, or queues the call for a retry (pausing the chain).
+// Starts (or retries) call `i` of `state`, already counted in flight. Its callback starts the next call of the
+// worker's queue, or queues the call for a retry.
 void StartCall(const std::shared_ptr<LayerCalls>& state, size_t i) {
   LayerCalls::Call* call = state->calls[i].get();
   grpc::ClientContext* ctx = nullptr;
   {
     absl::MutexLock lock(&state->mu);
     if (state->first_failure.has_value()) {
-      --state->active_chains;
+      --state->queues[call->queue].in_flight;
+      --state->in_flight;
       return;
     }
     call->contexts.push_back(std::make_unique<grpc::ClientContext>());
@@ -67,24 +87,22 @@ void StartCall(const std::shared_ptr<LayerCalls>& state, size_t i) {
   rpc::SetDeadline(*ctx, call->timeout_ms);
   call->response.Clear();
   call->stub->async()->ComputeExperts(ctx, &call->request, &call->response, [state, i](grpc::Status status) {
-    size_t next = state->calls.size();
+    std::optional<size_t> next;
     {
       absl::MutexLock lock(&state->mu);
       LayerCalls::Call* done = state->calls[i].get();
       if (IsThreadpoolExhausted(status) && done->attempts < kMaxAttempts && !state->first_failure.has_value()) {
-        state->to_retry.push_back(i);
-        --state->active_chains;
+        state->to_retry.push_back(i);  // Run restarts it after a backoff; it keeps its place in the window
       } else {
+        --state->queues[done->queue].in_flight;
+        --state->in_flight;
         done->status = std::move(status);
         if (!done->status.ok() && !state->first_failure.has_value()) state->first_failure = i;
-        if (!state->first_failure.has_value() && done->next_in_chain < state->calls.size()) {
-          next = done->next_in_chain;
-        } else {
-          --state->active_chains;
-        }
+        if (done->status.ok()) ++state->finished;
+        next = state->NextLocked(done->queue);
       }
     }
-    if (next < state->calls.size()) StartCall(state, next);
+    if (next.has_value()) StartCall(state, *next);
   });
 }
 
@@ -139,10 +157,10 @@ absl::StatusOr<std::unique_ptr<RemoteExpertExecutor>> RemoteExpertExecutor::Crea
     int32_t group_size, RemoteExpertOptions options) {
   if (workers.empty()) return absl::InvalidArgumentError("main needs at least one worker to compute experts");
   if (options.max_tokens < 1 || options.max_tensor_bytes_per_call < 1 || options.max_rows_per_call < 1 ||
-      options.rpc_timeout_ms < 1) {
+      options.rpc_timeout_ms < 1 || options.calls_in_flight_per_worker < 1 || options.prefill_minibatch_rows < 0) {
     return absl::InvalidArgumentError(
-        "RemoteExpertOptions: max_tokens, max_tensor_bytes_per_call, "
-        "max_rows_per_call and rpc_timeout_ms must be positive");
+        "RemoteExpertOptions: max_tokens, max_tensor_bytes_per_call, max_rows_per_call, rpc_timeout_ms and "
+        "calls_in_flight_per_worker must be positive, prefill_minibatch_rows not negative");
   }
   ODMOE_ASSIGN_OR_RETURN(Placement placement, Placement::Create(static_cast<int32_t>(workers.size()), group_size));
   std::unique_ptr<RemoteExpertExecutor> ex(
@@ -259,9 +277,20 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
   // One request per planned call.
   const int64_t rows_per_bytes =
       std::max<int64_t>(1, options_.max_tensor_bytes_per_call / static_cast<int64_t>(F32Bytes(hidden)));
-  const std::vector<PlannedCall> plan =
-      PlanCalls(batches, worker_of, std::min(options_.max_rows_per_call, rows_per_bytes), rows_per_bytes);
+  // A prefill chunk goes in mini-batches of at most prefill_minibatch_rows (token, expert) rows per call, so a
+  // worker computes one while the next travels (OD-MoE fig. 7).
+  int64_t max_rows = std::min(options_.max_rows_per_call, rows_per_bytes), max_task_rows = rows_per_bytes;
+  if (n > 1 && options_.prefill_minibatch_rows > 0) {
+    max_rows = std::min(max_rows, options_.prefill_minibatch_rows);
+    max_task_rows = std::min(max_task_rows, options_.prefill_minibatch_rows);
+  }
+  const std::vector<PlannedCall> plan = PlanCalls(batches, worker_of, max_rows, max_task_rows);
+  std::vector<int32_t> expert_calls(batches.size(), 0);  // per batch: the calls computing it (mini-batches)
+  for (const PlannedCall& pc : plan) {
+    for (const PlannedCall::Task& task : pc.tasks) ++expert_calls[task.batch];
+  }
   auto state = std::make_shared<LayerCalls>();
+  state->window = static_cast<int>(options_.calls_in_flight_per_worker);
   for (const PlannedCall& pc : plan) {
     auto call = std::make_unique<LayerCalls::Call>();
     v1::ComputeExpertsRequest& req = call->request;
@@ -282,6 +311,7 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
       const ExpertBatch& b = batches[task.batch];
       v1::ExpertTask* et = req.add_tasks();
       et->set_expert(b.expert);
+      et->set_expert_calls(expert_calls[task.batch]);
       for (size_t i = task.begin; i < task.end; ++i) {
         const auto local = std::lower_bound(pc.rows.begin(), pc.rows.end(), b.rows[i]) - pc.rows.begin();
         et->add_rows(static_cast<int32_t>(local));
@@ -292,21 +322,23 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
     state->calls.push_back(std::move(call));
   }
 
-  // One chain per worker (the plan lists a worker's calls consecutively): start the first call of each.
+  // One queue per worker (the plan lists a worker's calls consecutively), `window` calls in flight each.
   std::vector<size_t> heads;
-  for (size_t i = 0; i < plan.size(); ++i) {
-    const bool last_of_worker = i + 1 == plan.size() || plan[i + 1].worker != plan[i].worker;
-    state->calls[i]->next_in_chain = last_of_worker ? plan.size() : i + 1;
-    if (i == 0 || plan[i - 1].worker != plan[i].worker) heads.push_back(i);
-  }
   {
     absl::MutexLock lock(&state->mu);
-    state->active_chains = static_cast<int>(heads.size());
+    for (size_t i = 0; i < plan.size(); ++i) {
+      if (i == 0 || plan[i - 1].worker != plan[i].worker) state->queues.emplace_back();
+      state->calls[i]->queue = state->queues.size() - 1;
+      state->queues.back().calls.push_back(i);
+    }
+    for (size_t q = 0; q < state->queues.size(); ++q) {
+      while (std::optional<size_t> i = state->NextLocked(q)) heads.push_back(*i);
+    }
   }
   const absl::Time sent = absl::Now();
   for (size_t i : heads) StartCall(state, i);
 
-  // Wait until every chain has ended, restarting those paused for a retry after a backoff (1, 2, 4, .. 64 ms);
+  // Wait until every call has succeeded, restarting those turned away after a backoff (1, 2, 4, .. 64 ms);
   // after a failure, cancel the calls in flight (outside the lock: TryCancel may run their callbacks).
   std::optional<size_t> failure;
   for (;;) {
@@ -315,14 +347,14 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
     {
       absl::MutexLock lock(&state->mu);
       auto wake = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-        return state->active_chains == 0 || state->first_failure.has_value() || !state->to_retry.empty();
+        return state->finished == state->calls.size() || state->first_failure.has_value() ||
+               !state->to_retry.empty();
       };
       state->mu.Await(absl::Condition(&wake));
       failure = state->first_failure;
       if (failure.has_value()) break;
       retry.swap(state->to_retry);
-      if (retry.empty()) break;  // every chain has ended
-      state->active_chains += static_cast<int>(retry.size());
+      if (retry.empty()) break;  // every call has succeeded
       for (size_t i : retry) attempts = std::max(attempts, state->calls[i]->attempts);
     }
     for (size_t i : retry) ++stats_[static_cast<size_t>(plan[i].worker)].busy_retries;
@@ -338,14 +370,24 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
       for (const auto& call : state->calls) {
         if (!call->contexts.empty()) current.push_back(call->contexts.back().get());
       }
+      // Calls waiting for a retry will not be restarted: they leave the window.
+      for (size_t i : state->to_retry) {
+        --state->queues[state->calls[i]->queue].in_flight;
+        --state->in_flight;
+      }
+      state->to_retry.clear();
     }
     for (grpc::ClientContext* ctx : current) ctx->TryCancel();
   }
   {
     absl::MutexLock lock(&state->mu);
-    auto all_ended = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) { return state->active_chains == 0; };
+    auto all_ended = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) { return state->in_flight == 0; };
     state->mu.Await(absl::Condition(&all_ended));
     failure = state->first_failure;
+    for (const LayerCalls::Queue& queue : state->queues) {
+      WorkerCallStats& st = stats_[static_cast<size_t>(plan[queue.calls.front()].worker)];
+      st.peak_calls_in_flight = std::max<uint64_t>(st.peak_calls_in_flight, static_cast<uint64_t>(queue.peak_in_flight));
+    }
   }
   auto where = [&](size_t i) {
     const WorkerEndpoint& w = workers_[static_cast<size_t>(plan[i].worker)];

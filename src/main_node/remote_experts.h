@@ -12,11 +12,16 @@
 // Every call carries the request header (epoch, model fingerprint, sender, request id) and a deadline
 // (the cluster's rpc_timeout_ms). A call never carries more than max_tensor_bytes_per_call of hidden state, nor
 // asks for more than that of outputs: a large prefill is split into several calls (as is one of more than
-// max_rows_per_call token rows, the workers' limit), keeping an expert's rows in one call whenever they fit. The calls
-// of one layer run concurrently across workers (gRPC callback stubs, no threads of ours) and one after another
-// for the same worker, so a worker never has more than one call of main in flight (its handler threads are few
-// and its computation is serialized anyway): at most N_W calls are in flight. A failed call fails the layer with
-// the worker's status code and a message naming the worker; the other calls of the layer are cancelled.
+// max_rows_per_call token rows, the workers' limit), keeping an expert's rows in one call whenever they fit.
+//
+// Prefill mini-batches (OD-MoE fig. 7): a prefill chunk is further split into calls of at most
+// prefill_minibatch_rows (token, expert) rows, expert after expert for each worker, so that a worker computes
+// one mini-batch while the next one travels. The calls of one layer run concurrently across workers (gRPC
+// callback stubs, no threads of ours) and in order for each worker with at most calls_in_flight_per_worker (2)
+// of them in flight: the worker stages the next call (its rows and its expert on their way to the device) while
+// it computes the current one. Every task says in how many calls its expert is computed (expert_calls), so the
+// worker loads that expert once for all its mini-batches. A failed call fails the layer with the worker's
+// status code and a message naming the worker; the other calls of the layer are cancelled.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +61,7 @@ struct WorkerCallStats {
   double on_demand_load_ms = 0;   // the workers' load time for them
   double compute_ms = 0;
   uint64_t busy_retries = 0;  // calls the worker's server turned away for want of a thread, then retried
+  uint64_t peak_calls_in_flight = 0;  // most calls of one layer in flight to the worker at once
 };
 
 // Where decode time goes (OD-MoE eq. 1), since BeginRequest: t_M, main's own time per sparse layer (from the
@@ -81,6 +87,10 @@ struct RemoteExpertOptions {
   int64_t max_tokens = 256;  // the most tokens one Run gets (the engine's max_tokens_per_forward)
   int64_t max_tensor_bytes_per_call = rpc::kMaxTensorBytesPerCall;
   int64_t max_rows_per_call = 256;  // the workers' limit on token rows per call (kWorkerMaxRowsPerCall)
+  // Prefill: the most (token, expert) rows one call carries (a mini-batch); 0: calls as large as the limits
+  // above allow. From the cluster file's [cluster] prefill_minibatch_rows.
+  int64_t prefill_minibatch_rows = 0;
+  int64_t calls_in_flight_per_worker = 2;  // a worker's calls of one layer in flight at once (>= 1)
 };
 
 // One ComputeExperts call of a layer's plan: the tokens it sends and the experts it asks for.

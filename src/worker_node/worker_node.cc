@@ -39,14 +39,14 @@ constexpr int64_t kResponseHeadroomBytes = 1 << 20;
 
 // The node's device with its budget as the capacity where the backend takes one. A mock GPU records no timeline
 // here: a daemon runs for long.
-absl::StatusOr<std::unique_ptr<Device>> CreateWorkerDevice(const std::string& spec, uint64_t budget) {
+absl::StatusOr<std::unique_ptr<Device>> CreateWorkerDevice(const std::string& spec, uint64_t budget,
+                                                           const std::optional<MockGpuOptions>& mock_options) {
   if (spec == "cpu") return std::unique_ptr<Device>(new CpuDevice(budget));
   if (spec.starts_with("mock-gpu")) {
     ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> probe, CreateDevice(spec));  // validates "mock-gpu[:MB]"
-    MockGpuOptions options;
+    MockGpuOptions options = mock_options.value_or(MockGpuOptions{.record_timeline = false});
     const uint64_t spec_capacity = probe->memory_info().capacity;
     options.capacity_bytes = budget == 0 ? spec_capacity : std::min(budget, spec_capacity);
-    options.record_timeline = false;
     // Copies from memory the worker did not register (experts outside its store) run at pageable speed.
     options.h2d_pageable_bytes_per_s = options.h2d_bytes_per_s * MockGpuOptions::kPageableFraction;
     return std::unique_ptr<Device>(new MockGpuDevice(options));
@@ -122,7 +122,7 @@ absl::Status WorkerNode::Init(const std::string& model_dir) {
     decode_layers_.push_back(sparse[static_cast<size_t>(s)]);
   }
 
-  ODMOE_ASSIGN_OR_RETURN(device_, CreateWorkerDevice(self_.device, self_.gpu_budget_bytes));
+  ODMOE_ASSIGN_OR_RETURN(device_, CreateWorkerDevice(self_.device, self_.gpu_budget_bytes, options_.mock_gpu));
 
   // The host copy: the experts of the decode layers, and expert e of every sparse layer when this worker
   // computes e in prefill.
@@ -160,15 +160,15 @@ absl::Status WorkerNode::Init(const std::string& model_dir) {
                   : capacity == 0             ? self_.gpu_budget_bytes
                                               : std::min(capacity, self_.gpu_budget_bytes);
 
-  // The workspace: MLP scratch, the received hidden state, gathered rows and one expert's output, all for
-  // max_rows rows, and the row indices of every task of a call.
+  // The workspace: MLP scratch, gathered rows and one expert's output, all for max_rows rows, and per staging
+  // slot the received hidden state and the row indices of every task of a call.
   const int64_t rows = options_.max_rows_per_call;
   const int64_t h = config_.hidden_size;
   const int64_t inter = std::max<int64_t>(1, config_.expert_intermediate_size);
   const uint64_t activation_bytes = static_cast<uint64_t>(rows * h) * sizeof(float);
   const uint64_t index_bytes = static_cast<uint64_t>(rows * std::max<int64_t>(1, config_.num_experts)) * 4;
   const uint64_t ws_bytes = 2 * static_cast<uint64_t>(rows * inter) * sizeof(float);
-  const uint64_t needed = ws_bytes + 3 * activation_bytes + index_bytes;
+  const uint64_t needed = ws_bytes + 2 * activation_bytes + kStagingSlots * (activation_bytes + index_bytes);
   if (budget_bytes_ != 0 && needed + expert_bytes_ > budget_bytes_) {
     return absl::ResourceExhaustedError(StrCat("worker '", self_.name, "': its GPU budget of ", Mib(budget_bytes_),
                                                " cannot hold the workspace (", Mib(needed), " for ", rows,
@@ -177,14 +177,19 @@ absl::Status WorkerNode::Init(const std::string& model_dir) {
   }
   absl::MutexLock compute_lock(&compute_mu_);
   absl::MutexLock load_lock(&load_mu_);
+  absl::MutexLock stage_lock(&stage_mu_);
   compute_stream_ = device_->CreateStream();
   load_stream_ = device_->CreateStream();
+  stage_stream_ = device_->CreateStream();
   ODMOE_ASSIGN_OR_RETURN(ws_, MlpWorkspace::Create(*device_, rows, inter));
-  ODMOE_ASSIGN_OR_RETURN(hidden_, AllocateWithinBudget(activation_bytes, "worker hidden state"));
   ODMOE_ASSIGN_OR_RETURN(gathered_, AllocateWithinBudget(activation_bytes, "worker gathered rows"));
   ODMOE_ASSIGN_OR_RETURN(output_, AllocateWithinBudget(activation_bytes, "worker expert output"));
-  ODMOE_ASSIGN_OR_RETURN(rows_, AllocateWithinBudget(index_bytes, "worker row indices"));
-  workspace_bytes_ = ws_->bytes() + 3 * activation_bytes + index_bytes;
+  for (StagingSlot& slot : slots_) {
+    ODMOE_ASSIGN_OR_RETURN(slot.hidden, AllocateWithinBudget(activation_bytes, "worker hidden state"));
+    ODMOE_ASSIGN_OR_RETURN(slot.rows, AllocateWithinBudget(index_bytes, "worker row indices"));
+    slot.uploaded = device_->CreateEvent();
+  }
+  workspace_bytes_ = ws_->bytes() + 2 * activation_bytes + kStagingSlots * (activation_bytes + index_bytes);
   return absl::OkStatus();
 }
 
@@ -226,7 +231,7 @@ int WorkerNode::EvictIdle(uint64_t bytes, const std::vector<ExpertKey>& keep) {
     // Candidates: ready entries, those this request does not need first, then oldest first.
     std::vector<std::pair<std::pair<bool, uint64_t>, ResidentKey>> order;
     for (const auto& [key, entry] : resident_) {
-      if (entry.loading) continue;
+      if (entry.loading || entry.in_use) continue;
       const ExpertKey expert_key{std::get<0>(key), std::get<1>(key)};
       const bool kept = std::find(keep.begin(), keep.end(), expert_key) != keep.end();
       order.push_back({{kept, entry.sequence}, key});
@@ -238,11 +243,11 @@ int WorkerNode::EvictIdle(uint64_t bytes, const std::vector<ExpertKey>& keep) {
       if (limit != 0 && in_use <= limit && bytes <= limit - in_use) break;
       auto it = resident_.find(key);
       in_use -= std::min<uint64_t>(in_use, it->second.expert->buffer->size());
+      if (it->second.origin == Origin::kPrefetch) counters_.prefetches_unused += 1;
       victims.push_back(std::move(it->second.expert));
       resident_.erase(it);
     }
     counters_.evictions += victims.size();
-    counters_.prefetches_unused += victims.size();
   }
   return static_cast<int>(victims.size());  // the buffers are freed here, outside the lock
 }
@@ -263,8 +268,11 @@ int WorkerNode::AdvanceProgress(uint64_t request_id, int64_t position, int64_t l
       const ResidentEntry& entry = it->second;
       // Stale: predicted for a (position, layer) main has gone past. The current layer's own entries stay: the
       // request being computed takes them.
-      const bool current = entry.request_id == request_id && entry.position == position && std::get<0>(it->first) == layer;
-      if (!entry.loading && !current && Passed(progress_, entry.request_id, entry.position, std::get<0>(it->first))) {
+      const bool current =
+          entry.request_id == request_id && entry.position == position && std::get<0>(it->first) == layer;
+      if (!entry.loading && !entry.in_use && !current &&
+          Passed(progress_, entry.request_id, entry.position, std::get<0>(it->first))) {
+        if (entry.origin == Origin::kPrefetch) counters_.prefetches_unused += 1;
         victims.push_back(std::move(it->second.expert));
         it = resident_.erase(it);
       } else {
@@ -272,14 +280,14 @@ int WorkerNode::AdvanceProgress(uint64_t request_id, int64_t position, int64_t l
       }
     }
     counters_.evictions += victims.size();
-    counters_.prefetches_unused += victims.size();
   }
   return static_cast<int>(victims.size());
 }
 
 absl::StatusOr<std::unique_ptr<WorkerNode::LoadedExpert>> WorkerNode::LoadExpert(int64_t layer, int64_t e,
                                                                                  Stream* stream, bool may_evict,
-                                                                                 const std::vector<ExpertKey>& keep) {
+                                                                                 const std::vector<ExpertKey>& keep,
+                                                                                 bool async) {
   const Clock::time_point start = Clock::now();
   const std::vector<TensorSpec> specs = ExpertTensors(config_, layer, e);
   // The packed block when the store holds the expert (one copy); else the source's tensors: for a mapped
@@ -352,35 +360,67 @@ absl::StatusOr<std::unique_ptr<WorkerNode::LoadedExpert>> WorkerNode::LoadExpert
     }
   }
   loaded->mlp.intermediate = config_.expert_intermediate_size;
-  // The mapped bytes stay valid; waiting here makes the expert usable from any stream and times the load.
-  device_->Synchronize(stream);
+  if (async && packed != nullptr) {
+    // The store's bytes stay valid; whoever uses the expert waits for `ready`.
+    loaded->ready = device_->CreateEvent();
+    device_->RecordEvent(*loaded->ready, stream);
+  } else {
+    // Waiting here makes the expert usable from any stream, times the load, and lets `staging` go.
+    device_->Synchronize(stream);
+  }
   loaded->load_ms = MsSince(start);
   return loaded;
 }
 
-std::unique_ptr<WorkerNode::LoadedExpert> WorkerNode::TakeResident(const ExpertKey& key, int64_t position,
-                                                                   double* waited_ms) {
-  const Clock::time_point start = Clock::now();
-  absl::MutexLock lock(&mu_);
+std::map<WorkerNode::ResidentKey, WorkerNode::ResidentEntry>::iterator WorkerNode::FindResident(const ExpertKey& key,
+                                                                                             int64_t position) {
   // The entry for `position`, else the newest for an earlier one (entries for later positions are kept for
   // their own turn).
-  auto find = [&]() {
-    auto it = resident_.upper_bound(ResidentKey{key.first, key.second, position});
-    if (it == resident_.begin()) return resident_.end();
-    --it;
-    if (std::get<0>(it->first) != key.first || std::get<1>(it->first) != key.second) return resident_.end();
-    return it;
-  };
-  auto it = find();
-  while (it != resident_.end() && it->second.loading) {
+  auto it = resident_.upper_bound(ResidentKey{key.first, key.second, position});
+  if (it == resident_.begin()) return resident_.end();
+  --it;
+  if (std::get<0>(it->first) != key.first || std::get<1>(it->first) != key.second) return resident_.end();
+  return it;
+}
+
+WorkerNode::Taken WorkerNode::TakeResident(const ExpertKey& key, int64_t position, double* waited_ms) {
+  const Clock::time_point start = Clock::now();
+  absl::MutexLock lock(&mu_);
+  auto it = FindResident(key, position);
+  while (it != resident_.end() && (it->second.loading || it->second.in_use)) {
     resident_changed_.Wait(&mu_);
-    it = find();
+    it = FindResident(key, position);
   }
   *waited_ms = MsSince(start);
-  if (it == resident_.end()) return nullptr;
-  std::unique_ptr<LoadedExpert> expert = std::move(it->second.expert);
-  resident_.erase(it);
-  return expert;
+  Taken taken;
+  if (it == resident_.end()) return taken;
+  it->second.in_use = true;
+  taken.expert = it->second.expert.get();
+  taken.key = it->first;
+  taken.origin = it->second.origin;
+  return taken;
+}
+
+void WorkerNode::ReleaseResident(const ResidentKey& key, int32_t expert_calls) {
+  std::unique_ptr<LoadedExpert> freed;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = resident_.find(key);
+    ODMOE_CHECK(it != resident_.end() && it->second.in_use);
+    it->second.uses += 1;
+    if (it->second.uses < expert_calls) {
+      it->second.in_use = false;
+      if (it->second.origin != Origin::kKept) counters_.experts_kept += 1;
+      it->second.origin = Origin::kKept;
+      it->second.sequence = next_sequence_++;
+    } else {
+      freed = std::move(it->second.expert);
+      resident_.erase(it);
+      counters_.evictions += 1;
+    }
+    resident_changed_.SignalAll();
+  }
+  // `freed` goes here, outside the lock: no expert cache.
 }
 
 int64_t WorkerNode::ResidentExperts() const {
@@ -404,6 +444,19 @@ absl::Status WorkerNode::CheckLayer(int64_t layer) const {
 
 absl::Status WorkerNode::Compute(const v1::ComputeExpertsRequest& request, v1::ComputeExpertsResponse* response) {
   response->Clear();
+  {
+    absl::MutexLock lock(&mu_);
+    counters_.calls_in_flight_peak =
+        std::max<uint64_t>(counters_.calls_in_flight_peak, static_cast<uint64_t>(++calls_in_flight_));
+  }
+  absl::StatusOr<StagedCall> staged = Stage(request);
+  absl::Status status = staged.ok() ? Finish(std::move(staged).value(), response) : staged.status();
+  absl::MutexLock lock(&mu_);
+  --calls_in_flight_;
+  return status;
+}
+
+absl::StatusOr<WorkerNode::StagedCall> WorkerNode::Stage(const v1::ComputeExpertsRequest& request) {
   ODMOE_RETURN_IF_ERROR(rpc::CheckHeader(request.header(), cluster_.epoch, fingerprint_));
   ODMOE_RETURN_IF_ERROR(CheckLayer(request.layer()));
   if (request.tasks_size() == 0) return absl::InvalidArgumentError("tasks: empty (no expert to compute)");
@@ -451,61 +504,171 @@ absl::Status WorkerNode::Compute(const v1::ComputeExpertsRequest& request, v1::C
                                              "several calls"));
   }
 
-  AdvanceProgress(request.header().request_id(), request.position(), request.layer());
-  absl::MutexLock lock(&compute_mu_);
-  absl::Status status = ComputeLocked(request, hidden, n, response);
-  if (!status.ok()) response->Clear();
-  return status;
+
+  const uint64_t request_id = request.header().request_id();
+  AdvanceProgress(request_id, request.position(), request.layer());
+
+  StagedCall staged;
+  staged.request_ = &request;
+  staged.n_ = n;
+  absl::MutexLock stage_lock(&stage_mu_);
+  auto slot_free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stage_mu_) {
+    return std::find(slot_busy_.begin(), slot_busy_.end(), false) != slot_busy_.end();
+  };
+  stage_mu_.Await(absl::Condition(&slot_free));
+  staged.slot_ = static_cast<int>(std::find(slot_busy_.begin(), slot_busy_.end(), false) - slot_busy_.begin());
+  slot_busy_[static_cast<size_t>(staged.slot_)] = true;
+  staged.node_ = this;
+  StagingSlot& slot = slots_[static_cast<size_t>(staged.slot_)];
+  // The hidden rows, then every task's row indices back to back; the host vectors live in the slot until the
+  // copies are done.
+  slot.host_hidden = std::move(hidden);
+  slot.host_rows.clear();
+  for (const v1::ExpertTask& task : request.tasks()) {
+    slot.host_rows.insert(slot.host_rows.end(), task.rows().begin(), task.rows().end());
+  }
+  Stream* stream = stage_stream_.get();
+  device_->CopyToDevice(slot.hidden->data(), slot.host_hidden.data(), slot.host_hidden.size() * sizeof(float), stream);
+  device_->CopyToDevice(slot.rows->data(), slot.host_rows.data(), slot.host_rows.size() * sizeof(int32_t), stream);
+  device_->RecordEvent(*slot.uploaded, stream);
+
+  // Load ahead what is neither resident nor loading, as far as the budget allows without evicting anything.
+  // Untracked calls (request id 0) load on demand only: nothing would free an entry they left behind.
+  if (request_id == 0) return staged;
+  for (const v1::ExpertTask& task : request.tasks()) {
+    const ResidentKey key{request.layer(), task.expert(), request.position()};
+    {
+      absl::MutexLock lock(&mu_);
+      if (FindResident({request.layer(), task.expert()}, request.position()) != resident_.end()) continue;
+      if (budget_bytes_ != 0) {
+        const uint64_t in_use = device_->memory_info().in_use;
+        if (in_use > budget_bytes_ || expert_bytes_ > budget_bytes_ - in_use) break;
+      }
+    }
+    absl::StatusOr<std::unique_ptr<LoadedExpert>> loaded =
+        LoadExpert(request.layer(), task.expert(), stream, /*may_evict=*/false, {}, /*async=*/true);
+    if (!loaded.ok()) break;  // the budget is full after all (a concurrent load): Finish loads on demand
+    absl::MutexLock lock(&mu_);
+    ResidentEntry& entry = resident_[key];
+    entry.loading = false;
+    entry.origin = Origin::kStaged;
+    entry.sequence = next_sequence_++;
+    entry.request_id = request_id;
+    entry.position = request.position();
+    counters_.loads += 1;
+    counters_.loads_on_demand += 1;
+    counters_.loads_ahead += 1;
+    counters_.bytes_loaded += loaded.value()->tensor_bytes;
+    entry.expert = std::move(loaded).value();
+    staged.ahead_.push_back(key);
+    resident_changed_.SignalAll();
+  }
+  return staged;
 }
 
-absl::Status WorkerNode::ComputeLocked(const v1::ComputeExpertsRequest& request, const std::vector<float>& hidden,
-                                       int64_t n, v1::ComputeExpertsResponse* response) {
+void WorkerNode::ReleaseSlot(int slot) {
+  StagingSlot& s = slots_[static_cast<size_t>(slot)];
+  device_->SynchronizeEvent(*s.uploaded);  // the uploads read the host vectors
+  absl::MutexLock stage_lock(&stage_mu_);
+  slot_busy_[static_cast<size_t>(slot)] = false;
+}
+
+void WorkerNode::DropStagedLoads(const StagedCall& staged) {
+  std::vector<std::unique_ptr<LoadedExpert>> victims;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const ResidentKey& key : staged.ahead_) {
+      auto it = resident_.find(key);
+      if (it == resident_.end() || it->second.in_use || it->second.loading) continue;
+      victims.push_back(std::move(it->second.expert));
+      resident_.erase(it);
+    }
+    counters_.evictions += victims.size();
+  }
+  // Each victim's copy may still be in flight: wait for it before its memory goes.
+  for (const auto& victim : victims) {
+    if (victim->ready != nullptr) device_->SynchronizeEvent(*victim->ready);
+  }
+}
+
+absl::Status WorkerNode::Finish(StagedCall staged, v1::ComputeExpertsResponse* response) {
+  ODMOE_CHECK(staged.node_ == this);
+  response->Clear();
+  absl::Status status;
+  {
+    absl::MutexLock lock(&compute_mu_);
+    status = ComputeLocked(staged, response);
+  }
+  if (status.ok()) {
+    staged.ahead_.clear();  // used: freed, or kept for the next call
+  } else {
+    response->Clear();
+  }
+  return status;  // `staged` frees what it still holds (after a failure) and gives its slot back here
+}
+
+absl::Status WorkerNode::ComputeLocked(const StagedCall& staged, v1::ComputeExpertsResponse* response) {
   Stream* stream = compute_stream_.get();
+  const v1::ComputeExpertsRequest& request = *staged.request_;
   const int64_t layer = request.layer();
   const int64_t h = config_.hidden_size;
-  // One upload of the hidden state and one of every task's rows, back to back. Both host vectors live until
-  // the first CopyToHost below has synchronized the stream.
-  std::vector<int32_t> packed;
+  const int64_t n = staged.n_;
+  const bool may_keep = request.header().request_id() != 0;
+  StagingSlot& slot = slots_[static_cast<size_t>(staged.slot_)];
+  device_->WaitEvent(stream, *slot.uploaded);
   std::vector<ExpertKey> keys;
-  for (const v1::ExpertTask& task : request.tasks()) {
-    packed.insert(packed.end(), task.rows().begin(), task.rows().end());
-    keys.emplace_back(layer, task.expert());
-  }
-  device_->CopyToDevice(hidden_->data(), hidden.data(), hidden.size() * sizeof(float), stream);
-  device_->CopyToDevice(rows_->data(), packed.data(), packed.size() * sizeof(int32_t), stream);
-  const int32_t* dev_rows = rows_->as<int32_t>();
+  for (const v1::ExpertTask& task : request.tasks()) keys.emplace_back(layer, task.expert());
+  const int32_t* dev_rows = slot.rows->as<int32_t>();
 
   size_t offset = 0;
   for (int i = 0; i < request.tasks_size(); ++i) {
     const v1::ExpertTask& task = request.tasks(i);
     const int64_t e = task.expert();
     double load_ms = 0;
-    std::unique_ptr<LoadedExpert> expert = TakeResident(keys[static_cast<size_t>(i)], request.position(), &load_ms);
-    const bool on_demand = expert == nullptr;
-    if (on_demand) {
+    Taken taken = TakeResident(keys[static_cast<size_t>(i)], request.position(), &load_ms);
+    // Staged ahead by this call: still an on-demand load (it was not resident when the call arrived).
+    bool on_demand = taken.expert == nullptr || taken.origin == Origin::kStaged;
+    std::unique_ptr<LoadedExpert> own;  // loaded here, on demand
+    const LoadedExpert* expert = taken.expert;
+    if (taken.expert == nullptr) {
       const std::vector<ExpertKey> later(keys.begin() + i + 1, keys.end());
       absl::StatusOr<std::unique_ptr<LoadedExpert>> loaded = LoadExpert(layer, e, stream, /*may_evict=*/true, later);
       if (!loaded.ok()) {
-        device_->Synchronize(stream);  // the uploads above read `hidden` and `packed`, which die on return
+        device_->Synchronize(stream);  // earlier tasks' work is done before the error returns
         return absl::Status(loaded.status().code(), StrCat("loading expert ", e, " of layer ", layer,
                                                            " on demand: ", loaded.status().message()));
       }
-      expert = std::move(loaded).value();
-      load_ms = expert->load_ms;
+      own = std::move(loaded).value();
+      expert = own.get();
+      load_ms = own->load_ms;
       absl::MutexLock counters_lock(&mu_);
       counters_.loads += 1;
       counters_.loads_on_demand += 1;
-      counters_.bytes_loaded += expert->tensor_bytes;
+      counters_.bytes_loaded += own->tensor_bytes;
       counters_.load_ms_total += load_ms;
       counters_.on_demand_load_ms_total += load_ms;
+    } else if (taken.expert->ready != nullptr) {
+      // Loaded asynchronously as its call was staged: wait for the copy (its time is part of the load).
+      const Clock::time_point wait_start = Clock::now();
+      device_->SynchronizeEvent(*taken.expert->ready);
+      const double ms = taken.expert->load_ms + MsSince(wait_start);
+      taken.expert->ready.reset();
+      taken.expert->load_ms = 0;
+      if (taken.origin == Origin::kStaged) {
+        load_ms = ms;
+        absl::MutexLock counters_lock(&mu_);
+        counters_.load_ms_total += ms;
+        counters_.on_demand_load_ms_total += ms;
+      }
     }
+    if (taken.origin == Origin::kKept) on_demand = false;
 
     const Clock::time_point start = Clock::now();
     const int64_t m = task.rows_size();
     // Exactly LocalExpertExecutor's ops: gather the rows (an exact copy), then the SwiGLU MLP.
-    const float* x = hidden_->as<float>();
+    const float* x = slot.hidden->as<float>();
     if (!(m == n && n == 1)) {
-      device_->GatherRows(hidden_->as<float>(), dev_rows + offset, m, h, gathered_->as<float>(), stream);
+      device_->GatherRows(slot.hidden->as<float>(), dev_rows + offset, m, h, gathered_->as<float>(), stream);
       x = gathered_->as<float>();
     }
     RunMlp(*device_, expert->mlp, x, m, h, *ws_, output_->as<float>(), stream);
@@ -519,7 +682,30 @@ absl::Status WorkerNode::ComputeLocked(const v1::ComputeExpertsRequest& request,
     data->resize(static_cast<size_t>(m * h) * sizeof(float));
     device_->CopyToHost(data->data(), output_->data(), data->size(), stream);  // synchronizes the stream
     const double compute_ms = MsSince(start);
-    expert.reset();  // evict: no expert cache
+    const int32_t expert_calls = may_keep ? std::max(1, task.expert_calls()) : 1;
+    if (own != nullptr) {
+      absl::MutexLock lock(&mu_);
+      if (expert_calls > 1) {
+        // Resident for the other mini-batches of this expert (unless a staged load of it got there first).
+        auto [it, inserted] = resident_.try_emplace(ResidentKey{layer, e, request.position()});
+        ResidentEntry& entry = it->second;
+        entry.uses += 1;
+        if (inserted) {
+          entry.loading = false;
+          entry.origin = Origin::kKept;
+          entry.sequence = next_sequence_++;
+          entry.request_id = request.header().request_id();
+          entry.position = request.position();
+          entry.expert = std::move(own);
+          counters_.experts_kept += 1;
+          resident_changed_.SignalAll();
+        }
+      }
+      if (own != nullptr) counters_.evictions += 1;
+    } else {
+      ReleaseResident(taken.key, expert_calls);
+    }
+    own.reset();  // evict (when not kept): no expert cache
     out->set_loaded_on_demand(on_demand);
     out->set_load_ms(load_ms);
     out->set_compute_ms(compute_ms);
@@ -529,7 +715,6 @@ absl::Status WorkerNode::ComputeLocked(const v1::ComputeExpertsRequest& request,
     counters_.experts_computed += 1;
     counters_.rows_computed += static_cast<uint64_t>(m);
     counters_.compute_ms_total += compute_ms;
-    counters_.evictions += 1;
   }
   return absl::OkStatus();
 }
@@ -627,6 +812,9 @@ v1::WorkerStats WorkerNode::Stats(bool reset) {
     s.set_host_bytes_pinned(store_->pinned_bytes());
     s.set_host_experts_packed(static_cast<uint64_t>(store_->experts()));
     s.set_host_packed_here(store_->packed_here());
+    s.set_experts_kept(counters_.experts_kept);
+    s.set_loads_ahead(counters_.loads_ahead);
+    s.set_calls_in_flight_peak(counters_.calls_in_flight_peak);
     if (reset) counters_ = Counters{};
   }
   const MemoryInfo mi = device_->memory_info();

@@ -8,8 +8,9 @@
 // scattering the outputs with ScatterAddScaled in ascending expert order, gets bit for bit what the
 // single-process engine computes.
 //
-// Memory: the device holds, at most, the fixed workspace allocated at start, the experts prefetched and not yet
-// used, and the one expert being loaded on demand. The budget is the node's gpu_budget_bytes (the device's own
+// Memory: the device holds, at most, the fixed workspace allocated at start (with two staging slots), the
+// experts prefetched, loaded ahead or kept for another mini-batch and not yet used, and the one expert being
+// loaded on demand. The budget is the node's gpu_budget_bytes (the device's own
 // capacity when none is set); a worker refuses to start when the budget cannot hold the workspace plus one
 // expert. When an on-demand load does not fit, idle prefetched experts (predicted, not yet used) are evicted,
 // those not needed by the current request first.
@@ -32,17 +33,28 @@
 // Weight access: the worker reads only routed-expert tensors (Checkpoint::Read, or synthetic generation when the
 // cluster file's [model] is synthetic); the model fingerprint reads metadata only.
 //
+// Pipelining (prefill mini-batches, OD-MoE fig. 7): a ComputeExperts call is staged as soon as it arrives
+// (Stage: validated, its hidden rows and row indices uploaded into one of two staging slots on the staging
+// stream, and the experts it needs that are neither resident nor loading loaded there as far as the budget
+// allows without evicting), then computed in arrival order of the computation lock (Finish). Main keeps two
+// calls in flight per worker, so the next mini-batch's rows and its expert travel to the device while the
+// current one computes. A task's expert_calls says how many calls of its (request, position, layer) compute
+// that expert; the worker keeps it resident until it has computed them all (in whatever order they come), so an
+// expert is loaded once per prefill layer however many mini-batches it takes.
+//
 // Threads: the gRPC server's handler threads call the RPC methods concurrently; the class starts no thread.
 // Expert computation is serialized by `compute_mu_` (one device budget, one workspace); Prefetch loads outside
-// it (serialized among themselves by `load_mu_`), so a prefetch never waits for a computation. Residency and
-// counters are guarded by `mu_`; a ComputeExperts that needs an expert a Prefetch is still loading waits for it
-// (`resident_changed_`). Lock order: `compute_mu_` or `load_mu_` first; `alloc_mu_` and `mu_` are leaves, never
-// held together.
+// it (serialized among themselves by `load_mu_`), so a prefetch never waits for a computation; staging is
+// serialized by `stage_mu_`. Residency and counters are guarded by `mu_`; a ComputeExperts that needs an expert
+// a Prefetch is still loading waits for it (`resident_changed_`). Lock order: `compute_mu_`, then `load_mu_` or
+// `stage_mu_`; `alloc_mu_` and `mu_` are leaves, never held together.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -53,6 +65,7 @@
 #include "absl/synchronization/mutex.h"
 #include "odmoe/v1/worker.grpc.pb.h"
 #include "src/backend/device.h"
+#include "src/backend/mock_gpu_device.h"
 #include "src/common/cluster_config.h"
 #include "src/engine/model_weights.h"
 #include "src/engine/moe_units.h"
@@ -74,6 +87,9 @@ struct WorkerOptions {
   // share_host_experts); false: a private store of the served experts.
   bool share_host_experts = true;
   std::string shm_dir = "/dev/shm";  // where shared segments and their lock files live
+  // Tests: the mock GPU's speeds and timeline recording (its capacity is still the node's budget); ignored for
+  // other devices. Unset: the defaults, without a timeline.
+  std::optional<MockGpuOptions> mock_gpu;
 };
 
 class WorkerNode final : public v1::Worker::Service {
@@ -100,10 +116,21 @@ class WorkerNode final : public v1::Worker::Service {
                              v1::Membership* response) override;
 
   // ---- the same operations as absl::Status (what the handlers call) -------------------------------------------
+  // A call between its two halves: see Stage. Move-only; destroying it without Finish frees what it loaded ahead
+  // and gives its slot back.
+  class StagedCall;
   // Validates the whole request first (FailedPrecondition for a header of another epoch or model;
   // InvalidArgument naming the field for anything else), then computes every task in order. On error the
-  // response is cleared and no expert stays loaded by this call.
+  // response is cleared and no expert stays loaded by this call. Compute = Stage, then Finish.
   absl::Status Compute(const v1::ComputeExpertsRequest& request, v1::ComputeExpertsResponse* response);
+  // The first half of Compute, run as the call arrives: validates the request, waits for a free staging slot
+  // (two: at most two calls are staged at once), enqueues the upload of its hidden rows and row indices, and
+  // starts loading the experts it needs that are neither resident nor loading (those that fit the budget next
+  // to what is resident; the others are loaded on demand by Finish). Blocks the host on none of these copies.
+  // `request` must outlive the StagedCall.
+  absl::StatusOr<StagedCall> Stage(const v1::ComputeExpertsRequest& request);
+  // The second half: computes the staged call's tasks in order (serialized with other calls), fills `response`.
+  absl::Status Finish(StagedCall staged, v1::ComputeExpertsResponse* response);
   // Loads the listed experts that are neither resident nor loading, synchronously; returns how many loads it
   // started. ResourceExhausted, naming the budget, when they do not fit next to what is resident.
   // A prediction for a (request, position, layer) main has already asked for (or gone past) is late: nothing is
@@ -134,21 +161,29 @@ class WorkerNode final : public v1::Worker::Service {
   uint64_t budget_bytes() const { return budget_bytes_; }
   // Model layer indices of the sparse layers this worker's group serves in decode (Placement).
   const std::vector<int64_t>& decode_layers() const { return decode_layers_; }
-  // How many experts are resident (prefetched, not yet used) or loading now.
+  // How many experts are resident (prefetched or kept, not yet used), loading, or being computed now.
   int64_t ResidentExperts() const;
 
  private:
   using ExpertKey = std::pair<int64_t, int64_t>;  // (layer, expert)
+  using ResidentKey = std::tuple<int64_t, int64_t, int64_t>;  // (layer, expert, position)
+  static constexpr int kStagingSlots = 2;
 
   // One expert's projections in device memory (one allocation: gate, up, down at aligned offsets).
   struct LoadedExpert {
     std::unique_ptr<Buffer> buffer;
     MlpWeights mlp;
     uint64_t tensor_bytes = 0;  // bytes copied host-to-device
-    double load_ms = 0;
+    double load_ms = 0;         // an asynchronous load: the time to enqueue it (the wait is added when used)
+    std::unique_ptr<Event> ready;  // an asynchronous load: recorded after its copy (null: already complete)
   };
+  // Why an expert is resident: predicted (Prefetch), loaded as its call was staged, or kept for the next call.
+  enum class Origin { kPrefetch, kStaged, kKept };
   struct ResidentEntry {
     bool loading = true;  // a Prefetch is copying it; `expert` is set when done
+    bool in_use = false;  // a computation is using it (not evictable)
+    int32_t uses = 0;     // calls that have computed with it
+    Origin origin = Origin::kPrefetch;
     std::unique_ptr<LoadedExpert> expert;
     uint64_t sequence = 0;  // order of arrival, for eviction (oldest first)
     // What the prediction was for: the request and decode position (request 0: untracked, never stale).
@@ -165,6 +200,24 @@ class WorkerNode final : public v1::Worker::Service {
   // request): a prediction for it is late, a prefetched expert for it stale.
   static bool Passed(const Progress& progress, uint64_t request_id, int64_t position, int64_t layer);
 
+  // One staging slot: device buffers for a call's hidden rows and row indices, the host copies they are
+  // uploaded from (alive until `uploaded` has completed), and whether a call holds it.
+  struct StagingSlot {
+    std::unique_ptr<Buffer> hidden;   // [max_rows, hidden]
+    std::unique_ptr<Buffer> rows;     // [max_rows * num_experts] int32
+    std::unique_ptr<Event> uploaded;  // recorded after the uploads
+    std::vector<float> host_hidden;
+    std::vector<int32_t> host_rows;
+  };
+  // Gives slot `slot` back once its uploads have completed.
+  void ReleaseSlot(int slot);
+  // What Finish takes for one task: the expert (owned by its resident entry, marked in use) and its key.
+  struct Taken {
+    LoadedExpert* expert = nullptr;  // null: neither resident nor loading
+    ResidentKey key;
+    Origin origin = Origin::kPrefetch;
+  };
+
   struct Counters {
     uint64_t experts_computed = 0;
     uint64_t rows_computed = 0;
@@ -178,6 +231,9 @@ class WorkerNode final : public v1::Worker::Service {
     uint64_t prefetches = 0;
     uint64_t prefetches_late = 0;
     uint64_t prefetches_unused = 0;
+    uint64_t experts_kept = 0;
+    uint64_t loads_ahead = 0;
+    uint64_t calls_in_flight_peak = 0;
   };
 
   WorkerNode(const ClusterConfig& cluster, const NodeConfig& self, const WorkerOptions& options)
@@ -189,24 +245,33 @@ class WorkerNode final : public v1::Worker::Service {
   // InvalidArgument unless `layer` is a sparse layer of the model.
   absl::Status CheckLayer(int64_t layer) const;
   // Copies expert (layer, e) from the mapped checkpoint to a new device allocation on `stream` and waits for
-  // the copies. On ResourceExhausted, evicts idle resident experts (those not in `keep` first) and retries.
-  // Prefetch passes `may_evict` false: a prediction never displaces another one.
+  // the copies (with `async`, records LoadedExpert::ready instead, when the bytes come from the store). On
+  // ResourceExhausted, evicts idle resident experts (those not in `keep` first) and retries. Prefetch and
+  // staging pass `may_evict` false: they never displace another resident expert.
   absl::StatusOr<std::unique_ptr<LoadedExpert>> LoadExpert(int64_t layer, int64_t e, Stream* stream, bool may_evict,
-                                                           const std::vector<ExpertKey>& keep);
+                                                           const std::vector<ExpertKey>& keep, bool async = false);
   // Allocates `bytes` within the budget (atomically with the budget check).
   absl::StatusOr<std::unique_ptr<Buffer>> AllocateWithinBudget(size_t bytes, std::string_view tag);
   absl::Status BudgetError(std::string_view what, uint64_t bytes) const;
   // Frees idle resident experts, oldest first, those not in `keep` before those in it, until `bytes` more fit
   // in the budget (or none is left). Returns how many were evicted.
   int EvictIdle(uint64_t bytes, const std::vector<ExpertKey>& keep);
-  // Takes expert (layer, e) out of the resident set, waiting for an in-flight prefetch of it; nullptr when it
-  // is neither resident nor loading. `waited_ms` gets the time spent waiting.
-  // Prefers the entry predicted for `position`, else the newest one for an earlier position (the same weights).
-  std::unique_ptr<LoadedExpert> TakeResident(const ExpertKey& key, int64_t position, double* waited_ms);
+  // Finds expert (layer, e) among the resident entries, waiting for an in-flight prefetch of it, and marks it in
+  // use; Taken::expert is null when it is neither resident nor loading. `waited_ms` gets the time spent waiting.
+  // Prefers the entry for `position`, else the newest one for an earlier position (the same weights).
+  Taken TakeResident(const ExpertKey& key, int64_t position, double* waited_ms);
+  // Ends a use of a taken entry: keeps it resident (idle, Origin::kKept) until it has been used by
+  // `expert_calls` calls, then frees it.
+  void ReleaseResident(const ResidentKey& key, int32_t expert_calls);
+  // The resident entry of expert `key` usable at `position` (TakeResident's choice), or end().
+  std::map<ResidentKey, ResidentEntry>::iterator FindResident(const ExpertKey& key, int64_t position)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records main's progress and frees the idle prefetched experts it made stale. Returns how many were freed.
   int AdvanceProgress(uint64_t request_id, int64_t position, int64_t layer);
-  absl::Status ComputeLocked(const v1::ComputeExpertsRequest& request, const std::vector<float>& hidden, int64_t n,
-                             v1::ComputeExpertsResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(compute_mu_);
+  absl::Status ComputeLocked(const StagedCall& staged, v1::ComputeExpertsResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(compute_mu_);
+  // Frees the idle entries `staged` loaded ahead (its Finish failed, or it was dropped without one).
+  void DropStagedLoads(const StagedCall& staged);
 
   const ClusterConfig cluster_;
   const NodeConfig self_;
@@ -230,10 +295,17 @@ class WorkerNode final : public v1::Worker::Service {
   absl::Mutex compute_mu_;
   std::unique_ptr<Stream> compute_stream_ ABSL_GUARDED_BY(compute_mu_);
   std::unique_ptr<MlpWorkspace> ws_ ABSL_GUARDED_BY(compute_mu_);
-  std::unique_ptr<Buffer> hidden_ ABSL_GUARDED_BY(compute_mu_);    // [max_rows, hidden]
   std::unique_ptr<Buffer> gathered_ ABSL_GUARDED_BY(compute_mu_);  // [max_rows, hidden]
   std::unique_ptr<Buffer> output_ ABSL_GUARDED_BY(compute_mu_);    // [max_rows, hidden]
-  std::unique_ptr<Buffer> rows_ ABSL_GUARDED_BY(compute_mu_);      // [max_rows * num_experts] int32
+
+  // Staging: the slots (each used by the one call that holds it), which are free, and the stream the uploads
+  // and the loads started by Stage go on.
+  std::array<StagingSlot, kStagingSlots> slots_;
+  absl::Mutex stage_mu_;
+  absl::CondVar slot_freed_;
+  std::array<bool, kStagingSlots> slot_busy_ ABSL_GUARDED_BY(stage_mu_) = {};
+  std::unique_ptr<Stream> stage_stream_ ABSL_GUARDED_BY(stage_mu_);
+  int64_t calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Serializes Prefetch loads; owns their stream.
   absl::Mutex load_mu_;
@@ -245,11 +317,45 @@ class WorkerNode final : public v1::Worker::Service {
   mutable absl::Mutex mu_;
   absl::CondVar resident_changed_;  // signalled when a loading entry becomes ready or is dropped
   // Keyed by (layer, expert, position): predictions of one expert for several positions may be resident.
-  using ResidentKey = std::tuple<int64_t, int64_t, int64_t>;
   std::map<ResidentKey, ResidentEntry> resident_ ABSL_GUARDED_BY(mu_);
   Progress progress_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   Counters counters_ ABSL_GUARDED_BY(mu_);
+};
+
+class WorkerNode::StagedCall {
+ public:
+  StagedCall(StagedCall&& other) noexcept { *this = std::move(other); }
+  StagedCall& operator=(StagedCall&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      node_ = std::exchange(other.node_, nullptr);
+      request_ = other.request_;
+      n_ = other.n_;
+      slot_ = other.slot_;
+      ahead_ = std::move(other.ahead_);
+    }
+    return *this;
+  }
+  ~StagedCall() { Reset(); }
+
+ private:
+  friend class WorkerNode;
+  StagedCall() = default;
+  // Frees what Stage loaded ahead (unless Finish consumed it) and gives the slot back.
+  void Reset() {
+    if (node_ == nullptr) return;
+    WorkerNode* node = std::exchange(node_, nullptr);
+    node->DropStagedLoads(*this);
+    ahead_.clear();
+    node->ReleaseSlot(slot_);
+  }
+
+  WorkerNode* node_ = nullptr;  // set while the slot is held
+  const v1::ComputeExpertsRequest* request_ = nullptr;
+  int64_t n_ = 0;  // rows of hidden
+  int slot_ = -1;
+  std::vector<ResidentKey> ahead_;  // the entries Stage started loading
 };
 
 }  // namespace odmoe

@@ -183,6 +183,23 @@ TEST(MockGpuDeviceTest, HostToDeviceCopiesShareOneLink) {
   EXPECT_EQ(timeline[2].start_s, 0.0);
 }
 
+TEST(MockGpuDeviceTest, SynchronizeEventAdvancesTheHostClockToTheEventOnly) {
+  MockGpuDevice device(TestOptions());
+  auto load = device.CreateStream();
+  auto other = device.CreateStream();
+  std::vector<float> a(1024, 1.0f), b(64 * 1024, 2.0f);
+  auto a_dev = Upload(device, a, load.get());
+  auto done = device.CreateEvent();
+  device.RecordEvent(*done, load.get());
+  auto b_dev = Upload(device, b, other.get());  // later on the link, not part of the event
+  device.SynchronizeEvent(*done);
+  EXPECT_DOUBLE_EQ(device.virtual_time_s(), device.StreamTime(load.get()));
+  EXPECT_LT(device.virtual_time_s(), device.StreamTime(other.get()));
+  auto never = device.CreateEvent();
+  device.SynchronizeEvent(*never);  // never recorded: complete at once
+  EXPECT_DOUBLE_EQ(device.virtual_time_s(), device.StreamTime(load.get()));
+}
+
 TEST(MockGpuDeviceTest, EventsOrderStreamsAndIndependentStreamsOverlap) {
   MockGpuDevice device(TestOptions());
   auto load = device.CreateStream();

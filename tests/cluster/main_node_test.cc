@@ -65,13 +65,18 @@ struct ClusterSpec {
   int64_t rpc_timeout_ms = 60000;
   int down_worker = -1;  // this worker gets an address where nothing listens
   int hung_worker = -1;  // this worker never answers
+  int64_t prefill_minibatch_rows = -1;  // -1: the cluster file's default
   MainNodeOptions main_options;
 };
 
 std::string ClusterToml(const ClusterSpec& spec, const std::string& main_address,
                         const std::vector<std::string>& worker_addresses) {
   std::string t = StrCat("[cluster]\nname = \"test\"\nepoch = ", kEpoch, "\ngroup_size = ", spec.group_size,
-                         "\nrpc_timeout_ms = ", spec.rpc_timeout_ms, "\n[model]\npath = \"", SharedModel(spec.model),
+                         "\nrpc_timeout_ms = ", spec.rpc_timeout_ms,
+                         spec.prefill_minibatch_rows >= 0
+                             ? StrCat("\nprefill_minibatch_rows = ", spec.prefill_minibatch_rows)
+                             : std::string(),
+                         "\n[model]\npath = \"", SharedModel(spec.model),
                          "\"\n[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"", main_address,
                          "\"\ndevice = \"", spec.main_device, "\"\n");
   for (size_t i = 0; i < worker_addresses.size(); ++i) {
@@ -411,6 +416,59 @@ TEST(MainNodeTest, ChunkedCallsAndOtherTopologiesStayExact) {
   EXPECT_EQ(rows, static_cast<uint64_t>(c.top_k) * c.SparseLayers().size() * remote->stats.positions());
   EXPECT_GE(calls, experts / 2);  // sanity: calls were made; with 3 rows per call, many
   EXPECT_EQ(remote->stats.expert_tensors_opened(), 0u);
+}
+
+TEST(MainNodeTest, PrefillMiniBatchesKeepTheTokensAndLoadEachExpertOnce) {
+  // The same prompt without mini-batches and in mini-batches of 3 rows: the same tokens, routing and logits as
+  // the single-process engine; with mini-batches main has two calls in flight per worker and each worker
+  // still loads each expert once per layer (it keeps it between its mini-batches), then frees it.
+  const std::string model = "mixtral-tiny";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  struct Run {
+    std::vector<uint64_t> calls, loads, rows, peak, kept;
+  };
+  std::map<int64_t, Run> runs;
+  std::vector<int32_t> prompt;
+  for (const int64_t minibatch : {int64_t{0}, int64_t{3}}) {
+    SCOPED_TRACE(StrCat("prefill_minibatch_rows = ", minibatch));
+    ClusterSpec spec;
+    spec.model = model;
+    spec.workers = 4;
+    spec.prefill_minibatch_rows = minibatch;
+    TestCluster cluster(spec);
+    const absl::Status started = cluster.Start();
+    ASSERT_TRUE(started.ok()) << started;
+    if (prompt.empty()) prompt = SpreadPrompt(cluster.main().config(), 40);
+    const GenerateResult local = LocalReference(model, "cpu", prompt, 4);
+    auto remote = GenerateRemote(cluster.endpoint(), IdsRequest(prompt, 4), kTimeoutMs, nullptr);
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    ExpectSameAsLocal(*remote, local, prompt);
+    Run& run = runs[minibatch];
+    for (int i = 0; i < spec.workers; ++i) {
+      const v1::WorkerRequestStats& w = remote->stats.workers(i);
+      run.calls.push_back(w.calls());
+      run.loads.push_back(w.loads_on_demand());
+      run.rows.push_back(w.rows_computed());
+      run.peak.push_back(w.peak_calls_in_flight());
+      const v1::WorkerStats ws = cluster.worker(i)->Stats(false);
+      EXPECT_EQ(ws.loads(), w.loads_on_demand()) << "worker " << i;
+      EXPECT_EQ(ws.evictions(), ws.loads()) << "worker " << i;  // every expert freed in the end
+      EXPECT_EQ(cluster.worker(i)->ResidentExperts(), 0) << "worker " << i;
+      run.kept.push_back(ws.experts_kept());
+    }
+  }
+  const Run& whole = runs[0];
+  const Run& mini = runs[3];
+  for (size_t i = 0; i < whole.calls.size(); ++i) {
+    SCOPED_TRACE(StrCat("worker ", i));
+    EXPECT_EQ(mini.rows[i], whole.rows[i]);
+    EXPECT_EQ(mini.loads[i], whole.loads[i]);  // one load per (layer, expert), however many mini-batches
+    EXPECT_GT(mini.calls[i], whole.calls[i]);
+    EXPECT_EQ(mini.peak[i], 2u);
+    EXPECT_EQ(whole.peak[i], 1u);  // one call per worker and layer: nothing to pipeline
+    EXPECT_GT(mini.kept[i], 0u);
+    EXPECT_EQ(whole.kept[i], 0u);
+  }
 }
 
 TEST(MainNodeTest, TextPromptStreamsTheSameText) {

@@ -965,6 +965,217 @@ TEST_F(WorkerNodeTest, DecodeLoadsFollowThePlacementAndTheBudgetIsKept) {
   }
 }
 
+// ---- prefill mini-batches -------------------------------------------------------------------------------------
+
+// A mini-batch call: rows [begin, end) of `hidden` (sent as the call's own hidden state) for expert `e`.
+struct MiniBatch {
+  int32_t expert = 0;
+  int64_t begin = 0, end = 0;
+  int32_t calls = 1;  // how many calls compute this expert (ExpertTask.expert_calls)
+};
+
+class MiniBatchTest : public WorkerNodeTest {
+ protected:
+  static constexpr uint64_t kRequest = 21;
+  static constexpr int64_t kLayer = 0;  // a sparse layer of w0 (even experts are w0's in prefill)
+
+  // A worker whose mock GPU records its timeline and computes slowly (1 GFLOP/s), so that an expert's compute
+  // takes longer than the small copies of this model, as the big experts of a real one do.
+  std::unique_ptr<WorkerNode> MakeTimedWorker(uint64_t budget_bytes = 0) {
+    NodeConfig self = *cluster_.Find("w0");
+    self.gpu_budget_bytes = budget_bytes;
+    WorkerOptions options;
+    options.shm_dir = ShmDir();
+    options.mock_gpu = MockGpuOptions{};
+    options.mock_gpu->flops_per_s = 1e9;
+    options.mock_gpu->record_timeline = true;
+    auto node = WorkerNode::Create(cluster_, self, model_dir_, options);
+    EXPECT_TRUE(node.ok()) << node.status();
+    return node.ok() ? std::move(node).value() : nullptr;
+  }
+
+  v1::ComputeExpertsRequest Request(const WorkerNode& node, const std::vector<float>& hidden, const MiniBatch& mb) {
+    const int64_t h = config_.hidden_size;
+    const std::vector<float> rows(hidden.begin() + mb.begin * h, hidden.begin() + mb.end * h);
+    std::vector<int32_t> local;
+    for (int64_t r = 0; r < mb.end - mb.begin; ++r) local.push_back(static_cast<int32_t>(r));
+    v1::ComputeExpertsRequest req = MakeRequest(kLayer, rows, mb.end - mb.begin, {{mb.expert, local, {}}});
+    rpc::FillHeader(req.mutable_header(), kEpoch, node.fingerprint(), "test");
+    req.mutable_header()->set_request_id(kRequest);
+    req.set_position(0);
+    req.mutable_tasks(0)->set_expert_calls(mb.calls);
+    return req;
+  }
+
+  // The response's one output equals expert(hidden[begin, end)) on the reference device, bit for bit.
+  void ExpectExact(const v1::ComputeExpertsResponse& resp, const std::vector<float>& hidden, const MiniBatch& mb) {
+    ASSERT_EQ(resp.outputs_size(), 1);
+    std::vector<int32_t> rows;
+    for (int64_t r = mb.begin; r < mb.end; ++r) rows.push_back(static_cast<int32_t>(r));
+    const std::vector<float> want = LocalExpert(kLayer, mb.expert, hidden, rows);
+    EXPECT_TRUE(BitwiseEqual(want.data(), reinterpret_cast<const float*>(resp.outputs(0).output().data().data()),
+                             want.size()))
+        << "expert " << mb.expert << " rows " << mb.begin << ".." << mb.end;
+  }
+};
+
+// Timeline intervals [from, to) of `kind`.
+std::vector<MockGpuInterval> Intervals(const std::vector<MockGpuInterval>& timeline, size_t from, size_t to,
+                                       MockGpuWork kind) {
+  std::vector<MockGpuInterval> out;
+  for (size_t i = from; i < to && i < timeline.size(); ++i) {
+    if (timeline[i].kind == kind) out.push_back(timeline[i]);
+  }
+  return out;
+}
+bool Overlap(const MockGpuInterval& a, const MockGpuInterval& b) { return a.start_s < b.end_s && b.start_s < a.end_s; }
+
+TEST_F(MiniBatchTest, NextMiniBatchTravelsWhileTheCurrentOneComputes) {
+  // Main keeps two calls in flight: the second arrives while the first computes. Staged then, its rows and its
+  // expert are copied to the device during the first one's compute (virtual clock); computed one after the
+  // other, they arrive too late for that, which shows the test can tell the two apart.
+  const std::vector<float> hidden = RandomHidden(8, config_.hidden_size, 17);
+  const MiniBatch first{0, 0, 4, /*calls=*/2}, second{2, 0, 8, 1}, last{0, 4, 8, 2};
+  for (const bool pipelined : {true, false}) {
+    SCOPED_TRACE(pipelined ? "two calls in flight" : "one call at a time");
+    std::unique_ptr<WorkerNode> node = MakeTimedWorker();
+    ASSERT_NE(node, nullptr);
+    auto& gpu = static_cast<MockGpuDevice&>(node->device());
+    const v1::ComputeExpertsRequest r1 = Request(*node, hidden, first), r2 = Request(*node, hidden, second),
+                                    r3 = Request(*node, hidden, last);
+    v1::ComputeExpertsResponse out1, out2, out3;
+    gpu.ClearTimeline();
+    size_t second_from = 0, second_to = 0, compute_from = 0, compute_to = 0;
+    absl::StatusOr<WorkerNode::StagedCall> s1 = node->Stage(r1);
+    ASSERT_TRUE(s1.ok()) << s1.status();
+    if (pipelined) {
+      second_from = gpu.timeline().size();
+      absl::StatusOr<WorkerNode::StagedCall> s2 = node->Stage(r2);
+      ASSERT_TRUE(s2.ok()) << s2.status();
+      second_to = compute_from = gpu.timeline().size();
+      ASSERT_TRUE(node->Finish(std::move(s1).value(), &out1).ok());
+      compute_to = gpu.timeline().size();
+      ASSERT_TRUE(node->Finish(std::move(s2).value(), &out2).ok());
+    } else {
+      compute_from = gpu.timeline().size();
+      ASSERT_TRUE(node->Finish(std::move(s1).value(), &out1).ok());
+      compute_to = second_from = gpu.timeline().size();
+      ASSERT_TRUE(node->Compute(r2, &out2).ok());
+      second_to = gpu.timeline().size();
+    }
+    ASSERT_TRUE(node->Compute(r3, &out3).ok());  // the rest of expert 0: still resident from the first call
+    ExpectExact(out1, hidden, first);
+    ExpectExact(out2, hidden, second);
+    ExpectExact(out3, hidden, last);
+
+    const std::vector<MockGpuInterval> timeline = gpu.timeline();
+    const std::vector<MockGpuInterval> compute = Intervals(timeline, compute_from, compute_to, MockGpuWork::kCompute);
+    const std::vector<MockGpuInterval> copies = Intervals(timeline, second_from, second_to, MockGpuWork::kH2D);
+    ASSERT_FALSE(compute.empty());
+    ASSERT_EQ(copies.size(), 3u);  // the second call's rows, its row indices and its expert
+    const uint64_t expert_copy = node->store().Find(kLayer, 2)->copy_bytes;
+    EXPECT_EQ(copies[2].bytes, expert_copy);
+    for (const MockGpuInterval& copy : copies) {
+      const bool overlaps = std::any_of(compute.begin(), compute.end(),
+                                        [&](const MockGpuInterval& c) { return Overlap(copy, c); });
+      EXPECT_EQ(overlaps, pipelined) << copy.bytes << " bytes at " << copy.start_s << ".." << copy.end_s
+                                     << " s; the first call computes " << compute.front().start_s << ".."
+                                     << compute.back().end_s << " s";
+    }
+    // Expert 0 was loaded once for its two mini-batches, expert 2 once; nothing stays resident.
+    const v1::WorkerStats st = node->Stats(false);
+    EXPECT_EQ(st.loads(), 2u);
+    EXPECT_EQ(st.loads_on_demand(), 2u);
+    EXPECT_EQ(st.experts_kept(), 1u);
+    EXPECT_EQ(st.evictions(), 2u);
+    EXPECT_EQ(st.experts_computed(), 3u);
+    EXPECT_EQ(out3.outputs(0).loaded_on_demand(), false);
+    EXPECT_EQ(node->ResidentExperts(), 0);
+    EXPECT_EQ(st.loads_ahead(), 2u);  // every load here is started as its call is staged
+  }
+}
+
+TEST_F(MiniBatchTest, MiniBatchesOfOneExpertInAnyOrderLoadItOnce) {
+  // Two calls in flight may reach the computation in either order: the expert is still loaded once, kept until
+  // both have computed, then freed.
+  std::unique_ptr<WorkerNode> node = MakeTimedWorker();
+  ASSERT_NE(node, nullptr);
+  const std::vector<float> hidden = RandomHidden(9, config_.hidden_size, 29);
+  const MiniBatch a{4, 0, 5, /*calls=*/3}, b{4, 5, 7, 3}, c{4, 7, 9, 3};
+  for (const MiniBatch& mb : {c, a, b}) {
+    v1::ComputeExpertsResponse out;
+    ASSERT_TRUE(node->Compute(Request(*node, hidden, mb), &out).ok());
+    ExpectExact(out, hidden, mb);
+  }
+  const v1::WorkerStats st = node->Stats(false);
+  EXPECT_EQ(st.loads(), 1u);
+  EXPECT_EQ(st.experts_kept(), 1u);
+  EXPECT_EQ(st.evictions(), 1u);
+  EXPECT_EQ(node->ResidentExperts(), 0);
+}
+
+TEST_F(MiniBatchTest, TightBudgetIsKeptAndResultsStayExact) {
+  // A budget of the workspace and one expert: the second call's expert cannot be loaded ahead next to the
+  // first one's, the kept expert is evicted for it, and reloaded for the last mini-batch. Results are exact and
+  // the budget is never exceeded.
+  std::unique_ptr<WorkerNode> probe = MakeTimedWorker();
+  ASSERT_NE(probe, nullptr);
+  const uint64_t budget = probe->workspace_bytes() + probe->expert_bytes() + probe->expert_bytes() / 2;
+  probe.reset();
+  std::unique_ptr<WorkerNode> node = MakeTimedWorker(budget);
+  ASSERT_NE(node, nullptr);
+  const std::vector<float> hidden = RandomHidden(8, config_.hidden_size, 19);
+  const MiniBatch first{0, 0, 4, /*calls=*/2}, second{2, 0, 8, 1}, last{0, 4, 8, 2};
+  const v1::ComputeExpertsRequest r1 = Request(*node, hidden, first), r2 = Request(*node, hidden, second),
+                                  r3 = Request(*node, hidden, last);
+  v1::ComputeExpertsResponse out1, out2, out3;
+  absl::StatusOr<WorkerNode::StagedCall> s1 = node->Stage(r1);
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  absl::StatusOr<WorkerNode::StagedCall> s2 = node->Stage(r2);
+  ASSERT_TRUE(s2.ok()) << s2.status();
+  ASSERT_TRUE(node->Finish(std::move(s1).value(), &out1).ok());
+  ASSERT_TRUE(node->Finish(std::move(s2).value(), &out2).ok());
+  ASSERT_TRUE(node->Compute(r3, &out3).ok());
+  ExpectExact(out1, hidden, first);
+  ExpectExact(out2, hidden, second);
+  ExpectExact(out3, hidden, last);
+  const v1::WorkerStats st = node->Stats(false);
+  EXPECT_EQ(st.loads_ahead(), 2u);  // the first and the last call's: the second's did not fit next to expert 0
+  EXPECT_EQ(st.loads(), 3u);        // expert 0 twice: evicted for expert 2 in between
+  EXPECT_TRUE(out3.outputs(0).loaded_on_demand());
+  EXPECT_LE(st.memory().peak_bytes(), budget);
+  // The reloaded copy of expert 0 has served one of its two calls: it stays until main moves on.
+  EXPECT_EQ(st.evictions(), 2u);
+  EXPECT_EQ(node->ResidentExperts(), 1);
+  v1::ComputeExpertsRequest next = Request(*node, hidden, {1, 0, 1, 1});
+  next.set_layer(1);
+  ASSERT_TRUE(node->Compute(next, &out1).ok());
+  EXPECT_EQ(node->ResidentExperts(), 0);
+  EXPECT_LE(node->Stats(false).memory().peak_bytes(), budget);
+}
+
+TEST_F(MiniBatchTest, RefusedOrAbandonedCallsLeaveNothingLoaded) {
+  // A call refused by validation loads nothing; a staged call dropped without being computed frees the expert it
+  // started loading and its staging slot.
+  std::unique_ptr<WorkerNode> node = MakeTimedWorker();
+  ASSERT_NE(node, nullptr);
+  const std::vector<float> hidden = RandomHidden(4, config_.hidden_size, 23);
+  v1::ComputeExpertsRequest bad = Request(*node, hidden, {0, 0, 4, 2});
+  bad.mutable_tasks(0)->add_rows(99);
+  v1::ComputeExpertsResponse out;
+  EXPECT_EQ(node->Compute(bad, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(node->ResidentExperts(), 0);
+  const v1::ComputeExpertsRequest good = Request(*node, hidden, {0, 0, 4, 2});
+  for (int i = 0; i < 3; ++i) {  // more than the two slots: each one comes back
+    absl::StatusOr<WorkerNode::StagedCall> staged = node->Stage(good);
+    ASSERT_TRUE(staged.ok()) << staged.status();
+    EXPECT_EQ(node->ResidentExperts(), 1);
+  }
+  EXPECT_EQ(node->ResidentExperts(), 0);
+  ASSERT_TRUE(node->Compute(good, &out).ok());
+  ExpectExact(out, hidden, {0, 0, 4, 2});
+}
+
 TEST_F(WorkerNodeTest, WithoutUsableSharedMemoryTheWorkerPacksPrivately) {
   // No shared segment can be made (here: its folder does not exist; in a container: a full /dev/shm): the
   // worker still starts, with a private store, and computes.

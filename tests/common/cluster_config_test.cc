@@ -1,6 +1,7 @@
 #include "src/common/cluster_config.h"
 
 #include "gtest/gtest.h"
+#include "src/common/strings.h"
 #include "tests/test_support.h"
 
 namespace odmoe {
@@ -205,6 +206,27 @@ TEST(ClusterConfigTest, SyntheticModelAndHostSharing) {
   bad.replace(bad.find("rpc_timeout_ms"), 0, "share_host_experts = 1\n");
   auto r = ParseClusterConfig(bad, "lab.toml", "/");
   EXPECT_NE(r.status().message().find("share_host_experts"), std::string::npos) << r.status();
+}
+
+TEST(ClusterConfigTest, PrefillMiniBatchRows) {
+  auto c = ParseClusterConfig(kGood, "lab.toml", "/");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->prefill_minibatch_rows, 32);  // the default
+  for (const int64_t rows : {0, 7}) {
+    std::string text = kGood;
+    text.replace(text.find("rpc_timeout_ms"), 0, StrCat("prefill_minibatch_rows = ", rows, "\n"));
+    c = ParseClusterConfig(text, "lab.toml", "/");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->prefill_minibatch_rows, rows);
+  }
+  for (const char* bad_value : {"-1", "\"8\"", "2000000"}) {
+    std::string text = kGood;
+    text.replace(text.find("rpc_timeout_ms"), 0, StrCat("prefill_minibatch_rows = ", bad_value, "\n"));
+    auto r = ParseClusterConfig(text, "lab.toml", "/");
+    ASSERT_FALSE(r.ok()) << bad_value;
+    EXPECT_NE(r.status().message().find("lab.toml"), std::string::npos) << r.status();
+    EXPECT_NE(r.status().message().find("prefill_minibatch_rows"), std::string::npos) << r.status();
+  }
 }
 
 TEST(ClusterConfigTest, NeedsAMainAndAWorker) {
