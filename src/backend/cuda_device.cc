@@ -4,12 +4,15 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -72,7 +75,8 @@ void UseDevice(int ordinal) {
   if (current != ordinal) ODMOE_CUDA_CHECK(cudaSetDevice(ordinal));
 }
 
-// Memory accounting shared by the device and its buffers (buffers may outlive the device).
+// Memory accounting shared by the device, its buffers and its streams (which may outlive the device): every
+// byte this backend allocates on the device (buffers, the streams' cuBLAS workspaces and scratch) is counted.
 struct Accounting {
   Accounting(int ordinal_in, uint64_t capacity_in) : ordinal(ordinal_in), capacity(capacity_in) {}
   const int ordinal;
@@ -80,7 +84,87 @@ struct Accounting {
   mutable absl::Mutex mu;
   uint64_t in_use ABSL_GUARDED_BY(mu) = 0;
   uint64_t peak ABSL_GUARDED_BY(mu) = 0;
+
+  // Counts `bytes` unless they would exceed the capacity (then false).
+  bool TryCharge(uint64_t bytes) {
+    absl::MutexLock lock(&mu);
+    if (bytes > capacity - std::min(capacity, in_use)) return false;
+    in_use += bytes;
+    peak = std::max(peak, in_use);
+    return true;
+  }
+  // Counts `bytes` even past the capacity (an op's scratch, which cannot fail; in_use then shows the excess).
+  void Charge(uint64_t bytes) {
+    absl::MutexLock lock(&mu);
+    in_use += bytes;
+    peak = std::max(peak, in_use);
+  }
+  void Release(uint64_t bytes) {
+    absl::MutexLock lock(&mu);
+    in_use -= std::min(in_use, bytes);
+  }
 };
+
+// This process's device memory as NVML counts it (the driver's figure: allocations, context, module images),
+// through libnvidia-ml loaded at run time (it comes with the driver; nothing links against it). nullopt when
+// the library, the device or this process is not found, or the driver does not say (e.g. in some containers).
+// The declarations are NVML's stable C ABI (nvml.h: nvmlProcessInfo_v2_t for the _v3 query).
+namespace nvml {
+struct ProcessInfo {
+  unsigned int pid;
+  unsigned long long used_gpu_memory;
+  unsigned int gpu_instance_id;
+  unsigned int compute_instance_id;
+};
+using InitFn = int (*)();
+using HandleByBusIdFn = int (*)(const char*, void**);
+using ProcessesFn = int (*)(void*, unsigned int*, ProcessInfo*);
+constexpr unsigned long long kValueNotAvailable = ~0ULL;
+
+struct Api {
+  HandleByBusIdFn handle_by_bus_id = nullptr;
+  ProcessesFn processes = nullptr;
+  bool ok = false;
+};
+
+const Api& GetApi() {
+  static const Api api = [] {
+    Api a;
+    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return a;
+    auto init = reinterpret_cast<InitFn>(dlsym(lib, "nvmlInit_v2"));
+    a.handle_by_bus_id = reinterpret_cast<HandleByBusIdFn>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
+    a.processes = reinterpret_cast<ProcessesFn>(dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3"));
+    a.ok = init != nullptr && a.handle_by_bus_id != nullptr && a.processes != nullptr && init() == 0;
+    return a;  // the library stays loaded for the life of the process
+  }();
+  return api;
+}
+
+std::optional<uint64_t> ProcessBytes(int ordinal) {
+  const Api& api = GetApi();
+  if (!api.ok) return std::nullopt;
+  char bus_id[32] = {};
+  if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), ordinal) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::nullopt;
+  }
+  void* device = nullptr;
+  if (api.handle_by_bus_id(bus_id, &device) != 0) return std::nullopt;
+  std::vector<ProcessInfo> infos(256);
+  unsigned int count = static_cast<unsigned int>(infos.size());
+  if (api.processes(device, &count, infos.data()) != 0) return std::nullopt;
+  const unsigned int self = static_cast<unsigned int>(getpid());
+  for (unsigned int i = 0; i < count && i < infos.size(); ++i) {
+    if (infos[i].pid == self && infos[i].used_gpu_memory != kValueNotAvailable) return infos[i].used_gpu_memory;
+  }
+  return std::nullopt;
+}
+}  // namespace nvml
+
+// cuBLAS's own default workspace per handle: 32 MiB on Hopper and newer, 4 MiB before. Given to each handle
+// explicitly (cublasSetWorkspace), from counted memory.
+size_t CublasWorkspaceBytes(int major) { return major >= 9 ? size_t{32} << 20 : size_t{4} << 20; }
 
 class CudaBuffer final : public Buffer {
  public:
@@ -95,8 +179,7 @@ class CudaBuffer final : public Buffer {
       (void)cudaFree(data());
       if (switched) (void)cudaSetDevice(current);
     }
-    absl::MutexLock lock(&accounting_->mu);
-    accounting_->in_use -= size();
+    accounting_->Release(size());
   }
 
  private:
@@ -107,7 +190,8 @@ class CudaBuffer final : public Buffer {
 // Used by one host thread at a time.
 class CudaStream final : public Stream {
  public:
-  explicit CudaStream(int ordinal) : ordinal_(ordinal) {
+  CudaStream(int ordinal, int major, std::shared_ptr<Accounting> accounting)
+      : ordinal_(ordinal), cublas_workspace_bytes_(CublasWorkspaceBytes(major)), accounting_(std::move(accounting)) {
     UseDevice(ordinal_);
     ODMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
@@ -116,6 +200,8 @@ class CudaStream final : public Stream {
     (void)cudaStreamSynchronize(stream_);
     if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
     if (scratch_ != nullptr) (void)cudaFree(scratch_);
+    if (workspace_ != nullptr) (void)cudaFree(workspace_);
+    accounting_->Release(scratch_bytes_ + (workspace_ != nullptr ? cublas_workspace_bytes_ : 0));
     (void)cudaStreamDestroy(stream_);
   }
   CudaStream(const CudaStream&) = delete;
@@ -123,10 +209,25 @@ class CudaStream final : public Stream {
 
   cudaStream_t get() const { return stream_; }
 
+  // The cuBLAS workspace, counted; allocated by Prepare or the first cublas(). False when it does not fit the
+  // capacity (Prepare's caller reports that; cublas() then counts it past the capacity).
+  bool ReserveWorkspace(bool within_capacity) {
+    if (workspace_ != nullptr) return true;
+    if (within_capacity) {
+      if (!accounting_->TryCharge(cublas_workspace_bytes_)) return false;
+    } else {
+      accounting_->Charge(cublas_workspace_bytes_);
+    }
+    ODMOE_CUDA_CHECK(cudaMalloc(&workspace_, cublas_workspace_bytes_));
+    return true;
+  }
+
   cublasHandle_t cublas() {
     if (cublas_ == nullptr) {
+      ReserveWorkspace(/*within_capacity=*/false);
       ODMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
       ODMOE_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+      ODMOE_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_, cublas_workspace_bytes_));
       // fp32 products ask for CUBLAS_COMPUTE_32F_PEDANTIC explicitly; here: no reduced-precision split-K
       // reductions for the 16-bit ones either.
       ODMOE_CUBLAS_CHECK(cublasSetMathMode(
@@ -135,24 +236,35 @@ class CudaStream final : public Stream {
     return cublas_;
   }
 
-  // At least `bytes` of device memory, valid for work enqueued on this stream until the next call. Growing
-  // waits for the stream first, since earlier work may still use the old block.
-  void* Scratch(size_t bytes) {
+  // At least `bytes` of device memory, valid for work enqueued on this stream until the next call, counted.
+  // Growing waits for the stream first, since earlier work may still use the old block. `within_capacity`:
+  // false instead of growing past the capacity.
+  void* Scratch(size_t bytes, bool within_capacity = false) {
     if (bytes > scratch_bytes_) {
+      const size_t rounded = (bytes + (size_t{1} << 20) - 1) & ~((size_t{1} << 20) - 1);
+      const size_t extra = rounded - scratch_bytes_;  // the old block goes first
+      if (within_capacity) {
+        if (!accounting_->TryCharge(extra)) return nullptr;
+      } else {
+        accounting_->Charge(extra);
+      }
       ODMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
       if (scratch_ != nullptr) ODMOE_CUDA_CHECK(cudaFree(scratch_));
       scratch_ = nullptr;
-      const size_t rounded = (bytes + (size_t{1} << 20) - 1) & ~((size_t{1} << 20) - 1);
       ODMOE_CUDA_CHECK(cudaMalloc(&scratch_, rounded));
       scratch_bytes_ = rounded;
     }
     return scratch_;
   }
+  size_t workspace_bytes() const { return cublas_workspace_bytes_; }
 
  private:
   const int ordinal_;
   cudaStream_t stream_ = nullptr;
+  const size_t cublas_workspace_bytes_;
+  const std::shared_ptr<Accounting> accounting_;
   cublasHandle_t cublas_ = nullptr;
+  void* workspace_ = nullptr;  // the cuBLAS workspace
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
 };
@@ -201,11 +313,12 @@ bool FitsInt(int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max();
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice(int ordinal, std::string gpu_name, uint64_t capacity)
+  CudaDevice(int ordinal, int major, std::string gpu_name, uint64_t capacity)
       : ordinal_(ordinal),
+        major_(major),
         gpu_name_(std::move(gpu_name)),
         accounting_(std::make_shared<Accounting>(ordinal, capacity)),
-        default_stream_(std::make_unique<CudaStream>(ordinal)) {}
+        default_stream_(std::make_unique<CudaStream>(ordinal, major, accounting_)) {}
   ~CudaDevice() override {
     UseDevice(ordinal_);
     (void)cudaDeviceSynchronize();
@@ -218,16 +331,11 @@ class CudaDevice final : public Device {
 
   // ---- memory ----------------------------------------------------------------------------------------------
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes, std::string_view tag) override {
-    {
-      absl::MutexLock lock(&accounting_->mu);
-      const uint64_t capacity = accounting_->capacity;
-      if (bytes > capacity - std::min(capacity, accounting_->in_use)) {
-        return absl::ResourceExhaustedError(StrCat(name(), ": cannot allocate ", FormatBytes(bytes), " for '", tag,
-                                                   "': ", FormatBytes(accounting_->in_use), " of its capacity of ",
-                                                   FormatBytes(capacity), " are in use"));
-      }
-      accounting_->in_use += bytes;
-      accounting_->peak = std::max(accounting_->peak, accounting_->in_use);
+    if (!accounting_->TryCharge(bytes)) {
+      const MemoryInfo m = memory_info();
+      return absl::ResourceExhaustedError(StrCat(name(), ": cannot allocate ", FormatBytes(bytes), " for '", tag,
+                                                 "': ", FormatBytes(m.in_use), " of its capacity of ",
+                                                 FormatBytes(m.capacity), " are in use"));
     }
     void* data = nullptr;
     if (bytes > 0) {
@@ -238,8 +346,7 @@ class CudaDevice final : public Device {
         size_t free_bytes = 0;
         size_t total_bytes = 0;
         (void)cudaMemGetInfo(&free_bytes, &total_bytes);
-        absl::MutexLock lock(&accounting_->mu);
-        accounting_->in_use -= bytes;
+        accounting_->Release(bytes);
         return absl::ResourceExhaustedError(StrCat(name(), ": cudaMalloc of ", FormatBytes(bytes), " for '", tag,
                                                    "' failed (", cudaGetErrorString(err), "); the GPU has ",
                                                    FormatBytes(free_bytes), " free of ", FormatBytes(total_bytes)));
@@ -258,8 +365,32 @@ class CudaDevice final : public Device {
     accounting_->peak = accounting_->in_use;
   }
 
+  std::optional<uint64_t> process_device_bytes() const override { return nvml::ProcessBytes(ordinal_); }
+
   // ---- streams and copies ----------------------------------------------------------------------------------
-  std::unique_ptr<Stream> CreateStream() override { return std::make_unique<CudaStream>(ordinal_); }
+  std::unique_ptr<Stream> CreateStream() override {
+    return std::make_unique<CudaStream>(ordinal_, major_, accounting_);
+  }
+
+  absl::Status PrepareStream(Stream* stream, int64_t max_rows, int64_t max_in_dim) override {
+    CudaStream* s = S(stream);
+    if (!s->ReserveWorkspace(/*within_capacity=*/true)) {
+      return absl::ResourceExhaustedError(StrCat(name(), ": the cuBLAS workspace of ",
+                                                 FormatBytes(s->workspace_bytes()), " does not fit its capacity (",
+                                                 FormatBytes(memory_info().in_use), " in use)"));
+    }
+    // What Gemm takes for 16-bit weights: hi + lo copies of the activations, at most kGemmScratchBytes.
+    const uint64_t gemm = std::min<uint64_t>(kGemmScratchBytes, static_cast<uint64_t>(std::max<int64_t>(0, max_rows)) *
+                                                                    static_cast<uint64_t>(std::max<int64_t>(0, max_in_dim)) *
+                                                                    2 * sizeof(uint16_t));
+    if (gemm > 0 && s->Scratch(gemm, /*within_capacity=*/true) == nullptr) {
+      return absl::ResourceExhaustedError(StrCat(name(), ": the GEMM scratch of ", FormatBytes(gemm),
+                                                 " does not fit its capacity (", FormatBytes(memory_info().in_use),
+                                                 " in use)"));
+    }
+    (void)s->cublas();  // the handle, bound to its workspace
+    return absl::OkStatus();
+  }
   std::unique_ptr<Event> CreateEvent() override { return std::make_unique<CudaEvent>(ordinal_); }
 
   void RecordEvent(Event& event, Stream* stream) override {
@@ -570,6 +701,7 @@ class CudaDevice final : public Device {
   }
 
   const int ordinal_;
+  const int major_;  // compute capability
   const std::string gpu_name_;
   const std::shared_ptr<Accounting> accounting_;
   const std::unique_ptr<CudaStream> default_stream_;
@@ -610,7 +742,7 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, uint64_t c
         StrCat("CUDA device ", ordinal, " (", prop.name, "): cudaMemGetInfo failed: ", cudaGetErrorString(info_err)));
   }
   const uint64_t capacity = capacity_bytes != 0 ? capacity_bytes : static_cast<uint64_t>(total_bytes);
-  return std::unique_ptr<Device>(new CudaDevice(ordinal, prop.name, capacity));
+  return std::unique_ptr<Device>(new CudaDevice(ordinal, prop.major, prop.name, capacity));
 }
 
 }  // namespace odmoe

@@ -60,4 +60,8 @@ uint64_t Device::registered_host_bytes() const {
   return total;
 }
 
+absl::Status Device::PrepareStream(Stream* /*stream*/, int64_t /*max_rows*/, int64_t /*max_in_dim*/) {
+  return absl::OkStatus();
+}
+
 }  // namespace odmoe

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -115,9 +116,18 @@ class Device {
   virtual absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes, std::string_view tag) = 0;
   virtual MemoryInfo memory_info() const = 0;
   virtual void ResetPeak() = 0;
+  // Device memory this process holds on the device as the driver counts it: its allocations plus what the
+  // runtime keeps for itself (CUDA: the context, module images, library handles; read through NVML). nullopt
+  // where the backend has no such notion or the driver does not say.
+  virtual std::optional<uint64_t> process_device_bytes() const { return std::nullopt; }
 
   // ---- streams and copies ----------------------------------------------------------------------------------
   virtual std::unique_ptr<Stream> CreateStream() = 0;
+  // Allocates now, within the device's capacity and counted in memory_info(), the workspace that ops on
+  // `stream` need for MatMuls of up to `max_rows` rows of `max_in_dim` inputs (CUDA: the cuBLAS workspace and
+  // the 16-bit GEMM scratch), so that no op allocates later. ResourceExhausted when it does not fit. Nothing
+  // to do on the CPU and the mock GPU.
+  virtual absl::Status PrepareStream(Stream* stream, int64_t max_rows, int64_t max_in_dim);
   virtual std::unique_ptr<Event> CreateEvent() = 0;
   virtual void RecordEvent(Event& event, Stream* stream) = 0;
   virtual void WaitEvent(Stream* stream, Event& event) = 0;

@@ -286,7 +286,8 @@ absl::Status Status(const Flags& f, const ClusterConfig& c, const std::string& c
       j["gpu_memory"] = {{"device", mem->device()},
                          {"capacity_bytes", mem->capacity_bytes()},
                          {"in_use_bytes", mem->in_use_bytes()},
-                         {"peak_bytes", mem->peak_bytes()}};
+                         {"peak_bytes", mem->peak_bytes()},
+                         {"context_bytes", mem->context_bytes()}};
     }
     nodes.push_back(j);
   }

@@ -352,12 +352,7 @@ v1::MainStats MainNode::Stats(bool reset) {
   v1::MainStats s;
   s.set_node(self_.name);
   s.set_prediction(std::string(PredictionModeName(cluster_.shadow_settings.mode)));
-  const MemoryInfo m = device_->memory_info();
-  v1::DeviceMemory* mem = s.mutable_memory();
-  mem->set_device(device_->name());
-  mem->set_capacity_bytes(m.capacity);
-  mem->set_in_use_bytes(m.in_use);
-  mem->set_peak_bytes(m.peak);
+  rpc::FillDeviceMemory(*device_, device_->memory_info().capacity, s.mutable_memory());
   absl::MutexLock lock(&stats_mu_);
   const Counters& c = counters_;
   s.set_requests(c.requests);

@@ -152,4 +152,14 @@ absl::StatusOr<std::vector<float>> DecodeF32(const v1::Tensor& tensor, std::span
   return values;
 }
 
+void FillDeviceMemory(const Device& device, uint64_t capacity, v1::DeviceMemory* out) {
+  const MemoryInfo m = device.memory_info();
+  out->set_device(device.name());
+  out->set_capacity_bytes(capacity);
+  out->set_in_use_bytes(m.in_use);
+  out->set_peak_bytes(m.peak);
+  const std::optional<uint64_t> process = device.process_device_bytes();
+  out->set_context_bytes(process.has_value() && *process > m.in_use ? *process - m.in_use : 0);
+}
+
 }  // namespace odmoe::rpc

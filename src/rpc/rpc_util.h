@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
 #include "odmoe/v1/common.pb.h"
+#include "src/backend/device.h"
 
 namespace odmoe::rpc {
 
@@ -56,6 +57,10 @@ absl::StatusOr<bool> CheckServing(const std::string& address, int64_t timeout_ms
 
 // Checks a request header against this node's epoch and fingerprint: FailedPrecondition naming both values
 // when they differ.
+// `device`'s memory as a node reports it: `capacity` (its budget, or the device's capacity), what it has
+// allocated now and at most since the last reset, and what the process holds beyond that (context_bytes).
+void FillDeviceMemory(const Device& device, uint64_t capacity, v1::DeviceMemory* out);
+
 absl::Status CheckHeader(const v1::RequestHeader& header, uint64_t epoch, const std::string& fingerprint);
 void FillHeader(v1::RequestHeader* header, uint64_t epoch, const std::string& fingerprint, const std::string& sender,
                 uint64_t request_id = 0);

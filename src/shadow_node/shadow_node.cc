@@ -388,12 +388,7 @@ absl::Status ShadowNode::RunSession(Session& session,
 v1::ShadowStats ShadowNode::Stats(bool reset) {
   v1::ShadowStats s;
   s.set_node(self_.name);
-  const MemoryInfo m = device_->memory_info();
-  v1::DeviceMemory* mem = s.mutable_memory();
-  mem->set_device(device_->name());
-  mem->set_capacity_bytes(m.capacity);
-  mem->set_in_use_bytes(m.in_use);
-  mem->set_peak_bytes(m.peak);
+  rpc::FillDeviceMemory(*device_, device_->memory_info().capacity, s.mutable_memory());
   s.set_quant(std::string(ShadowQuantName(cluster_.shadow_settings.quant)));
   if (sender_ != nullptr) {
     const rpc::PrefetchSenderStats ps = sender_->stats();

@@ -169,18 +169,24 @@ absl::Status WorkerNode::Init(const std::string& model_dir) {
   const uint64_t index_bytes = static_cast<uint64_t>(rows * std::max<int64_t>(1, config_.num_experts)) * 4;
   const uint64_t ws_bytes = 2 * static_cast<uint64_t>(rows * inter) * sizeof(float);
   const uint64_t needed = ws_bytes + 2 * activation_bytes + kStagingSlots * (activation_bytes + index_bytes);
-  if (budget_bytes_ != 0 && needed + expert_bytes_ > budget_bytes_) {
-    return absl::ResourceExhaustedError(StrCat("worker '", self_.name, "': its GPU budget of ", Mib(budget_bytes_),
-                                               " cannot hold the workspace (", Mib(needed), " for ", rows,
-                                               " rows per call) plus one expert (", Mib(expert_bytes_),
-                                               "); raise gpu_budget_mb in ", cluster_.file));
-  }
   absl::MutexLock compute_lock(&compute_mu_);
   absl::MutexLock load_lock(&load_mu_);
   absl::MutexLock stage_lock(&stage_mu_);
   compute_stream_ = device_->CreateStream();
   load_stream_ = device_->CreateStream();
   stage_stream_ = device_->CreateStream();
+  // The compute stream's own workspace (CUDA: the cuBLAS workspace and the GEMM scratch), allocated now so it
+  // counts against the budget and no op allocates later.
+  const absl::Status prepared = device_->PrepareStream(compute_stream_.get(), rows, std::max(h, inter));
+  const uint64_t stream_bytes = device_->memory_info().in_use;
+  if (!prepared.ok() || (budget_bytes_ != 0 && needed + stream_bytes + expert_bytes_ > budget_bytes_)) {
+    const std::string library = stream_bytes > 0 ? StrCat(", plus ", Mib(stream_bytes), " of library workspace") : "";
+    const std::string detail = prepared.ok() ? "" : StrCat(" (", prepared.message(), ")");
+    return absl::ResourceExhaustedError(StrCat("worker '", self_.name, "': its GPU budget of ", Mib(budget_bytes_),
+                                               " cannot hold the workspace (", Mib(needed), " for ", rows,
+                                               " rows per call", library, ") plus one expert (", Mib(expert_bytes_),
+                                               "); raise gpu_budget_mb in ", cluster_.file, detail));
+  }
   ODMOE_ASSIGN_OR_RETURN(ws_, MlpWorkspace::Create(*device_, rows, inter));
   ODMOE_ASSIGN_OR_RETURN(gathered_, AllocateWithinBudget(activation_bytes, "worker gathered rows"));
   ODMOE_ASSIGN_OR_RETURN(output_, AllocateWithinBudget(activation_bytes, "worker expert output"));
@@ -189,7 +195,8 @@ absl::Status WorkerNode::Init(const std::string& model_dir) {
     ODMOE_ASSIGN_OR_RETURN(slot.rows, AllocateWithinBudget(index_bytes, "worker row indices"));
     slot.uploaded = device_->CreateEvent();
   }
-  workspace_bytes_ = ws_->bytes() + 2 * activation_bytes + kStagingSlots * (activation_bytes + index_bytes);
+  workspace_bytes_ =
+      stream_bytes + ws_->bytes() + 2 * activation_bytes + kStagingSlots * (activation_bytes + index_bytes);
   return absl::OkStatus();
 }
 
@@ -817,12 +824,7 @@ v1::WorkerStats WorkerNode::Stats(bool reset) {
     s.set_calls_in_flight_peak(counters_.calls_in_flight_peak);
     if (reset) counters_ = Counters{};
   }
-  const MemoryInfo mi = device_->memory_info();
-  v1::DeviceMemory* mem = s.mutable_memory();
-  mem->set_device(device_->name());
-  mem->set_capacity_bytes(budget_bytes_);
-  mem->set_in_use_bytes(mi.in_use);
-  mem->set_peak_bytes(mi.peak);
+  rpc::FillDeviceMemory(*device_, budget_bytes_, s.mutable_memory());
   if (reset) device_->ResetPeak();
   for (int64_t l : decode_layers_) s.add_layers(static_cast<int32_t>(l));
   return s;

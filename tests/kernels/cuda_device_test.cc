@@ -129,6 +129,35 @@ TEST_F(CudaDeviceTest, CapacityIsEnforcedAndAccounted) {
   c->reset();
 }
 
+TEST_F(CudaDeviceTest, StreamWorkspaceCountsAgainstTheCapacity) {
+  // The cuBLAS workspace and the GEMM scratch of a prepared stream are counted in memory_info(), and a 16-bit
+  // GEMM on it allocates nothing more; a capacity too small for them is refused with ResourceExhausted.
+  auto device = CreateCudaDevice(0, 256 << 20);
+  ASSERT_TRUE(device.ok()) << device.status();
+  auto stream = (*device)->CreateStream();
+  const int64_t rows = 64, in = 1024, out = 512;
+  ASSERT_TRUE((*device)->PrepareStream(stream.get(), rows, in).ok());
+  const uint64_t prepared = (*device)->memory_info().in_use;
+  EXPECT_GE(prepared, (uint64_t{4} << 20) + static_cast<uint64_t>(rows * in) * 4);
+  auto x = (*device)->Allocate(rows * in * sizeof(float), "x");
+  auto w = (*device)->Allocate(out * in * sizeof(uint16_t), "w");
+  auto y = (*device)->Allocate(rows * out * sizeof(float), "y");
+  ASSERT_TRUE(x.ok() && w.ok() && y.ok());
+  const uint64_t buffers = (*x)->size() + (*w)->size() + (*y)->size();
+  (*device)->MatMul((*x)->as<float>(), WeightRef{(*w)->data(), DType::kBF16}, WeightRef{}, rows, in, out,
+                    (*y)->as<float>(), stream.get());
+  (*device)->Synchronize(stream.get());
+  EXPECT_EQ((*device)->memory_info().in_use, prepared + buffers);
+  if (const std::optional<uint64_t> process = (*device)->process_device_bytes()) {
+    EXPECT_GE(*process, (*device)->memory_info().in_use);  // the driver's figure includes the context
+  }
+  auto tiny = CreateCudaDevice(0, 1 << 20);
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  auto tiny_stream = (*tiny)->CreateStream();
+  const absl::Status refused = (*tiny)->PrepareStream(tiny_stream.get(), rows, in);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+}
+
 TEST_F(CudaDeviceTest, StreamsEventsAndCopies) {
   const size_t count = 1 << 20;
   std::vector<float> host(count);
