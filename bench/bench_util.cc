@@ -1,5 +1,8 @@
 #include "bench/bench_util.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -59,6 +62,28 @@ absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> ParsePairs(const std::s
 void PrintJsonLine(const Json& j) {
   std::printf("%s\n", DumpJson(j).c_str());
   std::fflush(stdout);
+}
+
+// Runs `argv` with its stdout sent to our stderr (our stdout carries only JSON lines and the table).
+absl::Status RunQuiet(const std::vector<std::string>& argv) {
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    dup2(2, 1);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::UnavailableError(StrCat("`", argv[0], " ", argv.size() > 1 ? argv[1] : "", " ",
+                                         argv.size() > 2 ? argv[2] : "", " ...` failed (exit ",
+                                         WIFEXITED(status) ? WEXITSTATUS(status) : -1, ")"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace odmoe::bench

@@ -26,5 +26,8 @@ absl::StatusOr<double> MeasureCopyBandwidth(Device& device, size_t bytes, int it
 absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> ParsePairs(const std::string& text);
 
 void PrintJsonLine(const Json& j);
+// Runs `argv` (a program path first) with its stdout sent to our stderr, so that our stdout carries only JSON
+// lines and the table; Unavailable when it does not exit 0.
+absl::Status RunQuiet(const std::vector<std::string>& argv);
 
 }  // namespace odmoe::bench

@@ -11,5 +11,6 @@ namespace odmoe::bench {
 absl::Status RunEngine(const std::vector<std::string>& args);   // engine_bench.cc
 absl::Status RunKernels(const std::vector<std::string>& args);  // kernels_bench.cc
 absl::Status RunPrediction(const std::vector<std::string>& args);  // prediction_bench.cc
+absl::Status RunCluster(const std::vector<std::string>& args);     // cluster_bench.cc
 
 }  // namespace odmoe::bench

@@ -17,6 +17,11 @@
 //       [--cases 1,2,3,4,5,6] [--grid 1,2,4,8,16] [--shadow-quant int8] [--run-dir DIR]
 //     A real cluster (`odmoe cluster up`) per OD-MoE ablation case and alignment-period pair: decode tokens/s,
 //     recall, timely recall, on-demand loads and stall per token (prediction_bench.cc).
+//
+//   odmoe-bench cluster --config FILE [--model DIR] [--prompt-len 64] [--new-tokens 128] [--requests 1]
+//       [--copy-mb 512] [--run-dir DIR]
+//     A real cluster: each worker's peak GPU memory (context apart), TTFT, decode tokens/s, bytes loaded per
+//     token and that rate against the pinned host-to-device bandwidth measured first (cluster_bench.cc).
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -106,7 +111,9 @@ int main(int argc, char** argv) {
       "       odmoe-bench kernels [--backend cpu] [--hidden 4096] [--inter 14336] [--contexts 1024,4096,16384]\n"
       "           [--heads 32] [--kv-heads 8] [--head-dim 128] [--rotate-mb 256] [--iters N] [--copy-mb 1024]\n"
       "       odmoe-bench prediction --config FILE --prompts FILE [--model DIR] [--prompt-count N]\n"
-      "           [--max-new-tokens 256] [--cases 1,2,3,4,5,6] [--grid 1,2,4,8,16] [--shadow-quant Q] [--run-dir DIR]\n";
+      "           [--max-new-tokens 256] [--cases 1,2,3,4,5,6] [--grid 1,2,4,8,16] [--shadow-quant Q] [--run-dir DIR]\n"
+      "       odmoe-bench cluster --config FILE [--model DIR] [--prompt-len 64] [--new-tokens 128] [--requests 1]\n"
+      "           [--copy-mb 512] [--run-dir DIR]\n";
   if (argc < 2) {
     std::fputs(usage.c_str(), stderr);
     return odmoe::kExitUsage;
@@ -122,6 +129,8 @@ int main(int argc, char** argv) {
     status = odmoe::bench::RunKernels(args);
   } else if (cmd == "prediction") {
     status = odmoe::bench::RunPrediction(args);
+  } else if (cmd == "cluster") {
+    status = odmoe::bench::RunCluster(args);
   } else {
     std::fprintf(stderr, "odmoe-bench: unknown benchmark '%s'\n%s", cmd.c_str(), usage.c_str());
     return odmoe::kExitUsage;

@@ -30,28 +30,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Runs `argv` with its stdout sent to our stderr (our stdout carries only JSON lines and the table).
-absl::Status RunQuiet(const std::vector<std::string>& argv) {
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork failed");
-  if (pid == 0) {
-    dup2(2, 1);
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return absl::UnavailableError(StrCat("`", argv[0], " ", argv.size() > 1 ? argv[1] : "", " ",
-                                         argv.size() > 2 ? argv[2] : "", " ...` failed (exit ",
-                                         WIFEXITED(status) ? WEXITSTATUS(status) : -1, ")"));
-  }
-  return absl::OkStatus();
-}
-
 struct Setting {
   std::string name;
   std::vector<std::string> flags;  // passed to `odmoe cluster up`
