@@ -13,21 +13,6 @@
 
 namespace odmoe {
 
-void FillMembership(const ClusterConfig& cluster, const std::string& self, const std::string& fingerprint,
-                    v1::Membership* out) {
-  out->set_epoch(cluster.epoch);
-  out->set_model_fingerprint(fingerprint);
-  out->set_self(self);
-  for (const NodeConfig& n : cluster.nodes) {
-    v1::NodeInfo* info = out->add_nodes();
-    info->set_name(n.name);
-    info->set_role(std::string(NodeRoleName(n.role)));
-    info->set_address(n.address);
-    info->set_device(n.device);
-    info->set_gpu_budget_bytes(n.gpu_budget_bytes);
-  }
-}
-
 absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs& args, MainNodeOptions options) {
   std::unique_ptr<MainNode> node(new MainNode());
   node->cluster_ = args.cluster;
@@ -384,7 +369,7 @@ grpc::Status MainNode::GetStats(grpc::ServerContext*, const v1::StatsRequest* re
 }
 
 grpc::Status MainNode::GetMembership(grpc::ServerContext*, const v1::MembershipRequest*, v1::Membership* response) {
-  FillMembership(cluster_, self_.name, fingerprint_, response);
+  rpc::FillMembership(cluster_, self_.name, fingerprint_, response);
   return grpc::Status::OK;
 }
 

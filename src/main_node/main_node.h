@@ -118,8 +118,4 @@ class MainNode final : public v1::Inference::Service {
   Counters counters_ ABSL_GUARDED_BY(stats_mu_);
 };
 
-// Fills `out` with the cluster's membership as seen by node `self`.
-void FillMembership(const ClusterConfig& cluster, const std::string& self, const std::string& fingerprint,
-                    v1::Membership* out);
-
 }  // namespace odmoe

@@ -69,4 +69,19 @@ int ExitWith(const std::string& program, const absl::Status& status) {
   return ExitCodeFor(status);
 }
 
+void FillMembership(const ClusterConfig& cluster, const std::string& self, const std::string& fingerprint,
+                    v1::Membership* out) {
+  out->set_epoch(cluster.epoch);
+  out->set_model_fingerprint(fingerprint);
+  out->set_self(self);
+  for (const NodeConfig& n : cluster.nodes) {
+    v1::NodeInfo* info = out->add_nodes();
+    info->set_name(n.name);
+    info->set_role(std::string(NodeRoleName(n.role)));
+    info->set_address(n.address);
+    info->set_device(n.device);
+    info->set_gpu_budget_bytes(n.gpu_budget_bytes);
+  }
+}
+
 }  // namespace odmoe::rpc

@@ -32,4 +32,8 @@ void ServeUntilSignal(Server& server);
 // Runs `body` and turns a failure into one stderr line "PROGRAM: message" and the exit code of the status.
 int ExitWith(const std::string& program, const absl::Status& status);
 
+// Fills `out` with the cluster's membership as node `self` sees it (every daemon's GetMembership).
+void FillMembership(const ClusterConfig& cluster, const std::string& self, const std::string& fingerprint,
+                    v1::Membership* out);
+
 }  // namespace odmoe::rpc

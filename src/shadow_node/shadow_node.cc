@@ -415,17 +415,7 @@ grpc::Status ShadowNode::GetStats(grpc::ServerContext*, const v1::StatsRequest* 
 }
 
 grpc::Status ShadowNode::GetMembership(grpc::ServerContext*, const v1::MembershipRequest*, v1::Membership* response) {
-  response->set_epoch(cluster_.epoch);
-  response->set_model_fingerprint(fingerprint_);
-  response->set_self(self_.name);
-  for (const NodeConfig& n : cluster_.nodes) {
-    v1::NodeInfo* info = response->add_nodes();
-    info->set_name(n.name);
-    info->set_role(std::string(NodeRoleName(n.role)));
-    info->set_address(n.address);
-    info->set_device(n.device);
-    info->set_gpu_budget_bytes(n.gpu_budget_bytes);
-  }
+  rpc::FillMembership(cluster_, self_.name, fingerprint_, response);
   return grpc::Status::OK;
 }
 

@@ -17,6 +17,7 @@
 #include "src/model/fingerprint.h"
 #include "src/model/model_layout.h"
 #include "src/model/synthetic.h"
+#include "src/rpc/daemon.h"
 #include "src/rpc/rpc_util.h"
 
 namespace odmoe {
@@ -832,17 +833,7 @@ v1::WorkerStats WorkerNode::Stats(bool reset) {
 
 v1::Membership WorkerNode::MembershipInfo() const {
   v1::Membership m;
-  m.set_epoch(cluster_.epoch);
-  m.set_model_fingerprint(fingerprint_);
-  m.set_self(self_.name);
-  for (const NodeConfig& node : cluster_.nodes) {
-    v1::NodeInfo* info = m.add_nodes();
-    info->set_name(node.name);
-    info->set_role(std::string(NodeRoleName(node.role)));
-    info->set_address(node.address);
-    info->set_device(node.device);
-    info->set_gpu_budget_bytes(node.gpu_budget_bytes);
-  }
+  rpc::FillMembership(cluster_, self_.name, fingerprint_, &m);
   return m;
 }
 
