@@ -141,6 +141,7 @@ absl::Status Engine::AllocateWorkspace() {
   ODMOE_RETURN_IF_ERROR(Alloc(d, zeros_, F32Bytes(C * c.hidden_size), "zeros"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, last_, F32Bytes(c.hidden_size), "last hidden state"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, logits_, F32Bytes(c.vocab_size), "logits"));
+  ODMOE_RETURN_IF_ERROR(Alloc(d, kv_row_, F32Bytes(2 * c.num_layers * c.kv_size()), "one position's K and V"));
   const int64_t max_inter = std::max({c.shared_expert_intermediate_size, c.dense_intermediate_size, int64_t{1}});
   ODMOE_ASSIGN_OR_RETURN(mlp_ws_, MlpWorkspace::Create(d, C, max_inter));
 
@@ -191,12 +192,16 @@ absl::Status Engine::ReadKv(int64_t position, float* k, float* v) {
         StrCat("KV of position ", position, " requested, but the sequence has ", position_, " positions"));
   }
   const int64_t kv = config().kv_size();
-  for (size_t l = 0; l < k_cache_.size(); ++l) {
-    device_.CopyToHost(k + static_cast<int64_t>(l) * kv, k_cache_[l]->as<float>() + position * kv, F32Bytes(kv),
-                       stream_.get());
-    device_.CopyToHost(v + static_cast<int64_t>(l) * kv, v_cache_[l]->as<float>() + position * kv, F32Bytes(kv),
-                       stream_.get());
+  const int64_t layers = static_cast<int64_t>(k_cache_.size());
+  float* row = kv_row_->as<float>();
+  for (int64_t l = 0; l < layers; ++l) {
+    const size_t i = static_cast<size_t>(l);
+    device_.CopyOnDevice(row + l * kv, k_cache_[i]->as<float>() + position * kv, F32Bytes(kv), stream_.get());
+    device_.CopyOnDevice(row + (layers + l) * kv, v_cache_[i]->as<float>() + position * kv, F32Bytes(kv),
+                         stream_.get());
   }
+  device_.CopyToHost(k, row, F32Bytes(layers * kv), stream_.get());
+  device_.CopyToHost(v, row + layers * kv, F32Bytes(layers * kv), stream_.get());
   return absl::OkStatus();
 }
 

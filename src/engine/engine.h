@@ -91,7 +91,8 @@ class Engine {
   absl::Status Truncate(int64_t position);
   // The K and V cache rows of `position` (< position()) for every layer, to or from host memory:
   // k, v: [num_layers, kv_size] fp32 (kv_size = num_key_value_heads * head_dim, the post-norm, post-RoPE K as
-  // attention reads it). OutOfRange for a position not yet computed. WriteKv is the shadow's KV alignment.
+  // attention reads it). OutOfRange for a position not yet computed. WriteKv is the shadow's KV alignment;
+  // ReadKv gathers the rows on the device first, so main waits for two copies per step, not two per layer.
   absl::Status ReadKv(int64_t position, float* k, float* v);
   absl::Status WriteKv(int64_t position, const float* k, const float* v);
   // The K and V rows of positions [first, first + count) (all computed): k, v: [count, num_layers, kv_size],
@@ -128,6 +129,7 @@ class Engine {
   std::unique_ptr<Buffer> shared_out_, shared_gate_;  // [C, hidden], [C]
   std::unique_ptr<Buffer> iota_;                      // [C] int32: 0, 1, 2, ...
   std::unique_ptr<Buffer> zeros_;                     // [C, hidden] of 0.0f
+  std::unique_ptr<Buffer> kv_row_;                    // [2, num_layers, kv_size]: ReadKv gathers here
   std::unique_ptr<Buffer> last_, logits_;             // [hidden], [vocab]
   std::unique_ptr<MlpWorkspace> mlp_ws_;
   std::vector<int32_t> host_ids_;
