@@ -41,7 +41,9 @@ namespace fs = std::filesystem;
 absl::StatusOr<double> MeasurePinnedH2D(Device& device, size_t bytes, int iters) {
   std::vector<uint8_t> host(bytes, 0x3c);
   const absl::Status registered = device.RegisterHostMemory(host.data(), host.size());
-  if (!registered.ok()) return absl::Status(registered.code(), StrCat("pinning the bench buffer: ", registered.message()));
+  if (!registered.ok()) {
+    return absl::Status(registered.code(), StrCat("pinning the bench buffer: ", registered.message()));
+  }
   absl::StatusOr<std::unique_ptr<Buffer>> dst = device.Allocate(bytes, "bench host-to-device destination");
   if (!dst.ok()) {
     device.UnregisterHostMemory(host.data());

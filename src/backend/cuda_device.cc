@@ -380,9 +380,9 @@ class CudaDevice final : public Device {
                                                  FormatBytes(memory_info().in_use), " in use)"));
     }
     // What Gemm takes for 16-bit weights: hi + lo copies of the activations, at most kGemmScratchBytes.
-    const uint64_t gemm = std::min<uint64_t>(kGemmScratchBytes, static_cast<uint64_t>(std::max<int64_t>(0, max_rows)) *
-                                                                    static_cast<uint64_t>(std::max<int64_t>(0, max_in_dim)) *
-                                                                    2 * sizeof(uint16_t));
+    const uint64_t activations = static_cast<uint64_t>(std::max<int64_t>(0, max_rows)) *
+                                 static_cast<uint64_t>(std::max<int64_t>(0, max_in_dim));
+    const uint64_t gemm = std::min<uint64_t>(kGemmScratchBytes, activations * 2 * sizeof(uint16_t));
     if (gemm > 0 && s->Scratch(gemm, /*within_capacity=*/true) == nullptr) {
       return absl::ResourceExhaustedError(StrCat(name(), ": the GEMM scratch of ", FormatBytes(gemm),
                                                  " does not fit its capacity (", FormatBytes(memory_info().in_use),

@@ -386,7 +386,8 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
     failure = state->first_failure;
     for (const LayerCalls::Queue& queue : state->queues) {
       WorkerCallStats& st = stats_[static_cast<size_t>(plan[queue.calls.front()].worker)];
-      st.peak_calls_in_flight = std::max<uint64_t>(st.peak_calls_in_flight, static_cast<uint64_t>(queue.peak_in_flight));
+      st.peak_calls_in_flight =
+          std::max<uint64_t>(st.peak_calls_in_flight, static_cast<uint64_t>(queue.peak_in_flight));
     }
   }
   auto where = [&](size_t i) {

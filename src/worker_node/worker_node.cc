@@ -512,7 +512,6 @@ absl::StatusOr<WorkerNode::StagedCall> WorkerNode::Stage(const v1::ComputeExpert
                                              "several calls"));
   }
 
-
   const uint64_t request_id = request.header().request_id();
   AdvanceProgress(request_id, request.position(), request.layer());
 
