@@ -191,7 +191,8 @@ absl::Status RunRemote(const Request& r) {
                        {"on_demand_load_ms", w.on_demand_load_ms()},
                        {"compute_ms", w.compute_ms()},
                        {"busy_retries", w.busy_retries()},
-                       {"peak_calls_in_flight", w.peak_calls_in_flight()}});
+                       {"peak_calls_in_flight", w.peak_calls_in_flight()},
+                       {"gpu_peak_bytes", w.gpu_peak_bytes()}});
   }
   out["stats"] = {{"ttft_ms", st.ttft_ms()},
                   {"decode_tokens_per_s", st.decode_tokens_per_s()},

@@ -269,6 +269,7 @@ absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
     ws->set_compute_ms(w.compute_ms);
     ws->set_busy_retries(w.busy_retries);
     ws->set_peak_calls_in_flight(w.peak_calls_in_flight);
+    ws->set_gpu_peak_bytes(w.gpu_peak_bytes);
     stats->set_bytes_loaded(stats->bytes_loaded() + w.bytes_loaded);
     stats->set_loads_on_demand(stats->loads_on_demand() + w.loads_on_demand);
     stats->set_on_demand_load_ms(stats->on_demand_load_ms() + w.on_demand_load_ms);

@@ -417,6 +417,7 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
     }
     WorkerCallStats& st = stats_[static_cast<size_t>(pc.worker)];
     ++st.calls;
+    st.gpu_peak_bytes = std::max(st.gpu_peak_bytes, resp.gpu_peak_bytes());
     for (size_t t = 0; t < pc.tasks.size(); ++t) {
       const PlannedCall::Task& task = pc.tasks[t];
       const ExpertBatch& b = batches[task.batch];

@@ -62,6 +62,7 @@ struct WorkerCallStats {
   double compute_ms = 0;
   uint64_t busy_retries = 0;  // calls the worker's server turned away for want of a thread, then retried
   uint64_t peak_calls_in_flight = 0;  // most calls of one layer in flight to the worker at once
+  uint64_t gpu_peak_bytes = 0;        // the worker's device peak, as its latest reply said (ComputeExpertsResponse)
 };
 
 // Where decode time goes (OD-MoE eq. 1), since BeginRequest: t_M, main's own time per sparse layer (from the

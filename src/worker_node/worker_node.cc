@@ -608,6 +608,9 @@ absl::Status WorkerNode::Finish(StagedCall staged, v1::ComputeExpertsResponse* r
   }
   if (status.ok()) {
     staged.ahead_.clear();  // used: freed, or kept for the next call
+    const MemoryInfo m = device_->memory_info();
+    response->set_gpu_peak_bytes(m.peak);
+    response->set_gpu_in_use_bytes(m.in_use);
   } else {
     response->Clear();
   }

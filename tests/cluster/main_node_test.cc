@@ -288,6 +288,12 @@ void CheckStats(const RemoteResult& r, const ModelConfig& c, size_t prompt_len, 
       EXPECT_EQ(ws.experts_computed(), w.experts_computed()) << "worker " << i;
       EXPECT_EQ(ws.loads_on_demand(), w.loads_on_demand()) << "worker " << i;
       EXPECT_EQ(ws.bytes_loaded(), w.bytes_loaded()) << "worker " << i;
+      // The peak main reports is the worker's own (as its last reply said; nothing from a worker it did not
+      // call), and within its budget when it has one.
+      EXPECT_EQ(w.gpu_peak_bytes(), w.calls() > 0 ? ws.memory().peak_bytes() : 0) << "worker " << i;
+      if (ws.memory().capacity_bytes() > 0) {
+        EXPECT_LE(w.gpu_peak_bytes(), ws.memory().capacity_bytes()) << "worker " << i;
+      }
     }
   }
 }
