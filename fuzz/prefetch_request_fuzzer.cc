@@ -1,7 +1,8 @@
 // Fuzzes the worker's Prefetch handling without a server: the input is a serialized PrefetchRequest, handed to
 // WorkerNode::DoPrefetch of a worker of the shared mixtral-tiny model (fuzz_nodes.h); headers are completed as
 // in worker_request_fuzzer. Every expert a prefetch accepted is then consumed by a one-row ComputeExperts call
-// (which must find it resident), so each input starts from a worker with nothing resident.
+// (which must find it resident), so each input starts from a worker with nothing resident. The worker remembers
+// how far each request has got, so a prediction an earlier input already passed is late and loads nothing.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -27,12 +28,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (request.header().model_fingerprint().empty())
     request.mutable_header()->set_model_fingerprint(worker->fingerprint());
   if (request.header().epoch() == 0) request.mutable_header()->set_epoch(worker->epoch());
-  const absl::StatusOr<int32_t> accepted = worker->DoPrefetch(request);
+  bool late = false;
+  const absl::StatusOr<int32_t> accepted = worker->DoPrefetch(request, &late);
   if (!accepted.ok()) {
     if (worker->ResidentExperts() != 0) std::abort();  // a refused prefetch loads nothing
     return 0;
   }
   if (*accepted < 0 || *accepted > request.experts_size() || worker->ResidentExperts() != *accepted) std::abort();
+  // A prediction for a (request, position, layer) the worker has already computed (the same input run again:
+  // libFuzzer does) is late: nothing is loaded.
+  if (late) {
+    if (*accepted != 0) std::abort();
+    return 0;
+  }
   // Consume them: one row of zeros through every prefetched expert.
   odmoe::v1::ComputeExpertsRequest compute;
   *compute.mutable_header() = request.header();
