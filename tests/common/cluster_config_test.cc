@@ -1,5 +1,7 @@
 #include "src/common/cluster_config.h"
 
+#include <filesystem>
+
 #include "gtest/gtest.h"
 #include "src/common/strings.h"
 #include "tests/test_support.h"
@@ -74,6 +76,20 @@ TEST(ClusterConfigTest, TheShippedTestbedConfigLoads) {
   EXPECT_EQ(c->nodes.size(), 10u);
   EXPECT_EQ(c->workers().size(), 8u);
   EXPECT_EQ(c->workers()[7]->gpu_budget_bytes, 1024ull << 20);
+}
+
+TEST(ClusterConfigTest, TheShippedOneGpuConfigLoads) {
+  auto c = LoadClusterConfig(odmoe::testing::SourceDir() + "/configs/one-gpu-mixtral.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->model.is_synthetic());
+  EXPECT_TRUE(std::filesystem::exists(c->model.synthetic)) << c->model.synthetic;
+  EXPECT_EQ(c->model.layers, 16);
+  ASSERT_EQ(c->workers().size(), 8u);
+  for (const NodeConfig* w : c->workers()) {
+    EXPECT_EQ(w->device, "cuda");
+    EXPECT_EQ(w->gpu_budget_bytes, 1024ull << 20);
+  }
+  EXPECT_EQ(c->prefill_minibatch_rows, 32);
 }
 
 struct Bad {
