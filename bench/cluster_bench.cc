@@ -60,7 +60,7 @@ absl::StatusOr<double> MeasurePinnedH2D(Device& device, size_t bytes, int iters)
 }
 
 // Every worker's counters, reset (read and zeroed) or read.
-absl::StatusOr<std::vector<v1::WorkerStats>> WorkerStats(const ClusterConfig& cluster, bool reset) {
+absl::StatusOr<std::vector<v1::WorkerStats>> ReadWorkerStats(const ClusterConfig& cluster, bool reset) {
   std::vector<v1::WorkerStats> out;
   for (const NodeConfig* w : cluster.workers()) {
     v1::StatsRequest req;
@@ -145,11 +145,11 @@ absl::Status RunCluster(const std::vector<std::string>& args) {
   };
   absl::Status status = [&]() -> absl::Status {
     for (int64_t r = 0; r < requests; ++r) {
-      ODMOE_RETURN_IF_ERROR(WorkerStats(cluster, /*reset=*/true).status());
+      ODMOE_RETURN_IF_ERROR(ReadWorkerStats(cluster, /*reset=*/true).status());
       ODMOE_ASSIGN_OR_RETURN(RemoteResult prefill, generate(1));
-      ODMOE_ASSIGN_OR_RETURN(std::vector<v1::WorkerStats> after_prefill, WorkerStats(cluster, /*reset=*/true));
+      ODMOE_ASSIGN_OR_RETURN(std::vector<v1::WorkerStats> after_prefill, ReadWorkerStats(cluster, /*reset=*/true));
       ODMOE_ASSIGN_OR_RETURN(RemoteResult full, generate(new_tokens));
-      ODMOE_ASSIGN_OR_RETURN(std::vector<v1::WorkerStats> after_full, WorkerStats(cluster, /*reset=*/true));
+      ODMOE_ASSIGN_OR_RETURN(std::vector<v1::WorkerStats> after_full, ReadWorkerStats(cluster, /*reset=*/true));
       const uint64_t steps = full.tokens.size() > 1 ? full.tokens.size() - 1 : 0;
       const v1::RequestStats& st = full.stats;
       t.decode_tokens += steps;

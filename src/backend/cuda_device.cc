@@ -85,19 +85,14 @@ struct Accounting {
   uint64_t in_use ABSL_GUARDED_BY(mu) = 0;
   uint64_t peak ABSL_GUARDED_BY(mu) = 0;
 
-  // Counts `bytes` unless they would exceed the capacity (then false).
-  bool TryCharge(uint64_t bytes) {
+  // Counts `bytes`. `within_capacity`: not when they would exceed the capacity (then false); otherwise even
+  // past it (an op's scratch, which cannot fail; in_use then shows the excess).
+  bool Charge(uint64_t bytes, bool within_capacity) {
     absl::MutexLock lock(&mu);
-    if (bytes > capacity - std::min(capacity, in_use)) return false;
+    if (within_capacity && bytes > capacity - std::min(capacity, in_use)) return false;
     in_use += bytes;
     peak = std::max(peak, in_use);
     return true;
-  }
-  // Counts `bytes` even past the capacity (an op's scratch, which cannot fail; in_use then shows the excess).
-  void Charge(uint64_t bytes) {
-    absl::MutexLock lock(&mu);
-    in_use += bytes;
-    peak = std::max(peak, in_use);
   }
   void Release(uint64_t bytes) {
     absl::MutexLock lock(&mu);
@@ -213,11 +208,7 @@ class CudaStream final : public Stream {
   // capacity (Prepare's caller reports that; cublas() then counts it past the capacity).
   bool ReserveWorkspace(bool within_capacity) {
     if (workspace_ != nullptr) return true;
-    if (within_capacity) {
-      if (!accounting_->TryCharge(cublas_workspace_bytes_)) return false;
-    } else {
-      accounting_->Charge(cublas_workspace_bytes_);
-    }
+    if (!accounting_->Charge(cublas_workspace_bytes_, within_capacity)) return false;
     ODMOE_CUDA_CHECK(cudaMalloc(&workspace_, cublas_workspace_bytes_));
     return true;
   }
@@ -243,11 +234,7 @@ class CudaStream final : public Stream {
     if (bytes > scratch_bytes_) {
       const size_t rounded = (bytes + (size_t{1} << 20) - 1) & ~((size_t{1} << 20) - 1);
       const size_t extra = rounded - scratch_bytes_;  // the old block goes first
-      if (within_capacity) {
-        if (!accounting_->TryCharge(extra)) return nullptr;
-      } else {
-        accounting_->Charge(extra);
-      }
+      if (!accounting_->Charge(extra, within_capacity)) return nullptr;
       ODMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
       if (scratch_ != nullptr) ODMOE_CUDA_CHECK(cudaFree(scratch_));
       scratch_ = nullptr;
@@ -331,7 +318,7 @@ class CudaDevice final : public Device {
 
   // ---- memory ----------------------------------------------------------------------------------------------
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes, std::string_view tag) override {
-    if (!accounting_->TryCharge(bytes)) {
+    if (!accounting_->Charge(bytes, /*within_capacity=*/true)) {
       const MemoryInfo m = memory_info();
       return absl::ResourceExhaustedError(StrCat(name(), ": cannot allocate ", FormatBytes(bytes), " for '", tag,
                                                  "': ", FormatBytes(m.in_use), " of its capacity of ",

@@ -274,12 +274,12 @@ int WorkerNode::AdvanceProgress(uint64_t request_id, int64_t position, int64_t l
     progress_ = Progress{request_id, position, layer};
     for (auto it = resident_.begin(); it != resident_.end();) {
       const ResidentEntry& entry = it->second;
+      const int64_t entry_layer = std::get<0>(it->first), entry_position = std::get<2>(it->first);
       // Stale: predicted for a (position, layer) main has gone past. The current layer's own entries stay: the
       // request being computed takes them.
-      const bool current =
-          entry.request_id == request_id && entry.position == position && std::get<0>(it->first) == layer;
+      const bool current = entry.request_id == request_id && entry_position == position && entry_layer == layer;
       if (!entry.loading && !entry.in_use && !current &&
-          Passed(progress_, entry.request_id, entry.position, std::get<0>(it->first))) {
+          Passed(progress_, entry.request_id, entry_position, entry_layer)) {
         if (entry.origin == Origin::kPrefetch) counters_.prefetches_unused += 1;
         victims.push_back(std::move(it->second.expert));
         it = resident_.erase(it);
@@ -556,21 +556,24 @@ absl::StatusOr<WorkerNode::StagedCall> WorkerNode::Stage(const v1::ComputeExpert
         LoadExpert(request.layer(), task.expert(), stream, /*may_evict=*/false, {}, /*async=*/true);
     if (!loaded.ok()) break;  // the budget is full after all (a concurrent load): Finish loads on demand
     absl::MutexLock lock(&mu_);
-    ResidentEntry& entry = resident_[key];
-    entry.loading = false;
-    entry.origin = Origin::kStaged;
-    entry.sequence = next_sequence_++;
-    entry.request_id = request_id;
-    entry.position = request.position();
     counters_.loads += 1;
     counters_.loads_on_demand += 1;
     counters_.loads_ahead += 1;
     counters_.bytes_loaded += loaded.value()->tensor_bytes;
-    entry.expert = std::move(loaded).value();
+    SetReadyLocked(resident_[key], Origin::kStaged, request_id, std::move(loaded).value());
     staged.ahead_.push_back(key);
-    resident_changed_.SignalAll();
   }
   return staged;
+}
+
+void WorkerNode::SetReadyLocked(ResidentEntry& entry, Origin origin, uint64_t request_id,
+                                std::unique_ptr<LoadedExpert> expert) {
+  entry.loading = false;
+  entry.origin = origin;
+  entry.sequence = next_sequence_++;
+  entry.request_id = request_id;
+  entry.expert = std::move(expert);
+  resident_changed_.SignalAll();
 }
 
 void WorkerNode::ReleaseSlot(int slot) {
@@ -636,8 +639,8 @@ absl::Status WorkerNode::ComputeLocked(const StagedCall& staged, v1::ComputeExpe
     const int64_t e = task.expert();
     double load_ms = 0;
     Taken taken = TakeResident(keys[static_cast<size_t>(i)], request.position(), &load_ms);
-    // Staged ahead by this call: still an on-demand load (it was not resident when the call arrived).
-    bool on_demand = taken.expert == nullptr || taken.origin == Origin::kStaged;
+    // Staged ahead as a call arrived: still an on-demand load (it was not resident when the call arrived).
+    const bool on_demand = taken.expert == nullptr || taken.origin == Origin::kStaged;
     std::unique_ptr<LoadedExpert> own;  // loaded here, on demand
     const LoadedExpert* expert = taken.expert;
     if (taken.expert == nullptr) {
@@ -658,20 +661,17 @@ absl::Status WorkerNode::ComputeLocked(const StagedCall& staged, v1::ComputeExpe
       counters_.load_ms_total += load_ms;
       counters_.on_demand_load_ms_total += load_ms;
     } else if (taken.expert->ready != nullptr) {
-      // Loaded asynchronously as its call was staged: wait for the copy (its time is part of the load).
+      // Loaded asynchronously as a call was staged (only those loads are): wait for the copy, whose time is
+      // part of the load. Later users (it may be kept) find it complete.
       const Clock::time_point wait_start = Clock::now();
       device_->SynchronizeEvent(*taken.expert->ready);
-      const double ms = taken.expert->load_ms + MsSince(wait_start);
+      load_ms = taken.expert->load_ms + MsSince(wait_start);
       taken.expert->ready.reset();
       taken.expert->load_ms = 0;
-      if (taken.origin == Origin::kStaged) {
-        load_ms = ms;
-        absl::MutexLock counters_lock(&mu_);
-        counters_.load_ms_total += ms;
-        counters_.on_demand_load_ms_total += ms;
-      }
+      absl::MutexLock counters_lock(&mu_);
+      counters_.load_ms_total += load_ms;
+      counters_.on_demand_load_ms_total += load_ms;
     }
-    if (taken.origin == Origin::kKept) on_demand = false;
 
     const Clock::time_point start = Clock::now();
     const int64_t m = task.rows_size();
@@ -698,17 +698,10 @@ absl::Status WorkerNode::ComputeLocked(const StagedCall& staged, v1::ComputeExpe
       if (expert_calls > 1) {
         // Resident for the other mini-batches of this expert (unless a staged load of it got there first).
         auto [it, inserted] = resident_.try_emplace(ResidentKey{layer, e, request.position()});
-        ResidentEntry& entry = it->second;
-        entry.uses += 1;
+        it->second.uses += 1;
         if (inserted) {
-          entry.loading = false;
-          entry.origin = Origin::kKept;
-          entry.sequence = next_sequence_++;
-          entry.request_id = request.header().request_id();
-          entry.position = request.position();
-          entry.expert = std::move(own);
+          SetReadyLocked(it->second, Origin::kKept, request.header().request_id(), std::move(own));
           counters_.experts_kept += 1;
-          resident_changed_.SignalAll();
         }
       }
       if (own != nullptr) counters_.evictions += 1;
@@ -773,7 +766,6 @@ absl::StatusOr<int32_t> WorkerNode::DoPrefetch(const v1::PrefetchRequest& reques
       entry.loading = true;
       entry.sequence = next_sequence_++;
       entry.request_id = request_id;
-      entry.position = position;
     }
   }
 

@@ -186,9 +186,8 @@ class WorkerNode final : public v1::Worker::Service {
     Origin origin = Origin::kPrefetch;
     std::unique_ptr<LoadedExpert> expert;
     uint64_t sequence = 0;  // order of arrival, for eviction (oldest first)
-    // What the prediction was for: the request and decode position (request 0: untracked, never stale).
+    // The request it was loaded for (0: untracked, never stale); the position is the key's.
     uint64_t request_id = 0;
-    int64_t position = 0;
   };
   // Main's progress: the (request, position, layer) of its latest ComputeExperts with a request id.
   struct Progress {
@@ -263,6 +262,9 @@ class WorkerNode final : public v1::Worker::Service {
   // Ends a use of a taken entry: keeps it resident (idle, Origin::kKept) until it has been used by
   // `expert_calls` calls, then frees it.
   void ReleaseResident(const ResidentKey& key, int32_t expert_calls);
+  // Makes `entry` hold `expert`, idle and ready, newest in eviction order.
+  void SetReadyLocked(ResidentEntry& entry, Origin origin, uint64_t request_id, std::unique_ptr<LoadedExpert> expert)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The resident entry of expert `key` usable at `position` (TakeResident's choice), or end().
   std::map<ResidentKey, ResidentEntry>::iterator FindResident(const ExpertKey& key, int64_t position)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
