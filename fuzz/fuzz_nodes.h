@@ -11,6 +11,7 @@
 #include <string>
 
 #include "google/protobuf/stubs/logging.h"
+#include "src/backend/device_factory.h"
 #include "src/common/cluster_config.h"
 #include "src/main_node/main_node.h"
 #include "src/rpc/daemon.h"
@@ -73,7 +74,11 @@ inline WorkerNode* FuzzWorker(const char* who) {
   WorkerOptions options;
   options.max_rows_per_call = 8;
   options.share_host_experts = false;  // no /dev/shm segment left behind by a fuzzing process
-  absl::StatusOr<std::unique_ptr<WorkerNode>> node = WorkerNode::Create(cluster, *cluster.Find("w0"), dir, options);
+  const NodeConfig& self = *cluster.Find("w0");
+  absl::StatusOr<std::unique_ptr<Device>> device = CreateDevice(self.device, self.gpu_budget_bytes);
+  if (!device.ok()) FuzzSetupFailed(who, device.status().ToString(), 1);
+  absl::StatusOr<std::unique_ptr<WorkerNode>> node =
+      WorkerNode::Create(cluster, self, dir, std::move(device).value(), options);
   if (!node.ok()) FuzzSetupFailed(who, node.status().ToString(), 1);
   return node->release();
 }

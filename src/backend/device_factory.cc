@@ -2,6 +2,7 @@
 // backend, which builds on odmoe_backend, can be linked in where the toolchain exists.
 #include "src/backend/device_factory.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -10,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "src/backend/cpu_device.h"
 #include "src/backend/mock_gpu_device.h"
+#include "src/common/status.h"
 #include "src/common/strings.h"
 
 #ifdef ODMOE_HAVE_CUDA
@@ -43,8 +45,8 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(std::string_view spec) {
       const std::string_view mb_text = spec.substr(5);
       if (!absl::SimpleAtoi(ToAbslView(mb_text), &mb) || mb == 0 ||
           mb > std::numeric_limits<uint64_t>::max() / (uint64_t{1} << 20)) {
-        return absl::InvalidArgumentError(StrCat(
-            "device '", spec, "': the capacity after 'cuda:' must be a positive number of MiB, e.g. cuda:1024"));
+        return absl::InvalidArgumentError(
+            StrCat("device '", spec, "': the capacity after 'cuda:' must be a positive number of MiB, e.g. cuda:1024"));
       }
     }
 #ifdef ODMOE_HAVE_CUDA
@@ -56,6 +58,24 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(std::string_view spec) {
 #endif
   }
   return absl::InvalidArgumentError(StrCat("unknown device '", spec, "'; choose one of: ", kChoices));
+}
+
+absl::StatusOr<std::unique_ptr<Device>> CreateDevice(std::string_view spec, uint64_t capacity_bytes) {
+  if (spec == "cpu") return std::unique_ptr<Device>(new CpuDevice(capacity_bytes));
+  if (spec.starts_with("mock-gpu")) {
+    ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> probe, CreateDevice(spec));  // validates "mock-gpu[:MB]"
+    MockGpuOptions options;
+    options.record_timeline = false;
+    const uint64_t spec_capacity = probe->memory_info().capacity;
+    options.capacity_bytes = capacity_bytes == 0 ? spec_capacity : std::min(capacity_bytes, spec_capacity);
+    // Copies from host memory the daemon did not register run at pageable speed.
+    options.h2d_pageable_bytes_per_s = options.h2d_bytes_per_s * MockGpuOptions::kPageableFraction;
+    return std::unique_ptr<Device>(new MockGpuDevice(options));
+  }
+  if (spec == "cuda" && capacity_bytes != 0) {
+    return CreateDevice(StrCat("cuda:", (capacity_bytes + (uint64_t{1} << 20) - 1) >> 20));
+  }
+  return CreateDevice(spec);
 }
 
 }  // namespace odmoe

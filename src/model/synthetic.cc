@@ -161,11 +161,17 @@ absl::Status SyntheticSource::Validate(const std::vector<TensorSpec>& specs) con
   return absl::OkStatus();
 }
 
-absl::StatusOr<SourceTensor> SyntheticSource::Read(const TensorSpec& spec) {
+absl::StatusOr<TensorMeta> SyntheticSource::Meta(const TensorSpec& spec) const {
   ODMOE_RETURN_IF_ERROR(Check(spec));
   uint64_t count = 1;
   for (int64_t d : spec.shape) count *= static_cast<uint64_t>(d);
-  const size_t nbytes = static_cast<size_t>(count) * DTypeSize(dtype_);
+  return TensorMeta{dtype_, count * DTypeSize(dtype_)};
+}
+
+absl::StatusOr<SourceTensor> SyntheticSource::Read(const TensorSpec& spec) {
+  ODMOE_ASSIGN_OR_RETURN(const TensorMeta meta, Meta(spec));
+  const uint64_t count = meta.nbytes / DTypeSize(dtype_);
+  const size_t nbytes = static_cast<size_t>(meta.nbytes);
   if (buffer_.size() < nbytes) {
     buffer_.clear();
     buffer_.shrink_to_fit();

@@ -61,12 +61,13 @@ void GenerateSyntheticTensor(uint64_t seed, const TensorSpec& spec, DType dtype,
 
 // A TensorSource of synthetic weights for one config. Holds every tensor name the config has (not the values);
 // Read generates the tensor into one host buffer reused by the next Read (stable() is false).
-// Thread safety: Validate may be called concurrently; Read from one thread at a time.
+// Thread safety: Validate and Meta may be called concurrently; Read from one thread at a time.
 class SyntheticSource : public TensorSource {
  public:
   SyntheticSource(const ModelConfig& config, uint64_t seed);
 
   absl::Status Validate(const std::vector<TensorSpec>& specs) const override;
+  absl::StatusOr<TensorMeta> Meta(const TensorSpec& spec) const override;
   absl::StatusOr<SourceTensor> Read(const TensorSpec& spec) override;
   bool stable() const override { return false; }
   std::string Describe() const override;

@@ -24,6 +24,12 @@ struct SourceTensor {
   DType dtype = DType::kF32;
 };
 
+// dtype and byte size of one tensor, known without reading it.
+struct TensorMeta {
+  DType dtype = DType::kF32;
+  uint64_t nbytes = 0;
+};
+
 // Thread safety: implementations say; ModelWeights::Load uses a source from one thread.
 class TensorSource {
  public:
@@ -32,6 +38,9 @@ class TensorSource {
   // Checks every tensor in `specs` (presence, dtype, shape) without reading it; errors name the tensor and
   // where it was looked for.
   virtual absl::Status Validate(const std::vector<TensorSpec>& specs) const = 0;
+
+  // The dtype and byte size of tensor `spec` (checked like Validate) without reading or generating it.
+  virtual absl::StatusOr<TensorMeta> Meta(const TensorSpec& spec) const = 0;
 
   // The tensor `spec` names, checked like Validate. The bytes stay valid while the source lives when stable()
   // is true, and only until the next Read otherwise.
@@ -52,6 +61,7 @@ class CheckpointSource : public TensorSource {
   explicit CheckpointSource(Checkpoint& checkpoint) : checkpoint_(checkpoint) {}
 
   absl::Status Validate(const std::vector<TensorSpec>& specs) const override { return checkpoint_.Validate(specs); }
+  absl::StatusOr<TensorMeta> Meta(const TensorSpec& spec) const override;
   absl::StatusOr<SourceTensor> Read(const TensorSpec& spec) override;
   bool stable() const override { return true; }
   std::string Describe() const override { return checkpoint_.dir(); }

@@ -33,10 +33,6 @@ constexpr uint64_t kVersion = 1;
 constexpr uint64_t kHeaderBytes = 4096;
 constexpr int kMaxAttempts = 40;
 
-uint64_t AlignUp(uint64_t bytes) {
-  return (bytes + ExpertStore::kAlignment - 1) / ExpertStore::kAlignment * ExpertStore::kAlignment;
-}
-
 void Mix(uint64_t& h, const void* data, size_t size) {
   const auto* p = static_cast<const uint8_t*>(data);
   for (size_t i = 0; i < size; ++i) {
@@ -71,7 +67,6 @@ bool SameFile(int fd, const std::string& path) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(const ModelConfig& config, TensorSource& source,
-                                                               const ExpertMetaFn& meta,
                                                                const ExpertStoreOptions& options, Device* device) {
   std::unique_ptr<ExpertStore> store(new ExpertStore());
   std::vector<std::pair<int64_t, int64_t>> keys;
@@ -86,7 +81,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(const ModelConfig
     std::set<std::pair<int64_t, int64_t>> unique(options.served.begin(), options.served.end());
     keys.assign(unique.begin(), unique.end());
   }
-  ODMOE_RETURN_IF_ERROR(store->Plan(config, keys, meta, &store->size_));
+  ODMOE_RETURN_IF_ERROR(store->Plan(config, keys, source, &store->size_));
   store->layout_hash_ = store->LayoutHash(options.fingerprint);
 
   bool opened = false;
@@ -123,7 +118,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(const ModelConfig
       keys.assign(unique.begin(), unique.end());
       store->experts_.clear();
       store->block_offset_.clear();
-      ODMOE_RETURN_IF_ERROR(store->Plan(config, keys, meta, &store->size_));
+      ODMOE_RETURN_IF_ERROR(store->Plan(config, keys, source, &store->size_));
     }
   }
   if (!opened) ODMOE_RETURN_IF_ERROR(store->OpenPrivate(config, source));
@@ -142,23 +137,29 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(const ModelConfig
   return store;
 }
 
+absl::StatusOr<ExpertStore::Expert> ExpertStore::LayoutOf(const ModelConfig& config, const TensorSource& source,
+                                                          int64_t layer, int64_t e) {
+  Expert x;
+  uint64_t in_block = 0;
+  const std::vector<TensorSpec> specs = ExpertTensors(config, layer, e);
+  for (size_t i = 0; i < specs.size() && i < 3; ++i) {
+    ODMOE_ASSIGN_OR_RETURN(const TensorMeta m, source.Meta(specs[i]));
+    in_block = AlignUp(in_block);
+    x.offsets[i] = in_block;
+    x.dtypes[i] = m.dtype;
+    in_block += m.nbytes;
+    x.tensor_bytes += m.nbytes;
+  }
+  x.copy_bytes = in_block;
+  x.block_bytes = AlignUp(in_block);
+  return x;
+}
+
 absl::Status ExpertStore::Plan(const ModelConfig& config, const std::vector<std::pair<int64_t, int64_t>>& keys,
-                               const ExpertMetaFn& meta, uint64_t* total) {
+                               const TensorSource& source, uint64_t* total) {
   uint64_t offset = kHeaderBytes;
   for (const auto& key : keys) {
-    Expert x;
-    uint64_t in_block = 0;
-    const std::vector<TensorSpec> specs = ExpertTensors(config, key.first, key.second);
-    for (size_t i = 0; i < specs.size() && i < 3; ++i) {
-      ODMOE_ASSIGN_OR_RETURN(ExpertTensorMeta m, meta(specs[i]));
-      in_block = AlignUp(in_block);
-      x.offsets[i] = in_block;
-      x.dtypes[i] = m.dtype;
-      in_block += m.nbytes;
-      x.tensor_bytes += m.nbytes;
-    }
-    x.copy_bytes = in_block;
-    x.block_bytes = AlignUp(in_block);
+    ODMOE_ASSIGN_OR_RETURN(const Expert x, LayoutOf(config, source, key.first, key.second));
     block_offset_[key] = offset;
     offset += x.block_bytes;
     experts_[key] = x;

@@ -49,13 +49,6 @@
 
 namespace odmoe {
 
-// dtype and byte size of one tensor, known without reading it.
-struct ExpertTensorMeta {
-  DType dtype = DType::kF32;
-  uint64_t nbytes = 0;
-};
-using ExpertMetaFn = std::function<absl::StatusOr<ExpertTensorMeta>(const TensorSpec&)>;
-
 struct ExpertStoreOptions {
   // (layer, expert) pairs to pack in private mode (any order; duplicates ignored).
   std::vector<std::pair<int64_t, int64_t>> served;
@@ -84,12 +77,18 @@ class ExpertStore {
     std::array<DType, 3> dtypes{};
   };
 
-  // Packs (or maps) the experts. `meta` gives each tensor's dtype and size; `source` its bytes (read only when
+  // Rounds `bytes` up to kAlignment.
+  static uint64_t AlignUp(uint64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+  // The block layout of expert (layer, e) from its tensors' metadata (TensorSource::Meta; nothing is read):
+  // offsets, dtypes and sizes set, `data` null. The one rule for where each projection sits, used by the store
+  // and by whoever loads an expert from outside it.
+  static absl::StatusOr<Expert> LayoutOf(const ModelConfig& config, const TensorSource& source, int64_t layer,
+                                         int64_t e);
+
+  // Packs (or maps) the experts. `source` gives each tensor's dtype and size, and its bytes (read only when
   // this store fills memory). `device` (nullable) gets the mapping registered; a refusal is logged and the
-  // store stays unpinned. Errors: those of `meta` and `source`; Internal for failed system calls (naming the
-  // file).
+  // store stays unpinned. Errors: those of `source`; Internal for failed system calls (naming the file).
   static absl::StatusOr<std::unique_ptr<ExpertStore>> Open(const ModelConfig& config, TensorSource& source,
-                                                           const ExpertMetaFn& meta,
                                                            const ExpertStoreOptions& options, Device* device);
   ~ExpertStore();
   ExpertStore(const ExpertStore&) = delete;
@@ -118,7 +117,7 @@ class ExpertStore {
 
   // The layout of `keys` in order: every expert's block; total size into *total.
   absl::Status Plan(const ModelConfig& config, const std::vector<std::pair<int64_t, int64_t>>& keys,
-                    const ExpertMetaFn& meta, uint64_t* total);
+                    const TensorSource& source, uint64_t* total);
   uint64_t LayoutHash(const std::string& fingerprint) const;
   // Copies every expert's tensors from `source` to base_ + offsets.
   absl::Status Fill(const ModelConfig& config, TensorSource& source);

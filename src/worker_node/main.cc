@@ -2,10 +2,12 @@
 // node NAME until SIGINT or SIGTERM. All logic lives in src/worker_node/worker_node.h.
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
+#include "src/backend/device_factory.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/rpc/daemon.h"
@@ -15,8 +17,10 @@ namespace {
 
 absl::Status Run(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(odmoe::rpc::DaemonArgs daemon, odmoe::rpc::ParseDaemonArgs(args, odmoe::NodeRole::kWorker));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::Device> device,
+                         odmoe::CreateDevice(daemon.self.device, daemon.self.gpu_budget_bytes));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::WorkerNode> node,
-                         odmoe::WorkerNode::Create(daemon.cluster, daemon.self, daemon.model_dir));
+                         odmoe::WorkerNode::Create(daemon.cluster, daemon.self, daemon.model_dir, std::move(device)));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::Server> server,
                          odmoe::rpc::Server::Start({daemon.self.address, daemon.self.threads}, {node.get()}));
   std::string layers;

@@ -134,9 +134,10 @@ class TestCluster {
         ODMOE_ASSIGN_OR_RETURN(server, rpc::Server::Start({"127.0.0.1:0", 2}, {hung_.get()}));
         workers_.push_back(nullptr);
       } else {
-        ODMOE_ASSIGN_OR_RETURN(
-            std::unique_ptr<WorkerNode> w,
-            WorkerNode::Create(worker_view, *worker_view.workers()[static_cast<size_t>(i)], model_dir));
+        const NodeConfig& self = *worker_view.workers()[static_cast<size_t>(i)];
+        ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(self.device, self.gpu_budget_bytes));
+        ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<WorkerNode> w,
+                               WorkerNode::Create(worker_view, self, model_dir, std::move(device)));
         ODMOE_ASSIGN_OR_RETURN(server, rpc::Server::Start({"127.0.0.1:0", 2}, {w.get()}));
         workers_.push_back(std::move(w));
       }

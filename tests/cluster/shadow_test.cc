@@ -49,8 +49,9 @@ class ShadowCluster {
     ODMOE_ASSIGN_OR_RETURN(ClusterConfig view, Parse(spec, "127.0.0.1:1", "127.0.0.1:2", placeholders));
     std::vector<std::string> workers;
     for (int i = 0; i < spec.workers; ++i) {
-      ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<WorkerNode> w,
-                             WorkerNode::Create(view, *view.workers()[static_cast<size_t>(i)], model));
+      const NodeConfig& self = *view.workers()[static_cast<size_t>(i)];
+      ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(self.device, self.gpu_budget_bytes));
+      ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<WorkerNode> w, WorkerNode::Create(view, self, model, std::move(device)));
       ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<rpc::Server> s, rpc::Server::Start({"127.0.0.1:0", 4}, {w.get()}));
       s->MarkServing(true);
       workers.push_back(StrCat("127.0.0.1:", s->port()));
@@ -291,7 +292,8 @@ TEST(SyntheticClusterTest, EveryNodeGeneratesItsOwnWeightsAndTokensMatchTheEngin
   std::vector<std::string> addresses;
   const ClusterConfig view = toml("127.0.0.1:2", {"127.0.0.1:10", "127.0.0.1:11"});
   for (int i = 0; i < 2; ++i) {
-    auto w = WorkerNode::Create(view, *view.workers()[static_cast<size_t>(i)], "");
+    const NodeConfig& self = *view.workers()[static_cast<size_t>(i)];
+    auto w = WorkerNode::Create(view, self, "", *CreateDevice(self.device, self.gpu_budget_bytes));
     ASSERT_TRUE(w.ok()) << w.status();
     auto s = rpc::Server::Start({"127.0.0.1:0", 4}, {w->get()});
     ASSERT_TRUE(s.ok());

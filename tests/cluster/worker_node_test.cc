@@ -25,6 +25,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "src/backend/cpu_device.h"
+#include "src/backend/device_factory.h"
 #include "src/backend/mock_gpu_device.h"
 #include "src/common/placement.h"
 #include "src/common/strings.h"
@@ -147,14 +148,29 @@ class WorkerNodeTest : public ::testing::Test {
     }
     return shm_dir_;
   }
-  // A worker of the cluster made directly (no server), with this test's shm folder.
-  std::unique_ptr<WorkerNode> MakeWorker(const std::string& name, uint64_t budget_bytes = 0, bool share = true) {
+  // The device a worker daemon makes for `self` (its spec, capped at its budget); `*gpu` (optional) is set to
+  // it as the mock GPU the test cluster's nodes have.
+  static std::unique_ptr<Device> DaemonDevice(const NodeConfig& self, MockGpuDevice** gpu = nullptr) {
+    absl::StatusOr<std::unique_ptr<Device>> device = CreateDevice(self.device, self.gpu_budget_bytes);
+    EXPECT_TRUE(device.ok()) << device.status();
+    if (!device.ok()) return nullptr;
+    if (gpu != nullptr) {
+      *gpu = dynamic_cast<MockGpuDevice*>(device->get());
+      EXPECT_NE(*gpu, nullptr) << self.device;
+    }
+    return std::move(device).value();
+  }
+
+  // A worker of the cluster made directly (no server), with this test's shm folder; `*gpu` (optional) gets its
+  // mock GPU.
+  std::unique_ptr<WorkerNode> MakeWorker(const std::string& name, uint64_t budget_bytes = 0, bool share = true,
+                                         MockGpuDevice** gpu = nullptr) {
     NodeConfig self = *cluster_.Find(name);
     self.gpu_budget_bytes = budget_bytes;
     WorkerOptions options;
     options.share_host_experts = share;
     options.shm_dir = ShmDir();
-    auto node = WorkerNode::Create(cluster_, self, model_dir_, options);
+    auto node = WorkerNode::Create(cluster_, self, model_dir_, DaemonDevice(self, gpu), options);
     EXPECT_TRUE(node.ok()) << node.status();
     return node.ok() ? std::move(node).value() : nullptr;
   }
@@ -169,7 +185,7 @@ class WorkerNodeTest : public ::testing::Test {
     NodeConfig self = *cluster_.Find(name);
     self.gpu_budget_bytes = budget_bytes;
     if (options.shm_dir == WorkerOptions{}.shm_dir) options.shm_dir = ShmDir();
-    auto node = WorkerNode::Create(cluster_, self, model_dir_, options);
+    auto node = WorkerNode::Create(cluster_, self, model_dir_, DaemonDevice(self), options);
     ASSERT_TRUE(node.ok()) << node.status();
     node_ = std::move(node).value();
     auto server = rpc::Server::Start({"127.0.0.1:0", threads}, {node_.get()});
@@ -547,16 +563,17 @@ TEST_F(WorkerNodeTest, RefusesToStartWhenBudgetTooSmall) {
   StopWorker();
   NodeConfig self = *cluster_.Find("w0");
   self.gpu_budget_bytes = too_small;
-  auto node = WorkerNode::Create(cluster_, self, model_dir_);
+  auto node = WorkerNode::Create(cluster_, self, model_dir_, DaemonDevice(self));
   ASSERT_FALSE(node.ok());
   EXPECT_EQ(node.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(node.status().message().find("budget"), std::string::npos) << node.status();
 
+  // The daemon makes its device before the worker (odmoe-worker's main.cc): a bad spec stops it there.
   self.device = "tpu";
   self.gpu_budget_bytes = 0;
-  node = WorkerNode::Create(cluster_, self, model_dir_);
-  EXPECT_EQ(node.status().code(), absl::StatusCode::kInvalidArgument) << node.status();
-  node = WorkerNode::Create(cluster_, *cluster_.main(), model_dir_);
+  const absl::StatusOr<std::unique_ptr<Device>> device = CreateDevice(self.device, self.gpu_budget_bytes);
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument) << device.status();
+  node = WorkerNode::Create(cluster_, *cluster_.main(), model_dir_, DaemonDevice(*cluster_.main()));
   EXPECT_EQ(node.status().code(), absl::StatusCode::kInvalidArgument) << node.status();
 }
 
@@ -828,7 +845,8 @@ std::set<std::pair<int64_t, int64_t>> ServedExperts(const ModelConfig& config, c
 }
 
 TEST_F(WorkerNodeTest, PrivateStorePacksServedExpertsAndLoadsEachWithOneCopy) {
-  std::unique_ptr<WorkerNode> w = MakeWorker("w0", 0, /*share=*/false);
+  MockGpuDevice* gpu = nullptr;
+  std::unique_ptr<WorkerNode> w = MakeWorker("w0", 0, /*share=*/false, &gpu);
   ASSERT_NE(w, nullptr);
   const Placement placement = *Placement::Create(2, 1);
   const auto served = ServedExperts(config_, placement, 0);
@@ -840,7 +858,7 @@ TEST_F(WorkerNodeTest, PrivateStorePacksServedExpertsAndLoadsEachWithOneCopy) {
   EXPECT_EQ(stats.host_bytes_pinned(), stats.host_bytes_packed());  // registered with the mock GPU
   EXPECT_TRUE(w->store().segment_path().empty());
 
-  auto& mock = dynamic_cast<MockGpuDevice&>(w->device());
+  MockGpuDevice& mock = *gpu;
   const int64_t n = 2;
   const std::vector<float> hidden = RandomHidden(n, config_.hidden_size, 11);
   // One served expert (layer 0 is w0's decode layer) and one it does not serve (layer 1 belongs to w1, and
@@ -980,16 +998,20 @@ class MiniBatchTest : public WorkerNodeTest {
   static constexpr int64_t kLayer = 0;  // a sparse layer of w0 (even experts are w0's in prefill)
 
   // A worker whose mock GPU records its timeline and computes slowly (1 GFLOP/s), so that an expert's compute
-  // takes longer than the small copies of this model, as the big experts of a real one do.
-  std::unique_ptr<WorkerNode> MakeTimedWorker(uint64_t budget_bytes = 0) {
+  // takes longer than the small copies of this model, as the big experts of a real one do. `*gpu` (optional)
+  // gets the mock GPU.
+  std::unique_ptr<WorkerNode> MakeTimedWorker(uint64_t budget_bytes = 0, MockGpuDevice** gpu = nullptr) {
     NodeConfig self = *cluster_.Find("w0");
     self.gpu_budget_bytes = budget_bytes;
     WorkerOptions options;
     options.shm_dir = ShmDir();
-    options.mock_gpu = MockGpuOptions{};
-    options.mock_gpu->flops_per_s = 1e9;
-    options.mock_gpu->record_timeline = true;
-    auto node = WorkerNode::Create(cluster_, self, model_dir_, options);
+    MockGpuOptions mock;
+    mock.flops_per_s = 1e9;
+    if (budget_bytes != 0) mock.capacity_bytes = std::min(budget_bytes, mock.capacity_bytes);
+    mock.h2d_pageable_bytes_per_s = mock.h2d_bytes_per_s * MockGpuOptions::kPageableFraction;
+    auto device = std::make_unique<MockGpuDevice>(mock);
+    if (gpu != nullptr) *gpu = device.get();
+    auto node = WorkerNode::Create(cluster_, self, model_dir_, std::move(device), options);
     EXPECT_TRUE(node.ok()) << node.status();
     return node.ok() ? std::move(node).value() : nullptr;
   }
@@ -1038,9 +1060,10 @@ TEST_F(MiniBatchTest, NextMiniBatchTravelsWhileTheCurrentOneComputes) {
   const MiniBatch first{0, 0, 4, /*calls=*/2}, second{2, 0, 8, 1}, last{0, 4, 8, 2};
   for (const bool pipelined : {true, false}) {
     SCOPED_TRACE(pipelined ? "two calls in flight" : "one call at a time");
-    std::unique_ptr<WorkerNode> node = MakeTimedWorker();
+    MockGpuDevice* mock = nullptr;
+    std::unique_ptr<WorkerNode> node = MakeTimedWorker(0, &mock);
     ASSERT_NE(node, nullptr);
-    auto& gpu = static_cast<MockGpuDevice&>(node->device());
+    MockGpuDevice& gpu = *mock;
     const v1::ComputeExpertsRequest r1 = Request(*node, hidden, first), r2 = Request(*node, hidden, second),
                                     r3 = Request(*node, hidden, last);
     v1::ComputeExpertsResponse out1, out2, out3;
@@ -1182,7 +1205,7 @@ TEST_F(WorkerNodeTest, WithoutUsableSharedMemoryTheWorkerPacksPrivately) {
   NodeConfig self = *cluster_.Find("w0");
   WorkerOptions options;
   options.shm_dir = ShmDir() + "/does/not/exist";
-  auto node = WorkerNode::Create(cluster_, self, model_dir_, options);
+  auto node = WorkerNode::Create(cluster_, self, model_dir_, DaemonDevice(self), options);
   ASSERT_TRUE(node.ok()) << node.status();
   const v1::WorkerStats s = (*node)->Stats(false);
   EXPECT_FALSE(s.host_experts_shared());
