@@ -23,44 +23,15 @@ using internal::WarpMax;
 
 constexpr int kThreads = 256;
 
-__constant__ float kCodeBookDevice[16] = {
-    -1.0f,
-    -0.6961928009986877f,
-    -0.5250730514526367f,
-    -0.39491748809814453f,
-    -0.28444138169288635f,
-    -0.18477343022823334f,
-    -0.09105003625154495f,
-    0.0f,
-    0.07958029955625534f,
-    0.16093020141124725f,
-    0.24611230194568634f,
-    0.33791524171829224f,
-    0.44070982933044434f,
-    0.5626170039176941f,
-    0.7229568362236023f,
-    1.0f,
-};
+__constant__ float kCodeBookDevice[16] = {ODMOE_NF4_CODEBOOK};
 
 // The bitsandbytes dQuantizeNF4 decision tree, written as a count of the midpoints below v (the same result:
 // the midpoints ascend). NaN compares false everywhere and gives 0, as in the tree.
 __device__ __forceinline__ uint32_t Nf4Code(float v) {
+  constexpr float kMidpoints[15] = {ODMOE_NF4_MIDPOINTS};
   uint32_t code = 0;
-  code += v > -0.8480964004993439f;
-  code += v > -0.6106329262256622f;
-  code += v > -0.4599952697753906f;
-  code += v > -0.33967943489551544f;
-  code += v > -0.23460740596055984f;
-  code += v > -0.13791173323988914f;
-  code += v > -0.045525018125772476f;
-  code += v > 0.03979014977812767f;
-  code += v > 0.1202552504837513f;
-  code += v > 0.2035212516784668f;
-  code += v > 0.2920137718319893f;
-  code += v > 0.3893125355243683f;
-  code += v > 0.5016634166240692f;
-  code += v > 0.6427869200706482f;
-  code += v > 0.8614784181118011f;
+#pragma unroll
+  for (int i = 0; i < 15; ++i) code += v > kMidpoints[i];
   return code;
 }
 

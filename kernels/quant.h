@@ -22,31 +22,11 @@
 
 #include <cstdint>
 
+#include "kernels/nf4_codebook.h"
+
 namespace odmoe::kernels {
 
-inline constexpr int64_t kNf4BlockSize = 64;
-inline int64_t Nf4BlocksPerRow(int64_t cols) { return (cols + kNf4BlockSize - 1) / kNf4BlockSize; }
-inline int64_t Nf4RowBytes(int64_t cols) { return Nf4BlocksPerRow(cols) * (kNf4BlockSize / 2); }
-
-// The NF4 code book of QLoRA / bitsandbytes (normal-float quantiles, ascending, 0.0 at index 7).
-inline constexpr float kNf4CodeBook[16] = {
-    -1.0f,
-    -0.6961928009986877f,
-    -0.5250730514526367f,
-    -0.39491748809814453f,
-    -0.28444138169288635f,
-    -0.18477343022823334f,
-    -0.09105003625154495f,
-    0.0f,
-    0.07958029955625534f,
-    0.16093020141124725f,
-    0.24611230194568634f,
-    0.33791524171829224f,
-    0.44070982933044434f,
-    0.5626170039176941f,
-    0.7229568362236023f,
-    1.0f,
-};
+// kNf4BlockSize, kNf4CodeBook, Nf4BlocksPerRow, Nf4RowBytes: kernels/nf4_codebook.h.
 
 // ---- quantizers and dequantizers ---------------------------------------------------------------------------
 // One block per row.

@@ -10,13 +10,6 @@
 namespace odmoe {
 namespace {
 
-// Midpoints between consecutive code book entries, as bitsandbytes writes them (float literals).
-constexpr float kNf4Midpoints[15] = {
-    -0.8480964004993439f,  -0.6106329262256622f,   -0.4599952697753906f, -0.33967943489551544f, -0.23460740596055984f,
-    -0.13791173323988914f, -0.045525018125772476f, 0.03979014977812767f, 0.1202552504837513f,   0.2035212516784668f,
-    0.2920137718319893f,   0.3893125355243683f,    0.5016634166240692f,  0.6427869200706482f,   0.8614784181118011f,
-};
-
 // Widens row `r` of w ([rows, cols] in dtype) to fp32 (exact for F16 and BF16).
 void WidenRow(const void* w, DType dtype, int64_t r, int64_t cols, float* out) {
   const size_t first = static_cast<size_t>(r * cols);
@@ -40,25 +33,6 @@ void WidenRow(const void* w, DType dtype, int64_t r, int64_t cols, float* out) {
 }
 
 }  // namespace
-
-const float kNf4CodeBook[16] = {
-    -1.0f,
-    -0.6961928009986877f,
-    -0.5250730514526367f,
-    -0.39491748809814453f,
-    -0.28444138169288635f,
-    -0.18477343022823334f,
-    -0.09105003625154495f,
-    0.0f,
-    0.07958029955625534f,
-    0.16093020141124725f,
-    0.24611230194568634f,
-    0.33791524171829224f,
-    0.44070982933044434f,
-    0.5626170039176941f,
-    0.7229568362236023f,
-    1.0f,
-};
 
 uint8_t Nf4Code(float v) {
   // The midpoints ascend, so counting those below v is the decision tree of bitsandbytes (NaN gives 0 there

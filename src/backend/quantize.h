@@ -23,16 +23,18 @@
 
 #include <cstdint>
 
+#include "kernels/nf4_codebook.h"
 #include "src/common/dtype.h"
 
 namespace odmoe {
 
-inline constexpr int64_t kNf4BlockSize = 64;
-inline int64_t Nf4BlocksPerRow(int64_t cols) { return (cols + kNf4BlockSize - 1) / kNf4BlockSize; }
-inline int64_t Nf4RowBytes(int64_t cols) { return Nf4BlocksPerRow(cols) * (kNf4BlockSize / 2); }
-
-// The NF4 code book of QLoRA / bitsandbytes, ascending; kNf4CodeBook[7] == 0.0f.
-extern const float kNf4CodeBook[16];
+// The NF4 block size, code book (ascending; kNf4CodeBook[7] == 0.0f), midpoints and row sizes: written once,
+// in kernels/nf4_codebook.h, for the CUDA kernels and these CPU quantizers.
+using kernels::kNf4BlockSize;
+using kernels::kNf4CodeBook;
+using kernels::kNf4Midpoints;
+using kernels::Nf4BlocksPerRow;
+using kernels::Nf4RowBytes;
 
 // The 4-bit code of a value normalised to [-1, 1] (the bitsandbytes dQuantizeNF4 decision).
 uint8_t Nf4Code(float v);

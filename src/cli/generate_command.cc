@@ -3,6 +3,8 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "src/backend/device_factory.h"
@@ -249,34 +251,28 @@ absl::Status Run(const std::vector<std::string>& args) {
     r.prompt_ids = tokenizer->EncodeForModel(r.prompt_text);
   }
 
-  ModelConfig config;
-  if (r.synthetic) {
-    ODMOE_ASSIGN_OR_RETURN(config, SyntheticModelConfig(r.spec));
-  } else {
-    ODMOE_ASSIGN_OR_RETURN(config, LoadModelConfig(r.model_dir));
-  }
+  ModelSource source;
+  if (r.synthetic) source = ModelSource{"", r.spec.config_path, r.spec.layers, r.spec.seed};
+  ODMOE_ASSIGN_OR_RETURN(OpenedModel opened, OpenModel(source, r.synthetic ? std::string() : r.model_dir));
+  const ModelConfig config = opened.config;
   // Reject a bad request before loading any weights.
   ODMOE_RETURN_IF_ERROR(ValidateRequest(config, r.prompt_ids, r.options.max_new_tokens));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(r.backend));
-  std::unique_ptr<LocalModel> model;
-  if (r.synthetic) {
-    ODMOE_ASSIGN_OR_RETURN(model, LocalModel::OpenSynthetic(r.spec, std::move(device)));
-  } else {
-    ODMOE_ASSIGN_OR_RETURN(model, LocalModel::Open(r.model_dir, std::move(device)));
-  }
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<LocalModel> model,
+                         LocalModel::Open(std::move(opened), std::move(device)));
 
   std::unique_ptr<IncrementalDecoder> stream_decoder;
-  std::function<void(int32_t)> on_token;
+  TokenCallback on_token;
   if (!r.json) {
     if (tokenizer != nullptr) {
       stream_decoder = std::make_unique<IncrementalDecoder>(*tokenizer, r.prompt_ids);
-      on_token = [&](int32_t id) {
+      on_token = [&](int32_t id, bool /*last*/) {
         const std::string piece = stream_decoder->Push(id);
         std::fwrite(piece.data(), 1, piece.size(), stdout);
         std::fflush(stdout);
       };
     } else {
-      on_token = [first = true](int32_t id) mutable {
+      on_token = [first = true](int32_t id, bool /*last*/) mutable {
         std::printf(first ? "%d" : " %d", id);
         first = false;
         std::fflush(stdout);
@@ -310,6 +306,23 @@ absl::Status Run(const std::vector<std::string>& args) {
   return absl::OkStatus();
 }
 
+// Engine and server errors name request fields (GenerateRequest's max_new_tokens, sampling.temperature, ...);
+// this command's user typed flags, so its messages name those instead.
+std::string FlagsForFields(std::string message) {
+  static constexpr std::pair<std::string_view, std::string_view> kFieldFlags[] = {
+      {"max_new_tokens", "--max-new-tokens"},
+      {"sampling.temperature", "--temperature"},
+      {"sampling.top_k", "--top-k"},
+      {"sampling.top_p", "--top-p"},
+  };
+  for (const auto& [field, flag] : kFieldFlags) {
+    for (size_t at = message.find(field); at != std::string::npos; at = message.find(field, at + flag.size())) {
+      message.replace(at, field.size(), flag);
+    }
+  }
+  return message;
+}
+
 }  // namespace
 
 int RunGenerate(const std::vector<std::string>& args) {
@@ -322,7 +335,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   absl::Status status = Run(args);
   if (status.ok()) return kExitOk;
   // Exactly one line: scripts and tests read it.
-  std::fprintf(stderr, "odmoe generate: %s%s\n", std::string(status.message()).c_str(),
+  std::fprintf(stderr, "odmoe generate: %s%s\n", FlagsForFields(std::string(status.message())).c_str(),
                absl::IsInvalidArgument(status) ? " (see odmoe generate --help)" : "");
   return ExitCodeFor(status);
 }

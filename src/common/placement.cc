@@ -16,6 +16,23 @@ std::vector<int32_t> Sorted(std::span<const int32_t> v) {
 
 }  // namespace
 
+int32_t DefaultGroupSize(int32_t configured_group_size, int64_t top_k) {
+  return configured_group_size > 0 ? configured_group_size : static_cast<int32_t>(std::max<int64_t>(1, top_k));
+}
+
+absl::StatusOr<Placement> Placement::ForCluster(std::string_view cluster_file, int32_t num_workers,
+                                                int32_t configured_group_size, int64_t top_k) {
+  const int32_t group_size = DefaultGroupSize(configured_group_size, top_k);
+  absl::StatusOr<Placement> placement = Create(num_workers, group_size);
+  if (!placement.ok()) {
+    return absl::Status(placement.status().code(),
+                        StrCat(cluster_file, ": group size ", group_size,
+                               configured_group_size > 0 ? "" : " (the model's top-k)", ": ",
+                               placement.status().message()));
+  }
+  return placement;
+}
+
 absl::StatusOr<Placement> Placement::Create(int32_t num_workers, int32_t group_size) {
   if (num_workers < 1) return absl::InvalidArgumentError(StrCat("need at least one worker, got ", num_workers));
   if (group_size < 1 || group_size > num_workers) {

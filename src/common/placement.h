@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -24,11 +25,19 @@ struct Assignment {
   bool predicted = true;        // false: a miss, loaded on demand by `worker`
 };
 
+// The group size G a cluster runs with: the cluster file's group_size when set (> 0), else the model's top-k
+// (at least 1). Every node decides it with this one function, so they agree on the topology.
+int32_t DefaultGroupSize(int32_t configured_group_size, int64_t top_k);
+
 class Placement {
  public:
   // InvalidArgument unless num_workers >= 1, 1 <= group_size <= num_workers and group_size divides
   // num_workers.
   static absl::StatusOr<Placement> Create(int32_t num_workers, int32_t group_size);
+  // The placement of a cluster: group size DefaultGroupSize(configured_group_size, top_k). Errors are Create's,
+  // prefixed with the cluster file and the group size (and where it came from).
+  static absl::StatusOr<Placement> ForCluster(std::string_view cluster_file, int32_t num_workers,
+                                              int32_t configured_group_size, int64_t top_k);
 
   int32_t num_workers() const { return num_workers_; }
   int32_t group_size() const { return group_size_; }

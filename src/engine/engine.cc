@@ -19,29 +19,6 @@ absl::Status Alloc(Device& device, std::unique_ptr<Buffer>& buf, size_t bytes, s
 
 }  // namespace
 
-std::vector<ExpertBatch> GroupByExpert(std::span<const int32_t> ids, std::span<const float> weights, int64_t n,
-                                       int64_t k) {
-  std::vector<ExpertBatch> batches;
-  std::vector<int32_t> experts(ids.begin(), ids.begin() + n * k);
-  std::sort(experts.begin(), experts.end());
-  experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
-  batches.reserve(experts.size());
-  for (int32_t e : experts) {
-    ExpertBatch b;
-    b.expert = e;
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t j = 0; j < k; ++j) {
-        if (ids[static_cast<size_t>(i * k + j)] == e) {
-          b.rows.push_back(static_cast<int32_t>(i));
-          b.weights.push_back(weights[static_cast<size_t>(i * k + j)]);
-        }
-      }
-    }
-    batches.push_back(std::move(b));
-  }
-  return batches;
-}
-
 // ---- LocalExpertExecutor -------------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<LocalExpertExecutor>> LocalExpertExecutor::Create(Device& device,
@@ -67,39 +44,23 @@ absl::Status LocalExpertExecutor::Run(int64_t layer, const float* h, int64_t n, 
   }
   const std::vector<ExpertBatch> batches = GroupByExpert(ids, weights, n, c.top_k);
   // One upload for the whole layer: all rows, then all scales, batch after batch.
-  std::vector<int32_t> packed;
-  const size_t pairs = static_cast<size_t>(n * c.top_k);
-  packed.resize(2 * pairs);
-  size_t at = 0;
-  for (const ExpertBatch& b : batches) {
-    for (size_t i = 0; i < b.rows.size(); ++i, ++at) {
-      packed[at] = b.rows[i];
-      std::memcpy(&packed[pairs + at], &b.weights[i], sizeof(float));
-    }
-  }
-  device_.CopyToDevice(index_->data(), packed.data(), packed.size() * sizeof(int32_t), stream);
-  const int32_t* dev_rows = index_->as<int32_t>();
-  const float* dev_scales = reinterpret_cast<const float*>(index_->as<int32_t>() + pairs);
-
-  size_t offset = 0;
-  for (const ExpertBatch& b : batches) {
-    const MlpWeights* mlp = weights_.expert(layer, b.expert);
-    if (mlp == nullptr) {
-      return absl::FailedPreconditionError(
-          StrCat("expert ", b.expert, " of layer ", layer, " is not held by this process"));
-    }
-    const int64_t m = static_cast<int64_t>(b.rows.size());
-    const float* x = h;
-    if (!(m == n && n == 1)) {
-      device_.GatherRows(h, dev_rows + offset, m, c.hidden_size, xg_->as<float>(), stream);
-      x = xg_->as<float>();
-    }
-    RunMlp(device_, *mlp, x, m, c.hidden_size, *ws_, yg_->as<float>(), stream);
-    device_.ScatterAddScaled(yg_->as<float>(), dev_rows + offset, dev_scales + offset, m, c.hidden_size,
-                             /*sigmoid_scale=*/false, out, stream);
-    offset += b.rows.size();
-  }
-  // The host vector `packed` must stay alive until the copy is done.
+  PackRowsAndScales(batches, n, c.top_k, &packed_);
+  device_.CopyToDevice(index_->data(), packed_.host.data(), packed_.host.size() * sizeof(int32_t), stream);
+  const int32_t* dev_index = index_->as<int32_t>();
+  ODMOE_RETURN_IF_ERROR(CombineExpertOutputs(
+      device_, batches, packed_, dev_index, c.hidden_size,
+      [&](size_t b) -> absl::StatusOr<const float*> {
+        const MlpWeights* mlp = weights_.expert(layer, batches[b].expert);
+        if (mlp == nullptr) {
+          return absl::FailedPreconditionError(
+              StrCat("expert ", batches[b].expert, " of layer ", layer, " is not held by this process"));
+        }
+        ComputeExpertRows(device_, *mlp, h, n, packed_.rows(dev_index, b), static_cast<int64_t>(batches[b].rows.size()),
+                          c.hidden_size, xg_->as<float>(), *ws_, yg_->as<float>(), stream);
+        return yg_->as<float>();
+      },
+      out, stream));
+  // packed_ must stay untouched until the copy is done.
   device_.Synchronize(stream);
   return absl::OkStatus();
 }
@@ -243,9 +204,12 @@ absl::Status Engine::WriteKv(int64_t position, const float* k, const float* v) {
 }
 
 absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids,
-                                                   std::vector<PositionRouting>* routing) {
+                                                   std::vector<PositionRouting>* routing, ForwardKind kind) {
   const ModelConfig& c = config();
   if (ids.empty()) return absl::InvalidArgumentError("Forward needs at least one token");
+  if (kind == ForwardKind::kDecode && ids.size() != 1) {
+    return absl::InvalidArgumentError(StrCat("a decode step feeds one token, got ", ids.size()));
+  }
   if (k_cache_.empty()) return absl::FailedPreconditionError("Forward before StartSequence");
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= c.vocab_size) {
@@ -260,13 +224,13 @@ absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids,
   const size_t chunk = static_cast<size_t>(options_.max_tokens_per_forward);
   for (size_t start = 0; start < ids.size(); start += chunk) {
     const size_t len = std::min(chunk, ids.size() - start);
-    ODMOE_RETURN_IF_ERROR(ForwardChunk(ids.subspan(start, len), routing, start + len == ids.size()));
+    ODMOE_RETURN_IF_ERROR(ForwardChunk(ids.subspan(start, len), routing, kind, start + len == ids.size()));
   }
   return host_logits_;
 }
 
 absl::Status Engine::ForwardChunk(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
-                                  bool last_chunk) {
+                                  ForwardKind kind, bool last_chunk) {
   const ModelConfig& c = config();
   Device& d = device_;
   Stream* s = stream_.get();
@@ -274,7 +238,7 @@ absl::Status Engine::ForwardChunk(std::span<const int32_t> ids, std::vector<Posi
   const int64_t hidden = c.hidden_size, past = position_;
   const int64_t k = c.top_k;
 
-  experts_->BeginForward(past, n);
+  experts_->BeginForward(past, n, kind);
   std::vector<int32_t> positions(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = static_cast<int32_t>(past + i);
   d.CopyToDevice(ids_->data(), ids.data(), ids.size() * sizeof(int32_t), s);

@@ -14,11 +14,17 @@
 
 #include "absl/status/statusor.h"
 #include "src/backend/device.h"
+#include "src/common/limits.h"
 #include "src/engine/model_weights.h"
 #include "src/engine/moe_units.h"
 #include "src/model/model_config.h"
 
 namespace odmoe {
+
+// What one Engine::Forward is, decided once by its caller (Generate, the shadow) and passed down to the
+// executor: the prompt (prefill, processed in chunks) or one decode step (a generated token fed back).
+// Executors never guess it from the chunk size or their own state.
+enum class ForwardKind { kPrefill, kDecode };
 
 // Routed-expert computation of one sparse layer.
 class ExpertExecutor {
@@ -30,23 +36,15 @@ class ExpertExecutor {
   virtual absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
                            std::span<const float> weights, float* out, Stream* stream) = 0;
   // Called by the engine before each forward chunk: the next Run calls (one per sparse layer, in layer order)
-  // are for the tokens at positions [first_position, first_position + n). Executors that place or predict
-  // per position (main's remote executor, the shadow's) use it; the default ignores it.
-  virtual void BeginForward(int64_t first_position, int64_t n) {
+  // are for the tokens at positions [first_position, first_position + n), of a Forward of `kind` (kDecode:
+  // n == 1). Executors that place or predict per position (main's remote executor, the shadow's) use it; the
+  // default ignores it.
+  virtual void BeginForward(int64_t first_position, int64_t n, ForwardKind kind) {
     (void)first_position;
     (void)n;
+    (void)kind;
   }
 };
-
-// Groups a layer's routing by expert: for each expert id in ascending order, the token rows that chose it and
-// their weights. Every executor (local or remote) uses this one grouping so the summation order is the same.
-struct ExpertBatch {
-  int32_t expert = 0;
-  std::vector<int32_t> rows;    // token indices, ascending
-  std::vector<float> weights;   // same length as rows
-};
-std::vector<ExpertBatch> GroupByExpert(std::span<const int32_t> ids, std::span<const float> weights, int64_t n,
-                                       int64_t k);
 
 // Computes routed experts from weights held on the engine's own device.
 class LocalExpertExecutor : public ExpertExecutor {
@@ -63,13 +61,14 @@ class LocalExpertExecutor : public ExpertExecutor {
   int64_t max_tokens_ = 0;
   std::unique_ptr<MlpWorkspace> ws_;
   std::unique_ptr<Buffer> xg_, yg_, index_;  // gathered inputs/outputs [max_tokens, hidden]; rows + scales
+  PackedRouting packed_;                      // host side of index_
 };
 
 // The expert ids chosen at one position: [sparse layer][k], best first.
 using PositionRouting = std::vector<std::vector<int32_t>>;
 
 struct EngineOptions {
-  int64_t max_tokens_per_forward = 256;  // prefill is processed in chunks of at most this many tokens
+  int64_t max_tokens_per_forward = kMaxTokenRows;  // prefill is processed in chunks of at most this many tokens
 };
 
 // Not thread-safe: one request at a time (the caller serialises).
@@ -83,8 +82,10 @@ class Engine {
   // capacity exceeds the model's positions.
   absl::Status StartSequence(int64_t capacity);
   // Runs `ids` at the next positions and appends them to the KV cache. Returns the logits ([vocab]) of the last
-  // of them. When `routing` is given, appends one PositionRouting per token.
-  absl::StatusOr<std::vector<float>> Forward(std::span<const int32_t> ids, std::vector<PositionRouting>* routing);
+  // of them. When `routing` is given, appends one PositionRouting per token. `kind` is passed to the executor
+  // (InvalidArgument for a kDecode of more than one token).
+  absl::StatusOr<std::vector<float>> Forward(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
+                                             ForwardKind kind = ForwardKind::kPrefill);
 
   // Drops every position from `position` on (the next Forward runs at `position`): the shadow's roll back to
   // an aligned token. OutOfRange unless 0 <= position <= position().
@@ -108,7 +109,8 @@ class Engine {
   Engine(const ModelWeights& weights, Device& device, ExpertExecutor* experts, EngineOptions options)
       : weights_(weights), device_(device), experts_(experts), options_(options) {}
   absl::Status AllocateWorkspace();
-  absl::Status ForwardChunk(std::span<const int32_t> ids, std::vector<PositionRouting>* routing, bool last_chunk);
+  absl::Status ForwardChunk(std::span<const int32_t> ids, std::vector<PositionRouting>* routing, ForwardKind kind,
+                            bool last_chunk);
 
   const ModelWeights& weights_;
   Device& device_;

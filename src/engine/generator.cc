@@ -11,7 +11,7 @@ namespace odmoe {
 absl::Status ValidateRequest(const ModelConfig& config, std::span<const int32_t> prompt, int64_t max_new_tokens) {
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty: give at least one token");
   if (max_new_tokens < 0) {
-    return absl::InvalidArgumentError(StrCat("--max-new-tokens must be >= 0, got ", max_new_tokens));
+    return absl::InvalidArgumentError(StrCat("max_new_tokens must be >= 0, got ", max_new_tokens));
   }
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= config.vocab_size) {
@@ -27,7 +27,7 @@ absl::Status ValidateRequest(const ModelConfig& config, std::span<const int32_t>
   // Compared without computing prompt_len + max_new_tokens, which overflows for a max_new_tokens near INT64_MAX
   // (a request's int64 field; found by fuzz/generate_request_fuzzer).
   if (max_new_tokens > config.max_position_embeddings - prompt_len) {
-    return absl::OutOfRangeError(StrCat("prompt (", prompt.size(), " tokens) + --max-new-tokens (", max_new_tokens,
+    return absl::OutOfRangeError(StrCat("prompt (", prompt.size(), " tokens) + max_new_tokens (", max_new_tokens,
                                         ") exceeds the model's ", config.max_position_embeddings,
                                         " positions (max_position_embeddings)"));
   }
@@ -35,8 +35,7 @@ absl::Status ValidateRequest(const ModelConfig& config, std::span<const int32_t>
 }
 
 absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t> prompt,
-                                        const GenerateOptions& options,
-                                        const std::function<void(int32_t)>& on_token) {
+                                        const GenerateOptions& options, const TokenCallback& on_token) {
   using Clock = std::chrono::steady_clock;
   const ModelConfig& c = engine.config();
   ODMOE_RETURN_IF_ERROR(ValidateRequest(c, prompt, options.max_new_tokens));
@@ -45,9 +44,10 @@ absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t>
   GenerateResult result;
   Sampler sampler(options.sampling);
   const auto start = Clock::now();
-  // The last generated token is never fed back, so the cache needs prompt + max_new - 1 positions.
-  ODMOE_RETURN_IF_ERROR(engine.StartSequence(static_cast<int64_t>(prompt.size()) +
-                                             std::max<int64_t>(0, options.max_new_tokens - 1)));
+  // The cache needs the prompt's positions and every decode position.
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  ODMOE_RETURN_IF_ERROR(engine.StartSequence(
+      std::max(prompt_len, LastDecodePosition(prompt_len, options.max_new_tokens) + 1)));
   std::vector<PositionRouting>* routing = options.record_routing ? &result.routing : nullptr;
   ODMOE_ASSIGN_OR_RETURN(std::vector<float> logits, engine.Forward(prompt, routing));
   if (options.keep_last_logits) result.last_logits = logits;
@@ -57,14 +57,15 @@ absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t>
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     if (step > 0) {
       const int32_t fed = result.tokens.back();
-      ODMOE_ASSIGN_OR_RETURN(logits, engine.Forward(std::span<const int32_t>(&fed, 1), routing));
+      ODMOE_ASSIGN_OR_RETURN(logits, engine.Forward(std::span<const int32_t>(&fed, 1), routing, ForwardKind::kDecode));
     }
     const int32_t next = sampler.Next(logits);
     if (step == 0) first_token_time = Clock::now();
     result.tokens.push_back(next);
-    if (on_token) on_token(next);
     const bool is_eos = std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), next) != c.eos_token_ids.end();
-    if (is_eos && !options.ignore_eos) {
+    const bool stop_on_eos = is_eos && !options.ignore_eos;
+    if (on_token) on_token(next, stop_on_eos || step + 1 == options.max_new_tokens);
+    if (stop_on_eos) {
       result.stop_reason = "eos";
       break;
     }
@@ -80,33 +81,31 @@ absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t>
   return result;
 }
 
+absl::StatusOr<std::unique_ptr<LocalModel>> LocalModel::Open(OpenedModel model, std::unique_ptr<Device> device,
+                                                             EngineOptions options) {
+  std::unique_ptr<LocalModel> m(new LocalModel());
+  m->model_ = std::move(model);
+  m->device_ = std::move(device);
+  ODMOE_ASSIGN_OR_RETURN(m->weights_, ModelWeights::Load(m->model_.config, *m->model_.source, *m->device_,
+                                                         WeightSelection::All()));
+  ODMOE_ASSIGN_OR_RETURN(m->experts_,
+                         LocalExpertExecutor::Create(*m->device_, *m->weights_, options.max_tokens_per_forward));
+  ODMOE_ASSIGN_OR_RETURN(m->engine_, Engine::Create(*m->weights_, *m->device_, m->experts_.get(), options));
+  return m;
+}
+
 absl::StatusOr<std::unique_ptr<LocalModel>> LocalModel::Open(const std::string& model_dir,
                                                              std::unique_ptr<Device> device, EngineOptions options) {
-  std::unique_ptr<LocalModel> m(new LocalModel());
-  ODMOE_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(model_dir));
-  ODMOE_ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(model_dir));
-  m->device_ = std::move(device);
-  CheckpointSource source(*m->checkpoint_);
-  ODMOE_RETURN_IF_ERROR(m->Assemble(source, options));
-  return m;
+  ODMOE_ASSIGN_OR_RETURN(OpenedModel model, OpenModel(ModelSource{}, model_dir));
+  return Open(std::move(model), std::move(device), options);
 }
 
 absl::StatusOr<std::unique_ptr<LocalModel>> LocalModel::OpenSynthetic(const SyntheticSpec& spec,
                                                                       std::unique_ptr<Device> device,
                                                                       EngineOptions options) {
-  std::unique_ptr<LocalModel> m(new LocalModel());
-  ODMOE_ASSIGN_OR_RETURN(m->config_, SyntheticModelConfig(spec));
-  m->device_ = std::move(device);
-  SyntheticSource source(m->config_, spec.seed);
-  ODMOE_RETURN_IF_ERROR(m->Assemble(source, options));
-  return m;
-}
-
-absl::Status LocalModel::Assemble(TensorSource& source, EngineOptions options) {
-  ODMOE_ASSIGN_OR_RETURN(weights_, ModelWeights::Load(config_, source, *device_, WeightSelection::All()));
-  ODMOE_ASSIGN_OR_RETURN(experts_, LocalExpertExecutor::Create(*device_, *weights_, options.max_tokens_per_forward));
-  ODMOE_ASSIGN_OR_RETURN(engine_, Engine::Create(*weights_, *device_, experts_.get(), options));
-  return absl::OkStatus();
+  ODMOE_ASSIGN_OR_RETURN(OpenedModel model,
+                         OpenModel(ModelSource{"", spec.config_path, spec.layers, spec.seed}, /*model_dir=*/""));
+  return Open(std::move(model), std::move(device), options);
 }
 
 }  // namespace odmoe

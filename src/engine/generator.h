@@ -17,6 +17,7 @@
 #include "src/engine/sampler.h"
 #include "src/model/checkpoint.h"
 #include "src/model/model_config.h"
+#include "src/model/open_model.h"
 #include "src/model/synthetic.h"
 
 namespace odmoe {
@@ -44,32 +45,44 @@ struct GenerateResult {
 // the model's positions. OutOfRange / InvalidArgument with a message naming the value.
 absl::Status ValidateRequest(const ModelConfig& config, std::span<const int32_t> prompt, int64_t max_new_tokens);
 
-// Runs one request. `on_token` (optional) is called with each generated id as soon as it is known.
+// The last position a request decodes at (feeds a generated token back at): prompt_len + max_new_tokens - 2,
+// since the last generated token is never fed back. Less than prompt_len when at most one token is generated
+// (no decode step). The one definition main, its shadow link and the shadow use.
+inline int64_t LastDecodePosition(int64_t prompt_len, int64_t max_new_tokens) {
+  return prompt_len + max_new_tokens - 2;
+}
+
+// Called with each generated id as soon as it is known; `last` is true for the request's last token (the
+// token limit, or an EOS that stops it). Generate owns the stop rule: callers never re-decide it.
+using TokenCallback = std::function<void(int32_t id, bool last)>;
+
+// Runs one request: the prompt as one kPrefill Forward, each later token as a kDecode Forward. `on_token`
+// (optional) sees every generated token.
 absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t> prompt,
-                                        const GenerateOptions& options,
-                                        const std::function<void(int32_t)>& on_token = nullptr);
+                                        const GenerateOptions& options, const TokenCallback& on_token = nullptr);
 
 // A whole model in one process on one device.
 class LocalModel {
  public:
+  // The model OpenModel opened (checkpoint or synthetic), every tensor uploaded to `device`.
+  static absl::StatusOr<std::unique_ptr<LocalModel>> Open(OpenedModel model, std::unique_ptr<Device> device,
+                                                          EngineOptions options = {});
   static absl::StatusOr<std::unique_ptr<LocalModel>> Open(const std::string& model_dir,
                                                           std::unique_ptr<Device> device, EngineOptions options = {});
   // The model of `spec` with synthetic weights (src/model/synthetic.h), generated on the host and uploaded.
   static absl::StatusOr<std::unique_ptr<LocalModel>> OpenSynthetic(const SyntheticSpec& spec,
                                                                    std::unique_ptr<Device> device,
                                                                    EngineOptions options = {});
-  const ModelConfig& config() const { return config_; }
+  const ModelConfig& config() const { return model_.config; }
   Engine& engine() { return *engine_; }
   Device& device() { return *device_; }
   const ModelWeights& weights() const { return *weights_; }
   // REQUIRES: opened with Open (a synthetic model has no checkpoint).
-  Checkpoint& checkpoint() { return *checkpoint_; }
+  Checkpoint& checkpoint() { return *model_.checkpoint; }
 
  private:
   LocalModel() = default;
-  absl::Status Assemble(TensorSource& source, EngineOptions options);
-  ModelConfig config_;
-  std::unique_ptr<Checkpoint> checkpoint_;
+  OpenedModel model_;
   std::unique_ptr<Device> device_;
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<LocalExpertExecutor> experts_;

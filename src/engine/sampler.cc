@@ -11,10 +11,12 @@ namespace odmoe {
 
 absl::Status SamplingOptions::Validate() const {
   if (!(temperature >= 0) || !std::isfinite(temperature)) {
-    return absl::InvalidArgumentError(StrCat("--temperature must be a number >= 0, got ", temperature));
+    return absl::InvalidArgumentError(StrCat("sampling.temperature must be a number >= 0, got ", temperature));
   }
-  if (top_k < 0) return absl::InvalidArgumentError(StrCat("--top-k must be >= 0, got ", top_k));
-  if (!(top_p > 0 && top_p <= 1)) return absl::InvalidArgumentError(StrCat("--top-p must be in (0, 1], got ", top_p));
+  if (top_k < 0) return absl::InvalidArgumentError(StrCat("sampling.top_k must be >= 0, got ", top_k));
+  if (!(top_p > 0 && top_p <= 1)) {
+    return absl::InvalidArgumentError(StrCat("sampling.top_p must be in (0, 1], got ", top_p));
+  }
   return absl::OkStatus();
 }
 

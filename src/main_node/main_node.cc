@@ -7,9 +7,6 @@
 #include "src/backend/device_factory.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
-#include "src/model/fingerprint.h"
-#include "src/model/model_layout.h"
-#include "src/model/synthetic.h"
 
 namespace odmoe {
 
@@ -18,46 +15,30 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   node->cluster_ = args.cluster;
   node->self_ = args.self;
   node->model_dir_ = args.model_dir;
-  // Weights: the checkpoint, or synthetic ones generated here ([model] synthetic, when no --model is given): main
-  // makes only the non-expert tensors, and has no tokenizer then (prompt ids only).
-  const bool synthetic = args.model_dir.empty() && args.cluster.model.is_synthetic();
-  uint64_t expert_bytes = 0;
-  if (synthetic) {
-    const SyntheticSpec spec{args.cluster.model.synthetic, args.cluster.model.layers, args.cluster.model.seed};
-    ODMOE_ASSIGN_OR_RETURN(node->config_, SyntheticModelConfig(spec));
-    ODMOE_ASSIGN_OR_RETURN(node->fingerprint_, SyntheticFingerprint(spec));
-    ODMOE_ASSIGN_OR_RETURN(node->device_, CreateDevice(args.self.device));
-    SyntheticSource source(node->config_, spec.seed);
-    ODMOE_ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(node->config_, source, *node->device_,
-                                                              WeightSelection::NonExpertOnly()));
-    expert_bytes = 3 * static_cast<uint64_t>(node->config_.expert_intermediate_size * node->config_.hidden_size) *
-                   DTypeSize(SyntheticDType(node->config_));
-  } else {
-    ODMOE_ASSIGN_OR_RETURN(node->config_, LoadModelConfig(args.model_dir));
-    ODMOE_ASSIGN_OR_RETURN(node->checkpoint_, Checkpoint::Open(args.model_dir));
-    ODMOE_ASSIGN_OR_RETURN(node->fingerprint_, ModelFingerprint(args.model_dir, *node->checkpoint_));
+  // Weights: the checkpoint, or synthetic ones ([model] synthetic, when no --model is given): main loads only
+  // the non-expert tensors, and has no tokenizer with synthetic weights (prompt ids only).
+  ODMOE_ASSIGN_OR_RETURN(OpenedModel model, OpenModel(args.cluster.model, args.model_dir));
+  node->config_ = model.config;
+  node->fingerprint_ = model.fingerprint;
+  const uint64_t expert_bytes = model.ExpertBytes();
+  if (!model.synthetic()) {
     auto tokenizer = Tokenizer::Load(args.model_dir);
     if (tokenizer.ok()) {
       node->tokenizer_ = std::move(tokenizer).value();
     } else if (!absl::IsNotFound(tokenizer.status())) {
       return tokenizer.status();
     }
-    ODMOE_ASSIGN_OR_RETURN(node->device_, CreateDevice(args.self.device));
-    ODMOE_ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(node->config_, *node->checkpoint_, *node->device_,
-                                                              WeightSelection::NonExpertOnly()));
-    // An expert's bytes as stored (metadata only: nothing is read).
-    const std::vector<int64_t> sparse = node->config_.SparseLayers();
-    if (!sparse.empty()) {
-      for (const TensorSpec& spec : ExpertTensors(node->config_, sparse[0], 0)) {
-        if (const TensorInfo* info = node->checkpoint_->Find(spec.name)) expert_bytes += info->nbytes;
-      }
-    }
   }
+  ODMOE_ASSIGN_OR_RETURN(node->device_, CreateDevice(args.self.device));
+  ODMOE_ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(node->config_, *model.source, *node->device_,
+                                                            WeightSelection::NonExpertOnly()));
+  node->model_ = std::move(model);
 
   std::vector<WorkerEndpoint> workers;
   for (const NodeConfig* w : args.cluster.workers()) workers.push_back({w->name, w->address});
-  const int32_t group_size =
-      args.cluster.group_size > 0 ? args.cluster.group_size : static_cast<int32_t>(node->config_.top_k);
+  ODMOE_ASSIGN_OR_RETURN(const Placement placement,
+                         Placement::ForCluster(args.cluster.file, static_cast<int32_t>(workers.size()),
+                                               args.cluster.group_size, node->config_.top_k));
   RemoteExpertOptions ro;
   ro.sender = args.self.name;
   ro.epoch = args.cluster.epoch;
@@ -68,11 +49,9 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   ro.max_tensor_bytes_per_call = options.max_tensor_bytes_per_call;
   ro.max_rows_per_call = options.max_rows_per_call;
   auto experts = RemoteExpertExecutor::Create(*node->device_, node->config_, expert_bytes, std::move(workers),
-                                              group_size, ro);
+                                              placement.group_size(), ro);
   if (!experts.ok()) {
-    return absl::Status(experts.status().code(),
-                        StrCat(args.cluster.file, ": ", experts.status().message(), " (group size ", group_size,
-                               args.cluster.group_size > 0 ? "" : ", the model's top-k", ")"));
+    return absl::Status(experts.status().code(), StrCat(args.cluster.file, ": ", experts.status().message()));
   }
   absl::MutexLock lock(&node->request_mu_);
   node->experts_ = std::move(experts).value();
@@ -143,11 +122,21 @@ absl::StatusOr<std::vector<int32_t>> MainNode::PromptOf(const v1::GenerateReques
   return tokenizer_->EncodeForModel(request.prompt());
 }
 
-absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
-                                  const std::function<bool(const v1::GenerateResponse&)>& emit,
-                                  const std::function<bool()>& cancelled) {
-  // Validate before waiting for the engine: a bad request is answered at once.
-  ODMOE_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt, PromptOf(request));
+// One request's state while it runs, shared by the phases of RunRequest and the token callback.
+struct MainNode::RequestRun {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  GenerateOptions options;
+  std::function<bool(const v1::GenerateResponse&)> emit;
+  bool client_gone = false;
+  int64_t generated = 0;                         // tokens seen by the callback
+  std::unique_ptr<IncrementalDecoder> decoder;  // nullptr without a tokenizer
+  std::vector<float> kv_k, kv_v;                // [num_layers, kv_size]: a position's K/V for the shadow
+  int64_t prompt_len() const { return static_cast<int64_t>(prompt.size()); }
+};
+
+absl::StatusOr<GenerateOptions> MainNode::OptionsOf(const v1::GenerateRequest& request,
+                                                    std::span<const int32_t> prompt) const {
   ODMOE_RETURN_IF_ERROR(ValidateRequest(config_, prompt, request.max_new_tokens()));
   GenerateOptions options;
   options.max_new_tokens = request.max_new_tokens();
@@ -159,69 +148,60 @@ absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
   options.ignore_eos = request.ignore_eos();
   options.keep_last_logits = request.dump_logits();
   options.record_routing = request.dump_routing();
+  return options;
+}
+
+absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
+                                  const std::function<bool(const v1::GenerateResponse&)>& emit,
+                                  const std::function<bool()>& cancelled) {
+  // Validate before waiting for the engine: a bad request is answered at once.
+  RequestRun run;
+  ODMOE_ASSIGN_OR_RETURN(run.prompt, PromptOf(request));
+  ODMOE_ASSIGN_OR_RETURN(run.options, OptionsOf(request, run.prompt));
+  run.emit = emit;
 
   absl::MutexLock lock(&request_mu_);
-  bool client_gone = false;
-  const uint64_t request_id = next_request_id_.fetch_add(1);
-  experts_->BeginRequest(request_id, [&]() { return client_gone || (cancelled != nullptr && cancelled()); });
+  run.id = next_request_id_.fetch_add(1);
+  experts_->BeginRequest(run.id, [&]() { return run.client_gone || (cancelled != nullptr && cancelled()); });
+  if (tokenizer_ != nullptr) run.decoder = std::make_unique<IncrementalDecoder>(*tokenizer_, run.prompt);
+  StartPrediction(run);
+  absl::StatusOr<GenerateResult> result =
+      odmoe::Generate(*engine_, run.prompt, run.options, [&](int32_t id, bool last) { OnToken(run, id, last); });
+  experts_->EndRequest();
+  const AlignmentCounts alignment = FinishPrediction();
+  if (run.client_gone) return absl::CancelledError("the client went away");
+  if (!result.ok()) return result.status();
 
-  // Expert prediction for the decode steps (positions prompt .. prompt + max_new - 2).
+  v1::GenerateResponse last = FinalResponse(run, *result);
+  FillRequestStats(run, *result, alignment, last.mutable_stats());
+  if (!emit(last)) return absl::CancelledError("the client went away");
+  return absl::OkStatus();
+}
+
+void MainNode::StartPrediction(const RequestRun& run) {
+  // Expert prediction for the decode steps (positions prompt .. LastDecodePosition).
   const ShadowSettings& ss = cluster_.shadow_settings;
-  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
   const std::vector<int64_t> sparse_layers = config_.SparseLayers();
   board_.Reset(static_cast<int64_t>(sparse_layers.size()), config_.top_k);
   if (shadow_link_ != nullptr) {
-    experts_->SetPrediction(&board_, prompt_len);
-    shadow_link_->Start(request_id, prompt, request.max_new_tokens(), ss, &board_);
+    experts_->SetPrediction(&board_);
+    shadow_link_->Start(run.id, run.prompt, run.options.max_new_tokens, ss, &board_);
   } else if (random_sender_ != nullptr) {
-    experts_->SetPrediction(&board_, prompt_len, [&](int64_t position) {
+    const uint64_t request_id = run.id;
+    experts_->SetPrediction(&board_, [this, request_id, sparse_layers, seed = ss.seed](int64_t position) {
       for (size_t s = 0; s < sparse_layers.size(); ++s) {
-        std::vector<int32_t> predicted = RandomExperts(ss.seed, request_id, position, static_cast<int64_t>(s),
+        std::vector<int32_t> predicted = RandomExperts(seed, request_id, position, static_cast<int64_t>(s),
                                                        config_.num_experts, config_.top_k);
         random_sender_->Send(request_id, position, sparse_layers[s], static_cast<int64_t>(s), predicted);
         board_.Put(position, static_cast<int64_t>(s), std::move(predicted));
       }
     });
   } else {
-    experts_->SetPrediction(&board_, prompt_len);  // no predictions: recall 0, misses recorded
+    experts_->SetPrediction(&board_);  // no predictions: recall 0, misses recorded
   }
-  std::vector<float> kv_k, kv_v;
-  int64_t generated = 0;
-  std::unique_ptr<IncrementalDecoder> decoder;
-  if (tokenizer_ != nullptr) decoder = std::make_unique<IncrementalDecoder>(*tokenizer_, prompt);
-  auto on_token = [&](int32_t id) {
-    if (client_gone) return;
-    v1::GenerateResponse chunk;
-    chunk.add_tokens(id);
-    chunk.set_has_text(decoder != nullptr);
-    if (decoder != nullptr) chunk.set_text(decoder->Push(id));
-    if (!emit(chunk)) client_gone = true;
-    // Main now decodes the position of this token (unless it was the last one or ends the request): the shadow
-    // learns where main is, with the alignment due at this step.
-    const int64_t i = generated++;
-    const bool is_eos =
-        std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), id) != config_.eos_token_ids.end();
-    if (shadow_link_ == nullptr || i + 1 >= request.max_new_tokens() || (is_eos && !request.ignore_eos())) return;
-    const bool send_token = ss.align_token > 0 && i % ss.align_token == 0;
-    const bool send_kv = ss.align_kv > 0 && i % ss.align_kv == 0;
-    if (i == 0 && ss.align_kv > 0 && prompt_len > 1) {
-      // KV alignment starts from main's state: the prompt's K/V (but its last position, which the first step
-      // carries) goes once, before the first step.
-      const size_t row = static_cast<size_t>(config_.num_layers * config_.kv_size());
-      std::vector<float> pk(row * static_cast<size_t>(prompt_len - 1)), pv(pk.size());
-      if (!engine_->ReadKvRange(0, prompt_len - 1, pk.data(), pv.data()).ok()) return;
-      shadow_link_->SendKv(0, prompt_len - 1, pk.data(), pv.data());
-    }
-    if (send_kv) {
-      kv_k.resize(static_cast<size_t>(config_.num_layers * config_.kv_size()));
-      kv_v.resize(kv_k.size());
-      if (!engine_->ReadKv(prompt_len + i - 1, kv_k.data(), kv_v.data()).ok()) return;
-    }
-    shadow_link_->Step(prompt_len + i, send_token ? std::optional<int32_t>(id) : std::nullopt,
-                       send_kv ? kv_k.data() : nullptr, send_kv ? kv_v.data() : nullptr);
-  };
-  absl::StatusOr<GenerateResult> result = odmoe::Generate(*engine_, prompt, options, on_token);
-  experts_->EndRequest();
+}
+
+AlignmentCounts MainNode::FinishPrediction() {
   AlignmentCounts alignment;
   if (shadow_link_ != nullptr) {
     // The shadow's predictions for the last positions may still be on their way: they count for recall.
@@ -229,98 +209,141 @@ absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
     alignment = shadow_link_->counts();
   }
   if (random_sender_ != nullptr) random_sender_->Drain();
-  if (!result.ok()) {
-    if (client_gone) return absl::CancelledError("the client went away");
-    return result.status();
-  }
-  if (client_gone) return absl::CancelledError("the client went away");
+  return alignment;
+}
 
+void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
+  if (run.client_gone) return;
+  v1::GenerateResponse chunk;
+  chunk.add_tokens(id);
+  chunk.set_has_text(run.decoder != nullptr);
+  if (run.decoder != nullptr) chunk.set_text(run.decoder->Push(id));
+  if (!run.emit(chunk)) run.client_gone = true;
+  // Main now decodes the position of this token (unless Generate says it was the last one): the shadow learns
+  // where main is, with the alignment due at this step.
+  const int64_t i = run.generated++;
+  if (shadow_link_ == nullptr || last) return;
+  const ShadowSettings& ss = cluster_.shadow_settings;
+  const int64_t prompt_len = run.prompt_len();
+  const bool send_token = ss.align_token > 0 && i % ss.align_token == 0;
+  const bool send_kv = ss.align_kv > 0 && i % ss.align_kv == 0;
+  if (i == 0 && ss.align_kv > 0 && prompt_len > 1) {
+    // KV alignment starts from main's state: the prompt's K/V (but its last position, which the first step
+    // carries) goes once, before the first step.
+    const size_t row = static_cast<size_t>(config_.num_layers * config_.kv_size());
+    std::vector<float> pk(row * static_cast<size_t>(prompt_len - 1)), pv(pk.size());
+    if (!engine_->ReadKvRange(0, prompt_len - 1, pk.data(), pv.data()).ok()) return;
+    shadow_link_->SendKv(0, prompt_len - 1, pk.data(), pv.data());
+  }
+  if (send_kv) {
+    run.kv_k.resize(static_cast<size_t>(config_.num_layers * config_.kv_size()));
+    run.kv_v.resize(run.kv_k.size());
+    if (!engine_->ReadKv(prompt_len + i - 1, run.kv_k.data(), run.kv_v.data()).ok()) return;
+  }
+  shadow_link_->Step(prompt_len + i, send_token ? std::optional<int32_t>(id) : std::nullopt,
+                     send_kv ? run.kv_k.data() : nullptr, send_kv ? run.kv_v.data() : nullptr);
+}
+
+v1::GenerateResponse MainNode::FinalResponse(RequestRun& run, const GenerateResult& result) const {
   v1::GenerateResponse last;
   last.set_done(true);
-  last.set_has_text(decoder != nullptr);
-  if (decoder != nullptr) {
-    last.set_text(decoder->Finish());
-    last.set_full_text(tokenizer_->Decode(result->tokens));
+  last.set_has_text(run.decoder != nullptr);
+  if (run.decoder != nullptr) {
+    last.set_text(run.decoder->Finish());
+    last.set_full_text(tokenizer_->Decode(result.tokens));
   }
-  last.mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
-  last.mutable_all_tokens()->Add(result->tokens.begin(), result->tokens.end());
-  last.set_stop_reason(result->stop_reason);
-  if (options.keep_last_logits) last.mutable_last_logits()->Add(result->last_logits.begin(), result->last_logits.end());
-  for (const PositionRouting& position : result->routing) {
+  last.mutable_prompt_ids()->Add(run.prompt.begin(), run.prompt.end());
+  last.mutable_all_tokens()->Add(result.tokens.begin(), result.tokens.end());
+  last.set_stop_reason(result.stop_reason);
+  if (run.options.keep_last_logits) {
+    last.mutable_last_logits()->Add(result.last_logits.begin(), result.last_logits.end());
+  }
+  for (const PositionRouting& position : result.routing) {
     v1::PositionRouting* p = last.add_routing();
-    for (const std::vector<int32_t>& layer : position)
+    for (const std::vector<int32_t>& layer : position) {
       p->add_layers()->mutable_experts()->Add(layer.begin(), layer.end());
+    }
   }
-  v1::RequestStats* stats = last.mutable_stats();
-  stats->set_ttft_ms(result->ttft_ms);
-  stats->set_decode_tokens_per_s(result->decode_tokens_per_s);
-  stats->set_total_ms(result->total_ms);
+  return last;
+}
+
+void MainNode::FillRequestStats(const RequestRun& run, const GenerateResult& result,
+                                const AlignmentCounts& alignment, v1::RequestStats* stats) {
+  stats->set_ttft_ms(result.ttft_ms);
+  stats->set_decode_tokens_per_s(result.decode_tokens_per_s);
+  stats->set_total_ms(result.total_ms);
   const std::vector<WorkerCallStats>& per_worker = experts_->stats();
+  WorkerCallStats total;
   for (size_t i = 0; i < per_worker.size(); ++i) {
-    const WorkerCallStats& w = per_worker[i];
-    v1::WorkerRequestStats* ws = stats->add_workers();
-    ws->set_node(experts_->workers()[i].name);
-    ws->set_experts_computed(w.experts_computed);
-    ws->set_rows_computed(w.rows_computed);
-    ws->set_calls(w.calls);
-    ws->set_bytes_loaded(w.bytes_loaded);
-    ws->set_loads_on_demand(w.loads_on_demand);
-    ws->set_on_demand_load_ms(w.on_demand_load_ms);
-    ws->set_compute_ms(w.compute_ms);
-    ws->set_busy_retries(w.busy_retries);
-    ws->set_peak_calls_in_flight(w.peak_calls_in_flight);
-    ws->set_gpu_peak_bytes(w.gpu_peak_bytes);
-    stats->set_bytes_loaded(stats->bytes_loaded() + w.bytes_loaded);
-    stats->set_loads_on_demand(stats->loads_on_demand() + w.loads_on_demand);
-    stats->set_on_demand_load_ms(stats->on_demand_load_ms() + w.on_demand_load_ms);
+    per_worker[i].ToProto(experts_->workers()[i].name, stats->add_workers());
+    total.Add(per_worker[i]);
   }
+  stats->set_bytes_loaded(total.bytes_loaded);
+  stats->set_loads_on_demand(total.loads_on_demand);
+  stats->set_on_demand_load_ms(total.on_demand_load_ms);
   stats->set_expert_tensors_opened(static_cast<uint64_t>(expert_tensors_opened()));
   const RecallSummary recall = board_.Summarize();
-  stats->set_prediction(std::string(PredictionModeName(ss.mode)));
-  stats->set_recall(recall.recall);
-  stats->set_timely_recall(recall.timely_recall);
-  stats->mutable_recall_per_token()->Add(recall.recall_per_token.begin(), recall.recall_per_token.end());
-  stats->set_predictions_received(recall.predictions_received);
-  stats->set_predictions_missing(recall.predictions_missing);
-  stats->set_shadow_lead_layers(recall.lead_layers_mean);
+  stats->set_prediction(std::string(PredictionModeName(cluster_.shadow_settings.mode)));
+  recall.ToProto(stats);
   stats->set_tokens_aligned(alignment.tokens);
   stats->set_kv_aligned(alignment.kv);
   stats->set_alignment_bytes(alignment.bytes);
   const DecodeTiming& timing = experts_->timing();
   const int32_t groups = experts_->placement().num_groups();
-  stats->set_t_m_ms(timing.t_m_ms());
-  stats->set_t_w_ms(timing.t_w_ms());
-  stats->set_expert_load_ms(timing.load_ms_per_expert());
-  stats->set_t_maxload_ms(timing.t_maxload_ms(groups));
-  stats->set_io_bound(timing.loads > 0 && timing.load_ms_per_expert() > timing.t_maxload_ms(groups));
+  timing.ToProto(groups, stats);
   stats->set_groups(groups);
-  stats->set_stall_ms(recall.stall_ms);
-  stats->set_decode_loads_on_demand(recall.loads_on_demand);
-  stats->mutable_stall_ms_per_layer()->Add(recall.stall_ms_per_layer.begin(), recall.stall_ms_per_layer.end());
   {
     absl::MutexLock stats_lock(&stats_mu_);
-    ++counters_.requests;
-    counters_.decode_layers += recall.decode_layers;
-    counters_.correct += recall.correct;
-    counters_.timely += recall.timely;
-    counters_.predictions_missing += recall.predictions_missing;
-    counters_.loads_on_demand += recall.loads_on_demand;
-    counters_.stall_ms += recall.stall_ms;
-    counters_.tokens_aligned += alignment.tokens;
-    counters_.kv_aligned += alignment.kv;
-    counters_.alignment_bytes += alignment.bytes;
-    DecodeTiming& t = counters_.timing;
-    t.main_ms += timing.main_ms;
-    t.worker_ms += timing.worker_ms;
-    t.load_ms += timing.load_ms;
-    t.main_layers += timing.main_layers;
-    t.worker_layers += timing.worker_layers;
-    t.loads += timing.loads;
+    counters_.Add(Counters::OfRequest(recall, alignment, timing));
   }
-  const size_t fed = result->tokens.empty() ? 0 : result->tokens.size() - 1;  // the last token is never fed back
-  stats->set_positions(prompt.size() + fed);
-  if (!emit(last)) return absl::CancelledError("the client went away");
-  return absl::OkStatus();
+  const size_t fed = result.tokens.empty() ? 0 : result.tokens.size() - 1;  // the last token is never fed back
+  stats->set_positions(run.prompt.size() + fed);
+}
+
+MainNode::Counters MainNode::Counters::OfRequest(const RecallSummary& r, const AlignmentCounts& a,
+                                                 const DecodeTiming& t) {
+  return Counters{.requests = 1,
+                  .decode_layers = r.decode_layers,
+                  .correct = r.correct,
+                  .timely = r.timely,
+                  .predictions_missing = r.predictions_missing,
+                  .loads_on_demand = r.loads_on_demand,
+                  .stall_ms = r.stall_ms,
+                  .tokens_aligned = a.tokens,
+                  .kv_aligned = a.kv,
+                  .alignment_bytes = a.bytes,
+                  .timing = t};
+}
+
+void MainNode::Counters::Add(const Counters& o) {
+  requests += o.requests;
+  decode_layers += o.decode_layers;
+  correct += o.correct;
+  timely += o.timely;
+  predictions_missing += o.predictions_missing;
+  loads_on_demand += o.loads_on_demand;
+  stall_ms += o.stall_ms;
+  tokens_aligned += o.tokens_aligned;
+  kv_aligned += o.kv_aligned;
+  alignment_bytes += o.alignment_bytes;
+  timing.Add(o.timing);
+}
+
+void MainNode::Counters::ToProto(int64_t top_k, int32_t groups, v1::MainStats* s) const {
+  s->set_requests(requests);
+  s->set_decode_layers(decode_layers);
+  s->set_correct(correct);
+  s->set_timely(timely);
+  const double denominator = static_cast<double>(decode_layers) * static_cast<double>(std::max<int64_t>(1, top_k));
+  s->set_recall(decode_layers > 0 ? static_cast<double>(correct) / denominator : 0.0);
+  s->set_timely_recall(decode_layers > 0 ? static_cast<double>(timely) / denominator : 0.0);
+  s->set_predictions_missing(predictions_missing);
+  s->set_loads_on_demand(loads_on_demand);
+  s->set_stall_ms(stall_ms);
+  s->set_tokens_aligned(tokens_aligned);
+  s->set_kv_aligned(kv_aligned);
+  s->set_alignment_bytes(alignment_bytes);
+  timing.ToProto(groups, s);
 }
 
 grpc::Status MainNode::Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
@@ -340,26 +363,7 @@ v1::MainStats MainNode::Stats(bool reset) {
   s.set_prediction(std::string(PredictionModeName(cluster_.shadow_settings.mode)));
   rpc::FillDeviceMemory(*device_, device_->memory_info().capacity, s.mutable_memory());
   absl::MutexLock lock(&stats_mu_);
-  const Counters& c = counters_;
-  s.set_requests(c.requests);
-  s.set_decode_layers(c.decode_layers);
-  s.set_correct(c.correct);
-  s.set_timely(c.timely);
-  const double denominator = static_cast<double>(c.decode_layers) * static_cast<double>(std::max<int64_t>(1, config_.top_k));
-  s.set_recall(c.decode_layers > 0 ? static_cast<double>(c.correct) / denominator : 0.0);
-  s.set_timely_recall(c.decode_layers > 0 ? static_cast<double>(c.timely) / denominator : 0.0);
-  s.set_predictions_missing(c.predictions_missing);
-  s.set_loads_on_demand(c.loads_on_demand);
-  s.set_stall_ms(c.stall_ms);
-  s.set_tokens_aligned(c.tokens_aligned);
-  s.set_kv_aligned(c.kv_aligned);
-  s.set_alignment_bytes(c.alignment_bytes);
-  const int32_t groups = placement_groups_;
-  s.set_t_m_ms(c.timing.t_m_ms());
-  s.set_t_w_ms(c.timing.t_w_ms());
-  s.set_expert_load_ms(c.timing.load_ms_per_expert());
-  s.set_t_maxload_ms(c.timing.t_maxload_ms(groups));
-  s.set_io_bound(c.timing.loads > 0 && c.timing.load_ms_per_expert() > c.timing.t_maxload_ms(groups));
+  counters_.ToProto(config_.top_k, placement_groups_, &s);
   if (reset) counters_ = Counters{};
   return s;
 }

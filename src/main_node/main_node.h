@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "odmoe/v1/main.grpc.pb.h"
 #include "src/backend/device.h"
+#include "src/common/limits.h"
 #include "src/common/cluster_config.h"
 #include "src/engine/engine.h"
 #include "src/engine/generator.h"
@@ -35,6 +36,7 @@
 #include "src/main_node/shadow_link.h"
 #include "src/model/checkpoint.h"
 #include "src/model/model_config.h"
+#include "src/model/open_model.h"
 #include "src/model/tokenizer.h"
 #include "src/rpc/daemon.h"
 #include "src/rpc/prefetch_sender.h"
@@ -45,7 +47,7 @@ struct MainNodeOptions {
   EngineOptions engine;
   // Tests lower it to force chunked expert calls; production keeps rpc::kMaxTensorBytesPerCall.
   int64_t max_tensor_bytes_per_call = rpc::kMaxTensorBytesPerCall;
-  int64_t max_rows_per_call = 256;  // the workers' limit (kWorkerMaxRowsPerCall)
+  int64_t max_rows_per_call = kMaxTokenRows;  // the workers' limit
 };
 
 class MainNode final : public v1::Inference::Service {
@@ -75,7 +77,9 @@ class MainNode final : public v1::Inference::Service {
                           const std::function<bool()>& cancelled = nullptr);
 
   // Routed-expert tensors this node has read from its checkpoint (0 unless something is wrong).
-  int64_t expert_tensors_opened() const { return checkpoint_ != nullptr ? checkpoint_->ExpertTensorsRead() : 0; }
+  int64_t expert_tensors_opened() const {
+    return model_.checkpoint != nullptr ? model_.checkpoint->ExpertTensorsRead() : 0;
+  }
   const std::string& fingerprint() const { return fingerprint_; }
   const ModelConfig& config() const { return config_; }
   const NodeConfig& self() const { return self_; }
@@ -87,12 +91,29 @@ class MainNode final : public v1::Inference::Service {
   // is given; FailedPrecondition for a text prompt when the model has no tokenizer.
   absl::StatusOr<std::vector<int32_t>> PromptOf(const v1::GenerateRequest& request) const;
 
+  // The phases of RunRequest. RequestRun: one request's state (main_node.cc).
+  struct RequestRun;
+  // Request setup: the request checked against the model and turned into Generate's options.
+  absl::StatusOr<GenerateOptions> OptionsOf(const v1::GenerateRequest& request,
+                                            std::span<const int32_t> prompt) const;
+  // The prediction source of the request (the shadow's stream, main's random predictions, or none), and its
+  // end (the shadow's last predictions awaited; its alignment counts returned).
+  void StartPrediction(const RequestRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
+  AlignmentCounts FinishPrediction() ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
+  // The token callback: streams the token to the client and, unless it is the last one, tells the shadow
+  // where main is (with the alignment due).
+  void OnToken(RequestRun& run, int32_t id, bool last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
+  // The final message, and its stats (also added to the node's counters).
+  v1::GenerateResponse FinalResponse(RequestRun& run, const GenerateResult& result) const;
+  void FillRequestStats(const RequestRun& run, const GenerateResult& result, const AlignmentCounts& alignment,
+                        v1::RequestStats* stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
+
   ClusterConfig cluster_;
   NodeConfig self_;
   std::string model_dir_;
   std::string fingerprint_;
   ModelConfig config_;
-  std::unique_ptr<Checkpoint> checkpoint_;  // nullptr with synthetic weights
+  OpenedModel model_;  // its checkpoint is nullptr with synthetic weights
   std::unique_ptr<Device> device_;
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<Tokenizer> tokenizer_;  // nullptr when the model ships no tokenizer.model
@@ -106,12 +127,18 @@ class MainNode final : public v1::Inference::Service {
   std::unique_ptr<ShadowLink> shadow_link_ ABSL_GUARDED_BY(request_mu_);
   std::unique_ptr<rpc::PrefetchSender> random_sender_ ABSL_GUARDED_BY(request_mu_);
 
+  // Counters since the last reset (Stats): each request's are added once, as it ends.
   struct Counters {
     uint64_t requests = 0;
     uint64_t decode_layers = 0, correct = 0, timely = 0, predictions_missing = 0, loads_on_demand = 0;
     double stall_ms = 0;
     uint64_t tokens_aligned = 0, kv_aligned = 0, alignment_bytes = 0;
     DecodeTiming timing;
+    // One request's counters.
+    static Counters OfRequest(const RecallSummary& r, const AlignmentCounts& a, const DecodeTiming& t);
+    void Add(const Counters& o);
+    // The one conversion to the node's stats (recall over decode_layers * top_k; N_G groups for t_maxload).
+    void ToProto(int64_t top_k, int32_t groups, v1::MainStats* s) const;
   };
   int32_t placement_groups_ = 1;  // N_G, for t_maxload
   mutable absl::Mutex stats_mu_;

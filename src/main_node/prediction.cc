@@ -45,6 +45,18 @@ void PredictionBoard::Record(int64_t position, int64_t sparse_index, std::vector
   outcomes_[{position, sparse_index}] = Outcome{std::move(actual), std::move(resident), stall_ms};
 }
 
+void RecallSummary::ToProto(v1::RequestStats* p) const {
+  p->set_recall(recall);
+  p->set_timely_recall(timely_recall);
+  p->mutable_recall_per_token()->Add(recall_per_token.begin(), recall_per_token.end());
+  p->set_predictions_received(predictions_received);
+  p->set_predictions_missing(predictions_missing);
+  p->set_shadow_lead_layers(lead_layers_mean);
+  p->set_stall_ms(stall_ms);
+  p->set_decode_loads_on_demand(loads_on_demand);
+  p->mutable_stall_ms_per_layer()->Add(stall_ms_per_layer.begin(), stall_ms_per_layer.end());
+}
+
 RecallSummary PredictionBoard::Summarize() const {
   absl::MutexLock lock(&mu_);
   RecallSummary s;

@@ -20,6 +20,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "odmoe/v1/main.pb.h"
 
 namespace odmoe {
 
@@ -36,6 +37,8 @@ struct RecallSummary {
   uint64_t loads_on_demand = 0;          // decode experts no worker had when main asked (loaded after routing)
   double stall_ms = 0;                   // the workers' load time of those (main waited for it)
   std::vector<double> stall_ms_per_layer;  // the same per sparse layer
+  // The one conversion to a request's stats (its recall, prediction and stall fields).
+  void ToProto(v1::RequestStats* p) const;
 };
 
 class PredictionBoard {

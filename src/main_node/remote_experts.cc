@@ -17,6 +17,8 @@ namespace {
 
 size_t F32Bytes(int64_t count) { return static_cast<size_t>(count) * sizeof(float); }
 
+}  // namespace
+
 // The calls of one layer. Shared with the gRPC callbacks (shared_ptr), so that whichever of Run and the last
 // callback finishes last frees it. Each worker's calls form a queue started in order with at most `window` in
 // flight: a call's callback starts the worker's next unstarted call (unless a call has failed).
@@ -59,6 +61,8 @@ struct LayerCalls {
     return queue.calls[queue.next++];
   }
 };
+
+namespace {
 
 // A gRPC synchronous server answers this, without running the handler, when it momentarily has no thread for
 // the call (a thread that is exiting still holds its quota). Safe to retry: Run does, after a short backoff.
@@ -107,6 +111,33 @@ void StartCall(const std::shared_ptr<LayerCalls>& state, size_t i) {
 }
 
 }  // namespace
+
+void WorkerCallStats::Add(const WorkerCallStats& o) {
+  calls += o.calls;
+  experts_computed += o.experts_computed;
+  rows_computed += o.rows_computed;
+  loads_on_demand += o.loads_on_demand;
+  bytes_loaded += o.bytes_loaded;
+  on_demand_load_ms += o.on_demand_load_ms;
+  compute_ms += o.compute_ms;
+  busy_retries += o.busy_retries;
+  peak_calls_in_flight = std::max(peak_calls_in_flight, o.peak_calls_in_flight);
+  gpu_peak_bytes = std::max(gpu_peak_bytes, o.gpu_peak_bytes);
+}
+
+void WorkerCallStats::ToProto(const std::string& node, v1::WorkerRequestStats* p) const {
+  p->set_node(node);
+  p->set_experts_computed(experts_computed);
+  p->set_rows_computed(rows_computed);
+  p->set_calls(calls);
+  p->set_bytes_loaded(bytes_loaded);
+  p->set_loads_on_demand(loads_on_demand);
+  p->set_on_demand_load_ms(on_demand_load_ms);
+  p->set_compute_ms(compute_ms);
+  p->set_busy_retries(busy_retries);
+  p->set_peak_calls_in_flight(peak_calls_in_flight);
+  p->set_gpu_peak_bytes(gpu_peak_bytes);
+}
 
 std::vector<PlannedCall> PlanCalls(const std::vector<ExpertBatch>& batches, const std::vector<int32_t>& worker_of,
                                    int64_t max_rows, int64_t max_task_rows) {
@@ -196,31 +227,61 @@ void RemoteExpertExecutor::BeginRequest(uint64_t request_id, std::function<bool(
   board_ = nullptr;
   on_decode_position_ = nullptr;
   position_ = 0;
+  decode_ = false;
   timing_ = DecodeTiming();
   last_layer_end_.reset();
 }
 
-void RemoteExpertExecutor::SetPrediction(PredictionBoard* board, int64_t decode_start,
+void RemoteExpertExecutor::SetPrediction(PredictionBoard* board,
                                          std::function<void(int64_t position)> on_decode_position) {
   board_ = board;
-  decode_start_ = decode_start;
   on_decode_position_ = std::move(on_decode_position);
 }
 
-void RemoteExpertExecutor::BeginForward(int64_t first_position, int64_t n) {
+void RemoteExpertExecutor::BeginForward(int64_t first_position, int64_t n, ForwardKind kind) {
+  (void)n;
   position_ = first_position;
-  if (n == 1 && first_position >= decode_start_ && on_decode_position_) on_decode_position_(first_position);
+  decode_ = kind == ForwardKind::kDecode;
+  if (decode_ && on_decode_position_) on_decode_position_(first_position);
 }
+
+// One layer's work as Run's phases hand it on.
+struct RemoteExpertExecutor::Layer {
+  int64_t layer = 0;
+  int64_t sparse_index = 0;
+  int64_t n = 0;
+  bool decode = false;                // a decode step with a prediction board: predictions used, outcome recorded
+  std::vector<ExpertBatch> batches;   // ascending expert id
+  std::vector<int32_t> experts;       // the actual set, ascending (batches[b].expert)
+  std::vector<int32_t> worker_of;     // per batch
+  std::vector<PlannedCall> plan;
+  std::shared_ptr<LayerCalls> calls;  // one per planned call, same order
+  absl::Time sent, received;          // the round trip
+};
 
 absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
                                        std::span<const float> weights, float* out, Stream* stream) {
   const absl::Time entered = absl::Now();
-  const int64_t hidden = config_.hidden_size, k = config_.top_k;
+  ODMOE_ASSIGN_OR_RETURN(Layer work, Place(layer, n, ids, weights));
+  Encode(work, h, stream);
+  ODMOE_RETURN_IF_ERROR(Dispatch(work));
+  RecordRoundTrip(work, entered);
+  ODMOE_RETURN_IF_ERROR(CollectOutputs(work));
+  return Combine(work, out, stream);
+}
+
+absl::StatusOr<RemoteExpertExecutor::Layer> RemoteExpertExecutor::Place(int64_t layer, int64_t n,
+                                                                        std::span<const int32_t> ids,
+                                                                        std::span<const float> weights) {
+  const int64_t k = config_.top_k;
   if (n < 1 || n > options_.max_tokens) {
     return absl::InternalError(StrCat("remote expert executor got ", n, " tokens; it takes 1..", options_.max_tokens));
   }
-  const int64_t sparse_index = config_.SparseIndex(layer);
-  if (sparse_index < 0) return absl::InternalError(StrCat("layer ", layer, " has no routed experts"));
+  Layer work;
+  work.layer = layer;
+  work.n = n;
+  work.sparse_index = config_.SparseIndex(layer);
+  if (work.sparse_index < 0) return absl::InternalError(StrCat("layer ", layer, " has no routed experts"));
   if (cancelled_ && cancelled_()) return absl::CancelledError("the request was cancelled by the client");
   for (int64_t i = 0; i < n * k; ++i) {
     const int32_t e = ids[static_cast<size_t>(i)];
@@ -228,53 +289,46 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
       return absl::InternalError(StrCat("router of layer ", layer, " chose expert ", e, " of ", config_.num_experts));
     }
   }
-  const std::vector<ExpertBatch> batches = GroupByExpert(ids, weights, n, k);
-
-  // Who computes what: decode (one token) goes to the layer's group, the actual set assigned one-to-one; a
-  // prefill chunk spreads expert e to worker e mod N_W.
-  std::vector<int32_t> worker_of(batches.size());
-  std::vector<int32_t> experts;  // the actual set, ascending
-  for (const ExpertBatch& b : batches) experts.push_back(b.expert);
-  const bool decode = n == 1 && board_ != nullptr && position_ >= decode_start_;
-  if (n == 1) {
-    // With a prediction, the experts it announced run where it had them loaded; misses go to the workers whose
-    // predicted expert went unused (they load on demand).
-    std::optional<std::vector<int32_t>> predicted;
-    if (decode) {
-      board_->SetProgress(position_, sparse_index);
-      predicted = board_->Get(position_, sparse_index);
+  work.batches = GroupByExpert(ids, weights, n, k);
+  for (const ExpertBatch& b : work.batches) work.experts.push_back(b.expert);
+  work.worker_of.resize(work.batches.size());
+  work.decode = decode_ && board_ != nullptr;
+  // Placement follows the chunk's size: one token goes to its layer's group (a one-token prompt too, as it did
+  // before "decode" was passed down; only a decode step uses and records predictions).
+  if (n > 1) {
+    // A prefill chunk spreads expert e to worker e mod N_W.
+    for (size_t b = 0; b < work.batches.size(); ++b) {
+      work.worker_of[b] = placement_.PrefillWorkerOf(work.batches[b].expert);
     }
-    const std::vector<Assignment> assigned = predicted.has_value()
-                                                 ? placement_.Resolve(sparse_index, *predicted, experts)
-                                                 : placement_.Assign(sparse_index, experts);
-    ODMOE_CHECK(assigned.size() == batches.size());
-    for (size_t b = 0; b < batches.size(); ++b) {
-      ODMOE_CHECK(assigned[b].expert == batches[b].expert);
-      worker_of[b] = assigned[b].worker;
-    }
-  } else {
-    for (size_t b = 0; b < batches.size(); ++b) worker_of[b] = placement_.PrefillWorkerOf(batches[b].expert);
+    return work;
   }
-
-  // Rows and scales of every (token, expert) pair, batch after batch, exactly as LocalExpertExecutor uploads
-  // them; offsets[b] is where batch b starts.
-  const size_t pairs = static_cast<size_t>(n * k);
-  std::vector<size_t> offsets(batches.size());
-  packed_.assign(2 * pairs, 0);
-  size_t at = 0;
-  for (size_t b = 0; b < batches.size(); ++b) {
-    offsets[b] = at;
-    for (size_t i = 0; i < batches[b].rows.size(); ++i, ++at) {
-      packed_[at] = batches[b].rows[i];
-      std::memcpy(&packed_[pairs + at], &batches[b].weights[i], sizeof(float));
-    }
+  // One token goes to the layer's group, the actual set assigned one-to-one. With a prediction, the experts it
+  // announced run where it had them loaded; misses go to the workers whose predicted expert went unused (they
+  // load on demand).
+  std::optional<std::vector<int32_t>> predicted;
+  if (work.decode) {
+    board_->SetProgress(position_, work.sparse_index);
+    predicted = board_->Get(position_, work.sparse_index);
   }
-  ODMOE_CHECK(at == pairs);
-  device_.CopyToDevice(index_->data(), packed_.data(), packed_.size() * sizeof(int32_t), stream);
+  const std::vector<Assignment> assigned = predicted.has_value()
+                                               ? placement_.Resolve(work.sparse_index, *predicted, work.experts)
+                                               : placement_.Assign(work.sparse_index, work.experts);
+  ODMOE_CHECK(assigned.size() == work.batches.size());
+  for (size_t b = 0; b < work.batches.size(); ++b) {
+    ODMOE_CHECK(assigned[b].expert == work.batches[b].expert);
+    work.worker_of[b] = assigned[b].worker;
+  }
+  return work;
+}
+
+void RemoteExpertExecutor::Encode(Layer& work, const float* h, Stream* stream) {
+  const int64_t hidden = config_.hidden_size, n = work.n;
+  // Rows and scales of every (token, expert) pair, exactly as LocalExpertExecutor uploads them.
+  PackRowsAndScales(work.batches, n, config_.top_k, &packed_);
+  device_.CopyToDevice(index_->data(), packed_.host.data(), packed_.host.size() * sizeof(int32_t), stream);
   // The layer's input to the host (this synchronizes the stream).
   device_.CopyToHost(host_h_.data(), h, F32Bytes(n * hidden), stream);
 
-  // One request per planned call.
   const int64_t rows_per_bytes =
       std::max<int64_t>(1, options_.max_tensor_bytes_per_call / static_cast<int64_t>(F32Bytes(hidden)));
   // A prefill chunk goes in mini-batches of at most prefill_minibatch_rows (token, expert) rows per call, so a
@@ -284,18 +338,18 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
     max_rows = std::min(max_rows, options_.prefill_minibatch_rows);
     max_task_rows = std::min(max_task_rows, options_.prefill_minibatch_rows);
   }
-  const std::vector<PlannedCall> plan = PlanCalls(batches, worker_of, max_rows, max_task_rows);
-  std::vector<int32_t> expert_calls(batches.size(), 0);  // per batch: the calls computing it (mini-batches)
-  for (const PlannedCall& pc : plan) {
+  work.plan = PlanCalls(work.batches, work.worker_of, max_rows, max_task_rows);
+  std::vector<int32_t> expert_calls(work.batches.size(), 0);  // per batch: the calls computing it (mini-batches)
+  for (const PlannedCall& pc : work.plan) {
     for (const PlannedCall::Task& task : pc.tasks) ++expert_calls[task.batch];
   }
-  auto state = std::make_shared<LayerCalls>();
-  state->window = static_cast<int>(options_.calls_in_flight_per_worker);
-  for (const PlannedCall& pc : plan) {
+  work.calls = std::make_shared<LayerCalls>();
+  work.calls->window = static_cast<int>(options_.calls_in_flight_per_worker);
+  for (const PlannedCall& pc : work.plan) {
     auto call = std::make_unique<LayerCalls::Call>();
     v1::ComputeExpertsRequest& req = call->request;
     rpc::FillHeader(req.mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id_);
-    req.set_layer(static_cast<int32_t>(layer));
+    req.set_layer(static_cast<int32_t>(work.layer));
     req.set_position(position_);
     v1::Tensor* t = req.mutable_hidden();
     t->set_dtype(v1::DTYPE_F32);
@@ -308,7 +362,7 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
                   F32Bytes(hidden));
     }
     for (const PlannedCall::Task& task : pc.tasks) {
-      const ExpertBatch& b = batches[task.batch];
+      const ExpertBatch& b = work.batches[task.batch];
       v1::ExpertTask* et = req.add_tasks();
       et->set_expert(b.expert);
       et->set_expert_calls(expert_calls[task.batch]);
@@ -319,9 +373,18 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
     }
     call->stub = stubs_[static_cast<size_t>(pc.worker)].get();
     call->timeout_ms = options_.rpc_timeout_ms;
-    state->calls.push_back(std::move(call));
+    work.calls->calls.push_back(std::move(call));
   }
+}
 
+std::string RemoteExpertExecutor::Where(const Layer& work, size_t call) const {
+  const WorkerEndpoint& w = workers_[static_cast<size_t>(work.plan[call].worker)];
+  return StrCat("worker ", w.name, " at ", w.address, " (layer ", work.layer, ")");
+}
+
+absl::Status RemoteExpertExecutor::Dispatch(Layer& work) {
+  const std::shared_ptr<LayerCalls>& state = work.calls;
+  const std::vector<PlannedCall>& plan = work.plan;
   // One queue per worker (the plan lists a worker's calls consecutively), `window` calls in flight each.
   std::vector<size_t> heads;
   {
@@ -335,11 +398,10 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
       while (std::optional<size_t> i = state->NextLocked(q)) heads.push_back(*i);
     }
   }
-  const absl::Time sent = absl::Now();
+  work.sent = absl::Now();
   for (size_t i : heads) StartCall(state, i);
 
-  // Wait until every call has succeeded, restarting those turned away after a backoff (1, 2, 4, .. 64 ms);
-  // after a failure, cancel the calls in flight (outside the lock: TryCancel may run their callbacks).
+  // Wait until every call has succeeded, restarting those turned away after a backoff (1, 2, 4, .. 64 ms).
   std::optional<size_t> failure;
   for (;;) {
     std::vector<size_t> retry;
@@ -361,24 +423,7 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
     absl::SleepFor(absl::Milliseconds(1 << std::min(attempts - 1, 6)));
     for (size_t i : retry) StartCall(state, i);
   }
-  if (failure.has_value()) {
-    // No attempt starts after the failure was recorded, so these are all the current ones; TryCancel is
-    // thread-safe against an attempt that is just starting.
-    std::vector<grpc::ClientContext*> current;
-    {
-      absl::MutexLock lock(&state->mu);
-      for (const auto& call : state->calls) {
-        if (!call->contexts.empty()) current.push_back(call->contexts.back().get());
-      }
-      // Calls waiting for a retry will not be restarted: they leave the window.
-      for (size_t i : state->to_retry) {
-        --state->queues[state->calls[i]->queue].in_flight;
-        --state->in_flight;
-      }
-      state->to_retry.clear();
-    }
-    for (grpc::ClientContext* ctx : current) ctx->TryCancel();
-  }
+  if (failure.has_value()) CancelInFlight(*state);
   {
     absl::MutexLock lock(&state->mu);
     auto all_ended = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) { return state->in_flight == 0; };
@@ -390,48 +435,69 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
           std::max<uint64_t>(st.peak_calls_in_flight, static_cast<uint64_t>(queue.peak_in_flight));
     }
   }
-  auto where = [&](size_t i) {
-    const WorkerEndpoint& w = workers_[static_cast<size_t>(plan[i].worker)];
-    return StrCat("worker ", w.name, " at ", w.address, " (layer ", layer, ")");
-  };
-  if (failure.has_value()) return rpc::FromGrpc(state->calls[*failure]->status, where(*failure));
-  const absl::Time received = absl::Now();
-  if (n == 1) {
-    if (last_layer_end_.has_value()) {
-      timing_.main_ms += absl::ToDoubleMilliseconds(entered - *last_layer_end_);
-      ++timing_.main_layers;
-    }
-    timing_.worker_ms += absl::ToDoubleMilliseconds(received - sent);
-    ++timing_.worker_layers;
-  }
+  if (failure.has_value()) return rpc::FromGrpc(state->calls[*failure]->status, Where(work, *failure));
+  work.received = absl::Now();
+  return absl::OkStatus();
+}
 
-  // Check the replies and gather every expert's outputs into host_out_.
-  std::vector<bool> resident(batches.size(), true);  // per batch: no piece of it was loaded on demand
-  double stall_ms = 0;                               // load time of the experts loaded on demand
-  for (size_t i = 0; i < plan.size(); ++i) {
-    const PlannedCall& pc = plan[i];
-    const v1::ComputeExpertsResponse& resp = state->calls[i]->response;
+void RemoteExpertExecutor::CancelInFlight(LayerCalls& state) {
+  // No attempt starts after the failure was recorded, so these are all the current ones; TryCancel is
+  // thread-safe against an attempt that is just starting. It may run their callbacks: called outside the lock.
+  std::vector<grpc::ClientContext*> current;
+  {
+    absl::MutexLock lock(&state.mu);
+    for (const auto& call : state.calls) {
+      if (!call->contexts.empty()) current.push_back(call->contexts.back().get());
+    }
+    // Calls waiting for a retry will not be restarted: they leave the window.
+    for (size_t i : state.to_retry) {
+      --state.queues[state.calls[i]->queue].in_flight;
+      --state.in_flight;
+    }
+    state.to_retry.clear();
+  }
+  for (grpc::ClientContext* ctx : current) ctx->TryCancel();
+}
+
+void RemoteExpertExecutor::RecordRoundTrip(const Layer& work, absl::Time entered) {
+  if (work.n != 1) return;  // t_M and t_W are measured on one-token steps only
+  if (last_layer_end_.has_value()) {
+    timing_.main_ms += absl::ToDoubleMilliseconds(entered - *last_layer_end_);
+    ++timing_.main_layers;
+  }
+  timing_.worker_ms += absl::ToDoubleMilliseconds(work.received - work.sent);
+  ++timing_.worker_layers;
+}
+
+absl::Status RemoteExpertExecutor::CollectOutputs(const Layer& work) {
+  const int64_t hidden = config_.hidden_size;
+  std::vector<bool> resident(work.batches.size(), true);  // per batch: no piece of it was loaded on demand
+  double stall_ms = 0;                                    // load time of the experts loaded on demand
+  for (size_t i = 0; i < work.plan.size(); ++i) {
+    const PlannedCall& pc = work.plan[i];
+    const v1::ComputeExpertsResponse& resp = work.calls->calls[i]->response;
     if (resp.outputs_size() != static_cast<int>(pc.tasks.size())) {
-      return absl::DataLossError(
-          StrCat(where(i), ": returned ", resp.outputs_size(), " expert outputs for ", pc.tasks.size(), " tasks"));
+      return absl::DataLossError(StrCat(Where(work, i), ": returned ", resp.outputs_size(), " expert outputs for ",
+                                        pc.tasks.size(), " tasks"));
     }
     WorkerCallStats& st = stats_[static_cast<size_t>(pc.worker)];
     ++st.calls;
     st.gpu_peak_bytes = std::max(st.gpu_peak_bytes, resp.gpu_peak_bytes());
     for (size_t t = 0; t < pc.tasks.size(); ++t) {
       const PlannedCall::Task& task = pc.tasks[t];
-      const ExpertBatch& b = batches[task.batch];
+      const ExpertBatch& b = work.batches[task.batch];
       const v1::ExpertOutput& o = resp.outputs(static_cast<int>(t));
       if (o.expert() != b.expert) {
         return absl::DataLossError(
-            StrCat(where(i), ": output ", t, " is of expert ", o.expert(), ", expected ", b.expert));
+            StrCat(Where(work, i), ": output ", t, " is of expert ", o.expert(), ", expected ", b.expert));
       }
       const int64_t m = static_cast<int64_t>(task.end - task.begin);
       const int64_t shape[] = {m, hidden};
-      ODMOE_ASSIGN_OR_RETURN(std::vector<float> values,
-                             rpc::DecodeF32(o.output(), shape, StrCat(where(i), ": output of expert ", b.expert)));
-      std::memcpy(host_out_.data() + static_cast<int64_t>(offsets[task.batch] + task.begin) * hidden, values.data(),
-                  F32Bytes(m * hidden));
+      ODMOE_ASSIGN_OR_RETURN(std::vector<float> values, rpc::DecodeF32(o.output(), shape,
+                                                                       StrCat(Where(work, i), ": output of expert ",
+                                                                              b.expert)));
+      std::memcpy(host_out_.data() + static_cast<int64_t>(packed_.offsets[task.batch] + task.begin) * hidden,
+                  values.data(), F32Bytes(m * hidden));
       ++st.experts_computed;
       st.rows_computed += static_cast<uint64_t>(m);
       st.compute_ms += o.compute_ms();
@@ -446,22 +512,25 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
       }
     }
   }
+  if (work.decode) board_->Record(position_, work.sparse_index, work.experts, resident, stall_ms);
+  return absl::OkStatus();
+}
 
-  if (decode) board_->Record(position_, sparse_index, experts, resident, stall_ms);
-
+absl::Status RemoteExpertExecutor::Combine(const Layer& work, float* out, Stream* stream) {
+  const int64_t hidden = config_.hidden_size;
   // The sum, in LocalExpertExecutor's order: experts ascending, each one's rows in order.
-  const int32_t* dev_rows = index_->as<int32_t>();
-  const float* dev_scales = reinterpret_cast<const float*>(index_->as<int32_t>() + pairs);
-  for (size_t b = 0; b < batches.size(); ++b) {
-    const int64_t m = static_cast<int64_t>(batches[b].rows.size());
-    device_.CopyToDevice(yg_->data(), host_out_.data() + static_cast<int64_t>(offsets[b]) * hidden,
-                         F32Bytes(m * hidden), stream);
-    device_.ScatterAddScaled(yg_->as<float>(), dev_rows + offsets[b], dev_scales + offsets[b], m, hidden,
-                             /*sigmoid_scale=*/false, out, stream);
-  }
+  ODMOE_RETURN_IF_ERROR(CombineExpertOutputs(
+      device_, work.batches, packed_, index_->as<int32_t>(), hidden,
+      [&](size_t b) -> absl::StatusOr<const float*> {
+        const int64_t m = static_cast<int64_t>(work.batches[b].rows.size());
+        device_.CopyToDevice(yg_->data(), host_out_.data() + static_cast<int64_t>(packed_.offsets[b]) * hidden,
+                             F32Bytes(m * hidden), stream);
+        return yg_->as<float>();
+      },
+      out, stream));
   // host_out_ and packed_ must stay untouched until the copies are done.
   device_.Synchronize(stream);
-  if (n == 1) {
+  if (work.n == 1) {
     last_layer_end_ = absl::Now();
   } else {
     last_layer_end_.reset();  // prefill: t_M is measured in decode only

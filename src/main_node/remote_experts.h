@@ -34,8 +34,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "odmoe/v1/main.pb.h"
 #include "odmoe/v1/worker.grpc.pb.h"
 #include "src/backend/device.h"
+#include "src/common/limits.h"
 #include "src/common/placement.h"
 #include "src/engine/engine.h"
 #include "src/main_node/prediction.h"
@@ -63,6 +65,11 @@ struct WorkerCallStats {
   uint64_t busy_retries = 0;  // calls the worker's server turned away for want of a thread, then retried
   uint64_t peak_calls_in_flight = 0;  // most calls of one layer in flight to the worker at once
   uint64_t gpu_peak_bytes = 0;        // the worker's device peak, as its latest reply said (ComputeExpertsResponse)
+
+  // Sums the counters; the peaks take the larger value.
+  void Add(const WorkerCallStats& o);
+  // The one conversion to the request stats of worker `node`.
+  void ToProto(const std::string& node, v1::WorkerRequestStats* p) const;
 };
 
 // Where decode time goes (OD-MoE eq. 1), since BeginRequest: t_M, main's own time per sparse layer (from the
@@ -78,6 +85,25 @@ struct DecodeTiming {
   // The most time one expert may take to load without stalling compute: (N_G) t_M + (N_G - 1) t_W with N_G
   // groups taking the sparse layers round-robin.
   double t_maxload_ms(int32_t groups) const { return groups * t_m_ms() + (groups - 1) * t_w_ms(); }
+  bool io_bound(int32_t groups) const { return loads > 0 && load_ms_per_expert() > t_maxload_ms(groups); }
+
+  void Add(const DecodeTiming& o) {
+    main_ms += o.main_ms;
+    worker_ms += o.worker_ms;
+    load_ms += o.load_ms;
+    main_layers += o.main_layers;
+    worker_layers += o.worker_layers;
+    loads += o.loads;
+  }
+  // The one conversion to a proto with the timing fields (v1::RequestStats, v1::MainStats).
+  template <typename Proto>
+  void ToProto(int32_t groups, Proto* p) const {
+    p->set_t_m_ms(t_m_ms());
+    p->set_t_w_ms(t_w_ms());
+    p->set_expert_load_ms(load_ms_per_expert());
+    p->set_t_maxload_ms(t_maxload_ms(groups));
+    p->set_io_bound(io_bound(groups));
+  }
 };
 
 struct RemoteExpertOptions {
@@ -85,9 +111,9 @@ struct RemoteExpertOptions {
   uint64_t epoch = 1;
   std::string fingerprint;  // the model fingerprint (src/model/fingerprint.h)
   int64_t rpc_timeout_ms = 30000;
-  int64_t max_tokens = 256;  // the most tokens one Run gets (the engine's max_tokens_per_forward)
+  int64_t max_tokens = kMaxTokenRows;  // the most tokens one Run gets (the engine's max_tokens_per_forward)
   int64_t max_tensor_bytes_per_call = rpc::kMaxTensorBytesPerCall;
-  int64_t max_rows_per_call = 256;  // the workers' limit on token rows per call (kWorkerMaxRowsPerCall)
+  int64_t max_rows_per_call = kMaxTokenRows;  // the workers' limit on token rows per call
   // Prefill: the most (token, expert) rows one call carries (a mini-batch); 0: calls as large as the limits
   // above allow. From the cluster file's [cluster] prefill_minibatch_rows.
   int64_t prefill_minibatch_rows = 0;
@@ -117,6 +143,8 @@ std::vector<PlannedCall> PlanCalls(const std::vector<ExpertBatch>& batches, cons
 // Thread safety: Run, BeginRequest and stats are called by one thread at a time (the engine's owner, which
 // serialises requests); the gRPC callbacks of a layer's calls touch only that layer's call state, under its
 // own mutex, and Run returns only after every call of the layer has finished.
+struct LayerCalls;  // the gRPC calls of one layer (remote_experts.cc)
+
 class RemoteExpertExecutor : public ExpertExecutor {
  public:
   // Dials nothing yet: channels connect on first use, so workers may come up later. `expert_bytes`: the bytes of
@@ -130,15 +158,14 @@ class RemoteExpertExecutor : public ExpertExecutor {
 
   absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
                    std::span<const float> weights, float* out, Stream* stream) override;
-  void BeginForward(int64_t first_position, int64_t n) override;
+  void BeginForward(int64_t first_position, int64_t n, ForwardKind kind) override;
 
-  // Expert prediction for the current request (BeginRequest clears it): positions >= `decode_start` run one
-  // token at a time are decode steps; for those the executor places the actual experts where the prediction
-  // in `board` (if one arrived) had them loaded (Placement::Resolve), else by Placement::Assign, and records
-  // what happened in `board`. `on_decode_position` (optional) is called as each decode position begins
-  // (main's random predictions are made there). `board` must outlive the request.
-  void SetPrediction(PredictionBoard* board, int64_t decode_start,
-                     std::function<void(int64_t position)> on_decode_position = nullptr);
+  // Expert prediction for the current request (BeginRequest clears it): at each decode step (a kDecode
+  // forward) the executor places the actual experts where the prediction in `board` (if one arrived) had them
+  // loaded (Placement::Resolve), else by Placement::Assign, and records what happened in `board`.
+  // `on_decode_position` (optional) is called as each decode step begins (main's random predictions are made
+  // there). `board` must outlive the request.
+  void SetPrediction(PredictionBoard* board, std::function<void(int64_t position)> on_decode_position = nullptr);
 
   // Starts the accounting of a new client request: zeroes the stats, stamps `request_id` into every header.
   // `cancelled` (optional) is polled before each layer; when it returns true Run fails with Cancelled.
@@ -156,8 +183,25 @@ class RemoteExpertExecutor : public ExpertExecutor {
   const Placement& placement() const { return placement_; }
 
  private:
+  struct Layer;  // one layer's work as the phases of Run hand it on
   RemoteExpertExecutor(Device& device, const ModelConfig& config, uint64_t expert_bytes,
                        std::vector<WorkerEndpoint> workers, Placement placement, RemoteExpertOptions options);
+  // The phases of Run, in order.
+  // Validates the layer's routing, groups it by expert and decides which worker computes each expert.
+  absl::StatusOr<Layer> Place(int64_t layer, int64_t n, std::span<const int32_t> ids, std::span<const float> weights);
+  // Uploads the packed rows and scales, copies the layer's input to the host and builds one request per
+  // planned call.
+  void Encode(Layer& work, const float* h, Stream* stream);
+  // Sends the calls (a window per worker), retries those turned away, waits for all; on a failure cancels the
+  // rest and returns the worker's status naming it.
+  absl::Status Dispatch(Layer& work);
+  void CancelInFlight(LayerCalls& state);
+  void RecordRoundTrip(const Layer& work, absl::Time entered);
+  // Checks the replies, gathers the outputs into host_out_, counts the stats, records the decode outcome.
+  absl::Status CollectOutputs(const Layer& work);
+  // Adds the outputs to `out` with CombineExpertOutputs (the local executor's order) and synchronizes.
+  absl::Status Combine(const Layer& work, float* out, Stream* stream);
+  std::string Where(const Layer& work, size_t call) const;
 
   Device& device_;
   const ModelConfig& config_;
@@ -170,9 +214,9 @@ class RemoteExpertExecutor : public ExpertExecutor {
   uint64_t request_id_ = 0;
   std::function<bool()> cancelled_;
   PredictionBoard* board_ = nullptr;
-  int64_t decode_start_ = 0;
   std::function<void(int64_t)> on_decode_position_;
   int64_t position_ = 0;  // of the current forward chunk's first token
+  bool decode_ = false;   // the current forward is a decode step
   DecodeTiming timing_;
   std::optional<absl::Time> last_layer_end_;  // when the previous decode layer's round trip ended
   std::vector<WorkerCallStats> stats_;
@@ -180,7 +224,7 @@ class RemoteExpertExecutor : public ExpertExecutor {
   // Host staging and device buffers, reused across layers.
   std::vector<float> host_h_;      // [n, hidden]: the layer's input, copied from the device
   std::vector<float> host_out_;    // [n * k, hidden]: expert outputs, batch after batch
-  std::vector<int32_t> packed_;    // [2, n * k]: rows, then scales (as bits), batch after batch
+  PackedRouting packed_;           // the layer's rows and scales (host side of index_)
   std::unique_ptr<Buffer> yg_;     // [max_tokens, hidden]: one expert's outputs on the device
   std::unique_ptr<Buffer> index_;  // rows + scales of every (token, expert) pair: 2 x [max_tokens * k]
 };

@@ -5,6 +5,7 @@
 
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
+#include "src/engine/generator.h"
 #include "src/rpc/rpc_util.h"
 
 namespace odmoe {
@@ -39,7 +40,7 @@ bool ShadowLink::Start(uint64_t request_id, std::span<const int32_t> prompt, int
   }
   reader_done_ = std::make_unique<absl::Notification>();
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
-  const int64_t last = prompt_len + max_new_tokens - 2;
+  const int64_t last = LastDecodePosition(prompt_len, max_new_tokens);
   reader_ = std::thread([this, board, prompt_len, last]() {
     v1::Prediction p;
     const int64_t k = config_.top_k;

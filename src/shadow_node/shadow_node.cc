@@ -13,8 +13,6 @@
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/engine/generator.h"
-#include "src/model/fingerprint.h"
-#include "src/model/synthetic.h"
 #include "src/rpc/rpc_util.h"
 
 namespace odmoe {
@@ -36,30 +34,27 @@ class PredictingExecutor : public ExpertExecutor {
   explicit PredictingExecutor(std::unique_ptr<LocalExpertExecutor> local, int64_t top_k)
       : local_(std::move(local)), top_k_(top_k) {}
 
-  void BeginForward(int64_t first_position, int64_t n) override {
+  void BeginForward(int64_t first_position, int64_t n, ForwardKind kind) override {
+    (void)n;
     position_ = first_position;
-    n_ = n;
+    decode_ = kind == ForwardKind::kDecode;
   }
   absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
                    std::span<const float> weights, float* out, Stream* stream) override {
-    if (on_predict_ && n == 1 && n_ == 1 && position_ >= decode_start_) {
+    if (on_predict_ && decode_) {
       on_predict_(position_, layer, ids.subspan(0, static_cast<size_t>(top_k_)));
     }
     return local_->Run(layer, h, n, ids, weights, out, stream);
   }
-  // Positions >= decode_start run one at a time are predicted through `on_predict` (nullptr: none).
-  void Set(int64_t decode_start, Callback on_predict) {
-    decode_start_ = decode_start;
-    on_predict_ = std::move(on_predict);
-  }
+  // Decode steps are predicted through `on_predict` (nullptr: none).
+  void Set(Callback on_predict) { on_predict_ = std::move(on_predict); }
 
  private:
   std::unique_ptr<LocalExpertExecutor> local_;
   int64_t top_k_;
-  int64_t decode_start_ = 0;
   Callback on_predict_;
   int64_t position_ = 0;
-  int64_t n_ = 0;
+  bool decode_ = false;  // the current forward is a decode step
 };
 
 // What main has told the shadow about one request so far (filled by the stream's reader thread).
@@ -84,28 +79,18 @@ absl::StatusOr<std::unique_ptr<ShadowNode>> ShadowNode::Create(const rpc::Daemon
   node->cluster_ = args.cluster;
   node->self_ = args.self;
   node->model_dir_ = args.model_dir;
-  // Weights: the checkpoint, or synthetic ones generated here ([model] synthetic, when no --model is given).
-  const bool synthetic = args.model_dir.empty() && args.cluster.model.is_synthetic();
-  const SyntheticSpec spec{args.cluster.model.synthetic, args.cluster.model.layers, args.cluster.model.seed};
-  if (synthetic) {
-    ODMOE_ASSIGN_OR_RETURN(node->config_, SyntheticModelConfig(spec));
-    ODMOE_ASSIGN_OR_RETURN(node->fingerprint_, SyntheticFingerprint(spec));
-  } else {
-    ODMOE_ASSIGN_OR_RETURN(node->config_, LoadModelConfig(args.model_dir));
-    ODMOE_ASSIGN_OR_RETURN(node->checkpoint_, Checkpoint::Open(args.model_dir));
-    ODMOE_ASSIGN_OR_RETURN(node->fingerprint_, ModelFingerprint(args.model_dir, *node->checkpoint_));
-  }
+  // Weights: the checkpoint, or synthetic ones ([model] synthetic, when no --model is given).
+  ODMOE_ASSIGN_OR_RETURN(OpenedModel model, OpenModel(args.cluster.model, args.model_dir));
+  node->config_ = model.config;
+  node->fingerprint_ = model.fingerprint;
   ODMOE_ASSIGN_OR_RETURN(node->device_, CreateDevice(args.self.device));
-  if (args.cluster.shadow_settings.mode != PredictionMode::kShadow) return node;
-
-  WeightSelection selection = WeightSelection::Quantized(WeightQuantOf(args.cluster.shadow_settings.quant));
-  if (synthetic) {
-    SyntheticSource source(node->config_, spec.seed);
-    ODMOE_ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(node->config_, source, *node->device_, selection));
-  } else {
-    ODMOE_ASSIGN_OR_RETURN(node->weights_,
-                           ModelWeights::Load(node->config_, *node->checkpoint_, *node->device_, selection));
+  if (args.cluster.shadow_settings.mode != PredictionMode::kShadow) {
+    node->model_ = std::move(model);
+    return node;
   }
+  const WeightSelection selection = WeightSelection::Quantized(WeightQuantOf(args.cluster.shadow_settings.quant));
+  ODMOE_ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(node->config_, *model.source, *node->device_, selection));
+  node->model_ = std::move(model);
   EngineOptions engine_options;
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<LocalExpertExecutor> local,
                          LocalExpertExecutor::Create(*node->device_, *node->weights_,
@@ -113,19 +98,15 @@ absl::StatusOr<std::unique_ptr<ShadowNode>> ShadowNode::Create(const rpc::Daemon
 
   std::vector<std::string> workers;
   for (const NodeConfig* w : args.cluster.workers()) workers.push_back(w->address);
-  const int32_t group_size =
-      args.cluster.group_size > 0 ? args.cluster.group_size : static_cast<int32_t>(node->config_.top_k);
-  absl::StatusOr<Placement> placement = Placement::Create(static_cast<int32_t>(workers.size()), group_size);
-  if (!placement.ok()) {
-    return absl::InvalidArgumentError(StrCat(args.cluster.file, ": group size ", group_size, ": ",
-                                             placement.status().message()));
-  }
+  ODMOE_ASSIGN_OR_RETURN(const Placement placement,
+                         Placement::ForCluster(args.cluster.file, static_cast<int32_t>(workers.size()),
+                                               args.cluster.group_size, node->config_.top_k));
   rpc::PrefetchSenderOptions po;
   po.epoch = args.cluster.epoch;
   po.fingerprint = node->fingerprint_;
   po.sender = args.self.name;
   po.rpc_timeout_ms = args.cluster.rpc_timeout_ms;
-  node->sender_ = std::make_unique<rpc::PrefetchSender>(workers, *placement, po);
+  node->sender_ = std::make_unique<rpc::PrefetchSender>(workers, placement, po);
 
   absl::MutexLock lock(&node->run_mu_);
   node->executor_ = std::make_unique<PredictingExecutor>(std::move(local), node->config_.top_k);
@@ -302,7 +283,7 @@ grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
 absl::Status ShadowNode::RunSession(Session& session,
                                     grpc::ServerReaderWriter<v1::Prediction, v1::FollowMessage>* stream) {
   const int64_t prompt_len = static_cast<int64_t>(session.prompt.size());
-  const int64_t last = prompt_len + session.max_new_tokens - 2;  // the last position main decodes
+  const int64_t last = LastDecodePosition(prompt_len, session.max_new_tokens);
   {
     absl::MutexLock lock(&stats_mu_);
     ++counters_.requests;
@@ -312,7 +293,7 @@ absl::Status ShadowNode::RunSession(Session& session,
   const int64_t num_sparse = static_cast<int64_t>(config_.SparseLayers().size());
   int64_t main_position_seen = prompt_len - 1;  // for the lead statistics (updated each position)
   bool stream_ok = true;
-  executor_->Set(prompt_len, [&](int64_t position, int64_t layer, std::span<const int32_t> experts) {
+  executor_->Set([&](int64_t position, int64_t layer, std::span<const int32_t> experts) {
     const int64_t sparse_index = config_.SparseIndex(layer);
     // The workers first: their loads are what the prediction is for.
     sender_->Send(session.request_id, position, layer, sparse_index, experts);
@@ -327,7 +308,7 @@ absl::Status ShadowNode::RunSession(Session& session,
   });
   struct Unset {
     PredictingExecutor* e;
-    ~Unset() { e->Set(0, nullptr); }
+    ~Unset() { e->Set(nullptr); }
   } unset{executor_.get()};
 
   ODMOE_RETURN_IF_ERROR(engine_->StartSequence(last + 1));
@@ -374,7 +355,8 @@ absl::Status ShadowNode::RunSession(Session& session,
       }
     }
     for (auto& [p, kv] : kv_writes) ODMOE_RETURN_IF_ERROR(engine_->WriteKv(p, kv.first.data(), kv.second.data()));
-    ODMOE_ASSIGN_OR_RETURN(logits, engine_->Forward(std::span<const int32_t>(&token, 1), nullptr));
+    ODMOE_ASSIGN_OR_RETURN(logits,
+                           engine_->Forward(std::span<const int32_t>(&token, 1), nullptr, ForwardKind::kDecode));
     guess = Argmax(logits);
     used.push_back(token);
     ++pos;
@@ -383,6 +365,17 @@ absl::Status ShadowNode::RunSession(Session& session,
   }
   if (!stream_ok) return absl::UnavailableError("main went away (writing a prediction failed)");
   return absl::OkStatus();
+}
+
+void ShadowNode::Counters::ToProto(v1::ShadowStats* s) const {
+  s->set_requests(requests);
+  s->set_predictions(predictions);
+  s->set_positions_decoded(positions_decoded);
+  s->set_rollbacks(rollbacks);
+  s->set_tokens_aligned(tokens_aligned);
+  s->set_kv_aligned(kv_aligned);
+  s->set_alignment_bytes(alignment_bytes);
+  s->set_lead_layers_mean(predictions > 0 ? lead_sum / static_cast<double>(predictions) : 0.0);
 }
 
 v1::ShadowStats ShadowNode::Stats(bool reset) {
@@ -396,15 +389,7 @@ v1::ShadowStats ShadowNode::Stats(bool reset) {
     s.set_prefetch_failures(ps.failures);
   }
   absl::MutexLock lock(&stats_mu_);
-  s.set_requests(counters_.requests);
-  s.set_predictions(counters_.predictions);
-  s.set_positions_decoded(counters_.positions_decoded);
-  s.set_rollbacks(counters_.rollbacks);
-  s.set_tokens_aligned(counters_.tokens_aligned);
-  s.set_kv_aligned(counters_.kv_aligned);
-  s.set_alignment_bytes(counters_.alignment_bytes);
-  s.set_lead_layers_mean(counters_.predictions > 0 ? counters_.lead_sum / static_cast<double>(counters_.predictions)
-                                                   : 0.0);
+  counters_.ToProto(&s);
   if (reset) counters_ = Counters{};
   return s;
 }

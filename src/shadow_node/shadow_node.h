@@ -35,6 +35,7 @@
 #include "src/engine/model_weights.h"
 #include "src/model/checkpoint.h"
 #include "src/model/model_config.h"
+#include "src/model/open_model.h"
 #include "src/rpc/daemon.h"
 #include "src/rpc/prefetch_sender.h"
 
@@ -78,6 +79,8 @@ class ShadowNode final : public v1::Shadow::Service {
     uint64_t kv_aligned = 0;
     uint64_t alignment_bytes = 0;
     double lead_sum = 0;
+    // The one conversion to the node's stats (the counter fields and the mean lead).
+    void ToProto(v1::ShadowStats* s) const;
   };
   ShadowNode() = default;
   // Checks the stream's first message (a FollowStart: header, prompt, periods) and fills `session`.
@@ -93,7 +96,7 @@ class ShadowNode final : public v1::Shadow::Service {
   std::string model_dir_;
   std::string fingerprint_;
   ModelConfig config_;
-  std::unique_ptr<Checkpoint> checkpoint_;
+  OpenedModel model_;  // keeps the checkpoint mapped (nullptr with synthetic weights)
   std::unique_ptr<Device> device_;
   std::unique_ptr<ModelWeights> weights_;  // nullptr unless prediction mode is "shadow"
   std::unique_ptr<rpc::PrefetchSender> sender_;

@@ -543,7 +543,7 @@ TEST(MainNodeTest, BadRequestsFailAndMainKeepsServing) {
   text.set_prompt("hello");
   expect_error(text, absl::StatusCode::kFailedPrecondition, "prompt_ids");
   expect_error(IdsRequest({1, 2}, c.max_position_embeddings), absl::StatusCode::kOutOfRange, "max_position_embeddings");
-  expect_error(IdsRequest({1, 2}, -1), absl::StatusCode::kInvalidArgument, "max-new-tokens");
+  expect_error(IdsRequest({1, 2}, -1), absl::StatusCode::kInvalidArgument, "max_new_tokens");
   v1::GenerateRequest hot = IdsRequest({1, 2}, 4);
   hot.mutable_sampling()->set_temperature(-1);
   expect_error(hot, absl::StatusCode::kInvalidArgument, "temperature");

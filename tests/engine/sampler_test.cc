@@ -84,13 +84,13 @@ TEST(SamplerTest, FrequenciesFollowTheSoftmax) {
 TEST(SamplingOptionsTest, RejectsBadValuesNamingTheFlag) {
   SamplingOptions o;
   o.temperature = -1;
-  EXPECT_NE(o.Validate().message().find("--temperature"), absl::string_view::npos);
+  EXPECT_NE(o.Validate().message().find("sampling.temperature"), absl::string_view::npos);
   o = {};
   o.top_p = 0;
-  EXPECT_NE(o.Validate().message().find("--top-p"), absl::string_view::npos);
+  EXPECT_NE(o.Validate().message().find("sampling.top_p"), absl::string_view::npos);
   o = {};
   o.top_k = -3;
-  EXPECT_NE(o.Validate().message().find("--top-k"), absl::string_view::npos);
+  EXPECT_NE(o.Validate().message().find("sampling.top_k"), absl::string_view::npos);
   EXPECT_TRUE(SamplingOptions{}.Validate().ok());
 }
 
