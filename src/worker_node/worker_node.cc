@@ -7,9 +7,7 @@
 #include "src/common/placement.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
-#include "src/model/fingerprint.h"
 #include "src/model/model_layout.h"
-#include "src/model/synthetic.h"
 #include "src/rpc/daemon.h"
 #include "src/rpc/rpc_util.h"
 
@@ -80,55 +78,35 @@ absl::Status WorkerNode::Init(const std::string& model_dir) {
     return absl::InvalidArgumentError(StrCat("node '", self_.name, "' has worker index ", self_.worker_index,
                                              " but the cluster has ", workers.size(), " workers"));
   }
-  ODMOE_RETURN_IF_ERROR(OpenModel(model_dir));
-  const int32_t group_size =
-      cluster_.group_size > 0 ? cluster_.group_size : static_cast<int32_t>(std::max<int64_t>(1, config_.top_k));
-  absl::StatusOr<Placement> placement = Placement::Create(static_cast<int32_t>(workers.size()), group_size);
-  if (!placement.ok()) {
-    return absl::InvalidArgumentError(StrCat("cluster ", cluster_.file, ": group size ", group_size,
-                                             (cluster_.group_size > 0 ? "" : " (the model's top-k)"), ": ",
-                                             placement.status().message()));
-  }
-  const std::vector<int64_t> sparse = config_.SparseLayers();
-  for (int64_t s : placement->DecodeLayersOf(self_.worker_index, static_cast<int64_t>(sparse.size()))) {
+  ODMOE_ASSIGN_OR_RETURN(model_, OpenModel(cluster_.model, model_dir));
+  // Every expert is checked now (metadata only: nothing is read) so a bad checkpoint fails at start, not in the
+  // middle of a request.
+  ODMOE_RETURN_IF_ERROR(model_.source->Validate(AllExpertTensors(config())));
+  ODMOE_ASSIGN_OR_RETURN(
+      const Placement placement,
+      Placement::ForCluster(cluster_.file, static_cast<int32_t>(workers.size()), cluster_.group_size, config().top_k));
+  const std::vector<int64_t> sparse = config().SparseLayers();
+  for (int64_t s : placement.DecodeLayersOf(self_.worker_index, static_cast<int64_t>(sparse.size()))) {
     decode_layers_.push_back(sparse[static_cast<size_t>(s)]);
   }
-  ODMOE_RETURN_IF_ERROR(OpenStore(*placement));
-  ODMOE_ASSIGN_OR_RETURN(loader_, ExpertLoader::Create(config_, *source_, *store_, *device_));
+  ODMOE_RETURN_IF_ERROR(OpenStore(placement));
+  ODMOE_ASSIGN_OR_RETURN(loader_, ExpertLoader::Create(config(), *model_.source, *store_, *device_));
   budget_ =
       std::make_unique<GpuBudget>(*device_, self_.gpu_budget_bytes, loader_->expert_bytes(), self_.name, cluster_.file);
   return AllocateWorkspace();
 }
 
-absl::Status WorkerNode::OpenModel(const std::string& model_dir) {
-  if (model_dir.empty() && cluster_.model.is_synthetic()) {
-    const SyntheticSpec spec{cluster_.model.synthetic, cluster_.model.layers, cluster_.model.seed};
-    ODMOE_ASSIGN_OR_RETURN(config_, SyntheticModelConfig(spec));
-    ODMOE_ASSIGN_OR_RETURN(fingerprint_, SyntheticFingerprint(spec));
-    source_ = std::make_unique<SyntheticSource>(config_, spec.seed);
-  } else {
-    if (model_dir.empty()) return absl::InvalidArgumentError(StrCat("no model: [model] in ", cluster_.file));
-    ODMOE_ASSIGN_OR_RETURN(config_, LoadModelConfig(model_dir));
-    ODMOE_ASSIGN_OR_RETURN(checkpoint_, Checkpoint::Open(model_dir));
-    ODMOE_ASSIGN_OR_RETURN(fingerprint_, ModelFingerprint(model_dir, *checkpoint_));
-    source_ = std::make_unique<CheckpointSource>(*checkpoint_);
-  }
-  // Every expert is checked now (metadata only: nothing is read) so a bad checkpoint fails at start, not in the
-  // middle of a request.
-  return source_->Validate(AllExpertTensors(config_));
-}
-
 absl::Status WorkerNode::OpenStore(const Placement& placement) {
   // The host copy: the experts of the decode layers, and expert e of every sparse layer when this worker
   // computes e in prefill.
-  const std::vector<int64_t> sparse = config_.SparseLayers();
+  const std::vector<int64_t> sparse = config().SparseLayers();
   ExpertStoreOptions store_options;
   auto served_by = [&](int32_t worker, std::vector<std::pair<int64_t, int64_t>>* out) {
     for (int64_t s : placement.DecodeLayersOf(worker, static_cast<int64_t>(sparse.size()))) {
-      for (int64_t e = 0; e < config_.num_experts; ++e) out->emplace_back(sparse[static_cast<size_t>(s)], e);
+      for (int64_t e = 0; e < config().num_experts; ++e) out->emplace_back(sparse[static_cast<size_t>(s)], e);
     }
     for (int64_t l : sparse) {
-      for (int64_t e = 0; e < config_.num_experts; ++e) {
+      for (int64_t e = 0; e < config().num_experts; ++e) {
         if (placement.PrefillWorkerOf(static_cast<int32_t>(e)) == worker) out->emplace_back(l, e);
       }
     }
@@ -142,20 +120,21 @@ absl::Status WorkerNode::OpenStore(const Placement& placement) {
   }
   store_options.share = cluster_.share_host_experts && options_.share_host_experts;
   store_options.shm_dir = options_.shm_dir;
-  store_options.segment_name = StrCat("odmoe-", cluster_.name, "-e", cluster_.epoch, "-", fingerprint_.substr(0, 8));
-  store_options.fingerprint = fingerprint_;
-  ODMOE_ASSIGN_OR_RETURN(store_, ExpertStore::Open(config_, *source_, store_options, device_.get()));
+  store_options.segment_name =
+      StrCat("odmoe-", cluster_.name, "-e", cluster_.epoch, "-", model_.fingerprint.substr(0, 8));
+  store_options.fingerprint = model_.fingerprint;
+  ODMOE_ASSIGN_OR_RETURN(store_, ExpertStore::Open(config(), *model_.source, store_options, device_.get()));
   return absl::OkStatus();
 }
 
 absl::Status WorkerNode::AllocateWorkspace() {
   // MLP scratch, gathered rows and one expert's output, all for max_rows rows, and the staging slots.
   const int64_t rows = options_.max_rows_per_call;
-  const int64_t h = config_.hidden_size;
-  const int64_t inter = std::max<int64_t>(1, config_.expert_intermediate_size);
+  const int64_t h = config().hidden_size;
+  const int64_t inter = std::max<int64_t>(1, config().expert_intermediate_size);
   const uint64_t activation_bytes = static_cast<uint64_t>(rows * h) * sizeof(float);
   const uint64_t ws_bytes = 2 * static_cast<uint64_t>(rows * inter) * sizeof(float);
-  const uint64_t needed = ws_bytes + 2 * activation_bytes + StagingSlots::Bytes(rows, h, config_.num_experts);
+  const uint64_t needed = ws_bytes + 2 * activation_bytes + StagingSlots::Bytes(rows, h, config().num_experts);
   absl::MutexLock compute_lock(&compute_mu_);
   absl::MutexLock load_lock(&load_mu_);
   compute_stream_ = device_->CreateStream();
@@ -168,7 +147,7 @@ absl::Status WorkerNode::AllocateWorkspace() {
   ODMOE_ASSIGN_OR_RETURN(gathered_, budget_->Allocate(activation_bytes, "worker gathered rows"));
   ODMOE_ASSIGN_OR_RETURN(output_, budget_->Allocate(activation_bytes, "worker expert output"));
   staging_ = std::make_unique<StagingSlots>(*device_);
-  return staging_->Allocate(*budget_, rows, h, config_.num_experts);
+  return staging_->Allocate(*budget_, rows, h, config().num_experts);
 }
 
 // ---- validation ------------------------------------------------------------------------------------------------
@@ -176,23 +155,23 @@ absl::Status WorkerNode::AllocateWorkspace() {
 absl::Status WorkerNode::CheckRequest(const v1::RequestHeader& header, int64_t layer,
                                       const std::vector<int32_t>& experts, std::string_view field,
                                       std::string_view member) const {
-  ODMOE_RETURN_IF_ERROR(rpc::CheckHeader(header, cluster_.epoch, fingerprint_));
-  if (layer < 0 || layer >= config_.num_layers) {
+  ODMOE_RETURN_IF_ERROR(rpc::CheckHeader(header, cluster_.epoch, model_.fingerprint));
+  if (layer < 0 || layer >= config().num_layers) {
     return absl::InvalidArgumentError(
-        StrCat("layer ", layer, " does not exist (the model has layers 0..", config_.num_layers - 1, ")"));
+        StrCat("layer ", layer, " does not exist (the model has layers 0..", config().num_layers - 1, ")"));
   }
-  if (!config_.IsSparseLayer(layer)) {
+  if (!config().IsSparseLayer(layer)) {
     return absl::InvalidArgumentError(
         StrCat("layer ", layer, " is a dense MLP layer (it has no experts; main computes it)"));
   }
   if (experts.empty()) return absl::InvalidArgumentError(StrCat(field, ": empty (no expert given)"));
-  std::vector<bool> seen(static_cast<size_t>(config_.num_experts), false);
+  std::vector<bool> seen(static_cast<size_t>(config().num_experts), false);
   for (size_t i = 0; i < experts.size(); ++i) {
     const int64_t e = experts[i];
     const std::string where = StrCat(field, "[", i, "]", member, " = ", e);
-    if (e < 0 || e >= config_.num_experts) {
+    if (e < 0 || e >= config().num_experts) {
       return absl::InvalidArgumentError(
-          StrCat(where, ": no such expert (layer ", layer, " has experts 0..", config_.num_experts - 1, ")"));
+          StrCat(where, ": no such expert (layer ", layer, " has experts 0..", config().num_experts - 1, ")"));
     }
     if (seen[static_cast<size_t>(e)]) return absl::InvalidArgumentError(StrCat(where, ": listed twice"));
     seen[static_cast<size_t>(e)] = true;
@@ -227,7 +206,7 @@ absl::StatusOr<WorkerNode::StagedCall> WorkerNode::Stage(const v1::ComputeExpert
   std::vector<int32_t> experts;
   for (const v1::ExpertTask& task : request.tasks()) experts.push_back(task.expert());
   ODMOE_RETURN_IF_ERROR(CheckRequest(request.header(), request.layer(), experts, "tasks", ".expert"));
-  const int64_t h = config_.hidden_size;
+  const int64_t h = config().hidden_size;
   const int64_t shape[] = {-1, h};
   std::vector<int64_t> dims;
   ODMOE_ASSIGN_OR_RETURN(std::vector<float> hidden, rpc::DecodeF32(request.hidden(), shape, "hidden", &dims));
@@ -319,7 +298,7 @@ absl::Status WorkerNode::ComputeTask(const StagedCall& staged, int i, int64_t ro
                                      const std::vector<ExpertKey>& keys, v1::ExpertOutput* out) {
   const v1::ComputeExpertsRequest& request = *staged.request_;
   const v1::ExpertTask& task = request.tasks(i);
-  const int64_t layer = request.layer(), e = task.expert(), h = config_.hidden_size;
+  const int64_t layer = request.layer(), e = task.expert(), h = config().hidden_size;
   Stream* stream = compute_stream_.get();
   WorkerCounters delta;
 
@@ -358,16 +337,12 @@ absl::Status WorkerNode::ComputeTask(const StagedCall& staged, int i, int64_t ro
     delta.load_ms_total = delta.on_demand_load_ms_total = load_ms;
   }
 
-  // Exactly LocalExpertExecutor's ops: gather the rows (an exact copy), then the SwiGLU MLP.
+  // Exactly the single-process engine's ops (ComputeExpertRows), so main combines the same bits.
   const Clock::time_point start = Clock::now();
   const int64_t m = task.rows_size();
   const StagingSlots::Slot& slot = staging_->slot(staged.slot_);
-  const float* x = slot.hidden->as<float>();
-  if (!(m == staged.n_ && staged.n_ == 1)) {
-    device_->GatherRows(x, slot.rows->as<int32_t>() + row_offset, m, h, gathered_->as<float>(), stream);
-    x = gathered_->as<float>();
-  }
-  RunMlp(*device_, expert->mlp, x, m, h, *ws_, output_->as<float>(), stream);
+  ComputeExpertRows(*device_, expert->mlp, slot.hidden->as<float>(), staged.n_, slot.rows->as<int32_t>() + row_offset,
+                    m, h, gathered_->as<float>(), *ws_, output_->as<float>(), stream);
   out->set_expert(task.expert());
   v1::Tensor* tensor = out->mutable_output();
   tensor->set_dtype(v1::DTYPE_F32);
@@ -458,7 +433,7 @@ v1::WorkerStats WorkerNode::Stats(bool reset) {
 
 v1::Membership WorkerNode::MembershipInfo() const {
   v1::Membership m;
-  rpc::FillMembership(cluster_, self_.name, fingerprint_, &m);
+  rpc::FillMembership(cluster_, self_.name, model_.fingerprint, &m);
   return m;
 }
 

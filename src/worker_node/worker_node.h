@@ -3,10 +3,9 @@
 // copies the expert's gate/up/down projections to its device (on demand, or ahead of time by Prefetch),
 // computes SwiGLU on the rows main sent, returns the unweighted outputs and frees the expert again.
 //
-// Exactness: every output is computed with the same device ops as LocalExpertExecutor (GatherRows of the
-// requested rows, skipped only when the request and the hidden state both have one row, then RunMlp), so main,
-// scattering the outputs with ScatterAddScaled in ascending expert order, gets bit for bit what the
-// single-process engine computes.
+// Exactness: every output is computed by ComputeExpertRows (src/engine/moe_units.h), the function the
+// single-process engine uses, so main, combining the outputs in ascending expert order (CombineExpertOutputs),
+// gets bit for bit what the single-process engine computes.
 //
 // Memory: the device holds, at most, the fixed workspace allocated at start (with two staging slots), the
 // experts prefetched, loaded ahead or kept for another mini-batch and not yet used, and the one expert being
@@ -73,10 +72,12 @@
 #include "odmoe/v1/worker.grpc.pb.h"
 #include "src/backend/device.h"
 #include "src/common/cluster_config.h"
+#include "src/common/limits.h"
 #include "src/common/placement.h"
 #include "src/engine/moe_units.h"
 #include "src/model/checkpoint.h"
 #include "src/model/model_config.h"
+#include "src/model/open_model.h"
 #include "src/model/tensor_source.h"
 #include "src/worker_node/expert_loader.h"
 #include "src/worker_node/expert_store.h"
@@ -87,13 +88,10 @@
 
 namespace odmoe {
 
-// Most token rows (the first dimension of ComputeExpertsRequest.hidden) one ComputeExperts call may carry by
-// default; main splits larger batches into several calls. Equal to EngineOptions::max_tokens_per_forward's
-// default, so main's prefill chunks fit one call.
-inline constexpr int64_t kWorkerMaxRowsPerCall = 256;
-
 struct WorkerOptions {
-  int64_t max_rows_per_call = kWorkerMaxRowsPerCall;  // sizes the workspace allocated at start
+  // Most token rows (the first dimension of ComputeExpertsRequest.hidden) one call may carry; sizes the
+  // workspace allocated at start. By default the limit every node agrees on (main splits larger batches).
+  int64_t max_rows_per_call = kMaxTokenRows;
   // Share one host copy of the experts with the host's other workers (also needs the cluster file's
   // share_host_experts); false: a private store of the served experts.
   bool share_host_experts = true;
@@ -153,13 +151,13 @@ class WorkerNode final : public v1::Worker::Service {
 
   // ---- for main.cc and tests --------------------------------------------------------------------------------
   const NodeConfig& self() const { return self_; }
-  const ModelConfig& config() const { return config_; }
-  const std::string& fingerprint() const { return fingerprint_; }
+  const ModelConfig& config() const { return model_.config; }
+  const std::string& fingerprint() const { return model_.fingerprint; }
   uint64_t epoch() const { return cluster_.epoch; }
   Device& device() { return *device_; }
   // The mapped checkpoint; ReadNames() lists every tensor this worker has read. REQUIRES: has_checkpoint().
-  const Checkpoint& checkpoint() const { return *checkpoint_; }
-  bool has_checkpoint() const { return checkpoint_ != nullptr; }
+  const Checkpoint& checkpoint() const { return *model_.checkpoint; }
+  bool has_checkpoint() const { return model_.checkpoint != nullptr; }
   // The packed host copy of the experts.
   const ExpertStore& store() const { return *store_; }
   int64_t max_rows_per_call() const { return options_.max_rows_per_call; }
@@ -180,8 +178,6 @@ class WorkerNode final : public v1::Worker::Service {
       : cluster_(cluster), self_(self), options_(options), device_(std::move(device)) {}
 
   absl::Status Init(const std::string& model_dir);
-  // Opens the checkpoint or the synthetic spec: config_, checkpoint_, source_, fingerprint_.
-  absl::Status OpenModel(const std::string& model_dir);
   // Packs (or maps) the host copy of the experts this worker, and the workers of its host, serve.
   absl::Status OpenStore(const Placement& placement);
   // Prepares the compute stream and allocates the workspace within the budget.
@@ -212,10 +208,7 @@ class WorkerNode final : public v1::Worker::Service {
   const WorkerOptions options_;
   const std::unique_ptr<Device> device_;
   // Constant after Init.
-  ModelConfig config_;
-  std::unique_ptr<Checkpoint> checkpoint_;  // null for synthetic weights
-  std::unique_ptr<TensorSource> source_;    // where expert bytes come from: the checkpoint, or a SyntheticSource
-  std::string fingerprint_;
+  OpenedModel model_;  // config, fingerprint, and where expert bytes come from: the checkpoint or a generator
   std::vector<int64_t> decode_layers_;
   std::unique_ptr<ExpertStore> store_;
   std::unique_ptr<ExpertLoader> loader_;
