@@ -22,6 +22,9 @@
 #include "src/internal.h"
 
 namespace simt::detail {
+
+bool checked_mode = false;
+
 namespace {
 
 struct Access {
@@ -51,7 +54,12 @@ struct State {
   uint32_t barrier = 0;
   uint64_t meet_clock = 0;
   std::vector<uint64_t> last_meet;  // [warp][lane][lane]: the meet clock when two lanes last met
-  std::map<const char*, std::pair<size_t, const char*>> shared;  // shared regions: base -> (bytes, name)
+  struct SharedRegion {
+    size_t bytes;
+    size_t redzone;  // bytes after the region that are no one's: an access there is out of bounds
+    const char* name;
+  };
+  std::map<const char*, SharedRegion> shared;  // by base address
   std::unordered_map<uintptr_t, Cell> global_cells;
   std::unordered_map<uintptr_t, Cell> shared_cells;
   std::set<std::string> reported;
@@ -74,6 +82,7 @@ std::string Where(const void* pc) {
     if (std::fgets(line, sizeof line, p)) out = line;
     pclose(p);
   }
+  if (const size_t d = out.find(" (discriminator"); d != std::string::npos) out.resize(d);
   while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
   if (out.empty() || out[0] == '?') {
     char b[64];
@@ -98,11 +107,14 @@ std::string Describe(const Access& a, size_t bytes) {
   return s;
 }
 
-void Flag(ErrorKind kind, const std::string& key, const std::string& message) {
+// Reports once per (kind, key) and at most kMaxReportsPerLaunch times per launch. The message is built only
+// then: naming file:line runs addr2line.
+template <typename MakeMessage>
+void Flag(ErrorKind kind, const std::string& key, MakeMessage make_message) {
   if (st.reports >= kMaxReportsPerLaunch) return;
   if (!st.reported.insert(std::to_string(static_cast<int>(kind)) + key).second) return;
   ++st.reports;
-  Raise(kind, message);
+  Raise(kind, make_message());
 }
 
 std::string Hex(const void* p) {
@@ -126,9 +138,8 @@ void CheckRace(Cell& cell, const Access& now, uintptr_t byte, size_t bytes, bool
   auto race = [&](const Access& other) {
     if (other.atomic && now.atomic) return;
     if (Ordered(other, now)) return;
-    Flag(ErrorKind::kRace, Hex(other.pc) + Hex(now.pc) + (now.file ? now.file : "") + std::to_string(now.line),
-         std::string(shared ? "shared" : "global") + " memory at " + Hex(reinterpret_cast<void*>(byte)) + ": " +
-             Describe(now, bytes) + " races with the earlier " + Describe(other, bytes));
+    Flag(ErrorKind::kRace, Hex(other.pc) + Hex(now.pc) + (now.file ? now.file : "") + std::to_string(now.line), [&] { return std::string(shared ? "shared" : "global") + " memory at " + Hex(reinterpret_cast<void*>(byte)) + ": " +
+             Describe(now, bytes) + " races with the earlier " + Describe(other, bytes); });
   };
   if (cell.written) race(cell.last_write);
   if (now.write) {
@@ -148,11 +159,11 @@ void CheckRace(Cell& cell, const Access& now, uintptr_t byte, size_t bytes, bool
   }
 }
 
-const std::pair<const char* const, std::pair<size_t, const char*>>* FindShared(const char* p) {
+const std::pair<const char* const, State::SharedRegion>* FindShared(const char* p) {
   auto it = st.shared.upper_bound(p);
   if (it == st.shared.begin()) return nullptr;
   --it;
-  if (p < it->first + it->second.first) return &*it;
+  if (p < it->first + it->second.bytes + it->second.redzone) return &*it;
   return nullptr;
 }
 
@@ -174,37 +185,35 @@ void OnAccess(const void* addr, size_t bytes, bool write, const void* pc, bool u
   bool shared = false;
   if (const auto* region = FindShared(c)) {
     shared = true;
-    if (c + bytes > region->first + region->second.first) {
-      Flag(ErrorKind::kOutOfBounds, Hex(pc),
-           Describe(now, bytes) + " runs past the end of shared variable '" + region->second.second + "' (" +
-               std::to_string(region->second.first) + " bytes) at offset " + std::to_string(c - region->first));
+    if (c + bytes > region->first + region->second.bytes) {
+      Flag(ErrorKind::kOutOfBounds, Hex(pc), [&] { return Describe(now, bytes) + " runs past the end of shared memory '" + region->second.name + "' (" +
+               std::to_string(region->second.bytes) + " bytes) at offset " + std::to_string(c - region->first); });
+      return;
     }
   } else {
     const AllocationView v = FindAllocation(addr, bytes);
     if (v.status == AllocationView::Status::kNone) return;  // stack, host or constant memory
     if (v.status == AllocationView::Status::kFreed) {
-      Flag(ErrorKind::kUseAfterFree, Hex(pc), Describe(now, bytes) + " touches freed device memory " + Hex(addr));
+      Flag(ErrorKind::kUseAfterFree, Hex(pc), [&] { return Describe(now, bytes) + " touches freed device memory " + Hex(addr); });
       return;
     }
     if (v.status == AllocationView::Status::kOutOfBounds) {
       const long long off = static_cast<long long>(c - static_cast<const char*>(v.base));
-      Flag(ErrorKind::kOutOfBounds, Hex(pc),
-           Describe(now, bytes) + " at offset " + std::to_string(off) + " of a device allocation of " +
-               std::to_string(v.size) + " bytes");
+      Flag(ErrorKind::kOutOfBounds, Hex(pc), [&] { return Describe(now, bytes) + " at offset " + std::to_string(off) + " of a device allocation of " +
+               std::to_string(v.size) + " bytes"; });
       return;
     }
   }
   if (!unaligned_ok && bytes > 1 && (a % bytes) != 0) {
-    Flag(ErrorKind::kMisaligned, Hex(pc), Describe(now, bytes) + " at the misaligned address " + Hex(addr));
+    Flag(ErrorKind::kMisaligned, Hex(pc), [&] { return Describe(now, bytes) + " at the misaligned address " + Hex(addr); });
   }
   auto& cells = shared ? st.shared_cells : st.global_cells;
   for (size_t i = 0; i < bytes; ++i) {
     Cell& cell = cells[a + i];
     if (shared && !write && !cell.written) {
       const auto* region = FindShared(c);
-      Flag(ErrorKind::kUninitShared, Hex(pc),
-           Describe(now, bytes) + " of shared variable '" + (region ? region->second.second : "?") +
-               "' at offset " + std::to_string(region ? c - region->first : 0) + ", never written in this block");
+      Flag(ErrorKind::kUninitShared, Hex(pc), [&] { return Describe(now, bytes) + " of shared variable '" + (region ? region->second.name : "?") +
+               "' at offset " + std::to_string(region ? c - region->first : 0) + ", never written in this block"; });
     }
     CheckRace(cell, now, a + i, bytes, shared);
     if (cell.reads.empty() && !cell.written) cells.erase(a + i);
@@ -228,7 +237,7 @@ void OnKernelEnd() {
   st.shared_cells.clear();
 }
 
-void OnBlockStart(void* dynamic_shared, size_t bytes) {
+void OnBlockStart(void* dynamic_shared, size_t bytes, size_t redzone) {
   st.block = tls_block_idx.x + tls_block_idx.y * tls_grid_dim.x + tls_block_idx.z * tls_grid_dim.x * tls_grid_dim.y;
   st.barrier = 0;
   st.meet_clock = 0;
@@ -237,11 +246,11 @@ void OnBlockStart(void* dynamic_shared, size_t bytes) {
   st.shared_cells.clear();
   // Static shared variables re-register as the block reaches them; the dynamic area is this launch's.
   st.shared.clear();
-  if (bytes) st.shared[static_cast<const char*>(dynamic_shared)] = {bytes, "extern __shared__"};
+  st.shared[static_cast<const char*>(dynamic_shared)] = {bytes, redzone, "extern __shared__"};
 }
 
 void OnSharedBlockStart(void* p, size_t bytes, const char* name) {
-  st.shared[static_cast<const char*>(p)] = {bytes, name};
+  st.shared[static_cast<const char*>(p)] = {bytes, 0, name};
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   for (size_t i = 0; i < bytes; ++i) st.shared_cells.erase(a + i);
 }
@@ -261,6 +270,11 @@ void OnWarpSync(unsigned warp, unsigned lanes) {
   }
 }
 
+void ReportMisaligned(const void* p, size_t bytes, const char* file, int line) {
+  Raise(ErrorKind::kMisaligned, "load of " + std::to_string(bytes) + " bytes by " + CurrentThreadName() + " at " +
+                                    file + ":" + std::to_string(line) + " from the misaligned address " + Hex(p));
+}
+
 void NoteAtomic(const void* p, size_t bytes, const char* file, int line) {
   OnAccess(p, bytes, /*write=*/true, nullptr, /*unaligned_ok=*/false, /*atomic=*/true, file, line);
 }
@@ -270,7 +284,7 @@ void NoteAtomic(const void* p, size_t bytes, const char* file, int line) {
 // The ThreadSanitizer instrumentation's entry points (the runtime itself is not linked).
 using simt::detail::OnAccess;
 extern "C" {
-void __tsan_init() {}
+void __tsan_init() { simt::detail::checked_mode = true; }
 void __tsan_func_entry(void*) {}
 void __tsan_func_exit() {}
 void __tsan_ignore_thread_begin() {}

@@ -27,6 +27,7 @@ namespace {
 
 constexpr size_t kStackBytes = 256 * 1024;  // mapped lazily: untouched pages cost nothing
 constexpr unsigned char kSharedPoison = 0xCB;
+constexpr size_t kDynamicSharedRedzone = 1024;  // past the dynamic shared memory, for the checker
 
 enum class State : uint8_t { kReady, kBarrier, kWarp, kDone };
 
@@ -164,22 +165,28 @@ unsigned LanesPresent(unsigned warp) {
   return count == 32 ? 0xffffffffu : ((1u << count) - 1);
 }
 
-// Completes the collective of the warp containing `f` if every lane of its mask has arrived.
+// Completes the collective of the warp containing `f` if every lane of its mask has arrived or exited (an exited
+// lane is reported: the hardware's result is undefined; the collective completes with the lanes present).
 void TryCompleteCollective(Fiber* f) {
   const unsigned warp = f->linear / 32;
   const unsigned base = warp * 32;
   const unsigned mask = f->mask & LanesPresent(warp);
+  unsigned exited = 0;
   for (unsigned l = 0; l < 32; ++l) {
     if (!(mask >> l & 1)) continue;
     const Fiber& o = run->fibers[base + l];
     if (o.state == State::kDone) {
-      Raise(ErrorKind::kWarpCollective, std::string(OpName(f->op)) + " at " + f->file + ":" + std::to_string(f->line) +
-                                            " in " + ThreadName(*f) + ": lane " + std::to_string(l) +
-                                            " of its mask has exited");
-      // The hardware result is undefined: complete with the lanes present.
+      exited |= 1u << l;
       continue;
     }
     if (o.state != State::kWarp) return;  // not arrived yet
+  }
+  if (exited) {
+    char lanes[16];
+    std::snprintf(lanes, sizeof lanes, "0x%08x", exited);
+    Raise(ErrorKind::kWarpCollective, std::string(OpName(f->op)) + " at " + f->file + ":" + std::to_string(f->line) +
+                                          " in " + ThreadName(*f) + ": lanes " + lanes +
+                                          " of its mask exited without taking part");
   }
   // Every lane has arrived: check they agree, then compute.
   uint64_t values[32];
@@ -325,6 +332,13 @@ bool RunBlock(const std::function<void()>& body, dim3 block) {
             again = progress = true;
           }
         }
+        // A collective waiting on lanes that have since exited completes now (and is reported).
+        for (unsigned i = w * 32; i < std::min(n, w * 32 + 32) && !again; ++i) {
+          if (br.fibers[i].state == State::kWarp) {
+            TryCompleteCollective(&br.fibers[i]);
+            if (br.fibers[i].state == State::kReady) again = true;
+          }
+        }
       }
     }
     unsigned done = 0, at_barrier = 0;
@@ -381,7 +395,7 @@ cudaError_t RunKernel(const LaunchSite& site, const void* func, dim3 grid, dim3 
   current_site = &site;
   tls_grid_dim = grid;
   tls_block_dim = block;
-  dynamic_shared.assign(dynamic_smem, kSharedPoison);
+  dynamic_shared.assign(dynamic_smem + kDynamicSharedRedzone, kSharedPoison);
   OnKernelStart(site);
   cudaError_t result = cudaSuccess;
   for (unsigned z = 0; z < grid.z && result == cudaSuccess; ++z) {
@@ -390,7 +404,7 @@ cudaError_t RunKernel(const LaunchSite& site, const void* func, dim3 grid, dim3 
         tls_block_idx = uint3{x, y, z};
         ++block_epoch;
         if (dynamic_smem) std::memset(dynamic_shared.data(), kSharedPoison, dynamic_smem);
-        OnBlockStart(dynamic_shared.data(), dynamic_smem);
+        OnBlockStart(dynamic_shared.data(), dynamic_smem, kDynamicSharedRedzone);
         if (!RunBlock(body, block)) result = cudaErrorLaunchFailure;
       }
     }

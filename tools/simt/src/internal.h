@@ -24,10 +24,14 @@ void SetLastError(cudaError_t err, bool sticky = false);
 // The scheduler tells the checker what orders the threads.
 void OnKernelStart(const LaunchSite& site);
 void OnKernelEnd();
-void OnBlockStart(void* dynamic_shared, size_t bytes);
+void OnBlockStart(void* dynamic_shared, size_t bytes, size_t redzone);
 void OnSharedBlockStart(void* p, size_t bytes, const char* name);  // a static __shared__ variable, per block
 void OnBlockBarrier();                                             // every thread passed __syncthreads
 void OnWarpSync(unsigned warp, unsigned lanes);                    // these lanes of the warp met in a collective
+
+// Whether instrumented (checked) kernel code is linked in: its module constructor calls __tsan_init. Then device
+// allocations stay accessible around and after their use, so the checker's report comes instead of a fault.
+extern bool checked_mode;
 
 bool InKernel();
 std::string CurrentThreadName();

@@ -210,10 +210,12 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (size > kTotalMemory - allocated) return Fail(cudaErrorMemoryAllocation);
   const size_t data_pages = (size + kPage - 1) / kPage * kPage;
   const size_t bytes = data_pages + 2 * kPage;
-  void* m = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  // Checked mode: the guard pages stay accessible so the checker's report comes instead of a fault.
+  void* m = mmap(nullptr, bytes, checked_mode ? PROT_READ | PROT_WRITE : PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED) return Fail(cudaErrorMemoryAllocation);
   char* mapping = static_cast<char*>(m);
-  if (mprotect(mapping + kPage, data_pages, PROT_READ | PROT_WRITE) != 0) {
+  if (!checked_mode && mprotect(mapping + kPage, data_pages, PROT_READ | PROT_WRITE) != 0) {
     munmap(m, bytes);
     return Fail(cudaErrorMemoryAllocation);
   }
@@ -234,7 +236,7 @@ cudaError_t cudaFree(void* p) {
   allocated -= a.size;
   // Keep the range reserved and inaccessible, without its memory.
   madvise(a.mapping, a.mapping_bytes, MADV_DONTNEED);
-  mprotect(a.mapping, a.mapping_bytes, PROT_NONE);
+  if (!checked_mode) mprotect(a.mapping, a.mapping_bytes, PROT_NONE);
   quarantined += a.mapping_bytes;
   while (quarantined > kQuarantineAddressSpace) {
     // Release the oldest-addressed freed mappings (any order is fine; this bounds address space only).

@@ -83,11 +83,16 @@ __attribute__((no_sanitize("thread"))) T AtomicAdd(T* p, U v, const char* file, 
 }
 }  // namespace simt::detail
 
-// Loads through the read-only cache: a plain load (the checker sees it, misalignment included).
+// Loads through the read-only cache: a plain load, whose alignment is checked here because the compiler may
+// narrow a 16-byte vector load to the fields used (the hardware loads all 16 bytes and faults when misaligned).
+#define __ldg(p) ::simt::detail::Ldg(p, __FILE__, __LINE__)
+namespace simt::detail {
 template <typename T>
-inline T __ldg(const T* p) {
+inline T Ldg(const T* p, const char* file, int line) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) ReportMisaligned(p, sizeof(T), file, line);
   return *p;
 }
+}  // namespace simt::detail
 
 // Round-to-nearest arithmetic that must not be contracted into an FMA: kernel files are compiled with
 // -ffp-contract=off, and these go through volatile so no optimisation can fuse them either.

@@ -113,6 +113,9 @@ uint64_t WarpCollective(CollectiveOp op, unsigned mask, uint64_t value, int arg,
 // with each other). No-op in fast mode.
 void NoteAtomic(const void* p, size_t bytes, const char* file, int line);
 
+// A vector load at an address not aligned to its size (__ldg).
+void ReportMisaligned(const void* p, size_t bytes, const char* file, int line);
+
 template <typename T>
 T Shuffle(CollectiveOp op, unsigned mask, T v, int arg, int width, const char* file, int line) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffles move 4- or 8-byte values");
