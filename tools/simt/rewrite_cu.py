@@ -5,6 +5,7 @@
   `::simt::Launch({"kernel", __FILE__, __LINE__}, grid, block, smem, stream, kernel, args)`;
 - `extern __shared__ T name[];` becomes a pointer to the block's dynamic shared memory;
 - each static `__shared__` declaration is followed by the bookkeeping that poisons it at every block start;
+- `#pragma unroll` (nvcc's; GCC warns about it) becomes an empty line;
 - `#include "x.cuh"` of a rewritten header keeps working: headers are rewritten into the same relative tree.
 
 Only the forms odmoe's kernels use are recognised; anything else is left alone and fails to compile (a `<<<`
@@ -119,7 +120,7 @@ def rewrite_shared(text):
     def static(m):
         align = 'alignas(%s) ' % m[1] if m[1] else ''
         name = m[3]
-        return ('static %s%s %s%s; static ::simt::detail::SharedVar simt_shared_%s; '
+        return ('%sstatic %s %s%s; static ::simt::detail::SharedVar simt_shared_%s; '
                 'simt_shared_%s.Touch(&%s, sizeof(%s), "%s");' % (align, m[2], name, m[4], name, name, name, name, name))
 
     return STATIC_SHARED.sub(static, text)
@@ -129,6 +130,7 @@ def main():
     src, dst = sys.argv[1], sys.argv[2]
     with open(src) as f:
         text = f.read()
+    text = re.sub(r'^[ \t]*#[ \t]*pragma[ \t]+unroll\b.*$', '', text, flags=re.M)
     text = rewrite_launches(rewrite_shared(text))
     with open(dst, 'w') as f:
         f.write('#line 1 "%s"\n' % src)

@@ -258,9 +258,7 @@ void OnSharedBlockStart(void* p, size_t bytes, const char* name) {
 void OnBlockBarrier() { ++st.barrier; }
 
 void OnWarpSync(unsigned warp, unsigned lanes) {
-  // Called by every lane after the collective: record the meeting once per completion (by its lowest lane).
-  const unsigned lane = CurrentLinearThread() % 32;
-  if (lane != static_cast<unsigned>(__builtin_ctz(lanes ? lanes : 1))) return;
+  // Called once per completed collective, before any of its lanes goes on.
   const uint64_t clock = ++st.meet_clock;
   for (unsigned a = 0; a < 32; ++a) {
     if (!(lanes >> a & 1)) continue;

@@ -1,9 +1,8 @@
-// The SIMT scheduler: every CUDA thread of a block is a fiber (ucontext); blocks run one after another on the
+// The SIMT scheduler: every CUDA thread of a block is a fiber (a stack and a 20-instruction switch); blocks run one after another on the
 // launching host thread. One fixed schedule: warp by warp, each lane runs until it waits (barrier or warp
 // collective) or exits; a warp collective completes the moment the last lane of its mask arrives; __syncthreads
 // releases when every thread still running waits at it.
 #include <sys/mman.h>
-#include <ucontext.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +13,45 @@
 
 #include "simt/simt.h"
 #include "src/internal.h"
+
+#if !defined(__x86_64__)
+#error "tools/simt: the fiber switch below is written for x86-64"
+#endif
+
+// Saves the callee-saved registers, MXCSR and the x87 control word on the current stack, stores the stack pointer
+// in *from, and resumes the fiber whose saved stack pointer is `to`. (glibc's swapcontext makes a system call per
+// switch to save the signal mask, which made the emulator several times slower.)
+extern "C" void simt_switch_context(void** from, void* to);
+asm(R"(
+  .text
+  .globl simt_switch_context
+  .type simt_switch_context, @function
+simt_switch_context:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size simt_switch_context, .-simt_switch_context
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
 
 namespace simt {
 namespace detail {
@@ -32,7 +70,7 @@ constexpr size_t kDynamicSharedRedzone = 1024;  // past the dynamic shared memor
 enum class State : uint8_t { kReady, kBarrier, kWarp, kDone };
 
 struct Fiber {
-  ucontext_t ctx;
+  void* sp = nullptr;  // saved stack pointer while switched out
   void* stack = nullptr;
   State state = State::kReady;
   uint3 tid;
@@ -48,7 +86,7 @@ struct Fiber {
 
 struct BlockRun {
   std::vector<Fiber> fibers;  // by linear thread index
-  ucontext_t scheduler;
+  void* scheduler_sp = nullptr;
   Fiber* current = nullptr;
   const std::function<void()>* body = nullptr;
   bool abandoned = false;
@@ -78,24 +116,41 @@ void* AllocStack() {
   return s;
 }
 
-void FiberMain() {
+// A fiber's first frame. Never returns: after the kernel body it switches back to the scheduler for good.
+[[noreturn]] void FiberMain() {
   Fiber* f = run->current;
   (*run->body)();
   f->state = State::kDone;
-  // uc_link returns to the scheduler.
+  simt_switch_context(&f->sp, run->scheduler_sp);
+  __builtin_unreachable();
+}
+
+// A new fiber's stack, laid out as simt_switch_context leaves a switched-out one: control registers, six
+// callee-saved registers, then FiberMain as the return address (entered with rsp = 8 mod 16, as after a call).
+void* InitialStack(void* stack) {
+  auto* top = reinterpret_cast<uint64_t*>(static_cast<char*>(stack) + kStackBytes);
+  *--top = 0;  // FiberMain's return address: none
+  *--top = reinterpret_cast<uint64_t>(&FiberMain);
+  for (int i = 0; i < 6; ++i) *--top = 0;  // rbp rbx r12 r13 r14 r15
+  uint32_t mxcsr = 0;
+  uint16_t fpcw = 0;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpcw));
+  *--top = static_cast<uint64_t>(mxcsr) | static_cast<uint64_t>(fpcw) << 32;
+  return top;
 }
 
 void SwitchTo(Fiber* f) {
   run->current = f;
   tls_thread_idx = f->tid;
-  swapcontext(&run->scheduler, &f->ctx);
+  simt_switch_context(&run->scheduler_sp, f->sp);
   run->current = nullptr;
 }
 
 // Called on a fiber: give control back to the scheduler until released.
 void Wait() {
   Fiber* f = run->current;
-  swapcontext(&f->ctx, &run->scheduler);
+  simt_switch_context(&f->sp, run->scheduler_sp);
   tls_thread_idx = f->tid;
 }
 
@@ -230,9 +285,15 @@ void TryCompleteCollective(Fiber* f) {
     }
     o.value = values[src];
   }
+  unsigned met = 0;
   for (unsigned l = 0; l < 32; ++l) {
-    if (in[l]) run->fibers[base + l].state = State::kReady;
+    if (in[l]) {
+      run->fibers[base + l].state = State::kReady;
+      met |= 1u << l;
+    }
   }
+  // Recorded now, before any of these lanes goes on: an access after the collective is ordered after it.
+  OnWarpSync(warp, met);
 }
 
 }  // namespace
@@ -294,7 +355,6 @@ uint64_t WarpCollective(CollectiveOp op, unsigned mask, uint64_t value, int arg,
   f->line = line;
   TryCompleteCollective(f);
   if (f->state == State::kWarp) Wait();
-  OnWarpSync(f->linear / 32, mask & LanesPresent(f->linear / 32));
   return f->value;
 }
 
@@ -312,11 +372,7 @@ bool RunBlock(const std::function<void()>& body, dim3 block) {
     f.linear = i;
     f.tid = uint3{i % block.x, (i / block.x) % block.y, i / (block.x * block.y)};
     f.stack = AllocStack();
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack;
-    f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = &br.scheduler;
-    makecontext(&f.ctx, FiberMain, 0);
+    f.sp = InitialStack(f.stack);
   }
   const unsigned warps = (n + 31) / 32;
   bool ok = true;
