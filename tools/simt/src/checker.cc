@@ -28,10 +28,10 @@ bool checked_mode = false;
 namespace {
 
 struct Access {
-  uint32_t block = 0;   // linear block index in the launch
-  uint32_t thread = 0;  // linear thread index in the block
-  uint32_t barrier = 0; // the block's __syncthreads count when it happened
-  uint64_t meet = 0;    // the warp-meeting clock when it happened
+  uint32_t block = 0;    // linear block index in the launch
+  uint32_t thread = 0;   // linear thread index in the block
+  uint32_t barrier = 0;  // the block's __syncthreads count when it happened
+  uint64_t meet = 0;     // the warp-meeting clock when it happened
   const void* pc = nullptr;
   const char* file = nullptr;  // atomics: the call site (they are not instrumented)
   int line = 0;
@@ -102,8 +102,10 @@ std::string Describe(const Access& a, size_t bytes) {
   s += a.write ? "write" : "read";
   s += " of " + std::to_string(bytes) + " bytes by block " + Dim(a.block, tls_grid_dim) + " thread " +
        Dim(a.thread, tls_block_dim);
-  if (a.file) s += " at " + std::string(a.file) + ":" + std::to_string(a.line);
-  else s += " at " + Where(a.pc);
+  if (a.file)
+    s += " at " + std::string(a.file) + ":" + std::to_string(a.line);
+  else
+    s += " at " + Where(a.pc);
   return s;
 }
 
@@ -138,8 +140,10 @@ void CheckRace(Cell& cell, const Access& now, uintptr_t byte, size_t bytes, bool
   auto race = [&](const Access& other) {
     if (other.atomic && now.atomic) return;
     if (Ordered(other, now)) return;
-    Flag(ErrorKind::kRace, Hex(other.pc) + Hex(now.pc) + (now.file ? now.file : "") + std::to_string(now.line), [&] { return std::string(shared ? "shared" : "global") + " memory at " + Hex(reinterpret_cast<void*>(byte)) + ": " +
-             Describe(now, bytes) + " races with the earlier " + Describe(other, bytes); });
+    Flag(ErrorKind::kRace, Hex(other.pc) + Hex(now.pc) + (now.file ? now.file : "") + std::to_string(now.line), [&] {
+      return std::string(shared ? "shared" : "global") + " memory at " + Hex(reinterpret_cast<void*>(byte)) + ": " +
+             Describe(now, bytes) + " races with the earlier " + Describe(other, bytes);
+    });
   };
   if (cell.written) race(cell.last_write);
   if (now.write) {
@@ -186,34 +190,42 @@ void OnAccess(const void* addr, size_t bytes, bool write, const void* pc, bool u
   if (const auto* region = FindShared(c)) {
     shared = true;
     if (c + bytes > region->first + region->second.bytes) {
-      Flag(ErrorKind::kOutOfBounds, Hex(pc), [&] { return Describe(now, bytes) + " runs past the end of shared memory '" + region->second.name + "' (" +
-               std::to_string(region->second.bytes) + " bytes) at offset " + std::to_string(c - region->first); });
+      Flag(ErrorKind::kOutOfBounds, Hex(pc), [&] {
+        return Describe(now, bytes) + " runs past the end of shared memory '" + region->second.name + "' (" +
+               std::to_string(region->second.bytes) + " bytes) at offset " + std::to_string(c - region->first);
+      });
       return;
     }
   } else {
     const AllocationView v = FindAllocation(addr, bytes);
     if (v.status == AllocationView::Status::kNone) return;  // stack, host or constant memory
     if (v.status == AllocationView::Status::kFreed) {
-      Flag(ErrorKind::kUseAfterFree, Hex(pc), [&] { return Describe(now, bytes) + " touches freed device memory " + Hex(addr); });
+      Flag(ErrorKind::kUseAfterFree, Hex(pc),
+           [&] { return Describe(now, bytes) + " touches freed device memory " + Hex(addr); });
       return;
     }
     if (v.status == AllocationView::Status::kOutOfBounds) {
       const long long off = static_cast<long long>(c - static_cast<const char*>(v.base));
-      Flag(ErrorKind::kOutOfBounds, Hex(pc), [&] { return Describe(now, bytes) + " at offset " + std::to_string(off) + " of a device allocation of " +
-               std::to_string(v.size) + " bytes"; });
+      Flag(ErrorKind::kOutOfBounds, Hex(pc), [&] {
+        return Describe(now, bytes) + " at offset " + std::to_string(off) + " of a device allocation of " +
+               std::to_string(v.size) + " bytes";
+      });
       return;
     }
   }
   if (!unaligned_ok && bytes > 1 && (a % bytes) != 0) {
-    Flag(ErrorKind::kMisaligned, Hex(pc), [&] { return Describe(now, bytes) + " at the misaligned address " + Hex(addr); });
+    Flag(ErrorKind::kMisaligned, Hex(pc),
+         [&] { return Describe(now, bytes) + " at the misaligned address " + Hex(addr); });
   }
   auto& cells = shared ? st.shared_cells : st.global_cells;
   for (size_t i = 0; i < bytes; ++i) {
     Cell& cell = cells[a + i];
     if (shared && !write && !cell.written) {
       const auto* region = FindShared(c);
-      Flag(ErrorKind::kUninitShared, Hex(pc), [&] { return Describe(now, bytes) + " of shared variable '" + (region ? region->second.name : "?") +
-               "' at offset " + std::to_string(region ? c - region->first : 0) + ", never written in this block"; });
+      Flag(ErrorKind::kUninitShared, Hex(pc), [&] {
+        return Describe(now, bytes) + " of shared variable '" + (region ? region->second.name : "?") + "' at offset " +
+               std::to_string(region ? c - region->first : 0) + ", never written in this block";
+      });
     }
     CheckRace(cell, now, a + i, bytes, shared);
     if (cell.reads.empty() && !cell.written) cells.erase(a + i);
@@ -289,14 +301,14 @@ void __tsan_ignore_thread_begin() {}
 void __tsan_ignore_thread_end() {}
 void __tsan_vptr_update(void**, void*) {}
 void __tsan_vptr_read(void**) {}
-#define SIMT_TSAN_ACCESS(n)                                                                                    \
-  void __tsan_read##n(void* p) { OnAccess(p, n, false, __builtin_return_address(0), false); }                 \
-  void __tsan_write##n(void* p) { OnAccess(p, n, true, __builtin_return_address(0), false); }                 \
-  void __tsan_unaligned_read##n(void* p) { OnAccess(p, n, false, __builtin_return_address(0), true); }        \
-  void __tsan_unaligned_write##n(void* p) { OnAccess(p, n, true, __builtin_return_address(0), true); }        \
-  void __tsan_volatile_read##n(void* p) { OnAccess(p, n, false, __builtin_return_address(0), false); }        \
-  void __tsan_volatile_write##n(void* p) { OnAccess(p, n, true, __builtin_return_address(0), false); }        \
-  void __tsan_read##n##_pc(void* p, void* pc) { OnAccess(p, n, false, pc, false); }                            \
+#define SIMT_TSAN_ACCESS(n)                                                                            \
+  void __tsan_read##n(void* p) { OnAccess(p, n, false, __builtin_return_address(0), false); }          \
+  void __tsan_write##n(void* p) { OnAccess(p, n, true, __builtin_return_address(0), false); }          \
+  void __tsan_unaligned_read##n(void* p) { OnAccess(p, n, false, __builtin_return_address(0), true); } \
+  void __tsan_unaligned_write##n(void* p) { OnAccess(p, n, true, __builtin_return_address(0), true); } \
+  void __tsan_volatile_read##n(void* p) { OnAccess(p, n, false, __builtin_return_address(0), false); } \
+  void __tsan_volatile_write##n(void* p) { OnAccess(p, n, true, __builtin_return_address(0), false); } \
+  void __tsan_read##n##_pc(void* p, void* pc) { OnAccess(p, n, false, pc, false); }                    \
   void __tsan_write##n##_pc(void* p, void* pc) { OnAccess(p, n, true, pc, false); }
 SIMT_TSAN_ACCESS(1)
 SIMT_TSAN_ACCESS(2)

@@ -19,10 +19,17 @@ namespace {
 
 bool ReadAs(cudaDataType type, const void* p, size_t i, double* out) {
   switch (type) {
-    case CUDA_R_32F: *out = static_cast<const float*>(p)[i]; return true;
-    case CUDA_R_16F: *out = __half2float(static_cast<const __half*>(p)[i]); return true;
-    case CUDA_R_16BF: *out = __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]); return true;
-    default: return false;
+    case CUDA_R_32F:
+      *out = static_cast<const float*>(p)[i];
+      return true;
+    case CUDA_R_16F:
+      *out = __half2float(static_cast<const __half*>(p)[i]);
+      return true;
+    case CUDA_R_16BF:
+      *out = __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -60,11 +67,16 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
 }
 const char* cublasGetStatusString(cublasStatus_t status) {
   switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default: return "CUBLAS_STATUS_UNKNOWN";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default:
+      return "CUBLAS_STATUS_UNKNOWN";
   }
 }
 
@@ -80,9 +92,6 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
   }
   if (!Supported(Atype) || !Supported(Btype) || Ctype != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (Atype == CUDA_R_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC && compute != CUBLAS_COMPUTE_32F) {
-    return CUBLAS_STATUS_NOT_SUPPORTED;
-  }
   const int a_rows = transa == CUBLAS_OP_N ? m : k;
   const int b_rows = transb == CUBLAS_OP_N ? k : n;
   if (lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) || ldc < std::max(1, m)) {

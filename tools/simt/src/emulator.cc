@@ -1,6 +1,6 @@
-// The SIMT scheduler: every CUDA thread of a block is a fiber (a stack and a 20-instruction switch); blocks run one after another on the
-// launching host thread. One fixed schedule: warp by warp, each lane runs until it waits (barrier or warp
-// collective) or exits; a warp collective completes the moment the last lane of its mask arrives; __syncthreads
+// The SIMT scheduler: every CUDA thread of a block is a fiber (a stack and a 20-instruction switch); blocks run one
+// after another on the launching host thread. One fixed schedule: warp by warp, each lane runs until it waits (barrier
+// or warp collective) or exits; a warp collective completes the moment the last lane of its mask arrives; __syncthreads
 // releases when every thread still running waits at it.
 #include <sys/mman.h>
 
@@ -162,11 +162,16 @@ std::string ThreadName(const Fiber& f) {
 
 const char* OpName(CollectiveOp op) {
   switch (op) {
-    case CollectiveOp::kSyncWarp: return "__syncwarp";
-    case CollectiveOp::kShfl: return "__shfl_sync";
-    case CollectiveOp::kShflXor: return "__shfl_xor_sync";
-    case CollectiveOp::kShflUp: return "__shfl_up_sync";
-    case CollectiveOp::kShflDown: return "__shfl_down_sync";
+    case CollectiveOp::kSyncWarp:
+      return "__syncwarp";
+    case CollectiveOp::kShfl:
+      return "__shfl_sync";
+    case CollectiveOp::kShflXor:
+      return "__shfl_xor_sync";
+    case CollectiveOp::kShflUp:
+      return "__shfl_up_sync";
+    case CollectiveOp::kShflDown:
+      return "__shfl_down_sync";
   }
   return "?";
 }
@@ -178,15 +183,23 @@ std::string WaitList() {
   for (const Fiber& f : run->fibers) {
     std::string where;
     switch (f.state) {
-      case State::kDone: where = "exited"; break;
-      case State::kReady: where = "runnable"; break;
-      case State::kBarrier: where = std::string("__syncthreads at ") + f.file + ":" + std::to_string(f.line); break;
+      case State::kDone:
+        where = "exited";
+        break;
+      case State::kReady:
+        where = "runnable";
+        break;
+      case State::kBarrier:
+        where = std::string("__syncthreads at ") + f.file + ":" + std::to_string(f.line);
+        break;
       case State::kWarp:
-        where = std::string(OpName(f.op)) + " (mask 0x" + [&] {
-          char b[16];
-          std::snprintf(b, sizeof b, "%08x", f.mask);
-          return std::string(b);
-        }() + ") at " + f.file + ":" + std::to_string(f.line);
+        where = std::string(OpName(f.op)) + " (mask 0x" +
+                [&] {
+                  char b[16];
+                  std::snprintf(b, sizeof b, "%08x", f.mask);
+                  return std::string(b);
+                }() +
+                ") at " + f.file + ":" + std::to_string(f.line);
         break;
     }
     by_site[where].push_back(f.linear);
@@ -254,10 +267,9 @@ void TryCompleteCollective(Fiber* f) {
     if (!in[l]) continue;
     Fiber& o = run->fibers[base + l];
     if (o.mask != f->mask || o.op != f->op) {
-      Raise(ErrorKind::kWarpCollective,
-            std::string("lanes disagree: ") + OpName(f->op) + " at " + f->file + ":" + std::to_string(f->line) +
-                " in " + ThreadName(*f) + " vs " + OpName(o.op) + " at " + o.file + ":" + std::to_string(o.line) +
-                " in " + ThreadName(o));
+      Raise(ErrorKind::kWarpCollective, std::string("lanes disagree: ") + OpName(f->op) + " at " + f->file + ":" +
+                                            std::to_string(f->line) + " in " + ThreadName(*f) + " vs " + OpName(o.op) +
+                                            " at " + o.file + ":" + std::to_string(o.line) + " in " + ThreadName(o));
     }
   }
   for (unsigned l = 0; l < 32; ++l) {
@@ -267,15 +279,22 @@ void TryCompleteCollective(Fiber* f) {
     const int w = o.width;
     const int seg = static_cast<int>(l) & ~(w - 1);
     switch (o.op) {
-      case CollectiveOp::kSyncWarp: break;
-      case CollectiveOp::kShfl: src = seg + (o.arg & (w - 1)); break;
+      case CollectiveOp::kSyncWarp:
+        break;
+      case CollectiveOp::kShfl:
+        src = seg + (o.arg & (w - 1));
+        break;
       case CollectiveOp::kShflXor: {
         const int s = static_cast<int>(l) ^ o.arg;
         src = (s & ~(w - 1)) == seg ? s : static_cast<int>(l);
         break;
       }
-      case CollectiveOp::kShflUp: src = static_cast<int>(l) - o.arg >= seg ? static_cast<int>(l) - o.arg : l; break;
-      case CollectiveOp::kShflDown: src = static_cast<int>(l) + o.arg < seg + w ? static_cast<int>(l) + o.arg : l; break;
+      case CollectiveOp::kShflUp:
+        src = static_cast<int>(l) - o.arg >= seg ? static_cast<int>(l) - o.arg : l;
+        break;
+      case CollectiveOp::kShflDown:
+        src = static_cast<int>(l) + o.arg < seg + w ? static_cast<int>(l) + o.arg : l;
+        break;
     }
     if (o.op != CollectiveOp::kSyncWarp && (src < 0 || src > 31 || !in[src])) {
       Raise(ErrorKind::kWarpCollective, std::string(OpName(o.op)) + " at " + o.file + ":" + std::to_string(o.line) +
@@ -300,8 +319,9 @@ void TryCompleteCollective(Fiber* f) {
 
 void Raise(ErrorKind kind, const std::string& message) {
   Report r{kind, current_site ? current_site->kernel : "", message};
-  if (current_site) r.message += std::string("\n  kernel ") + current_site->kernel + " launched at " +
-                                 current_site->file + ":" + std::to_string(current_site->line);
+  if (current_site)
+    r.message += std::string("\n  kernel ") + current_site->kernel + " launched at " + current_site->file + ":" +
+                 std::to_string(current_site->line);
   ReportHandler h;
   {
     std::lock_guard<std::mutex> lock(handler_mu);
@@ -484,16 +504,26 @@ unsigned CurrentLinearThread() { return run && run->current ? run->current->line
 
 const char* ErrorKindName(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::kDeadlock: return "deadlock";
-    case ErrorKind::kBarrierDivergence: return "barrier divergence";
-    case ErrorKind::kWarpCollective: return "warp collective error";
-    case ErrorKind::kLaunch: return "launch error";
-    case ErrorKind::kOutOfBounds: return "out-of-bounds access";
-    case ErrorKind::kUseAfterFree: return "use after free";
-    case ErrorKind::kMisaligned: return "misaligned access";
-    case ErrorKind::kRace: return "data race";
-    case ErrorKind::kUninitShared: return "read of uninitialized shared memory";
-    case ErrorKind::kConstWrite: return "write to constant memory";
+    case ErrorKind::kDeadlock:
+      return "deadlock";
+    case ErrorKind::kBarrierDivergence:
+      return "barrier divergence";
+    case ErrorKind::kWarpCollective:
+      return "warp collective error";
+    case ErrorKind::kLaunch:
+      return "launch error";
+    case ErrorKind::kOutOfBounds:
+      return "out-of-bounds access";
+    case ErrorKind::kUseAfterFree:
+      return "use after free";
+    case ErrorKind::kMisaligned:
+      return "misaligned access";
+    case ErrorKind::kRace:
+      return "data race";
+    case ErrorKind::kUninitShared:
+      return "read of uninitialized shared memory";
+    case ErrorKind::kConstWrite:
+      return "write to constant memory";
   }
   return "?";
 }

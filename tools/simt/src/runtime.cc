@@ -24,14 +24,14 @@ namespace simt::detail {
 namespace {
 
 constexpr size_t kPage = 4096;
-constexpr size_t kTotalMemory = size_t{80} << 30;         // what cudaMemGetInfo reports: an H100's 80 GB
+constexpr size_t kTotalMemory = size_t{80} << 30;             // what cudaMemGetInfo reports: an H100's 80 GB
 constexpr size_t kQuarantineAddressSpace = size_t{64} << 30;  // freed mappings kept inaccessible, then unmapped
 constexpr size_t kDefaultSharedLimit = 48 * 1024;
 constexpr size_t kMaxSharedOptIn = 227 * 1024;  // sm_90: 232448 bytes per block with the opt-in
 
 struct Allocation {
-  size_t size;          // as asked
-  char* mapping;        // guard page, data pages, guard page
+  size_t size;    // as asked
+  char* mapping;  // guard page, data pages, guard page
   size_t mapping_bytes;
   bool freed;
 };
@@ -115,34 +115,58 @@ cudaError_t cudaPeekAtLastError() { return last_error; }
 
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorNotSupported: return "cudaErrorNotSupported";
-    case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
-    case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    default: return "cudaErrorUnknown";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorNotSupported:
+      return "cudaErrorNotSupported";
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered:
+      return "cudaErrorHostMemoryNotRegistered";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    default:
+      return "cudaErrorUnknown";
   }
 }
 const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorNotSupported: return "operation not supported";
-    case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range is already mapped";
-    case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered memory region";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    default: return "unknown error";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorNotSupported:
+      return "operation not supported";
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return "part or all of the requested memory range is already mapped";
+    case cudaErrorHostMemoryNotRegistered:
+      return "pointer does not correspond to a registered memory region";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    default:
+      return "unknown error";
   }
 }
 
@@ -167,14 +191,30 @@ cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (device != 0) return Fail(cudaErrorInvalidDevice);
   switch (attr) {
-    case cudaDevAttrHostRegisterReadOnlySupported: *value = 1; break;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = static_cast<int>(kMaxSharedOptIn); break;
-    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
-    case cudaDevAttrWarpSize: *value = 32; break;
-    case cudaDevAttrMultiProcessorCount: *value = 132; break;
-    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
-    default: *value = 0; break;
+    case cudaDevAttrHostRegisterReadOnlySupported:
+      *value = 1;
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = static_cast<int>(kMaxSharedOptIn);
+      break;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = 1024;
+      break;
+    case cudaDevAttrWarpSize:
+      *value = 32;
+      break;
+    case cudaDevAttrMultiProcessorCount:
+      *value = 132;
+      break;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      break;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      break;
+    default:
+      *value = 0;
+      break;
   }
   return cudaSuccess;
 }

@@ -1,7 +1,7 @@
 // The known-bad kernels of bad_kernels.h. Keep each bug alone in its kernel: the test checks the kind of report.
-#include "tools/simt/tests/bad_kernels.h"
-
 #include <cstdint>
+
+#include "tools/simt/tests/bad_kernels.h"
 
 namespace simt_bad {
 namespace {

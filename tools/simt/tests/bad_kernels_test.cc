@@ -1,11 +1,12 @@
 // The checker flags every known-bad kernel (bad_kernels.cu), with the kernel's name and the bug's file:line.
+#include "tools/simt/tests/bad_kernels.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "simt/simt.h"
-#include "tools/simt/tests/bad_kernels.h"
 
 namespace {
 
@@ -43,8 +44,8 @@ TEST_P(BadKernelTest, IsFlagged) {
       EXPECT_NE(r.message.find("bad_kernels.cu:"), std::string::npos) << r.message;
     }
   }
-  EXPECT_TRUE(found) << "expected a '" << simt::ErrorKindName(c.kind) << "' report in " << c.kernel
-                     << "; got:\n" << all;
+  EXPECT_TRUE(found) << "expected a '" << simt::ErrorKindName(c.kind) << "' report in " << c.kernel << "; got:\n"
+                     << all;
   std::printf("%s", all.c_str());
 }
 

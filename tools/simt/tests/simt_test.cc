@@ -1,6 +1,8 @@
 // The SIMT emulator on kernels that use every construct odmoe's kernels use (test_kernels.cu), its CUDA runtime
 // and its cuBLAS. The same file runs against the fast and the checked build of the kernels; a correct kernel
 // must produce no report in either.
+#include "simt/simt.h"
+
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -12,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "simt/simt.h"
 #include "tools/simt/tests/test_kernels.h"
 
 namespace {
@@ -21,7 +22,9 @@ namespace {
 template <typename T>
 class DeviceBuffer {
  public:
-  explicit DeviceBuffer(size_t n) : n_(n) { EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), cudaSuccess); }
+  explicit DeviceBuffer(size_t n) : n_(n) {
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), cudaSuccess);
+  }
   explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
     EXPECT_EQ(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
   }
@@ -237,8 +240,7 @@ TEST_F(SimtTest, RuntimeMemoryStreamsAndEvents) {
   (void)cudaGetLastError();
 
   ASSERT_EQ(cudaHostRegister(host.data(), host.size(), cudaHostRegisterPortable), cudaSuccess);
-  EXPECT_EQ(cudaHostRegister(host.data(), host.size(), cudaHostRegisterPortable),
-            cudaErrorHostMemoryAlreadyRegistered);
+  EXPECT_EQ(cudaHostRegister(host.data(), host.size(), cudaHostRegisterPortable), cudaErrorHostMemoryAlreadyRegistered);
   EXPECT_EQ(cudaHostUnregister(host.data()), cudaSuccess);
   (void)cudaGetLastError();
 
@@ -311,8 +313,8 @@ TEST_F(SimtTest, GemmExMatchesAPlainLoop) {
       }
     }
   }
-  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, nullptr, nullptr, CUDA_R_64F, 1, nullptr, CUDA_R_64F,
-                         1, nullptr, nullptr, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, nullptr, nullptr, CUDA_R_64F, 1, nullptr, CUDA_R_64F, 1,
+                         nullptr, nullptr, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             CUBLAS_STATUS_NOT_SUPPORTED);
   EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
 }

@@ -1,9 +1,9 @@
 // Kernels that exercise the emulator: every construct odmoe's kernels use, written as CUDA. Compiled through
 // rewrite_cu.py and prelude.h, fast and checked (the checked build must report nothing for these).
-#include "tools/simt/tests/test_kernels.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include "tools/simt/tests/test_kernels.h"
 
 namespace simt_test {
 namespace {

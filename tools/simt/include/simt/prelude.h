@@ -42,14 +42,18 @@
 
 #define __syncthreads() ::simt::detail::SyncThreads(__FILE__, __LINE__)
 #define __syncwarp(...) ::simt::detail::SyncWarpAt(__FILE__, __LINE__ __VA_OPT__(, ) __VA_ARGS__)
-#define __shfl_sync(mask, v, lane, ...) \
-  ::simt::detail::Shuffle(::simt::detail::CollectiveOp::kShfl, mask, v, lane, ::simt::detail::Width(__VA_ARGS__), __FILE__, __LINE__)
-#define __shfl_xor_sync(mask, v, lane_mask, ...) \
-  ::simt::detail::Shuffle(::simt::detail::CollectiveOp::kShflXor, mask, v, lane_mask, ::simt::detail::Width(__VA_ARGS__), __FILE__, __LINE__)
-#define __shfl_up_sync(mask, v, delta, ...) \
-  ::simt::detail::Shuffle(::simt::detail::CollectiveOp::kShflUp, mask, v, delta, ::simt::detail::Width(__VA_ARGS__), __FILE__, __LINE__)
-#define __shfl_down_sync(mask, v, delta, ...) \
-  ::simt::detail::Shuffle(::simt::detail::CollectiveOp::kShflDown, mask, v, delta, ::simt::detail::Width(__VA_ARGS__), __FILE__, __LINE__)
+#define __shfl_sync(mask, v, lane, ...)                                                                           \
+  ::simt::detail::Shuffle(::simt::detail::CollectiveOp::kShfl, mask, v, lane, ::simt::detail::Width(__VA_ARGS__), \
+                          __FILE__, __LINE__)
+#define __shfl_xor_sync(mask, v, lane_mask, ...)                                      \
+  ::simt::detail::Shuffle(::simt::detail::CollectiveOp::kShflXor, mask, v, lane_mask, \
+                          ::simt::detail::Width(__VA_ARGS__), __FILE__, __LINE__)
+#define __shfl_up_sync(mask, v, delta, ...)                                                                          \
+  ::simt::detail::Shuffle(::simt::detail::CollectiveOp::kShflUp, mask, v, delta, ::simt::detail::Width(__VA_ARGS__), \
+                          __FILE__, __LINE__)
+#define __shfl_down_sync(mask, v, delta, ...)                                                                          \
+  ::simt::detail::Shuffle(::simt::detail::CollectiveOp::kShflDown, mask, v, delta, ::simt::detail::Width(__VA_ARGS__), \
+                          __FILE__, __LINE__)
 #define atomicMin(p, v) ::simt::detail::AtomicMin(p, v, __FILE__, __LINE__)
 #define atomicMax(p, v) ::simt::detail::AtomicMax(p, v, __FILE__, __LINE__)
 #define atomicAdd(p, v) ::simt::detail::AtomicAdd(p, v, __FILE__, __LINE__)

@@ -24,23 +24,23 @@ namespace simt {
 // Reports
 // ------------------------------------------------------------------------------------------------------------------
 enum class ErrorKind {
-  kDeadlock,          // no thread can make progress
-  kBarrierDivergence, // __syncthreads reached at different call sites
-  kWarpCollective,    // a collective whose lanes disagree, exited or read a lane outside the mask
-  kLaunch,            // a launch configuration the hardware refuses
-  kOutOfBounds,       // checked mode: an access outside a device allocation
-  kUseAfterFree,      // checked mode: an access to freed device memory
-  kMisaligned,        // checked mode: an access not aligned to its size
-  kRace,              // checked mode: two unordered accesses of different threads, at least one a write
-  kUninitShared,      // checked mode: a read of shared memory never written in this block
-  kConstWrite,        // checked mode: a store into __constant__ memory
+  kDeadlock,           // no thread can make progress
+  kBarrierDivergence,  // __syncthreads reached at different call sites
+  kWarpCollective,     // a collective whose lanes disagree, exited or read a lane outside the mask
+  kLaunch,             // a launch configuration the hardware refuses
+  kOutOfBounds,        // checked mode: an access outside a device allocation
+  kUseAfterFree,       // checked mode: an access to freed device memory
+  kMisaligned,         // checked mode: an access not aligned to its size
+  kRace,               // checked mode: two unordered accesses of different threads, at least one a write
+  kUninitShared,       // checked mode: a read of shared memory never written in this block
+  kConstWrite,         // checked mode: a store into __constant__ memory
 };
 const char* ErrorKindName(ErrorKind kind);
 
 struct Report {
   ErrorKind kind;
-  std::string kernel;  // the kernel's name as written at the launch
-  std::string message; // what happened, with block, thread and the file:line of the accesses or waits
+  std::string kernel;   // the kernel's name as written at the launch
+  std::string message;  // what happened, with block, thread and the file:line of the accesses or waits
 };
 
 // Called for every report. The default prints the report to stderr and aborts the process; tests install a handler
@@ -106,8 +106,7 @@ void SyncThreads(const char* file, int line);
 
 enum class CollectiveOp : uint8_t { kSyncWarp, kShfl, kShflXor, kShflUp, kShflDown };
 // Waits until every lane of mask has arrived at a collective, then returns the value this lane receives.
-uint64_t WarpCollective(CollectiveOp op, unsigned mask, uint64_t value, int arg, int width, const char* file,
-                        int line);
+uint64_t WarpCollective(CollectiveOp op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line);
 
 // Checked mode: tells the checker that an atomic read-modify-write of `bytes` at p happens (atomics do not race
 // with each other). No-op in fast mode.
