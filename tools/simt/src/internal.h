@@ -1,0 +1,48 @@
+// Between the emulator's parts: the scheduler (emulator.cc), the runtime (runtime.cc) and the checker
+// (checker.cc). Not for kernel code or tests.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+
+#include "simt/simt.h"
+
+namespace simt::detail {
+
+// Sends a report to the handler (the default aborts).
+void Raise(ErrorKind kind, const std::string& message);
+
+// runtime.cc: the launch-limit checks (block and grid sizes, dynamic shared memory against the limit raised with
+// cudaFuncSetAttribute). A refused launch is an ordinary CUDA error (cudaGetLastError), as on the hardware.
+cudaError_t CheckLaunch(const LaunchSite& site, const void* func, dim3 grid, dim3 block, size_t dynamic_smem,
+                        cudaStream_t stream);
+// The calling host thread's last error; a sticky error stays for every later call.
+void SetLastError(cudaError_t err, bool sticky = false);
+
+// The scheduler tells the checker what orders the threads.
+void OnKernelStart(const LaunchSite& site);
+void OnKernelEnd();
+void OnBlockStart(void* dynamic_shared, size_t bytes, size_t redzone);
+void OnSharedBlockStart(void* p, size_t bytes, const char* name);  // a static __shared__ variable, per block
+void OnBlockBarrier();                                             // every thread passed __syncthreads
+void OnWarpSync(unsigned warp, unsigned lanes);                    // these lanes of the warp met in a collective
+
+// Whether instrumented (checked) kernel code is linked in: its module constructor calls __tsan_init. Then device
+// allocations stay accessible around and after their use, so the checker's report comes instead of a fault.
+extern bool checked_mode;
+
+bool InKernel();
+std::string CurrentThreadName();
+unsigned CurrentLinearThread();  // ~0u outside a kernel
+
+// runtime.cc: the device allocation holding [p, p + bytes), for the checker.
+struct AllocationView {
+  enum class Status { kNone, kInside, kOutOfBounds, kFreed } status = Status::kNone;
+  const void* base = nullptr;
+  size_t size = 0;
+};
+AllocationView FindAllocation(const void* p, size_t bytes);
+
+}  // namespace simt::detail

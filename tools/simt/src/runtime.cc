@@ -1,0 +1,379 @@
+// The CUDA runtime functions odmoe calls, over host memory. Every operation runs when it is issued, so streams
+// run in order (and in issue order with each other); events and synchronisation are immediate. Device
+// allocations are mappings with an inaccessible page on each side; freed ones stay inaccessible (quarantine) so a
+// use after free faults in fast mode and is named in checked mode.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "src/internal.h"
+
+struct CUstream_st {
+  unsigned flags;
+};
+struct CUevent_st {
+  unsigned flags;
+};
+
+namespace simt::detail {
+namespace {
+
+constexpr size_t kPage = 4096;
+constexpr size_t kTotalMemory = size_t{80} << 30;             // what cudaMemGetInfo reports: an H100's 80 GB
+constexpr size_t kQuarantineAddressSpace = size_t{64} << 30;  // freed mappings kept inaccessible, then unmapped
+constexpr size_t kDefaultSharedLimit = 48 * 1024;
+constexpr size_t kMaxSharedOptIn = 227 * 1024;  // sm_90: 232448 bytes per block with the opt-in
+
+struct Allocation {
+  size_t size;    // as asked
+  char* mapping;  // guard page, data pages, guard page
+  size_t mapping_bytes;
+  bool freed;
+};
+
+std::mutex mu;
+std::map<const char*, Allocation> allocations;  // by base address (guarded by mu)
+size_t allocated = 0;
+size_t quarantined = 0;
+std::map<const void*, size_t> shared_limit;  // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel
+std::set<const void*> host_registered;
+int current_device = 0;
+
+thread_local cudaError_t last_error = cudaSuccess;
+cudaError_t sticky_error = cudaSuccess;
+
+cudaError_t Fail(cudaError_t err) {
+  SetLastError(err);
+  return err;
+}
+
+cudaError_t Status() { return sticky_error; }
+
+}  // namespace
+
+void SetLastError(cudaError_t err, bool sticky) {
+  last_error = err;
+  if (sticky) sticky_error = err;
+}
+
+cudaError_t CheckLaunch(const LaunchSite& site, const void* func, dim3 grid, dim3 block, size_t dynamic_smem,
+                        cudaStream_t) {
+  (void)site;
+  if (sticky_error != cudaSuccess) return sticky_error;
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64) {
+    return cudaErrorInvalidConfiguration;
+  }
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+    return cudaErrorInvalidConfiguration;
+  }
+  size_t limit = kDefaultSharedLimit;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = shared_limit.find(func);
+    if (it != shared_limit.end()) limit = it->second;
+  }
+  if (dynamic_smem > limit) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+AllocationView FindAllocation(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  std::lock_guard<std::mutex> lock(mu);
+  auto next = allocations.upper_bound(c);  // the first allocation starting after c
+  if (next != allocations.end() && c + bytes > next->second.mapping) {
+    // Reaches into the guard page before `next`.
+    const Allocation& n = next->second;
+    return {n.freed ? AllocationView::Status::kFreed : AllocationView::Status::kOutOfBounds, next->first, n.size};
+  }
+  if (next == allocations.begin()) return {};
+  auto it = std::prev(next);
+  const Allocation& a = it->second;
+  if (c >= a.mapping + a.mapping_bytes) return {};
+  if (a.freed) return {AllocationView::Status::kFreed, it->first, a.size};
+  if (c + bytes <= it->first + a.size) return {AllocationView::Status::kInside, it->first, a.size};
+  return {AllocationView::Status::kOutOfBounds, it->first, a.size};
+}
+
+}  // namespace simt::detail
+
+using namespace simt::detail;  // NOLINT: the definitions below are the C API's
+
+extern "C" {
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = last_error;
+  last_error = sticky_error;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return last_error; }
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorNotSupported:
+      return "cudaErrorNotSupported";
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered:
+      return "cudaErrorHostMemoryNotRegistered";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    default:
+      return "cudaErrorUnknown";
+  }
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorNotSupported:
+      return "operation not supported";
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return "part or all of the requested memory range is already mapped";
+    case cudaErrorHostMemoryNotRegistered:
+      return "pointer does not correspond to a registered memory region";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    default:
+      return "unknown error";
+  }
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = current_device;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device != 0) return Fail(cudaErrorInvalidDevice);
+  current_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
+  if (device != 0 || len <= 0) return Fail(cudaErrorInvalidValue);
+  std::snprintf(bus_id, static_cast<size_t>(len), "0000:00:00.0");
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device != 0) return Fail(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrHostRegisterReadOnlySupported:
+      *value = 1;
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = static_cast<int>(kMaxSharedOptIn);
+      break;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = 1024;
+      break;
+    case cudaDevAttrWarpSize:
+      *value = 32;
+      break;
+    case cudaDevAttrMultiProcessorCount:
+      *value = 132;
+      break;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      break;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      break;
+    default:
+      *value = 0;
+      break;
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return Fail(cudaErrorInvalidDevice);
+  std::memset(prop, 0, sizeof *prop);
+  std::snprintf(prop->name, sizeof prop->name, "SIMT emulated device");
+  prop->totalGlobalMem = kTotalMemory;
+  prop->sharedMemPerBlock = kDefaultSharedLimit;
+  prop->sharedMemPerBlockOptin = kMaxSharedOptIn;
+  prop->regsPerBlock = 65536;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->maxThreadsDim[0] = 1024;
+  prop->maxThreadsDim[1] = 1024;
+  prop->maxThreadsDim[2] = 64;
+  prop->maxGridSize[0] = 0x7fffffff;
+  prop->maxGridSize[1] = 65535;
+  prop->maxGridSize[2] = 65535;
+  prop->totalConstMem = 65536;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 132;
+  prop->maxThreadsPerMultiProcessor = 2048;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+  if (ptr == nullptr) return Fail(cudaErrorInvalidValue);
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(mu);
+  if (size > kTotalMemory - allocated) return Fail(cudaErrorMemoryAllocation);
+  const size_t data_pages = (size + kPage - 1) / kPage * kPage;
+  const size_t bytes = data_pages + 2 * kPage;
+  // Checked mode: the guard pages stay accessible so the checker's report comes instead of a fault.
+  void* m = mmap(nullptr, bytes, checked_mode ? PROT_READ | PROT_WRITE : PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return Fail(cudaErrorMemoryAllocation);
+  char* mapping = static_cast<char*>(m);
+  if (!checked_mode && mprotect(mapping + kPage, data_pages, PROT_READ | PROT_WRITE) != 0) {
+    munmap(m, bytes);
+    return Fail(cudaErrorMemoryAllocation);
+  }
+  char* base = mapping + kPage;
+  allocations[base] = Allocation{size, mapping, bytes, false};
+  allocated += size;
+  *ptr = base;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = allocations.find(static_cast<const char*>(p));
+  if (it == allocations.end() || it->second.freed) return Fail(cudaErrorInvalidValue);
+  Allocation& a = it->second;
+  a.freed = true;
+  allocated -= a.size;
+  // Keep the range reserved and inaccessible, without its memory.
+  madvise(a.mapping, a.mapping_bytes, MADV_DONTNEED);
+  if (!checked_mode) mprotect(a.mapping, a.mapping_bytes, PROT_NONE);
+  quarantined += a.mapping_bytes;
+  while (quarantined > kQuarantineAddressSpace) {
+    // Release the oldest-addressed freed mappings (any order is fine; this bounds address space only).
+    for (auto q = allocations.begin(); q != allocations.end(); ++q) {
+      if (q->second.freed && q->first != static_cast<const char*>(p)) {
+        munmap(q->second.mapping, q->second.mapping_bytes);
+        quarantined -= q->second.mapping_bytes;
+        allocations.erase(q);
+        break;
+      }
+    }
+    break;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  std::lock_guard<std::mutex> lock(mu);
+  *free_bytes = kTotalMemory - allocated;
+  *total_bytes = kTotalMemory;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
+  if (n == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr) return Fail(cudaErrorInvalidValue);
+  std::memmove(dst, src, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t) {
+  return cudaMemcpy(dst, src, n, kind);
+}
+cudaError_t cudaMemset(void* dst, int value, size_t n) {
+  if (n == 0) return cudaSuccess;
+  if (dst == nullptr) return Fail(cudaErrorInvalidValue);
+  std::memset(dst, value, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t) { return cudaMemset(dst, value, n); }
+
+cudaError_t cudaHostRegister(void* p, size_t, unsigned int) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (p == nullptr) return Fail(cudaErrorInvalidValue);
+  if (!host_registered.insert(p).second) return Fail(cudaErrorHostMemoryAlreadyRegistered);
+  return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void* p) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (host_registered.erase(p) == 0) return Fail(cudaErrorHostMemoryNotRegistered);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  *s = new CUstream_st{0};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+  *s = new CUstream_st{flags};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return Status(); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return Status(); }
+cudaError_t cudaDeviceSynchronize() { return Status(); }
+// Clears a sticky error (a failed launch), so a test can go on after one. Unlike the hardware's, it keeps every
+// allocation, stream and event.
+cudaError_t cudaDeviceReset() {
+  sticky_error = cudaSuccess;
+  last_error = cudaSuccess;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = new CUevent_st{0};
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+  *e = new CUevent_st{flags};
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return Status(); }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return Status(); }
+cudaError_t cudaEventQuery(cudaEvent_t) { return Status(); }
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+  if (value < 0 || static_cast<size_t>(value) > kMaxSharedOptIn) return Fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(mu);
+  shared_limit[func] = static_cast<size_t>(value);
+  return cudaSuccess;
+}
+
+}  // extern "C"

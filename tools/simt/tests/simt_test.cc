@@ -1,0 +1,322 @@
+// The SIMT emulator on kernels that use every construct odmoe's kernels use (test_kernels.cu), its CUDA runtime
+// and its cuBLAS. The same file runs against the fast and the checked build of the kernels; a correct kernel
+// must produce no report in either.
+#include "simt/simt.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tools/simt/tests/test_kernels.h"
+
+namespace {
+
+// Device buffer of n T's, freed at scope exit.
+template <typename T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t n) : n_(n) {
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), cudaSuccess);
+  }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
+    EXPECT_EQ(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceBuffer() { EXPECT_EQ(cudaFree(p_), cudaSuccess); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  T* get() const { return p_; }
+  std::vector<T> ToHost() const {
+    std::vector<T> out(n_);
+    EXPECT_EQ(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+
+ private:
+  size_t n_;
+  T* p_ = nullptr;
+};
+
+// Records the emulator's reports instead of aborting.
+class SimtTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    previous_ = simt::SetReportHandler([this](const simt::Report& r) { reports_.push_back(r); });
+  }
+  void TearDown() override {
+    simt::SetReportHandler(previous_);
+    (void)cudaDeviceReset();  // clears the sticky error a deadlock leaves
+  }
+  std::string AllReports() const {
+    std::string s;
+    for (const auto& r : reports_) s += std::string(simt::ErrorKindName(r.kind)) + ": " + r.message + "\n";
+    return s;
+  }
+  std::vector<simt::Report> reports_;
+  simt::ReportHandler previous_;
+};
+
+TEST_F(SimtTest, IntrinsicsRoundAndCastLikeTheGpu) {
+  std::vector<float> a = {1.5f, -3.25f, 1e-3f, 70000.f, 3.1415926f};
+  std::vector<float> b = {2.f, 0.5f, 3.f, -7.f, 1.f / 3};
+  DeviceBuffer<float> da(a), db(b), out(a.size() * 6);
+  ASSERT_EQ(simt_test::Intrinsics(da.get(), db.get(), static_cast<int>(a.size()), out.get()), cudaSuccess);
+  const std::vector<float> got = out.ToHost();
+  for (size_t i = 0; i < a.size(); ++i) {
+    volatile float p = a[i] * b[i], s = a[i] + b[i], q = a[i] / b[i];
+    EXPECT_EQ(got[6 * i + 0], p);
+    EXPECT_EQ(got[6 * i + 1], s);
+    EXPECT_EQ(got[6 * i + 2], q);
+    EXPECT_EQ(got[6 * i + 3], a[i]);
+    EXPECT_EQ(got[6 * i + 4], __half2float(__float2half_rn(a[i])));
+    EXPECT_EQ(got[6 * i + 5], __bfloat162float(__float2bfloat16_rn(a[i])));
+  }
+  EXPECT_TRUE(std::isinf(got[6 * 3 + 4])) << "70000 overflows fp16";
+  EXPECT_TRUE(reports_.empty()) << AllReports();
+}
+
+TEST_F(SimtTest, SyncThreadsOrdersASharedMemoryTree) {
+  for (int threads : {64, 256}) {
+    const int blocks = 3;
+    std::vector<float> in(static_cast<size_t>(threads) * blocks);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 17);
+    DeviceBuffer<float> din(in), out(blocks);
+    ASSERT_EQ(simt_test::BlockSum(din.get(), threads, blocks, out.get()), cudaSuccess);
+    const std::vector<float> got = out.ToHost();
+    for (int b = 0; b < blocks; ++b) {
+      float want = 0;
+      for (int t = 0; t < threads; ++t) want += in[static_cast<size_t>(b) * threads + t];
+      EXPECT_EQ(got[b], want) << "threads " << threads << " block " << b;
+    }
+  }
+  EXPECT_TRUE(reports_.empty()) << AllReports();
+}
+
+TEST_F(SimtTest, ShufflesMoveFloatIntAndInt64InLockstep) {
+  const int threads = 96;
+  std::vector<float> f(threads);
+  std::vector<int> iv(threads);
+  std::vector<int64_t> l(threads);
+  for (int t = 0; t < threads; ++t) {
+    f[t] = 0.25f * t;
+    iv[t] = t * 3 + 1;
+    l[t] = (int64_t{1} << 40) + t;
+  }
+  DeviceBuffer<float> df(f), of(threads);
+  DeviceBuffer<int> di(iv), oi(threads), ow(threads);
+  DeviceBuffer<int64_t> dl(l), ol(threads);
+  ASSERT_EQ(simt_test::Shuffles(df.get(), di.get(), dl.get(), threads, of.get(), oi.get(), ol.get(), ow.get()),
+            cudaSuccess);
+  const auto gf = of.ToHost();
+  const auto gi = oi.ToHost();
+  const auto gl = ol.ToHost();
+  const auto gw = ow.ToHost();
+  for (int t = 0; t < threads; ++t) {
+    const int w = t / 32 * 32, lane = t % 32;
+    float sum = 0;
+    for (int k = 0; k < 32; ++k) sum += f[w + k];
+    EXPECT_FLOAT_EQ(gf[t], sum) << t;
+    int scan = 0;
+    for (int k = 0; k <= lane; ++k) scan += iv[w + k];
+    EXPECT_EQ(gi[t], scan) << t;
+    EXPECT_EQ(gl[t], l[w + 5]) << t;
+    int x = 0;
+    for (int k = lane / 8 * 8; k < lane / 8 * 8 + 8; ++k) x ^= iv[w + k];
+    EXPECT_EQ(gw[t], x) << t;
+  }
+  EXPECT_TRUE(reports_.empty()) << AllReports();
+}
+
+TEST_F(SimtTest, StaticSharedMemoryIsPerBlock) {
+  const int threads = 32, blocks = 5;
+  DeviceBuffer<int> out(threads * blocks);
+  ASSERT_EQ(simt_test::SharedPerBlock(threads, blocks, out.get()), cudaSuccess);
+  const auto got = out.ToHost();
+  for (int b = 0; b < blocks; ++b) {
+    for (int t = 0; t < threads; ++t) EXPECT_EQ(got[b * threads + t], b);
+  }
+  EXPECT_TRUE(reports_.empty()) << AllReports();
+}
+
+TEST_F(SimtTest, DynamicSharedMemoryAndItsLimit) {
+  const int threads = 128;
+  DeviceBuffer<int> out(threads);
+  ASSERT_EQ(simt_test::DynamicShared(threads, 16 * 1024, /*opt_in=*/false, out.get()), cudaSuccess);
+  auto got = out.ToHost();
+  for (int t = 0; t < threads; ++t) EXPECT_EQ(got[t], (t + 1) % threads);
+  // Over 48 KB: refused without the opt-in, as on the hardware; accepted with it.
+  EXPECT_EQ(simt_test::DynamicShared(threads, 64 * 1024, /*opt_in=*/false, out.get()), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "a refused launch is not sticky";
+  ASSERT_EQ(simt_test::DynamicShared(threads, 64 * 1024, /*opt_in=*/true, out.get()), cudaSuccess);
+  got = out.ToHost();
+  for (int t = 0; t < threads; ++t) EXPECT_EQ(got[t], (t + 1) % threads);
+  EXPECT_TRUE(reports_.empty()) << AllReports();
+}
+
+TEST_F(SimtTest, ThreeDimensionalGridsAndLaunchLimits) {
+  const dim3 grid(3, 2, 2), block(4, 2, 3);
+  const unsigned nx = 12, ny = 4, nz = 6;
+  DeviceBuffer<int> out(nx * ny * nz);
+  ASSERT_EQ(simt_test::Grid3d(grid, block, out.get()), cudaSuccess);
+  const auto got = out.ToHost();
+  for (unsigned z = 0; z < nz; ++z) {
+    for (unsigned y = 0; y < ny; ++y) {
+      for (unsigned x = 0; x < nx; ++x) EXPECT_EQ(got[(z * ny + y) * nx + x], static_cast<int>(x | y << 8 | z << 16));
+    }
+  }
+  EXPECT_EQ(simt_test::Grid3d(dim3(1), dim3(1025), out.get()), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(simt_test::Grid3d(dim3(1, 1, 1), dim3(1, 1, 65), out.get()), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(simt_test::Grid3d(dim3(0), dim3(32), out.get()), cudaErrorInvalidConfiguration);
+  EXPECT_TRUE(reports_.empty()) << AllReports();
+}
+
+TEST_F(SimtTest, SharedAtomicMinMaxOn64Bits) {
+  const int threads = 64;
+  std::vector<unsigned long long> in(threads);
+  for (int t = 0; t < threads; ++t) in[t] = (0x9E3779B97F4A7C15ull * (t + 1)) >> 3;
+  DeviceBuffer<unsigned long long> din(in), out(2);
+  ASSERT_EQ(simt_test::AtomicMinMax(din.get(), threads, out.get()), cudaSuccess);
+  const auto got = out.ToHost();
+  EXPECT_EQ(got[0], *std::min_element(in.begin(), in.end()));
+  EXPECT_EQ(got[1], *std::max_element(in.begin(), in.end()));
+  EXPECT_TRUE(reports_.empty()) << AllReports();
+}
+
+TEST_F(SimtTest, DeadlockIsReportedWithWhereEachThreadWaits) {
+  EXPECT_EQ(simt_test::Deadlock(), cudaErrorLaunchFailure);
+  ASSERT_EQ(reports_.size(), 1u) << AllReports();
+  EXPECT_EQ(reports_[0].kind, simt::ErrorKind::kDeadlock);
+  EXPECT_EQ(reports_[0].kernel, "DeadlockKernel");
+  EXPECT_NE(reports_[0].message.find("threads 0: __syncthreads at"), std::string::npos) << reports_[0].message;
+  EXPECT_NE(reports_[0].message.find("threads 1-31: __syncwarp"), std::string::npos) << reports_[0].message;
+  EXPECT_NE(reports_[0].message.find("threads 32-63: exited"), std::string::npos) << reports_[0].message;
+  EXPECT_NE(reports_[0].message.find("test_kernels.cu:"), std::string::npos) << reports_[0].message;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure) << "a failed launch is sticky";
+  EXPECT_EQ(cudaDeviceReset(), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+TEST_F(SimtTest, BarrierAtDifferentCallSitesIsReported) {
+  EXPECT_EQ(simt_test::DivergentBarrier(), cudaErrorLaunchFailure);
+  ASSERT_EQ(reports_.size(), 1u) << AllReports();
+  EXPECT_EQ(reports_[0].kind, simt::ErrorKind::kBarrierDivergence);
+}
+
+TEST_F(SimtTest, RuntimeMemoryStreamsAndEvents) {
+  size_t free0 = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 1000), cudaSuccess);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 256, 0u);
+  size_t free1 = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+  EXPECT_EQ(free0 - free1, 1000u);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  std::vector<unsigned char> host(1000, 7), back(1000, 0);
+  ASSERT_EQ(cudaMemsetAsync(p, 0, 1000, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(p, host.data(), 500, cudaMemcpyHostToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(nullptr, e, 0), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(back.data(), p, 1000, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ASSERT_EQ(cudaEventSynchronize(e), cudaSuccess);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(back[i], i < 500 ? 7 : 0) << i;
+  EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_EQ(cudaFree(p), cudaSuccess);
+  EXPECT_EQ(cudaFree(p), cudaErrorInvalidValue) << "double free";
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&p, size_t{1} << 50), cudaErrorMemoryAllocation);
+  (void)cudaGetLastError();
+
+  ASSERT_EQ(cudaHostRegister(host.data(), host.size(), cudaHostRegisterPortable), cudaSuccess);
+  EXPECT_EQ(cudaHostRegister(host.data(), host.size(), cudaHostRegisterPortable), cudaErrorHostMemoryAlreadyRegistered);
+  EXPECT_EQ(cudaHostUnregister(host.data()), cudaSuccess);
+  (void)cudaGetLastError();
+
+  int count = 0, device = -1;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  EXPECT_EQ(count, 1);
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  EXPECT_EQ(device, 0);
+  cudaDeviceProp prop;
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  EXPECT_EQ(prop.warpSize, 32);
+  EXPECT_EQ(prop.totalGlobalMem, total);
+  EXPECT_STREQ(cudaGetErrorName(cudaErrorInvalidValue), "cudaErrorInvalidValue");
+  EXPECT_STREQ(cudaGetErrorString(cudaErrorMemoryAllocation), "out of memory");
+}
+
+// GemmEx in cuBLAS's column-major convention against a plain loop, for every input type and transpose.
+TEST_F(SimtTest, GemmExMatchesAPlainLoop) {
+  const int m = 5, n = 3, k = 7;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  cublasHandle_t h = nullptr;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetStream(h, nullptr), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetWorkspace(h, nullptr, 0), CUBLAS_STATUS_SUCCESS);
+  for (cudaDataType type : {CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF}) {
+    for (cublasOperation_t ta : {CUBLAS_OP_N, CUBLAS_OP_T}) {
+      for (cublasOperation_t tb : {CUBLAS_OP_N, CUBLAS_OP_T}) {
+        // Values exactly representable in every input type, so the plain loop sees what GemmEx sees.
+        std::vector<float> a(m * k), b(k * n);
+        for (float& v : a) v = __bfloat162float(__float2bfloat16_rn(dist(rng)));
+        for (float& v : b) v = __bfloat162float(__float2bfloat16_rn(dist(rng)));
+        auto pack = [&](const std::vector<float>& v) {
+          std::vector<unsigned char> bytes;
+          if (type == CUDA_R_32F) {
+            bytes.resize(v.size() * 4);
+            std::memcpy(bytes.data(), v.data(), bytes.size());
+          } else {
+            bytes.resize(v.size() * 2);
+            for (size_t i = 0; i < v.size(); ++i) {
+              const uint16_t bits = type == CUDA_R_16F ? __half_as_ushort(__float2half_rn(v[i]))
+                                                       : __bfloat16_as_ushort(__float2bfloat16_rn(v[i]));
+              std::memcpy(bytes.data() + 2 * i, &bits, 2);
+            }
+          }
+          return bytes;
+        };
+        DeviceBuffer<unsigned char> da(pack(a)), db(pack(b));
+        DeviceBuffer<float> dc(std::vector<float>(m * n, NAN));
+        const int lda = ta == CUBLAS_OP_N ? m : k, ldb = tb == CUBLAS_OP_N ? k : n;
+        const float one = 1.f, zero = 0.f;
+        const cublasComputeType_t compute = type == CUDA_R_32F ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+        ASSERT_EQ(cublasGemmEx(h, ta, tb, m, n, k, &one, da.get(), type, lda, db.get(), type, ldb, &zero, dc.get(),
+                               CUDA_R_32F, m, compute, CUBLAS_GEMM_DEFAULT),
+                  CUBLAS_STATUS_SUCCESS);
+        const auto c = dc.ToHost();
+        for (int j = 0; j < n; ++j) {
+          for (int i = 0; i < m; ++i) {
+            double want = 0, mag = 0;
+            for (int p = 0; p < k; ++p) {
+              const float x = ta == CUBLAS_OP_N ? a[p * lda + i] : a[i * lda + p];
+              const float y = tb == CUBLAS_OP_N ? b[j * ldb + p] : b[p * ldb + j];
+              want += static_cast<double>(x) * y;
+              mag += std::fabs(static_cast<double>(x) * y);
+            }
+            EXPECT_NEAR(c[j * m + i], want, 1e-6 * mag + 1e-7) << "type " << type << " op " << ta << tb;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, nullptr, nullptr, CUDA_R_64F, 1, nullptr, CUDA_R_64F, 1,
+                         nullptr, nullptr, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
+}
+
+}  // namespace
