@@ -7,12 +7,32 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <vector>
 
 #include "fuzz/fuzz_nodes.h"
 #include "odmoe/v1/worker.pb.h"
+#include "src/rpc/rpc_util.h"
 
 namespace {
 odmoe::WorkerNode* worker = nullptr;
+
+// A one-row request of another request id than `previous`: the worker then frees what earlier requests kept.
+void FreeKeptExperts(uint64_t previous) {
+  odmoe::v1::ComputeExpertsRequest next;
+  const uint64_t id = previous + 1 == 0 ? 1 : previous + 1;  // never 0: an untracked request frees nothing
+  odmoe::rpc::FillHeader(next.mutable_header(), worker->epoch(), worker->fingerprint(), "fuzz", id);
+  next.set_layer(static_cast<int32_t>(worker->config().SparseLayers()[0]));
+  const int64_t hidden = worker->config().hidden_size;
+  const std::vector<float> row(static_cast<size_t>(hidden), 0.0f);
+  const int64_t dims[] = {1, hidden};
+  odmoe::rpc::EncodeF32(row, dims, next.mutable_hidden());
+  odmoe::v1::ExpertTask* task = next.add_tasks();
+  task->set_expert(0);
+  task->add_rows(0);
+  odmoe::v1::ComputeExpertsResponse response;
+  if (!worker->Compute(next, &response).ok()) std::abort();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -33,7 +53,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else if (response.outputs_size() != 0) {
     std::abort();  // on error the response is cleared
   }
-  // Whatever happened, no expert stays loaded by a ComputeExperts call.
-  if (worker->ResidentExperts() != 0) std::abort();
+  // Whatever happened, no expert stays loaded by a ComputeExperts call, except those a request with an id keeps
+  // for its other mini-batch calls (a task's expert_calls > 1). Main's next request frees those: send one, and
+  // then nothing may be left.
+  int64_t may_keep = 0;
+  if (request.header().request_id() != 0) {
+    for (const odmoe::v1::ExpertTask& task : request.tasks()) may_keep += task.expert_calls() > 1 ? 1 : 0;
+  }
+  if (worker->ResidentExperts() > may_keep) std::abort();
+  if (worker->ResidentExperts() > 0) {
+    FreeKeptExperts(request.header().request_id());
+    if (worker->ResidentExperts() != 0) std::abort();
+  }
   return 0;
 }
