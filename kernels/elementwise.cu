@@ -6,12 +6,12 @@
 //  - ScatterAddScaledKernel: one thread per column walking the n source rows in order, 8 at a time: the loads
 //    of a group are issued together, rows repeated inside the group are chained in registers, and the stores
 //    go out in order, so the result equals the sequential loop bit for bit.
-//  - SplitToPairKernel: x -> (hi, lo) 16-bit pair for tensor-core GEMMs with near-fp32 activations.
-#include "kernels/elementwise.h"
-
+//  - SplitToPairKernel: one block per row, x -> (hi, lo) 16-bit pair for tensor-core GEMMs with near-fp32
+//    activations, a row with values past fp16's range scaled down by a power of two (ScaleRowsKernel undoes it).
 #include <algorithm>
 
 #include "kernels/common.cuh"
+#include "kernels/elementwise.h"
 
 namespace odmoe::kernels {
 namespace {
@@ -132,12 +132,40 @@ __device__ __forceinline__ void SplitOne(float x, __nv_bfloat16* hi, __nv_bfloat
   *lo = __float2bfloat16_rn(x - __bfloat162float(h));
 }
 
+// The largest power-of-two exponent a row may keep unscaled: fp16's largest finite value is 65504, so a row
+// whose |x| reaches past 2^15 is scaled down; bf16 has fp32's range and never is.
 template <typename T>
-__global__ void SplitToPairKernel(const float* __restrict__ x, int64_t count, T* __restrict__ hi, T* __restrict__ lo) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    SplitOne(x[i], hi + i, lo + i);
+constexpr int kSplitMaxExponent = 127;
+template <>
+constexpr int kSplitMaxExponent<__half> = 15;
+
+// One block per row: the row's largest |x| picks the power of two 2^-e (e >= 0) that brings it within T's
+// range; the row is split scaled by it, and row_scale[row] = 2^e undoes it on the GEMM's output.
+template <typename T>
+__global__ void SplitToPairKernel(const float* __restrict__ x, int64_t cols, T* __restrict__ hi, T* __restrict__ lo,
+                                  float* __restrict__ row_scale) {
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * cols;
+  float biggest = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) biggest = fmaxf(biggest, fabsf(xr[c]));
+  biggest = internal::BlockMax(biggest);
+  int e = 0;
+  if (isfinite(biggest) && biggest > 0.0f) {
+    int exponent = 0;  // biggest = m * 2^exponent, 0.5 <= m < 1
+    (void)frexpf(biggest, &exponent);
+    e = exponent > kSplitMaxExponent<T> ? exponent - kSplitMaxExponent<T> : 0;
   }
+  const float down = ldexpf(1.0f, -e);  // exact: a power of two
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+    SplitOne(xr[c] * down, hi + row * cols + c, lo + row * cols + c);
+  }
+  if (threadIdx.x == 0) row_scale[row] = ldexpf(1.0f, e);
+}
+
+__global__ void ScaleRowsKernel(float* __restrict__ y, int64_t cols, const float* __restrict__ scale) {
+  const int64_t row = blockIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c < cols) y[row * cols + c] *= scale[row];
 }
 
 }  // namespace
@@ -200,9 +228,22 @@ cudaError_t LaunchScatterAddScaled(const float* src, const int32_t* rows, const 
 }
 
 template <typename T>
-cudaError_t LaunchSplitToPair(const float* x, int64_t count, T* hi, T* lo, cudaStream_t stream) {
-  if (count <= 0) return cudaSuccess;
-  SplitToPairKernel<T><<<GridFor(count), kThreads, 0, stream>>>(x, count, hi, lo);
+cudaError_t LaunchSplitToPair(const float* x, int64_t rows, int64_t cols, T* hi, T* lo, float* row_scale,
+                              cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+  SplitToPairKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, cols, hi, lo, row_scale);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScaleRows(float* y, int64_t rows, int64_t cols, const float* scale, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  const int64_t col_blocks = CeilDiv(cols, kThreads);
+  if (col_blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  for (int64_t r0 = 0; r0 < rows; r0 += 65535) {  // grid.y limit
+    const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(std::min<int64_t>(65535, rows - r0)));
+    ScaleRowsKernel<<<grid, kThreads, 0, stream>>>(y + r0 * cols, cols, scale + r0);
+  }
   return cudaGetLastError();
 }
 
@@ -214,8 +255,8 @@ ODMOE_INSTANTIATE_W(__half)
 ODMOE_INSTANTIATE_W(__nv_bfloat16)
 #undef ODMOE_INSTANTIATE_W
 
-template cudaError_t LaunchSplitToPair<__half>(const float*, int64_t, __half*, __half*, cudaStream_t);
-template cudaError_t LaunchSplitToPair<__nv_bfloat16>(const float*, int64_t, __nv_bfloat16*, __nv_bfloat16*,
-                                                      cudaStream_t);
+template cudaError_t LaunchSplitToPair<__half>(const float*, int64_t, int64_t, __half*, __half*, float*, cudaStream_t);
+template cudaError_t LaunchSplitToPair<__nv_bfloat16>(const float*, int64_t, int64_t, __nv_bfloat16*, __nv_bfloat16*,
+                                                      float*, cudaStream_t);
 
 }  // namespace odmoe::kernels

@@ -38,9 +38,16 @@ cudaError_t LaunchGatherRows(const float* src, const int32_t* rows, int64_t n, i
 cudaError_t LaunchScatterAddScaled(const float* src, const int32_t* rows, const float* scale, int64_t n, int64_t dim,
                                    bool sigmoid_scale, float* dst, cudaStream_t stream);
 
-// Splits fp32 values into a pair of 16-bit floats of type T (__half or __nv_bfloat16): hi = T(x),
-// lo = T(x - float(hi)), so that hi + lo carries about twice T's mantissa. count values.
+// Splits the fp32 rows x[rows, cols] into pairs of 16-bit floats of type T (__half or __nv_bfloat16):
+// hi = T(x * 2^-e), lo = T(x * 2^-e - float(hi)), so that hi + lo carries about twice T's mantissa. e >= 0 is
+// chosen per row: 0 unless the row holds a value past T's range (fp16: |x| >= 2^15; bf16 never), then the
+// smallest that brings every value of the row within it. row_scale[r] = 2^e (rows floats): multiply the
+// row of a GEMM over (hi, lo) by it (LaunchScaleRows) to undo the scaling, exactly.
 template <typename T>
-cudaError_t LaunchSplitToPair(const float* x, int64_t count, T* hi, T* lo, cudaStream_t stream);
+cudaError_t LaunchSplitToPair(const float* x, int64_t rows, int64_t cols, T* hi, T* lo, float* row_scale,
+                              cudaStream_t stream);
+
+// y[r, :] *= scale[r] for the rows of y[rows, cols].
+cudaError_t LaunchScaleRows(float* y, int64_t rows, int64_t cols, const float* scale, cudaStream_t stream);
 
 }  // namespace odmoe::kernels

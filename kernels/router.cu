@@ -1,12 +1,12 @@
 // Router softmax + top-k. One warp per token (up to 4 tokens per block, fewer for many experts so that the
 // probabilities fit in shared memory). The warp computes max and sum with shuffles, stores the probabilities in
-// shared memory, then selects k times the largest remaining one (warp argmax, ties to the lower id) and marks it
-// taken. Renormalisation divides by the sum of the chosen probabilities, summed best first.
-#include "kernels/router.h"
-
+// shared memory, then selects k times the largest remaining one (warp argmax, ties to the lower id, NaN after
+// every number, as the CPU reference) and marks it taken. Renormalisation divides by the sum of the chosen
+// probabilities, summed best first.
 #include <algorithm>
 
 #include "kernels/common.cuh"
+#include "kernels/router.h"
 
 namespace odmoe::kernels {
 namespace {
@@ -16,6 +16,12 @@ using internal::WarpSum;
 
 constexpr int64_t kMaxExperts = 8192;
 constexpr size_t kSharedBudget = 32 * 1024;
+constexpr float kTaken = -1.0f;  // marks a chosen expert's probability (probabilities are >= 0 or NaN)
+
+// The order of selection, as the CPU reference's: larger probabilities first, NaN after every number.
+__device__ __forceinline__ float SelectionKey(float probability) {
+  return isnan(probability) ? -INFINITY : probability;
+}
 
 __global__ void RouterTopKKernel(const float* __restrict__ logits, int64_t n, int num_experts, int k, bool renormalize,
                                  int32_t* __restrict__ ids, float* __restrict__ weights) {
@@ -43,31 +49,34 @@ __global__ void RouterTopKKernel(const float* __restrict__ logits, int64_t n, in
   float* row_w = weights + row * k;
   float chosen_sum = 0.0f;
   for (int j = 0; j < k; ++j) {
-    float best = -1.0f;  // probabilities are >= 0; taken ones are marked -1
-    // best_id == num_experts: none seen yet
-    int best_id = num_experts;
+    // Each lane's best untaken expert by (key, lower id), then the warp's: a total order, so every lane agrees.
+    float best_key = -INFINITY;
+    int best_id = num_experts;  // none seen yet
     for (int e = lane; e < num_experts; e += 32) {
       const float v = p[e];
-      // The first untaken expert, then strictly larger ones: the lower id wins ties (and a NaN row still
-      // yields k distinct ids in range).
-      if (best_id == num_experts ? v != -1.0f : v > best) {
-        best = v;
+      if (v == kTaken) continue;
+      const float key = SelectionKey(v);
+      if (best_id == num_experts || key > best_key) {  // strictly larger: the lower id wins ties
+        best_key = key;
         best_id = e;
       }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oid = __shfl_xor_sync(0xffffffffu, best_id, o);
-      if (best_id == num_experts ? oid < num_experts : (ov > best || (ov == best && oid < best_id))) {
-        best = ov;
-        best_id = oid;
+      const float other_key = __shfl_xor_sync(0xffffffffu, best_key, o);
+      const int other_id = __shfl_xor_sync(0xffffffffu, best_id, o);
+      if (other_id < num_experts &&
+          (best_id == num_experts || other_key > best_key || (other_key == best_key && other_id < best_id))) {
+        best_key = other_key;
+        best_id = other_id;
       }
     }
+    // Keys are probabilities (>= 0) except a NaN's -inf, so the key gives back the probability.
+    const float best = best_key == -INFINITY ? NAN : best_key;
     if (lane == 0) {
       row_ids[j] = best_id;
       row_w[j] = best;
-      p[best_id] = -1.0f;
+      p[best_id] = kTaken;
     }
     chosen_sum += best;
     __syncwarp();

@@ -64,6 +64,14 @@ constexpr int64_t kDecodeMaxTokens = 4;
 // The most scratch bytes MatMul uses for 16-bit copies of activations (larger n is processed in row chunks).
 constexpr size_t kGemmScratchBytes = size_t{32} << 20;
 
+// The scratch of one activation row in a GEMM over 16-bit weights: its hi and lo 16-bit copies and its scale
+// (kernels::LaunchSplitToPair).
+size_t GemmRowBytes(int64_t in_dim) { return static_cast<size_t>(in_dim) * 2 * sizeof(uint16_t) + sizeof(float); }
+// The rows of such a GEMM processed at once: as many as fit kGemmScratchBytes, at least one, at most n.
+int64_t GemmChunkRows(int64_t n, int64_t in_dim) {
+  return std::clamp<int64_t>(static_cast<int64_t>(kGemmScratchBytes / GemmRowBytes(in_dim)), 1, n);
+}
+
 std::string FormatBytes(uint64_t bytes) {
   return absl::StrFormat("%d bytes (%.1f MiB)", bytes, static_cast<double>(bytes) / (1024.0 * 1024.0));
 }
@@ -310,7 +318,10 @@ class CudaDevice final : public Device {
     UseDevice(ordinal_);
     (void)cudaDeviceSynchronize();
     absl::MutexLock lock(&rope_mu_);
-    for (auto& [key, table] : rope_tables_) (void)cudaFree(table);
+    for (auto& [key, table] : rope_tables_) {
+      (void)cudaFree(table);
+      accounting_->Release(static_cast<uint64_t>(key.first / 2) * sizeof(float));
+    }
   }
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
@@ -366,10 +377,10 @@ class CudaDevice final : public Device {
                                                  FormatBytes(s->workspace_bytes()), " does not fit its capacity (",
                                                  FormatBytes(memory_info().in_use), " in use)"));
     }
-    // What Gemm takes for 16-bit weights: hi + lo copies of the activations, at most kGemmScratchBytes.
-    const uint64_t activations = static_cast<uint64_t>(std::max<int64_t>(0, max_rows)) *
-                                 static_cast<uint64_t>(std::max<int64_t>(0, max_in_dim));
-    const uint64_t gemm = std::min<uint64_t>(kGemmScratchBytes, activations * 2 * sizeof(uint16_t));
+    // What Gemm takes for 16-bit weights.
+    const uint64_t gemm = max_rows > 0 && max_in_dim > 0
+                              ? static_cast<uint64_t>(GemmChunkRows(max_rows, max_in_dim)) * GemmRowBytes(max_in_dim)
+                              : 0;
     if (gemm > 0 && s->Scratch(gemm, /*within_capacity=*/true) == nullptr) {
       return absl::ResourceExhaustedError(StrCat(name(), ": the GEMM scratch of ", FormatBytes(gemm),
                                                  " does not fit its capacity (", FormatBytes(memory_info().in_use),
@@ -426,8 +437,8 @@ class CudaDevice final : public Device {
     if (err != cudaSuccess) {
       (void)cudaGetLastError();  // not sticky
       ForgetHostRange(p);
-      return absl::UnavailableError(StrCat(name(), ": cudaHostRegister of ", FormatBytes(bytes),
-                                           " failed: ", cudaGetErrorString(err)));
+      return absl::UnavailableError(
+          StrCat(name(), ": cudaHostRegister of ", FormatBytes(bytes), " failed: ", cudaGetErrorString(err)));
     }
     return absl::OkStatus();
   }
@@ -611,6 +622,8 @@ class CudaDevice final : public Device {
     cpu::RopeInvFreq(head_dim, theta, host.data());
     float* table = nullptr;
     const size_t bytes = host.size() * sizeof(float);
+    // Counted like an op's scratch (it cannot fail); released with the device.
+    accounting_->Charge(bytes, /*within_capacity=*/false);
     ODMOE_CUDA_CHECK(cudaMalloc(&table, bytes));
     ODMOE_CUDA_CHECK(cudaMemcpyAsync(table, host.data(), bytes, cudaMemcpyHostToDevice, s->get()));
     ODMOE_CUDA_CHECK(cudaStreamSynchronize(s->get()));
@@ -661,21 +674,21 @@ class CudaDevice final : public Device {
     }
     ODMOE_CHECK(w.dtype == DType::kF16 || w.dtype == DType::kBF16);
     const cudaDataType_t type = w.dtype == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
-    // Row chunks whose hi + lo 16-bit copies fit the scratch budget.
-    const size_t row_bytes = static_cast<size_t>(in_dim) * 2 * sizeof(uint16_t);
-    const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>(kGemmScratchBytes / row_bytes), 1, n);
-    void* scratch = s->Scratch(static_cast<size_t>(chunk) * row_bytes);
+    const int64_t chunk = GemmChunkRows(n, in_dim);
+    void* scratch = s->Scratch(static_cast<size_t>(chunk) * GemmRowBytes(in_dim));
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
       const int64_t rows = std::min(chunk, n - r0);
       const int64_t count = rows * in_dim;
       void* hi = scratch;
       void* lo = static_cast<uint16_t*>(scratch) + count;
+      float* row_scale = reinterpret_cast<float*>(static_cast<uint16_t*>(scratch) + 2 * count);
+      const float* xc = x + r0 * in_dim;
       if (w.dtype == DType::kF16) {
-        ODMOE_CUDA_CHECK(kernels::LaunchSplitToPair(x + r0 * in_dim, count, static_cast<__half*>(hi),
-                                                    static_cast<__half*>(lo), s->get()));
+        ODMOE_CUDA_CHECK(kernels::LaunchSplitToPair(xc, rows, in_dim, static_cast<__half*>(hi),
+                                                    static_cast<__half*>(lo), row_scale, s->get()));
       } else {
-        ODMOE_CUDA_CHECK(kernels::LaunchSplitToPair(x + r0 * in_dim, count, static_cast<__nv_bfloat16*>(hi),
-                                                    static_cast<__nv_bfloat16*>(lo), s->get()));
+        ODMOE_CUDA_CHECK(kernels::LaunchSplitToPair(xc, rows, in_dim, static_cast<__nv_bfloat16*>(hi),
+                                                    static_cast<__nv_bfloat16*>(lo), row_scale, s->get()));
       }
       float* yc = y + r0 * out_dim;
       ODMOE_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, static_cast<int>(rows), k, &one, w.data,
@@ -684,6 +697,8 @@ class CudaDevice final : public Device {
       ODMOE_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, static_cast<int>(rows), k, &one, w.data,
                                       type, k, lo, type, k, &one, yc, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
                                       CUBLAS_GEMM_DEFAULT));
+      // Only fp16 rows are ever scaled (bf16 has fp32's range).
+      if (w.dtype == DType::kF16) ODMOE_CUDA_CHECK(kernels::LaunchScaleRows(yc, rows, out_dim, row_scale, s->get()));
     }
   }
 
@@ -696,7 +711,8 @@ class CudaDevice final : public Device {
   TransferStats transfers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> op_counts_ ABSL_GUARDED_BY(mu_);
   absl::Mutex rope_mu_;
-  std::map<std::pair<int64_t, double>, float*> rope_tables_ ABSL_GUARDED_BY(rope_mu_);  // [head_dim / 2] each
+  // (head_dim, theta) -> [head_dim / 2] floats each, counted in accounting_.
+  std::map<std::pair<int64_t, double>, float*> rope_tables_ ABSL_GUARDED_BY(rope_mu_);
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "gtest/gtest.h"
 #include "src/engine/generator.h"
 
 namespace odmoe::testing {
@@ -58,5 +59,20 @@ void CheckGolden(const GenerateFn& generate, const Golden& golden, const GoldenT
                  const std::string& label, GoldenCounts& counts);
 GoldenCounts CheckGolden(LocalModel& model, const Golden& golden, const GoldenThresholds& t,
                          const std::string& label);
+
+// The models of ../shared/models the golden tests cover (GoldenCoverage checks that none is missing).
+inline const std::vector<std::string>& GoldenModels() {
+  static const std::vector<std::string> kModels = {"tiny-mixtral-kjv", "demo-mixtral-kjv", "mixtral-tiny",
+                                                   "qwen2moe-tiny",    "qwen3moe-tiny",    "olmoe-tiny"};
+  return kModels;
+}
+// A model's name as a gtest parameter name ('-' is not allowed): "mixtral-tiny" -> "mixtral_tiny".
+inline std::string GoldenParamName(const ::testing::TestParamInfo<std::string>& info) {
+  std::string n = info.param;
+  for (char& c : n) {
+    if (c == '-') c = '_';
+  }
+  return n;
+}
 
 }  // namespace odmoe::testing

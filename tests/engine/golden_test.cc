@@ -5,7 +5,6 @@
 //    below 1e-3;
 //  - routing: the expert set of every (position, sparse layer) whose golden margin exceeds 1e-4.
 // Each check reports how many tokens / decisions it compared; comparing nothing is a failure.
-#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <set>
@@ -48,45 +47,13 @@ TEST_P(GoldenTest, MatchesHfTransformers) {
   EXPECT_GT(counts.logits, 0) << "compared no logits";
 }
 
-// The same goldens on the CUDA backend (weights in the checkpoint's dtype): the bf16/fp16 thresholds of
-// ../shared/README.md, the fp32 ones for an fp32 checkpoint. Skips where no GPU is present.
-TEST_P(GoldenTest, MatchesHfTransformersOnCuda) {
-  const std::string name = GetParam();
-  const std::string dir = odmoe::testing::SharedModel(name);
-  if (!odmoe::testing::HaveSharedModel(name)) GTEST_SKIP() << "needs " << dir << " (../shared is missing)";
-  auto device = CreateDevice("cuda");
-  if (!device.ok()) GTEST_SKIP() << "no CUDA device: " << device.status().message();
-  auto config = LoadModelConfig(dir);
-  ASSERT_TRUE(config.ok()) << config.status();
-  const bool fp32 = config->torch_dtype == "float32";
-  auto model = LocalModel::Open(dir, std::move(device).value());
-  ASSERT_TRUE(model.ok()) << model.status();
-  auto golden = testing::LoadGolden(dir);
-  ASSERT_TRUE(golden.ok()) << golden.status();
-  const testing::GoldenCounts counts = testing::CheckGolden(
-      **model, *golden, fp32 ? GoldenThresholds::Fp32() : GoldenThresholds::Reduced(), name + " cuda");
-  std::cout << "[golden] " << name << " cuda (" << (fp32 ? "fp32" : "bf16/fp16") << " thresholds): "
-            << counts.tokens << " greedy tokens, " << counts.routing << " routing decisions; max logit error ratio "
-            << counts.max_logit_ratio << "\n";
-  // The forward pass ran on the GPU: no op on any other device.
-  EXPECT_GT((*model)->device().op_counts().at("MatMul"), 0);
-  EXPECT_GT(counts.tokens, 0);
-  EXPECT_GT(counts.routing, 0);
-}
+INSTANTIATE_TEST_SUITE_P(SharedModels, GoldenTest, ::testing::ValuesIn(testing::GoldenModels()),
+                         testing::GoldenParamName);
 
-INSTANTIATE_TEST_SUITE_P(SharedModels, GoldenTest,
-                         ::testing::Values("tiny-mixtral-kjv", "demo-mixtral-kjv", "mixtral-tiny", "qwen2moe-tiny",
-                                           "qwen3moe-tiny", "olmoe-tiny"),
-                         [](const auto& p) {
-                           std::string n = p.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
-
-// Every model folder in ../shared/models is covered above: a new one must be added to the list.
+// Every model folder in ../shared/models is covered by the golden tests (here and golden_cuda_test.cc): a new one
+// must be added to GoldenModels().
 TEST(GoldenCoverage, EverySharedModelIsTested) {
-  const std::set<std::string> tested = {"tiny-mixtral-kjv", "demo-mixtral-kjv", "mixtral-tiny",
-                                        "qwen2moe-tiny",    "qwen3moe-tiny",    "olmoe-tiny"};
+  const std::set<std::string> tested(testing::GoldenModels().begin(), testing::GoldenModels().end());
   const auto names = odmoe::testing::SharedModelNames();
   if (names.empty()) GTEST_SKIP() << "needs " << odmoe::testing::SharedDir() << "/models";
   for (const std::string& n : names) EXPECT_TRUE(tested.count(n)) << n << " has no golden test";

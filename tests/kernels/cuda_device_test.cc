@@ -218,6 +218,51 @@ TEST_F(CudaDeviceTest, MatMulMatchesCpuDeviceOnBothPaths) {
   EXPECT_EQ(gpu_->op_counts().at("MatMul"), calls);
 }
 
+// fp16 weights on the cuBLAS path (n > 8) with activations past fp16's range (a model's outlier features): the
+// split into 16-bit pairs scales such rows down and back, so the result is the CPU's, not inf or NaN.
+TEST_F(CudaDeviceTest, Fp16GemmTakesActivationsPastFp16Range) {
+  std::mt19937 rng(43);
+  const int64_t n = 12, in = 96, out = 40;
+  const Twin w = Weight(DType::kF16, RandomFloats(static_cast<size_t>(in * out), rng), "w");
+  std::vector<float> xs = RandomFloats(static_cast<size_t>(n * in), rng);
+  xs[5 * in + 3] = 2.0e5f;
+  xs[9 * in + 0] = -7.0e4f;
+  const Twin x = Make(xs, "x");
+  const Twin y = Zeros(static_cast<size_t>(n * out), "y");
+  for (Device* d : {cpu_.get(), gpu_.get()}) {
+    const bool g = d == gpu_.get();
+    d->MatMul(static_cast<float*>(g ? x.gpu->data() : x.cpu->data()),
+              g ? GpuRef(w, DType::kF16) : CpuRef(w, DType::kF16), WeightRef{}, n, in, out,
+              static_cast<float*>(g ? y.gpu->data() : y.cpu->data()), nullptr);
+  }
+  // Row 5's outputs are ~2e5 * |w|: the pair keeps ~22 bits of each activation.
+  ExpectSame(y, 2e-4 * std::sqrt(static_cast<double>(in)), 1e-5, "fp16 GEMM with activations up to 2e5");
+}
+
+// The RoPE inverse-frequency table the device keeps per (head_dim, theta) counts in memory_info().
+TEST_F(CudaDeviceTest, RopeTablesAreAccounted) {
+  auto device = CreateCudaDevice(0, 64 << 20);
+  ASSERT_TRUE(device.ok()) << device.status();
+  const int64_t heads = 2, head_dim = 48;
+  auto q = (*device)->Allocate(heads * head_dim * sizeof(float), "q");
+  auto pos = (*device)->Allocate(sizeof(int32_t), "pos");
+  ASSERT_TRUE(q.ok() && pos.ok());
+  const std::vector<float> q_host(static_cast<size_t>(heads * head_dim), 1.0f);
+  const int32_t position = 5;
+  (*device)->CopyToDevice((*q)->data(), q_host.data(), (*q)->size(), nullptr);
+  (*device)->CopyToDevice((*pos)->data(), &position, sizeof position, nullptr);
+  (*device)->Synchronize(nullptr);
+  const uint64_t buffers = (*device)->memory_info().in_use;
+  const uint64_t table = head_dim / 2 * sizeof(float);
+  (*device)->Rope((*q)->as<float>(), static_cast<int32_t*>((*pos)->data()), 1, heads, head_dim, 10000.0, nullptr);
+  (*device)->Synchronize(nullptr);
+  EXPECT_EQ((*device)->memory_info().in_use, buffers + table);
+  (*device)->Rope((*q)->as<float>(), static_cast<int32_t*>((*pos)->data()), 1, heads, head_dim, 10000.0, nullptr);
+  (*device)->Rope((*q)->as<float>(), static_cast<int32_t*>((*pos)->data()), 1, heads, head_dim, 500000.0, nullptr);
+  (*device)->Synchronize(nullptr);
+  EXPECT_EQ((*device)->memory_info().in_use, buffers + 2 * table);  // one more table, for the second theta
+}
+
 // Quantized weights: the dequantizing GEMV (n <= 8) and GEMM kernels against the CPU device, which computes
 // the F32 MatMul of the dequantized weight; with no bias, a bias of the source dtype and an fp32 bias.
 TEST_F(CudaDeviceTest, QuantizedMatMulMatchesCpuDevice) {

@@ -149,24 +149,57 @@ void WithDeviceType(const TestWeight& w, F&& f) {
 inline const DType kWeightTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 
 // Every element within atol + rtol * |want|; NaN or Inf on either side fails. Reports the first few misses.
-inline void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, double atol, double rtol,
-                        const std::string& what) {
+// Expects |got[i] - want[i]| <= tol[i] for every element (NaN and Inf always fail); reports the first five.
+inline void ExpectWithin(const std::vector<float>& got, const std::vector<float>& want, const std::vector<double>& tol,
+                         const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
+  ASSERT_EQ(tol.size(), want.size()) << what;
   int reported = 0;
   int bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     const bool finite = std::isfinite(got[i]) && std::isfinite(want[i]);
     const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
-    const double tol = atol + rtol * std::fabs(static_cast<double>(want[i]));
-    if (!finite || err > tol) {
+    if (!finite || err > tol[i]) {
       ++bad;
       if (reported++ < 5) {
         ADD_FAILURE() << what << ": element " << i << " got " << got[i] << " want " << want[i] << " (err " << err
-                      << " > tol " << tol << ")";
+                      << " > tol " << tol[i] << ")";
       }
     }
   }
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " elements out of tolerance";
+}
+
+// Tolerance atol + rtol * |want[i]|.
+inline void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, double atol, double rtol,
+                        const std::string& what) {
+  std::vector<double> tol(want.size());
+  for (size_t i = 0; i < want.size(); ++i) tol[i] = atol + rtol * std::fabs(static_cast<double>(want[i]));
+  ExpectWithin(got, want, tol, what);
+}
+
+// Tolerances for comparing two fp32 computations of y[n, rows] = x[n, cols] * w[rows, cols]^T that may sum in
+// different orders and apply per-block scales to partial sums: each is within gamma * sum_k |x_k * w_k| of the
+// exact value (the standard dot-product bound, gamma = m * u / (1 - m * u), u = 2^-24, m = cols + 4 roundings
+// with the scale products), so the two differ by at most twice that. A bound relative to sum |x * w| rather
+// than to |y| holds where the sum cancels (a row of large weights of both signs).
+inline std::vector<double> MatMulTolerances(const std::vector<float>& x, const std::vector<float>& w, int64_t n,
+                                            int64_t cols, int64_t rows) {
+  const double m = static_cast<double>(cols + 4);
+  const double u = std::ldexp(1.0, -24);
+  const double gamma = m * u / (1.0 - m * u);
+  std::vector<double> tol(static_cast<size_t>(n * rows));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double magnitude = 0.0;
+      for (int64_t k = 0; k < cols; ++k) {
+        magnitude +=
+            std::fabs(static_cast<double>(x[static_cast<size_t>(t * cols + k)]) * w[static_cast<size_t>(r * cols + k)]);
+      }
+      tol[static_cast<size_t>(t * rows + r)] = 2.0 * gamma * magnitude;
+    }
+  }
+  return tol;
 }
 
 }  // namespace odmoe::gpu_test

@@ -2,6 +2,7 @@
 // (src/backend/cpu_kernels.h); expert ids compared exactly, with explicit ties. Skipped without a GPU.
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -67,6 +68,32 @@ TEST_F(RouterKernelTest, TiesGoToTheLowerExpertId) {
   ODMOE_ASSERT_CUDA(kernels::LaunchRouterTopK(dl.get(), 2, 8, 4, true, ids.get(), weights.get(), stream_));
   Sync();
   EXPECT_EQ(ids.Download(), (std::vector<int32_t>{0, 1, 2, 3, 2, 5, 1, 3}));
+}
+
+// A NaN or +inf logit makes the whole row's probabilities NaN (the softmax sum is NaN). The CPU reference then
+// orders by id (NaN after every number, ties to the lower id); every lane of the kernel's warp must agree on it,
+// with more experts than lanes, and the weights are NaN.
+TEST_F(RouterKernelTest, NanRowsPickTheCpuOrder) {
+  constexpr int64_t kExperts = 64, kTopK = 4;
+  std::mt19937 rng(12);
+  std::vector<float> logits = RandomFloats(3 * kExperts, rng, -4.0f, 4.0f);
+  logits[0 * kExperts + 40] = std::numeric_limits<float>::quiet_NaN();
+  logits[1 * kExperts + 3] = std::numeric_limits<float>::infinity();
+  for (int64_t e = 0; e < kExperts; ++e) logits[2 * kExperts + e] = std::numeric_limits<float>::quiet_NaN();
+  for (bool renormalize : {false, true}) {
+    std::vector<int32_t> want_ids(3 * kTopK);
+    std::vector<float> want_w(want_ids.size());
+    cpu::RouterTopK(logits.data(), 3, kExperts, kTopK, renormalize, want_ids.data(), want_w.data());
+    DeviceArray<float> dl(logits);
+    DeviceArray<int32_t> ids(want_ids.size());
+    DeviceArray<float> weights(want_w.size());
+    ODMOE_ASSERT_CUDA(
+        kernels::LaunchRouterTopK(dl.get(), 3, kExperts, kTopK, renormalize, ids.get(), weights.get(), stream_));
+    Sync();
+    EXPECT_EQ(ids.Download(), want_ids);
+    EXPECT_EQ(want_ids, (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3}));
+    for (float w : weights.Download()) EXPECT_TRUE(std::isnan(w)) << w;
+  }
 }
 
 class ElementwiseKernelTest : public GpuTest {};
@@ -170,30 +197,43 @@ TEST_F(ElementwiseKernelTest, GatherAndOrderedScatterAdd) {
   }
 }
 
+// Rows of activations split into 16-bit (hi, lo) pairs: hi + lo, times the row's scale, is x to about twice the
+// 16-bit mantissa. Row 1 reaches past fp16's range (65504): its fp16 pair is scaled down by a power of two
+// instead of overflowing to inf; bf16 (fp32's range) never scales.
 TEST_F(ElementwiseKernelTest, SplitToPairKeepsNearFp32Precision) {
+  constexpr int64_t kRows = 3, kCols = 1500;
   std::mt19937 rng(14);
-  const std::vector<float> x = RandomFloats(4097, rng, -100.0f, 100.0f);
+  std::vector<float> x = RandomFloats(kRows * kCols, rng, -100.0f, 100.0f);
+  for (int64_t c = 0; c < kCols; ++c) x[kCols + c] *= 3000.0f;  // up to 3e5
+  x[kCols + 7] = -1.0e6f;
   DeviceArray<__nv_bfloat16> bhi(x.size()), blo(x.size());
   DeviceArray<__half> hhi(x.size()), hlo(x.size());
+  DeviceArray<float> bscale(kRows), hscale(kRows);
   DeviceArray<float> dx(x);
-  ODMOE_ASSERT_CUDA(
-      kernels::LaunchSplitToPair(dx.get(), static_cast<int64_t>(x.size()), bhi.get(), blo.get(), stream_));
-  ODMOE_ASSERT_CUDA(
-      kernels::LaunchSplitToPair(dx.get(), static_cast<int64_t>(x.size()), hhi.get(), hlo.get(), stream_));
+  ODMOE_ASSERT_CUDA(kernels::LaunchSplitToPair(dx.get(), kRows, kCols, bhi.get(), blo.get(), bscale.get(), stream_));
+  ODMOE_ASSERT_CUDA(kernels::LaunchSplitToPair(dx.get(), kRows, kCols, hhi.get(), hlo.get(), hscale.get(), stream_));
   Sync();
   const auto bh = bhi.Download(), bl = blo.Download();
   const auto hh = hhi.Download(), hl = hlo.Download();
+  const std::vector<float> bs = bscale.Download(), hs = hscale.Download();
+  EXPECT_EQ(bs, (std::vector<float>{1.0f, 1.0f, 1.0f}));
+  EXPECT_EQ(hs, (std::vector<float>{1.0f, 32.0f, 1.0f}));  // 1e6 / 32 = 31250 < 2^15 <= 1e6 / 16
   for (size_t i = 0; i < x.size(); ++i) {
+    const size_t row = i / kCols;
     uint16_t bits[4];
     std::memcpy(&bits[0], &bh[i], 2);
     std::memcpy(&bits[1], &bl[i], 2);
     std::memcpy(&bits[2], &hh[i], 2);
     std::memcpy(&bits[3], &hl[i], 2);
-    const double b = static_cast<double>(Bf16ToF32(bits[0])) + Bf16ToF32(bits[1]);
-    const double h = static_cast<double>(F16ToF32(bits[2])) + F16ToF32(bits[3]);
+    const double b = (static_cast<double>(Bf16ToF32(bits[0])) + Bf16ToF32(bits[1])) * bs[row];
+    const double h = (static_cast<double>(F16ToF32(bits[2])) + F16ToF32(bits[3])) * hs[row];
     ASSERT_LE(std::fabs(b - x[i]), std::fabs(x[i]) * std::ldexp(1.0, -16)) << "bf16 pair of " << x[i];
-    ASSERT_LE(std::fabs(h - x[i]), std::fabs(x[i]) * std::ldexp(1.0, -21) + 1e-7) << "f16 pair of " << x[i];
+    ASSERT_LE(std::fabs(h - x[i]), std::fabs(x[i]) * std::ldexp(1.0, -21) + 1e-7 * hs[row]) << "f16 pair of " << x[i];
   }
+  // The GEMM's output rows are scaled back by the row scales.
+  DeviceArray<float> y(std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f});
+  ODMOE_ASSERT_CUDA(kernels::LaunchScaleRows(y.get(), kRows, 2, hscale.get(), stream_));
+  EXPECT_EQ(y.Download(), (std::vector<float>{1.0f, 2.0f, 96.0f, 128.0f, 5.0f, 6.0f}));
 }
 
 }  // namespace

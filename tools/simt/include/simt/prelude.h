@@ -125,6 +125,10 @@ inline float __expf(float x) { return std::exp(x); }
 inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
 using std::max;
 using std::min;
+// Device code calls the classification functions unqualified (global in CUDA's math API).
+using std::isfinite;
+using std::isinf;
+using std::isnan;
 
 // cuda_runtime.h declares this overload for nvcc only.
 template <typename T>
