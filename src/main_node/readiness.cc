@@ -78,40 +78,41 @@ class HealthProbe {
  public:
   HealthProbe(const std::vector<const NodeConfig*>& workers, int64_t timeout_ms) : timeout_ms_(timeout_ms) {
     for (const NodeConfig* w : workers) {
-      names_.push_back(w->name);
       stubs_.push_back(grpc::health::v1::Health::NewStub(rpc::MakeChannel(w->address)));
     }
   }
 
   std::vector<absl::Status> Run() {
-    struct Call {
-      grpc::ClientContext ctx;
-      grpc::health::v1::HealthCheckRequest request;
-      grpc::health::v1::HealthCheckResponse response;
-      grpc::Status status;
+    // Shared with the callbacks, so that it outlives the last of them, however late it lets go.
+    struct Round {
+      explicit Round(size_t n) : calls(n), pending(n) {}
+      struct Call {
+        grpc::ClientContext ctx;
+        grpc::health::v1::HealthCheckRequest request;
+        grpc::health::v1::HealthCheckResponse response;
+        grpc::Status status;
+      };
+      std::vector<Call> calls;
+      absl::Mutex mu;
+      size_t pending ABSL_GUARDED_BY(mu);
     };
     const size_t n = stubs_.size();
-    std::unique_ptr<Call[]> calls(new Call[n]);
-    absl::Mutex mu;
-    size_t pending = n;
+    auto round = std::make_shared<Round>(n);
     for (size_t i = 0; i < n; ++i) {
-      Call& c = calls[i];
+      Round::Call& c = round->calls[i];
       c.request.set_service(rpc::kReadinessService);
       rpc::SetDeadline(c.ctx, timeout_ms_);
-      stubs_[i]->async()->Check(&c.ctx, &c.request, &c.response, [&mu, &pending, &c](grpc::Status s) {
-        absl::MutexLock lock(&mu);
+      stubs_[i]->async()->Check(&c.ctx, &c.request, &c.response, [round, &c](grpc::Status s) {
+        absl::MutexLock lock(&round->mu);
         c.status = std::move(s);
-        --pending;
+        --round->pending;
       });
     }
-    {
-      absl::MutexLock lock(&mu);
-      mu.Await(absl::Condition(
-          +[](size_t* p) { return *p == 0; }, &pending));
-    }
     std::vector<absl::Status> out;
-    for (size_t i = 0; i < n; ++i) {
-      const Call& c = calls[i];
+    absl::MutexLock lock(&round->mu);
+    round->mu.Await(absl::Condition(
+        +[](size_t* p) { return *p == 0; }, &round->pending));
+    for (const Round::Call& c : round->calls) {
       if (!c.status.ok()) {
         out.push_back(rpc::FromGrpc(c.status, "health check"));
       } else if (c.response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
@@ -125,7 +126,6 @@ class HealthProbe {
 
  private:
   const int64_t timeout_ms_;
-  std::vector<std::string> names_;
   std::vector<std::unique_ptr<grpc::health::v1::Health::Stub>> stubs_;
 };
 
