@@ -91,6 +91,27 @@ int Terminate(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// A spawned daemon, stopped on scope exit unless Stop() was called (so a failed assertion leaves none behind).
+class Daemon {
+ public:
+  explicit Daemon(pid_t pid) : pid_(pid) {}
+  ~Daemon() {
+    if (pid_ > 0) Terminate(pid_);
+  }
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+  pid_t pid() const { return pid_; }
+  // SIGTERM and the exit code.
+  int Stop() {
+    const int code = Terminate(pid_);
+    pid_ = -1;
+    return code;
+  }
+
+ private:
+  pid_t pid_;
+};
+
 bool Eventually(const std::function<bool()>& cond, std::chrono::seconds limit) {
   const auto give_up = Clock::now() + limit;
   while (!cond()) {
@@ -108,7 +129,7 @@ bool Serving(const std::string& address, const std::string& service) {
 TEST(LifecycleTest, ASecondDaemonOnATakenPortExitsNamingNodeAndAddress) {
   ClusterFile c;
   const std::string log = c.dir.File("w0.log");
-  const pid_t first = Spawn({ProgramPath("odmoe-worker"), "--config", c.path, "--node", "w0"}, {}, log);
+  Daemon first(Spawn({ProgramPath("odmoe-worker"), "--config", c.path, "--node", "w0"}, {}, log));
   ASSERT_TRUE(Eventually([&] { return Serving(c.Address(1), rpc::kLivenessService); }, std::chrono::seconds(30)))
       << ReadFile(log);
   const RunResult second = RunProgram({ProgramPath("odmoe-worker"), "--config", c.path, "--node", "w0"});
@@ -123,7 +144,7 @@ TEST(LifecycleTest, ASecondDaemonOnATakenPortExitsNamingNodeAndAddress) {
   EXPECT_TRUE(named) << second.err;
   // The first is unaffected and stops cleanly.
   EXPECT_TRUE(Serving(c.Address(1), rpc::kReadinessService));
-  EXPECT_EQ(Terminate(first), 0) << ReadFile(log);
+  EXPECT_EQ(first.Stop(), 0) << ReadFile(log);
 }
 
 // A unix datagram socket standing in for systemd's notify socket.
@@ -177,17 +198,17 @@ TEST(LifecycleTest, MainTellsSystemdReadyWhenItListensPingsTheWatchdogAndSaysSto
   NotifySocket notify(c.dir.File("notify"));
   ASSERT_TRUE(notify.ok()) << std::strerror(errno);
   const std::string log = c.dir.File("main.log");
-  const pid_t main = Spawn({ProgramPath("odmoe-main"), "--config", c.path, "--node", "main"},
-                           {"NOTIFY_SOCKET=" + c.dir.File("notify"), "WATCHDOG_USEC=200000"}, log);
+  Daemon main(Spawn({ProgramPath("odmoe-main"), "--config", c.path, "--node", "main"},
+                    {"NOTIFY_SOCKET=" + c.dir.File("notify"), "WATCHDOG_USEC=200000"}, log));
   ASSERT_TRUE(notify.WaitFor("READY=1", std::chrono::seconds(30))) << notify.all() << ReadFile(log);
   // READY=1 came after the server listens.
   EXPECT_TRUE(Serving(c.Address(0), rpc::kLivenessService));
   EXPECT_FALSE(Serving(c.Address(0), rpc::kReadinessService)) << "no worker runs";
   EXPECT_TRUE(notify.WaitFor("WATCHDOG=1", std::chrono::seconds(5))) << notify.all();
   EXPECT_TRUE(notify.WaitFor("WATCHDOG=1", std::chrono::seconds(5))) << notify.all();
-  kill(main, SIGTERM);
+  kill(main.pid(), SIGTERM);
   EXPECT_TRUE(notify.WaitFor("STOPPING=1", std::chrono::seconds(10))) << notify.all();
-  EXPECT_EQ(Terminate(main), 0) << ReadFile(log);
+  EXPECT_EQ(main.Stop(), 0) << ReadFile(log);
   EXPECT_NE(ReadFile(log).find(StrCat("node main (odmoe ", BuildVersion(), ") live on ", c.Address(0))),
             std::string::npos)
       << ReadFile(log);
@@ -244,13 +265,13 @@ TEST(LifecycleTest, MainIsNotReadyWhileAWorkerIsDownAndReadyAgainWhenItReturns) 
 
   // Restart w1 by hand: main is ready again, by itself.
   const std::string log = c.dir.File("w1-again.log");
-  const pid_t again = Spawn({ProgramPath("odmoe-worker"), "--config", c.path, "--node", "w1"}, {}, log);
+  Daemon again(Spawn({ProgramPath("odmoe-worker"), "--config", c.path, "--node", "w1"}, {}, log));
   EXPECT_TRUE(Eventually([&] { return Serving(c.Address(0), rpc::kReadinessService); }, std::chrono::seconds(20)))
       << ReadFile(log) << ReadFile(run_dir + "/main.log");
   status = Status(c, run_dir, &code);
   EXPECT_EQ(code, 0) << status.dump();
   EXPECT_EQ(status["main"]["ready"], "SERVING") << status.dump();
-  EXPECT_EQ(Terminate(again), 0) << ReadFile(log);
+  EXPECT_EQ(again.Stop(), 0) << ReadFile(log);
 }
 
 }  // namespace
