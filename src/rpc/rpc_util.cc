@@ -60,7 +60,7 @@ int PortOf(const std::string& address) {
 }
 
 // Why `address` cannot be listened on, as a plain exclusive bind(2) of it tells (e.g. "Address already in use"),
-// or "" when such a bind succeeds.
+// or "" when at least one of the addresses it resolves to can be bound (as gRPC needs).
 std::string BindError(const std::string& address) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos) return "no port";
@@ -76,22 +76,40 @@ std::string BindError(const std::string& address) {
     return gai_strerror(rc);
   }
   std::string error;
-  for (addrinfo* a = found; a != nullptr && error.empty(); a = a->ai_next) {
+  bool bound = false;
+  for (addrinfo* a = found; a != nullptr && !bound; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as gRPC does: TIME_WAIT is not "in use"
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 1) != 0) error = std::strerror(errno);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 1) == 0) {
+      bound = true;
+    } else if (error.empty()) {
+      error = std::strerror(errno);
+    }
     close(fd);
   }
   freeaddrinfo(found);
-  return error;
+  return bound ? "" : (error.empty() ? "no usable address" : error);
+}
+
+std::string CannotListen(const ServerOptions& options, const std::string& reason) {
+  return StrCat(options.node.empty() ? std::string("this node") : StrCat("node '", options.node, "'"),
+                " cannot listen on ", options.address, ": ", reason);
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
                                                       const std::vector<grpc::Service*>& services) {
+  // A taken port is refused here, with one line, before gRPC (which would also refuse it, SO_REUSEPORT being
+  // off below, but after logging its own error).
+  const int wanted = PortOf(options.address);
+  if (wanted > 0) {
+    if (std::string reason = BindError(options.address); !reason.empty()) {
+      return absl::UnavailableError(CannotListen(options, reason));
+    }
+  }
   grpc::EnableDefaultHealthCheckService(true);
   std::unique_ptr<Server> s(new Server());
   s->address_ = options.address;
@@ -118,15 +136,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   for (grpc::Service* service : services) builder.RegisterService(service);
   s->server_ = builder.BuildAndStart();
-  const int wanted = PortOf(options.address);
   if (s->server_ == nullptr || s->port_ == 0 || (wanted > 0 && s->port_ != wanted)) {
     std::string reason = BindError(options.address);
     if (reason.empty()) reason = "in use, or not a local address?";
     if (s->server_ != nullptr) s->server_->Shutdown();
     s->server_.reset();
-    return absl::UnavailableError(
-        StrCat(options.node.empty() ? std::string("this node") : StrCat("node '", options.node, "'"),
-               " cannot listen on ", options.address, ": ", reason));
+    return absl::UnavailableError(CannotListen(options, reason));
   }
   {
     absl::MutexLock lock(&s->health_mu_);
