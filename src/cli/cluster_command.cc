@@ -2,11 +2,11 @@
 //
 // `up` starts every node of the file as its own process (odmoe-main / odmoe-shadow / odmoe-worker from the
 // directory of this program), each in its own session with its output in RUN_DIR/NODE.log and its pid in
-// RUN_DIR/NODE.pid, waits until every node reports SERVING over grpc.health.v1, and prints
+// RUN_DIR/NODE.pid, waits until every node reports ready (grpc.health.v1 "odmoe.ready") and prints
 // "grpc: HOST:PORT", the client API's address, on a line of its own (scripts parse it). If a node fails to
 // start, the others are stopped again and the failing node's log is shown.
-// `down` stops them (SIGTERM, then SIGKILL after a grace period); `status` asks each node for its health and
-// memory.
+// `down` stops them (SIGTERM, then SIGKILL after a grace period); `status` asks each node for its liveness,
+// readiness, build version and memory.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -220,7 +220,7 @@ absl::Status Up(const Flags& f, const ClusterConfig& c, const std::string& confi
             WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), "); its log ", LogFile(run_dir, n), ":\n",
             Tail(LogFile(run_dir, n), 10)));
       }
-      auto ok = rpc::CheckServing(n.address, 500);
+      auto ok = rpc::CheckServing(n.address, 500, rpc::kReadinessService);
       if (ok.ok() && *ok) serving[n.name] = true;
     }
     size_t up = 0;
@@ -269,17 +269,22 @@ absl::Status Status(const Flags& f, const ClusterConfig& c, const std::string& c
     Json j = {{"node", n.name}, {"role", NodeRoleName(n.role)}, {"address", n.address}, {"device", n.device}};
     auto pid = LivePid(run_dir, n);
     j["pid"] = pid ? Json(*pid) : Json(nullptr);
-    auto serving = rpc::CheckServing(n.address, 1000);
-    j["health"] = !serving.ok() ? "UNREACHABLE" : (*serving ? "SERVING" : "NOT_SERVING");
-    all_serving = all_serving && serving.ok() && *serving;
+    // Liveness (the process serves), readiness (it can do its part: main reaches an owner of every sparse layer)
+    // and the node's build version.
+    auto health = rpc::CheckHealth(n.address, 1000);
+    auto word = [&](bool serving) { return !health.ok() ? "UNREACHABLE" : (serving ? "SERVING" : "NOT_SERVING"); };
+    j["health"] = word(health.ok() && health->live);
+    j["ready"] = word(health.ok() && health->ready);
+    j["version"] = health.ok() && !health->version.empty() ? Json(health->version) : Json(nullptr);
+    all_serving = all_serving && health.ok() && health->live && health->ready;
     const v1::DeviceMemory* mem = nullptr;
     v1::WorkerStats ws;
     v1::ShadowStats ss;
     grpc::ClientContext ctx;
     rpc::SetDeadline(ctx, 1000);
-    if (serving.ok() && n.role == NodeRole::kWorker) {
+    if (health.ok() && n.role == NodeRole::kWorker) {
       if (v1::Worker::NewStub(rpc::MakeChannel(n.address))->GetStats(&ctx, {}, &ws).ok()) mem = &ws.memory();
-    } else if (serving.ok() && n.role == NodeRole::kShadow) {
+    } else if (health.ok() && n.role == NodeRole::kShadow) {
       if (v1::Shadow::NewStub(rpc::MakeChannel(n.address))->GetStats(&ctx, {}, &ss).ok()) mem = &ss.memory();
     }
     if (mem != nullptr) {
@@ -294,8 +299,9 @@ absl::Status Status(const Flags& f, const ClusterConfig& c, const std::string& c
   if (f.Has("json")) {
     std::printf("%s\n", DumpJson(Json{{"cluster", c.name}, {"nodes", nodes}}).c_str());
   } else {
-    std::printf("cluster '%s' (%s)\n%-10s %-7s %-22s %-12s %-9s %s\n", c.name.c_str(), config_path.c_str(), "node",
-                "role", "address", "health", "pid", "gpu memory (in use / peak / budget)");
+    std::printf("cluster '%s' (%s)\n%-10s %-7s %-22s %-12s %-12s %-20s %-9s %s\n", c.name.c_str(),
+                config_path.c_str(), "node", "role", "address", "live", "ready", "version", "pid",
+                "gpu memory (in use / peak / budget)");
     for (const Json& j : nodes) {
       std::string mem = "-";
       if (j.contains("gpu_memory")) {
@@ -307,13 +313,14 @@ absl::Status Status(const Flags& f, const ClusterConfig& c, const std::string& c
         mem = StrCat(mib(m["in_use_bytes"]), " / ", mib(m["peak_bytes"]), " / ",
                      m["capacity_bytes"].get<uint64_t>() == 0 ? std::string("-") : mib(m["capacity_bytes"]));
       }
-      std::printf("%-10s %-7s %-22s %-12s %-9s %s\n", j["node"].get<std::string>().c_str(),
+      std::printf("%-10s %-7s %-22s %-12s %-12s %-20s %-9s %s\n", j["node"].get<std::string>().c_str(),
                   j["role"].get<std::string>().c_str(), j["address"].get<std::string>().c_str(),
-                  j["health"].get<std::string>().c_str(),
+                  j["health"].get<std::string>().c_str(), j["ready"].get<std::string>().c_str(),
+                  j["version"].is_null() ? "-" : j["version"].get<std::string>().c_str(),
                   j["pid"].is_null() ? "-" : std::to_string(j["pid"].get<int64_t>()).c_str(), mem.c_str());
     }
   }
-  if (!all_serving) return absl::UnavailableError("not every node is serving");
+  if (!all_serving) return absl::UnavailableError("not every node is live and ready");
   return absl::OkStatus();
 }
 

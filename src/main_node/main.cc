@@ -1,6 +1,7 @@
 // odmoe-main: the main node daemon. `odmoe-main --config FILE --node NAME [--model DIR]`.
 // Comes up without waiting for the workers (channels dial on first use); a request that needs a worker that
-// is down fails with UNAVAILABLE naming it.
+// is down fails with UNAVAILABLE naming it. Live as soon as it serves; ready ("odmoe.ready") while every sparse
+// layer has a reachable owner.
 #include <string>
 #include <vector>
 
@@ -8,7 +9,9 @@
 #include "spdlog/spdlog.h"
 #include "src/common/status.h"
 #include "src/main_node/main_node.h"
+#include "src/main_node/readiness.h"
 #include "src/rpc/daemon.h"
+#include "src/rpc/systemd_notify.h"
 
 namespace {
 
@@ -16,13 +19,21 @@ absl::Status Serve(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(odmoe::rpc::DaemonArgs d, odmoe::rpc::ParseDaemonArgs(args, odmoe::NodeRole::kMain));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::MainNode> node, odmoe::MainNode::Create(d));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::Server> server,
-                         odmoe::rpc::Server::Start({d.self.address, d.self.threads}, {node.get()}));
+                         odmoe::rpc::Server::Start({d.self.address, d.self.threads, d.self.name}, {node.get()}));
   spdlog::info(
       "odmoe-main {} serving {} on port {}: model {} (fingerprint {}, epoch {}), device {}, {} workers, "
       "tokenizer {}",
       d.self.name, d.self.address, server->port(), d.model_dir, node->fingerprint(), d.cluster.epoch, d.self.device,
       d.cluster.workers().size(), node->has_tokenizer() ? "yes" : "no");
-  odmoe::rpc::ServeUntilSignal(*server);
+  // Readiness follows the workers (src/main_node/readiness.h); stopped before the server goes.
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::ReadinessProber> readiness,
+                         odmoe::ReadinessProber::ForCluster(d.cluster, node->config(), [&server](const auto& v) {
+                           server->MarkReady(v.ready);
+                           odmoe::rpc::systemd::NotifyStatus((v.ready ? "ready: " : "not ready: ") + v.reason);
+                         }));
+  readiness->Start();
+  odmoe::rpc::ServeUntilSignal(*server, odmoe::rpc::Readiness::kReportedByDaemon);
+  readiness->Stop();
   spdlog::info("odmoe-main {}: shut down", d.self.name);
   return absl::OkStatus();
 }

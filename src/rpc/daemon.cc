@@ -3,10 +3,15 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <optional>
 
+#include "absl/time/time.h"
+#include "spdlog/spdlog.h"
 #include "src/common/flags.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/common/version.h"
+#include "src/rpc/systemd_notify.h"
 
 namespace odmoe::rpc {
 
@@ -30,8 +35,7 @@ absl::StatusOr<DaemonArgs> ParseDaemonArgs(const std::vector<std::string>& args,
   d.self = *self;
   ShadowOverrides overrides{f.Get("ablation-case"), f.Get("prediction"), f.Get("shadow-quant"),
                             f.Get("align-token"),   f.Get("align-kv"),   f.Get("max-lead-tokens")};
-  ODMOE_RETURN_IF_ERROR(
-      ApplyShadowOverrides(overrides, d.cluster.shadow() != nullptr, &d.cluster.shadow_settings));
+  ODMOE_RETURN_IF_ERROR(ApplyShadowOverrides(overrides, d.cluster.shadow() != nullptr, &d.cluster.shadow_settings));
   d.model_dir = f.Get("model").value_or(d.cluster.model.path);
   if (d.model_dir.empty() && !d.cluster.model.is_synthetic()) {
     return absl::InvalidArgumentError(
@@ -55,11 +59,27 @@ void BlockShutdownSignals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-void ServeUntilSignal(Server& server) {
-  sigset_t set = ShutdownSignals();
-  server.MarkServing(true);
-  int sig = 0;
-  sigwait(&set, &sig);
+void ServeUntilSignal(Server& server, Readiness readiness) {
+  const sigset_t set = ShutdownSignals();
+  server.MarkLive(true);
+  if (readiness == Readiness::kWhenListening) server.MarkReady(true);
+  spdlog::info("node {} (odmoe {}) live on {}{}", server.node(), BuildVersion(), server.address(),
+               readiness == Readiness::kWhenListening ? " and ready" : "");
+  systemd::NotifyReady(StrCat("serving ", server.address()));
+  const std::optional<absl::Duration> ping = systemd::WatchdogPingInterval();
+  while (true) {
+    int sig = 0;
+    if (!ping.has_value()) {
+      if (sigwait(&set, &sig) == 0) break;
+      continue;
+    }
+    const timespec timeout = absl::ToTimespec(*ping);
+    sig = sigtimedwait(&set, nullptr, &timeout);
+    if (sig > 0) break;
+    // Timed out (or interrupted): the loop is alive.
+    systemd::NotifyWatchdog();
+  }
+  systemd::NotifyStopping();
   server.Shutdown(2000);
 }
 

@@ -1,5 +1,5 @@
 // The start-up every daemon shares: `--config FILE --node NAME [--model DIR]`, the cluster file read and the
-// node found in it, and serving until SIGINT/SIGTERM.
+// node found in it, and serving until SIGINT/SIGTERM (with systemd's notify protocol and watchdog).
 #pragma once
 
 #include <string>
@@ -25,9 +25,18 @@ absl::StatusOr<DaemonArgs> ParseDaemonArgs(const std::vector<std::string>& args,
 // before any gRPC object exists, so that the signals reach ServeUntilSignal and nowhere else.
 void BlockShutdownSignals();
 
-// Marks the server SERVING, waits for SIGINT or SIGTERM, then shuts it down gracefully.
+// Who decides the daemon's readiness (grpc.health.v1 "odmoe.ready").
+enum class Readiness {
+  kWhenListening,     // ready as soon as it serves: its weights are loaded before its server starts
+  kReportedByDaemon,  // the daemon marks it itself (main: src/main_node/readiness.h)
+};
+
+// The serving loop: marks the server live (and ready, for kWhenListening), tells systemd READY=1 (this daemon
+// has loaded its weights and listens, whatever the rest of the cluster does), pings systemd's watchdog at half
+// its WatchdogSec while it waits for SIGINT or SIGTERM, then tells systemd STOPPING=1 and shuts the server
+// down gracefully. Outside systemd the notifications do nothing.
 // REQUIRES: BlockShutdownSignals() was called before any thread was started.
-void ServeUntilSignal(Server& server);
+void ServeUntilSignal(Server& server, Readiness readiness = Readiness::kWhenListening);
 
 // Runs `body` and turns a failure into one stderr line "PROGRAM: message" and the exit code of the status.
 int ExitWith(const std::string& program, const absl::Status& status);

@@ -1,11 +1,19 @@
 #include "src/rpc/rpc_util.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/rpc/peer_version.h"
 
 namespace odmoe::rpc {
 
@@ -17,8 +25,7 @@ grpc::Status ToGrpc(const absl::Status& status) {
 
 absl::Status FromGrpc(const grpc::Status& status, std::string_view what) {
   if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      StrCat(what, ": ", status.error_message()));
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), StrCat(what, ": ", status.error_message()));
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
@@ -28,19 +35,90 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   // Reconnect quickly after a peer restarts (the default backoff grows to minutes).
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(MakeVersionClientInterceptorFactory(address));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(address, grpc::InsecureChannelCredentials(), args,
+                                                                 std::move(interceptors));
 }
 
 void SetDeadline(grpc::ClientContext& ctx, int64_t timeout_ms) {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
 }
 
+namespace {
+
+// The port of "host:port" ("[v6]:port"), or -1 when there is none.
+int PortOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size()) return -1;
+  int port = 0;
+  for (size_t i = colon + 1; i < address.size(); ++i) {
+    if (address[i] < '0' || address[i] > '9' || port > 65535) return -1;
+    port = port * 10 + (address[i] - '0');
+  }
+  return port;
+}
+
+// Why `address` cannot be listened on, as a plain exclusive bind(2) of it tells (e.g. "Address already in use"),
+// or "" when at least one of the addresses it resolves to can be bound (as gRPC needs).
+std::string BindError(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return "no port";
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return gai_strerror(rc);
+  }
+  std::string error;
+  bool bound = false;
+  for (addrinfo* a = found; a != nullptr && !bound; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as gRPC does: TIME_WAIT is not "in use"
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 1) == 0) {
+      bound = true;
+    } else if (error.empty()) {
+      error = std::strerror(errno);
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return bound ? "" : (error.empty() ? "no usable address" : error);
+}
+
+std::string CannotListen(const ServerOptions& options, const std::string& reason) {
+  return StrCat(options.node.empty() ? std::string("this node") : StrCat("node '", options.node, "'"),
+                " cannot listen on ", options.address, ": ", reason);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
-                                                     const std::vector<grpc::Service*>& services) {
+                                                      const std::vector<grpc::Service*>& services) {
+  // A taken port is refused here, with one line, before gRPC (which would also refuse it, SO_REUSEPORT being
+  // off below, but after logging its own error).
+  const int wanted = PortOf(options.address);
+  if (wanted > 0) {
+    if (std::string reason = BindError(options.address); !reason.empty()) {
+      return absl::UnavailableError(CannotListen(options, reason));
+    }
+  }
   grpc::EnableDefaultHealthCheckService(true);
   std::unique_ptr<Server> s(new Server());
+  s->address_ = options.address;
+  s->node_ = options.node;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &s->port_);
+  // gRPC sets SO_REUSEPORT by default, so a second daemon on a taken port would bind it silently and share its
+  // calls at random. Listen exclusively.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   // The sync server takes a thread per call in flight plus its pollers, and refuses a call with
@@ -53,10 +131,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 1);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(MakeVersionServerInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   for (grpc::Service* service : services) builder.RegisterService(service);
   s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(StrCat("cannot listen on ", options.address, " (in use, or not a local address?)"));
+  if (s->server_ == nullptr || s->port_ == 0 || (wanted > 0 && s->port_ != wanted)) {
+    std::string reason = BindError(options.address);
+    if (reason.empty()) reason = "in use, or not a local address?";
+    if (s->server_ != nullptr) s->server_->Shutdown();
+    s->server_.reset();
+    return absl::UnavailableError(CannotListen(options, reason));
+  }
+  {
+    absl::MutexLock lock(&s->health_mu_);
+    s->health_ = s->server_->GetHealthCheckService();
   }
   s->MarkServing(false);
   return s;
@@ -64,14 +153,25 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
 Server::~Server() { Shutdown(); }
 
+void Server::SetStatus(const char* service, bool serving) {
+  absl::MutexLock lock(&health_mu_);
+  if (health_ != nullptr) health_->SetServingStatus(service, serving);
+}
+
+void Server::MarkLive(bool serving) { SetStatus(kLivenessService, serving); }
+void Server::MarkReady(bool serving) { SetStatus(kReadinessService, serving); }
 void Server::MarkServing(bool serving) {
-  if (server_ == nullptr) return;
-  if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(serving);
+  MarkLive(serving);
+  MarkReady(serving);
 }
 
 void Server::Shutdown(int64_t grace_ms) {
   if (server_ == nullptr) return;
-  MarkServing(false);
+  {
+    absl::MutexLock lock(&health_mu_);
+    if (health_ != nullptr) health_->Shutdown();  // every service NOT_SERVING, and no later change
+    health_ = nullptr;
+  }
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
   server_->Wait();
   server_.reset();
@@ -81,16 +181,39 @@ void Server::Wait() {
   if (server_ != nullptr) server_->Wait();
 }
 
-absl::StatusOr<bool> CheckServing(const std::string& address, int64_t timeout_ms) {
-  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(address));
+namespace {
+
+// One health check on `stub`; the answer's version goes to `version` when given.
+absl::StatusOr<bool> CheckOne(grpc::health::v1::Health::Stub& stub, const std::string& address,
+                              const std::string& service, int64_t timeout_ms, std::string* version) {
   grpc::ClientContext ctx;
   SetDeadline(ctx, timeout_ms);
   grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
   grpc::health::v1::HealthCheckResponse resp;
-  grpc::Status st = stub->Check(&ctx, req, &resp);
+  grpc::Status st = stub.Check(&ctx, req, &resp);
+  if (version != nullptr) {
+    const auto& md = ctx.GetServerInitialMetadata();
+    if (auto it = md.find(kVersionMetadataKey); it != md.end()) version->assign(it->second.data(), it->second.size());
+  }
   if (st.error_code() == grpc::StatusCode::NOT_FOUND) return false;
   if (!st.ok()) return FromGrpc(st, StrCat("health check of ", address));
   return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> CheckServing(const std::string& address, int64_t timeout_ms, const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(address));
+  return CheckOne(*stub, address, service, timeout_ms, nullptr);
+}
+
+absl::StatusOr<NodeHealth> CheckHealth(const std::string& address, int64_t timeout_ms) {
+  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(address));
+  NodeHealth h;
+  ODMOE_ASSIGN_OR_RETURN(h.live, CheckOne(*stub, address, kLivenessService, timeout_ms, &h.version));
+  ODMOE_ASSIGN_OR_RETURN(h.ready, CheckOne(*stub, address, kReadinessService, timeout_ms, nullptr));
+  return h;
 }
 
 absl::Status CheckHeader(const v1::RequestHeader& header, uint64_t epoch, const std::string& fingerprint) {
@@ -123,7 +246,7 @@ void EncodeF32(std::span<const float> values, std::span<const int64_t> shape, v1
 }
 
 absl::StatusOr<std::vector<float>> DecodeF32(const v1::Tensor& tensor, std::span<const int64_t> shape,
-                                            std::string_view what, std::vector<int64_t>* dims) {
+                                             std::string_view what, std::vector<int64_t>* dims) {
   if (tensor.dtype() != v1::DTYPE_F32) {
     return absl::InvalidArgumentError(StrCat(what, ": expected dtype F32, got ", v1::DType_Name(tensor.dtype())));
   }

@@ -9,8 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "odmoe/v1/common.pb.h"
 #include "src/backend/device.h"
 
@@ -25,35 +28,73 @@ inline constexpr int64_t kMaxTensorBytesPerCall = 16 << 20;
 grpc::Status ToGrpc(const absl::Status& status);
 absl::Status FromGrpc(const grpc::Status& status, std::string_view what);
 
-// A channel to `address` with odmoe's message size limits.
+// A channel to `address` with odmoe's message size limits and quick reconnects. Every call on it carries this
+// build's version (src/rpc/peer_version.h). Channels to one address with the same arguments share one
+// connection (gRPC's global subchannel pool), so a second channel costs no second TCP connection.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 // Sets a deadline `timeout_ms` from now on `ctx`.
 void SetDeadline(grpc::ClientContext& ctx, int64_t timeout_ms);
 
-// A started server: the given services plus grpc.health.v1 (NOT_SERVING until MarkServing).
+// The grpc.health.v1 services of every daemon: liveness (the empty name: the process serves) and readiness
+// ("odmoe.ready": a shadow or worker has loaded its weights and listens; main also reaches an owner of every
+// sparse layer, src/main_node/readiness.h).
+inline constexpr char kLivenessService[] = "";
+inline constexpr char kReadinessService[] = "odmoe.ready";
+
 struct ServerOptions {
-  std::string address;   // host:port
-  int threads = 2;       // bound on the RPC threads (ten daemons share two cores in CI)
+  std::string address;  // host:port
+  int threads = 2;      // bound on the RPC threads (ten daemons share two cores in CI)
+  std::string node;     // the node's name, for errors ("node 'w0' cannot listen on ...")
 };
+// A started server: the given services plus grpc.health.v1, both services NOT_SERVING until marked. It listens
+// exclusively (SO_REUSEPORT off): a second daemon on a taken address fails to start instead of sharing it.
+// Every call it answers carries this build's version, and a caller's differing version is logged once.
+// Thread safety: MarkLive/MarkReady/MarkServing may be called from any thread, also during or after Shutdown
+// (then they do nothing); Shutdown and Wait from the owner's thread.
 class Server {
  public:
+  // Unavailable naming options.node and options.address, with the reason (e.g. "Address already in use"),
+  // when the address cannot be listened on.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
-                                                      const std::vector<grpc::Service*>& services);
+                                                       const std::vector<grpc::Service*>& services);
   ~Server();
+  void MarkLive(bool serving);
+  void MarkReady(bool serving);
+  // Both liveness and readiness.
   void MarkServing(bool serving);
+  // Marks both NOT_SERVING for good, then stops: in-flight calls get `grace_ms` to finish.
   void Shutdown(int64_t grace_ms = 1000);
   void Wait();
   int port() const { return port_; }
+  const std::string& address() const { return address_; }
+  const std::string& node() const { return node_; }
 
  private:
   Server() = default;
+  void SetStatus(const char* service, bool serving);
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  std::string address_;
+  std::string node_;
+  absl::Mutex health_mu_;
+  grpc::HealthCheckServiceInterface* health_ ABSL_GUARDED_BY(health_mu_) = nullptr;  // server_'s; null once stopped
 };
 
-// Asks `address` over grpc.health.v1 whether it is serving. OK(true) SERVING, OK(false) answering but not
-// serving (yet), Unavailable / DeadlineExceeded when nothing answers within `timeout_ms`.
-absl::StatusOr<bool> CheckServing(const std::string& address, int64_t timeout_ms);
+// Asks `address` over grpc.health.v1 whether `service` is serving. OK(true) SERVING, OK(false) answering but
+// not serving (yet) or not knowing the service, Unavailable / DeadlineExceeded when nothing answers within
+// `timeout_ms`.
+absl::StatusOr<bool> CheckServing(const std::string& address, int64_t timeout_ms,
+                                  const std::string& service = kLivenessService);
+
+// A node's health as `odmoe cluster status` shows it.
+struct NodeHealth {
+  bool live = false;
+  bool ready = false;
+  std::string version;  // the node's build version from its answer; empty when it sent none
+};
+// Liveness, readiness and build version of the node at `address`. Unavailable / DeadlineExceeded when nothing
+// answers within `timeout_ms`.
+absl::StatusOr<NodeHealth> CheckHealth(const std::string& address, int64_t timeout_ms);
 
 // Checks a request header against this node's epoch and fingerprint: FailedPrecondition naming both values
 // when they differ.
@@ -71,6 +112,6 @@ void EncodeF32(std::span<const float> values, std::span<const int64_t> shape, v1
 // size). InvalidArgument naming `what` for a wrong dtype, rank, dim or byte count, or an empty tensor.
 // Returns the values and fills the actual dims into `dims` when given.
 absl::StatusOr<std::vector<float>> DecodeF32(const v1::Tensor& tensor, std::span<const int64_t> shape,
-                                            std::string_view what, std::vector<int64_t>* dims = nullptr);
+                                             std::string_view what, std::vector<int64_t>* dims = nullptr);
 
 }  // namespace odmoe::rpc

@@ -14,7 +14,7 @@ absl::Status Serve(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(odmoe::rpc::DaemonArgs d, odmoe::rpc::ParseDaemonArgs(args, odmoe::NodeRole::kShadow));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::ShadowNode> node, odmoe::ShadowNode::Create(d));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::Server> server,
-                         odmoe::rpc::Server::Start({d.self.address, d.self.threads}, {node.get()}));
+                         odmoe::rpc::Server::Start({d.self.address, d.self.threads, d.self.name}, {node.get()}));
   const odmoe::ShadowSettings& s = node->settings();
   spdlog::info(
       "odmoe-shadow {} serving {} on port {}: model {} (fingerprint {}, epoch {}); prediction {}, replica {} "

@@ -21,8 +21,9 @@ absl::Status Run(const std::vector<std::string>& args) {
                          odmoe::CreateDevice(daemon.self.device, daemon.self.gpu_budget_bytes));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::WorkerNode> node,
                          odmoe::WorkerNode::Create(daemon.cluster, daemon.self, daemon.model_dir, std::move(device)));
-  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::Server> server,
-                         odmoe::rpc::Server::Start({daemon.self.address, daemon.self.threads}, {node.get()}));
+  ODMOE_ASSIGN_OR_RETURN(
+      std::unique_ptr<odmoe::rpc::Server> server,
+      odmoe::rpc::Server::Start({daemon.self.address, daemon.self.threads, daemon.self.name}, {node.get()}));
   std::string layers;
   for (int64_t l : node->decode_layers()) layers += odmoe::StrCat(layers.empty() ? "" : ",", l);
   spdlog::info(

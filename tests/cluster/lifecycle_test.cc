@@ -1,0 +1,278 @@
+// The daemons' life cycle as real processes on loopback, with a tiny synthetic model (no ../shared needed):
+// a second daemon on a taken port exits naming node and address; a daemon tells systemd READY=1 once it
+// listens (main: whether or not its workers are up), pings the watchdog and says STOPPING=1 on SIGTERM; main's
+// readiness ("odmoe.ready") turns NOT_SERVING when a worker dies and SERVING again when it returns; and
+// `odmoe cluster status` shows liveness, readiness and each node's build version.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "src/common/json.h"
+#include "src/common/strings.h"
+#include "src/common/version.h"
+#include "src/rpc/rpc_util.h"
+#include "tests/test_support.h"
+
+namespace odmoe {
+namespace {
+
+using odmoe::testing::ProgramPath;
+using odmoe::testing::ReadFile;
+using odmoe::testing::RunProgram;
+using odmoe::testing::RunResult;
+using Clock = std::chrono::steady_clock;
+
+// A cluster file of main and two workers (one group: top-2 of 4 experts) on free loopback ports, with the
+// synthetic tiny Mixtral of tests/data (2 layers).
+struct ClusterFile {
+  ClusterFile() {
+    ports = odmoe::testing::PickFreePorts(3);
+    const std::string toml =
+        StrCat("[cluster]\nname = \"lifecycle\"\nrpc_timeout_ms = 10000\nstartup_timeout_ms = 60000\n",
+               "[model]\nsynthetic = \"", odmoe::testing::SourceDir(),
+               "/tests/data/tiny-mixtral/config.json\"\nlayers = 2\nseed = 1\n",
+               "[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"", Address(0), "\"\ndevice = \"cpu\"\n",
+               "[[node]]\nname = \"w0\"\nrole = \"worker\"\naddress = \"", Address(1), "\"\ndevice = \"mock-gpu\"\n",
+               "[[node]]\nname = \"w1\"\nrole = \"worker\"\naddress = \"", Address(2), "\"\ndevice = \"mock-gpu\"\n");
+    path = dir.File("cluster.toml");
+    odmoe::testing::WriteFile(path, toml);
+  }
+  std::string Address(size_t i) const { return StrCat("127.0.0.1:", ports[i]); }
+
+  odmoe::testing::TempDir dir;
+  std::vector<int> ports;
+  std::string path;
+};
+
+// Starts `argv` in the background with `env` added to its environment, stdout and stderr to `log`.
+pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setsid();
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// SIGTERM, then the exit code (-1 for a signal); SIGKILL after 20 s.
+int Terminate(pid_t pid) {
+  kill(pid, SIGTERM);
+  const auto give_up = Clock::now() + std::chrono::seconds(20);
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (Clock::now() > give_up) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A spawned daemon, stopped on scope exit unless Stop() was called (so a failed assertion leaves none behind).
+class Daemon {
+ public:
+  explicit Daemon(pid_t pid) : pid_(pid) {}
+  ~Daemon() {
+    if (pid_ > 0) Terminate(pid_);
+  }
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+  pid_t pid() const { return pid_; }
+  // SIGTERM and the exit code.
+  int Stop() {
+    const int code = Terminate(pid_);
+    pid_ = -1;
+    return code;
+  }
+
+ private:
+  pid_t pid_;
+};
+
+bool Eventually(const std::function<bool()>& cond, std::chrono::seconds limit) {
+  const auto give_up = Clock::now() + limit;
+  while (!cond()) {
+    if (Clock::now() > give_up) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+bool Serving(const std::string& address, const std::string& service) {
+  auto s = rpc::CheckServing(address, 1000, service);
+  return s.ok() && *s;
+}
+
+TEST(LifecycleTest, ASecondDaemonOnATakenPortExitsNamingNodeAndAddress) {
+  ClusterFile c;
+  const std::string log = c.dir.File("w0.log");
+  Daemon first(Spawn({ProgramPath("odmoe-worker"), "--config", c.path, "--node", "w0"}, {}, log));
+  ASSERT_TRUE(Eventually([&] { return Serving(c.Address(1), rpc::kLivenessService); }, std::chrono::seconds(30)))
+      << ReadFile(log);
+  const RunResult second = RunProgram({ProgramPath("odmoe-worker"), "--config", c.path, "--node", "w0"});
+  EXPECT_NE(second.exit_code, 0) << second.err;
+  EXPECT_EQ(second.signal, 0);
+  bool named = false;  // one line of ours names the node and the address
+  std::istringstream lines(second.err);
+  for (std::string line; std::getline(lines, line);) {
+    named = named || (line.rfind("odmoe-worker: ", 0) == 0 && line.find("'w0'") != std::string::npos &&
+                      line.find(c.Address(1)) != std::string::npos && line.find("in use") != std::string::npos);
+  }
+  EXPECT_TRUE(named) << second.err;
+  // The first is unaffected and stops cleanly.
+  EXPECT_TRUE(Serving(c.Address(1), rpc::kReadinessService));
+  EXPECT_EQ(first.Stop(), 0) << ReadFile(log);
+}
+
+// A unix datagram socket standing in for systemd's notify socket.
+class NotifySocket {
+ public:
+  explicit NotifySocket(const std::string& path) : path_(path) {
+    fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    ok_ = fd_ >= 0 && bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  }
+  ~NotifySocket() {
+    if (fd_ >= 0) close(fd_);
+    unlink(path_.c_str());
+  }
+  bool ok() const { return ok_; }
+  // Reads messages until one contains `line` (a whole line), up to `limit`; true if it came.
+  bool WaitFor(const std::string& line, std::chrono::seconds limit) {
+    const auto give_up = Clock::now() + limit;
+    while (Clock::now() < give_up) {
+      timeval tv{0, 100000};
+      setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      char buf[4096];
+      const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) continue;
+      const std::string msg(buf, static_cast<size_t>(n));
+      messages_.push_back(msg);
+      std::istringstream lines(msg);
+      for (std::string l; std::getline(lines, l);) {
+        if (l == line) return true;
+      }
+    }
+    return false;
+  }
+  std::string all() const {
+    std::string out;
+    for (const auto& m : messages_) out += "[" + m + "] ";
+    return out;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  bool ok_ = false;
+  std::vector<std::string> messages_;
+};
+
+TEST(LifecycleTest, MainTellsSystemdReadyWhenItListensPingsTheWatchdogAndSaysStopping) {
+  ClusterFile c;  // no worker runs: main is live but not ready, and still READY=1 for systemd
+  NotifySocket notify(c.dir.File("notify"));
+  ASSERT_TRUE(notify.ok()) << std::strerror(errno);
+  const std::string log = c.dir.File("main.log");
+  Daemon main(Spawn({ProgramPath("odmoe-main"), "--config", c.path, "--node", "main"},
+                    {"NOTIFY_SOCKET=" + c.dir.File("notify"), "WATCHDOG_USEC=200000"}, log));
+  ASSERT_TRUE(notify.WaitFor("READY=1", std::chrono::seconds(30))) << notify.all() << ReadFile(log);
+  // READY=1 came after the server listens.
+  EXPECT_TRUE(Serving(c.Address(0), rpc::kLivenessService));
+  EXPECT_FALSE(Serving(c.Address(0), rpc::kReadinessService)) << "no worker runs";
+  EXPECT_TRUE(notify.WaitFor("WATCHDOG=1", std::chrono::seconds(5))) << notify.all();
+  EXPECT_TRUE(notify.WaitFor("WATCHDOG=1", std::chrono::seconds(5))) << notify.all();
+  kill(main.pid(), SIGTERM);
+  EXPECT_TRUE(notify.WaitFor("STOPPING=1", std::chrono::seconds(10))) << notify.all();
+  EXPECT_EQ(main.Stop(), 0) << ReadFile(log);
+  EXPECT_NE(ReadFile(log).find(StrCat("node main (odmoe ", BuildVersion(), ") live on ", c.Address(0))),
+            std::string::npos)
+      << ReadFile(log);
+}
+
+Json Status(const ClusterFile& c, const std::string& run_dir, int* exit_code) {
+  const RunResult r =
+      RunProgram({ProgramPath("odmoe"), "cluster", "status", "--config", c.path, "--run-dir", run_dir, "--json"});
+  *exit_code = r.exit_code;
+  auto j = ParseJson(r.out, "cluster status");
+  EXPECT_TRUE(j.ok()) << r.out << r.err;
+  Json by_node = Json::object();
+  if (j.ok()) {
+    for (const Json& n : (*j)["nodes"]) by_node[n["node"].get<std::string>()] = n;
+  }
+  return by_node;
+}
+
+TEST(LifecycleTest, MainIsNotReadyWhileAWorkerIsDownAndReadyAgainWhenItReturns) {
+  ClusterFile c;
+  const std::string run_dir = c.dir.File("run");
+  const RunResult up = RunProgram({ProgramPath("odmoe"), "cluster", "up", "--config", c.path, "--run-dir", run_dir});
+  ASSERT_EQ(up.exit_code, 0) << up.out << up.err;
+  struct Down {
+    const ClusterFile& c;
+    std::string run_dir;
+    ~Down() { RunProgram({ProgramPath("odmoe"), "cluster", "down", "--config", c.path, "--run-dir", run_dir}); }
+  } down{c, run_dir};
+  // `up` waits for readiness: main reaches both workers.
+  EXPECT_TRUE(Serving(c.Address(0), rpc::kReadinessService));
+  int code = -1;
+  Json status = Status(c, run_dir, &code);
+  EXPECT_EQ(code, 0);
+  for (const char* node : {"main", "w0", "w1"}) {
+    EXPECT_EQ(status[node]["health"], "SERVING") << status.dump();
+    EXPECT_EQ(status[node]["ready"], "SERVING") << status.dump();
+    EXPECT_EQ(status[node]["version"], std::string(BuildVersion())) << status.dump();
+  }
+
+  // Kill w1 the hard way: main stays live and turns not ready by itself.
+  const pid_t w1 = std::stoi(ReadFile(run_dir + "/w1.pid"));
+  ASSERT_EQ(kill(w1, SIGKILL), 0);
+  EXPECT_TRUE(Eventually([&] { return !Serving(c.Address(0), rpc::kReadinessService); }, std::chrono::seconds(10)))
+      << ReadFile(run_dir + "/main.log");
+  EXPECT_TRUE(Serving(c.Address(0), rpc::kLivenessService));
+  status = Status(c, run_dir, &code);
+  EXPECT_NE(code, 0);
+  EXPECT_EQ(status["main"]["health"], "SERVING") << status.dump();
+  EXPECT_EQ(status["main"]["ready"], "NOT_SERVING") << status.dump();
+  EXPECT_EQ(status["w1"]["health"], "UNREACHABLE") << status.dump();
+  EXPECT_TRUE(status["w1"]["version"].is_null()) << status.dump();
+  EXPECT_NE(ReadFile(run_dir + "/main.log").find("unreachable owner: w1"), std::string::npos)
+      << ReadFile(run_dir + "/main.log");
+
+  // Restart w1 by hand: main is ready again, by itself.
+  const std::string log = c.dir.File("w1-again.log");
+  Daemon again(Spawn({ProgramPath("odmoe-worker"), "--config", c.path, "--node", "w1"}, {}, log));
+  EXPECT_TRUE(Eventually([&] { return Serving(c.Address(0), rpc::kReadinessService); }, std::chrono::seconds(20)))
+      << ReadFile(log) << ReadFile(run_dir + "/main.log");
+  status = Status(c, run_dir, &code);
+  EXPECT_EQ(code, 0) << status.dump();
+  EXPECT_EQ(status["main"]["ready"], "SERVING") << status.dump();
+  EXPECT_EQ(again.Stop(), 0) << ReadFile(log);
+}
+
+}  // namespace
+}  // namespace odmoe
