@@ -11,6 +11,9 @@ packages=(
   nlohmann-json3-dev libtomlplusplus-dev
   clang-14 libclang-rt-14-dev
   python3
+  libcpp-httplib-dev
+  python3-prometheus-client
+  python3-yaml
 )
 
 missing=()
