@@ -241,7 +241,8 @@ absl::Status Up(const Flags& f, const ClusterConfig& c, const std::string& confi
   std::printf("cluster '%s' up: %zu nodes serving; logs in %s\n", c.name.c_str(), c.nodes.size(), run_dir.c_str());
   std::printf("grpc: %s\n", c.main()->address.c_str());
   for (const NodeConfig& n : c.nodes) {
-    if (!n.metrics_address.empty()) std::printf("metrics: %s http://%s/metrics\n", n.name.c_str(), n.metrics_address.c_str());
+    if (n.metrics_address.empty()) continue;
+    std::printf("metrics: %s http://%s/metrics\n", n.name.c_str(), n.metrics_address.c_str());
   }
   std::fflush(stdout);
   return absl::OkStatus();
