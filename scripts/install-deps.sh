@@ -12,6 +12,9 @@ packages=(
   clang-14 libclang-rt-14-dev
   python3
   libsystemd-dev
+  libcpp-httplib-dev
+  python3-prometheus-client
+  python3-yaml
 )
 
 missing=()

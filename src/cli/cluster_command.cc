@@ -3,7 +3,8 @@
 // `up` starts every node of the file as its own process (odmoe-main / odmoe-shadow / odmoe-worker from the
 // directory of this program), each in its own session with its output in RUN_DIR/NODE.log and its pid in
 // RUN_DIR/NODE.pid, waits until every node reports ready (grpc.health.v1 "odmoe.ready") and prints
-// "grpc: HOST:PORT", the client API's address, on a line of its own (scripts parse it). If a node fails to
+// "grpc: HOST:PORT", the client API's address, on a line of its own (scripts parse it), then
+// "metrics: NODE http://ADDRESS/metrics" for each node with a metrics_address. If a node fails to
 // start, the others are stopped again and the failing node's log is shown.
 // `down` stops them (SIGTERM, then SIGKILL after a grace period); `status` asks each node for its liveness,
 // readiness, build version and memory.
@@ -239,6 +240,10 @@ absl::Status Up(const Flags& f, const ClusterConfig& c, const std::string& confi
   }
   std::printf("cluster '%s' up: %zu nodes serving; logs in %s\n", c.name.c_str(), c.nodes.size(), run_dir.c_str());
   std::printf("grpc: %s\n", c.main()->address.c_str());
+  for (const NodeConfig& n : c.nodes) {
+    if (n.metrics_address.empty()) continue;
+    std::printf("metrics: %s http://%s/metrics\n", n.name.c_str(), n.metrics_address.c_str());
+  }
   std::fflush(stdout);
   return absl::OkStatus();
 }

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "src/common/mapped_file.h"
@@ -59,15 +60,17 @@ class Fields {
   std::string scope_;
 };
 
-absl::Status CheckAddress(const std::string& where, const std::string& scope, const std::string& address) {
+// `field` ("address" or "metrics_address") of node `scope` must be host:port with a port in 1..65535.
+absl::Status CheckAddress(const std::string& where, const std::string& scope, const std::string& address,
+                          std::string_view field = "address") {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
-    return FieldError(where, scope, "address", StrCat("expected host:port, got '", address, "'"));
+    return FieldError(where, scope, field, StrCat("expected host:port, got '", address, "'"));
   }
   const std::string port = address.substr(colon + 1);
   if (port.find_first_not_of("0123456789") != std::string::npos || port.size() > 5 || std::stoi(port) > 65535 ||
       std::stoi(port) == 0) {
-    return FieldError(where, scope, "address", StrCat("port must be 1..65535, got '", port, "'"));
+    return FieldError(where, scope, field, StrCat("port must be 1..65535, got '", port, "' in '", address, "'"));
   }
   return absl::OkStatus();
 }
@@ -337,7 +340,8 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     const std::string scope = StrCat("node '", node.name, "'");
     if (!names.insert(node.name).second) return FieldError(where, scope, "name", "used by two nodes");
     Fields f(t, where, scope);
-    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"name", "role", "address", "device", "gpu_budget_mb", "threads"}));
+    ODMOE_RETURN_IF_ERROR(
+        f.OnlyKnown({"name", "role", "address", "device", "gpu_budget_mb", "threads", "metrics_address"}));
     ODMOE_ASSIGN_OR_RETURN(auto role, f.String("role"));
     if (!role) return FieldError(where, scope, "role", "missing (main, shadow or worker)");
     if (*role == "main") {
@@ -367,7 +371,23 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
       if (*threads < 1 || *threads > 64) return FieldError(where, scope, "threads", "must be 1..64");
       node.threads = static_cast<int32_t>(*threads);
     }
+    ODMOE_ASSIGN_OR_RETURN(auto metrics_address, f.String("metrics_address"));
+    if (metrics_address) {
+      ODMOE_RETURN_IF_ERROR(CheckAddress(where, scope, *metrics_address, "metrics_address"));
+      node.metrics_address = *metrics_address;
+    }
     c.nodes.push_back(std::move(node));
+  }
+  // A metrics address may be no other node's metrics address nor any node's (gRPC) address.
+  std::map<std::string, std::string> taken;  // address -> "node 'x' address"
+  for (const NodeConfig& n : c.nodes) taken[n.address] = StrCat("node '", n.name, "' address");
+  for (const NodeConfig& n : c.nodes) {
+    if (n.metrics_address.empty()) continue;
+    auto [it, fresh] = taken.emplace(n.metrics_address, StrCat("node '", n.name, "' metrics_address"));
+    if (!fresh) {
+      return FieldError(where, StrCat("node '", n.name, "'"), "metrics_address",
+                        StrCat("'", n.metrics_address, "' is also ", it->second));
+    }
   }
   int mains = 0, shadows = 0;
   for (const NodeConfig& n : c.nodes) {

@@ -22,6 +22,7 @@
 //   name = "main"  role = "main"  address = "127.0.0.1:7100"  device = "cpu"
 //   [[node]]
 //   name = "w0"  role = "worker"  address = "127.0.0.1:7110"  device = "mock-gpu"  gpu_budget_mb = 1024
+//   metrics_address = "127.0.0.1:7210"   # optional: Prometheus text at http://HOST:PORT/metrics
 //
 // Workers are numbered in the order they appear in the file (the placement's worker index).
 #pragma once
@@ -47,6 +48,9 @@ struct NodeConfig {
   uint64_t gpu_budget_bytes = 0;  // workers: device memory for weights, activations and workspace (0: none set)
   int32_t worker_index = -1;      // workers: position among the workers of the file
   int32_t threads = 2;            // RPC handler threads
+  // host:port where the daemon serves GET /metrics (Prometheus text); empty: no metrics server. Unique among
+  // every node's address and metrics_address.
+  std::string metrics_address;
 };
 
 // [model]: a checkpoint (`path`), or synthetic weights (`synthetic`, `layers`, `seed`; src/model/synthetic.h),

@@ -11,6 +11,7 @@
 #include "src/main_node/main_node.h"
 #include "src/main_node/readiness.h"
 #include "src/rpc/daemon.h"
+#include "src/rpc/metrics_server.h"
 #include "src/rpc/systemd_notify.h"
 
 namespace {
@@ -18,6 +19,9 @@ namespace {
 absl::Status Serve(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(odmoe::rpc::DaemonArgs d, odmoe::rpc::ParseDaemonArgs(args, odmoe::NodeRole::kMain));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::MainNode> node, odmoe::MainNode::Create(d));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::MetricsServer> metrics,
+                         odmoe::rpc::MetricsServer::StartFor(d.self, &node->metrics()));
+  if (metrics != nullptr) spdlog::info("odmoe-main {}: metrics at {}", d.self.name, metrics->url());
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::Server> server,
                          odmoe::rpc::Server::Start({d.self.address, d.self.threads, d.self.name}, {node.get()}));
   spdlog::info(

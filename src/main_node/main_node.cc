@@ -7,6 +7,7 @@
 #include "src/backend/device_factory.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/rpc/metrics_server.h"
 
 namespace odmoe {
 
@@ -69,7 +70,28 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   }
   ODMOE_ASSIGN_OR_RETURN(node->engine_,
                          Engine::Create(*node->weights_, *node->device_, node->experts_.get(), options.engine));
+  node->InitMetrics(args);
   return node;
+}
+
+void MainNode::InitMetrics(const rpc::DaemonArgs& args) {
+  std::vector<MainMetrics::Peer> peers;
+  for (const NodeConfig* w : args.cluster.workers()) peers.push_back({w->name, "worker", w->address});
+  const NodeConfig* shadow = args.cluster.shadow();
+  if (args.cluster.shadow_settings.mode == PredictionMode::kShadow && shadow != nullptr) {
+    peers.push_back({shadow->name, "shadow", shadow->address});
+  }
+  metrics_ = std::make_unique<MainMetrics>(rpc::DaemonMetricLabels(args.cluster, args.self, args.model_dir), peers);
+  metrics_->registry().AddCollector([this](std::vector<metrics::MetricFamily>* out) {
+    {
+      absl::MutexLock lock(&stats_mu_);
+      Counters totals = reset_;
+      totals.Add(counters_);
+      totals.AppendFamilies(config_.top_k, out);
+    }
+    const MemoryInfo m = device_->memory_info();
+    rpc::AppendDeviceMemoryFamilies(m, m.capacity, out);
+  });
 }
 
 MainNode::~MainNode() {
@@ -132,6 +154,7 @@ struct MainNode::RequestRun {
   int64_t generated = 0;                         // tokens seen by the callback
   std::unique_ptr<IncrementalDecoder> decoder;  // nullptr without a tokenizer
   std::vector<float> kv_k, kv_v;                // [num_layers, kv_size]: a position's K/V for the shadow
+  MainMetrics::Request* timeline = nullptr;     // the request's metrics
   int64_t prompt_len() const { return static_cast<int64_t>(prompt.size()); }
 };
 
@@ -154,13 +177,25 @@ absl::StatusOr<GenerateOptions> MainNode::OptionsOf(const v1::GenerateRequest& r
 absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
                                   const std::function<bool(const v1::GenerateResponse&)>& emit,
                                   const std::function<bool()>& cancelled) {
+  MainMetrics::Request timeline = metrics_->Arrived();
+  const absl::Status status = ServeRequest(request, emit, cancelled, timeline);
+  timeline.Finished(status);
+  return status;
+}
+
+absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
+                                    const std::function<bool(const v1::GenerateResponse&)>& emit,
+                                    const std::function<bool()>& cancelled, MainMetrics::Request& timeline) {
   // Validate before waiting for the engine: a bad request is answered at once.
   RequestRun run;
   ODMOE_ASSIGN_OR_RETURN(run.prompt, PromptOf(request));
   ODMOE_ASSIGN_OR_RETURN(run.options, OptionsOf(request, run.prompt));
   run.emit = emit;
+  run.timeline = &timeline;
 
+  timeline.Queued();
   absl::MutexLock lock(&request_mu_);
+  timeline.Started(run.prompt_len());
   run.id = next_request_id_.fetch_add(1);
   experts_->BeginRequest(run.id, [&]() { return run.client_gone || (cancelled != nullptr && cancelled()); });
   if (tokenizer_ != nullptr) run.decoder = std::make_unique<IncrementalDecoder>(*tokenizer_, run.prompt);
@@ -213,6 +248,7 @@ AlignmentCounts MainNode::FinishPrediction() {
 }
 
 void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
+  run.timeline->Token();
   if (run.client_gone) return;
   v1::GenerateResponse chunk;
   chunk.add_tokens(id);
@@ -283,6 +319,7 @@ void MainNode::FillRequestStats(const RequestRun& run, const GenerateResult& res
   stats->set_on_demand_load_ms(total.on_demand_load_ms);
   stats->set_expert_tensors_opened(static_cast<uint64_t>(expert_tensors_opened()));
   const RecallSummary recall = board_.Summarize();
+  if (recall.decode_layers > 0) metrics_->Prediction(recall.recall, recall.timely_recall);
   stats->set_prediction(std::string(PredictionModeName(cluster_.shadow_settings.mode)));
   recall.ToProto(stats);
   stats->set_tokens_aligned(alignment.tokens);
@@ -312,6 +349,8 @@ MainNode::Counters MainNode::Counters::OfRequest(const RecallSummary& r, const A
                   .tokens_aligned = a.tokens,
                   .kv_aligned = a.kv,
                   .alignment_bytes = a.bytes,
+                  .predictions_received = r.predictions_received,
+                  .lead_layers_sum = r.lead_layers_mean * static_cast<double>(r.predictions_received),
                   .timing = t};
 }
 
@@ -326,7 +365,55 @@ void MainNode::Counters::Add(const Counters& o) {
   tokens_aligned += o.tokens_aligned;
   kv_aligned += o.kv_aligned;
   alignment_bytes += o.alignment_bytes;
+  predictions_received += o.predictions_received;
+  lead_layers_sum += o.lead_layers_sum;
   timing.Add(o.timing);
+}
+
+void MainNode::Counters::AppendFamilies(int64_t top_k, std::vector<metrics::MetricFamily>* out) const {
+  using metrics::MetricType;
+  auto counter = [out](const char* name, const char* help, double value) {
+    out->push_back(metrics::SingleSample(name, help, MetricType::kCounter, value));
+  };
+  const double needed = static_cast<double>(decode_layers) * static_cast<double>(std::max<int64_t>(1, top_k));
+  counter("odmoe_prediction_experts_needed_total",
+          "Experts decode needed (k per sparse layer and decode step): recall = hit / needed.", needed);
+  counter("odmoe_prediction_experts_hit_total", "Needed experts that had been predicted.",
+          static_cast<double>(correct));
+  counter("odmoe_prediction_experts_hit_timely_total",
+          "Needed experts predicted in time: resident or loading when main asked (timely recall = this / needed).",
+          static_cast<double>(timely));
+  counter("odmoe_prediction_layers_unpredicted_total", "Decoded (position, sparse layer) pairs with no prediction.",
+          static_cast<double>(predictions_missing));
+  counter("odmoe_on_demand_loads_total", "Decode experts no worker had when main asked (loaded after routing).",
+          static_cast<double>(loads_on_demand));
+  counter("odmoe_on_demand_stall_seconds_total", "Time main waited for on-demand loads in decode, in seconds.",
+          stall_ms / 1e3);
+  counter("odmoe_alignment_tokens_sent_total", "Token alignments sent to the shadow.",
+          static_cast<double>(tokens_aligned));
+  counter("odmoe_alignment_kv_sent_total", "K/V alignments sent to the shadow.", static_cast<double>(kv_aligned));
+  counter("odmoe_alignment_bytes_sent_total", "K/V alignment bytes sent to the shadow.",
+          static_cast<double>(alignment_bytes));
+  counter("odmoe_decode_main_seconds_total",
+          "Main's own decode time per sparse layer, summed (t_M of OD-MoE eq. 1 = this / layers).",
+          timing.main_ms / 1e3);
+  counter("odmoe_decode_main_layers_total", "Sparse layers main timed for t_M.",
+          static_cast<double>(timing.main_layers));
+  counter("odmoe_decode_worker_round_trip_seconds_total",
+          "Decode expert round trips to the workers, summed (t_W of OD-MoE eq. 1 = this / round trips).",
+          timing.worker_ms / 1e3);
+  counter("odmoe_decode_worker_round_trips_total", "Decode expert round trips timed for t_W.",
+          static_cast<double>(timing.worker_layers));
+  metrics::MetricFamily lead{"odmoe_shadow_lead_layers",
+                             "How many sparse layers ahead of main the shadow's predictions arrived (sum and count "
+                             "over the predictions received; mean = sum / count).",
+                             MetricType::kSummary,
+                             {}};
+  metrics::Sample s;
+  s.sum = lead_layers_sum;
+  s.count = predictions_received;
+  lead.samples.push_back(s);
+  out->push_back(std::move(lead));
 }
 
 void MainNode::Counters::ToProto(int64_t top_k, int32_t groups, v1::MainStats* s) const {
@@ -364,7 +451,10 @@ v1::MainStats MainNode::Stats(bool reset) {
   rpc::FillDeviceMemory(*device_, device_->memory_info().capacity, s.mutable_memory());
   absl::MutexLock lock(&stats_mu_);
   counters_.ToProto(config_.top_k, placement_groups_, &s);
-  if (reset) counters_ = Counters{};
+  if (reset) {
+    reset_.Add(counters_);
+    counters_ = Counters{};
+  }
   return s;
 }
 

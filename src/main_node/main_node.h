@@ -31,6 +31,7 @@
 #include "src/engine/engine.h"
 #include "src/engine/generator.h"
 #include "src/engine/model_weights.h"
+#include "src/main_node/main_metrics.h"
 #include "src/main_node/prediction.h"
 #include "src/main_node/remote_experts.h"
 #include "src/main_node/shadow_link.h"
@@ -84,15 +85,23 @@ class MainNode final : public v1::Inference::Service {
   const ModelConfig& config() const { return config_; }
   const NodeConfig& self() const { return self_; }
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
+  // The node's metrics (served by rpc::MetricsServer, which must stop before the node is destroyed).
+  const metrics::Registry& metrics() const { return metrics_->registry(); }
 
  private:
   MainNode() = default;
+  // Makes the node's metrics: the request timelines, the peers' reachability and the counters below.
+  void InitMetrics(const rpc::DaemonArgs& args);
   // The prompt ids of a request: prompt_ids, or the text prompt tokenized. InvalidArgument when both or neither
   // is given; FailedPrecondition for a text prompt when the model has no tokenizer.
   absl::StatusOr<std::vector<int32_t>> PromptOf(const v1::GenerateRequest& request) const;
 
   // The phases of RunRequest. RequestRun: one request's state (main_node.cc).
   struct RequestRun;
+  // RunRequest but for its metrics (`timeline`: the request's, which RunRequest finishes).
+  absl::Status ServeRequest(const v1::GenerateRequest& request,
+                            const std::function<bool(const v1::GenerateResponse&)>& emit,
+                            const std::function<bool()>& cancelled, MainMetrics::Request& timeline);
   // Request setup: the request checked against the model and turned into Generate's options.
   absl::StatusOr<GenerateOptions> OptionsOf(const v1::GenerateRequest& request,
                                             std::span<const int32_t> prompt) const;
@@ -133,16 +142,22 @@ class MainNode final : public v1::Inference::Service {
     uint64_t decode_layers = 0, correct = 0, timely = 0, predictions_missing = 0, loads_on_demand = 0;
     double stall_ms = 0;
     uint64_t tokens_aligned = 0, kv_aligned = 0, alignment_bytes = 0;
+    uint64_t predictions_received = 0;
+    double lead_layers_sum = 0;  // over the predictions received
     DecodeTiming timing;
     // One request's counters.
     static Counters OfRequest(const RecallSummary& r, const AlignmentCounts& a, const DecodeTiming& t);
     void Add(const Counters& o);
     // The one conversion to the node's stats (recall over decode_layers * top_k; N_G groups for t_maxload).
     void ToProto(int64_t top_k, int32_t groups, v1::MainStats* s) const;
+    // The metrics' families of these counters (odmoe_prediction_*, odmoe_on_demand_*, odmoe_alignment_*, ...).
+    void AppendFamilies(int64_t top_k, std::vector<metrics::MetricFamily>* out) const;
   };
   int32_t placement_groups_ = 1;  // N_G, for t_maxload
   mutable absl::Mutex stats_mu_;
   Counters counters_ ABSL_GUARDED_BY(stats_mu_);
+  Counters reset_ ABSL_GUARDED_BY(stats_mu_);  // what Stats(reset) zeroed, summed: the metrics only go up
+  std::unique_ptr<MainMetrics> metrics_;       // set by Create; its collector reads the counters above
 };
 
 }  // namespace odmoe

@@ -6,6 +6,7 @@
 #include "spdlog/spdlog.h"
 #include "src/common/status.h"
 #include "src/rpc/daemon.h"
+#include "src/rpc/metrics_server.h"
 #include "src/shadow_node/shadow_node.h"
 
 namespace {
@@ -13,6 +14,9 @@ namespace {
 absl::Status Serve(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(odmoe::rpc::DaemonArgs d, odmoe::rpc::ParseDaemonArgs(args, odmoe::NodeRole::kShadow));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::ShadowNode> node, odmoe::ShadowNode::Create(d));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::MetricsServer> metrics,
+                         odmoe::rpc::MetricsServer::StartFor(d.self, &node->metrics()));
+  if (metrics != nullptr) spdlog::info("odmoe-shadow {}: metrics at {}", d.self.name, metrics->url());
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::Server> server,
                          odmoe::rpc::Server::Start({d.self.address, d.self.threads, d.self.name}, {node.get()}));
   const odmoe::ShadowSettings& s = node->settings();

@@ -13,6 +13,7 @@
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/engine/generator.h"
+#include "src/rpc/metrics_server.h"
 #include "src/rpc/rpc_util.h"
 
 namespace odmoe {
@@ -79,6 +80,7 @@ absl::StatusOr<std::unique_ptr<ShadowNode>> ShadowNode::Create(const rpc::Daemon
   node->cluster_ = args.cluster;
   node->self_ = args.self;
   node->model_dir_ = args.model_dir;
+  node->InitMetrics(rpc::DaemonMetricLabels(args.cluster, args.self, args.model_dir));
   // Weights: the checkpoint, or synthetic ones ([model] synthetic, when no --model is given).
   ODMOE_ASSIGN_OR_RETURN(OpenedModel model, OpenModel(args.cluster.model, args.model_dir));
   node->config_ = model.config;
@@ -304,7 +306,9 @@ absl::Status ShadowNode::RunSession(Session& session,
     if (stream_ok && !stream->Write(p)) stream_ok = false;
     absl::MutexLock lock(&stats_mu_);
     ++counters_.predictions;
-    counters_.lead_sum += static_cast<double>((position - main_position_seen) * num_sparse + sparse_index);
+    const int64_t lead = (position - main_position_seen) * num_sparse + sparse_index;
+    counters_.lead_sum += static_cast<double>(lead);
+    lead_layers_->Observe(static_cast<double>(lead));
   });
   struct Unset {
     PredictingExecutor* e;
@@ -390,8 +394,70 @@ v1::ShadowStats ShadowNode::Stats(bool reset) {
   }
   absl::MutexLock lock(&stats_mu_);
   counters_.ToProto(&s);
-  if (reset) counters_ = Counters{};
+  if (reset) {
+    reset_.Add(counters_);
+    counters_ = Counters{};
+  }
   return s;
+}
+
+void ShadowNode::Counters::Add(const Counters& o) {
+  requests += o.requests;
+  predictions += o.predictions;
+  positions_decoded += o.positions_decoded;
+  rollbacks += o.rollbacks;
+  tokens_aligned += o.tokens_aligned;
+  kv_aligned += o.kv_aligned;
+  alignment_bytes += o.alignment_bytes;
+  lead_sum += o.lead_sum;
+}
+
+void ShadowNode::Counters::AppendFamilies(std::vector<metrics::MetricFamily>* out) const {
+  auto counter = [out](const char* name, const char* help, uint64_t value) {
+    out->push_back(metrics::SingleSample(name, help, metrics::MetricType::kCounter, static_cast<double>(value)));
+  };
+  counter("odmoe_shadow_requests_total", "Requests main streamed to the shadow (Follow streams).", requests);
+  counter("odmoe_shadow_predictions_sent_total",
+          "Predictions sent (one per decode position and sparse layer, re-sent after a rollback).", predictions);
+  counter("odmoe_shadow_positions_decoded_total", "Decode positions the shadow ran on its replica.",
+          positions_decoded);
+  counter("odmoe_shadow_rollbacks_total", "Times an aligned token differed from the shadow's guess (it re-ran).",
+          rollbacks);
+  counter("odmoe_shadow_alignment_tokens_total", "Token alignments received from main.", tokens_aligned);
+  counter("odmoe_shadow_alignment_kv_total", "K/V alignments received from main.", kv_aligned);
+  counter("odmoe_shadow_alignment_bytes_received_total", "K/V alignment bytes received from main.",
+          alignment_bytes);
+}
+
+void ShadowNode::InitMetrics(metrics::Labels labels) {
+  metrics_ = std::make_unique<metrics::Registry>(std::move(labels));
+  lead_layers_ = &metrics_
+                      ->AddHistogram("odmoe_shadow_prediction_lead_layers",
+                                     "How many sparse layers ahead of main each prediction was made (negative: "
+                                     "behind main, too late to help).",
+                                     {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128})
+                      .With({});
+  metrics_->AddCollector([this](std::vector<metrics::MetricFamily>* out) {
+    {
+      absl::MutexLock lock(&stats_mu_);
+      Counters totals = reset_;
+      totals.Add(counters_);
+      totals.AppendFamilies(out);
+    }
+    if (sender_ != nullptr) {
+      const rpc::PrefetchSenderStats ps = sender_->stats();
+      out->push_back(metrics::SingleSample("odmoe_shadow_prefetch_calls_total",
+                                           "Prefetch calls sent to the workers.", metrics::MetricType::kCounter,
+                                           static_cast<double>(ps.calls)));
+      out->push_back(metrics::SingleSample("odmoe_shadow_prefetch_failures_total",
+                                           "Prefetch calls that failed (the worker refused or did not answer).",
+                                           metrics::MetricType::kCounter, static_cast<double>(ps.failures)));
+    }
+    if (device_ != nullptr) {
+      const MemoryInfo m = device_->memory_info();
+      rpc::AppendDeviceMemoryFamilies(m, m.capacity, out);
+    }
+  });
 }
 
 grpc::Status ShadowNode::GetStats(grpc::ServerContext*, const v1::StatsRequest* request, v1::ShadowStats* response) {

@@ -31,6 +31,7 @@
 #include "odmoe/v1/shadow.grpc.pb.h"
 #include "src/backend/device.h"
 #include "src/common/cluster_config.h"
+#include "src/common/metrics.h"
 #include "src/engine/engine.h"
 #include "src/engine/model_weights.h"
 #include "src/model/checkpoint.h"
@@ -64,6 +65,8 @@ class ShadowNode final : public v1::Shadow::Service {
   bool has_replica() const { return weights_ != nullptr; }
   uint64_t replica_bytes() const { return weights_ != nullptr ? weights_->device_bytes() : 0; }
   v1::ShadowStats Stats(bool reset);
+  // The shadow's metrics (served by rpc::MetricsServer, which must stop before the node is destroyed).
+  const metrics::Registry& metrics() const { return *metrics_; }
   // Checks a Follow stream's messages as the handler does, without a stream or a run: `first` must be a valid
   // FollowStart, then each of `rest` is applied to the session in order (the fuzz target's entry point).
   absl::Status CheckFollowMessages(const v1::FollowMessage& first, const std::vector<v1::FollowMessage>& rest);
@@ -81,8 +84,13 @@ class ShadowNode final : public v1::Shadow::Service {
     double lead_sum = 0;
     // The one conversion to the node's stats (the counter fields and the mean lead).
     void ToProto(v1::ShadowStats* s) const;
+    void Add(const Counters& o);
+    // The metrics' families of these counters (odmoe_shadow_*_total).
+    void AppendFamilies(std::vector<metrics::MetricFamily>* out) const;
   };
   ShadowNode() = default;
+  // Makes the registry (with the daemon's constant labels), its lead histogram and its collector.
+  void InitMetrics(metrics::Labels labels);
   // Checks the stream's first message (a FollowStart: header, prompt, periods) and fills `session`.
   absl::Status BeginSession(const v1::FollowMessage& first, Session& session);
   // Checks one later message (a FollowStep or FollowKv) and files it into `session`.
@@ -107,6 +115,11 @@ class ShadowNode final : public v1::Shadow::Service {
 
   mutable absl::Mutex stats_mu_;
   Counters counters_ ABSL_GUARDED_BY(stats_mu_);
+  Counters reset_ ABSL_GUARDED_BY(stats_mu_);  // what Stats(reset) zeroed, summed: the metrics only go up
+
+  // /metrics: the counters above at scrape time, and each prediction's lead (a histogram).
+  std::unique_ptr<metrics::Registry> metrics_;
+  metrics::Histogram* lead_layers_ = nullptr;
 };
 
 }  // namespace odmoe

@@ -11,6 +11,7 @@
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/rpc/daemon.h"
+#include "src/rpc/metrics_server.h"
 #include "src/worker_node/worker_node.h"
 
 namespace {
@@ -21,6 +22,9 @@ absl::Status Run(const std::vector<std::string>& args) {
                          odmoe::CreateDevice(daemon.self.device, daemon.self.gpu_budget_bytes));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::WorkerNode> node,
                          odmoe::WorkerNode::Create(daemon.cluster, daemon.self, daemon.model_dir, std::move(device)));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::MetricsServer> metrics,
+                         odmoe::rpc::MetricsServer::StartFor(daemon.self, &node->metrics()));
+  if (metrics != nullptr) spdlog::info("odmoe-worker {}: metrics at {}", daemon.self.name, metrics->url());
   ODMOE_ASSIGN_OR_RETURN(
       std::unique_ptr<odmoe::rpc::Server> server,
       odmoe::rpc::Server::Start({daemon.self.address, daemon.self.threads, daemon.self.name}, {node.get()}));

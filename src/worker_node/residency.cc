@@ -226,7 +226,17 @@ int64_t Residency::size() const {
 ResidencyCounts Residency::counts(bool reset) {
   absl::MutexLock lock(&mu_);
   const ResidencyCounts c = counts_;
-  if (reset) counts_ = ResidencyCounts{};
+  if (reset) {
+    reset_.Add(counts_);
+    counts_ = ResidencyCounts{};
+  }
+  return c;
+}
+
+ResidencyCounts Residency::totals() const {
+  absl::MutexLock lock(&mu_);
+  ResidencyCounts c = reset_;
+  c.Add(counts_);
   return c;
 }
 

@@ -60,6 +60,12 @@ struct ResidencyCounts {
   uint64_t prefetches_unused = 0;  // prefetched entries freed without a computation using them
   uint64_t prefetches_late = 0;    // predictions refused because main had reached their (position, layer)
   uint64_t experts_kept = 0;       // entries kept resident for another call
+  void Add(const ResidencyCounts& o) {
+    evictions += o.evictions;
+    prefetches_unused += o.prefetches_unused;
+    prefetches_late += o.prefetches_late;
+    experts_kept += o.experts_kept;
+  }
 };
 
 class Residency {
@@ -121,6 +127,8 @@ class Residency {
   int64_t size() const;
   // The counters; `reset` zeroes them after reading.
   ResidencyCounts counts(bool reset);
+  // The counters since start, whatever was reset (the metrics' counters only go up).
+  ResidencyCounts totals() const;
 
  private:
   struct Entry {
@@ -156,6 +164,7 @@ class Residency {
   Progress progress_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   ResidencyCounts counts_ ABSL_GUARDED_BY(mu_);
+  ResidencyCounts reset_ ABSL_GUARDED_BY(mu_);  // what counts(true) zeroed, summed
 };
 
 }  // namespace odmoe

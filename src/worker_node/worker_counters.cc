@@ -66,7 +66,17 @@ void WorkerCounterSet::CallEnded() {
 WorkerCounters WorkerCounterSet::Read(bool reset) {
   absl::MutexLock lock(&mu_);
   const WorkerCounters c = counters_;
-  if (reset) counters_ = WorkerCounters{};
+  if (reset) {
+    reset_.Add(counters_);
+    counters_ = WorkerCounters{};
+  }
+  return c;
+}
+
+WorkerCounters WorkerCounterSet::Totals() {
+  absl::MutexLock lock(&mu_);
+  WorkerCounters c = reset_;
+  c.Add(counters_);
   return c;
 }
 

@@ -44,10 +44,13 @@ class WorkerCounterSet {
   void CallEnded();
   // The counters; `reset` zeroes them after reading.
   WorkerCounters Read(bool reset);
+  // The counters since start, whatever was reset (the metrics' counters only go up).
+  WorkerCounters Totals();
 
  private:
   absl::Mutex mu_;
   WorkerCounters counters_ ABSL_GUARDED_BY(mu_);
+  WorkerCounters reset_ ABSL_GUARDED_BY(mu_);  // what Read(true) zeroed, summed
   int64_t calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -9,6 +9,7 @@
 #include "src/common/strings.h"
 #include "src/model/model_layout.h"
 #include "src/rpc/daemon.h"
+#include "src/rpc/metrics_server.h"
 #include "src/rpc/rpc_util.h"
 
 namespace odmoe {
@@ -62,7 +63,14 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(const ClusterConf
     return absl::InvalidArgumentError(StrCat("max_rows_per_call must be >= 1, got ", options.max_rows_per_call));
   }
   std::unique_ptr<WorkerNode> node(new WorkerNode(cluster, self, std::move(device), options));
+  node->metrics_ = std::make_unique<WorkerMetrics>(rpc::DaemonMetricLabels(cluster, self, model_dir));
   ODMOE_RETURN_IF_ERROR(node->Init(model_dir));
+  WorkerNode* n = node.get();
+  node->metrics_->registry().AddCollector([n](std::vector<metrics::MetricFamily>* out) {
+    AppendWorkerFamilies({n->counters_.Totals(), n->residency_.totals(), n->residency_.size(),
+                          n->device_->memory_info(), n->budget_->limit(), n->store_->host_bytes()},
+                         out);
+  });
   return node;
 }
 
@@ -254,6 +262,7 @@ void WorkerNode::LoadAhead(const v1::ComputeExpertsRequest& request, StagedCall&
     const uint64_t tensor_bytes = (*loaded)->tensor_bytes, bytes = (*loaded)->buffer->size();
     if (!residency_.Insert(key, request.header().request_id(), std::move(loaded).value(), bytes)) continue;
     counters_.Add({.loads = 1, .loads_on_demand = 1, .loads_ahead = 1, .bytes_loaded = tensor_bytes});
+    metrics_->Load(request.layer(), LoadReason::kOnDemand, std::nullopt);  // its time is known when it is used
     staged.ahead_.push_back(key);
   }
 }
@@ -326,6 +335,7 @@ absl::Status WorkerNode::ComputeTask(const StagedCall& staged, int i, int64_t ro
     delta.loads = delta.loads_on_demand = 1;
     delta.bytes_loaded = own->tensor_bytes;
     delta.load_ms_total = delta.on_demand_load_ms_total = load_ms;
+    metrics_->Load(layer, LoadReason::kOnDemand, load_ms);
   } else if (expert->ready != nullptr) {
     // Loaded asynchronously as a call was staged (only those loads are): wait for the copy, whose time is part
     // of the load. Later users (it may be kept) find it complete.
@@ -335,6 +345,7 @@ absl::Status WorkerNode::ComputeTask(const StagedCall& staged, int i, int64_t ro
     expert->ready.reset();
     expert->load_ms = 0;
     delta.load_ms_total = delta.on_demand_load_ms_total = load_ms;
+    metrics_->LoadTime(LoadReason::kOnDemand, load_ms);
   }
 
   // Exactly the single-process engine's ops (ComputeExpertRows), so main combines the same bits.
@@ -369,6 +380,7 @@ absl::Status WorkerNode::ComputeTask(const StagedCall& staged, int i, int64_t ro
   delta.rows_computed = static_cast<uint64_t>(m);
   delta.compute_ms_total = compute_ms;
   counters_.Add(delta);
+  metrics_->Computed(compute_ms);
   return absl::OkStatus();
 }
 
@@ -406,6 +418,7 @@ absl::StatusOr<int32_t> WorkerNode::DoPrefetch(const v1::PrefetchRequest& reques
     }
     counters_.Add(
         {.loads = 1, .prefetches = 1, .bytes_loaded = (*loaded)->tensor_bytes, .load_ms_total = (*loaded)->load_ms});
+    metrics_->Load(layer, LoadReason::kPrefetch, (*loaded)->load_ms);
     const uint64_t bytes = (*loaded)->buffer->size();
     residency_.Fill(reserved.keys[i], std::move(loaded).value(), bytes);
   }

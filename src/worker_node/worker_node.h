@@ -48,6 +48,7 @@
 //  - ExpertLoader: one expert from the host store (or the weight source) to a device allocation.
 //  - StagingSlots: the device buffers a call's inputs are uploaded into as it arrives.
 //  - WorkerCounterSet: the counters GetStats reports.
+//  - WorkerMetrics: what /metrics shows (per-layer loads, load and compute times; the counters at scrape time).
 // WorkerNode wires them: it validates requests, orchestrates Stage / Finish and Prefetch, and serves the RPCs.
 //
 // Threads: the gRPC server's handler threads call the RPC methods concurrently; the class starts no thread.
@@ -85,6 +86,7 @@
 #include "src/worker_node/residency.h"
 #include "src/worker_node/staging_slots.h"
 #include "src/worker_node/worker_counters.h"
+#include "src/worker_node/worker_metrics.h"
 
 namespace odmoe {
 
@@ -171,6 +173,8 @@ class WorkerNode final : public v1::Worker::Service {
   const std::vector<int64_t>& decode_layers() const { return decode_layers_; }
   // How many experts are resident (prefetched or kept, not yet used), loading, or being computed now.
   int64_t ResidentExperts() const { return residency_.size(); }
+  // The worker's metrics (served by rpc::MetricsServer, which must stop before the node is destroyed).
+  const metrics::Registry& metrics() const { return metrics_->registry(); }
 
  private:
   WorkerNode(const ClusterConfig& cluster, const NodeConfig& self, std::unique_ptr<Device> device,
@@ -218,6 +222,7 @@ class WorkerNode final : public v1::Worker::Service {
   // Thread-safe parts.
   Residency residency_;
   WorkerCounterSet counters_;
+  std::unique_ptr<WorkerMetrics> metrics_;  // set by Create; its collector reads the parts above
 
   // Serializes computation; owns the workspace and the compute stream.
   absl::Mutex compute_mu_;

@@ -41,6 +41,7 @@ gpu_budget_mb = 1024
 name = "w1"
 role = "worker"
 address = "10.0.0.4:7100"
+metrics_address = "10.0.0.4:7190"
 )";
 
 TEST(ClusterConfigTest, ParsesEveryField) {
@@ -60,6 +61,8 @@ TEST(ClusterConfigTest, ParsesEveryField) {
   EXPECT_EQ(workers[1]->worker_index, 1);
   EXPECT_EQ(workers[0]->gpu_budget_bytes, 1024ull << 20);
   EXPECT_EQ(workers[1]->device, "cpu");
+  EXPECT_EQ(workers[1]->metrics_address, "10.0.0.4:7190");
+  EXPECT_EQ(workers[0]->metrics_address, "");  // optional: no metrics server
 }
 
 TEST(ClusterConfigTest, TheShippedLocalConfigLoads) {
@@ -68,11 +71,24 @@ TEST(ClusterConfigTest, TheShippedLocalConfigLoads) {
   EXPECT_NE(c->main(), nullptr);
   EXPECT_NE(c->shadow(), nullptr);
   EXPECT_EQ(c->workers().size(), 8u);
+  for (const NodeConfig& n : c->nodes) EXPECT_FALSE(n.metrics_address.empty()) << n.name;
+}
+
+TEST(ClusterConfigTest, TwoNodesCannotShareAMetricsAddress) {
+  std::string text = kGood;  // w0 gets the metrics address w1 has
+  text.insert(text.find("gpu_budget_mb = 1024"), "metrics_address = \"10.0.0.4:7190\"\n");
+  auto c = ParseClusterConfig(text, "lab.toml", "/etc/odmoe");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("lab.toml: node 'w1': field 'metrics_address': '10.0.0.4:7190' is also node "
+                                      "'w0' metrics_address"),
+            absl::string_view::npos)
+      << c.status();
 }
 
 TEST(ClusterConfigTest, TheShippedTestbedConfigLoads) {
   auto c = LoadClusterConfig(odmoe::testing::SourceDir() + "/configs/testbed.toml");
   ASSERT_TRUE(c.ok()) << c.status();
+  for (const NodeConfig& n : c->nodes) EXPECT_FALSE(n.metrics_address.empty()) << n.name;
   EXPECT_EQ(c->nodes.size(), 10u);
   EXPECT_EQ(c->workers().size(), 8u);
   EXPECT_EQ(c->workers()[7]->gpu_budget_bytes, 1024ull << 20);
@@ -112,6 +128,13 @@ TEST(ClusterConfigTest, BadFilesNameTheFieldAtFault) {
       {"gpu_budget_mb = 1024", "gpu_budgte_mb = 1024", "'gpu_budgte_mb': unknown field"},
       {"[model]", "[modle]", "'modle'"},
       {"name = \"lab\"", "name = \"lab", "invalid TOML"},
+      {"metrics_address = \"10.0.0.4:7190\"", "metrics_address = \"10.0.0.4\"",
+       "node 'w1': field 'metrics_address': expected host:port, got '10.0.0.4'"},
+      {"metrics_address = \"10.0.0.4:7190\"", "metrics_address = \"10.0.0.4:0\"",
+       "node 'w1': field 'metrics_address': port must be 1..65535"},
+      {"metrics_address = \"10.0.0.4:7190\"", "metrics_address = 7190", "'metrics_address': expected a string"},
+      {"metrics_address = \"10.0.0.4:7190\"", "metrics_address = \"10.0.0.1:7100\"",
+       "node 'w1': field 'metrics_address': '10.0.0.1:7100' is also node 'main' address"},
   };
   for (const Bad& b : cases) {
     std::string text = kGood;

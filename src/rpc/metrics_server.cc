@@ -1,0 +1,104 @@
+#include "src/rpc/metrics_server.h"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "httplib.h"
+#include "src/common/strings.h"
+
+namespace odmoe::rpc {
+namespace {
+
+constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
+
+// httplib's default also sets SO_REUSEPORT, which lets a second process bind a port already listened on.
+void ReuseAddressOnly(int sock) {
+  int yes = 1;
+  setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& node, const std::string& address,
+                                                                    const metrics::Registry* registry) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(StrCat("node '", node, "': metrics_address '", address, "': expected host:port"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const int want_port = std::atoi(address.c_str() + colon + 1);
+
+  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  server->http_ = std::make_unique<httplib::Server>();
+  httplib::Server& http = *server->http_;
+  http.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  http.set_socket_options(ReuseAddressOnly);
+  http.set_keep_alive_timeout(10);
+  http.Get("/metrics", [registry](const httplib::Request&, httplib::Response& response) {
+    response.set_content(registry->Render(), kContentType);
+  });
+  errno = 0;
+  const int port = want_port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, want_port) ? want_port : -1);
+  if (port <= 0) {
+    const int err = errno;
+    return absl::UnavailableError(StrCat("node '", node, "': cannot serve metrics at metrics_address '", address,
+                                         "': ", err != 0 ? std::strerror(err) : "bind failed",
+                                         " (is another process listening there?)"));
+  }
+  server->port_ = port;
+  server->url_ = StrCat("http://", address.substr(0, colon), ":", port, "/metrics");
+  server->thread_ = std::thread([&http] { http.listen_after_bind(); });
+  // stop() only stops a server that is running: wait for it, so that the destructor never misses it.
+  while (!http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return server;
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::StartFor(const NodeConfig& node,
+                                                                       const metrics::Registry* registry) {
+  if (node.metrics_address.empty()) return std::unique_ptr<MetricsServer>();
+  return Start(node.name, node.metrics_address, registry);
+}
+
+MetricsServer::~MetricsServer() {
+  if (http_ != nullptr) http_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+metrics::Labels DaemonMetricLabels(const ClusterConfig& cluster, const NodeConfig& self, const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  auto folder_name = [](fs::path p) {
+    p = p.lexically_normal();
+    if (!p.has_filename()) p = p.parent_path();  // a trailing slash
+    return p.filename().string();
+  };
+  std::string model;
+  if (!model_dir.empty()) {
+    model = folder_name(model_dir);
+  } else if (cluster.model.is_synthetic()) {
+    fs::path config(cluster.model.synthetic);
+    model = folder_name(config.extension() == ".json" ? config.parent_path() : config) + "-synthetic";
+  }
+  return {{"model", model.empty() ? "unknown" : model}, {"node", self.name}};
+}
+
+void AppendDeviceMemoryFamilies(const MemoryInfo& memory, uint64_t budget_bytes,
+                                std::vector<metrics::MetricFamily>* out) {
+  using metrics::MetricType;
+  out->push_back(metrics::SingleSample("odmoe_gpu_memory_used_bytes", "Device memory the node has allocated now.",
+                                       MetricType::kGauge, static_cast<double>(memory.in_use)));
+  out->push_back(metrics::SingleSample("odmoe_gpu_memory_peak_bytes",
+                                       "Most device memory the node had allocated at once (since start or the last "
+                                       "stats reset).",
+                                       MetricType::kGauge, static_cast<double>(memory.peak)));
+  out->push_back(metrics::SingleSample("odmoe_gpu_memory_budget_bytes",
+                                       "The node's device memory budget (a worker's gpu_budget_mb, else the "
+                                       "device's capacity; 0: no limit known).",
+                                       MetricType::kGauge, static_cast<double>(budget_bytes)));
+}
+
+}  // namespace odmoe::rpc
