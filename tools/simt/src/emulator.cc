@@ -60,6 +60,7 @@ thread_local uint3 tls_thread_idx;
 thread_local uint3 tls_block_idx;
 thread_local dim3 tls_block_dim;
 thread_local dim3 tls_grid_dim;
+RunningFiber running_fiber;
 
 namespace {
 
@@ -143,7 +144,9 @@ void* InitialStack(void* stack) {
 void SwitchTo(Fiber* f) {
   run->current = f;
   tls_thread_idx = f->tid;
+  running_fiber = {f->linear, reinterpret_cast<uintptr_t>(f->stack), kStackBytes};
   simt_switch_context(&run->scheduler_sp, f->sp);
+  running_fiber = RunningFiber{};
   run->current = nullptr;
 }
 
@@ -492,6 +495,8 @@ cudaError_t RunKernel(const LaunchSite& site, const void* func, dim3 grid, dim3 
 }
 
 bool InKernel() { return run != nullptr; }
+
+std::unique_lock<std::recursive_mutex> HoldLaunches() { return std::unique_lock<std::recursive_mutex>(launch_mu); }
 
 std::string CurrentThreadName() {
   if (!run || !run->current) return "host";
