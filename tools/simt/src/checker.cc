@@ -161,6 +161,7 @@ struct State {
   uintptr_t shared_hi = 0;
   std::map<uintptr_t, std::unique_ptr<Shadow>> shared_shadows;  // by region start, kept across blocks
 
+  Region last_region;  // the last hit, tried first
   Region regions[kRegionCache];
   size_t next_region = 0;
   std::map<uintptr_t, std::unique_ptr<Shadow>> device_shadows;  // by allocation base, until cudaFree
@@ -251,11 +252,15 @@ bool Subsumes(uint8_t held, uint8_t flags) {
 
 void CheckGranule(Granule& g, uint8_t mask, const Now& now, uintptr_t granule_address, size_t bytes, bool shared) {
   const bool write = now.flags & kWrite;
-  for (const Slot& s : g.slots) {
-    if ((s.mask & mask) == mask && s.thread == now.thread && s.block == now.block && s.barrier == now.barrier &&
-        s.meet == now.meet && Subsumes(s.flags, now.flags)) {
-      return;
+  int extend = -1;  // this thread's slot at the same point of the block's order, same site and kind
+  for (unsigned i = 0; i < kSlots; ++i) {
+    const Slot& s = g.slots[i];
+    if (s.mask == 0 || s.thread != now.thread || s.block != now.block || s.barrier != now.barrier ||
+        s.meet != now.meet) {
+      continue;
     }
+    if ((s.mask & mask) == mask && Subsumes(s.flags, now.flags)) return;
+    if (s.site == now.site && s.flags == now.flags) extend = static_cast<int>(i);
   }
   int free_slot = -1;
   for (unsigned i = 0; i < kSlots; ++i) {
@@ -281,12 +286,9 @@ void CheckGranule(Granule& g, uint8_t mask, const Now& now, uintptr_t granule_ad
   }
   if (free_slot < 0) {
     // Every slot is taken: extend this thread's identical access, else forget a read, else a write.
-    for (Slot& s : g.slots) {
-      if (s.site == now.site && s.thread == now.thread && s.block == now.block && s.barrier == now.barrier &&
-          s.meet == now.meet && s.flags == now.flags) {
-        s.mask |= mask;
-        return;
-      }
+    if (extend >= 0) {
+      g.slots[extend].mask |= mask;
+      return;
     }
     for (unsigned k = 0; k < kSlots && free_slot < 0; ++k) {
       const unsigned i = (g.next_victim + k) % kSlots;
@@ -324,14 +326,19 @@ void AddShared(uintptr_t lo, size_t bytes, size_t redzone, const char* name) {
 }
 
 void FlushRegions() {
+  st.last_region = Region{};
   for (Region& r : st.regions) r = Region{};
 }
 
 // The shadow of the device allocation wholly holding [a, a + bytes), or null: not device memory (nothing to check)
 // or a bad access (reported here).
 Shadow* FindGlobal(uintptr_t a, size_t bytes, const Now& now) {
+  if (a >= st.last_region.lo && a + bytes <= st.last_region.hi) return st.last_region.shadow;
   for (const Region& r : st.regions) {
-    if (a >= r.lo && a + bytes <= r.hi) return r.shadow;
+    if (a >= r.lo && a + bytes <= r.hi) {
+      st.last_region = r;
+      return r.shadow;
+    }
   }
   const void* addr = reinterpret_cast<const void*>(a);
   const AllocationView v = FindAllocation(addr, bytes);
@@ -361,6 +368,7 @@ Shadow* FindGlobal(uintptr_t a, size_t bytes, const Now& now) {
     }
   }
   st.regions[st.next_region] = region;
+  st.last_region = region;
   st.next_region = (st.next_region + 1) % kRegionCache;
   return region.shadow;
 }
@@ -400,10 +408,12 @@ void OnAccess(const void* addr, size_t bytes, uint8_t flags, uint64_t site, bool
     const uintptr_t hi = std::min(ga + kGranule, end);
     const uint8_t mask = static_cast<uint8_t>(((1u << (hi - lo)) - 1) << (lo - ga));
     Granule& g = shadow->At(ga);
+    bool fresh = false;
     if (g.epoch != epoch) {
       g.epoch = epoch;
       g.written = 0;
       for (Slot& s : g.slots) s.mask = 0;
+      fresh = true;
     }
     if (shared) {
       if (flags & kWrite) {
@@ -414,6 +424,11 @@ void OnAccess(const void* addr, size_t bytes, uint8_t flags, uint64_t site, bool
                  std::to_string(a - shared->lo) + ", never written in this block";
         });
       }
+    }
+    if (fresh) {
+      // First access to the granule in this launch or block: nothing to check against.
+      g.slots[0] = Slot{now.site, now.block, now.barrier, now.meet, now.thread, mask, now.flags};
+      continue;
     }
     CheckGranule(g, mask, now, ga, bytes, shared != nullptr);
   }
