@@ -18,9 +18,10 @@
 #error "tools/simt: the fiber switch below is written for x86-64"
 #endif
 
-// Saves the callee-saved registers, MXCSR and the x87 control word on the current stack, stores the stack pointer
-// in *from, and resumes the fiber whose saved stack pointer is `to`. (glibc's swapcontext makes a system call per
-// switch to save the signal mask, which made the emulator several times slower.)
+// Saves the callee-saved registers on the current stack, stores the stack pointer in *from, and resumes the fiber
+// whose saved stack pointer is `to`. (glibc's swapcontext makes a system call per switch to save the signal mask,
+// which made the emulator several times slower.) MXCSR and the x87 control word are not switched: every fiber runs
+// with the launching thread's, and kernel code never changes them (saving and restoring them was 80% of a switch).
 extern "C" void simt_switch_context(void** from, void* to);
 asm(R"(
   .text
@@ -33,14 +34,8 @@ simt_switch_context:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -60,6 +55,7 @@ thread_local uint3 tls_thread_idx;
 thread_local uint3 tls_block_idx;
 thread_local dim3 tls_block_dim;
 thread_local dim3 tls_grid_dim;
+RunningFiber running_fiber;
 
 namespace {
 
@@ -86,6 +82,10 @@ struct Fiber {
 
 struct BlockRun {
   std::vector<Fiber> fibers;  // by linear thread index
+  // Per warp, the lanes waiting in a collective (State::kWarp) and the lanes that exited (State::kDone): a
+  // collective's completion is one mask test, not a walk over its lanes at every arrival.
+  std::vector<uint32_t> waiting;
+  std::vector<uint32_t> exited;
   void* scheduler_sp = nullptr;
   Fiber* current = nullptr;
   const std::function<void()>* body = nullptr;
@@ -121,29 +121,27 @@ void* AllocStack() {
   Fiber* f = run->current;
   (*run->body)();
   f->state = State::kDone;
+  run->exited[f->linear / 32] |= 1u << (f->linear % 32);
   simt_switch_context(&f->sp, run->scheduler_sp);
   __builtin_unreachable();
 }
 
-// A new fiber's stack, laid out as simt_switch_context leaves a switched-out one: control registers, six
-// callee-saved registers, then FiberMain as the return address (entered with rsp = 8 mod 16, as after a call).
+// A new fiber's stack, laid out as simt_switch_context leaves a switched-out one: six callee-saved registers, then
+// FiberMain as the return address (entered with rsp = 8 mod 16, as after a call).
 void* InitialStack(void* stack) {
   auto* top = reinterpret_cast<uint64_t*>(static_cast<char*>(stack) + kStackBytes);
   *--top = 0;  // FiberMain's return address: none
   *--top = reinterpret_cast<uint64_t>(&FiberMain);
   for (int i = 0; i < 6; ++i) *--top = 0;  // rbp rbx r12 r13 r14 r15
-  uint32_t mxcsr = 0;
-  uint16_t fpcw = 0;
-  asm volatile("stmxcsr %0" : "=m"(mxcsr));
-  asm volatile("fnstcw %0" : "=m"(fpcw));
-  *--top = static_cast<uint64_t>(mxcsr) | static_cast<uint64_t>(fpcw) << 32;
   return top;
 }
 
 void SwitchTo(Fiber* f) {
   run->current = f;
   tls_thread_idx = f->tid;
+  running_fiber = {f->linear, reinterpret_cast<uintptr_t>(f->stack), kStackBytes};
   simt_switch_context(&run->scheduler_sp, f->sp);
+  running_fiber = RunningFiber{};
   run->current = nullptr;
 }
 
@@ -239,16 +237,9 @@ void TryCompleteCollective(Fiber* f) {
   const unsigned warp = f->linear / 32;
   const unsigned base = warp * 32;
   const unsigned mask = f->mask & LanesPresent(warp);
-  unsigned exited = 0;
-  for (unsigned l = 0; l < 32; ++l) {
-    if (!(mask >> l & 1)) continue;
-    const Fiber& o = run->fibers[base + l];
-    if (o.state == State::kDone) {
-      exited |= 1u << l;
-      continue;
-    }
-    if (o.state != State::kWarp) return;  // not arrived yet
-  }
+  const uint32_t waiting = run->waiting[warp];
+  if ((mask & ~(waiting | run->exited[warp])) != 0) return;  // not every lane arrived yet
+  const unsigned exited = mask & run->exited[warp];
   if (exited) {
     char lanes[16];
     std::snprintf(lanes, sizeof lanes, "0x%08x", exited);
@@ -260,7 +251,7 @@ void TryCompleteCollective(Fiber* f) {
   uint64_t values[32];
   bool in[32];
   for (unsigned l = 0; l < 32; ++l) {
-    in[l] = (mask >> l & 1) && run->fibers[base + l].state == State::kWarp;
+    in[l] = (mask & waiting) >> l & 1;
     values[l] = in[l] ? run->fibers[base + l].value : 0;
   }
   for (unsigned l = 0; l < 32; ++l) {
@@ -304,16 +295,13 @@ void TryCompleteCollective(Fiber* f) {
     }
     o.value = values[src];
   }
-  unsigned met = 0;
+  const unsigned met = mask & waiting;
   for (unsigned l = 0; l < 32; ++l) {
-    if (in[l]) {
-      run->fibers[base + l].state = State::kReady;
-      met |= 1u << l;
-    }
+    if (in[l]) run->fibers[base + l].state = State::kReady;
   }
-  // Recorded now, before any of these lanes goes on: an access after the collective is ordered after it. Only the
-  // checker orders accesses.
-  if (checked_mode) OnWarpSync(warp, met);
+  run->waiting[warp] &= ~met;
+  // Recorded now, before any of these lanes goes on: an access after the collective is ordered after it.
+  OnWarpSync(warp, met);
 }
 
 }  // namespace
@@ -367,6 +355,7 @@ uint64_t WarpCollective(CollectiveOp op, unsigned mask, uint64_t value, int arg,
     width = 32;
   }
   f->state = State::kWarp;
+  run->waiting[f->linear / 32] |= 1u << (f->linear % 32);
   f->op = op;
   f->mask = mask;
   f->value = value;
@@ -388,6 +377,8 @@ bool RunBlock(const std::function<void()>& body, dim3 block) {
   br.body = &body;
   const unsigned n = block.x * block.y * block.z;
   br.fibers.resize(n);
+  br.waiting.assign((n + 31) / 32, 0);
+  br.exited.assign((n + 31) / 32, 0);
   for (unsigned i = 0; i < n; ++i) {
     Fiber& f = br.fibers[i];
     f.linear = i;
@@ -410,7 +401,7 @@ bool RunBlock(const std::function<void()>& body, dim3 block) {
           }
         }
         // A collective waiting on lanes that have since exited completes now (and is reported).
-        for (unsigned i = w * 32; i < std::min(n, w * 32 + 32) && !again; ++i) {
+        for (unsigned i = w * 32; i < std::min(n, w * 32 + 32) && !again && br.waiting[w] != 0; ++i) {
           if (br.fibers[i].state == State::kWarp) {
             TryCompleteCollective(&br.fibers[i]);
             if (br.fibers[i].state == State::kReady) again = true;
@@ -493,6 +484,8 @@ cudaError_t RunKernel(const LaunchSite& site, const void* func, dim3 grid, dim3 
 }
 
 bool InKernel() { return run != nullptr; }
+
+std::unique_lock<std::recursive_mutex> HoldLaunches() { return std::unique_lock<std::recursive_mutex>(launch_mu); }
 
 std::string CurrentThreadName() {
   if (!run || !run->current) return "host";

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "simt/simt.h"
@@ -37,12 +39,34 @@ bool InKernel();
 std::string CurrentThreadName();
 unsigned CurrentLinearThread();  // ~0u outside a kernel
 
+// The fiber running now, kept current by the scheduler at every switch: the checker's per-access fast path reads
+// it instead of calling into the scheduler.
+struct RunningFiber {
+  unsigned linear = ~0u;   // linear thread index in the block; ~0u while no fiber runs (host code, the scheduler)
+  uintptr_t stack_lo = 0;  // the fiber's stack: [stack_lo, stack_lo + stack_bytes)
+  size_t stack_bytes = 0;
+};
+extern RunningFiber running_fiber;
+
+// Holds off kernel launches (they run under this lock) for as long as the returned lock lives. cudaMalloc and
+// cudaFree take it, as the hardware's cudaFree waits for the device, so the checker's shadow of an allocation is
+// never dropped under a running kernel.
+std::unique_lock<std::recursive_mutex> HoldLaunches();
+
 // runtime.cc: the device allocation holding [p, p + bytes), for the checker.
 struct AllocationView {
   enum class Status { kNone, kInside, kOutOfBounds, kFreed } status = Status::kNone;
   const void* base = nullptr;
   size_t size = 0;
+  // kNone: the gap between device mappings (guard pages included) that holds [p, p + bytes); every access inside
+  // it is kNone too, until the next cudaMalloc or cudaFree.
+  uintptr_t gap_lo = 0;
+  uintptr_t gap_hi = 0;
 };
 AllocationView FindAllocation(const void* p, size_t bytes);
+
+// checker.cc: device memory changed (called by cudaMalloc and cudaFree, under HoldLaunches()). `freed` is the base
+// of a freed allocation, or null after an allocation: the checker drops what it remembered about that memory.
+void OnDeviceMemoryChanged(const void* freed);
 
 }  // namespace simt::detail

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -91,10 +92,15 @@ AllocationView FindAllocation(const void* p, size_t bytes) {
     const Allocation& n = next->second;
     return {n.freed ? AllocationView::Status::kFreed : AllocationView::Status::kOutOfBounds, next->first, n.size};
   }
-  if (next == allocations.begin()) return {};
+  AllocationView none;
+  none.gap_hi = next != allocations.end() ? reinterpret_cast<uintptr_t>(next->second.mapping) : UINTPTR_MAX;
+  if (next == allocations.begin()) return none;
   auto it = std::prev(next);
   const Allocation& a = it->second;
-  if (c >= a.mapping + a.mapping_bytes) return {};
+  if (c >= a.mapping + a.mapping_bytes) {
+    none.gap_lo = reinterpret_cast<uintptr_t>(a.mapping + a.mapping_bytes);
+    return none;
+  }
   if (a.freed) return {AllocationView::Status::kFreed, it->first, a.size};
   if (c + bytes <= it->first + a.size) return {AllocationView::Status::kInside, it->first, a.size};
   return {AllocationView::Status::kOutOfBounds, it->first, a.size};
@@ -246,6 +252,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (ptr == nullptr) return Fail(cudaErrorInvalidValue);
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
+  const auto launches = HoldLaunches();
   std::lock_guard<std::mutex> lock(mu);
   if (size > kTotalMemory - allocated) return Fail(cudaErrorMemoryAllocation);
   const size_t data_pages = (size + kPage - 1) / kPage * kPage;
@@ -262,17 +269,20 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   char* base = mapping + kPage;
   allocations[base] = Allocation{size, mapping, bytes, false};
   allocated += size;
+  OnDeviceMemoryChanged(nullptr);
   *ptr = base;
   return cudaSuccess;
 }
 
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
+  const auto launches = HoldLaunches();
   std::lock_guard<std::mutex> lock(mu);
   auto it = allocations.find(static_cast<const char*>(p));
   if (it == allocations.end() || it->second.freed) return Fail(cudaErrorInvalidValue);
   Allocation& a = it->second;
   a.freed = true;
+  OnDeviceMemoryChanged(p);
   allocated -= a.size;
   // Keep the range reserved and inaccessible, without its memory.
   madvise(a.mapping, a.mapping_bytes, MADV_DONTNEED);

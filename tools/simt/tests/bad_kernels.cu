@@ -103,6 +103,18 @@ __global__ void BlocksRaceOnGlobalKernel(float* out) {
   if (threadIdx.x == 0) out[0] = static_cast<float>(blockIdx.x);  // BUG: every block writes out[0]
 }
 
+__global__ void TwoThreadsWriteOneByteKernel(uint8_t* out) {
+  out[threadIdx.x / 2] = static_cast<uint8_t>(threadIdx.x);  // BUG: threads 2k and 2k + 1 write byte k
+}
+
+__global__ void WriteAfterManyReadersKernel(float* out) {
+  __shared__ float s;
+  if (threadIdx.x == 0) s = 1.f;
+  __syncthreads();
+  out[threadIdx.x] = s;
+  if (threadIdx.x == kThreads - 1) s = 2.f;  // BUG: no __syncthreads between the other threads' reads and this
+}
+
 }  // namespace
 
 cudaError_t MissingSyncThreads() {
@@ -205,6 +217,22 @@ cudaError_t UseAfterFree() {
 cudaError_t BlocksRaceOnGlobal() {
   float* out = Alloc<float>(1);
   BlocksRaceOnGlobalKernel<<<4, 32>>>(out);
+  const cudaError_t e = cudaGetLastError();
+  cudaFree(out);
+  return e;
+}
+
+cudaError_t TwoThreadsWriteOneByte() {
+  uint8_t* out = Alloc<uint8_t>(kThreads / 2);
+  TwoThreadsWriteOneByteKernel<<<1, kThreads>>>(out);
+  const cudaError_t e = cudaGetLastError();
+  cudaFree(out);
+  return e;
+}
+
+cudaError_t WriteAfterManyReaders() {
+  float* out = Alloc<float>(kThreads);
+  WriteAfterManyReadersKernel<<<1, kThreads>>>(out);
   const cudaError_t e = cudaGetLastError();
   cudaFree(out);
   return e;

@@ -19,5 +19,8 @@ cudaError_t UndersizedDynamicShared();  // the launch gives 4 bytes less dynamic
 cudaError_t UninitializedSharedRead();  // reads a shared element no thread of the block wrote
 cudaError_t UseAfterFree();             // reads a buffer the host freed before the launch
 cudaError_t BlocksRaceOnGlobal();       // every block writes the same global element
+// Beyond the injected bugs, the checker's own limits: byte-granular races and one remembered reader of many.
+cudaError_t TwoThreadsWriteOneByte();  // thread t writes byte t / 2: neighbours share a byte
+cudaError_t WriteAfterManyReaders();   // 64 threads read a shared word, then one writes it without a barrier
 
 }  // namespace simt_bad

@@ -70,7 +70,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"UninitializedSharedRead", simt_bad::UninitializedSharedRead, ErrorKind::kUninitShared,
              "UninitializedSharedReadKernel"},
         Case{"UseAfterFree", simt_bad::UseAfterFree, ErrorKind::kUseAfterFree, "UseAfterFreeKernel"},
-        Case{"BlocksRaceOnGlobal", simt_bad::BlocksRaceOnGlobal, ErrorKind::kRace, "BlocksRaceOnGlobalKernel"}),
+        Case{"BlocksRaceOnGlobal", simt_bad::BlocksRaceOnGlobal, ErrorKind::kRace, "BlocksRaceOnGlobalKernel"},
+        Case{"TwoThreadsWriteOneByte", simt_bad::TwoThreadsWriteOneByte, ErrorKind::kRace,
+             "TwoThreadsWriteOneByteKernel"},
+        Case{"WriteAfterManyReaders", simt_bad::WriteAfterManyReaders, ErrorKind::kRace,
+             "WriteAfterManyReadersKernel"}),
     [](const ::testing::TestParamInfo<Case>& p) { return std::string(p.param.name); });
 
 }  // namespace

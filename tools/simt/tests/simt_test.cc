@@ -188,6 +188,23 @@ TEST_F(SimtTest, SharedAtomicMinMaxOn64Bits) {
   EXPECT_TRUE(reports_.empty()) << AllReports();
 }
 
+// The checker tracks bytes, not words: neighbours writing neighbouring bytes do not race, and a half-warp
+// __syncwarp orders the lanes that met.
+TEST_F(SimtTest, ByteNeighboursAndAHalfWarpSyncAreNotRaces) {
+  const int threads = 96;
+  DeviceBuffer<uint8_t> out(2 * threads);
+  DeviceBuffer<int> half(16);
+  ASSERT_EQ(simt_test::ByteNeighbours(threads, out.get(), half.get()), cudaSuccess);
+  const std::vector<uint8_t> got = out.ToHost();
+  for (int t = 0; t < threads; ++t) {
+    EXPECT_EQ(got[t], t);
+    EXPECT_EQ(got[threads + t], (t + 1) % threads);
+  }
+  const std::vector<int> got_half = half.ToHost();
+  for (int l = 0; l < 16; ++l) EXPECT_EQ(got_half[l], (l ^ 1) * 10);
+  EXPECT_TRUE(reports_.empty()) << AllReports();
+}
+
 TEST_F(SimtTest, DeadlockIsReportedWithWhereEachThreadWaits) {
   EXPECT_EQ(simt_test::Deadlock(), cudaErrorLaunchFailure);
   ASSERT_EQ(reports_.size(), 1u) << AllReports();

@@ -94,6 +94,23 @@ __global__ void AtomicMinMaxKernel(const unsigned long long* in, unsigned long l
   }
 }
 
+// Neighbouring threads write neighbouring bytes (one 8-byte shadow granule holds 8 threads' bytes), and lanes
+// 0-15 of warp 0 exchange through shared memory ordered by a half-warp __syncwarp only.
+__global__ void ByteNeighboursKernel(uint8_t* out, int* half_warp_out) {
+  __shared__ uint8_t bytes[256];
+  __shared__ int half[16];
+  const int t = threadIdx.x;
+  bytes[t] = static_cast<uint8_t>(t);
+  out[t] = static_cast<uint8_t>(t);
+  if (t < 16) {
+    half[t] = t * 10;
+    __syncwarp(0x0000ffffu);
+    half_warp_out[t] = half[t ^ 1];
+  }
+  __syncthreads();
+  out[blockDim.x + t] = bytes[(t + 1) % blockDim.x];
+}
+
 __global__ void DeadlockKernel() {
   if (threadIdx.x == 0) {
     __syncthreads();
@@ -157,6 +174,11 @@ cudaError_t Grid3d(dim3 grid, dim3 block, int* out) {
 
 cudaError_t AtomicMinMax(const unsigned long long* in, int threads, unsigned long long* out) {
   AtomicMinMaxKernel<<<1, threads>>>(in, out);
+  return cudaGetLastError();
+}
+
+cudaError_t ByteNeighbours(int threads, uint8_t* out, int* half_warp_out) {
+  ByteNeighboursKernel<<<1, threads>>>(out, half_warp_out);
   return cudaGetLastError();
 }
 

@@ -27,6 +27,10 @@ cudaError_t DynamicShared(int threads, size_t bytes, bool opt_in, int* out);
 cudaError_t Grid3d(dim3 grid, dim3 block, int* out);
 // atomicMin/atomicMax of every thread's value on 64-bit shared variables: out = {min, max}.
 cudaError_t AtomicMinMax(const unsigned long long* in, int threads, unsigned long long* out);
+// Thread t writes byte t of out and of a shared array, syncs, and writes out[threads + t] = the shared byte of
+// thread (t + 1) % threads; lanes 0-15 swap ints through shared memory after a half-warp __syncwarp:
+// half_warp_out[l] = (l ^ 1) * 10. threads <= 256.
+cudaError_t ByteNeighbours(int threads, uint8_t* out, int* half_warp_out);
 // Lane 0 of warp 0 waits at __syncthreads while its warp waits in a full-mask __syncwarp: a deadlock.
 cudaError_t Deadlock();
 // Half the block reaches one __syncthreads, half another.
