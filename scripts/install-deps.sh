@@ -11,6 +11,7 @@ packages=(
   nlohmann-json3-dev libtomlplusplus-dev
   clang-14 libclang-rt-14-dev
   python3
+  docker-compose
 )
 
 missing=()
