@@ -5,6 +5,7 @@
 
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
+#include "src/common/logging.h"
 #include "src/engine/generator.h"
 #include "src/rpc/request_id.h"
 #include "src/rpc/rpc_util.h"
@@ -43,7 +44,8 @@ bool ShadowLink::Start(uint64_t request_id, const std::string& trace_id, std::sp
   reader_done_ = std::make_unique<absl::Notification>();
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
   const int64_t last = LastDecodePosition(prompt_len, max_new_tokens);
-  reader_ = std::thread([this, board, prompt_len, last]() {
+  reader_ = std::thread([this, board, prompt_len, last, trace_id]() {
+    logging::ScopedRequestId scope(trace_id);  // its warnings are about this request
     v1::Prediction p;
     const int64_t k = config_.top_k;
     while (stream_->Read(&p)) {
