@@ -3,7 +3,7 @@
 // `up` starts every node of the file as its own process (odmoe-main / odmoe-shadow / odmoe-worker from the
 // directory of this program), each in its own session with its pid in RUN_DIR/NODE.pid and its output in a
 // folder of its own for this run, RUN_DIR/runs/<UTC time>-<n>/NODE.log (RUN_DIR/latest links to it; the
-// kRunsKept newest run folders are kept, so the logs of a crash survive the restart), waits until every node
+// kRunsKept newest run folders are kept (run_folders.h), so the logs of a crash survive the restart), waits until every node
 // reports SERVING over grpc.health.v1, and prints "grpc: HOST:PORT", the client API's address, on a line of its
 // own (scripts parse it). If a node fails to start, the others are stopped again and the failing node's log is
 // shown.
@@ -23,7 +23,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -37,6 +36,7 @@
 #include "odmoe/v1/shadow.grpc.pb.h"
 #include "odmoe/v1/worker.grpc.pb.h"
 #include "src/cli/commands.h"
+#include "src/cli/run_folders.h"
 #include "src/common/cluster_config.h"
 #include "src/common/flags.h"
 #include "src/common/json.h"
@@ -100,48 +100,6 @@ std::string ProgramFor(NodeRole role) {
 std::string PidFile(const std::string& run_dir, const NodeConfig& n) { return run_dir + "/" + n.name + ".pid"; }
 // `logs`: the folder of one run (NewRunFolder).
 std::string LogFile(const std::string& logs, const NodeConfig& n) { return logs + "/" + n.name + ".log"; }
-
-// How many run folders `up` keeps under RUN_DIR/runs (the newest).
-constexpr size_t kRunsKept = 10;
-
-// A new folder RUN_DIR/runs/YYYYmmddTHHMMSSZ-N for the logs of this `up` (N counts up past any folder of the
-// same second), RUN_DIR/latest pointing to it; the oldest folders beyond kRunsKept are removed. The names sort
-// in time order.
-absl::StatusOr<std::string> NewRunFolder(const std::string& run_dir) {
-  const fs::path runs = fs::path(run_dir) / "runs";
-  std::error_code ec;
-  fs::create_directories(runs, ec);
-  if (ec) return absl::UnavailableError(StrCat("cannot create ", runs.string(), ": ", ec.message()));
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &utc);
-  fs::path folder;
-  for (int n = 1;; ++n) {
-    folder = runs / StrCat(stamp, "-", n);
-    if (fs::create_directory(folder, ec)) break;  // false when it exists: try the next number
-    if (ec) return absl::UnavailableError(StrCat("cannot create ", folder.string(), ": ", ec.message()));
-  }
-  // `latest`: replaced atomically (a new link renamed over the old one).
-  const fs::path latest = fs::path(run_dir) / "latest", next = fs::path(run_dir) / ".latest.new";
-  fs::remove(next, ec);
-  fs::create_directory_symlink(fs::path("runs") / folder.filename(), next, ec);
-  if (!ec) fs::rename(next, latest, ec);
-  // Keep the newest kRunsKept. Names are "STAMP-N": sort by stamp, then by N as a number.
-  std::vector<std::pair<std::string, long>> existing;
-  for (const fs::directory_entry& e : fs::directory_iterator(runs, ec)) {
-    const std::string name = e.path().filename().string();
-    const size_t dash = name.rfind('-');
-    if (!e.is_directory() || dash == std::string::npos) continue;
-    existing.emplace_back(name.substr(0, dash), std::strtol(name.c_str() + dash + 1, nullptr, 10));
-  }
-  std::sort(existing.begin(), existing.end());
-  for (size_t i = 0; i + kRunsKept < existing.size(); ++i) {
-    fs::remove_all(runs / StrCat(existing[i].first, "-", existing[i].second), ec);
-  }
-  return folder.string();
-}
 
 // The pid recorded for `node`, if that process still runs as that node (a recycled pid is not ours).
 std::optional<pid_t> LivePid(const std::string& run_dir, const NodeConfig& node) {
@@ -341,7 +299,7 @@ absl::Status Up(const Flags& f, const ClusterConfig& c, const std::string& confi
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   if (ec) return absl::UnavailableError(StrCat("cannot create ", run_dir, ": ", ec.message()));
-  ODMOE_ASSIGN_OR_RETURN(const std::string logs, NewRunFolder(run_dir));
+  ODMOE_ASSIGN_OR_RETURN(const std::string logs, NewRunFolder(run_dir, kRunsKept));
   const std::string bin = ProgramDir();
   std::string model = f.Get("model").value_or("");
   if (!model.empty()) model = fs::absolute(model, ec).string();
