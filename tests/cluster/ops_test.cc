@@ -308,5 +308,29 @@ TEST(OpsTest, DownRemovesTheSharedSegmentOfKilledWorkers) {
   EXPECT_NE(down.out.find("removed 1 shared segment"), std::string::npos) << down.out;
 }
 
+TEST(OpsTest, DaemonsCheckTheLogFormatAndWriteEvenTheirExitInIt) {
+  odmoe::testing::TempDir tmp;
+  for (const std::string program : {"odmoe-main", "odmoe-shadow", "odmoe-worker"}) {
+    RunResult bad = RunProgram({ProgramPath(program), "--log-format", "xml", "--config", "c.toml", "--node", "n"});
+    EXPECT_EQ(bad.exit_code, 2) << bad.err;
+    EXPECT_NE(bad.err.find("--log-format: expected text or json, got 'xml'"), std::string::npos) << bad.err;
+    // A failure to start is one JSON line in json mode.
+    RunResult missing =
+        RunProgram({ProgramPath(program), "--log-format", "json", "--config", tmp.File("missing.toml"), "--node", "n"});
+    EXPECT_NE(missing.exit_code, 0);
+    ASSERT_EQ(std::count(missing.err.begin(), missing.err.end(), '\n'), 1) << missing.err;
+    auto line = ParseJson(missing.err, program);
+    ASSERT_TRUE(line.ok()) << missing.err;
+    EXPECT_EQ((*line)["level"], "error");
+    EXPECT_EQ((*line)["logger"], program);
+    EXPECT_NE((*line)["message"].get<std::string>().find(program + ": "), std::string::npos) << missing.err;
+    EXPECT_NE((*line)["message"].get<std::string>().find("missing.toml"), std::string::npos) << missing.err;
+  }
+  OpsCluster cluster("fmt", 2);
+  RunResult up = cluster.Up({"--log-format", "xml"});
+  EXPECT_EQ(up.exit_code, 2) << up.err;
+  EXPECT_NE(up.err.find("--log-format"), std::string::npos) << up.err;
+}
+
 }  // namespace
 }  // namespace odmoe
