@@ -256,7 +256,7 @@ grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
     absl::MutexLock lock(&session.mu);
     session.main_position = static_cast<int64_t>(session.prompt.size()) - 1;
   }
-  spdlog::info("{}: following request {} of {}: prompt of {} tokens, up to {} new tokens", self_.name,
+  spdlog::info("{}: following the request (#{} of {}): prompt of {} tokens, up to {} new tokens", self_.name,
                session.request_id, first.start().header().sender(), session.prompt.size(), session.max_new_tokens);
   // The reader: main's steps into the session, until main closes its side or the stream breaks.
   std::thread reader([&]() {
@@ -288,7 +288,7 @@ grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
   if (!status.ok()) {
     spdlog::warn("{}: Follow of request {} failed: {}", self_.name, session.request_id, status.ToString());
   } else {
-    spdlog::info("{}: request {} followed to its end", self_.name, session.request_id);
+    spdlog::info("{}: request #{} followed to its end", self_.name, session.request_id);
   }
   return rpc::ToGrpc(status);
 }

@@ -444,7 +444,7 @@ grpc::Status WorkerNode::ComputeExperts(grpc::ServerContext* context, const v1::
                                         v1::ComputeExpertsResponse* response) {
   logging::ScopedRequestId scope(rpc::RequestIdOf(*context));
   if (requests_seen_.Insert(logging::CurrentRequestId())) {
-    spdlog::info("{}: serving request {} of {}: first call, layer {} position {}, {} experts", self_.name,
+    spdlog::info("{}: serving the request (#{} of {}): first call, layer {} position {}, {} experts", self_.name,
                  request->header().request_id(), request->header().sender(), request->layer(), request->position(),
                  request->tasks_size());
   }
@@ -457,7 +457,7 @@ grpc::Status WorkerNode::Prefetch(grpc::ServerContext* context, const v1::Prefet
                                   v1::PrefetchResponse* response) {
   logging::ScopedRequestId scope(rpc::RequestIdOf(*context));
   if (requests_seen_.Insert(logging::CurrentRequestId())) {
-    spdlog::info("{}: prefetching for request {} from {}: first prediction, layer {} position {}", self_.name,
+    spdlog::info("{}: prefetching for the request (#{} of {}): first prediction, layer {} position {}", self_.name,
                  request->header().request_id(), request->header().sender(), request->layer(), request->position());
   }
   bool late = false;
