@@ -15,6 +15,7 @@ packages=(
   libcpp-httplib-dev
   python3-prometheus-client
   python3-yaml
+  docker-compose
 )
 
 missing=()

@@ -1,26 +1,34 @@
 // odmoe cluster up|down|status: runs the daemons of a cluster file on this machine, in the background.
 //
 // `up` starts every node of the file as its own process (odmoe-main / odmoe-shadow / odmoe-worker from the
-// directory of this program), each in its own session with its output in RUN_DIR/NODE.log and its pid in
-// RUN_DIR/NODE.pid, waits until every node reports ready (grpc.health.v1 "odmoe.ready") and prints
-// "grpc: HOST:PORT", the client API's address, on a line of its own (scripts parse it), then
-// "metrics: NODE http://ADDRESS/metrics" for each node with a metrics_address. If a node fails to
-// start, the others are stopped again and the failing node's log is shown.
-// `down` stops them (SIGTERM, then SIGKILL after a grace period); `status` asks each node for its liveness,
-// readiness, build version and memory.
+// directory of this program), each in its own session with its pid in RUN_DIR/NODE.pid and its output in a
+// folder of its own for this run, RUN_DIR/runs/<UTC time>-<n>/NODE.log (RUN_DIR/latest links to it; the
+// kRunsKept newest run folders are kept (run_folders.h), so the logs of a crash survive the restart), waits until
+// every node reports ready (grpc.health.v1 "odmoe.ready"), and prints "grpc: HOST:PORT", the client API's address,
+// on a line of its own (scripts parse it), then "metrics: NODE http://ADDRESS/metrics" for each node with a
+// metrics_address. If a node fails to start, the others are stopped again and the failing node's log is shown.
+// `down` stops every process of this machine that serves a node of the cluster: those of the pid files and any
+// odmoe daemon whose --config is the same cluster file (a node restarted by hand): SIGTERM, then SIGKILL after a
+// grace period. Then it removes what they leave: the pid files and the workers' shared expert segments in
+// /dev/shm that no process holds any more. `status` asks each node for its liveness, readiness, build version and
+// memory.
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -29,9 +37,11 @@
 #include "odmoe/v1/shadow.grpc.pb.h"
 #include "odmoe/v1/worker.grpc.pb.h"
 #include "src/cli/commands.h"
+#include "src/cli/run_folders.h"
 #include "src/common/cluster_config.h"
 #include "src/common/flags.h"
 #include "src/common/json.h"
+#include "src/common/logging.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/rpc/rpc_util.h"
@@ -45,7 +55,7 @@ using Clock = std::chrono::steady_clock;
 constexpr char kUsage[] =
     "usage: odmoe cluster up --config FILE [--model DIR] [--run-dir DIR] [--ablation-case 1..6]\n"
     "                        [--prediction shadow|random|none] [--shadow-quant fp16|int8|nf4|none]\n"
-    "                        [--align-token N] [--align-kv N] [--max-lead-tokens N]\n"
+    "                        [--align-token N] [--align-kv N] [--max-lead-tokens N] [--log-format text|json]\n"
     "         (the [shadow] overrides are passed on to every daemon; --ablation-case: OD-MoE section 4.2,\n"
     "          1 token+KV alignment, 2 token only, 3 KV only, 4 none, 5 random prefetch, 6 load after routing)\n"
     "       odmoe cluster down --config FILE [--run-dir DIR]\n"
@@ -89,7 +99,8 @@ std::string ProgramFor(NodeRole role) {
 }
 
 std::string PidFile(const std::string& run_dir, const NodeConfig& n) { return run_dir + "/" + n.name + ".pid"; }
-std::string LogFile(const std::string& run_dir, const NodeConfig& n) { return run_dir + "/" + n.name + ".log"; }
+// `logs`: the folder of one run (NewRunFolder).
+std::string LogFile(const std::string& logs, const NodeConfig& n) { return logs + "/" + n.name + ".log"; }
 
 // The pid recorded for `node`, if that process still runs as that node (a recycled pid is not ours).
 std::optional<pid_t> LivePid(const std::string& run_dir, const NodeConfig& node) {
@@ -148,30 +159,148 @@ absl::StatusOr<pid_t> Spawn(const std::string& program, const std::vector<std::s
   return pid;
 }
 
+std::string ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// True while `pid` exists and has not exited (a zombie, exited but not yet reaped by its parent, has).
+bool Running(pid_t pid) {
+  const std::string stat = ReadWholeFile(StrCat("/proc/", pid, "/stat"));
+  const size_t paren = stat.rfind(')');  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
+  const char state = stat[paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
 // Stops `pid`: SIGTERM, then SIGKILL when it has not exited after `grace`. Reaps it when it is our child.
 void Stop(pid_t pid, std::chrono::milliseconds grace) {
   kill(pid, SIGTERM);
   const auto deadline = Clock::now() + grace;
   while (Clock::now() < deadline) {
     waitpid(pid, nullptr, WNOHANG);
-    if (kill(pid, 0) != 0) return;
+    if (!Running(pid)) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
+  waitpid(pid, nullptr, WNOHANG);
+  // Not our child: wait until the kernel has ended it (its shared memory and locks are released by then).
+  const auto killed = Clock::now() + std::chrono::seconds(5);
+  while (Running(pid) && Clock::now() < killed) {
+    waitpid(pid, nullptr, WNOHANG);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// A process of this machine serving a node of the cluster.
+struct NodeProcess {
+  pid_t pid = 0;
+  std::string node;
+};
+
+// Every odmoe daemon (odmoe-main, odmoe-shadow, odmoe-worker) of this machine whose `--config` is the cluster
+// file at `config_path` (the same file, however the path is written; a relative path is taken from the
+// process's working directory) and whose `--node` is a node of `c`, plus the live pids of the pid files.
+// Processes of other users are listed too (stopping them then fails, and says so).
+std::vector<NodeProcess> FindNodeProcesses(const ClusterConfig& c, const std::string& config_path,
+                                           const std::string& run_dir) {
+  std::map<pid_t, std::string> found;
+  for (const NodeConfig& n : c.nodes) {
+    if (auto pid = LivePid(run_dir, n)) found[*pid] = n.name;
+  }
+  std::set<std::string> names;
+  for (const NodeConfig& n : c.nodes) names.insert(n.name);
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return {};
+  while (const dirent* entry = readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(entry->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0' || pid == getpid()) continue;
+    const std::string cmdline = ReadWholeFile(StrCat("/proc/", pid, "/cmdline"));
+    std::vector<std::string> argv;
+    for (size_t at = 0; at < cmdline.size();) {
+      const size_t nul = cmdline.find('\0', at);
+      argv.push_back(cmdline.substr(at, nul == std::string::npos ? std::string::npos : nul - at));
+      if (nul == std::string::npos) break;
+      at = nul + 1;
+    }
+    if (argv.empty()) continue;
+    const std::string program = fs::path(argv[0]).filename().string();
+    if (program != "odmoe-main" && program != "odmoe-shadow" && program != "odmoe-worker") continue;
+    std::string config, node;
+    for (size_t i = 1; i < argv.size(); ++i) {
+      for (auto [flag, out] : {std::pair{"--config", &config}, std::pair{"--node", &node}}) {
+        const std::string with_eq = StrCat(flag, "=");
+        if (argv[i] == flag && i + 1 < argv.size()) *out = argv[i + 1];
+        if (argv[i].rfind(with_eq, 0) == 0) *out = argv[i].substr(with_eq.size());
+      }
+    }
+    if (config.empty() || names.count(node) == 0) continue;
+    std::error_code ec;
+    fs::path path(config);
+    if (path.is_relative()) path = fs::read_symlink(StrCat("/proc/", pid, "/cwd"), ec) / path;
+    if (!ec && fs::equivalent(path, config_path, ec) && !ec) found[static_cast<pid_t>(pid)] = node;
+  }
+  closedir(proc);
+  std::vector<NodeProcess> out;
+  for (const auto& [pid, node] : found) out.push_back({pid, node});
+  return out;
+}
+
+// The workers' shared expert segments of cluster `c` in `shm_dir` are named "odmoe-<cluster>-e<epoch>-<model
+// fingerprint[0:8]>", each with a lock file "<segment>.lock" (src/worker_node/worker_node.cc, expert_store.h).
+// Removes every such segment that no process holds: a holder keeps an open-file-description lock on the lock
+// file, so the segment is free when the lock can be taken exclusively (without waiting), as ExpertStore's own
+// last holder does. Returns the segments removed; `in_use` receives those still held (another cluster with the
+// same name and epoch on this machine).
+std::vector<std::string> RemoveFreeSegments(const ClusterConfig& c, const std::string& shm_dir,
+                                            std::vector<std::string>* in_use) {
+  const std::string prefix = StrCat("odmoe-", c.name, "-e", c.epoch, "-");
+  std::set<std::string> segments;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(shm_dir, ec)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".lock") == 0) name.resize(name.size() - 5);
+    if (name.size() == prefix.size() + 8) segments.insert(name);  // the fingerprint's 8 characters
+  }
+  std::vector<std::string> removed;
+  for (const std::string& name : segments) {
+    const std::string segment = StrCat(shm_dir, "/", name), lock = segment + ".lock";
+    const int fd = open(lock.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd >= 0) {
+      struct flock fl {};
+      fl.l_type = F_WRLCK;
+      fl.l_whence = SEEK_SET;
+      if (fcntl(fd, F_OFD_SETLK, &fl) != 0) {
+        close(fd);
+        if (in_use != nullptr) in_use->push_back(segment);
+        continue;
+      }
+    }
+    // Free (or a segment without its lock file, which no holder can be using): the segment first, then the
+    // lock file, under the lock, as ExpertStore's last holder does.
+    const bool gone = unlink(segment.c_str()) == 0 || errno == ENOENT;
+    unlink(lock.c_str());
+    if (fd >= 0) close(fd);
+    if (gone) removed.push_back(segment);
+  }
+  return removed;
 }
 
 absl::Status Up(const Flags& f, const ClusterConfig& c, const std::string& config_path) {
   const std::string run_dir = RunDir(f, c, config_path);
-  for (const NodeConfig& n : c.nodes) {
-    if (auto pid = LivePid(run_dir, n)) {
-      return absl::AlreadyExistsError(StrCat("node '", n.name, "' of cluster '", c.name, "' is already running (pid ",
-                                             *pid, "); run `odmoe cluster down --config ", config_path, "` first"));
-    }
+  if (const std::vector<NodeProcess> running = FindNodeProcesses(c, config_path, run_dir); !running.empty()) {
+    return absl::AlreadyExistsError(StrCat("node '", running[0].node, "' of cluster '", c.name,
+                                           "' is already running (pid ", running[0].pid,
+                                           "); run `odmoe cluster down --config ", config_path, "` first"));
   }
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   if (ec) return absl::UnavailableError(StrCat("cannot create ", run_dir, ": ", ec.message()));
+  ODMOE_ASSIGN_OR_RETURN(const std::string logs, NewRunFolder(run_dir, kRunsKept));
   const std::string bin = ProgramDir();
   std::string model = f.Get("model").value_or("");
   if (!model.empty()) model = fs::absolute(model, ec).string();
@@ -197,7 +326,11 @@ absl::Status Up(const Flags& f, const ClusterConfig& c, const std::string& confi
         args.push_back(*v);
       }
     }
-    auto pid = Spawn(program, args, LogFile(run_dir, n));
+    if (auto v = f.Get("log-format")) {
+      args.push_back("--log-format");
+      args.push_back(*v);
+    }
+    auto pid = Spawn(program, args, LogFile(logs, n));
     if (!pid.ok()) {
       stop_all();
       return pid.status();
@@ -216,10 +349,10 @@ absl::Status Up(const Flags& f, const ClusterConfig& c, const std::string& confi
       if (waitpid(started[n.name], &status, WNOHANG) == started[n.name]) {
         started.erase(n.name);
         stop_all();
-        return absl::UnavailableError(StrCat(
-            "node '", n.name, "' exited during start-up (", WIFEXITED(status) ? "exit code " : "signal ",
-            WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), "); its log ", LogFile(run_dir, n), ":\n",
-            Tail(LogFile(run_dir, n), 10)));
+        return absl::UnavailableError(StrCat("node '", n.name, "' exited during start-up (",
+                                             WIFEXITED(status) ? "exit code " : "signal ",
+                                             WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), "); its log ",
+                                             LogFile(logs, n), ":\n", Tail(LogFile(logs, n), 10)));
       }
       auto ok = rpc::CheckServing(n.address, 500, rpc::kReadinessService);
       if (ok.ok() && *ok) serving[n.name] = true;
@@ -234,11 +367,11 @@ absl::Status Up(const Flags& f, const ClusterConfig& c, const std::string& confi
       }
       stop_all();
       return absl::DeadlineExceededError(StrCat("nodes not serving after ", c.startup_timeout_ms,
-                                                " ms (startup_timeout_ms): ", waiting, "; logs in ", run_dir));
+                                                " ms (startup_timeout_ms): ", waiting, "; logs in ", logs));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  std::printf("cluster '%s' up: %zu nodes serving; logs in %s\n", c.name.c_str(), c.nodes.size(), run_dir.c_str());
+  std::printf("cluster '%s' up: %zu nodes serving; logs in %s\n", c.name.c_str(), c.nodes.size(), logs.c_str());
   std::printf("grpc: %s\n", c.main()->address.c_str());
   for (const NodeConfig& n : c.nodes) {
     if (n.metrics_address.empty()) continue;
@@ -250,19 +383,37 @@ absl::Status Up(const Flags& f, const ClusterConfig& c, const std::string& confi
 
 absl::Status Down(const Flags& f, const ClusterConfig& c, const std::string& config_path) {
   const std::string run_dir = RunDir(f, c, config_path);
-  int stopped = 0;
   std::error_code ec;
-  // Stop every node at once, then wait for all of them.
+  // Stop every process at once (SIGTERM; SIGKILL after the grace period), then wait for all of them.
+  const std::vector<NodeProcess> processes = FindNodeProcesses(c, config_path, run_dir);
   std::vector<std::thread> stoppers;
-  for (const NodeConfig& n : c.nodes) {
-    if (auto pid = LivePid(run_dir, n)) {
-      ++stopped;
-      stoppers.emplace_back([p = *pid] { Stop(p, std::chrono::milliseconds(10000)); });
-    }
+  for (const NodeProcess& p : processes) {
+    stoppers.emplace_back([pid = p.pid] { Stop(pid, std::chrono::milliseconds(10000)); });
   }
   for (auto& t : stoppers) t.join();
+  std::string still_running;
+  size_t stopped = 0;
+  for (const NodeProcess& p : processes) {
+    if (Running(p.pid)) {
+      still_running += StrCat(still_running.empty() ? "" : ", ", p.node, " (pid ", p.pid, ")");
+    } else {
+      ++stopped;
+    }
+  }
   for (const NodeConfig& n : c.nodes) fs::remove(PidFile(run_dir, n), ec);
-  std::printf("cluster '%s': stopped %d node%s\n", c.name.c_str(), stopped, stopped == 1 ? "" : "s");
+  std::vector<std::string> in_use;
+  const std::vector<std::string> removed = RemoveFreeSegments(c, "/dev/shm", &in_use);
+  std::printf("cluster '%s': stopped %zu node%s", c.name.c_str(), stopped, stopped == 1 ? "" : "s");
+  for (size_t i = 0; i < processes.size(); ++i) {
+    std::printf("%s%s %d", i == 0 ? " (" : ", ", processes[i].node.c_str(), static_cast<int>(processes[i].pid));
+  }
+  std::printf("%s; removed %zu shared segment%s\n", processes.empty() ? "" : ")", removed.size(),
+              removed.size() == 1 ? "" : "s");
+  for (const std::string& s : in_use) std::printf("left %s: another process still holds it\n", s.c_str());
+  std::fflush(stdout);
+  if (!still_running.empty()) {
+    return absl::UnavailableError(StrCat("could not stop ", still_running, " (another user's process?)"));
+  }
   return absl::OkStatus();
 }
 
@@ -340,7 +491,10 @@ int RunCluster(const std::vector<std::string>& args) {
   std::vector<std::string> rest(args.begin() + 1, args.end());
   absl::Status status = [&]() -> absl::Status {
     std::set<std::string> with_value = {"config", "model", "run-dir"};
-    if (verb == "up") with_value.insert(std::begin(kShadowFlags), std::end(kShadowFlags));
+    if (verb == "up") {
+      with_value.insert(std::begin(kShadowFlags), std::end(kShadowFlags));
+      with_value.insert("log-format");
+    }
     ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(rest, with_value, {"json"}));
     ODMOE_ASSIGN_OR_RETURN(std::string config_path, f.Required("config"));
     ODMOE_ASSIGN_OR_RETURN(ClusterConfig c, LoadClusterConfig(config_path));
@@ -348,6 +502,7 @@ int RunCluster(const std::vector<std::string>& args) {
     ShadowOverrides overrides{f.Get("ablation-case"), f.Get("prediction"), f.Get("shadow-quant"),
                               f.Get("align-token"),   f.Get("align-kv"),   f.Get("max-lead-tokens")};
     ODMOE_RETURN_IF_ERROR(ApplyShadowOverrides(overrides, c.shadow() != nullptr, &c.shadow_settings));
+    if (auto v = f.Get("log-format")) ODMOE_RETURN_IF_ERROR(logging::ParseLogFormat(*v).status());
     if (verb == "up") return Up(f, c, config_path);
     if (verb == "down") return Down(f, c, config_path);
     if (verb == "status") return Status(f, c, config_path);

@@ -15,8 +15,10 @@
 #include "src/common/mapped_file.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/common/utf8.h"
 #include "src/engine/generator.h"
 #include "src/model/tokenizer.h"
+#include "src/rpc/request_id.h"
 
 namespace odmoe::cli {
 namespace {
@@ -28,14 +30,16 @@ constexpr char kUsage[] =
     "       odmoe generate --synthetic CONFIG [--layers N] [--weights-seed S] --prompt-ids 1,2,3 --max-new-tokens N\n"
     "           [the same sampling, backend and output flags]\n"
     "       odmoe generate --endpoint HOST:PORT (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
-    "           [the same sampling and output flags] [--timeout-ms MS]\n"
+    "           [the same sampling and output flags] [--timeout-ms MS] [--request-id ID]\n"
     "  Greedy unless --temperature > 0. Without --json the text is printed as it is generated; with --json one\n"
     "  JSON object: prompt_ids, tokens, text, stop_reason, last_logits (--dump-logits), routing (--dump-routing),\n"
     "  timings {ttft_ms, decode_tokens_per_s}. Models without tokenizer.model (Qwen, OLMoE) need --prompt-ids.\n"
     "  --endpoint sends the request to a cluster's main node (which has the model: no --model, no --backend);\n"
     "  the JSON then also has `stats`: per worker the experts computed and on-demand loads, bytes loaded\n"
     "  host-to-device, on-demand loads and their total ms, ttft, decode tokens/s, and the expert tensors main\n"
-    "  opened (0). --timeout-ms bounds the whole request (default 600000).\n"
+    "  opened (0), and `request_id`, the id main's, the shadow's and the workers' logs carry for the request\n"
+    "  (--request-id ID chooses it: letters, digits, '.', '_', ':', '-'; else main makes one). --timeout-ms\n"
+    "  bounds the whole request (default 600000). A text prompt must be valid UTF-8.\n"
     "  --synthetic runs the model of CONFIG (a config.json or a folder with one) with seeded random weights\n"
     "  (--weights-seed, default 0; --seed stays the sampling seed), --layers N of them (default: the config's).\n";
 
@@ -45,6 +49,7 @@ struct Request {
   SyntheticSpec spec;
   std::string endpoint;  // --endpoint: run on a cluster
   int64_t timeout_ms = 600000;
+  std::string request_id;  // --request-id (with --endpoint): x-request-id, "" to let main make one
   std::string backend = "cpu";
   std::vector<int32_t> prompt_ids;
   bool have_text_prompt = false;
@@ -56,9 +61,8 @@ struct Request {
 absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(
       Flags f, Flags::Parse(args,
-                            {"model", "prompt", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p",
-                             "seed", "backend", "endpoint", "timeout-ms", "synthetic", "layers",
-                             "weights-seed"},
+                            {"model", "prompt", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
+                             "backend", "endpoint", "timeout-ms", "synthetic", "layers", "weights-seed", "request-id"},
                             {"ignore-eos", "dump-logits", "dump-routing", "json"}));
   Request r;
   if (f.Has("endpoint")) {
@@ -72,11 +76,18 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
           "--backend cannot be combined with --endpoint: the cluster file sets each node's device");
     }
     ODMOE_ASSIGN_OR_RETURN(r.timeout_ms, f.Int("timeout-ms", r.timeout_ms));
+    if (auto id = f.Get("request-id")) {
+      if (absl::Status s = rpc::ValidateRequestId(*id); !s.ok()) {
+        return absl::InvalidArgumentError(StrCat("--request-id: ", s.message()));
+      }
+      r.request_id = *id;
+    }
     if (r.timeout_ms < 1) {
       return absl::InvalidArgumentError(StrCat("--timeout-ms must be positive, got ", r.timeout_ms));
     }
   } else {
     if (f.Has("timeout-ms")) return absl::InvalidArgumentError("--timeout-ms needs --endpoint");
+    if (f.Has("request-id")) return absl::InvalidArgumentError("--request-id needs --endpoint");
     if (f.Has("synthetic")) {
       if (f.Has("model")) return absl::InvalidArgumentError("give one of --model DIR and --synthetic CONFIG");
       if (f.Has("prompt")) {
@@ -104,6 +115,7 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   if (f.Has("prompt")) {
     r.have_text_prompt = true;
     r.prompt_text = *f.Get("prompt");
+    ODMOE_RETURN_IF_ERROR(CheckUtf8(r.prompt_text, "--prompt"));
   } else {
     ODMOE_ASSIGN_OR_RETURN(std::vector<int64_t> ids, f.IntList("prompt-ids"));
     for (int64_t id : ids) {
@@ -167,7 +179,7 @@ absl::Status RunRemote(const Request& r) {
       std::fflush(stdout);
     };
   }
-  ODMOE_ASSIGN_OR_RETURN(RemoteResult result, GenerateRemote(r.endpoint, req, r.timeout_ms, on_chunk));
+  ODMOE_ASSIGN_OR_RETURN(RemoteResult result, GenerateRemote(r.endpoint, req, r.timeout_ms, on_chunk, r.request_id));
   if (!r.json) {
     std::fputc('\n', stdout);
     return absl::OkStatus();
@@ -225,6 +237,7 @@ absl::Status RunRemote(const Request& r) {
                   {"groups", st.groups()},
                   {"stall_ms_per_layer", std::vector<double>(st.stall_ms_per_layer().begin(), st.stall_ms_per_layer().end())}};
   out["endpoint"] = r.endpoint;
+  out["request_id"] = result.request_id;
   PrintJson(out);
   return absl::OkStatus();
 }

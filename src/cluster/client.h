@@ -22,15 +22,19 @@ struct RemoteResult {
   // When the request set dump_routing: [position][sparse layer][k], best first.
   std::vector<std::vector<std::vector<int32_t>>> routing;
   v1::RequestStats stats;
+  std::string request_id;  // the id main logged the request under (its x-request-id response metadata)
 };
 
 // Sends `request` to the main node at `endpoint` (host:port) with a deadline of `timeout_ms` for the whole
 // request and calls `on_chunk` (optional) with every message as it arrives, the final one (done = true)
-// included. Errors carry main's status code with the endpoint in the message (Unavailable when main cannot be
-// reached or a worker is down, DeadlineExceeded past the deadline, InvalidArgument / OutOfRange /
+// included. `request_id` (optional) is sent as x-request-id metadata: main logs the request under it (else main
+// makes one); InvalidArgument, before anything is sent, when it is not a valid id (rpc::ValidateRequestId).
+// Errors carry main's status code with the endpoint and the request id in the message (Unavailable when main
+// cannot be reached or a worker is down, DeadlineExceeded past the deadline, InvalidArgument / OutOfRange /
 // FailedPrecondition for a bad request); DataLoss when the stream ends without its final message.
 absl::StatusOr<RemoteResult> GenerateRemote(const std::string& endpoint, const v1::GenerateRequest& request,
                                             int64_t timeout_ms,
-                                            std::function<void(const v1::GenerateResponse&)> on_chunk = nullptr);
+                                            std::function<void(const v1::GenerateResponse&)> on_chunk = nullptr,
+                                            const std::string& request_id = "");
 
 }  // namespace odmoe

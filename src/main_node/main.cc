@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "src/common/status.h"
 #include "src/main_node/main_node.h"
@@ -46,6 +45,5 @@ absl::Status Serve(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   odmoe::rpc::BlockShutdownSignals();
-  spdlog::set_default_logger(spdlog::stderr_color_mt("odmoe-main"));
-  return odmoe::rpc::ExitWith("odmoe-main", Serve(std::vector<std::string>(argv + 1, argv + argc)));
+  return odmoe::rpc::RunDaemon("odmoe-main", std::vector<std::string>(argv + 1, argv + argc), Serve);
 }

@@ -1,13 +1,18 @@
 #include "src/main_node/main_node.h"
 
 #include <algorithm>
+#include <cctype>
 #include <utility>
 
+#include "absl/strings/str_format.h"
 #include "spdlog/spdlog.h"
 #include "src/backend/device_factory.h"
+#include "src/common/logging.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/common/utf8.h"
 #include "src/rpc/metrics_server.h"
+#include "src/rpc/request_id.h"
 
 namespace odmoe {
 
@@ -135,6 +140,7 @@ absl::StatusOr<std::vector<int32_t>> MainNode::PromptOf(const v1::GenerateReques
     return absl::InvalidArgumentError("the prompt is empty: give a text prompt or at least one prompt id");
   }
   if (has_ids) return std::vector<int32_t>(request.prompt_ids().begin(), request.prompt_ids().end());
+  ODMOE_RETURN_IF_ERROR(CheckUtf8(request.prompt(), "prompt"));
   if (tokenizer_ == nullptr) {
     return absl::FailedPreconditionError(
         StrCat("the model at main (", model_dir_,
@@ -147,6 +153,7 @@ absl::StatusOr<std::vector<int32_t>> MainNode::PromptOf(const v1::GenerateReques
 // One request's state while it runs, shared by the phases of RunRequest and the token callback.
 struct MainNode::RequestRun {
   uint64_t id = 0;
+  std::string trace_id;  // the client's request id: x-request-id metadata on every RPC of the request
   std::vector<int32_t> prompt;
   GenerateOptions options;
   std::function<bool(const v1::GenerateResponse&)> emit;
@@ -176,19 +183,24 @@ absl::StatusOr<GenerateOptions> MainNode::OptionsOf(const v1::GenerateRequest& r
 
 absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
                                   const std::function<bool(const v1::GenerateResponse&)>& emit,
-                                  const std::function<bool()>& cancelled) {
+                                  const std::function<bool()>& cancelled, RequestRecord* record) {
   MainMetrics::Request timeline = metrics_->Arrived();
-  const absl::Status status = ServeRequest(request, emit, cancelled, timeline);
+  const absl::Status status = ServeRequest(request, emit, cancelled, record, timeline);
   timeline.Finished(status);
   return status;
 }
 
 absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
                                     const std::function<bool(const v1::GenerateResponse&)>& emit,
-                                    const std::function<bool()>& cancelled, MainMetrics::Request& timeline) {
+                                    const std::function<bool()>& cancelled, RequestRecord* record,
+                                    MainMetrics::Request& timeline) {
   // Validate before waiting for the engine: a bad request is answered at once.
   RequestRun run;
+  RequestRecord ignored;
+  if (record == nullptr) record = &ignored;
+  run.trace_id = record->request_id;
   ODMOE_ASSIGN_OR_RETURN(run.prompt, PromptOf(request));
+  record->prompt_tokens = run.prompt_len();
   ODMOE_ASSIGN_OR_RETURN(run.options, OptionsOf(request, run.prompt));
   run.emit = emit;
   run.timeline = &timeline;
@@ -197,15 +209,21 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   absl::MutexLock lock(&request_mu_);
   timeline.Started(run.prompt_len());
   run.id = next_request_id_.fetch_add(1);
-  experts_->BeginRequest(run.id, [&]() { return run.client_gone || (cancelled != nullptr && cancelled()); });
+  experts_->BeginRequest(
+      run.id, [&]() { return run.client_gone || (cancelled != nullptr && cancelled()); }, run.trace_id);
   if (tokenizer_ != nullptr) run.decoder = std::make_unique<IncrementalDecoder>(*tokenizer_, run.prompt);
   StartPrediction(run);
   absl::StatusOr<GenerateResult> result =
       odmoe::Generate(*engine_, run.prompt, run.options, [&](int32_t id, bool last) { OnToken(run, id, last); });
   experts_->EndRequest();
   const AlignmentCounts alignment = FinishPrediction();
+  record->generated_tokens = run.generated;
   if (run.client_gone) return absl::CancelledError("the client went away");
   if (!result.ok()) return result.status();
+  record->generated_tokens = static_cast<int64_t>(result->tokens.size());
+  record->ttft_ms = result->ttft_ms;
+  record->decode_tokens_per_s = result->decode_tokens_per_s;
+  record->total_ms = result->total_ms;
 
   v1::GenerateResponse last = FinalResponse(run, *result);
   FillRequestStats(run, *result, alignment, last.mutable_stats());
@@ -220,14 +238,15 @@ void MainNode::StartPrediction(const RequestRun& run) {
   board_.Reset(static_cast<int64_t>(sparse_layers.size()), config_.top_k);
   if (shadow_link_ != nullptr) {
     experts_->SetPrediction(&board_);
-    shadow_link_->Start(run.id, run.prompt, run.options.max_new_tokens, ss, &board_);
+    shadow_link_->Start(run.id, run.trace_id, run.prompt, run.options.max_new_tokens, ss, &board_);
   } else if (random_sender_ != nullptr) {
     const uint64_t request_id = run.id;
-    experts_->SetPrediction(&board_, [this, request_id, sparse_layers, seed = ss.seed](int64_t position) {
+    experts_->SetPrediction(&board_, [this, request_id, trace_id = run.trace_id, sparse_layers,
+                                      seed = ss.seed](int64_t position) {
       for (size_t s = 0; s < sparse_layers.size(); ++s) {
         std::vector<int32_t> predicted = RandomExperts(seed, request_id, position, static_cast<int64_t>(s),
                                                        config_.num_experts, config_.top_k);
-        random_sender_->Send(request_id, position, sparse_layers[s], static_cast<int64_t>(s), predicted);
+        random_sender_->Send(request_id, position, sparse_layers[s], static_cast<int64_t>(s), predicted, trace_id);
         board_.Put(position, static_cast<int64_t>(s), std::move(predicted));
       }
     });
@@ -433,13 +452,46 @@ void MainNode::Counters::ToProto(int64_t top_k, int32_t groups, v1::MainStats* s
   timing.ToProto(groups, s);
 }
 
+namespace {
+
+// "ok", or the status code in lower case ("unavailable", "invalid_argument", ...).
+std::string OutcomeOf(const absl::Status& status) {
+  std::string outcome = status.ok() ? "ok" : absl::StatusCodeToString(status.code());
+  for (char& c : outcome) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return outcome;
+}
+
+}  // namespace
+
 grpc::Status MainNode::Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                                 grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  absl::StatusOr<std::string> request_id = rpc::TakeOrMakeRequestId(*context);
+  if (!request_id.ok()) {
+    spdlog::warn("request from {} refused: {}", context->peer(), request_id.status().ToString());
+    return rpc::ToGrpc(request_id.status());
+  }
+  // The client learns the id with the first message (or the status, when there is none).
+  context->AddInitialMetadata(rpc::kRequestIdKey, *request_id);
+  logging::ScopedRequestId scope(*request_id);
+  spdlog::info("request from {}: prompt of {}, max_new_tokens {}", context->peer(),
+               request->prompt_ids_size() > 0 ? StrCat(request->prompt_ids_size(), " token ids")
+                                              : StrCat(request->prompt().size(), " bytes of text"),
+               request->max_new_tokens());
+  RequestRecord record;
+  record.request_id = *request_id;
   const absl::Status status = RunRequest(
       *request, [writer](const v1::GenerateResponse& r) { return writer->Write(r); },
-      [context]() { return context->IsCancelled(); });
-  if (!status.ok()) {
-    spdlog::warn("request from {} failed: {}", context->peer(), std::string(status.ToString()));
+      [context]() { return context->IsCancelled(); }, &record);
+  const std::string outcome = OutcomeOf(status);
+  const std::string line =
+      StrCat("finished: outcome=", outcome, " prompt_tokens=", record.prompt_tokens,
+             " generated_tokens=", record.generated_tokens, " ttft_ms=", absl::StrFormat("%.1f", record.ttft_ms),
+             " tokens_per_s=", absl::StrFormat("%.2f", record.decode_tokens_per_s),
+             " total_ms=", absl::StrFormat("%.1f", record.total_ms));
+  if (status.ok()) {
+    spdlog::info("{}", line);
+  } else {
+    spdlog::warn("{} error: {}", line, std::string(status.message()));
   }
   return rpc::ToGrpc(status);
 }

@@ -69,13 +69,24 @@ class MainNode final : public v1::Inference::Service {
                         v1::MainStats* response) override;
   v1::MainStats Stats(bool reset);
 
+  // One request as main's log line about its end reports it (Generate writes it, success or not).
+  struct RequestRecord {
+    std::string request_id;     // in: the client's request id (rpc/request_id.h), "" for none
+    int64_t prompt_tokens = 0;  // out, as far as the request got
+    int64_t generated_tokens = 0;
+    double ttft_ms = 0;
+    double decode_tokens_per_s = 0;
+    double total_ms = 0;
+  };
+
   // Generate without gRPC. `emit` receives each message in order and returns false when the client has gone
-  // (the request then stops); `cancelled` (optional) is polled before every sparse layer. Errors:
+  // (the request then stops); `cancelled` (optional) is polled before every sparse layer. `record` (optional)
+  // carries the request id to every RPC made for the request and receives its figures. Errors:
   // InvalidArgument / OutOfRange / FailedPrecondition for a bad request (nothing emitted), a worker's status
   // (Unavailable, DeadlineExceeded, ...) naming it, Cancelled when the client went away.
   absl::Status RunRequest(const v1::GenerateRequest& request,
                           const std::function<bool(const v1::GenerateResponse&)>& emit,
-                          const std::function<bool()>& cancelled = nullptr);
+                          const std::function<bool()>& cancelled = nullptr, RequestRecord* record = nullptr);
 
   // Routed-expert tensors this node has read from its checkpoint (0 unless something is wrong).
   int64_t expert_tensors_opened() const {
@@ -101,7 +112,8 @@ class MainNode final : public v1::Inference::Service {
   // RunRequest but for its metrics (`timeline`: the request's, which RunRequest finishes).
   absl::Status ServeRequest(const v1::GenerateRequest& request,
                             const std::function<bool(const v1::GenerateResponse&)>& emit,
-                            const std::function<bool()>& cancelled, MainMetrics::Request& timeline);
+                            const std::function<bool()>& cancelled, RequestRecord* record,
+                            MainMetrics::Request& timeline);
   // Request setup: the request checked against the model and turned into Generate's options.
   absl::StatusOr<GenerateOptions> OptionsOf(const v1::GenerateRequest& request,
                                             std::span<const int32_t> prompt) const;

@@ -11,6 +11,7 @@
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/model/model_layout.h"
+#include "src/rpc/request_id.h"
 
 namespace odmoe {
 namespace {
@@ -26,6 +27,7 @@ struct LayerCalls {
   struct Call {
     v1::Worker::Stub* stub = nullptr;
     int64_t timeout_ms = 0;
+    std::string trace_id;  // the client's request id, sent as x-request-id metadata
     size_t queue = 0;  // index into `queues` (the worker's)
     v1::ComputeExpertsRequest request;
     v1::ComputeExpertsResponse response;  // written by the attempt in flight
@@ -89,6 +91,7 @@ void StartCall(const std::shared_ptr<LayerCalls>& state, size_t i) {
     ++call->attempts;
   }
   rpc::SetDeadline(*ctx, call->timeout_ms);
+  rpc::AttachRequestId(*ctx, call->trace_id);
   call->response.Clear();
   call->stub->async()->ComputeExperts(ctx, &call->request, &call->response, [state, i](grpc::Status status) {
     std::optional<size_t> next;
@@ -220,8 +223,9 @@ RemoteExpertExecutor::RemoteExpertExecutor(Device& device, const ModelConfig& co
 
 RemoteExpertExecutor::~RemoteExpertExecutor() = default;
 
-void RemoteExpertExecutor::BeginRequest(uint64_t request_id, std::function<bool()> cancelled) {
+void RemoteExpertExecutor::BeginRequest(uint64_t request_id, std::function<bool()> cancelled, std::string trace_id) {
   request_id_ = request_id;
+  trace_id_ = std::move(trace_id);
   cancelled_ = std::move(cancelled);
   stats_.assign(workers_.size(), WorkerCallStats());
   board_ = nullptr;
@@ -373,6 +377,7 @@ void RemoteExpertExecutor::Encode(Layer& work, const float* h, Stream* stream) {
     }
     call->stub = stubs_[static_cast<size_t>(pc.worker)].get();
     call->timeout_ms = options_.rpc_timeout_ms;
+    call->trace_id = trace_id_;
     work.calls->calls.push_back(std::move(call));
   }
 }

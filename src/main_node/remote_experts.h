@@ -167,9 +167,10 @@ class RemoteExpertExecutor : public ExpertExecutor {
   // there). `board` must outlive the request.
   void SetPrediction(PredictionBoard* board, std::function<void(int64_t position)> on_decode_position = nullptr);
 
-  // Starts the accounting of a new client request: zeroes the stats, stamps `request_id` into every header.
+  // Starts the accounting of a new client request: zeroes the stats, stamps `request_id` into every header and
+  // `trace_id` (the client's request id, rpc/request_id.h; "" for none) as x-request-id metadata on every call.
   // `cancelled` (optional) is polled before each layer; when it returns true Run fails with Cancelled.
-  void BeginRequest(uint64_t request_id, std::function<bool()> cancelled = nullptr);
+  void BeginRequest(uint64_t request_id, std::function<bool()> cancelled = nullptr, std::string trace_id = "");
   // Drops the `cancelled` hook of the request (whose captures may be about to die); the stats stay.
   void EndRequest() {
     cancelled_ = nullptr;
@@ -212,6 +213,7 @@ class RemoteExpertExecutor : public ExpertExecutor {
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;  // one per worker
 
   uint64_t request_id_ = 0;
+  std::string trace_id_;
   std::function<bool()> cancelled_;
   PredictionBoard* board_ = nullptr;
   std::function<void(int64_t)> on_decode_position_;

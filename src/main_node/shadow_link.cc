@@ -5,7 +5,9 @@
 
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
+#include "src/common/logging.h"
 #include "src/engine/generator.h"
+#include "src/rpc/request_id.h"
 #include "src/rpc/rpc_util.h"
 
 namespace odmoe {
@@ -18,12 +20,13 @@ ShadowLink::ShadowLink(const std::string& address, const ModelConfig& config, Sh
 
 ShadowLink::~ShadowLink() { Finish(0); }
 
-bool ShadowLink::Start(uint64_t request_id, std::span<const int32_t> prompt, int64_t max_new_tokens,
-                       const ShadowSettings& settings, PredictionBoard* board) {
+bool ShadowLink::Start(uint64_t request_id, const std::string& trace_id, std::span<const int32_t> prompt,
+                       int64_t max_new_tokens, const ShadowSettings& settings, PredictionBoard* board) {
   Finish(0);  // a stream left open by a failed request
   broken_ = false;
   counts_ = AlignmentCounts{};
   context_ = std::make_unique<grpc::ClientContext>();
+  rpc::AttachRequestId(*context_, trace_id);
   stream_ = stub_->Follow(context_.get());
   v1::FollowMessage start_msg;
   v1::FollowStart* start = start_msg.mutable_start();
@@ -41,7 +44,8 @@ bool ShadowLink::Start(uint64_t request_id, std::span<const int32_t> prompt, int
   reader_done_ = std::make_unique<absl::Notification>();
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
   const int64_t last = LastDecodePosition(prompt_len, max_new_tokens);
-  reader_ = std::thread([this, board, prompt_len, last]() {
+  reader_ = std::thread([this, board, prompt_len, last, trace_id]() {
+    logging::ScopedRequestId scope(trace_id);  // its warnings are about this request
     v1::Prediction p;
     const int64_t k = config_.top_k;
     while (stream_->Read(&p)) {

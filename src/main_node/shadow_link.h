@@ -44,9 +44,10 @@ class ShadowLink {
   ShadowLink(const std::string& address, const ModelConfig& config, ShadowLinkOptions options);
   ~ShadowLink();
 
-  // Opens the stream for request `request_id` and sends FollowStart. Predictions go to `board` (which must
-  // outlive Finish). Returns false (and logs why) when the shadow cannot be reached: the request goes on without.
-  bool Start(uint64_t request_id, std::span<const int32_t> prompt, int64_t max_new_tokens,
+  // Opens the stream for request `request_id` (with `trace_id`, the client's request id, as x-request-id
+  // metadata) and sends FollowStart. Predictions go to `board` (which must outlive Finish). Returns false (and
+  // logs why) when the shadow cannot be reached: the request goes on without.
+  bool Start(uint64_t request_id, const std::string& trace_id, std::span<const int32_t> prompt, int64_t max_new_tokens,
              const ShadowSettings& settings, PredictionBoard* board);
   // Main starts decoding `position`: sends the step with `token` (token alignment) and `k`/`v` ([num_layers,
   // kv_size] of position - 1; both null for none). No-op when the stream is not open.

@@ -8,20 +8,24 @@
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 #include "src/common/flags.h"
+#include "src/common/logging.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/common/version.h"
 #include "src/rpc/systemd_notify.h"
+#include "src/rpc/library_logs.h"
 
 namespace odmoe::rpc {
 
 absl::StatusOr<DaemonArgs> ParseDaemonArgs(const std::vector<std::string>& args, NodeRole role) {
-  ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
-                                               {"config", "node", "model", "ablation-case", "prediction",
-                                                "shadow-quant", "align-token", "align-kv", "max-lead-tokens"},
-                                               {}));
+  ODMOE_ASSIGN_OR_RETURN(
+      Flags f, Flags::Parse(args,
+                            {"config", "node", "model", "ablation-case", "prediction", "shadow-quant", "align-token",
+                             "align-kv", "max-lead-tokens", "log-format"},
+                            {}));
   ODMOE_ASSIGN_OR_RETURN(std::string config_path, f.Required("config"));
   ODMOE_ASSIGN_OR_RETURN(std::string node_name, f.Required("node"));
+  logging::SetNode(node_name);
   DaemonArgs d;
   ODMOE_ASSIGN_OR_RETURN(d.cluster, LoadClusterConfig(config_path));
   const NodeConfig* self = d.cluster.Find(node_name);
@@ -85,8 +89,18 @@ void ServeUntilSignal(Server& server, Readiness readiness) {
 
 int ExitWith(const std::string& program, const absl::Status& status) {
   if (status.ok()) return kExitOk;
-  std::fprintf(stderr, "%s: %s\n", program.c_str(), std::string(status.message()).c_str());
+  spdlog::error("{}: {}", program, std::string(status.message()));
+  spdlog::default_logger()->flush();
   return ExitCodeFor(status);
+}
+
+int RunDaemon(const std::string& program, const std::vector<std::string>& args,
+              const std::function<absl::Status(const std::vector<std::string>&)>& serve) {
+  absl::StatusOr<logging::LogFormat> format = logging::LogFormatFromArgs(args);
+  logging::Setup(program, format.ok() ? *format : logging::LogFormat::kText);
+  if (!format.ok()) return ExitWith(program, format.status());
+  RouteLibraryLogsToSpdlog();
+  return ExitWith(program, serve(args));
 }
 
 void FillMembership(const ClusterConfig& cluster, const std::string& self, const std::string& fingerprint,

@@ -2,6 +2,7 @@
 // node found in it, and serving until SIGINT/SIGTERM (with systemd's notify protocol and watchdog).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,8 +39,15 @@ enum class Readiness {
 // REQUIRES: BlockShutdownSignals() was called before any thread was started.
 void ServeUntilSignal(Server& server, Readiness readiness = Readiness::kWhenListening);
 
-// Runs `body` and turns a failure into one stderr line "PROGRAM: message" and the exit code of the status.
+// Turns a failure into one log line "PROGRAM: message" (through the default logger, so in the daemon's log
+// format) and returns the exit code of the status (0 for OK).
 int ExitWith(const std::string& program, const absl::Status& status);
+
+// A daemon's main() after BlockShutdownSignals: sets up its logger (`--log-format text|json` in `args`, text by
+// default; a bad value exits with usage), routes libprotobuf's and gRPC's logs into it, runs `serve(args)` and
+// returns ExitWith's code. ParseDaemonArgs accepts --log-format and names the node in the log (json "node").
+int RunDaemon(const std::string& program, const std::vector<std::string>& args,
+              const std::function<absl::Status(const std::vector<std::string>&)>& serve);
 
 // Fills `out` with the cluster's membership as node `self` sees it (every daemon's GetMembership).
 void FillMembership(const ClusterConfig& cluster, const std::string& self, const std::string& fingerprint,

@@ -3,6 +3,7 @@
 #include <map>
 
 #include "spdlog/spdlog.h"
+#include "src/rpc/request_id.h"
 #include "src/rpc/rpc_util.h"
 
 namespace odmoe::rpc {
@@ -23,7 +24,7 @@ PrefetchSender::PrefetchSender(const std::vector<std::string>& workers, Placemen
 PrefetchSender::~PrefetchSender() { Drain(); }
 
 void PrefetchSender::Send(uint64_t request_id, int64_t position, int64_t layer, int64_t sparse_index,
-                          std::span<const int32_t> experts) {
+                          std::span<const int32_t> experts, const std::string& trace_id) {
   // One call per worker, its experts in ascending order.
   std::map<int32_t, std::vector<int32_t>> by_worker;
   for (const Assignment& a : placement_.Assign(sparse_index, experts)) by_worker[a.worker].push_back(a.expert);
@@ -36,6 +37,7 @@ void PrefetchSender::Send(uint64_t request_id, int64_t position, int64_t layer, 
     call->request.set_position(position);
     for (int32_t e : list) call->request.add_experts(e);
     SetDeadline(call->context, options_.rpc_timeout_ms);
+    AttachRequestId(call->context, trace_id);
     {
       absl::MutexLock lock(&mu_);
       ++in_flight_;

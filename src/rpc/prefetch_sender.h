@@ -40,9 +40,10 @@ class PrefetchSender {
   ~PrefetchSender();
 
   // Sends the prediction `experts` of model layer `layer` (sparse layer `sparse_index`) at decode `position`
-  // of request `request_id` to the workers that will serve them.
+  // of request `request_id` to the workers that will serve them, with `trace_id` (the client's request id,
+  // rpc/request_id.h; "" for none) as x-request-id metadata.
   void Send(uint64_t request_id, int64_t position, int64_t layer, int64_t sparse_index,
-            std::span<const int32_t> experts);
+            std::span<const int32_t> experts, const std::string& trace_id = "");
   // Waits until every call sent so far has completed.
   void Drain();
   PrefetchSenderStats stats() const;

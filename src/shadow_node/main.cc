@@ -2,7 +2,6 @@
 #include <string>
 #include <vector>
 
-#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "src/common/status.h"
 #include "src/rpc/daemon.h"
@@ -36,6 +35,5 @@ absl::Status Serve(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   odmoe::rpc::BlockShutdownSignals();
-  spdlog::set_default_logger(spdlog::stderr_color_mt("odmoe-shadow"));
-  return odmoe::rpc::ExitWith("odmoe-shadow", Serve(std::vector<std::string>(argv + 1, argv + argc)));
+  return odmoe::rpc::RunDaemon("odmoe-shadow", std::vector<std::string>(argv + 1, argv + argc), Serve);
 }

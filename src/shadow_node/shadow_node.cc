@@ -9,11 +9,13 @@
 
 #include "spdlog/spdlog.h"
 #include "src/backend/device_factory.h"
+#include "src/common/logging.h"
 #include "src/common/placement.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/engine/generator.h"
 #include "src/rpc/metrics_server.h"
+#include "src/rpc/request_id.h"
 #include "src/rpc/rpc_util.h"
 
 namespace odmoe {
@@ -62,6 +64,7 @@ class PredictingExecutor : public ExpertExecutor {
 struct ShadowNode::Session {
   // Fixed at the start.
   uint64_t request_id = 0;
+  std::string trace_id;  // the client's request id (x-request-id from main), passed on with the predictions
   std::vector<int32_t> prompt;
   int64_t max_new_tokens = 0;
   int64_t align_token = 0;
@@ -239,9 +242,12 @@ absl::Status ShadowNode::CheckFollowMessages(const v1::FollowMessage& first,
 
 grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
                                 grpc::ServerReaderWriter<v1::Prediction, v1::FollowMessage>* stream) {
+  const std::string trace_id = rpc::RequestIdOf(*context);
+  logging::ScopedRequestId scope(trace_id);
   v1::FollowMessage first;
   if (!stream->Read(&first)) return grpc::Status(grpc::StatusCode::CANCELLED, "main closed the stream at once");
   Session session;
+  session.trace_id = trace_id;
   const absl::Status bad = BeginSession(first, session);
   if (!bad.ok()) {
     spdlog::warn("{}: Follow refused: {}", self_.name, bad.ToString());
@@ -252,8 +258,11 @@ grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
     absl::MutexLock lock(&session.mu);
     session.main_position = static_cast<int64_t>(session.prompt.size()) - 1;
   }
+  spdlog::info("{}: following the request (#{} of {}): prompt of {} tokens, up to {} new tokens", self_.name,
+               session.request_id, first.start().header().sender(), session.prompt.size(), session.max_new_tokens);
   // The reader: main's steps into the session, until main closes its side or the stream breaks.
   std::thread reader([&]() {
+    logging::ScopedRequestId reader_scope(trace_id);
     v1::FollowMessage msg;
     while (stream->Read(&msg)) {
       const absl::Status status = ApplyMessage(msg, session);
@@ -278,7 +287,11 @@ grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
     absl::MutexLock lock(&session.mu);
     if (status.ok() && !session.error.ok()) status = session.error;
   }
-  if (!status.ok()) spdlog::warn("{}: Follow of request {} failed: {}", self_.name, session.request_id, status.ToString());
+  if (!status.ok()) {
+    spdlog::warn("{}: Follow of request {} failed: {}", self_.name, session.request_id, status.ToString());
+  } else {
+    spdlog::info("{}: request #{} followed to its end", self_.name, session.request_id);
+  }
   return rpc::ToGrpc(status);
 }
 
@@ -298,7 +311,7 @@ absl::Status ShadowNode::RunSession(Session& session,
   executor_->Set([&](int64_t position, int64_t layer, std::span<const int32_t> experts) {
     const int64_t sparse_index = config_.SparseIndex(layer);
     // The workers first: their loads are what the prediction is for.
-    sender_->Send(session.request_id, position, layer, sparse_index, experts);
+    sender_->Send(session.request_id, position, layer, sparse_index, experts, session.trace_id);
     v1::Prediction p;
     p.set_position(position);
     p.set_layer(static_cast<int32_t>(layer));

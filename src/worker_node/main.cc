@@ -5,7 +5,6 @@
 #include <utility>
 #include <vector>
 
-#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "src/backend/device_factory.h"
 #include "src/common/status.h"
@@ -46,6 +45,5 @@ absl::Status Run(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   // Before any thread exists, so SIGINT/SIGTERM reach ServeUntilSignal only.
   odmoe::rpc::BlockShutdownSignals();
-  spdlog::set_default_logger(spdlog::stderr_color_mt("odmoe-worker"));
-  return odmoe::rpc::ExitWith("odmoe-worker", Run(std::vector<std::string>(argv + 1, argv + argc)));
+  return odmoe::rpc::RunDaemon("odmoe-worker", std::vector<std::string>(argv + 1, argv + argc), Run);
 }

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "spdlog/spdlog.h"
+#include "src/common/logging.h"
 #include "src/common/placement.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
@@ -452,15 +453,26 @@ v1::Membership WorkerNode::MembershipInfo() const {
 
 // ---- gRPC handlers ---------------------------------------------------------------------------------------------
 
-grpc::Status WorkerNode::ComputeExperts(grpc::ServerContext* /*context*/, const v1::ComputeExpertsRequest* request,
+grpc::Status WorkerNode::ComputeExperts(grpc::ServerContext* context, const v1::ComputeExpertsRequest* request,
                                         v1::ComputeExpertsResponse* response) {
+  logging::ScopedRequestId scope(rpc::RequestIdOf(*context));
+  if (requests_seen_.Insert(logging::CurrentRequestId())) {
+    spdlog::info("{}: serving the request (#{} of {}): first call, layer {} position {}, {} experts", self_.name,
+                 request->header().request_id(), request->header().sender(), request->layer(), request->position(),
+                 request->tasks_size());
+  }
   const absl::Status status = Compute(*request, response);
   if (!status.ok()) spdlog::warn("{}: ComputeExperts refused: {}", self_.name, status.ToString());
   return rpc::ToGrpc(status);
 }
 
-grpc::Status WorkerNode::Prefetch(grpc::ServerContext* /*context*/, const v1::PrefetchRequest* request,
+grpc::Status WorkerNode::Prefetch(grpc::ServerContext* context, const v1::PrefetchRequest* request,
                                   v1::PrefetchResponse* response) {
+  logging::ScopedRequestId scope(rpc::RequestIdOf(*context));
+  if (requests_seen_.Insert(logging::CurrentRequestId())) {
+    spdlog::info("{}: prefetching for the request (#{} of {}): first prediction, layer {} position {}", self_.name,
+                 request->header().request_id(), request->header().sender(), request->layer(), request->position());
+  }
   bool late = false;
   absl::StatusOr<int32_t> accepted = DoPrefetch(*request, &late);
   if (!accepted.ok()) {

@@ -80,6 +80,7 @@
 #include "src/model/model_config.h"
 #include "src/model/open_model.h"
 #include "src/model/tensor_source.h"
+#include "src/rpc/request_id.h"
 #include "src/worker_node/expert_loader.h"
 #include "src/worker_node/expert_store.h"
 #include "src/worker_node/gpu_budget.h"
@@ -223,6 +224,8 @@ class WorkerNode final : public v1::Worker::Service {
   Residency residency_;
   WorkerCounterSet counters_;
   std::unique_ptr<WorkerMetrics> metrics_;  // set by Create; its collector reads the parts above
+  // The client request ids of the latest calls: the first call of each request gets an info log line.
+  rpc::RecentRequestIds requests_seen_;
 
   // Serializes computation; owns the workspace and the compute stream.
   absl::Mutex compute_mu_;

@@ -1,0 +1,55 @@
+#include "src/common/utf8.h"
+
+#include <cstdint>
+#include <cstdio>
+
+#include "src/common/strings.h"
+
+namespace odmoe {
+
+size_t Utf8SequenceLength(std::string_view s, size_t at) {
+  const auto byte = [&](size_t i) { return static_cast<uint8_t>(s[i]); };
+  const uint8_t lead = byte(at);
+  if (lead < 0x80) return 1;
+  size_t length = 0;
+  uint8_t min_second = 0x80, max_second = 0xBF;  // the second byte's range (RFC 3629, table 3-7 of Unicode)
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) min_second = 0xA0;  // overlong
+    if (lead == 0xED) max_second = 0x9F;  // surrogates
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) min_second = 0x90;  // overlong
+    if (lead == 0xF4) max_second = 0x8F;  // above U+10FFFF
+  } else {
+    return 0;  // a continuation byte, C0/C1 (overlong) or F5..FF
+  }
+  if (at + length > s.size()) return 0;
+  if (byte(at + 1) < min_second || byte(at + 1) > max_second) return 0;
+  for (size_t i = 2; i < length; ++i) {
+    if ((byte(at + i) & 0xC0) != 0x80) return 0;
+  }
+  return length;
+}
+
+std::optional<size_t> FirstInvalidUtf8(std::string_view s) {
+  for (size_t at = 0; at < s.size();) {
+    const size_t n = Utf8SequenceLength(s, at);
+    if (n == 0) return at;
+    at += n;
+  }
+  return std::nullopt;
+}
+
+absl::Status CheckUtf8(std::string_view s, std::string_view what) {
+  const std::optional<size_t> bad = FirstInvalidUtf8(s);
+  if (!bad.has_value()) return absl::OkStatus();
+  char byte[8];
+  std::snprintf(byte, sizeof(byte), "0x%02x", static_cast<unsigned>(static_cast<uint8_t>(s[*bad])));
+  return absl::InvalidArgumentError(StrCat(what, " is not valid UTF-8: byte ", byte, " at offset ", *bad, " of ",
+                                           s.size(), " does not start a well-formed UTF-8 sequence"));
+}
+
+}  // namespace odmoe
