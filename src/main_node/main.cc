@@ -30,7 +30,8 @@ absl::Status Serve(const std::vector<std::string>& args) {
       d.cluster.workers().size(), node->has_tokenizer() ? "yes" : "no");
   // Readiness follows the workers (src/main_node/readiness.h); stopped before the server goes.
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::ReadinessProber> readiness,
-                         odmoe::ReadinessProber::ForCluster(d.cluster, node->config(), [&server](const auto& v) {
+                         odmoe::ReadinessProber::ForCluster(d.cluster, node->config(), [&server, &node](const auto& v) {
+                           node->SetReady(v.ready);  // first: a client that sees SERVING reads odmoe_ready 1
                            server->MarkReady(v.ready);
                            odmoe::rpc::systemd::NotifyStatus((v.ready ? "ready: " : "not ready: ") + v.reason);
                          }));

@@ -72,6 +72,11 @@ MainMetrics::MainMetrics(metrics::Labels labels, std::vector<Peer> peers)
                                    "Timely recall of the last request with decode steps (predicted and resident "
                                    "or loading when main asked; 0..1).")
                          .With({})),
+      ready_(registry_
+                 .AddGauge("odmoe_ready",
+                           "1 while main is ready (grpc.health.v1 odmoe.ready): every sparse layer has a reachable "
+                           "owner.")
+                 .With({})),
       peers_(std::move(peers)) {
   for (const char* outcome : {"ok", "cancelled", "invalid", "error"}) requests_.With({outcome});
   for (const Peer& p : peers_) channels_.push_back(rpc::MakeChannel(p.address));

@@ -60,6 +60,10 @@ class MainMetrics {
   // come from the odmoe_prediction_experts_* counters.
   void Prediction(double recall, double timely_recall);
 
+  // odmoe_ready: main's readiness as its prober last judged it (src/main_node/readiness.h), the metric twin of
+  // grpc.health.v1 "odmoe.ready". 0 until the first judgement.
+  void Ready(bool ready) { ready_.Set(ready ? 1 : 0); }
+
   metrics::Registry& registry() { return registry_; }
 
  private:
@@ -79,6 +83,7 @@ class MainMetrics {
   metrics::Histogram& e2e_;
   metrics::Gauge& recall_;
   metrics::Gauge& timely_recall_;
+  metrics::Gauge& ready_;
   const std::vector<Peer> peers_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;  // one per peer
 };

@@ -98,6 +98,8 @@ class MainNode final : public v1::Inference::Service {
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
   // The node's metrics (served by rpc::MetricsServer, which must stop before the node is destroyed).
   const metrics::Registry& metrics() const { return metrics_->registry(); }
+  // Readiness as main's prober judged it, for /metrics (odmoe_ready).
+  void SetReady(bool ready) { metrics_->Ready(ready); }
 
  private:
   MainNode() = default;

@@ -122,6 +122,7 @@ TEST(MetricsClusterTest, EveryDaemonServesMetricsThatCountTheRequestServed) {
   EXPECT_EQ(main.Type("odmoe_requests_total"), "counter");
   EXPECT_EQ(main.Value("odmoe_requests_total", {{"outcome", "ok"}}), 1);
   EXPECT_EQ(main.Value("odmoe_requests_total", {{"outcome", "error"}}), 0);
+  EXPECT_EQ(main.Value("odmoe_ready"), 1);  // `cluster up` waited for odmoe.ready
   EXPECT_EQ(main.Value("odmoe_prompt_tokens_total"), static_cast<double>(prompt.size()));
   EXPECT_EQ(main.Value("odmoe_generation_tokens_total"), 6);
   EXPECT_EQ(main.Type("odmoe_time_to_first_token_seconds"), "histogram");
