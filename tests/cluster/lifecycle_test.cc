@@ -135,10 +135,10 @@ TEST(LifecycleTest, ASecondDaemonOnATakenPortExitsNamingNodeAndAddress) {
   const RunResult second = RunProgram({ProgramPath("odmoe-worker"), "--config", c.path, "--node", "w0"});
   EXPECT_NE(second.exit_code, 0) << second.err;
   EXPECT_EQ(second.signal, 0);
-  bool named = false;  // one line of ours names the node and the address
+  bool named = false;  // one log line of ours names the node and the address
   std::istringstream lines(second.err);
   for (std::string line; std::getline(lines, line);) {
-    named = named || (line.rfind("odmoe-worker: ", 0) == 0 && line.find("'w0'") != std::string::npos &&
+    named = named || (line.find("odmoe-worker: ") != std::string::npos && line.find("'w0'") != std::string::npos &&
                       line.find(c.Address(1)) != std::string::npos && line.find("in use") != std::string::npos);
   }
   EXPECT_TRUE(named) << second.err;
@@ -252,7 +252,7 @@ TEST(LifecycleTest, MainIsNotReadyWhileAWorkerIsDownAndReadyAgainWhenItReturns) 
   const pid_t w1 = std::stoi(ReadFile(run_dir + "/w1.pid"));
   ASSERT_EQ(kill(w1, SIGKILL), 0);
   EXPECT_TRUE(Eventually([&] { return !Serving(c.Address(0), rpc::kReadinessService); }, std::chrono::seconds(10)))
-      << ReadFile(run_dir + "/main.log");
+      << ReadFile(run_dir + "/latest/main.log");
   EXPECT_TRUE(Serving(c.Address(0), rpc::kLivenessService));
   status = Status(c, run_dir, &code);
   EXPECT_NE(code, 0);
@@ -260,14 +260,14 @@ TEST(LifecycleTest, MainIsNotReadyWhileAWorkerIsDownAndReadyAgainWhenItReturns) 
   EXPECT_EQ(status["main"]["ready"], "NOT_SERVING") << status.dump();
   EXPECT_EQ(status["w1"]["health"], "UNREACHABLE") << status.dump();
   EXPECT_TRUE(status["w1"]["version"].is_null()) << status.dump();
-  EXPECT_NE(ReadFile(run_dir + "/main.log").find("unreachable owner: w1"), std::string::npos)
-      << ReadFile(run_dir + "/main.log");
+  EXPECT_NE(ReadFile(run_dir + "/latest/main.log").find("unreachable owner: w1"), std::string::npos)
+      << ReadFile(run_dir + "/latest/main.log");
 
   // Restart w1 by hand: main is ready again, by itself.
   const std::string log = c.dir.File("w1-again.log");
   Daemon again(Spawn({ProgramPath("odmoe-worker"), "--config", c.path, "--node", "w1"}, {}, log));
   EXPECT_TRUE(Eventually([&] { return Serving(c.Address(0), rpc::kReadinessService); }, std::chrono::seconds(20)))
-      << ReadFile(log) << ReadFile(run_dir + "/main.log");
+      << ReadFile(log) << ReadFile(run_dir + "/latest/main.log");
   status = Status(c, run_dir, &code);
   EXPECT_EQ(code, 0) << status.dump();
   EXPECT_EQ(status["main"]["ready"], "SERVING") << status.dump();
