@@ -34,7 +34,7 @@ using odmoe::testing::RunResult;
 // on destruction. The cluster name is unique to this process and test, so its /dev/shm segments are its own.
 class OpsCluster {
  public:
-  OpsCluster(const std::string& tag, int workers) : workers_(workers) {
+  OpsCluster(const std::string& tag, int workers) {
     name_ = StrCat("ops-", getpid(), "-", tag);
     const std::vector<int> ports = odmoe::testing::PickFreePorts(workers + 2);
     std::string toml = StrCat("[cluster]\nname = \"", name_,
@@ -97,7 +97,6 @@ class OpsCluster {
   std::string run_dir() const { return dir_.File("run"); }
 
  private:
-  int workers_;
   odmoe::testing::TempDir dir_;
   std::string name_, config_, endpoint_, logs_;
   std::vector<std::string> worker_addresses_;
