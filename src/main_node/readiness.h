@@ -50,7 +50,9 @@ ReadinessVerdict JudgeReadiness(const std::vector<std::vector<int32_t>>& owners,
 
 struct ReadinessOptions {
   absl::Duration period = absl::Seconds(1);  // between the starts of two rounds
-  int64_t probe_timeout_ms = 500;            // each worker's health check
+  // Each worker's health check. Generous: a busy host (a worker loading experts, a sanitizer build) must not
+  // make main flap to NOT_SERVING; a dead worker still fails at once (connection refused).
+  int64_t probe_timeout_ms = 2000;
 };
 
 class ReadinessProber {
