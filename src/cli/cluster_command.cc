@@ -427,7 +427,7 @@ absl::Status Status(const Flags& f, const ClusterConfig& c, const std::string& c
     j["pid"] = pid ? Json(*pid) : Json(nullptr);
     // Liveness (the process serves), readiness (it can do its part: main reaches an owner of every sparse layer)
     // and the node's build version.
-    auto health = rpc::CheckHealth(n.address, 1000);
+    auto health = rpc::CheckHealth(n.address, 3000);
     auto word = [&](bool serving) { return !health.ok() ? "UNREACHABLE" : (serving ? "SERVING" : "NOT_SERVING"); };
     j["health"] = word(health.ok() && health->live);
     j["ready"] = word(health.ok() && health->ready);
