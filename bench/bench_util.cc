@@ -59,9 +59,26 @@ absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> ParsePairs(const std::s
   return out;
 }
 
+namespace {
+std::FILE* json_file = nullptr;  // SetJsonFile's; lives until the process exits
+}  // namespace
+
+absl::Status SetJsonFile(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return absl::InvalidArgumentError(StrCat("--json: cannot open ", path, " for writing"));
+  if (json_file != nullptr) std::fclose(json_file);
+  json_file = f;
+  return absl::OkStatus();
+}
+
 void PrintJsonLine(const Json& j) {
-  std::printf("%s\n", DumpJson(j).c_str());
+  const std::string line = DumpJson(j);
+  std::printf("%s\n", line.c_str());
   std::fflush(stdout);
+  if (json_file != nullptr) {
+    std::fprintf(json_file, "%s\n", line.c_str());
+    std::fflush(json_file);
+  }
 }
 
 // Runs `argv` with its stdout sent to our stderr (our stdout carries only JSON lines and the table).

@@ -25,7 +25,11 @@ absl::StatusOr<double> MeasureCopyBandwidth(Device& device, size_t bytes, int it
 // "16x64,128x256" -> {{16, 64}, {128, 256}}.
 absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> ParsePairs(const std::string& text);
 
+// Prints `j` as one line on stdout and, after SetJsonFile, appends the same line to that file too.
 void PrintJsonLine(const Json& j);
+// Every later PrintJsonLine also goes to `path` (created or truncated now); InvalidArgument naming the path
+// when it cannot be opened. `odmoe-bench ... --json FILE` calls it.
+absl::Status SetJsonFile(const std::string& path);
 // Runs `argv` (a program path first) with its stdout sent to our stderr, so that our stdout carries only JSON
 // lines and the table; Unavailable when it does not exit 0.
 absl::Status RunQuiet(const std::vector<std::string>& argv);

@@ -14,7 +14,7 @@
 //     Achieved GB/s of the expert GEMVs and decode attention against the copy bandwidth (kernels_bench.cc).
 //
 //   odmoe-bench prediction --config FILE --prompts FILE [--model DIR] [--prompt-count N] [--max-new-tokens 256]
-//       [--cases 1,2,3,4,5,6] [--grid 1,2,4,8,16] [--shadow-quant int8] [--run-dir DIR]
+//       [--cases 1,2,3,4,5,6|none] [--grid 1,2,4,8,16] [--shadow-quant int8] [--run-dir DIR]
 //     A real cluster (`odmoe cluster up`) per OD-MoE ablation case and alignment-period pair: decode tokens/s,
 //     recall, timely recall, on-demand loads and stall per token (prediction_bench.cc).
 //
@@ -22,11 +22,20 @@
 //       [--copy-mb 512] [--run-dir DIR]
 //     A real cluster: each worker's peak GPU memory (context apart), TTFT, decode tokens/s, bytes loaded per
 //     token and that rate against the pinned host-to-device bandwidth measured first (cluster_bench.cc).
+//
+//   odmoe-bench workload (--endpoint HOST:PORT | --resident) (--model DIR | --synthetic CONFIG [--layers N])
+//       [--seed S] [--backend cpu] [--pairs 16x64,16x256,128x64,128x256] [--prompts 3] [--prompt-text FILE]
+//     Every (input, output) pair over a set of prompts, batch 1, EOS ignored, on a running cluster or on the
+//     fully-resident engine: the arrival time of every token and the cluster's request stats, one JSON line per
+//     request (workload_bench.cc; bench/run.sh aggregates them).
+//
+// Every benchmark takes --json FILE: its JSON lines also go to FILE (the table stays on stdout).
 #include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "bench/benchmarks.h"
 #include "src/backend/device_factory.h"
 #include "src/common/flags.h"
@@ -38,15 +47,10 @@
 namespace odmoe {
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using bench::Median;
 
 absl::Status RunDecode(const std::vector<std::string>& args) {
-  ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, {"model", "backend", "prompt-len", "new-tokens",
-                                                                  "repeat"},
-                                                         {}));
+  ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, {"model", "backend", "prompt-len", "new-tokens", "repeat"}, {}));
   ODMOE_ASSIGN_OR_RETURN(std::string model_dir, f.Required("model"));
   const std::string backend = f.Get("backend").value_or("cpu");
   ODMOE_ASSIGN_OR_RETURN(std::vector<int64_t> prompt_lens, f.IntList("prompt-len"));
@@ -70,7 +74,8 @@ absl::Status RunDecode(const std::vector<std::string>& args) {
       // A deterministic prompt of ordinary tokens (BOS first when the model has one).
       std::vector<int32_t> prompt;
       for (int64_t i = 0; i < p; ++i) {
-        prompt.push_back(static_cast<int32_t>((i == 0 && c.bos_token_id) ? *c.bos_token_id : 3 + (i * 37) % (c.vocab_size - 3)));
+        prompt.push_back(
+            static_cast<int32_t>((i == 0 && c.bos_token_id) ? *c.bos_token_id : 3 + (i * 37) % (c.vocab_size - 3)));
       }
       GenerateOptions opt;
       opt.max_new_tokens = n;
@@ -84,11 +89,9 @@ absl::Status RunDecode(const std::vector<std::string>& args) {
       }
       Row row{p, n, Median(ttft), Median(tps)};
       rows.push_back(row);
-      Json j = {{"bench", "decode"},       {"model", model_dir},   {"backend", backend},
-                {"prompt_tokens", p},      {"output_tokens", n},   {"repeat", repeat},
-                {"ttft_ms", row.ttft_ms},  {"decode_tokens_per_s", row.tps}};
-      std::printf("%s\n", DumpJson(j).c_str());
-      std::fflush(stdout);
+      Json j = {{"bench", "decode"},  {"model", model_dir}, {"backend", backend},     {"prompt_tokens", p},
+                {"output_tokens", n}, {"repeat", repeat},   {"ttft_ms", row.ttft_ms}, {"decode_tokens_per_s", row.tps}};
+      bench::PrintJsonLine(j);
     }
   }
   std::printf("\n%-8s %-8s %12s %16s\n", "prompt", "output", "ttft_ms", "decode_tok/s");
@@ -113,14 +116,41 @@ int main(int argc, char** argv) {
       "       odmoe-bench prediction --config FILE --prompts FILE [--model DIR] [--prompt-count N]\n"
       "           [--max-new-tokens 256] [--cases 1,2,3,4,5,6] [--grid 1,2,4,8,16] [--shadow-quant Q] [--run-dir DIR]\n"
       "       odmoe-bench cluster --config FILE [--model DIR] [--prompt-len 64] [--new-tokens 128] [--requests 1]\n"
-      "           [--copy-mb 512] [--run-dir DIR]\n";
+      "           [--copy-mb 512] [--run-dir DIR]\n"
+      "       odmoe-bench workload (--endpoint HOST:PORT | --resident) (--model DIR | --synthetic CONFIG [--layers "
+      "N])\n"
+      "           [--seed S] [--backend cpu] [--pairs 16x64,...] [--prompts 3] [--prompt-text FILE] [--write-prompts "
+      "FILE]\n"
+      "       every benchmark: [--json FILE] (its JSON lines also go to FILE)\n";
   if (argc < 2) {
     std::fputs(usage.c_str(), stderr);
     return odmoe::kExitUsage;
   }
   const std::string cmd = argv[1];
-  std::vector<std::string> args(argv + 2, argv + argc);
+  std::vector<std::string> args;
   absl::Status status;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" || a.rfind("--json=", 0) == 0) {
+      std::string path;
+      if (a == "--json") {
+        if (i + 1 >= argc) {
+          std::fprintf(stderr, "odmoe-bench: --json needs a FILE\n%s", usage.c_str());
+          return odmoe::kExitUsage;
+        }
+        path = argv[++i];
+      } else {
+        path = a.substr(7);
+      }
+      status = odmoe::bench::SetJsonFile(path);
+      if (!status.ok()) {
+        std::fprintf(stderr, "odmoe-bench: %s\n", std::string(status.message()).c_str());
+        return odmoe::kExitUsage;
+      }
+      continue;
+    }
+    args.push_back(a);
+  }
   if (cmd == "decode") {
     status = odmoe::RunDecode(args);
   } else if (cmd == "engine") {
@@ -131,6 +161,8 @@ int main(int argc, char** argv) {
     status = odmoe::bench::RunPrediction(args);
   } else if (cmd == "cluster") {
     status = odmoe::bench::RunCluster(args);
+  } else if (cmd == "workload") {
+    status = odmoe::bench::RunWorkload(args);
   } else {
     std::fprintf(stderr, "odmoe-bench: unknown benchmark '%s'\n%s", cmd.c_str(), usage.c_str());
     return odmoe::kExitUsage;

@@ -3,6 +3,9 @@
 // (greedy, EOS ignored) to main, stops the cluster, and prints one JSON line: decode tokens/s, recall, timely
 // recall, on-demand loads and stall time per token, the shadow's lead and the alignment traffic.
 //
+// The JSON line also carries recall per decode token (mean over the prompts, OD-MoE fig. 3) and the stall of
+// each sparse layer per decode token.
+//
 // Settings: each ablation case of --cases (1 token+KV alignment, 2 token only, 3 KV only, 4 none, 5 random
 // prefetch, 6 load after routing), then, with --grid P1,P2,..., case 1 at every (align_token, align_kv) pair of
 // those periods.
@@ -41,7 +44,15 @@ struct Figures {
   double decode_tps = 0, recall = 0, timely = 0, stall_ms_per_token = 0, loads_per_token = 0, lead = 0;
   double ttft_ms = 0, t_m_ms = 0, t_w_ms = 0, load_ms = 0, t_maxload_ms = 0;
   uint64_t tokens_aligned = 0, kv_aligned = 0, alignment_bytes = 0, decode_tokens = 0;
+  std::vector<double> recall_per_token;    // mean over the prompts of each decode step's recall (fig. 3)
+  std::vector<double> stall_ms_per_layer;  // decode stall of each sparse layer per decode token
 };
+
+// a[i] += b[i], growing a to b's size.
+void AddInto(std::vector<double>& a, const google::protobuf::RepeatedField<double>& b) {
+  if (a.size() < static_cast<size_t>(b.size())) a.resize(static_cast<size_t>(b.size()), 0.0);
+  for (int i = 0; i < b.size(); ++i) a[static_cast<size_t>(i)] += b[i];
+}
 
 absl::StatusOr<Figures> RunSetting(const std::string& odmoe, const std::string& config, const std::string& model,
                                    const std::string& run_dir, const Setting& s,
@@ -85,6 +96,8 @@ absl::StatusOr<Figures> RunSetting(const std::string& odmoe, const std::string& 
     f.tokens_aligned += st.tokens_aligned();
     f.kv_aligned += st.kv_aligned();
     f.alignment_bytes += st.alignment_bytes();
+    AddInto(f.recall_per_token, st.recall_per_token());
+    AddInto(f.stall_ms_per_layer, st.stall_ms_per_layer());
   }
   const absl::Status down = RunQuiet({odmoe, "cluster", "down", "--config", config, "--run-dir", run_dir});
   ODMOE_RETURN_IF_ERROR(status);
@@ -98,6 +111,8 @@ absl::StatusOr<Figures> RunSetting(const std::string& odmoe, const std::string& 
   f.ttft_ms = ttft_sum / n;
   f.stall_ms_per_token = stall_ms / tokens;
   f.loads_per_token = static_cast<double>(loads) / tokens;
+  for (double& r : f.recall_per_token) r /= n;  // every request decodes the same number of steps
+  for (double& v : f.stall_ms_per_layer) v /= tokens;
   return f;
 }
 
@@ -112,9 +127,14 @@ absl::Status RunPrediction(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(std::string prompts_path, f.Required("prompts"));
   ODMOE_ASSIGN_OR_RETURN(int64_t prompt_count, f.Int("prompt-count", 0));
   ODMOE_ASSIGN_OR_RETURN(int64_t max_new, f.Int("max-new-tokens", 256));
-  ODMOE_ASSIGN_OR_RETURN(std::vector<int64_t> cases, f.IntList("cases"));
+  std::vector<int64_t> cases = {1, 2, 3, 4, 5, 6};
+  if (f.Get("cases") == "none") {  // the grid alone
+    cases.clear();
+  } else if (f.Has("cases")) {
+    ODMOE_ASSIGN_OR_RETURN(cases, f.IntList("cases"));
+  }
   ODMOE_ASSIGN_OR_RETURN(std::vector<int64_t> grid, f.IntList("grid"));
-  if (!f.Has("cases")) cases = {1, 2, 3, 4, 5, 6};
+  if (cases.empty() && grid.empty()) return absl::InvalidArgumentError("--cases none needs --grid");
   if (max_new < 2) return absl::InvalidArgumentError("--max-new-tokens must be >= 2 (decode steps are measured)");
   for (int64_t c : cases) {
     if (c < 1 || c > 6) return absl::InvalidArgumentError(StrCat("--cases: ", c, " is not an ablation case (1..6)"));
@@ -207,7 +227,9 @@ absl::Status RunPrediction(const std::vector<std::string>& args) {
                    {"io_bound", fig.load_ms > fig.t_maxload_ms},
                    {"tokens_aligned", fig.tokens_aligned},
                    {"kv_aligned", fig.kv_aligned},
-                   {"alignment_bytes", fig.alignment_bytes}});
+                   {"alignment_bytes", fig.alignment_bytes},
+                   {"recall_per_token", fig.recall_per_token},
+                   {"stall_ms_per_layer_per_token", fig.stall_ms_per_layer}});
     rows.push_back({s, fig});
   }
   std::printf("\n%-10s %10s %9s %9s %10s %13s %6s %7s %7s %8s %10s\n", "setting", "decode/s", "recall%",

@@ -16,6 +16,7 @@ packages=(
   python3-prometheus-client
   python3-yaml
   docker-compose
+  python3-matplotlib
 )
 
 missing=()

@@ -1,0 +1,641 @@
+#!/usr/bin/env python3
+"""bench/report.py: turns the raw JSON lines of bench/run.sh's benchmarks into its outputs.
+
+  report.py config --base FILE --out FILE --port-offset N (--model DIR | --synthetic CFG --layers N --seed S)
+      Writes a copy of the cluster config FILE with every 127.0.0.1 port moved by N and its [model] section
+      replaced (absolute paths), so that the bench's cluster never collides with another on this machine.
+  report.py memory --out FILE URL...
+      Scrapes odmoe_gpu_memory_peak_bytes from each node's Prometheus text (URL "NAME=http://.../metrics").
+  report.py report --dir DIR
+      Reads DIR/raw/*.jsonl and DIR/raw/meta.json (written by run.sh) and writes DIR/results.jsonl,
+      DIR/summary.md, DIR/*.csv and DIR/*.png.
+
+Every record of results.jsonl carries section, model, config, hardware, commit and seed, and its raw figures;
+every derived figure (percentiles, tokens/s, ratios) is computed here from raw ones (token arrival times, byte
+and load counts), never copied from a benchmark's own summary. Standard library plus matplotlib (plots).
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CASES = {
+    1: "token + KV alignment",
+    2: "token alignment only",
+    3: "KV alignment only",
+    4: "no alignment",
+    5: "random prefetch",
+    6: "load after routing",
+}
+SECTIONS = ["workloads", "resident", "ratio", "memory", "recall_per_token", "ablation", "alignment_grid", "stall"]
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def read_jsonl(path):
+    """The JSON objects of a file of JSON lines; [] when the file does not exist."""
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                sys.exit(f"report.py: {path}:{n}: not JSON: {e}")
+    return out
+
+
+def percentile(values, q):
+    """Linear interpolation between closest ranks (numpy's default); q in [0, 100]."""
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def mean(values):
+    return sum(values) / len(values) if values else float("nan")
+
+
+def dist(values, prefix):
+    """mean / p50 / p90 / p99 of values as {prefix_mean: ..., ...}."""
+    return {
+        f"{prefix}_mean": mean(values),
+        f"{prefix}_p50": percentile(values, 50),
+        f"{prefix}_p90": percentile(values, 90),
+        f"{prefix}_p99": percentile(values, 99),
+    }
+
+
+def ratio(a, b):
+    return a / b if b else float("nan")
+
+
+def hardware():
+    """The machine in words: CPU model and count, memory, GPUs (nvidia-smi) where present."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem_gb = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    gpus = []
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        if r.returncode == 0:
+            gpus = [g.strip() for g in r.stdout.splitlines() if g.strip()]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return {"cpu": cpu, "cpus": os.cpu_count(), "memory_gb": mem_gb, "gpus": gpus, "os": platform.platform()}
+
+
+# ---------------------------------------------------------------------------------------------- config / memory
+
+
+def cmd_config(args):
+    with open(args.base) as f:
+        text = f.read()
+
+    def shift(m):
+        return f"127.0.0.1:{int(m.group(1)) + args.port_offset}"
+
+    text = re.sub(r"127\.0\.0\.1:(\d+)", shift, text)
+    if args.model:
+        model = f'[model]\npath = "{os.path.abspath(args.model)}"\n'
+    else:
+        model = (f'[model]\nsynthetic = "{os.path.abspath(args.synthetic)}"\nlayers = {args.layers}\n'
+                 f"seed = {args.seed}\n")
+    # The [model] table: its header and the key lines after it, up to a blank line, a comment or a table.
+    new, n = re.subn(r"(?m)^\[model\]\n(?:[^\[#\n].*\n)*", model, text)
+    if n != 1:
+        sys.exit(f"report.py config: {args.base}: expected one [model] table")
+    with open(args.out, "w") as f:
+        f.write(new)
+
+
+def cmd_memory(args):
+    nodes = []
+    for spec in args.urls:
+        name, _, url = spec.partition("=")
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                body = r.read().decode()
+        except OSError as e:
+            sys.exit(f"report.py memory: {name}: {url}: {e}")
+        values = {}
+        for line in body.splitlines():
+            for metric in ("odmoe_gpu_memory_peak_bytes", "odmoe_gpu_memory_budget_bytes"):
+                if line.startswith(metric + " ") or line.startswith(metric + "{"):
+                    values[metric] = float(line.rsplit(None, 1)[1])
+        if "odmoe_gpu_memory_peak_bytes" not in values:
+            sys.exit(f"report.py memory: {name}: {url} has no odmoe_gpu_memory_peak_bytes")
+        nodes.append({"node": name, "metrics_url": url, "peak_bytes": values["odmoe_gpu_memory_peak_bytes"],
+                      "budget_bytes": values.get("odmoe_gpu_memory_budget_bytes", 0)})
+    with open(args.out, "w") as f:
+        json.dump({"nodes": nodes}, f)
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def request_figures(r):
+    """Raw figures of one workload request -> the derived ones (from token arrival times)."""
+    t = r["token_ms"]
+    n = len(t)
+    itl = [b - a for a, b in zip(t, t[1:])]
+    decode_s = (t[-1] - t[0]) / 1000.0 if n > 1 else 0.0
+    return {
+        "ttft_ms": t[0] if n else float("nan"),
+        "decode_tokens_per_s": (n - 1) / decode_s if decode_s > 0 else float("nan"),
+        "output_tokens_per_s": n / (r["total_ms"] / 1000.0) if r["total_ms"] > 0 else float("nan"),
+        "itl_ms": itl,
+    }
+
+
+def aggregate(requests):
+    """One pair's (or all pairs') requests -> distribution of TTFT, decode and output tokens/s, ITL."""
+    figs = [request_figures(r) for r in requests]
+    itl = [x for f in figs for x in f["itl_ms"]]
+    out = {"requests": len(requests), "generated_tokens": sum(r["generated_tokens"] for r in requests)}
+    out.update(dist([f["ttft_ms"] for f in figs], "ttft_ms"))
+    out.update(dist([f["decode_tokens_per_s"] for f in figs], "decode_tokens_per_s"))
+    out.update(dist([f["output_tokens_per_s"] for f in figs], "output_tokens_per_s"))
+    out["itl_ms_p50"] = percentile(itl, 50)
+    out["itl_ms_p99"] = percentile(itl, 99)
+    return out
+
+
+def pairs_of(requests):
+    seen = []
+    for r in requests:
+        if r["pair"] not in seen:
+            seen.append(r["pair"])
+    return seen
+
+
+def workload_records(section, requests, common):
+    recs = []
+    for r in requests:
+        f = request_figures(r)
+        rec = dict(common, section=section, kind="request")
+        rec.update({k: v for k, v in r.items() if k not in ("bench", "model")})
+        rec.update({k: f[k] for k in ("ttft_ms", "decode_tokens_per_s", "output_tokens_per_s")})
+        recs.append(rec)
+    for p in pairs_of(requests):
+        sel = [r for r in requests if r["pair"] == p]
+        rec = dict(common, section=section, kind="pair", pair=p, input_tokens=sel[0]["input_tokens"],
+                   output_tokens=sel[0]["output_tokens"])
+        rec.update(aggregate(sel))
+        recs.append(rec)
+    if requests:
+        # The paper's "Average": the mean over the pairs of each pair's mean.
+        pair_recs = [x for x in recs if x["kind"] == "pair"]
+        rec = dict(common, section=section, kind="average", pair="average", pairs=len(pair_recs))
+        for key in ("ttft_ms_mean", "decode_tokens_per_s_mean", "output_tokens_per_s_mean"):
+            rec[key] = mean([x[key] for x in pair_recs])
+        recs.append(rec)
+    return recs
+
+
+def fmt(x, digits=2):
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isnan(x):
+        return "n/a"
+    return f"{x:.{digits}f}"
+
+
+def write_csv(path, rows, fields):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in r.items()})
+
+
+def plots(d, results, paper):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    # Recall vs decode token index (fig. 3).
+    recall = [r for r in results if r["section"] == "recall_per_token"]
+    if recall:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in recall:
+            ys = [100 * y for y in r["recall_per_token"]]
+            ax.plot(range(1, len(ys) + 1), ys, label=f"{r['shadow_quant'].upper()}, {r['alignment']}")
+        ax.set_xlabel("decode token index")
+        ax.set_ylabel("recall (%)")
+        ax.set_title("Expert-selection recall per token (OD-MoE fig. 3)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(d, "recall_per_token.png"), dpi=100)
+        plt.close(fig)
+        made.append("recall_per_token.png")
+    # Tokens/s per ablation case (fig. 8), the paper's beside.
+    abl = sorted([r for r in results if r["section"] == "ablation"], key=lambda r: r["ablation_case"])
+    if abl:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        xs = [r["ablation_case"] for r in abl]
+        ax.bar([x - 0.2 for x in xs], [r["decode_tokens_per_s"] for r in abl], width=0.4, label="ours")
+        ax2 = ax.twinx()
+        ax2.bar([x + 0.2 for x in xs], [paper["ablation_decode_tokens_per_s"][str(x)] for x in xs], width=0.4,
+                color="tab:orange", label="paper (right axis)")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"{x}\n{CASES[x]}" for x in xs], fontsize=7)
+        ax.set_ylabel("decode tokens/s (ours)")
+        ax2.set_ylabel("decode tokens/s (paper)")
+        ax.set_title("Decode speed per ablation case (OD-MoE fig. 8)")
+        fig.legend(loc="upper right", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(d, "ablation.png"), dpi=100)
+        plt.close(fig)
+        made.append("ablation.png")
+    # Alignment heatmap (figs. 9-10).
+    grid = [r for r in results if r["section"] == "alignment_grid"]
+    if grid:
+        ts = sorted({r["align_token"] for r in grid})
+        ks = sorted({r["align_kv"] for r in grid})
+        m = [[float("nan")] * len(ks) for _ in ts]
+        for r in grid:
+            m[ts.index(r["align_token"])][ks.index(r["align_kv"])] = r["decode_tokens_per_s"]
+        fig, ax = plt.subplots(figsize=(5, 4))
+        im = ax.imshow(m, cmap="viridis", origin="lower")
+        ax.set_xticks(range(len(ks)))
+        ax.set_xticklabels(ks)
+        ax.set_yticks(range(len(ts)))
+        ax.set_yticklabels(ts)
+        ax.set_xlabel("KV alignment period")
+        ax.set_ylabel("token alignment period")
+        for i in range(len(ts)):
+            for j in range(len(ks)):
+                ax.text(j, i, fmt(m[i][j], 1), ha="center", va="center", color="w", fontsize=8)
+        fig.colorbar(im, label="decode tokens/s")
+        ax.set_title("Decode tokens/s per alignment period (figs. 9-10)")
+        fig.tight_layout()
+        fig.savefig(os.path.join(d, "alignment_heatmap.png"), dpi=100)
+        plt.close(fig)
+        made.append("alignment_heatmap.png")
+    # Latency CDF: inter-token latency of every request, on-demand and resident.
+    fig, ax = plt.subplots(figsize=(7, 4))
+    drew = False
+    for section, label in (("workloads", "on-demand cluster"), ("resident", "resident engine")):
+        itl = sorted(x for r in results if r["section"] == section and r.get("kind") == "request"
+                     for x in request_figures(r)["itl_ms"])
+        if itl:
+            ax.plot(itl, [(i + 1) / len(itl) for i in range(len(itl))], label=label)
+            drew = True
+    if drew:
+        ax.set_xscale("log")
+        ax.set_xlabel("inter-token latency (ms)")
+        ax.set_ylabel("fraction of tokens")
+        ax.set_title("Inter-token latency CDF, all workloads")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(d, "latency_cdf.png"), dpi=100)
+        made.append("latency_cdf.png")
+    plt.close(fig)
+    return made
+
+
+def cmd_report(args):
+    d = args.dir
+    raw = os.path.join(d, "raw")
+    with open(os.path.join(raw, "meta.json")) as f:
+        meta = json.load(f)
+    with open(os.path.join(HERE, "paper_figures.json")) as f:
+        paper = json.load(f)
+    common = {"model": meta["model"], "config": meta["config"], "hardware": hardware(), "commit": meta["commit"],
+              "seed": meta["seed"]}
+    results = []
+
+    cluster_reqs = [r for r in read_jsonl(os.path.join(raw, "workload_cluster.jsonl")) if r.get("kind") != "memory"]
+    resident_all = read_jsonl(os.path.join(raw, "workload_resident.jsonl"))
+    resident_reqs = [r for r in resident_all if r.get("kind") != "memory"]
+    results += workload_records("workloads", cluster_reqs, common)
+    results += workload_records("resident", resident_reqs, common)
+
+    # Ratios on-demand / resident, recomputed from the two sections' pair records.
+    agg = {(r["section"], r["pair"]): r for r in results if r.get("kind") in ("pair", "average")}
+    for p in pairs_of(cluster_reqs) + (["average"] if cluster_reqs else []):
+        c, s = agg.get(("workloads", p)), agg.get(("resident", p))
+        if not c or not s:
+            continue
+        rec = dict(common, section="ratio", pair=p)
+        for key in ("decode_tokens_per_s_mean", "output_tokens_per_s_mean", "ttft_ms_mean"):
+            rec[f"{key}_on_demand"] = c[key]
+            rec[f"{key}_resident"] = s[key]
+            rec[f"{key}_ratio"] = ratio(c[key], s[key])
+        rec["paper_decode_ratio"] = paper["decode_ratio"] if p == "average" else None
+        results.append(rec)
+
+    # Memory: every node of the cluster (Prometheus peak, else the workers' own figure in request stats), then
+    # the resident engine's device.
+    mem_path = os.path.join(raw, "memory_cluster.json")
+    nodes = []
+    if os.path.exists(mem_path):
+        with open(mem_path) as f:
+            nodes = json.load(f)["nodes"]
+        source = "metrics"
+    else:
+        peak = {}
+        for r in cluster_reqs:
+            for w in r.get("workers", []):
+                peak[w["node"]] = max(peak.get(w["node"], 0), w["gpu_peak_bytes"])
+        nodes = [{"node": n, "peak_bytes": b} for n, b in sorted(peak.items())]
+        source = "request stats (workers only: main's and the shadow's are not reachable from an endpoint)"
+    for n in nodes:
+        results.append(dict(common, section="memory", engine="cluster", kind="node", node=n["node"],
+                            peak_bytes=n["peak_bytes"], budget_bytes=n.get("budget_bytes"), source=source))
+    if nodes:
+        results.append(dict(common, section="memory", engine="cluster", kind="total", nodes=len(nodes),
+                            peak_bytes=sum(n["peak_bytes"] for n in nodes), source=source))
+    for m in (r for r in resident_all if r.get("kind") == "memory"):
+        for kind in ("node", "total"):
+            results.append(dict(common, section="memory", engine="resident", kind=kind, node="resident",
+                                nodes=1, peak_bytes=m["peak_device_bytes"],
+                                weights_device_bytes=m["weights_device_bytes"], device=m["device"],
+                                source="engine device"))
+
+    # Recall per token (fig. 3): case 1 (aligned) and case 4 (unaligned) per shadow quantization.
+    for q in ("fp16", "int8", "nf4"):
+        for r in read_jsonl(os.path.join(raw, f"recall_{q}.jsonl")):
+            rec = dict(common, section="recall_per_token", shadow_quant=q,
+                       alignment="aligned" if r["ablation_case"] == 1 else "unaligned")
+            rec.update({k: v for k, v in r.items() if k not in ("bench", "shadow_quant", "config")})
+            rec["recall_mean_of_tokens"] = mean(r["recall_per_token"])
+            results.append(rec)
+    for name, section in (("ablation", "ablation"), ("grid", "alignment_grid")):
+        for r in read_jsonl(os.path.join(raw, f"{name}.jsonl")):
+            rec = dict(common, section=section)
+            rec.update({k: v for k, v in r.items() if k not in ("bench", "config")})
+            if section == "ablation":
+                rec["case_name"] = CASES[r["ablation_case"]]
+                rec["paper_decode_tokens_per_s"] = paper["ablation_decode_tokens_per_s"][str(r["ablation_case"])]
+            results.append(rec)
+
+    # Stall (eq. 1) from the on-demand workloads: per pair and over all.
+    for p in pairs_of(cluster_reqs) + (["all"] if cluster_reqs else []):
+        sel = [r for r in cluster_reqs if p in (r["pair"], "all")]
+        steps = sum(max(0, r["generated_tokens"] - 1) for r in sel)
+        layers = max(len(r["stall_ms_per_layer"]) for r in sel)
+        per_layer = [sum(r["stall_ms_per_layer"][i] for r in sel if i < len(r["stall_ms_per_layer"])) for i in
+                     range(layers)]
+        decode_bytes = sum(max(0, r["bytes_loaded"] - r["prefill_bytes_loaded"]) for r in sel)
+        load = mean([r["expert_load_ms"] for r in sel])
+        maxload = mean([r["t_maxload_ms"] for r in sel])
+        rec = dict(common, section="stall", pair=p, requests=len(sel), decode_tokens=steps,
+                   stall_ms_total=sum(r["stall_ms"] for r in sel), stall_ms_per_layer_total=per_layer,
+                   decode_loads_on_demand=sum(r["decode_loads_on_demand"] for r in sel),
+                   decode_bytes_loaded=decode_bytes, alignment_bytes=sum(r["alignment_bytes"] for r in sel),
+                   t_m_ms=mean([r["t_m_ms"] for r in sel]), t_w_ms=mean([r["t_w_ms"] for r in sel]),
+                   expert_load_ms=load, t_maxload_ms=maxload, groups=sel[0]["groups"])
+        rec["stall_ms_per_token"] = ratio(rec["stall_ms_total"], steps)
+        rec["stall_ms_per_layer_per_token"] = [ratio(x, steps) for x in per_layer]
+        rec["loads_on_demand_per_token"] = ratio(rec["decode_loads_on_demand"], steps)
+        rec["bytes_loaded_per_token"] = ratio(decode_bytes, steps)
+        rec["alignment_bytes_per_token"] = ratio(rec["alignment_bytes"], steps)
+        rec["io_bound"] = load > maxload
+        rec["verdict"] = (f"I/O-bound: an expert load takes {fmt(load, 3)} ms > t_maxload {fmt(maxload, 3)} ms"
+                          if load > maxload else
+                          f"loads hidden: an expert load takes {fmt(load, 3)} ms <= t_maxload {fmt(maxload, 3)} ms")
+        results.append(rec)
+
+    with open(os.path.join(d, "results.jsonl"), "w") as f:
+        for r in results:
+            f.write(json.dumps(r, allow_nan=True) + "\n")
+
+    # CSV files.
+    wl_fields = ["section", "pair", "requests", "generated_tokens", "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p90",
+                 "ttft_ms_p99", "decode_tokens_per_s_mean", "decode_tokens_per_s_p50", "decode_tokens_per_s_p90",
+                 "decode_tokens_per_s_p99", "output_tokens_per_s_mean", "output_tokens_per_s_p50",
+                 "output_tokens_per_s_p90", "output_tokens_per_s_p99", "itl_ms_p50", "itl_ms_p99"]
+    write_csv(os.path.join(d, "workloads.csv"),
+              [r for r in results if r["section"] in ("workloads", "resident") and r["kind"] in ("pair", "average")],
+              wl_fields)
+    write_csv(os.path.join(d, "requests.csv"),
+              [r for r in results if r["section"] in ("workloads", "resident") and r["kind"] == "request"],
+              ["section", "pair", "prompt_index", "generated_tokens", "ttft_ms", "decode_tokens_per_s",
+               "output_tokens_per_s", "total_ms"])
+    write_csv(os.path.join(d, "ratio.csv"), [r for r in results if r["section"] == "ratio"],
+              ["pair", "decode_tokens_per_s_mean_on_demand", "decode_tokens_per_s_mean_resident",
+               "decode_tokens_per_s_mean_ratio", "output_tokens_per_s_mean_ratio", "ttft_ms_mean_ratio"])
+    write_csv(os.path.join(d, "memory.csv"), [r for r in results if r["section"] == "memory"],
+              ["engine", "kind", "node", "peak_bytes", "budget_bytes", "source"])
+    rpt = [r for r in results if r["section"] == "recall_per_token"]
+    with open(os.path.join(d, "recall_per_token.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["token_index"] + [f"{r['shadow_quant']}_{r['alignment']}" for r in rpt])
+        longest = max((len(r["recall_per_token"]) for r in rpt), default=0)
+        for i in range(longest):
+            w.writerow([i + 1] + [r["recall_per_token"][i] if i < len(r["recall_per_token"]) else "" for r in rpt])
+    pred_fields = ["ablation_case", "align_token", "align_kv", "decode_tokens", "decode_tokens_per_s", "recall",
+                   "timely_recall", "loads_on_demand_per_token", "stall_ms_per_token", "t_maxload_ms",
+                   "expert_load_ms"]
+    write_csv(os.path.join(d, "ablation.csv"), [r for r in results if r["section"] == "ablation"],
+              ["case_name"] + pred_fields + ["paper_decode_tokens_per_s"])
+    write_csv(os.path.join(d, "alignment_grid.csv"), [r for r in results if r["section"] == "alignment_grid"],
+              pred_fields)
+    write_csv(os.path.join(d, "stall.csv"), [r for r in results if r["section"] == "stall"],
+              ["pair", "decode_tokens", "stall_ms_per_token", "stall_ms_per_layer_per_token",
+               "loads_on_demand_per_token", "bytes_loaded_per_token", "alignment_bytes_per_token", "t_m_ms",
+               "t_w_ms", "expert_load_ms", "t_maxload_ms", "io_bound"])
+
+    made = plots(d, results, paper)
+    write_summary(d, meta, common, results, paper, made)
+
+
+def write_summary(d, meta, common, results, paper, made):
+    L = []
+    hw = common["hardware"]
+    L.append("# OD-MoE benchmark summary\n")
+    L.append(f"- model: `{meta['model']}`; cluster config: `{meta['config']}`; mode: {meta['mode']}")
+    L.append(f"- commit `{meta['commit']}`, seed {meta['seed']}, {meta['prompts']} prompt(s) per workload "
+             f"({meta.get('prompt_source', '?')})")
+    L.append(f"- hardware: {hw['cpu']} x {hw['cpus']}, {hw['memory_gb']} GB"
+             + (f", GPUs: {'; '.join(hw['gpus'])}" if hw["gpus"] else ", no GPU"))
+    L.append(f"- paper: {paper['source']}")
+    for s in meta.get("skipped", []):
+        L.append(f"- **skipped**: {s}")
+    L.append("")
+
+    agg = {(r["section"], r["pair"]): r for r in results if r.get("kind") in ("pair", "average")}
+    pairs = [r["pair"] for r in results if r["section"] == "workloads" and r.get("kind") == "pair"]
+    pairs_res = [r["pair"] for r in results if r["section"] == "resident" and r.get("kind") == "pair"]
+    for p in pairs_res:
+        if p not in pairs:
+            pairs.append(p)
+    paper_pairs = paper["pairs"]
+    L.append("## Table 2 (i): inference speed\n")
+    L.append("Ours: mean over the prompts (p50 / p99 in brackets for decode). Paper: Mixtral-8x7B, whose pairs "
+             "are (16, 64), (16, 256), (128, 64), (128, 256); ours are listed in the same order"
+             + ("" if pairs == paper_pairs else f" ({', '.join(pairs)}: --quick shortens the outputs)") + ".\n")
+    L.append("| Metric | (input, output) | Resident (ours) | Transformers (paper) | OD-MoE (ours) | OD-MoE (paper) |")
+    L.append("|---|---|---|---|---|---|")
+    for metric, key, name, digits in (("TTFT (ms)", "ttft_ms_mean", "ttft_ms", 2),
+                                      ("Decoding throughput (token/s)", "decode_tokens_per_s_mean",
+                                       "decode_tokens_per_s", 2),
+                                      ("Output throughput (token/s)", "output_tokens_per_s_mean",
+                                       "output_tokens_per_s", 2)):
+        for i, p in enumerate(pairs + ["average"]):
+            pp = "average" if p == "average" else (paper_pairs[i] if i < len(paper_pairs) else None)
+            res, ours = agg.get(("resident", p)), agg.get(("workloads", p))
+
+            def cell(r):
+                if not r:
+                    return "-"
+                s = fmt(r[key], digits)
+                if key == "decode_tokens_per_s_mean" and p != "average":
+                    s += f" ({fmt(r['decode_tokens_per_s_p50'], digits)} / {fmt(r['decode_tokens_per_s_p99'], digits)})"
+                return s
+
+            label = "Average" if p == "average" else f"({p.replace('x', ', ')})"
+            L.append(f"| {metric if i == 0 else ''} | {label} | {cell(res)} | "
+                     f"{fmt(paper[name]['resident'].get(pp)) if pp else '-'} | {cell(ours)} | "
+                     f"{fmt(paper[name]['odmoe'].get(pp)) if pp else '-'} |")
+    L.append("")
+    L.append("Tail latency (the paper shows none): TTFT p50 / p90 / p99 and inter-token latency p50 / p99, ms.\n")
+    L.append("| Engine | (input, output) | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 | ITL p99 |")
+    L.append("|---|---|---|---|---|---|---|")
+    for section, name in (("workloads", "OD-MoE (ours)"), ("resident", "Resident (ours)")):
+        for p in pairs:
+            r = agg.get((section, p))
+            if r:
+                L.append(f"| {name} | ({p.replace('x', ', ')}) | {fmt(r['ttft_ms_p50'])} | {fmt(r['ttft_ms_p90'])} | "
+                         f"{fmt(r['ttft_ms_p99'])} | {fmt(r['itl_ms_p50'], 3)} | {fmt(r['itl_ms_p99'], 3)} |")
+    L.append("")
+    ratio_avg = next((r for r in results if r["section"] == "ratio" and r["pair"] == "average"), None)
+    if ratio_avg:
+        L.append(f"**On-demand / resident decode throughput: {100 * ratio_avg['decode_tokens_per_s_mean_ratio']:.2f}%** "
+                 f"(paper: {100 * paper['decode_ratio']:.2f}%); output throughput "
+                 f"{100 * ratio_avg['output_tokens_per_s_mean_ratio']:.2f}%, TTFT "
+                 f"{ratio_avg['ttft_ms_mean_ratio']:.2f}x the resident's.\n")
+
+    L.append("## Table 2 (ii): GPU memory\n")
+    L.append("| Engine | Node | Peak (MiB) | Paper (GB) |")
+    L.append("|---|---|---|---|")
+    pm = paper["gpu_memory_gb"]
+    for r in (x for x in results if x["section"] == "memory"):
+        if r["engine"] == "resident" and r["kind"] == "node":
+            continue
+        node = "total" if r["kind"] == "total" else r["node"]
+        if r["engine"] == "resident":
+            pg = pm["resident"]
+        elif r["kind"] == "total":
+            pg = pm["odmoe"]
+        else:
+            pg = pm["main"] if node == "main" else pm["shadow"] if node == "shadow" else pm["worker"]
+        L.append(f"| {'resident' if r['engine'] == 'resident' else 'OD-MoE'} | {node} | "
+                 f"{fmt(r['peak_bytes'] / 2**20, 1)} | {pg} |")
+    L.append("")
+
+    rpt = [r for r in results if r["section"] == "recall_per_token"]
+    if rpt:
+        L.append("## Expert-prediction recall (fig. 3)\n")
+        L.append("| Shadow | Alignment | Decode tokens | Recall (ours) | Timely recall | Recall, paper (aligned) |")
+        L.append("|---|---|---|---|---|---|")
+        for r in rpt:
+            paper_r = paper["recall_aligned"][r["shadow_quant"]] if r["alignment"] == "aligned" else None
+            L.append(f"| {r['shadow_quant'].upper()} | {r['alignment']} | {r['decode_tokens']} | "
+                     f"{fmt(100 * r['recall'])}% | {fmt(100 * r['timely_recall'])}% | "
+                     f"{fmt(100 * paper_r) + '%' if paper_r else '-'} |")
+        L.append("")
+    abl = sorted([r for r in results if r["section"] == "ablation"], key=lambda r: r["ablation_case"])
+    if abl:
+        L.append("## Ablation (fig. 8)\n")
+        L.append("| Case | Setting | Decode tok/s (ours) | Recall | On-demand loads/token | Stall ms/token | "
+                 "Paper tok/s |")
+        L.append("|---|---|---|---|---|---|---|")
+        for r in abl:
+            L.append(f"| {r['ablation_case']} | {r['case_name']} | {fmt(r['decode_tokens_per_s'])} | "
+                     f"{fmt(100 * r['recall'])}% | {fmt(r['loads_on_demand_per_token'])} | "
+                     f"{fmt(r['stall_ms_per_token'], 3)} | {fmt(r['paper_decode_tokens_per_s'], 3)} |")
+        L.append("")
+    grid = [r for r in results if r["section"] == "alignment_grid"]
+    if grid:
+        best = max(grid, key=lambda r: r["decode_tokens_per_s"])
+        pb = paper["alignment_grid_best"]
+        L.append("## Alignment periods (figs. 9-10)\n")
+        L.append(f"Best: token period {best['align_token']}, KV period {best['align_kv']}, "
+                 f"{fmt(best['decode_tokens_per_s'])} tokens/s (paper, RTX 3090 workers: token {pb['align_token']}, "
+                 f"KV {pb['align_kv']}, {pb['decode_tokens_per_s']} tokens/s). See alignment_grid.csv and "
+                 "alignment_heatmap.png.\n")
+    stall = next((r for r in results if r["section"] == "stall" and r["pair"] == "all"), None)
+    if stall:
+        L.append("## Stall and eq. 1\n")
+        L.append(f"Over {stall['decode_tokens']} decode tokens of the workloads: stall "
+                 f"{fmt(stall['stall_ms_per_token'], 3)} ms/token, {fmt(stall['loads_on_demand_per_token'], 3)} "
+                 f"on-demand loads/token, {fmt(stall['bytes_loaded_per_token'] / 2**20, 2)} MiB loaded/token, "
+                 f"{fmt(stall['alignment_bytes_per_token'] / 1024, 2)} KiB of K/V alignment/token; t_M "
+                 f"{fmt(stall['t_m_ms'], 3)} ms, t_W {fmt(stall['t_w_ms'], 3)} ms, {stall['groups']} groups. "
+                 f"Eq. 1: {stall['verdict']}.\n")
+        L.append("Stall per sparse layer (ms/token): "
+                 + ", ".join(fmt(x, 3) for x in stall["stall_ms_per_layer_per_token"]) + "\n")
+    L.append("## Files\n")
+    L.append("results.jsonl (every record), workloads.csv, requests.csv, ratio.csv, memory.csv, "
+             "recall_per_token.csv, ablation.csv, alignment_grid.csv, stall.csv; plots: " + ", ".join(made) + ".")
+    with open(os.path.join(d, "summary.md"), "w") as f:
+        f.write("\n".join(L) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("config")
+    c.add_argument("--base", required=True)
+    c.add_argument("--out", required=True)
+    c.add_argument("--port-offset", type=int, default=0)
+    c.add_argument("--model")
+    c.add_argument("--synthetic")
+    c.add_argument("--layers", type=int, default=0)
+    c.add_argument("--seed", type=int, default=1)
+    m = sub.add_parser("memory")
+    m.add_argument("--out", required=True)
+    m.add_argument("urls", nargs="*")
+    r = sub.add_parser("report")
+    r.add_argument("--dir", required=True)
+    args = ap.parse_args()
+    if args.cmd == "config":
+        if bool(args.model) == bool(args.synthetic):
+            sys.exit("report.py config: give exactly one of --model and --synthetic")
+        cmd_config(args)
+    elif args.cmd == "memory":
+        cmd_memory(args)
+    else:
+        cmd_report(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# bench/run.sh: the OD-MoE evaluation (paper section 4) in one command, machine-readable, with plots.
+#
+#   bench/run.sh [--quick] [--model DIR | --synthetic CONFIG --layers N] [--endpoint HOST:PORT] [--lan]
+#                [--config FILE] [--prompts N] [--seed S] [--backend cpu|cuda] [--port-offset N] --out DIR
+#
+# Writes DIR/results.jsonl (one record per figure, each with section, model, config, hardware, commit, seed),
+# DIR/summary.md (laid out like the paper's Table 2, the paper's figures beside ours), DIR/*.csv and DIR/*.png;
+# the benchmarks' raw JSON lines stay in DIR/raw/, their logs in DIR/logs/.
+#
+# Sections: workloads (the cluster, the paper's four (input, output) pairs), resident (the same on the
+# fully-resident single-process engine) and ratio, memory, recall_per_token (FP16/INT8/NF4 shadows, aligned and
+# unaligned), ablation (the six cases), alignment_grid, stall. See the README's "Benchmarks" section.
+#
+# The cluster: by default this script starts one from --config (configs/local.toml: 1 main, 1 shadow, 8 workers
+# on loopback) with its ports moved by --port-offset, and takes it down on exit, interrupt included.
+# --endpoint HOST:PORT uses a running cluster instead, and --lan the LAN harness (tests/lan/run.sh --up at
+# 1 Gbit/s); both skip the sections that restart the cluster (recall_per_token, ablation, alignment_grid) and
+# summary.md says so. With --endpoint the resident reference runs only when --model or --synthetic is given.
+# --quick: the demo model on the CPU, 2 prompts and short outputs; every section in a few minutes.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${ODMOE_BIN:-$ROOT/build/bin}
+
+die() {
+  echo "bench/run.sh: $*" >&2
+  exit 2
+}
+
+quick=0 model="" synthetic="" layers=0 endpoint="" lan=0 out="" prompts="" seed=1 backend=cpu
+config="$ROOT/configs/local.toml" port_offset=300 model_given=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1 ;;
+    --model) model=${2:?--model needs DIR}; model_given=1; shift ;;
+    --synthetic) synthetic=${2:?--synthetic needs CONFIG}; model_given=1; shift ;;
+    --layers) layers=${2:?--layers needs N}; shift ;;
+    --endpoint) endpoint=${2:?--endpoint needs HOST:PORT}; shift ;;
+    --lan) lan=1 ;;
+    --config) config=${2:?--config needs FILE}; shift ;;
+    --prompts) prompts=${2:?--prompts needs N}; shift ;;
+    --seed) seed=${2:?--seed needs S}; shift ;;
+    --backend) backend=${2:?--backend needs a backend}; shift ;;
+    --port-offset) port_offset=${2:?--port-offset needs N}; shift ;;
+    --out) out=${2:?--out needs DIR}; shift ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+  shift
+done
+[ -n "$out" ] || die "--out DIR is required"
+[ -n "$model" ] && [ -n "$synthetic" ] && die "give one of --model and --synthetic, not both"
+[ -n "$endpoint" ] && [ "$lan" -eq 1 ] && die "give one of --endpoint and --lan, not both"
+[ -n "$synthetic" ] && [ "$layers" -lt 1 ] && die "--synthetic needs --layers N (N >= 1)"
+[ -z "$synthetic" ] && [ "$layers" -ne 0 ] && die "--layers needs --synthetic"
+[ -z "$model" ] && [ -z "$synthetic" ] && model="$ROOT/models/demo-mixtral-kjv"
+[ -n "$model" ] && { [ -f "$model/config.json" ] || die "--model $model: no config.json there"; }
+[ -n "$synthetic" ] && { [ -e "$synthetic" ] || die "--synthetic $synthetic: no such file"; }
+[ -f "$config" ] || die "--config $config: no such file"
+# The Python with matplotlib: python3-matplotlib is Debian's, for /usr/bin/python3 (another python3 may come
+# first on PATH); $PYTHON overrides.
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import matplotlib' 2>/dev/null; then
+  [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import matplotlib' 2>/dev/null && PY=/usr/bin/python3 ||
+    die "$PY has no matplotlib: install python3-matplotlib (scripts/install-deps.sh) or set PYTHON"
+fi
+for b in odmoe odmoe-bench; do
+  [ -x "$BIN/$b" ] || die "$BIN/$b is missing: build first (bash scripts/build.sh)"
+done
+
+if [ "$quick" -eq 1 ]; then
+  pairs=16x8,16x32,128x8,128x32 pred_tokens=32 grid=1,4 prompts=${prompts:-2}
+else
+  pairs=16x64,16x256,128x64,128x256 pred_tokens=256 grid=1,2,4,8,16 prompts=${prompts:-3}
+fi
+
+mkdir -p "$out/raw" "$out/logs"
+out=$(cd "$out" && pwd)
+rm -f "$out"/raw/*.jsonl "$out"/raw/*.json "$out"/*.png "$out"/*.csv "$out"/results.jsonl "$out"/summary.md
+commit=$(git -C "$ROOT" rev-parse HEAD)
+if [ -n "$model" ]; then
+  model=$(cd "$model" && pwd)
+  model_args=(--model "$model")
+  model_label=$model
+else
+  synthetic=$(cd "$(dirname "$synthetic")" && pwd)/$(basename "$synthetic")
+  model_args=(--synthetic "$synthetic" --layers "$layers")
+  model_label="synthetic:$synthetic layers=$layers seed=$seed"
+fi
+log() { echo "== bench/run.sh: $* ($SECONDS s)"; }
+
+# The cluster config the bench starts clusters from: the ports moved, the model written in.
+cluster_config="$out/cluster.toml"
+if [ -n "$model" ]; then
+  "$PY" "$ROOT/bench/report.py" config --base "$config" --out "$cluster_config" --port-offset "$port_offset" \
+    --model "$model"
+else
+  "$PY" "$ROOT/bench/report.py" config --base "$config" --out "$cluster_config" --port-offset "$port_offset" \
+    --synthetic "$synthetic" --layers "$layers" --seed "$seed"
+fi
+
+# What runs the cluster, and how to take it down (on exit and on interrupt).
+mode=local cluster_up=0 skipped=()
+take_down() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [ "$cluster_up" -eq 1 ]; then
+    if [ "$mode" = lan ]; then
+      bash "$ROOT/tests/lan/run.sh" --down >>"$out/logs/cluster.log" 2>&1 || echo "bench/run.sh: tests/lan/run.sh --down failed (see $out/logs/cluster.log)" >&2
+    else
+      "$BIN/odmoe" cluster down --config "$cluster_config" --run-dir "$out/run" >>"$out/logs/cluster.log" 2>&1 || true
+    fi
+  fi
+  # A prediction run interrupted between its own `cluster up` and `cluster down`.
+  if [ -d "$out/run-prediction" ]; then
+    "$BIN/odmoe" cluster down --config "$cluster_config" --run-dir "$out/run-prediction" >/dev/null 2>&1 || true
+  fi
+  exit "$rc"
+}
+trap take_down EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+metrics=()
+parse_up() {  # the `grpc: HOST:PORT` and `metrics: NODE URL` lines of a cluster start
+  endpoint=$(sed -n 's/^grpc: //p' "$1" | tail -n 1)
+  [ -n "$endpoint" ] || die "no 'grpc: HOST:PORT' line in the output of $2 (see $1)"
+  while read -r name url; do metrics+=("$name=$url"); done < <(sed -n 's/^metrics: //p' "$1")
+}
+if [ "$lan" -eq 1 ]; then
+  mode=lan
+  [ -f "$ROOT/tests/lan/run.sh" ] || die "--lan needs the LAN harness tests/lan/run.sh, which this checkout lacks"
+  log "starting the LAN cluster (tests/lan/run.sh --up --rate 1gbit)"
+  cluster_up=1
+  bash "$ROOT/tests/lan/run.sh" --up --rate 1gbit >"$out/logs/lan-up.log" 2>&1 ||
+    die "tests/lan/run.sh --up --rate 1gbit failed (see $out/logs/lan-up.log)"
+  parse_up "$out/logs/lan-up.log" "tests/lan/run.sh --up"
+elif [ -n "$endpoint" ]; then
+  mode=endpoint
+else
+  log "starting the cluster of $cluster_config"
+  cluster_up=1
+  "$BIN/odmoe" cluster up --config "$cluster_config" --run-dir "$out/run" >"$out/logs/cluster-up.log" 2>&1 ||
+    die "odmoe cluster up failed (see $out/logs/cluster-up.log and $out/run)"
+  parse_up "$out/logs/cluster-up.log" "odmoe cluster up"
+fi
+if [ "$mode" != local ]; then
+  skipped+=("recall_per_token, ablation and alignment_grid: they restart the cluster per setting, which a $mode cluster does not allow")
+fi
+
+bench() {  # bench NAME ARGS...: odmoe-bench with its JSON lines in raw/NAME.jsonl and its output in logs/
+  local name=$1
+  shift
+  log "odmoe-bench $1 -> raw/$name.jsonl"
+  "$BIN/odmoe-bench" "$@" --json "$out/raw/$name.jsonl" >"$out/logs/$name.log" 2>&1 ||
+    die "odmoe-bench $* failed (see $out/logs/$name.log)"
+}
+
+work_args=("${model_args[@]}" --seed "$seed" --pairs "$pairs" --prompts "$prompts" --prompt-text "$ROOT/bench/prompts.txt")
+bench workload_cluster workload --endpoint "$endpoint" "${work_args[@]}"
+if [ ${#metrics[@]} -gt 0 ]; then
+  log "GPU memory of every node (Prometheus)"
+  "$PY" "$ROOT/bench/report.py" memory --out "$out/raw/memory_cluster.json" "${metrics[@]}"
+fi
+if [ "$cluster_up" -eq 1 ] && [ "$mode" = local ]; then
+  "$BIN/odmoe" cluster down --config "$cluster_config" --run-dir "$out/run" >>"$out/logs/cluster.log" 2>&1
+  cluster_up=0
+fi
+
+if [ "$mode" != endpoint ] || [ "$model_given" -eq 1 ]; then
+  bench workload_resident workload --resident --backend "$backend" "${work_args[@]}"
+else
+  skipped+=("resident and ratio: --endpoint without --model or --synthetic (the resident reference runs locally only when the model is given)")
+fi
+
+if [ "$mode" = local ]; then
+  "$BIN/odmoe-bench" workload --write-prompts "$out/raw/prompts.json" "${model_args[@]}" --seed "$seed" \
+    --pairs "$pairs" --prompts "$prompts" --prompt-text "$ROOT/bench/prompts.txt" >/dev/null
+  pred=(prediction --config "$cluster_config" --prompts "$out/raw/prompts.json" --max-new-tokens "$pred_tokens"
+    --run-dir "$out/run-prediction")
+  for q in fp16 int8 nf4; do
+    bench "recall_$q" "${pred[@]}" --cases 1,4 --shadow-quant "$q"
+  done
+  bench ablation "${pred[@]}" --cases 1,2,3,4,5,6
+  bench grid "${pred[@]}" --cases none --grid "$grid"
+fi
+
+: >"$out/raw/skipped.txt"
+for s in "${skipped[@]+"${skipped[@]}"}"; do echo "$s" >>"$out/raw/skipped.txt"; done
+META_MODEL=$model_label META_CONFIG=$config META_COMMIT=$commit META_SEED=$seed META_MODE=$mode \
+  META_ENDPOINT=$endpoint META_QUICK=$quick META_PROMPTS=$prompts META_PAIRS=$pairs "$PY" - "$out/raw" <<'EOF'
+import json, os, sys
+raw = sys.argv[1]
+e = os.environ
+with open(os.path.join(raw, "workload_cluster.jsonl")) as f:
+    source = json.loads(f.readline()).get("prompt_source", "?")
+mode = e["META_MODE"]
+mode += " (cluster started by bench/run.sh)" if mode == "local" else f" (endpoint {e['META_ENDPOINT']})"
+with open(os.path.join(raw, "skipped.txt")) as f:
+    skipped = [line.strip() for line in f if line.strip()]
+meta = {"model": e["META_MODEL"], "config": e["META_CONFIG"], "commit": e["META_COMMIT"],
+        "seed": int(e["META_SEED"]), "mode": mode + (", --quick" if e["META_QUICK"] == "1" else ""),
+        "quick": e["META_QUICK"] == "1", "prompts": int(e["META_PROMPTS"]), "pairs": e["META_PAIRS"],
+        "prompt_source": source, "skipped": skipped}
+with open(os.path.join(raw, "meta.json"), "w") as f:
+    json.dump(meta, f, indent=1)
+EOF
+log "report"
+"$PY" "$ROOT/bench/report.py" report --dir "$out"
+log "done: $out/summary.md"
