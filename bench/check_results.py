@@ -73,13 +73,14 @@ def main():
     if not summary:
         fail("summary.md is missing or empty")
 
+    stale = []  # records whose commit is not HEAD
     for i, r in enumerate(records, 1):
         where = f"results.jsonl:{i} ({r.get('section')})"
         for k in COMMON:
             if k not in r:
                 fail(f"{where}: no '{k}' field")
         if r.get("commit") != head:
-            fail(f"{where}: commit {r.get('commit')} is not HEAD {head}")
+            stale.append(i)
         for p, x in numbers(r, "record"):
             if not math.isfinite(x):
                 fail(f"{where}: {p} = {x} is not finite")
@@ -89,6 +90,10 @@ def main():
         if r.get("kind") == "request" and len(r.get("token_ms", [])) != r.get("generated_tokens"):
             fail(f"{where}: {len(r.get('token_ms', []))} token times for {r.get('generated_tokens')} tokens")
 
+    if stale:
+        fail(f"{len(stale)} record(s) (lines {stale[0]}..{stale[-1]}) carry a commit other than HEAD {head}")
+    if not records:
+        fail("results.jsonl has no records")
     present = {r.get("section") for r in records}
     skipped_text = " ".join(meta.get("skipped", []))
     for s in SECTIONS:

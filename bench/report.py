@@ -23,6 +23,7 @@ import platform
 import re
 import subprocess
 import sys
+import textwrap
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -273,7 +274,7 @@ def plots(d, results, paper):
         ax2.bar([x + 0.2 for x in xs], [paper["ablation_decode_tokens_per_s"][str(x)] for x in xs], width=0.4,
                 color="tab:orange", label="paper (right axis)")
         ax.set_xticks(xs)
-        ax.set_xticklabels([f"{x}\n{CASES[x]}" for x in xs], fontsize=7)
+        ax.set_xticklabels([f"{x}\n" + textwrap.fill(CASES[x], 12) for x in xs], fontsize=7)
         ax.set_ylabel("decode tokens/s (ours)")
         ax2.set_ylabel("decode tokens/s (paper)")
         ax.set_title("Decode speed per ablation case (OD-MoE fig. 8)")
@@ -481,8 +482,9 @@ def write_summary(d, meta, common, results, paper, made):
     L = []
     hw = common["hardware"]
     L.append("# OD-MoE benchmark summary\n")
-    L.append(f"- model: `{meta['model']}`; cluster config: `{meta['config']}`; mode: {meta['mode']}")
-    L.append(f"- commit `{meta['commit']}`, seed {meta['seed']}, {meta['prompts']} prompt(s) per workload "
+    L.append(f"- model: `{meta['model']}`; cluster config: `{meta['config']}`; run on {meta['mode']}")
+    L.append(f"- commit `{meta['commit']}`" + (" (with uncommitted changes)" if meta.get("tree_dirty") else "")
+             + f", seed {meta['seed']}, {meta['prompts']} prompt(s) per workload "
              f"({meta.get('prompt_source', '?')})")
     L.append(f"- hardware: {hw['cpu']} x {hw['cpus']}, {hw['memory_gb']} GB"
              + (f", GPUs: {'; '.join(hw['gpus'])}" if hw["gpus"] else ", no GPU"))
@@ -559,6 +561,9 @@ def write_summary(d, meta, common, results, paper, made):
             pg = pm["main"] if node == "main" else pm["shadow"] if node == "shadow" else pm["worker"]
         L.append(f"| {'resident' if r['engine'] == 'resident' else 'OD-MoE'} | {node} | "
                  f"{fmt(r['peak_bytes'] / 2**20, 1)} | {pg} |")
+    sources = sorted({r["source"] for r in results if r["section"] == "memory" and r["engine"] == "cluster"})
+    if sources:
+        L.append(f"\nCluster figures from {'; '.join(sources)}.")
     L.append("")
 
     rpt = [r for r in results if r["section"] == "recall_per_token"]

@@ -78,6 +78,8 @@ mkdir -p "$out/raw" "$out/logs"
 out=$(cd "$out" && pwd)
 rm -f "$out"/raw/*.jsonl "$out"/raw/*.json "$out"/*.png "$out"/*.csv "$out"/results.jsonl "$out"/summary.md
 commit=$(git -C "$ROOT" rev-parse HEAD)
+dirty=0
+[ -z "$(git -C "$ROOT" status --porcelain --untracked-files=no)" ] || dirty=1
 if [ -n "$model" ]; then
   model=$(cd "$model" && pwd)
   model_args=(--model "$model")
@@ -145,7 +147,7 @@ else
   parse_up "$out/logs/cluster-up.log" "odmoe cluster up"
 fi
 if [ "$mode" != local ]; then
-  skipped+=("recall_per_token, ablation and alignment_grid: they restart the cluster per setting, which a $mode cluster does not allow")
+  skipped+=("recall_per_token, ablation and alignment_grid: they restart the cluster per setting, which bench/run.sh does not do to a cluster it did not start (--$mode)")
 fi
 
 bench() {  # bench NAME ARGS...: odmoe-bench with its JSON lines in raw/NAME.jsonl and its output in logs/
@@ -188,17 +190,19 @@ fi
 : >"$out/raw/skipped.txt"
 for s in "${skipped[@]+"${skipped[@]}"}"; do echo "$s" >>"$out/raw/skipped.txt"; done
 META_MODEL=$model_label META_CONFIG=$config META_COMMIT=$commit META_SEED=$seed META_MODE=$mode \
-  META_ENDPOINT=$endpoint META_QUICK=$quick META_PROMPTS=$prompts META_PAIRS=$pairs "$PY" - "$out/raw" <<'EOF'
+  META_ENDPOINT=$endpoint META_QUICK=$quick META_PROMPTS=$prompts META_PAIRS=$pairs META_DIRTY=$dirty "$PY" - "$out/raw" <<'EOF'
 import json, os, sys
 raw = sys.argv[1]
 e = os.environ
 with open(os.path.join(raw, "workload_cluster.jsonl")) as f:
     source = json.loads(f.readline()).get("prompt_source", "?")
 mode = e["META_MODE"]
-mode += " (cluster started by bench/run.sh)" if mode == "local" else f" (endpoint {e['META_ENDPOINT']})"
+mode = {"local": "a cluster bench/run.sh started", "endpoint": f"the running cluster at {e['META_ENDPOINT']}",
+        "lan": f"the LAN harness (tests/lan/run.sh, 1 Gbit/s), main at {e['META_ENDPOINT']}"}[mode]
 with open(os.path.join(raw, "skipped.txt")) as f:
     skipped = [line.strip() for line in f if line.strip()]
-meta = {"model": e["META_MODEL"], "config": e["META_CONFIG"], "commit": e["META_COMMIT"],
+meta = {"model": e["META_MODEL"], "config": e["META_CONFIG"] if e["META_MODE"] == "local" else "(its own)",
+        "commit": e["META_COMMIT"], "tree_dirty": e["META_DIRTY"] == "1",
         "seed": int(e["META_SEED"]), "mode": mode + (", --quick" if e["META_QUICK"] == "1" else ""),
         "quick": e["META_QUICK"] == "1", "prompts": int(e["META_PROMPTS"]), "pairs": e["META_PAIRS"],
         "prompt_source": source, "skipped": skipped}
