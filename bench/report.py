@@ -5,7 +5,8 @@
       Writes a copy of the cluster config FILE with every 127.0.0.1 port moved by N and its [model] section
       replaced (absolute paths), so that the bench's cluster never collides with another on this machine.
   report.py memory --out FILE URL...
-      Scrapes odmoe_gpu_memory_peak_bytes from each node's Prometheus text (URL "NAME=http://.../metrics").
+      Scrapes odmoe_gpu_memory_peak_bytes from each node's Prometheus text ("NAME=http://.../metrics"); writes
+      nothing (a warning) when a node does not answer, and the report falls back to the request stats.
   report.py report --dir DIR
       Reads DIR/raw/*.jsonl and DIR/raw/meta.json (written by run.sh) and writes DIR/results.jsonl,
       DIR/summary.md, DIR/*.csv and DIR/*.png.
@@ -148,15 +149,17 @@ def cmd_memory(args):
         try:
             with urllib.request.urlopen(url, timeout=10) as r:
                 body = r.read().decode()
-        except OSError as e:
-            sys.exit(f"report.py memory: {name}: {url}: {e}")
+        except OSError as e:  # the report then falls back to the workers' figures in the request stats
+            print(f"report.py memory: {name}: {url}: {e}; no per-node memory from metrics", file=sys.stderr)
+            return
         values = {}
         for line in body.splitlines():
             for metric in ("odmoe_gpu_memory_peak_bytes", "odmoe_gpu_memory_budget_bytes"):
                 if line.startswith(metric + " ") or line.startswith(metric + "{"):
                     values[metric] = float(line.rsplit(None, 1)[1])
         if "odmoe_gpu_memory_peak_bytes" not in values:
-            sys.exit(f"report.py memory: {name}: {url} has no odmoe_gpu_memory_peak_bytes")
+            print(f"report.py memory: {name}: {url} has no odmoe_gpu_memory_peak_bytes", file=sys.stderr)
+            return
         nodes.append({"node": name, "metrics_url": url, "peak_bytes": values["odmoe_gpu_memory_peak_bytes"],
                       "budget_bytes": values.get("odmoe_gpu_memory_budget_bytes", 0)})
     with open(args.out, "w") as f:
@@ -362,6 +365,14 @@ def cmd_report(args):
         rec["paper_decode_ratio"] = paper["decode_ratio"] if p == "average" else None
         results.append(rec)
 
+    # The HF Transformers peer (GPU only): its medians per pair, as it reports them.
+    for r in read_jsonl(os.path.join(raw, "peer.jsonl")):
+        if r.get("kind") == "pair":
+            results.append(dict(common, section="peer", kind="pair", pair=f"{r['prompt_tokens']}x{r['output_tokens']}",
+                                **{k: v for k, v in r.items() if k not in ("bench", "kind")}))
+        elif r.get("kind") == "memory":
+            results.append(dict(common, section="peer", kind="memory", peak_bytes=r["peak_device_bytes"]))
+
     # Memory: every node of the cluster (Prometheus peak, else the workers' own figure in request stats), then
     # the resident engine's device.
     mem_path = os.path.join(raw, "memory_cluster.json")
@@ -504,8 +515,10 @@ def write_summary(d, meta, common, results, paper, made):
     L.append("Ours: mean over the prompts (p50 / p99 in brackets for decode). Paper: Mixtral-8x7B, whose pairs "
              "are (16, 64), (16, 256), (128, 64), (128, 256); ours are listed in the same order"
              + ("" if pairs == paper_pairs else f" ({', '.join(pairs)}: --quick shortens the outputs)") + ".\n")
-    L.append("| Metric | (input, output) | Resident (ours) | Transformers (paper) | OD-MoE (ours) | OD-MoE (paper) |")
-    L.append("|---|---|---|---|---|---|")
+    peer = {r["pair"]: r for r in results if r["section"] == "peer" and r.get("kind") == "pair"}
+    L.append("| Metric | (input, output) | Resident (ours) | Transformers (paper) | OD-MoE (ours) | OD-MoE (paper) |"
+             + (" HF Transformers (ours, median) |" if peer else ""))
+    L.append("|---|---|---|---|---|---|" + ("---|" if peer else ""))
     for metric, key, name, digits in (("TTFT (ms)", "ttft_ms_mean", "ttft_ms", 2),
                                       ("Decoding throughput (token/s)", "decode_tokens_per_s_mean",
                                        "decode_tokens_per_s", 2),
@@ -526,7 +539,8 @@ def write_summary(d, meta, common, results, paper, made):
             label = "Average" if p == "average" else f"({p.replace('x', ', ')})"
             L.append(f"| {metric if i == 0 else ''} | {label} | {cell(res)} | "
                      f"{fmt(paper[name]['resident'].get(pp)) if pp else '-'} | {cell(ours)} | "
-                     f"{fmt(paper[name]['odmoe'].get(pp)) if pp else '-'} |")
+                     f"{fmt(paper[name]['odmoe'].get(pp)) if pp else '-'} |"
+                     + (f" {fmt(peer[p].get(name)) if p in peer and name in peer[p] else '-'} |" if peer else ""))
     L.append("")
     L.append("Tail latency (the paper shows none): TTFT p50 / p90 / p99 and inter-token latency p50 / p99, ms.\n")
     L.append("| Engine | (input, output) | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 | ITL p99 |")

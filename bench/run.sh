@@ -175,6 +175,18 @@ else
   skipped+=("resident and ratio: --endpoint without --model or --synthetic (the resident reference runs locally only when the model is given)")
 fi
 
+# The HF Transformers peer (bench/peers/hf_transformers.py: same shapes, random bf16 weights), where a GPU is.
+if nvidia-smi -L >/dev/null 2>&1 && "$PY" -c 'import torch, transformers' 2>/dev/null; then
+  peer_config=${synthetic:-$model/config.json}
+  log "HF Transformers peer -> raw/peer.jsonl"
+  "$PY" "$ROOT/bench/peers/hf_transformers.py" --config "$peer_config" --layers "$layers" --seed "$seed" \
+    --pairs "$pairs" --repeat "$prompts" >"$out/logs/peer.log" 2>&1 ||
+    die "bench/peers/hf_transformers.py failed (see $out/logs/peer.log)"
+  grep '^{' "$out/logs/peer.log" >"$out/raw/peer.jsonl"
+else
+  skipped+=("the HF Transformers peer column: it needs a GPU (nvidia-smi) and torch + transformers for $PY")
+fi
+
 if [ "$mode" = local ]; then
   "$BIN/odmoe-bench" workload --write-prompts "$out/raw/prompts.json" "${model_args[@]}" --seed "$seed" \
     --pairs "$pairs" --prompts "$prompts" --prompt-text "$ROOT/bench/prompts.txt" >/dev/null
