@@ -380,7 +380,7 @@ def cmd_report(args):
     if os.path.exists(mem_path):
         with open(mem_path) as f:
             nodes = json.load(f)["nodes"]
-        source = "metrics"
+        source = "each node's Prometheus odmoe_gpu_memory_peak_bytes"
     else:
         peak = {}
         for r in cluster_reqs:
@@ -512,8 +512,9 @@ def write_summary(d, meta, common, results, paper, made):
             pairs.append(p)
     paper_pairs = paper["pairs"]
     L.append("## Table 2 (i): inference speed\n")
-    L.append("Ours: mean over the prompts (p50 / p99 in brackets for decode). Paper: Mixtral-8x7B, whose pairs "
-             "are (16, 64), (16, 256), (128, 64), (128, 256); ours are listed in the same order"
+    L.append("Ours: mean over the prompts (decode: p50 / p99 of the per-request tokens/s in brackets). Paper: "
+             "Mixtral-8x7B, whose pairs are (16, 64), (16, 256), (128, 64), (128, 256); ours are listed in the same "
+             "order"
              + ("" if pairs == paper_pairs else f" ({', '.join(pairs)}: --quick shortens the outputs)") + ".\n")
     peer = {r["pair"]: r for r in results if r["section"] == "peer" and r.get("kind") == "pair"}
     L.append("| Metric | (input, output) | Resident (ours) | Transformers (paper) | OD-MoE (ours) | OD-MoE (paper) |"
@@ -577,7 +578,7 @@ def write_summary(d, meta, common, results, paper, made):
                  f"{fmt(r['peak_bytes'] / 2**20, 1)} | {pg} |")
     sources = sorted({r["source"] for r in results if r["section"] == "memory" and r["engine"] == "cluster"})
     if sources:
-        L.append(f"\nCluster figures from {'; '.join(sources)}.")
+        L.append(f"\nOD-MoE rows: {'; '.join(sources)}.")
     L.append("")
 
     rpt = [r for r in results if r["section"] == "recall_per_token"]

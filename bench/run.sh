@@ -108,7 +108,8 @@ take_down() {
   trap - EXIT INT TERM
   if [ "$cluster_up" -eq 1 ]; then
     if [ "$mode" = lan ]; then
-      bash "$ROOT/tests/lan/run.sh" --down >>"$out/logs/cluster.log" 2>&1 || echo "bench/run.sh: tests/lan/run.sh --down failed (see $out/logs/cluster.log)" >&2
+      bash "$ROOT/tests/lan/run.sh" --down >>"$out/logs/cluster.log" 2>&1 ||
+        echo "bench/run.sh: tests/lan/run.sh --down failed (see $out/logs/cluster.log)" >&2
     else
       "$BIN/odmoe" cluster down --config "$cluster_config" --run-dir "$out/run" >>"$out/logs/cluster.log" 2>&1 || true
     fi
@@ -147,7 +148,8 @@ else
   parse_up "$out/logs/cluster-up.log" "odmoe cluster up"
 fi
 if [ "$mode" != local ]; then
-  skipped+=("recall_per_token, ablation and alignment_grid: they restart the cluster per setting, which bench/run.sh does not do to a cluster it did not start (--$mode)")
+  msg="recall_per_token, ablation and alignment_grid: they restart the cluster per setting, which bench/run.sh"
+  skipped+=("$msg does not do to a cluster it did not start (--$mode)")
 fi
 
 bench() {  # bench NAME ARGS...: odmoe-bench with its JSON lines in raw/NAME.jsonl and its output in logs/
@@ -158,7 +160,8 @@ bench() {  # bench NAME ARGS...: odmoe-bench with its JSON lines in raw/NAME.jso
     die "odmoe-bench $* failed (see $out/logs/$name.log)"
 }
 
-work_args=("${model_args[@]}" --seed "$seed" --pairs "$pairs" --prompts "$prompts" --prompt-text "$ROOT/bench/prompts.txt")
+work_args=("${model_args[@]}" --seed "$seed" --pairs "$pairs" --prompts "$prompts"
+  --prompt-text "$ROOT/bench/prompts.txt")
 bench workload_cluster workload --endpoint "$endpoint" "${work_args[@]}"
 if [ ${#metrics[@]} -gt 0 ]; then
   log "GPU memory of every node (Prometheus)"
@@ -172,7 +175,8 @@ fi
 if [ "$mode" != endpoint ] || [ "$model_given" -eq 1 ]; then
   bench workload_resident workload --resident --backend "$backend" "${work_args[@]}"
 else
-  skipped+=("resident and ratio: --endpoint without --model or --synthetic (the resident reference runs locally only when the model is given)")
+  msg="resident and ratio: --endpoint without --model or --synthetic (the resident reference runs locally only"
+  skipped+=("$msg when the model is given)")
 fi
 
 # The HF Transformers peer (bench/peers/hf_transformers.py: same shapes, random bf16 weights), where a GPU is.
@@ -202,7 +206,8 @@ fi
 : >"$out/raw/skipped.txt"
 for s in "${skipped[@]+"${skipped[@]}"}"; do echo "$s" >>"$out/raw/skipped.txt"; done
 META_MODEL=$model_label META_CONFIG=$config META_COMMIT=$commit META_SEED=$seed META_MODE=$mode \
-  META_ENDPOINT=$endpoint META_QUICK=$quick META_PROMPTS=$prompts META_PAIRS=$pairs META_DIRTY=$dirty "$PY" - "$out/raw" <<'EOF'
+  META_ENDPOINT=$endpoint META_QUICK=$quick META_PROMPTS=$prompts META_PAIRS=$pairs META_DIRTY=$dirty \
+  "$PY" - "$out/raw" <<'EOF'
 import json, os, sys
 raw = sys.argv[1]
 e = os.environ
