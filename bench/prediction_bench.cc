@@ -8,18 +8,27 @@
 //
 // Settings: each ablation case of --cases (1 token+KV alignment, 2 token only, 3 KV only, 4 none, 5 random
 // prefetch, 6 load after routing), then, with --grid P1,P2,..., case 1 at every (align_token, align_kv) pair of
-// those periods.
+// those periods. With --hedge T1,T2,... every setting runs at each hedge margin (`--hedge-margin`, [shadow]
+// hedge_margin; 0 = off), and each line adds the hedged loads, the extra loads they cost
+// (hedge_loads / (k x sparse layers x decode steps)), the hedges used, and the workers' peak device memory
+// against their budgets. --keep-router / --keep-attention true|false pass on to every setting. With
+// --check-tokens every request's tokens are compared with the single-process engine's (CPU).
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "bench/benchmarks.h"
+#include "src/backend/device_factory.h"
 #include "src/cluster/client.h"
 #include "src/common/cluster_config.h"
 #include "src/common/flags.h"
@@ -27,6 +36,8 @@
 #include "src/common/mapped_file.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/engine/generator.h"
+#include "src/model/open_model.h"
 
 namespace odmoe::bench {
 namespace {
@@ -38,6 +49,7 @@ struct Setting {
   std::vector<std::string> flags;  // passed to `odmoe cluster up`
   int64_t ablation_case = 0;
   int64_t align_token = -1, align_kv = -1;  // -1: the case's own
+  double hedge_margin = 0;
 };
 
 struct Figures {
@@ -46,6 +58,38 @@ struct Figures {
   uint64_t tokens_aligned = 0, kv_aligned = 0, alignment_bytes = 0, decode_tokens = 0;
   std::vector<double> recall_per_token;    // mean over the prompts of each decode step's recall (fig. 3)
   std::vector<double> stall_ms_per_layer;  // decode stall of each sparse layer per decode token
+  uint64_t hedge_loads = 0, hedges_used = 0;
+  double extra_loads = 0;          // hedge_loads / (k x sparse layers x decode steps)
+  uint64_t worker_peak_bytes = 0;  // the largest peak of any worker
+  bool within_budget = true;       // every worker's peak within its gpu_budget (where one is set)
+  int64_t token_mismatches = -1;   // requests whose tokens differ from the engine's (-1: not checked)
+};
+
+// The single-process engine's tokens of each prompt, computed once (--check-tokens).
+class EngineTokens {
+ public:
+  EngineTokens(std::string model_dir, int64_t max_new_tokens)
+      : model_dir_(std::move(model_dir)), max_new_tokens_(max_new_tokens) {}
+  absl::StatusOr<std::vector<int32_t>> Of(size_t i, const std::vector<int32_t>& prompt) {
+    if (i < cache_.size() && !cache_[i].empty()) return cache_[i];
+    if (local_ == nullptr) {
+      ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice("cpu"));
+      ODMOE_ASSIGN_OR_RETURN(local_, LocalModel::Open(model_dir_, std::move(device)));
+    }
+    GenerateOptions o;
+    o.max_new_tokens = max_new_tokens_;
+    o.ignore_eos = true;
+    ODMOE_ASSIGN_OR_RETURN(GenerateResult r, Generate(local_->engine(), prompt, o));
+    if (cache_.size() <= i) cache_.resize(i + 1);
+    cache_[i] = r.tokens;
+    return r.tokens;
+  }
+
+ private:
+  std::string model_dir_;
+  int64_t max_new_tokens_;
+  std::unique_ptr<LocalModel> local_;
+  std::vector<std::vector<int32_t>> cache_;
 };
 
 // a[i] += b[i], growing a to b's size.
@@ -57,7 +101,8 @@ void AddInto(std::vector<double>& a, const google::protobuf::RepeatedField<doubl
 absl::StatusOr<Figures> RunSetting(const std::string& odmoe, const std::string& config, const std::string& model,
                                    const std::string& run_dir, const Setting& s,
                                    const std::vector<std::vector<int32_t>>& prompts, int64_t max_new_tokens,
-                                   const std::string& endpoint) {
+                                   const std::string& endpoint, const ClusterConfig& cluster, int64_t layer_experts,
+                                   EngineTokens* engine_tokens) {
   std::vector<std::string> up = {odmoe, "cluster", "up", "--config", config, "--run-dir", run_dir};
   if (!model.empty()) {
     up.push_back("--model");
@@ -69,6 +114,8 @@ absl::StatusOr<Figures> RunSetting(const std::string& odmoe, const std::string& 
   absl::Status status;
   double decode_seconds = 0, stall_ms = 0, recall_sum = 0, timely_sum = 0, lead_sum = 0, ttft_sum = 0;
   uint64_t loads = 0;
+  std::map<std::string, uint64_t> peaks;  // per worker, over the requests
+  if (engine_tokens != nullptr) f.token_mismatches = 0;
   for (size_t i = 0; i < prompts.size() && status.ok(); ++i) {
     v1::GenerateRequest req;
     req.mutable_prompt_ids()->Add(prompts[i].begin(), prompts[i].end());
@@ -98,6 +145,23 @@ absl::StatusOr<Figures> RunSetting(const std::string& odmoe, const std::string& 
     f.alignment_bytes += st.alignment_bytes();
     AddInto(f.recall_per_token, st.recall_per_token());
     AddInto(f.stall_ms_per_layer, st.stall_ms_per_layer());
+    f.hedge_loads += st.hedge_loads();
+    f.hedges_used += st.hedges_used();
+    for (const v1::WorkerRequestStats& w : st.workers())
+      peaks[w.node()] = std::max(peaks[w.node()], w.gpu_peak_bytes());
+    if (engine_tokens != nullptr) {
+      absl::StatusOr<std::vector<int32_t>> want = engine_tokens->Of(i, prompts[i]);
+      if (!want.ok()) {
+        status = want.status();
+        break;
+      }
+      if (*want != r->tokens) ++f.token_mismatches;
+    }
+  }
+  for (const auto& [node, peak] : peaks) {
+    f.worker_peak_bytes = std::max(f.worker_peak_bytes, peak);
+    const NodeConfig* n = cluster.Find(node);
+    if (n != nullptr && n->gpu_budget_bytes > 0 && peak > n->gpu_budget_bytes) f.within_budget = false;
   }
   const absl::Status down = RunQuiet({odmoe, "cluster", "down", "--config", config, "--run-dir", run_dir});
   ODMOE_RETURN_IF_ERROR(status);
@@ -113,16 +177,18 @@ absl::StatusOr<Figures> RunSetting(const std::string& odmoe, const std::string& 
   f.loads_per_token = static_cast<double>(loads) / tokens;
   for (double& r : f.recall_per_token) r /= n;  // every request decodes the same number of steps
   for (double& v : f.stall_ms_per_layer) v /= tokens;
+  f.extra_loads = static_cast<double>(f.hedge_loads) / (static_cast<double>(layer_experts) * tokens);
   return f;
 }
 
 }  // namespace
 
 absl::Status RunPrediction(const std::vector<std::string>& args) {
-  ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
-                                               {"config", "model", "prompts", "prompt-count", "max-new-tokens",
-                                                "cases", "grid", "shadow-quant", "run-dir"},
-                                               {}));
+  ODMOE_ASSIGN_OR_RETURN(Flags f,
+                         Flags::Parse(args,
+                                      {"config", "model", "prompts", "prompt-count", "max-new-tokens", "cases", "grid",
+                                       "shadow-quant", "run-dir", "hedge", "keep-router", "keep-attention"},
+                                      {"check-tokens"}));
   ODMOE_ASSIGN_OR_RETURN(std::string config_path, f.Required("config"));
   ODMOE_ASSIGN_OR_RETURN(std::string prompts_path, f.Required("prompts"));
   ODMOE_ASSIGN_OR_RETURN(int64_t prompt_count, f.Int("prompt-count", 0));
@@ -142,6 +208,22 @@ absl::Status RunPrediction(const std::vector<std::string>& args) {
   for (int64_t p : grid) {
     if (p < 1) return absl::InvalidArgumentError(StrCat("--grid: periods must be >= 1, got ", p));
   }
+  std::vector<double> margins = {0};
+  if (auto list = f.Get("hedge")) {
+    margins.clear();
+    for (absl::string_view item : absl::StrSplit(*list, ',')) {
+      absl::StatusOr<double> t = ParseHedgeMargin(ToStdView(item));
+      if (!t.ok()) return absl::InvalidArgumentError(StrCat("--hedge: ", t.status().message()));
+      margins.push_back(*t);
+    }
+  }
+  std::vector<std::string> precision;  // --keep-router / --keep-attention, passed on
+  for (const char* flag : {"keep-router", "keep-attention"}) {
+    if (auto v = f.Get(flag)) {
+      ODMOE_RETURN_IF_ERROR(ParseBool(*v).status());
+      precision.insert(precision.end(), {StrCat("--", flag), *v});
+    }
+  }
 
   // The prompts: {"prompts": [[ids...], ...]} (recall_prompts.json of the shared models).
   ODMOE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(prompts_path));
@@ -151,10 +233,12 @@ absl::Status RunPrediction(const std::vector<std::string>& args) {
     return absl::InvalidArgumentError(StrCat(prompts_path, ": expected an object with a \"prompts\" array"));
   }
   for (const Json& p : pj["prompts"]) {
-    if (!p.is_array() || p.empty()) return absl::InvalidArgumentError(StrCat(prompts_path, ": a prompt is not a non-empty array of ids"));
+    if (!p.is_array() || p.empty())
+      return absl::InvalidArgumentError(StrCat(prompts_path, ": a prompt is not a non-empty array of ids"));
     std::vector<int32_t> ids;
     for (const Json& id : p) {
-      if (!id.is_number_integer()) return absl::InvalidArgumentError(StrCat(prompts_path, ": a prompt id is not an integer"));
+      if (!id.is_number_integer())
+        return absl::InvalidArgumentError(StrCat(prompts_path, ": a prompt id is not an integer"));
       ids.push_back(id.get<int32_t>());
     }
     prompts.push_back(std::move(ids));
@@ -170,19 +254,28 @@ absl::Status RunPrediction(const std::vector<std::string>& args) {
       f.Get("run-dir").value_or(StrCat(fs::temp_directory_path().string(), "/odmoe-bench-prediction-", getpid()));
   const std::string model = f.Get("model").value_or("");
   const std::string quant = f.Get("shadow-quant").value_or("");
+  const std::string model_dir = model.empty() ? cluster.model.path : model;
+  ODMOE_ASSIGN_OR_RETURN(OpenedModel opened, OpenModel(cluster.model, model_dir));
+  const int64_t layer_experts =
+      std::max<int64_t>(1, opened.config.top_k * static_cast<int64_t>(opened.config.SparseLayers().size()));
+  std::unique_ptr<EngineTokens> engine_tokens;
+  if (f.Has("check-tokens")) engine_tokens = std::make_unique<EngineTokens>(model_dir, max_new);
 
-  std::vector<Setting> settings;
+  std::vector<Setting> base;
   auto with_quant = [&](std::vector<std::string> flags) {
     if (!quant.empty()) {
       flags.push_back("--shadow-quant");
       flags.push_back(quant);
     }
+    flags.insert(flags.end(), precision.begin(), precision.end());
     return flags;
   };
+  std::vector<Setting>& settings = base;
   for (int64_t c : cases) {
     Setting s{StrCat("case ", c), with_quant({"--ablation-case", StrCat(c)}), c};
     if (c <= 4) {  // the periods of the case, every step
-      s.flags.insert(s.flags.end(), {"--align-token", c == 1 || c == 2 ? "1" : "0", "--align-kv", c == 1 || c == 3 ? "1" : "0"});
+      s.flags.insert(s.flags.end(),
+                     {"--align-token", c == 1 || c == 2 ? "1" : "0", "--align-kv", c == 1 || c == 3 ? "1" : "0"});
       s.align_token = c == 1 || c == 2 ? 1 : 0;
       s.align_kv = c == 1 || c == 3 ? 1 : 0;
     }
@@ -196,13 +289,27 @@ absl::Status RunPrediction(const std::vector<std::string>& args) {
     }
   }
 
+  // Every setting at every hedge margin.
+  std::vector<Setting> hedged;
+  for (const Setting& s : base) {
+    for (double t : margins) {
+      Setting h = s;
+      h.hedge_margin = t;
+      h.flags.insert(h.flags.end(), {"--hedge-margin", StrCat(t)});
+      if (margins.size() > 1 || t > 0) h.name = StrCat(s.name, " t=", t);
+      hedged.push_back(std::move(h));
+    }
+  }
+  settings = std::move(hedged);
+
   struct Row {
     Setting s;
     Figures f;
   };
   std::vector<Row> rows;
   for (const Setting& s : settings) {
-    ODMOE_ASSIGN_OR_RETURN(Figures fig, RunSetting(odmoe, config_path, model, run_dir, s, prompts, max_new, endpoint));
+    ODMOE_ASSIGN_OR_RETURN(Figures fig, RunSetting(odmoe, config_path, model, run_dir, s, prompts, max_new, endpoint,
+                                                   cluster, layer_experts, engine_tokens.get()));
     PrintJsonLine({{"bench", "prediction"},
                    {"setting", s.name},
                    {"ablation_case", s.ablation_case},
@@ -229,15 +336,26 @@ absl::Status RunPrediction(const std::vector<std::string>& args) {
                    {"kv_aligned", fig.kv_aligned},
                    {"alignment_bytes", fig.alignment_bytes},
                    {"recall_per_token", fig.recall_per_token},
-                   {"stall_ms_per_layer_per_token", fig.stall_ms_per_layer}});
+                   {"stall_ms_per_layer_per_token", fig.stall_ms_per_layer},
+                   {"hedge_margin", s.hedge_margin},
+                   {"keep_router", f.Get("keep-router").value_or("(cluster file)")},
+                   {"keep_attention", f.Get("keep-attention").value_or("(cluster file)")},
+                   {"hedge_loads", fig.hedge_loads},
+                   {"hedges_used", fig.hedges_used},
+                   {"extra_loads", fig.extra_loads},
+                   {"worker_peak_bytes", fig.worker_peak_bytes},
+                   {"within_budget", fig.within_budget},
+                   {"token_mismatches", fig.token_mismatches}});
     rows.push_back({s, fig});
   }
-  std::printf("\n%-10s %10s %9s %9s %10s %13s %6s %7s %7s %8s %10s\n", "setting", "decode/s", "recall%",
-              "timely%", "loads/tok", "stall_ms/tok", "lead", "t_M_ms", "t_W_ms", "load_ms", "t_maxload");
+  std::printf("\n%-18s %10s %9s %9s %10s %13s %6s %7s %7s %8s %10s %8s %11s\n", "setting", "decode/s", "recall%",
+              "timely%", "loads/tok", "stall_ms/tok", "lead", "t_M_ms", "t_W_ms", "load_ms", "t_maxload", "extra%",
+              "peak_MiB");
   for (const Row& r : rows) {
-    std::printf("%-10s %10.1f %9.2f %9.2f %10.2f %13.3f %6.1f %7.3f %7.3f %8.3f %10.3f\n", r.s.name.c_str(),
-                r.f.decode_tps, 100 * r.f.recall, 100 * r.f.timely, r.f.loads_per_token, r.f.stall_ms_per_token,
-                r.f.lead, r.f.t_m_ms, r.f.t_w_ms, r.f.load_ms, r.f.t_maxload_ms);
+    std::printf("%-18s %10.1f %9.2f %9.2f %10.2f %13.3f %6.1f %7.3f %7.3f %8.3f %10.3f %8.2f %11.1f\n",
+                r.s.name.c_str(), r.f.decode_tps, 100 * r.f.recall, 100 * r.f.timely, r.f.loads_per_token,
+                r.f.stall_ms_per_token, r.f.lead, r.f.t_m_ms, r.f.t_w_ms, r.f.load_ms, r.f.t_maxload_ms,
+                100 * r.f.extra_loads, static_cast<double>(r.f.worker_peak_bytes) / (1 << 20));
   }
   return absl::OkStatus();
 }

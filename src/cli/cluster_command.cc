@@ -56,6 +56,7 @@ constexpr char kUsage[] =
     "usage: odmoe cluster up --config FILE [--model DIR] [--run-dir DIR] [--ablation-case 1..6]\n"
     "                        [--prediction shadow|random|none] [--shadow-quant fp16|int8|nf4|none]\n"
     "                        [--align-token N] [--align-kv N] [--max-lead-tokens N] [--log-format text|json]\n"
+    "                        [--keep-router true|false] [--keep-attention true|false] [--hedge-margin T]\n"
     "         (the [shadow] overrides are passed on to every daemon; --ablation-case: OD-MoE section 4.2,\n"
     "          1 token+KV alignment, 2 token only, 3 KV only, 4 none, 5 random prefetch, 6 load after routing)\n"
     "       odmoe cluster down --config FILE [--run-dir DIR]\n"
@@ -63,7 +64,8 @@ constexpr char kUsage[] =
 
 // The [shadow] overrides `up` checks and passes on to every daemon.
 constexpr const char* kShadowFlags[] = {"ablation-case", "prediction",      "shadow-quant",
-                                        "align-token",   "align-kv",        "max-lead-tokens"};
+                                        "align-token",   "align-kv",        "max-lead-tokens",
+                                        "keep-router",   "keep-attention",  "hedge-margin"};
 
 uint64_t Fnv(std::string_view s) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -500,7 +502,8 @@ int RunCluster(const std::vector<std::string>& args) {
     ODMOE_ASSIGN_OR_RETURN(ClusterConfig c, LoadClusterConfig(config_path));
     // Checked here too, so a bad override fails at once with one message instead of in every daemon.
     ShadowOverrides overrides{f.Get("ablation-case"), f.Get("prediction"), f.Get("shadow-quant"),
-                              f.Get("align-token"),   f.Get("align-kv"),   f.Get("max-lead-tokens")};
+                              f.Get("align-token"),   f.Get("align-kv"),   f.Get("max-lead-tokens"),
+                              f.Get("keep-router"),   f.Get("keep-attention"), f.Get("hedge-margin")};
     ODMOE_RETURN_IF_ERROR(ApplyShadowOverrides(overrides, c.shadow() != nullptr, &c.shadow_settings));
     if (auto v = f.Get("log-format")) ODMOE_RETURN_IF_ERROR(logging::ParseLogFormat(*v).status());
     if (verb == "up") return Up(f, c, config_path);

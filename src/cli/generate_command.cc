@@ -235,6 +235,8 @@ absl::Status RunRemote(const Request& r) {
                   {"t_maxload_ms", st.t_maxload_ms()},
                   {"io_bound", st.io_bound()},
                   {"groups", st.groups()},
+                  {"hedge_loads", st.hedge_loads()},
+                  {"hedges_used", st.hedges_used()},
                   {"stall_ms_per_layer", std::vector<double>(st.stall_ms_per_layer().begin(), st.stall_ms_per_layer().end())}};
   out["endpoint"] = r.endpoint;
   out["request_id"] = result.request_id;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "src/common/mapped_file.h"
 #include "src/common/status.h"
@@ -43,6 +44,13 @@ class Fields {
     if (n == nullptr) return std::optional<bool>{};
     if (!n->is_boolean()) return FieldError(where_, scope_, key, "expected true or false");
     return std::optional<bool>{n->value<bool>().value()};
+  }
+  // A TOML float or integer.
+  absl::StatusOr<std::optional<double>> Number(std::string_view key) const {
+    const toml::node* n = t_.get(key);
+    if (n == nullptr) return std::optional<double>{};
+    if (!n->is_number()) return FieldError(where_, scope_, key, "expected a number");
+    return std::optional<double>{n->value<double>().value()};
   }
   // Every key of the table must be one of `known`: a misspelt key is an error, not silently ignored.
   absl::Status OnlyKnown(const std::set<std::string>& known) const {
@@ -113,14 +121,37 @@ absl::StatusOr<ShadowQuant> ParseShadowQuant(std::string_view text) {
   return absl::InvalidArgumentError(StrCat("shadow quantization '", text, "' (expected fp16, int8, nf4 or none)"));
 }
 
+absl::StatusOr<double> ParseHedgeMargin(std::string_view text) {
+  const std::string s(text);
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || errno != 0 || !(v >= 0.0 && v <= 1.0)) {
+    return absl::InvalidArgumentError(
+        StrCat("hedge margin '", text, "' (expected a probability difference in [0, 1]; 0 = off)"));
+  }
+  return v;
+}
+
+absl::StatusOr<bool> ParseBool(std::string_view text) {
+  if (text == "true") return true;
+  if (text == "false") return false;
+  return absl::InvalidArgumentError(StrCat("'", text, "' (expected true or false)"));
+}
+
 absl::Status ApplyAblationCase(int64_t ablation_case, ShadowSettings* settings) {
   const int64_t t = settings->align_token > 0 ? settings->align_token : 1;
   const int64_t kv = settings->align_kv > 0 ? settings->align_kv : 1;
+  auto shadow = [settings](int64_t token, int64_t kv_period) {
+    settings->mode = PredictionMode::kShadow;
+    settings->align_token = token;
+    settings->align_kv = kv_period;
+  };
   switch (ablation_case) {
-    case 1: *settings = {PredictionMode::kShadow, settings->quant, t, kv, settings->max_lead_tokens, settings->seed}; break;
-    case 2: *settings = {PredictionMode::kShadow, settings->quant, t, 0, settings->max_lead_tokens, settings->seed}; break;
-    case 3: *settings = {PredictionMode::kShadow, settings->quant, 0, kv, settings->max_lead_tokens, settings->seed}; break;
-    case 4: *settings = {PredictionMode::kShadow, settings->quant, 0, 0, settings->max_lead_tokens, settings->seed}; break;
+    case 1: shadow(t, kv); break;
+    case 2: shadow(t, 0); break;
+    case 3: shadow(0, kv); break;
+    case 4: shadow(0, 0); break;
     case 5: settings->mode = PredictionMode::kRandom; break;
     case 6: settings->mode = PredictionMode::kNone; break;
     default:
@@ -168,6 +199,18 @@ absl::Status ApplyShadowOverrides(const ShadowOverrides& o, bool has_shadow_node
   ODMOE_RETURN_IF_ERROR(integer(o.align_token, "align-token", 0, &settings->align_token));
   ODMOE_RETURN_IF_ERROR(integer(o.align_kv, "align-kv", 0, &settings->align_kv));
   ODMOE_RETURN_IF_ERROR(integer(o.max_lead_tokens, "max-lead-tokens", 1, &settings->max_lead_tokens));
+  for (auto [text, flag, out] : {std::tuple{&o.keep_router, "keep-router", &settings->keep_router},
+                                 std::tuple{&o.keep_attention, "keep-attention", &settings->keep_attention}}) {
+    if (!*text) continue;
+    absl::StatusOr<bool> b = ParseBool(**text);
+    if (!b.ok()) return absl::InvalidArgumentError(StrCat("--", flag, ": ", b.status().message()));
+    *out = *b;
+  }
+  if (o.hedge_margin) {
+    absl::StatusOr<double> t = ParseHedgeMargin(*o.hedge_margin);
+    if (!t.ok()) return absl::InvalidArgumentError(StrCat("--hedge-margin: ", t.status().message()));
+    settings->hedge_margin = *t;
+  }
   if (settings->mode == PredictionMode::kShadow && !has_shadow_node) {
     return absl::InvalidArgumentError(
         "prediction by the shadow (ablation cases 1-4) needs a node with role = \"shadow\" in the cluster file");
@@ -295,7 +338,8 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
   if (const toml::node* sn = root.get("shadow")) {
     if (!sn->is_table()) return FieldError(where, "", "shadow", "expected a table");
     Fields f(*sn->as_table(), where, "[shadow]");
-    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"mode", "quant", "align_token", "align_kv", "max_lead_tokens", "seed"}));
+    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"mode", "quant", "align_token", "align_kv", "max_lead_tokens", "seed",
+                                       "keep_router", "keep_attention", "hedge_margin"}));
     ShadowSettings& ss = c.shadow_settings;
     ODMOE_ASSIGN_OR_RETURN(mode_text, f.String("mode"));
     ODMOE_ASSIGN_OR_RETURN(auto quant, f.String("quant"));
@@ -320,6 +364,18 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     }
     ODMOE_ASSIGN_OR_RETURN(auto seed, f.Int("seed"));
     if (seed) c.shadow_settings.seed = static_cast<uint64_t>(*seed);
+    ODMOE_ASSIGN_OR_RETURN(auto keep_router, f.Bool("keep_router"));
+    if (keep_router) ss.keep_router = *keep_router;
+    ODMOE_ASSIGN_OR_RETURN(auto keep_attention, f.Bool("keep_attention"));
+    if (keep_attention) ss.keep_attention = *keep_attention;
+    ODMOE_ASSIGN_OR_RETURN(auto margin, f.Number("hedge_margin"));
+    if (margin) {
+      if (!(*margin >= 0.0 && *margin <= 1.0)) {
+        return FieldError(where, "[shadow]", "hedge_margin",
+                          StrCat("must be a probability difference in [0, 1] (0 = off), got ", *margin));
+      }
+      ss.hedge_margin = *margin;
+    }
   }
   const toml::node* nodes = root.get("node");
   if (nodes == nullptr || !nodes->is_array_of_tables()) {

@@ -87,7 +87,19 @@ struct ShadowSettings {
   // How many positions the shadow may run ahead of the position main is decoding (>= 1).
   int64_t max_lead_tokens = 1;
   uint64_t seed = 1;  // kRandom's predictions
+  // Which linear weights of each decoder layer stay at the checkpoint's precision in the shadow's quantized
+  // replica: the sparse layers' routers, the attention projections (q, k, v, o).
+  bool keep_router = false;
+  bool keep_attention = false;
+  // Hedged prefetch: the shadow also prefetches its router's (k+1)-th expert when p_k - p_(k+1) < hedge_margin
+  // (softmax over all experts); 0 = off. In [0, 1].
+  double hedge_margin = 0;
 };
+
+// Parses a hedge margin ("0.05"): a number in [0, 1]. InvalidArgument naming the text otherwise.
+absl::StatusOr<double> ParseHedgeMargin(std::string_view text);
+// Parses "true" or "false". InvalidArgument naming the text otherwise.
+absl::StatusOr<bool> ParseBool(std::string_view text);
 
 // OD-MoE's ablation cases (section 4.2) as settings: 1 shadow with token and KV alignment (every step), 2 token
 // alignment only, 3 KV alignment only, 4 no alignment, 5 no shadow with random prefetch, 6 no shadow, load after
@@ -96,12 +108,15 @@ struct ShadowSettings {
 absl::Status ApplyAblationCase(int64_t ablation_case, ShadowSettings* settings);
 
 // The command-line overrides of [shadow] that `odmoe cluster up` passes on to every daemon: --ablation-case N
-// first, then --prediction MODE, --shadow-quant Q, --align-token N, --align-kv N, --max-lead-tokens N. Each
-// value is given as text (absent: keep). Errors name the flag. `has_shadow_node`: a shadow mode needs one.
+// first, then --prediction MODE, --shadow-quant Q, --align-token N, --align-kv N, --max-lead-tokens N,
+// --keep-router B, --keep-attention B, --hedge-margin T. Each value is given as text (absent: keep). Errors name
+// the flag. `has_shadow_node`: a shadow mode needs one.
 struct ShadowOverrides {
   std::optional<std::string> ablation_case, prediction, shadow_quant, align_token, align_kv, max_lead_tokens;
+  std::optional<std::string> keep_router, keep_attention, hedge_margin;
   bool any() const {
-    return ablation_case || prediction || shadow_quant || align_token || align_kv || max_lead_tokens;
+    return ablation_case || prediction || shadow_quant || align_token || align_kv || max_lead_tokens ||
+           keep_router || keep_attention || hedge_margin;
   }
 };
 absl::Status ApplyShadowOverrides(const ShadowOverrides& overrides, bool has_shadow_node, ShadowSettings* settings);

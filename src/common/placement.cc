@@ -62,12 +62,26 @@ std::vector<int64_t> Placement::DecodeLayersOf(int32_t worker, int64_t num_spars
   return out;
 }
 
-std::vector<Assignment> Placement::Assign(int64_t sparse_index, std::span<const int32_t> experts) const {
+std::vector<Assignment> Placement::Assign(int64_t sparse_index, std::span<const int32_t> experts,
+                                          std::span<const int32_t> capacity) const {
   const int32_t group = GroupOf(sparse_index);
   std::vector<Assignment> out;
-  const std::vector<int32_t> sorted = Sorted(experts);
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    out.push_back({sorted[i], WorkerOf(group, static_cast<int32_t>(i % static_cast<size_t>(group_size_))), true});
+  std::vector<int32_t> taken(static_cast<size_t>(group_size_), 0);
+  auto has_room = [&](int32_t slot) {
+    const size_t i = static_cast<size_t>(slot);
+    return capacity.empty() || (i < capacity.size() && taken[i] < capacity[i]);
+  };
+  int32_t next = 0;  // the round-robin cursor
+  for (int32_t e : Sorted(experts)) {
+    int32_t tried = 0;
+    while (tried < group_size_ && !has_room(next)) {
+      next = (next + 1) % group_size_;
+      ++tried;
+    }
+    if (tried == group_size_) break;  // every worker of the group is full
+    ++taken[static_cast<size_t>(next)];
+    out.push_back({e, WorkerOf(group, next), true});
+    next = (next + 1) % group_size_;
   }
   return out;
 }

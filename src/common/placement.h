@@ -4,8 +4,10 @@
 //
 // Workers are numbered 0..N_W-1 in the order of the cluster file and split into N_W/G groups of G consecutive
 // workers. Decode: sparse layer s (the s-th layer with a router) is served by group (s mod N_W/G); inside the
-// group the experts of a set are assigned one-to-one in ascending id order (expert i of the sorted set to the
-// group's worker i mod G). Prefill: expert e of every layer is served by worker (e mod N_W).
+// group the experts of a set are assigned in ascending id order, expert i of the sorted set to the group's worker
+// i mod G: one-to-one for up to G experts (one request's top-k), round-robin for more (a request's top-k with its
+// hedged experts, the union of several requests' experts), so that no worker gets more than ceil(n/G). Prefill:
+// expert e of every layer is served by worker (e mod N_W).
 //
 // Thread safety: immutable; safe to share.
 #pragma once
@@ -52,11 +54,17 @@ class Placement {
   // Sparse-layer indices (0..num_sparse-1) that `worker` serves in decode.
   std::vector<int64_t> DecodeLayersOf(int32_t worker, int64_t num_sparse) const;
 
-  // One-to-one assignment of an expert set (any order, no duplicates) to the group of `sparse_index`.
-  // Result in ascending expert order.
-  std::vector<Assignment> Assign(int64_t sparse_index, std::span<const int32_t> experts) const;
+  // The placement of an expert set (any order and size; duplicates count once) on the group of `sparse_index`,
+  // the one rule for any number of experts: in ascending expert order, each to the next slot (round-robin from
+  // slot 0) that has room. `capacity` (empty: unlimited; else one entry per slot 0..G-1): the most experts each
+  // worker of the group may take (what its budget holds); a full slot is skipped, and experts beyond the
+  // group's total room are left out of the result. Up to G experts with room >= 1 everywhere go one-to-one,
+  // expert i to slot i. Deterministic. Result in ascending expert order.
+  std::vector<Assignment> Assign(int64_t sparse_index, std::span<const int32_t> experts,
+                                 std::span<const int32_t> capacity = {}) const;
 
-  // Where the actual experts run when `predicted` was announced (and loaded) before routing was known:
+  // Where the actual experts run when `predicted` (top-k and hedges, or several requests' experts: any set) was
+  // announced (and loaded, by Assign) before routing was known:
   // an actual expert that was predicted runs where Assign(predicted) put it; a missed one goes to the worker
   // of a predicted expert that turned out unused (in ascending order of both), or, when there are more misses
   // than unused predictions, round-robin over the group's slots. Result in ascending expert order.

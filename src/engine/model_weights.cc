@@ -62,6 +62,14 @@ float ElementToF32(const uint8_t* data, DType dtype, size_t i) {
 
 }  // namespace
 
+WeightQuant WeightSelection::QuantOf(const TensorSpec& spec) const {
+  if (keep_router && spec.role == TensorRole::kRouter) return WeightQuant::kNone;
+  const bool attention = spec.role == TensorRole::kQ || spec.role == TensorRole::kK || spec.role == TensorRole::kV ||
+                         spec.role == TensorRole::kO;
+  if (keep_attention && attention) return WeightQuant::kNone;
+  return quant;
+}
+
 absl::StatusOr<WeightRef> ModelWeights::UploadBytes(Device& device, const void* data, size_t bytes, DType dtype,
                                                     const std::string& tag, bool sync) {
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buf, device.Allocate(bytes, tag));
@@ -132,7 +140,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     const std::vector<TensorSpec> specs = NonExpertTensors(config);
     ODMOE_RETURN_IF_ERROR(source.Validate(specs));
     for (const TensorSpec& spec : specs) {
-      ODMOE_ASSIGN_OR_RETURN(WeightRef ref, w->Upload(source, device, spec, selection.quant));
+      ODMOE_ASSIGN_OR_RETURN(WeightRef ref, w->Upload(source, device, spec, selection.QuantOf(spec)));
       LayerWeights* lw = spec.layer >= 0 ? &w->layers_[static_cast<size_t>(spec.layer)] : nullptr;
       switch (spec.role) {
         case TensorRole::kEmbed: w->embed_ = ref; break;
@@ -188,9 +196,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     const std::vector<TensorSpec> specs = ExpertTensors(config, l, e);
     ODMOE_RETURN_IF_ERROR(source.Validate(specs));
     MlpWeights& m = w->layers_[static_cast<size_t>(l)].experts[static_cast<size_t>(e)];
-    ODMOE_ASSIGN_OR_RETURN(m.gate, w->Upload(source, device, specs[0], selection.quant));
-    ODMOE_ASSIGN_OR_RETURN(m.up, w->Upload(source, device, specs[1], selection.quant));
-    ODMOE_ASSIGN_OR_RETURN(m.down, w->Upload(source, device, specs[2], selection.quant));
+    ODMOE_ASSIGN_OR_RETURN(m.gate, w->Upload(source, device, specs[0], selection.QuantOf(specs[0])));
+    ODMOE_ASSIGN_OR_RETURN(m.up, w->Upload(source, device, specs[1], selection.QuantOf(specs[1])));
+    ODMOE_ASSIGN_OR_RETURN(m.down, w->Upload(source, device, specs[2], selection.QuantOf(specs[2])));
     m.intermediate = config.expert_intermediate_size;
   }
   device.SynchronizeAll();

@@ -57,6 +57,13 @@ struct WeightSelection {
   enum class Experts { kAll, kNone, kSome } experts = Experts::kAll;
   std::vector<std::pair<int64_t, int64_t>> some;  // (layer, expert) pairs when kSome
   WeightQuant quant = WeightQuant::kNone;
+  // With `quant`: these decoder-layer weights keep the checkpoint's precision ([shadow] keep_router,
+  // keep_attention): the routers; the attention projections q, k, v, o.
+  bool keep_router = false;
+  bool keep_attention = false;
+
+  // How the tensor `spec` is stored under this selection.
+  WeightQuant QuantOf(const TensorSpec& spec) const;
 
   static WeightSelection All() { return {}; }
   static WeightSelection NonExpertOnly() { return {true, Experts::kNone, {}, WeightQuant::kNone}; }

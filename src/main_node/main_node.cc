@@ -370,7 +370,9 @@ MainNode::Counters MainNode::Counters::OfRequest(const RecallSummary& r, const A
                   .alignment_bytes = a.bytes,
                   .predictions_received = r.predictions_received,
                   .lead_layers_sum = r.lead_layers_mean * static_cast<double>(r.predictions_received),
-                  .timing = t};
+                  .timing = t,
+                  .hedge_loads = r.hedge_loads,
+                  .hedges_used = r.hedges_used};
 }
 
 void MainNode::Counters::Add(const Counters& o) {
@@ -387,6 +389,8 @@ void MainNode::Counters::Add(const Counters& o) {
   predictions_received += o.predictions_received;
   lead_layers_sum += o.lead_layers_sum;
   timing.Add(o.timing);
+  hedge_loads += o.hedge_loads;
+  hedges_used += o.hedges_used;
 }
 
 void MainNode::Counters::AppendFamilies(int64_t top_k, std::vector<metrics::MetricFamily>* out) const {
@@ -404,6 +408,11 @@ void MainNode::Counters::AppendFamilies(int64_t top_k, std::vector<metrics::Metr
           static_cast<double>(timely));
   counter("odmoe_prediction_layers_unpredicted_total", "Decoded (position, sparse layer) pairs with no prediction.",
           static_cast<double>(predictions_missing));
+  counter("odmoe_prediction_hedge_loads_total",
+          "Hedged experts the workers loaded ([shadow] hedge_margin), as the shadow counted them.",
+          static_cast<double>(hedge_loads));
+  counter("odmoe_prediction_hedges_used_total", "Needed experts only a hedge had predicted (counted in hit).",
+          static_cast<double>(hedges_used));
   counter("odmoe_on_demand_loads_total", "Decode experts no worker had when main asked (loaded after routing).",
           static_cast<double>(loads_on_demand));
   counter("odmoe_on_demand_stall_seconds_total", "Time main waited for on-demand loads in decode, in seconds.",
@@ -450,6 +459,8 @@ void MainNode::Counters::ToProto(int64_t top_k, int32_t groups, v1::MainStats* s
   s->set_kv_aligned(kv_aligned);
   s->set_alignment_bytes(alignment_bytes);
   timing.ToProto(groups, s);
+  s->set_hedge_loads(hedge_loads);
+  s->set_hedges_used(hedges_used);
 }
 
 namespace {

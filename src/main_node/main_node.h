@@ -159,6 +159,7 @@ class MainNode final : public v1::Inference::Service {
     uint64_t predictions_received = 0;
     double lead_layers_sum = 0;  // over the predictions received
     DecodeTiming timing;
+    uint64_t hedge_loads = 0, hedges_used = 0;  // hedged prefetch
     // One request's counters.
     static Counters OfRequest(const RecallSummary& r, const AlignmentCounts& a, const DecodeTiming& t);
     void Add(const Counters& o);

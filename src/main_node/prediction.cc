@@ -13,9 +13,16 @@ void PredictionBoard::Reset(int64_t num_sparse, int64_t top_k) {
   progress_ = {-1, -1};
   received_ = 0;
   lead_sum_ = 0;
+  hedge_loads_ = 0;
 }
 
-void PredictionBoard::Put(int64_t position, int64_t sparse_index, std::vector<int32_t> experts) {
+void PredictionBoard::SetHedgeLoads(uint64_t loads) {
+  absl::MutexLock lock(&mu_);
+  hedge_loads_ = loads;
+}
+
+void PredictionBoard::Put(int64_t position, int64_t sparse_index, std::vector<int32_t> experts,
+                          std::vector<int32_t> hedges) {
   absl::MutexLock lock(&mu_);
   ++received_;
   // Lead: sparse layers between main's current (position, layer) and the predicted one.
@@ -24,14 +31,16 @@ void PredictionBoard::Put(int64_t position, int64_t sparse_index, std::vector<in
   } else {
     lead_sum_ += static_cast<double>(sparse_index + 1);  // main has not started decoding yet
   }
-  predictions_[{position, sparse_index}] = std::move(experts);
+  predictions_[{position, sparse_index}] = Predicted{std::move(experts), std::move(hedges)};
 }
 
 std::optional<std::vector<int32_t>> PredictionBoard::Get(int64_t position, int64_t sparse_index) const {
   absl::MutexLock lock(&mu_);
   auto it = predictions_.find({position, sparse_index});
   if (it == predictions_.end()) return std::nullopt;
-  return it->second;
+  std::vector<int32_t> loaded = it->second.experts;
+  loaded.insert(loaded.end(), it->second.hedges.begin(), it->second.hedges.end());
+  return loaded;
 }
 
 void PredictionBoard::SetProgress(int64_t position, int64_t sparse_index) {
@@ -55,12 +64,15 @@ void RecallSummary::ToProto(v1::RequestStats* p) const {
   p->set_stall_ms(stall_ms);
   p->set_decode_loads_on_demand(loads_on_demand);
   p->mutable_stall_ms_per_layer()->Add(stall_ms_per_layer.begin(), stall_ms_per_layer.end());
+  p->set_hedge_loads(hedge_loads);
+  p->set_hedges_used(hedges_used);
 }
 
 RecallSummary PredictionBoard::Summarize() const {
   absl::MutexLock lock(&mu_);
   RecallSummary s;
   s.predictions_received = received_;
+  s.hedge_loads = hedge_loads_;
   s.lead_layers_mean = received_ > 0 ? lead_sum_ / static_cast<double>(received_) : 0;
   s.stall_ms_per_layer.assign(static_cast<size_t>(std::max<int64_t>(0, num_sparse_)), 0.0);
   int64_t current = -1;
@@ -87,9 +99,14 @@ RecallSummary PredictionBoard::Summarize() const {
       ++s.predictions_missing;
       continue;
     }
+    const std::vector<int32_t>& top = it->second.experts;
+    const std::vector<int32_t>& hedges = it->second.hedges;
     for (size_t i = 0; i < outcome.actual.size(); ++i) {
       const int32_t e = outcome.actual[i];
-      if (std::find(it->second.begin(), it->second.end(), e) == it->second.end()) continue;
+      const bool in_top = std::find(top.begin(), top.end(), e) != top.end();
+      const bool in_hedges = !in_top && std::find(hedges.begin(), hedges.end(), e) != hedges.end();
+      if (!in_top && !in_hedges) continue;
+      if (in_hedges) ++s.hedges_used;
       ++s.correct;
       ++token_correct;
       if (i < outcome.resident.size() && outcome.resident[i]) ++s.timely;

@@ -8,6 +8,11 @@
 // token re-sends a corrected one). Timely recall counts only the correct ones whose expert the worker had
 // before main's request came (the prediction was in time to load it).
 //
+// Hedged prefetch ([shadow] hedge_margin): a prediction may carry hedges, experts the shadow also had loaded
+// though not in its top-k. Recall with hedges = |actual ∩ (top-k ∪ hedges)| / k per (position, layer), averaged
+// as eq. 3 (it stays <= 1: the actual set has k experts); timely recall likewise. hedges_used counts the actual
+// experts only a hedge predicted; hedge_loads is what the shadow reported the workers loaded for hedges.
+//
 // Thread safety: Put/SetProgress come from the stream's reader thread while the request thread calls Get and
 // Record; everything is under one mutex.
 #pragma once
@@ -36,6 +41,8 @@ struct RecallSummary {
   double lead_layers_mean = 0;           // how many sparse layers ahead of main predictions arrived, on average
   uint64_t loads_on_demand = 0;          // decode experts no worker had when main asked (loaded after routing)
   double stall_ms = 0;                   // the workers' load time of those (main waited for it)
+  uint64_t hedges_used = 0;              // actual experts predicted by a hedge only (counted in `correct`)
+  uint64_t hedge_loads = 0;              // the workers' loads of hedged experts (the shadow's summary)
   std::vector<double> stall_ms_per_layer;  // the same per sparse layer
   // The one conversion to a request's stats (its recall, prediction and stall fields).
   void ToProto(v1::RequestStats* p) const;
@@ -46,9 +53,14 @@ class PredictionBoard {
   // Starts a request: forgets everything. `num_sparse`: sparse layers of the model; `top_k`: k.
   void Reset(int64_t num_sparse, int64_t top_k);
 
-  // A prediction for (position, sparse layer `sparse_index`); replaces an earlier one of the same pair.
-  void Put(int64_t position, int64_t sparse_index, std::vector<int32_t> experts);
+  // A prediction for (position, sparse layer `sparse_index`): its top-k `experts` and its `hedges` (disjoint
+  // from them); replaces an earlier one of the same pair.
+  void Put(int64_t position, int64_t sparse_index, std::vector<int32_t> experts, std::vector<int32_t> hedges = {});
+  // The experts the prediction of (position, sparse_index) had loaded: its top-k, then its hedges (what main
+  // resolves the actual experts against, Placement::Resolve). nullopt when there is none.
   std::optional<std::vector<int32_t>> Get(int64_t position, int64_t sparse_index) const;
+  // The shadow's count of the workers' hedged loads for this request.
+  void SetHedgeLoads(uint64_t loads);
   // Main is about to run (position, sparse_index).
   void SetProgress(int64_t position, int64_t sparse_index);
 
@@ -69,7 +81,12 @@ class PredictionBoard {
   mutable absl::Mutex mu_;
   int64_t num_sparse_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t top_k_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<Key, std::vector<int32_t>> predictions_ ABSL_GUARDED_BY(mu_);
+  struct Predicted {
+    std::vector<int32_t> experts;  // top-k
+    std::vector<int32_t> hedges;
+  };
+  std::map<Key, Predicted> predictions_ ABSL_GUARDED_BY(mu_);
+  uint64_t hedge_loads_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<Key, Outcome> outcomes_ ABSL_GUARDED_BY(mu_);
   Key progress_ ABSL_GUARDED_BY(mu_) = {-1, -1};
   uint64_t received_ ABSL_GUARDED_BY(mu_) = 0;

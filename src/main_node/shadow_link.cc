@@ -49,13 +49,20 @@ bool ShadowLink::Start(uint64_t request_id, const std::string& trace_id, std::sp
     v1::Prediction p;
     const int64_t k = config_.top_k;
     while (stream_->Read(&p)) {
+      if (p.summary()) {  // the stream's last message: the workers' hedged loads for this request
+        board->SetHedgeLoads(p.hedge_loads());
+        continue;
+      }
       // A malformed prediction is dropped (counted as missing), never trusted for placement.
       const int64_t sparse_index = config_.SparseIndex(p.layer());
       bool ok = p.layer() >= 0 && p.layer() < config_.num_layers && sparse_index >= 0 &&
                 p.position() >= prompt_len && p.position() <= last && p.experts_size() == k;
       std::vector<int32_t> experts(p.experts().begin(), p.experts().end());
       for (int32_t e : experts) ok = ok && e >= 0 && e < config_.num_experts;
+      std::vector<int32_t> hedges(p.hedges().begin(), p.hedges().end());
+      for (int32_t e : hedges) ok = ok && e >= 0 && e < config_.num_experts;
       std::vector<int32_t> sorted = experts;
+      sorted.insert(sorted.end(), hedges.begin(), hedges.end());  // hedges are disjoint from the top-k
       std::sort(sorted.begin(), sorted.end());
       ok = ok && std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
       if (!ok) {
@@ -63,7 +70,7 @@ bool ShadowLink::Start(uint64_t request_id, const std::string& trace_id, std::sp
                      p.position(), p.layer(), p.experts_size());
         continue;
       }
-      board->Put(p.position(), sparse_index, std::move(experts));
+      board->Put(p.position(), sparse_index, std::move(experts), std::move(hedges));
     }
     reader_done_->Notify();
   });

@@ -21,7 +21,8 @@ absl::StatusOr<DaemonArgs> ParseDaemonArgs(const std::vector<std::string>& args,
   ODMOE_ASSIGN_OR_RETURN(
       Flags f, Flags::Parse(args,
                             {"config", "node", "model", "ablation-case", "prediction", "shadow-quant", "align-token",
-                             "align-kv", "max-lead-tokens", "log-format"},
+                             "align-kv", "max-lead-tokens", "log-format", "keep-router", "keep-attention",
+                             "hedge-margin"},
                             {}));
   ODMOE_ASSIGN_OR_RETURN(std::string config_path, f.Required("config"));
   ODMOE_ASSIGN_OR_RETURN(std::string node_name, f.Required("node"));
@@ -38,7 +39,8 @@ absl::StatusOr<DaemonArgs> ParseDaemonArgs(const std::vector<std::string>& args,
   }
   d.self = *self;
   ShadowOverrides overrides{f.Get("ablation-case"), f.Get("prediction"), f.Get("shadow-quant"),
-                            f.Get("align-token"),   f.Get("align-kv"),   f.Get("max-lead-tokens")};
+                            f.Get("align-token"),   f.Get("align-kv"),   f.Get("max-lead-tokens"),
+                            f.Get("keep-router"),   f.Get("keep-attention"), f.Get("hedge-margin")};
   ODMOE_RETURN_IF_ERROR(ApplyShadowOverrides(overrides, d.cluster.shadow() != nullptr, &d.cluster.shadow_settings));
   d.model_dir = f.Get("model").value_or(d.cluster.model.path);
   if (d.model_dir.empty() && !d.cluster.model.is_synthetic()) {

@@ -1,6 +1,8 @@
 #include "src/rpc/prefetch_sender.h"
 
+#include <algorithm>
 #include <map>
+#include <utility>
 
 #include "spdlog/spdlog.h"
 #include "src/rpc/request_id.h"
@@ -24,39 +26,51 @@ PrefetchSender::PrefetchSender(const std::vector<std::string>& workers, Placemen
 PrefetchSender::~PrefetchSender() { Drain(); }
 
 void PrefetchSender::Send(uint64_t request_id, int64_t position, int64_t layer, int64_t sparse_index,
-                          std::span<const int32_t> experts, const std::string& trace_id) {
-  // One call per worker, its experts in ascending order.
-  std::map<int32_t, std::vector<int32_t>> by_worker;
-  for (const Assignment& a : placement_.Assign(sparse_index, experts)) by_worker[a.worker].push_back(a.expert);
-  for (auto& [worker, list] : by_worker) {
-    if (worker < 0 || worker >= static_cast<int32_t>(stubs_.size())) continue;
-    auto* call = new Call();
-    call->worker = worker;
-    FillHeader(call->request.mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id);
-    call->request.set_layer(static_cast<int32_t>(layer));
-    call->request.set_position(position);
-    for (int32_t e : list) call->request.add_experts(e);
-    SetDeadline(call->context, options_.rpc_timeout_ms);
-    AttachRequestId(call->context, trace_id);
-    {
-      absl::MutexLock lock(&mu_);
-      ++in_flight_;
-      ++stats_.calls;
+                          std::span<const int32_t> experts, const std::string& trace_id,
+                          std::span<const int32_t> hedges) {
+  std::vector<int32_t> all(experts.begin(), experts.end());
+  all.insert(all.end(), hedges.begin(), hedges.end());
+  // Per worker, its predicted experts and its hedged ones, each in ascending order.
+  std::map<int32_t, std::pair<std::vector<int32_t>, std::vector<int32_t>>> by_worker;
+  for (const Assignment& a : placement_.Assign(sparse_index, all)) {
+    const bool hedge = std::find(hedges.begin(), hedges.end(), a.expert) != hedges.end();
+    (hedge ? by_worker[a.worker].second : by_worker[a.worker].first).push_back(a.expert);
+  }
+  for (const bool hedge : {false, true}) {
+    for (auto& [worker, lists] : by_worker) {
+      const std::vector<int32_t>& list = hedge ? lists.second : lists.first;
+      if (list.empty() || worker < 0 || worker >= static_cast<int32_t>(stubs_.size())) continue;
+      auto* call = new Call();
+      call->worker = worker;
+      FillHeader(call->request.mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id);
+      call->request.set_layer(static_cast<int32_t>(layer));
+      call->request.set_position(position);
+      call->request.set_hedge(hedge);
+      for (int32_t e : list) call->request.add_experts(e);
+      SetDeadline(call->context, options_.rpc_timeout_ms);
+      AttachRequestId(call->context, trace_id);
+      {
+        absl::MutexLock lock(&mu_);
+        ++in_flight_;
+        ++stats_.calls;
+        if (hedge) ++stats_.hedge_calls;
+      }
+      stubs_[static_cast<size_t>(worker)]->async()->Prefetch(
+          &call->context, &call->request, &call->response, [this, call](grpc::Status status) {
+            if (!status.ok()) {
+              spdlog::debug("prefetch to worker {} failed: {}", call->worker, status.error_message());
+            }
+            absl::MutexLock lock(&mu_);
+            if (!status.ok()) ++stats_.failures;
+            if (status.ok() && call->response.late()) ++stats_.late;
+            if (status.ok() && call->request.hedge()) {
+              stats_.hedge_loads += static_cast<uint64_t>(std::max(0, call->response.accepted()));
+            }
+            --in_flight_;
+            // Freed under the lock: Drain cannot return (and the sender die) before this call is gone.
+            delete call;
+          });
     }
-    stubs_[static_cast<size_t>(worker)]->async()->Prefetch(&call->context, &call->request, &call->response,
-                                                           [this, call](grpc::Status status) {
-                                                             if (!status.ok()) {
-                                                               spdlog::debug("prefetch to worker {} failed: {}",
-                                                                             call->worker, status.error_message());
-                                                             }
-                                                             absl::MutexLock lock(&mu_);
-                                                             if (!status.ok()) ++stats_.failures;
-                                                             if (status.ok() && call->response.late()) ++stats_.late;
-                                                             --in_flight_;
-                                                             // Freed under the lock: Drain cannot return (and
-                                                             // the sender die) before this call is gone.
-                                                             delete call;
-                                                           });
   }
 }
 

@@ -31,6 +31,8 @@ struct PrefetchSenderStats {
   uint64_t calls = 0;     // Prefetch calls sent
   uint64_t failures = 0;  // of which failed (worker unreachable, refused for want of room, ...)
   uint64_t late = 0;      // of which the worker found late (main had already asked for the layer)
+  uint64_t hedge_calls = 0;  // of `calls`, calls carrying hedged experts (PrefetchRequest.hedge)
+  uint64_t hedge_loads = 0;  // loads the workers started for those (their `accepted`, once the call completed)
 };
 
 class PrefetchSender {
@@ -41,9 +43,13 @@ class PrefetchSender {
 
   // Sends the prediction `experts` of model layer `layer` (sparse layer `sparse_index`) at decode `position`
   // of request `request_id` to the workers that will serve them, with `trace_id` (the client's request id,
-  // rpc/request_id.h; "" for none) as x-request-id metadata.
+  // rpc/request_id.h; "" for none) as x-request-id metadata. `hedges` (disjoint from `experts`): experts also
+  // to load though not predicted (hedged prefetch). The union is placed on the group by Placement::Assign (the
+  // rule main's Resolve uses); each worker gets one call for its predicted experts and a second, flagged hedge,
+  // for its hedged ones (sent after the first).
   void Send(uint64_t request_id, int64_t position, int64_t layer, int64_t sparse_index,
-            std::span<const int32_t> experts, const std::string& trace_id = "");
+            std::span<const int32_t> experts, const std::string& trace_id = "",
+            std::span<const int32_t> hedges = {});
   // Waits until every call sent so far has completed.
   void Drain();
   PrefetchSenderStats stats() const;

@@ -17,6 +17,7 @@
 #include "src/rpc/metrics_server.h"
 #include "src/rpc/request_id.h"
 #include "src/rpc/rpc_util.h"
+#include "src/shadow_node/hedge.h"
 
 namespace odmoe {
 
@@ -30,12 +31,25 @@ WeightQuant WeightQuantOf(ShadowQuant quant) {
   return WeightQuant::kNone;
 }
 
-// The replica's experts are all local; this wrapper reports each decode position's routing before computing.
+// The replica's experts are all local; this wrapper reports each decode position's routing before computing,
+// with the experts to hedge (hedge.h): for those it runs the layer's router once more on the same input to
+// see the probabilities of every expert (the engine hands over only the top-k).
 class PredictingExecutor : public ExpertExecutor {
  public:
-  using Callback = std::function<void(int64_t position, int64_t layer, std::span<const int32_t> experts)>;
-  explicit PredictingExecutor(std::unique_ptr<LocalExpertExecutor> local, int64_t top_k)
-      : local_(std::move(local)), top_k_(top_k) {}
+  using Callback = std::function<void(int64_t position, int64_t layer, std::span<const int32_t> experts,
+                                      std::span<const int32_t> hedges)>;
+  // `margin` > 0: hedging on ([shadow] hedge_margin).
+  static absl::StatusOr<std::unique_ptr<PredictingExecutor>> Create(std::unique_ptr<LocalExpertExecutor> local,
+                                                                    Device& device, const ModelWeights& weights,
+                                                                    double margin) {
+    std::unique_ptr<PredictingExecutor> e(new PredictingExecutor(std::move(local), device, weights, margin));
+    if (margin > 0) {
+      const size_t bytes = static_cast<size_t>(std::max<int64_t>(1, weights.config().num_experts)) * sizeof(float);
+      ODMOE_ASSIGN_OR_RETURN(e->logits_, device.Allocate(bytes, "hedge router logits"));
+      e->host_logits_.resize(static_cast<size_t>(weights.config().num_experts));
+    }
+    return e;
+  }
 
   void BeginForward(int64_t first_position, int64_t n, ForwardKind kind) override {
     (void)n;
@@ -45,7 +59,16 @@ class PredictingExecutor : public ExpertExecutor {
   absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
                    std::span<const float> weights, float* out, Stream* stream) override {
     if (on_predict_ && decode_) {
-      on_predict_(position_, layer, ids.subspan(0, static_cast<size_t>(top_k_)));
+      const std::span<const int32_t> chosen = ids.subspan(0, static_cast<size_t>(top_k_));
+      std::vector<int32_t> hedges;
+      if (margin_ > 0) {
+        const ModelConfig& c = weights_.config();
+        device_.MatMul(h, weights_.layer(layer).router, {}, 1, c.hidden_size, c.num_experts, logits_->as<float>(),
+                       stream);
+        device_.CopyToHost(host_logits_.data(), logits_->data(), host_logits_.size() * sizeof(float), stream);
+        hedges = HedgeExperts(host_logits_, chosen, margin_);
+      }
+      on_predict_(position_, layer, chosen, hedges);
     }
     return local_->Run(layer, h, n, ids, weights, out, stream);
   }
@@ -53,8 +76,17 @@ class PredictingExecutor : public ExpertExecutor {
   void Set(Callback on_predict) { on_predict_ = std::move(on_predict); }
 
  private:
+  PredictingExecutor(std::unique_ptr<LocalExpertExecutor> local, Device& device, const ModelWeights& weights,
+                     double margin)
+      : local_(std::move(local)), device_(device), weights_(weights), top_k_(weights.config().top_k),
+        margin_(margin) {}
   std::unique_ptr<LocalExpertExecutor> local_;
+  Device& device_;
+  const ModelWeights& weights_;
   int64_t top_k_;
+  double margin_;
+  std::unique_ptr<Buffer> logits_;  // [num_experts] on the device (hedging only)
+  std::vector<float> host_logits_;
   Callback on_predict_;
   int64_t position_ = 0;
   bool decode_ = false;  // the current forward is a decode step
@@ -93,7 +125,9 @@ absl::StatusOr<std::unique_ptr<ShadowNode>> ShadowNode::Create(const rpc::Daemon
     node->model_ = std::move(model);
     return node;
   }
-  const WeightSelection selection = WeightSelection::Quantized(WeightQuantOf(args.cluster.shadow_settings.quant));
+  WeightSelection selection = WeightSelection::Quantized(WeightQuantOf(args.cluster.shadow_settings.quant));
+  selection.keep_router = args.cluster.shadow_settings.keep_router;
+  selection.keep_attention = args.cluster.shadow_settings.keep_attention;
   ODMOE_ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(node->config_, *model.source, *node->device_, selection));
   node->model_ = std::move(model);
   EngineOptions engine_options;
@@ -114,7 +148,9 @@ absl::StatusOr<std::unique_ptr<ShadowNode>> ShadowNode::Create(const rpc::Daemon
   node->sender_ = std::make_unique<rpc::PrefetchSender>(workers, placement, po);
 
   absl::MutexLock lock(&node->run_mu_);
-  node->executor_ = std::make_unique<PredictingExecutor>(std::move(local), node->config_.top_k);
+  ODMOE_ASSIGN_OR_RETURN(node->executor_,
+                         PredictingExecutor::Create(std::move(local), *node->device_, *node->weights_,
+                                                    args.cluster.shadow_settings.hedge_margin));
   ODMOE_ASSIGN_OR_RETURN(node->engine_,
                          Engine::Create(*node->weights_, *node->device_, node->executor_.get(), engine_options));
   return node;
@@ -308,17 +344,22 @@ absl::Status ShadowNode::RunSession(Session& session,
   const int64_t num_sparse = static_cast<int64_t>(config_.SparseLayers().size());
   int64_t main_position_seen = prompt_len - 1;  // for the lead statistics (updated each position)
   bool stream_ok = true;
-  executor_->Set([&](int64_t position, int64_t layer, std::span<const int32_t> experts) {
+  // This request's hedged loads: what the sender counts while it runs (requests run one at a time).
+  const uint64_t hedge_loads_before = sender_->stats().hedge_loads;
+  executor_->Set([&](int64_t position, int64_t layer, std::span<const int32_t> experts,
+                     std::span<const int32_t> hedges) {
     const int64_t sparse_index = config_.SparseIndex(layer);
     // The workers first: their loads are what the prediction is for.
-    sender_->Send(session.request_id, position, layer, sparse_index, experts, session.trace_id);
+    sender_->Send(session.request_id, position, layer, sparse_index, experts, session.trace_id, hedges);
     v1::Prediction p;
     p.set_position(position);
     p.set_layer(static_cast<int32_t>(layer));
     p.mutable_experts()->Add(experts.begin(), experts.end());
+    p.mutable_hedges()->Add(hedges.begin(), hedges.end());
     if (stream_ok && !stream->Write(p)) stream_ok = false;
     absl::MutexLock lock(&stats_mu_);
     ++counters_.predictions;
+    counters_.hedges += hedges.size();
     const int64_t lead = (position - main_position_seen) * num_sparse + sparse_index;
     counters_.lead_sum += static_cast<double>(lead);
     lead_layers_->Observe(static_cast<double>(lead));
@@ -381,6 +422,14 @@ absl::Status ShadowNode::RunSession(Session& session,
     ++counters_.positions_decoded;
   }
   if (!stream_ok) return absl::UnavailableError("main went away (writing a prediction failed)");
+  // The summary: once every prefetch has completed, the hedged loads the workers accepted for this request.
+  sender_->Drain();
+  const uint64_t hedge_loads = sender_->stats().hedge_loads - hedge_loads_before;
+  v1::Prediction summary;
+  summary.set_summary(true);
+  summary.set_hedge_loads(hedge_loads);
+  // Main may have stopped waiting for it (its wait after the last token is bounded): the request is over.
+  if (!stream->Write(summary)) spdlog::debug("{}: main did not wait for the request's summary", self_.name);
   return absl::OkStatus();
 }
 
@@ -393,6 +442,7 @@ void ShadowNode::Counters::ToProto(v1::ShadowStats* s) const {
   s->set_kv_aligned(kv_aligned);
   s->set_alignment_bytes(alignment_bytes);
   s->set_lead_layers_mean(predictions > 0 ? lead_sum / static_cast<double>(predictions) : 0.0);
+  s->set_hedges(hedges);
 }
 
 v1::ShadowStats ShadowNode::Stats(bool reset) {
@@ -404,6 +454,7 @@ v1::ShadowStats ShadowNode::Stats(bool reset) {
     const rpc::PrefetchSenderStats ps = sender_->stats();
     s.set_prefetch_calls(ps.calls);
     s.set_prefetch_failures(ps.failures);
+    s.set_hedge_loads(ps.hedge_loads);
   }
   absl::MutexLock lock(&stats_mu_);
   counters_.ToProto(&s);
@@ -423,6 +474,7 @@ void ShadowNode::Counters::Add(const Counters& o) {
   kv_aligned += o.kv_aligned;
   alignment_bytes += o.alignment_bytes;
   lead_sum += o.lead_sum;
+  hedges += o.hedges;
 }
 
 void ShadowNode::Counters::AppendFamilies(std::vector<metrics::MetricFamily>* out) const {
@@ -440,6 +492,9 @@ void ShadowNode::Counters::AppendFamilies(std::vector<metrics::MetricFamily>* ou
   counter("odmoe_shadow_alignment_kv_total", "K/V alignments received from main.", kv_aligned);
   counter("odmoe_shadow_alignment_bytes_received_total", "K/V alignment bytes received from main.",
           alignment_bytes);
+  counter("odmoe_shadow_hedges_sent_total",
+          "Hedged experts sent (the router's (k+1)-th choice within [shadow] hedge_margin), re-sends included.",
+          hedges);
 }
 
 void ShadowNode::InitMetrics(metrics::Labels labels) {

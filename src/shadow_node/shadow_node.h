@@ -1,8 +1,11 @@
 // The shadow node (odmoe-shadow): Scaled Emulative Prediction (OD-MoE section 3, ../shared/DESIGN.md). It holds
 // a full replica of the model whose decoder-layer linear weights are quantized at load time (FP16, INT8 per
-// output row, NF4 in blocks of 64; embeddings, lm_head, norms and biases kept), runs each request main serves
-// ahead of main, and as soon as its router of a sparse layer has chosen at a decode position it tells that
-// layer's workers to load those experts (Prefetch, fire and forget) and tells main (the Follow stream).
+// output row, NF4 in blocks of 64; embeddings, lm_head, norms and biases kept, and the routers and attention
+// projections too with [shadow] keep_router / keep_attention), runs each request main serves ahead of main, and
+// as soon as its router of a sparse layer has chosen at a decode position it tells that layer's workers to load
+// those experts (Prefetch, fire and forget) and tells main (the Follow stream). With [shadow] hedge_margin it
+// also sends its (k+1)-th expert when the router nearly chose it (hedge.h): to the workers as a Prefetch flagged
+// hedge, to main in the prediction's `hedges`.
 //
 // One Follow stream per client request. Main sends FollowStart (the prompt), then a FollowStep as it starts
 // each decode position, carrying the aligned token every T_tok steps and the K/V of the position it decoded
@@ -13,7 +16,9 @@
 //  - when an aligned token differs from the one it used at that position, it rolls back there (drops its KV
 //    from that position on) and runs again, so predictions of the same (position, layer) are re-sent;
 //  - writes main's K/V into its own cache as it arrives (for positions it has computed; later ones wait).
-// The stream ends when the shadow has run the last position main decoded and main has closed its side.
+// The stream ends when the shadow has run the last position main decoded and main has closed its side, with a
+// summary message: once every Prefetch it sent has completed, the hedged loads the workers accepted for the
+// request (what their hedge_loads counters added).
 // A miss never affects main's tokens: predictions only decide where experts are loaded.
 //
 // Requests run one at a time on the replica (a second Follow waits for the first to end). Thread safety: the
@@ -82,6 +87,7 @@ class ShadowNode final : public v1::Shadow::Service {
     uint64_t kv_aligned = 0;
     uint64_t alignment_bytes = 0;
     double lead_sum = 0;
+    uint64_t hedges = 0;  // hedged experts sent
     // The one conversion to the node's stats (the counter fields and the mean lead).
     void ToProto(v1::ShadowStats* s) const;
     void Add(const Counters& o);

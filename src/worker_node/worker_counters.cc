@@ -11,6 +11,7 @@ void WorkerCounters::Add(const WorkerCounters& o) {
   loads_on_demand += o.loads_on_demand;
   loads_ahead += o.loads_ahead;
   prefetches += o.prefetches;
+  hedge_loads += o.hedge_loads;
   bytes_loaded += o.bytes_loaded;
   load_ms_total += o.load_ms_total;
   on_demand_load_ms_total += o.on_demand_load_ms_total;
@@ -36,6 +37,7 @@ void WorkerCounters::ToProto(v1::WorkerStats* s) const {
   s->set_loads_on_demand(loads_on_demand);
   s->set_loads_ahead(loads_ahead);
   s->set_prefetches(prefetches);
+  s->set_hedge_loads(hedge_loads);
   s->set_bytes_loaded(bytes_loaded);
   s->set_load_ms_total(load_ms_total);
   s->set_on_demand_load_ms_total(on_demand_load_ms_total);

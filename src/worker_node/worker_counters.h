@@ -19,6 +19,7 @@ struct WorkerCounters {
   uint64_t loads_on_demand = 0;  // of which for a computation (not predicted)
   uint64_t loads_ahead = 0;      // of those, started as the call was staged
   uint64_t prefetches = 0;       // of `loads`, predicted
+  uint64_t hedge_loads = 0;      // of `prefetches`, hedged experts (PrefetchRequest.hedge)
   uint64_t bytes_loaded = 0;
   double load_ms_total = 0;
   double on_demand_load_ms_total = 0;

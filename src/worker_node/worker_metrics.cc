@@ -63,6 +63,9 @@ void AppendWorkerFamilies(const WorkerSnapshot& s, std::vector<metrics::MetricFa
   counter("odmoe_worker_prefetches_late_total",
           "Predictions refused because main had already asked for their (position, layer).",
           static_cast<double>(s.residency.prefetches_late));
+  counter("odmoe_worker_hedge_loads_total",
+          "Prefetched experts that were hedges (the shadow's (k+1)-th choice within [shadow] hedge_margin).",
+          static_cast<double>(c.hedge_loads));
   counter("odmoe_worker_experts_computed_total", "(expert, call) pairs computed.",
           static_cast<double>(c.experts_computed));
   counter("odmoe_worker_rows_computed_total", "(token, expert) rows computed.", static_cast<double>(c.rows_computed));

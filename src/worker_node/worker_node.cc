@@ -417,8 +417,11 @@ absl::StatusOr<int32_t> WorkerNode::DoPrefetch(const v1::PrefetchRequest& reques
       return absl::Status(loaded.status().code(),
                           StrCat("prefetching expert ", e, " of layer ", layer, ": ", loaded.status().message()));
     }
-    counters_.Add(
-        {.loads = 1, .prefetches = 1, .bytes_loaded = (*loaded)->tensor_bytes, .load_ms_total = (*loaded)->load_ms});
+    counters_.Add({.loads = 1,
+                   .prefetches = 1,
+                   .hedge_loads = request.hedge() ? 1u : 0u,
+                   .bytes_loaded = (*loaded)->tensor_bytes,
+                   .load_ms_total = (*loaded)->load_ms});
     metrics_->Load(layer, LoadReason::kPrefetch, (*loaded)->load_ms);
     const uint64_t bytes = (*loaded)->buffer->size();
     residency_.Fill(reserved.keys[i], std::move(loaded).value(), bytes);

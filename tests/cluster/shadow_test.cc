@@ -152,6 +152,9 @@ class ShadowTest : public ::testing::Test {
 struct RunFigures {
   double recall = 0, timely = 0;
   uint64_t missing = 0, tokens_aligned = 0, kv_aligned = 0, alignment_bytes = 0, requests = 0;
+  uint64_t hedge_loads = 0, hedges_used = 0;  // summed over the requests' stats
+  uint64_t worker_hedge_loads = 0;           // summed over the workers' counters
+  bool within_budget = true;                 // every worker's peak within its budget
   v1::ShadowStats shadow;
   v1::MainStats main;
 };
@@ -173,7 +176,14 @@ RunFigures RunPrompts(const std::string& shadow_toml, const std::vector<std::vec
     f.kv_aligned += s.kv_aligned();
     f.alignment_bytes += s.alignment_bytes();
     f.missing += s.predictions_missing();
+    f.hedge_loads += s.hedge_loads();
+    f.hedges_used += s.hedges_used();
     ++f.requests;
+  }
+  for (int i = 0; i < 4; ++i) {
+    const v1::WorkerStats w = c.worker(i).Stats(false);
+    f.worker_hedge_loads += w.hedge_loads();
+    f.within_budget = f.within_budget && w.memory().peak_bytes() <= c.worker(i).budget_bytes();
   }
   f.main = c.main().Stats(false);
   f.recall = f.main.recall();
@@ -371,6 +381,29 @@ TEST_P(AblationCaseTest, TokensIdenticalToTheSingleProcessEngine) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, AblationCaseTest, ::testing::Values(1, 2, 3, 4, 5, 6),
                          [](const auto& p) { return StrCat("case", p.param); });
+
+TEST_F(ShadowTest, HedgingLoadsTheRunnerUpWithoutChangingTokens) {
+  // An NF4 replica without alignment drifts, and a wide margin hedges often: the workers load the hedges (counted
+  // apart, and equal to what each request's stats report), main's tokens stay the engine's, every worker stays
+  // within its budget, and a hedge that turns out used counts for recall.
+  const std::vector<std::vector<int32_t>> prompts = RecallPrompts(2);
+  const RunFigures off = RunPrompts("quant = \"nf4\"\nalign_token = 0\nalign_kv = 0\n", prompts, 24);
+  const RunFigures on =
+      RunPrompts("quant = \"nf4\"\nalign_token = 0\nalign_kv = 0\nhedge_margin = 0.2\n", prompts, 24);
+  EXPECT_EQ(off.hedge_loads, 0u);
+  EXPECT_EQ(off.worker_hedge_loads, 0u);
+  EXPECT_GT(on.hedge_loads, 0u);
+  EXPECT_EQ(on.hedge_loads, on.worker_hedge_loads);
+  EXPECT_EQ(on.main.hedge_loads(), on.hedge_loads);
+  EXPECT_EQ(on.main.hedges_used(), on.hedges_used);
+  EXPECT_GE(on.shadow.hedges(), on.hedge_loads);
+  EXPECT_EQ(on.shadow.hedge_loads(), on.hedge_loads);
+  EXPECT_TRUE(off.within_budget);
+  EXPECT_TRUE(on.within_budget);
+  // The same replica predicts the same top-k: hedges only add.
+  EXPECT_GE(on.recall, off.recall);
+  EXPECT_GT(on.hedges_used, 0u);
+}
 
 }  // namespace
 }  // namespace odmoe

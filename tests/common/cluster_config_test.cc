@@ -209,6 +209,59 @@ TEST(ClusterConfigTest, ShadowSectionAndOverrides) {
       ApplyShadowOverrides({"6", std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt}, false, &o).ok());
 }
 
+TEST(ClusterConfigTest, ShadowPrecisionAndHedgeMargin) {
+  auto c = ParseClusterConfig(kGood, "lab.toml", "/");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->shadow_settings.keep_router);
+  EXPECT_FALSE(c->shadow_settings.keep_attention);
+  EXPECT_EQ(c->shadow_settings.hedge_margin, 0.0);  // off
+  c = ParseClusterConfig(std::string(kGood) + "\n[shadow]\nkeep_router = true\nkeep_attention = true\n"
+                         "hedge_margin = 0.05\n", "lab.toml", "/");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->shadow_settings.keep_router);
+  EXPECT_TRUE(c->shadow_settings.keep_attention);
+  EXPECT_DOUBLE_EQ(c->shadow_settings.hedge_margin, 0.05);
+  c = ParseClusterConfig(std::string(kGood) + "\n[shadow]\nhedge_margin = 0\n", "lab.toml", "/");  // an integer
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
+           {"keep_router = 1", "'keep_router'"},
+           {"keep_attention = \"yes\"", "'keep_attention'"},
+           {"hedge_margin = -0.1", "'hedge_margin'"},
+           {"hedge_margin = 1.5", "'hedge_margin'"},
+           {"hedge_margin = \"0.1\"", "'hedge_margin'"}}) {
+    auto bad = ParseClusterConfig(std::string(kGood) + "\n[shadow]\n" + body + "\n", "lab.toml", "/");
+    ASSERT_FALSE(bad.ok()) << body;
+    EXPECT_NE(bad.status().message().find(field), absl::string_view::npos) << bad.status();
+    EXPECT_NE(bad.status().message().find("lab.toml: [shadow]"), absl::string_view::npos) << bad.status();
+  }
+
+  // `odmoe cluster up --keep-router B --keep-attention B --hedge-margin T`; an ablation case keeps them.
+  ShadowSettings o;
+  ShadowOverrides flags;
+  flags.keep_router = "true";
+  flags.keep_attention = "false";
+  flags.hedge_margin = "0.01";
+  ASSERT_TRUE(ApplyShadowOverrides(flags, true, &o).ok());
+  EXPECT_TRUE(o.keep_router);
+  EXPECT_FALSE(o.keep_attention);
+  EXPECT_DOUBLE_EQ(o.hedge_margin, 0.01);
+  ASSERT_TRUE(ApplyAblationCase(2, &o).ok());
+  EXPECT_TRUE(o.keep_router);
+  EXPECT_DOUBLE_EQ(o.hedge_margin, 0.01);
+  for (const auto& [flag, text] : std::vector<std::pair<std::string, std::string>>{
+           {"--keep-router", "1"}, {"--keep-attention", "True"}, {"--hedge-margin", "-1"},
+           {"--hedge-margin", "2"}, {"--hedge-margin", "0.1x"}, {"--hedge-margin", ""}}) {
+    ShadowOverrides b;
+    if (flag == "--keep-router") b.keep_router = text;
+    if (flag == "--keep-attention") b.keep_attention = text;
+    if (flag == "--hedge-margin") b.hedge_margin = text;
+    const absl::Status bad = ApplyShadowOverrides(b, true, &o);
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << flag << " " << text;
+    EXPECT_NE(bad.message().find(flag), absl::string_view::npos) << bad;
+    EXPECT_NE(bad.message().find(StrCat("'", text, "'")), absl::string_view::npos) << bad;
+  }
+}
+
 TEST(ClusterConfigTest, SyntheticModelAndHostSharing) {
   auto c = ParseClusterConfig(kGood, "lab.toml", "/etc/odmoe");
   ASSERT_TRUE(c.ok()) << c.status();

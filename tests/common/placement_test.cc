@@ -117,3 +117,92 @@ TEST(PlacementTest, PrefillSpreadsExpertsOverAllWorkers) {
 
 }  // namespace
 }  // namespace odmoe
+
+namespace odmoe {
+namespace {
+
+// The rule for more than G experts in a group (hedged prefetch; the union of several requests' experts).
+TEST(PlacementTest, MoreThanGroupSizeSpreadsEvenlyAndDeterministically) {
+  auto p = Placement::Create(6, 3).value();  // group 1: workers 3, 4, 5
+  const std::vector<int32_t> experts = {7, 2, 11, 0, 5};
+  const auto a = p.Assign(1, experts);
+  ASSERT_EQ(a.size(), 5u);
+  // Ascending order, round-robin over the slots: 0->3, 2->4, 5->5, 7->3, 11->4.
+  const std::vector<std::pair<int32_t, int32_t>> want = {{0, 3}, {2, 4}, {5, 5}, {7, 3}, {11, 4}};
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(a[i].expert, want[i].first);
+    EXPECT_EQ(a[i].worker, want[i].second);
+    EXPECT_TRUE(a[i].predicted);
+  }
+  // Any order of the same set, and duplicates, place the same.
+  const std::vector<int32_t> shuffled = {11, 5, 0, 2, 7, 5};
+  const auto b = p.Assign(1, shuffled);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(b[i].worker, a[i].worker);
+  // No worker gets more than ceil(n / G).
+  for (int n = 1; n <= 8; ++n) {
+    std::vector<int32_t> set;
+    for (int e = 0; e < n; ++e) set.push_back(3 * e + 1);
+    std::map<int32_t, int> load;
+    for (const Assignment& x : p.Assign(0, set)) ++load[x.worker];
+    for (const auto& [w, count] : load) {
+      EXPECT_LE(count, (n + 2) / 3) << "n=" << n;
+      EXPECT_LT(w, 3);  // group 0
+    }
+  }
+}
+
+TEST(PlacementTest, GroupSizeCaseIsUnchangedByTheGeneralRule) {
+  // G experts or fewer go one-to-one, expert i of the sorted set to slot i, with or without (ample) capacities.
+  auto p = Placement::Create(8, 4).value();
+  const std::vector<int32_t> experts = {6, 1, 3};
+  const std::vector<int32_t> roomy = {1, 1, 1, 1};
+  for (int64_t s = 0; s < 4; ++s) {
+    const auto a = p.Assign(s, experts);
+    const auto b = p.Assign(s, experts, roomy);
+    ASSERT_EQ(a.size(), 3u);
+    ASSERT_EQ(b.size(), 3u);
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].worker, p.WorkerOf(p.GroupOf(s), static_cast<int32_t>(i)));
+      EXPECT_EQ(b[i].worker, a[i].worker);
+    }
+  }
+}
+
+TEST(PlacementTest, MoreThanGroupSizeStaysWithinEachWorkersRoom) {
+  auto p = Placement::Create(4, 2).value();  // group 0: workers 0, 1
+  const std::vector<int32_t> experts = {1, 2, 3, 4, 5};
+  // Worker 0 has room for 1 expert, worker 1 for 3: the full slot is skipped; the fifth expert has no room.
+  const std::vector<int32_t> capacity = {1, 3};
+  const auto a = p.Assign(0, experts, capacity);
+  ASSERT_EQ(a.size(), 4u);
+  std::map<int32_t, int> load;
+  for (const Assignment& x : a) ++load[x.worker];
+  EXPECT_EQ(load[0], 1);
+  EXPECT_EQ(load[1], 3);
+  EXPECT_EQ(a[0].expert, 1);
+  EXPECT_EQ(a[0].worker, 0);
+  EXPECT_EQ(a[3].expert, 4);  // ascending: the ones left out are the highest ids
+  // No room at all: nothing placed.
+  const std::vector<int32_t> none = {0, 0};
+  EXPECT_TRUE(p.Assign(0, experts, none).empty());
+}
+
+TEST(PlacementTest, HedgedExpertsThatTurnOutUsedRunWhereTheyWereLoaded) {
+  auto p = Placement::Create(4, 2).value();  // sparse layer 1: group 1, workers 2, 3
+  // Top-k {2, 5} with the hedge 4: loaded on 2->2, 4->3, 5->2.
+  const std::vector<int32_t> loaded = {2, 5, 4};
+  const auto planned = p.Assign(1, loaded);
+  const std::vector<int32_t> actual = {4, 5};  // the hedge was right, 2 was wrong
+  const auto r = p.Resolve(1, loaded, actual);
+  ASSERT_EQ(r.size(), 2u);
+  for (const Assignment& x : r) {
+    EXPECT_TRUE(x.predicted);
+    auto at = std::find_if(planned.begin(), planned.end(), [&](const Assignment& a) { return a.expert == x.expert; });
+    ASSERT_NE(at, planned.end());
+    EXPECT_EQ(x.worker, at->worker);
+  }
+}
+
+}  // namespace
+}  // namespace odmoe
