@@ -366,8 +366,8 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     const std::string scope = StrCat("node '", node.name, "'");
     if (!names.insert(node.name).second) return FieldError(where, scope, "name", "used by two nodes");
     Fields f(t, where, scope);
-    ODMOE_RETURN_IF_ERROR(
-        f.OnlyKnown({"name", "role", "address", "device", "gpu_budget_mb", "threads", "metrics_address", "cert", "key"}));
+    ODMOE_RETURN_IF_ERROR(f.OnlyKnown(
+        {"name", "role", "address", "device", "gpu_budget_mb", "threads", "metrics_address", "cert", "key"}));
     ODMOE_ASSIGN_OR_RETURN(auto role, f.String("role"));
     if (!role) return FieldError(where, scope, "role", "missing (main, shadow or worker)");
     if (*role == "main") {

@@ -90,10 +90,9 @@ void ServeUntilSignal(Server& server, Readiness readiness, int64_t shutdown_time
     // Timed out (or interrupted): the loop is alive.
     systemd::NotifyWatchdog();
   }
-  // Load balancers and main's readiness prober see NOT_SERVING before anything else changes.
-  server.MarkServing(false);
   systemd::NotifyStopping();
   spdlog::info("node {}: shutting down; calls in flight get {} ms to finish", server.node(), shutdown_timeout_ms);
+  // NOT_SERVING for good and, right after, the port closed and new calls refused; then the drain.
   server.Shutdown(shutdown_timeout_ms);
 }
 

@@ -470,7 +470,10 @@ grpc::Status WorkerNode::ComputeExperts(grpc::ServerContext* context, const v1::
 
 grpc::Status WorkerNode::Prefetch(grpc::ServerContext* context, const v1::PrefetchRequest* request,
                                   v1::PrefetchResponse* response) {
-  if (grpc::Status admitted = rpc::AdmitMember(context, {NodeRole::kMain, NodeRole::kShadow}); !admitted.ok()) return admitted;
+  // The shadow's predictions, or main's own (random prefetch).
+  if (grpc::Status admitted = rpc::AdmitMember(context, {NodeRole::kMain, NodeRole::kShadow}); !admitted.ok()) {
+    return admitted;
+  }
   logging::ScopedRequestId scope(rpc::RequestIdOf(*context));
   if (requests_seen_.Insert(logging::CurrentRequestId())) {
     spdlog::info("{}: prefetching for the request (#{} of {}): first prediction, layer {} position {}", self_.name,
