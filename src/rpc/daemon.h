@@ -37,9 +37,9 @@ enum class Readiness {
 // The serving loop: marks the server live (and ready, for kWhenListening), tells systemd READY=1 (this daemon
 // has loaded its weights and listens, whatever the rest of the cluster does), pings systemd's watchdog at half
 // its WatchdogSec while it waits for SIGINT or SIGTERM. Then, at once: readiness and liveness NOT_SERVING,
-// systemd STOPPING=1, the listening port closed and new calls refused (UNAVAILABLE); calls in flight get
-// `shutdown_timeout_ms` ([cluster] shutdown_timeout_ms) to finish, after which they are cancelled. Returns when
-// the server has stopped (the daemon then exits 0). Outside systemd the notifications do nothing.
+// systemd STOPPING=1, the listening port closed and new calls refused (UNAVAILABLE, or CANCELLED by gRPC on a
+// connection opened before); calls in flight get `shutdown_timeout_ms` ([cluster] shutdown_timeout_ms) to
+// finish, after which they are cancelled. Returns when the server has stopped (the daemon then exits 0). Outside systemd the notifications do nothing.
 // REQUIRES: BlockShutdownSignals() was called before any thread was started.
 void ServeUntilSignal(Server& server, Readiness readiness = Readiness::kWhenListening,
                       int64_t shutdown_timeout_ms = 10000);
