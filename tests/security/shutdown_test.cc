@@ -1,7 +1,7 @@
 // Graceful shutdown and stalled peers, with the daemons as real processes (main and two workers on loopback,
 // synthetic weights of tests/data/tiny-mixtral): SIGTERM to main during a request lets the request finish,
-// refuses new ones (UNAVAILABLE, or CANCELLED on a connection opened before) and exits 0; a worker stopped with SIGSTOP fails a call with DEADLINE_EXCEEDED within the
-// call's deadline plus one second.
+// refuses new ones (UNAVAILABLE, or CANCELLED on a connection opened before) and exits 0; a worker stopped with SIGSTOP
+// fails a call with DEADLINE_EXCEEDED within the call's deadline plus one second.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
