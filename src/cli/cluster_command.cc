@@ -36,6 +36,7 @@
 
 #include "odmoe/v1/shadow.grpc.pb.h"
 #include "odmoe/v1/worker.grpc.pb.h"
+#include "src/cli/client_security.h"
 #include "src/cli/commands.h"
 #include "src/cli/run_folders.h"
 #include "src/common/cluster_config.h"
@@ -60,7 +61,9 @@ constexpr char kUsage[] =
     "         (the [shadow] overrides are passed on to every daemon; --ablation-case: OD-MoE section 4.2,\n"
     "          1 token+KV alignment, 2 token only, 3 KV only, 4 none, 5 random prefetch, 6 load after routing)\n"
     "       odmoe cluster down --config FILE [--run-dir DIR]\n"
-    "       odmoe cluster status --config FILE [--run-dir DIR] [--json]\n";
+    "       odmoe cluster status --config FILE [--run-dir DIR] [--json]\n"
+    "  up and status take --token-file FILE --tls-ca FILE --tls-cert FILE --tls-key FILE; by default the\n"
+    "  cluster file's [auth] token_file, [tls] ca and its main node's cert and key.\n";
 
 // The [shadow] overrides `up` checks and passes on to every daemon.
 constexpr const char* kShadowFlags[] = {"ablation-case", "prediction",      "shadow-quant",
@@ -492,7 +495,7 @@ int RunCluster(const std::vector<std::string>& args) {
   const std::string verb = args[0];
   std::vector<std::string> rest(args.begin() + 1, args.end());
   absl::Status status = [&]() -> absl::Status {
-    std::set<std::string> with_value = {"config", "model", "run-dir"};
+    std::set<std::string> with_value = {"config", "model", "run-dir", "tls-ca", "tls-cert", "tls-key", "token-file"};
     if (verb == "up") {
       with_value.insert(std::begin(kShadowFlags), std::end(kShadowFlags));
       with_value.insert("log-format");
@@ -506,6 +509,7 @@ int RunCluster(const std::vector<std::string>& args) {
                               f.Get("keep-router"),   f.Get("keep-attention"), f.Get("hedge-margin")};
     ODMOE_RETURN_IF_ERROR(ApplyShadowOverrides(overrides, c.shadow() != nullptr, &c.shadow_settings));
     if (auto v = f.Get("log-format")) ODMOE_RETURN_IF_ERROR(logging::ParseLogFormat(*v).status());
+    if (verb != "down") ODMOE_RETURN_IF_ERROR(InstallClientSecurity(f, &c));
     if (verb == "up") return Up(f, c, config_path);
     if (verb == "down") return Down(f, c, config_path);
     if (verb == "status") return Status(f, c, config_path);

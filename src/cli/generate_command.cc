@@ -18,6 +18,7 @@
 #include "src/common/utf8.h"
 #include "src/engine/generator.h"
 #include "src/model/tokenizer.h"
+#include "src/cli/client_security.h"
 #include "src/rpc/request_id.h"
 
 namespace odmoe::cli {
@@ -31,6 +32,7 @@ constexpr char kUsage[] =
     "           [the same sampling, backend and output flags]\n"
     "       odmoe generate --endpoint HOST:PORT (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
     "           [the same sampling and output flags] [--timeout-ms MS] [--request-id ID]\n"
+    "           [--token-file FILE] [--tls-ca FILE [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]]\n"
     "  Greedy unless --temperature > 0. Without --json the text is printed as it is generated; with --json one\n"
     "  JSON object: prompt_ids, tokens, text, stop_reason, last_logits (--dump-logits), routing (--dump-routing),\n"
     "  timings {ttft_ms, decode_tokens_per_s}. Models without tokenizer.model (Qwen, OLMoE) need --prompt-ids.\n"
@@ -40,6 +42,9 @@ constexpr char kUsage[] =
     "  opened (0), and `request_id`, the id main's, the shadow's and the workers' logs carry for the request\n"
     "  (--request-id ID chooses it: letters, digits, '.', '_', ':', '-'; else main makes one). --timeout-ms\n"
     "  bounds the whole request (default 600000). A text prompt must be valid UTF-8.\n"
+    "  --token-file sends the cluster's client token ([auth]); --tls-ca talks TLS to main, whose certificate\n"
+    "  must name the endpoint's host or --tls-server-name (e.g. main); --tls-cert/--tls-key present a client\n"
+    "  certificate.\n"
     "  --synthetic runs the model of CONFIG (a config.json or a folder with one) with seeded random weights\n"
     "  (--weights-seed, default 0; --seed stays the sampling seed), --layers N of them (default: the config's).\n";
 
@@ -62,7 +67,8 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(
       Flags f, Flags::Parse(args,
                             {"model", "prompt", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
-                             "backend", "endpoint", "timeout-ms", "synthetic", "layers", "weights-seed", "request-id"},
+                             "backend", "endpoint", "timeout-ms", "synthetic", "layers", "weights-seed", "request-id",
+                             "tls-ca", "tls-cert", "tls-key", "token-file", "tls-server-name"},
                             {"ignore-eos", "dump-logits", "dump-routing", "json"}));
   Request r;
   if (f.Has("endpoint")) {
@@ -85,7 +91,11 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
     if (r.timeout_ms < 1) {
       return absl::InvalidArgumentError(StrCat("--timeout-ms must be positive, got ", r.timeout_ms));
     }
+    ODMOE_RETURN_IF_ERROR(InstallClientSecurity(f, nullptr, r.endpoint));
   } else {
+    for (const char* flag : kSecurityFlags) {
+      if (f.Has(flag)) return absl::InvalidArgumentError(StrCat("--", flag, " needs --endpoint"));
+    }
     if (f.Has("timeout-ms")) return absl::InvalidArgumentError("--timeout-ms needs --endpoint");
     if (f.Has("request-id")) return absl::InvalidArgumentError("--request-id needs --endpoint");
     if (f.Has("synthetic")) {

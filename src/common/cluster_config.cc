@@ -260,15 +260,16 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
   c.file = where;
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
-    if (key != "cluster" && key != "model" && key != "node" && key != "shadow") {
-      return FieldError(where, "", key, "unknown section (expected [cluster], [model], [shadow] and [[node]])");
+    if (key != "cluster" && key != "model" && key != "node" && key != "shadow" && key != "tls" && key != "auth") {
+      return FieldError(where, "", key,
+                        "unknown section (expected [cluster], [model], [shadow], [tls], [auth] and [[node]])");
     }
   }
   if (const toml::node* cn = root.get("cluster")) {
     if (!cn->is_table()) return FieldError(where, "", "cluster", "expected a table");
     Fields f(*cn->as_table(), where, "[cluster]");
     ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"name", "epoch", "group_size", "rpc_timeout_ms", "startup_timeout_ms",
-                                        "share_host_experts", "prefill_minibatch_rows"}));
+                                        "share_host_experts", "prefill_minibatch_rows", "shutdown_timeout_ms"}));
     ODMOE_ASSIGN_OR_RETURN(auto share, f.Bool("share_host_experts"));
     if (share) c.share_host_experts = *share;
     ODMOE_ASSIGN_OR_RETURN(auto name, f.String("name"));
@@ -303,6 +304,31 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
       if (*startup < 1) return FieldError(where, "[cluster]", "startup_timeout_ms", "must be >= 1");
       c.startup_timeout_ms = *startup;
     }
+    ODMOE_ASSIGN_OR_RETURN(auto shutdown, f.Int("shutdown_timeout_ms"));
+    if (shutdown) {
+      if (*shutdown < 0 || *shutdown > 3600000) {
+        return FieldError(where, "[cluster]", "shutdown_timeout_ms", "must be 0..3600000");
+      }
+      c.shutdown_timeout_ms = *shutdown;
+    }
+  }
+  // Paths in the file are relative to its folder.
+  auto resolve_path = [&](const std::string& relative) {
+    std::filesystem::path p(relative);
+    if (p.is_relative()) p = std::filesystem::path(base_dir) / p;
+    return p.lexically_normal().string();
+  };
+  for (const char* section : {"tls", "auth"}) {
+    const toml::node* n = root.get(section);
+    if (n == nullptr) continue;
+    const std::string scope = StrCat("[", section, "]");
+    if (!n->is_table()) return FieldError(where, "", section, "expected a table");
+    Fields f(*n->as_table(), where, scope);
+    const char* key = std::string_view(section) == "tls" ? "ca" : "token_file";
+    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({key}));
+    ODMOE_ASSIGN_OR_RETURN(auto value, f.String(key));
+    if (!value || value->empty()) return FieldError(where, scope, key, "missing (a file path)");
+    (std::string_view(section) == "tls" ? c.tls_ca : c.token_file) = resolve_path(*value);
   }
   if (const toml::node* mn = root.get("model")) {
     if (!mn->is_table()) return FieldError(where, "", "model", "expected a table");
@@ -396,8 +422,8 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     const std::string scope = StrCat("node '", node.name, "'");
     if (!names.insert(node.name).second) return FieldError(where, scope, "name", "used by two nodes");
     Fields f(t, where, scope);
-    ODMOE_RETURN_IF_ERROR(
-        f.OnlyKnown({"name", "role", "address", "device", "gpu_budget_mb", "threads", "metrics_address"}));
+    ODMOE_RETURN_IF_ERROR(f.OnlyKnown(
+        {"name", "role", "address", "device", "gpu_budget_mb", "threads", "metrics_address", "cert", "key"}));
     ODMOE_ASSIGN_OR_RETURN(auto role, f.String("role"));
     if (!role) return FieldError(where, scope, "role", "missing (main, shadow or worker)");
     if (*role == "main") {
@@ -431,6 +457,16 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     if (metrics_address) {
       ODMOE_RETURN_IF_ERROR(CheckAddress(where, scope, *metrics_address, "metrics_address"));
       node.metrics_address = *metrics_address;
+    }
+    for (const char* key : {"cert", "key"}) {
+      ODMOE_ASSIGN_OR_RETURN(auto file, f.String(key));
+      if (file && !c.tls_ca.empty() && !file->empty()) {
+        (std::string_view(key) == "cert" ? node.tls_cert : node.tls_key) = resolve_path(*file);
+      } else if (file && c.tls_ca.empty()) {
+        return FieldError(where, scope, key, "needs a [tls] section with the cluster's ca");
+      } else if (!c.tls_ca.empty()) {
+        return FieldError(where, scope, key, "missing: with [tls] every node needs cert and key (PEM files)");
+      }
     }
     c.nodes.push_back(std::move(node));
   }

@@ -23,6 +23,12 @@
 //   [[node]]
 //   name = "w0"  role = "worker"  address = "127.0.0.1:7110"  device = "mock-gpu"  gpu_budget_mb = 1024
 //   metrics_address = "127.0.0.1:7210"   # optional: Prometheus text at http://HOST:PORT/metrics
+//   cert = "tls/w0.crt"  key = "tls/w0.key"  # with [tls]: this node's certificate and key
+//   [tls]                     # optional: mutual TLS between nodes (src/rpc/security.h); every node needs cert+key
+//   ca = "tls/ca.crt"
+//   [auth]                    # optional: clients send "authorization: Bearer TOKEN" (src/rpc/client_token.h)
+//   token_file = "token"
+//   # [cluster] shutdown_timeout_ms = 10000: on SIGTERM, how long in-flight calls get to finish
 //
 // Workers are numbered in the order they appear in the file (the placement's worker index).
 #pragma once
@@ -51,6 +57,10 @@ struct NodeConfig {
   // host:port where the daemon serves GET /metrics (Prometheus text); empty: no metrics server. Unique among
   // every node's address and metrics_address.
   std::string metrics_address;
+  // With [tls]: PEM files of this node's certificate (its SAN names the node) and private key (absolute after
+  // loading). Both present for every node when the file has [tls], absent otherwise.
+  std::string tls_cert;
+  std::string tls_key;
 };
 
 // [model]: a checkpoint (`path`), or synthetic weights (`synthetic`, `layers`, `seed`; src/model/synthetic.h),
@@ -130,6 +140,11 @@ struct ClusterConfig {
   int64_t startup_timeout_ms = 60000;
   bool share_host_experts = true;  // [cluster] share_host_experts
   int64_t prefill_minibatch_rows = 32;  // [cluster] prefill_minibatch_rows (0: no mini-batches)
+  // [cluster] shutdown_timeout_ms: after SIGTERM, how long calls in flight may take to finish before the
+  // daemon exits (systemd's TimeoutStopSec should exceed it).
+  int64_t shutdown_timeout_ms = 10000;
+  std::string tls_ca;      // [tls] ca: PEM file of the cluster's CA (absolute); empty: no TLS
+  std::string token_file;  // [auth] token_file (absolute); empty: no client token
   ModelSource model;
   ShadowSettings shadow_settings;
   std::vector<NodeConfig> nodes;

@@ -36,7 +36,7 @@ absl::Status Serve(const std::vector<std::string>& args) {
                            odmoe::rpc::systemd::NotifyStatus((v.ready ? "ready: " : "not ready: ") + v.reason);
                          }));
   readiness->Start();
-  odmoe::rpc::ServeUntilSignal(*server, odmoe::rpc::Readiness::kReportedByDaemon);
+  odmoe::rpc::ServeUntilSignal(*server, odmoe::rpc::Readiness::kReportedByDaemon, d.cluster.shutdown_timeout_ms);
   readiness->Stop();
   spdlog::info("odmoe-main {}: shut down", d.self.name);
   return absl::OkStatus();

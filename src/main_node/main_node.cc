@@ -13,6 +13,7 @@
 #include "src/common/utf8.h"
 #include "src/rpc/metrics_server.h"
 #include "src/rpc/request_id.h"
+#include "src/rpc/security.h"
 
 namespace odmoe {
 
@@ -476,6 +477,7 @@ std::string OutcomeOf(const absl::Status& status) {
 
 grpc::Status MainNode::Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                                 grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  if (grpc::Status admitted = rpc::AdmitClient(context); !admitted.ok()) return admitted;
   absl::StatusOr<std::string> request_id = rpc::TakeOrMakeRequestId(*context);
   if (!request_id.ok()) {
     spdlog::warn("request from {} refused: {}", context->peer(), request_id.status().ToString());
@@ -521,12 +523,16 @@ v1::MainStats MainNode::Stats(bool reset) {
   return s;
 }
 
-grpc::Status MainNode::GetStats(grpc::ServerContext*, const v1::StatsRequest* request, v1::MainStats* response) {
+grpc::Status MainNode::GetStats(grpc::ServerContext* context, const v1::StatsRequest* request,
+                                v1::MainStats* response) {
+  if (grpc::Status admitted = rpc::AdmitClient(context); !admitted.ok()) return admitted;
   *response = Stats(request->reset());
   return grpc::Status::OK;
 }
 
-grpc::Status MainNode::GetMembership(grpc::ServerContext*, const v1::MembershipRequest*, v1::Membership* response) {
+grpc::Status MainNode::GetMembership(grpc::ServerContext* context, const v1::MembershipRequest*,
+                                     v1::Membership* response) {
+  if (grpc::Status admitted = rpc::AdmitMember(context); !admitted.ok()) return admitted;
   rpc::FillMembership(cluster_, self_.name, fingerprint_, response);
   return grpc::Status::OK;
 }

@@ -14,6 +14,7 @@
 #include "src/common/version.h"
 #include "src/rpc/systemd_notify.h"
 #include "src/rpc/library_logs.h"
+#include "src/rpc/security.h"
 
 namespace odmoe::rpc {
 
@@ -38,6 +39,12 @@ absl::StatusOr<DaemonArgs> ParseDaemonArgs(const std::vector<std::string>& args,
                                              NodeRoleName(self->role), ", not ", NodeRoleName(role)));
   }
   d.self = *self;
+  ODMOE_ASSIGN_OR_RETURN(std::shared_ptr<const Security> security, Security::ForNode(d.cluster, d.self));
+  InstallProcessSecurity(security);
+  if (security->tls() || security->has_token()) {
+    spdlog::info("node {}: {}{}", node_name, security->tls() ? "mutual TLS" : "plaintext",
+                 security->has_token() ? ", client token required" : "");
+  }
   ShadowOverrides overrides{f.Get("ablation-case"), f.Get("prediction"), f.Get("shadow-quant"),
                             f.Get("align-token"),   f.Get("align-kv"),   f.Get("max-lead-tokens"),
                             f.Get("keep-router"),   f.Get("keep-attention"), f.Get("hedge-margin")};
@@ -65,7 +72,7 @@ void BlockShutdownSignals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-void ServeUntilSignal(Server& server, Readiness readiness) {
+void ServeUntilSignal(Server& server, Readiness readiness, int64_t shutdown_timeout_ms) {
   const sigset_t set = ShutdownSignals();
   server.MarkLive(true);
   if (readiness == Readiness::kWhenListening) server.MarkReady(true);
@@ -86,7 +93,9 @@ void ServeUntilSignal(Server& server, Readiness readiness) {
     systemd::NotifyWatchdog();
   }
   systemd::NotifyStopping();
-  server.Shutdown(2000);
+  spdlog::info("node {}: shutting down; calls in flight get {} ms to finish", server.node(), shutdown_timeout_ms);
+  // NOT_SERVING for good and, right after, the port closed and new calls refused; then the drain.
+  server.Shutdown(shutdown_timeout_ms);
 }
 
 int ExitWith(const std::string& program, const absl::Status& status) {

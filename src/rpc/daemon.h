@@ -19,6 +19,8 @@ struct DaemonArgs {
 };
 
 // Parses the daemon flags and loads the cluster file. `role` is the role the node must have in the file.
+// Installs the node's credentials as the process's (rpc::Security::ForNode: [tls], [auth]), so every channel
+// and server made afterwards uses them.
 // InvalidArgument (usage) / NotFound / DataLoss with a message naming the flag, file or field.
 absl::StatusOr<DaemonArgs> ParseDaemonArgs(const std::vector<std::string>& args, NodeRole role);
 
@@ -34,10 +36,13 @@ enum class Readiness {
 
 // The serving loop: marks the server live (and ready, for kWhenListening), tells systemd READY=1 (this daemon
 // has loaded its weights and listens, whatever the rest of the cluster does), pings systemd's watchdog at half
-// its WatchdogSec while it waits for SIGINT or SIGTERM, then tells systemd STOPPING=1 and shuts the server
-// down gracefully. Outside systemd the notifications do nothing.
+// its WatchdogSec while it waits for SIGINT or SIGTERM. Then, at once: readiness and liveness NOT_SERVING,
+// systemd STOPPING=1, the listening port closed and new calls refused (UNAVAILABLE, or CANCELLED by gRPC on a
+// connection opened before); calls in flight get `shutdown_timeout_ms` ([cluster] shutdown_timeout_ms) to
+// finish, after which they are cancelled. Returns when the server has stopped (the daemon then exits 0). Outside systemd the notifications do nothing.
 // REQUIRES: BlockShutdownSignals() was called before any thread was started.
-void ServeUntilSignal(Server& server, Readiness readiness = Readiness::kWhenListening);
+void ServeUntilSignal(Server& server, Readiness readiness = Readiness::kWhenListening,
+                      int64_t shutdown_timeout_ms = 10000);
 
 // Turns a failure into one log line "PROGRAM: message" (through the default logger, so in the daemon's log
 // format) and returns the exit code of the status (0 for OK).

@@ -29,7 +29,12 @@ absl::Status FromGrpc(const grpc::Status& status, std::string_view what) {
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  return MakeChannel(address, *ProcessSecurity());
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security) {
   grpc::ChannelArguments args;
+  security.ConfigureChannel(address, &args);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   // Reconnect quickly after a peer restarts (the default backoff grows to minutes).
@@ -37,7 +42,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(MakeVersionClientInterceptorFactory(address));
-  return grpc::experimental::CreateCustomChannelWithInterceptors(address, grpc::InsecureChannelCredentials(), args,
+  security.AddClientInterceptors(&interceptors);
+  return grpc::experimental::CreateCustomChannelWithInterceptors(address, security.ChannelCredentials(), args,
                                                                  std::move(interceptors));
 }
 
@@ -115,7 +121,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   s->address_ = options.address;
   s->node_ = options.node;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &s->port_);
+  const std::shared_ptr<const Security> security =
+      options.security != nullptr ? options.security : ProcessSecurity();
+  builder.AddListeningPort(options.address, security->ServerCredentials(), &s->port_);
   // gRPC sets SO_REUSEPORT by default, so a second daemon on a taken port would bind it silently and share its
   // calls at random. Listen exclusively.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

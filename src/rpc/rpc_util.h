@@ -16,6 +16,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "odmoe/v1/common.pb.h"
 #include "src/backend/device.h"
+#include "src/rpc/security.h"
 
 namespace odmoe::rpc {
 
@@ -31,7 +32,9 @@ absl::Status FromGrpc(const grpc::Status& status, std::string_view what);
 // A channel to `address` with odmoe's message size limits and quick reconnects. Every call on it carries this
 // build's version (src/rpc/peer_version.h). Channels to one address with the same arguments share one
 // connection (gRPC's global subchannel pool), so a second channel costs no second TCP connection.
+// Its credentials come from `security` (src/rpc/security.h), by default the process's.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security);
 // Sets a deadline `timeout_ms` from now on `ctx`.
 void SetDeadline(grpc::ClientContext& ctx, int64_t timeout_ms);
 
@@ -45,6 +48,7 @@ struct ServerOptions {
   std::string address;  // host:port
   int threads = 2;      // bound on the RPC threads (ten daemons share two cores in CI)
   std::string node;     // the node's name, for errors ("node 'w0' cannot listen on ...")
+  std::shared_ptr<const Security> security;  // its credentials (src/rpc/security.h); null: the process's
 };
 // A started server: the given services plus grpc.health.v1, both services NOT_SERVING until marked. It listens
 // exclusively (SO_REUSEPORT off): a second daemon on a taken address fails to start instead of sharing it.

@@ -26,7 +26,7 @@ absl::Status Serve(const std::vector<std::string>& args) {
       std::string(odmoe::PredictionModeName(s.mode)),
       node->has_replica() ? std::string(odmoe::ShadowQuantName(s.quant)) : std::string("not loaded"),
       node->replica_bytes(), s.align_token, s.align_kv, s.max_lead_tokens);
-  odmoe::rpc::ServeUntilSignal(*server);
+  odmoe::rpc::ServeUntilSignal(*server, odmoe::rpc::Readiness::kWhenListening, d.cluster.shutdown_timeout_ms);
   spdlog::info("odmoe-shadow {}: shut down", d.self.name);
   return absl::OkStatus();
 }

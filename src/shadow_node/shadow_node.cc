@@ -17,6 +17,7 @@
 #include "src/rpc/metrics_server.h"
 #include "src/rpc/request_id.h"
 #include "src/rpc/rpc_util.h"
+#include "src/rpc/security.h"
 #include "src/shadow_node/hedge.h"
 
 namespace odmoe {
@@ -278,6 +279,7 @@ absl::Status ShadowNode::CheckFollowMessages(const v1::FollowMessage& first,
 
 grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
                                 grpc::ServerReaderWriter<v1::Prediction, v1::FollowMessage>* stream) {
+  if (grpc::Status admitted = rpc::AdmitMember(context, {NodeRole::kMain}); !admitted.ok()) return admitted;
   const std::string trace_id = rpc::RequestIdOf(*context);
   logging::ScopedRequestId scope(trace_id);
   v1::FollowMessage first;
@@ -528,12 +530,16 @@ void ShadowNode::InitMetrics(metrics::Labels labels) {
   });
 }
 
-grpc::Status ShadowNode::GetStats(grpc::ServerContext*, const v1::StatsRequest* request, v1::ShadowStats* response) {
+grpc::Status ShadowNode::GetStats(grpc::ServerContext* context, const v1::StatsRequest* request,
+                                  v1::ShadowStats* response) {
+  if (grpc::Status admitted = rpc::AdmitClient(context); !admitted.ok()) return admitted;
   *response = Stats(request->reset());
   return grpc::Status::OK;
 }
 
-grpc::Status ShadowNode::GetMembership(grpc::ServerContext*, const v1::MembershipRequest*, v1::Membership* response) {
+grpc::Status ShadowNode::GetMembership(grpc::ServerContext* context, const v1::MembershipRequest*,
+                                       v1::Membership* response) {
+  if (grpc::Status admitted = rpc::AdmitMember(context); !admitted.ok()) return admitted;
   rpc::FillMembership(cluster_, self_.name, fingerprint_, response);
   return grpc::Status::OK;
 }

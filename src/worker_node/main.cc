@@ -35,7 +35,7 @@ absl::Status Run(const std::vector<std::string>& args) {
       daemon.self.name, daemon.self.worker_index, daemon.cluster.workers().size(), daemon.self.address, server->port(),
       daemon.model_dir, node->fingerprint(), node->epoch(), node->device().name(), node->budget_bytes(), layers,
       node->max_rows_per_call());
-  odmoe::rpc::ServeUntilSignal(*server);
+  odmoe::rpc::ServeUntilSignal(*server, odmoe::rpc::Readiness::kWhenListening, daemon.cluster.shutdown_timeout_ms);
   spdlog::info("odmoe-worker {}: shut down", daemon.self.name);
   return absl::OkStatus();
 }

@@ -12,6 +12,7 @@
 #include "src/rpc/daemon.h"
 #include "src/rpc/metrics_server.h"
 #include "src/rpc/rpc_util.h"
+#include "src/rpc/security.h"
 
 namespace odmoe {
 namespace {
@@ -458,6 +459,7 @@ v1::Membership WorkerNode::MembershipInfo() const {
 
 grpc::Status WorkerNode::ComputeExperts(grpc::ServerContext* context, const v1::ComputeExpertsRequest* request,
                                         v1::ComputeExpertsResponse* response) {
+  if (grpc::Status admitted = rpc::AdmitMember(context, {NodeRole::kMain}); !admitted.ok()) return admitted;
   logging::ScopedRequestId scope(rpc::RequestIdOf(*context));
   if (requests_seen_.Insert(logging::CurrentRequestId())) {
     spdlog::info("{}: serving the request (#{} of {}): first call, layer {} position {}, {} experts", self_.name,
@@ -471,6 +473,10 @@ grpc::Status WorkerNode::ComputeExperts(grpc::ServerContext* context, const v1::
 
 grpc::Status WorkerNode::Prefetch(grpc::ServerContext* context, const v1::PrefetchRequest* request,
                                   v1::PrefetchResponse* response) {
+  // The shadow's predictions, or main's own (random prefetch).
+  if (grpc::Status admitted = rpc::AdmitMember(context, {NodeRole::kMain, NodeRole::kShadow}); !admitted.ok()) {
+    return admitted;
+  }
   logging::ScopedRequestId scope(rpc::RequestIdOf(*context));
   if (requests_seen_.Insert(logging::CurrentRequestId())) {
     spdlog::info("{}: prefetching for the request (#{} of {}): first prediction, layer {} position {}", self_.name,
@@ -487,14 +493,16 @@ grpc::Status WorkerNode::Prefetch(grpc::ServerContext* context, const v1::Prefet
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerNode::GetStats(grpc::ServerContext* /*context*/, const v1::StatsRequest* request,
+grpc::Status WorkerNode::GetStats(grpc::ServerContext* context, const v1::StatsRequest* request,
                                   v1::WorkerStats* response) {
+  if (grpc::Status admitted = rpc::AdmitClient(context); !admitted.ok()) return admitted;
   *response = Stats(request->reset());
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerNode::GetMembership(grpc::ServerContext* /*context*/, const v1::MembershipRequest* /*request*/,
+grpc::Status WorkerNode::GetMembership(grpc::ServerContext* context, const v1::MembershipRequest* /*request*/,
                                        v1::Membership* response) {
+  if (grpc::Status admitted = rpc::AdmitMember(context); !admitted.ok()) return admitted;
   *response = MembershipInfo();
   return grpc::Status::OK;
 }

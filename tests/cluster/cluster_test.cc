@@ -25,15 +25,27 @@ using odmoe::testing::RunProgram;
 using odmoe::testing::RunResult;
 
 // A cluster file with free loopback ports; `cluster up` on construction, `cluster down` on destruction.
+// `secure`: mutual TLS between the nodes and a client token (certificates by scripts/make-certs.sh in the
+// cluster's temp folder: ca.crt, NODE.crt/.key; the token in `token`).
 class LocalCluster {
  public:
-  LocalCluster(const std::string& model_dir, int workers, int group_size) {
+  LocalCluster(const std::string& model_dir, int workers, int group_size, bool secure = false) {
     const std::vector<int> ports = odmoe::testing::PickFreePorts(workers + 2);
     std::string toml = StrCat("[cluster]\nname = \"test\"\nepoch = 7\ngroup_size = ", group_size,
                               "\nrpc_timeout_ms = 60000\nstartup_timeout_ms = 120000\n");
+    if (secure) {
+      std::vector<std::string> make = {"/bin/bash", odmoe::testing::SourceDir() + "/scripts/make-certs.sh", "--out",
+                                       dir_.File("tls"), "main", "shadow"};
+      for (int w = 0; w < workers; ++w) make.push_back(StrCat("worker", w));
+      const RunResult certs = RunProgram(make);
+      EXPECT_EQ(certs.exit_code, 0) << certs.err;
+      odmoe::testing::WriteFile(dir_.File("token"), "cluster-test-token\n");
+      toml += "[tls]\nca = \"tls/ca.crt\"\n[auth]\ntoken_file = \"token\"\n";
+    }
     auto node = [&](const std::string& name, const std::string& role, int port, const std::string& extra) {
       toml += StrCat("\n[[node]]\nname = \"", name, "\"\nrole = \"", role, "\"\naddress = \"127.0.0.1:", port,
                      "\"\nthreads = 2\n", extra);
+      if (secure) toml += StrCat("cert = \"tls/", name, ".crt\"\nkey = \"tls/", name, ".key\"\n");
     };
     node("main", "main", ports[0], "device = \"cpu\"\n");
     node("shadow", "shadow", ports[1], "device = \"cpu\"\n");
@@ -56,6 +68,7 @@ class LocalCluster {
   const RunResult& up() const { return up_; }
   const std::string& config() const { return config_; }
   std::string run_dir() const { return dir_.File("run"); }
+  std::string File(const std::string& name) const { return dir_.File(name); }
 
  private:
   odmoe::testing::TempDir dir_;
@@ -185,6 +198,42 @@ TEST_F(ClusterCliTest, GenerateThroughTheEndpointPrintsTheSameJsonAsLocally) {
   EXPECT_GT(stats["bytes_loaded"].get<uint64_t>(), 0u);
   EXPECT_EQ(stats["expert_tensors_opened"].get<uint64_t>(), 0u);
   EXPECT_TRUE((*rj)["timings"].contains("ttft_ms"));
+}
+
+// The cluster with mutual TLS between its nodes and a client token: the same tokens as locally; a client
+// without the token is refused; `cluster status` finds the credentials in the cluster file.
+TEST_F(ClusterCliTest, TlsAndTokenOnGiveTheSameTokens) {
+  const std::string dir = odmoe::testing::SharedModel("tiny-mixtral-kjv");
+  LocalCluster cluster(dir, 8, 2, /*secure=*/true);
+  ASSERT_EQ(cluster.up().exit_code, 0) << cluster.up().err;
+  const std::vector<std::string> common = {"--prompt", "And God said, Let there be light", "--max-new-tokens", "12",
+                                           "--dump-routing", "--json"};
+  std::vector<std::string> remote_args = {ProgramPath("odmoe"), "generate",         "--endpoint",
+                                          cluster.endpoint(),   "--tls-ca",         cluster.File("tls/ca.crt"),
+                                          "--tls-server-name",  "main",             "--token-file",
+                                          cluster.File("token")};
+  std::vector<std::string> local_args = {ProgramPath("odmoe"), "generate", "--model", dir};
+  remote_args.insert(remote_args.end(), common.begin(), common.end());
+  local_args.insert(local_args.end(), common.begin(), common.end());
+  RunResult rr = RunProgram(remote_args), lr = RunProgram(local_args);
+  ASSERT_EQ(rr.exit_code, 0) << rr.err;
+  ASSERT_EQ(lr.exit_code, 0) << lr.err;
+  auto rj = ParseJson(rr.out, "remote"), lj = ParseJson(lr.out, "local");
+  ASSERT_TRUE(rj.ok() && lj.ok());
+  for (const char* key : {"prompt_ids", "tokens", "routing", "stop_reason"}) EXPECT_EQ((*rj)[key], (*lj)[key]) << key;
+  // Without the token: UNAUTHENTICATED; without TLS: no connection.
+  std::vector<std::string> no_token(remote_args.begin(), remote_args.begin() + 8);
+  no_token.insert(no_token.end(), common.begin(), common.end());
+  RunResult refused = RunProgram(no_token);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.err.find("missing bearer token"), std::string::npos) << refused.err;
+  std::vector<std::string> plain = {ProgramPath("odmoe"), "generate", "--endpoint", cluster.endpoint(), "--token-file",
+                                    cluster.File("token")};
+  plain.insert(plain.end(), common.begin(), common.end());
+  EXPECT_NE(RunProgram(plain).exit_code, 0);
+  RunResult status = RunProgram({ProgramPath("odmoe"), "cluster", "status", "--config", cluster.config(),
+                                 "--run-dir", cluster.run_dir(), "--json"});
+  EXPECT_EQ(status.exit_code, 0) << status.out << status.err;
 }
 
 TEST_F(ClusterCliTest, AWorkerThatCannotStartStopsTheStartUpCleanly) {

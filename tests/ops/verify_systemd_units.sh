@@ -8,6 +8,17 @@
 set -euo pipefail
 src=$1
 build=$2
+# TimeoutStopSec must cover the drain of configs/testbed.toml's [cluster] shutdown_timeout_ms (10000 when
+# unset) plus 5 s for the rest of the stop, or systemd kills a daemon whose calls are still finishing.
+drain_ms=$(sed -n 's/^shutdown_timeout_ms *= *\([0-9]*\).*/\1/p' "$src/configs/testbed.toml")
+drain_ms=${drain_ms:-10000}
+for unit in "$src"/configs/systemd/*.service; do
+  stop_s=$(sed -n 's/^TimeoutStopSec=\([0-9]*\)s$/\1/p' "$unit")
+  if [ -z "$stop_s" ] || [ $((stop_s * 1000)) -lt $((drain_ms + 5000)) ]; then
+    echo "$(basename "$unit"): TimeoutStopSec=${stop_s:-?}s does not cover shutdown_timeout_ms = $drain_ms + 5 s"
+    exit 1
+  fi
+done
 if ! command -v systemd-analyze >/dev/null 2>&1; then
   echo "SKIP: systemd-analyze is not installed (Debian package systemd); the units were not checked"
   exit 77

@@ -1,0 +1,182 @@
+// Graceful shutdown and stalled peers, with the daemons as real processes (main and two workers on loopback,
+// synthetic weights of tests/data/tiny-mixtral): SIGTERM to main during a request lets the request finish,
+// refuses new ones (UNAVAILABLE, or CANCELLED on a connection opened before) and exits 0; a worker stopped with SIGSTOP
+// fails a call with DEADLINE_EXCEEDED within the call's deadline plus one second.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "odmoe/v1/worker.grpc.pb.h"
+#include "src/cluster/client.h"
+#include "src/common/strings.h"
+#include "src/rpc/rpc_util.h"
+#include "tests/test_support.h"
+
+namespace odmoe {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using odmoe::testing::ProgramPath;
+
+// A daemon started by this test (its own session, output to `log`); killed on destruction if still running.
+class Daemon {
+ public:
+  Daemon(const std::vector<std::string>& argv, const std::string& log) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      setsid();
+      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      std::vector<char*> args;
+      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+  }
+  ~Daemon() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGCONT);
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  // The exit status once it exits within `timeout`; -1 if it did not (or ended by a signal).
+  int WaitExit(std::chrono::seconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+};
+
+bool WaitReady(const std::string& address, std::chrono::seconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    auto s = rpc::CheckServing(address, 500, rpc::kReadinessService);
+    if (s.ok() && *s) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+class ShutdownTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::vector<int> ports = odmoe::testing::PickFreePorts(3);
+    for (int p : ports) addresses_.push_back(StrCat("127.0.0.1:", p));
+    std::string toml = StrCat("[cluster]\nname = \"shutdown-", getpid(),
+                              "\"\ngroup_size = 2\nrpc_timeout_ms = 30000\nshutdown_timeout_ms = 20000\n",
+                              "share_host_experts = false\n[model]\nsynthetic = \"", odmoe::testing::SourceDir(),
+                              "/tests/data/tiny-mixtral/config.json\"\nlayers = 2\nseed = 1\n");
+    const char* names[] = {"main", "worker0", "worker1"};
+    for (size_t i = 0; i < 3; ++i) {
+      toml +=
+          StrCat("\n[[node]]\nname = \"", names[i], "\"\nrole = \"", i == 0 ? "main" : "worker", "\"\naddress = \"",
+                 addresses_[i], "\"\n", i == 0 ? "device = \"cpu\"\n" : "device = \"mock-gpu\"\ngpu_budget_mb = 64\n");
+    }
+    config_ = dir_.File("cluster.toml");
+    odmoe::testing::WriteFile(config_, toml);
+    for (size_t i = 0; i < 3; ++i) {
+      const std::string program = i == 0 ? "odmoe-main" : "odmoe-worker";
+      daemons_.push_back(std::make_unique<Daemon>(
+          std::vector<std::string>{ProgramPath(program), "--config", config_, "--node", names[i]},
+          dir_.File(StrCat(names[i], ".log"))));
+    }
+    for (size_t i = 0; i < 3; ++i) {
+      ASSERT_TRUE(WaitReady(addresses_[i], std::chrono::seconds(60)))
+          << names[i] << " not ready:\n"
+          << odmoe::testing::ReadFile(dir_.File(StrCat(names[i], ".log")));
+    }
+  }
+  std::string Log(const std::string& node) const { return odmoe::testing::ReadFile(dir_.File(node + ".log")); }
+
+  odmoe::testing::TempDir dir_;
+  std::string config_;
+  std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<Daemon>> daemons_;
+};
+
+TEST_F(ShutdownTest, SigtermLetsTheRequestInFlightFinishRefusesNewOnesAndExitsZero) {
+  v1::GenerateRequest req;
+  for (int32_t id : {1, 5, 9, 13}) req.add_prompt_ids(id);
+  req.set_max_new_tokens(400);
+  req.set_ignore_eos(true);
+  std::atomic<bool> signalled{false};
+  absl::StatusOr<RemoteResult> second = absl::UnknownError("not sent");
+  bool second_sent = false;
+  auto on_chunk = [&](const v1::GenerateResponse&) {
+    if (signalled.exchange(true)) return;
+    ASSERT_EQ(kill(daemons_[0]->pid(), SIGTERM), 0);
+    // Main has stopped taking calls once readiness says so (at once after the signal).
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (Clock::now() < deadline) {
+      auto ready = rpc::CheckServing(addresses_[0], 500, rpc::kReadinessService);
+      if (!ready.ok() || !*ready) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    v1::GenerateRequest small = req;
+    small.set_max_new_tokens(2);
+    second = GenerateRemote(addresses_[0], small, 5000);
+    second_sent = true;
+  };
+  const auto start = Clock::now();
+  absl::StatusOr<RemoteResult> first = GenerateRemote(addresses_[0], req, 60000, on_chunk);
+  ASSERT_TRUE(first.ok()) << first.status() << "\n" << Log("main");
+  EXPECT_EQ(first->tokens.size(), 400u);
+  ASSERT_TRUE(signalled.load());
+  ASSERT_TRUE(second_sent);
+  // Refused: UNAVAILABLE on a new connection (the port is closed); a call that reaches main on a connection
+  // opened before the signal is cancelled by gRPC's shutdown (CANCELLED). Either way it never runs.
+  EXPECT_TRUE(second.status().code() == absl::StatusCode::kUnavailable ||
+              second.status().code() == absl::StatusCode::kCancelled)
+      << second.status();
+  EXPECT_EQ(daemons_[0]->WaitExit(std::chrono::seconds(20)), 0) << Log("main");
+  const std::string log = Log("main");
+  EXPECT_NE(log.find("shutting down; calls in flight get 20000 ms"), std::string::npos) << log;
+  std::cout << "[shutdown] request of 400 tokens done in "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()
+            << " ms across SIGTERM\n";
+  for (size_t w = 1; w < 3; ++w) {
+    ASSERT_EQ(kill(daemons_[w]->pid(), SIGTERM), 0);
+    EXPECT_EQ(daemons_[w]->WaitExit(std::chrono::seconds(20)), 0) << Log(StrCat("worker", w - 1));
+  }
+}
+
+TEST_F(ShutdownTest, AStalledWorkersCallFailsWithDeadlineExceededWithinItsDeadline) {
+  ASSERT_EQ(kill(daemons_[1]->pid(), SIGSTOP), 0);
+  auto stub = v1::Worker::NewStub(rpc::MakeChannel(addresses_[1]));
+  // One call, as main makes it: with a deadline, on a channel that may already be connected.
+  constexpr int64_t kDeadlineMs = 1000;
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(ctx, kDeadlineMs);
+  v1::WorkerStats stats;
+  const auto start = Clock::now();
+  const grpc::Status st = stub->GetStats(&ctx, {}, &stats);
+  const int64_t took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << st.error_message();
+  EXPECT_LT(took, kDeadlineMs + 1000);
+  std::cout << "[stalled worker] DEADLINE_EXCEEDED after " << took << " ms (deadline " << kDeadlineMs << " ms)\n";
+  ASSERT_EQ(kill(daemons_[1]->pid(), SIGCONT), 0);
+}
+
+}  // namespace
+}  // namespace odmoe
