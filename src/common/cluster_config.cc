@@ -341,7 +341,8 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     if (!names.insert(node.name).second) return FieldError(where, scope, "name", "used by two nodes");
     Fields f(t, where, scope);
     ODMOE_RETURN_IF_ERROR(
-        f.OnlyKnown({"name", "role", "address", "device", "gpu_budget_mb", "threads", "metrics_address"}));
+        f.OnlyKnown({"name", "role", "address", "device", "gpu_budget_mb", "threads", "metrics_address",
+                                      "http_address"}));
     ODMOE_ASSIGN_OR_RETURN(auto role, f.String("role"));
     if (!role) return FieldError(where, scope, "role", "missing (main, shadow or worker)");
     if (*role == "main") {
@@ -376,6 +377,14 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
       ODMOE_RETURN_IF_ERROR(CheckAddress(where, scope, *metrics_address, "metrics_address"));
       node.metrics_address = *metrics_address;
     }
+    ODMOE_ASSIGN_OR_RETURN(auto http_address, f.String("http_address"));
+    if (http_address) {
+      ODMOE_RETURN_IF_ERROR(CheckAddress(where, scope, *http_address, "http_address"));
+      if (node.role != NodeRole::kMain) {
+        return FieldError(where, scope, "http_address", "only the main node serves the HTTP API");
+      }
+      node.http_address = *http_address;
+    }
     c.nodes.push_back(std::move(node));
   }
   // A metrics address may be no other node's metrics address nor any node's (gRPC) address.
@@ -387,6 +396,15 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     if (!fresh) {
       return FieldError(where, StrCat("node '", n.name, "'"), "metrics_address",
                         StrCat("'", n.metrics_address, "' is also ", it->second));
+    }
+  }
+  // The HTTP API's address likewise, but it may be main's own metrics_address (one server serves both).
+  for (const NodeConfig& n : c.nodes) {
+    if (n.http_address.empty() || n.http_address == n.metrics_address) continue;
+    auto [it, fresh] = taken.emplace(n.http_address, StrCat("node '", n.name, "' http_address"));
+    if (!fresh) {
+      return FieldError(where, StrCat("node '", n.name, "'"), "http_address",
+                        StrCat("'", n.http_address, "' is also ", it->second));
     }
   }
   int mains = 0, shadows = 0;

@@ -23,6 +23,7 @@
 //   [[node]]
 //   name = "w0"  role = "worker"  address = "127.0.0.1:7110"  device = "mock-gpu"  gpu_budget_mb = 1024
 //   metrics_address = "127.0.0.1:7210"   # optional: Prometheus text at http://HOST:PORT/metrics
+//   http_address = "127.0.0.1:7300"      # main only, optional: the OpenAI-compatible HTTP API
 //
 // Workers are numbered in the order they appear in the file (the placement's worker index).
 #pragma once
@@ -51,6 +52,9 @@ struct NodeConfig {
   // host:port where the daemon serves GET /metrics (Prometheus text); empty: no metrics server. Unique among
   // every node's address and metrics_address.
   std::string metrics_address;
+  // main only: host:port of the OpenAI-compatible HTTP API (src/main_node/http_server.h); empty: none. Unique
+  // like metrics_address, except that it may equal main's own metrics_address (one server answers both).
+  std::string http_address;
 };
 
 // [model]: a checkpoint (`path`), or synthetic weights (`synthetic`, `layers`, `seed`; src/model/synthetic.h),

@@ -96,6 +96,12 @@ class MainNode final : public v1::Inference::Service {
   const ModelConfig& config() const { return config_; }
   const NodeConfig& self() const { return self_; }
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
+  // The model's tokenizer (nullptr without tokenizer.model); Encode/Decode are const and thread-safe.
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  // The checkpoint folder ("" with synthetic weights).
+  const std::string& model_dir() const { return model_dir_; }
+  // The registry behind metrics(), for servers of the node that add their own families (the HTTP API).
+  metrics::Registry& mutable_metrics() { return metrics_->registry(); }
   // The node's metrics (served by rpc::MetricsServer, which must stop before the node is destroyed).
   const metrics::Registry& metrics() const { return metrics_->registry(); }
   // Readiness as main's prober judged it, for /metrics (odmoe_ready).
