@@ -104,6 +104,17 @@ struct HttpServer::Impl {
                                      const std::function<bool()>& cancelled, bool* client_gone) const;
 
   void Completions(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) const;
+  // A streamed answer, written to `sink` (the server's thread, after the 200 and its headers): the chunks of
+  // each prompt in turn, the usage chunk when asked for, data: [DONE]. False when the client went away.
+  struct StreamJob {
+    openai::CompletionRequest request;
+    std::vector<PreparedPrompt> prompts;
+    std::string id;
+    int64_t created = 0;
+    std::string request_id;
+    const char* name = "";  // the endpoint, for logs
+  };
+  bool Stream(const StreamJob& job, httplib::DataSink& sink) const;
   void Count(std::string_view endpoint, int code) const {
     requests->With({std::string(endpoint), std::to_string(code)}).Add();
   }
@@ -226,24 +237,19 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, co
     }
     choice.text += text;
     choice.token_ids.insert(choice.token_ids.end(), ids.begin(), ids.end());
-    if (!on_piece(text, ids)) {
-      *client_gone = true;
-      return false;
-    }
-    if (matcher.stopped()) {  // ends the request (RunRequest reports it as cancelled)
-      stop_matched = true;
-      return false;
-    }
-    return true;
+    // A client gone is seen by `cancelled` below (the request ends as cancelled); emit's false is a stop.
+    if (!on_piece(text, ids)) *client_gone = true;
+    if (matcher.stopped()) stop_matched = true;
+    return !stop_matched;
   };
   MainNode::RequestRecord record;
   record.request_id = request_id;
-  const absl::Status status = node->RunRequest(p.request, emit, cancelled, &record);
-  if (stop_matched && !*client_gone) {
-    choice.finish_reason = "stop";
-    return choice;
-  }
+  record.emit_false_is_stop = true;
+  const absl::Status status = node->RunRequest(
+      p.request, emit, [&] { return *client_gone || (cancelled != nullptr && cancelled()); }, &record);
   if (!status.ok()) return status;
+  if (*client_gone) return absl::CancelledError("the client went away");
+  if (stop_matched) choice.finish_reason = "stop";
   return choice;
 }
 
@@ -305,72 +311,62 @@ void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Respons
   // Streamed: every check is done, so the answer is 200 and errors from here on are an error event.
   Count(name, 200);
   res.set_header("Cache-Control", "no-cache");
-  auto shared = std::make_shared<std::vector<PreparedPrompt>>(std::move(prompts).value());
-  auto request = std::make_shared<openai::CompletionRequest>(std::move(parsed).value());
-  res.set_chunked_content_provider("text/event-stream", [this, shared, request, id, created, request_id, endpoint,
-                                                         name](size_t, httplib::DataSink& sink) {
-    logging::ScopedRequestId stream_scope(request_id);
-    auto write = [&sink](const std::string& event) { return sink.write(event.data(), event.size()); };
-    const bool usage_wanted = request->include_usage;
-    openai::Usage usage;
-    bool gone = false;
-    for (size_t i = 0; i < shared->size() && !gone; ++i) {
-      const int64_t index = static_cast<int64_t>(i);
-      if (endpoint == Endpoint::kChatCompletions &&
-          !write(openai::SseEvent(
-              openai::StreamChunk(endpoint, id, created, options.model_id, index, "", {}, "", true, usage_wanted)))) {
-        gone = true;
-        break;
-      }
-      // The final message's piece carries the finish reason; the others none.
-      std::string pending_text;
-      std::vector<int32_t> pending_ids;
-      bool have_pending = false;
-      auto flush = [&](std::string_view finish) {
-        if (!have_pending && finish.empty()) return true;
-        have_pending = false;
-        return write(openai::SseEvent(openai::StreamChunk(endpoint, id, created, options.model_id, index, pending_text,
-                                                          pending_ids, finish, false, usage_wanted)));
-      };
-      absl::StatusOr<openai::Choice> c = Run((*shared)[i], request->stop, index, request_id,
-                                             [&](const std::string& text, const std::vector<int32_t>& ids) {
-                                               // Each piece goes out when the next arrives, so that the last one can
-                                               // carry finish_reason.
-                                               if (!flush("")) return false;
-                                               pending_text = text;
-                                               pending_ids = ids;
-                                               have_pending = true;
-                                               return true;
-                                             },
-                                             [this, &sink] { return stopping.load() || !sink.is_writable(); }, &gone);
-      if (gone) break;
-      if (!c.ok()) {
-        if (stopping.load() || !sink.is_writable()) {
-          gone = true;
-          break;
-        }
-        spdlog::warn("http {} failed mid-stream: {}", name, c.status().ToString());
-        const ApiError e = openai::ErrorOfStatus(c.status());
-        write(StrCat("data: ", openai::ErrorBody(e), "\n\n"));
-        break;
-      }
-      if (!flush(c->finish_reason)) {
-        gone = true;
-        break;
-      }
-      usage.prompt_tokens += (*shared)[i].prompt_tokens;
-      usage.completion_tokens += static_cast<int64_t>(c->token_ids.size());
+  auto job = std::make_shared<StreamJob>(
+      StreamJob{std::move(parsed).value(), std::move(prompts).value(), id, created, request_id, name});
+  res.set_chunked_content_provider("text/event-stream",
+                                   [this, job](size_t, httplib::DataSink& sink) { return Stream(*job, sink); });
+}
+
+bool HttpServer::Impl::Stream(const StreamJob& job, httplib::DataSink& sink) const {
+  logging::ScopedRequestId scope(job.request_id);
+  const Endpoint endpoint = job.request.endpoint;
+  const bool usage_wanted = job.request.include_usage;
+  auto chunk = [&](int64_t index, std::string_view text, const std::vector<int32_t>& ids, std::string_view finish,
+                   bool first) {
+    const std::string event = openai::SseEvent(openai::StreamChunk(endpoint, job.id, job.created, options.model_id,
+                                                                   index, text, ids, finish, first, usage_wanted));
+    return sink.write(event.data(), event.size());
+  };
+  openai::Usage usage;
+  bool gone = false;
+  for (size_t i = 0; i < job.prompts.size() && !gone; ++i) {
+    const int64_t index = static_cast<int64_t>(i);
+    // Chat opens each choice with the assistant's role; every piece goes out as it comes; a last chunk with no
+    // text carries the finish reason.
+    if (endpoint == Endpoint::kChatCompletions && !chunk(index, "", {}, "", true)) {
+      gone = true;
+      break;
     }
-    if (gone) {
-      disconnects->Add();
-      spdlog::info("http {}: the client closed the stream; request cancelled", name);
-      return false;
+    absl::StatusOr<openai::Choice> c = Run(
+        job.prompts[i], job.request.stop, index, job.request_id,
+        [&](const std::string& text, const std::vector<int32_t>& ids) { return chunk(index, text, ids, "", false); },
+        [this, &sink] { return stopping.load() || !sink.is_writable(); }, &gone);
+    if (!gone && !c.ok() && (stopping.load() || !sink.is_writable())) gone = true;
+    if (gone) break;
+    if (!c.ok()) {
+      spdlog::warn("http {} failed mid-stream: {}", job.name, c.status().ToString());
+      const std::string event = StrCat("data: ", openai::ErrorBody(openai::ErrorOfStatus(c.status())), "\n\n");
+      sink.write(event.data(), event.size());
+      sink.done();
+      return true;
     }
-    if (usage_wanted) write(openai::SseEvent(openai::UsageChunk(endpoint, id, created, options.model_id, usage)));
-    write(std::string(openai::kSseDone));
-    sink.done();
-    return true;
-  });
+    if (!chunk(index, "", {}, c->finish_reason, false)) gone = true;
+    usage.prompt_tokens += job.prompts[i].prompt_tokens;
+    usage.completion_tokens += static_cast<int64_t>(c->token_ids.size());
+  }
+  if (gone) {
+    disconnects->Add();
+    spdlog::info("http {}: the client closed the stream; request cancelled", job.name);
+    return false;
+  }
+  std::string tail;
+  if (usage_wanted) {
+    tail = openai::SseEvent(openai::UsageChunk(endpoint, job.id, job.created, options.model_id, usage));
+  }
+  tail += openai::kSseDone;
+  sink.write(tail.data(), tail.size());
+  sink.done();
+  return true;
 }
 
 HttpServerOptions HttpServer::OptionsFor(const rpc::DaemonArgs& args, const metrics::Registry* registry) {

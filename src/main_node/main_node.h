@@ -72,6 +72,9 @@ class MainNode final : public v1::Inference::Service {
   // One request as main's log line about its end reports it (Generate writes it, success or not).
   struct RequestRecord {
     std::string request_id;     // in: the client's request id (rpc/request_id.h), "" for none
+    // in: `emit` returning false means the caller has what it wants (a stop string matched: the HTTP API), not
+    // that the client went away: the request then ends OK (outcome ok) without its final message.
+    bool emit_false_is_stop = false;
     int64_t prompt_tokens = 0;  // out, as far as the request got
     int64_t generated_tokens = 0;
     double ttft_ms = 0;
