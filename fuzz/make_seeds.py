@@ -217,6 +217,29 @@ def request_seeds():
         out("follow_message_fuzzer", f"{name}.pb", encode("odmoe.v1.FollowMessage", proto, text))
 
 
+def openai_seeds():
+    # The first byte picks the endpoint: "0" /v1/completions, "1" /v1/chat/completions; the rest is the body.
+    for name, endpoint, body in [
+        ("completion_text", "0", {"model": "tiny-mixtral-kjv", "prompt": "And God said", "max_tokens": 8,
+                                  "temperature": 0}),
+        ("completion_ids_stream", "0", {"model": "m", "prompt": [[1, 415, 2043], [1, 7]], "stream": True,
+                                        "stream_options": {"include_usage": True}, "seed": 5, "top_p": 0.9,
+                                        "stop": ["\n", "And"], "ignore_eos": True}),
+        ("completion_defaults", "0", {"model": "m", "prompt": ["a", "b"], "n": 1, "logprobs": None, "echo": False,
+                                      "presence_penalty": 0, "user": "x"}),
+        ("completion_refused", "0", {"model": "m", "prompt": "x", "n": 2, "logit_bias": {"1": 3}}),
+        ("chat", "1", {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
+                                                  {"role": "user", "content": "Who?"},
+                                                  {"role": "assistant", "content": "Moses."},
+                                                  {"role": "user", "content": [{"type": "text", "text": "When?"}]}],
+                       "max_completion_tokens": 16, "temperature": 0.7, "stream": True}),
+        ("chat_tools", "1", {"model": "m", "messages": [{"role": "user", "content": "x"}],
+                             "tools": [{"type": "function", "function": {"name": "f"}}]}),
+    ]:
+        out("openai_request_fuzzer", f"{name}.json", endpoint + json.dumps(body))
+    out("openai_request_fuzzer", "malformed.json", '0{"model": "m", "prompt": ')
+
+
 if __name__ == "__main__":
     safetensors_seeds()
     config_seeds()
@@ -224,4 +247,5 @@ if __name__ == "__main__":
     tokenizer_seeds()
     rpc_seeds()
     request_seeds()
+    openai_seeds()
     print("seeds written under", CORPUS, file=sys.stderr)

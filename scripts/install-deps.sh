@@ -17,7 +17,13 @@ packages=(
   python3-yaml
   docker-compose
   python3-matplotlib
+  curl
 )
+# The OpenAI SDK tests (tests/http/js) need Node.js >= 18 and npm: Debian's, unless a node is already installed
+# (e.g. from NodeSource, whose package replaces Debian's npm).
+if ! command -v node >/dev/null; then
+  packages+=(nodejs npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -378,6 +378,7 @@ absl::Status Up(const Flags& f, const ClusterConfig& c, const std::string& confi
   }
   std::printf("cluster '%s' up: %zu nodes serving; logs in %s\n", c.name.c_str(), c.nodes.size(), logs.c_str());
   std::printf("grpc: %s\n", c.main()->address.c_str());
+  if (!c.main()->http_address.empty()) std::printf("http: %s\n", c.main()->http_address.c_str());
   for (const NodeConfig& n : c.nodes) {
     if (n.metrics_address.empty()) continue;
     std::printf("metrics: %s http://%s/metrics\n", n.name.c_str(), n.metrics_address.c_str());

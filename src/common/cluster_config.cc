@@ -17,8 +17,8 @@ namespace {
 
 absl::Status FieldError(const std::string& where, std::string_view scope, std::string_view field,
                         std::string_view problem) {
-  return absl::InvalidArgumentError(StrCat(where, ": ", scope, scope.empty() ? "" : ": ", "field '", field, "': ",
-                                           problem));
+  return absl::InvalidArgumentError(
+      StrCat(where, ": ", scope, scope.empty() ? "" : ": ", "field '", field, "': ", problem));
 }
 
 // Typed reads of a TOML table that name the field on error.
@@ -87,28 +87,38 @@ absl::Status CheckAddress(const std::string& where, const std::string& scope, co
 
 std::string_view NodeRoleName(NodeRole role) {
   switch (role) {
-    case NodeRole::kMain: return "main";
-    case NodeRole::kShadow: return "shadow";
-    case NodeRole::kWorker: return "worker";
+    case NodeRole::kMain:
+      return "main";
+    case NodeRole::kShadow:
+      return "shadow";
+    case NodeRole::kWorker:
+      return "worker";
   }
   return "?";
 }
 
 std::string_view PredictionModeName(PredictionMode mode) {
   switch (mode) {
-    case PredictionMode::kShadow: return "shadow";
-    case PredictionMode::kRandom: return "random";
-    case PredictionMode::kNone: return "none";
+    case PredictionMode::kShadow:
+      return "shadow";
+    case PredictionMode::kRandom:
+      return "random";
+    case PredictionMode::kNone:
+      return "none";
   }
   return "?";
 }
 
 std::string_view ShadowQuantName(ShadowQuant quant) {
   switch (quant) {
-    case ShadowQuant::kFp16: return "fp16";
-    case ShadowQuant::kInt8: return "int8";
-    case ShadowQuant::kNf4: return "nf4";
-    case ShadowQuant::kNone: return "none";
+    case ShadowQuant::kFp16:
+      return "fp16";
+    case ShadowQuant::kInt8:
+      return "int8";
+    case ShadowQuant::kNf4:
+      return "nf4";
+    case ShadowQuant::kNone:
+      return "none";
   }
   return "?";
 }
@@ -148,14 +158,27 @@ absl::Status ApplyAblationCase(int64_t ablation_case, ShadowSettings* settings) 
     settings->align_kv = kv_period;
   };
   switch (ablation_case) {
-    case 1: shadow(t, kv); break;
-    case 2: shadow(t, 0); break;
-    case 3: shadow(0, kv); break;
-    case 4: shadow(0, 0); break;
-    case 5: settings->mode = PredictionMode::kRandom; break;
-    case 6: settings->mode = PredictionMode::kNone; break;
+    case 1:
+      shadow(t, kv);
+      break;
+    case 2:
+      shadow(t, 0);
+      break;
+    case 3:
+      shadow(0, kv);
+      break;
+    case 4:
+      shadow(0, 0);
+      break;
+    case 5:
+      settings->mode = PredictionMode::kRandom;
+      break;
+    case 6:
+      settings->mode = PredictionMode::kNone;
+      break;
     default:
-      return absl::InvalidArgumentError(StrCat("--ablation-case must be 1..6 (OD-MoE section 4.2), got ", ablation_case));
+      return absl::InvalidArgumentError(
+          StrCat("--ablation-case must be 1..6 (OD-MoE section 4.2), got ", ablation_case));
   }
   return absl::OkStatus();
 }
@@ -168,8 +191,8 @@ absl::Status ApplyShadowOverrides(const ShadowOverrides& o, bool has_shadow_node
     errno = 0;
     const long long v = std::strtoll(text->c_str(), &end, 10);
     if (text->empty() || *end != '\0' || errno != 0 || v < min || v > 1000000) {
-      return absl::InvalidArgumentError(StrCat("--", flag, ": expected an integer in ", min, "..1000000, got '",
-                                               *text, "'"));
+      return absl::InvalidArgumentError(
+          StrCat("--", flag, ": expected an integer in ", min, "..1000000, got '", *text, "'"));
     }
     *out = v;
     return absl::OkStatus();
@@ -269,7 +292,7 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     if (!cn->is_table()) return FieldError(where, "", "cluster", "expected a table");
     Fields f(*cn->as_table(), where, "[cluster]");
     ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"name", "epoch", "group_size", "rpc_timeout_ms", "startup_timeout_ms",
-                                        "share_host_experts", "prefill_minibatch_rows", "shutdown_timeout_ms"}));
+                                       "share_host_experts", "prefill_minibatch_rows", "shutdown_timeout_ms"}));
     ODMOE_ASSIGN_OR_RETURN(auto share, f.Bool("share_host_experts"));
     if (share) c.share_host_experts = *share;
     ODMOE_ASSIGN_OR_RETURN(auto name, f.String("name"));
@@ -422,8 +445,8 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     const std::string scope = StrCat("node '", node.name, "'");
     if (!names.insert(node.name).second) return FieldError(where, scope, "name", "used by two nodes");
     Fields f(t, where, scope);
-    ODMOE_RETURN_IF_ERROR(f.OnlyKnown(
-        {"name", "role", "address", "device", "gpu_budget_mb", "threads", "metrics_address", "cert", "key"}));
+    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"name", "role", "address", "device", "gpu_budget_mb", "threads",
+                                       "metrics_address", "http_address", "cert", "key"}));
     ODMOE_ASSIGN_OR_RETURN(auto role, f.String("role"));
     if (!role) return FieldError(where, scope, "role", "missing (main, shadow or worker)");
     if (*role == "main") {
@@ -468,6 +491,14 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
         return FieldError(where, scope, key, "missing: with [tls] every node needs cert and key (PEM files)");
       }
     }
+    ODMOE_ASSIGN_OR_RETURN(auto http_address, f.String("http_address"));
+    if (http_address) {
+      ODMOE_RETURN_IF_ERROR(CheckAddress(where, scope, *http_address, "http_address"));
+      if (node.role != NodeRole::kMain) {
+        return FieldError(where, scope, "http_address", "only the main node serves the HTTP API");
+      }
+      node.http_address = *http_address;
+    }
     c.nodes.push_back(std::move(node));
   }
   // A metrics address may be no other node's metrics address nor any node's (gRPC) address.
@@ -479,6 +510,15 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     if (!fresh) {
       return FieldError(where, StrCat("node '", n.name, "'"), "metrics_address",
                         StrCat("'", n.metrics_address, "' is also ", it->second));
+    }
+  }
+  // The HTTP API's address likewise, but it may be main's own metrics_address (one server serves both).
+  for (const NodeConfig& n : c.nodes) {
+    if (n.http_address.empty() || n.http_address == n.metrics_address) continue;
+    auto [it, fresh] = taken.emplace(n.http_address, StrCat("node '", n.name, "' http_address"));
+    if (!fresh) {
+      return FieldError(where, StrCat("node '", n.name, "'"), "http_address",
+                        StrCat("'", n.http_address, "' is also ", it->second));
     }
   }
   int mains = 0, shadows = 0;

@@ -23,6 +23,7 @@
 //   [[node]]
 //   name = "w0"  role = "worker"  address = "127.0.0.1:7110"  device = "mock-gpu"  gpu_budget_mb = 1024
 //   metrics_address = "127.0.0.1:7210"   # optional: Prometheus text at http://HOST:PORT/metrics
+//   http_address = "127.0.0.1:7300"      # main only, optional: the OpenAI-compatible HTTP API
 //   cert = "tls/w0.crt"  key = "tls/w0.key"  # with [tls]: this node's certificate and key
 //   [tls]                     # optional: mutual TLS between nodes (src/rpc/security.h); every node needs cert+key
 //   ca = "tls/ca.crt"
@@ -61,6 +62,9 @@ struct NodeConfig {
   // loading). Both present for every node when the file has [tls], absent otherwise.
   std::string tls_cert;
   std::string tls_key;
+  // main only: host:port of the OpenAI-compatible HTTP API (src/main_node/http_server.h); empty: none. Unique
+  // like metrics_address, except that it may equal main's own metrics_address (one server answers both).
+  std::string http_address;
 };
 
 // [model]: a checkpoint (`path`), or synthetic weights (`synthetic`, `layers`, `seed`; src/model/synthetic.h),
@@ -125,8 +129,8 @@ struct ShadowOverrides {
   std::optional<std::string> ablation_case, prediction, shadow_quant, align_token, align_kv, max_lead_tokens;
   std::optional<std::string> keep_router, keep_attention, hedge_margin;
   bool any() const {
-    return ablation_case || prediction || shadow_quant || align_token || align_kv || max_lead_tokens ||
-           keep_router || keep_attention || hedge_margin;
+    return ablation_case || prediction || shadow_quant || align_token || align_kv || max_lead_tokens || keep_router ||
+           keep_attention || hedge_margin;
   }
 };
 absl::Status ApplyShadowOverrides(const ShadowOverrides& overrides, bool has_shadow_node, ShadowSettings* settings);
@@ -138,7 +142,7 @@ struct ClusterConfig {
   int32_t group_size = 0;  // 0: the model's top-k
   int64_t rpc_timeout_ms = 30000;
   int64_t startup_timeout_ms = 60000;
-  bool share_host_experts = true;  // [cluster] share_host_experts
+  bool share_host_experts = true;       // [cluster] share_host_experts
   int64_t prefill_minibatch_rows = 32;  // [cluster] prefill_minibatch_rows (0: no mini-batches)
   // [cluster] shutdown_timeout_ms: after SIGTERM, how long calls in flight may take to finish before the
   // daemon exits (systemd's TimeoutStopSec should exceed it).
@@ -150,8 +154,8 @@ struct ClusterConfig {
   std::vector<NodeConfig> nodes;
 
   const NodeConfig* Find(std::string_view name) const;
-  const NodeConfig* main() const;    // exactly one main node (checked when parsed)
-  const NodeConfig* shadow() const;  // at most one; nullptr when there is none
+  const NodeConfig* main() const;                  // exactly one main node (checked when parsed)
+  const NodeConfig* shadow() const;                // at most one; nullptr when there is none
   std::vector<const NodeConfig*> workers() const;  // in worker_index order
 };
 

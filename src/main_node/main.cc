@@ -7,6 +7,7 @@
 
 #include "spdlog/spdlog.h"
 #include "src/common/status.h"
+#include "src/main_node/http_server.h"
 #include "src/main_node/main_node.h"
 #include "src/main_node/readiness.h"
 #include "src/rpc/daemon.h"
@@ -18,9 +19,21 @@ namespace {
 absl::Status Serve(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(odmoe::rpc::DaemonArgs d, odmoe::rpc::ParseDaemonArgs(args, odmoe::NodeRole::kMain));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::MainNode> node, odmoe::MainNode::Create(d));
-  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::MetricsServer> metrics,
-                         odmoe::rpc::MetricsServer::StartFor(d.self, &node->metrics()));
-  if (metrics != nullptr) spdlog::info("odmoe-main {}: metrics at {}", d.self.name, metrics->url());
+  // The OpenAI-compatible HTTP API (http_address); it also answers /metrics when metrics_address is the same.
+  const bool shared_http = !d.self.http_address.empty() && d.self.http_address == d.self.metrics_address;
+  std::unique_ptr<odmoe::rpc::MetricsServer> metrics;
+  if (!shared_http) {
+    ODMOE_ASSIGN_OR_RETURN(metrics, odmoe::rpc::MetricsServer::StartFor(d.self, &node->metrics()));
+    if (metrics != nullptr) spdlog::info("odmoe-main {}: metrics at {}", d.self.name, metrics->url());
+  }
+  std::unique_ptr<odmoe::HttpServer> http;
+  if (!d.self.http_address.empty()) {
+    ODMOE_ASSIGN_OR_RETURN(http,
+                           odmoe::HttpServer::Start(node.get(), odmoe::HttpServer::OptionsFor(d, &node->metrics()),
+                                                    &node->mutable_metrics()));
+    spdlog::info("odmoe-main {}: OpenAI API at {}/v1{}", d.self.name, http->url(),
+                 shared_http ? " (and /metrics)" : "");
+  }
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::Server> server,
                          odmoe::rpc::Server::Start({d.self.address, d.self.threads, d.self.name}, {node.get()}));
   spdlog::info(
@@ -29,12 +42,15 @@ absl::Status Serve(const std::vector<std::string>& args) {
       d.self.name, d.self.address, server->port(), d.model_dir, node->fingerprint(), d.cluster.epoch, d.self.device,
       d.cluster.workers().size(), node->has_tokenizer() ? "yes" : "no");
   // Readiness follows the workers (src/main_node/readiness.h); stopped before the server goes.
-  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::ReadinessProber> readiness,
-                         odmoe::ReadinessProber::ForCluster(d.cluster, node->config(), [&server, &node](const auto& v) {
-                           node->SetReady(v.ready);  // first: a client that sees SERVING reads odmoe_ready 1
-                           server->MarkReady(v.ready);
-                           odmoe::rpc::systemd::NotifyStatus((v.ready ? "ready: " : "not ready: ") + v.reason);
-                         }));
+  ODMOE_ASSIGN_OR_RETURN(
+      std::unique_ptr<odmoe::ReadinessProber> readiness,
+      odmoe::ReadinessProber::ForCluster(d.cluster, node->config(), [&server, &node, &http](const auto& v) {
+        node->SetReady(v.ready);
+        if (http != nullptr)
+          http->SetReady(v.ready, v.reason);  // first: a client that sees SERVING reads odmoe_ready 1
+        server->MarkReady(v.ready);
+        odmoe::rpc::systemd::NotifyStatus((v.ready ? "ready: " : "not ready: ") + v.reason);
+      }));
   readiness->Start();
   odmoe::rpc::ServeUntilSignal(*server, odmoe::rpc::Readiness::kReportedByDaemon, d.cluster.shutdown_timeout_ms);
   readiness->Stop();

@@ -219,6 +219,7 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   experts_->EndRequest();
   const AlignmentCounts alignment = FinishPrediction();
   record->generated_tokens = run.generated;
+  if (run.client_gone && record->emit_false_is_stop) return absl::OkStatus();
   if (run.client_gone) return absl::CancelledError("the client went away");
   if (!result.ok()) return result.status();
   record->generated_tokens = static_cast<int64_t>(result->tokens.size());
@@ -228,7 +229,7 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
 
   v1::GenerateResponse last = FinalResponse(run, *result);
   FillRequestStats(run, *result, alignment, last.mutable_stats());
-  if (!emit(last)) return absl::CancelledError("the client went away");
+  if (!emit(last) && !record->emit_false_is_stop) return absl::CancelledError("the client went away");
   return absl::OkStatus();
 }
 

@@ -72,6 +72,9 @@ class MainNode final : public v1::Inference::Service {
   // One request as main's log line about its end reports it (Generate writes it, success or not).
   struct RequestRecord {
     std::string request_id;     // in: the client's request id (rpc/request_id.h), "" for none
+    // in: `emit` returning false means the caller has what it wants (a stop string matched: the HTTP API), not
+    // that the client went away: the request then ends OK (outcome ok) without its final message.
+    bool emit_false_is_stop = false;
     int64_t prompt_tokens = 0;  // out, as far as the request got
     int64_t generated_tokens = 0;
     double ttft_ms = 0;
@@ -96,6 +99,12 @@ class MainNode final : public v1::Inference::Service {
   const ModelConfig& config() const { return config_; }
   const NodeConfig& self() const { return self_; }
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
+  // The model's tokenizer (nullptr without tokenizer.model); Encode/Decode are const and thread-safe.
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  // The checkpoint folder ("" with synthetic weights).
+  const std::string& model_dir() const { return model_dir_; }
+  // The registry behind metrics(), for servers of the node that add their own families (the HTTP API).
+  metrics::Registry& mutable_metrics() { return metrics_->registry(); }
   // The node's metrics (served by rpc::MetricsServer, which must stop before the node is destroyed).
   const metrics::Registry& metrics() const { return metrics_->registry(); }
   // Readiness as main's prober judged it, for /metrics (odmoe_ready).

@@ -44,6 +44,20 @@ address = "10.0.0.4:7100"
 metrics_address = "10.0.0.4:7190"
 )";
 
+TEST(ClusterConfigTest, HttpAddressOfMainMayShareItsMetricsAddress) {
+  std::string text = kGood;
+  const std::string main_address = "address = \"10.0.0.1:7100\"";
+  text.replace(text.find(main_address), main_address.size(),
+               main_address + "\nhttp_address = \"10.0.0.1:8000\"\nmetrics_address = \"10.0.0.1:8000\"");
+  auto c = ParseClusterConfig(text, "lab.toml", "/etc/odmoe");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->main()->http_address, "10.0.0.1:8000");
+  EXPECT_EQ(c->main()->metrics_address, "10.0.0.1:8000");
+  auto plain = ParseClusterConfig(kGood, "lab.toml", "/etc/odmoe");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->main()->http_address, "");  // optional: no HTTP API
+}
+
 TEST(ClusterConfigTest, ParsesEveryField) {
   auto c = ParseClusterConfig(kGood, "lab.toml", "/etc/odmoe");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -135,6 +149,13 @@ TEST(ClusterConfigTest, BadFilesNameTheFieldAtFault) {
       {"metrics_address = \"10.0.0.4:7190\"", "metrics_address = 7190", "'metrics_address': expected a string"},
       {"metrics_address = \"10.0.0.4:7190\"", "metrics_address = \"10.0.0.1:7100\"",
        "node 'w1': field 'metrics_address': '10.0.0.1:7100' is also node 'main' address"},
+      // The HTTP API's address: main only, host:port, not another node's address.
+      {"metrics_address = \"10.0.0.4:7190\"", "http_address = \"10.0.0.4:8000\"",
+       "node 'w1': field 'http_address': only the main node serves the HTTP API"},
+      {"address = \"10.0.0.1:7100\"", "address = \"10.0.0.1:7100\"\nhttp_address = \"10.0.0.1\"",
+       "node 'main': field 'http_address': expected host:port"},
+      {"address = \"10.0.0.1:7100\"", "address = \"10.0.0.1:7100\"\nhttp_address = \"10.0.0.4:7190\"",
+       "node 'main': field 'http_address': '10.0.0.4:7190' is also node 'w1' metrics_address"},
   };
   for (const Bad& b : cases) {
     std::string text = kGood;

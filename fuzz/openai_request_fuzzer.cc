@@ -1,0 +1,73 @@
+// Fuzzes the OpenAI-compatible HTTP API's request handling (src/main_node/openai_api.h), everything the server
+// does with a body before a model is involved: the first byte picks the endpoint (even: /v1/completions, odd:
+// /v1/chat/completions), the rest is the body. Checked: a refused body is a 400 whose error object is valid JSON
+// naming it; an accepted one respects the documented ranges; chat messages render (or are refused) without
+// crashing; stop strings give the same text whatever the split of the text into pieces; the responses and
+// stream chunks built from the request's text are valid JSON.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "src/main_node/openai_api.h"
+
+namespace {
+
+void Check(bool ok) {
+  if (!ok) std::abort();
+}
+
+// Stop matching over `text` split at `cut` equals matching it whole.
+void CheckStopSplit(const std::vector<std::string>& stops, const std::string& text, size_t cut) {
+  odmoe::openai::StopMatcher whole(stops), split(stops);
+  const std::string a = whole.Push(text) + whole.Finish();
+  cut = std::min(cut, text.size());
+  const std::string b = split.Push(text.substr(0, cut)) + split.Push(text.substr(cut)) + split.Finish();
+  Check(a == b);
+  Check(text.rfind(a, 0) == 0);  // always a prefix of the text
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace odmoe::openai;
+  if (size == 0) return 0;
+  const Endpoint endpoint = data[0] % 2 == 0 ? Endpoint::kCompletions : Endpoint::kChatCompletions;
+  const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
+  ApiError error;
+  absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(body, endpoint, &error);
+  if (!r.ok()) {
+    Check(error.http_status == 400 && !error.message.empty());
+    Check(odmoe::ParseJson(ErrorBody(error), "error").ok());
+    return 0;
+  }
+  Check(r->temperature >= 0 && r->temperature <= 2 && r->top_p > 0 && r->top_p <= 1);
+  Check(!r->max_tokens || *r->max_tokens >= 1);
+  Check(r->stop.size() <= kMaxStopStrings);
+  std::string text;
+  if (endpoint == Endpoint::kCompletions) {
+    Check(!r->prompts.empty());
+    for (const Prompt& p : r->prompts) {
+      Check(p.is_text || !p.ids.empty());
+      for (int32_t id : p.ids) Check(id >= 0);
+      text += p.text;
+    }
+  } else {
+    Check(!r->messages.empty());
+    for (const ChatFormat format : {ChatFormat::kMistralInst, ChatFormat::kLlama2}) {
+      absl::StatusOr<std::vector<PromptPiece>> pieces = RenderChat(format, r->messages);
+      if (pieces.ok()) Check(!pieces->empty() && (*pieces)[0].kind == PromptPiece::kBos);
+    }
+    for (const ChatMessage& m : r->messages) text += m.content;
+  }
+  CheckStopSplit(r->stop, text, text.size() / 2);
+  CheckStopSplit(r->stop, text, size % (text.size() + 1));
+  const std::vector<Choice> choices = {{0, text, {1, 2}, "stop"}};
+  Check(odmoe::ParseJson(CompletionBody(endpoint, "id", 1, r->model, choices, {3, 2}), "body").ok());
+  const std::string event =
+      SseEvent(StreamChunk(endpoint, "id", 1, r->model, 0, text, {}, "", true, r->include_usage));
+  Check(event.rfind("data: ", 0) == 0 && event.size() >= 8 && event.substr(event.size() - 2) == "\n\n");
+  Check(odmoe::ParseJson(std::string_view(event).substr(6), "chunk").ok());
+  return 0;
+}

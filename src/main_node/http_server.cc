@@ -1,0 +1,505 @@
+#include "src/main_node/http_server.h"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "httplib.h"
+#include "spdlog/spdlog.h"
+#include "src/common/logging.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+#include "src/common/utf8.h"
+#include "src/engine/generator.h"
+#include "src/rpc/metrics_server.h"
+#include "src/rpc/request_id.h"
+
+namespace odmoe {
+namespace {
+
+using openai::ApiError;
+using openai::Endpoint;
+
+constexpr char kJson[] = "application/json";
+constexpr size_t kMaxBodyBytes = 8 << 20;
+
+// httplib's default also sets SO_REUSEPORT, which lets a second process bind a port already listened on.
+void ReuseAddressOnly(int sock) {
+  int yes = 1;
+  setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+}
+
+void SendError(httplib::Response& res, const ApiError& e) {
+  res.status = e.http_status;
+  res.set_content(openai::ErrorBody(e), kJson);
+}
+
+ApiError BadRequest(std::string message, std::string param = "") {
+  ApiError e;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  return e;
+}
+
+// tokenizer_config.json of `dir` (null when absent).
+absl::StatusOr<Json> ReadTokenizerConfig(const std::string& dir) {
+  if (dir.empty()) return Json(nullptr);
+  const std::string path = (std::filesystem::path(dir) / "tokenizer_config.json").string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Json(nullptr);
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<Json> j = ParseJson(text.str(), path);
+  if (!j.ok()) return absl::FailedPreconditionError(j.status().message());
+  return j;
+}
+
+// "cmpl-" / "chatcmpl-" and 24 random hex digits.
+std::string NewResponseId(Endpoint endpoint) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id = endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-";
+  for (int i = 0; i < 24; ++i) id.push_back(kHex[rng() % 16]);
+  return id;
+}
+
+}  // namespace
+
+// One prompt, ready to run: the request MainNode gets.
+struct PreparedPrompt {
+  v1::GenerateRequest request;
+  int64_t prompt_tokens = 0;
+};
+
+struct HttpServer::Impl {
+  MainNode* node = nullptr;
+  HttpServerOptions options;
+  openai::ChatFormat chat_format = openai::ChatFormat::kNone;
+  metrics::Family<metrics::Counter>* requests = nullptr;  // {endpoint, code}
+  metrics::Counter* disconnects = nullptr;
+  std::atomic<bool> stopping{false};
+  mutable absl::Mutex ready_mu;
+  bool ready ABSL_GUARDED_BY(ready_mu) = false;
+  std::string ready_reason ABSL_GUARDED_BY(ready_mu) = "main has not judged its readiness yet";
+
+  // Parses, checks and tokenizes a request: every prompt ready to run, or the error to answer.
+  absl::StatusOr<std::vector<PreparedPrompt>> Prepare(const openai::CompletionRequest& r, ApiError* error) const;
+  // The ids of one prompt: token ids as given, text through the tokenizer (BOS/EOS as the model asks).
+  absl::StatusOr<std::vector<int32_t>> IdsOf(const openai::Prompt& p, ApiError* error) const;
+  absl::StatusOr<std::vector<int32_t>> ChatIds(const std::vector<openai::ChatMessage>& m, ApiError* error) const;
+
+  // Runs one prompt; `on_piece` gets each piece of text (stop strings removed) with the ids it came with, and
+  // returns false when the client has gone. The choice's text is the concatenation of the pieces, so streamed
+  // and whole answers are the same.
+  using OnPiece = std::function<bool(const std::string& text, const std::vector<int32_t>& ids)>;
+  absl::StatusOr<openai::Choice> Run(const PreparedPrompt& p, const std::vector<std::string>& stop, int64_t index,
+                                     const std::string& request_id, const OnPiece& on_piece,
+                                     const std::function<bool()>& cancelled, bool* client_gone) const;
+
+  void Completions(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) const;
+  // A streamed answer, written to `sink` (the server's thread, after the 200 and its headers): the chunks of
+  // each prompt in turn, the usage chunk when asked for, data: [DONE]. False when the client went away.
+  struct StreamJob {
+    openai::CompletionRequest request;
+    std::vector<PreparedPrompt> prompts;
+    std::string id;
+    int64_t created = 0;
+    std::string request_id;
+    const char* name = "";  // the endpoint, for logs
+  };
+  bool Stream(const StreamJob& job, httplib::DataSink& sink) const;
+  void Count(std::string_view endpoint, int code) const {
+    requests->With({std::string(endpoint), std::to_string(code)}).Add();
+  }
+};
+
+absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::IdsOf(const openai::Prompt& p, ApiError* error) const {
+  if (!p.is_text) return p.ids;
+  const Tokenizer* tokenizer = node->tokenizer();
+  if (tokenizer == nullptr) {
+    *error = BadRequest(StrCat("model '", options.model_id,
+                               "' has no tokenizer.model (the Qwen and OLMoE families ship tokenizer.json only): "
+                               "send the prompt as token ids"),
+                        "prompt");
+    return absl::InvalidArgumentError(error->message);
+  }
+  if (absl::Status s = CheckUtf8(p.text, "prompt"); !s.ok()) {
+    *error = BadRequest(std::string(s.message()), "prompt");
+    return s;
+  }
+  return tokenizer->EncodeForModel(p.text);
+}
+
+absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatIds(const std::vector<openai::ChatMessage>& messages,
+                                                               ApiError* error) const {
+  const Tokenizer* tokenizer = node->tokenizer();
+  if (tokenizer == nullptr || chat_format == openai::ChatFormat::kNone) {
+    *error = BadRequest(
+        StrCat("model '", options.model_id, "' cannot chat: ",
+               tokenizer == nullptr ? "it has no tokenizer.model (the Qwen and OLMoE families ship tokenizer.json "
+                                      "only); use /v1/completions with token ids"
+                                    : "it has no chat template odmoe can apply; use /v1/completions"),
+        "messages");
+    return absl::InvalidArgumentError(error->message);
+  }
+  absl::StatusOr<std::vector<openai::PromptPiece>> pieces = openai::RenderChat(chat_format, messages);
+  if (!pieces.ok()) {
+    *error = BadRequest(std::string(pieces.status().message()), "messages");
+    return pieces.status();
+  }
+  std::vector<int32_t> ids;
+  for (const openai::PromptPiece& piece : *pieces) {
+    if (piece.kind == openai::PromptPiece::kBos) {
+      ids.push_back(tokenizer->bos_id());
+    } else if (piece.kind == openai::PromptPiece::kEos) {
+      ids.push_back(tokenizer->eos_id());
+    } else {
+      if (absl::Status s = CheckUtf8(piece.text, "messages"); !s.ok()) {
+        *error = BadRequest(std::string(s.message()), "messages");
+        return s;
+      }
+      const std::vector<int32_t> text = tokenizer->Encode(piece.text);
+      ids.insert(ids.end(), text.begin(), text.end());
+    }
+  }
+  return ids;
+}
+
+absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const openai::CompletionRequest& r,
+                                                                      ApiError* error) const {
+  std::vector<std::vector<int32_t>> prompts;
+  if (r.endpoint == Endpoint::kChatCompletions) {
+    ODMOE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatIds(r.messages, error));
+    prompts.push_back(std::move(ids));
+  } else {
+    for (const openai::Prompt& p : r.prompts) {
+      ODMOE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, IdsOf(p, error));
+      prompts.push_back(std::move(ids));
+    }
+  }
+  const ModelConfig& config = node->config();
+  const uint64_t seed = r.seed ? *r.seed : std::random_device{}();
+  std::vector<PreparedPrompt> out;
+  for (std::vector<int32_t>& ids : prompts) {
+    const int64_t len = static_cast<int64_t>(ids.size());
+    // Chat's default: the rest of the context (at least one token, so that a full prompt is refused).
+    const int64_t max_tokens = r.max_tokens ? *r.max_tokens
+                                            : (r.endpoint == Endpoint::kCompletions
+                                                   ? openai::kDefaultCompletionMaxTokens
+                                                   : std::max<int64_t>(1, config.max_position_embeddings - len));
+    const std::string param = r.endpoint == Endpoint::kCompletions ? "prompt" : "messages";
+    if (absl::Status s = ValidateRequest(config, ids, max_tokens); !s.ok()) {
+      *error = BadRequest(
+          std::string(s.message()),
+          r.max_tokens && absl::IsOutOfRange(s) && len <= config.max_position_embeddings ? "max_tokens" : param);
+      if (absl::IsOutOfRange(s)) error->code = "context_length_exceeded";
+      return s;
+    }
+    SamplingOptions sampling{.temperature = r.temperature, .top_k = 0, .top_p = r.top_p, .seed = seed};
+    if (absl::Status s = sampling.Validate(); !s.ok()) {
+      *error = BadRequest(std::string(s.message()));
+      return s;
+    }
+    PreparedPrompt p;
+    p.prompt_tokens = len;
+    p.request.mutable_prompt_ids()->Add(ids.begin(), ids.end());
+    p.request.set_max_new_tokens(max_tokens);
+    p.request.set_ignore_eos(r.ignore_eos);
+    p.request.mutable_sampling()->set_temperature(r.temperature);
+    p.request.mutable_sampling()->set_top_p(r.top_p);
+    p.request.mutable_sampling()->set_seed(seed);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, const std::vector<std::string>& stop,
+                                                     int64_t index, const std::string& request_id,
+                                                     const OnPiece& on_piece, const std::function<bool()>& cancelled,
+                                                     bool* client_gone) const {
+  openai::Choice choice;
+  choice.index = index;
+  openai::StopMatcher matcher(stop);
+  bool stop_matched = false;
+  auto emit = [&](const v1::GenerateResponse& r) {
+    const std::vector<int32_t> ids(r.tokens().begin(), r.tokens().end());
+    std::string text = matcher.Push(r.text());
+    if (r.done()) {
+      text += matcher.Finish();
+      choice.finish_reason = openai::FinishReasonOf(r.stop_reason());
+    }
+    choice.text += text;
+    choice.token_ids.insert(choice.token_ids.end(), ids.begin(), ids.end());
+    // A client gone is seen by `cancelled` below (the request ends as cancelled); emit's false is a stop.
+    if (!on_piece(text, ids)) *client_gone = true;
+    if (matcher.stopped()) stop_matched = true;
+    return !stop_matched;
+  };
+  MainNode::RequestRecord record;
+  record.request_id = request_id;
+  record.emit_false_is_stop = true;
+  const absl::Status status = node->RunRequest(
+      p.request, emit, [&] { return *client_gone || (cancelled != nullptr && cancelled()); }, &record);
+  if (!status.ok()) return status;
+  if (*client_gone) return absl::CancelledError("the client went away");
+  if (stop_matched) choice.finish_reason = "stop";
+  return choice;
+}
+
+void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) const {
+  const char* name = endpoint == Endpoint::kCompletions ? "completions" : "chat_completions";
+  std::string request_id = req.get_header_value("x-request-id");
+  if (request_id.empty() || !rpc::ValidateRequestId(request_id).ok()) request_id = rpc::NewRequestId();
+  logging::ScopedRequestId scope(request_id);
+  res.set_header("x-request-id", request_id);
+  ApiError error;
+  absl::StatusOr<openai::CompletionRequest> parsed = openai::ParseCompletionRequest(req.body, endpoint, &error);
+  if (!parsed.ok()) {
+    spdlog::info("http {} from {}: refused: {}", name, req.remote_addr, error.message);
+    Count(name, error.http_status);
+    return SendError(res, error);
+  }
+  if (parsed->model != options.model_id) {
+    error = BadRequest(
+        StrCat("The model '", parsed->model, "' does not exist; this server serves '", options.model_id, "'"), "model");
+    error.http_status = 404;
+    error.code = "model_not_found";
+    Count(name, 404);
+    return SendError(res, error);
+  }
+  absl::StatusOr<std::vector<PreparedPrompt>> prompts = Prepare(*parsed, &error);
+  if (!prompts.ok()) {
+    spdlog::info("http {} from {}: refused: {}", name, req.remote_addr, error.message);
+    Count(name, error.http_status);
+    return SendError(res, error);
+  }
+  const std::string id = NewResponseId(endpoint);
+  const int64_t created = static_cast<int64_t>(std::time(nullptr));
+  spdlog::info("http {} from {}: {} prompt(s), max_tokens {}, stream {}", name, req.remote_addr, prompts->size(),
+               (*prompts)[0].request.max_new_tokens(), parsed->stream);
+
+  if (!parsed->stream) {
+    std::vector<openai::Choice> choices;
+    openai::Usage usage;
+    bool gone = false;
+    for (size_t i = 0; i < prompts->size(); ++i) {
+      absl::StatusOr<openai::Choice> c = Run((*prompts)[i], parsed->stop, static_cast<int64_t>(i), request_id,
+                                             [](const std::string&, const std::vector<int32_t>&) { return true; },
+                                             [this] { return stopping.load(); }, &gone);
+      if (!c.ok()) {
+        spdlog::warn("http {} failed: {}", name, c.status().ToString());
+        const ApiError e = openai::ErrorOfStatus(c.status());
+        Count(name, e.http_status);
+        return SendError(res, e);
+      }
+      usage.prompt_tokens += (*prompts)[i].prompt_tokens;
+      usage.completion_tokens += static_cast<int64_t>(c->token_ids.size());
+      choices.push_back(std::move(c).value());
+    }
+    Count(name, 200);
+    res.set_content(openai::CompletionBody(endpoint, id, created, options.model_id, choices, usage), kJson);
+    return;
+  }
+
+  // Streamed: every check is done, so the answer is 200 and errors from here on are an error event.
+  Count(name, 200);
+  res.set_header("Cache-Control", "no-cache");
+  auto job = std::make_shared<StreamJob>(
+      StreamJob{std::move(parsed).value(), std::move(prompts).value(), id, created, request_id, name});
+  res.set_chunked_content_provider("text/event-stream",
+                                   [this, job](size_t, httplib::DataSink& sink) { return Stream(*job, sink); });
+}
+
+bool HttpServer::Impl::Stream(const StreamJob& job, httplib::DataSink& sink) const {
+  logging::ScopedRequestId scope(job.request_id);
+  const Endpoint endpoint = job.request.endpoint;
+  const bool usage_wanted = job.request.include_usage;
+  auto chunk = [&](int64_t index, std::string_view text, const std::vector<int32_t>& ids, std::string_view finish,
+                   bool first) {
+    const std::string event = openai::SseEvent(openai::StreamChunk(endpoint, job.id, job.created, options.model_id,
+                                                                   index, text, ids, finish, first, usage_wanted));
+    return sink.write(event.data(), event.size());
+  };
+  openai::Usage usage;
+  bool gone = false;
+  for (size_t i = 0; i < job.prompts.size() && !gone; ++i) {
+    const int64_t index = static_cast<int64_t>(i);
+    // Chat opens each choice with the assistant's role; every piece goes out as it comes; a last chunk with no
+    // text carries the finish reason.
+    if (endpoint == Endpoint::kChatCompletions && !chunk(index, "", {}, "", true)) {
+      gone = true;
+      break;
+    }
+    absl::StatusOr<openai::Choice> c = Run(
+        job.prompts[i], job.request.stop, index, job.request_id,
+        [&](const std::string& text, const std::vector<int32_t>& ids) { return chunk(index, text, ids, "", false); },
+        [this, &sink] { return stopping.load() || !sink.is_writable(); }, &gone);
+    if (!gone && !c.ok() && (stopping.load() || !sink.is_writable())) gone = true;
+    if (gone) break;
+    if (!c.ok()) {
+      spdlog::warn("http {} failed mid-stream: {}", job.name, c.status().ToString());
+      const std::string event = StrCat("data: ", openai::ErrorBody(openai::ErrorOfStatus(c.status())), "\n\n");
+      sink.write(event.data(), event.size());
+      sink.done();
+      return true;
+    }
+    if (!chunk(index, "", {}, c->finish_reason, false)) gone = true;
+    usage.prompt_tokens += job.prompts[i].prompt_tokens;
+    usage.completion_tokens += static_cast<int64_t>(c->token_ids.size());
+  }
+  if (gone) {
+    disconnects->Add();
+    spdlog::info("http {}: the client closed the stream; request cancelled", job.name);
+    return false;
+  }
+  std::string tail;
+  if (usage_wanted) {
+    tail = openai::SseEvent(openai::UsageChunk(endpoint, job.id, job.created, options.model_id, usage));
+  }
+  tail += openai::kSseDone;
+  sink.write(tail.data(), tail.size());
+  sink.done();
+  return true;
+}
+
+HttpServerOptions HttpServer::OptionsFor(const rpc::DaemonArgs& args, const metrics::Registry* registry) {
+  HttpServerOptions o;
+  o.node = args.self.name;
+  o.address = args.self.http_address;
+  metrics::Labels labels = rpc::DaemonMetricLabels(args.cluster, args.self, args.model_dir);
+  for (const auto& [k, v] : labels) {
+    if (k == "model") o.model_id = v;
+  }
+  o.threads = std::max(8, 2 * args.self.threads);
+  if (!args.self.metrics_address.empty() && args.self.metrics_address == args.self.http_address) {
+    o.metrics_to_serve = registry;
+  }
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, HttpServerOptions options,
+                                                              metrics::Registry* registry) {
+  const size_t colon = options.address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(
+        StrCat("node '", options.node, "': http_address '", options.address, "': expected host:port"));
+  }
+  std::string host = options.address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const int want_port = std::atoi(options.address.c_str() + colon + 1);
+
+  std::unique_ptr<HttpServer> server(new HttpServer());
+  server->impl_ = std::make_unique<Impl>();
+  Impl& impl = *server->impl_;
+  impl.node = node;
+  impl.options = options;
+  ODMOE_ASSIGN_OR_RETURN(const Json tokenizer_config, ReadTokenizerConfig(node->model_dir()));
+  impl.chat_format = openai::ChooseChatFormat(tokenizer_config, ArchitectureName(node->config().arch));
+  impl.requests =
+      &registry->AddCounter("odmoe_http_requests_total",
+                            "OpenAI API requests answered, by endpoint and HTTP status code.", {"endpoint", "code"});
+  impl.disconnects = &registry
+                          ->AddCounter("odmoe_http_client_disconnects_total",
+                                       "Streamed OpenAI API requests cancelled because the client closed the "
+                                       "connection.")
+                          .With({});
+
+  server->http_ = std::make_unique<httplib::Server>();
+  httplib::Server& http = *server->http_;
+  const int threads = std::max(1, options.threads);
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http.set_socket_options(ReuseAddressOnly);
+  http.set_keep_alive_timeout(5);
+  http.set_read_timeout(30);
+  http.set_write_timeout(10);
+  http.set_payload_max_length(kMaxBodyBytes);
+
+  // Every route goes through here: the authorization hook, then the handler.
+  auto guarded = [&impl](auto handler) {
+    return [&impl, handler](const httplib::Request& req, httplib::Response& res) {
+      if (impl.options.authorize && !impl.options.authorize(req)) {
+        ApiError e;
+        e.http_status = 401;
+        e.type = "authentication_error";
+        e.code = "invalid_api_key";
+        e.message = "missing or wrong API key";
+        return SendError(res, e);
+      }
+      handler(req, res);
+    };
+  };
+  http.Post("/v1/completions", guarded([&impl](const httplib::Request& req, httplib::Response& res) {
+              impl.Completions(req, res, Endpoint::kCompletions);
+            }));
+  http.Post("/v1/chat/completions", guarded([&impl](const httplib::Request& req, httplib::Response& res) {
+              impl.Completions(req, res, Endpoint::kChatCompletions);
+            }));
+  http.Get("/v1/models", guarded([&impl](const httplib::Request&, httplib::Response& res) {
+             res.set_content(openai::ModelsBody(impl.options.model_id, 0), kJson);
+           }));
+  http.Get("/health", [&impl](const httplib::Request&, httplib::Response& res) {
+    absl::MutexLock lock(&impl.ready_mu);
+    if (impl.ready) {
+      res.set_content(R"({"status":"ok"})", kJson);
+      return;
+    }
+    ApiError e;
+    e.http_status = 503;
+    e.type = "unavailable_error";
+    e.message = StrCat("main is not ready: ", impl.ready_reason);
+    SendError(res, e);
+  });
+  if (options.metrics_to_serve != nullptr) {
+    const metrics::Registry* served = options.metrics_to_serve;
+    http.Get("/metrics", [served](const httplib::Request&, httplib::Response& res) {
+      res.set_content(served->Render(), "text/plain; version=0.0.4; charset=utf-8");
+    });
+  }
+  // Unknown routes and httplib's own refusals (a body too large, ...) in OpenAI's error object too.
+  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e;
+    e.http_status = res.status;
+    e.message = res.status == 404 ? StrCat("no route ", req.method, " ", req.path)
+                                  : StrCat("HTTP ", res.status, " for ", req.method, " ", req.path);
+    if (res.status == 404) e.code = "unknown_url";
+    SendError(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+
+  errno = 0;
+  const int port = want_port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, want_port) ? want_port : -1);
+  if (port <= 0) {
+    const int err = errno;
+    return absl::UnavailableError(StrCat("node '", options.node, "': cannot serve the HTTP API at http_address '",
+                                         options.address, "': ", err != 0 ? std::strerror(err) : "bind failed",
+                                         " (is another process listening there?)"));
+  }
+  server->port_ = port;
+  server->url_ = StrCat("http://", options.address.substr(0, colon), ":", port);
+  server->thread_ = std::thread([&http] { http.listen_after_bind(); });
+  // stop() only stops a server that is running: wait for it, so that the destructor never misses it.
+  while (!http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return server;
+}
+
+void HttpServer::SetReady(bool ready, const std::string& reason) {
+  absl::MutexLock lock(&impl_->ready_mu);
+  impl_->ready = ready;
+  impl_->ready_reason = reason;
+}
+
+HttpServer::~HttpServer() {
+  if (impl_ != nullptr) impl_->stopping.store(true);
+  if (http_ != nullptr) http_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace odmoe

@@ -1,0 +1,88 @@
+// The main node's OpenAI-compatible HTTP API (cpp-httplib from Debian, on a thread pool of its own) at the main
+// node's `http_address`:
+//   POST /v1/completions, POST /v1/chat/completions  (stream: true -> server-sent events ending data: [DONE])
+//   GET  /v1/models                                   (the one model: its folder's name)
+//   GET  /health                                      (503 until main is ready, 200 after, as llama.cpp's)
+//   GET  /metrics                                     (only when http_address is also the metrics_address)
+// Requests and responses are built by src/main_node/openai_api.h; each prompt runs through MainNode::RunRequest
+// (one request at a time, as gRPC's). Text prompts and chat are tokenized here with the model's tokenizer, so a
+// request is checked against the model (vocabulary, context length, sampling options) before any byte of a
+// stream is sent: a bad request is always a 400 with OpenAI's error object, never a broken stream.
+//
+// Cancellation: a streamed request polls its connection (before every sparse layer, through RunRequest's
+// `cancelled`), so a client that closes it cancels the request within one decode step; odmoe_http_client_-
+// disconnects_total counts these. Stopping the server cancels every request in flight the same way. A request
+// waiting for its turn holds one pool thread; it waits at most for the requests ahead of it, each bounded by
+// its max_tokens and the cluster's RPC deadlines, and a write to a client that stops reading fails after the
+// write timeout (which cancels the request). Non-streamed requests are not polled (their answer is one write).
+//
+// Authorization hook: `authorize` (optional) sees every request before its handler; false answers 401 with
+// OpenAI's error object.
+//
+// Thread safety: handlers run on the server's threads; SetReady may be called from any thread. The MainNode and
+// the metrics registry must outlive the server, whose destructor cancels the requests in flight and joins its
+// threads.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "src/common/metrics.h"
+#include "src/main_node/main_node.h"
+#include "src/main_node/openai_api.h"
+
+namespace httplib {
+class Server;
+struct Request;
+}  // namespace httplib
+
+namespace odmoe {
+
+struct HttpServerOptions {
+  std::string node;      // for messages
+  std::string address;   // host:port; port 0 picks a free one
+  std::string model_id;  // the model's name in the API (rpc::DaemonMetricLabels' model)
+  int threads = 8;       // the server's pool: requests served (or waiting for their turn) at once
+  // Also serve GET /metrics from this registry (http_address == metrics_address); nullptr: no /metrics.
+  const metrics::Registry* metrics_to_serve = nullptr;
+  // The authorization hook (see the file comment); empty: every request is let through.
+  std::function<bool(const httplib::Request&)> authorize;
+};
+
+class HttpServer {
+ public:
+  // Binds `options.address` and serves `node`'s model. Its metrics (odmoe_http_requests_total{endpoint,code},
+  // odmoe_http_client_disconnects_total) go to `registry`. Unavailable naming the node and the address when the
+  // address cannot be bound; FailedPrecondition when the model's tokenizer_config.json is not valid JSON.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(MainNode* node, HttpServerOptions options,
+                                                           metrics::Registry* registry);
+  // The HttpServerOptions of main's node (`http_address`, the model id of its metrics' labels, a shared
+  // /metrics when http_address == metrics_address).
+  static HttpServerOptions OptionsFor(const rpc::DaemonArgs& args, const metrics::Registry* registry);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Main's readiness, for GET /health (`reason` explains a 503).
+  void SetReady(bool ready, const std::string& reason);
+  int port() const { return port_; }
+  // http://HOST:PORT with the port actually bound.
+  const std::string& url() const { return url_; }
+
+  struct Impl;  // the handlers (http_server.cc)
+
+ private:
+  HttpServer() = default;
+  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread thread_;
+  int port_ = 0;
+  std::string url_;
+};
+
+}  // namespace odmoe

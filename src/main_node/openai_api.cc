@@ -1,0 +1,544 @@
+#include "src/main_node/openai_api.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+namespace odmoe::openai {
+namespace {
+
+// Builds the 400 for `param` and returns the status that carries it.
+absl::Status Fail(ApiError* error, std::string param, std::string message) {
+  error->http_status = 400;
+  error->type = "invalid_request_error";
+  error->param = std::move(param);
+  error->code = "";
+  error->message = std::move(message);
+  return absl::InvalidArgumentError(error->message);
+}
+
+// The field's value, nullptr when absent or null (null means "not set" for every optional field).
+const Json* Field(const Json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::string TypeError(std::string_view key, std::string_view expected, const Json& got) {
+  return StrCat("'", key, "' must be ", expected, ", got ", JsonTypeName(got));
+}
+
+absl::Status ReadNumber(const Json& body, const char* key, double lo, double hi, ApiError* error,
+                        std::optional<double>* out) {
+  const Json* v = Field(body, key);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_number()) return Fail(error, key, TypeError(key, "a number", *v));
+  const double d = v->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi) {
+    return Fail(error, key, StrCat("'", key, "' must be in [", lo, ", ", hi, "], got ", d));
+  }
+  *out = d;
+  return absl::OkStatus();
+}
+
+absl::Status ReadInt(const Json& body, const char* key, ApiError* error, std::optional<int64_t>* out) {
+  const Json* v = Field(body, key);
+  if (v == nullptr) return absl::OkStatus();
+  if (v->is_number_unsigned()) {
+    if (v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Fail(error, key, StrCat("'", key, "' is too large"));
+    }
+    *out = static_cast<int64_t>(v->get<uint64_t>());
+    return absl::OkStatus();
+  }
+  if (!v->is_number_integer()) return Fail(error, key, TypeError(key, "an integer", *v));
+  *out = v->get<int64_t>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadBool(const Json& body, const char* key, ApiError* error, bool* out) {
+  const Json* v = Field(body, key);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_boolean()) return Fail(error, key, TypeError(key, "a boolean", *v));
+  *out = v->get<bool>();
+  return absl::OkStatus();
+}
+
+// A token id of a prompt: an integer in int32's range (the model's vocabulary is checked later).
+absl::Status ReadTokenId(const Json& v, const std::string& where, ApiError* error, std::vector<int32_t>* out) {
+  if (!v.is_number_integer()) return Fail(error, "prompt", TypeError(where, "a token id (integer)", v));
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(kMax)
+                                               : v.get<int64_t>() >= 0 && v.get<int64_t>() <= kMax;
+  if (!in_range) return Fail(error, "prompt", StrCat("'", where, "' is not a token id: ", v.dump()));
+  out->push_back(static_cast<int32_t>(v.get<int64_t>()));
+  return absl::OkStatus();
+}
+
+// `prompt`: a string, a list of strings, a list of ids, or a list of lists of ids.
+absl::Status ReadPrompts(const Json& body, ApiError* error, std::vector<Prompt>* out) {
+  const Json* v = Field(body, "prompt");
+  if (v == nullptr) return Fail(error, "prompt", "'prompt' is required");
+  if (v->is_string()) {
+    out->push_back(Prompt{true, v->get<std::string>(), {}});
+    return absl::OkStatus();
+  }
+  const std::string expected = "a string, a list of strings, a list of token ids or a list of lists of token ids";
+  if (!v->is_array()) return Fail(error, "prompt", TypeError("prompt", expected, *v));
+  if (v->empty()) return Fail(error, "prompt", "'prompt' is an empty list");
+  const Json& first = v->front();
+  if (first.is_number()) {  // one prompt of ids
+    Prompt p;
+    for (size_t i = 0; i < v->size(); ++i) {
+      ODMOE_RETURN_IF_ERROR(ReadTokenId((*v)[i], StrCat("prompt[", i, "]"), error, &p.ids));
+    }
+    out->push_back(std::move(p));
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < v->size(); ++i) {
+    const Json& item = (*v)[i];
+    if (first.is_string()) {
+      if (!item.is_string()) return Fail(error, "prompt", TypeError(StrCat("prompt[", i, "]"), "a string", item));
+      out->push_back(Prompt{true, item.get<std::string>(), {}});
+    } else if (first.is_array()) {
+      if (!item.is_array()) {
+        return Fail(error, "prompt", TypeError(StrCat("prompt[", i, "]"), "a list of token ids", item));
+      }
+      if (item.empty()) return Fail(error, "prompt", StrCat("'prompt[", i, "]' is an empty list"));
+      Prompt p;
+      for (size_t j = 0; j < item.size(); ++j) {
+        ODMOE_RETURN_IF_ERROR(ReadTokenId(item[j], StrCat("prompt[", i, "][", j, "]"), error, &p.ids));
+      }
+      out->push_back(std::move(p));
+    } else {
+      return Fail(error, "prompt", TypeError("prompt[0]", "a string, a token id or a list of token ids", first));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A message's content: a string, or a list of {"type": "text", "text": ...} parts (joined); null is "".
+absl::Status ReadContent(const Json& message, size_t i, ApiError* error, std::string* out) {
+  const std::string where = StrCat("messages[", i, "].content");
+  const Json* c = Field(message, "content");
+  if (c == nullptr) return absl::OkStatus();
+  if (c->is_string()) {
+    *out = c->get<std::string>();
+    return absl::OkStatus();
+  }
+  if (!c->is_array()) return Fail(error, "messages", TypeError(where, "a string or a list of text parts", *c));
+  for (size_t j = 0; j < c->size(); ++j) {
+    const Json& part = (*c)[j];
+    const std::string pwhere = StrCat(where, "[", j, "]");
+    if (!part.is_object()) return Fail(error, "messages", TypeError(pwhere, "an object", part));
+    const Json* type = Field(part, "type");
+    const Json* text = Field(part, "text");
+    if (type == nullptr || !type->is_string() || type->get<std::string>() != "text") {
+      return Fail(error, "messages", StrCat("'", pwhere, "': only parts of type 'text' are supported"));
+    }
+    if (text == nullptr || !text->is_string()) {
+      return Fail(error, "messages", StrCat("'", pwhere, ".text' must be a string"));
+    }
+    *out += text->get<std::string>();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadMessages(const Json& body, ApiError* error, std::vector<ChatMessage>* out) {
+  const Json* v = Field(body, "messages");
+  if (v == nullptr) return Fail(error, "messages", "'messages' is required");
+  if (!v->is_array()) return Fail(error, "messages", TypeError("messages", "a list of messages", *v));
+  if (v->empty()) return Fail(error, "messages", "'messages' is an empty list");
+  for (size_t i = 0; i < v->size(); ++i) {
+    const Json& m = (*v)[i];
+    if (!m.is_object()) return Fail(error, "messages", TypeError(StrCat("messages[", i, "]"), "an object", m));
+    const Json* role = Field(m, "role");
+    if (role == nullptr || !role->is_string()) {
+      return Fail(error, "messages", StrCat("'messages[", i, "].role' must be a string"));
+    }
+    ChatMessage message;
+    message.role = role->get<std::string>();
+    if (message.role == "developer") message.role = "system";
+    if (message.role != "system" && message.role != "user" && message.role != "assistant") {
+      return Fail(error, "messages",
+                  StrCat("'messages[", i, "].role' is '", message.role,
+                         "': supported roles are system, user and "
+                         "assistant (tools are not supported)"));
+    }
+    ODMOE_RETURN_IF_ERROR(ReadContent(m, i, error, &message.content));
+    out->push_back(std::move(message));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadStop(const Json& body, ApiError* error, std::vector<std::string>* out) {
+  const Json* v = Field(body, "stop");
+  if (v == nullptr) return absl::OkStatus();
+  auto add = [&](const Json& s, const std::string& where) -> absl::Status {
+    if (!s.is_string()) return Fail(error, "stop", TypeError(where, "a string", s));
+    std::string text = s.get<std::string>();
+    if (text.size() > kMaxStopBytes) {
+      return Fail(error, "stop", StrCat("'", where, "' is longer than ", kMaxStopBytes, " bytes"));
+    }
+    if (!text.empty()) out->push_back(std::move(text));
+    return absl::OkStatus();
+  };
+  if (v->is_string()) return add(*v, "stop");
+  if (!v->is_array()) return Fail(error, "stop", TypeError("stop", "a string or a list of strings", *v));
+  if (v->size() > kMaxStopStrings) {
+    return Fail(error, "stop", StrCat("'stop' has ", v->size(), " strings, at most ", kMaxStopStrings));
+  }
+  for (size_t i = 0; i < v->size(); ++i) ODMOE_RETURN_IF_ERROR(add((*v)[i], StrCat("stop[", i, "]")));
+  return absl::OkStatus();
+}
+
+// Options odmoe does not implement: refused only when set to a value that needs them.
+absl::Status RefuseUnsupported(const Json& body, Endpoint endpoint, ApiError* error) {
+  auto unsupported = [&](const char* key, const std::string& why) {
+    return Fail(error, key, StrCat("'", key, "' ", why, " is not supported"));
+  };
+  for (const char* key : {"n", "best_of"}) {
+    std::optional<int64_t> n;
+    ODMOE_RETURN_IF_ERROR(ReadInt(body, key, error, &n));
+    if (n && *n < 1) return Fail(error, key, StrCat("'", key, "' must be >= 1, got ", *n));
+    if (n && *n > 1) return unsupported(key, StrCat("= ", *n, " (one choice per prompt)"));
+  }
+  if (const Json* v = Field(body, "logprobs")) {
+    const bool wants = v->is_boolean() ? v->get<bool>() : (v->is_number() ? v->get<double>() != 0 : true);
+    if (!v->is_boolean() && !v->is_number())
+      return Fail(error, "logprobs", TypeError("logprobs", "a boolean or an integer", *v));
+    if (wants) return unsupported("logprobs", StrCat("= ", v->dump()));
+  }
+  std::optional<int64_t> top_logprobs;
+  ODMOE_RETURN_IF_ERROR(ReadInt(body, "top_logprobs", error, &top_logprobs));
+  if (top_logprobs && *top_logprobs > 0) return unsupported("top_logprobs", StrCat("= ", *top_logprobs));
+  bool echo = false;
+  ODMOE_RETURN_IF_ERROR(ReadBool(body, "echo", error, &echo));
+  if (echo) return unsupported("echo", "= true");
+  if (const Json* v = Field(body, "suffix")) {
+    if (!v->is_string()) return Fail(error, "suffix", TypeError("suffix", "a string", *v));
+    if (!v->get<std::string>().empty()) return unsupported("suffix", "(insertion)");
+  }
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    std::optional<double> p;
+    ODMOE_RETURN_IF_ERROR(ReadNumber(body, key, -2.0, 2.0, error, &p));
+    if (p && *p != 0) return unsupported(key, "other than 0");
+  }
+  if (const Json* v = Field(body, "logit_bias")) {
+    if (!v->is_object()) return Fail(error, "logit_bias", TypeError("logit_bias", "an object", *v));
+    if (!v->empty()) return unsupported("logit_bias", "(non-empty)");
+  }
+  for (const char* key : {"tools", "functions"}) {
+    if (const Json* v = Field(body, key)) {
+      if (!v->is_array()) return Fail(error, key, TypeError(key, "a list", *v));
+      if (!v->empty()) return unsupported(key, "(tool calling)");
+    }
+  }
+  if (const Json* v = Field(body, "response_format")) {
+    const Json* type = v->is_object() ? Field(*v, "type") : nullptr;
+    if (type == nullptr || !type->is_string()) {
+      return Fail(error, "response_format", "'response_format' must be an object with a string 'type'");
+    }
+    if (type->get<std::string>() != "text") {
+      return unsupported("response_format", StrCat("of type '", type->get<std::string>(), "'"));
+    }
+  }
+  (void)endpoint;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string ErrorBody(const ApiError& e) {
+  Json error = {{"message", e.message},
+                {"type", e.type},
+                {"param", e.param.empty() ? Json(nullptr) : Json(e.param)},
+                {"code", e.code.empty() ? Json(nullptr) : Json(e.code)}};
+  return DumpJson(Json{{"error", error}});
+}
+
+ApiError ErrorOfStatus(const absl::Status& status) {
+  ApiError e;
+  e.message = std::string(status.message());
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+      e.http_status = 400;
+      break;
+    case absl::StatusCode::kNotFound:
+      e.http_status = 404;
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      e.http_status = 429;
+      e.type = "rate_limit_error";
+      break;
+    case absl::StatusCode::kUnavailable:
+      e.http_status = 503;
+      e.type = "server_error";
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      e.http_status = 504;
+      e.type = "server_error";
+      break;
+    case absl::StatusCode::kCancelled:
+      e.http_status = 499;
+      e.type = "server_error";
+      break;
+    default:
+      e.http_status = 500;
+      e.type = "server_error";
+      break;
+  }
+  return e;
+}
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint, ApiError* error) {
+  absl::StatusOr<Json> parsed = ParseJson(body, "request body");
+  if (!parsed.ok()) return Fail(error, "", std::string(parsed.status().message()));
+  const Json& j = *parsed;
+  if (!j.is_object()) return Fail(error, "", TypeError("the request body", "a JSON object", j));
+  CompletionRequest r;
+  r.endpoint = endpoint;
+  const Json* model = Field(j, "model");
+  if (model == nullptr) return Fail(error, "model", "'model' is required");
+  if (!model->is_string()) return Fail(error, "model", TypeError("model", "a string", *model));
+  r.model = model->get<std::string>();
+  if (endpoint == Endpoint::kCompletions) {
+    ODMOE_RETURN_IF_ERROR(ReadPrompts(j, error, &r.prompts));
+  } else {
+    ODMOE_RETURN_IF_ERROR(ReadMessages(j, error, &r.messages));
+  }
+  ODMOE_RETURN_IF_ERROR(RefuseUnsupported(j, endpoint, error));
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    std::optional<int64_t> n;
+    ODMOE_RETURN_IF_ERROR(ReadInt(j, key, error, &n));
+    if (!n) continue;
+    if (*n < 1) return Fail(error, key, StrCat("'", key, "' must be >= 1, got ", *n));
+    r.max_tokens = r.max_tokens ? std::min(*r.max_tokens, *n) : *n;
+  }
+  std::optional<double> temperature, top_p;
+  ODMOE_RETURN_IF_ERROR(ReadNumber(j, "temperature", 0.0, 2.0, error, &temperature));
+  ODMOE_RETURN_IF_ERROR(ReadNumber(j, "top_p", 0.0, 1.0, error, &top_p));
+  if (temperature) r.temperature = *temperature;
+  if (top_p) {
+    if (*top_p == 0) return Fail(error, "top_p", "'top_p' must be in (0, 1], got 0");
+    r.top_p = *top_p;
+  }
+  std::optional<int64_t> seed;
+  ODMOE_RETURN_IF_ERROR(ReadInt(j, "seed", error, &seed));
+  if (seed) r.seed = static_cast<uint64_t>(*seed);
+  ODMOE_RETURN_IF_ERROR(ReadStop(j, error, &r.stop));
+  ODMOE_RETURN_IF_ERROR(ReadBool(j, "stream", error, &r.stream));
+  ODMOE_RETURN_IF_ERROR(ReadBool(j, "ignore_eos", error, &r.ignore_eos));
+  if (const Json* so = Field(j, "stream_options")) {
+    if (!so->is_object()) return Fail(error, "stream_options", TypeError("stream_options", "an object", *so));
+    ODMOE_RETURN_IF_ERROR(ReadBool(*so, "include_usage", error, &r.include_usage));
+    if (!r.stream) return Fail(error, "stream_options", "'stream_options' is only allowed with 'stream': true");
+  }
+  return r;
+}
+
+// ---- chat templates ----------------------------------------------------------------------------------------
+
+std::string_view ChatFormatName(ChatFormat format) {
+  switch (format) {
+    case ChatFormat::kMistralInst:
+      return "mistral-inst";
+    case ChatFormat::kLlama2:
+      return "llama2";
+    case ChatFormat::kNone:
+      break;
+  }
+  return "none";
+}
+
+namespace {
+
+// tokenizer_config.json's chat_template: a string, or a list of {"name", "template"} (the "default" one).
+std::string TemplateText(const Json& config) {
+  if (!config.is_object()) return "";
+  auto it = config.find("chat_template");
+  if (it == config.end()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_array()) {
+    for (const Json& t : *it) {
+      if (t.is_object() && t.value("name", "") == "default" && t.contains("template") && t["template"].is_string()) {
+        return t["template"].get<std::string>();
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+ChatFormat ChooseChatFormat(const Json& tokenizer_config, std::string_view architecture) {
+  const std::string text = TemplateText(tokenizer_config);
+  if (text.find("[INST]") != std::string::npos && text.find("[/INST]") != std::string::npos) {
+    return text.find("<<SYS>>") != std::string::npos ? ChatFormat::kLlama2 : ChatFormat::kMistralInst;
+  }
+  if (architecture == "MixtralForCausalLM") return ChatFormat::kMistralInst;
+  return ChatFormat::kNone;
+}
+
+absl::StatusOr<std::vector<PromptPiece>> RenderChat(ChatFormat format, const std::vector<ChatMessage>& messages) {
+  size_t first = 0;
+  std::string system;
+  if (!messages.empty() && messages[0].role == "system") {
+    system = messages[0].content;
+    first = 1;
+  }
+  if (first == messages.size()) {
+    return absl::InvalidArgumentError("messages: at least one user message is needed");
+  }
+  std::vector<PromptPiece> pieces = {{PromptPiece::kBos, ""}};
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    const bool user_turn = (i - first) % 2 == 0;
+    if (m.role != (user_turn ? "user" : "assistant")) {
+      return absl::InvalidArgumentError(
+          StrCat("messages[", i, "]: role '", m.role, "' where '", user_turn ? "user" : "assistant",
+                 "' was expected: after an optional system message, user and assistant alternate"));
+    }
+    if (user_turn) {
+      std::string content = m.content;
+      if (i == first && !system.empty()) {
+        content = format == ChatFormat::kLlama2 ? StrCat("<<SYS>>\n", system, "\n<</SYS>>\n\n", content)
+                                                : StrCat(system, "\n\n", content);
+      }
+      pieces.push_back({PromptPiece::kText, StrCat("[INST] ", content, " [/INST]")});
+    } else {
+      pieces.push_back({PromptPiece::kText, m.content});
+      pieces.push_back({PromptPiece::kEos, ""});
+      pieces.push_back({PromptPiece::kBos, ""});
+    }
+  }
+  if (messages.back().role != "user") {
+    return absl::InvalidArgumentError(
+        StrCat("messages[", messages.size() - 1, "]: the last message must be the user's (the model answers it)"));
+  }
+  return pieces;
+}
+
+// ---- stop strings ------------------------------------------------------------------------------------------
+
+StopMatcher::StopMatcher(std::vector<std::string> stops) {
+  for (std::string& s : stops) {
+    if (!s.empty()) stops_.push_back(std::move(s));
+  }
+}
+
+std::string StopMatcher::Push(std::string_view piece) {
+  if (stopped_) return "";
+  held_.append(piece);
+  // The earliest complete match ends the text there.
+  size_t match = std::string::npos;
+  for (const std::string& s : stops_) match = std::min(match, held_.find(s));
+  if (match != std::string::npos) {
+    stopped_ = true;
+    std::string out = held_.substr(0, match);
+    held_.clear();
+    return out;
+  }
+  // Hold back the longest suffix that is a proper prefix of some stop string.
+  size_t keep = 0;
+  for (const std::string& s : stops_) {
+    for (size_t n = std::min(s.size() - 1, held_.size()); n > keep; --n) {
+      if (held_.compare(held_.size() - n, n, s, 0, n) == 0) {
+        keep = n;
+        break;
+      }
+    }
+  }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+std::string StopMatcher::Finish() {
+  std::string out = std::move(held_);
+  held_.clear();
+  return stopped_ ? "" : out;
+}
+
+// ---- responses ---------------------------------------------------------------------------------------------
+
+std::string FinishReasonOf(std::string_view stop_reason) { return stop_reason == "length" ? "length" : "stop"; }
+
+namespace {
+
+Json UsageJson(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+Json Header(Endpoint endpoint, bool chunk, const std::string& id, int64_t created, const std::string& model) {
+  const char* object = endpoint == Endpoint::kCompletions ? "text_completion"
+                       : chunk                            ? "chat.completion.chunk"
+                                                          : "chat.completion";
+  return {{"id", id}, {"object", object}, {"created", created}, {"model", model}, {"system_fingerprint", nullptr}};
+}
+
+}  // namespace
+
+std::string CompletionBody(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
+                           const std::vector<Choice>& choices, const Usage& usage) {
+  Json out = Header(endpoint, false, id, created, model);
+  Json list = Json::array();
+  for (const Choice& c : choices) {
+    Json choice = {
+        {"index", c.index}, {"finish_reason", c.finish_reason}, {"logprobs", nullptr}, {"token_ids", c.token_ids}};
+    if (endpoint == Endpoint::kCompletions) {
+      choice["text"] = c.text;
+    } else {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    }
+    list.push_back(std::move(choice));
+  }
+  out["choices"] = std::move(list);
+  out["usage"] = UsageJson(usage);
+  return DumpJson(out);
+}
+
+std::string SseEvent(const Json& data) { return StrCat("data: ", DumpJson(data), "\n\n"); }
+
+Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, int64_t index,
+                 std::string_view text, const std::vector<int32_t>& token_ids, std::string_view finish_reason,
+                 bool first, bool include_usage) {
+  Json out = Header(endpoint, true, id, created, model);
+  Json choice = {{"index", index},
+                 {"finish_reason", finish_reason.empty() ? Json(nullptr) : Json(std::string(finish_reason))},
+                 {"logprobs", nullptr},
+                 {"token_ids", token_ids}};
+  if (endpoint == Endpoint::kCompletions) {
+    choice["text"] = std::string(text);
+  } else {
+    Json delta = Json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || finish_reason.empty()) delta["content"] = std::string(text);
+    choice["delta"] = std::move(delta);
+  }
+  out["choices"] = Json::array({std::move(choice)});
+  if (include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+Json UsageChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
+                const Usage& usage) {
+  Json out = Header(endpoint, true, id, created, model);
+  out["choices"] = Json::array();
+  out["usage"] = UsageJson(usage);
+  return out;
+}
+
+std::string ModelsBody(const std::string& model, int64_t created) {
+  Json m = {{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "odmoe"}};
+  return DumpJson(Json{{"object", "list"}, {"data", Json::array({m})}});
+}
+
+}  // namespace odmoe::openai

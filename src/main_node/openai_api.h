@@ -1,0 +1,167 @@
+// The OpenAI-compatible HTTP API of the main node, as pure functions: request bodies parsed and checked into
+// CompletionRequest, responses and server-sent-event chunks built, errors in OpenAI's error object, stop strings
+// matched across tokens, and chat messages rendered through a chat template. No sockets and no model here
+// (src/main_node/http_server.h wires these to cpp-httplib and MainNode), so all of it is unit-tested and fuzzed
+// (fuzz/openai_request_fuzzer.cc).
+//
+// What is accepted (POST /v1/completions and /v1/chat/completions): `model`; `prompt` as a string, a list of
+// strings, a list of token ids or a list of such lists (one choice per prompt), or `messages` for chat;
+// `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop` (a string or a list of up to
+// 16), `stream`, `stream_options.include_usage`, and vLLM's extension `ignore_eos`. Unknown fields are ignored; options odmoe does not implement are
+// refused (400, `param` naming them) only when set to a value that needs them: `n` > 1, `best_of` > 1,
+// `logprobs` (true, or > 0), `top_logprobs` > 0, `echo`, `suffix`, non-zero penalties, `logit_bias`, `tools`,
+// `functions`, a `response_format` other than text.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "src/common/json.h"
+
+namespace odmoe::openai {
+
+// An error as the API answers it: the HTTP status and OpenAI's error object.
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";  // invalid_request_error, authentication_error, server_error, ...
+  std::string param;                           // the request field at fault; "" -> null
+  std::string code;                            // e.g. model_not_found; "" -> null
+};
+// {"error": {"message", "type", "param", "code"}} (param and code null when empty).
+std::string ErrorBody(const ApiError& error);
+// A serving failure as an ApiError: InvalidArgument / OutOfRange / FailedPrecondition -> 400
+// (invalid_request_error), NotFound -> 404, Unavailable -> 503, DeadlineExceeded -> 504, ResourceExhausted ->
+// 429, Cancelled -> 499 (the client went away), anything else -> 500 (server_error).
+ApiError ErrorOfStatus(const absl::Status& status);
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+struct ChatMessage {
+  std::string role;  // system, user, assistant (developer is read as system)
+  std::string content;
+};
+
+// One prompt of a completion request: text (tokenized by the server) or token ids.
+struct Prompt {
+  bool is_text = false;
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
+// A request body, checked for types and ranges (not yet against the model: see CheckAgainstModel).
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;
+  std::vector<Prompt> prompts;        // completions: at least one
+  std::vector<ChatMessage> messages;  // chat: at least one
+  std::optional<int64_t> max_tokens;  // absent: completions 16, chat the rest of the context
+  double temperature = 1.0;           // OpenAI's default; 0: greedy
+  double top_p = 1.0;
+  std::optional<uint64_t> seed;  // absent: a random seed per request
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;     // odmoe's (and vLLM's) extension: generate max_tokens whatever the model says
+};
+
+// Parses and checks a request body for `endpoint`. Errors are 400 with `param` naming the field: malformed
+// JSON, a body that is not an object, a field of the wrong type or out of range, an unsupported option set.
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint, ApiError* error);
+
+// The default max_tokens of OpenAI's completions endpoint.
+inline constexpr int64_t kDefaultCompletionMaxTokens = 16;
+// At most this many stop strings, each at most kMaxStopBytes bytes.
+inline constexpr size_t kMaxStopStrings = 16;
+inline constexpr size_t kMaxStopBytes = 256;
+
+// ---- chat templates ----------------------------------------------------------------------------------------
+
+// The chat formats odmoe renders without a Jinja engine.
+enum class ChatFormat {
+  kNone,         // none known: chat is refused
+  kMistralInst,  // <s>[INST] user [/INST] assistant</s>[INST] ... (Mistral / Mixtral instruct)
+  kLlama2,       // as kMistralInst, the system message in <<SYS>> ... <</SYS>> inside the first [INST]
+};
+std::string_view ChatFormatName(ChatFormat format);  // "none", "mistral-inst", "llama2"
+
+// The chat format of a checkpoint: tokenizer_config.json's `chat_template` (`tokenizer_config`: its parsed
+// content, or null when there is none) when it is one odmoe recognizes (by the markers it writes: [INST] with
+// or without <<SYS>>), else the built-in format of the architecture (`architecture`, config.json's:
+// MixtralForCausalLM -> kMistralInst),
+// else kNone.
+ChatFormat ChooseChatFormat(const Json& tokenizer_config, std::string_view architecture);
+
+// One piece of a rendered chat prompt: text to tokenize, or the BOS / EOS control token.
+struct PromptPiece {
+  enum Kind { kText, kBos, kEos } kind = kText;
+  std::string text;
+};
+// The prompt `messages` make in `format`, ending where the assistant's answer begins. An optional leading
+// system message goes into the first user turn; then user and assistant alternate, starting and ending with
+// user. InvalidArgument naming the message index otherwise. REQUIRES: format != kNone.
+absl::StatusOr<std::vector<PromptPiece>> RenderChat(ChatFormat format, const std::vector<ChatMessage>& messages);
+
+// ---- stop strings ------------------------------------------------------------------------------------------
+
+// Finds stop strings in generated text that arrives in pieces (a stop string may span pieces, i.e. tokens).
+// Text that may still be the start of a stop string is held back; the text before a match is released and
+// the match and everything after it are dropped. Push(pieces...) + Finish() == the text up to the first match
+// (or all of it), whatever the split into pieces.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops);
+  // Appends `piece`; returns the text now safe to emit. After a match, returns the rest before it and
+  // stopped() turns true; later pushes return "".
+  std::string Push(std::string_view piece);
+  // The held-back text (no match can complete any more).
+  std::string Finish();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;  // non-empty strings
+  std::string held_;
+  bool stopped_ = false;
+};
+
+// ---- responses ---------------------------------------------------------------------------------------------
+
+// The answer for one prompt.
+struct Choice {
+  int64_t index = 0;
+  std::string text;
+  std::vector<int32_t> token_ids;  // the generated ids (odmoe's addition, as vLLM's token_ids)
+  std::string finish_reason;       // stop or length
+};
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+// "stop" for an EOS or a stop string, "length" for the token limit (MainNode's stop_reason "length").
+std::string FinishReasonOf(std::string_view stop_reason);
+
+// The whole (non-streamed) response body.
+std::string CompletionBody(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
+                           const std::vector<Choice>& choices, const Usage& usage);
+
+// One server-sent event: "data: <json>\n\n". The stream ends with kSseDone.
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+std::string SseEvent(const Json& data);
+// A chunk of a streamed response for choice `index`: `text` (chat: delta.content; with `first` also
+// delta.role = assistant), `finish_reason` ("" -> null). With include_usage, every chunk has "usage": null.
+Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, int64_t index,
+                 std::string_view text, const std::vector<int32_t>& token_ids, std::string_view finish_reason,
+                 bool first, bool include_usage);
+// The last chunk when include_usage: no choices, the usage of every prompt.
+Json UsageChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
+                const Usage& usage);
+// GET /v1/models.
+std::string ModelsBody(const std::string& model, int64_t created);
+
+}  // namespace odmoe::openai

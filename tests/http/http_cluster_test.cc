@@ -1,0 +1,277 @@
+// The OpenAI-compatible HTTP API of a running cluster (`odmoe cluster up` on loopback: main with http_address,
+// two workers, the demo model), driven with curl: /health and /v1/models; completions equal to the gRPC API's
+// tokens; server-sent events framed as OpenAI's (data: {...} blank line, ending data: [DONE], the usage chunk)
+// whose text equals the non-streamed answer for the same seed; stop strings; chat through the built-in Mixtral
+// template; OpenAI error objects (400, 404); a client that closes a long stream cancels its request (the
+// disconnect counter and outcome="cancelled" on main's /metrics, served on the same address); and /health turning
+// 503 when a worker dies.
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <regex>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "src/cluster/client.h"
+#include "src/common/json.h"
+#include "src/common/strings.h"
+#include "tests/test_support.h"
+
+namespace odmoe {
+namespace {
+
+using odmoe::testing::ProgramPath;
+using odmoe::testing::RunProgram;
+using odmoe::testing::RunResult;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kModel[] = "demo-mixtral-kjv";
+
+struct HttpResult {
+  int status = 0;
+  std::string body;
+};
+
+// curl `args` against `url`; the HTTP status comes from -w on the last line.
+HttpResult Curl(const std::string& url, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"/usr/bin/curl", "-sS", "-N", "-w", "\n%{http_code}"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.push_back(url);
+  const RunResult r = RunProgram(argv);
+  HttpResult out;
+  const size_t nl = r.out.rfind('\n');
+  if (nl == std::string::npos) return out;
+  out.status = std::atoi(r.out.c_str() + nl + 1);
+  out.body = r.out.substr(0, nl);
+  return out;
+}
+
+HttpResult Post(const std::string& url, const Json& body) {
+  return Curl(url, {"-H", "Content-Type: application/json", "--data-binary", DumpJson(body)});
+}
+
+Json ParseOrDie(const std::string& text) {
+  auto j = ParseJson(text, "response");
+  EXPECT_TRUE(j.ok()) << j.status() << "\n" << text;
+  return j.ok() ? *j : Json();
+}
+
+// The events of an SSE body, checked for framing: every event one "data: " line followed by a blank line.
+std::vector<std::string> SseEvents(const std::string& body) {
+  std::vector<std::string> events;
+  size_t at = 0;
+  while (at < body.size()) {
+    const size_t end = body.find("\n\n", at);
+    EXPECT_NE(end, std::string::npos) << "unterminated event at " << at << ": " << body.substr(at);
+    if (end == std::string::npos) break;
+    const std::string event = body.substr(at, end - at);
+    EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
+    EXPECT_EQ(event.find('\n'), std::string::npos) << event;
+    events.push_back(event.substr(6));
+    at = end + 2;
+  }
+  return events;
+}
+
+// The text of a streamed answer (completions: choices[0].text; chat: delta.content) and its finish reason.
+struct Streamed {
+  std::string text;
+  std::string finish_reason;
+  Json usage;
+  std::vector<int32_t> token_ids;
+};
+Streamed Collect(const std::string& body, bool chat) {
+  Streamed s;
+  const std::vector<std::string> events = SseEvents(body);
+  EXPECT_FALSE(events.empty());
+  if (events.empty()) return s;
+  EXPECT_EQ(events.back(), "[DONE]");
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const Json chunk = ParseOrDie(events[i]);
+    EXPECT_EQ(chunk["object"], chat ? "chat.completion.chunk" : "text_completion") << events[i];
+    if (chunk.contains("usage") && !chunk["usage"].is_null()) s.usage = chunk["usage"];
+    for (const Json& c : chunk["choices"]) {
+      const Json& piece = chat ? c["delta"].value("content", Json("")) : c["text"];
+      s.text += piece.get<std::string>();
+      for (const Json& id : c["token_ids"]) s.token_ids.push_back(id.get<int32_t>());
+      if (!c["finish_reason"].is_null()) s.finish_reason = c["finish_reason"];
+    }
+  }
+  return s;
+}
+
+// main's /metrics value of `name` (the sum over samples whose line contains `filter`); -1 when absent.
+double MetricValue(const std::string& metrics_url, const std::string& name, const std::string& filter = "") {
+  const HttpResult r = Curl(metrics_url, {});
+  double sum = -1;
+  std::istringstream lines(r.body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(name + "{", 0) != 0 && line.rfind(name + " ", 0) != 0) continue;
+    if (!filter.empty() && line.find(filter) == std::string::npos) continue;
+    sum = (sum < 0 ? 0 : sum) + std::atof(line.c_str() + line.rfind(' ') + 1);
+  }
+  return sum;
+}
+
+bool Eventually(const std::function<bool()>& cond, std::chrono::seconds limit) {
+  const auto give_up = Clock::now() + limit;
+  while (!cond()) {
+    if (Clock::now() > give_up) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+TEST(HttpClusterTest, ServesTheOpenAiApi) {
+  odmoe::testing::TempDir dir;
+  const std::vector<int> ports = odmoe::testing::PickFreePorts(4);
+  const std::string http = StrCat("127.0.0.1:", ports[3]);
+  const std::string config = dir.File("cluster.toml");
+  odmoe::testing::WriteFile(
+      config, StrCat("[cluster]\nname = \"http-test\"\ngroup_size = 2\nrpc_timeout_ms = 20000\n",
+                     "startup_timeout_ms = 60000\n[model]\npath = \"", odmoe::testing::SourceDir(), "/models/", kModel,
+                     "\"\n[shadow]\nmode = \"none\"\n",
+                     "[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"127.0.0.1:", ports[0],
+                     "\"\ndevice = \"cpu\"\nhttp_address = \"", http, "\"\nmetrics_address = \"", http, "\"\n",
+                     "[[node]]\nname = \"w0\"\nrole = \"worker\"\naddress = \"127.0.0.1:", ports[1],
+                     "\"\ndevice = \"mock-gpu\"\ngpu_budget_mb = 64\n",
+                     "[[node]]\nname = \"w1\"\nrole = \"worker\"\naddress = \"127.0.0.1:", ports[2],
+                     "\"\ndevice = \"mock-gpu\"\ngpu_budget_mb = 64\n"));
+  const std::string run_dir = dir.File("run");
+  const RunResult up = RunProgram({ProgramPath("odmoe"), "cluster", "up", "--config", config, "--run-dir", run_dir});
+  struct Down {
+    std::vector<std::string> argv;
+    ~Down() { RunProgram(argv); }
+  } down{{ProgramPath("odmoe"), "cluster", "down", "--config", config, "--run-dir", run_dir}};
+  ASSERT_EQ(up.exit_code, 0) << up.err;
+  EXPECT_NE(up.out.find(StrCat("\nhttp: ", http, "\n")), std::string::npos) << up.out;
+  const std::string base = StrCat("http://", http);
+
+  // Ready (cluster up waited for it), and the one model.
+  EXPECT_EQ(Curl(base + "/health", {}).status, 200);
+  const HttpResult models = Curl(base + "/v1/models", {});
+  ASSERT_EQ(models.status, 200) << models.body;
+  EXPECT_EQ(ParseOrDie(models.body)["data"][0]["id"], kModel);
+
+  // A greedy completion from token ids: the same tokens as the gRPC API's.
+  const std::vector<int32_t> prompt = {1, 415, 2043, 773, 1725, 3169};
+  Json req = {{"model", kModel}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}};
+  const HttpResult plain = Post(base + "/v1/completions", req);
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const Json answer = ParseOrDie(plain.body);
+  v1::GenerateRequest grpc_req;
+  for (int32_t id : prompt) grpc_req.add_prompt_ids(id);
+  grpc_req.set_max_new_tokens(12);
+  auto grpc = GenerateRemote(StrCat("127.0.0.1:", ports[0]), grpc_req, 60000);
+  ASSERT_TRUE(grpc.ok()) << grpc.status();
+  EXPECT_EQ(answer["choices"][0]["token_ids"].get<std::vector<int32_t>>(), grpc->tokens);
+  EXPECT_EQ(answer["choices"][0]["text"], grpc->text);
+  EXPECT_EQ(answer["usage"]["prompt_tokens"], prompt.size());
+  EXPECT_EQ(answer["usage"]["completion_tokens"], grpc->tokens.size());
+  EXPECT_EQ(answer["choices"][0]["finish_reason"], grpc->stop_reason == "length" ? "length" : "stop");
+
+  // Sampled, streamed with usage: the same text as the whole answer for the same seed, in OpenAI's framing.
+  Json sampled = {{"model", kModel}, {"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0.9},
+                  {"seed", 11},      {"ignore_eos", true}};
+  const HttpResult whole = Post(base + "/v1/completions", sampled);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const Json whole_json = ParseOrDie(whole.body);
+  sampled["stream"] = true;
+  sampled["stream_options"] = {{"include_usage", true}};
+  const HttpResult stream = Post(base + "/v1/completions", sampled);
+  ASSERT_EQ(stream.status, 200) << stream.body;
+  const Streamed streamed = Collect(stream.body, false);
+  EXPECT_EQ(streamed.text, whole_json["choices"][0]["text"]);
+  EXPECT_EQ(streamed.token_ids, whole_json["choices"][0]["token_ids"].get<std::vector<int32_t>>());
+  EXPECT_EQ(streamed.finish_reason, "length");
+  EXPECT_EQ(streamed.usage["completion_tokens"], 24);
+  EXPECT_EQ(streamed.usage, whole_json["usage"]);
+  EXPECT_GT(streamed.text.size(), 10u);
+
+  // A stop string inside that text: the answer ends before it, finish_reason stop.
+  const std::string full = whole_json["choices"][0]["text"];
+  const std::string stop = full.substr(full.size() / 2, 3);
+  sampled.erase("stream");
+  sampled.erase("stream_options");
+  sampled["stop"] = Json::array({stop});
+  const HttpResult stopped = Post(base + "/v1/completions", sampled);
+  ASSERT_EQ(stopped.status, 200) << stopped.body;
+  const Json stopped_json = ParseOrDie(stopped.body);
+  EXPECT_EQ(stopped_json["choices"][0]["text"], full.substr(0, full.find(stop))) << "stop " << stop;
+  EXPECT_EQ(stopped_json["choices"][0]["finish_reason"], "stop");
+
+  // Chat through the built-in Mixtral template, streamed and not.
+  Json chat = {{"model", kModel},
+               {"messages", {{{"role", "user"}, {"content", "Who made the heaven?"}}}},
+               {"max_completion_tokens", 10},
+               {"temperature", 0}};
+  const HttpResult chat_whole = Post(base + "/v1/chat/completions", chat);
+  ASSERT_EQ(chat_whole.status, 200) << chat_whole.body;
+  const Json chat_json = ParseOrDie(chat_whole.body);
+  EXPECT_EQ(chat_json["object"], "chat.completion");
+  EXPECT_EQ(chat_json["choices"][0]["message"]["role"], "assistant");
+  chat["stream"] = true;
+  const HttpResult chat_stream = Post(base + "/v1/chat/completions", chat);
+  ASSERT_EQ(chat_stream.status, 200);
+  EXPECT_EQ(Collect(chat_stream.body, true).text, chat_json["choices"][0]["message"]["content"]);
+
+  // Errors in OpenAI's error object.
+  const HttpResult unknown = Post(base + "/v1/completions", {{"model", "gpt-4"}, {"prompt", "x"}});
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_EQ(ParseOrDie(unknown.body)["error"]["code"], "model_not_found");
+  const HttpResult malformed = Curl(base + "/v1/completions", {"--data-binary", "{\"model\": "});
+  EXPECT_EQ(malformed.status, 400);
+  EXPECT_EQ(ParseOrDie(malformed.body)["error"]["type"], "invalid_request_error");
+  const HttpResult too_long =
+      Post(base + "/v1/completions", {{"model", kModel}, {"prompt", std::vector<int32_t>(5000, 415)}});
+  EXPECT_EQ(too_long.status, 400);
+  EXPECT_EQ(ParseOrDie(too_long.body)["error"]["code"], "context_length_exceeded") << too_long.body;
+  const HttpResult bad_id = Post(base + "/v1/completions", {{"model", kModel}, {"prompt", {1, 999999}}});
+  EXPECT_EQ(bad_id.status, 400) << bad_id.body;
+  const HttpResult n2 = Post(base + "/v1/completions", {{"model", kModel}, {"prompt", "x"}, {"n", 2}});
+  EXPECT_EQ(n2.status, 400);
+  EXPECT_EQ(ParseOrDie(n2.body)["error"]["param"], "n");
+
+  // A client that closes a long stream: the request is cancelled long before its max_tokens.
+  const std::string metrics = base + "/metrics";
+  ASSERT_EQ(MetricValue(metrics, "odmoe_http_client_disconnects_total"), 0);
+  const double generated_before = MetricValue(metrics, "odmoe_generation_tokens_total");
+  Json long_req = {{"model", kModel}, {"prompt", "And"}, {"max_tokens", 1900}, {"ignore_eos", true}, {"stream", true}};
+  const auto start = Clock::now();
+  const HttpResult cut = Curl(base + "/v1/completions", {"--max-time", "1", "-H", "Content-Type: application/json",
+                                                         "--data-binary", DumpJson(long_req)});
+  EXPECT_NE(cut.body.find("data: {"), std::string::npos) << "the stream had started";
+  EXPECT_TRUE(Eventually([&] { return MetricValue(metrics, "odmoe_http_client_disconnects_total") == 1; },
+                         std::chrono::seconds(10)));
+  const double cancel_s = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(MetricValue(metrics, "odmoe_requests_total", "outcome=\"cancelled\""), 1);
+  const double generated = MetricValue(metrics, "odmoe_generation_tokens_total") - generated_before;
+  // Within one decode step of the close: no more tokens than the client received, but the one being decoded
+  // (and the few curl may have had in flight when it was stopped).
+  size_t received = 0;
+  for (size_t at = cut.body.find("data: {"); at != std::string::npos; at = cut.body.find("data: {", at + 1)) {
+    const size_t end = cut.body.find("\n\n", at);
+    if (end == std::string::npos) break;
+    received += ParseOrDie(cut.body.substr(at + 6, end - at - 6))["choices"][0]["token_ids"].size();
+  }
+  EXPECT_GT(received, 0u);
+  EXPECT_LE(generated, static_cast<double>(received) + 3) << "cancelled after " << cancel_s << " s";
+  std::printf("disconnect: cancelled %.2f s after the stream started; %zu tokens received, %.0f generated of 1900\n",
+              cancel_s, received, generated);
+  // The server still serves.
+  EXPECT_EQ(Post(base + "/v1/completions", req).status, 200);
+
+  // A dead worker: main is not ready, /health says 503 with the reason.
+  std::ifstream pid_file(run_dir + "/w1.pid");
+  long pid = 0;
+  ASSERT_TRUE(pid_file >> pid) << "no pid file for w1 in " << run_dir;
+  ASSERT_EQ(kill(static_cast<pid_t>(pid), SIGKILL), 0);
+  ASSERT_TRUE(Eventually([&] { return Curl(base + "/health", {}).status == 503; }, std::chrono::seconds(15)));
+  const HttpResult health = Curl(base + "/health", {});
+  EXPECT_NE(health.body.find("w1"), std::string::npos) << health.body;
+}
+
+}  // namespace
+}  // namespace odmoe

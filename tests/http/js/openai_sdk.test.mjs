@@ -1,0 +1,152 @@
+// odmoe's OpenAI-compatible HTTP API through the official `openai` JavaScript SDK (the version pinned in
+// package-lock.json, maxRetries: 0): a loopback cluster (`odmoe cluster up`: main with http_address and two
+// workers) serving ../shared/models/tiny-mixtral-kjv; a completion, a chat, streaming (the streamed text equals
+// the whole answer for the same seed), the model list, and a 400 and a 404 surfaced as the SDK's
+// BadRequestError and NotFoundError. Run by tests/http/run_js_tests.sh (ctest http_openai_sdk), which sets
+// ODMOE_BINARY_DIR and ODMOE_SHARED_DIR.
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import OpenAI from 'openai';
+
+const MODEL = 'tiny-mixtral-kjv';
+const binaryDir = process.env.ODMOE_BINARY_DIR ?? path.resolve('build');
+const modelDir = path.join(process.env.ODMOE_SHARED_DIR ?? path.resolve('../shared'), 'models', MODEL);
+const odmoe = path.join(binaryDir, 'bin', 'odmoe');
+const haveModel = fs.existsSync(path.join(modelDir, 'config.json'));
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+describe(`the OpenAI SDK against a cluster serving ${MODEL}`, { skip: haveModel ? false : `${modelDir} is missing` }, () => {
+  let dir;
+  let config;
+  let client;
+
+  before(async () => {
+    dir = fs.mkdtempSync(path.join(os.tmpdir(), 'odmoe-http-js-'));
+    const [main, w0, w1, http] = [await freePort(), await freePort(), await freePort(), await freePort()];
+    config = path.join(dir, 'cluster.toml');
+    fs.writeFileSync(config, [
+      '[cluster]', 'name = "http-js"', 'group_size = 2', 'rpc_timeout_ms = 20000', 'startup_timeout_ms = 60000',
+      '[model]', `path = "${modelDir}"`, '[shadow]', 'mode = "none"',
+      '[[node]]', 'name = "main"', 'role = "main"', `address = "127.0.0.1:${main}"`, 'device = "cpu"',
+      `http_address = "127.0.0.1:${http}"`,
+      '[[node]]', 'name = "w0"', 'role = "worker"', `address = "127.0.0.1:${w0}"`, 'device = "mock-gpu"',
+      '[[node]]', 'name = "w1"', 'role = "worker"', `address = "127.0.0.1:${w1}"`, 'device = "mock-gpu"', '',
+    ].join('\n'));
+    const up = execFileSync(odmoe, ['cluster', 'up', '--config', config, '--run-dir', path.join(dir, 'run')],
+      { encoding: 'utf8' });
+    assert.match(up, new RegExp(`\\nhttp: 127\\.0\\.0\\.1:${http}\\n`));
+    client = new OpenAI({ baseURL: `http://127.0.0.1:${http}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
+  });
+
+  after(() => {
+    if (config) {
+      execFileSync(odmoe, ['cluster', 'down', '--config', config, '--run-dir', path.join(dir, 'run')]);
+    }
+    if (dir) fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  test('lists the model', async () => {
+    const models = await client.models.list();
+    assert.deepEqual(models.data.map((m) => m.id), [MODEL]);
+  });
+
+  test('completion', async () => {
+    const c = await client.completions.create({ model: MODEL, prompt: 'And God said', max_tokens: 8, temperature: 0 });
+    assert.equal(c.object, 'text_completion');
+    assert.equal(c.choices.length, 1);
+    assert.equal(typeof c.choices[0].text, 'string');
+    assert.ok(c.choices[0].text.length > 0);
+    assert.ok(['stop', 'length'].includes(c.choices[0].finish_reason));
+    assert.ok(c.usage.prompt_tokens > 0);
+    assert.ok(c.usage.completion_tokens > 0 && c.usage.completion_tokens <= 8);
+    assert.equal(c.usage.total_tokens, c.usage.prompt_tokens + c.usage.completion_tokens);
+  });
+
+  test('chat', async () => {
+    const c = await client.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: 'system', content: 'Answer from the Bible.' }, { role: 'user', content: 'Who made light?' }],
+      max_tokens: 8,
+      temperature: 0,
+    });
+    assert.equal(c.object, 'chat.completion');
+    assert.equal(c.choices[0].message.role, 'assistant');
+    assert.equal(typeof c.choices[0].message.content, 'string');
+    assert.ok(['stop', 'length'].includes(c.choices[0].finish_reason));
+  });
+
+  test('streamed completion equals the whole one for the same seed', async () => {
+    const params = { model: MODEL, prompt: 'In the beginning', max_tokens: 20, temperature: 0.8, seed: 5 };
+    const whole = await client.completions.create(params);
+    const stream = await client.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
+    let text = '';
+    let finish = null;
+    let usage = null;
+    let chunks = 0;
+    for await (const chunk of stream) {
+      chunks += 1;
+      for (const choice of chunk.choices) {
+        text += choice.text;
+        if (choice.finish_reason) finish = choice.finish_reason;
+      }
+      if (chunk.usage) usage = chunk.usage;
+    }
+    assert.ok(chunks > 2, `${chunks} chunks`);
+    assert.equal(text, whole.choices[0].text);
+    assert.equal(finish, whole.choices[0].finish_reason);
+    assert.deepEqual(usage, whole.usage);
+  });
+
+  test('streamed chat equals the whole one for the same seed', async () => {
+    const params = {
+      model: MODEL, messages: [{ role: 'user', content: 'Tell of Noah.' }], max_tokens: 16, temperature: 0.7, seed: 9,
+    };
+    const whole = await client.chat.completions.create(params);
+    const stream = await client.chat.completions.create({ ...params, stream: true });
+    let text = '';
+    let role = null;
+    for await (const chunk of stream) {
+      const delta = chunk.choices[0]?.delta ?? {};
+      if (delta.role) role = delta.role;
+      text += delta.content ?? '';
+    }
+    assert.equal(role, 'assistant');
+    assert.equal(text, whole.choices[0].message.content);
+  });
+
+  test('a bad parameter is a BadRequestError', async () => {
+    await assert.rejects(client.completions.create({ model: MODEL, prompt: 'x', n: 2 }), (err) => {
+      assert.ok(err instanceof OpenAI.BadRequestError, String(err));
+      assert.equal(err.status, 400);
+      assert.equal(err.param, 'n');
+      assert.equal(err.type, 'invalid_request_error');
+      return true;
+    });
+  });
+
+  test('an unknown model is a NotFoundError', async () => {
+    await assert.rejects(client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'x' }] }),
+      (err) => {
+        assert.ok(err instanceof OpenAI.NotFoundError, String(err));
+        assert.equal(err.status, 404);
+        assert.equal(err.code, 'model_not_found');
+        return true;
+      });
+  });
+});

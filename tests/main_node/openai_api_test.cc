@@ -1,0 +1,283 @@
+// The OpenAI API's pure parts: request parsing and checking, error objects, stop strings across pieces, chat
+// templates, and the response / server-sent-event formats.
+#include "src/main_node/openai_api.h"
+
+#include "gtest/gtest.h"
+
+namespace odmoe::openai {
+namespace {
+
+absl::StatusOr<CompletionRequest> Parse(const std::string& body, Endpoint e = Endpoint::kCompletions,
+                                        ApiError* error = nullptr) {
+  ApiError ignored;
+  return ParseCompletionRequest(body, e, error != nullptr ? error : &ignored);
+}
+
+TEST(OpenAiParse, PromptForms) {
+  auto text = Parse(R"({"model":"m","prompt":"And God said"})");
+  ASSERT_TRUE(text.ok()) << text.status();
+  ASSERT_EQ(text->prompts.size(), 1u);
+  EXPECT_TRUE(text->prompts[0].is_text);
+  EXPECT_EQ(text->prompts[0].text, "And God said");
+
+  auto strings = Parse(R"({"model":"m","prompt":["a","b"]})");
+  ASSERT_TRUE(strings.ok());
+  ASSERT_EQ(strings->prompts.size(), 2u);
+  EXPECT_EQ(strings->prompts[1].text, "b");
+
+  auto ids = Parse(R"({"model":"m","prompt":[1,415,2043]})");
+  ASSERT_TRUE(ids.ok());
+  ASSERT_EQ(ids->prompts.size(), 1u);
+  EXPECT_FALSE(ids->prompts[0].is_text);
+  EXPECT_EQ(ids->prompts[0].ids, (std::vector<int32_t>{1, 415, 2043}));
+
+  auto lists = Parse(R"({"model":"m","prompt":[[1,2],[3]]})");
+  ASSERT_TRUE(lists.ok());
+  ASSERT_EQ(lists->prompts.size(), 2u);
+  EXPECT_EQ(lists->prompts[1].ids, (std::vector<int32_t>{3}));
+}
+
+TEST(OpenAiParse, DefaultsAndOptions) {
+  auto r = Parse(
+      R"({"model":"m","prompt":"x","max_tokens":5,"temperature":0,"top_p":0.5,"seed":7,"stop":["\n","And"],
+          "stream":true,"stream_options":{"include_usage":true},"user":"someone","n":1,"logprobs":null,
+          "echo":false,"presence_penalty":0,"tools":[],"unknown_field":{"x":1}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r->max_tokens, 5);
+  EXPECT_EQ(r->temperature, 0.0);
+  EXPECT_EQ(r->top_p, 0.5);
+  EXPECT_EQ(*r->seed, 7u);
+  EXPECT_EQ(r->stop, (std::vector<std::string>{"\n", "And"}));
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+
+  auto d = Parse(R"({"model":"m","prompt":"x"})");
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->max_tokens.has_value());
+  EXPECT_EQ(d->temperature, 1.0);
+  EXPECT_EQ(d->top_p, 1.0);
+  EXPECT_FALSE(d->seed.has_value());
+  EXPECT_FALSE(d->stream);
+
+  auto both = Parse(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":9,
+                        "max_completion_tokens":4,"stop":"x"})",
+                    Endpoint::kChatCompletions);
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(*both->max_tokens, 4);
+  EXPECT_EQ(both->stop, (std::vector<std::string>{"x"}));
+}
+
+TEST(OpenAiParse, ChatMessages) {
+  auto r = Parse(R"({"model":"m","messages":[{"role":"developer","content":"be brief"},
+                     {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+                     {"role":"assistant","content":null},{"role":"user","content":"c","name":"x"}]})",
+                 Endpoint::kChatCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->messages.size(), 4u);
+  EXPECT_EQ(r->messages[0].role, "system");
+  EXPECT_EQ(r->messages[1].content, "ab");
+  EXPECT_EQ(r->messages[2].content, "");
+}
+
+// Each bad body: the param the error names and a piece of its message.
+TEST(OpenAiParse, ErrorsNameTheField) {
+  const struct {
+    std::string body;
+    Endpoint endpoint;
+    std::string param;
+    std::string message;
+  } cases[] = {
+      {R"({"model":"m","prompt":"x")", Endpoint::kCompletions, "", "invalid JSON"},
+      {R"([1,2])", Endpoint::kCompletions, "", "must be a JSON object"},
+      {R"({"prompt":"x"})", Endpoint::kCompletions, "model", "'model' is required"},
+      {R"({"model":3,"prompt":"x"})", Endpoint::kCompletions, "model", "'model' must be a string, got integer"},
+      {R"({"model":"m"})", Endpoint::kCompletions, "prompt", "'prompt' is required"},
+      {R"({"model":"m","prompt":[]})", Endpoint::kCompletions, "prompt", "empty list"},
+      {R"({"model":"m","prompt":["a",2]})", Endpoint::kCompletions, "prompt", "'prompt[1]' must be a string"},
+      {R"({"model":"m","prompt":[1,-2]})", Endpoint::kCompletions, "prompt", "'prompt[1]' is not a token id"},
+      {R"({"model":"m","prompt":[1,4294967296]})", Endpoint::kCompletions, "prompt", "not a token id"},
+      {R"({"model":"m","prompt":[1,2.5]})", Endpoint::kCompletions, "prompt", "must be a token id"},
+      {R"({"model":"m","prompt":{"a":1}})", Endpoint::kCompletions, "prompt", "got object"},
+      {R"({"model":"m","prompt":"x","max_tokens":"5"})", Endpoint::kCompletions, "max_tokens",
+       "'max_tokens' must be an integer, got string"},
+      {R"({"model":"m","prompt":"x","max_tokens":0})", Endpoint::kCompletions, "max_tokens", "must be >= 1"},
+      {R"({"model":"m","prompt":"x","temperature":3})", Endpoint::kCompletions, "temperature", "[0, 2]"},
+      {R"({"model":"m","prompt":"x","top_p":0})", Endpoint::kCompletions, "top_p", "(0, 1]"},
+      {R"({"model":"m","prompt":"x","seed":1.5})", Endpoint::kCompletions, "seed", "an integer"},
+      {R"({"model":"m","prompt":"x","stop":3})", Endpoint::kCompletions, "stop", "a string or a list"},
+      {R"({"model":"m","prompt":"x","stream":"yes"})", Endpoint::kCompletions, "stream", "a boolean"},
+      {R"({"model":"m","prompt":"x","stream_options":{"include_usage":true}})", Endpoint::kCompletions,
+       "stream_options", "only allowed with 'stream': true"},
+      {R"({"model":"m","prompt":"x","n":2})", Endpoint::kCompletions, "n", "not supported"},
+      {R"({"model":"m","prompt":"x","best_of":3})", Endpoint::kCompletions, "best_of", "not supported"},
+      {R"({"model":"m","prompt":"x","logprobs":2})", Endpoint::kCompletions, "logprobs", "not supported"},
+      {R"({"model":"m","prompt":"x","echo":true})", Endpoint::kCompletions, "echo", "not supported"},
+      {R"({"model":"m","prompt":"x","frequency_penalty":0.5})", Endpoint::kCompletions, "frequency_penalty",
+       "not supported"},
+      {R"({"model":"m","prompt":"x","logit_bias":{"1":5}})", Endpoint::kCompletions, "logit_bias", "not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true})", Endpoint::kChatCompletions,
+       "logprobs", "not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})",
+       Endpoint::kChatCompletions, "tools", "not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
+       Endpoint::kChatCompletions, "response_format", "not supported"},
+      {R"({"model":"m","messages":[]})", Endpoint::kChatCompletions, "messages", "empty list"},
+      {R"({"model":"m","messages":[{"role":"tool","content":"x"}]})", Endpoint::kChatCompletions, "messages",
+       "supported roles"},
+      {R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]})", Endpoint::kChatCompletions,
+       "messages", "only parts of type 'text'"},
+  };
+  for (const auto& c : cases) {
+    ApiError error;
+    auto r = Parse(c.body, c.endpoint, &error);
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_EQ(error.http_status, 400) << c.body;
+    EXPECT_EQ(error.type, "invalid_request_error") << c.body;
+    EXPECT_EQ(error.param, c.param) << c.body;
+    EXPECT_NE(error.message.find(c.message), std::string::npos) << c.body << " -> " << error.message;
+  }
+}
+
+TEST(OpenAiErrors, ErrorObjectAndStatusMapping) {
+  ApiError e;
+  e.http_status = 404;
+  e.message = "The model 'x' does not exist";
+  e.param = "model";
+  e.code = "model_not_found";
+  const Json j = Json::parse(ErrorBody(e));
+  EXPECT_EQ(j["error"]["message"], "The model 'x' does not exist");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "model");
+  EXPECT_EQ(j["error"]["code"], "model_not_found");
+  const Json n = Json::parse(ErrorBody(ApiError{400, "bad", "invalid_request_error", "", ""}));
+  EXPECT_TRUE(n["error"]["param"].is_null());
+  EXPECT_TRUE(n["error"]["code"].is_null());
+
+  EXPECT_EQ(ErrorOfStatus(absl::OutOfRangeError("too long")).http_status, 400);
+  EXPECT_EQ(ErrorOfStatus(absl::FailedPreconditionError("x")).http_status, 400);
+  EXPECT_EQ(ErrorOfStatus(absl::UnavailableError("worker w1 down")).http_status, 503);
+  EXPECT_EQ(ErrorOfStatus(absl::UnavailableError("w")).type, "server_error");
+  EXPECT_EQ(ErrorOfStatus(absl::DeadlineExceededError("x")).http_status, 504);
+  EXPECT_EQ(ErrorOfStatus(absl::InternalError("x")).http_status, 500);
+  EXPECT_EQ(ErrorOfStatus(absl::UnavailableError("worker w1 down")).message, "worker w1 down");
+}
+
+// Feeds `pieces` and returns what the matcher releases.
+std::string Matched(const std::vector<std::string>& stops, const std::vector<std::string>& pieces,
+                    bool* stopped = nullptr) {
+  StopMatcher m(stops);
+  std::string out;
+  for (const std::string& p : pieces) out += m.Push(p);
+  out += m.Finish();
+  if (stopped != nullptr) *stopped = m.stopped();
+  return out;
+}
+
+TEST(OpenAiStop, MatchesAcrossPiecesAndDropsTheMatch) {
+  bool stopped = false;
+  EXPECT_EQ(Matched({"\n\n"}, {"In the", " beginning\n", "\nGod"}, &stopped), "In the beginning");
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(Matched({"God"}, {"And G", "o", "d said"}, &stopped), "And ");
+  EXPECT_TRUE(stopped);
+  // A partial match that fails is released whole.
+  EXPECT_EQ(Matched({"Gods"}, {"And G", "o", "d said"}, &stopped), "And God said");
+  EXPECT_FALSE(stopped);
+  // The earliest of several matches wins.
+  EXPECT_EQ(Matched({"said", "God"}, {"And God said"}), "And ");
+  // No stops: everything passes through at once.
+  StopMatcher none({});
+  EXPECT_EQ(none.Push("abc"), "abc");
+  // Held text is released as soon as it cannot start a match.
+  StopMatcher m({"xyz"});
+  EXPECT_EQ(m.Push("abx"), "ab");
+  EXPECT_EQ(m.Push("a"), "xa");
+  EXPECT_EQ(m.Push("xy"), "");
+  EXPECT_EQ(m.Push("z tail"), "");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.Push("more"), "");
+  EXPECT_EQ(m.Finish(), "");
+}
+
+TEST(OpenAiStop, AnySplitGivesTheSameText) {
+  const std::string text = "And God said, Let there be light: and there was light.";
+  const std::vector<std::string> stops = {"light:", "xx"};
+  for (size_t a = 0; a <= text.size(); ++a) {
+    for (size_t b = a; b <= text.size(); b += 7) {
+      EXPECT_EQ(Matched(stops, {text.substr(0, a), text.substr(a, b - a), text.substr(b)}),
+                "And God said, Let there be ")
+          << a << " " << b;
+    }
+  }
+}
+
+TEST(OpenAiChat, TemplateChoiceAndRendering) {
+  EXPECT_EQ(ChooseChatFormat(Json(nullptr), "MixtralForCausalLM"), ChatFormat::kMistralInst);
+  EXPECT_EQ(ChooseChatFormat(Json(nullptr), "Qwen2MoeForCausalLM"), ChatFormat::kNone);
+  const Json mistral = {{"chat_template",
+                         "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' "
+                         "+ message['content'] + ' [/INST]' }}{% endif %}{% endfor %}"}};
+  EXPECT_EQ(ChooseChatFormat(mistral, "OlmoeForCausalLM"), ChatFormat::kMistralInst);
+  const Json llama2 = {{"chat_template", "[INST] <<SYS>>\\n' + system + '\\n<</SYS>> [/INST]"}};
+  EXPECT_EQ(ChooseChatFormat(llama2, "MixtralForCausalLM"), ChatFormat::kLlama2);
+  const Json chatml = {{"chat_template", "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}"}};
+  EXPECT_EQ(ChooseChatFormat(chatml, "MixtralForCausalLM"), ChatFormat::kMistralInst);  // unknown: built-in
+  EXPECT_EQ(ChooseChatFormat(chatml, "Qwen3MoeForCausalLM"), ChatFormat::kNone);
+  const Json named = {{"chat_template", Json::array({{{"name", "tool_use"}, {"template", "x"}},
+                                                     {{"name", "default"}, {"template", "[INST] [/INST]"}}})}};
+  EXPECT_EQ(ChooseChatFormat(named, "x"), ChatFormat::kMistralInst);
+
+  auto pieces = RenderChat(ChatFormat::kMistralInst,
+                           {{"system", "Be brief."}, {"user", "Who?"}, {"assistant", "Moses."}, {"user", "When?"}});
+  ASSERT_TRUE(pieces.ok()) << pieces.status();
+  std::string rendered;
+  for (const PromptPiece& p : *pieces) {
+    rendered += p.kind == PromptPiece::kBos ? "<s>" : p.kind == PromptPiece::kEos ? "</s>" : p.text;
+  }
+  EXPECT_EQ(rendered, "<s>[INST] Be brief.\n\nWho? [/INST]Moses.</s><s>[INST] When? [/INST]");
+  auto llama = RenderChat(ChatFormat::kLlama2, {{"system", "S"}, {"user", "U"}});
+  ASSERT_TRUE(llama.ok());
+  EXPECT_EQ((*llama)[1].text, "[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST]");
+
+  EXPECT_FALSE(RenderChat(ChatFormat::kMistralInst, {{"system", "S"}}).ok());
+  auto order = RenderChat(ChatFormat::kMistralInst, {{"user", "a"}, {"user", "b"}});
+  ASSERT_FALSE(order.ok());
+  EXPECT_NE(order.status().message().find("messages[1]"), std::string::npos) << order.status();
+  EXPECT_FALSE(RenderChat(ChatFormat::kMistralInst, {{"user", "a"}, {"assistant", "b"}}).ok());
+}
+
+TEST(OpenAiFormat, ResponsesAndChunks) {
+  const std::vector<Choice> choices = {{0, "In the beginning", {1, 2, 3}, "length"}};
+  const Json c = Json::parse(CompletionBody(Endpoint::kCompletions, "cmpl-1", 42, "m", choices, {5, 3}));
+  EXPECT_EQ(c["object"], "text_completion");
+  EXPECT_EQ(c["choices"][0]["text"], "In the beginning");
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(c["usage"]["total_tokens"], 8);
+  const Json chat = Json::parse(CompletionBody(Endpoint::kChatCompletions, "chatcmpl-1", 42, "m", choices, {5, 3}));
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], "In the beginning");
+
+  EXPECT_EQ(SseEvent(Json{{"a", 1}}), "data: {\"a\":1}\n\n");
+  const Json first = StreamChunk(Endpoint::kChatCompletions, "id", 1, "m", 0, "", {}, "", true, true);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(first.contains("usage") && first["usage"].is_null());
+  const Json last = StreamChunk(Endpoint::kChatCompletions, "id", 1, "m", 0, "", {}, "stop", false, false);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  EXPECT_FALSE(last["choices"][0]["delta"].contains("content"));
+  EXPECT_FALSE(last.contains("usage"));
+  const Json text = StreamChunk(Endpoint::kCompletions, "id", 1, "m", 2, "abc", {7}, "", false, false);
+  EXPECT_EQ(text["choices"][0]["text"], "abc");
+  EXPECT_EQ(text["choices"][0]["index"], 2);
+  const Json usage = UsageChunk(Endpoint::kCompletions, "id", 1, "m", {4, 6});
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 6);
+  EXPECT_EQ(FinishReasonOf("eos"), "stop");
+  EXPECT_EQ(FinishReasonOf("length"), "length");
+  const Json models = Json::parse(ModelsBody("tiny-mixtral-kjv", 0));
+  EXPECT_EQ(models["data"][0]["id"], "tiny-mixtral-kjv");
+}
+
+}  // namespace
+}  // namespace odmoe::openai
