@@ -5,6 +5,10 @@
 // experts, dense MLPs) + top_k routed experts per sparse layer + final norm + lm_head + one embedding row + the
 // KV cache read by attention at the mean context of the decode phase (prompt + output / 2 positions, fp32 K and
 // V of every layer). HBM bound (tokens/s) = measured copy bandwidth (read + write) / those bytes.
+//
+// Per decode token, the Device's own counts (Device::counters(): on CUDA the runtime calls the backend makes, under
+// the SIMT emulator the emulated runtime's counts): host synchronizations, allocations, frees, kernel launches and
+// bytes read, as (the timed runs' counts / repeat - a one-token run's) / (output - 1), so prefill drops out.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -100,6 +104,7 @@ absl::Status RunEngine(const std::vector<std::string>& args) {
   struct Row {
     int64_t prompt, output;
     double ttft_ms, tps, bytes, bound, fraction;
+    double syncs, allocations, frees, launches, bytes_read;  // per decode token (Device::counters())
   };
   std::vector<Row> rows;
   for (auto [p, n] : pairs) {
@@ -113,15 +118,38 @@ absl::Status RunEngine(const std::vector<std::string>& args) {
     opt.ignore_eos = true;
     ODMOE_RETURN_IF_ERROR(Generate(model->engine(), prompt, opt).status());  // warm-up
     std::vector<double> ttft, tps;
+    dev.ResetCounters();
     for (int64_t r = 0; r < repeat; ++r) {
       ODMOE_ASSIGN_OR_RETURN(GenerateResult res, Generate(model->engine(), prompt, opt));
       ttft.push_back(res.ttft_ms);
       tps.push_back(res.decode_tokens_per_s);
     }
+    const DeviceCounters timed = dev.counters();
+    GenerateOptions one = opt;
+    one.max_new_tokens = 1;
+    dev.ResetCounters();
+    ODMOE_RETURN_IF_ERROR(Generate(model->engine(), prompt, one).status());
+    const DeviceCounters first = dev.counters();
+    const auto per_decode_token = [&](uint64_t all, uint64_t one_token) {
+      if (n < 2) return 0.0;
+      return (static_cast<double>(all) / static_cast<double>(repeat) - static_cast<double>(one_token)) /
+             static_cast<double>(n - 1);
+    };
     const double context = static_cast<double>(p) + static_cast<double>(n) / 2.0;
     const double bytes = weight_bytes + KvBytesPerToken(c, context);
     const double bound = copy_bw / bytes;
-    Row row{p, n, Median(ttft), Median(tps), bytes, bound, bound > 0 ? Median(tps) / bound : 0};
+    Row row{p,
+            n,
+            Median(ttft),
+            Median(tps),
+            bytes,
+            bound,
+            bound > 0 ? Median(tps) / bound : 0,
+            per_decode_token(timed.host_syncs, first.host_syncs),
+            per_decode_token(timed.allocations, first.allocations),
+            per_decode_token(timed.frees, first.frees),
+            per_decode_token(timed.launches, first.launches),
+            per_decode_token(timed.bytes_read, first.bytes_read)};
     rows.push_back(row);
     PrintJsonLine({{"bench", "engine"},
                    {"kind", "pair"},
@@ -134,7 +162,12 @@ absl::Status RunEngine(const std::vector<std::string>& args) {
                    {"decode_tokens_per_s", row.tps},
                    {"bytes_per_token", row.bytes},
                    {"hbm_bound_tokens_per_s", row.bound},
-                   {"fraction_of_bound", row.fraction}});
+                   {"fraction_of_bound", row.fraction},
+                   {"host_syncs_per_token", row.syncs},
+                   {"allocations_per_token", row.allocations},
+                   {"frees_per_token", row.frees},
+                   {"launches_per_token", row.launches},
+                   {"device_bytes_read_per_token", row.bytes_read}});
   }
   const MemoryInfo mem = dev.memory_info();
   PrintJsonLine({{"bench", "engine"},
@@ -146,11 +179,12 @@ absl::Status RunEngine(const std::vector<std::string>& args) {
   std::printf("\n%s on %s (%s): copy %.1f GB/s, weights %.2f GB resident, peak device memory %.2f GB\n", what.c_str(),
               backend.c_str(), dev.name().c_str(), copy_bw / 1e9,
               static_cast<double>(model->weights().device_bytes()) / 1e9, static_cast<double>(mem.peak) / 1e9);
-  std::printf("%-8s %-8s %12s %14s %14s %14s %10s\n", "prompt", "output", "ttft_ms", "decode_tok/s", "MB/token",
-              "bound_tok/s", "of_bound");
+  std::printf("%-8s %-8s %12s %14s %14s %14s %10s %8s %8s %8s %10s\n", "prompt", "output", "ttft_ms", "decode_tok/s",
+              "MB/token", "bound_tok/s", "of_bound", "syncs/t", "allocs/t", "frees/t", "launches/t");
   for (const Row& r : rows) {
-    std::printf("%-8lld %-8lld %12.2f %14.2f %14.2f %14.2f %9.1f%%\n", static_cast<long long>(r.prompt),
-                static_cast<long long>(r.output), r.ttft_ms, r.tps, r.bytes / 1e6, r.bound, 100 * r.fraction);
+    std::printf("%-8lld %-8lld %12.2f %14.2f %14.2f %14.2f %9.1f%% %8.2f %8.2f %8.2f %10.1f\n",
+                static_cast<long long>(r.prompt), static_cast<long long>(r.output), r.ttft_ms, r.tps, r.bytes / 1e6,
+                r.bound, 100 * r.fraction, r.syncs, r.allocations, r.frees, r.launches);
   }
   return absl::OkStatus();
 }

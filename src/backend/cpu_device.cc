@@ -83,6 +83,7 @@ absl::StatusOr<std::unique_ptr<Buffer>> CpuDevice::Allocate(size_t bytes, std::s
     return absl::ResourceExhaustedError(
         StrCat("cpu device: the host is out of memory allocating ", FormatBytes(bytes), " for '", tag, "'"));
   }
+  NoteAllocation();
   return std::unique_ptr<Buffer>(new CpuBuffer(data, bytes, state_));
 }
 
@@ -101,9 +102,9 @@ std::unique_ptr<Event> CpuDevice::CreateEvent() { return std::make_unique<CpuEve
 // Work is complete when enqueued, so ordering needs nothing.
 void CpuDevice::RecordEvent(Event&, Stream*) {}
 void CpuDevice::WaitEvent(Stream*, Event&) {}
-void CpuDevice::SynchronizeEvent(Event&) {}
-void CpuDevice::Synchronize(Stream*) {}
-void CpuDevice::SynchronizeAll() {}
+void CpuDevice::SynchronizeEvent(Event&) { NoteHostSync(); }
+void CpuDevice::Synchronize(Stream*) { NoteHostSync(); }
+void CpuDevice::SynchronizeAll() { NoteHostSync(); }
 
 void CpuDevice::CopyToDevice(void* dst, const void* src, size_t bytes, Stream*) {
   if (bytes > 0) {
@@ -120,12 +121,15 @@ void CpuDevice::CopyToHost(void* dst, const void* src, size_t bytes, Stream*) {
     ODMOE_CHECK(dst != nullptr && src != nullptr);
     std::memcpy(dst, src, bytes);
   }
+  NoteHostSync();
+  NoteBytesRead(bytes);
   absl::MutexLock lock(&state_->mu);
   state_->transfers.d2h_bytes += bytes;
   ++state_->transfers.d2h_copies;
 }
 
 void CpuDevice::CopyOnDevice(void* dst, const void* src, size_t bytes, Stream*) {
+  NoteBytesRead(bytes);
   if (bytes > 0) {
     ODMOE_CHECK(dst != nullptr && src != nullptr);
     std::memmove(dst, src, bytes);
@@ -141,6 +145,7 @@ TransferStats CpuDevice::transfer_stats() const {
 }
 
 void CpuDevice::CountOp(const char* op) {
+  NoteLaunches(1);
   absl::MutexLock lock(&state_->mu);
   ++state_->op_counts[op];
 }

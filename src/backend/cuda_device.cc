@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -33,6 +34,10 @@
 #include "src/common/status.h"
 #include "src/common/strings.h"
 
+#ifdef ODMOE_SIMT
+#include "simt/counters.h"
+#endif
+
 // Aborts with the CUDA error's text: a failed launch or an asynchronous fault is a bug, like a failed CHECK.
 #define ODMOE_CUDA_CHECK(expr)                                                              \
   do {                                                                                      \
@@ -52,6 +57,18 @@
                    cublasGetStatusString(odmoe_cublas_st_));                             \
       std::abort();                                                                      \
     }                                                                                    \
+  } while (0)
+
+// A kernel launch (a Launch* call of kernels/, or a cuBLAS GEMM): checked, then counted. Inside CudaDevice.
+#define ODMOE_CUDA_LAUNCH(expr)               \
+  do {                                        \
+    ODMOE_CUDA_CHECK(expr);                   \
+    accounting_->Note(accounting_->launches); \
+  } while (0)
+#define ODMOE_CUBLAS_LAUNCH(expr)             \
+  do {                                        \
+    ODMOE_CUBLAS_CHECK(expr);                 \
+    accounting_->Note(accounting_->launches); \
   } while (0)
 
 namespace odmoe {
@@ -92,6 +109,13 @@ struct Accounting {
   mutable absl::Mutex mu;
   uint64_t in_use ABSL_GUARDED_BY(mu) = 0;
   uint64_t peak ABSL_GUARDED_BY(mu) = 0;
+  // DeviceCounters of the runtime calls this backend makes (on a GPU; under the emulator the runtime counts).
+  std::atomic<uint64_t> host_syncs{0};
+  std::atomic<uint64_t> allocations{0};
+  std::atomic<uint64_t> frees{0};
+  std::atomic<uint64_t> launches{0};
+  std::atomic<uint64_t> bytes_read{0};
+  void Note(std::atomic<uint64_t>& counter, uint64_t n = 1) { counter.fetch_add(n, std::memory_order_relaxed); }
 
   // Counts `bytes`. `within_capacity`: not when they would exceed the capacity (then false); otherwise even
   // past it (an op's scratch, which cannot fail; in_use then shows the excess).
@@ -180,6 +204,8 @@ class CudaBuffer final : public Buffer {
                             cudaSetDevice(accounting_->ordinal) == cudaSuccess;
       // cudaFree fails only when the context is gone (process exit); nothing is left to free then.
       (void)cudaFree(data());
+      accounting_->Note(accounting_->frees);
+      accounting_->Note(accounting_->host_syncs);  // cudaFree waits for the device
       if (switched) (void)cudaSetDevice(current);
     }
     accounting_->Release(size());
@@ -218,6 +244,7 @@ class CudaStream final : public Stream {
     if (workspace_ != nullptr) return true;
     if (!accounting_->Charge(cublas_workspace_bytes_, within_capacity)) return false;
     ODMOE_CUDA_CHECK(cudaMalloc(&workspace_, cublas_workspace_bytes_));
+    accounting_->Note(accounting_->allocations);
     return true;
   }
 
@@ -244,9 +271,15 @@ class CudaStream final : public Stream {
       const size_t extra = rounded - scratch_bytes_;  // the old block goes first
       if (!accounting_->Charge(extra, within_capacity)) return nullptr;
       ODMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      if (scratch_ != nullptr) ODMOE_CUDA_CHECK(cudaFree(scratch_));
+      accounting_->Note(accounting_->host_syncs);
+      if (scratch_ != nullptr) {
+        ODMOE_CUDA_CHECK(cudaFree(scratch_));
+        accounting_->Note(accounting_->frees);
+        accounting_->Note(accounting_->host_syncs);
+      }
       scratch_ = nullptr;
       ODMOE_CUDA_CHECK(cudaMalloc(&scratch_, rounded));
+      accounting_->Note(accounting_->allocations);
       scratch_bytes_ = rounded;
     }
     return scratch_;
@@ -339,6 +372,7 @@ class CudaDevice final : public Device {
     if (bytes > 0) {
       UseDevice(ordinal_);
       const cudaError_t err = cudaMalloc(&data, bytes);
+      if (err == cudaSuccess) accounting_->Note(accounting_->allocations);
       if (err != cudaSuccess) {
         (void)cudaGetLastError();  // an allocation failure is not sticky: clear it
         size_t free_bytes = 0;
@@ -398,6 +432,7 @@ class CudaDevice final : public Device {
   void SynchronizeEvent(Event& event) override {
     UseDevice(ordinal_);
     ODMOE_CUDA_CHECK(cudaEventSynchronize(static_cast<CudaEvent&>(event).get()));
+    accounting_->Note(accounting_->host_syncs);
   }
   void WaitEvent(Stream* stream, Event& event) override {
     UseDevice(ordinal_);
@@ -406,10 +441,12 @@ class CudaDevice final : public Device {
   void Synchronize(Stream* stream) override {
     UseDevice(ordinal_);
     ODMOE_CUDA_CHECK(cudaStreamSynchronize(S(stream)->get()));
+    accounting_->Note(accounting_->host_syncs);
   }
   void SynchronizeAll() override {
     UseDevice(ordinal_);
     ODMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    accounting_->Note(accounting_->host_syncs);
   }
 
   void CopyToDevice(void* dst, const void* src, size_t bytes, Stream* stream) override {
@@ -454,6 +491,8 @@ class CudaDevice final : public Device {
       ODMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, S(stream)->get()));
     }
     ODMOE_CUDA_CHECK(cudaStreamSynchronize(S(stream)->get()));
+    accounting_->Note(accounting_->host_syncs);
+    accounting_->Note(accounting_->bytes_read, bytes);
     absl::MutexLock lock(&mu_);
     transfers_.d2h_bytes += bytes;
     ++transfers_.d2h_copies;
@@ -463,6 +502,7 @@ class CudaDevice final : public Device {
       ODMOE_CHECK(dst != nullptr && src != nullptr);
       UseDevice(ordinal_);
       ODMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, S(stream)->get()));
+      accounting_->Note(accounting_->bytes_read, bytes);
     }
     absl::MutexLock lock(&mu_);
     transfers_.d2d_bytes += bytes;
@@ -480,8 +520,8 @@ class CudaDevice final : public Device {
     if (n == 0 || dim == 0) return;
     ODMOE_CHECK(ids != nullptr && !table.empty() && out != nullptr);
     UseDevice(ordinal_);
-    WithWeightType(table,
-                   [&](auto* t) { ODMOE_CUDA_CHECK(kernels::LaunchEmbedding(ids, n, t, dim, out, S(stream)->get())); });
+    WithWeightType(
+        table, [&](auto* t) { ODMOE_CUDA_LAUNCH(kernels::LaunchEmbedding(ids, n, t, dim, out, S(stream)->get())); });
   }
 
   void RmsNorm(const float* x, WeightRef weight, int64_t rows, int64_t dim, float eps, float* out,
@@ -492,7 +532,7 @@ class CudaDevice final : public Device {
     ODMOE_CHECK(x != nullptr && !weight.empty() && out != nullptr);
     UseDevice(ordinal_);
     WithWeightType(weight, [&](auto* w) {
-      ODMOE_CUDA_CHECK(kernels::LaunchRmsNorm(x, w, rows, dim, eps, out, S(stream)->get()));
+      ODMOE_CUDA_LAUNCH(kernels::LaunchRmsNorm(x, w, rows, dim, eps, out, S(stream)->get()));
     });
   }
 
@@ -514,7 +554,7 @@ class CudaDevice final : public Device {
       WithWeightType(w, [&](auto* wp) {
         using W = std::remove_const_t<std::remove_pointer_t<decltype(wp)>>;
         const W* bp = fused_bias ? static_cast<const W*>(bias.data) : nullptr;
-        ODMOE_CUDA_CHECK(kernels::LaunchGemv(x, wp, bp, n, in_dim, out_dim, y, s->get()));
+        ODMOE_CUDA_LAUNCH(kernels::LaunchGemv(x, wp, bp, n, in_dim, out_dim, y, s->get()));
       });
       if (!bias.empty() && !fused_bias) AddBias(bias, n, out_dim, y, s);
       return;
@@ -531,7 +571,7 @@ class CudaDevice final : public Device {
     ODMOE_CHECK(x != nullptr && positions != nullptr);
     UseDevice(ordinal_);
     CudaStream* s = S(stream);
-    ODMOE_CUDA_CHECK(
+    ODMOE_CUDA_LAUNCH(
         kernels::LaunchRope(x, positions, n, heads, head_dim, theta, InvFreqTable(head_dim, theta, s), s->get()));
   }
 
@@ -547,11 +587,11 @@ class CudaDevice final : public Device {
     if (n <= kDecodeMaxTokens) {
       const size_t floats = kernels::AttentionDecodeWorkspaceFloats(n, past, heads, head_dim);
       float* workspace = floats > 0 ? static_cast<float*>(s->Scratch(floats * sizeof(float))) : nullptr;
-      ODMOE_CUDA_CHECK(kernels::LaunchAttentionDecode(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale,
-                                                      out, workspace, floats, s->get()));
+      ODMOE_CUDA_LAUNCH(kernels::LaunchAttentionDecode(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale,
+                                                       out, workspace, floats, s->get()));
     } else {
-      ODMOE_CUDA_CHECK(kernels::LaunchAttentionPrefill(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale,
-                                                       out, s->get()));
+      ODMOE_CUDA_LAUNCH(kernels::LaunchAttentionPrefill(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale,
+                                                        out, s->get()));
     }
   }
 
@@ -562,7 +602,8 @@ class CudaDevice final : public Device {
     if (n == 0) return;
     ODMOE_CHECK(logits != nullptr && ids != nullptr && weights != nullptr);
     UseDevice(ordinal_);
-    ODMOE_CUDA_CHECK(kernels::LaunchRouterTopK(logits, n, num_experts, k, renormalize, ids, weights, S(stream)->get()));
+    ODMOE_CUDA_LAUNCH(
+        kernels::LaunchRouterTopK(logits, n, num_experts, k, renormalize, ids, weights, S(stream)->get()));
   }
 
   void SwiGlu(const float* gate, const float* up, int64_t count, float* out, Stream* stream) override {
@@ -570,7 +611,7 @@ class CudaDevice final : public Device {
     ODMOE_CHECK(count >= 0);
     if (count == 0) return;
     UseDevice(ordinal_);
-    ODMOE_CUDA_CHECK(kernels::LaunchSwiGlu(gate, up, count, out, S(stream)->get()));
+    ODMOE_CUDA_LAUNCH(kernels::LaunchSwiGlu(gate, up, count, out, S(stream)->get()));
   }
 
   void Add(const float* x, int64_t count, float* y, Stream* stream) override {
@@ -578,7 +619,7 @@ class CudaDevice final : public Device {
     ODMOE_CHECK(count >= 0);
     if (count == 0) return;
     UseDevice(ordinal_);
-    ODMOE_CUDA_CHECK(kernels::LaunchAdd(x, count, y, S(stream)->get()));
+    ODMOE_CUDA_LAUNCH(kernels::LaunchAdd(x, count, y, S(stream)->get()));
   }
 
   void GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* dst, Stream* stream) override {
@@ -586,7 +627,7 @@ class CudaDevice final : public Device {
     ODMOE_CHECK(n >= 0 && dim >= 0);
     if (n == 0 || dim == 0) return;
     UseDevice(ordinal_);
-    ODMOE_CUDA_CHECK(kernels::LaunchGatherRows(src, rows, n, dim, dst, S(stream)->get()));
+    ODMOE_CUDA_LAUNCH(kernels::LaunchGatherRows(src, rows, n, dim, dst, S(stream)->get()));
   }
 
   void ScatterAddScaled(const float* src, const int32_t* rows, const float* scale, int64_t n, int64_t dim,
@@ -595,13 +636,35 @@ class CudaDevice final : public Device {
     ODMOE_CHECK(n >= 0 && dim >= 0);
     if (n == 0 || dim == 0) return;
     UseDevice(ordinal_);
-    ODMOE_CUDA_CHECK(kernels::LaunchScatterAddScaled(src, rows, scale, n, dim, sigmoid_scale, dst, S(stream)->get()));
+    ODMOE_CUDA_LAUNCH(kernels::LaunchScatterAddScaled(src, rows, scale, n, dim, sigmoid_scale, dst, S(stream)->get()));
   }
 
   std::map<std::string, int64_t> op_counts() const override {
     absl::MutexLock lock(&mu_);
     return op_counts_;
   }
+
+#ifdef ODMOE_SIMT
+  // The emulated runtime's own counts (one device per process there).
+  DeviceCounters counters() const override {
+    const simt::Counters c = simt::ReadCounters();
+    return DeviceCounters{c.host_syncs, c.allocations, c.frees, c.launches,
+                          c.copy_bytes_from_device + c.kernel_bytes_read};
+  }
+  void ResetCounters() override { simt::ResetCounters(); }
+#else
+  DeviceCounters counters() const override {
+    const Accounting& a = *accounting_;
+    return DeviceCounters{a.host_syncs.load(), a.allocations.load(), a.frees.load(), a.launches.load(),
+                          a.bytes_read.load()};
+  }
+  void ResetCounters() override {
+    for (std::atomic<uint64_t>* c : {&accounting_->host_syncs, &accounting_->allocations, &accounting_->frees,
+                                     &accounting_->launches, &accounting_->bytes_read}) {
+      c->store(0);
+    }
+  }
+#endif
 
  private:
   CudaStream* S(Stream* stream) { return stream != nullptr ? static_cast<CudaStream*>(stream) : default_stream_.get(); }
@@ -625,14 +688,16 @@ class CudaDevice final : public Device {
     // Counted like an op's scratch (it cannot fail); released with the device.
     accounting_->Charge(bytes, /*within_capacity=*/false);
     ODMOE_CUDA_CHECK(cudaMalloc(&table, bytes));
+    accounting_->Note(accounting_->allocations);
     ODMOE_CUDA_CHECK(cudaMemcpyAsync(table, host.data(), bytes, cudaMemcpyHostToDevice, s->get()));
     ODMOE_CUDA_CHECK(cudaStreamSynchronize(s->get()));
+    accounting_->Note(accounting_->host_syncs);
     rope_tables_.emplace(key, table);
     return table;
   }
 
   void AddBias(WeightRef bias, int64_t n, int64_t out_dim, float* y, CudaStream* s) {
-    WithWeightType(bias, [&](auto* b) { ODMOE_CUDA_CHECK(kernels::LaunchAddBias(b, n, out_dim, y, s->get())); });
+    WithWeightType(bias, [&](auto* b) { ODMOE_CUDA_LAUNCH(kernels::LaunchAddBias(b, n, out_dim, y, s->get())); });
   }
 
   // y[n, out_dim] = x[n, in_dim] * dequant(w)^T for a quantized w (kernels/quant.h): the GEMV kernels for up to
@@ -644,8 +709,8 @@ class CudaDevice final : public Device {
     const auto* q = static_cast<const int8_t*>(w.data);
     const auto* codes = static_cast<const uint8_t*>(w.data);
     if (n <= kGemvMaxTokens) {
-      ODMOE_CUDA_CHECK(int8 ? kernels::LaunchGemvInt8(x, q, w.scales, n, in_dim, out_dim, y, s->get())
-                            : kernels::LaunchGemvNf4(x, codes, w.scales, n, in_dim, out_dim, y, s->get()));
+      ODMOE_CUDA_LAUNCH(int8 ? kernels::LaunchGemvInt8(x, q, w.scales, n, in_dim, out_dim, y, s->get())
+                             : kernels::LaunchGemvNf4(x, codes, w.scales, n, in_dim, out_dim, y, s->get()));
       return;
     }
     constexpr int64_t kGemmMaxTokens = int64_t{65535} * 64;  // the GEMM's grid.y limit times its 64-token tiles
@@ -653,8 +718,8 @@ class CudaDevice final : public Device {
       const int64_t count = std::min(kGemmMaxTokens, n - t0);
       const float* xc = x + t0 * in_dim;
       float* yc = y + t0 * out_dim;
-      ODMOE_CUDA_CHECK(int8 ? kernels::LaunchGemmInt8(xc, q, w.scales, count, in_dim, out_dim, yc, s->get())
-                            : kernels::LaunchGemmNf4(xc, codes, w.scales, count, in_dim, out_dim, yc, s->get()));
+      ODMOE_CUDA_LAUNCH(int8 ? kernels::LaunchGemmInt8(xc, q, w.scales, count, in_dim, out_dim, yc, s->get())
+                             : kernels::LaunchGemmNf4(xc, codes, w.scales, count, in_dim, out_dim, yc, s->get()));
     }
   }
 
@@ -667,9 +732,9 @@ class CudaDevice final : public Device {
     const float zero = 0.0f;
     cublasHandle_t handle = s->cublas();
     if (w.dtype == DType::kF32) {
-      ODMOE_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, static_cast<int>(n), k, &one, w.data,
-                                      CUDA_R_32F, k, x, CUDA_R_32F, k, &zero, y, CUDA_R_32F, m,
-                                      CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+      ODMOE_CUBLAS_LAUNCH(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, static_cast<int>(n), k, &one, w.data,
+                                       CUDA_R_32F, k, x, CUDA_R_32F, k, &zero, y, CUDA_R_32F, m,
+                                       CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
       return;
     }
     ODMOE_CHECK(w.dtype == DType::kF16 || w.dtype == DType::kBF16);
@@ -684,21 +749,21 @@ class CudaDevice final : public Device {
       float* row_scale = reinterpret_cast<float*>(static_cast<uint16_t*>(scratch) + 2 * count);
       const float* xc = x + r0 * in_dim;
       if (w.dtype == DType::kF16) {
-        ODMOE_CUDA_CHECK(kernels::LaunchSplitToPair(xc, rows, in_dim, static_cast<__half*>(hi),
-                                                    static_cast<__half*>(lo), row_scale, s->get()));
+        ODMOE_CUDA_LAUNCH(kernels::LaunchSplitToPair(xc, rows, in_dim, static_cast<__half*>(hi),
+                                                     static_cast<__half*>(lo), row_scale, s->get()));
       } else {
-        ODMOE_CUDA_CHECK(kernels::LaunchSplitToPair(xc, rows, in_dim, static_cast<__nv_bfloat16*>(hi),
-                                                    static_cast<__nv_bfloat16*>(lo), row_scale, s->get()));
+        ODMOE_CUDA_LAUNCH(kernels::LaunchSplitToPair(xc, rows, in_dim, static_cast<__nv_bfloat16*>(hi),
+                                                     static_cast<__nv_bfloat16*>(lo), row_scale, s->get()));
       }
       float* yc = y + r0 * out_dim;
-      ODMOE_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, static_cast<int>(rows), k, &one, w.data,
-                                      type, k, hi, type, k, &zero, yc, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT));
-      ODMOE_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, static_cast<int>(rows), k, &one, w.data,
-                                      type, k, lo, type, k, &one, yc, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT));
+      ODMOE_CUBLAS_LAUNCH(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, static_cast<int>(rows), k, &one, w.data,
+                                       type, k, hi, type, k, &zero, yc, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT));
+      ODMOE_CUBLAS_LAUNCH(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, static_cast<int>(rows), k, &one, w.data,
+                                       type, k, lo, type, k, &one, yc, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT));
       // Only fp16 rows are ever scaled (bf16 has fp32's range).
-      if (w.dtype == DType::kF16) ODMOE_CUDA_CHECK(kernels::LaunchScaleRows(yc, rows, out_dim, row_scale, s->get()));
+      if (w.dtype == DType::kF16) ODMOE_CUDA_LAUNCH(kernels::LaunchScaleRows(yc, rows, out_dim, row_scale, s->get()));
     }
   }
 

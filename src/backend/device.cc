@@ -40,6 +40,24 @@ bool Device::ForgetHostRange(const void* p) {
   return host_ranges_.erase(reinterpret_cast<uintptr_t>(p)) > 0;
 }
 
+DeviceCounters Device::counters() const {
+  DeviceCounters c;
+  c.host_syncs = host_syncs_.load(std::memory_order_relaxed);
+  c.allocations = allocations_.load(std::memory_order_relaxed);
+  c.frees = frees_.load(std::memory_order_relaxed);
+  c.launches = launches_.load(std::memory_order_relaxed);
+  c.bytes_read = bytes_read_.load(std::memory_order_relaxed);
+  return c;
+}
+
+void Device::ResetCounters() {
+  host_syncs_.store(0, std::memory_order_relaxed);
+  allocations_.store(0, std::memory_order_relaxed);
+  frees_.store(0, std::memory_order_relaxed);
+  launches_.store(0, std::memory_order_relaxed);
+  bytes_read_.store(0, std::memory_order_relaxed);
+}
+
 absl::Status Device::RegisterHostMemory(const void* p, size_t bytes) { return RecordHostRange(p, bytes); }
 
 void Device::UnregisterHostMemory(const void* p) { ForgetHostRange(p); }

@@ -15,6 +15,7 @@
 //  - Ops report programming errors (null pointers, impossible sizes) through CHECK; they do not fail.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -103,6 +104,16 @@ struct TransferStats {
   uint64_t d2d_copies = 0;
 };
 
+// How a device has been driven since creation (or ResetCounters): what keeps a GPU waiting or busy with
+// bookkeeping. Each backend counts its own (see counters()).
+struct DeviceCounters {
+  uint64_t host_syncs = 0;   // times the host waited for the device: Synchronize*, CopyToHost, frees that wait
+  uint64_t allocations = 0;  // device allocations (buffers, and a backend's own scratch and tables)
+  uint64_t frees = 0;        // device frees
+  uint64_t launches = 0;     // kernel launches (CPU and mock GPU: ops run)
+  uint64_t bytes_read = 0;   // bytes read from device memory where the backend knows them (see counters())
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -162,16 +173,15 @@ class Device {
 
   // ---- ops -------------------------------------------------------------------------------------------------
   // out[i, :] = table[ids[i], :] as fp32. ids: [n] (device memory), table: [vocab, dim].
-  virtual void Embedding(const int32_t* ids, int64_t n, WeightRef table, int64_t dim, float* out,
-                         Stream* stream) = 0;
+  virtual void Embedding(const int32_t* ids, int64_t n, WeightRef table, int64_t dim, float* out, Stream* stream) = 0;
   // out[i, :] = x[i, :] / sqrt(mean(x[i, :]^2) + eps) * weight. x, out: [rows, dim] (may alias).
   virtual void RmsNorm(const float* x, WeightRef weight, int64_t rows, int64_t dim, float eps, float* out,
                        Stream* stream) = 0;
   // y[n, out_dim] = x[n, in_dim] * w[out_dim, in_dim]^T (+ bias[out_dim] when given). y must not alias x.
   // A quantized w gives exactly what the same call gives with w dequantized to fp32 (quantize.h) on the CPU
   // devices; on CUDA, the dequantizing kernels (fp32 accumulation, summation order of their own).
-  virtual void MatMul(const float* x, WeightRef w, WeightRef bias, int64_t n, int64_t in_dim, int64_t out_dim,
-                      float* y, Stream* stream) = 0;
+  virtual void MatMul(const float* x, WeightRef w, WeightRef bias, int64_t n, int64_t in_dim, int64_t out_dim, float* y,
+                      Stream* stream) = 0;
   // Rotary embedding in the HF "rotate_half" layout, in place. x: [n, heads, head_dim]; token i sits at
   // position positions[i] (device memory, [n]).
   virtual void Rope(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim, double theta,
@@ -203,13 +213,34 @@ class Device {
   // which device a forward pass computed.
   virtual std::map<std::string, int64_t> op_counts() const = 0;
 
+  // The counts of DeviceCounters since creation or the last ResetCounters(). The default is what the backend
+  // recorded with the Note* hooks below: the CPU device and the mock GPU count their own synchronizations,
+  // allocations and ops (not frees: 0), and the bytes CopyToHost and CopyOnDevice read. The CUDA backend built on the
+  // SIMT emulator reports the emulated runtime's own counts (tools/simt/include/simt/counters.h: kernel launches as
+  // they ran, bytes read by copies and, in the checked build, by kernels; the runtime is per process, so these
+  // are all devices' counts there); on a GPU, its wrappers' counts of the runtime calls it makes (launches: the
+  // launch calls of kernels/, bytes read: those copies read).
+  virtual DeviceCounters counters() const;
+  virtual void ResetCounters();
+
  protected:
+  void NoteHostSync() { host_syncs_.fetch_add(1, std::memory_order_relaxed); }
+  void NoteAllocation() { allocations_.fetch_add(1, std::memory_order_relaxed); }
+  void NoteFree() { frees_.fetch_add(1, std::memory_order_relaxed); }
+  void NoteLaunches(uint64_t n) { launches_.fetch_add(n, std::memory_order_relaxed); }
+  void NoteBytesRead(uint64_t n) { bytes_read_.fetch_add(n, std::memory_order_relaxed); }
+
   // The bookkeeping of RegisterHostMemory for implementations that override it: records [p, p + bytes)
   // (InvalidArgument on overlap or an empty range) / forgets it (false when `p` starts no range).
   absl::Status RecordHostRange(const void* p, size_t bytes);
   bool ForgetHostRange(const void* p);
 
  private:
+  std::atomic<uint64_t> host_syncs_{0};
+  std::atomic<uint64_t> allocations_{0};
+  std::atomic<uint64_t> frees_{0};
+  std::atomic<uint64_t> launches_{0};
+  std::atomic<uint64_t> bytes_read_{0};
   mutable absl::Mutex host_mu_;
   std::map<uintptr_t, size_t> host_ranges_ ABSL_GUARDED_BY(host_mu_);  // start -> bytes
 };

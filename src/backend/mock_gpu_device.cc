@@ -297,6 +297,7 @@ absl::StatusOr<std::unique_ptr<Buffer>> MockGpuDevice::Allocate(size_t bytes, st
     state_->live.emplace(reinterpret_cast<uintptr_t>(data), State::Block{bytes, std::string(tag)});
     ++state_->stats.allocations;
   }
+  NoteAllocation();
   return std::unique_ptr<Buffer>(new MockGpuBuffer(data, bytes, state_));
 }
 
@@ -339,17 +340,20 @@ void MockGpuDevice::WaitEvent(Stream* stream, Event& event) {
 }
 
 void MockGpuDevice::SynchronizeEvent(Event& event) {
+  NoteHostSync();
   absl::MutexLock lock(&state_->mu);
   auto it = state_->event_time.find(state_->EventIdLocked(event));
   if (it != state_->event_time.end()) state_->host_time = std::max(state_->host_time, it->second);
 }
 
 void MockGpuDevice::Synchronize(Stream* stream) {
+  NoteHostSync();
   absl::MutexLock lock(&state_->mu);
   state_->host_time = std::max(state_->host_time, state_->stream_time.at(state_->StreamIdLocked(stream)));
 }
 
 void MockGpuDevice::SynchronizeAll() {
+  NoteHostSync();
   absl::MutexLock lock(&state_->mu);
   state_->host_time = std::max(state_->host_time, state_->latest_end);
 }
@@ -373,6 +377,8 @@ void MockGpuDevice::CopyToDevice(void* dst, const void* src, size_t bytes, Strea
 }
 
 void MockGpuDevice::CopyToHost(void* dst, const void* src, size_t bytes, Stream* stream) {
+  NoteHostSync();
+  NoteBytesRead(bytes);
   absl::MutexLock lock(&state_->mu);
   const int sid = state_->StreamIdLocked(stream);
   state_->CheckArgLocked("CopyToHost", "src", src, bytes);
@@ -387,6 +393,7 @@ void MockGpuDevice::CopyToHost(void* dst, const void* src, size_t bytes, Stream*
 }
 
 void MockGpuDevice::CopyOnDevice(void* dst, const void* src, size_t bytes, Stream* stream) {
+  NoteBytesRead(bytes);
   {
     absl::MutexLock lock(&state_->mu);
     const int sid = state_->StreamIdLocked(stream);
@@ -420,6 +427,7 @@ void MockGpuDevice::Embedding(const int32_t* ids, int64_t n, WeightRef table, in
       state_->CheckArgLocked("Embedding", "out", out, Bytes4(n * dim));
       table_bytes = WeightBytes(table, n * dim);
     }
+    NoteLaunches(1);
     state_->ScheduleOpLocked("Embedding", sid, Bytes4(n) + table_bytes + Bytes4(n * dim), 0);
   }
   cpu::Embedding(ids, n, table, dim, out);
@@ -437,6 +445,7 @@ void MockGpuDevice::RmsNorm(const float* x, WeightRef weight, int64_t rows, int6
       state_->CheckArgLocked("RmsNorm", "weight", weight.data, weight_bytes);
       state_->CheckArgLocked("RmsNorm", "out", out, Bytes4(rows * dim));
     }
+    NoteLaunches(1);
     state_->ScheduleOpLocked("RmsNorm", sid, 2 * Bytes4(rows * dim) + weight_bytes,
                              4.0 * static_cast<double>(rows * dim));
   }
@@ -461,6 +470,7 @@ void MockGpuDevice::MatMul(const float* x, WeightRef w, WeightRef bias, int64_t 
     }
     double flops = 2.0 * static_cast<double>(n) * static_cast<double>(in_dim) * static_cast<double>(out_dim);
     if (!bias.empty()) flops += static_cast<double>(n * out_dim);
+    NoteLaunches(1);
     state_->ScheduleOpLocked("MatMul", sid,
                              w_bytes + scale_bytes + bias_bytes + Bytes4(n * in_dim) + Bytes4(n * out_dim), flops);
   }
@@ -478,6 +488,7 @@ void MockGpuDevice::Rope(float* x, const int32_t* positions, int64_t n, int64_t 
       state_->CheckArgLocked("Rope", "x", x, Bytes4(count));
       state_->CheckArgLocked("Rope", "positions", positions, Bytes4(n));
     }
+    NoteLaunches(1);
     state_->ScheduleOpLocked("Rope", sid, 2 * Bytes4(count) + Bytes4(n), 6.0 * static_cast<double>(count));
   }
   cpu::Rope(x, positions, n, heads, head_dim, theta);
@@ -501,6 +512,7 @@ void MockGpuDevice::Attention(const float* q, const float* k_cache, const float*
     // sum over new tokens i of the visible rows past + i + 1.
     const double visible =
         static_cast<double>(n) * static_cast<double>(past) + static_cast<double>(n) * static_cast<double>(n + 1) / 2.0;
+    NoteLaunches(1);
     state_->ScheduleOpLocked("Attention", sid, 2 * q_bytes + 2 * kv_bytes,
                              4.0 * static_cast<double>(heads * head_dim) * visible);
   }
@@ -518,6 +530,7 @@ void MockGpuDevice::RouterTopK(const float* logits, int64_t n, int64_t num_exper
       state_->CheckArgLocked("RouterTopK", "ids", ids, Bytes4(n * k));
       state_->CheckArgLocked("RouterTopK", "weights", weights, Bytes4(n * k));
     }
+    NoteLaunches(1);
     state_->ScheduleOpLocked("RouterTopK", sid, Bytes4(n * num_experts) + 2 * Bytes4(n * k),
                              4.0 * static_cast<double>(n * num_experts));
   }
@@ -532,6 +545,7 @@ void MockGpuDevice::SwiGlu(const float* gate, const float* up, int64_t count, fl
     state_->CheckArgLocked("SwiGlu", "gate", gate, Bytes4(count));
     state_->CheckArgLocked("SwiGlu", "up", up, Bytes4(count));
     state_->CheckArgLocked("SwiGlu", "out", out, Bytes4(count));
+    NoteLaunches(1);
     state_->ScheduleOpLocked("SwiGlu", sid, 3 * Bytes4(count), 5.0 * static_cast<double>(count));
   }
   cpu::SwiGlu(gate, up, count, out);
@@ -544,6 +558,7 @@ void MockGpuDevice::Add(const float* x, int64_t count, float* y, Stream* stream)
     const int sid = state_->StreamIdLocked(stream);
     state_->CheckArgLocked("Add", "x", x, Bytes4(count));
     state_->CheckArgLocked("Add", "y", y, Bytes4(count));
+    NoteLaunches(1);
     state_->ScheduleOpLocked("Add", sid, 3 * Bytes4(count), static_cast<double>(count));
   }
   cpu::Add(x, count, y);
@@ -561,6 +576,7 @@ void MockGpuDevice::GatherRows(const float* src, const int32_t* rows, int64_t n,
       state_->CheckArgLocked("GatherRows", "src", src, Bytes4((max_row + 1) * dim));
       state_->CheckArgLocked("GatherRows", "dst", dst, Bytes4(n * dim));
     }
+    NoteLaunches(1);
     state_->ScheduleOpLocked("GatherRows", sid, 2 * Bytes4(n * dim) + Bytes4(n), 0);
   }
   cpu::GatherRows(src, rows, n, dim, dst);
@@ -579,6 +595,7 @@ void MockGpuDevice::ScatterAddScaled(const float* src, const int32_t* rows, cons
       const int64_t max_row = state_->MaxIndexLocked("ScatterAddScaled", "rows", rows, n);
       state_->CheckArgLocked("ScatterAddScaled", "dst", dst, Bytes4((max_row + 1) * dim));
     }
+    NoteLaunches(1);
     state_->ScheduleOpLocked("ScatterAddScaled", sid, 3 * Bytes4(n * dim) + 2 * Bytes4(n),
                              2.0 * static_cast<double>(n * dim));
   }

@@ -169,8 +169,21 @@ struct State {
   std::map<std::pair<const char*, int>, std::unique_ptr<AtomicSite>> atomic_sites;
   std::set<std::tuple<int, uint64_t, uint64_t>> reported;
   int reports = 0;
+
+  // The launch's traffic to device allocations (simt/counters.h): totals, and the bytes written per allocation
+  // (the allocation being written now kept apart, so a run of stores into one buffer costs no map lookup).
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  uintptr_t write_base = 0;
+  uint64_t write_base_bytes = 0;
+  std::map<uintptr_t, uint64_t> writes;
 };
 State st;
+
+void FlushWriteBase() {
+  if (st.write_base_bytes != 0) st.writes[st.write_base] += st.write_base_bytes;
+  st.write_base_bytes = 0;
+}
 
 std::string Where(const void* pc) {
   if (pc == nullptr) return "?";
@@ -395,6 +408,17 @@ void OnAccess(const void* addr, size_t bytes, uint8_t flags, uint64_t site, bool
   } else {
     shadow = FindGlobal(a, bytes, now);
     if (shadow == nullptr) return;
+    // FindGlobal left the allocation's region in last_region.
+    if (flags & kWrite) {
+      st.bytes_written += bytes;
+      if (st.last_region.lo != st.write_base) {
+        FlushWriteBase();
+        st.write_base = st.last_region.lo;
+      }
+      st.write_base_bytes += bytes;
+    } else {
+      st.bytes_read += bytes;
+    }
   }
   // Sizes checked for alignment are powers of two (the instrumentation's 1 to 16, atomics' operands).
   if (!unaligned_ok && (a & (bytes - 1)) != 0) {
@@ -443,9 +467,22 @@ void OnKernelStart(const LaunchSite&) {
   st.block = 0;
   st.reported.clear();
   st.reports = 0;
+  st.bytes_read = 0;
+  st.bytes_written = 0;
+  st.write_base_bytes = 0;
+  st.writes.clear();
 }
 
-void OnKernelEnd() { st.active = false; }
+void OnKernelEnd() {
+  st.active = false;
+  if (!checked_mode) return;
+  FlushWriteBase();
+  LaunchAccesses accesses;
+  accesses.bytes_read = st.bytes_read;
+  accesses.bytes_written = st.bytes_written;
+  for (const auto& [base, bytes] : st.writes) accesses.writes.emplace_back(reinterpret_cast<const void*>(base), bytes);
+  CountKernelAccesses(accesses);
+}
 
 void OnBlockStart(void* dynamic_shared, size_t bytes, size_t redzone) {
   if (!checked_mode) return;

@@ -478,6 +478,7 @@ cudaError_t RunKernel(const LaunchSite& site, const void* func, dim3 grid, dim3 
     }
   }
   OnKernelEnd();
+  CountLaunch(site);
   current_site = outer;
   if (result != cudaSuccess) SetLastError(result, /*sticky=*/true);
   return result;

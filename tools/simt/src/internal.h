@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "simt/simt.h"
 
@@ -68,5 +70,25 @@ AllocationView FindAllocation(const void* p, size_t bytes);
 // checker.cc: device memory changed (called by cudaMalloc and cudaFree, under HoldLaunches()). `freed` is the base
 // of a freed allocation, or null after an allocation: the checker drops what it remembered about that memory.
 void OnDeviceMemoryChanged(const void* freed);
+
+// counters.cc: the runtime's counts (simt/counters.h).
+void CountHostSync();
+void CountAllocation();
+void CountFree();
+// A copy of n bytes from src to dst: bytes read from a device allocation, bytes written into one, and from device
+// memory a host sync when `synchronous` (cudaMemcpy), else a pageable copy when dst is pageable host memory.
+void CountCopy(void* dst, const void* src, size_t n, bool synchronous);
+void CountMemset(void* dst, size_t n);
+// checker.cc -> counters.cc, at the end of a checked launch: what its kernel code read and wrote.
+struct LaunchAccesses {
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  std::vector<std::pair<const void*, uint64_t>> writes;  // per allocation base
+};
+void CountKernelAccesses(const LaunchAccesses& accesses);
+// emulator.cc: a launch that ran (after OnKernelEnd, so the checked accesses of it are known).
+void CountLaunch(const LaunchSite& site);
+// runtime.cc: whether [p, p + bytes) is pinned host memory (cudaHostRegister or cudaMallocHost).
+bool IsPinnedHost(const void* p, size_t bytes);
 
 }  // namespace simt::detail

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -42,7 +43,8 @@ std::map<const char*, Allocation> allocations;  // by base address (guarded by m
 size_t allocated = 0;
 size_t quarantined = 0;
 std::map<const void*, size_t> shared_limit;  // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel
-std::set<const void*> host_registered;
+std::map<const char*, size_t> pinned_host;   // cudaHostRegister and cudaMallocHost ranges: start -> bytes
+std::set<const void*> malloc_host;           // the cudaMallocHost ones
 int current_device = 0;
 
 thread_local cudaError_t last_error = cudaSuccess;
@@ -54,6 +56,12 @@ cudaError_t Fail(cudaError_t err) {
 }
 
 cudaError_t Status() { return sticky_error; }
+
+// A host synchronization: counted, then the sticky error.
+cudaError_t HostSync() {
+  CountHostSync();
+  return Status();
+}
 
 }  // namespace
 
@@ -81,6 +89,15 @@ cudaError_t CheckLaunch(const LaunchSite& site, const void* func, dim3 grid, dim
   }
   if (dynamic_smem > limit) return cudaErrorInvalidValue;
   return cudaSuccess;
+}
+
+bool IsPinnedHost(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  std::lock_guard<std::mutex> lock(mu);
+  auto next = pinned_host.upper_bound(c);
+  if (next == pinned_host.begin()) return false;
+  auto it = std::prev(next);
+  return c + bytes <= it->first + it->second;
 }
 
 AllocationView FindAllocation(const void* p, size_t bytes) {
@@ -271,6 +288,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   allocated += size;
   OnDeviceMemoryChanged(nullptr);
   *ptr = base;
+  CountAllocation();
   return cudaSuccess;
 }
 
@@ -282,6 +300,8 @@ cudaError_t cudaFree(void* p) {
   if (it == allocations.end() || it->second.freed) return Fail(cudaErrorInvalidValue);
   Allocation& a = it->second;
   a.freed = true;
+  CountFree();
+  CountHostSync();  // cudaFree waits for the device
   OnDeviceMemoryChanged(p);
   allocated -= a.size;
   // Keep the range reserved and inaccessible, without its memory.
@@ -313,29 +333,67 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
   if (n == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return Fail(cudaErrorInvalidValue);
+  CountCopy(dst, src, n, /*synchronous=*/true);
   std::memmove(dst, src, n);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, n, kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t) {
+  if (n == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr) return Fail(cudaErrorInvalidValue);
+  CountCopy(dst, src, n, /*synchronous=*/false);
+  std::memmove(dst, src, n);
+  return cudaSuccess;
 }
 cudaError_t cudaMemset(void* dst, int value, size_t n) {
   if (n == 0) return cudaSuccess;
   if (dst == nullptr) return Fail(cudaErrorInvalidValue);
+  CountMemset(dst, n);
   std::memset(dst, value, n);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t) { return cudaMemset(dst, value, n); }
 
-cudaError_t cudaHostRegister(void* p, size_t, unsigned int) {
+cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
   std::lock_guard<std::mutex> lock(mu);
-  if (p == nullptr) return Fail(cudaErrorInvalidValue);
-  if (!host_registered.insert(p).second) return Fail(cudaErrorHostMemoryAlreadyRegistered);
+  if (p == nullptr || bytes == 0) return Fail(cudaErrorInvalidValue);
+  const char* c = static_cast<const char*>(p);
+  auto next = pinned_host.lower_bound(c);
+  const bool overlaps_next = next != pinned_host.end() && next->first < c + bytes;
+  const bool overlaps_prev = next != pinned_host.begin() && std::prev(next)->first + std::prev(next)->second > c;
+  if (overlaps_next || overlaps_prev) return Fail(cudaErrorHostMemoryAlreadyRegistered);
+  pinned_host[c] = bytes;
   return cudaSuccess;
 }
 cudaError_t cudaHostUnregister(void* p) {
   std::lock_guard<std::mutex> lock(mu);
-  if (host_registered.erase(p) == 0) return Fail(cudaErrorHostMemoryNotRegistered);
+  if (malloc_host.count(p) != 0 || pinned_host.erase(static_cast<const char*>(p)) == 0) {
+    return Fail(cudaErrorHostMemoryNotRegistered);
+  }
+  return cudaSuccess;
+}
+// Page-locked host memory: ordinary host memory here, remembered as pinned (copies from device memory into it do
+// not synchronize the host).
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  if (ptr == nullptr) return Fail(cudaErrorInvalidValue);
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  void* p = std::aligned_alloc(kPage, (size + kPage - 1) / kPage * kPage);
+  if (p == nullptr) return Fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(mu);
+  pinned_host[static_cast<const char*>(p)] = size;
+  malloc_host.insert(p);
+  *ptr = p;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (malloc_host.erase(p) == 0) return Fail(cudaErrorInvalidValue);
+    pinned_host.erase(static_cast<const char*>(p));
+  }
+  CountHostSync();  // as cudaFree, it waits for the device
+  std::free(p);
   return cudaSuccess;
 }
 
@@ -351,9 +409,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete s;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return Status(); }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return HostSync(); }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return Status(); }
-cudaError_t cudaDeviceSynchronize() { return Status(); }
+cudaError_t cudaDeviceSynchronize() { return HostSync(); }
 // Clears a sticky error (a failed launch), so a test can go on after one. Unlike the hardware's, it keeps every
 // allocation, stream and event.
 cudaError_t cudaDeviceReset() {
@@ -375,7 +433,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return Status(); }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return Status(); }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return HostSync(); }
 cudaError_t cudaEventQuery(cudaEvent_t) { return Status(); }
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "simt/counters.h"
 #include "tools/simt/tests/test_kernels.h"
 
 namespace {
@@ -272,6 +273,60 @@ TEST_F(SimtTest, RuntimeMemoryStreamsAndEvents) {
   EXPECT_EQ(prop.totalGlobalMem, total);
   EXPECT_STREQ(cudaGetErrorName(cudaErrorInvalidValue), "cudaErrorInvalidValue");
   EXPECT_STREQ(cudaGetErrorString(cudaErrorMemoryAllocation), "out of memory");
+}
+
+// The runtime's own counts: syncs (explicit, cudaFree, synchronous and pageable copies from the device), allocations,
+// launches per site, copy traffic and, in the checked build, the kernel's own loads and stores.
+TEST_F(SimtTest, CountsWhatTheProgramAsks) {
+  simt::ResetCounters();
+  std::vector<float> host(128, 1.0f), pinned_out(2, 0.0f);
+  float* in = nullptr;
+  float* out = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&in), host.size() * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&out), 2 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(in, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(simt_test::BlockSum(in, 64, 2, out), cudaSuccess);
+  ASSERT_EQ(simt_test::BlockSum(in, 64, 2, out), cudaSuccess);
+  simt::Counters c = simt::ReadCounters();
+  EXPECT_EQ(c.allocations, 2u);
+  EXPECT_EQ(c.host_syncs, 0u) << "an upload and launches do not wait";
+  EXPECT_EQ(c.launches, 2u);
+  ASSERT_EQ(c.sites.size(), 1u);
+  EXPECT_EQ(c.sites.begin()->second.launches, 2u);
+  EXPECT_NE(c.sites.begin()->first.find("BlockSumKernel"), std::string::npos) << c.sites.begin()->first;
+  EXPECT_EQ(c.written[in].bytes, host.size() * sizeof(float));
+  if (simt::CountsKernelAccesses()) {
+    EXPECT_EQ(c.kernel_bytes_read, 2 * host.size() * sizeof(float));
+    EXPECT_EQ(c.kernel_bytes_written, 2 * 2 * sizeof(float));
+    EXPECT_EQ(c.written[out].bytes, 2 * 2 * sizeof(float));
+    EXPECT_EQ(c.sites.begin()->second.bytes_read, 2 * host.size() * sizeof(float));
+  } else {
+    EXPECT_EQ(c.kernel_bytes_read, 0u);
+  }
+
+  simt::ResetCounters();
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), 2 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pinned, out, 2 * sizeof(float), cudaMemcpyDeviceToHost, nullptr), cudaSuccess);
+  EXPECT_EQ(simt::ReadCounters().host_syncs, 0u) << "a copy into pinned memory does not wait";
+  EXPECT_EQ(simt::ReadCounters().pageable_copies_to_host, 0u);
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  EXPECT_EQ(pinned[0], 64.0f);
+  ASSERT_EQ(cudaMemcpyAsync(pinned_out.data(), out, 2 * sizeof(float), cudaMemcpyDeviceToHost, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(pinned_out.data(), out, 2 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  EXPECT_EQ(cudaFree(in), cudaSuccess);
+  EXPECT_EQ(cudaFree(out), cudaSuccess);
+  c = simt::ReadCounters();
+  // stream sync, synchronous copy, device sync, cudaFreeHost, 2 x cudaFree; the pageable async copy apart
+  EXPECT_EQ(c.host_syncs, 6u);
+  EXPECT_EQ(c.pageable_copies_to_host, 1u);
+  EXPECT_EQ(c.frees, 2u);
+  EXPECT_EQ(c.allocations, 0u);
+  EXPECT_EQ(c.copy_bytes_from_device, 3 * 2 * sizeof(float));
+  EXPECT_EQ(c.launches, 0u);
 }
 
 // GemmEx in cuBLAS's column-major convention against a plain loop, for every input type and transpose.
