@@ -20,6 +20,7 @@
 #include "src/engine/generator.h"
 #include "src/rpc/metrics_server.h"
 #include "src/rpc/request_id.h"
+#include "src/rpc/security.h"
 
 namespace odmoe {
 namespace {
@@ -381,6 +382,19 @@ HttpServerOptions HttpServer::OptionsFor(const rpc::DaemonArgs& args, const metr
   if (!args.self.metrics_address.empty() && args.self.metrics_address == args.self.http_address) {
     o.metrics_to_serve = registry;
   }
+  if (!args.cluster.tls_ca.empty()) {
+    o.tls_cert = args.self.tls_cert;
+    o.tls_key = args.self.tls_key;
+  }
+  std::shared_ptr<const rpc::Security> security = rpc::ProcessSecurity();
+  if (security->has_token()) {
+    o.authorize = [security](const httplib::Request& req) {
+      const auto it = req.headers.find("Authorization");  // httplib compares header names case-insensitively
+      if (it == req.headers.end()) return security->CheckToken(nullptr).ok();
+      const std::string_view value = it->second;
+      return security->CheckToken(&value).ok();
+    };
+  }
   return o;
 }
 
@@ -411,7 +425,19 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
                                        "connection.")
                           .With({});
 
-  server->http_ = std::make_unique<httplib::Server>();
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        StrCat("node '", options.node, "': the HTTP API over TLS needs both a certificate and a key"));
+  }
+  if (options.tls_cert.empty()) {
+    server->http_ = std::make_unique<httplib::Server>();
+  } else {
+    server->http_ = std::make_unique<httplib::SSLServer>(options.tls_cert.c_str(), options.tls_key.c_str());
+    if (!server->http_->is_valid()) {
+      return absl::InvalidArgumentError(StrCat("node '", options.node, "': the HTTP API cannot use certificate '",
+                                               options.tls_cert, "' with key '", options.tls_key, "'"));
+    }
+  }
   httplib::Server& http = *server->http_;
   const int threads = std::max(1, options.threads);
   http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
@@ -483,7 +509,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
                                          " (is another process listening there?)"));
   }
   server->port_ = port;
-  server->url_ = StrCat("http://", options.address.substr(0, colon), ":", port);
+  server->url_ = StrCat(options.tls_cert.empty() ? "http://" : "https://", options.address.substr(0, colon), ":", port);
   server->thread_ = std::thread([&http] { http.listen_after_bind(); });
   // stop() only stops a server that is running: wait for it, so that the destructor never misses it.
   while (!http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -17,7 +17,9 @@
 // write timeout (which cancels the request). Non-streamed requests are not polled (their answer is one write).
 //
 // Authorization hook: `authorize` (optional) sees every request before its handler; false answers 401 with
-// OpenAI's error object.
+// OpenAI's error object. OptionsFor sets it to the cluster's client token ([auth] token_file: the header
+// `Authorization: Bearer TOKEN`, as the gRPC API takes it). With [tls] the API is served over HTTPS with main's
+// certificate and key (the same files as its gRPC port), so the token never crosses the network in clear.
 //
 // Thread safety: handlers run on the server's threads; SetReady may be called from any thread. The MainNode and
 // the metrics registry must outlive the server, whose destructor cancels the requests in flight and joins its
@@ -52,6 +54,8 @@ struct HttpServerOptions {
   const metrics::Registry* metrics_to_serve = nullptr;
   // The authorization hook (see the file comment); empty: every request is let through.
   std::function<bool(const httplib::Request&)> authorize;
+  // PEM certificate and key: serve HTTPS; both empty: plain HTTP.
+  std::string tls_cert, tls_key;
 };
 
 class HttpServer {
@@ -62,7 +66,8 @@ class HttpServer {
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(MainNode* node, HttpServerOptions options,
                                                            metrics::Registry* registry);
   // The HttpServerOptions of main's node (`http_address`, the model id of its metrics' labels, a shared
-  // /metrics when http_address == metrics_address).
+  // /metrics when http_address == metrics_address, the process's client token (rpc::ProcessSecurity), and
+  // main's certificate with [tls]).
   static HttpServerOptions OptionsFor(const rpc::DaemonArgs& args, const metrics::Registry* registry);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;

@@ -191,6 +191,10 @@ grpc::Status Security::Admit(const grpc::ServerContext& context, Access access, 
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(st.message()));
 }
 
+absl::Status Security::CheckToken(const std::string_view* authorization) const {
+  return token_ == nullptr ? absl::OkStatus() : token_->Check(authorization);
+}
+
 void InstallProcessSecurity(std::shared_ptr<const Security> security) {
   absl::MutexLock lock(&process_mu);
   ProcessSlot() = std::move(security);

@@ -85,6 +85,9 @@ class Security {
   // call over TLS whose caller's certificate names no member of a role in `roles` (empty: any member).
   // Never names the token.
   grpc::Status Admit(const grpc::ServerContext& context, Access access, std::set<NodeRole> roles = {}) const;
+  // The client token's check for other transports (main's HTTP API): OK when no token is configured, else
+  // TokenGuard::Check of the raw Authorization value (nullptr: none sent).
+  absl::Status CheckToken(const std::string_view* authorization) const;
   // The cluster members the caller's certificate names (empty: plaintext, no certificate, or none a member).
   std::vector<std::string> CallerMembers(const grpc::ServerContext& context) const;
 

@@ -30,7 +30,8 @@ using odmoe::testing::RunResult;
 class LocalCluster {
  public:
   LocalCluster(const std::string& model_dir, int workers, int group_size, bool secure = false) {
-    const std::vector<int> ports = odmoe::testing::PickFreePorts(workers + 2);
+    const std::vector<int> ports = odmoe::testing::PickFreePorts(workers + 3);
+    http_port_ = ports[static_cast<size_t>(workers + 2)];
     std::string toml = StrCat("[cluster]\nname = \"test\"\nepoch = 7\ngroup_size = ", group_size,
                               "\nrpc_timeout_ms = 60000\nstartup_timeout_ms = 120000\n");
     if (secure) {
@@ -47,7 +48,7 @@ class LocalCluster {
                      "\"\nthreads = 2\n", extra);
       if (secure) toml += StrCat("cert = \"tls/", name, ".crt\"\nkey = \"tls/", name, ".key\"\n");
     };
-    node("main", "main", ports[0], "device = \"cpu\"\n");
+    node("main", "main", ports[0], StrCat("device = \"cpu\"\nhttp_address = \"127.0.0.1:", http_port_, "\"\n"));
     node("shadow", "shadow", ports[1], "device = \"cpu\"\n");
     for (int w = 0; w < workers; ++w) {
       node(StrCat("worker", w), "worker", ports[static_cast<size_t>(w + 2)],
@@ -69,9 +70,11 @@ class LocalCluster {
   const std::string& config() const { return config_; }
   std::string run_dir() const { return dir_.File("run"); }
   std::string File(const std::string& name) const { return dir_.File(name); }
+  int http_port() const { return http_port_; }
 
  private:
   odmoe::testing::TempDir dir_;
+  int http_port_ = 0;
   std::string config_;
   RunResult up_;
   std::string endpoint_;
@@ -234,6 +237,25 @@ TEST_F(ClusterCliTest, TlsAndTokenOnGiveTheSameTokens) {
   RunResult status = RunProgram({ProgramPath("odmoe"), "cluster", "status", "--config", cluster.config(),
                                  "--run-dir", cluster.run_dir(), "--json"});
   EXPECT_EQ(status.exit_code, 0) << status.out << status.err;
+
+  // The OpenAI HTTP API: HTTPS with main's certificate (whose name is "main"), the same token as a bearer.
+  const std::string models = StrCat("https://main:", cluster.http_port(), "/v1/models");
+  const std::vector<std::string> curl = {"/usr/bin/curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}",
+                                         "--resolve",     StrCat("main:", cluster.http_port(), ":127.0.0.1"),
+                                         "--cacert",      cluster.File("tls/ca.crt")};
+  auto http_code = [&](std::vector<std::string> extra, const std::string& url) {
+    std::vector<std::string> argv = curl;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.push_back(url);
+    return RunProgram(argv).out;
+  };
+  EXPECT_EQ(http_code({"-H", "Authorization: Bearer cluster-test-token"}, models), "200");
+  EXPECT_EQ(http_code({}, models), "401");
+  EXPECT_EQ(http_code({"-H", "Authorization: Bearer wrong-token"}, models), "401");
+  // Plain HTTP gets no answer from the HTTPS port.
+  EXPECT_NE(http_code({"-H", "Authorization: Bearer cluster-test-token"},
+                      StrCat("http://127.0.0.1:", cluster.http_port(), "/v1/models")),
+            "200");
 }
 
 TEST_F(ClusterCliTest, AWorkerThatCannotStartStopsTheStartUpCleanly) {
