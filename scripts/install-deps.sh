@@ -16,6 +16,8 @@ packages=(
   python3-prometheus-client
   python3-yaml
   docker-compose
+  iproute2
+  iptables
 )
 
 missing=()

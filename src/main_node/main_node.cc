@@ -41,7 +41,15 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   node->model_ = std::move(model);
 
   std::vector<WorkerEndpoint> workers;
-  for (const NodeConfig* w : args.cluster.workers()) workers.push_back({w->name, w->address});
+  std::vector<PeerHealth::Peer> peers;
+  for (const NodeConfig* w : args.cluster.workers()) {
+    workers.push_back({w->name, w->address});
+    peers.push_back({w->name, w->address});
+  }
+  if (args.cluster.shadow_settings.mode == PredictionMode::kShadow && args.cluster.shadow() != nullptr) {
+    peers.push_back({args.cluster.shadow()->name, args.cluster.shadow()->address});
+  }
+  node->health_ = std::make_unique<PeerHealth>(std::move(peers));
   ODMOE_ASSIGN_OR_RETURN(const Placement placement,
                          Placement::ForCluster(args.cluster.file, static_cast<int32_t>(workers.size()),
                                                args.cluster.group_size, node->config_.top_k));
@@ -54,6 +62,7 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   ro.max_tokens = options.engine.max_tokens_per_forward;
   ro.max_tensor_bytes_per_call = options.max_tensor_bytes_per_call;
   ro.max_rows_per_call = options.max_rows_per_call;
+  ro.health = node->health_.get();
   auto experts = RemoteExpertExecutor::Create(*node->device_, node->config_, expert_bytes, std::move(workers),
                                               placement.group_size(), ro);
   if (!experts.ok()) {
@@ -76,6 +85,8 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   ODMOE_ASSIGN_OR_RETURN(node->engine_,
                          Engine::Create(*node->weights_, *node->device_, node->experts_.get(), options.engine));
   node->InitMetrics(args);
+  node->prober_ = std::make_unique<PeerProber>(*node->health_);
+  node->prober_->Start();
   return node;
 }
 
@@ -87,6 +98,8 @@ void MainNode::InitMetrics(const rpc::DaemonArgs& args) {
     peers.push_back({shadow->name, "shadow", shadow->address});
   }
   metrics_ = std::make_unique<MainMetrics>(rpc::DaemonMetricLabels(args.cluster, args.self, args.model_dir), peers);
+  // Reachability as main judges it (PeerHealth), and its changes.
+  health_->Subscribe([m = metrics_.get()](const PeerEvent& e) { m->PeerChanged(e.name, e.to == PeerState::kUp); });
   metrics_->registry().AddCollector([this](std::vector<metrics::MetricFamily>* out) {
     {
       absl::MutexLock lock(&stats_mu_);
@@ -100,6 +113,7 @@ void MainNode::InitMetrics(const rpc::DaemonArgs& args) {
 }
 
 MainNode::~MainNode() {
+  if (prober_ != nullptr) prober_->Stop();  // no event reaches the executor or the metrics from here on
   absl::MutexLock lock(&request_mu_);
   shadow_link_.reset();
   random_sender_.reset();
@@ -211,6 +225,7 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   run.id = next_request_id_.fetch_add(1);
   experts_->BeginRequest(
       run.id, [&]() { return run.client_gone || (cancelled != nullptr && cancelled()); }, run.trace_id);
+  experts_->SetRequestDeadline(record->deadline);
   if (tokenizer_ != nullptr) run.decoder = std::make_unique<IncrementalDecoder>(*tokenizer_, run.prompt);
   StartPrediction(run);
   absl::StatusOr<GenerateResult> result =
@@ -479,6 +494,7 @@ grpc::Status MainNode::Generate(grpc::ServerContext* context, const v1::Generate
                request->max_new_tokens());
   RequestRecord record;
   record.request_id = *request_id;
+  record.deadline = rpc::RequestDeadline(*context);
   const absl::Status status = RunRequest(
       *request, [writer](const v1::GenerateResponse& r) { return writer->Write(r); },
       [context]() { return context->IsCancelled(); }, &record);

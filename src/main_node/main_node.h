@@ -32,6 +32,7 @@
 #include "src/engine/generator.h"
 #include "src/engine/model_weights.h"
 #include "src/main_node/main_metrics.h"
+#include "src/main_node/peer_health.h"
 #include "src/main_node/prediction.h"
 #include "src/main_node/remote_experts.h"
 #include "src/main_node/shadow_link.h"
@@ -72,6 +73,7 @@ class MainNode final : public v1::Inference::Service {
   // One request as main's log line about its end reports it (Generate writes it, success or not).
   struct RequestRecord {
     std::string request_id;     // in: the client's request id (rpc/request_id.h), "" for none
+    absl::Time deadline = absl::InfiniteFuture();  // in: the client's deadline; no call to a peer outlives it
     int64_t prompt_tokens = 0;  // out, as far as the request got
     int64_t generated_tokens = 0;
     double ttft_ms = 0;
@@ -100,6 +102,9 @@ class MainNode final : public v1::Inference::Service {
   const metrics::Registry& metrics() const { return metrics_->registry(); }
   // Readiness as main's prober judged it, for /metrics (odmoe_ready).
   void SetReady(bool ready) { metrics_->Ready(ready); }
+  // Main's verdict on its peers: the workers (peer i = worker i of the cluster file), then the shadow when
+  // predictions come from it. Probed from Create on (PeerProber); requests fail at once on a down worker.
+  PeerHealth& peer_health() { return *health_; }
 
  private:
   MainNode() = default;
@@ -141,6 +146,9 @@ class MainNode final : public v1::Inference::Service {
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<Tokenizer> tokenizer_;  // nullptr when the model ships no tokenizer.model
   std::atomic<uint64_t> next_request_id_{1};
+  // Before experts_ and metrics_, which subscribe to it; the prober stops first (~MainNode).
+  std::unique_ptr<PeerHealth> health_;
+  std::unique_ptr<PeerProber> prober_;
 
   absl::Mutex request_mu_;  // one request at a time
   std::unique_ptr<RemoteExpertExecutor> experts_ ABSL_GUARDED_BY(request_mu_);
