@@ -231,7 +231,7 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   absl::StatusOr<GenerateResult> result =
       odmoe::Generate(*engine_, run.prompt, run.options, [&](int32_t id, bool last) { OnToken(run, id, last); });
   experts_->EndRequest();
-  const AlignmentCounts alignment = FinishPrediction();
+  const AlignmentCounts alignment = FinishPrediction(/*request_ok=*/result.ok());
   record->generated_tokens = run.generated;
   if (run.client_gone) return absl::CancelledError("the client went away");
   if (!result.ok()) return result.status();
@@ -270,11 +270,12 @@ void MainNode::StartPrediction(const RequestRun& run) {
   }
 }
 
-AlignmentCounts MainNode::FinishPrediction() {
+AlignmentCounts MainNode::FinishPrediction(bool request_ok) {
   AlignmentCounts alignment;
   if (shadow_link_ != nullptr) {
-    // The shadow's predictions for the last positions may still be on their way: they count for recall.
-    shadow_link_->Finish(/*wait_ms=*/2000);
+    // The shadow's predictions for the last positions may still be on their way: they count for recall. A
+    // failed request has no recall to complete: its error goes out at once.
+    shadow_link_->Finish(/*wait_ms=*/request_ok ? 2000 : 0);
     alignment = shadow_link_->counts();
   }
   if (random_sender_ != nullptr) random_sender_->Drain();

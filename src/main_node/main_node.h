@@ -125,9 +125,9 @@ class MainNode final : public v1::Inference::Service {
   absl::StatusOr<GenerateOptions> OptionsOf(const v1::GenerateRequest& request,
                                             std::span<const int32_t> prompt) const;
   // The prediction source of the request (the shadow's stream, main's random predictions, or none), and its
-  // end (the shadow's last predictions awaited; its alignment counts returned).
+  // end (the shadow's last predictions awaited unless the request failed; its alignment counts returned).
   void StartPrediction(const RequestRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
-  AlignmentCounts FinishPrediction() ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
+  AlignmentCounts FinishPrediction(bool request_ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
   // The token callback: streams the token to the client and, unless it is the last one, tells the shadow
   // where main is (with the alignment due).
   void OnToken(RequestRun& run, int32_t id, bool last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
