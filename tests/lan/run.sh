@@ -320,7 +320,11 @@ scenario_idle() {
 # Applies fault `kind` to the victim: kill | stop | partition.
 fault_apply() {
   case $1 in
-    kill) kill -KILL "$(pid_of "$VICTIM")" ;;
+    kill)
+      local pid
+      pid=$(pid_of "$VICTIM")
+      kill -KILL "$pid" && { wait "$pid"; } 2>/dev/null  # reaped here: no "Killed" line from bash
+      ;;
     stop) kill -STOP "$(pid_of "$VICTIM")" ;;
     partition)
       in_ns "$VICTIM" iptables -I INPUT -i eth0 -j DROP &&
@@ -331,10 +335,7 @@ fault_apply() {
 
 fault_clear() {
   case $1 in
-    kill)
-      wait "$(pid_of "$VICTIM")" 2>/dev/null
-      start_node "$VICTIM"
-      ;;
+    kill) start_node "$VICTIM" ;;
     stop) kill -CONT "$(pid_of "$VICTIM")" ;;
     partition)
       in_ns "$VICTIM" iptables -D INPUT -i eth0 -j DROP
