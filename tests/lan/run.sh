@@ -323,7 +323,9 @@ fault_apply() {
     kill)
       local pid
       pid=$(pid_of "$VICTIM")
-      kill -KILL "$pid" && { wait "$pid"; } 2>/dev/null  # reaped here: no "Killed" line from bash
+      kill -KILL "$pid" || return 1
+      { wait "$pid"; } 2>/dev/null # reaped here: no "Killed" line from bash; its status is 137
+      return 0
       ;;
     stop) kill -STOP "$(pid_of "$VICTIM")" ;;
     partition)
