@@ -18,6 +18,8 @@ packages=(
   docker-compose
   python3-matplotlib
   curl
+  iproute2
+  iptables
 )
 # The OpenAI SDK tests (tests/http/js) need Node.js >= 18 and npm: Debian's, unless a node is already installed
 # (e.g. from NodeSource, whose package replaces Debian's npm).

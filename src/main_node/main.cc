@@ -1,7 +1,7 @@
 // odmoe-main: the main node daemon. `odmoe-main --config FILE --node NAME [--model DIR]`.
 // Comes up without waiting for the workers (channels dial on first use); a request that needs a worker that
-// is down fails with UNAVAILABLE naming it. Live as soon as it serves; ready ("odmoe.ready") while every sparse
-// layer has a reachable owner.
+// is down (src/main_node/peer_health.h) fails at once with UNAVAILABLE naming it. Live as soon as it serves; ready
+// ("odmoe.ready") while every sparse layer has a reachable owner.
 #include <string>
 #include <vector>
 
@@ -41,19 +41,18 @@ absl::Status Serve(const std::vector<std::string>& args) {
       "tokenizer {}",
       d.self.name, d.self.address, server->port(), d.model_dir, node->fingerprint(), d.cluster.epoch, d.self.device,
       d.cluster.workers().size(), node->has_tokenizer() ? "yes" : "no");
-  // Readiness follows the workers (src/main_node/readiness.h); stopped before the server goes.
-  ODMOE_ASSIGN_OR_RETURN(
-      std::unique_ptr<odmoe::ReadinessProber> readiness,
-      odmoe::ReadinessProber::ForCluster(d.cluster, node->config(), [&server, &node, &http](const auto& v) {
-        node->SetReady(v.ready);
-        if (http != nullptr)
-          http->SetReady(v.ready, v.reason);  // first: a client that sees SERVING reads odmoe_ready 1
-        server->MarkReady(v.ready);
-        odmoe::rpc::systemd::NotifyStatus((v.ready ? "ready: " : "not ready: ") + v.reason);
-      }));
-  readiness->Start();
+  // Readiness follows main's verdict on the workers (src/main_node/readiness.h, peer_health.h); it stops
+  // before the server goes.
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::ReadinessWatch> readiness,
+                         odmoe::ReadinessWatch::ForCluster(
+                             d.cluster, node->config(), node->peer_health(), [&server, &node, &http](const auto& v) {
+                               node->SetReady(v.ready);  // first: a client that sees SERVING reads odmoe_ready 1
+                               if (http != nullptr) http->SetReady(v.ready, v.reason);
+                               server->MarkReady(v.ready);
+                               odmoe::rpc::systemd::NotifyStatus((v.ready ? "ready: " : "not ready: ") + v.reason);
+                             }));
   odmoe::rpc::ServeUntilSignal(*server, odmoe::rpc::Readiness::kReportedByDaemon, d.cluster.shutdown_timeout_ms);
-  readiness->Stop();
+  readiness.reset();
   spdlog::info("odmoe-main {}: shut down", d.self.name);
   return absl::OkStatus();
 }

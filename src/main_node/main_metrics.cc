@@ -77,6 +77,10 @@ MainMetrics::MainMetrics(metrics::Labels labels, std::vector<Peer> peers)
                            "1 while main is ready (grpc.health.v1 odmoe.ready): every sparse layer has a reachable "
                            "owner.")
                  .With({})),
+      peer_changes_(registry_.AddCounter("odmoe_peer_state_changes_total",
+                                         "Changes of main's verdict on a peer (to = up or down; the first verdict "
+                                         "after start counts).",
+                                         {"peer", "to"})),
       peers_(std::move(peers)) {
   for (const char* outcome : {"ok", "cancelled", "invalid", "error"}) requests_.With({outcome});
   for (const Peer& p : peers_) channels_.push_back(rpc::MakeChannel(p.address));
@@ -119,6 +123,12 @@ void MainMetrics::Prediction(double recall, double timely_recall) {
   timely_recall_.Set(timely_recall);
 }
 
+void MainMetrics::PeerChanged(const std::string& name, bool up) {
+  peer_changes_.With({name, up ? "up" : "down"}).Add();
+  absl::MutexLock lock(&verdict_mu_);
+  verdicts_[name] = up;
+}
+
 void MainMetrics::AppendReachability(std::vector<metrics::MetricFamily>* out) const {
   // Ask every idle channel to connect, then give those still settling up to 250 ms in all.
   std::vector<grpc_connectivity_state> states;
@@ -138,9 +148,15 @@ void MainMetrics::AppendReachability(std::vector<metrics::MetricFamily>* out) co
                                "1 when main holds a connection to the shadow (its gRPC channel is ready), else 0.",
                                metrics::MetricType::kGauge,
                                {}};
+  std::map<std::string, bool> verdicts;
+  {
+    absl::MutexLock lock(&verdict_mu_);
+    verdicts = verdicts_;
+  }
   for (size_t i = 0; i < peers_.size(); ++i) {
     metrics::Sample s;
     s.value = states[i] == GRPC_CHANNEL_READY ? 1 : 0;
+    if (auto v = verdicts.find(peers_[i].name); v != verdicts.end()) s.value = v->second ? 1 : 0;
     if (peers_[i].role == "worker") {
       s.labels = {{"worker", peers_[i].name}};
       workers.samples.push_back(std::move(s));

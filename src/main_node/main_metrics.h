@@ -12,11 +12,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "src/common/metrics.h"
 
@@ -64,6 +67,11 @@ class MainMetrics {
   // grpc.health.v1 "odmoe.ready". 0 until the first judgement.
   void Ready(bool ready) { ready_.Set(ready ? 1 : 0); }
 
+  // Main's verdict on peer `name` changed (src/main_node/peer_health.h): from now on its odmoe_*_reachable is
+  // that verdict (before the first one, the channel's state), and odmoe_peer_state_changes_total{peer,to} counts
+  // the change.
+  void PeerChanged(const std::string& name, bool up);
+
   metrics::Registry& registry() { return registry_; }
 
  private:
@@ -84,8 +92,11 @@ class MainMetrics {
   metrics::Gauge& recall_;
   metrics::Gauge& timely_recall_;
   metrics::Gauge& ready_;
+  metrics::Family<metrics::Counter>& peer_changes_;  // {peer, to}
   const std::vector<Peer> peers_;
-  std::vector<std::shared_ptr<grpc::Channel>> channels_;  // one per peer
+  mutable absl::Mutex verdict_mu_;
+  std::map<std::string, bool> verdicts_ ABSL_GUARDED_BY(verdict_mu_);  // by peer name
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;               // one per peer
 };
 
 }  // namespace odmoe

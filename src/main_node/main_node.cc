@@ -42,7 +42,15 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   node->model_ = std::move(model);
 
   std::vector<WorkerEndpoint> workers;
-  for (const NodeConfig* w : args.cluster.workers()) workers.push_back({w->name, w->address});
+  std::vector<PeerHealth::Peer> peers;
+  for (const NodeConfig* w : args.cluster.workers()) {
+    workers.push_back({w->name, w->address});
+    peers.push_back({w->name, w->address});
+  }
+  if (args.cluster.shadow_settings.mode == PredictionMode::kShadow && args.cluster.shadow() != nullptr) {
+    peers.push_back({args.cluster.shadow()->name, args.cluster.shadow()->address});
+  }
+  node->health_ = std::make_unique<PeerHealth>(std::move(peers));
   ODMOE_ASSIGN_OR_RETURN(const Placement placement,
                          Placement::ForCluster(args.cluster.file, static_cast<int32_t>(workers.size()),
                                                args.cluster.group_size, node->config_.top_k));
@@ -55,6 +63,7 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   ro.max_tokens = options.engine.max_tokens_per_forward;
   ro.max_tensor_bytes_per_call = options.max_tensor_bytes_per_call;
   ro.max_rows_per_call = options.max_rows_per_call;
+  ro.health = node->health_.get();
   auto experts = RemoteExpertExecutor::Create(*node->device_, node->config_, expert_bytes, std::move(workers),
                                               placement.group_size(), ro);
   if (!experts.ok()) {
@@ -77,6 +86,8 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   ODMOE_ASSIGN_OR_RETURN(node->engine_,
                          Engine::Create(*node->weights_, *node->device_, node->experts_.get(), options.engine));
   node->InitMetrics(args);
+  node->prober_ = std::make_unique<PeerProber>(*node->health_);
+  node->prober_->Start();
   return node;
 }
 
@@ -88,6 +99,8 @@ void MainNode::InitMetrics(const rpc::DaemonArgs& args) {
     peers.push_back({shadow->name, "shadow", shadow->address});
   }
   metrics_ = std::make_unique<MainMetrics>(rpc::DaemonMetricLabels(args.cluster, args.self, args.model_dir), peers);
+  // Reachability as main judges it (PeerHealth), and its changes.
+  health_->Subscribe([m = metrics_.get()](const PeerEvent& e) { m->PeerChanged(e.name, e.to == PeerState::kUp); });
   metrics_->registry().AddCollector([this](std::vector<metrics::MetricFamily>* out) {
     {
       absl::MutexLock lock(&stats_mu_);
@@ -101,6 +114,7 @@ void MainNode::InitMetrics(const rpc::DaemonArgs& args) {
 }
 
 MainNode::~MainNode() {
+  if (prober_ != nullptr) prober_->Stop();  // no event reaches the executor or the metrics from here on
   absl::MutexLock lock(&request_mu_);
   shadow_link_.reset();
   random_sender_.reset();
@@ -212,12 +226,13 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   run.id = next_request_id_.fetch_add(1);
   experts_->BeginRequest(
       run.id, [&]() { return run.client_gone || (cancelled != nullptr && cancelled()); }, run.trace_id);
+  experts_->SetRequestDeadline(record->deadline);
   if (tokenizer_ != nullptr) run.decoder = std::make_unique<IncrementalDecoder>(*tokenizer_, run.prompt);
   StartPrediction(run);
   absl::StatusOr<GenerateResult> result =
       odmoe::Generate(*engine_, run.prompt, run.options, [&](int32_t id, bool last) { OnToken(run, id, last); });
   experts_->EndRequest();
-  const AlignmentCounts alignment = FinishPrediction();
+  const AlignmentCounts alignment = FinishPrediction(/*request_ok=*/result.ok());
   record->generated_tokens = run.generated;
   if (run.client_gone && record->emit_false_is_stop) return absl::OkStatus();
   if (run.client_gone) return absl::CancelledError("the client went away");
@@ -257,11 +272,12 @@ void MainNode::StartPrediction(const RequestRun& run) {
   }
 }
 
-AlignmentCounts MainNode::FinishPrediction() {
+AlignmentCounts MainNode::FinishPrediction(bool request_ok) {
   AlignmentCounts alignment;
   if (shadow_link_ != nullptr) {
-    // The shadow's predictions for the last positions may still be on their way: they count for recall.
-    shadow_link_->Finish(/*wait_ms=*/2000);
+    // The shadow's predictions for the last positions may still be on their way: they count for recall. A
+    // failed request has no recall to complete: its error goes out at once.
+    shadow_link_->Finish(/*wait_ms=*/request_ok ? 2000 : 0);
     alignment = shadow_link_->counts();
   }
   if (random_sender_ != nullptr) random_sender_->Drain();
@@ -493,6 +509,7 @@ grpc::Status MainNode::Generate(grpc::ServerContext* context, const v1::Generate
                request->max_new_tokens());
   RequestRecord record;
   record.request_id = *request_id;
+  record.deadline = rpc::RequestDeadline(*context);
   const absl::Status status = RunRequest(
       *request, [writer](const v1::GenerateResponse& r) { return writer->Write(r); },
       [context]() { return context->IsCancelled(); }, &record);

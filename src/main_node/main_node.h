@@ -32,6 +32,7 @@
 #include "src/engine/generator.h"
 #include "src/engine/model_weights.h"
 #include "src/main_node/main_metrics.h"
+#include "src/main_node/peer_health.h"
 #include "src/main_node/prediction.h"
 #include "src/main_node/remote_experts.h"
 #include "src/main_node/shadow_link.h"
@@ -75,6 +76,7 @@ class MainNode final : public v1::Inference::Service {
     // in: `emit` returning false means the caller has what it wants (a stop string matched: the HTTP API), not
     // that the client went away: the request then ends OK (outcome ok) without its final message.
     bool emit_false_is_stop = false;
+    absl::Time deadline = absl::InfiniteFuture();  // in: the client's deadline; no call to a peer outlives it
     int64_t prompt_tokens = 0;  // out, as far as the request got
     int64_t generated_tokens = 0;
     double ttft_ms = 0;
@@ -109,6 +111,9 @@ class MainNode final : public v1::Inference::Service {
   const metrics::Registry& metrics() const { return metrics_->registry(); }
   // Readiness as main's prober judged it, for /metrics (odmoe_ready).
   void SetReady(bool ready) { metrics_->Ready(ready); }
+  // Main's verdict on its peers: the workers (peer i = worker i of the cluster file), then the shadow when
+  // predictions come from it. Probed from Create on (PeerProber); requests fail at once on a down worker.
+  PeerHealth& peer_health() { return *health_; }
 
  private:
   MainNode() = default;
@@ -129,9 +134,9 @@ class MainNode final : public v1::Inference::Service {
   absl::StatusOr<GenerateOptions> OptionsOf(const v1::GenerateRequest& request,
                                             std::span<const int32_t> prompt) const;
   // The prediction source of the request (the shadow's stream, main's random predictions, or none), and its
-  // end (the shadow's last predictions awaited; its alignment counts returned).
+  // end (the shadow's last predictions awaited unless the request failed; its alignment counts returned).
   void StartPrediction(const RequestRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
-  AlignmentCounts FinishPrediction() ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
+  AlignmentCounts FinishPrediction(bool request_ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
   // The token callback: streams the token to the client and, unless it is the last one, tells the shadow
   // where main is (with the alignment due).
   void OnToken(RequestRun& run, int32_t id, bool last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
@@ -150,6 +155,9 @@ class MainNode final : public v1::Inference::Service {
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<Tokenizer> tokenizer_;  // nullptr when the model ships no tokenizer.model
   std::atomic<uint64_t> next_request_id_{1};
+  // Before experts_ and metrics_, which subscribe to it; the prober stops first (~MainNode).
+  std::unique_ptr<PeerHealth> health_;
+  std::unique_ptr<PeerProber> prober_;
 
   absl::Mutex request_mu_;  // one request at a time
   std::unique_ptr<RemoteExpertExecutor> experts_ ABSL_GUARDED_BY(request_mu_);

@@ -4,7 +4,6 @@
 #include <set>
 #include <utility>
 
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
@@ -71,136 +70,59 @@ ReadinessVerdict JudgeReadiness(const std::vector<std::vector<int32_t>>& owners,
   return v;
 }
 
-namespace {
-
-// Asks every worker's "odmoe.ready" at once (gRPC callback calls, no threads of ours) and waits for all.
-class HealthProbe {
- public:
-  HealthProbe(const std::vector<const NodeConfig*>& workers, int64_t timeout_ms) : timeout_ms_(timeout_ms) {
-    for (const NodeConfig* w : workers) {
-      stubs_.push_back(grpc::health::v1::Health::NewStub(rpc::MakeChannel(w->address)));
-    }
-  }
-
-  std::vector<absl::Status> Run() {
-    // Shared with the callbacks, so that it outlives the last of them, however late it lets go.
-    struct Round {
-      explicit Round(size_t n) : calls(n), pending(n) {}
-      struct Call {
-        grpc::ClientContext ctx;
-        grpc::health::v1::HealthCheckRequest request;
-        grpc::health::v1::HealthCheckResponse response;
-        grpc::Status status;
-      };
-      std::vector<Call> calls;
-      absl::Mutex mu;
-      size_t pending ABSL_GUARDED_BY(mu);
-    };
-    const size_t n = stubs_.size();
-    auto round = std::make_shared<Round>(n);
-    for (size_t i = 0; i < n; ++i) {
-      Round::Call& c = round->calls[i];
-      c.request.set_service(rpc::kReadinessService);
-      rpc::SetDeadline(c.ctx, timeout_ms_);
-      stubs_[i]->async()->Check(&c.ctx, &c.request, &c.response, [round, &c](grpc::Status s) {
-        absl::MutexLock lock(&round->mu);
-        c.status = std::move(s);
-        --round->pending;
-      });
-    }
-    std::vector<absl::Status> out;
-    absl::MutexLock lock(&round->mu);
-    round->mu.Await(absl::Condition(
-        +[](size_t* p) { return *p == 0; }, &round->pending));
-    for (const Round::Call& c : round->calls) {
-      if (!c.status.ok()) {
-        out.push_back(rpc::FromGrpc(c.status, "health check"));
-      } else if (c.response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
-        out.push_back(absl::UnavailableError("not ready"));
-      } else {
-        out.push_back(absl::OkStatus());
-      }
-    }
-    return out;
-  }
-
- private:
-  const int64_t timeout_ms_;
-  std::vector<std::unique_ptr<grpc::health::v1::Health::Stub>> stubs_;
-};
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<ReadinessProber>> ReadinessProber::ForCluster(const ClusterConfig& cluster,
-                                                                             const ModelConfig& model, Report report,
-                                                                             ReadinessOptions options) {
+absl::StatusOr<std::unique_ptr<ReadinessWatch>> ReadinessWatch::ForCluster(const ClusterConfig& cluster,
+                                                                           const ModelConfig& model, PeerHealth& health,
+                                                                           Report report) {
   const std::vector<const NodeConfig*> workers = cluster.workers();
   ODMOE_ASSIGN_OR_RETURN(
       const Placement placement,
       Placement::ForCluster(cluster.file, static_cast<int32_t>(workers.size()), cluster.group_size, model.top_k));
   std::vector<std::string> names;
   for (const NodeConfig* w : workers) names.push_back(w->name);
-  auto probe = std::make_shared<HealthProbe>(workers, options.probe_timeout_ms);
-  return std::make_unique<ReadinessProber>(
+  return std::make_unique<ReadinessWatch>(
       SparseLayerOwners(placement, static_cast<int64_t>(model.SparseLayers().size()), model.num_experts),
-      std::move(names), [probe] { return probe->Run(); }, std::move(report), options);
+      std::move(names), health, std::move(report));
 }
 
-ReadinessProber::ReadinessProber(std::vector<std::vector<int32_t>> owners, std::vector<std::string> names, Probe probe,
-                                 Report report, ReadinessOptions options)
-    : owners_(std::move(owners)),
-      names_(std::move(names)),
-      probe_(std::move(probe)),
-      report_(std::move(report)),
-      options_(options) {}
-
-ReadinessProber::~ReadinessProber() { Stop(); }
-
-void ReadinessProber::Start() {
-  ODMOE_CHECK(!thread_.joinable());  // started twice
-  thread_ = std::thread([this] { Loop(); });
+ReadinessWatch::ReadinessWatch(std::vector<std::vector<int32_t>> owners, std::vector<std::string> names,
+                               PeerHealth& health, Report report)
+    : owners_(std::move(owners)), names_(std::move(names)), health_(health), report_(std::move(report)) {
+  ODMOE_CHECK(names_.size() <= health_.size());
+  subscription_ = health_.Subscribe([this](const PeerEvent& e) {
+    if (static_cast<size_t>(e.peer) < names_.size()) Judge();
+  });
+  Judge();  // the workers may all have a verdict already
 }
 
-void ReadinessProber::Stop() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
-  if (thread_.joinable()) thread_.join();
-}
+ReadinessWatch::~ReadinessWatch() { health_.Unsubscribe(subscription_); }
 
-bool ReadinessProber::ready() const {
+bool ReadinessWatch::ready() const {
   absl::MutexLock lock(&mu_);
   return verdict_.ready;
 }
 
-std::string ReadinessProber::reason() const {
+std::string ReadinessWatch::reason() const {
   absl::MutexLock lock(&mu_);
   return verdict_.reason;
 }
 
-void ReadinessProber::Loop() {
-  while (true) {
-    const absl::Time next = absl::Now() + options_.period;
-    RunRound();
-    absl::MutexLock lock(&mu_);
-    mu_.AwaitWithDeadline(absl::Condition(&stop_), next);
-    if (stop_) return;
+void ReadinessWatch::Judge() {
+  absl::MutexLock judging(&judge_mu_);
+  const std::vector<PeerHealth::Snapshot> states = health_.All();
+  std::vector<absl::Status> probes;
+  for (size_t w = 0; w < names_.size(); ++w) {
+    const PeerHealth::Snapshot& s = states[w];
+    if (s.state == PeerState::kUnknown) return;  // the first verdict waits for every worker's
+    probes.push_back(s.state == PeerState::kUp ? absl::OkStatus() : absl::UnavailableError(s.reason));
   }
-}
-
-void ReadinessProber::RunRound() {
-  std::vector<absl::Status> probes = probe_();
-  ODMOE_CHECK(probes.size() == names_.size());  // one probe status per worker
   ReadinessVerdict v = JudgeReadiness(owners_, names_, probes);
-  bool changed = false;
   {
     absl::MutexLock lock(&mu_);
-    changed = !reported_ || v.ready != verdict_.ready || v.unreachable != verdict_.unreachable;
+    const bool changed = !reported_ || v.ready != verdict_.ready || v.unreachable != verdict_.unreachable;
     reported_ = true;
     verdict_ = v;
+    if (!changed) return;
   }
-  if (!changed) return;
   if (v.ready) {
     spdlog::info("ready: {}", v.reason);
   } else {

@@ -4,21 +4,16 @@
 // (an expert set is spread one-to-one over the group) and, for prefill, worker (e mod N_W) of every expert e.
 // Liveness is not this: main serves (and answers health checks) while it waits for its workers.
 //
-// ReadinessProber checks the workers in the background, period after period, and reports each change to a
-// callback (main.cc marks its health service and tells systemd's STATUS=), so main turns NOT_SERVING when a
-// worker dies and SERVING again when it returns, by itself. The default probe asks each worker's own
-// "odmoe.ready" over grpc.health.v1, all workers at once with a short deadline, on channels made once
-// (rpc::MakeChannel: the same connections as main's expert calls).
-//
-// Thread safety: the prober owns one thread, started by Start and joined by Stop (or the destructor); the
-// probe and the report run on it. ready()/reason() may be called from any thread.
+// ReadinessWatch follows main's verdict on each worker (PeerHealth) and reports each change of readiness to a
+// callback (main.cc marks its health service and tells systemd's STATUS=), so main turns NOT_SERVING within
+// PeerHealth's detection time when a worker dies, hangs or is cut off, and SERVING again when it returns, by
+// itself.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -28,6 +23,7 @@
 #include "absl/time/time.h"
 #include "src/common/cluster_config.h"
 #include "src/common/placement.h"
+#include "src/main_node/peer_health.h"
 #include "src/model/model_config.h"
 
 namespace odmoe {
@@ -48,53 +44,42 @@ struct ReadinessVerdict {
 ReadinessVerdict JudgeReadiness(const std::vector<std::vector<int32_t>>& owners, const std::vector<std::string>& names,
                                 const std::vector<absl::Status>& probes);
 
-struct ReadinessOptions {
-  absl::Duration period = absl::Seconds(1);  // between the starts of two rounds
-  // Each worker's health check. Generous: a busy host (a worker loading experts, a sanitizer build) must not
-  // make main flap to NOT_SERVING; a dead worker still fails at once (connection refused).
-  int64_t probe_timeout_ms = 2000;
-};
-
-class ReadinessProber {
+// Follows main's PeerHealth (src/main_node/peer_health.h: health checks, keepalive, the outcome of every
+// expert call) and judges readiness again at each change of a worker's state, reporting every change of the
+// verdict to a callback, and the first verdict once every worker has one.
+//
+// Thread safety: the report runs on the thread that delivered the PeerHealth event (or the constructor's), one
+// at a time; ready()/reason() may be called from any thread.
+class ReadinessWatch {
  public:
-  // One round's probes: a status per worker (index = worker index), OK when the worker is ready.
-  using Probe = std::function<std::vector<absl::Status>()>;
-  // Called with every change of the verdict, and once after the first round.
   using Report = std::function<void(const ReadinessVerdict&)>;
 
-  // Main's prober for a cluster file and model: owners from the cluster's placement, probes over
-  // grpc.health.v1 to each worker's address. Errors are Placement::ForCluster's.
-  static absl::StatusOr<std::unique_ptr<ReadinessProber>> ForCluster(const ClusterConfig& cluster,
-                                                                     const ModelConfig& model, Report report,
-                                                                     ReadinessOptions options = {});
-  // A prober over any probe (tests). REQUIRES: every owner index < names.size().
-  ReadinessProber(std::vector<std::vector<int32_t>> owners, std::vector<std::string> names, Probe probe, Report report,
-                  ReadinessOptions options);
-  ~ReadinessProber();
-  ReadinessProber(const ReadinessProber&) = delete;
-  ReadinessProber& operator=(const ReadinessProber&) = delete;
-
-  // Starts the background thread (the first round runs at once). REQUIRES: not started before.
-  void Start();
-  // Stops and joins the thread; the report is not called after Stop returns. Idempotent.
-  void Stop();
+  // Main's watch for a cluster file and model: owners from the cluster's placement, worker i = peer i of
+  // `health`. Errors are Placement::ForCluster's.
+  static absl::StatusOr<std::unique_ptr<ReadinessWatch>> ForCluster(const ClusterConfig& cluster,
+                                                                    const ModelConfig& model, PeerHealth& health,
+                                                                    Report report);
+  // REQUIRES: every owner index < names.size() <= health.size(); `health` outlives the watch.
+  ReadinessWatch(std::vector<std::vector<int32_t>> owners, std::vector<std::string> names, PeerHealth& health,
+                 Report report);
+  ~ReadinessWatch();
+  ReadinessWatch(const ReadinessWatch&) = delete;
+  ReadinessWatch& operator=(const ReadinessWatch&) = delete;
 
   bool ready() const;
   std::string reason() const;
 
  private:
-  void Loop();
-  void RunRound();
+  void Judge();
 
   const std::vector<std::vector<int32_t>> owners_;
   const std::vector<std::string> names_;
-  const Probe probe_;
+  PeerHealth& health_;
   const Report report_;
-  const ReadinessOptions options_;
-  std::thread thread_;
+  int64_t subscription_ = 0;
 
+  absl::Mutex judge_mu_;  // one judgement and report at a time; before mu_
   mutable absl::Mutex mu_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool reported_ ABSL_GUARDED_BY(mu_) = false;  // a verdict was reported
   ReadinessVerdict verdict_ ABSL_GUARDED_BY(mu_);
 };

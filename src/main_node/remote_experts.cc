@@ -26,9 +26,11 @@ size_t F32Bytes(int64_t count) { return static_cast<size_t>(count) * sizeof(floa
 struct LayerCalls {
   struct Call {
     v1::Worker::Stub* stub = nullptr;
+    int32_t worker = 0;  // its index
     int64_t timeout_ms = 0;
-    std::string trace_id;  // the client's request id, sent as x-request-id metadata
-    size_t queue = 0;  // index into `queues` (the worker's)
+    absl::Time request_deadline = absl::InfiniteFuture();  // the client's, for the whole request
+    std::string trace_id;                                  // the client's request id, sent as x-request-id metadata
+    size_t queue = 0;                                      // index into `queues` (the worker's)
     v1::ComputeExpertsRequest request;
     v1::ComputeExpertsResponse response;  // written by the attempt in flight
     grpc::Status status;                  // of the last attempt
@@ -36,6 +38,7 @@ struct LayerCalls {
     // One per attempt, the last one current; never freed before the layer is (a callback may still be
     // returning from an older attempt). Guarded by `mu` of the LayerCalls.
     std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    bool done = false;  // its last attempt has ended (guarded by `mu`)
   };
   struct Queue {
     std::vector<size_t> calls;  // in order
@@ -45,13 +48,30 @@ struct LayerCalls {
   };
   std::vector<std::unique_ptr<Call>> calls;  // fixed before the first call starts
   int window = 1;
+  PeerHealth* health = nullptr;  // told each call's outcome, when set
 
   absl::Mutex mu;
   std::vector<Queue> queues ABSL_GUARDED_BY(mu);
   int in_flight ABSL_GUARDED_BY(mu) = 0;
-  size_t finished ABSL_GUARDED_BY(mu) = 0;                   // calls that succeeded
+  size_t finished ABSL_GUARDED_BY(mu) = 0;                  // calls that succeeded
   std::optional<size_t> first_failure ABSL_GUARDED_BY(mu);  // the call that failed first
   std::vector<size_t> to_retry ABSL_GUARDED_BY(mu);         // calls the worker had no thread for
+  // Set when the layer was failed from outside (a worker went down while its calls were in flight): the layer's
+  // error, instead of the cancelled call's status.
+  std::optional<absl::Status> aborted ABSL_GUARDED_BY(mu);
+
+  // Fails the layer with `why` if worker `w` has a call that has not ended; true if it did.
+  bool AbortWorker(int32_t w, const absl::Status& why) {
+    absl::MutexLock lock(&mu);
+    if (first_failure.has_value()) return false;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (calls[i]->worker != w || calls[i]->done) continue;
+      first_failure = i;
+      aborted = why;
+      return true;
+    }
+    return false;
+  }
 
   // Takes the next call of queue `q` to start, if the window and the failures allow; marks it in flight.
   std::optional<size_t> NextLocked(size_t q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -74,6 +94,21 @@ bool IsThreadpoolExhausted(const grpc::Status& status) {
          status.error_message() == "Server Threadpool Exhausted";
 }
 
+// What a call's end says about its worker, for PeerHealth: an answer (whatever its status) shows it alive; a
+// transport failure or a missed deadline, that it did not answer; a cancellation (ours), nothing.
+enum class CallEvidence { kAlive, kFailed, kNone };
+CallEvidence EvidenceOf(const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::CANCELLED:
+      return CallEvidence::kNone;
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return CallEvidence::kFailed;
+    default:
+      return CallEvidence::kAlive;
+  }
+}
+
 // Starts (or retries) call `i` of `state`, already counted in flight. Its callback starts the next call of the
 // worker's queue, or queues the call for a retry.
 void StartCall(const std::shared_ptr<LayerCalls>& state, size_t i) {
@@ -90,24 +125,35 @@ void StartCall(const std::shared_ptr<LayerCalls>& state, size_t i) {
     ctx = call->contexts.back().get();
     ++call->attempts;
   }
-  rpc::SetDeadline(*ctx, call->timeout_ms);
+  rpc::SetDeadline(*ctx, call->timeout_ms, call->request_deadline);
   rpc::AttachRequestId(*ctx, call->trace_id);
   call->response.Clear();
   call->stub->async()->ComputeExperts(ctx, &call->request, &call->response, [state, i](grpc::Status status) {
     std::optional<size_t> next;
+    const CallEvidence evidence = EvidenceOf(status);
+    const std::string message = status.error_message();
+    int32_t worker = 0;
     {
       absl::MutexLock lock(&state->mu);
       LayerCalls::Call* done = state->calls[i].get();
+      worker = done->worker;
       if (IsThreadpoolExhausted(status) && done->attempts < kMaxAttempts && !state->first_failure.has_value()) {
         state->to_retry.push_back(i);  // Run restarts it after a backoff; it keeps its place in the window
       } else {
         --state->queues[done->queue].in_flight;
         --state->in_flight;
         done->status = std::move(status);
+        done->done = true;
         if (!done->status.ok() && !state->first_failure.has_value()) state->first_failure = i;
         if (done->status.ok()) ++state->finished;
         next = state->NextLocked(done->queue);
       }
+    }
+    // Outside the lock: a change of the worker's state is delivered on this thread (OnPeerEvent locks `mu`).
+    if (state->health != nullptr && evidence == CallEvidence::kAlive) {
+      state->health->ReportAlive(worker, "answered an expert call");
+    } else if (state->health != nullptr && evidence == CallEvidence::kFailed) {
+      state->health->ReportFailure(worker, StrCat("an expert call failed: ", message));
     }
     if (next.has_value()) StartCall(state, *next);
   });
@@ -219,12 +265,32 @@ RemoteExpertExecutor::RemoteExpertExecutor(Device& device, const ModelConfig& co
       options_(std::move(options)) {
   for (const WorkerEndpoint& w : workers_) stubs_.push_back(v1::Worker::NewStub(rpc::MakeChannel(w.address)));
   stats_.resize(workers_.size());
+  if (options_.health != nullptr) {
+    ODMOE_CHECK(options_.health->size() >= workers_.size());  // peer i is worker i
+    health_subscription_ = options_.health->Subscribe([this](const PeerEvent& e) { OnPeerEvent(e); });
+  }
 }
 
-RemoteExpertExecutor::~RemoteExpertExecutor() = default;
+RemoteExpertExecutor::~RemoteExpertExecutor() {
+  if (health_subscription_ != 0) options_.health->Unsubscribe(health_subscription_);
+}
+
+void RemoteExpertExecutor::OnPeerEvent(const PeerEvent& event) {
+  if (event.to != PeerState::kDown || static_cast<size_t>(event.peer) >= workers_.size()) return;
+  std::shared_ptr<LayerCalls> state;
+  {
+    absl::MutexLock lock(&active_mu_);
+    state = active_;
+  }
+  if (state == nullptr) return;
+  const absl::Status why = options_.health->CheckReachable(event.peer, "worker");
+  // Dispatch wakes on the failure and cancels the layer's calls.
+  if (!why.ok()) state->AbortWorker(event.peer, why);
+}
 
 void RemoteExpertExecutor::BeginRequest(uint64_t request_id, std::function<bool()> cancelled, std::string trace_id) {
   request_id_ = request_id;
+  request_deadline_ = absl::InfiniteFuture();
   trace_id_ = std::move(trace_id);
   cancelled_ = std::move(cancelled);
   stats_.assign(workers_.size(), WorkerCallStats());
@@ -254,10 +320,10 @@ struct RemoteExpertExecutor::Layer {
   int64_t layer = 0;
   int64_t sparse_index = 0;
   int64_t n = 0;
-  bool decode = false;                // a decode step with a prediction board: predictions used, outcome recorded
-  std::vector<ExpertBatch> batches;   // ascending expert id
-  std::vector<int32_t> experts;       // the actual set, ascending (batches[b].expert)
-  std::vector<int32_t> worker_of;     // per batch
+  bool decode = false;               // a decode step with a prediction board: predictions used, outcome recorded
+  std::vector<ExpertBatch> batches;  // ascending expert id
+  std::vector<int32_t> experts;      // the actual set, ascending (batches[b].expert)
+  std::vector<int32_t> worker_of;    // per batch
   std::vector<PlannedCall> plan;
   std::shared_ptr<LayerCalls> calls;  // one per planned call, same order
   absl::Time sent, received;          // the round trip
@@ -349,6 +415,7 @@ void RemoteExpertExecutor::Encode(Layer& work, const float* h, Stream* stream) {
   }
   work.calls = std::make_shared<LayerCalls>();
   work.calls->window = static_cast<int>(options_.calls_in_flight_per_worker);
+  work.calls->health = options_.health;
   for (const PlannedCall& pc : work.plan) {
     auto call = std::make_unique<LayerCalls::Call>();
     v1::ComputeExpertsRequest& req = call->request;
@@ -376,7 +443,9 @@ void RemoteExpertExecutor::Encode(Layer& work, const float* h, Stream* stream) {
       }
     }
     call->stub = stubs_[static_cast<size_t>(pc.worker)].get();
+    call->worker = pc.worker;
     call->timeout_ms = options_.rpc_timeout_ms;
+    call->request_deadline = request_deadline_;
     call->trace_id = trace_id_;
     work.calls->calls.push_back(std::move(call));
   }
@@ -387,9 +456,31 @@ std::string RemoteExpertExecutor::Where(const Layer& work, size_t call) const {
   return StrCat("worker ", w.name, " at ", w.address, " (layer ", work.layer, ")");
 }
 
+absl::Status RemoteExpertExecutor::CheckWorkersReachable(const Layer& work) const {
+  if (options_.health == nullptr) return absl::OkStatus();
+  for (const PlannedCall& pc : work.plan) {
+    if (absl::Status s = options_.health->CheckReachable(pc.worker, "worker"); !s.ok()) {
+      return absl::UnavailableError(StrCat(s.message(), "; layer ", work.layer, " needs it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RemoteExpertExecutor::Dispatch(Layer& work) {
   const std::shared_ptr<LayerCalls>& state = work.calls;
   const std::vector<PlannedCall>& plan = work.plan;
+  // A worker known to be down fails the layer at once, before anything is sent.
+  ODMOE_RETURN_IF_ERROR(CheckWorkersReachable(work));
+  {
+    absl::MutexLock lock(&active_mu_);
+    active_ = state;
+  }
+  // One that goes down from here on fails it through OnPeerEvent; the check above may have just missed one.
+  if (absl::Status s = CheckWorkersReachable(work); !s.ok()) {
+    absl::MutexLock lock(&active_mu_);
+    active_.reset();
+    return s;
+  }
   // One queue per worker (the plan lists a worker's calls consecutively), `window` calls in flight each.
   std::vector<size_t> heads;
   {
@@ -414,8 +505,7 @@ absl::Status RemoteExpertExecutor::Dispatch(Layer& work) {
     {
       absl::MutexLock lock(&state->mu);
       auto wake = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-        return state->finished == state->calls.size() || state->first_failure.has_value() ||
-               !state->to_retry.empty();
+        return state->finished == state->calls.size() || state->first_failure.has_value() || !state->to_retry.empty();
       };
       state->mu.Await(absl::Condition(&wake));
       failure = state->first_failure;
@@ -440,7 +530,18 @@ absl::Status RemoteExpertExecutor::Dispatch(Layer& work) {
           std::max<uint64_t>(st.peak_calls_in_flight, static_cast<uint64_t>(queue.peak_in_flight));
     }
   }
-  if (failure.has_value()) return rpc::FromGrpc(state->calls[*failure]->status, Where(work, *failure));
+  {
+    absl::MutexLock lock(&active_mu_);
+    active_.reset();
+  }
+  if (failure.has_value()) {
+    absl::MutexLock lock(&state->mu);
+    if (state->aborted.has_value()) {
+      return absl::Status(state->aborted->code(),
+                          StrCat(state->aborted->message(), "; layer ", work.layer, " was waiting for it"));
+    }
+    return rpc::FromGrpc(state->calls[*failure]->status, Where(work, *failure));
+  }
   work.received = absl::Now();
   return absl::OkStatus();
 }
@@ -498,9 +599,9 @@ absl::Status RemoteExpertExecutor::CollectOutputs(const Layer& work) {
       }
       const int64_t m = static_cast<int64_t>(task.end - task.begin);
       const int64_t shape[] = {m, hidden};
-      ODMOE_ASSIGN_OR_RETURN(std::vector<float> values, rpc::DecodeF32(o.output(), shape,
-                                                                       StrCat(Where(work, i), ": output of expert ",
-                                                                              b.expert)));
+      ODMOE_ASSIGN_OR_RETURN(
+          std::vector<float> values,
+          rpc::DecodeF32(o.output(), shape, StrCat(Where(work, i), ": output of expert ", b.expert)));
       std::memcpy(host_out_.data() + static_cast<int64_t>(packed_.offsets[task.batch] + task.begin) * hidden,
                   values.data(), F32Bytes(m * hidden));
       ++st.experts_computed;

@@ -22,6 +22,12 @@
 // it computes the current one. Every task says in how many calls its expert is computed (expert_calls), so the
 // worker loads that expert once for all its mini-batches. A failed call fails the layer with the worker's
 // status code and a message naming the worker; the other calls of the layer are cancelled.
+//
+// With a PeerHealth (options.health, main's verdict on each worker: src/main_node/peer_health.h) the executor
+// refuses a layer at once, Unavailable naming the worker, when a worker it needs is down; cancels the layer's
+// calls as soon as one of its workers goes down while they are in flight (the same error, not the deadline);
+// and reports each call's outcome as evidence (an answer: alive; a transport failure or a missed deadline: down).
+// Every call's deadline is the earlier of rpc_timeout_ms and the client's deadline for the request.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +38,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "odmoe/v1/main.pb.h"
 #include "odmoe/v1/worker.grpc.pb.h"
@@ -40,6 +48,7 @@
 #include "src/common/limits.h"
 #include "src/common/placement.h"
 #include "src/engine/engine.h"
+#include "src/main_node/peer_health.h"
 #include "src/main_node/prediction.h"
 #include "src/model/checkpoint.h"
 #include "src/model/model_config.h"
@@ -62,7 +71,7 @@ struct WorkerCallStats {
   uint64_t bytes_loaded = 0;      // checkpoint bytes of the experts loaded on demand
   double on_demand_load_ms = 0;   // the workers' load time for them
   double compute_ms = 0;
-  uint64_t busy_retries = 0;  // calls the worker's server turned away for want of a thread, then retried
+  uint64_t busy_retries = 0;          // calls the worker's server turned away for want of a thread, then retried
   uint64_t peak_calls_in_flight = 0;  // most calls of one layer in flight to the worker at once
   uint64_t gpu_peak_bytes = 0;        // the worker's device peak, as its latest reply said (ComputeExpertsResponse)
 
@@ -118,6 +127,9 @@ struct RemoteExpertOptions {
   // above allow. From the cluster file's [cluster] prefill_minibatch_rows.
   int64_t prefill_minibatch_rows = 0;
   int64_t calls_in_flight_per_worker = 2;  // a worker's calls of one layer in flight at once (>= 1)
+  // Main's verdict on the workers (peer i = worker i for i < number of workers; further peers are ignored), or
+  // nullptr. Must outlive the executor.
+  PeerHealth* health = nullptr;
 };
 
 // One ComputeExperts call of a layer's plan: the tokens it sends and the experts it asks for.
@@ -171,6 +183,8 @@ class RemoteExpertExecutor : public ExpertExecutor {
   // `trace_id` (the client's request id, rpc/request_id.h; "" for none) as x-request-id metadata on every call.
   // `cancelled` (optional) is polled before each layer; when it returns true Run fails with Cancelled.
   void BeginRequest(uint64_t request_id, std::function<bool()> cancelled = nullptr, std::string trace_id = "");
+  // The client's deadline for the current request (BeginRequest resets it to none): no call outlives it.
+  void SetRequestDeadline(absl::Time deadline) { request_deadline_ = deadline; }
   // Drops the `cancelled` hook of the request (whose captures may be about to die); the stats stay.
   void EndRequest() {
     cancelled_ = nullptr;
@@ -197,6 +211,10 @@ class RemoteExpertExecutor : public ExpertExecutor {
   // rest and returns the worker's status naming it.
   absl::Status Dispatch(Layer& work);
   void CancelInFlight(LayerCalls& state);
+  // Unavailable naming the first worker of the plan that options_.health says is down; else OK.
+  absl::Status CheckWorkersReachable(const Layer& work) const;
+  // A PeerHealth event: a worker went down; the layer in flight, if it has calls to it, fails at once.
+  void OnPeerEvent(const PeerEvent& event);
   void RecordRoundTrip(const Layer& work, absl::Time entered);
   // Checks the replies, gathers the outputs into host_out_, counts the stats, records the decode outcome.
   absl::Status CollectOutputs(const Layer& work);
@@ -212,7 +230,13 @@ class RemoteExpertExecutor : public ExpertExecutor {
   const RemoteExpertOptions options_;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;  // one per worker
 
+  int64_t health_subscription_ = 0;  // options_.health's listener id (0: none)
+  // The calls of the layer being dispatched, for OnPeerEvent (which runs on another thread).
+  absl::Mutex active_mu_;  // before LayerCalls::mu
+  std::shared_ptr<LayerCalls> active_ ABSL_GUARDED_BY(active_mu_);
+
   uint64_t request_id_ = 0;
+  absl::Time request_deadline_ = absl::InfiniteFuture();
   std::string trace_id_;
   std::function<bool()> cancelled_;
   PredictionBoard* board_ = nullptr;

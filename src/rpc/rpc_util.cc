@@ -9,6 +9,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/time/clock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "src/common/status.h"
@@ -28,11 +29,7 @@ absl::Status FromGrpc(const grpc::Status& status, std::string_view what) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), StrCat(what, ": ", status.error_message()));
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
-  return MakeChannel(address, *ProcessSecurity());
-}
-
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security) {
+grpc::ChannelArguments ChannelArgs() {
   grpc::ChannelArguments args;
   security.ConfigureChannel(address, &args);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -40,6 +37,32 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Sec
   // Reconnect quickly after a peer restarts (the default backoff grows to minutes).
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Keep pinging an idle connection (the default stops after two pings without data).
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  return args;
+}
+
+void ApplyServerArgs(grpc::ServerBuilder& builder) {
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, kMinPingIntervalMs);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // The server pings its clients too (a client host that vanished frees its calls), as rarely as the clients.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  return MakeChannel(address, *ProcessSecurity());
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security) {
+  grpc::ChannelArguments args = ChannelArgs();
+  security.ConfigureChannel(address, &args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(MakeVersionClientInterceptorFactory(address));
   security.AddClientInterceptors(&interceptors);
@@ -49,6 +72,18 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Sec
 
 void SetDeadline(grpc::ClientContext& ctx, int64_t timeout_ms) {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+}
+
+void SetDeadline(grpc::ClientContext& ctx, int64_t timeout_ms, absl::Time request_deadline) {
+  const absl::Time own = absl::Now() + absl::Milliseconds(timeout_ms);
+  ctx.set_deadline(absl::ToChronoTime(std::min(own, request_deadline)));
+}
+
+absl::Time RequestDeadline(const grpc::ServerContext& ctx) {
+  const std::chrono::system_clock::time_point d = ctx.deadline();
+  // gRPC reports "no deadline" as the largest time point.
+  if (d >= std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) return absl::InfiniteFuture();
+  return absl::FromChrono(d);
 }
 
 namespace {
@@ -127,8 +162,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // gRPC sets SO_REUSEPORT by default, so a second daemon on a taken port would bind it silently and share its
   // calls at random. Listen exclusively.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  ApplyServerArgs(builder);
   // The sync server takes a thread per call in flight plus its pollers, and refuses a call with
   // RESOURCE_EXHAUSTED when the quota has no thread left, even at low load if the quota is tight. One poller
   // and a quota of a few threads per requested handler keeps the pool bounded (ten daemons share two cores in

@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "odmoe/v1/common.pb.h"
@@ -29,14 +30,38 @@ inline constexpr int64_t kMaxTensorBytesPerCall = 16 << 20;
 grpc::Status ToGrpc(const absl::Status& status);
 absl::Status FromGrpc(const grpc::Status& status, std::string_view what);
 
-// A channel to `address` with odmoe's message size limits and quick reconnects. Every call on it carries this
-// build's version (src/rpc/peer_version.h). Channels to one address with the same arguments share one
-// connection (gRPC's global subchannel pool), so a second channel costs no second TCP connection.
-// Its credentials come from `security` (src/rpc/security.h), by default the process's.
+static_assert(kMaxTensorBytesPerCall + (1 << 20) <= kMaxMessageBytes,
+              "a call's largest tensor payload, plus its header and framing, must fit one message");
+
+// Keepalive between nodes. Clients ping every connection every kKeepaliveTimeMs, with or without calls, and drop
+// it when a ping is not answered within kKeepaliveTimeoutMs (its calls fail UNAVAILABLE at once instead of
+// waiting out their deadlines). Servers accept pings down to kMinPingIntervalMs apart: gRPC's default (5 minutes
+// without calls) would answer the clients' pings with GOAWAY "too_many_pings" and close the connection.
+inline constexpr int kKeepaliveTimeMs = 5000;
+inline constexpr int kKeepaliveTimeoutMs = 2000;
+inline constexpr int kMinPingIntervalMs = 1000;
+static_assert(kMinPingIntervalMs < kKeepaliveTimeMs, "servers must accept the clients' ping rate");
+
+// The one place where the arguments of a channel between nodes are decided: message size limits, quick
+// reconnects, keepalive (above).
+grpc::ChannelArguments ChannelArgs();
+// The server side of the same agreement: message size limits, the pings servers accept, and keepalive pings from
+// the server to detect vanished clients.
+void ApplyServerArgs(grpc::ServerBuilder& builder);
+
+// A channel to `address` with ChannelArgs(). Every call on it carries this build's version
+// (src/rpc/peer_version.h). Channels to one address with the same arguments share one connection (gRPC's global
+// subchannel pool), so a second channel costs no second TCP connection. Its credentials come from `security`
+// (src/rpc/security.h), by default the process's.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security);
 // Sets a deadline `timeout_ms` from now on `ctx`.
 void SetDeadline(grpc::ClientContext& ctx, int64_t timeout_ms);
+// Sets the earlier of `timeout_ms` from now and `request_deadline` (the client's deadline for the whole
+// request that this call serves; absl::InfiniteFuture() for none).
+void SetDeadline(grpc::ClientContext& ctx, int64_t timeout_ms, absl::Time request_deadline);
+// The deadline a server's client gave its call (absl::InfiniteFuture() when it gave none).
+absl::Time RequestDeadline(const grpc::ServerContext& ctx);
 
 // The grpc.health.v1 services of every daemon: liveness (the empty name: the process serves) and readiness
 // ("odmoe.ready": a shadow or worker has loaded its weights and listens; main also reaches an owner of every

@@ -1,8 +1,9 @@
 // The daemons' life cycle as real processes on loopback, with a tiny synthetic model (no ../shared needed):
 // a second daemon on a taken port exits naming node and address; a daemon tells systemd READY=1 once it
 // listens (main: whether or not its workers are up), pings the watchdog and says STOPPING=1 on SIGTERM; main's
-// readiness ("odmoe.ready") turns NOT_SERVING when a worker dies and SERVING again when it returns; and
-// `odmoe cluster status` shows liveness, readiness and each node's build version.
+// readiness ("odmoe.ready") turns NOT_SERVING when a worker dies and SERVING again when it returns; a hung
+// worker fails requests fast, naming it; and `odmoe cluster status` shows liveness, readiness and each node's
+// build version.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -272,6 +273,61 @@ TEST(LifecycleTest, MainIsNotReadyWhileAWorkerIsDownAndReadyAgainWhenItReturns) 
   EXPECT_EQ(code, 0) << status.dump();
   EXPECT_EQ(status["main"]["ready"], "SERVING") << status.dump();
   EXPECT_EQ(again.Stop(), 0) << ReadFile(log);
+}
+
+// A hung worker (SIGSTOP): main marks it down within its detection time and cancels the calls waiting for it, so
+// a request fails long before rpc_timeout_ms (10 s here) with an error naming the worker; a request after that
+// fails at once; after SIGCONT main is ready again by itself and requests succeed.
+TEST(LifecycleTest, AHungWorkerFailsRequestsFastNamingItAndIsBackAfterSigcont) {
+  ClusterFile c;
+  const std::string run_dir = c.dir.File("run");
+  const RunResult up = RunProgram({ProgramPath("odmoe"), "cluster", "up", "--config", c.path, "--run-dir", run_dir});
+  ASSERT_EQ(up.exit_code, 0) << up.out << up.err;
+  const pid_t w1 = std::stoi(ReadFile(run_dir + "/w1.pid"));
+  struct Down {
+    const ClusterFile& c;
+    std::string run_dir;
+    pid_t w1;
+    ~Down() {
+      kill(w1, SIGCONT);
+      RunProgram({ProgramPath("odmoe"), "cluster", "down", "--config", c.path, "--run-dir", run_dir});
+    }
+  } down{c, run_dir, w1};
+  auto generate = [&] {
+    return RunProgram({ProgramPath("odmoe"), "generate", "--endpoint", c.Address(0), "--prompt-ids", "1,2,3",
+                       "--max-new-tokens", "4", "--ignore-eos", "--timeout-ms", "60000"});
+  };
+  const RunResult before = generate();
+  ASSERT_EQ(before.exit_code, 0) << before.err;
+
+  ASSERT_EQ(kill(w1, SIGSTOP), 0);
+  // Sent at once: its calls to w1 are in flight (or about to be) when main notices.
+  auto start = Clock::now();
+  const RunResult in_flight = generate();
+  const auto in_flight_took = Clock::now() - start;
+  EXPECT_EQ(in_flight.exit_code, 9) << in_flight.err;
+  EXPECT_NE(in_flight.err.find("w1"), std::string::npos) << in_flight.err;
+  EXPECT_LT(in_flight_took, std::chrono::seconds(6)) << "waited for the 10 s deadline: " << in_flight.err;
+  const std::string main_log = run_dir + "/latest/main.log";
+  EXPECT_TRUE(Eventually(
+      [&] { return ReadFile(main_log).find("peer w1 at " + c.Address(2) + " is down") != std::string::npos; },
+      std::chrono::seconds(5)))
+      << ReadFile(main_log);
+  // Known down: refused before anything is sent.
+  start = Clock::now();
+  const RunResult refused = generate();
+  EXPECT_EQ(refused.exit_code, 9) << refused.err;
+  EXPECT_NE(refused.err.find("worker w1 at " + c.Address(2) + " is unreachable"), std::string::npos) << refused.err;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3)) << refused.err;
+  EXPECT_FALSE(Serving(c.Address(0), rpc::kReadinessService));
+
+  ASSERT_EQ(kill(w1, SIGCONT), 0);
+  EXPECT_TRUE(Eventually([&] { return Serving(c.Address(0), rpc::kReadinessService); }, std::chrono::seconds(10)))
+      << ReadFile(main_log);
+  const RunResult after = generate();
+  EXPECT_EQ(after.exit_code, 0) << after.err;
+  EXPECT_EQ(after.out, before.out);
+  EXPECT_NE(ReadFile(main_log).find("peer w1 at " + c.Address(2) + " is up"), std::string::npos);
 }
 
 }  // namespace

@@ -1,10 +1,6 @@
 // Main's readiness as bookkeeping: which workers each sparse layer needs under the placement, the verdict of
-// one probe round, and the prober turning NOT_SERVING and back by itself as probes change.
+// one probe round, and the watch turning NOT_SERVING and back by itself as main's verdict on the workers changes.
 #include "src/main_node/readiness.h"
-
-#include <atomic>
-#include <chrono>
-#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -53,72 +49,45 @@ TEST(JudgeReadinessTest, AWorkerNoLayerNeedsDoesNotMatter) {
   EXPECT_EQ(v.unreachable, (std::vector<int32_t>{1}));
 }
 
-// Waits until `cond` holds, up to 5 s.
-template <typename F>
-bool Eventually(F cond) {
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > give_up) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
-
-TEST(ReadinessProberTest, FollowsTheProbesAndReportsOnlyChanges) {
-  std::atomic<bool> w1_up{true};
-  std::atomic<int> rounds{0};
-  std::atomic<int> reports{0};
-  std::atomic<bool> last{false};
-  ReadinessProber prober(
-      {{0}, {1}}, {"w0", "w1"},
-      [&] {
-        ++rounds;
-        return std::vector<absl::Status>{absl::OkStatus(),
-                                         w1_up ? absl::OkStatus() : absl::UnavailableError("refused")};
-      },
-      [&](const ReadinessVerdict& v) {
-        ++reports;
-        last = v.ready;
-      },
-      ReadinessOptions{absl::Milliseconds(5), 100});
-  EXPECT_FALSE(prober.ready());  // nothing probed yet
-  prober.Start();
-  ASSERT_TRUE(Eventually([&] { return reports.load() == 1; }));
+TEST(ReadinessWatchTest, FollowsPeerHealthAndReportsOnlyChanges) {
+  // Two workers and the shadow (peer 2, which no layer needs).
+  PeerHealth health(std::vector<PeerHealth::Peer>{{"w0", "a:1"}, {"w1", "a:2"}, {"shadow", "a:3"}});
+  int reports = 0;
+  bool last = false;
+  ReadinessWatch watch({{0}, {1}}, {"w0", "w1"}, health, [&](const ReadinessVerdict& v) {
+    ++reports;
+    last = v.ready;
+  });
+  EXPECT_FALSE(watch.ready());
+  health.ReportAlive(0, "answered");
+  EXPECT_EQ(reports, 0) << "the first verdict waits for every worker's state";
+  health.ReportAlive(1, "answered");
+  EXPECT_EQ(reports, 1);
   EXPECT_TRUE(last);
-  EXPECT_TRUE(prober.ready());
-  // Further rounds with the same verdict report nothing.
-  const int seen = rounds.load();
-  ASSERT_TRUE(Eventually([&] { return rounds.load() >= seen + 3; }));
-  EXPECT_EQ(reports.load(), 1);
+  EXPECT_TRUE(watch.ready());
+  // The same verdict again, or a change of a peer no layer needs, reports nothing.
+  health.ReportAlive(1, "answered again");
+  health.ReportFailure(2, "refused");
+  EXPECT_EQ(reports, 1);
 
-  w1_up = false;
-  ASSERT_TRUE(Eventually([&] { return reports.load() == 2; }));
+  health.ReportFailure(1, "refused");
+  EXPECT_EQ(reports, 2);
   EXPECT_FALSE(last);
-  EXPECT_FALSE(prober.ready());
-  EXPECT_NE(prober.reason().find("w1 (refused)"), std::string::npos) << prober.reason();
+  EXPECT_FALSE(watch.ready());
+  EXPECT_NE(watch.reason().find("unreachable owner: w1 (refused)"), std::string::npos) << watch.reason();
 
-  w1_up = true;
-  ASSERT_TRUE(Eventually([&] { return reports.load() == 3; }));
+  health.ReportAlive(1, "back");
+  EXPECT_EQ(reports, 3);
   EXPECT_TRUE(last);
-
-  prober.Stop();
-  const int after_stop = rounds.load();
-  w1_up = false;
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  EXPECT_EQ(rounds.load(), after_stop);
-  EXPECT_EQ(reports.load(), 3);
-  prober.Stop();  // idempotent
 }
 
-TEST(ReadinessProberTest, StopsWithoutWaitingForThePeriod) {
-  ReadinessProber prober(
-      {{0}}, {"w0"}, [] { return std::vector<absl::Status>{absl::OkStatus()}; }, nullptr,
-      ReadinessOptions{absl::Hours(1), 100});
-  prober.Start();
-  const auto start = std::chrono::steady_clock::now();
-  ASSERT_TRUE(Eventually([&] { return prober.ready(); }));
-  prober.Stop();
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+TEST(ReadinessWatchTest, JudgesAtOnceWhenEveryWorkerAlreadyHasAState) {
+  PeerHealth health(std::vector<PeerHealth::Peer>{{"w0", "a:1"}});
+  health.ReportFailure(0, "refused");
+  int reports = 0;
+  ReadinessWatch watch({{0}}, {"w0"}, health, [&](const ReadinessVerdict&) { ++reports; });
+  EXPECT_EQ(reports, 1);
+  EXPECT_FALSE(watch.ready());
 }
 
 }  // namespace

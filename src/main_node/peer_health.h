@@ -1,0 +1,165 @@
+// Main's verdict on each peer it depends on (the workers, and the shadow): up or down, and why.
+//
+// PeerHealth is bookkeeping with no I/O: it takes evidence and turns it into one state per peer, and tells
+// subscribers of every change. Evidence comes from three places: the health checks of PeerProber (below), the
+// outcome of each expert call (RemoteExpertExecutor), and the state of the gRPC channel to the peer (whose
+// connection carries keepalive pings, rpc::ChannelArgs). The rule:
+//   - a peer is kUnknown until the first evidence about it arrives;
+//   - ReportAlive (an answer: a SERVING health check, a completed call) makes it kUp;
+//   - ReportFailure (no answer: connection refused or reset, a health check past its deadline, not ready, a call
+//     that failed in transport) makes it kDown at once;
+//   - CheckSilence makes a kUp peer kDown once nothing has shown it alive for `down_after` (a hung or
+//     partitioned peer answers nothing and refuses nothing).
+// With PeerProber's defaults (a health check every 250 ms, each with a 1.5 s deadline) a crash is seen within one
+// period and a hang (SIGSTOP) or a partition within about 1.75 s.
+//
+// Every change (kUnknown -> kUp/kDown, kUp -> kDown, kDown -> kUp) is logged once ("peer NAME at ADDRESS is
+// down: REASON" / "... is up ...") and delivered to every subscriber as a PeerEvent. The next step (failover,
+// membership epochs) subscribes here.
+//
+// Thread safety: every method may be called from any thread. Listeners are called without PeerHealth's lock
+// held, one event at a time and in the order of the changes, on the thread whose report caused the change (a
+// listener that reports evidence itself has its events delivered after it returns, by the same loop).
+// Listeners may read states (state, Get, All) but must not call Subscribe or Unsubscribe.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace odmoe {
+
+enum class PeerState { kUnknown, kUp, kDown };
+// "unknown", "up", "down".
+std::string_view PeerStateName(PeerState state);
+
+struct PeerEvent {
+  int32_t peer = 0;  // index into the peer list
+  std::string name;
+  std::string address;
+  PeerState from = PeerState::kUnknown;
+  PeerState to = PeerState::kUnknown;
+  std::string reason;     // what showed it: the failure, or what answered
+  absl::Time at;          // when the change was made (PeerHealth's clock)
+  absl::Duration silent;  // for a change to kDown: time since the last sign of life (zero if none was ever seen)
+};
+
+struct PeerHealthOptions {
+  // A kUp peer with no sign of life for this long is kDown (CheckSilence).
+  absl::Duration down_after = absl::Milliseconds(1500);
+};
+
+class PeerHealth {
+ public:
+  struct Peer {
+    std::string name;
+    std::string address;
+  };
+  using Clock = std::function<absl::Time()>;
+  using Listener = std::function<void(const PeerEvent&)>;
+
+  // `clock` is read for every report (tests pass a fake one).
+  explicit PeerHealth(
+      std::vector<Peer> peers, PeerHealthOptions options = {}, Clock clock = [] { return absl::Now(); });
+  PeerHealth(const PeerHealth&) = delete;
+  PeerHealth& operator=(const PeerHealth&) = delete;
+
+  // Evidence about peer `peer` (REQUIRES: 0 <= peer < size()). `what` / `why` become the event's reason.
+  void ReportAlive(int32_t peer, std::string_view what);
+  void ReportFailure(int32_t peer, std::string_view why);
+  // Marks kDown every kUp peer silent for more than down_after.
+  void CheckSilence();
+
+  struct Snapshot {
+    PeerState state = PeerState::kUnknown;
+    std::string reason;  // of the last change ("" while kUnknown)
+    absl::Time since;    // of the last change
+  };
+  PeerState state(int32_t peer) const;
+  Snapshot Get(int32_t peer) const;
+  std::vector<Snapshot> All() const;
+  // When the peer is kDown: Unavailable "ROLE NAME at ADDRESS is unreachable (down for 1.20 s: REASON)" (`role`
+  // e.g. "worker"); else OK.
+  absl::Status CheckReachable(int32_t peer, std::string_view role = "peer") const;
+
+  // `listener` gets every change made after Subscribe returns. The id is for Unsubscribe.
+  int64_t Subscribe(Listener listener);
+  // After Unsubscribe returns, the listener is not running and will not be called again.
+  void Unsubscribe(int64_t id);
+
+  size_t size() const { return peers_.size(); }
+  const Peer& peer(int32_t i) const { return peers_[static_cast<size_t>(i)]; }
+  const PeerHealthOptions& options() const { return options_; }
+
+ private:
+  struct PeerRecord {
+    Snapshot snapshot;
+    absl::Time last_alive = absl::InfinitePast();
+  };
+  // Changes peer `peer` to `to` (no-op when it is already there) and queues the event.
+  void ChangeLocked(int32_t peer, PeerState to, std::string_view reason, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs and delivers the queued events (see the thread-safety note).
+  void Deliver() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const std::vector<Peer> peers_;
+  const PeerHealthOptions options_;
+  const Clock clock_;
+
+  // Lock order: deliver_mu_ before mu_.
+  absl::Mutex deliver_mu_;  // held while listeners run
+  mutable absl::Mutex mu_;
+  std::vector<PeerRecord> records_ ABSL_GUARDED_BY(mu_);
+  std::deque<PeerEvent> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int64_t, std::shared_ptr<Listener>>> listeners_ ABSL_GUARDED_BY(mu_);
+  int64_t next_listener_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+struct PeerProberOptions {
+  absl::Duration period = absl::Milliseconds(250);    // between the starts of two health checks of a peer
+  absl::Duration timeout = absl::Milliseconds(1500);  // each health check's deadline
+};
+
+// Asks each peer's grpc.health.v1 "odmoe.ready" every period (at most one check in flight per peer, gRPC
+// callback calls) and watches its channel's state, reporting to a PeerHealth; then CheckSilence. The channels
+// are rpc::MakeChannel's, so they share the connection (and its keepalive) with main's other calls to the peer.
+//
+// Thread safety: the prober owns one thread (Start .. Stop); the health checks' callbacks run on gRPC's threads
+// and report from there. Stop waits for the checks in flight.
+class PeerProber {
+ public:
+  // `health` must outlive the prober; its peers' addresses are dialed.
+  PeerProber(PeerHealth& health, PeerProberOptions options = {});
+  ~PeerProber();
+  PeerProber(const PeerProber&) = delete;
+  PeerProber& operator=(const PeerProber&) = delete;
+
+  // REQUIRES: not started before.
+  void Start();
+  // Cancels the checks in flight and joins; no report is made after Stop returns. Idempotent.
+  void Stop();
+
+ private:
+  struct Checks;  // the checks in flight, shared with their callbacks (peer_health.cc)
+  void Loop();
+
+  PeerHealth& health_;
+  const PeerProberOptions options_;
+  std::shared_ptr<Checks> checks_;
+  std::thread thread_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace odmoe
