@@ -11,7 +11,7 @@
 //   - CheckSilence makes a kUp peer kDown once nothing has shown it alive for `down_after` (a hung or
 //     partitioned peer answers nothing and refuses nothing).
 // With PeerProber's defaults (a health check every 250 ms, each with a 1.5 s deadline) a crash is seen within one
-// period and a hang (SIGSTOP) or a partition within about 1.75 s.
+// period and a hang (SIGSTOP) or a partition within about 1.75 s (sanitizer builds: deadlines x kBuildSlowdown).
 //
 // Every change (kUnknown -> kUp/kDown, kUp -> kDown, kDown -> kUp) is logged once ("peer NAME at ADDRESS is
 // down: REASON" / "... is up ...") and delivered to every subscriber as a PeerEvent. The next step (failover,
@@ -37,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "src/common/limits.h"
 
 namespace odmoe {
 
@@ -57,7 +58,7 @@ struct PeerEvent {
 
 struct PeerHealthOptions {
   // A kUp peer with no sign of life for this long is kDown (CheckSilence).
-  absl::Duration down_after = absl::Milliseconds(1500);
+  absl::Duration down_after = absl::Milliseconds(1500) * kBuildSlowdown;
 };
 
 class PeerHealth {
@@ -128,7 +129,7 @@ class PeerHealth {
 
 struct PeerProberOptions {
   absl::Duration period = absl::Milliseconds(250);    // between the starts of two health checks of a peer
-  absl::Duration timeout = absl::Milliseconds(1500);  // each health check's deadline
+  absl::Duration timeout = absl::Milliseconds(1500) * kBuildSlowdown;  // each health check's deadline
 };
 
 // Asks each peer's grpc.health.v1 "odmoe.ready" every period (at most one check in flight per peer, gRPC

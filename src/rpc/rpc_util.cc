@@ -31,7 +31,6 @@ absl::Status FromGrpc(const grpc::Status& status, std::string_view what) {
 
 grpc::ChannelArguments ChannelArgs() {
   grpc::ChannelArguments args;
-  security.ConfigureChannel(address, &args);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   // Reconnect quickly after a peer restarts (the default backoff grows to minutes).

@@ -45,6 +45,7 @@ TIMEOUT_S=${ODMOE_LAN_TIMEOUT_S:-600}
 SUBNET=10.77.0
 GRPC_PORT=7100
 METRICS_PORT=7190
+HTTP_PORT=8000  # main's OpenAI API
 CLUSTER=lan  # the cluster's name: /dev/shm/odmoe-lan-e1-* are its workers' segments
 VICTIM=worker3
 PROMPT="And God said"
@@ -162,6 +163,7 @@ write_cluster_file() {
       echo "role = \"$(role_of "$node")\""
       echo "address = \"${IP[$node]}:$GRPC_PORT\""
       echo "metrics_address = \"${IP[$node]}:$METRICS_PORT\""
+      if [ "$node" = main ]; then echo "http_address = \"${IP[$node]}:$HTTP_PORT\""; fi
       if [ "$(role_of "$node")" = worker ]; then
         echo "device = \"mock-gpu\""
         echo "gpu_budget_mb = 1024"
@@ -205,8 +207,7 @@ cluster_up() {
 print_endpoints() {
   echo "cluster '$CLUSTER' up in network namespaces $PREFIX-*: ${#NODES[@]} nodes serving; logs in $STATE/logs"
   echo "grpc: ${IP[main]}:$GRPC_PORT"
-  # http: lines for nodes with an http_address, once the cluster file has them.
-  grep -q '^http_address' "$STATE/cluster.toml" && awk -F'"' '/^name =/ { n = $2 } /^http_address =/ { print "http: " n " http://" $2 }' "$STATE/cluster.toml"
+  echo "http: ${IP[main]}:$HTTP_PORT"
   for node in "${NODES[@]}"; do echo "metrics: $node http://${IP[$node]}:$METRICS_PORT/metrics"; done
   echo "clients: ip netns exec $(ns client) $BIN/odmoe generate --endpoint ${IP[main]}:$GRPC_PORT ..."
 }
