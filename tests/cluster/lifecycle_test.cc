@@ -43,7 +43,7 @@ struct ClusterFile {
   ClusterFile() {
     ports = odmoe::testing::PickFreePorts(3);
     const std::string toml =
-        StrCat("[cluster]\nname = \"lifecycle\"\nrpc_timeout_ms = 10000\nstartup_timeout_ms = 60000\n",
+        StrCat("[cluster]\nname = \"lifecycle\"\nrpc_timeout_ms = 30000\nstartup_timeout_ms = 60000\n",
                "[model]\nsynthetic = \"", odmoe::testing::SourceDir(),
                "/tests/data/tiny-mixtral/config.json\"\nlayers = 2\nseed = 1\n",
                "[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"", Address(0), "\"\ndevice = \"cpu\"\n",
@@ -277,7 +277,7 @@ TEST(LifecycleTest, MainIsNotReadyWhileAWorkerIsDownAndReadyAgainWhenItReturns) 
 }
 
 // A hung worker (SIGSTOP): main marks it down within its detection time and cancels the calls waiting for it, so
-// a request fails long before rpc_timeout_ms (10 s here) with an error naming the worker; a request after that
+// a request fails long before rpc_timeout_ms (30 s here) with an error naming the worker; a request after that
 // fails at once; after SIGCONT main is ready again by itself and requests succeed.
 TEST(LifecycleTest, AHungWorkerFailsRequestsFastNamingItAndIsBackAfterSigcont) {
   ClusterFile c;
@@ -308,9 +308,10 @@ TEST(LifecycleTest, AHungWorkerFailsRequestsFastNamingItAndIsBackAfterSigcont) {
   const auto in_flight_took = Clock::now() - start;
   EXPECT_EQ(in_flight.exit_code, 9) << in_flight.err;
   EXPECT_NE(in_flight.err.find("w1"), std::string::npos) << in_flight.err;
-  // Detection takes about 1.75 s (x kBuildSlowdown under the sanitizers); the deadline would take 10 s.
-  EXPECT_LT(in_flight_took, std::chrono::seconds(3 + 2 * kBuildSlowdown))
-      << "waited for the 10 s deadline: " << in_flight.err;
+  // Detection takes about 1.75 s (x kBuildSlowdown under the sanitizers), and starting `odmoe generate` takes
+  // seconds on a loaded machine; the deadline would take 30 s.
+  EXPECT_LT(in_flight_took, std::chrono::seconds(6 + 2 * kBuildSlowdown))
+      << "waited for the 30 s deadline: " << in_flight.err;
   const std::string main_log = run_dir + "/latest/main.log";
   EXPECT_TRUE(Eventually(
       [&] { return ReadFile(main_log).find("peer w1 at " + c.Address(2) + " is down") != std::string::npos; },
@@ -321,7 +322,7 @@ TEST(LifecycleTest, AHungWorkerFailsRequestsFastNamingItAndIsBackAfterSigcont) {
   const RunResult refused = generate();
   EXPECT_EQ(refused.exit_code, 9) << refused.err;
   EXPECT_NE(refused.err.find("worker w1 at " + c.Address(2) + " is unreachable"), std::string::npos) << refused.err;
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3)) << refused.err;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10)) << refused.err;  // the process start, no call
   EXPECT_FALSE(Serving(c.Address(0), rpc::kReadinessService));
 
   ASSERT_EQ(kill(w1, SIGCONT), 0);

@@ -248,8 +248,9 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   const double cancel_s = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_EQ(MetricValue(metrics, "odmoe_requests_total", "outcome=\"cancelled\""), 1);
   const double generated = MetricValue(metrics, "odmoe_generation_tokens_total") - generated_before;
-  // Within one decode step of the close: no more tokens than the client received, but the one being decoded
-  // (and the few curl may have had in flight when it was stopped).
+  // Within one decode step of the close: no more tokens than the client received, but the one being decoded and
+  // those still in the socket buffers when curl was stopped (a handful; more on a loaded machine, where curl reads
+  // late: 4 were seen in CI). Without cancellation it would run on to 1900.
   size_t received = 0;
   for (size_t at = cut.body.find("data: {"); at != std::string::npos; at = cut.body.find("data: {", at + 1)) {
     const size_t end = cut.body.find("\n\n", at);
@@ -257,7 +258,7 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
     received += ParseOrDie(cut.body.substr(at + 6, end - at - 6))["choices"][0]["token_ids"].size();
   }
   EXPECT_GT(received, 0u);
-  EXPECT_LE(generated, static_cast<double>(received) + 3) << "cancelled after " << cancel_s << " s";
+  EXPECT_LE(generated, static_cast<double>(received) + 12) << "cancelled after " << cancel_s << " s";
   std::printf("disconnect: cancelled %.2f s after the stream started; %zu tokens received, %.0f generated of 1900\n",
               cancel_s, received, generated);
   // The server still serves.
