@@ -18,7 +18,18 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "spdlog/spdlog.h"
+
 namespace odmoe::testing {
+namespace {
+
+// spdlog's registry is a function-local static of libspdlog, which is not instrumented: when a test's first log
+// line comes from a gRPC thread (main's health checks of its workers), ThreadSanitizer does not see the static's
+// guard and reports the registry's construction as a race with the next thread that logs. Construct it before
+// main(), on the main thread, as the daemons do by setting up logging first.
+[[maybe_unused]] const bool kLoggerReady = spdlog::default_logger_raw() != nullptr;
+
+}  // namespace
 
 namespace fs = std::filesystem;
 
