@@ -1,6 +1,8 @@
 // Helpers shared by the tests: where ../shared and the build live, temporary folders, running programs.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,12 +46,15 @@ void CopyDir(const std::string& from, const std::string& to);
 std::vector<int> PickFreePorts(int n);
 
 struct RunResult {
-  int exit_code = -1;   // the program's exit status; -1 if it did not exit normally (signal)
-  int signal = 0;       // the signal that ended it, if any
-  std::string out;      // stdout
-  std::string err;      // stderr
+  int exit_code = -1;  // the program's exit status; -1 if it did not exit normally (signal)
+  int signal = 0;      // the signal that ended it, if any
+  std::string out;     // stdout
+  std::string err;     // stderr
 };
 // Runs `argv` (argv[0] a path) to completion with no stdin, capturing stdout and stderr.
 RunResult RunProgram(const std::vector<std::string>& argv);
+
+// Polls `cond` every 50 ms until it holds (true) or `limit` has passed (false).
+bool Eventually(const std::function<bool()>& cond, std::chrono::seconds limit);
 
 }  // namespace odmoe::testing

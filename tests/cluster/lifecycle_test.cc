@@ -34,6 +34,7 @@ namespace {
 using odmoe::testing::ProgramPath;
 using odmoe::testing::ReadFile;
 using odmoe::testing::RunProgram;
+using odmoe::testing::Eventually;
 using odmoe::testing::RunResult;
 using Clock = std::chrono::steady_clock;
 
@@ -113,15 +114,6 @@ class Daemon {
  private:
   pid_t pid_;
 };
-
-bool Eventually(const std::function<bool()>& cond, std::chrono::seconds limit) {
-  const auto give_up = Clock::now() + limit;
-  while (!cond()) {
-    if (Clock::now() > give_up) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return true;
-}
 
 bool Serving(const std::string& address, const std::string& service) {
   auto s = rpc::CheckServing(address, 1000, service);

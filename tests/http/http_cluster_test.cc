@@ -24,6 +24,7 @@ namespace {
 
 using odmoe::testing::ProgramPath;
 using odmoe::testing::RunProgram;
+using odmoe::testing::Eventually;
 using odmoe::testing::RunResult;
 using Clock = std::chrono::steady_clock;
 
@@ -113,15 +114,6 @@ double MetricValue(const std::string& metrics_url, const std::string& name, cons
     sum = (sum < 0 ? 0 : sum) + std::atof(line.c_str() + line.rfind(' ') + 1);
   }
   return sum;
-}
-
-bool Eventually(const std::function<bool()>& cond, std::chrono::seconds limit) {
-  const auto give_up = Clock::now() + limit;
-  while (!cond()) {
-    if (Clock::now() > give_up) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return true;
 }
 
 TEST(HttpClusterTest, ServesTheOpenAiApi) {
