@@ -25,10 +25,9 @@ absl::StatusOr<Placement> Placement::ForCluster(std::string_view cluster_file, i
   const int32_t group_size = DefaultGroupSize(configured_group_size, top_k);
   absl::StatusOr<Placement> placement = Create(num_workers, group_size);
   if (!placement.ok()) {
-    return absl::Status(placement.status().code(),
-                        StrCat(cluster_file, ": group size ", group_size,
-                               configured_group_size > 0 ? "" : " (the model's top-k)", ": ",
-                               placement.status().message()));
+    return absl::Status(placement.status().code(), StrCat(cluster_file, ": group size ", group_size,
+                                                          configured_group_size > 0 ? "" : " (the model's top-k)", ": ",
+                                                          placement.status().message()));
   }
   return placement;
 }
@@ -46,12 +45,67 @@ absl::StatusOr<Placement> Placement::Create(int32_t num_workers, int32_t group_s
   return Placement(num_workers, group_size);
 }
 
+Placement::Placement(int32_t num_workers, int32_t group_size)
+    : num_workers_(num_workers), group_size_(group_size), member_(static_cast<size_t>(num_workers), true) {
+  for (int32_t w = 0; w < num_workers; ++w) members_.push_back(w);
+}
+
+absl::StatusOr<Placement> Placement::Without(std::span<const int32_t> absent) const {
+  Placement out(num_workers_, group_size_);
+  for (int32_t w : absent) {
+    if (w < 0 || w >= num_workers_) {
+      return absl::InvalidArgumentError(
+          StrCat("absent worker ", w, " does not exist (the cluster has workers 0..", num_workers_ - 1, ")"));
+    }
+    out.member_[static_cast<size_t>(w)] = false;
+  }
+  out.members_.clear();
+  for (int32_t w = 0; w < num_workers_; ++w) {
+    if (out.member_[static_cast<size_t>(w)]) out.members_.push_back(w);
+  }
+  return out;
+}
+
+std::vector<int32_t> Placement::absent() const {
+  std::vector<int32_t> out;
+  for (int32_t w = 0; w < num_workers_; ++w) {
+    if (!member(w)) out.push_back(w);
+  }
+  return out;
+}
+
+int32_t Placement::HomeGroupOf(int64_t sparse_index) const { return static_cast<int32_t>(sparse_index % num_groups()); }
+
 int32_t Placement::GroupOf(int64_t sparse_index) const {
-  return static_cast<int32_t>(sparse_index % num_groups());
+  const int32_t home = HomeGroupOf(sparse_index);
+  for (int32_t i = 0; i < num_groups(); ++i) {
+    const int32_t g = (home + i) % num_groups();
+    for (int32_t slot = 0; slot < group_size_; ++slot) {
+      if (member(WorkerOf(g, slot))) return g;
+    }
+  }
+  return home;  // no member anywhere: not servable
+}
+
+std::vector<int32_t> Placement::MemberSlots(int32_t group) const {
+  std::vector<int32_t> slots;
+  for (int32_t slot = 0; slot < group_size_; ++slot) {
+    if (member(WorkerOf(group, slot))) slots.push_back(slot);
+  }
+  if (slots.empty()) {
+    for (int32_t slot = 0; slot < group_size_; ++slot) slots.push_back(slot);
+  }
+  return slots;
 }
 
 bool Placement::ServesInDecode(int32_t worker, int64_t sparse_index) const {
-  return worker / group_size_ == GroupOf(sparse_index);
+  return member(worker) && worker / group_size_ == GroupOf(sparse_index);
+}
+
+int32_t Placement::PrefillWorkerOf(int32_t expert) const {
+  const int32_t home = expert % num_workers_;
+  if (member(home) || members_.empty()) return home;
+  return members_[static_cast<size_t>(expert) % members_.size()];
 }
 
 std::vector<int64_t> Placement::DecodeLayersOf(int32_t worker, int64_t num_sparse) const {
@@ -65,23 +119,25 @@ std::vector<int64_t> Placement::DecodeLayersOf(int32_t worker, int64_t num_spars
 std::vector<Assignment> Placement::Assign(int64_t sparse_index, std::span<const int32_t> experts,
                                           std::span<const int32_t> capacity) const {
   const int32_t group = GroupOf(sparse_index);
-  std::vector<Assignment> out;
+  const std::vector<int32_t> slots = MemberSlots(group);
+  const size_t n = slots.size();
   std::vector<int32_t> taken(static_cast<size_t>(group_size_), 0);
-  auto has_room = [&](int32_t slot) {
-    const size_t i = static_cast<size_t>(slot);
+  auto has_room = [&](size_t at) {
+    const size_t i = static_cast<size_t>(slots[at]);
     return capacity.empty() || (i < capacity.size() && taken[i] < capacity[i]);
   };
-  int32_t next = 0;  // the round-robin cursor
+  std::vector<Assignment> out;
+  size_t next = 0;  // the round-robin cursor, over the member slots
   for (int32_t e : Sorted(experts)) {
-    int32_t tried = 0;
-    while (tried < group_size_ && !has_room(next)) {
-      next = (next + 1) % group_size_;
+    size_t tried = 0;
+    while (tried < n && !has_room(next)) {
+      next = (next + 1) % n;
       ++tried;
     }
-    if (tried == group_size_) break;  // every worker of the group is full
-    ++taken[static_cast<size_t>(next)];
-    out.push_back({e, WorkerOf(group, next), true});
-    next = (next + 1) % group_size_;
+    if (tried == n) break;  // every worker of the group is full
+    ++taken[static_cast<size_t>(slots[next])];
+    out.push_back({e, WorkerOf(group, slots[next]), true});
+    next = (next + 1) % n;
   }
   return out;
 }
@@ -95,6 +151,7 @@ std::vector<Assignment> Placement::Resolve(int64_t sparse_index, std::span<const
     if (!std::binary_search(want.begin(), want.end(), a.expert)) unused_workers.push_back(a.worker);
   }
   const int32_t group = GroupOf(sparse_index);
+  const std::vector<int32_t> slots = MemberSlots(group);
   std::vector<Assignment> out;
   size_t next_unused = 0, next_slot = 0;
   for (int32_t e : want) {
@@ -104,7 +161,7 @@ std::vector<Assignment> Placement::Resolve(int64_t sparse_index, std::span<const
     } else if (next_unused < unused_workers.size()) {
       out.push_back({e, unused_workers[next_unused++], false});
     } else {
-      out.push_back({e, WorkerOf(group, static_cast<int32_t>(next_slot++ % static_cast<size_t>(group_size_))), false});
+      out.push_back({e, WorkerOf(group, slots[next_slot++ % slots.size()]), false});
     }
   }
   return out;

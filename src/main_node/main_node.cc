@@ -54,6 +54,10 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   ODMOE_ASSIGN_OR_RETURN(const Placement placement,
                          Placement::ForCluster(args.cluster.file, static_cast<int32_t>(workers.size()),
                                                args.cluster.group_size, node->config_.top_k));
+  std::vector<std::string> worker_names;
+  for (const WorkerEndpoint& w : workers) worker_names.push_back(w.name);
+  node->membership_ = std::make_unique<Membership>(placement, std::move(worker_names), node->health_.get(),
+                                                   Membership::FirstEpoch());
   RemoteExpertOptions ro;
   ro.sender = args.self.name;
   ro.epoch = args.cluster.epoch;
@@ -64,6 +68,7 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   ro.max_tensor_bytes_per_call = options.max_tensor_bytes_per_call;
   ro.max_rows_per_call = options.max_rows_per_call;
   ro.health = node->health_.get();
+  ro.membership = node->membership_.get();
   auto experts = RemoteExpertExecutor::Create(*node->device_, node->config_, expert_bytes, std::move(workers),
                                               placement.group_size(), ro);
   if (!experts.ok()) {
@@ -71,12 +76,13 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   }
   absl::MutexLock lock(&node->request_mu_);
   node->experts_ = std::move(experts).value();
+  node->experts_unguarded_ = node->experts_.get();
   node->placement_groups_ = node->experts_->placement().num_groups();
   const ShadowSettings& ss = args.cluster.shadow_settings;
   if (ss.mode == PredictionMode::kShadow && args.cluster.shadow() != nullptr) {
     node->shadow_link_ = std::make_unique<ShadowLink>(
         args.cluster.shadow()->address, node->config_,
-        ShadowLinkOptions{args.cluster.epoch, node->fingerprint_, args.self.name});
+        ShadowLinkOptions{args.cluster.epoch, node->fingerprint_, args.self.name, node->membership_.get()});
   } else if (ss.mode == PredictionMode::kRandom) {
     std::vector<std::string> addresses;
     for (const NodeConfig* w : args.cluster.workers()) addresses.push_back(w->address);
@@ -111,6 +117,44 @@ void MainNode::InitMetrics(const rpc::DaemonArgs& args) {
     const MemoryInfo m = device_->memory_info();
     rpc::AppendDeviceMemoryFamilies(m, m.capacity, out);
   });
+  // Failover (src/main_node/membership.h): the membership and what the executor sent again.
+  metrics_->registry().AddCollector(
+      [membership = membership_.get(), experts = experts_unguarded_](std::vector<metrics::MetricFamily>* out) {
+        using metrics::MetricType;
+        const Membership::Snapshot now = membership->Current();
+        out->push_back(metrics::SingleSample("odmoe_membership_epoch",
+                                             "Main's membership epoch of the workers (it changes as workers leave "
+                                             "and rejoin the placement).",
+                                             MetricType::kGauge, static_cast<double>(now.view.epoch)));
+        out->push_back(metrics::SingleSample("odmoe_workers_in_placement", "Workers that take work now.",
+                                             MetricType::kGauge, static_cast<double>(now.placement.num_members())));
+        metrics::MetricFamily changes{"odmoe_membership_changes_total",
+                                      "Workers leaving (change=left) and rejoining (change=joined) the placement.",
+                                      MetricType::kCounter,
+                                      {}};
+        const std::vector<Membership::Changes> counts = membership->changes();
+        for (size_t w = 0; w < counts.size(); ++w) {
+          for (const bool joined : {false, true}) {
+            metrics::Sample sample;
+            sample.labels = {{"worker", membership->names()[w]}, {"change", joined ? "joined" : "left"}};
+            sample.value = static_cast<double>(joined ? counts[w].joined : counts[w].left);
+            changes.samples.push_back(std::move(sample));
+          }
+        }
+        out->push_back(std::move(changes));
+        metrics::MetricFamily reissued{"odmoe_expert_calls_reissued_total",
+                                       "Expert calls sent again to another worker: reason=worker_down (their "
+                                       "worker left the placement) or slow (10x its p99).",
+                                       MetricType::kCounter,
+                                       {}};
+        metrics::Sample down, slow;
+        down.labels = {{"reason", "worker_down"}};
+        down.value = static_cast<double>(experts->reissued_worker_down_total());
+        slow.labels = {{"reason", "slow"}};
+        slow.value = static_cast<double>(experts->reissued_slow_total());
+        reissued.samples = {down, slow};
+        out->push_back(std::move(reissued));
+      });
 }
 
 MainNode::~MainNode() {
@@ -260,6 +304,8 @@ void MainNode::StartPrediction(const RequestRun& run) {
     const uint64_t request_id = run.id;
     experts_->SetPrediction(&board_, [this, request_id, trace_id = run.trace_id, sparse_layers,
                                       seed = ss.seed](int64_t position) {
+      // Placed over main's membership as it is now (a view main made itself: always valid).
+      ODMOE_CHECK_OK(random_sender_->SetMembership(membership_->Current().view));
       for (size_t s = 0; s < sparse_layers.size(); ++s) {
         std::vector<int32_t> predicted = RandomExperts(seed, request_id, position, static_cast<int64_t>(s),
                                                        config_.num_experts, config_.top_k);
@@ -362,6 +408,8 @@ void MainNode::FillRequestStats(const RequestRun& run, const GenerateResult& res
   stats->set_tokens_aligned(alignment.tokens);
   stats->set_kv_aligned(alignment.kv);
   stats->set_alignment_bytes(alignment.bytes);
+  stats->set_calls_reissued(experts_->calls_reissued());
+  stats->set_membership_epoch(experts_->membership_epoch());
   const DecodeTiming& timing = experts_->timing();
   const int32_t groups = experts_->placement().num_groups();
   timing.ToProto(groups, stats);

@@ -32,6 +32,7 @@
 #include "src/engine/generator.h"
 #include "src/engine/model_weights.h"
 #include "src/main_node/main_metrics.h"
+#include "src/main_node/membership.h"
 #include "src/main_node/peer_health.h"
 #include "src/main_node/prediction.h"
 #include "src/main_node/remote_experts.h"
@@ -158,9 +159,13 @@ class MainNode final : public v1::Inference::Service {
   // Before experts_ and metrics_, which subscribe to it; the prober stops first (~MainNode).
   std::unique_ptr<PeerHealth> health_;
   std::unique_ptr<PeerProber> prober_;
+  // Which workers take work (failover); subscribes to health_, read by the executor and the shadow link.
+  std::unique_ptr<Membership> membership_;
 
   absl::Mutex request_mu_;  // one request at a time
   std::unique_ptr<RemoteExpertExecutor> experts_ ABSL_GUARDED_BY(request_mu_);
+  // experts_ for what may be read without the lock (its thread-safe totals, for the metrics); set by Create.
+  const RemoteExpertExecutor* experts_unguarded_ = nullptr;
   std::unique_ptr<Engine> engine_ ABSL_GUARDED_BY(request_mu_);
   // Expert prediction (cluster_.shadow_settings.mode): the shadow's stream, or main's own random predictions.
   PredictionBoard board_;

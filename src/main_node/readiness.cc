@@ -1,7 +1,6 @@
 #include "src/main_node/readiness.h"
 
 #include <algorithm>
-#include <set>
 #include <utility>
 
 #include "spdlog/spdlog.h"
@@ -10,19 +9,6 @@
 #include "src/rpc/rpc_util.h"
 
 namespace odmoe {
-
-std::vector<std::vector<int32_t>> SparseLayerOwners(const Placement& placement, int64_t num_sparse,
-                                                    int64_t num_experts) {
-  std::vector<std::vector<int32_t>> owners(static_cast<size_t>(std::max<int64_t>(num_sparse, 0)));
-  for (int64_t s = 0; s < num_sparse; ++s) {
-    std::set<int32_t> workers;
-    const int32_t group = placement.GroupOf(s);
-    for (int32_t slot = 0; slot < placement.group_size(); ++slot) workers.insert(placement.WorkerOf(group, slot));
-    for (int64_t e = 0; e < num_experts; ++e) workers.insert(placement.PrefillWorkerOf(static_cast<int32_t>(e)));
-    owners[static_cast<size_t>(s)].assign(workers.begin(), workers.end());
-  }
-  return owners;
-}
 
 namespace {
 
@@ -49,24 +35,23 @@ ReadinessVerdict JudgeReadiness(const std::vector<std::vector<int32_t>>& owners,
   }
   std::vector<int64_t> unserved;
   for (size_t s = 0; s < owners.size(); ++s) {
-    for (int32_t w : owners[s]) {
-      if (!probes[static_cast<size_t>(w)].ok()) {
-        unserved.push_back(static_cast<int64_t>(s));
-        break;
-      }
-    }
+    const bool served =
+        std::any_of(owners[s].begin(), owners[s].end(), [&](int32_t w) { return probes[static_cast<size_t>(w)].ok(); });
+    if (!served) unserved.push_back(static_cast<int64_t>(s));
+  }
+  std::string who;
+  for (size_t i = 0; i < v.unreachable.size(); ++i) {
+    const size_t w = static_cast<size_t>(v.unreachable[i]);
+    who += StrCat(i == 0 ? " " : "; ", names[w], " (", probes[w].message(), ")");
   }
   v.ready = unserved.empty();
   if (v.ready) {
-    v.reason = StrCat("every sparse layer has a reachable owner (", probes.size(), " workers)");
+    v.reason = StrCat("every sparse layer has a reachable owner (", probes.size(), " workers");
+    v.reason += v.unreachable.empty() ? ")" : StrCat(", ", v.unreachable.size(), " unreachable:", who, ")");
     return v;
   }
   v.reason = StrCat(unserved.size() == 1 ? "sparse layer " : "sparse layers ", Ranges(unserved),
-                    unserved.size() == 1 ? " has" : " have", " an unreachable owner:");
-  for (size_t i = 0; i < v.unreachable.size(); ++i) {
-    const size_t w = static_cast<size_t>(v.unreachable[i]);
-    v.reason += StrCat(i == 0 ? " " : "; ", names[w], " (", probes[w].message(), ")");
-  }
+                    unserved.size() == 1 ? " has" : " have", " no reachable owner:", who);
   return v;
 }
 
@@ -74,14 +59,18 @@ absl::StatusOr<std::unique_ptr<ReadinessWatch>> ReadinessWatch::ForCluster(const
                                                                            const ModelConfig& model, PeerHealth& health,
                                                                            Report report) {
   const std::vector<const NodeConfig*> workers = cluster.workers();
-  ODMOE_ASSIGN_OR_RETURN(
-      const Placement placement,
-      Placement::ForCluster(cluster.file, static_cast<int32_t>(workers.size()), cluster.group_size, model.top_k));
+  ODMOE_RETURN_IF_ERROR(
+      Placement::ForCluster(cluster.file, static_cast<int32_t>(workers.size()), cluster.group_size, model.top_k)
+          .status());
   std::vector<std::string> names;
-  for (const NodeConfig* w : workers) names.push_back(w->name);
-  return std::make_unique<ReadinessWatch>(
-      SparseLayerOwners(placement, static_cast<int64_t>(model.SparseLayers().size()), model.num_experts),
-      std::move(names), health, std::move(report));
+  std::vector<int32_t> every;
+  for (const NodeConfig* w : workers) {
+    every.push_back(static_cast<int32_t>(names.size()));
+    names.push_back(w->name);
+  }
+  // Failover: a layer goes to whichever workers are left (Placement::Without).
+  std::vector<std::vector<int32_t>> owners(model.SparseLayers().size(), every);
+  return std::make_unique<ReadinessWatch>(std::move(owners), std::move(names), health, std::move(report));
 }
 
 ReadinessWatch::ReadinessWatch(std::vector<std::vector<int32_t>> owners, std::vector<std::string> names,

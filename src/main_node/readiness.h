@@ -1,13 +1,12 @@
-// Main's readiness (grpc.health.v1 service "odmoe.ready"): main can answer a request only when, under the
-// current placement (src/common/placement.h), every sparse layer's experts have an owner it can reach. For
-// each sparse layer the owners are the workers a request may send it to: every worker of its decode group
-// (an expert set is spread one-to-one over the group) and, for prefill, worker (e mod N_W) of every expert e.
+// Main's readiness (grpc.health.v1 service "odmoe.ready"): main can answer a request only when every sparse
+// layer has an owner it can reach. With failover (src/main_node/membership.h, Placement::Without) any worker
+// can take any layer's experts, so a layer's owners are every worker, and main stays ready, degraded, while at
+// least one worker answers; it turns NOT_SERVING when none does, naming the layers and the workers.
 // Liveness is not this: main serves (and answers health checks) while it waits for its workers.
 //
-// ReadinessWatch follows main's verdict on each worker (PeerHealth) and reports each change of readiness to a
-// callback (main.cc marks its health service and tells systemd's STATUS=), so main turns NOT_SERVING within
-// PeerHealth's detection time when a worker dies, hangs or is cut off, and SERVING again when it returns, by
-// itself.
+// ReadinessWatch follows main's verdict on each worker (PeerHealth) and reports each change of readiness (or of
+// the set of unreachable workers) to a callback (main.cc marks its health service and tells systemd's
+// STATUS=), within PeerHealth's detection time, and back again by itself.
 #pragma once
 
 #include <cstdint>
@@ -28,18 +27,16 @@
 
 namespace odmoe {
 
-// For each sparse layer (0..num_sparse-1), the workers it may need under `placement`, ascending.
-std::vector<std::vector<int32_t>> SparseLayerOwners(const Placement& placement, int64_t num_sparse,
-                                                    int64_t num_experts);
-
 struct ReadinessVerdict {
   bool ready = false;
-  // One line: "every sparse layer has a reachable owner (N workers)" or which layers cannot be served and
-  // which workers were not reached, with why ("sparse layers 0-3 have an unreachable owner: w1 (...)").
+  // One line: "every sparse layer has a reachable owner (N workers)" (with ", M unreachable: w1 (...)" when
+  // degraded) or which layers cannot be served and which workers were not reached, with why ("sparse layers
+  // 0-3 have no reachable owner: w1 (...); w2 (...)").
   std::string reason;
   std::vector<int32_t> unreachable;  // workers not reached (or not ready), ascending
 };
-// The verdict for one probe round: `probes[w]` is OK when worker w answered ready.
+// The verdict for one probe round: `owners[s]` are the workers that can serve sparse layer s; `probes[w]` is
+// OK when worker w answered ready. A layer is served while one of its owners is.
 // REQUIRES: probes.size() == names.size(); every owner index < probes.size().
 ReadinessVerdict JudgeReadiness(const std::vector<std::vector<int32_t>>& owners, const std::vector<std::string>& names,
                                 const std::vector<absl::Status>& probes);
@@ -54,8 +51,8 @@ class ReadinessWatch {
  public:
   using Report = std::function<void(const ReadinessVerdict&)>;
 
-  // Main's watch for a cluster file and model: owners from the cluster's placement, worker i = peer i of
-  // `health`. Errors are Placement::ForCluster's.
+  // Main's watch for a cluster file and model: every worker owns every sparse layer (failover), worker i =
+  // peer i of `health`. Errors are Placement::ForCluster's (the cluster's layout is checked).
   static absl::StatusOr<std::unique_ptr<ReadinessWatch>> ForCluster(const ClusterConfig& cluster,
                                                                     const ModelConfig& model, PeerHealth& health,
                                                                     Report report);

@@ -8,6 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "spdlog/spdlog.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/model/model_layout.h"
@@ -265,6 +266,7 @@ RemoteExpertExecutor::RemoteExpertExecutor(Device& device, const ModelConfig& co
       options_(std::move(options)) {
   for (const WorkerEndpoint& w : workers_) stubs_.push_back(v1::Worker::NewStub(rpc::MakeChannel(w.address)));
   stats_.resize(workers_.size());
+  decode_ms_.resize(workers_.size());
   if (options_.health != nullptr) {
     ODMOE_CHECK(options_.health->size() >= workers_.size());  // peer i is worker i
     health_subscription_ = options_.health->Subscribe([this](const PeerEvent& e) { OnPeerEvent(e); });
@@ -294,6 +296,7 @@ void RemoteExpertExecutor::BeginRequest(uint64_t request_id, std::function<bool(
   trace_id_ = std::move(trace_id);
   cancelled_ = std::move(cancelled);
   stats_.assign(workers_.size(), WorkerCallStats());
+  calls_reissued_ = 0;
   board_ = nullptr;
   on_decode_position_ = nullptr;
   position_ = 0;
@@ -325,31 +328,93 @@ struct RemoteExpertExecutor::Layer {
   std::vector<int32_t> experts;      // the actual set, ascending (batches[b].expert)
   std::vector<int32_t> worker_of;    // per batch
   std::vector<PlannedCall> plan;
-  std::shared_ptr<LayerCalls> calls;  // one per planned call, same order
-  absl::Time sent, received;          // the round trip
+  std::shared_ptr<LayerCalls> calls;   // one per planned call, same order
+  absl::Time sent, received;           // the round trip
+  MembershipView view;                 // the membership the layer was placed under, in every call's header
+  bool detect_slow = false;            // Dispatch cancels a call slower than its worker's SlowBound
+  std::optional<int32_t> slow_worker;  // set by Dispatch when it did
 };
+
+Membership::Snapshot RemoteExpertExecutor::CurrentMembership() const {
+  if (options_.membership != nullptr) return options_.membership->Current();
+  return {MembershipView{}, placement_};
+}
+
+namespace {
+
+// A layer that failed for want of a worker (gone, hung, cut off): worth sending again under a new membership.
+bool WorkerWasLost(const absl::Status& s) { return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s); }
+
+}  // namespace
 
 absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
                                        std::span<const float> weights, float* out, Stream* stream) {
   const absl::Time entered = absl::Now();
-  ODMOE_ASSIGN_OR_RETURN(Layer work, Place(layer, n, ids, weights));
+  if (n < 1 || n > options_.max_tokens) {
+    return absl::InternalError(StrCat("remote expert executor got ", n, " tokens; it takes 1..", options_.max_tokens));
+  }
+  // Each worker can be lost once, and a slow one left out once: the attempts are bounded.
+  const int max_attempts = static_cast<int>(workers_.size()) + 2;
+  std::vector<int32_t> slow;  // workers this layer leaves out for slowness (still members)
+  for (int attempt = 1;; ++attempt) {
+    const Membership::Snapshot m = CurrentMembership();
+    membership_epoch_ = m.view.epoch;
+    if (!m.placement.servable()) {
+      const std::string what = StrCat("layer ", layer);
+      absl::Status why = options_.membership->CheckServable(what);
+      return why.ok() ? absl::UnavailableError(StrCat(what, " cannot be served: no worker takes work")) : why;
+    }
+    std::vector<int32_t> leave_out = m.view.absent;
+    leave_out.insert(leave_out.end(), slow.begin(), slow.end());
+    const Placement placement = slow.empty() ? m.placement : m.placement.Without(leave_out).value();
+    Layer work;
+    work.layer = layer;
+    work.n = n;
+    work.view = m.view;
+    // Slow calls are looked for in decode, once per layer, and only where another worker can take over.
+    work.detect_slow = n == 1 && slow.empty() && options_.membership != nullptr && placement.num_members() > 1;
+    const absl::Status status = Attempt(work, h, ids, weights, placement, out, stream, entered);
+    if (status.ok()) return status;
+    const uint64_t resent = work.plan.size();
+    if (work.slow_worker.has_value()) {
+      slow.push_back(*work.slow_worker);
+      calls_reissued_ += resent;
+      reissued_slow_total_.fetch_add(resent, std::memory_order_relaxed);
+      spdlog::warn("layer {}: re-issuing {} expert call(s) without worker {}: {}", layer, resent,
+                   workers_[static_cast<size_t>(*work.slow_worker)].name, std::string(status.message()));
+      continue;
+    }
+    const bool lost = options_.membership != nullptr && WorkerWasLost(status) && attempt < max_attempts &&
+                      absl::Now() < request_deadline_ && !(cancelled_ && cancelled_());
+    if (!lost) return status;
+    // Main's verdict takes the worker out: at once for a refused or reset connection, within PeerHealth's
+    // silence bound for a hang; a failure it does not share (a momentary one) is tried again after that.
+    const absl::Duration verdict =
+        options_.health != nullptr ? 2 * options_.health->options().down_after : absl::Seconds(1);
+    const Membership::Snapshot next =
+        options_.membership->AwaitNewer(m.view.epoch, std::min(request_deadline_, absl::Now() + verdict));
+    calls_reissued_ += resent;
+    reissued_down_total_.fetch_add(resent, std::memory_order_relaxed);
+    spdlog::warn("layer {}: re-issuing {} expert call(s) under membership epoch {} after: {}", layer, resent,
+                 next.view.epoch, std::string(status.message()));
+  }
+}
+
+absl::Status RemoteExpertExecutor::Attempt(Layer& work, const float* h, std::span<const int32_t> ids,
+                                           std::span<const float> weights, const Placement& placement, float* out,
+                                           Stream* stream, absl::Time entered) {
+  ODMOE_RETURN_IF_ERROR(Place(work, ids, weights, placement));
   Encode(work, h, stream);
   ODMOE_RETURN_IF_ERROR(Dispatch(work));
   RecordRoundTrip(work, entered);
+  LearnLatency(work);
   ODMOE_RETURN_IF_ERROR(CollectOutputs(work));
   return Combine(work, out, stream);
 }
 
-absl::StatusOr<RemoteExpertExecutor::Layer> RemoteExpertExecutor::Place(int64_t layer, int64_t n,
-                                                                        std::span<const int32_t> ids,
-                                                                        std::span<const float> weights) {
-  const int64_t k = config_.top_k;
-  if (n < 1 || n > options_.max_tokens) {
-    return absl::InternalError(StrCat("remote expert executor got ", n, " tokens; it takes 1..", options_.max_tokens));
-  }
-  Layer work;
-  work.layer = layer;
-  work.n = n;
+absl::Status RemoteExpertExecutor::Place(Layer& work, std::span<const int32_t> ids, std::span<const float> weights,
+                                         const Placement& placement) {
+  const int64_t k = config_.top_k, layer = work.layer, n = work.n;
   work.sparse_index = config_.SparseIndex(layer);
   if (work.sparse_index < 0) return absl::InternalError(StrCat("layer ", layer, " has no routed experts"));
   if (cancelled_ && cancelled_()) return absl::CancelledError("the request was cancelled by the client");
@@ -368,9 +433,9 @@ absl::StatusOr<RemoteExpertExecutor::Layer> RemoteExpertExecutor::Place(int64_t 
   if (n > 1) {
     // A prefill chunk spreads expert e to worker e mod N_W.
     for (size_t b = 0; b < work.batches.size(); ++b) {
-      work.worker_of[b] = placement_.PrefillWorkerOf(work.batches[b].expert);
+      work.worker_of[b] = placement.PrefillWorkerOf(work.batches[b].expert);
     }
-    return work;
+    return absl::OkStatus();
   }
   // One token goes to the layer's group, the actual set assigned one-to-one. With a prediction, the experts it
   // announced run where it had them loaded; misses go to the workers whose predicted expert went unused (they
@@ -381,14 +446,14 @@ absl::StatusOr<RemoteExpertExecutor::Layer> RemoteExpertExecutor::Place(int64_t 
     predicted = board_->Get(position_, work.sparse_index);
   }
   const std::vector<Assignment> assigned = predicted.has_value()
-                                               ? placement_.Resolve(work.sparse_index, *predicted, work.experts)
-                                               : placement_.Assign(work.sparse_index, work.experts);
+                                               ? placement.Resolve(work.sparse_index, *predicted, work.experts)
+                                               : placement.Assign(work.sparse_index, work.experts);
   ODMOE_CHECK(assigned.size() == work.batches.size());
   for (size_t b = 0; b < work.batches.size(); ++b) {
     ODMOE_CHECK(assigned[b].expert == work.batches[b].expert);
     work.worker_of[b] = assigned[b].worker;
   }
-  return work;
+  return absl::OkStatus();
 }
 
 void RemoteExpertExecutor::Encode(Layer& work, const float* h, Stream* stream) {
@@ -419,7 +484,8 @@ void RemoteExpertExecutor::Encode(Layer& work, const float* h, Stream* stream) {
   for (const PlannedCall& pc : work.plan) {
     auto call = std::make_unique<LayerCalls::Call>();
     v1::ComputeExpertsRequest& req = call->request;
-    rpc::FillHeader(req.mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id_);
+    rpc::FillHeader(req.mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id_,
+                    work.view.epoch != 0 ? &work.view : nullptr);
     req.set_layer(static_cast<int32_t>(work.layer));
     req.set_position(position_);
     v1::Tensor* t = req.mutable_hidden();
@@ -497,6 +563,11 @@ absl::Status RemoteExpertExecutor::Dispatch(Layer& work) {
   work.sent = absl::Now();
   for (size_t i : heads) StartCall(state, i);
 
+  // The bound of each call before it counts as slow (decode, work.detect_slow), from its worker's history.
+  std::vector<absl::Time> slow_at(plan.size(), absl::InfiniteFuture());
+  if (work.detect_slow) {
+    for (size_t i = 0; i < plan.size(); ++i) slow_at[i] = work.sent + SlowBound(plan[i].worker);
+  }
   // Wait until every call has succeeded, restarting those turned away after a backoff (1, 2, 4, .. 64 ms).
   std::optional<size_t> failure;
   for (;;) {
@@ -507,7 +578,22 @@ absl::Status RemoteExpertExecutor::Dispatch(Layer& work) {
       auto wake = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
         return state->finished == state->calls.size() || state->first_failure.has_value() || !state->to_retry.empty();
       };
-      state->mu.Await(absl::Condition(&wake));
+      for (;;) {
+        absl::Time next_slow = absl::InfiniteFuture();  // the earliest bound of a call still out
+        for (size_t i = 0; i < plan.size(); ++i) {
+          if (!state->calls[i]->done) next_slow = std::min(next_slow, slow_at[i]);
+        }
+        if (state->mu.AwaitWithDeadline(absl::Condition(&wake), next_slow)) break;
+        const absl::Time now = absl::Now();
+        for (size_t i = 0; i < plan.size() && !state->first_failure.has_value(); ++i) {
+          if (state->calls[i]->done || now < slow_at[i]) continue;
+          state->first_failure = i;
+          work.slow_worker = plan[i].worker;
+          state->aborted = absl::AbortedError(StrCat(
+              Where(work, i), " has not answered in ", absl::ToInt64Milliseconds(now - work.sent),
+              " ms (its bound: ", absl::ToInt64Milliseconds(slow_at[i] - work.sent), " ms, 10x its p99 or the floor)"));
+        }
+      }
       failure = state->first_failure;
       if (failure.has_value()) break;
       retry.swap(state->to_retry);
@@ -563,6 +649,31 @@ void RemoteExpertExecutor::CancelInFlight(LayerCalls& state) {
     state.to_retry.clear();
   }
   for (grpc::ClientContext* ctx : current) ctx->TryCancel();
+}
+
+namespace {
+constexpr size_t kLatencyHistory = 64;  // decode round trips kept per worker
+constexpr size_t kLatencyMinimum = 16;  // before a worker's calls are judged slow
+}  // namespace
+
+absl::Duration RemoteExpertExecutor::SlowBound(int32_t worker) const {
+  const std::deque<double>& history = decode_ms_[static_cast<size_t>(worker)];
+  if (history.size() < kLatencyMinimum) return absl::InfiniteDuration();
+  std::vector<double> sorted(history.begin(), history.end());
+  std::sort(sorted.begin(), sorted.end());
+  const size_t p99 = (sorted.size() * 99 + 99) / 100 - 1;  // ceil(0.99 n) - 1
+  return std::max(absl::Milliseconds(options_.reissue_floor_ms), absl::Milliseconds(10 * sorted[p99]));
+}
+
+void RemoteExpertExecutor::LearnLatency(const Layer& work) {
+  if (work.n != 1) return;
+  const double ms = absl::ToDoubleMilliseconds(work.received - work.sent);
+  for (size_t i = 0; i < work.plan.size(); ++i) {
+    if (i > 0 && work.plan[i].worker == work.plan[i - 1].worker) continue;  // a worker's calls are consecutive
+    std::deque<double>& history = decode_ms_[static_cast<size_t>(work.plan[i].worker)];
+    history.push_back(ms);
+    if (history.size() > kLatencyHistory) history.pop_front();
+  }
 }
 
 void RemoteExpertExecutor::RecordRoundTrip(const Layer& work, absl::Time entered) {

@@ -28,9 +28,22 @@
 // calls as soon as one of its workers goes down while they are in flight (the same error, not the deadline);
 // and reports each call's outcome as evidence (an answer: alive; a transport failure or a missed deadline: down).
 // Every call's deadline is the earlier of rpc_timeout_ms and the client's deadline for the request.
+//
+// Failover (Operations 4/4), with a Membership (options.membership): each layer is placed over the workers of
+// the current membership and every call carries its view. A layer whose calls fail because a worker is gone
+// (a transport failure, a missed deadline, or the worker marked down while they were in flight) waits for
+// main's verdict to take that worker out of the placement, then is sent again, whole, under the new epoch:
+// an expert's output is a pure function of its rows and weights, so the sum is the same, bit for bit, wherever
+// the experts ran. A decode call slower than its worker's learnt bound (10x the worker's p99 round trip over its
+// recent decode layers, at least reissue_floor_ms) is cancelled and the layer sent once more without that
+// worker, without waiting for a deadline ("The Tail at Scale"); the worker stays a member. Both count as
+// re-issued calls (stats and odmoe_expert_calls_reissued_total{reason=worker_down|slow}). When no worker is a
+// member, a layer fails at once with Unavailable naming it and every worker.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -48,6 +61,7 @@
 #include "src/common/limits.h"
 #include "src/common/placement.h"
 #include "src/engine/engine.h"
+#include "src/main_node/membership.h"
 #include "src/main_node/peer_health.h"
 #include "src/main_node/prediction.h"
 #include "src/model/checkpoint.h"
@@ -130,6 +144,11 @@ struct RemoteExpertOptions {
   // Main's verdict on the workers (peer i = worker i for i < number of workers; further peers are ignored), or
   // nullptr. Must outlive the executor.
   PeerHealth* health = nullptr;
+  // Main's membership of the workers (failover), or nullptr: every worker takes work, always, and a failed
+  // call fails the request. Must outlive the executor.
+  const Membership* membership = nullptr;
+  // The least time a decode call may take before it is re-issued to another worker (see the file comment).
+  int64_t reissue_floor_ms = 250 * kBuildSlowdown;
 };
 
 // One ComputeExperts call of a layer's plan: the tokens it sends and the experts it asks for.
@@ -193,6 +212,12 @@ class RemoteExpertExecutor : public ExpertExecutor {
   }
   // Per worker (index = worker index), since BeginRequest.
   const std::vector<WorkerCallStats>& stats() const { return stats_; }
+  // Calls sent again since BeginRequest (failover), and the membership epoch of the last layer run.
+  uint64_t calls_reissued() const { return calls_reissued_; }
+  uint64_t membership_epoch() const { return membership_epoch_; }
+  // Since the executor was made, by reason; may be read from any thread (the metrics).
+  uint64_t reissued_worker_down_total() const { return reissued_down_total_.load(std::memory_order_relaxed); }
+  uint64_t reissued_slow_total() const { return reissued_slow_total_.load(std::memory_order_relaxed); }
   const DecodeTiming& timing() const { return timing_; }
   const std::vector<WorkerEndpoint>& workers() const { return workers_; }
   const Placement& placement() const { return placement_; }
@@ -201,15 +226,27 @@ class RemoteExpertExecutor : public ExpertExecutor {
   struct Layer;  // one layer's work as the phases of Run hand it on
   RemoteExpertExecutor(Device& device, const ModelConfig& config, uint64_t expert_bytes,
                        std::vector<WorkerEndpoint> workers, Placement placement, RemoteExpertOptions options);
-  // The phases of Run, in order.
+  // The membership a layer is placed under: options_.membership's, or every worker at epoch 0.
+  Membership::Snapshot CurrentMembership() const;
+  // One attempt at a layer (`work`: its layer, size, membership view and whether to look for slow calls set):
+  // the phases below, in order, placed by `placement` (the membership's, or that less a slow worker).
+  absl::Status Attempt(Layer& work, const float* h, std::span<const int32_t> ids, std::span<const float> weights,
+                       const Placement& placement, float* out, Stream* stream, absl::Time entered);
   // Validates the layer's routing, groups it by expert and decides which worker computes each expert.
-  absl::StatusOr<Layer> Place(int64_t layer, int64_t n, std::span<const int32_t> ids, std::span<const float> weights);
+  absl::Status Place(Layer& work, std::span<const int32_t> ids, std::span<const float> weights,
+                     const Placement& placement);
   // Uploads the packed rows and scales, copies the layer's input to the host and builds one request per
   // planned call.
   void Encode(Layer& work, const float* h, Stream* stream);
   // Sends the calls (a window per worker), retries those turned away, waits for all; on a failure cancels the
-  // rest and returns the worker's status naming it.
+  // rest and returns the worker's status naming it. With work.detect_slow, a call that outlives its worker's
+  // SlowBound fails the layer (Aborted) with work.slow_worker set.
   absl::Status Dispatch(Layer& work);
+  // The longest a decode call to `worker` may take before it is re-issued (InfiniteDuration until the worker
+  // has enough history).
+  absl::Duration SlowBound(int32_t worker) const;
+  // A decode layer's round trip, into the history of each worker it called.
+  void LearnLatency(const Layer& work);
   void CancelInFlight(LayerCalls& state);
   // Unavailable naming the first worker of the plan that options_.health says is down; else OK.
   absl::Status CheckWorkersReachable(const Layer& work) const;
@@ -246,6 +283,11 @@ class RemoteExpertExecutor : public ExpertExecutor {
   DecodeTiming timing_;
   std::optional<absl::Time> last_layer_end_;  // when the previous decode layer's round trip ended
   std::vector<WorkerCallStats> stats_;
+  uint64_t calls_reissued_ = 0;
+  uint64_t membership_epoch_ = 0;
+  std::atomic<uint64_t> reissued_down_total_{0};
+  std::atomic<uint64_t> reissued_slow_total_{0};
+  std::vector<std::deque<double>> decode_ms_;  // per worker: the round trips of its last decode layers
 
   // Host staging and device buffers, reused across layers.
   std::vector<float> host_h_;      // [n, hidden]: the layer's input, copied from the device

@@ -30,7 +30,12 @@ bool ShadowLink::Start(uint64_t request_id, const std::string& trace_id, std::sp
   stream_ = stub_->Follow(context_.get());
   v1::FollowMessage start_msg;
   v1::FollowStart* start = start_msg.mutable_start();
-  rpc::FillHeader(start->mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id);
+  if (options_.membership != nullptr) {
+    const MembershipView view = options_.membership->Current().view;
+    rpc::FillHeader(start->mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id, &view);
+  } else {
+    rpc::FillHeader(start->mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id);
+  }
   start->mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
   start->set_max_new_tokens(max_new_tokens);
   start->set_align_token(settings.align_token);
@@ -40,6 +45,9 @@ bool ShadowLink::Start(uint64_t request_id, const std::string& trace_id, std::sp
     if (!warned_) spdlog::warn("the shadow is unreachable: decoding without predictions (experts load on demand)");
     warned_ = true;
     broken_ = true;
+  } else if (warned_) {
+    spdlog::info("the shadow is following requests again");
+    warned_ = false;
   }
   reader_done_ = std::make_unique<absl::Notification>();
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
@@ -82,6 +90,7 @@ void ShadowLink::Step(int64_t position, std::optional<int32_t> token, const floa
   v1::FollowMessage msg;
   v1::FollowStep* step = msg.mutable_step();
   step->set_position(position);
+  if (options_.membership != nullptr) rpc::ToProto(options_.membership->Current().view, step->mutable_membership());
   if (token.has_value()) {
     step->set_has_token(true);
     step->set_token(*token);

@@ -4,7 +4,8 @@
 // PredictionBoard.
 //
 // The shadow is an optimisation, never a dependency: if the stream cannot be opened or breaks, main logs it
-// once and goes on without predictions (workers then load after routing); tokens never depend on it.
+// once and goes on without predictions (workers then load after routing); tokens never depend on it. Each
+// request opens a new stream, so a restarted shadow is followed again from the next request on (logged).
 //
 // Thread safety: Start, Step and Finish are called by the request thread, one at a time; the reader thread
 // only touches the board (thread-safe) and its own state.
@@ -21,6 +22,7 @@
 #include "absl/synchronization/notification.h"
 #include "odmoe/v1/shadow.grpc.pb.h"
 #include "src/common/cluster_config.h"
+#include "src/main_node/membership.h"
 #include "src/main_node/prediction.h"
 #include "src/model/model_config.h"
 
@@ -30,6 +32,9 @@ struct ShadowLinkOptions {
   uint64_t epoch = 1;
   std::string fingerprint;
   std::string sender = "main";
+  // Main's membership of the workers (nullable): its view goes with FollowStart and every FollowStep, so the
+  // shadow places its prefetches where main will look for the experts. Must outlive the link.
+  const Membership* membership = nullptr;
 };
 
 struct AlignmentCounts {

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "spdlog/spdlog.h"
+#include "src/common/strings.h"
 #include "src/rpc/request_id.h"
 #include "src/rpc/rpc_util.h"
 
@@ -19,8 +21,25 @@ struct PrefetchSender::Call {
 
 PrefetchSender::PrefetchSender(const std::vector<std::string>& workers, Placement placement,
                                PrefetchSenderOptions options)
-    : placement_(placement), options_(std::move(options)) {
+    : base_(placement), options_(std::move(options)), placement_(placement) {
   for (const std::string& address : workers) stubs_.push_back(v1::Worker::NewStub(MakeChannel(address)));
+}
+
+absl::Status PrefetchSender::SetMembership(const MembershipView& view) {
+  absl::MutexLock lock(&mu_);
+  if (view.epoch <= view_.epoch && view_.epoch != 0) return absl::OkStatus();  // not newer
+  absl::StatusOr<Placement> placement = base_.Without(view.absent);
+  if (!placement.ok()) {
+    return absl::InvalidArgumentError(StrCat("membership epoch ", view.epoch, ": ", placement.status().message()));
+  }
+  placement_ = *std::move(placement);
+  view_ = view;
+  return absl::OkStatus();
+}
+
+Placement PrefetchSender::placement() const {
+  absl::MutexLock lock(&mu_);
+  return placement_;
 }
 
 PrefetchSender::~PrefetchSender() { Drain(); }
@@ -32,7 +51,14 @@ void PrefetchSender::Send(uint64_t request_id, int64_t position, int64_t layer, 
   all.insert(all.end(), hedges.begin(), hedges.end());
   // Per worker, its predicted experts and its hedged ones, each in ascending order.
   std::map<int32_t, std::pair<std::vector<int32_t>, std::vector<int32_t>>> by_worker;
-  for (const Assignment& a : placement_.Assign(sparse_index, all)) {
+  std::optional<Placement> placement;
+  MembershipView view;
+  {
+    absl::MutexLock lock(&mu_);
+    placement = placement_;
+    view = view_;
+  }
+  for (const Assignment& a : placement->Assign(sparse_index, all)) {
     const bool hedge = std::find(hedges.begin(), hedges.end(), a.expert) != hedges.end();
     (hedge ? by_worker[a.worker].second : by_worker[a.worker].first).push_back(a.expert);
   }
@@ -42,7 +68,8 @@ void PrefetchSender::Send(uint64_t request_id, int64_t position, int64_t layer, 
       if (list.empty() || worker < 0 || worker >= static_cast<int32_t>(stubs_.size())) continue;
       auto* call = new Call();
       call->worker = worker;
-      FillHeader(call->request.mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id);
+      FillHeader(call->request.mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id,
+                 view.epoch != 0 ? &view : nullptr);
       call->request.set_layer(static_cast<int32_t>(layer));
       call->request.set_position(position);
       call->request.set_hedge(hedge);

@@ -1,7 +1,7 @@
 // Fire-and-forget Prefetch calls to the workers: the shadow (and main, for random prediction) tells the workers
 // of a layer's group which experts to load, without waiting for the loads. Each prediction becomes one Prefetch
-// per worker of the group that gets an expert (Placement::Assign, the same function main uses), sent with the
-// gRPC callback API so the sender never blocks on a worker.
+// per worker of the group that gets an expert (Placement::Assign over main's membership, the same function main
+// uses), sent with the gRPC callback API so the sender never blocks on a worker.
 //
 // Thread safety: Send may be called from several threads; Drain waits for every call sent so far. The
 // destructor drains.
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "odmoe/v1/worker.grpc.pb.h"
 #include "src/common/placement.h"
@@ -53,16 +54,23 @@ class PrefetchSender {
   // Waits until every call sent so far has completed.
   void Drain();
   PrefetchSenderStats stats() const;
-  const Placement& placement() const { return placement_; }
+  // Main's membership of the workers as the sender last heard it (src/main_node/membership.h): predictions are
+  // placed over its members and carry its view, so a worker that has seen a newer epoch refuses them. A view
+  // older than the one held is ignored. InvalidArgument for a worker index outside the cluster.
+  absl::Status SetMembership(const MembershipView& view);
+  // The placement predictions are sent by now.
+  Placement placement() const;
 
  private:
   struct Call;
 
-  const Placement placement_;
+  const Placement base_;  // every worker a member
   const PrefetchSenderOptions options_;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
 
   mutable absl::Mutex mu_;
+  Placement placement_ ABSL_GUARDED_BY(mu_);
+  MembershipView view_ ABSL_GUARDED_BY(mu_);  // epoch 0 until main's first view
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   PrefetchSenderStats stats_ ABSL_GUARDED_BY(mu_);
 };

@@ -155,8 +155,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   s->address_ = options.address;
   s->node_ = options.node;
   grpc::ServerBuilder builder;
-  const std::shared_ptr<const Security> security =
-      options.security != nullptr ? options.security : ProcessSecurity();
+  const std::shared_ptr<const Security> security = options.security != nullptr ? options.security : ProcessSecurity();
   builder.AddListeningPort(options.address, security->ServerCredentials(), &s->port_);
   // gRPC sets SO_REUSEPORT by default, so a second daemon on a taken port would bind it silently and share its
   // calls at random. Listen exclusively.
@@ -272,11 +271,40 @@ absl::Status CheckHeader(const v1::RequestHeader& header, uint64_t epoch, const 
 }
 
 void FillHeader(v1::RequestHeader* header, uint64_t epoch, const std::string& fingerprint, const std::string& sender,
-                uint64_t request_id) {
+                uint64_t request_id, const MembershipView* membership) {
   header->set_epoch(epoch);
   header->set_model_fingerprint(fingerprint);
   header->set_sender(sender);
   header->set_request_id(request_id);
+  if (membership != nullptr) {
+    ToProto(*membership, header->mutable_membership());
+  } else {
+    header->clear_membership();
+  }
+}
+
+void ToProto(const MembershipView& view, v1::MembershipView* out) {
+  out->set_epoch(view.epoch);
+  out->clear_absent_workers();
+  for (int32_t w : view.absent) out->add_absent_workers(w);
+}
+
+MembershipView FromProto(const v1::MembershipView& view) {
+  return MembershipView{view.epoch(), std::vector<int32_t>(view.absent_workers().begin(), view.absent_workers().end())};
+}
+
+absl::Status EpochGate::Admit(const v1::RequestHeader& header) {
+  const uint64_t epoch = header.membership().epoch();
+  if (epoch == 0) return absl::OkStatus();
+  uint64_t newest = newest_.load(std::memory_order_relaxed);
+  while (epoch > newest && !newest_.compare_exchange_weak(newest, epoch, std::memory_order_relaxed)) {
+  }
+  if (epoch < newest) {
+    return absl::FailedPreconditionError(
+        StrCat("membership epoch ", epoch, " of ", header.sender().empty() ? "the sender" : header.sender(),
+               " is older than epoch ", newest, " this node has seen: main has changed the placement since"));
+  }
+  return absl::OkStatus();
 }
 
 void EncodeF32(std::span<const float> values, std::span<const int64_t> shape, v1::Tensor* out) {

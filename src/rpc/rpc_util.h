@@ -3,6 +3,7 @@
 // header check (membership epoch + model fingerprint), and checked conversion of tensors to and from protos.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -17,6 +18,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "odmoe/v1/common.pb.h"
 #include "src/backend/device.h"
+#include "src/common/placement.h"
 #include "src/rpc/security.h"
 
 namespace odmoe::rpc {
@@ -125,15 +127,35 @@ struct NodeHealth {
 // answers within `timeout_ms`.
 absl::StatusOr<NodeHealth> CheckHealth(const std::string& address, int64_t timeout_ms);
 
-// Checks a request header against this node's epoch and fingerprint: FailedPrecondition naming both values
-// when they differ.
 // `device`'s memory as a node reports it: `capacity` (its budget, or the device's capacity), what it has
 // allocated now and at most since the last reset, and what the process holds beyond that (context_bytes).
 void FillDeviceMemory(const Device& device, uint64_t capacity, v1::DeviceMemory* out);
 
+// Checks a request header against this node's cluster-file epoch and fingerprint: FailedPrecondition naming
+// both values when they differ.
 absl::Status CheckHeader(const v1::RequestHeader& header, uint64_t epoch, const std::string& fingerprint);
+// `membership` (optional): main's view of which workers take work, for the receiver's EpochGate and placement.
 void FillHeader(v1::RequestHeader* header, uint64_t epoch, const std::string& fingerprint, const std::string& sender,
-                uint64_t request_id = 0);
+                uint64_t request_id = 0, const MembershipView* membership = nullptr);
+
+// The one conversion of a membership view to and from the wire.
+void ToProto(const MembershipView& view, v1::MembershipView* out);
+MembershipView FromProto(const v1::MembershipView& view);
+
+// The newest membership epoch a node has seen in the headers it got. A message of an older epoch is refused
+// (FailedPrecondition), so that nothing placed under a membership main has replaced (a shadow's prefetch sent
+// before it heard of the change) takes effect; epochs only go forward. A header without a view (epoch 0: a tool
+// outside the live membership) passes and changes nothing.
+//
+// Thread safety: Admit and newest may be called concurrently.
+class EpochGate {
+ public:
+  absl::Status Admit(const v1::RequestHeader& header);
+  uint64_t newest() const { return newest_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> newest_{0};
+};
 
 // Encodes an F32 tensor.
 void EncodeF32(std::span<const float> values, std::span<const int64_t> shape, v1::Tensor* out);

@@ -286,7 +286,11 @@ grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
   if (!stream->Read(&first)) return grpc::Status(grpc::StatusCode::CANCELLED, "main closed the stream at once");
   Session session;
   session.trace_id = trace_id;
-  const absl::Status bad = BeginSession(first, session);
+  absl::Status bad = BeginSession(first, session);
+  // Main's membership: the prefetches go where main will look for the experts.
+  if (bad.ok() && first.start().header().has_membership()) {
+    bad = sender_->SetMembership(rpc::FromProto(first.start().header().membership()));
+  }
   if (!bad.ok()) {
     spdlog::warn("{}: Follow refused: {}", self_.name, bad.ToString());
     return rpc::ToGrpc(bad);
@@ -303,7 +307,10 @@ grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
     logging::ScopedRequestId reader_scope(trace_id);
     v1::FollowMessage msg;
     while (stream->Read(&msg)) {
-      const absl::Status status = ApplyMessage(msg, session);
+      absl::Status status = ApplyMessage(msg, session);
+      if (status.ok() && msg.has_step() && msg.step().has_membership()) {
+        status = sender_->SetMembership(rpc::FromProto(msg.step().membership()));
+      }
       if (!status.ok()) {
         absl::MutexLock lock(&session.mu);
         session.error = status;

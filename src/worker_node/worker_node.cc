@@ -166,6 +166,7 @@ absl::Status WorkerNode::CheckRequest(const v1::RequestHeader& header, int64_t l
                                       const std::vector<int32_t>& experts, std::string_view field,
                                       std::string_view member) const {
   ODMOE_RETURN_IF_ERROR(rpc::CheckHeader(header, cluster_.epoch, model_.fingerprint));
+  ODMOE_RETURN_IF_ERROR(epochs_.Admit(header));
   if (layer < 0 || layer >= config().num_layers) {
     return absl::InvalidArgumentError(
         StrCat("layer ", layer, " does not exist (the model has layers 0..", config().num_layers - 1, ")"));

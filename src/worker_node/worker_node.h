@@ -81,6 +81,7 @@
 #include "src/model/open_model.h"
 #include "src/model/tensor_source.h"
 #include "src/rpc/request_id.h"
+#include "src/rpc/rpc_util.h"
 #include "src/worker_node/expert_loader.h"
 #include "src/worker_node/expert_store.h"
 #include "src/worker_node/gpu_budget.h"
@@ -188,7 +189,8 @@ class WorkerNode final : public v1::Worker::Service {
   // Prepares the compute stream and allocates the workspace within the budget.
   absl::Status AllocateWorkspace();
 
-  // What ComputeExperts and Prefetch both check: the header (FailedPrecondition for another epoch or model),
+  // What ComputeExperts and Prefetch both check: the header (FailedPrecondition for another cluster-file epoch
+  // or model, or a membership epoch older than one seen: rpc::EpochGate),
   // that `layer` is a sparse layer of the model, and that `experts` (the request's `field`, each element's id in
   // `member`) is not empty and lists experts of the layer once each (InvalidArgument naming field[i]member).
   absl::Status CheckRequest(const v1::RequestHeader& header, int64_t layer, const std::vector<int32_t>& experts,
@@ -207,6 +209,8 @@ class WorkerNode final : public v1::Worker::Service {
   absl::Status ComputeLocked(const StagedCall& staged, v1::ComputeExpertsResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(compute_mu_);
 
+  // The newest membership epoch of main's seen in a request (thread-safe).
+  mutable rpc::EpochGate epochs_;
   // Constant after construction.
   const ClusterConfig cluster_;
   const NodeConfig self_;
