@@ -204,5 +204,86 @@ TEST(PlacementTest, HedgedExpertsThatTurnOutUsedRunWhereTheyWereLoaded) {
   }
 }
 
+// Operations 4/4: for every set of surviving workers of the 8-worker layout (and each group size that divides
+// it), every (sparse layer, expert) has exactly one owner, a survivor, in decode and in prefill; with every
+// worker alive the rule is the plain one; and the mapping depends only on the set (what every node computes).
+TEST(PlacementFailoverTest, EverySurvivorSetGivesEveryExpertExactlyOneLiveOwner) {
+  constexpr int32_t kWorkers = 8, kExperts = 8;
+  constexpr int64_t kSparse = 9;  // more layers than groups: every home group several times
+  for (int32_t g : {1, 2, 4, 8}) {
+    const Placement base = Placement::Create(kWorkers, g).value();
+    for (uint32_t alive = 1; alive < (1u << kWorkers); ++alive) {
+      std::vector<int32_t> absent, absent_reversed;
+      for (int32_t w = 0; w < kWorkers; ++w) {
+        if ((alive & (1u << w)) == 0) absent.push_back(w);
+      }
+      absent_reversed.assign(absent.rbegin(), absent.rend());
+      absent_reversed.insert(absent_reversed.end(), absent.begin(), absent.end());  // duplicates count once
+      const Placement p = base.Without(absent).value();
+      const Placement other = Placement::Create(kWorkers, g).value().Without(absent_reversed).value();
+      SCOPED_TRACE(::testing::Message() << "G=" << g << " alive=" << alive);
+      ASSERT_TRUE(p.servable());
+      ASSERT_EQ(p.absent(), absent);
+      for (int64_t s = 0; s < kSparse; ++s) {
+        const int32_t group = p.GroupOf(s);
+        ASSERT_EQ(group, other.GroupOf(s));
+        // Every expert of the layer at once (the largest set), then one request's top-2.
+        std::vector<int32_t> all(kExperts);
+        for (int32_t e = 0; e < kExperts; ++e) all[static_cast<size_t>(e)] = e;
+        for (const std::vector<int32_t>& set : {all, std::vector<int32_t>{1, 6}, std::vector<int32_t>{7}}) {
+          const std::vector<Assignment> a = p.Assign(s, set);
+          ASSERT_EQ(a.size(), set.size());
+          std::set<int32_t> owned;
+          for (size_t i = 0; i < a.size(); ++i) {
+            EXPECT_TRUE(owned.insert(a[i].expert).second) << "expert " << a[i].expert << " has two owners";
+            EXPECT_TRUE(p.member(a[i].worker)) << "expert " << a[i].expert << " on absent worker " << a[i].worker;
+            EXPECT_TRUE(p.ServesInDecode(a[i].worker, s));
+            const std::vector<Assignment> b = other.Assign(s, set);
+            EXPECT_EQ(a[i].worker, b[i].worker);
+          }
+          // Resolve with a wrong prediction puts the misses on live workers too.
+          const std::vector<int32_t> predicted = {0, 2};
+          for (const Assignment& r : p.Resolve(s, predicted, set)) EXPECT_TRUE(p.member(r.worker));
+        }
+      }
+      for (int32_t e = 0; e < kExperts; ++e) {
+        const int32_t w = p.PrefillWorkerOf(e);
+        EXPECT_TRUE(p.member(w)) << "prefill expert " << e << " on absent worker " << w;
+        EXPECT_EQ(w, other.PrefillWorkerOf(e));
+        if (p.member(e % kWorkers)) {
+          EXPECT_EQ(w, e % kWorkers);  // a survivor keeps what it had
+        }
+      }
+    }
+    // Everyone alive: the plain rule.
+    const Placement full = base.Without({}).value();
+    for (int64_t s = 0; s < kSparse; ++s) {
+      EXPECT_EQ(full.GroupOf(s), static_cast<int32_t>(s % (kWorkers / g)));
+      const std::vector<Assignment> a = full.Assign(s, std::vector<int32_t>{3, 5});
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(a[i].worker, full.WorkerOf(full.GroupOf(s), static_cast<int32_t>(i % static_cast<size_t>(g))));
+      }
+    }
+  }
+}
+
+TEST(PlacementFailoverTest, AWholeGroupDownMovesItsLayersToTheNextGroupAndNobodyLeftIsNotServable) {
+  const Placement base = Placement::Create(8, 2).value();  // groups {0,1} {2,3} {4,5} {6,7}
+  const Placement p = base.Without(std::vector<int32_t>{2, 3}).value();
+  EXPECT_EQ(p.HomeGroupOf(1), 1);
+  EXPECT_EQ(p.GroupOf(1), 2);  // group 1 is gone: its layers go to group 2
+  EXPECT_EQ(p.GroupOf(5), 2);
+  EXPECT_EQ(p.GroupOf(0), 0);
+  EXPECT_FALSE(p.member(3));
+  EXPECT_EQ(p.num_members(), 6);
+  // One member left in a group: it takes the group's whole set.
+  const Placement q = base.Without(std::vector<int32_t>{1}).value();
+  for (const Assignment& a : q.Assign(0, std::vector<int32_t>{2, 4})) EXPECT_EQ(a.worker, 0);
+  EXPECT_FALSE(base.Without(std::vector<int32_t>{8}).ok());
+  EXPECT_FALSE(base.Without(std::vector<int32_t>{-1}).ok());
+  const Placement none = base.Without(std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}).value();
+  EXPECT_FALSE(none.servable());
+}
+
 }  // namespace
 }  // namespace odmoe

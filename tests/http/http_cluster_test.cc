@@ -116,6 +116,14 @@ double MetricValue(const std::string& metrics_url, const std::string& name, cons
   return sum;
 }
 
+pid_t PidOf(const std::string& run_dir, const std::string& node) {
+  std::ifstream pid_file(run_dir + "/" + node + ".pid");
+  long pid = 0;
+  pid_file >> pid;
+  EXPECT_GT(pid, 0) << "no pid file for " << node << " in " << run_dir;
+  return static_cast<pid_t>(pid);
+}
+
 TEST(HttpClusterTest, ServesTheOpenAiApi) {
   odmoe::testing::TempDir dir;
   const std::vector<int> ports = odmoe::testing::PickFreePorts(4);
@@ -256,11 +264,11 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   // The server still serves.
   EXPECT_EQ(Post(base + "/v1/completions", req).status, 200);
 
-  // A dead worker: main is not ready, /health says 503 with the reason.
-  std::ifstream pid_file(run_dir + "/w1.pid");
-  long pid = 0;
-  ASSERT_TRUE(pid_file >> pid) << "no pid file for w1 in " << run_dir;
-  ASSERT_EQ(kill(static_cast<pid_t>(pid), SIGKILL), 0);
+  // Workers lost: main serves on while one is left (failover); with none, /health says 503 with the reason.
+  ASSERT_EQ(kill(PidOf(run_dir, "w1"), SIGKILL), 0);
+  EXPECT_EQ(Post(base + "/v1/completions", req).status, 200);
+  EXPECT_EQ(Curl(base + "/health", {}).status, 200);
+  ASSERT_EQ(kill(PidOf(run_dir, "w0"), SIGKILL), 0);
   ASSERT_TRUE(Eventually([&] { return Curl(base + "/health", {}).status == 503; }, std::chrono::seconds(15)));
   const HttpResult health = Curl(base + "/health", {});
   EXPECT_NE(health.body.find("w1"), std::string::npos) << health.body;
