@@ -107,7 +107,8 @@ absl::Status RunEngine(const std::vector<std::string>& args) {
     double syncs, allocations, frees, launches, bytes_read;  // per decode token (Device::counters())
   };
   std::vector<Row> rows;
-  for (auto [p, n] : pairs) {
+  for (const auto& [p_, n_] : pairs) {
+    const int64_t p = p_, n = n_;  // named copies: clang 14 cannot capture structured bindings in lambdas
     std::vector<int32_t> prompt;
     for (int64_t i = 0; i < p; ++i) {
       prompt.push_back(

@@ -1218,6 +1218,26 @@ TEST_F(WorkerNodeTest, WithoutUsableSharedMemoryTheWorkerPacksPrivately) {
   EXPECT_TRUE(st.ok()) << st;
 }
 
+// Failover (Operations 4/4): a worker takes the newest membership epoch of main's it has seen and refuses a
+// message of an older one (a shadow's prefetch placed before it heard of a change); one without a view passes.
+TEST_F(WorkerNodeTest, RefusesAMessageOfAnOlderMembershipEpoch) {
+  std::unique_ptr<WorkerNode> node = MakeWorker("w0");
+  ASSERT_NE(node, nullptr);
+  const std::vector<float> hidden = RandomHidden(1, config_.hidden_size, 4);
+  v1::ComputeExpertsRequest req = MakeRequest(config_.SparseLayers()[0], hidden, 1, {{0, {0}, {1.0f}}});
+  v1::ComputeExpertsResponse resp;
+  const MembershipView newer{20, {3}}, older{19, {}};
+  rpc::FillHeader(req.mutable_header(), kEpoch, node->fingerprint(), "main", 0, &newer);
+  ASSERT_TRUE(node->Compute(req, &resp).ok());
+  rpc::FillHeader(req.mutable_header(), kEpoch, node->fingerprint(), "shadow", 0, &older);
+  const absl::Status refused = node->Compute(req, &resp);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("membership epoch 19 of shadow is older than epoch 20"), std::string::npos)
+      << refused;
+  rpc::FillHeader(req.mutable_header(), kEpoch, node->fingerprint(), "test");
+  EXPECT_TRUE(node->Compute(req, &resp).ok());
+}
+
 TEST_F(WorkerNodeTest, TwoWorkersOfOneHostShareOneSegment) {
   std::unique_ptr<WorkerNode> w0 = MakeWorker("w0");
   ASSERT_NE(w0, nullptr);

@@ -15,16 +15,22 @@
 #   ip netns exec odmoe-lan-client build/bin/odmoe generate --endpoint 10.77.0.10:7100 --prompt "And God said" \
 #       --max-new-tokens 32
 #
-# Scenarios (each a function scenario_NAME; run in the order of SCENARIOS below):
-#   baseline    tokens through the 1 Gbit/s links equal the single-process engine's (odmoe generate --model)
-#   idle        the cluster idle for ODMOE_LAN_IDLE_S seconds (default 120) logs no GOAWAY (keepalive pings
+# Scenarios (each a function scenario_NAME; run in the order of SCENARIOS below). Every request is sent once
+# (no client retries) and must give the single-process engine's tokens (odmoe generate --model):
+#   baseline    a short and a long request through the 1 Gbit/s links, and one with a long prompt: the engine's
+#               tokens; their times are what the faulted requests are compared with
+#   idle        the cluster idle for ODMOE_LAN_IDLE_S seconds (default 60) logs no GOAWAY (keepalive pings
 #               accepted by every server)
-#   kill, stop, partition
-#               SIGKILL / SIGSTOP / iptables DROP of one worker: main logs it down within 2 s (the time is
-#               printed, from main's log line), a request in flight fails within 2.5 s of the fault and a new
-#               one within 0.5 s of its arrival (main's log times), both naming the worker (client exit code
-#               9), readiness turns NOT_SERVING; then the worker comes back (restart / SIGCONT / rules removed)
-#               and a request gives the engine's tokens again
+#   kill        SIGKILL of a worker during decode, restarted 10 s later: it rejoins
+#   prefill     SIGKILL of a worker during the prefill of a long prompt, restarted at once
+#   shadow      SIGKILL of the shadow during decode (on-demand loads meanwhile), restarted: it follows again
+#   stop        SIGSTOP of a worker for 20 s, then SIGCONT
+#   partition   iptables DROP of a worker's link for 20 s, then healed
+#   loss        1% random loss on every link during a long request
+# For each fault the script prints the detection time (main's log line "peer NAME ... is down", from the fault;
+# a scenario fails above 2 s) and the faulted request's extra latency over its fault-free run; the request in
+# flight must complete with the engine's tokens, its calls re-issued (stats.calls_reissued > 0 for a worker),
+# and the node must rejoin (main's "worker NAME rejoined" / "peer shadow ... is up").
 #
 # Needs root (or CAP_SYS_ADMIN + CAP_NET_ADMIN), iproute2, iptables, the build (build/bin) and the demo model in
 # ../shared/models (or ODMOE_LAN_MODEL). Bounded: the whole run stops after ODMOE_LAN_TIMEOUT_S seconds
@@ -40,7 +46,7 @@ BIN=${ODMOE_BIN:-$ROOT/build/bin}
 MODEL=${ODMOE_LAN_MODEL:-$ROOT/../shared/models/demo-mixtral-kjv}
 PREFIX=${ODMOE_LAN_PREFIX:-odmoe-lan}
 STATE=${ODMOE_LAN_DIR:-/tmp/odmoe-lan}
-IDLE_S=${ODMOE_LAN_IDLE_S:-120}
+IDLE_S=${ODMOE_LAN_IDLE_S:-60}
 TIMEOUT_S=${ODMOE_LAN_TIMEOUT_S:-600}
 SUBNET=10.77.0
 GRPC_PORT=7100
@@ -49,8 +55,12 @@ HTTP_PORT=8000  # main's OpenAI API
 CLUSTER=lan  # the cluster's name: /dev/shm/odmoe-lan-e1-* are its workers' segments
 VICTIM=worker3
 PROMPT="And God said"
-TOKENS=24
-SCENARIOS=(baseline idle kill stop partition)
+TOKENS=24        # a short request
+LONG_TOKENS=400  # the request in flight when a fault comes (seconds through the cluster)
+# A long prompt (token ids of the demo model's 4096): its prefill is under way when the prefill fault comes.
+PREFILL_IDS=$(seq -s, 5 7 4000 | cut -d, -f1-480)
+PREFILL_TOKENS=8
+SCENARIOS=(baseline idle kill prefill shadow stop partition loss)
 
 NODES=(main shadow worker0 worker1 worker2 worker3 worker4 worker5 worker6 worker7)
 declare -A IP=([client]=$SUBNET.2 [main]=$SUBNET.10 [shadow]=$SUBNET.11)
@@ -245,19 +255,28 @@ teardown() {
 # The tokens of a JSON answer of `odmoe generate --json` (comma-separated), or nothing.
 tokens_of() { python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["tokens"])))' 2>/dev/null; }
 
-reference_tokens() {
-  timeout 120 "$BIN/odmoe" generate --model "$MODEL" --prompt "$PROMPT" --max-new-tokens "$TOKENS" --ignore-eos \
+# The single-process engine's tokens for a request: `text` (the prompt) or `ids` (prompt ids), and its length.
+engine_tokens() {
+  local how=$1 prompt=$2 max=$3 flag=--prompt
+  [ "$how" = ids ] && flag=--prompt-ids
+  timeout 300 "$BIN/odmoe" generate --model "$MODEL" "$flag" "$prompt" --max-new-tokens "$max" --ignore-eos \
     --json | tokens_of
 }
 
-# One request through the cluster from the client namespace: its JSON on stdout, its error on stderr. With a
-# third argument, that is its request id (main's log lines about it carry "request_id=ID").
+# One request through the cluster from the client namespace: its JSON on stdout, its error on stderr.
+#   remote MAX TIMEOUT_S [ID [IDS]]: the text prompt, or prompt ids IDS; ID (optional) is its request id (main's
+#   log lines about it carry "request_id=ID").
 remote() {
-  local max=$1 timeout_s=$2 id=${3:-}
+  local max=$1 timeout_s=$2 id=${3:-} ids=${4:-}
+  local prompt=(--prompt "$PROMPT")
+  [ -n "$ids" ] && prompt=(--prompt-ids "$ids")
   timeout "$timeout_s" ip netns exec "$(ns client)" "$BIN/odmoe" generate --endpoint "${IP[main]}:$GRPC_PORT" \
-    --prompt "$PROMPT" --max-new-tokens "$max" --ignore-eos --json --timeout-ms $((timeout_s * 1000)) \
+    "${prompt[@]}" --max-new-tokens "$max" --ignore-eos --json --timeout-ms $((timeout_s * 1000)) \
     ${id:+--request-id "$id"}
 }
+
+# A field of the stats of a JSON answer (file), or nothing.
+stat_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stats"][sys.argv[2]])' "$1" "$2" 2>/dev/null; }
 
 # Waits up to `limit` seconds for a line matching `pattern` in main's log after byte `offset`; prints it.
 wait_main_log() {
@@ -283,7 +302,6 @@ log_size() { stat -c %s "$STATE/logs/main.log"; }
 
 PASSED=0
 FAILED=0
-REFERENCE=""
 pass() {
   PASSED=$((PASSED + 1))
   echo "PASS $*"
@@ -293,13 +311,41 @@ fail() {
   echo "FAIL $*"
 }
 
+# The requests of the failover scenarios and their fault-free times (set by baseline).
+declare -A REF=() BASE_MS=()
+
+# Runs request `kind` (short | long | prefill) with id `id`, JSON into `out`, error into `err`; returns its exit
+# code.
+run_request() {
+  local kind=$1 id=$2 out=$3 err=$4
+  case $kind in
+    short) remote "$TOKENS" 60 "$id" >"$out" 2>"$err" ;;
+    long) remote "$LONG_TOKENS" 120 "$id" >"$out" 2>"$err" ;;
+    prefill) remote "$PREFILL_TOKENS" 120 "$id" "$PREFILL_IDS" >"$out" 2>"$err" ;;
+  esac
+}
+
 scenario_baseline() {
-  local got
-  got=$(remote "$TOKENS" 60 | tokens_of)
-  if [ -n "$REFERENCE" ] && [ "$got" = "$REFERENCE" ]; then
-    pass "baseline: $TOKENS tokens through 1 Gbit/s links equal the single-process engine's"
+  local ok=1 why="" times=""
+  # The long request twice: the second, warm, run is the fault-free time (the first pays the workers' first
+  # loads from host memory).
+  for kind in short long long prefill; do
+    local out=$STATE/requests/baseline-$kind.json
+    mkdir -p "$STATE/requests"
+    run_request "$kind" "lan-baseline-$kind-$RANDOM" "$out" "$out.err"
+    local got
+    got=$(tokens_of <"$out")
+    if [ -z "${REF[$kind]}" ] || [ "$got" != "${REF[$kind]}" ]; then
+      ok=0
+      why+=" $kind: cluster tokens [$(head -c 200 <<<"$got")] differ from the engine's: $(head -c 300 "$out.err");"
+    fi
+    BASE_MS[$kind]=$(stat_of "$out" total_ms)
+    times+=" $kind ${BASE_MS[$kind]%.*} ms;"
+  done
+  if [ $ok -eq 1 ]; then
+    pass "baseline: $TOKENS and $LONG_TOKENS tokens, and $PREFILL_TOKENS after a prompt of $(($(tr -cd , <<<"$PREFILL_IDS" | wc -c) + 1)) ids, through 1 Gbit/s links: the single-process engine's tokens;$times"
   else
-    fail "baseline: cluster tokens [$got] differ from the single-process engine's [$REFERENCE]"
+    fail "baseline:$why"
   fi
 }
 
@@ -318,62 +364,65 @@ scenario_idle() {
   fi
 }
 
-# Applies fault `kind` to the victim: kill | stop | partition.
+# Applies fault `kind` (kill | stop | partition) to node `target`.
 fault_apply() {
-  case $1 in
+  local kind=$1 target=$2
+  case $kind in
     kill)
       local pid
-      pid=$(pid_of "$VICTIM")
+      pid=$(pid_of "$target")
       kill -KILL "$pid" || return 1
       { wait "$pid"; } 2>/dev/null # reaped here: no "Killed" line from bash; its status is 137
       return 0
       ;;
-    stop) kill -STOP "$(pid_of "$VICTIM")" ;;
+    stop) kill -STOP "$(pid_of "$target")" ;;
     partition)
-      in_ns "$VICTIM" iptables -I INPUT -i eth0 -j DROP &&
-        in_ns "$VICTIM" iptables -I OUTPUT -o eth0 -j DROP
+      in_ns "$target" iptables -I INPUT -i eth0 -j DROP &&
+        in_ns "$target" iptables -I OUTPUT -o eth0 -j DROP
       ;;
   esac
 }
 
 fault_clear() {
-  case $1 in
-    kill) start_node "$VICTIM" ;;
-    stop) kill -CONT "$(pid_of "$VICTIM")" ;;
+  local kind=$1 target=$2
+  case $kind in
+    kill) start_node "$target" ;;
+    stop) kill -CONT "$(pid_of "$target")" ;;
     partition)
-      in_ns "$VICTIM" iptables -D INPUT -i eth0 -j DROP
-      in_ns "$VICTIM" iptables -D OUTPUT -o eth0 -j DROP
+      in_ns "$target" iptables -D INPUT -i eth0 -j DROP
+      in_ns "$target" iptables -D OUTPUT -o eth0 -j DROP
       ;;
   esac
 }
 
-# One fault of the victim: detection time, the in-flight request and a new one failing fast naming it,
-# readiness, recovery. Times are main's (its log lines' timestamps), not the client's: on a loaded machine a
-# client process alone may take seconds to start.
-detect() {
-  local kind=$1 ok=1 why=""
-  local offset out_dir run=$RANDOM
+# One fault during a request: `name` (the scenario), `kind` (kill | stop | partition) of node `target` during
+# request `request` (long | prefill), lifted `hold` seconds after it came. The request completes with the
+# engine's tokens; main detects the fault within 2 s; the node rejoins and the next request is exact again.
+# Times are main's (its log lines' timestamps), not the client's: on a loaded machine a client process alone
+# may take seconds to start.
+failover() {
+  local name=$1 kind=$2 target=$3 request=$4 hold=$5 ok=1 why=""
+  local offset dir id
   offset=$(log_size)
-  out_dir=$STATE/requests/$kind
-  mkdir -p "$out_dir"
-  # A long request in flight when the fault comes.
-  local id_inflight=lan-$kind-$run-inflight id_new=lan-$kind-$run-new
-  remote 1500 90 "$id_inflight" >"$out_dir/inflight.json" 2>"$out_dir/inflight.err" &
+  dir=$STATE/requests/$name
+  id=lan-$name-$RANDOM
+  mkdir -p "$dir"
+  run_request "$request" "$id" "$dir/faulted.json" "$dir/faulted.err" &
   local inflight=$!
-  if ! wait_main_log "$offset" "request_id=$id_inflight request from" 30 >/dev/null; then
-    fail "$kind: the request in flight did not reach main"
+  if ! wait_main_log "$offset" "request_id=$id request from" 30 >/dev/null; then
+    fail "$name: the request did not reach main"
     kill "$inflight" 2>/dev/null
     return
   fi
-  pause 0.5
+  [ "$request" = long ] && pause 0.5  # into decode (the short text prompt's prefill is over at once)
   local t0
   t0=$(now)
-  fault_apply "$kind" || {
-    fail "$kind: could not apply the fault"
+  fault_apply "$kind" "$target" || {
+    fail "$name: could not apply the fault"
     return
   }
-  local line detection="" t_inflight="" t_new=""
-  if line=$(wait_main_log "$offset" "peer $VICTIM at .* is down" 10); then
+  local line detection=""
+  if line=$(wait_main_log "$offset" "peer $target at .* is down" 10); then
     detection=$(elapsed "$t0" "$(line_time "$line")")
     less_than "$detection" 2.0 || {
       ok=0
@@ -381,61 +430,82 @@ detect() {
     }
   else
     ok=0
-    why+=" main never logged $VICTIM down;"
-  fi
-  # The request in flight fails within 2.5 s of the fault, naming the worker.
-  if line=$(wait_main_log "$offset" "request_id=$id_inflight finished: " 30); then
-    t_inflight=$(elapsed "$t0" "$(line_time "$line")")
+    why+=" main never logged $target down;"
   fi
   wait "$inflight"
-  local rc_inflight=$?
-  if [ $rc_inflight -ne 9 ] || ! grep -q "$VICTIM" "$out_dir/inflight.err" || ! less_than "${t_inflight:-99}" 2.5; then
+  local rc=$? got reissued extra=""
+  got=$(tokens_of <"$dir/faulted.json")
+  reissued=$(stat_of "$dir/faulted.json" calls_reissued)
+  if [ $rc -ne 0 ] || [ "$got" != "${REF[$request]}" ]; then
     ok=0
-    why+=" request in flight: exit $rc_inflight, ended ${t_inflight:-?} s after the fault: $(head -c 300 "$out_dir/inflight.err");"
-  fi
-  # A new request fails at once, naming the worker.
-  remote "$TOKENS" 60 "$id_new" >"$out_dir/new.json" 2>"$out_dir/new.err"
-  local rc_new=$? arrived ended
-  if arrived=$(wait_main_log "$offset" "request_id=$id_new request from" 1) &&
-    ended=$(wait_main_log "$offset" "request_id=$id_new finished: " 1); then
-    t_new=$(elapsed "$(line_time "$arrived")" "$(line_time "$ended")")
-  fi
-  if [ $rc_new -ne 9 ] || ! grep -q "$VICTIM" "$out_dir/new.err" || ! less_than "${t_new:-99}" 0.5; then
-    ok=0
-    why+=" new request: exit $rc_new, answered in ${t_new:-?} s: $(head -c 300 "$out_dir/new.err");"
-  fi
-  # Readiness follows.
-  if ! wait_main_log "$offset" "not ready: .*$VICTIM" 2 >/dev/null; then
-    ok=0
-    why+=" main did not turn not ready;"
-  fi
-  # Recovery: the worker back, main ready again, the engine's tokens again.
-  local offset2
-  offset2=$(log_size)
-  fault_clear "$kind"
-  if ! wait_main_log "$offset2" "peer $VICTIM at .* is up" 60 >/dev/null ||
-    ! wait_main_log "$offset2" "\] ready: " 10 >/dev/null; then
-    ok=0
-    why+=" $VICTIM did not come back;"
+    why+=" the request in flight: exit $rc, tokens differ: $(head -c 300 "$dir/faulted.err");"
   else
-    local got
-    got=$(remote "$TOKENS" 60 2>>"$out_dir/after.err" | tokens_of)
-    if [ "$got" != "$REFERENCE" ]; then
+    extra=$(awk -v a="$(stat_of "$dir/faulted.json" total_ms)" -v b="${BASE_MS[$request]}" \
+      'BEGIN { printf "in %.0f ms (fault-free %.0f ms, %+.0f ms)", a, b, a - b }')
+  fi
+  if [ "$(role_of "$target")" = worker ] && [ "${reissued:-0}" = 0 ]; then
+    ok=0
+    why+=" no call was re-issued (the fault missed the request?);"
+  fi
+  # Lift the fault `hold` seconds after it came; the node rejoins.
+  local left
+  left=$(awk -v t0="$t0" -v h="$hold" -v n="$(now)" 'BEGIN { d = t0 + h - n; printf "%.3f", (d > 0 ? d : 0) }')
+  pause "$left"
+  local offset2 back="peer $target at .* is up"
+  offset2=$(log_size)
+  [ "$(role_of "$target")" = worker ] && back="worker $target rejoined"
+  fault_clear "$kind" "$target"
+  if ! wait_main_log "$offset2" "$back" 60 >/dev/null; then
+    ok=0
+    why+=" $target did not rejoin;"
+  else
+    run_request short "$id-after" "$dir/after.json" "$dir/after.err"
+    if [ "$(tokens_of <"$dir/after.json")" != "${REF[short]}" ]; then
       ok=0
-      why+=" after recovery the tokens differ: [$got];"
+      why+=" after it rejoined the tokens differ: $(head -c 300 "$dir/after.err");"
+    fi
+    if [ "$(role_of "$target")" = shadow ] && [ "$(stat_of "$dir/after.json" predictions_received)" = 0 ]; then
+      ok=0
+      why+=" the shadow predicted nothing after its restart;"
     fi
   fi
-  local summary="detected in ${detection:-?} s; the request in flight failed ${t_inflight:-?} s after the fault (exit $rc_inflight), a new one was refused in ${t_new:-?} s (exit $rc_new), both naming $VICTIM"
+  local summary="$kind of $target during the $request request: detected in ${detection:-?} s; the request completed with the engine's tokens ${extra:-?}, ${reissued:-0} calls re-issued; lifted after $hold s, $target rejoined"
   if [ $ok -eq 1 ]; then
-    pass "$kind of $VICTIM: $summary; main not ready meanwhile; recovered with the engine's tokens"
+    pass "$name: $summary"
   else
-    fail "$kind of $VICTIM: $summary;$why"
+    fail "$name: $summary;$why"
   fi
 }
 
-scenario_kill() { detect kill; }
-scenario_stop() { detect stop; }
-scenario_partition() { detect partition; }
+scenario_kill() { failover kill kill "$VICTIM" long 10; }
+scenario_prefill() { failover prefill kill worker5 prefill 0; }
+scenario_shadow() { failover shadow kill shadow long 0; }
+scenario_stop() { failover stop stop "$VICTIM" long 20; }
+scenario_partition() { failover partition partition worker6 long 20; }
+
+# 1% random loss on every link (each namespace drops 1% of what it receives) during a long request.
+scenario_loss() {
+  local dir=$STATE/requests/loss offset changes
+  mkdir -p "$dir"
+  offset=$(log_size)
+  for node in client "${NODES[@]}"; do
+    in_ns "$node" iptables -I INPUT -i eth0 -m statistic --mode random --probability 0.01 -j DROP
+  done
+  run_request long "lan-loss-$RANDOM" "$dir/faulted.json" "$dir/faulted.err"
+  local rc=$?
+  for node in client "${NODES[@]}"; do
+    in_ns "$node" iptables -D INPUT -i eth0 -m statistic --mode random --probability 0.01 -j DROP
+  done
+  changes=$(tail -c +"$((offset + 1))" "$STATE/logs/main.log" | grep -c "membership epoch")
+  local extra
+  extra=$(awk -v a="$(stat_of "$dir/faulted.json" total_ms)" -v b="${BASE_MS[long]}" \
+    'BEGIN { printf "in %.0f ms (fault-free %.0f ms, %+.0f ms)", a, b, a - b }')
+  if [ $rc -eq 0 ] && [ "$(tokens_of <"$dir/faulted.json")" = "${REF[long]}" ]; then
+    pass "loss: 1% on every link during the long request: the engine's tokens $extra; detection: no node lost ($changes membership changes)"
+  else
+    fail "loss: exit $rc, tokens differ: $(head -c 300 "$dir/faulted.err")"
+  fi
+}
 
 # --- main -----------------------------------------------------------------------------------------------
 
@@ -514,8 +584,11 @@ trap on_exit EXIT
 trap 'echo "lan: interrupted"; exit 130' INT
 trap 'echo "lan: stopped at the time limit (${TIMEOUT_S} s) or by SIGTERM"; exit 124' TERM
 
-REFERENCE=$(reference_tokens)
-[ -n "$REFERENCE" ] || die 3 "the single-process engine gave no tokens (odmoe generate --model $MODEL)"
+REF[short]=$(engine_tokens text "$PROMPT" "$TOKENS")
+REF[long]=$(engine_tokens text "$PROMPT" "$LONG_TOKENS")
+REF[prefill]=$(engine_tokens ids "$PREFILL_IDS" "$PREFILL_TOKENS")
+[ -n "${REF[short]}" ] && [ -n "${REF[long]}" ] && [ -n "${REF[prefill]}" ] ||
+  die 3 "the single-process engine gave no tokens (odmoe generate --model $MODEL)"
 net_up "$RATE" "$LOSS" || die 5 "could not build the network (ip/tc/iptables failed)"
 cluster_up || die 5 "the cluster did not come up; logs in $STATE/logs"
 log "cluster up in $((SECONDS - START)) s: ${#NODES[@]} daemons in namespaces $PREFIX-*, links ${RATE}"
