@@ -247,6 +247,7 @@ absl::Status RunRemote(const Request& r) {
                   {"groups", st.groups()},
                   {"hedge_loads", st.hedge_loads()},
                   {"hedges_used", st.hedges_used()},
+                  {"queue_ms", st.queue_ms()},
                   {"calls_reissued", st.calls_reissued()},
                   {"membership_epoch", st.membership_epoch()},
                   {"stall_ms_per_layer", std::vector<double>(st.stall_ms_per_layer().begin(), st.stall_ms_per_layer().end())}};

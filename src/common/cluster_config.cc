@@ -292,7 +292,8 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     if (!cn->is_table()) return FieldError(where, "", "cluster", "expected a table");
     Fields f(*cn->as_table(), where, "[cluster]");
     ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"name", "epoch", "group_size", "rpc_timeout_ms", "startup_timeout_ms",
-                                       "share_host_experts", "prefill_minibatch_rows", "shutdown_timeout_ms"}));
+                                       "share_host_experts", "prefill_minibatch_rows", "shutdown_timeout_ms",
+                                       "max_queued"}));
     ODMOE_ASSIGN_OR_RETURN(auto share, f.Bool("share_host_experts"));
     if (share) c.share_host_experts = *share;
     ODMOE_ASSIGN_OR_RETURN(auto name, f.String("name"));
@@ -333,6 +334,11 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
         return FieldError(where, "[cluster]", "shutdown_timeout_ms", "must be 0..3600000");
       }
       c.shutdown_timeout_ms = *shutdown;
+    }
+    ODMOE_ASSIGN_OR_RETURN(auto queued, f.Int("max_queued"));
+    if (queued) {
+      if (*queued < 0 || *queued > 4096) return FieldError(where, "[cluster]", "max_queued", "must be 0..4096");
+      c.max_queued = static_cast<int32_t>(*queued);
     }
   }
   // Paths in the file are relative to its folder.

@@ -1,5 +1,7 @@
 #include "src/common/status.h"
 
+#include "absl/strings/cord.h"
+
 namespace odmoe {
 
 int ExitCodeFor(const absl::Status& status) {
@@ -19,13 +21,27 @@ int ExitCodeFor(const absl::Status& status) {
     case absl::StatusCode::kOutOfRange:
       return kExitOutOfRange;
     case absl::StatusCode::kResourceExhausted:
-      return kExitResources;
+      return IsServerBusy(status) ? kExitBusy : kExitResources;
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kDeadlineExceeded:
       return kExitUnavailable;
     default:
       return kExitInternal;
   }
+}
+
+namespace {
+constexpr char kBusyPayload[] = "type.odmoe.dev/server-busy";
+}  // namespace
+
+absl::Status ServerBusyError(std::string_view message) {
+  absl::Status s = absl::ResourceExhaustedError(std::string(message));
+  s.SetPayload(kBusyPayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsServerBusy(const absl::Status& status) {
+  return absl::IsResourceExhausted(status) && status.GetPayload(kBusyPayload).has_value();
 }
 
 absl::Status CorruptError(std::string_view msg) { return absl::DataLossError(std::string(msg)); }

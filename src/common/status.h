@@ -27,13 +27,20 @@ enum ExitCode : int {
   kExitOutOfRange = 7,      // request outside the model's limits: token id, prompt length
   kExitResources = 8,       // memory budget or device capacity exceeded
   kExitUnavailable = 9,     // a peer could not be reached or timed out
+  kExitBusy = 10,           // the server is busy: its queue is full (retry later)
 };
 
 // Maps a Status code to the exit code above:
 //   InvalidArgument -> kExitUsage, NotFound -> kExitNotFound, DataLoss -> kExitCorrupt,
 //   FailedPrecondition -> kExitInvalidModel, Unimplemented -> kExitUnsupported, OutOfRange -> kExitOutOfRange,
-//   ResourceExhausted -> kExitResources, Unavailable / DeadlineExceeded -> kExitUnavailable, else kExitInternal.
+//   ResourceExhausted -> kExitResources (kExitBusy when marked busy), Unavailable / DeadlineExceeded ->
+//   kExitUnavailable, else kExitInternal.
 int ExitCodeFor(const absl::Status& status);
+
+// ResourceExhausted marked as "the server is busy" (a payload: main's admission queue is full), as opposed to a
+// memory budget exceeded; the mark crosses gRPC in the status details (rpc::ToGrpc / rpc::FromGrpc).
+absl::Status ServerBusyError(std::string_view message);
+bool IsServerBusy(const absl::Status& status);
 
 // Error constructors used across the loader so that each kind of failure maps to one exit code.
 absl::Status CorruptError(std::string_view msg);       // DataLoss

@@ -39,6 +39,7 @@ void ReuseAddressOnly(int sock) {
 
 void SendError(httplib::Response& res, const ApiError& e) {
   res.status = e.http_status;
+  if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
   res.set_content(openai::ErrorBody(e), kJson);
 }
 
@@ -100,9 +101,11 @@ struct HttpServer::Impl {
   // returns false when the client has gone. The choice's text is the concatenation of the pieces, so streamed
   // and whole answers are the same.
   using OnPiece = std::function<bool(const std::string& text, const std::vector<int32_t>& ids)>;
+  // `admitted` (nullable): the request's place in main's queue, taken before the answer was committed.
   absl::StatusOr<openai::Choice> Run(const PreparedPrompt& p, const std::vector<std::string>& stop, int64_t index,
                                      const std::string& request_id, const OnPiece& on_piece,
-                                     const std::function<bool()>& cancelled, bool* client_gone) const;
+                                     const std::function<bool()>& cancelled, bool* client_gone,
+                                     Admission::Ticket* admitted = nullptr) const;
 
   void Completions(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) const;
   // A streamed answer, written to `sink` (the server's thread, after the 200 and its headers): the chunks of
@@ -114,6 +117,9 @@ struct HttpServer::Impl {
     int64_t created = 0;
     std::string request_id;
     const char* name = "";  // the endpoint, for logs
+    // The first prompt's place in main's queue, taken before the 200 (so a full queue is a 429, not an error
+    // event); later prompts of the request queue as they come.
+    std::shared_ptr<Admission::Ticket> admitted;
   };
   bool Stream(const StreamJob& job, httplib::DataSink& sink) const;
   void Count(std::string_view endpoint, int code) const {
@@ -224,7 +230,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
 absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, const std::vector<std::string>& stop,
                                                      int64_t index, const std::string& request_id,
                                                      const OnPiece& on_piece, const std::function<bool()>& cancelled,
-                                                     bool* client_gone) const {
+                                                     bool* client_gone, Admission::Ticket* admitted) const {
   openai::Choice choice;
   choice.index = index;
   openai::StopMatcher matcher(stop);
@@ -246,6 +252,7 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, co
   MainNode::RequestRecord record;
   record.request_id = request_id;
   record.emit_false_is_stop = true;
+  record.admitted = admitted;
   const absl::Status status = node->RunRequest(
       p.request, emit, [&] { return *client_gone || (cancelled != nullptr && cancelled()); }, &record);
   if (!status.ok()) return status;
@@ -309,11 +316,20 @@ void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Respons
     return;
   }
 
-  // Streamed: every check is done, so the answer is 200 and errors from here on are an error event.
+  // Streamed: a place in main's queue first (a full queue is a 429 with Retry-After); then every check is done,
+  // so the answer is 200 and errors from here on are an error event.
+  absl::StatusOr<Admission::Ticket> admitted = node->Admit();
+  if (!admitted.ok()) {
+    spdlog::info("http {} from {}: refused: {}", name, req.remote_addr, std::string(admitted.status().message()));
+    const ApiError e = openai::ErrorOfStatus(admitted.status());
+    Count(name, e.http_status);
+    return SendError(res, e);
+  }
   Count(name, 200);
   res.set_header("Cache-Control", "no-cache");
   auto job = std::make_shared<StreamJob>(
-      StreamJob{std::move(parsed).value(), std::move(prompts).value(), id, created, request_id, name});
+      StreamJob{std::move(parsed).value(), std::move(prompts).value(), id, created, request_id, name,
+                std::make_shared<Admission::Ticket>(std::move(admitted).value())});
   res.set_chunked_content_provider("text/event-stream",
                                    [this, job](size_t, httplib::DataSink& sink) { return Stream(*job, sink); });
 }
@@ -341,7 +357,8 @@ bool HttpServer::Impl::Stream(const StreamJob& job, httplib::DataSink& sink) con
     absl::StatusOr<openai::Choice> c = Run(
         job.prompts[i], job.request.stop, index, job.request_id,
         [&](const std::string& text, const std::vector<int32_t>& ids) { return chunk(index, text, ids, "", false); },
-        [this, &sink] { return stopping.load() || !sink.is_writable(); }, &gone);
+        [this, &sink] { return stopping.load() || !sink.is_writable(); }, &gone,
+        i == 0 ? job.admitted.get() : nullptr);
     if (!gone && !c.ok() && (stopping.load() || !sink.is_writable())) gone = true;
     if (gone) break;
     if (!c.ok()) {

@@ -35,7 +35,11 @@ absl::Status Serve(const std::vector<std::string>& args) {
                  shared_http ? " (and /metrics)" : "");
   }
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::Server> server,
-                         odmoe::rpc::Server::Start({d.self.address, d.self.threads, d.self.name}, {node.get()}));
+                         odmoe::rpc::Server::Start({.address = d.self.address,
+                                                    .threads = d.self.threads,
+                                                    .node = d.self.name,
+                                                    .blocking_calls = 1 + d.cluster.max_queued},
+                                                   {node.get()}));
   spdlog::info(
       "odmoe-main {} serving {} on port {}: model {} (fingerprint {}, epoch {}), device {}, {} workers, "
       "tokenizer {}",

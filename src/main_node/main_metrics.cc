@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "src/common/status.h"
 #include "src/rpc/rpc_util.h"
 
 namespace odmoe {
@@ -29,6 +30,8 @@ std::string_view RequestOutcome(const absl::Status& status) {
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kFailedPrecondition:
       return "invalid";
+    case absl::StatusCode::kResourceExhausted:
+      return IsServerBusy(status) ? "busy" : "error";
     default:
       return "error";
   }
@@ -38,7 +41,8 @@ MainMetrics::MainMetrics(metrics::Labels labels, std::vector<Peer> peers)
     : registry_(std::move(labels)),
       requests_(registry_.AddCounter("odmoe_requests_total",
                                      "Requests answered, by outcome: ok, cancelled (the client went away), invalid "
-                                     "(refused: bad prompt or limits), error (failed while serving).",
+                                     "(refused: bad prompt or limits), busy (refused: the queue was full), error "
+                                     "(failed while serving).",
                                      {"outcome"})),
       prompt_tokens_(
           registry_.AddCounter("odmoe_prompt_tokens_total", "Prompt tokens of the requests served.").With({})),

@@ -26,7 +26,8 @@
 namespace odmoe {
 
 // "ok", "cancelled" (the client went away), "invalid" (a request the model or the node refuses:
-// InvalidArgument, OutOfRange, FailedPrecondition) or "error" (a failure while serving it).
+// InvalidArgument, OutOfRange, FailedPrecondition), "busy" (refused by admission control: ServerBusyError) or
+// "error" (a failure while serving it).
 std::string_view RequestOutcome(const absl::Status& status);
 
 class MainMetrics {

@@ -54,6 +54,7 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   ODMOE_ASSIGN_OR_RETURN(const Placement placement,
                          Placement::ForCluster(args.cluster.file, static_cast<int32_t>(workers.size()),
                                                args.cluster.group_size, node->config_.top_k));
+  node->admission_ = std::make_unique<Admission>(args.cluster.max_queued);
   std::vector<std::string> worker_names;
   for (const WorkerEndpoint& w : workers) worker_names.push_back(w.name);
   node->membership_ = std::make_unique<Membership>(placement, std::move(worker_names), node->health_.get(),
@@ -221,6 +222,8 @@ struct MainNode::RequestRun {
   std::unique_ptr<IncrementalDecoder> decoder;  // nullptr without a tokenizer
   std::vector<float> kv_k, kv_v;                // [num_layers, kv_size]: a position's K/V for the shadow
   MainMetrics::Request* timeline = nullptr;     // the request's metrics
+  absl::Time arrived;                           // when main got it
+  double queue_ms = 0;                          // from arrival until it had the engine
   int64_t prompt_len() const { return static_cast<int64_t>(prompt.size()); }
 };
 
@@ -255,6 +258,7 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
                                     MainMetrics::Request& timeline) {
   // Validate before waiting for the engine: a bad request is answered at once.
   RequestRun run;
+  run.arrived = absl::Now();
   RequestRecord ignored;
   if (record == nullptr) record = &ignored;
   run.trace_id = record->request_id;
@@ -264,8 +268,21 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   run.emit = emit;
   run.timeline = &timeline;
 
+  // Admission: a place in the bounded queue or a busy refusal at once; then wait (first come, first served).
+  std::optional<Admission::Ticket> arrived;
+  if (record->admitted == nullptr) {
+    ODMOE_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Arrive());
+    arrived.emplace(std::move(ticket));
+  }
+  Admission::Ticket& ticket = record->admitted != nullptr ? *record->admitted : *arrived;
+  struct LeaveWhenDone {  // the engine goes to the next request as this one ends, whoever owns the ticket
+    Admission::Ticket& ticket;
+    ~LeaveWhenDone() { ticket.Leave(); }
+  } leave{ticket};
   timeline.Queued();
-  absl::MutexLock lock(&request_mu_);
+  ODMOE_RETURN_IF_ERROR(ticket.WaitTurn([&] { return cancelled != nullptr && cancelled(); }, record->deadline));
+  absl::MutexLock lock(&request_mu_);  // the ticket's turn: nobody else holds it for long
+  run.queue_ms = absl::ToDoubleMilliseconds(absl::Now() - run.arrived);
   timeline.Started(run.prompt_len());
   run.id = next_request_id_.fetch_add(1);
   experts_->BeginRequest(
@@ -281,6 +298,9 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   if (run.client_gone && record->emit_false_is_stop) return absl::OkStatus();
   if (run.client_gone) return absl::CancelledError("the client went away");
   if (!result.ok()) return result.status();
+  // Times count from arrival: the queue is part of what the client waited.
+  result->ttft_ms += run.queue_ms;
+  result->total_ms += run.queue_ms;
   record->generated_tokens = static_cast<int64_t>(result->tokens.size());
   record->ttft_ms = result->ttft_ms;
   record->decode_tokens_per_s = result->decode_tokens_per_s;
@@ -408,6 +428,7 @@ void MainNode::FillRequestStats(const RequestRun& run, const GenerateResult& res
   stats->set_tokens_aligned(alignment.tokens);
   stats->set_kv_aligned(alignment.kv);
   stats->set_alignment_bytes(alignment.bytes);
+  stats->set_queue_ms(run.queue_ms);
   stats->set_calls_reissued(experts_->calls_reissued());
   stats->set_membership_epoch(experts_->membership_epoch());
   const DecodeTiming& timing = experts_->timing();

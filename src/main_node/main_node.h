@@ -7,8 +7,9 @@
 // loaded; "random" predicts k random experts per layer itself and prefetches them (ablation case 5); "none"
 // loads after routing. Recall and timely recall of every request are in its stats (PredictionBoard).
 //
-// Requests run one at a time: Generate holds a mutex for the whole request, so concurrent clients wait their
-// turn. A request is validated before it waits (bad requests are answered at once).
+// Requests run one at a time; up to [cluster] max_queued more wait their turn in arrival order and the next is
+// refused at once, busy (admission control, src/main_node/admission.h). A request is validated before it waits
+// (bad requests are answered at once); its ttft_ms and total_ms count from its arrival, queue_ms the wait.
 //
 // Thread safety: the gRPC handlers may be called concurrently from the server's threads; the engine, the
 // executor and the tokenizer's decoding state are used only under request_mu_.
@@ -31,6 +32,7 @@
 #include "src/engine/engine.h"
 #include "src/engine/generator.h"
 #include "src/engine/model_weights.h"
+#include "src/main_node/admission.h"
 #include "src/main_node/main_metrics.h"
 #include "src/main_node/membership.h"
 #include "src/main_node/peer_health.h"
@@ -78,6 +80,9 @@ class MainNode final : public v1::Inference::Service {
     // that the client went away: the request then ends OK (outcome ok) without its final message.
     bool emit_false_is_stop = false;
     absl::Time deadline = absl::InfiniteFuture();  // in: the client's deadline; no call to a peer outlives it
+    // in: a place in the queue taken beforehand with Admit() (the HTTP API takes it before it answers 200 to a
+    // stream), used instead of arriving now; nullptr: the request arrives when RunRequest is called.
+    Admission::Ticket* admitted = nullptr;
     int64_t prompt_tokens = 0;  // out, as far as the request got
     int64_t generated_tokens = 0;
     double ttft_ms = 0;
@@ -93,6 +98,10 @@ class MainNode final : public v1::Inference::Service {
   absl::Status RunRequest(const v1::GenerateRequest& request,
                           const std::function<bool(const v1::GenerateResponse&)>& emit,
                           const std::function<bool()>& cancelled = nullptr, RequestRecord* record = nullptr);
+
+  // A place in main's queue for a request about to be run (RequestRecord::admitted), or ServerBusyError when
+  // the queue is full (src/main_node/admission.h).
+  absl::StatusOr<Admission::Ticket> Admit() { return admission_->Arrive(); }
 
   // Routed-expert tensors this node has read from its checkpoint (0 unless something is wrong).
   int64_t expert_tensors_opened() const {
@@ -162,6 +171,7 @@ class MainNode final : public v1::Inference::Service {
   // Which workers take work (failover); subscribes to health_, read by the executor and the shadow link.
   std::unique_ptr<Membership> membership_;
 
+  std::unique_ptr<Admission> admission_;  // the bounded FCFS queue in front of request_mu_
   absl::Mutex request_mu_;  // one request at a time
   std::unique_ptr<RemoteExpertExecutor> experts_ ABSL_GUARDED_BY(request_mu_);
   // experts_ for what may be read without the lock (its thread-safe totals, for the metrics); set by Create.

@@ -273,8 +273,15 @@ ApiError ErrorOfStatus(const absl::Status& status) {
       e.http_status = 404;
       break;
     case absl::StatusCode::kResourceExhausted:
-      e.http_status = 429;
-      e.type = "rate_limit_error";
+      if (IsServerBusy(status)) {  // main's queue is full: come back in a second
+        e.http_status = 429;
+        e.type = "rate_limit_error";
+        e.code = "server_busy";
+        e.retry_after_s = 1;
+      } else {  // a memory budget exceeded: the cluster cannot serve this now
+        e.http_status = 503;
+        e.type = "server_error";
+      }
       break;
     case absl::StatusCode::kUnavailable:
       e.http_status = 503;

@@ -32,6 +32,7 @@ struct ApiError {
   std::string type = "invalid_request_error";  // invalid_request_error, authentication_error, server_error, ...
   std::string param;                           // the request field at fault; "" -> null
   std::string code;                            // e.g. model_not_found; "" -> null
+  int retry_after_s = 0;                       // > 0: sent as the Retry-After header (a busy server's 429)
 };
 // {"error": {"message", "type", "param", "code"}} (param and code null when empty).
 std::string ErrorBody(const ApiError& error);

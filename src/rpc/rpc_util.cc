@@ -18,15 +18,25 @@
 
 namespace odmoe::rpc {
 
+namespace {
+// The status details (grpc-status-details-bin) of a busy refusal (ServerBusyError).
+constexpr char kBusyDetails[] = "odmoe:server-busy";
+}  // namespace
+
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   // absl and gRPC share the canonical code numbering.
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()),
+                      IsServerBusy(status) ? kBusyDetails : "");
 }
 
 absl::Status FromGrpc(const grpc::Status& status, std::string_view what) {
   if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), StrCat(what, ": ", status.error_message()));
+  const std::string message = StrCat(what, ": ", status.error_message());
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && status.error_details() == kBusyDetails) {
+    return ServerBusyError(message);
+  }
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), message);
 }
 
 grpc::ChannelArguments ChannelArgs() {
@@ -166,7 +176,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // and a quota of a few threads per requested handler keeps the pool bounded (ten daemons share two cores in
   // CI) without refusing ordinary overlapping calls (main's compute, the shadow's prefetch, a stats call).
   grpc::ResourceQuota quota("odmoe");
-  quota.SetMaxThreads(4 * std::max(1, options.threads) + 2);
+  quota.SetMaxThreads(4 * std::max(1, options.threads) + 2 + std::max(0, options.blocking_calls));
   builder.SetResourceQuota(quota);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);

@@ -29,6 +29,8 @@ inline constexpr int kMaxMessageBytes = 64 << 20;
 // Largest tensor payload one call carries; larger transfers are split into several calls.
 inline constexpr int64_t kMaxTensorBytesPerCall = 16 << 20;
 
+// The one conversion between absl and gRPC statuses (same code numbering); a busy refusal (ServerBusyError)
+// keeps its mark through the status details.
 grpc::Status ToGrpc(const absl::Status& status);
 absl::Status FromGrpc(const grpc::Status& status, std::string_view what);
 
@@ -76,6 +78,9 @@ struct ServerOptions {
   int threads = 2;      // bound on the RPC threads (ten daemons share two cores in CI)
   std::string node;     // the node's name, for errors ("node 'w0' cannot listen on ...")
   std::shared_ptr<const Security> security;  // its credentials (src/rpc/security.h); null: the process's
+  // Calls that may block a thread each besides those (main: the running request and its queue, so that the
+  // admission queue, not gRPC's thread quota, turns requests away).
+  int blocking_calls = 0;
 };
 // A started server: the given services plus grpc.health.v1, both services NOT_SERVING until marked. It listens
 // exclusively (SO_REUSEPORT off): a second daemon on a taken address fails to start instead of sharing it.

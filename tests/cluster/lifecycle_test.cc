@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -25,6 +26,7 @@
 #include "src/common/json.h"
 #include "src/common/limits.h"
 #include "src/common/strings.h"
+#include "src/common/status.h"
 #include "src/common/version.h"
 #include "src/rpc/rpc_util.h"
 #include "tests/test_support.h"
@@ -41,14 +43,16 @@ using Clock = std::chrono::steady_clock;
 
 // A cluster file of main and two workers (one group: top-2 of 4 experts) on free loopback ports, with the
 // synthetic tiny Mixtral of tests/data (2 layers).
+// `cluster_extra`: more [cluster] keys; main serves the OpenAI API at Address(3).
 struct ClusterFile {
-  ClusterFile() {
-    ports = odmoe::testing::PickFreePorts(3);
+  explicit ClusterFile(const std::string& cluster_extra = "") {
+    ports = odmoe::testing::PickFreePorts(4);
     const std::string toml =
         StrCat("[cluster]\nname = \"lifecycle\"\nrpc_timeout_ms = 30000\nstartup_timeout_ms = 60000\n",
-               "[model]\nsynthetic = \"", odmoe::testing::SourceDir(),
+               cluster_extra, "[model]\nsynthetic = \"", odmoe::testing::SourceDir(),
                "/tests/data/tiny-mixtral/config.json\"\nlayers = 2\nseed = 1\n",
                "[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"", Address(0), "\"\ndevice = \"cpu\"\n",
+               "http_address = \"", Address(3), "\"\n",
                "[[node]]\nname = \"w0\"\nrole = \"worker\"\naddress = \"", Address(1), "\"\ndevice = \"mock-gpu\"\n",
                "[[node]]\nname = \"w1\"\nrole = \"worker\"\naddress = \"", Address(2), "\"\ndevice = \"mock-gpu\"\n");
     path = dir.File("cluster.toml");
@@ -382,6 +386,98 @@ TEST(LifecycleTest, AHungWorkerCostsLatencyNotTheRequestAndRejoinsAfterSigcont) 
   ASSERT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.tokens, before.tokens);
   EXPECT_NE(ReadFile(main_log).find("peer w1 at " + c.Address(2) + " is up"), std::string::npos);
+}
+
+// Admission control: with max_queued = 0, a request arriving while one runs is refused at once, busy: gRPC
+// RESOURCE_EXHAUSTED saying so (what `odmoe generate` exits 10 for), HTTP 429 with Retry-After, streamed or
+// not; the request running is untouched, and the next one after it is served. Its queue time is in its stats.
+TEST(LifecycleTest, ABusyMainRefusesAtOnceAsBusyOverGrpcAndHttp) {
+  ClusterFile c("max_queued = 0\n");
+  const std::string run_dir = c.dir.File("run");
+  const RunResult up = RunProgram({ProgramPath("odmoe"), "cluster", "up", "--config", c.path, "--run-dir", run_dir});
+  ASSERT_EQ(up.exit_code, 0) << up.out << up.err;
+  struct Down {
+    const ClusterFile& c;
+    std::string run_dir;
+    ~Down() { RunProgram({ProgramPath("odmoe"), "cluster", "down", "--config", c.path, "--run-dir", run_dir}); }
+  } down{c, run_dir};
+  const std::string http = "http://" + c.Address(3);
+  const std::string model = "tiny-mixtral-synthetic";  // a synthetic model's id: its config's folder, -synthetic
+  auto curl = [&](bool stream) {
+    return RunProgram({"/usr/bin/curl", "-s", "-i", "--max-time", "20", "-H", "Content-Type: application/json",
+                       "--data-binary",
+                       StrCat("{\"model\": \"", model, "\", \"prompt\": [1, 2, 3], \"max_tokens\": 2", 
+                              stream ? ", \"stream\": true" : "", "}"),
+                       http + "/v1/completions"});
+  };
+  Streamed running;
+  std::atomic<bool> busy_checked{false};
+  std::thread t([&] {
+    running = StreamGenerate(c.Address(0), 1000, [&] {
+      // The engine is taken: every other request is refused now.
+      auto stub = v1::Inference::NewStub(rpc::MakeChannel(c.Address(0)));
+      grpc::ClientContext ctx;
+      v1::GenerateRequest req;
+      req.add_prompt_ids(1);
+      req.set_max_new_tokens(1);
+      auto reader = stub->Generate(&ctx, req);
+      v1::GenerateResponse msg;
+      while (reader->Read(&msg)) {
+      }
+      const grpc::Status refused = reader->Finish();
+      EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+      EXPECT_EQ(refused.error_message(),
+                "the server is busy: 1 request running and 0 queued (max_queued = 0); retry later");
+      EXPECT_TRUE(IsServerBusy(rpc::FromGrpc(refused, "main")));
+      EXPECT_EQ(ExitCodeFor(rpc::FromGrpc(refused, "main")), kExitBusy);
+      for (const bool stream : {false, true}) {
+        const RunResult r = curl(stream);
+        EXPECT_NE(r.out.find("HTTP/1.1 429"), std::string::npos) << r.out;
+        EXPECT_NE(r.out.find("Retry-After: 1"), std::string::npos) << r.out;
+        EXPECT_NE(r.out.find("\"code\":\"server_busy\""), std::string::npos) << r.out;
+      }
+      busy_checked = true;
+    });
+  });
+  t.join();
+  EXPECT_TRUE(busy_checked);
+  ASSERT_TRUE(running.status.ok()) << running.status.error_message();
+  EXPECT_EQ(running.tokens.size(), 1000u);
+  // Free again: served, through both APIs.
+  const Streamed after = StreamGenerate(c.Address(0), 4);
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_NE(curl(false).out.find("HTTP/1.1 200"), std::string::npos);
+  const RunResult cli = RunProgram({ProgramPath("odmoe"), "generate", "--endpoint", c.Address(0), "--prompt-ids",
+                                    "1,2,3", "--max-new-tokens", "2", "--json"});
+  ASSERT_EQ(cli.exit_code, 0) << cli.err;
+  auto j = ParseJson(cli.out, "odmoe generate --json");
+  ASSERT_TRUE(j.ok()) << cli.out;
+  EXPECT_GE((*j)["stats"]["queue_ms"].get<double>(), 0.0);
+  EXPECT_GE((*j)["stats"]["ttft_ms"].get<double>(), (*j)["stats"]["queue_ms"].get<double>());
+}
+
+// Sixteen clients at once (the default max_queued = 32): every one is served, in turn, with the tokens it gets
+// alone; none is turned away by the gRPC server's thread quota ("Server Threadpool Exhausted").
+TEST(LifecycleTest, SixteenClientsAtOnceAreAllServedInTurn) {
+  ClusterFile c;
+  const std::string run_dir = c.dir.File("run");
+  const RunResult up = RunProgram({ProgramPath("odmoe"), "cluster", "up", "--config", c.path, "--run-dir", run_dir});
+  ASSERT_EQ(up.exit_code, 0) << up.out << up.err;
+  struct Down {
+    const ClusterFile& c;
+    std::string run_dir;
+    ~Down() { RunProgram({ProgramPath("odmoe"), "cluster", "down", "--config", c.path, "--run-dir", run_dir}); }
+  } down{c, run_dir};
+  const Streamed alone = StreamGenerate(c.Address(0), 40);
+  ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
+  std::vector<Streamed> results(16);
+  std::vector<std::thread> clients;
+  for (Streamed& r : results) clients.emplace_back([&] { r = StreamGenerate(c.Address(0), 40); });
+  for (std::thread& t : clients) t.join();
+  for (const Streamed& r : results) {
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, alone.tokens);
+  }
 }
 
 }  // namespace

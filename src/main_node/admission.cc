@@ -1,0 +1,78 @@
+#include "src/main_node/admission.h"
+
+#include <algorithm>
+
+#include "absl/time/clock.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+namespace odmoe {
+Admission::Admission(int32_t max_queued) : max_queued_(max_queued) { ODMOE_CHECK(max_queued >= 0); }
+
+absl::StatusOr<Admission::Ticket> Admission::Arrive() {
+  absl::MutexLock lock(&mu_);
+  const bool engine_free = running_ == 0 && waiting_.empty();
+  if (!engine_free && static_cast<int32_t>(waiting_.size()) >= max_queued_) {
+    return ServerBusyError(StrCat("the server is busy: ", running_ != 0 ? 1 : 0, " request running and ",
+                                  waiting_.size(), " queued (max_queued = ", max_queued_, "); retry later"));
+  }
+  const uint64_t id = next_id_++;
+  waiting_.push_back(id);
+  return Ticket(this, id);
+}
+
+int32_t Admission::running() const {
+  absl::MutexLock lock(&mu_);
+  return running_ != 0 ? 1 : 0;
+}
+
+int32_t Admission::waiting() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int32_t>(waiting_.size());
+}
+
+void Admission::Leave(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  if (running_ == id) {
+    running_ = 0;
+    return;
+  }
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
+}
+
+Admission::Ticket::~Ticket() { Leave(); }
+
+void Admission::Ticket::Leave() {
+  if (admission_ != nullptr) admission_->Leave(id_);
+  admission_ = nullptr;
+}
+
+absl::Status Admission::Ticket::WaitTurn(const std::function<bool()>& cancelled, absl::Time deadline) {
+  ODMOE_CHECK(admission_ != nullptr);
+  Admission& a = *admission_;
+  for (;;) {
+    {
+      absl::MutexLock lock(&a.mu_);
+      auto my_turn = [&a, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(a.mu_) {
+        return a.running_ == 0 && !a.waiting_.empty() && a.waiting_.front() == id_;
+      };
+      // Poll the client's state now and then; wake at once when the turn comes.
+      const absl::Time until = std::min(deadline, absl::Now() + absl::Milliseconds(20));
+      if (a.mu_.AwaitWithDeadline(absl::Condition(&my_turn), until)) {
+        a.waiting_.pop_front();
+        a.running_ = id_;
+        return absl::OkStatus();
+      }
+    }
+    if (cancelled && cancelled()) {
+      Leave();
+      return absl::CancelledError("the client went away while the request was queued");
+    }
+    if (absl::Now() >= deadline) {
+      Leave();
+      return absl::DeadlineExceededError("the request's deadline passed while it was queued");
+    }
+  }
+}
+
+}  // namespace odmoe
