@@ -98,6 +98,49 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   return node;
 }
 
+namespace {
+
+// odmoe_membership_epoch, odmoe_workers_in_placement, odmoe_membership_changes_total{worker,change} and
+// odmoe_expert_calls_reissued_total{reason}.
+void AppendFailoverFamilies(const Membership& membership, const RemoteExpertExecutor& experts,
+                            std::vector<metrics::MetricFamily>* out) {
+  using metrics::MetricType;
+  const Membership::Snapshot now = membership.Current();
+  out->push_back(metrics::SingleSample(
+      "odmoe_membership_epoch", "Main's membership epoch of the workers (it changes as workers leave and rejoin).",
+      MetricType::kGauge, static_cast<double>(now.view.epoch)));
+  out->push_back(metrics::SingleSample("odmoe_workers_in_placement", "Workers that take work now.", MetricType::kGauge,
+                                       static_cast<double>(now.placement.num_members())));
+  metrics::MetricFamily changes{"odmoe_membership_changes_total",
+                                "Workers leaving (change=left) and rejoining (change=joined) the placement.",
+                                MetricType::kCounter,
+                                {}};
+  const std::vector<Membership::Changes> counts = membership.changes();
+  for (size_t w = 0; w < counts.size(); ++w) {
+    for (const bool joined : {false, true}) {
+      metrics::Sample sample;
+      sample.labels = {{"worker", membership.names()[w]}, {"change", joined ? "joined" : "left"}};
+      sample.value = static_cast<double>(joined ? counts[w].joined : counts[w].left);
+      changes.samples.push_back(std::move(sample));
+    }
+  }
+  out->push_back(std::move(changes));
+  metrics::MetricFamily reissued{"odmoe_expert_calls_reissued_total",
+                                 "Expert calls sent again to another worker: reason=worker_down (their worker left "
+                                 "the placement) or slow (10x its p99).",
+                                 MetricType::kCounter,
+                                 {}};
+  metrics::Sample down, slow;
+  down.labels = {{"reason", "worker_down"}};
+  down.value = static_cast<double>(experts.reissued_worker_down_total());
+  slow.labels = {{"reason", "slow"}};
+  slow.value = static_cast<double>(experts.reissued_slow_total());
+  reissued.samples = {down, slow};
+  out->push_back(std::move(reissued));
+}
+
+}  // namespace
+
 void MainNode::InitMetrics(const rpc::DaemonArgs& args) {
   std::vector<MainMetrics::Peer> peers;
   for (const NodeConfig* w : args.cluster.workers()) peers.push_back({w->name, "worker", w->address});
@@ -121,40 +164,7 @@ void MainNode::InitMetrics(const rpc::DaemonArgs& args) {
   // Failover (src/main_node/membership.h): the membership and what the executor sent again.
   metrics_->registry().AddCollector(
       [membership = membership_.get(), experts = experts_unguarded_](std::vector<metrics::MetricFamily>* out) {
-        using metrics::MetricType;
-        const Membership::Snapshot now = membership->Current();
-        out->push_back(metrics::SingleSample("odmoe_membership_epoch",
-                                             "Main's membership epoch of the workers (it changes as workers leave "
-                                             "and rejoin the placement).",
-                                             MetricType::kGauge, static_cast<double>(now.view.epoch)));
-        out->push_back(metrics::SingleSample("odmoe_workers_in_placement", "Workers that take work now.",
-                                             MetricType::kGauge, static_cast<double>(now.placement.num_members())));
-        metrics::MetricFamily changes{"odmoe_membership_changes_total",
-                                      "Workers leaving (change=left) and rejoining (change=joined) the placement.",
-                                      MetricType::kCounter,
-                                      {}};
-        const std::vector<Membership::Changes> counts = membership->changes();
-        for (size_t w = 0; w < counts.size(); ++w) {
-          for (const bool joined : {false, true}) {
-            metrics::Sample sample;
-            sample.labels = {{"worker", membership->names()[w]}, {"change", joined ? "joined" : "left"}};
-            sample.value = static_cast<double>(joined ? counts[w].joined : counts[w].left);
-            changes.samples.push_back(std::move(sample));
-          }
-        }
-        out->push_back(std::move(changes));
-        metrics::MetricFamily reissued{"odmoe_expert_calls_reissued_total",
-                                       "Expert calls sent again to another worker: reason=worker_down (their "
-                                       "worker left the placement) or slow (10x its p99).",
-                                       MetricType::kCounter,
-                                       {}};
-        metrics::Sample down, slow;
-        down.labels = {{"reason", "worker_down"}};
-        down.value = static_cast<double>(experts->reissued_worker_down_total());
-        slow.labels = {{"reason", "slow"}};
-        slow.value = static_cast<double>(experts->reissued_slow_total());
-        reissued.samples = {down, slow};
-        out->push_back(std::move(reissued));
+        AppendFailoverFamilies(*membership, *experts, out);
       });
 }
 
