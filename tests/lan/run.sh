@@ -19,7 +19,7 @@
 # (no client retries) and must give the single-process engine's tokens (odmoe generate --model):
 #   baseline    a short and a long request through the 1 Gbit/s links, and one with a long prompt: the engine's
 #               tokens; their times are what the faulted requests are compared with
-#   idle        the cluster idle for ODMOE_LAN_IDLE_S seconds (default 60) logs no GOAWAY (keepalive pings
+#   idle        the cluster idle for ODMOE_LAN_IDLE_S seconds (default 120) logs no GOAWAY (keepalive pings
 #               accepted by every server)
 #   kill        SIGKILL of a worker during decode, restarted 10 s later: it rejoins
 #   prefill     SIGKILL of a worker during the prefill of a long prompt, restarted at once
@@ -46,7 +46,7 @@ BIN=${ODMOE_BIN:-$ROOT/build/bin}
 MODEL=${ODMOE_LAN_MODEL:-$ROOT/../shared/models/demo-mixtral-kjv}
 PREFIX=${ODMOE_LAN_PREFIX:-odmoe-lan}
 STATE=${ODMOE_LAN_DIR:-/tmp/odmoe-lan}
-IDLE_S=${ODMOE_LAN_IDLE_S:-60}
+IDLE_S=${ODMOE_LAN_IDLE_S:-120}
 TIMEOUT_S=${ODMOE_LAN_TIMEOUT_S:-600}
 SUBNET=10.77.0
 GRPC_PORT=7100
