@@ -83,7 +83,12 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   if (ss.mode == PredictionMode::kShadow && args.cluster.shadow() != nullptr) {
     node->shadow_link_ = std::make_unique<ShadowLink>(
         args.cluster.shadow()->address, node->config_,
-        ShadowLinkOptions{args.cluster.epoch, node->fingerprint_, args.self.name, node->membership_.get()});
+        ShadowLinkOptions{.epoch = args.cluster.epoch,
+                          .fingerprint = node->fingerprint_,
+                          .sender = args.self.name,
+                          .membership = node->membership_.get(),
+                          .health = node->health_.get(),
+                          .health_peer = static_cast<int32_t>(args.cluster.workers().size())});
   } else if (ss.mode == PredictionMode::kRandom) {
     std::vector<std::string> addresses;
     for (const NodeConfig* w : args.cluster.workers()) addresses.push_back(w->address);

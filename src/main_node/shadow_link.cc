@@ -16,18 +16,39 @@ ShadowLink::ShadowLink(const std::string& address, const ModelConfig& config, Sh
     : channel_(rpc::MakeChannel(address)),
       stub_(v1::Shadow::NewStub(channel_)),
       config_(config),
-      options_(std::move(options)) {}
+      options_(std::move(options)) {
+  if (options_.health != nullptr) {
+    health_subscription_ = options_.health->Subscribe([this](const PeerEvent& e) {
+      if (e.peer != options_.health_peer || e.to != PeerState::kDown) return;
+      absl::MutexLock lock(&context_mu_);
+      if (context_ != nullptr) context_->TryCancel();  // unblocks a write stuck on a hung shadow
+    });
+  }
+}
 
-ShadowLink::~ShadowLink() { Finish(0); }
+ShadowLink::~ShadowLink() {
+  if (health_subscription_ != 0) options_.health->Unsubscribe(health_subscription_);
+  Finish(0);
+}
 
 bool ShadowLink::Start(uint64_t request_id, const std::string& trace_id, std::span<const int32_t> prompt,
                        int64_t max_new_tokens, const ShadowSettings& settings, PredictionBoard* board) {
   Finish(0);  // a stream left open by a failed request
   broken_ = false;
   counts_ = AlignmentCounts{};
-  context_ = std::make_unique<grpc::ClientContext>();
-  rpc::AttachRequestId(*context_, trace_id);
-  stream_ = stub_->Follow(context_.get());
+  if (options_.health != nullptr && options_.health->state(options_.health_peer) == PeerState::kDown) {
+    if (!warned_) spdlog::warn("the shadow is down: decoding without predictions (experts load on demand)");
+    warned_ = true;
+    return false;  // no stream: Step, SendKv and Finish do nothing
+  }
+  grpc::ClientContext* context = nullptr;
+  {
+    absl::MutexLock lock(&context_mu_);
+    context_ = std::make_unique<grpc::ClientContext>();
+    context = context_.get();
+  }
+  rpc::AttachRequestId(*context, trace_id);
+  stream_ = stub_->Follow(context);
   v1::FollowMessage start_msg;
   v1::FollowStart* start = start_msg.mutable_start();
   if (options_.membership != nullptr) {
@@ -141,9 +162,10 @@ void ShadowLink::Finish(int64_t wait_ms) {
   if (stream_ == nullptr) return;
   if (!broken_) stream_->WritesDone();
   if (!reader_done_->WaitForNotificationWithTimeout(absl::Milliseconds(std::max<int64_t>(0, wait_ms)))) {
+    absl::MutexLock lock(&context_mu_);
     context_->TryCancel();  // the shadow is late or stuck: its remaining predictions count as missing
-    reader_done_->WaitForNotification();
   }
+  reader_done_->WaitForNotification();
   reader_.join();
   const grpc::Status status = stream_->Finish();
   if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
@@ -151,7 +173,10 @@ void ShadowLink::Finish(int64_t wait_ms) {
                  status.error_message());
   }
   stream_.reset();
-  context_.reset();
+  {
+    absl::MutexLock lock(&context_mu_);
+    context_.reset();
+  }
   reader_done_.reset();
 }
 

@@ -8,7 +8,8 @@
 // request opens a new stream, so a restarted shadow is followed again from the next request on (logged).
 //
 // Thread safety: Start, Step and Finish are called by the request thread, one at a time; the reader thread
-// only touches the board (thread-safe) and its own state.
+// only touches the board (thread-safe) and its own state; the PeerHealth listener only cancels the stream's
+// context (under context_mu_).
 #pragma once
 
 #include <cstdint>
@@ -19,10 +20,12 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "odmoe/v1/shadow.grpc.pb.h"
 #include "src/common/cluster_config.h"
 #include "src/main_node/membership.h"
+#include "src/main_node/peer_health.h"
 #include "src/main_node/prediction.h"
 #include "src/model/model_config.h"
 
@@ -35,6 +38,12 @@ struct ShadowLinkOptions {
   // Main's membership of the workers (nullable): its view goes with FollowStart and every FollowStep, so the
   // shadow places its prefetches where main will look for the experts. Must outlive the link.
   const Membership* membership = nullptr;
+  // Main's verdict on its peers and the shadow's index among them (nullable): a request starts without the
+  // shadow while it is down, and the stream of the request in flight is cancelled when it goes down (a hung
+  // shadow would otherwise stall main's writes once the stream's flow-control window is full). Must outlive
+  // the link.
+  PeerHealth* health = nullptr;
+  int32_t health_peer = -1;
 };
 
 struct AlignmentCounts {
@@ -48,6 +57,8 @@ class ShadowLink {
  public:
   ShadowLink(const std::string& address, const ModelConfig& config, ShadowLinkOptions options);
   ~ShadowLink();
+  ShadowLink(const ShadowLink&) = delete;
+  ShadowLink& operator=(const ShadowLink&) = delete;
 
   // Opens the stream for request `request_id` (with `trace_id`, the client's request id, as x-request-id
   // metadata) and sends FollowStart. Predictions go to `board` (which must outlive Finish). Returns false (and
@@ -73,7 +84,9 @@ class ShadowLink {
   const ShadowLinkOptions options_;
   bool warned_ = false;
 
-  std::unique_ptr<grpc::ClientContext> context_;
+  int64_t health_subscription_ = 0;
+  absl::Mutex context_mu_;  // context_ as the PeerHealth listener sees it
+  std::unique_ptr<grpc::ClientContext> context_ ABSL_GUARDED_BY(context_mu_);
   std::unique_ptr<grpc::ClientReaderWriter<v1::FollowMessage, v1::Prediction>> stream_;
   std::unique_ptr<absl::Notification> reader_done_;
   std::thread reader_;

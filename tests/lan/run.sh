@@ -24,6 +24,7 @@
 #   kill        SIGKILL of a worker during decode, restarted 10 s later: it rejoins
 #   prefill     SIGKILL of a worker during the prefill of a long prompt, restarted at once
 #   shadow      SIGKILL of the shadow during decode (on-demand loads meanwhile), restarted: it follows again
+#   shadow_stop SIGSTOP of the shadow for 10 s during decode: main's stream to it is cancelled, not stalled
 #   stop        SIGSTOP of a worker for 20 s, then SIGCONT
 #   partition   iptables DROP of a worker's link for 20 s, then healed
 #   loss        1% random loss on every link during a long request
@@ -60,7 +61,7 @@ LONG_TOKENS=400  # the request in flight when a fault comes (seconds through the
 # A long prompt (token ids of the demo model's 4096): its prefill is under way when the prefill fault comes.
 PREFILL_IDS=$(seq -s, 5 7 4000 | cut -d, -f1-480)
 PREFILL_TOKENS=8
-SCENARIOS=(baseline idle kill prefill shadow stop partition loss)
+SCENARIOS=(baseline idle kill prefill shadow shadow_stop stop partition loss)
 
 NODES=(main shadow worker0 worker1 worker2 worker3 worker4 worker5 worker6 worker7)
 declare -A IP=([client]=$SUBNET.2 [main]=$SUBNET.10 [shadow]=$SUBNET.11)
@@ -480,6 +481,7 @@ failover() {
 scenario_kill() { failover kill kill "$VICTIM" long 10; }
 scenario_prefill() { failover prefill kill worker5 prefill 0; }
 scenario_shadow() { failover shadow kill shadow long 0; }
+scenario_shadow_stop() { failover shadow_stop stop shadow long 10; }
 scenario_stop() { failover stop stop "$VICTIM" long 20; }
 scenario_partition() { failover partition partition worker6 long 20; }
 
