@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -84,23 +85,41 @@ void CopyDir(const std::string& from, const std::string& to) {
   }
 }
 
+namespace {
+
+// The first port of the kernel's ephemeral range (32768 when it cannot be read).
+int EphemeralLow() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  if (f >> low >> high && low > 2048) return low;
+  return 32768;
+}
+
+bool CanBind(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+}  // namespace
+
 std::vector<int> PickFreePorts(int n) {
-  std::vector<int> fds, ports;
-  for (int i = 0; i < n; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      throw std::runtime_error("cannot bind a free port");
-    }
-    socklen_t len = sizeof(addr);
-    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    fds.push_back(fd);
-    ports.push_back(ntohs(addr.sin_port));
+  static std::mutex mu;
+  static std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(getpid()));
+  std::lock_guard<std::mutex> lock(mu);
+  std::uniform_int_distribution<int> draw(10000, EphemeralLow() - 1);
+  std::vector<int> ports;
+  for (int tries = 0; static_cast<int>(ports.size()) < n; ++tries) {
+    if (tries > 10000) throw std::runtime_error("cannot find free ports below the ephemeral range");
+    const int port = draw(rng);
+    if (std::find(ports.begin(), ports.end(), port) == ports.end() && CanBind(port)) ports.push_back(port);
   }
-  for (int fd : fds) close(fd);
   return ports;
 }
 

@@ -41,8 +41,10 @@ std::string ReadFile(const std::string& path);
 // Copies every regular file of `from` into `to` (which must exist).
 void CopyDir(const std::string& from, const std::string& to);
 
-// `n` distinct TCP ports on 127.0.0.1 that were free a moment ago (bound with port 0, then released), so
-// tests that start servers can run in parallel.
+// `n` distinct TCP ports on 127.0.0.1 that were free a moment ago, so tests that start servers can run in
+// parallel. They are drawn at random below the kernel's ephemeral range (net.ipv4.ip_local_port_range): a port
+// the kernel hands out for port 0 or for an outgoing connection may be taken by another test's client before
+// our server binds it ("Address already in use"), one below that range only by a test drawing the same number.
 std::vector<int> PickFreePorts(int n);
 
 struct RunResult {

@@ -1326,22 +1326,6 @@ TEST_F(WorkerNodeTest, LeftoverSegmentOfACrashedWorkerIsRebuilt) {
 
 // ---- the odmoe-worker program ----------------------------------------------------------------------------------
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(fd);
-    return 0;
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 class WorkerDaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -1367,7 +1351,7 @@ TEST_F(WorkerDaemonTest, BadFlagsExitWithUsage) {
 }
 
 TEST_F(WorkerDaemonTest, ServesUntilSigterm) {
-  const int port = FreePort();
+  const int port = odmoe::testing::PickFreePorts(1)[0];
   ASSERT_GT(port, 0);
   const std::string config = dir_.File("cluster.toml");
   odmoe::testing::WriteFile(config, ClusterToml(SharedModel(kModel), port));
