@@ -19,16 +19,30 @@ const modelDir = path.join(process.env.ODMOE_SHARED_DIR ?? path.resolve('../shar
 const odmoe = path.join(binaryDir, 'bin', 'odmoe');
 const haveModel = fs.existsSync(path.join(modelDir, 'config.json'));
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
-function freePort() {
-  return new Promise((resolve, reject) => {
+// A TCP port on 127.0.0.1 that was free a moment ago, drawn below the kernel's ephemeral range (as
+// tests/test_support.h's PickFreePorts): a port 0 listen, or another test's outgoing connection, hands out ports
+// from that range, which another process may take before our cluster binds it.
+function tryListen(port) {
+  return new Promise((resolve) => {
     const server = net.createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
+    server.once('error', () => resolve(false));
+    server.listen(port, '127.0.0.1', () => server.close(() => resolve(true)));
   });
+}
+const taken = new Set();
+async function freePort() {
+  let low = 32768;
+  try {
+    low = Number(fs.readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]) || low;
+  } catch {}
+  for (let tries = 0; tries < 10000; ++tries) {
+    const port = 10000 + Math.floor(Math.random() * (low - 10000));
+    if (!taken.has(port) && (await tryListen(port))) {
+      taken.add(port);
+      return port;
+    }
+  }
+  throw new Error('no free port below the ephemeral range');
 }
 
 describe(`the OpenAI SDK against a cluster serving ${MODEL}`, { skip: haveModel ? false : `${modelDir} is missing` }, () => {
