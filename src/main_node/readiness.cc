@@ -70,20 +70,32 @@ absl::StatusOr<std::unique_ptr<ReadinessWatch>> ReadinessWatch::ForCluster(const
   }
   // Failover: a layer goes to whichever workers are left (Placement::Without).
   std::vector<std::vector<int32_t>> owners(model.SparseLayers().size(), every);
-  return std::make_unique<ReadinessWatch>(std::move(owners), std::move(names), health, std::move(report));
+  return std::make_unique<ReadinessWatch>(std::move(owners), std::move(names), health, std::move(report),
+                                          absl::Milliseconds(cluster.startup_timeout_ms));
 }
 
 ReadinessWatch::ReadinessWatch(std::vector<std::vector<int32_t>> owners, std::vector<std::string> names,
-                               PeerHealth& health, Report report)
-    : owners_(std::move(owners)), names_(std::move(names)), health_(health), report_(std::move(report)) {
+                               PeerHealth& health, Report report, absl::Duration startup_grace)
+    : owners_(std::move(owners)),
+      names_(std::move(names)),
+      health_(health),
+      report_(std::move(report)),
+      grace_ends_(absl::Now() + startup_grace) {
   ODMOE_CHECK(names_.size() <= health_.size());
-  subscription_ = health_.Subscribe([this](const PeerEvent& e) {
-    if (static_cast<size_t>(e.peer) < names_.size()) Judge();
-  });
+  subscription_ = health_.Subscribe([this](const PeerEvent&) { Judge(); });
   Judge();  // the workers may all have a verdict already
+  if (startup_grace > absl::ZeroDuration()) {
+    grace_timer_ = std::thread([this] {
+      if (!stop_.WaitForNotificationWithDeadline(grace_ends_)) Judge();
+    });
+  }
 }
 
-ReadinessWatch::~ReadinessWatch() { health_.Unsubscribe(subscription_); }
+ReadinessWatch::~ReadinessWatch() {
+  stop_.Notify();
+  if (grace_timer_.joinable()) grace_timer_.join();
+  health_.Unsubscribe(subscription_);
+}
 
 bool ReadinessWatch::ready() const {
   absl::MutexLock lock(&mu_);
@@ -107,6 +119,20 @@ void ReadinessWatch::Judge() {
   ReadinessVerdict v = JudgeReadiness(owners_, names_, probes);
   {
     absl::MutexLock lock(&mu_);
+    // Start-up: the whole cluster first (every peer, the shadow too, so that the first requests are followed),
+    // unless the grace is over.
+    if (v.ready && std::all_of(states.begin(), states.end(),
+                               [](const PeerHealth::Snapshot& p) { return p.state == PeerState::kUp; })) {
+      whole_once_ = true;
+    }
+    if (v.ready && !whole_once_ && absl::Now() < grace_ends_) {
+      v.ready = false;
+      const size_t up = static_cast<size_t>(std::count_if(
+          states.begin(), states.end(), [](const PeerHealth::Snapshot& p) { return p.state == PeerState::kUp; }));
+      v.reason = StrCat("starting: waiting for every peer to answer (", up, " of ", states.size(),
+                        " up; main serves without the others ", absl::FormatDuration(grace_ends_ - absl::Now()),
+                        " from now)");
+    }
     const bool changed = !reported_ || v.ready != verdict_.ready || v.unreachable != verdict_.unreachable;
     reported_ = true;
     verdict_ = v;

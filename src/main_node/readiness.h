@@ -4,6 +4,11 @@
 // least one worker answers; it turns NOT_SERVING when none does, naming the layers and the workers.
 // Liveness is not this: main serves (and answers health checks) while it waits for its workers.
 //
+// At start-up main waits for the whole cluster: it is not ready until every peer (each worker and the shadow)
+// has answered (so `odmoe cluster up` returns a complete cluster whose first requests are followed), or until
+// the start-up grace (the cluster's startup_timeout_ms) has passed with at least one worker up; from then on
+// it serves degraded.
+//
 // ReadinessWatch follows main's verdict on each worker (PeerHealth) and reports each change of readiness (or of
 // the set of unreachable workers) to a callback (main.cc marks its health service and tells systemd's
 // STATUS=), within PeerHealth's detection time, and back again by itself.
@@ -13,12 +18,14 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "src/common/cluster_config.h"
 #include "src/common/placement.h"
@@ -56,9 +63,10 @@ class ReadinessWatch {
   static absl::StatusOr<std::unique_ptr<ReadinessWatch>> ForCluster(const ClusterConfig& cluster,
                                                                     const ModelConfig& model, PeerHealth& health,
                                                                     Report report);
-  // REQUIRES: every owner index < names.size() <= health.size(); `health` outlives the watch.
+  // REQUIRES: every owner index < names.size() <= health.size(); `health` outlives the watch. `startup_grace`:
+  // how long main waits for every worker before it serves without some (zero: it never waits).
   ReadinessWatch(std::vector<std::vector<int32_t>> owners, std::vector<std::string> names, PeerHealth& health,
-                 Report report);
+                 Report report, absl::Duration startup_grace = absl::ZeroDuration());
   ~ReadinessWatch();
   ReadinessWatch(const ReadinessWatch&) = delete;
   ReadinessWatch& operator=(const ReadinessWatch&) = delete;
@@ -73,11 +81,16 @@ class ReadinessWatch {
   const std::vector<std::string> names_;
   PeerHealth& health_;
   const Report report_;
+  const absl::Time grace_ends_;
   int64_t subscription_ = 0;
+  // Judges once more when the start-up grace ends (no PeerHealth event may come then).
+  absl::Notification stop_;
+  std::thread grace_timer_;
 
   absl::Mutex judge_mu_;  // one judgement and report at a time; before mu_
   mutable absl::Mutex mu_;
   bool reported_ ABSL_GUARDED_BY(mu_) = false;  // a verdict was reported
+  bool whole_once_ ABSL_GUARDED_BY(mu_) = false;  // every worker has been up at once (start-up is over)
   ReadinessVerdict verdict_ ABSL_GUARDED_BY(mu_);
 };
 

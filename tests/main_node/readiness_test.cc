@@ -2,6 +2,7 @@
 // answers), and the watch turning NOT_SERVING and back by itself as main's verdict on the workers changes.
 #include "src/main_node/readiness.h"
 
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 
 namespace odmoe {
@@ -67,6 +68,36 @@ TEST(ReadinessWatchTest, FollowsPeerHealthAndReportsOnlyChanges) {
   health.ReportAlive(1, "back");
   EXPECT_EQ(reports, 4);
   EXPECT_TRUE(last);
+}
+
+// Start-up: main waits for the whole cluster (so `cluster up` returns a complete one), and serves degraded only
+// once the grace is over or after every worker has answered once.
+TEST(ReadinessWatchTest, AtStartUpWaitsForEveryWorkerUntilTheGraceEnds) {
+  PeerHealth health(std::vector<PeerHealth::Peer>{{"w0", "a:1"}, {"w1", "a:2"}});
+  absl::Mutex mu;
+  std::vector<bool> reports;
+  ReadinessWatch watch(
+      {{0, 1}}, {"w0", "w1"}, health,
+      [&](const ReadinessVerdict& v) {
+        absl::MutexLock lock(&mu);
+        reports.push_back(v.ready);
+      },
+      absl::Milliseconds(300));
+  health.ReportAlive(0, "answered");
+  health.ReportFailure(1, "refused");
+  EXPECT_FALSE(watch.ready());
+  EXPECT_NE(watch.reason().find("starting: waiting for every peer to answer (1 of 2 up"), std::string::npos)
+      << watch.reason();
+  absl::SleepFor(absl::Milliseconds(600));  // the grace ends: degraded service
+  EXPECT_TRUE(watch.ready()) << watch.reason();
+
+  PeerHealth whole(std::vector<PeerHealth::Peer>{{"w0", "a:1"}, {"w1", "a:2"}});
+  ReadinessWatch quick({{0, 1}}, {"w0", "w1"}, whole, nullptr, absl::Seconds(60));
+  whole.ReportAlive(0, "answered");
+  whole.ReportAlive(1, "answered");
+  EXPECT_TRUE(quick.ready()) << "every worker answered: start-up is over";
+  whole.ReportFailure(1, "gone");
+  EXPECT_TRUE(quick.ready()) << "after start-up a lost worker leaves main degraded, not down";
 }
 
 TEST(ReadinessWatchTest, JudgesAtOnceWhenEveryWorkerAlreadyHasAState) {
