@@ -226,6 +226,25 @@ Json Status(const ClusterFile& c, const std::string& run_dir, int* exit_code) {
   return by_node;
 }
 
+// `odmoe cluster up` of `c` into its run folder (the result in `up`), and `cluster down` when it goes, every
+// node in `resume` first sent SIGCONT (a stopped process keeps SIGTERM pending).
+struct UpCluster {
+  explicit UpCluster(const ClusterFile& file)
+      : c(file),
+        run_dir(file.dir.File("run")),
+        up(RunProgram({ProgramPath("odmoe"), "cluster", "up", "--config", file.path, "--run-dir", run_dir})) {}
+  ~UpCluster() {
+    for (pid_t pid : resume) kill(pid, SIGCONT);
+    RunProgram({ProgramPath("odmoe"), "cluster", "down", "--config", c.path, "--run-dir", run_dir});
+  }
+  pid_t Pid(const std::string& node) const { return std::stoi(ReadFile(run_dir + "/" + node + ".pid")); }
+
+  const ClusterFile& c;
+  const std::string run_dir;
+  const RunResult up;
+  std::vector<pid_t> resume;
+};
+
 // One streamed request through main's gRPC API: every generated token, in order. `after_first` runs once, when
 // the first token has arrived (the request is then in decode).
 struct Streamed {
@@ -265,14 +284,9 @@ Streamed StreamGenerate(const std::string& address, int64_t max_new_tokens,
 // workers; a worker started again rejoins under a new membership epoch and main is ready again by itself.
 TEST(LifecycleTest, AKilledWorkerCostsNoRequestAndMainIsNotReadyOnlyWithNoWorkerLeft) {
   ClusterFile c;
-  const std::string run_dir = c.dir.File("run");
-  const RunResult up = RunProgram({ProgramPath("odmoe"), "cluster", "up", "--config", c.path, "--run-dir", run_dir});
-  ASSERT_EQ(up.exit_code, 0) << up.out << up.err;
-  struct Down {
-    const ClusterFile& c;
-    std::string run_dir;
-    ~Down() { RunProgram({ProgramPath("odmoe"), "cluster", "down", "--config", c.path, "--run-dir", run_dir}); }
-  } down{c, run_dir};
+  UpCluster cluster(c);
+  ASSERT_EQ(cluster.up.exit_code, 0) << cluster.up.out << cluster.up.err;
+  const std::string& run_dir = cluster.run_dir;
   // `up` waits for readiness: main reaches both workers.
   EXPECT_TRUE(Serving(c.Address(0), rpc::kReadinessService));
   int code = -1;
@@ -290,7 +304,7 @@ TEST(LifecycleTest, AKilledWorkerCostsNoRequestAndMainIsNotReadyOnlyWithNoWorker
   EXPECT_EQ(fault_free.calls_reissued, 0u);
 
   // Kill w1 the hard way while the request decodes: it completes with the same tokens.
-  const pid_t w1 = std::stoi(ReadFile(run_dir + "/w1.pid"));
+  const pid_t w1 = cluster.Pid("w1");
   const std::string main_log = run_dir + "/latest/main.log";
   const Streamed faulted = StreamGenerate(c.Address(0), kTokens, [&] { ASSERT_EQ(kill(w1, SIGKILL), 0); });
   ASSERT_TRUE(faulted.status.ok()) << faulted.status.error_message() << ReadFile(main_log);
@@ -310,8 +324,7 @@ TEST(LifecycleTest, AKilledWorkerCostsNoRequestAndMainIsNotReadyOnlyWithNoWorker
   EXPECT_NE(ReadFile(main_log).find("1 unreachable: w1"), std::string::npos) << ReadFile(main_log);
 
   // No worker left: not ready, and a request fails fast naming the layer and the workers.
-  const pid_t w0 = std::stoi(ReadFile(run_dir + "/w0.pid"));
-  ASSERT_EQ(kill(w0, SIGKILL), 0);
+  ASSERT_EQ(kill(cluster.Pid("w0"), SIGKILL), 0);
   EXPECT_TRUE(Eventually([&] { return !Serving(c.Address(0), rpc::kReadinessService); }, std::chrono::seconds(10)))
       << ReadFile(main_log);
   EXPECT_TRUE(Serving(c.Address(0), rpc::kLivenessService));
@@ -343,19 +356,11 @@ TEST(LifecycleTest, AKilledWorkerCostsNoRequestAndMainIsNotReadyOnlyWithNoWorker
 // rpc_timeout_ms (30 s here); after SIGCONT it rejoins by itself.
 TEST(LifecycleTest, AHungWorkerCostsLatencyNotTheRequestAndRejoinsAfterSigcont) {
   ClusterFile c;
-  const std::string run_dir = c.dir.File("run");
-  const RunResult up = RunProgram({ProgramPath("odmoe"), "cluster", "up", "--config", c.path, "--run-dir", run_dir});
-  ASSERT_EQ(up.exit_code, 0) << up.out << up.err;
-  const pid_t w1 = std::stoi(ReadFile(run_dir + "/w1.pid"));
-  struct Down {
-    const ClusterFile& c;
-    std::string run_dir;
-    pid_t w1;
-    ~Down() {
-      kill(w1, SIGCONT);
-      RunProgram({ProgramPath("odmoe"), "cluster", "down", "--config", c.path, "--run-dir", run_dir});
-    }
-  } down{c, run_dir, w1};
+  UpCluster cluster(c);
+  ASSERT_EQ(cluster.up.exit_code, 0) << cluster.up.out << cluster.up.err;
+  const std::string& run_dir = cluster.run_dir;
+  const pid_t w1 = cluster.Pid("w1");
+  cluster.resume.push_back(w1);
   constexpr int64_t kTokens = 400;  // long enough (the tiny model decodes fast) for the fault to land mid-request
   auto start = Clock::now();
   const Streamed before = StreamGenerate(c.Address(0), kTokens);
@@ -393,14 +398,8 @@ TEST(LifecycleTest, AHungWorkerCostsLatencyNotTheRequestAndRejoinsAfterSigcont) 
 // not; the request running is untouched, and the next one after it is served. Its queue time is in its stats.
 TEST(LifecycleTest, ABusyMainRefusesAtOnceAsBusyOverGrpcAndHttp) {
   ClusterFile c("max_queued = 0\n");
-  const std::string run_dir = c.dir.File("run");
-  const RunResult up = RunProgram({ProgramPath("odmoe"), "cluster", "up", "--config", c.path, "--run-dir", run_dir});
-  ASSERT_EQ(up.exit_code, 0) << up.out << up.err;
-  struct Down {
-    const ClusterFile& c;
-    std::string run_dir;
-    ~Down() { RunProgram({ProgramPath("odmoe"), "cluster", "down", "--config", c.path, "--run-dir", run_dir}); }
-  } down{c, run_dir};
+  UpCluster cluster(c);
+  ASSERT_EQ(cluster.up.exit_code, 0) << cluster.up.out << cluster.up.err;
   const std::string http = "http://" + c.Address(3);
   const std::string model = "tiny-mixtral-synthetic";  // a synthetic model's id: its config's folder, -synthetic
   auto curl = [&](bool stream) {
@@ -460,14 +459,8 @@ TEST(LifecycleTest, ABusyMainRefusesAtOnceAsBusyOverGrpcAndHttp) {
 // alone; none is turned away by the gRPC server's thread quota ("Server Threadpool Exhausted").
 TEST(LifecycleTest, SixteenClientsAtOnceAreAllServedInTurn) {
   ClusterFile c;
-  const std::string run_dir = c.dir.File("run");
-  const RunResult up = RunProgram({ProgramPath("odmoe"), "cluster", "up", "--config", c.path, "--run-dir", run_dir});
-  ASSERT_EQ(up.exit_code, 0) << up.out << up.err;
-  struct Down {
-    const ClusterFile& c;
-    std::string run_dir;
-    ~Down() { RunProgram({ProgramPath("odmoe"), "cluster", "down", "--config", c.path, "--run-dir", run_dir}); }
-  } down{c, run_dir};
+  UpCluster cluster(c);
+  ASSERT_EQ(cluster.up.exit_code, 0) << cluster.up.out << cluster.up.err;
   const Streamed alone = StreamGenerate(c.Address(0), 40);
   ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
   std::vector<Streamed> results(16);
