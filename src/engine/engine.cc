@@ -69,8 +69,8 @@ absl::Status LocalExpertExecutor::Run(int64_t layer, const float* h, int64_t n, 
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelWeights& weights, Device& device,
                                                        ExpertExecutor* experts, EngineOptions options) {
-  if (options.max_tokens_per_forward <= 0) {
-    return absl::InvalidArgumentError("max_tokens_per_forward must be positive");
+  if (options.max_tokens_per_forward <= 0 || options.max_sequences_per_forward <= 0) {
+    return absl::InvalidArgumentError("max_tokens_per_forward and max_sequences_per_forward must be positive");
   }
   std::unique_ptr<Engine> engine(new Engine(weights, device, experts, options));
   engine->stream_ = device.CreateStream();
@@ -100,8 +100,9 @@ absl::Status Engine::AllocateWorkspace() {
   ODMOE_RETURN_IF_ERROR(Alloc(d, shared_gate_, F32Bytes(C), "shared expert gate"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, iota_, F32Bytes(C), "row indices"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, zeros_, F32Bytes(C * c.hidden_size), "zeros"));
-  ODMOE_RETURN_IF_ERROR(Alloc(d, last_, F32Bytes(c.hidden_size), "last hidden state"));
-  ODMOE_RETURN_IF_ERROR(Alloc(d, logits_, F32Bytes(c.vocab_size), "logits"));
+  const int64_t S = options_.max_sequences_per_forward;
+  ODMOE_RETURN_IF_ERROR(Alloc(d, last_, F32Bytes(S * c.hidden_size), "last hidden states"));
+  ODMOE_RETURN_IF_ERROR(Alloc(d, logits_, F32Bytes(S * c.vocab_size), "logits"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, kv_row_, F32Bytes(2 * c.num_layers * c.kv_size()), "one position's K and V"));
   const int64_t max_inter = std::max({c.shared_expert_intermediate_size, c.dense_intermediate_size, int64_t{1}});
   ODMOE_ASSIGN_OR_RETURN(mlp_ws_, MlpWorkspace::Create(d, C, max_inter));
@@ -114,51 +115,65 @@ absl::Status Engine::AllocateWorkspace() {
   d.Synchronize(stream_.get());
   host_ids_.resize(static_cast<size_t>(C * k));
   host_weights_.resize(static_cast<size_t>(C * k));
-  host_logits_.resize(static_cast<size_t>(c.vocab_size));
+  host_logits_.resize(static_cast<size_t>(S * c.vocab_size));
   return absl::OkStatus();
 }
 
-absl::Status Engine::StartSequence(int64_t capacity) {
+absl::Status Engine::AllocateCache(Sequence& seq, int64_t capacity) {
   const ModelConfig& c = config();
-  if (capacity <= 0) return absl::InvalidArgumentError("a sequence needs room for at least one position");
-  ODMOE_RETURN_IF_ERROR(CheckSequenceLength(c, capacity));
-  position_ = 0;
-  if (capacity > capacity_ || k_cache_.empty()) {
-    k_cache_.clear();
-    v_cache_.clear();
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      std::unique_ptr<Buffer> kb, vb;
-      ODMOE_RETURN_IF_ERROR(Alloc(device_, kb, F32Bytes(capacity * c.kv_size()), StrCat("k cache, layer ", l)));
-      ODMOE_RETURN_IF_ERROR(Alloc(device_, vb, F32Bytes(capacity * c.kv_size()), StrCat("v cache, layer ", l)));
-      k_cache_.push_back(std::move(kb));
-      v_cache_.push_back(std::move(vb));
-    }
-    capacity_ = capacity;
+  seq.k_cache_.clear();
+  seq.v_cache_.clear();
+  seq.capacity_ = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    std::unique_ptr<Buffer> kb, vb;
+    ODMOE_RETURN_IF_ERROR(Alloc(device_, kb, F32Bytes(capacity * c.kv_size()), StrCat("k cache, layer ", l)));
+    ODMOE_RETURN_IF_ERROR(Alloc(device_, vb, F32Bytes(capacity * c.kv_size()), StrCat("v cache, layer ", l)));
+    seq.k_cache_.push_back(std::move(kb));
+    seq.v_cache_.push_back(std::move(vb));
   }
+  seq.capacity_ = capacity;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Sequence>> Engine::NewSequence(int64_t capacity, uint64_t tag) {
+  if (capacity <= 0) return absl::InvalidArgumentError("a sequence needs room for at least one position");
+  ODMOE_RETURN_IF_ERROR(CheckSequenceLength(config(), capacity));
+  std::unique_ptr<Sequence> seq(new Sequence());
+  seq->tag_ = tag;
+  ODMOE_RETURN_IF_ERROR(AllocateCache(*seq, capacity));
+  return seq;
+}
+
+absl::Status Engine::StartSequence(int64_t capacity) {
+  if (capacity <= 0) return absl::InvalidArgumentError("a sequence needs room for at least one position");
+  ODMOE_RETURN_IF_ERROR(CheckSequenceLength(config(), capacity));
+  if (own_ == nullptr) own_.reset(new Sequence());
+  own_->position_ = 0;
+  if (capacity > own_->capacity_ || own_->k_cache_.empty()) ODMOE_RETURN_IF_ERROR(AllocateCache(*own_, capacity));
   return absl::OkStatus();
 }
 
 absl::Status Engine::Truncate(int64_t position) {
-  if (position < 0 || position > position_) {
+  if (position < 0 || position > this->position()) {
     return absl::OutOfRangeError(
-        StrCat("cannot truncate the sequence to position ", position, ": it has ", position_, " positions"));
+        StrCat("cannot truncate the sequence to position ", position, ": it has ", this->position(), " positions"));
   }
-  position_ = position;
+  if (own_ != nullptr) own_->position_ = position;
   return absl::OkStatus();
 }
 
 absl::Status Engine::ReadKv(int64_t position, float* k, float* v) {
-  if (position < 0 || position >= position_) {
+  if (position < 0 || position >= this->position()) {
     return absl::OutOfRangeError(
-        StrCat("KV of position ", position, " requested, but the sequence has ", position_, " positions"));
+        StrCat("KV of position ", position, " requested, but the sequence has ", this->position(), " positions"));
   }
   const int64_t kv = config().kv_size();
-  const int64_t layers = static_cast<int64_t>(k_cache_.size());
+  const int64_t layers = static_cast<int64_t>(own_->k_cache_.size());
   float* row = kv_row_->as<float>();
   for (int64_t l = 0; l < layers; ++l) {
     const size_t i = static_cast<size_t>(l);
-    device_.CopyOnDevice(row + l * kv, k_cache_[i]->as<float>() + position * kv, F32Bytes(kv), stream_.get());
-    device_.CopyOnDevice(row + (layers + l) * kv, v_cache_[i]->as<float>() + position * kv, F32Bytes(kv),
+    device_.CopyOnDevice(row + l * kv, own_->k_cache_[i]->as<float>() + position * kv, F32Bytes(kv), stream_.get());
+    device_.CopyOnDevice(row + (layers + l) * kv, own_->v_cache_[i]->as<float>() + position * kv, F32Bytes(kv),
                          stream_.get());
   }
   device_.CopyToHost(k, row, F32Bytes(layers * kv), stream_.get());
@@ -167,20 +182,21 @@ absl::Status Engine::ReadKv(int64_t position, float* k, float* v) {
 }
 
 absl::Status Engine::ReadKvRange(int64_t first, int64_t count, float* k, float* v) {
-  if (first < 0 || count < 0 || first + count > position_) {
+  if (first < 0 || count < 0 || first + count > position()) {
     return absl::OutOfRangeError(StrCat("KV of positions ", first, "..", first + count - 1,
-                                        " requested, but the sequence has ", position_, " positions"));
+                                        " requested, but the sequence has ", position(), " positions"));
   }
   const int64_t kv = config().kv_size();
-  const int64_t layers = static_cast<int64_t>(k_cache_.size());
+  const int64_t layers = static_cast<int64_t>(own_->k_cache_.size());
   std::vector<float> tmp(static_cast<size_t>(count * kv));
   for (int64_t l = 0; l < layers; ++l) {
     for (int which = 0; which < 2; ++which) {
-      const Buffer& cache = which == 0 ? *k_cache_[static_cast<size_t>(l)] : *v_cache_[static_cast<size_t>(l)];
+      const size_t i = static_cast<size_t>(l);
+      const Buffer& cache = which == 0 ? *own_->k_cache_[i] : *own_->v_cache_[i];
       float* out = which == 0 ? k : v;
       device_.CopyToHost(tmp.data(), cache.as<float>() + first * kv, F32Bytes(count * kv), stream_.get());
-      for (int64_t i = 0; i < count; ++i) {
-        std::copy_n(tmp.data() + i * kv, kv, out + (i * layers + l) * kv);
+      for (int64_t j = 0; j < count; ++j) {
+        std::copy_n(tmp.data() + j * kv, kv, out + (j * layers + l) * kv);
       }
     }
   }
@@ -188,16 +204,16 @@ absl::Status Engine::ReadKvRange(int64_t first, int64_t count, float* k, float* 
 }
 
 absl::Status Engine::WriteKv(int64_t position, const float* k, const float* v) {
-  if (position < 0 || position >= position_) {
+  if (position < 0 || position >= this->position()) {
     return absl::OutOfRangeError(
-        StrCat("KV of position ", position, " written, but the sequence has ", position_, " positions"));
+        StrCat("KV of position ", position, " written, but the sequence has ", this->position(), " positions"));
   }
   const int64_t kv = config().kv_size();
-  for (size_t l = 0; l < k_cache_.size(); ++l) {
-    device_.CopyToDevice(k_cache_[l]->as<float>() + position * kv, k + static_cast<int64_t>(l) * kv, F32Bytes(kv),
-                         stream_.get());
-    device_.CopyToDevice(v_cache_[l]->as<float>() + position * kv, v + static_cast<int64_t>(l) * kv, F32Bytes(kv),
-                         stream_.get());
+  for (size_t l = 0; l < own_->k_cache_.size(); ++l) {
+    device_.CopyToDevice(own_->k_cache_[l]->as<float>() + position * kv, k + static_cast<int64_t>(l) * kv,
+                         F32Bytes(kv), stream_.get());
+    device_.CopyToDevice(own_->v_cache_[l]->as<float>() + position * kv, v + static_cast<int64_t>(l) * kv,
+                         F32Bytes(kv), stream_.get());
   }
   device_.Synchronize(stream_.get());  // the host rows may die on return
   return absl::OkStatus();
@@ -205,42 +221,88 @@ absl::Status Engine::WriteKv(int64_t position, const float* k, const float* v) {
 
 absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids,
                                                    std::vector<PositionRouting>* routing, ForwardKind kind) {
-  const ModelConfig& c = config();
+  if (own_ == nullptr) return absl::FailedPreconditionError("Forward before StartSequence");
   if (ids.empty()) return absl::InvalidArgumentError("Forward needs at least one token");
-  if (kind == ForwardKind::kDecode && ids.size() != 1) {
-    return absl::InvalidArgumentError(StrCat("a decode step feeds one token, got ", ids.size()));
-  }
-  if (k_cache_.empty()) return absl::FailedPreconditionError("Forward before StartSequence");
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= c.vocab_size) {
-      return absl::OutOfRangeError(StrCat("token id ", ids[i], " at index ", i, " is outside the vocabulary [0, ",
-                                          c.vocab_size, ")"));
-    }
-  }
-  if (position_ + static_cast<int64_t>(ids.size()) > capacity_) {
-    return absl::OutOfRangeError(StrCat("sequence of ", position_ + static_cast<int64_t>(ids.size()),
-                                        " positions exceeds the room of ", capacity_, " given to StartSequence"));
-  }
+  std::vector<float> logits;
   const size_t chunk = static_cast<size_t>(options_.max_tokens_per_forward);
   for (size_t start = 0; start < ids.size(); start += chunk) {
     const size_t len = std::min(chunk, ids.size() - start);
-    ODMOE_RETURN_IF_ERROR(ForwardChunk(ids.subspan(start, len), routing, kind, start + len == ids.size()));
+    const bool last = start + len == ids.size();
+    const BatchInput input{own_.get(), ids.subspan(start, len), routing, last ? &logits : nullptr};
+    ODMOE_RETURN_IF_ERROR(ForwardBatch(std::span<const BatchInput>(&input, 1), kind));
   }
-  return host_logits_;
+  return logits;
 }
 
-absl::Status Engine::ForwardChunk(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
-                                  ForwardKind kind, bool last_chunk) {
+absl::Status Engine::CheckBatch(std::span<const BatchInput> inputs, ForwardKind kind) const {
+  const ModelConfig& c = config();
+  if (inputs.empty()) return absl::InvalidArgumentError("a forward needs at least one sequence");
+  if (static_cast<int64_t>(inputs.size()) > options_.max_sequences_per_forward) {
+    return absl::InvalidArgumentError(StrCat("a forward of ", inputs.size(), " sequences exceeds the engine's ",
+                                             options_.max_sequences_per_forward, " (max_sequences_per_forward)"));
+  }
+  int64_t rows = 0;
+  for (size_t s = 0; s < inputs.size(); ++s) {
+    const BatchInput& in = inputs[s];
+    if (in.sequence == nullptr) return absl::InvalidArgumentError(StrCat("input ", s, " has no sequence"));
+    if (in.sequence->k_cache_.empty()) return absl::FailedPreconditionError("Forward before StartSequence");
+    if (in.ids.empty()) return absl::InvalidArgumentError("Forward needs at least one token");
+    if (kind == ForwardKind::kDecode && in.ids.size() != 1) {
+      return absl::InvalidArgumentError(StrCat("a decode step feeds one token, got ", in.ids.size()));
+    }
+    for (size_t t = 0; t < s; ++t) {
+      if (inputs[t].sequence == in.sequence) {
+        return absl::InvalidArgumentError(StrCat("inputs ", t, " and ", s, " are the same sequence"));
+      }
+    }
+    for (size_t i = 0; i < in.ids.size(); ++i) {
+      if (in.ids[i] < 0 || in.ids[i] >= c.vocab_size) {
+        return absl::OutOfRangeError(StrCat("token id ", in.ids[i], " at index ", i, " is outside the vocabulary [0, ",
+                                            c.vocab_size, ")"));
+      }
+    }
+    const int64_t n = static_cast<int64_t>(in.ids.size());
+    if (in.sequence->position_ + n > in.sequence->capacity_) {
+      return absl::OutOfRangeError(StrCat("sequence of ", in.sequence->position_ + n,
+                                          " positions exceeds the room of ", in.sequence->capacity_,
+                                          " given to StartSequence"));
+    }
+    rows += n;
+  }
+  if (rows > options_.max_tokens_per_forward) {
+    return absl::InvalidArgumentError(StrCat("a forward of ", rows, " tokens exceeds the engine's ",
+                                             options_.max_tokens_per_forward, " (max_tokens_per_forward)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::ForwardBatch(std::span<const BatchInput> inputs, ForwardKind kind) {
+  ODMOE_RETURN_IF_ERROR(CheckBatch(inputs, kind));
+  return ForwardChunk(inputs, kind);
+}
+
+absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKind kind) {
   const ModelConfig& c = config();
   Device& d = device_;
   Stream* s = stream_.get();
-  const int64_t n = static_cast<int64_t>(ids.size());
-  const int64_t hidden = c.hidden_size, past = position_;
+  const int64_t hidden = c.hidden_size;
   const int64_t k = c.top_k;
 
-  experts_->BeginForward(past, n, kind);
-  std::vector<int32_t> positions(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = static_cast<int32_t>(past + i);
+  // The chunk's rows: every input's ids, input after input.
+  std::vector<ForwardSegment> segments;
+  std::vector<int64_t> first_row;  // per input
+  std::vector<int32_t> ids, positions;
+  for (const BatchInput& in : inputs) {
+    const int64_t past = in.sequence->position_;
+    first_row.push_back(static_cast<int64_t>(ids.size()));
+    segments.push_back({in.sequence->tag_, past, static_cast<int64_t>(in.ids.size())});
+    for (size_t i = 0; i < in.ids.size(); ++i) {
+      ids.push_back(in.ids[i]);
+      positions.push_back(static_cast<int32_t>(past + static_cast<int64_t>(i)));
+    }
+  }
+  const int64_t n = static_cast<int64_t>(ids.size());
+  experts_->BeginForward(segments, kind);
   d.CopyToDevice(ids_->data(), ids.data(), ids.size() * sizeof(int32_t), s);
   d.CopyToDevice(positions_->data(), positions.data(), positions.size() * sizeof(int32_t), s);
   const int32_t* dev_pos = positions_->as<int32_t>();
@@ -249,8 +311,13 @@ absl::Status Engine::ForwardChunk(std::span<const int32_t> ids, std::vector<Posi
   float* h = h_->as<float>();
   d.Embedding(ids_->as<int32_t>(), n, weights_.embed(), hidden, x, s);
 
-  const size_t routing_base = routing != nullptr ? routing->size() : 0;
-  if (routing != nullptr) routing->resize(routing_base + static_cast<size_t>(n));
+  std::vector<size_t> routing_base(inputs.size(), 0);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<PositionRouting>* r = inputs[i].routing;
+    if (r == nullptr) continue;
+    routing_base[i] = r->size();
+    r->resize(r->size() + inputs[i].ids.size());
+  }
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -273,11 +340,17 @@ absl::Status Engine::ForwardChunk(std::span<const int32_t> ids, std::vector<Posi
     }
     d.Rope(q, dev_pos, n, c.num_heads, c.head_dim, c.rope_theta, s);
     d.Rope(kk, dev_pos, n, c.num_kv_heads, c.head_dim, c.rope_theta, s);
-    float* kc = k_cache_[static_cast<size_t>(l)]->as<float>();
-    float* vc = v_cache_[static_cast<size_t>(l)]->as<float>();
-    d.CopyOnDevice(kc + past * c.kv_size(), kk, F32Bytes(n * c.kv_size()), s);
-    d.CopyOnDevice(vc + past * c.kv_size(), v, F32Bytes(n * c.kv_size()), s);
-    d.Attention(q, kc, vc, n, past, c.num_heads, c.num_kv_heads, c.head_dim, scale, attn_->as<float>(), s);
+    // Each sequence's rows into its own cache, and attention over that cache alone.
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      Sequence& seq = *inputs[i].sequence;
+      const int64_t past = seq.position_, rows = static_cast<int64_t>(inputs[i].ids.size()), row = first_row[i];
+      float* kc = seq.k_cache_[static_cast<size_t>(l)]->as<float>();
+      float* vc = seq.v_cache_[static_cast<size_t>(l)]->as<float>();
+      d.CopyOnDevice(kc + past * c.kv_size(), kk + row * c.kv_size(), F32Bytes(rows * c.kv_size()), s);
+      d.CopyOnDevice(vc + past * c.kv_size(), v + row * c.kv_size(), F32Bytes(rows * c.kv_size()), s);
+      d.Attention(q + row * c.q_size(), kc, vc, rows, past, c.num_heads, c.num_kv_heads, c.head_dim, scale,
+                  attn_->as<float>() + row * c.q_size(), s);
+    }
     d.MatMul(attn_->as<float>(), a.o, a.o_bias, n, c.q_size(), hidden, o_->as<float>(), s);
     d.Add(o_->as<float>(), n * hidden, x, s);
 
@@ -289,10 +362,11 @@ absl::Status Engine::ForwardChunk(std::span<const int32_t> ids, std::vector<Posi
                 topk_weights_->as<float>(), s);
       d.CopyToHost(host_ids_.data(), topk_ids_->data(), F32Bytes(n * k), s);
       d.CopyToHost(host_weights_.data(), topk_weights_->data(), F32Bytes(n * k), s);
-      if (routing != nullptr) {
-        for (int64_t i = 0; i < n; ++i) {
-          auto first = host_ids_.begin() + i * k;
-          (*routing)[routing_base + static_cast<size_t>(i)].emplace_back(first, first + k);
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        if (inputs[i].routing == nullptr) continue;
+        for (size_t t = 0; t < inputs[i].ids.size(); ++t) {
+          auto first = host_ids_.begin() + (first_row[i] + static_cast<int64_t>(t)) * k;
+          (*inputs[i].routing)[routing_base[i] + t].emplace_back(first, first + k);
         }
       }
       d.CopyOnDevice(moe, zeros_->data(), F32Bytes(n * hidden), s);
@@ -310,15 +384,30 @@ absl::Status Engine::ForwardChunk(std::span<const int32_t> ids, std::vector<Posi
     }
     d.Add(moe, n * hidden, x, s);
   }
-  position_ += n;
+  for (const BatchInput& in : inputs) in.sequence->position_ += static_cast<int64_t>(in.ids.size());
 
-  if (last_chunk) {
-    d.RmsNorm(x + (n - 1) * hidden, weights_.final_norm(), 1, hidden, static_cast<float>(c.rms_norm_eps),
-              last_->as<float>(), s);
-    d.MatMul(last_->as<float>(), weights_.lm_head(), {}, 1, hidden, c.vocab_size, logits_->as<float>(), s);
-    d.CopyToHost(host_logits_.data(), logits_->data(), F32Bytes(c.vocab_size), s);
-  } else {
+  // The logits of each input's last row that asks for them, computed together.
+  std::vector<size_t> wanted;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].logits != nullptr) wanted.push_back(i);
+  }
+  if (wanted.empty()) {
     d.Synchronize(s);  // the host vectors of this chunk must outlive its copies
+    return absl::OkStatus();
+  }
+  const int64_t b = static_cast<int64_t>(wanted.size());
+  for (int64_t j = 0; j < b; ++j) {
+    const size_t i = wanted[static_cast<size_t>(j)];
+    const int64_t last_row = first_row[i] + static_cast<int64_t>(inputs[i].ids.size()) - 1;
+    d.CopyOnDevice(last_->as<float>() + j * hidden, x + last_row * hidden, F32Bytes(hidden), s);
+  }
+  d.RmsNorm(last_->as<float>(), weights_.final_norm(), b, hidden, static_cast<float>(c.rms_norm_eps),
+            last_->as<float>(), s);
+  d.MatMul(last_->as<float>(), weights_.lm_head(), {}, b, hidden, c.vocab_size, logits_->as<float>(), s);
+  d.CopyToHost(host_logits_.data(), logits_->data(), F32Bytes(b * c.vocab_size), s);
+  for (int64_t j = 0; j < b; ++j) {
+    const float* row = host_logits_.data() + j * c.vocab_size;
+    inputs[wanted[static_cast<size_t>(j)]].logits->assign(row, row + c.vocab_size);
   }
   return absl::OkStatus();
 }

@@ -26,6 +26,13 @@ namespace odmoe {
 // Executors never guess it from the chunk size or their own state.
 enum class ForwardKind { kPrefill, kDecode };
 
+// A run of consecutive rows of one forward chunk that belong to one sequence (Engine::ForwardBatch).
+struct ForwardSegment {
+  uint64_t tag = 0;            // the sequence's tag (Sequence::tag(); main's request id, 0 for the engine's own)
+  int64_t first_position = 0;  // the position of its first row
+  int64_t n = 0;               // its rows
+};
+
 // Routed-expert computation of one sparse layer.
 class ExpertExecutor {
  public:
@@ -36,12 +43,11 @@ class ExpertExecutor {
   virtual absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
                            std::span<const float> weights, float* out, Stream* stream) = 0;
   // Called by the engine before each forward chunk: the next Run calls (one per sparse layer, in layer order)
-  // are for the tokens at positions [first_position, first_position + n), of a Forward of `kind` (kDecode:
-  // n == 1). Executors that place or predict per position (main's remote executor, the shadow's) use it; the
-  // default ignores it.
-  virtual void BeginForward(int64_t first_position, int64_t n, ForwardKind kind) {
-    (void)first_position;
-    (void)n;
+  // are for the chunk's rows, made of `segments` (in row order: each a run of rows of one sequence), of a
+  // Forward of `kind` (kDecode: every segment has one row). Executors that place or predict per position (main's
+  // remote executor, the shadow's) use it; the default ignores it.
+  virtual void BeginForward(std::span<const ForwardSegment> segments, ForwardKind kind) {
+    (void)segments;
     (void)kind;
   }
 };
@@ -69,15 +75,56 @@ using PositionRouting = std::vector<std::vector<int32_t>>;
 
 struct EngineOptions {
   int64_t max_tokens_per_forward = kMaxTokenRows;  // prefill is processed in chunks of at most this many tokens
+  int64_t max_sequences_per_forward = 64;          // the most sequences one ForwardBatch may carry
 };
 
-// Not thread-safe: one request at a time (the caller serialises).
+// One sequence's KV cache and position (Engine::NewSequence): a request of a batch. Only the engine that made
+// it reads or writes it, and it must not outlive that engine.
+class Sequence {
+ public:
+  int64_t position() const { return position_; }  // the positions computed so far
+  int64_t capacity() const { return capacity_; }
+  uint64_t tag() const { return tag_; }
+
+ private:
+  friend class Engine;
+  Sequence() = default;
+  uint64_t tag_ = 0;
+  int64_t position_ = 0;
+  int64_t capacity_ = 0;
+  std::vector<std::unique_ptr<Buffer>> k_cache_, v_cache_;  // per layer: [capacity, kv_heads, head_dim]
+};
+
+// One sequence's rows in an Engine::ForwardBatch.
+struct BatchInput {
+  Sequence* sequence = nullptr;
+  std::span<const int32_t> ids;                    // run at the sequence's next positions
+  std::vector<PositionRouting>* routing = nullptr;  // optional: one PositionRouting appended per token
+  std::vector<float>* logits = nullptr;             // optional out: the logits ([vocab]) of its last token
+};
+
+// Not thread-safe: one caller at a time (several sequences may be in flight between its calls).
 class Engine {
  public:
   // `experts` must outlive the engine.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const ModelWeights& weights, Device& device,
                                                         ExpertExecutor* experts, EngineOptions options = {});
 
+  // A new sequence with room for `capacity` positions (its KV cache allocated on the device), tagged `tag` for
+  // the executor (ForwardSegment::tag). OutOfRange when the capacity exceeds the model's positions.
+  absl::StatusOr<std::unique_ptr<Sequence>> NewSequence(int64_t capacity, uint64_t tag);
+
+  // Runs the rows of several sequences as one forward chunk (continuous batching): every input's ids at its
+  // sequence's next positions, appended to its KV cache. The rows go through every layer together (one router
+  // and one expert computation per layer for all of them) and attention reads each sequence's own cache.
+  // Each row's result is the one it gets alone: every op is row-independent (a row's dot products, norms and
+  // expert sums accumulate in the same order whatever the other rows), so batching never changes a token.
+  // InvalidArgument for no input, an empty input, a sequence given twice, more than max_tokens_per_forward rows
+  // or max_sequences_per_forward inputs, or a kDecode input of more than one token; OutOfRange for an id outside
+  // the vocabulary or a sequence out of room. On error no sequence advances.
+  absl::Status ForwardBatch(std::span<const BatchInput> inputs, ForwardKind kind);
+
+  // The engine's own sequence (the single-request API below; tag 0).
   // Starts a new sequence with room for `capacity` positions (allocates the KV cache). OutOfRange when the
   // capacity exceeds the model's positions.
   absl::Status StartSequence(int64_t capacity);
@@ -100,17 +147,22 @@ class Engine {
   // one device-to-host copy per layer and tensor.
   absl::Status ReadKvRange(int64_t first, int64_t count, float* k, float* v);
 
-  int64_t position() const { return position_; }
-  int64_t capacity() const { return capacity_; }
+  int64_t position() const { return own_ != nullptr ? own_->position_ : 0; }
+  int64_t capacity() const { return own_ != nullptr ? own_->capacity_ : 0; }
   const ModelConfig& config() const { return weights_.config(); }
+  int64_t max_tokens_per_forward() const { return options_.max_tokens_per_forward; }
+  int64_t max_sequences_per_forward() const { return options_.max_sequences_per_forward; }
   Device& device() { return device_; }
 
  private:
   Engine(const ModelWeights& weights, Device& device, ExpertExecutor* experts, EngineOptions options)
       : weights_(weights), device_(device), experts_(experts), options_(options) {}
   absl::Status AllocateWorkspace();
-  absl::Status ForwardChunk(std::span<const int32_t> ids, std::vector<PositionRouting>* routing, ForwardKind kind,
-                            bool last_chunk);
+  absl::Status CheckBatch(std::span<const BatchInput> inputs, ForwardKind kind) const;
+  // One chunk of checked inputs.
+  absl::Status ForwardChunk(std::span<const BatchInput> inputs, ForwardKind kind);
+  // Allocates the K and V caches of `seq` for `capacity` positions.
+  absl::Status AllocateCache(Sequence& seq, int64_t capacity);
 
   const ModelWeights& weights_;
   Device& device_;
@@ -118,9 +170,7 @@ class Engine {
   EngineOptions options_;
   std::unique_ptr<Stream> stream_;
 
-  int64_t position_ = 0;
-  int64_t capacity_ = 0;
-  std::vector<std::unique_ptr<Buffer>> k_cache_, v_cache_;  // per layer: [capacity, kv_heads, head_dim]
+  std::unique_ptr<Sequence> own_;  // StartSequence's (nullptr before the first)
 
   // Workspace for one chunk of C = max_tokens_per_forward tokens.
   std::unique_ptr<Buffer> ids_, positions_;           // [C] int32
@@ -132,11 +182,11 @@ class Engine {
   std::unique_ptr<Buffer> iota_;                      // [C] int32: 0, 1, 2, ...
   std::unique_ptr<Buffer> zeros_;                     // [C, hidden] of 0.0f
   std::unique_ptr<Buffer> kv_row_;                    // [2, num_layers, kv_size]: ReadKv gathers here
-  std::unique_ptr<Buffer> last_, logits_;             // [hidden], [vocab]
+  std::unique_ptr<Buffer> last_, logits_;             // [S, hidden], [S, vocab]: S = max_sequences_per_forward
   std::unique_ptr<MlpWorkspace> mlp_ws_;
   std::vector<int32_t> host_ids_;
   std::vector<float> host_weights_;
-  std::vector<float> host_logits_;
+  std::vector<float> host_logits_;                    // [S, vocab]
 };
 
 }  // namespace odmoe

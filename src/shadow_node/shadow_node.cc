@@ -52,9 +52,8 @@ class PredictingExecutor : public ExpertExecutor {
     return e;
   }
 
-  void BeginForward(int64_t first_position, int64_t n, ForwardKind kind) override {
-    (void)n;
-    position_ = first_position;
+  void BeginForward(std::span<const ForwardSegment> segments, ForwardKind kind) override {
+    position_ = segments.front().first_position;  // the shadow's engine runs one sequence
     decode_ = kind == ForwardKind::kDecode;
   }
   absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,

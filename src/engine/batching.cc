@@ -1,0 +1,150 @@
+#include "src/engine/batching.h"
+
+#include <algorithm>
+
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+namespace odmoe {
+
+BatchRequest::BatchRequest(uint64_t tag, std::vector<int32_t> prompt, GenerateOptions options, TokenCallback on_token)
+    : tag_(tag),
+      prompt_(std::move(prompt)),
+      options_(std::move(options)),
+      on_token_(std::move(on_token)),
+      sampler_(options_.sampling) {
+  result_.stop_reason = "length";
+}
+
+void BatchRequest::TakeLogits(const std::vector<float>& logits, const ModelConfig& config) {
+  // Generate's loop, one step of it.
+  const int32_t next = sampler_.Next(logits);
+  if (result_.tokens.empty()) first_token_ = Clock::now();
+  result_.tokens.push_back(next);
+  const bool is_eos =
+      std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), next) != config.eos_token_ids.end();
+  const bool stop_on_eos = is_eos && !options_.ignore_eos;
+  const bool last = stop_on_eos || static_cast<int64_t>(result_.tokens.size()) == options_.max_new_tokens;
+  if (on_token_) on_token_(next, last);
+  if (stop_on_eos) result_.stop_reason = "eos";
+  if (last) Finish(absl::OkStatus());
+}
+
+void BatchRequest::Finish(absl::Status status) {
+  finished_ = true;
+  status_ = std::move(status);
+  const auto end = Clock::now();
+  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  result_.total_ms = ms(start_, end);
+  if (!result_.tokens.empty()) result_.ttft_ms = ms(start_, first_token_);
+  if (result_.tokens.size() >= 2) {
+    const double decode_ms = ms(first_token_, end);
+    result_.decode_tokens_per_s =
+        decode_ms > 0 ? static_cast<double>(result_.tokens.size() - 1) / (decode_ms / 1e3) : 0;
+  }
+}
+
+BatchRunner::BatchRunner(Engine& engine, BatchOptions options) : engine_(engine), options_(options) {
+  ODMOE_CHECK(options_.prefill_chunk_tokens >= 1);
+}
+
+absl::Status BatchRunner::Add(BatchRequest* request) {
+  const int64_t prompt_len = static_cast<int64_t>(request->prompt_.size());
+  // Generate's room: the prompt's positions and every decode position.
+  const int64_t capacity = std::max(prompt_len, LastDecodePosition(prompt_len, request->options_.max_new_tokens) + 1);
+  ODMOE_ASSIGN_OR_RETURN(request->sequence_, engine_.NewSequence(capacity, request->tag_));
+  request->start_ = BatchRequest::Clock::now();
+  requests_.push_back(request);
+  return absl::OkStatus();
+}
+
+void BatchRunner::Remove(BatchRequest* request) {
+  requests_.erase(std::remove(requests_.begin(), requests_.end(), request), requests_.end());
+  request->sequence_.reset();
+}
+
+BatchRunner::Plan BatchRunner::Schedule() {
+  Plan plan;
+  BatchRequest* prefill = nullptr;
+  bool any_decoding = false;
+  for (BatchRequest* r : requests_) {
+    if (r->finished_) continue;
+    if (r->decoding()) {
+      any_decoding = true;
+    } else if (prefill == nullptr) {
+      prefill = r;  // the oldest with prompt left
+    }
+  }
+  if (prefill != nullptr && !(any_decoding && last_was_prefill_)) {
+    const int64_t left = static_cast<int64_t>(prefill->prompt_.size()) - prefill->prefilled_;
+    const int64_t chunk = std::min({left, options_.prefill_chunk_tokens, engine_.max_tokens_per_forward()});
+    plan.kind = ForwardKind::kPrefill;
+    plan.requests.push_back(prefill);
+    plan.ids.push_back(std::span<const int32_t>(prefill->prompt_).subspan(static_cast<size_t>(prefill->prefilled_),
+                                                                          static_cast<size_t>(chunk)));
+    last_was_prefill_ = true;
+    return plan;
+  }
+  last_was_prefill_ = false;
+  plan.kind = ForwardKind::kDecode;
+  fed_.clear();
+  for (BatchRequest* r : requests_) {
+    if (!r->decoding()) continue;
+    if (static_cast<int64_t>(plan.requests.size()) == engine_.max_sequences_per_forward()) break;
+    plan.requests.push_back(r);
+    fed_.push_back(r->result_.tokens.back());
+  }
+  for (size_t i = 0; i < plan.requests.size(); ++i) plan.ids.push_back(std::span<const int32_t>(&fed_[i], 1));
+  return plan;
+}
+
+absl::Status BatchRunner::Run(const Plan& plan) {
+  std::vector<BatchInput> inputs;
+  for (size_t i = 0; i < plan.requests.size(); ++i) {
+    BatchRequest* r = plan.requests[i];
+    const bool prompt_done =
+        plan.kind == ForwardKind::kDecode ||
+        r->prefilled_ + static_cast<int64_t>(plan.ids[i].size()) == static_cast<int64_t>(r->prompt_.size());
+    std::vector<PositionRouting>* routing = r->options_.record_routing ? &r->result_.routing : nullptr;
+    inputs.push_back({r->sequence_.get(), plan.ids[i], routing, prompt_done ? &r->logits_ : nullptr});
+  }
+  const absl::Status status = engine_.ForwardBatch(inputs, plan.kind);
+  if (!status.ok()) {
+    for (BatchRequest* r : plan.requests) r->Finish(status);
+    return status;
+  }
+  if (plan.kind == ForwardKind::kPrefill) plan.requests[0]->prefilled_ += static_cast<int64_t>(plan.ids[0].size());
+  return absl::OkStatus();
+}
+
+std::vector<BatchRequest*> BatchRunner::Postprocess(const Plan& plan) {
+  std::vector<BatchRequest*> finished;
+  const ModelConfig& c = engine_.config();
+  for (BatchRequest* r : plan.requests) {
+    if (r->finished_) {  // failed in Run
+      finished.push_back(r);
+      continue;
+    }
+    if (plan.kind == ForwardKind::kPrefill) {
+      if (!r->decoding()) continue;  // prompt left
+      if (r->options_.keep_last_logits) r->result_.last_logits = r->logits_;
+      if (r->options_.max_new_tokens == 0) {
+        r->Finish(absl::OkStatus());
+        finished.push_back(r);
+        continue;
+      }
+    }
+    r->TakeLogits(r->logits_, c);
+    if (r->finished_) finished.push_back(r);
+  }
+  return finished;
+}
+
+std::vector<BatchRequest*> BatchRunner::Step() {
+  const Plan plan = Schedule();
+  if (plan.empty()) return {};
+  (void)Run(plan);  // a failure finishes the plan's requests, which Postprocess returns
+  return Postprocess(plan);
+}
+
+}  // namespace odmoe

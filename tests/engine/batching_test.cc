@@ -1,0 +1,198 @@
+// Continuous batching (src/engine/batching.h): requests decoded together give exactly their solo tokens.
+#include "src/engine/batching.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "src/backend/device_factory.h"
+#include "src/common/json.h"
+#include "src/engine/generator.h"
+#include "tests/test_support.h"
+
+namespace odmoe {
+namespace {
+
+constexpr char kModel[] = "tiny-mixtral-kjv";
+
+std::unique_ptr<LocalModel> Open(const std::string& device_spec) {
+  auto device = CreateDevice(device_spec);
+  EXPECT_TRUE(device.ok()) << device.status();
+  if (!device.ok()) return nullptr;
+  auto model = LocalModel::Open(odmoe::testing::SharedModel(kModel), std::move(device).value());
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(model).value() : nullptr;
+}
+
+// The 16 held-out prompts of the model (16 ids each).
+std::vector<std::vector<int32_t>> RecallPrompts() {
+  const std::string path = odmoe::testing::SharedModel(kModel) + "/recall_prompts.json";
+  auto doc = ParseJson(odmoe::testing::ReadFile(path), path);
+  EXPECT_TRUE(doc.ok()) << doc.status();
+  std::vector<std::vector<int32_t>> prompts;
+  if (!doc.ok()) return prompts;
+  for (const Json& p : (*doc)["prompts"]) prompts.push_back(p.get<std::vector<int32_t>>());
+  return prompts;
+}
+
+struct Case {
+  std::vector<int32_t> prompt;
+  GenerateOptions options;
+  int join_at_step = 0;  // the batch step before which it joins
+};
+
+// Eight requests of different prompts (3 to 40 tokens) and lengths, some joining while others decode.
+std::vector<Case> EightCases(bool sampled) {
+  const std::vector<std::vector<int32_t>> prompts = RecallPrompts();
+  std::vector<Case> cases;
+  if (prompts.size() < 8) return cases;
+  const int prompt_lens[8] = {16, 3, 40, 9, 1, 16, 27, 12};
+  const int new_tokens[8] = {24, 40, 17, 33, 8, 1, 29, 20};
+  const int join[8] = {0, 0, 0, 3, 5, 5, 11, 30};
+  for (int i = 0; i < 8; ++i) {
+    Case c;
+    for (int j = 0; static_cast<int>(c.prompt.size()) < prompt_lens[i]; ++j) {  // long prompts continue with others
+      const std::vector<int32_t>& p = prompts[static_cast<size_t>((i + j) % 16)];
+      c.prompt.insert(c.prompt.end(), p.begin(), p.end());
+    }
+    c.prompt.resize(static_cast<size_t>(prompt_lens[i]));
+    c.options.max_new_tokens = new_tokens[i];
+    c.options.keep_last_logits = true;
+    c.options.record_routing = i % 2 == 0;
+    c.options.ignore_eos = i % 3 == 0;
+    if (sampled) {
+      c.options.sampling.temperature = 0.9;
+      c.options.sampling.top_k = 20;
+      c.options.sampling.top_p = 0.95;
+      c.options.sampling.seed = 1000 + static_cast<uint64_t>(i);
+    }
+    c.join_at_step = join[i];
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+void ExpectBatchEqualsSolo(const std::string& device_spec, bool sampled, int64_t prefill_chunk) {
+  if (!odmoe::testing::HaveSharedModel(kModel)) GTEST_SKIP() << "no ../shared/models/" << kModel;
+  std::unique_ptr<LocalModel> model = Open(device_spec);
+  ASSERT_NE(model, nullptr);
+  const std::vector<Case> cases = EightCases(sampled);
+  ASSERT_EQ(cases.size(), 8u);
+
+  std::vector<GenerateResult> solo;
+  for (const Case& c : cases) {
+    auto r = Generate(model->engine(), c.prompt, c.options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    solo.push_back(std::move(r).value());
+  }
+
+  BatchRunner runner(model->engine(), BatchOptions{.prefill_chunk_tokens = prefill_chunk});
+  std::vector<std::unique_ptr<BatchRequest>> requests;
+  std::vector<std::vector<std::pair<int32_t, bool>>> streamed(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    requests.push_back(std::make_unique<BatchRequest>(
+        100 + i, cases[i].prompt, cases[i].options,
+        [&streamed, i](int32_t id, bool last) { streamed[i].push_back({id, last}); }));
+  }
+  size_t joined = 0, finished = 0;
+  int most_decoded_together = 0;
+  for (int step = 0; finished < cases.size(); ++step) {
+    ASSERT_LT(step, 10000) << "the batch never drained";
+    while (joined < cases.size() && cases[joined].join_at_step <= step) {
+      ASSERT_TRUE(runner.Add(requests[joined].get()).ok());
+      ++joined;
+    }
+    const BatchRunner::Plan plan = runner.Schedule();
+    if (plan.empty()) continue;  // nothing to run until the next request joins
+    if (plan.kind == ForwardKind::kDecode) {
+      most_decoded_together = std::max(most_decoded_together, static_cast<int>(plan.requests.size()));
+    }
+    ASSERT_TRUE(runner.Run(plan).ok());
+    for (BatchRequest* done : runner.Postprocess(plan)) {
+      ASSERT_TRUE(done->status().ok()) << done->status();
+      runner.Remove(done);
+      ++finished;
+    }
+  }
+  EXPECT_GE(most_decoded_together, 5) << "the cases should overlap";
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    const GenerateResult& batched = requests[i]->result();
+    EXPECT_EQ(batched.tokens, solo[i].tokens);
+    EXPECT_EQ(batched.stop_reason, solo[i].stop_reason);
+    EXPECT_EQ(batched.last_logits, solo[i].last_logits);  // bit for bit
+    EXPECT_EQ(batched.routing, solo[i].routing);
+    ASSERT_EQ(streamed[i].size(), batched.tokens.size());
+    for (size_t t = 0; t < streamed[i].size(); ++t) {
+      EXPECT_EQ(streamed[i][t].first, batched.tokens[t]);
+      EXPECT_EQ(streamed[i][t].second, t + 1 == streamed[i].size());
+    }
+  }
+}
+
+TEST(BatchingTest, GreedyRequestsDecodedTogetherGiveTheirSoloTokensOnCpu) { ExpectBatchEqualsSolo("cpu", false, 8); }
+TEST(BatchingTest, SampledRequestsDecodedTogetherGiveTheirSoloTokensOnCpu) { ExpectBatchEqualsSolo("cpu", true, 64); }
+TEST(BatchingTest, GreedyRequestsDecodedTogetherGiveTheirSoloTokensOnTheMockGpu) {
+  ExpectBatchEqualsSolo("mock-gpu", false, 16);
+}
+
+TEST(BatchingTest, APromptGoesInChunksBetweenDecodeSteps) {
+  if (!odmoe::testing::HaveSharedModel(kModel)) GTEST_SKIP() << "no ../shared/models/" << kModel;
+  std::unique_ptr<LocalModel> model = Open("cpu");
+  ASSERT_NE(model, nullptr);
+  const std::vector<std::vector<int32_t>> prompts = RecallPrompts();
+  ASSERT_GE(prompts.size(), 2u);
+  GenerateOptions options;
+  options.max_new_tokens = 12;
+  options.ignore_eos = true;
+  BatchRequest running(1, prompts[0], options), arriving(2, std::vector<int32_t>(40, 5), options);
+  BatchRunner runner(model->engine(), BatchOptions{.prefill_chunk_tokens = 16});
+  ASSERT_TRUE(runner.Add(&running).ok());
+  while (running.result().tokens.size() < 2) runner.Step();
+  ASSERT_TRUE(runner.Add(&arriving).ok());
+  // 40 prompt tokens in chunks of 16, 16 and 8, each followed by a decode step of the running request.
+  std::vector<std::pair<ForwardKind, size_t>> steps;
+  for (int i = 0; i < 6; ++i) {
+    const BatchRunner::Plan plan = runner.Schedule();
+    steps.push_back({plan.kind, plan.ids.empty() ? 0 : plan.ids[0].size()});
+    ASSERT_TRUE(runner.Run(plan).ok());
+    runner.Postprocess(plan);
+  }
+  const std::vector<std::pair<ForwardKind, size_t>> expected = {
+      {ForwardKind::kPrefill, 16}, {ForwardKind::kDecode, 1}, {ForwardKind::kPrefill, 16},
+      {ForwardKind::kDecode, 1},   {ForwardKind::kPrefill, 8}, {ForwardKind::kDecode, 1}};
+  EXPECT_EQ(steps, expected);
+  EXPECT_EQ(arriving.result().tokens.size(), 2u);  // its first token came with its last chunk
+  const BatchRunner::Plan both = runner.Schedule();
+  EXPECT_EQ(both.requests.size(), 2u);
+}
+
+TEST(BatchingTest, ForwardBatchRefusesABadBatch) {
+  if (!odmoe::testing::HaveSharedModel(kModel)) GTEST_SKIP() << "no ../shared/models/" << kModel;
+  std::unique_ptr<LocalModel> model = Open("cpu");
+  ASSERT_NE(model, nullptr);
+  Engine& engine = model->engine();
+  auto a = engine.NewSequence(8, 1);
+  ASSERT_TRUE(a.ok());
+  const std::vector<int32_t> two = {1, 2}, one = {1}, outside = {1 << 20};
+  const BatchInput twice[2] = {{a->get(), one}, {a->get(), one}};
+  absl::Status s = engine.ForwardBatch(twice, ForwardKind::kPrefill);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("same sequence"), std::string::npos) << s;
+  const BatchInput decode_two[1] = {{a->get(), two}};
+  s = engine.ForwardBatch(decode_two, ForwardKind::kDecode);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  const BatchInput bad_id[1] = {{a->get(), outside}};
+  s = engine.ForwardBatch(bad_id, ForwardKind::kPrefill);
+  EXPECT_TRUE(absl::IsOutOfRange(s)) << s;
+  const std::vector<int32_t> nine(9, 3);
+  const BatchInput too_long[1] = {{a->get(), nine}};
+  s = engine.ForwardBatch(too_long, ForwardKind::kPrefill);
+  EXPECT_TRUE(absl::IsOutOfRange(s)) << s;
+  EXPECT_EQ((*a)->position(), 0) << "a refused batch advances no sequence";
+  EXPECT_TRUE(absl::IsInvalidArgument(engine.ForwardBatch({}, ForwardKind::kDecode)));
+}
+
+}  // namespace
+}  // namespace odmoe
