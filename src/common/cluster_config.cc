@@ -7,6 +7,7 @@
 #include <set>
 #include <tuple>
 
+#include "src/common/limits.h"
 #include "src/common/mapped_file.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
@@ -291,9 +292,9 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
   if (const toml::node* cn = root.get("cluster")) {
     if (!cn->is_table()) return FieldError(where, "", "cluster", "expected a table");
     Fields f(*cn->as_table(), where, "[cluster]");
-    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"name", "epoch", "group_size", "rpc_timeout_ms", "startup_timeout_ms",
-                                       "share_host_experts", "prefill_minibatch_rows", "shutdown_timeout_ms",
-                                       "max_queued"}));
+    ODMOE_RETURN_IF_ERROR(
+        f.OnlyKnown({"name", "epoch", "group_size", "rpc_timeout_ms", "startup_timeout_ms", "share_host_experts",
+                     "prefill_minibatch_rows", "shutdown_timeout_ms", "max_queued", "max_running"}));
     ODMOE_ASSIGN_OR_RETURN(auto share, f.Bool("share_host_experts"));
     if (share) c.share_host_experts = *share;
     ODMOE_ASSIGN_OR_RETURN(auto name, f.String("name"));
@@ -339,6 +340,13 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     if (queued) {
       if (*queued < 0 || *queued > 4096) return FieldError(where, "[cluster]", "max_queued", "must be 0..4096");
       c.max_queued = static_cast<int32_t>(*queued);
+    }
+    ODMOE_ASSIGN_OR_RETURN(auto running, f.Int("max_running"));
+    if (running) {
+      if (*running < 1 || *running > kMaxTokenRows) {
+        return FieldError(where, "[cluster]", "max_running", StrCat("must be 1..", kMaxTokenRows));
+      }
+      c.max_running = static_cast<int32_t>(*running);
     }
   }
   // Paths in the file are relative to its folder.

@@ -31,6 +31,7 @@
 //   token_file = "token"
 //   # [cluster] shutdown_timeout_ms = 10000: on SIGTERM, how long in-flight calls get to finish
 //   # [cluster] max_queued = 32: requests that may wait for main's engine; more are refused (busy)
+//   # [cluster] max_running = 8: requests main decodes together in one batch (continuous batching)
 //
 // Workers are numbered in the order they appear in the file (the placement's worker index).
 #pragma once
@@ -148,9 +149,12 @@ struct ClusterConfig {
   // [cluster] shutdown_timeout_ms: after SIGTERM, how long calls in flight may take to finish before the
   // daemon exits (systemd's TimeoutStopSec should exceed it).
   int64_t shutdown_timeout_ms = 10000;
-  // [cluster] max_queued: requests that may wait (first come, first served) while main serves one; a request
-  // arriving when that many wait is refused at once, busy (src/main_node/admission.h).
+  // [cluster] max_queued: requests that may wait (first come, first served) while max_running run; a request
+  // arriving when that many wait is refused at once, busy (src/main_node/admission.h). 0..4096.
   int32_t max_queued = 32;
+  // [cluster] max_running: requests main runs at once, decoded together in one batch (continuous batching); more
+  // wait in the queue (max_queued). 1..256 (kMaxTokenRows: one decode step carries a row of each).
+  int32_t max_running = 8;
   std::string tls_ca;      // [tls] ca: PEM file of the cluster's CA (absolute); empty: no TLS
   std::string token_file;  // [auth] token_file (absolute); empty: no client token
   ModelSource model;

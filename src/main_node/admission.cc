@@ -7,14 +7,21 @@
 #include "src/common/strings.h"
 
 namespace odmoe {
-Admission::Admission(int32_t max_queued) : max_queued_(max_queued) { ODMOE_CHECK(max_queued >= 0); }
+Admission::Admission(int32_t max_queued, int32_t max_running) : max_queued_(max_queued), max_running_(max_running) {
+  ODMOE_CHECK(max_queued >= 0);
+  ODMOE_CHECK(max_running >= 1);
+}
 
 absl::StatusOr<Admission::Ticket> Admission::Arrive() {
   absl::MutexLock lock(&mu_);
-  const bool engine_free = running_ == 0 && waiting_.empty();
-  if (!engine_free && static_cast<int32_t>(waiting_.size()) >= max_queued_) {
-    return ServerBusyError(StrCat("the server is busy: ", running_ != 0 ? 1 : 0, " request running and ",
-                                  waiting_.size(), " queued (max_queued = ", max_queued_, "); retry later"));
+  // Every waiter ahead of the newcomer takes a free running place before it does, so the newcomer has a place
+  // only when running + waiting < max_running; past that it must queue, and max_queued may.
+  const int64_t running = static_cast<int64_t>(running_.size());
+  const int64_t waiting = static_cast<int64_t>(waiting_.size());
+  if (running + waiting >= int64_t{max_running_} + max_queued_) {
+    return ServerBusyError(StrCat("the server is busy: ", running, running == 1 ? " request" : " requests",
+                                  " running (max_running = ", max_running_, ") and ", waiting,
+                                  " queued (max_queued = ", max_queued_, "); retry later"));
   }
   const uint64_t id = next_id_++;
   waiting_.push_back(id);
@@ -23,7 +30,7 @@ absl::StatusOr<Admission::Ticket> Admission::Arrive() {
 
 int32_t Admission::running() const {
   absl::MutexLock lock(&mu_);
-  return running_ != 0 ? 1 : 0;
+  return static_cast<int32_t>(running_.size());
 }
 
 int32_t Admission::waiting() const {
@@ -33,8 +40,8 @@ int32_t Admission::waiting() const {
 
 void Admission::Leave(uint64_t id) {
   absl::MutexLock lock(&mu_);
-  if (running_ == id) {
-    running_ = 0;
+  if (auto it = std::find(running_.begin(), running_.end(), id); it != running_.end()) {
+    running_.erase(it);
     return;
   }
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
@@ -54,13 +61,14 @@ absl::Status Admission::Ticket::WaitTurn(const std::function<bool()>& cancelled,
     {
       absl::MutexLock lock(&a.mu_);
       auto my_turn = [&a, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(a.mu_) {
-        return a.running_ == 0 && !a.waiting_.empty() && a.waiting_.front() == id_;
+        return static_cast<int32_t>(a.running_.size()) < a.max_running_ && !a.waiting_.empty() &&
+               a.waiting_.front() == id_;
       };
       // Poll the client's state now and then; wake at once when the turn comes.
       const absl::Time until = std::min(deadline, absl::Now() + absl::Milliseconds(20));
       if (a.mu_.AwaitWithDeadline(absl::Condition(&my_turn), until)) {
         a.waiting_.pop_front();
-        a.running_ = id_;
+        a.running_.push_back(id_);
         return absl::OkStatus();
       }
     }

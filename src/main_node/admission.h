@@ -1,13 +1,17 @@
 // Admission control on main (Client API 2/2): a bounded, first-come-first-served queue in front of the engine.
 //
-// Main serves one request at a time (continuous batching is not there yet); up to `max_queued` more wait their
-// turn in arrival order, and a request arriving when that many wait already is refused at once with
-// ResourceExhausted marked busy (ServerBusyError in src/common/status.h; gRPC RESOURCE_EXHAUSTED, HTTP 429 with Retry-After, `odmoe
-// generate` exit 10). So the queue is never unbounded and the gRPC server never runs out of threads: main's
-// thread quota covers the running request, the queue and its other RPCs (see MainNode).
+// Up to `max_running` requests run at once (the batch loop decodes them together: continuous batching) and up
+// to `max_queued` more wait their turn in arrival order; a request arriving when max_running + max_queued
+// already run or wait (no running place is free for it and max_queued wait) is refused at once with
+// ResourceExhausted marked busy (ServerBusyError in src/common/status.h; gRPC RESOURCE_EXHAUSTED, HTTP 429 with
+// Retry-After, `odmoe generate` exit 10). So at most max_running + max_queued tickets exist, the queue is never
+// unbounded and the gRPC server never runs out of threads: main's thread quota covers the running requests, the
+// queue and its other RPCs (see MainNode).
 //
-// A waiting request leaves the queue when its client goes away or its deadline passes (its place is given to
-// the next one), and a Ticket leaves whatever it holds when it is destroyed.
+// First come, first served: a ticket's turn comes when it is at the front of the queue and fewer than
+// max_running run; a later arrival never overtakes an earlier one. A waiting request leaves the queue when its
+// client goes away or its deadline passes (its place is given to the next one), and a Ticket leaves whatever it
+// holds (its place in the queue or its running place) when it is destroyed or Leave()s.
 //
 // Thread safety: every method may be called from any thread.
 #pragma once
@@ -15,6 +19,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -28,26 +33,29 @@ class Admission {
  public:
   class Ticket;
 
-  // REQUIRES: max_queued >= 0.
-  explicit Admission(int32_t max_queued);
+  // REQUIRES: max_queued >= 0, max_running >= 1.
+  explicit Admission(int32_t max_queued, int32_t max_running = 1);
   Admission(const Admission&) = delete;
   Admission& operator=(const Admission&) = delete;
 
-  // A place in the queue, or ServerBusyError naming the running and queued counts and the limit.
+  // A place in the queue, or ServerBusyError naming the running and queued counts and both limits when
+  // running() + waiting() >= max_running + max_queued (no running place is free for it and max_queued wait).
   absl::StatusOr<Ticket> Arrive();
 
-  int32_t running() const;  // 0 or 1
-  int32_t waiting() const;
+  int32_t running() const;  // tickets holding a running place: 0..max_running
+  int32_t waiting() const;  // tickets in the queue (arrived, not yet running)
   int32_t max_queued() const { return max_queued_; }
+  int32_t max_running() const { return max_running_; }
 
  private:
   void Leave(uint64_t id);
 
-  const int32_t max_queued_;
+  const int32_t max_queued_;   // constant after construction
+  const int32_t max_running_;  // constant after construction
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::deque<uint64_t> waiting_ ABSL_GUARDED_BY(mu_);  // in arrival order
-  uint64_t running_ ABSL_GUARDED_BY(mu_) = 0;          // the ticket that holds the engine (0: none)
+  std::deque<uint64_t> waiting_ ABSL_GUARDED_BY(mu_);   // in arrival order
+  std::vector<uint64_t> running_ ABSL_GUARDED_BY(mu_);  // the tickets holding a running place (<= max_running_)
 };
 
 class Admission::Ticket {
@@ -57,11 +65,12 @@ class Admission::Ticket {
   Ticket(const Ticket&) = delete;
   ~Ticket();
 
-  // Waits until every request that arrived earlier has left, then holds the engine until the ticket is
-  // destroyed. Cancelled when `cancelled` (optional, polled every 20 ms) returns true, DeadlineExceeded at
-  // `deadline`; the ticket has left the queue then.
+  // Waits until every request that arrived earlier is running or has left and fewer than max_running run, then
+  // holds a running place until the ticket is destroyed or leaves. Cancelled when `cancelled` (optional, polled
+  // every 20 ms) returns true, DeadlineExceeded at `deadline`; the ticket has left the queue then.
+  // REQUIRES: the ticket has neither left nor been moved from, and WaitTurn has not succeeded before.
   absl::Status WaitTurn(const std::function<bool()>& cancelled, absl::Time deadline);
-  // Leaves the queue, or gives the engine to the next request, now (the destructor does it otherwise).
+  // Leaves the queue, or frees its running place for the next request, now (the destructor does it otherwise).
   void Leave();
 
  private:

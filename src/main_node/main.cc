@@ -38,7 +38,7 @@ absl::Status Serve(const std::vector<std::string>& args) {
                          odmoe::rpc::Server::Start({.address = d.self.address,
                                                     .threads = d.self.threads,
                                                     .node = d.self.name,
-                                                    .blocking_calls = 1 + d.cluster.max_queued},
+                                                    .blocking_calls = d.cluster.max_running + d.cluster.max_queued},
                                                    {node.get()}));
   spdlog::info(
       "odmoe-main {} serving {} on port {}: model {} (fingerprint {}, epoch {}), device {}, {} workers, "

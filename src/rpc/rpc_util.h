@@ -78,7 +78,7 @@ struct ServerOptions {
   int threads = 2;      // bound on the RPC threads (ten daemons share two cores in CI)
   std::string node;     // the node's name, for errors ("node 'w0' cannot listen on ...")
   std::shared_ptr<const Security> security;  // its credentials (src/rpc/security.h); null: the process's
-  // Calls that may block a thread each besides those (main: the running request and its queue, so that the
+  // Calls that may block a thread each besides those (main: the running requests and the queue, so that the
   // admission queue, not gRPC's thread quota, turns requests away).
   int blocking_calls = 0;
 };

@@ -393,11 +393,12 @@ TEST(LifecycleTest, AHungWorkerCostsLatencyNotTheRequestAndRejoinsAfterSigcont) 
   EXPECT_NE(ReadFile(main_log).find("peer w1 at " + c.Address(2) + " is up"), std::string::npos);
 }
 
-// Admission control: with max_queued = 0, a request arriving while one runs is refused at once, busy: gRPC
-// RESOURCE_EXHAUSTED saying so (what `odmoe generate` exits 10 for), HTTP 429 with Retry-After, streamed or
-// not; the request running is untouched, and the next one after it is served. Its queue time is in its stats.
+// Admission control: with max_running = 1 and max_queued = 0, a request arriving while one runs is refused at
+// once, busy: gRPC RESOURCE_EXHAUSTED saying so (what `odmoe generate` exits 10 for), HTTP 429 with Retry-After,
+// streamed or not; the request running is untouched, and the next one after it is served. Its queue time is in
+// its stats.
 TEST(LifecycleTest, ABusyMainRefusesAtOnceAsBusyOverGrpcAndHttp) {
-  ClusterFile c("max_queued = 0\n");
+  ClusterFile c("max_running = 1\nmax_queued = 0\n");
   UpCluster cluster(c);
   ASSERT_EQ(cluster.up.exit_code, 0) << cluster.up.out << cluster.up.err;
   const std::string http = "http://" + c.Address(3);
@@ -426,7 +427,8 @@ TEST(LifecycleTest, ABusyMainRefusesAtOnceAsBusyOverGrpcAndHttp) {
       const grpc::Status refused = reader->Finish();
       EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
       EXPECT_EQ(refused.error_message(),
-                "the server is busy: 1 request running and 0 queued (max_queued = 0); retry later");
+                "the server is busy: 1 request running (max_running = 1) and 0 queued (max_queued = 0); retry "
+                "later");
       EXPECT_TRUE(IsServerBusy(rpc::FromGrpc(refused, "main")));
       EXPECT_EQ(ExitCodeFor(rpc::FromGrpc(refused, "main")), kExitBusy);
       for (const bool stream : {false, true}) {

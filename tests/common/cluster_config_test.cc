@@ -342,6 +342,36 @@ TEST(ClusterConfigTest, PrefillMiniBatchRows) {
   }
 }
 
+TEST(ClusterConfigTest, MaxRunningAndMaxQueued) {
+  auto c = ParseClusterConfig(kGood, "lab.toml", "/");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_running, 8);  // the defaults
+  EXPECT_EQ(c->max_queued, 32);
+  for (const int32_t running : {1, 16, 256}) {
+    std::string text = kGood;
+    text.replace(text.find("rpc_timeout_ms"), 0, StrCat("max_running = ", running, "\nmax_queued = 0\n"));
+    c = ParseClusterConfig(text, "lab.toml", "/");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->max_running, running);
+    EXPECT_EQ(c->max_queued, 0);
+  }
+  for (const char* bad_value : {"0", "-1", "257", "\"8\"", "2.5"}) {
+    std::string text = kGood;
+    text.replace(text.find("rpc_timeout_ms"), 0, StrCat("max_running = ", bad_value, "\n"));
+    auto r = ParseClusterConfig(text, "lab.toml", "/");
+    ASSERT_FALSE(r.ok()) << bad_value;
+    EXPECT_NE(r.status().message().find("lab.toml: [cluster]: field 'max_running'"), std::string::npos) << r.status();
+  }
+  std::string text = kGood;
+  text.replace(text.find("rpc_timeout_ms"), 0, "max_running = 0\n");
+  EXPECT_EQ(ParseClusterConfig(text, "lab.toml", "/").status().message(),
+            "lab.toml: [cluster]: field 'max_running': must be 1..256");
+  text = kGood;
+  text.replace(text.find("rpc_timeout_ms"), 0, "max_queued = 4097\n");
+  EXPECT_EQ(ParseClusterConfig(text, "lab.toml", "/").status().message(),
+            "lab.toml: [cluster]: field 'max_queued': must be 0..4096");
+}
+
 TEST(ClusterConfigTest, NeedsAMainAndAWorker) {
   auto c = ParseClusterConfig("[[node]]\nname = \"m\"\nrole = \"main\"\naddress = \"h:1\"\n", "x.toml", ".");
   EXPECT_FALSE(c.ok());
