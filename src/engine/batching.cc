@@ -77,7 +77,9 @@ BatchRunner::Plan BatchRunner::Schedule() {
   }
   if (prefill != nullptr && !(any_decoding && last_was_prefill_)) {
     const int64_t left = static_cast<int64_t>(prefill->prompt_.size()) - prefill->prefilled_;
-    const int64_t chunk = std::min({left, options_.prefill_chunk_tokens, engine_.max_tokens_per_forward()});
+    // Alone, a prompt goes in chunks as large as the engine takes (each chunk loads its experts again).
+    const int64_t most = any_decoding ? options_.prefill_chunk_tokens : engine_.max_tokens_per_forward();
+    const int64_t chunk = std::min({left, most, engine_.max_tokens_per_forward()});
     plan.kind = ForwardKind::kPrefill;
     plan.requests.push_back(prefill);
     plan.ids.push_back(std::span<const int32_t>(prefill->prompt_).subspan(static_cast<size_t>(prefill->prefilled_),

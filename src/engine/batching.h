@@ -27,7 +27,9 @@
 namespace odmoe {
 
 struct BatchOptions {
-  int64_t prefill_chunk_tokens = 64;  // a prompt goes through in chunks of at most this many tokens
+  // While other requests decode, a prompt goes through in chunks of at most this many tokens (alone, in chunks
+  // of the engine's max_tokens_per_forward).
+  int64_t prefill_chunk_tokens = 64;
 };
 
 // One request of a batch: its prompt and options (checked by ValidateRequest beforehand), its sampler, its

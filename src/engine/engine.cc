@@ -163,17 +163,22 @@ absl::Status Engine::Truncate(int64_t position) {
 }
 
 absl::Status Engine::ReadKv(int64_t position, float* k, float* v) {
-  if (position < 0 || position >= this->position()) {
+  if (own_ == nullptr) return absl::OutOfRangeError("KV requested before StartSequence");
+  return ReadKv(*own_, position, k, v);
+}
+
+absl::Status Engine::ReadKv(const Sequence& seq, int64_t position, float* k, float* v) {
+  if (position < 0 || position >= seq.position_) {
     return absl::OutOfRangeError(
-        StrCat("KV of position ", position, " requested, but the sequence has ", this->position(), " positions"));
+        StrCat("KV of position ", position, " requested, but the sequence has ", seq.position_, " positions"));
   }
   const int64_t kv = config().kv_size();
-  const int64_t layers = static_cast<int64_t>(own_->k_cache_.size());
+  const int64_t layers = static_cast<int64_t>(seq.k_cache_.size());
   float* row = kv_row_->as<float>();
   for (int64_t l = 0; l < layers; ++l) {
     const size_t i = static_cast<size_t>(l);
-    device_.CopyOnDevice(row + l * kv, own_->k_cache_[i]->as<float>() + position * kv, F32Bytes(kv), stream_.get());
-    device_.CopyOnDevice(row + (layers + l) * kv, own_->v_cache_[i]->as<float>() + position * kv, F32Bytes(kv),
+    device_.CopyOnDevice(row + l * kv, seq.k_cache_[i]->as<float>() + position * kv, F32Bytes(kv), stream_.get());
+    device_.CopyOnDevice(row + (layers + l) * kv, seq.v_cache_[i]->as<float>() + position * kv, F32Bytes(kv),
                          stream_.get());
   }
   device_.CopyToHost(k, row, F32Bytes(layers * kv), stream_.get());
@@ -182,17 +187,22 @@ absl::Status Engine::ReadKv(int64_t position, float* k, float* v) {
 }
 
 absl::Status Engine::ReadKvRange(int64_t first, int64_t count, float* k, float* v) {
-  if (first < 0 || count < 0 || first + count > position()) {
+  if (own_ == nullptr) return absl::OutOfRangeError("KV requested before StartSequence");
+  return ReadKvRange(*own_, first, count, k, v);
+}
+
+absl::Status Engine::ReadKvRange(const Sequence& seq, int64_t first, int64_t count, float* k, float* v) {
+  if (first < 0 || count < 0 || first + count > seq.position_) {
     return absl::OutOfRangeError(StrCat("KV of positions ", first, "..", first + count - 1,
-                                        " requested, but the sequence has ", position(), " positions"));
+                                        " requested, but the sequence has ", seq.position_, " positions"));
   }
   const int64_t kv = config().kv_size();
-  const int64_t layers = static_cast<int64_t>(own_->k_cache_.size());
+  const int64_t layers = static_cast<int64_t>(seq.k_cache_.size());
   std::vector<float> tmp(static_cast<size_t>(count * kv));
   for (int64_t l = 0; l < layers; ++l) {
     for (int which = 0; which < 2; ++which) {
       const size_t i = static_cast<size_t>(l);
-      const Buffer& cache = which == 0 ? *own_->k_cache_[i] : *own_->v_cache_[i];
+      const Buffer& cache = which == 0 ? *seq.k_cache_[i] : *seq.v_cache_[i];
       float* out = which == 0 ? k : v;
       device_.CopyToHost(tmp.data(), cache.as<float>() + first * kv, F32Bytes(count * kv), stream_.get());
       for (int64_t j = 0; j < count; ++j) {

@@ -146,6 +146,9 @@ class Engine {
   // The K and V rows of positions [first, first + count) (all computed): k, v: [count, num_layers, kv_size],
   // one device-to-host copy per layer and tensor.
   absl::Status ReadKvRange(int64_t first, int64_t count, float* k, float* v);
+  // The same of a batch's sequence (main's KV alignment of the request the shadow follows).
+  absl::Status ReadKv(const Sequence& seq, int64_t position, float* k, float* v);
+  absl::Status ReadKvRange(const Sequence& seq, int64_t first, int64_t count, float* k, float* v);
 
   int64_t position() const { return own_ != nullptr ? own_->position_ : 0; }
   int64_t capacity() const { return own_ != nullptr ? own_->capacity_ : 0; }

@@ -395,7 +395,9 @@ HttpServerOptions HttpServer::OptionsFor(const rpc::DaemonArgs& args, const metr
   for (const auto& [k, v] : labels) {
     if (k == "model") o.model_id = v;
   }
-  o.threads = std::max(8, 2 * args.self.threads);
+  // A thread per request main runs or queues (each blocks for its whole answer), and some for the rest
+  // (/health, /metrics, /v1/models, refusals): so admission control, not the pool's queue, turns requests away.
+  o.threads = std::max(8, 2 * args.self.threads) + args.cluster.max_running + args.cluster.max_queued;
   if (!args.self.metrics_address.empty() && args.self.metrics_address == args.self.http_address) {
     o.metrics_to_serve = registry;
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <deque>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -54,7 +55,7 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   ODMOE_ASSIGN_OR_RETURN(const Placement placement,
                          Placement::ForCluster(args.cluster.file, static_cast<int32_t>(workers.size()),
                                                args.cluster.group_size, node->config_.top_k));
-  node->admission_ = std::make_unique<Admission>(args.cluster.max_queued);
+  node->admission_ = std::make_unique<Admission>(args.cluster.max_queued, args.cluster.max_running);
   std::vector<std::string> worker_names;
   for (const WorkerEndpoint& w : workers) worker_names.push_back(w.name);
   node->membership_ = std::make_unique<Membership>(placement, std::move(worker_names), node->health_.get(),
@@ -75,7 +76,6 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   if (!experts.ok()) {
     return absl::Status(experts.status().code(), StrCat(args.cluster.file, ": ", experts.status().message()));
   }
-  absl::MutexLock lock(&node->request_mu_);
   node->experts_ = std::move(experts).value();
   node->experts_unguarded_ = node->experts_.get();
   node->placement_groups_ = node->experts_->placement().num_groups();
@@ -95,11 +95,17 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
     rpc::PrefetchSenderOptions po{args.cluster.epoch, node->fingerprint_, args.self.name, args.cluster.rpc_timeout_ms};
     node->random_sender_ = std::make_unique<rpc::PrefetchSender>(addresses, node->experts_->placement(), po);
   }
+  // One decode step carries a token of every running request (of at most max_tokens_per_forward of them).
+  EngineOptions engine_options = options.engine;
+  engine_options.max_sequences_per_forward =
+      std::clamp<int64_t>(args.cluster.max_running, 1, engine_options.max_tokens_per_forward);
   ODMOE_ASSIGN_OR_RETURN(node->engine_,
-                         Engine::Create(*node->weights_, *node->device_, node->experts_.get(), options.engine));
+                         Engine::Create(*node->weights_, *node->device_, node->experts_.get(), engine_options));
+  node->runner_ = std::make_unique<BatchRunner>(*node->engine_, BatchOptions{});
   node->InitMetrics(args);
   node->prober_ = std::make_unique<PeerProber>(*node->health_);
   node->prober_->Start();
+  node->batch_thread_ = std::thread([n = node.get()] { n->BatchLoop(); });
   return node;
 }
 
@@ -174,10 +180,17 @@ void MainNode::InitMetrics(const rpc::DaemonArgs& args) {
 }
 
 MainNode::~MainNode() {
+  if (batch_thread_.joinable()) {
+    {
+      absl::MutexLock lock(&inbox_mu_);
+      stopping_ = true;
+    }
+    batch_thread_.join();  // ends the requests it holds (Unavailable)
+  }
   if (prober_ != nullptr) prober_->Stop();  // no event reaches the executor or the metrics from here on
-  absl::MutexLock lock(&request_mu_);
   shadow_link_.reset();
   random_sender_.reset();
+  runner_.reset();
   engine_.reset();
   experts_.reset();
 }
@@ -225,21 +238,42 @@ absl::StatusOr<std::vector<int32_t>> MainNode::PromptOf(const v1::GenerateReques
   return tokenizer_->EncodeForModel(request.prompt());
 }
 
-// One request's state while it runs, shared by the phases of RunRequest and the token callback.
+// One request's state while it runs. Its thread (RunRequest) fills the first part and hands it to the batch
+// loop, which owns the loop part until it posts the end; the mailbox passes tokens and the end between them.
 struct MainNode::RequestRun {
+  // Set by the request's thread before the hand-over.
   uint64_t id = 0;
   std::string trace_id;  // the client's request id: x-request-id metadata on every RPC of the request
   std::vector<int32_t> prompt;
   GenerateOptions options;
-  std::function<bool(const v1::GenerateResponse&)> emit;
-  bool client_gone = false;
-  int64_t generated = 0;                         // tokens seen by the callback
-  std::unique_ptr<IncrementalDecoder> decoder;  // nullptr without a tokenizer
-  std::vector<float> kv_k, kv_v;                // [num_layers, kv_size]: a position's K/V for the shadow
-  MainMetrics::Request* timeline = nullptr;     // the request's metrics
-  absl::Time arrived;                           // when main got it
-  double queue_ms = 0;                          // from arrival until it had the engine
+  absl::Time deadline = absl::InfiniteFuture();  // the client's
+  MainMetrics::Request* timeline = nullptr;      // the request's metrics
+  absl::Time arrived;                            // when main got it
+  double queue_ms = 0;                           // from arrival until it joined the batch
   int64_t prompt_len() const { return static_cast<int64_t>(prompt.size()); }
+
+  // The batch loop's, from the hand-over until it posts the end.
+  std::unique_ptr<BatchRequest> batch;
+  bool lead = false;              // predictions follow it
+  int64_t fed = 0;                // tokens the loop has seen (the shadow's position)
+  std::vector<float> kv_k, kv_v;  // [num_layers, kv_size]: a position's K/V for the shadow
+  // What its steps cost (each step's figures added to every request in it) and its prediction figures.
+  std::vector<WorkerCallStats> worker_stats;
+  uint64_t calls_reissued = 0;
+  uint64_t membership_epoch = 0;
+  DecodeTiming timing;
+  RecallSummary recall;
+  AlignmentCounts alignment;
+
+  // Set by the request's thread when its client has gone or cancelled: the loop takes it out at the next step.
+  std::atomic<bool> stop{false};
+  bool client_gone = false;  // the request's thread's own record of it
+
+  // The mailbox, filled by the loop.
+  absl::Mutex mu;
+  std::deque<std::pair<int32_t, bool>> tokens ABSL_GUARDED_BY(mu);  // (id, last), not yet streamed
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
 };
 
 absl::StatusOr<GenerateOptions> MainNode::OptionsOf(const v1::GenerateRequest& request,
@@ -280,7 +314,6 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   ODMOE_ASSIGN_OR_RETURN(run.prompt, PromptOf(request));
   record->prompt_tokens = run.prompt_len();
   ODMOE_ASSIGN_OR_RETURN(run.options, OptionsOf(request, run.prompt));
-  run.emit = emit;
   run.timeline = &timeline;
 
   // Admission: a place in the bounded queue or a busy refusal at once; then wait (first come, first served).
@@ -290,41 +323,193 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
     arrived.emplace(std::move(ticket));
   }
   Admission::Ticket& ticket = record->admitted != nullptr ? *record->admitted : *arrived;
-  struct LeaveWhenDone {  // the engine goes to the next request as this one ends, whoever owns the ticket
+  struct LeaveWhenDone {  // the place goes to the next request as this one ends, whoever owns the ticket
     Admission::Ticket& ticket;
     ~LeaveWhenDone() { ticket.Leave(); }
   } leave{ticket};
   timeline.Queued();
   ODMOE_RETURN_IF_ERROR(ticket.WaitTurn([&] { return cancelled != nullptr && cancelled(); }, record->deadline));
-  absl::MutexLock lock(&request_mu_);  // the ticket's turn: nobody else holds it for long
   run.queue_ms = absl::ToDoubleMilliseconds(absl::Now() - run.arrived);
+  run.deadline = record->deadline;
   timeline.Started(run.prompt_len());
   run.id = next_request_id_.fetch_add(1);
-  experts_->BeginRequest(
-      run.id, [&]() { return run.client_gone || (cancelled != nullptr && cancelled()); }, run.trace_id);
-  experts_->SetRequestDeadline(record->deadline);
-  if (tokenizer_ != nullptr) run.decoder = std::make_unique<IncrementalDecoder>(*tokenizer_, run.prompt);
-  StartPrediction(run);
-  absl::StatusOr<GenerateResult> result =
-      odmoe::Generate(*engine_, run.prompt, run.options, [&](int32_t id, bool last) { OnToken(run, id, last); });
-  experts_->EndRequest();
-  const AlignmentCounts alignment = FinishPrediction(/*request_ok=*/result.ok());
-  record->generated_tokens = run.generated;
-  if (run.client_gone && record->emit_false_is_stop) return absl::OkStatus();
-  if (run.client_gone) return absl::CancelledError("the client went away");
-  if (!result.ok()) return result.status();
-  // Times count from arrival: the queue is part of what the client waited.
-  result->ttft_ms += run.queue_ms;
-  result->total_ms += run.queue_ms;
-  record->generated_tokens = static_cast<int64_t>(result->tokens.size());
-  record->ttft_ms = result->ttft_ms;
-  record->decode_tokens_per_s = result->decode_tokens_per_s;
-  record->total_ms = result->total_ms;
+  run.batch = std::make_unique<BatchRequest>(run.id, run.prompt, run.options,
+                                             [this, r = &run](int32_t id, bool last) { OnToken(*r, id, last); });
+  std::unique_ptr<IncrementalDecoder> decoder;
+  if (tokenizer_ != nullptr) decoder = std::make_unique<IncrementalDecoder>(*tokenizer_, run.prompt);
+  Submit(&run);
 
-  v1::GenerateResponse last = FinalResponse(run, *result);
-  FillRequestStats(run, *result, alignment, last.mutable_stats());
+  // Stream what the loop posts until it posts the end; it takes the request out when the client goes.
+  absl::Status status;
+  for (;;) {
+    std::deque<std::pair<int32_t, bool>> tokens;
+    bool done = false;
+    {
+      absl::MutexLock lock(&run.mu);
+      auto ready = [&run]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(run.mu) { return !run.tokens.empty() || run.done; };
+      run.mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
+      tokens.swap(run.tokens);
+      done = run.done;
+      status = run.status;
+    }
+    for (const auto& [id, last] : tokens) {
+      (void)last;
+      if (run.client_gone) break;
+      v1::GenerateResponse chunk;
+      chunk.add_tokens(id);
+      chunk.set_has_text(decoder != nullptr);
+      if (decoder != nullptr) chunk.set_text(decoder->Push(id));
+      if (!emit(chunk)) run.client_gone = true;
+    }
+    if (done) break;
+    if (run.client_gone || (cancelled != nullptr && cancelled())) run.stop.store(true);
+  }
+  // The loop is done with `run`.
+  record->generated_tokens = static_cast<int64_t>(run.batch->result().tokens.size());
+  if (run.client_gone && record->emit_false_is_stop) return absl::OkStatus();
+  if (run.client_gone || (absl::IsCancelled(status) && cancelled != nullptr && cancelled())) {
+    return absl::CancelledError("the client went away");
+  }
+  ODMOE_RETURN_IF_ERROR(status);
+  GenerateResult result = run.batch->result();
+  // Times count from arrival: the queue is part of what the client waited.
+  result.ttft_ms += run.queue_ms;
+  result.total_ms += run.queue_ms;
+  record->ttft_ms = result.ttft_ms;
+  record->decode_tokens_per_s = result.decode_tokens_per_s;
+  record->total_ms = result.total_ms;
+
+  v1::GenerateResponse last = FinalResponse(run, result, decoder.get());
+  FillRequestStats(run, result, last.mutable_stats());
   if (!emit(last) && !record->emit_false_is_stop) return absl::CancelledError("the client went away");
   return absl::OkStatus();
+}
+
+void MainNode::Submit(RequestRun* run) {
+  absl::MutexLock lock(&inbox_mu_);
+  if (stopping_) {
+    absl::MutexLock run_lock(&run->mu);
+    run->done = true;
+    run->status = absl::UnavailableError("main is shutting down");
+    return;
+  }
+  inbox_.push_back(run);
+}
+
+void MainNode::BatchLoop() {
+  bool fresh = true;  // the loop waited for work before the next step
+  for (;;) {
+    std::vector<RequestRun*> arrived;
+    bool stopping = false;
+    {
+      absl::MutexLock lock(&inbox_mu_);
+      auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(inbox_mu_) {
+        return stopping_ || !inbox_.empty() || !running_.empty();
+      };
+      if (running_.empty() && inbox_.empty()) fresh = true;
+      inbox_mu_.Await(absl::Condition(&work));
+      arrived.swap(inbox_);
+      stopping = stopping_;
+    }
+    for (RequestRun* run : arrived) Join(run);
+    if (stopping) {
+      while (!running_.empty()) Leave(running_.front(), absl::UnavailableError("main is shutting down"));
+      return;
+    }
+    // Requests whose client went away, or whose deadline passed, leave between steps.
+    const absl::Time now = absl::Now();
+    for (size_t i = 0; i < running_.size();) {
+      RequestRun* run = running_[i];
+      if (run->stop.load()) {
+        Leave(run, absl::CancelledError("the client went away"));
+      } else if (now >= run->deadline) {
+        Leave(run, absl::DeadlineExceededError("the request's deadline passed"));
+      } else {
+        ++i;
+      }
+    }
+    if (running_.empty()) continue;
+    RunStep(fresh);
+    fresh = false;
+  }
+}
+
+void MainNode::Join(RequestRun* run) {
+  run->worker_stats.assign(experts_->workers().size(), WorkerCallStats());
+  if (absl::Status added = runner_->Add(run->batch.get()); !added.ok()) {
+    absl::MutexLock lock(&run->mu);
+    run->done = true;
+    run->status = added;
+    return;
+  }
+  running_.push_back(run);
+  if (lead_ == nullptr) {
+    lead_ = run;
+    run->lead = true;
+    StartPrediction(*run);
+  }
+}
+
+void MainNode::Leave(RequestRun* run, absl::Status status) {
+  runner_->Remove(run->batch.get());
+  running_.erase(std::remove(running_.begin(), running_.end(), run), running_.end());
+  if (run == lead_) {
+    run->alignment = FinishPrediction(/*request_ok=*/status.ok(), /*others_running=*/!running_.empty());
+    run->recall = board_.Summarize();
+    experts_->ClearLead();
+    lead_ = nullptr;
+  }
+  absl::MutexLock lock(&run->mu);
+  run->done = true;
+  run->status = std::move(status);
+}
+
+void MainNode::RunStep(bool fresh) {
+  const BatchRunner::Plan plan = runner_->Schedule();
+  if (plan.empty()) return;
+  RemoteExpertExecutor::StepContext step;
+  step.fresh = fresh;
+  step.deadline = absl::InfinitePast();
+  std::vector<RequestRun*> runs;
+  for (BatchRequest* r : plan.requests) {
+    auto it = std::find_if(running_.begin(), running_.end(), [r](RequestRun* run) { return run->batch.get() == r; });
+    ODMOE_CHECK(it != running_.end());
+    runs.push_back(*it);
+    step.deadline = std::max(step.deadline, (*it)->deadline);
+  }
+  step.trace_id = runs.front()->trace_id;
+  for (RequestRun* run : runs) {
+    if (run->lead) step.trace_id = run->trace_id;
+  }
+  // The step stops early only when every request in it is gone.
+  step.cancelled = [runs]() {
+    return std::all_of(runs.begin(), runs.end(), [](RequestRun* run) { return run->stop.load(); });
+  };
+  experts_->BeginStep(std::move(step));
+  const absl::Status ran = runner_->Run(plan);
+  experts_->EndStep();
+  // The step's cost goes to each of its requests (a load shared by several counts for each).
+  for (RequestRun* run : runs) {
+    for (size_t w = 0; w < run->worker_stats.size(); ++w) run->worker_stats[w].Add(experts_->stats()[w]);
+    run->calls_reissued += experts_->calls_reissued();
+    run->membership_epoch = experts_->membership_epoch();
+    run->timing.Add(experts_->timing());
+  }
+  {
+    absl::MutexLock stats_lock(&stats_mu_);
+    counters_.timing.Add(experts_->timing());
+    if (plan.kind == ForwardKind::kDecode) {
+      ++counters_.decode_steps;
+      counters_.decode_rows += runs.size();
+    }
+  }
+  if (!ran.ok()) spdlog::warn("a batch step of {} request(s) failed: {}", runs.size(), std::string(ran.message()));
+  for (BatchRequest* done : runner_->Postprocess(plan)) {
+    auto it =
+        std::find_if(running_.begin(), running_.end(), [done](RequestRun* run) { return run->batch.get() == done; });
+    ODMOE_CHECK(it != running_.end());
+    Leave(*it, done->status());
+  }
 }
 
 void MainNode::StartPrediction(const RequestRun& run) {
@@ -333,11 +518,11 @@ void MainNode::StartPrediction(const RequestRun& run) {
   const std::vector<int64_t> sparse_layers = config_.SparseLayers();
   board_.Reset(static_cast<int64_t>(sparse_layers.size()), config_.top_k);
   if (shadow_link_ != nullptr) {
-    experts_->SetPrediction(&board_);
+    experts_->SetLead(run.id, &board_);
     shadow_link_->Start(run.id, run.trace_id, run.prompt, run.options.max_new_tokens, ss, &board_);
   } else if (random_sender_ != nullptr) {
     const uint64_t request_id = run.id;
-    experts_->SetPrediction(&board_, [this, request_id, trace_id = run.trace_id, sparse_layers,
+    experts_->SetLead(run.id, &board_, [this, request_id, trace_id = run.trace_id, sparse_layers,
                                       seed = ss.seed](int64_t position) {
       // Placed over main's membership as it is now (a view main made itself: always valid).
       ODMOE_CHECK_OK(random_sender_->SetMembership(membership_->Current().view));
@@ -349,16 +534,17 @@ void MainNode::StartPrediction(const RequestRun& run) {
       }
     });
   } else {
-    experts_->SetPrediction(&board_);  // no predictions: recall 0, misses recorded
+    experts_->SetLead(run.id, &board_);  // no predictions: recall 0, misses recorded
   }
 }
 
-AlignmentCounts MainNode::FinishPrediction(bool request_ok) {
+AlignmentCounts MainNode::FinishPrediction(bool request_ok, bool others_running) {
   AlignmentCounts alignment;
   if (shadow_link_ != nullptr) {
     // The shadow's predictions for the last positions may still be on their way: they count for recall. A
-    // failed request has no recall to complete: its error goes out at once.
-    shadow_link_->Finish(/*wait_ms=*/request_ok ? 2000 : 0);
+    // failed request has no recall to complete: its error goes out at once; nor do other running requests wait
+    // for it.
+    shadow_link_->Finish(/*wait_ms=*/request_ok && !others_running ? 2000 : 0);
     alignment = shadow_link_->counts();
   }
   if (random_sender_ != nullptr) random_sender_->Drain();
@@ -367,16 +553,14 @@ AlignmentCounts MainNode::FinishPrediction(bool request_ok) {
 
 void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
   run.timeline->Token();
-  if (run.client_gone) return;
-  v1::GenerateResponse chunk;
-  chunk.add_tokens(id);
-  chunk.set_has_text(run.decoder != nullptr);
-  if (run.decoder != nullptr) chunk.set_text(run.decoder->Push(id));
-  if (!run.emit(chunk)) run.client_gone = true;
-  // Main now decodes the position of this token (unless Generate says it was the last one): the shadow learns
-  // where main is, with the alignment due at this step.
-  const int64_t i = run.generated++;
-  if (shadow_link_ == nullptr || last) return;
+  {
+    absl::MutexLock lock(&run.mu);
+    run.tokens.push_back({id, last});
+  }
+  // Main now decodes the position of this token (unless it was the last one): the shadow learns where main is,
+  // with the alignment due at this step.
+  const int64_t i = run.fed++;
+  if (shadow_link_ == nullptr || last || !run.lead) return;
   const ShadowSettings& ss = cluster_.shadow_settings;
   const int64_t prompt_len = run.prompt_len();
   const bool send_token = ss.align_token > 0 && i % ss.align_token == 0;
@@ -386,24 +570,25 @@ void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
     // carries) goes once, before the first step.
     const size_t row = static_cast<size_t>(config_.num_layers * config_.kv_size());
     std::vector<float> pk(row * static_cast<size_t>(prompt_len - 1)), pv(pk.size());
-    if (!engine_->ReadKvRange(0, prompt_len - 1, pk.data(), pv.data()).ok()) return;
+    if (!engine_->ReadKvRange(*run.batch->sequence(), 0, prompt_len - 1, pk.data(), pv.data()).ok()) return;
     shadow_link_->SendKv(0, prompt_len - 1, pk.data(), pv.data());
   }
   if (send_kv) {
     run.kv_k.resize(static_cast<size_t>(config_.num_layers * config_.kv_size()));
     run.kv_v.resize(run.kv_k.size());
-    if (!engine_->ReadKv(prompt_len + i - 1, run.kv_k.data(), run.kv_v.data()).ok()) return;
+    if (!engine_->ReadKv(*run.batch->sequence(), prompt_len + i - 1, run.kv_k.data(), run.kv_v.data()).ok()) return;
   }
   shadow_link_->Step(prompt_len + i, send_token ? std::optional<int32_t>(id) : std::nullopt,
                      send_kv ? run.kv_k.data() : nullptr, send_kv ? run.kv_v.data() : nullptr);
 }
 
-v1::GenerateResponse MainNode::FinalResponse(RequestRun& run, const GenerateResult& result) const {
+v1::GenerateResponse MainNode::FinalResponse(RequestRun& run, const GenerateResult& result,
+                                             IncrementalDecoder* decoder) const {
   v1::GenerateResponse last;
   last.set_done(true);
-  last.set_has_text(run.decoder != nullptr);
-  if (run.decoder != nullptr) {
-    last.set_text(run.decoder->Finish());
+  last.set_has_text(decoder != nullptr);
+  if (decoder != nullptr) {
+    last.set_text(decoder->Finish());
     last.set_full_text(tokenizer_->Decode(result.tokens));
   }
   last.mutable_prompt_ids()->Add(run.prompt.begin(), run.prompt.end());
@@ -421,12 +606,11 @@ v1::GenerateResponse MainNode::FinalResponse(RequestRun& run, const GenerateResu
   return last;
 }
 
-void MainNode::FillRequestStats(const RequestRun& run, const GenerateResult& result,
-                                const AlignmentCounts& alignment, v1::RequestStats* stats) {
+void MainNode::FillRequestStats(const RequestRun& run, const GenerateResult& result, v1::RequestStats* stats) {
   stats->set_ttft_ms(result.ttft_ms);
   stats->set_decode_tokens_per_s(result.decode_tokens_per_s);
   stats->set_total_ms(result.total_ms);
-  const std::vector<WorkerCallStats>& per_worker = experts_->stats();
+  const std::vector<WorkerCallStats>& per_worker = run.worker_stats;
   WorkerCallStats total;
   for (size_t i = 0; i < per_worker.size(); ++i) {
     per_worker[i].ToProto(experts_->workers()[i].name, stats->add_workers());
@@ -436,7 +620,8 @@ void MainNode::FillRequestStats(const RequestRun& run, const GenerateResult& res
   stats->set_loads_on_demand(total.loads_on_demand);
   stats->set_on_demand_load_ms(total.on_demand_load_ms);
   stats->set_expert_tensors_opened(static_cast<uint64_t>(expert_tensors_opened()));
-  const RecallSummary recall = board_.Summarize();
+  const RecallSummary& recall = run.recall;  // empty unless the request was the lead
+  const AlignmentCounts& alignment = run.alignment;
   if (recall.decode_layers > 0) metrics_->Prediction(recall.recall, recall.timely_recall);
   stats->set_prediction(std::string(PredictionModeName(cluster_.shadow_settings.mode)));
   recall.ToProto(stats);
@@ -444,22 +629,21 @@ void MainNode::FillRequestStats(const RequestRun& run, const GenerateResult& res
   stats->set_kv_aligned(alignment.kv);
   stats->set_alignment_bytes(alignment.bytes);
   stats->set_queue_ms(run.queue_ms);
-  stats->set_calls_reissued(experts_->calls_reissued());
-  stats->set_membership_epoch(experts_->membership_epoch());
-  const DecodeTiming& timing = experts_->timing();
+  stats->set_calls_reissued(run.calls_reissued);
+  stats->set_membership_epoch(run.membership_epoch);
+  const DecodeTiming& timing = run.timing;
   const int32_t groups = experts_->placement().num_groups();
   timing.ToProto(groups, stats);
   stats->set_groups(groups);
   {
     absl::MutexLock stats_lock(&stats_mu_);
-    counters_.Add(Counters::OfRequest(recall, alignment, timing));
+    counters_.Add(Counters::OfRequest(recall, alignment));  // the timing is counted per step (RunStep)
   }
   const size_t fed = result.tokens.empty() ? 0 : result.tokens.size() - 1;  // the last token is never fed back
   stats->set_positions(run.prompt.size() + fed);
 }
 
-MainNode::Counters MainNode::Counters::OfRequest(const RecallSummary& r, const AlignmentCounts& a,
-                                                 const DecodeTiming& t) {
+MainNode::Counters MainNode::Counters::OfRequest(const RecallSummary& r, const AlignmentCounts& a) {
   return Counters{.requests = 1,
                   .decode_layers = r.decode_layers,
                   .correct = r.correct,
@@ -472,7 +656,6 @@ MainNode::Counters MainNode::Counters::OfRequest(const RecallSummary& r, const A
                   .alignment_bytes = a.bytes,
                   .predictions_received = r.predictions_received,
                   .lead_layers_sum = r.lead_layers_mean * static_cast<double>(r.predictions_received),
-                  .timing = t,
                   .hedge_loads = r.hedge_loads,
                   .hedges_used = r.hedges_used};
 }
@@ -493,6 +676,8 @@ void MainNode::Counters::Add(const Counters& o) {
   timing.Add(o.timing);
   hedge_loads += o.hedge_loads;
   hedges_used += o.hedges_used;
+  decode_steps += o.decode_steps;
+  decode_rows += o.decode_rows;
 }
 
 void MainNode::Counters::AppendFamilies(int64_t top_k, std::vector<metrics::MetricFamily>* out) const {
@@ -515,6 +700,11 @@ void MainNode::Counters::AppendFamilies(int64_t top_k, std::vector<metrics::Metr
           static_cast<double>(hedge_loads));
   counter("odmoe_prediction_hedges_used_total", "Needed experts only a hedge had predicted (counted in hit).",
           static_cast<double>(hedges_used));
+  counter("odmoe_batch_decode_steps_total", "Decode steps run (continuous batching: each carries every decoding request).",
+          static_cast<double>(decode_steps));
+  counter("odmoe_batch_decode_rows_total",
+          "Request rows the decode steps carried (mean batch size = this / odmoe_batch_decode_steps_total).",
+          static_cast<double>(decode_rows));
   counter("odmoe_on_demand_loads_total", "Decode experts no worker had when main asked (loaded after routing).",
           static_cast<double>(loads_on_demand));
   counter("odmoe_on_demand_stall_seconds_total", "Time main waited for on-demand loads in decode, in seconds.",
@@ -563,6 +753,8 @@ void MainNode::Counters::ToProto(int64_t top_k, int32_t groups, v1::MainStats* s
   timing.ToProto(groups, s);
   s->set_hedge_loads(hedge_loads);
   s->set_hedges_used(hedges_used);
+  s->set_decode_steps(decode_steps);
+  s->set_decode_rows(decode_rows);
 }
 
 namespace {

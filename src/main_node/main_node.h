@@ -7,12 +7,18 @@
 // loaded; "random" predicts k random experts per layer itself and prefetches them (ablation case 5); "none"
 // loads after routing. Recall and timely recall of every request are in its stats (PredictionBoard).
 //
-// Requests run one at a time; up to [cluster] max_queued more wait their turn in arrival order and the next is
-// refused at once, busy (admission control, src/main_node/admission.h). A request is validated before it waits
-// (bad requests are answered at once); its ttft_ms and total_ms count from its arrival, queue_ms the wait.
+// Continuous batching: up to [cluster] max_running requests run at once, decoded together by one batch loop
+// thread (src/engine/batching.h: a step is schedule -> run -> postprocess; a new prompt goes in chunks between
+// decode steps); up to [cluster] max_queued more wait their turn in arrival order and the next is refused at
+// once, busy (admission control, src/main_node/admission.h). A request is validated before it waits (bad
+// requests are answered at once); its ttft_ms and total_ms count from its arrival, queue_ms the wait.
+// Predictions follow one request at a time, the lead (the oldest running one that was the only one when it
+// started following): see RemoteExpertExecutor::SetLead. A request that ran beside the lead has no recall
+// figures (decode_layers 0) and its experts are loaded after routing unless the lead's prediction had them.
 //
-// Thread safety: the gRPC handlers may be called concurrently from the server's threads; the engine, the
-// executor and the tokenizer's decoding state are used only under request_mu_.
+// Thread safety: the gRPC handlers may be called concurrently from the server's threads; each hands its
+// request to the batch loop and streams what the loop posts back. The engine, the executor, the shadow link and
+// the random sender are used only by the batch loop thread.
 #pragma once
 
 #include <atomic>
@@ -21,6 +27,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -29,6 +37,7 @@
 #include "src/backend/device.h"
 #include "src/common/limits.h"
 #include "src/common/cluster_config.h"
+#include "src/engine/batching.h"
 #include "src/engine/engine.h"
 #include "src/engine/generator.h"
 #include "src/engine/model_weights.h"
@@ -133,8 +142,18 @@ class MainNode final : public v1::Inference::Service {
   // is given; FailedPrecondition for a text prompt when the model has no tokenizer.
   absl::StatusOr<std::vector<int32_t>> PromptOf(const v1::GenerateRequest& request) const;
 
-  // The phases of RunRequest. RequestRun: one request's state (main_node.cc).
+  // The phases of RunRequest. RequestRun: one request's state (main_node.cc), shared by its thread and the
+  // batch loop.
   struct RequestRun;
+  // The batch loop (its thread's body): takes the requests handed over, runs batch steps until the node stops.
+  void BatchLoop();
+  // Hands `run` to the batch loop; it posts the tokens and the end to `run`.
+  void Submit(RequestRun* run);
+  // Loop side: a request joins the batch (and becomes the lead when predictions follow none); one leaves it
+  // with `status` (OK: it stopped); one step of the batch.
+  void Join(RequestRun* run);
+  void Leave(RequestRun* run, absl::Status status);
+  void RunStep(bool fresh);
   // RunRequest but for its metrics (`timeline`: the request's, which RunRequest finishes).
   absl::Status ServeRequest(const v1::GenerateRequest& request,
                             const std::function<bool(const v1::GenerateResponse&)>& emit,
@@ -145,15 +164,14 @@ class MainNode final : public v1::Inference::Service {
                                             std::span<const int32_t> prompt) const;
   // The prediction source of the request (the shadow's stream, main's random predictions, or none), and its
   // end (the shadow's last predictions awaited unless the request failed; its alignment counts returned).
-  void StartPrediction(const RequestRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
-  AlignmentCounts FinishPrediction(bool request_ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
-  // The token callback: streams the token to the client and, unless it is the last one, tells the shadow
-  // where main is (with the alignment due).
-  void OnToken(RequestRun& run, int32_t id, bool last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
+  void StartPrediction(const RequestRun& run);
+  AlignmentCounts FinishPrediction(bool request_ok, bool others_running);
+  // The token callback (batch loop): posts the token to the request's thread and, unless it is the last one and
+  // when the request is the lead, tells the shadow where main is (with the alignment due).
+  void OnToken(RequestRun& run, int32_t id, bool last);
   // The final message, and its stats (also added to the node's counters).
-  v1::GenerateResponse FinalResponse(RequestRun& run, const GenerateResult& result) const;
-  void FillRequestStats(const RequestRun& run, const GenerateResult& result, const AlignmentCounts& alignment,
-                        v1::RequestStats* stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(request_mu_);
+  v1::GenerateResponse FinalResponse(RequestRun& run, const GenerateResult& result, IncrementalDecoder* decoder) const;
+  void FillRequestStats(const RequestRun& run, const GenerateResult& result, v1::RequestStats* stats);
 
   ClusterConfig cluster_;
   NodeConfig self_;
@@ -171,16 +189,24 @@ class MainNode final : public v1::Inference::Service {
   // Which workers take work (failover); subscribes to health_, read by the executor and the shadow link.
   std::unique_ptr<Membership> membership_;
 
-  std::unique_ptr<Admission> admission_;  // the bounded FCFS queue in front of request_mu_
-  absl::Mutex request_mu_;  // one request at a time
-  std::unique_ptr<RemoteExpertExecutor> experts_ ABSL_GUARDED_BY(request_mu_);
-  // experts_ for what may be read without the lock (its thread-safe totals, for the metrics); set by Create.
+  std::unique_ptr<Admission> admission_;  // the bounded FCFS queue in front of the batch
+  // Used by the batch loop thread only (and by Create and the destructor, when it is not running).
+  std::unique_ptr<RemoteExpertExecutor> experts_;
+  // experts_ for what may be read from other threads (its thread-safe totals, for the metrics).
   const RemoteExpertExecutor* experts_unguarded_ = nullptr;
-  std::unique_ptr<Engine> engine_ ABSL_GUARDED_BY(request_mu_);
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<BatchRunner> runner_;
+  std::vector<RequestRun*> running_;  // the requests in the batch, in arrival order
+  RequestRun* lead_ = nullptr;        // the request predictions follow (nullptr: none)
   // Expert prediction (cluster_.shadow_settings.mode): the shadow's stream, or main's own random predictions.
   PredictionBoard board_;
-  std::unique_ptr<ShadowLink> shadow_link_ ABSL_GUARDED_BY(request_mu_);
-  std::unique_ptr<rpc::PrefetchSender> random_sender_ ABSL_GUARDED_BY(request_mu_);
+  std::unique_ptr<ShadowLink> shadow_link_;
+  std::unique_ptr<rpc::PrefetchSender> random_sender_;
+  // The hand-over to the batch loop.
+  absl::Mutex inbox_mu_;
+  std::vector<RequestRun*> inbox_ ABSL_GUARDED_BY(inbox_mu_);
+  bool stopping_ ABSL_GUARDED_BY(inbox_mu_) = false;
+  std::thread batch_thread_;
 
   // Counters since the last reset (Stats): each request's are added once, as it ends.
   struct Counters {
@@ -192,8 +218,9 @@ class MainNode final : public v1::Inference::Service {
     double lead_layers_sum = 0;  // over the predictions received
     DecodeTiming timing;
     uint64_t hedge_loads = 0, hedges_used = 0;  // hedged prefetch
+    uint64_t decode_steps = 0, decode_rows = 0;  // continuous batching: steps and the requests' rows in them
     // One request's counters.
-    static Counters OfRequest(const RecallSummary& r, const AlignmentCounts& a, const DecodeTiming& t);
+    static Counters OfRequest(const RecallSummary& r, const AlignmentCounts& a);
     void Add(const Counters& o);
     // The one conversion to the node's stats (recall over decode_layers * top_k; N_G groups for t_maxload).
     void ToProto(int64_t top_k, int32_t groups, v1::MainStats* s) const;

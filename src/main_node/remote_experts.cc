@@ -290,32 +290,45 @@ void RemoteExpertExecutor::OnPeerEvent(const PeerEvent& event) {
   if (!why.ok()) state->AbortWorker(event.peer, why);
 }
 
-void RemoteExpertExecutor::BeginRequest(uint64_t request_id, std::function<bool()> cancelled, std::string trace_id) {
-  request_id_ = request_id;
-  request_deadline_ = absl::InfiniteFuture();
-  trace_id_ = std::move(trace_id);
-  cancelled_ = std::move(cancelled);
+void RemoteExpertExecutor::BeginStep(StepContext context) {
+  step_ = std::move(context);
   stats_.assign(workers_.size(), WorkerCallStats());
   calls_reissued_ = 0;
-  board_ = nullptr;
-  on_decode_position_ = nullptr;
-  position_ = 0;
-  decode_ = false;
   timing_ = DecodeTiming();
-  last_layer_end_.reset();
+  if (step_.fresh) last_layer_end_.reset();
 }
 
-void RemoteExpertExecutor::SetPrediction(PredictionBoard* board,
-                                         std::function<void(int64_t position)> on_decode_position) {
+void RemoteExpertExecutor::SetLead(uint64_t tag, PredictionBoard* board,
+                                   std::function<void(int64_t position)> on_decode_position) {
+  lead_tag_ = tag;
   board_ = board;
   on_decode_position_ = std::move(on_decode_position);
 }
 
-void RemoteExpertExecutor::BeginForward(int64_t first_position, int64_t n, ForwardKind kind) {
-  (void)n;
-  position_ = first_position;
+void RemoteExpertExecutor::ClearLead() {
+  lead_tag_ = 0;
+  board_ = nullptr;
+  on_decode_position_ = nullptr;
+}
+
+void RemoteExpertExecutor::BeginForward(std::span<const ForwardSegment> segments, ForwardKind kind) {
   decode_ = kind == ForwardKind::kDecode;
-  if (decode_ && on_decode_position_) on_decode_position_(first_position);
+  lead_row_ = -1;
+  int64_t row = 0;
+  for (const ForwardSegment& s : segments) {
+    if (lead_tag_ != 0 && s.tag == lead_tag_) {
+      lead_row_ = row + s.n - 1;
+      request_id_ = s.tag;
+      position_ = s.first_position;
+    }
+    row += s.n;
+  }
+  if (lead_row_ < 0) {
+    // Without the lead: untracked, so that the lead's prefetched experts stay; with no lead, the first request's.
+    request_id_ = lead_tag_ != 0 ? 0 : segments.front().tag;
+    position_ = segments.front().first_position;
+  }
+  if (decode_ && lead_row_ >= 0 && on_decode_position_) on_decode_position_(position_);
 }
 
 // One layer's work as Run's phases hand it on.
@@ -323,7 +336,9 @@ struct RemoteExpertExecutor::Layer {
   int64_t layer = 0;
   int64_t sparse_index = 0;
   int64_t n = 0;
-  bool decode = false;               // a decode step with a prediction board: predictions used, outcome recorded
+  bool decode = false;               // a decode step (its rows: one token of each request)
+  bool use_board = false;            // the lead decodes in it: its prediction used, its outcome recorded
+  std::vector<int32_t> lead_actual;  // with use_board: the lead row's experts, ascending
   std::vector<ExpertBatch> batches;  // ascending expert id
   std::vector<int32_t> experts;      // the actual set, ascending (batches[b].expert)
   std::vector<int32_t> worker_of;    // per batch
@@ -372,7 +387,7 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
     work.n = n;
     work.view = m.view;
     // Slow calls are looked for in decode, once per layer, and only where another worker can take over.
-    work.detect_slow = n == 1 && slow.empty() && options_.membership != nullptr && placement.num_members() > 1;
+    work.detect_slow = decode_ && slow.empty() && options_.membership != nullptr && placement.num_members() > 1;
     const absl::Status status = Attempt(work, h, ids, weights, placement, out, stream, entered);
     if (status.ok()) return status;
     const uint64_t resent = work.plan.size();
@@ -385,14 +400,14 @@ absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n,
       continue;
     }
     const bool lost = options_.membership != nullptr && WorkerWasLost(status) && attempt < max_attempts &&
-                      absl::Now() < request_deadline_ && !(cancelled_ && cancelled_());
+                      absl::Now() < step_.deadline && !(step_.cancelled && step_.cancelled());
     if (!lost) return status;
     // Main's verdict takes the worker out: at once for a refused or reset connection, within PeerHealth's
     // silence bound for a hang; a failure it does not share (a momentary one) is tried again after that.
     const absl::Duration verdict =
         options_.health != nullptr ? 2 * options_.health->options().down_after : absl::Seconds(1);
     const Membership::Snapshot next =
-        options_.membership->AwaitNewer(m.view.epoch, std::min(request_deadline_, absl::Now() + verdict));
+        options_.membership->AwaitNewer(m.view.epoch, std::min(step_.deadline, absl::Now() + verdict));
     calls_reissued_ += resent;
     reissued_down_total_.fetch_add(resent, std::memory_order_relaxed);
     spdlog::warn("layer {}: re-issuing {} expert call(s) under membership epoch {} after: {}", layer, resent,
@@ -417,7 +432,7 @@ absl::Status RemoteExpertExecutor::Place(Layer& work, std::span<const int32_t> i
   const int64_t k = config_.top_k, layer = work.layer, n = work.n;
   work.sparse_index = config_.SparseIndex(layer);
   if (work.sparse_index < 0) return absl::InternalError(StrCat("layer ", layer, " has no routed experts"));
-  if (cancelled_ && cancelled_()) return absl::CancelledError("the request was cancelled by the client");
+  if (step_.cancelled && step_.cancelled()) return absl::CancelledError("the request was cancelled by the client");
   for (int64_t i = 0; i < n * k; ++i) {
     const int32_t e = ids[static_cast<size_t>(i)];
     if (e < 0 || e >= config_.num_experts) {
@@ -427,21 +442,26 @@ absl::Status RemoteExpertExecutor::Place(Layer& work, std::span<const int32_t> i
   work.batches = GroupByExpert(ids, weights, n, k);
   for (const ExpertBatch& b : work.batches) work.experts.push_back(b.expert);
   work.worker_of.resize(work.batches.size());
-  work.decode = decode_ && board_ != nullptr;
-  // Placement follows the chunk's size: one token goes to its layer's group (a one-token prompt too, as it did
-  // before "decode" was passed down; only a decode step uses and records predictions).
-  if (n > 1) {
+  work.decode = decode_;
+  work.use_board = decode_ && board_ != nullptr && lead_row_ >= 0;
+  // A decode step, and a one-token prompt chunk, go to the layer's group; only the lead's decode steps use and
+  // record predictions.
+  if (!decode_ && n > 1) {
     // A prefill chunk spreads expert e to worker e mod N_W.
     for (size_t b = 0; b < work.batches.size(); ++b) {
       work.worker_of[b] = placement.PrefillWorkerOf(work.batches[b].expert);
     }
     return absl::OkStatus();
   }
-  // One token goes to the layer's group, the actual set assigned one-to-one. With a prediction, the experts it
-  // announced run where it had them loaded; misses go to the workers whose predicted expert went unused (they
-  // load on demand).
+  // The layer's group, the actual set (the union over the step's rows) assigned one-to-one up to G experts,
+  // round-robin beyond. With a prediction, the experts it announced run where it had them loaded; misses go to
+  // the workers whose predicted expert went unused (they load on demand).
   std::optional<std::vector<int32_t>> predicted;
-  if (work.decode) {
+  if (work.use_board) {
+    const auto first = ids.begin() + static_cast<std::ptrdiff_t>(lead_row_ * k);
+    work.lead_actual.assign(first, first + k);
+    std::sort(work.lead_actual.begin(), work.lead_actual.end());
+    work.lead_actual.erase(std::unique(work.lead_actual.begin(), work.lead_actual.end()), work.lead_actual.end());
     board_->SetProgress(position_, work.sparse_index);
     predicted = board_->Get(position_, work.sparse_index);
   }
@@ -469,7 +489,7 @@ void RemoteExpertExecutor::Encode(Layer& work, const float* h, Stream* stream) {
   // A prefill chunk goes in mini-batches of at most prefill_minibatch_rows (token, expert) rows per call, so a
   // worker computes one while the next travels (OD-MoE fig. 7).
   int64_t max_rows = std::min(options_.max_rows_per_call, rows_per_bytes), max_task_rows = rows_per_bytes;
-  if (n > 1 && options_.prefill_minibatch_rows > 0) {
+  if (!work.decode && n > 1 && options_.prefill_minibatch_rows > 0) {
     max_rows = std::min(max_rows, options_.prefill_minibatch_rows);
     max_task_rows = std::min(max_task_rows, options_.prefill_minibatch_rows);
   }
@@ -511,8 +531,8 @@ void RemoteExpertExecutor::Encode(Layer& work, const float* h, Stream* stream) {
     call->stub = stubs_[static_cast<size_t>(pc.worker)].get();
     call->worker = pc.worker;
     call->timeout_ms = options_.rpc_timeout_ms;
-    call->request_deadline = request_deadline_;
-    call->trace_id = trace_id_;
+    call->request_deadline = step_.deadline;
+    call->trace_id = step_.trace_id;
     work.calls->calls.push_back(std::move(call));
   }
 }
@@ -666,7 +686,7 @@ absl::Duration RemoteExpertExecutor::SlowBound(int32_t worker) const {
 }
 
 void RemoteExpertExecutor::LearnLatency(const Layer& work) {
-  if (work.n != 1) return;
+  if (!work.decode) return;
   const double ms = absl::ToDoubleMilliseconds(work.received - work.sent);
   for (size_t i = 0; i < work.plan.size(); ++i) {
     if (i > 0 && work.plan[i].worker == work.plan[i - 1].worker) continue;  // a worker's calls are consecutive
@@ -677,7 +697,7 @@ void RemoteExpertExecutor::LearnLatency(const Layer& work) {
 }
 
 void RemoteExpertExecutor::RecordRoundTrip(const Layer& work, absl::Time entered) {
-  if (work.n != 1) return;  // t_M and t_W are measured on one-token steps only
+  if (!work.decode) return;  // t_M and t_W are measured on decode steps only
   if (last_layer_end_.has_value()) {
     timing_.main_ms += absl::ToDoubleMilliseconds(entered - *last_layer_end_);
     ++timing_.main_layers;
@@ -729,7 +749,15 @@ absl::Status RemoteExpertExecutor::CollectOutputs(const Layer& work) {
       }
     }
   }
-  if (work.decode) board_->Record(position_, work.sparse_index, work.experts, resident, stall_ms);
+  if (work.use_board) {
+    // Whether each of the lead row's experts was resident.
+    std::vector<bool> lead_resident;
+    for (int32_t e : work.lead_actual) {
+      const auto b = std::lower_bound(work.experts.begin(), work.experts.end(), e) - work.experts.begin();
+      lead_resident.push_back(resident[static_cast<size_t>(b)]);
+    }
+    board_->Record(position_, work.sparse_index, work.lead_actual, std::move(lead_resident), stall_ms);
+  }
   return absl::OkStatus();
 }
 
@@ -747,7 +775,7 @@ absl::Status RemoteExpertExecutor::Combine(const Layer& work, float* out, Stream
       out, stream));
   // host_out_ and packed_ must stay untouched until the copies are done.
   device_.Synchronize(stream);
-  if (work.n == 1) {
+  if (work.decode) {
     last_layer_end_ = absl::Now();
   } else {
     last_layer_end_.reset();  // prefill: t_M is measured in decode only

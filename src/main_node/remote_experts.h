@@ -1,13 +1,15 @@
 // Routed experts computed on remote workers: main's ExpertExecutor.
 //
 // For each sparse layer main sends the post-attention hidden state of the tokens that chose an expert to the
-// worker that serves it (src/common/placement.h: decode, one token, goes to the layer's group with the actual
-// expert set assigned one-to-one, "load after routing"; prefill, several tokens, sends expert e to worker
-// e mod N_W), gets back each expert's unweighted output rows, and sums them on its own device in the fixed order
-// of LocalExpertExecutor (experts in ascending id order, an expert's rows in order, ScatterAddScaled with the
-// router weights). Since a worker computes expert(h[rows]) with the same rows and the same ops as the
-// single-process engine, the sum is bitwise identical to it wherever the experts ran (given the same device
-// kind on both sides).
+// worker that serves it (src/common/placement.h: a decode step, one token of each request in the batch, goes to
+// the layer's group with the actual expert set, the union over its rows, assigned one-to-one up to G experts and
+// round-robin beyond, "load after routing"; a prefill chunk of several tokens sends expert e to worker e mod N_W;
+// one expert computation serves every row routed to it), gets back each expert's unweighted output rows, and
+// sums them on its own device in the fixed order of LocalExpertExecutor (experts in ascending id order, an
+// expert's rows in order, ScatterAddScaled with the router weights). Since a worker computes expert(h[rows])
+// with the same rows and the same ops as the single-process engine, and every row is computed independently of
+// the others, the sum is bitwise identical to it wherever the experts ran and whatever the batch (given the same
+// device kind on both sides).
 //
 // Every call carries the request header (epoch, model fingerprint, sender, request id) and a deadline
 // (the cluster's rpc_timeout_ms). A call never carries more than max_tensor_bytes_per_call of hidden state, nor
@@ -95,7 +97,7 @@ struct WorkerCallStats {
   void ToProto(const std::string& node, v1::WorkerRequestStats* p) const;
 };
 
-// Where decode time goes (OD-MoE eq. 1), since BeginRequest: t_M, main's own time per sparse layer (from the
+// Where decode time goes (OD-MoE eq. 1), since BeginStep: t_M, main's own time per sparse layer (from the
 // end of one layer's expert round trip to the start of the next: attention, routing, the sum, and at a
 // position's first layer the embedding and sampling); t_W, a layer's expert round trip (send, the workers'
 // loads and compute, receive); the workers' time per expert load (every on-demand load, prefill included).
@@ -171,8 +173,8 @@ struct PlannedCall {
 std::vector<PlannedCall> PlanCalls(const std::vector<ExpertBatch>& batches, const std::vector<int32_t>& worker_of,
                                    int64_t max_rows, int64_t max_task_rows);
 
-// Thread safety: Run, BeginRequest and stats are called by one thread at a time (the engine's owner, which
-// serialises requests); the gRPC callbacks of a layer's calls touch only that layer's call state, under its
+// Thread safety: Run, BeginStep and stats are called by one thread at a time (the engine's owner, main's batch
+// loop); the gRPC callbacks of a layer's calls touch only that layer's call state, under its
 // own mutex, and Run returns only after every call of the layer has finished.
 struct LayerCalls;  // the gRPC calls of one layer (remote_experts.cc)
 
@@ -189,30 +191,38 @@ class RemoteExpertExecutor : public ExpertExecutor {
 
   absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
                    std::span<const float> weights, float* out, Stream* stream) override;
-  void BeginForward(int64_t first_position, int64_t n, ForwardKind kind) override;
+  void BeginForward(std::span<const ForwardSegment> segments, ForwardKind kind) override;
 
-  // Expert prediction for the current request (BeginRequest clears it): at each decode step (a kDecode
-  // forward) the executor places the actual experts where the prediction in `board` (if one arrived) had them
-  // loaded (Placement::Resolve), else by Placement::Assign, and records what happened in `board`.
-  // `on_decode_position` (optional) is called as each decode step begins (main's random predictions are made
-  // there). `board` must outlive the request.
-  void SetPrediction(PredictionBoard* board, std::function<void(int64_t position)> on_decode_position = nullptr);
+  // Continuous batching: a forward may carry the rows of several requests (ForwardSegment::tag = main's
+  // request id). One of them at a time is the lead: the request the predictions follow (the shadow's stream,
+  // or main's random predictions). A step with the lead's row is sent under the lead's request id and position
+  // (the workers' residency follows it, src/worker_node/residency.h); at its decode steps the executor places
+  // the union of the step's experts where the lead's prediction in `board` (if one arrived) had them loaded
+  // (Placement::Resolve; the other requests' experts go where that rule sends misses), else by
+  // Placement::Assign, and records the lead row's experts in `board`. A step without the lead is sent untracked
+  // (request id 0) so that it leaves the lead's prefetched experts alone; with no lead at all, under its first
+  // request's id. `on_decode_position` (optional) is called as each of the lead's decode steps begins (main's
+  // random predictions are made there). `board` must outlive the lead.
+  void SetLead(uint64_t tag, PredictionBoard* board, std::function<void(int64_t position)> on_decode_position = nullptr);
+  void ClearLead();
+  uint64_t lead() const { return lead_tag_; }
 
-  // Starts the accounting of a new client request: zeroes the stats, stamps `request_id` into every header and
-  // `trace_id` (the client's request id, rpc/request_id.h; "" for none) as x-request-id metadata on every call.
-  // `cancelled` (optional) is polled before each layer; when it returns true Run fails with Cancelled.
-  void BeginRequest(uint64_t request_id, std::function<bool()> cancelled = nullptr, std::string trace_id = "");
-  // The client's deadline for the current request (BeginRequest resets it to none): no call outlives it.
-  void SetRequestDeadline(absl::Time deadline) { request_deadline_ = deadline; }
-  // Drops the `cancelled` hook of the request (whose captures may be about to die); the stats stay.
-  void EndRequest() {
-    cancelled_ = nullptr;
-    board_ = nullptr;
-    on_decode_position_ = nullptr;
-  }
-  // Per worker (index = worker index), since BeginRequest.
+  // What the next forward's calls carry, and when they stop: the client's request id of the step (x-request-id
+  // metadata; "" for none), the latest deadline of its requests (no call outlives it) and `cancelled`
+  // (optional, polled before each layer: true fails the step with Cancelled). `fresh`: the engine was idle
+  // before this step (t_M is not measured across the gap). Zeroes the step's stats.
+  struct StepContext {
+    std::string trace_id;
+    absl::Time deadline = absl::InfiniteFuture();
+    std::function<bool()> cancelled;
+    bool fresh = false;
+  };
+  void BeginStep(StepContext context);
+  // Drops the step's `cancelled` hook (whose captures may be about to die); the stats stay.
+  void EndStep() { step_.cancelled = nullptr; }
+  // Per worker (index = worker index), since BeginStep.
   const std::vector<WorkerCallStats>& stats() const { return stats_; }
-  // Calls sent again since BeginRequest (failover), and the membership epoch of the last layer run.
+  // Calls sent again since BeginStep (failover), and the membership epoch of the last layer run.
   uint64_t calls_reissued() const { return calls_reissued_; }
   uint64_t membership_epoch() const { return membership_epoch_; }
   // Since the executor was made, by reason; may be read from any thread (the metrics).
@@ -272,14 +282,16 @@ class RemoteExpertExecutor : public ExpertExecutor {
   absl::Mutex active_mu_;  // before LayerCalls::mu
   std::shared_ptr<LayerCalls> active_ ABSL_GUARDED_BY(active_mu_);
 
-  uint64_t request_id_ = 0;
-  absl::Time request_deadline_ = absl::InfiniteFuture();
-  std::string trace_id_;
-  std::function<bool()> cancelled_;
+  StepContext step_;
+  uint64_t lead_tag_ = 0;  // 0: no lead
   PredictionBoard* board_ = nullptr;
   std::function<void(int64_t)> on_decode_position_;
-  int64_t position_ = 0;  // of the current forward chunk's first token
-  bool decode_ = false;   // the current forward is a decode step
+  // Of the current forward: the request id and position its calls carry, the lead's row (-1: not in it), and
+  // whether it is a decode step.
+  uint64_t request_id_ = 0;
+  int64_t position_ = 0;
+  int64_t lead_row_ = -1;
+  bool decode_ = false;
   DecodeTiming timing_;
   std::optional<absl::Time> last_layer_end_;  // when the previous decode layer's round trip ended
   std::vector<WorkerCallStats> stats_;

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -66,6 +67,7 @@ struct ClusterSpec {
   int down_worker = -1;  // this worker gets an address where nothing listens
   int hung_worker = -1;  // this worker never answers
   int64_t prefill_minibatch_rows = -1;  // -1: the cluster file's default
+  std::string cluster_extra;            // more lines of the [cluster] table
   MainNodeOptions main_options;
 };
 
@@ -76,7 +78,7 @@ std::string ClusterToml(const ClusterSpec& spec, const std::string& main_address
                          spec.prefill_minibatch_rows >= 0
                              ? StrCat("\nprefill_minibatch_rows = ", spec.prefill_minibatch_rows)
                              : std::string(),
-                         "\n[model]\npath = \"", SharedModel(spec.model),
+                         "\n", spec.cluster_extra, "\n[model]\npath = \"", SharedModel(spec.model),
                          "\"\n[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"", main_address,
                          "\"\ndevice = \"", spec.main_device, "\"\n");
   for (size_t i = 0; i < worker_addresses.size(); ++i) {
@@ -423,6 +425,78 @@ TEST(MainNodeTest, ChunkedCallsAndOtherTopologiesStayExact) {
   EXPECT_EQ(rows, static_cast<uint64_t>(c.top_k) * c.SparseLayers().size() * remote->stats.positions());
   EXPECT_GE(calls, experts / 2);  // sanity: calls were made; with 3 rows per call, many
   EXPECT_EQ(remote->stats.expert_tensors_opened(), 0u);
+}
+
+// Continuous batching (Client API 2/2): eight greedy requests of different prompts and lengths, at once, give
+// exactly the tokens, routing and last logits each gives alone in the single-process engine, decoded together
+// (main's mean decode batch well above one); with max_running = 8 and max_queued = 0 a ninth, sent while they
+// run, is refused at once, busy (RESOURCE_EXHAUSTED, the CLI's exit 10).
+TEST(MainNodeTest, EightConcurrentRequestsGiveTheirSoloTokensAndANinthIsRefusedBusy) {
+  const std::string model = "tiny-mixtral-kjv";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  ClusterSpec spec;
+  spec.model = model;
+  spec.cluster_extra = "max_running = 8\nmax_queued = 0";
+  TestCluster cluster(spec);
+  const absl::Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  const ModelConfig& c = cluster.main().config();
+  constexpr int kClients = 8;
+  const int prompt_lens[kClients] = {16, 3, 40, 9, 1, 21, 27, 12};
+  const int new_tokens[kClients] = {48, 60, 40, 52, 44, 36, 56, 64};
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<GenerateResult> solo;
+  for (int i = 0; i < kClients; ++i) {
+    std::vector<int32_t> p = SpreadPrompt(c, prompt_lens[i] + i);
+    p.erase(p.begin(), p.begin() + i);  // different prompts, not prefixes of one another
+    prompts.push_back(p);
+    solo.push_back(LocalReference(model, "cpu", p, new_tokens[i]));
+  }
+  absl::Mutex mu;
+  int first_tokens = 0;  // clients that have had their first token
+  std::vector<absl::StatusOr<RemoteResult>> results(kClients, absl::UnknownError("not run"));
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      bool counted = false;
+      results[static_cast<size_t>(i)] = GenerateRemote(
+          cluster.endpoint(), IdsRequest(prompts[static_cast<size_t>(i)], new_tokens[i]), kTimeoutMs,
+          [&](const v1::GenerateResponse& r) {
+            if (counted || r.tokens_size() == 0) return;
+            counted = true;
+            absl::MutexLock lock(&mu);
+            ++first_tokens;
+          });
+    });
+  }
+  {
+    // All eight run (each has streamed a token): a ninth finds no place, and no queue.
+    absl::MutexLock lock(&mu);
+    auto all_running = [&first_tokens]() { return first_tokens == kClients; };
+    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all_running), absl::Seconds(120)));
+  }
+  const auto ninth = GenerateRemote(cluster.endpoint(), IdsRequest(prompts[0], 4), kTimeoutMs, nullptr);
+  EXPECT_TRUE(IsServerBusy(ninth.status())) << ninth.status();
+  EXPECT_TRUE(absl::IsResourceExhausted(ninth.status())) << ninth.status();
+  EXPECT_NE(ninth.status().message().find("8 requests running (max_running = 8)"), std::string::npos)
+      << ninth.status();
+  EXPECT_EQ(ExitCodeFor(ninth.status()), kExitBusy);
+  for (std::thread& t : clients) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    SCOPED_TRACE(StrCat("client ", i));
+    const absl::StatusOr<RemoteResult>& r = results[static_cast<size_t>(i)];
+    ASSERT_TRUE(r.ok()) << r.status();
+    ExpectSameAsLocal(*r, solo[static_cast<size_t>(i)], prompts[static_cast<size_t>(i)]);
+  }
+  const v1::MainStats stats = cluster.main().Stats(/*reset=*/false);
+  ASSERT_GT(stats.decode_steps(), 0u);
+  const double mean_batch = static_cast<double>(stats.decode_rows()) / static_cast<double>(stats.decode_steps());
+  RecordProperty("mean_decode_batch", std::to_string(mean_batch));
+  EXPECT_GT(mean_batch, 3.0) << "the requests were not decoded together";
+  // After the burst, one more is served: the places were given back.
+  auto after = GenerateRemote(cluster.endpoint(), IdsRequest(prompts[1], 6), kTimeoutMs, nullptr);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->tokens, std::vector<int32_t>(solo[1].tokens.begin(), solo[1].tokens.begin() + 6));
 }
 
 TEST(MainNodeTest, PrefillMiniBatchesKeepTheTokensAndLoadEachExpertOnce) {
