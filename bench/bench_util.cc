@@ -4,17 +4,30 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
+#include "odmoe/v1/worker.grpc.pb.h"
+#include "src/common/mapped_file.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/rpc/rpc_util.h"
 
 namespace odmoe::bench {
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double rank = std::ceil(p / 100.0 * static_cast<double>(v.size()));
+  const size_t i = rank < 1 ? 0 : std::min(v.size() - 1, static_cast<size_t>(rank) - 1);
+  return v[i];
 }
 
 absl::StatusOr<double> MeasureCopyBandwidth(Device& device, size_t bytes, int iters) {
@@ -101,6 +114,87 @@ absl::Status RunQuiet(const std::vector<std::string>& argv) {
                                          WIFEXITED(status) ? WEXITSTATUS(status) : -1, ")"));
   }
   return absl::OkStatus();
+}
+
+std::string OdmoeProgram() {
+  std::error_code ec;
+  return (std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / "odmoe").string();
+}
+
+std::string DefaultRunDir(const std::string& bench) {
+  return StrCat(std::filesystem::temp_directory_path().string(), "/odmoe-bench-", bench, "-", getpid());
+}
+
+absl::Status ClusterUp(const std::string& config, const std::string& run_dir, const std::string& model,
+                       const std::vector<std::string>& extra) {
+  std::vector<std::string> up = {OdmoeProgram(), "cluster", "up", "--config", config, "--run-dir", run_dir};
+  if (!model.empty()) up.insert(up.end(), {"--model", model});
+  up.insert(up.end(), extra.begin(), extra.end());
+  return RunQuiet(up);
+}
+
+absl::Status ClusterDown(const std::string& config, const std::string& run_dir) {
+  return RunQuiet({OdmoeProgram(), "cluster", "down", "--config", config, "--run-dir", run_dir});
+}
+
+absl::StatusOr<std::vector<std::string>> ReadPromptLines(const std::string& path) {
+  ODMOE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(start, end - start);
+    if (!line.empty() && line[0] != '#') lines.push_back(line);
+    start = end + 1;
+  }
+  if (lines.empty()) return absl::InvalidArgumentError(StrCat("--prompt-text ", path, ": no text lines"));
+  return lines;
+}
+
+absl::StatusOr<std::vector<Prompt>> ReadPromptsJson(const std::string& path) {
+  ODMOE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  ODMOE_ASSIGN_OR_RETURN(Json j, ParseJson(text, path));
+  const Json* list = &j;
+  if (j.is_object() && j.contains("prompts")) list = &j["prompts"];
+  if (!list->is_array()) {
+    return absl::InvalidArgumentError(
+        StrCat(path, ": expected a list of prompts or an object with a \"prompts\" list"));
+  }
+  std::vector<Prompt> prompts;
+  for (const Json& p : *list) {
+    const std::string where = StrCat(path, ": prompt ", prompts.size());
+    Prompt prompt;
+    if (p.is_string()) {
+      prompt.text = p.get<std::string>();
+      if (prompt.text.empty()) return absl::InvalidArgumentError(StrCat(where, " is an empty string"));
+    } else if (p.is_array() && !p.empty()) {
+      for (const Json& id : p) {
+        if (!id.is_number_integer()) return absl::InvalidArgumentError(StrCat(where, ": an id is not an integer"));
+        prompt.ids.push_back(id.get<int32_t>());
+      }
+    } else {
+      return absl::InvalidArgumentError(StrCat(where, " is neither a non-empty string nor a non-empty array of ids"));
+    }
+    prompts.push_back(std::move(prompt));
+  }
+  if (prompts.empty()) return absl::InvalidArgumentError(StrCat(path, ": no prompts"));
+  return prompts;
+}
+
+absl::StatusOr<std::vector<v1::WorkerStats>> ReadWorkerStats(const ClusterConfig& cluster, bool reset) {
+  std::vector<v1::WorkerStats> out;
+  for (const NodeConfig* w : cluster.workers()) {
+    v1::StatsRequest req;
+    req.set_reset(reset);
+    v1::WorkerStats st;
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(ctx, 10000);
+    const grpc::Status s = v1::Worker::NewStub(rpc::MakeChannel(w->address))->GetStats(&ctx, req, &st);
+    if (!s.ok()) return rpc::FromGrpc(s, StrCat("GetStats of worker ", w->name, " at ", w->address));
+    out.push_back(std::move(st));
+  }
+  return out;
 }
 
 }  // namespace odmoe::bench

@@ -10,17 +10,13 @@
 // The load rate is bytes loaded per decode token x decode tokens/s; its fraction of the pinned bandwidth says
 // how close decode runs to the link's limit (with N_W workers each on its own link, the rate per worker is
 // what compares).
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "bench/bench_util.h"
 #include "bench/benchmarks.h"
-#include "odmoe/v1/worker.grpc.pb.h"
 #include "src/backend/device_factory.h"
 #include "src/cluster/client.h"
 #include "src/common/cluster_config.h"
@@ -30,12 +26,9 @@
 #include "src/common/strings.h"
 #include "src/model/model_config.h"
 #include "src/model/synthetic.h"
-#include "src/rpc/rpc_util.h"
 
 namespace odmoe::bench {
 namespace {
-
-namespace fs = std::filesystem;
 
 // Host-to-device bytes per second from `bytes` of registered (pinned where the backend pins) host memory.
 absl::StatusOr<double> MeasurePinnedH2D(Device& device, size_t bytes, int iters) {
@@ -57,22 +50,6 @@ absl::StatusOr<double> MeasurePinnedH2D(Device& device, size_t bytes, int iters)
   const double s = SecondsSince(start);
   device.UnregisterHostMemory(host.data());
   return s > 0 ? static_cast<double>(bytes) * iters / s : 0.0;
-}
-
-// Every worker's counters, reset (read and zeroed) or read.
-absl::StatusOr<std::vector<v1::WorkerStats>> ReadWorkerStats(const ClusterConfig& cluster, bool reset) {
-  std::vector<v1::WorkerStats> out;
-  for (const NodeConfig* w : cluster.workers()) {
-    v1::StatsRequest req;
-    req.set_reset(reset);
-    v1::WorkerStats st;
-    grpc::ClientContext ctx;
-    rpc::SetDeadline(ctx, 10000);
-    const grpc::Status s = v1::Worker::NewStub(rpc::MakeChannel(w->address))->GetStats(&ctx, req, &st);
-    if (!s.ok()) return rpc::FromGrpc(s, StrCat("GetStats of worker ", w->name, " at ", w->address));
-    out.push_back(std::move(st));
-  }
-  return out;
 }
 
 uint64_t BytesLoaded(const std::vector<v1::WorkerStats>& stats) {
@@ -121,13 +98,8 @@ absl::Status RunCluster(const std::vector<std::string>& args) {
                          MeasurePinnedH2D(*probe, static_cast<size_t>(copy_mb) << 20, /*iters=*/8));
   probe.reset();
 
-  std::error_code ec;
-  const std::string odmoe = (fs::read_symlink("/proc/self/exe", ec).parent_path() / "odmoe").string();
-  const std::string run_dir =
-      f.Get("run-dir").value_or(StrCat(fs::temp_directory_path().string(), "/odmoe-bench-cluster-", getpid()));
-  std::vector<std::string> up = {odmoe, "cluster", "up", "--config", config_path, "--run-dir", run_dir};
-  if (!model.empty()) up.insert(up.end(), {"--model", model});
-  ODMOE_RETURN_IF_ERROR(RunQuiet(up));
+  const std::string run_dir = f.Get("run-dir").value_or(DefaultRunDir("cluster"));
+  ODMOE_RETURN_IF_ERROR(ClusterUp(config_path, run_dir, model));
 
   const std::string endpoint = cluster.main()->address;
   struct Totals {
@@ -169,7 +141,7 @@ absl::Status RunCluster(const std::vector<std::string>& args) {
     }
     return absl::OkStatus();
   }();
-  const absl::Status down = RunQuiet({odmoe, "cluster", "down", "--config", config_path, "--run-dir", run_dir});
+  const absl::Status down = ClusterDown(config_path, run_dir);
   ODMOE_RETURN_IF_ERROR(status);
   ODMOE_RETURN_IF_ERROR(down);
 

@@ -29,6 +29,13 @@
 //     fully-resident engine: the arrival time of every token and the cluster's request stats, one JSON line per
 //     request (workload_bench.cc; bench/run.sh aggregates them).
 //
+//   odmoe-bench load (--config FILE [--model DIR] [--run-dir DIR] | --endpoint HOST:PORT [--config FILE])
+//       (--prompts FILE | --prompt-text FILE) [--clients 1,2,4,8] [--requests-per-client 1]
+//       [--max-new-tokens 64] [--ignore-eos true] [--per-request]
+//     A bounded load test of main's streaming API: N concurrent clients (N <= 256, one N after another), each
+//     sending R streaming requests (R <= 1000); total and per-client tokens/s, client-side TTFT p50 / p99,
+//     failures and busy refusals, expert loads per generated token, one JSON line per N (load_bench.cc).
+//
 // Every benchmark takes --json FILE: its JSON lines also go to FILE (the table stays on stdout).
 #include <algorithm>
 #include <cstdio>
@@ -121,6 +128,9 @@ int main(int argc, char** argv) {
       "N])\n"
       "           [--seed S] [--backend cpu] [--pairs 16x64,...] [--prompts 3] [--prompt-text FILE] [--write-prompts "
       "FILE]\n"
+      "       odmoe-bench load (--config FILE [--model DIR] [--run-dir DIR] | --endpoint HOST:PORT [--config FILE])\n"
+      "           (--prompts FILE | --prompt-text FILE) [--clients 1,2,4,8] [--requests-per-client 1]\n"
+      "           [--max-new-tokens 64] [--ignore-eos true] [--per-request]\n"
       "       every benchmark: [--json FILE] (its JSON lines also go to FILE)\n";
   if (argc < 2) {
     std::fputs(usage.c_str(), stderr);
@@ -163,6 +173,8 @@ int main(int argc, char** argv) {
     status = odmoe::bench::RunCluster(args);
   } else if (cmd == "workload") {
     status = odmoe::bench::RunWorkload(args);
+  } else if (cmd == "load") {
+    status = odmoe::bench::RunLoad(args);
   } else {
     std::fprintf(stderr, "odmoe-bench: unknown benchmark '%s'\n%s", cmd.c_str(), usage.c_str());
     return odmoe::kExitUsage;

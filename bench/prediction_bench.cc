@@ -13,13 +13,8 @@
 // (hedge_loads / (k x sparse layers x decode steps)), the hedges used, and the workers' peak device memory
 // against their budgets. --keep-router / --keep-attention true|false pass on to every setting. With
 // --check-tokens every request's tokens are compared with the single-process engine's (CPU).
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -33,7 +28,6 @@
 #include "src/common/cluster_config.h"
 #include "src/common/flags.h"
 #include "src/common/json.h"
-#include "src/common/mapped_file.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/engine/generator.h"
@@ -41,8 +35,6 @@
 
 namespace odmoe::bench {
 namespace {
-
-namespace fs = std::filesystem;
 
 struct Setting {
   std::string name;
@@ -98,18 +90,11 @@ void AddInto(std::vector<double>& a, const google::protobuf::RepeatedField<doubl
   for (int i = 0; i < b.size(); ++i) a[static_cast<size_t>(i)] += b[i];
 }
 
-absl::StatusOr<Figures> RunSetting(const std::string& odmoe, const std::string& config, const std::string& model,
-                                   const std::string& run_dir, const Setting& s,
-                                   const std::vector<std::vector<int32_t>>& prompts, int64_t max_new_tokens,
-                                   const std::string& endpoint, const ClusterConfig& cluster, int64_t layer_experts,
-                                   EngineTokens* engine_tokens) {
-  std::vector<std::string> up = {odmoe, "cluster", "up", "--config", config, "--run-dir", run_dir};
-  if (!model.empty()) {
-    up.push_back("--model");
-    up.push_back(model);
-  }
-  up.insert(up.end(), s.flags.begin(), s.flags.end());
-  ODMOE_RETURN_IF_ERROR(RunQuiet(up));
+absl::StatusOr<Figures> RunSetting(const std::string& config, const std::string& model, const std::string& run_dir,
+                                   const Setting& s, const std::vector<std::vector<int32_t>>& prompts,
+                                   int64_t max_new_tokens, const std::string& endpoint, const ClusterConfig& cluster,
+                                   int64_t layer_experts, EngineTokens* engine_tokens) {
+  ODMOE_RETURN_IF_ERROR(ClusterUp(config, run_dir, model, s.flags));
   Figures f;
   absl::Status status;
   double decode_seconds = 0, stall_ms = 0, recall_sum = 0, timely_sum = 0, lead_sum = 0, ttft_sum = 0;
@@ -163,7 +148,7 @@ absl::StatusOr<Figures> RunSetting(const std::string& odmoe, const std::string& 
     const NodeConfig* n = cluster.Find(node);
     if (n != nullptr && n->gpu_budget_bytes > 0 && peak > n->gpu_budget_bytes) f.within_budget = false;
   }
-  const absl::Status down = RunQuiet({odmoe, "cluster", "down", "--config", config, "--run-dir", run_dir});
+  const absl::Status down = ClusterDown(config, run_dir);
   ODMOE_RETURN_IF_ERROR(status);
   ODMOE_RETURN_IF_ERROR(down);
   const double n = static_cast<double>(prompts.size());
@@ -225,33 +210,21 @@ absl::Status RunPrediction(const std::vector<std::string>& args) {
     }
   }
 
-  // The prompts: {"prompts": [[ids...], ...]} (recall_prompts.json of the shared models).
-  ODMOE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(prompts_path));
-  ODMOE_ASSIGN_OR_RETURN(Json pj, ParseJson(text, prompts_path));
+  // The prompts: token ids, {"prompts": [[ids...], ...]} (recall_prompts.json of the shared models).
+  ODMOE_ASSIGN_OR_RETURN(std::vector<Prompt> listed, ReadPromptsJson(prompts_path));
   std::vector<std::vector<int32_t>> prompts;
-  if (!pj.is_object() || !pj.contains("prompts") || !pj["prompts"].is_array()) {
-    return absl::InvalidArgumentError(StrCat(prompts_path, ": expected an object with a \"prompts\" array"));
-  }
-  for (const Json& p : pj["prompts"]) {
-    if (!p.is_array() || p.empty())
-      return absl::InvalidArgumentError(StrCat(prompts_path, ": a prompt is not a non-empty array of ids"));
-    std::vector<int32_t> ids;
-    for (const Json& id : p) {
-      if (!id.is_number_integer())
-        return absl::InvalidArgumentError(StrCat(prompts_path, ": a prompt id is not an integer"));
-      ids.push_back(id.get<int32_t>());
+  for (Prompt& p : listed) {
+    if (p.ids.empty()) {
+      return absl::InvalidArgumentError(
+          StrCat(prompts_path, ": prompt ", prompts.size(), " is text; prediction needs arrays of token ids"));
     }
-    prompts.push_back(std::move(ids));
+    prompts.push_back(std::move(p.ids));
     if (prompt_count > 0 && static_cast<int64_t>(prompts.size()) == prompt_count) break;
   }
-  if (prompts.empty()) return absl::InvalidArgumentError(StrCat(prompts_path, ": no prompts"));
 
   ODMOE_ASSIGN_OR_RETURN(ClusterConfig cluster, LoadClusterConfig(config_path));
   const std::string endpoint = cluster.main()->address;
-  std::error_code ec;
-  const std::string odmoe = (fs::read_symlink("/proc/self/exe", ec).parent_path() / "odmoe").string();
-  const std::string run_dir =
-      f.Get("run-dir").value_or(StrCat(fs::temp_directory_path().string(), "/odmoe-bench-prediction-", getpid()));
+  const std::string run_dir = f.Get("run-dir").value_or(DefaultRunDir("prediction"));
   const std::string model = f.Get("model").value_or("");
   const std::string quant = f.Get("shadow-quant").value_or("");
   const std::string model_dir = model.empty() ? cluster.model.path : model;
@@ -308,8 +281,8 @@ absl::Status RunPrediction(const std::vector<std::string>& args) {
   };
   std::vector<Row> rows;
   for (const Setting& s : settings) {
-    ODMOE_ASSIGN_OR_RETURN(Figures fig, RunSetting(odmoe, config_path, model, run_dir, s, prompts, max_new, endpoint,
-                                                   cluster, layer_experts, engine_tokens.get()));
+    ODMOE_ASSIGN_OR_RETURN(Figures fig, RunSetting(config_path, model, run_dir, s, prompts, max_new, endpoint, cluster,
+                                                   layer_experts, engine_tokens.get()));
     PrintJsonLine({{"bench", "prediction"},
                    {"setting", s.name},
                    {"ablation_case", s.ablation_case},

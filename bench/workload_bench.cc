@@ -31,7 +31,6 @@
 #include "src/cluster/client.h"
 #include "src/common/flags.h"
 #include "src/common/json.h"
-#include "src/common/mapped_file.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/engine/generator.h"
@@ -121,21 +120,6 @@ Json StatsJson(const v1::RequestStats& st) {
           {"workers", workers}};
 }
 
-absl::StatusOr<std::vector<std::string>> ReadLines(const std::string& path) {
-  ODMOE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  std::vector<std::string> lines;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(start, end - start);
-    if (!line.empty() && line[0] != '#') lines.push_back(line);
-    start = end + 1;
-  }
-  if (lines.empty()) return absl::InvalidArgumentError(StrCat("--prompt-text ", path, ": no text lines"));
-  return lines;
-}
-
 }  // namespace
 
 absl::Status RunWorkload(const std::vector<std::string>& args) {
@@ -183,7 +167,7 @@ absl::Status RunWorkload(const std::vector<std::string>& args) {
   }
   std::vector<std::string> lines;
   if (f.Has("prompt-text")) {
-    ODMOE_ASSIGN_OR_RETURN(lines, ReadLines(*f.Get("prompt-text")));
+    ODMOE_ASSIGN_OR_RETURN(lines, ReadPromptLines(*f.Get("prompt-text")));
   }
   const PromptSet prompts(config, std::move(tokenizer), std::move(lines), static_cast<uint64_t>(seed));
   const std::string source = prompts.from_tokenizer() ? "tokenizer" : "seeded_ids";
