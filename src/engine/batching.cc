@@ -1,11 +1,27 @@
 #include "src/engine/batching.h"
 
 #include <algorithm>
+#include <string>
+
+#include "absl/strings/cord.h"
 
 #include "src/common/status.h"
 #include "src/common/strings.h"
 
 namespace odmoe {
+namespace {
+
+// A copy of `s` that shares nothing with it (its message and payloads copied): each request of a failed step
+// gets its own, since their owners' threads drop them independently.
+absl::Status Unshared(const absl::Status& s) {
+  absl::Status copy(s.code(), std::string(s.message()));
+  s.ForEachPayload([&copy](absl::string_view url, const absl::Cord& payload) {
+    copy.SetPayload(url, absl::Cord(std::string(payload)));
+  });
+  return copy;
+}
+
+}  // namespace
 
 BatchRequest::BatchRequest(uint64_t tag, std::vector<int32_t> prompt, GenerateOptions options, TokenCallback on_token)
     : tag_(tag),
@@ -112,7 +128,7 @@ absl::Status BatchRunner::Run(const Plan& plan) {
   }
   const absl::Status status = engine_.ForwardBatch(inputs, plan.kind);
   if (!status.ok()) {
-    for (BatchRequest* r : plan.requests) r->Finish(status);
+    for (BatchRequest* r : plan.requests) r->Finish(Unshared(status));
     return status;
   }
   if (plan.kind == ForwardKind::kPrefill) plan.requests[0]->prefilled_ += static_cast<int64_t>(plan.ids[0].size());

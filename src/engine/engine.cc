@@ -233,6 +233,17 @@ absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids,
                                                    std::vector<PositionRouting>* routing, ForwardKind kind) {
   if (own_ == nullptr) return absl::FailedPreconditionError("Forward before StartSequence");
   if (ids.empty()) return absl::InvalidArgumentError("Forward needs at least one token");
+  // The whole of `ids` is checked before its first chunk runs: on error the sequence does not advance.
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= config().vocab_size) {
+      return absl::OutOfRangeError(StrCat("token id ", ids[i], " at index ", i, " is outside the vocabulary [0, ",
+                                          config().vocab_size, ")"));
+    }
+  }
+  if (own_->position_ + static_cast<int64_t>(ids.size()) > own_->capacity_) {
+    return absl::OutOfRangeError(StrCat("sequence of ", own_->position_ + static_cast<int64_t>(ids.size()),
+                                        " positions exceeds the room of ", own_->capacity_, " given to StartSequence"));
+  }
   std::vector<float> logits;
   const size_t chunk = static_cast<size_t>(options_.max_tokens_per_forward);
   for (size_t start = 0; start < ids.size(); start += chunk) {

@@ -75,7 +75,8 @@ using PositionRouting = std::vector<std::vector<int32_t>>;
 
 struct EngineOptions {
   int64_t max_tokens_per_forward = kMaxTokenRows;  // prefill is processed in chunks of at most this many tokens
-  int64_t max_sequences_per_forward = 64;          // the most sequences one ForwardBatch may carry
+  // The most sequences one ForwardBatch may carry (main: max_running); the logits of each are kept on the device.
+  int64_t max_sequences_per_forward = 1;
 };
 
 // One sequence's KV cache and position (Engine::NewSequence): a request of a batch. Only the engine that made

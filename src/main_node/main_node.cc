@@ -271,7 +271,7 @@ struct MainNode::RequestRun {
 
   // The mailbox, filled by the loop.
   absl::Mutex mu;
-  std::deque<std::pair<int32_t, bool>> tokens ABSL_GUARDED_BY(mu);  // (id, last), not yet streamed
+  std::deque<int32_t> tokens ABSL_GUARDED_BY(mu);  // generated, not yet streamed
   bool done ABSL_GUARDED_BY(mu) = false;
   absl::Status status ABSL_GUARDED_BY(mu);
 };
@@ -342,7 +342,7 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   // Stream what the loop posts until it posts the end; it takes the request out when the client goes.
   absl::Status status;
   for (;;) {
-    std::deque<std::pair<int32_t, bool>> tokens;
+    std::deque<int32_t> tokens;
     bool done = false;
     {
       absl::MutexLock lock(&run.mu);
@@ -352,8 +352,7 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
       done = run.done;
       status = run.status;
     }
-    for (const auto& [id, last] : tokens) {
-      (void)last;
+    for (const int32_t id : tokens) {
       if (run.client_gone) break;
       v1::GenerateResponse chunk;
       chunk.add_tokens(id);
@@ -439,7 +438,7 @@ void MainNode::Join(RequestRun* run) {
   if (absl::Status added = runner_->Add(run->batch.get()); !added.ok()) {
     absl::MutexLock lock(&run->mu);
     run->done = true;
-    run->status = added;
+    run->status = std::move(added);
     return;
   }
   running_.push_back(run);
@@ -486,7 +485,11 @@ void MainNode::RunStep(bool fresh) {
     return std::all_of(runs.begin(), runs.end(), [](RequestRun* run) { return run->stop.load(); });
   };
   experts_->BeginStep(std::move(step));
-  const absl::Status ran = runner_->Run(plan);
+  // (The step's status dies here, before any request is handed back: the loop keeps no reference to a status
+  // its requests' threads read.)
+  if (const absl::Status ran = runner_->Run(plan); !ran.ok()) {
+    spdlog::warn("a batch step of {} request(s) failed: {}", runs.size(), std::string(ran.message()));
+  }
   experts_->EndStep();
   // The step's cost goes to each of its requests (a load shared by several counts for each).
   for (RequestRun* run : runs) {
@@ -503,7 +506,6 @@ void MainNode::RunStep(bool fresh) {
       counters_.decode_rows += runs.size();
     }
   }
-  if (!ran.ok()) spdlog::warn("a batch step of {} request(s) failed: {}", runs.size(), std::string(ran.message()));
   for (BatchRequest* done : runner_->Postprocess(plan)) {
     auto it =
         std::find_if(running_.begin(), running_.end(), [done](RequestRun* run) { return run->batch.get() == done; });
@@ -555,7 +557,7 @@ void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
   run.timeline->Token();
   {
     absl::MutexLock lock(&run.mu);
-    run.tokens.push_back({id, last});
+    run.tokens.push_back(id);
   }
   // Main now decodes the position of this token (unless it was the last one): the shadow learns where main is,
   // with the alignment due at this step.

@@ -20,7 +20,9 @@ std::unique_ptr<LocalModel> Open(const std::string& device_spec) {
   auto device = CreateDevice(device_spec);
   EXPECT_TRUE(device.ok()) << device.status();
   if (!device.ok()) return nullptr;
-  auto model = LocalModel::Open(odmoe::testing::SharedModel(kModel), std::move(device).value());
+  EngineOptions options;
+  options.max_sequences_per_forward = 8;
+  auto model = LocalModel::Open(odmoe::testing::SharedModel(kModel), std::move(device).value(), options);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(model).value() : nullptr;
 }
