@@ -170,6 +170,40 @@ TEST(BatchingTest, APromptGoesInChunksBetweenDecodeSteps) {
   EXPECT_EQ(both.requests.size(), 2u);
 }
 
+// A long request does not starve a short one that arrives after it: the short one is prefilled between the
+// long one's decode steps and decoded beside it, so it ends long before the long one does.
+TEST(BatchingTest, AShortRequestArrivingLaterIsNotStarvedByALongOne) {
+  if (!odmoe::testing::HaveSharedModel(kModel)) GTEST_SKIP() << "no ../shared/models/" << kModel;
+  std::unique_ptr<LocalModel> model = Open("cpu");
+  ASSERT_NE(model, nullptr);
+  const std::vector<std::vector<int32_t>> prompts = RecallPrompts();
+  ASSERT_GE(prompts.size(), 2u);
+  GenerateOptions long_options, short_options;
+  long_options.max_new_tokens = 120;
+  long_options.ignore_eos = true;
+  short_options.max_new_tokens = 6;
+  short_options.ignore_eos = true;
+  std::vector<int32_t> short_prompt;  // 48 tokens: three chunks of 16
+  for (int i = 0; i < 3; ++i) short_prompt.insert(short_prompt.end(), prompts[1].begin(), prompts[1].end());
+  BatchRequest long_request(1, prompts[0], long_options), short_request(2, short_prompt, short_options);
+  BatchRunner runner(model->engine(), BatchOptions{.prefill_chunk_tokens = 16});
+  ASSERT_TRUE(runner.Add(&long_request).ok());
+  while (long_request.result().tokens.size() < 10) runner.Step();
+  ASSERT_TRUE(runner.Add(&short_request).ok());
+  int steps = 0;
+  while (!short_request.finished()) {
+    for (BatchRequest* done : runner.Step()) runner.Remove(done);
+    ASSERT_LT(++steps, 100);
+  }
+  // 3 prompt chunks, each followed by a decode step (the first token comes with the last chunk), then 5 more
+  // decode steps: 3 + 2 + 5 = 10 steps.
+  EXPECT_EQ(steps, 10);
+  EXPECT_TRUE(short_request.status().ok());
+  EXPECT_EQ(short_request.result().tokens.size(), 6u);
+  EXPECT_FALSE(long_request.finished());
+  EXPECT_EQ(long_request.result().tokens.size(), 10u + 7u) << "the long request decoded all along";
+}
+
 TEST(BatchingTest, ForwardBatchRefusesABadBatch) {
   if (!odmoe::testing::HaveSharedModel(kModel)) GTEST_SKIP() << "no ../shared/models/" << kModel;
   std::unique_ptr<LocalModel> model = Open("cpu");
