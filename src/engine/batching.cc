@@ -37,9 +37,7 @@ void BatchRequest::TakeLogits(const std::vector<float>& logits, const ModelConfi
   const int32_t next = sampler_.Next(logits);
   if (result_.tokens.empty()) first_token_ = Clock::now();
   result_.tokens.push_back(next);
-  const bool is_eos =
-      std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), next) != config.eos_token_ids.end();
-  const bool stop_on_eos = is_eos && !options_.ignore_eos;
+  const bool stop_on_eos = StopsOnEos(config, options_, next);
   const bool last = stop_on_eos || static_cast<int64_t>(result_.tokens.size()) == options_.max_new_tokens;
   if (on_token_) on_token_(next, last);
   if (stop_on_eos) result_.stop_reason = "eos";
@@ -49,15 +47,7 @@ void BatchRequest::TakeLogits(const std::vector<float>& logits, const ModelConfi
 void BatchRequest::Finish(absl::Status status) {
   finished_ = true;
   status_ = std::move(status);
-  const auto end = Clock::now();
-  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
-  result_.total_ms = ms(start_, end);
-  if (!result_.tokens.empty()) result_.ttft_ms = ms(start_, first_token_);
-  if (result_.tokens.size() >= 2) {
-    const double decode_ms = ms(first_token_, end);
-    result_.decode_tokens_per_s =
-        decode_ms > 0 ? static_cast<double>(result_.tokens.size() - 1) / (decode_ms / 1e3) : 0;
-  }
+  SetRequestTimes(start_, first_token_, Clock::now(), &result_);
 }
 
 BatchRunner::BatchRunner(Engine& engine, BatchOptions options) : engine_(engine), options_(options) {

@@ -62,23 +62,32 @@ absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t>
     const int32_t next = sampler.Next(logits);
     if (step == 0) first_token_time = Clock::now();
     result.tokens.push_back(next);
-    const bool is_eos = std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), next) != c.eos_token_ids.end();
-    const bool stop_on_eos = is_eos && !options.ignore_eos;
+    const bool stop_on_eos = StopsOnEos(c, options, next);
     if (on_token) on_token(next, stop_on_eos || step + 1 == options.max_new_tokens);
     if (stop_on_eos) {
       result.stop_reason = "eos";
       break;
     }
   }
-  const auto end = Clock::now();
-  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
-  result.total_ms = ms(start, end);
-  if (!result.tokens.empty()) result.ttft_ms = ms(start, first_token_time);
-  if (result.tokens.size() >= 2) {
-    const double decode_ms = ms(first_token_time, end);
-    result.decode_tokens_per_s = decode_ms > 0 ? static_cast<double>(result.tokens.size() - 1) / (decode_ms / 1e3) : 0;
-  }
+  SetRequestTimes(start, first_token_time, Clock::now(), &result);
   return result;
+}
+
+bool StopsOnEos(const ModelConfig& config, const GenerateOptions& options, int32_t id) {
+  return !options.ignore_eos &&
+         std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), id) != config.eos_token_ids.end();
+}
+
+void SetRequestTimes(std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point first_token,
+                     std::chrono::steady_clock::time_point end, GenerateResult* result) {
+  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  result->total_ms = ms(start, end);
+  if (!result->tokens.empty()) result->ttft_ms = ms(start, first_token);
+  if (result->tokens.size() >= 2) {
+    const double decode_ms = ms(first_token, end);
+    result->decode_tokens_per_s =
+        decode_ms > 0 ? static_cast<double>(result->tokens.size() - 1) / (decode_ms / 1e3) : 0;
+  }
 }
 
 absl::StatusOr<std::unique_ptr<LocalModel>> LocalModel::Open(OpenedModel model, std::unique_ptr<Device> device,

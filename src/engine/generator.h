@@ -3,6 +3,7 @@
 // single process needs (config, checkpoint, device, weights, experts, engine) from a model folder.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,6 +52,14 @@ absl::Status ValidateRequest(const ModelConfig& config, std::span<const int32_t>
 inline int64_t LastDecodePosition(int64_t prompt_len, int64_t max_new_tokens) {
   return prompt_len + max_new_tokens - 2;
 }
+
+// The stop rule Generate and continuous batching (batching.h) share: whether generated token `id` ends the
+// request as an EOS (any of the model's EOS ids, unless options.ignore_eos). The token limit is the caller's.
+bool StopsOnEos(const ModelConfig& config, const GenerateOptions& options, int32_t id);
+// The request's times in `result` (total_ms, ttft_ms, decode_tokens_per_s) from its start, its first token
+// (ignored without tokens) and its end.
+void SetRequestTimes(std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point first_token,
+                     std::chrono::steady_clock::time_point end, GenerateResult* result);
 
 // Called with each generated id as soon as it is known; `last` is true for the request's last token (the
 // token limit, or an EOS that stops it). Generate owns the stop rule: callers never re-decide it.
