@@ -12,8 +12,8 @@
 // decode steps); up to [cluster] max_queued more wait their turn in arrival order and the next is refused at
 // once, busy (admission control, src/main_node/admission.h). A request is validated before it waits (bad
 // requests are answered at once); its ttft_ms and total_ms count from its arrival, queue_ms the wait.
-// Predictions follow one request at a time, the lead (the oldest running one that was the only one when it
-// started following): see RemoteExpertExecutor::SetLead. A request that ran beside the lead has no recall
+// Predictions follow one request at a time, the lead (the first request that joins while no other is
+// followed, until it ends): see RemoteExpertExecutor::SetLead. A request that ran beside the lead has no recall
 // figures (decode_layers 0) and its experts are loaded after routing unless the lead's prediction had them.
 //
 // Thread safety: the gRPC handlers may be called concurrently from the server's threads; each hands its
