@@ -204,6 +204,40 @@ TEST(BatchingTest, AShortRequestArrivingLaterIsNotStarvedByALongOne) {
   EXPECT_EQ(long_request.result().tokens.size(), 10u + 7u) << "the long request decoded all along";
 }
 
+// Each request's KV cache is allocated as it joins: one that does not fit the device is refused with the
+// device's ResourceExhausted naming the cache, and the request already running goes on untouched.
+TEST(BatchingTest, ARequestWhoseCacheDoesNotFitIsRefusedAndTheOthersRunOn) {
+  if (!odmoe::testing::HaveSharedModel(kModel)) GTEST_SKIP() << "no ../shared/models/" << kModel;
+  uint64_t in_use = 0;
+  {
+    std::unique_ptr<LocalModel> probe = Open("mock-gpu");
+    ASSERT_NE(probe, nullptr);
+    in_use = probe->device().memory_info().in_use;
+  }
+  // Room for the weights and workspace and about 2 MiB more: a short request's cache fits, a long one's not.
+  const uint64_t mib = (in_use >> 20) + 3;
+  std::unique_ptr<LocalModel> model = Open("mock-gpu:" + std::to_string(mib));
+  ASSERT_NE(model, nullptr);
+  const std::vector<std::vector<int32_t>> prompts = RecallPrompts();
+  ASSERT_GE(prompts.size(), 2u);
+  GenerateOptions short_options, long_options;
+  short_options.max_new_tokens = 8;
+  short_options.ignore_eos = true;
+  long_options.max_new_tokens = model->config().max_position_embeddings - 16;  // 4 KiB of cache per position
+  const GenerateResult solo = *Generate(model->engine(), prompts[0], short_options);
+  BatchRequest fits(1, prompts[0], short_options), too_long(2, prompts[1], long_options);
+  BatchRunner runner(model->engine(), BatchOptions{});
+  ASSERT_TRUE(runner.Add(&fits).ok());
+  runner.Step();
+  const absl::Status refused = runner.Add(&too_long);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+  EXPECT_NE(refused.message().find("cache"), std::string::npos) << refused;
+  EXPECT_EQ(runner.size(), 1u);
+  while (!fits.finished()) runner.Step();
+  EXPECT_TRUE(fits.status().ok()) << fits.status();
+  EXPECT_EQ(fits.result().tokens, solo.tokens);
+}
+
 TEST(BatchingTest, ForwardBatchRefusesABadBatch) {
   if (!odmoe::testing::HaveSharedModel(kModel)) GTEST_SKIP() << "no ../shared/models/" << kModel;
   std::unique_ptr<LocalModel> model = Open("cpu");
