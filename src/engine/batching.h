@@ -14,7 +14,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <span>
 #include <vector>
@@ -37,7 +36,8 @@ struct BatchOptions {
 class BatchRequest {
  public:
   // `tag`: the sequence's tag (what the executor sees, ForwardSegment::tag). `on_token` (optional) is called
-  // with each generated token, `last` true for the request's last one, as Generate's callback is.
+  // with each generated token (result() already holds it), `last` true for the request's last one, as
+  // Generate's callback is.
   BatchRequest(uint64_t tag, std::vector<int32_t> prompt, GenerateOptions options, TokenCallback on_token = nullptr);
 
   uint64_t tag() const { return tag_; }

@@ -234,16 +234,7 @@ absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids,
   if (own_ == nullptr) return absl::FailedPreconditionError("Forward before StartSequence");
   if (ids.empty()) return absl::InvalidArgumentError("Forward needs at least one token");
   // The whole of `ids` is checked before its first chunk runs: on error the sequence does not advance.
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= config().vocab_size) {
-      return absl::OutOfRangeError(StrCat("token id ", ids[i], " at index ", i, " is outside the vocabulary [0, ",
-                                          config().vocab_size, ")"));
-    }
-  }
-  if (own_->position_ + static_cast<int64_t>(ids.size()) > own_->capacity_) {
-    return absl::OutOfRangeError(StrCat("sequence of ", own_->position_ + static_cast<int64_t>(ids.size()),
-                                        " positions exceeds the room of ", own_->capacity_, " given to StartSequence"));
-  }
+  ODMOE_RETURN_IF_ERROR(CheckTokens(*own_, ids));
   std::vector<float> logits;
   const size_t chunk = static_cast<size_t>(options_.max_tokens_per_forward);
   for (size_t start = 0; start < ids.size(); start += chunk) {
@@ -255,8 +246,23 @@ absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids,
   return logits;
 }
 
+absl::Status Engine::CheckTokens(const Sequence& seq, std::span<const int32_t> ids) const {
+  const int64_t vocab = config().vocab_size;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return absl::OutOfRangeError(
+          StrCat("token id ", ids[i], " at index ", i, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  const int64_t needed = seq.position_ + static_cast<int64_t>(ids.size());
+  if (needed > seq.capacity_) {
+    return absl::OutOfRangeError(StrCat("sequence of ", needed, " positions exceeds the room of ", seq.capacity_,
+                                        " given to StartSequence"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Engine::CheckBatch(std::span<const BatchInput> inputs, ForwardKind kind) const {
-  const ModelConfig& c = config();
   if (inputs.empty()) return absl::InvalidArgumentError("a forward needs at least one sequence");
   if (static_cast<int64_t>(inputs.size()) > options_.max_sequences_per_forward) {
     return absl::InvalidArgumentError(StrCat("a forward of ", inputs.size(), " sequences exceeds the engine's ",
@@ -276,19 +282,8 @@ absl::Status Engine::CheckBatch(std::span<const BatchInput> inputs, ForwardKind 
         return absl::InvalidArgumentError(StrCat("inputs ", t, " and ", s, " are the same sequence"));
       }
     }
-    for (size_t i = 0; i < in.ids.size(); ++i) {
-      if (in.ids[i] < 0 || in.ids[i] >= c.vocab_size) {
-        return absl::OutOfRangeError(StrCat("token id ", in.ids[i], " at index ", i, " is outside the vocabulary [0, ",
-                                            c.vocab_size, ")"));
-      }
-    }
-    const int64_t n = static_cast<int64_t>(in.ids.size());
-    if (in.sequence->position_ + n > in.sequence->capacity_) {
-      return absl::OutOfRangeError(StrCat("sequence of ", in.sequence->position_ + n,
-                                          " positions exceeds the room of ", in.sequence->capacity_,
-                                          " given to StartSequence"));
-    }
-    rows += n;
+    ODMOE_RETURN_IF_ERROR(CheckTokens(*in.sequence, in.ids));
+    rows += static_cast<int64_t>(in.ids.size());
   }
   if (rows > options_.max_tokens_per_forward) {
     return absl::InvalidArgumentError(StrCat("a forward of ", rows, " tokens exceeds the engine's ",

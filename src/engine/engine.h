@@ -162,6 +162,8 @@ class Engine {
   Engine(const ModelWeights& weights, Device& device, ExpertExecutor* experts, EngineOptions options)
       : weights_(weights), device_(device), experts_(experts), options_(options) {}
   absl::Status AllocateWorkspace();
+  // OutOfRange for an id outside the vocabulary, or when `ids` do not fit in `seq`'s room.
+  absl::Status CheckTokens(const Sequence& seq, std::span<const int32_t> ids) const;
   absl::Status CheckBatch(std::span<const BatchInput> inputs, ForwardKind kind) const;
   // One chunk of checked inputs.
   absl::Status ForwardChunk(std::span<const BatchInput> inputs, ForwardKind kind);

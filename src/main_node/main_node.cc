@@ -254,8 +254,6 @@ struct MainNode::RequestRun {
 
   // The batch loop's, from the hand-over until it posts the end.
   std::unique_ptr<BatchRequest> batch;
-  bool lead = false;              // predictions follow it
-  int64_t fed = 0;                // tokens the loop has seen (the shadow's position)
   std::vector<float> kv_k, kv_v;  // [num_layers, kv_size]: a position's K/V for the shadow
   // What its steps cost (each step's figures added to every request in it) and its prediction figures.
   std::vector<WorkerCallStats> worker_stats;
@@ -267,7 +265,6 @@ struct MainNode::RequestRun {
 
   // Set by the request's thread when its client has gone or cancelled: the loop takes it out at the next step.
   std::atomic<bool> stop{false};
-  bool client_gone = false;  // the request's thread's own record of it
 
   // The mailbox, filled by the loop.
   absl::Mutex mu;
@@ -341,6 +338,7 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
 
   // Stream what the loop posts until it posts the end; it takes the request out when the client goes.
   absl::Status status;
+  bool client_gone = false;
   for (;;) {
     std::deque<int32_t> tokens;
     bool done = false;
@@ -353,20 +351,20 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
       status = run.status;
     }
     for (const int32_t id : tokens) {
-      if (run.client_gone) break;
+      if (client_gone) break;
       v1::GenerateResponse chunk;
       chunk.add_tokens(id);
       chunk.set_has_text(decoder != nullptr);
       if (decoder != nullptr) chunk.set_text(decoder->Push(id));
-      if (!emit(chunk)) run.client_gone = true;
+      if (!emit(chunk)) client_gone = true;
     }
     if (done) break;
-    if (run.client_gone || (cancelled != nullptr && cancelled())) run.stop.store(true);
+    if (client_gone || (cancelled != nullptr && cancelled())) run.stop.store(true);
   }
   // The loop is done with `run`.
   record->generated_tokens = static_cast<int64_t>(run.batch->result().tokens.size());
-  if (run.client_gone && record->emit_false_is_stop) return absl::OkStatus();
-  if (run.client_gone || (absl::IsCancelled(status) && cancelled != nullptr && cancelled())) {
+  if (client_gone && record->emit_false_is_stop) return absl::OkStatus();
+  if (client_gone || (absl::IsCancelled(status) && cancelled != nullptr && cancelled())) {
     return absl::CancelledError("the client went away");
   }
   ODMOE_RETURN_IF_ERROR(status);
@@ -444,7 +442,6 @@ void MainNode::Join(RequestRun* run) {
   running_.push_back(run);
   if (lead_ == nullptr) {
     lead_ = run;
-    run->lead = true;
     StartPrediction(*run);
   }
 }
@@ -463,6 +460,13 @@ void MainNode::Leave(RequestRun* run, absl::Status status) {
   run->status = std::move(status);
 }
 
+MainNode::RequestRun* MainNode::RunOf(const BatchRequest* request) const {
+  auto it = std::find_if(running_.begin(), running_.end(),
+                         [request](const RequestRun* run) { return run->batch.get() == request; });
+  ODMOE_CHECK(it != running_.end());
+  return *it;
+}
+
 void MainNode::RunStep(bool fresh) {
   const BatchRunner::Plan plan = runner_->Schedule();
   if (plan.empty()) return;
@@ -470,15 +474,13 @@ void MainNode::RunStep(bool fresh) {
   step.fresh = fresh;
   step.deadline = absl::InfinitePast();
   std::vector<RequestRun*> runs;
-  for (BatchRequest* r : plan.requests) {
-    auto it = std::find_if(running_.begin(), running_.end(), [r](RequestRun* run) { return run->batch.get() == r; });
-    ODMOE_CHECK(it != running_.end());
-    runs.push_back(*it);
-    step.deadline = std::max(step.deadline, (*it)->deadline);
+  for (const BatchRequest* r : plan.requests) {
+    runs.push_back(RunOf(r));
+    step.deadline = std::max(step.deadline, runs.back()->deadline);
   }
   step.trace_id = runs.front()->trace_id;
   for (RequestRun* run : runs) {
-    if (run->lead) step.trace_id = run->trace_id;
+    if (run == lead_) step.trace_id = run->trace_id;
   }
   // The step stops early only when every request in it is gone.
   step.cancelled = [runs]() {
@@ -506,12 +508,7 @@ void MainNode::RunStep(bool fresh) {
       counters_.decode_rows += runs.size();
     }
   }
-  for (BatchRequest* done : runner_->Postprocess(plan)) {
-    auto it =
-        std::find_if(running_.begin(), running_.end(), [done](RequestRun* run) { return run->batch.get() == done; });
-    ODMOE_CHECK(it != running_.end());
-    Leave(*it, done->status());
-  }
+  for (BatchRequest* done : runner_->Postprocess(plan)) Leave(RunOf(done), done->status());
 }
 
 void MainNode::StartPrediction(const RequestRun& run) {
@@ -561,8 +558,8 @@ void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
   }
   // Main now decodes the position of this token (unless it was the last one): the shadow learns where main is,
   // with the alignment due at this step.
-  const int64_t i = run.fed++;
-  if (shadow_link_ == nullptr || last || !run.lead) return;
+  const int64_t i = static_cast<int64_t>(run.batch->result().tokens.size()) - 1;  // this token's index
+  if (shadow_link_ == nullptr || last || &run != lead_) return;
   const ShadowSettings& ss = cluster_.shadow_settings;
   const int64_t prompt_len = run.prompt_len();
   const bool send_token = ss.align_token > 0 && i % ss.align_token == 0;

@@ -154,6 +154,8 @@ class MainNode final : public v1::Inference::Service {
   void Join(RequestRun* run);
   void Leave(RequestRun* run, absl::Status status);
   void RunStep(bool fresh);
+  // The running request whose batch request is `request` (it must be one).
+  RequestRun* RunOf(const BatchRequest* request) const;
   // RunRequest but for its metrics (`timeline`: the request's, which RunRequest finishes).
   absl::Status ServeRequest(const v1::GenerateRequest& request,
                             const std::function<bool(const v1::GenerateResponse&)>& emit,
