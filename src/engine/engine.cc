@@ -27,12 +27,13 @@ absl::StatusOr<std::unique_ptr<LocalExpertExecutor>> LocalExpertExecutor::Create
   const ModelConfig& c = weights.config();
   std::unique_ptr<LocalExpertExecutor> ex(new LocalExpertExecutor(device, weights));
   ex->max_tokens_ = max_tokens;
-  ODMOE_ASSIGN_OR_RETURN(ex->ws_, MlpWorkspace::Create(device, max_tokens, std::max<int64_t>(1, c.expert_intermediate_size)));
+  ODMOE_ASSIGN_OR_RETURN(ex->ws_,
+                         MlpWorkspace::Create(device, max_tokens, std::max<int64_t>(1, c.expert_intermediate_size)));
   ODMOE_RETURN_IF_ERROR(Alloc(device, ex->xg_, F32Bytes(max_tokens * c.hidden_size), "expert inputs"));
   ODMOE_RETURN_IF_ERROR(Alloc(device, ex->yg_, F32Bytes(max_tokens * c.hidden_size), "expert outputs"));
   // Rows and scales of every (token, expert) pair of a chunk: 2 x [max_tokens * k] 4-byte values.
-  ODMOE_RETURN_IF_ERROR(Alloc(device, ex->index_, 2 * F32Bytes(max_tokens * std::max<int64_t>(1, c.top_k)),
-                              "expert routing index"));
+  ODMOE_RETURN_IF_ERROR(
+      Alloc(device, ex->index_, 2 * F32Bytes(max_tokens * std::max<int64_t>(1, c.top_k)), "expert routing index"));
   return ex;
 }
 
@@ -154,11 +155,19 @@ absl::Status Engine::StartSequence(int64_t capacity) {
 }
 
 absl::Status Engine::Truncate(int64_t position) {
-  if (position < 0 || position > this->position()) {
-    return absl::OutOfRangeError(
-        StrCat("cannot truncate the sequence to position ", position, ": it has ", this->position(), " positions"));
+  if (own_ == nullptr) {
+    if (position == 0) return absl::OkStatus();
+    return absl::OutOfRangeError(StrCat("cannot truncate the sequence to position ", position, ": it has 0 positions"));
   }
-  if (own_ != nullptr) own_->position_ = position;
+  return Truncate(*own_, position);
+}
+
+absl::Status Engine::Truncate(Sequence& seq, int64_t position) {
+  if (position < 0 || position > seq.position_) {
+    return absl::OutOfRangeError(
+        StrCat("cannot truncate the sequence to position ", position, ": it has ", seq.position_, " positions"));
+  }
+  seq.position_ = position;
   return absl::OkStatus();
 }
 
@@ -214,23 +223,29 @@ absl::Status Engine::ReadKvRange(const Sequence& seq, int64_t first, int64_t cou
 }
 
 absl::Status Engine::WriteKv(int64_t position, const float* k, const float* v) {
-  if (position < 0 || position >= this->position()) {
+  if (own_ == nullptr)
+    return absl::OutOfRangeError(StrCat("KV of position ", position, " written before StartSequence"));
+  return WriteKv(*own_, position, k, v);
+}
+
+absl::Status Engine::WriteKv(Sequence& seq, int64_t position, const float* k, const float* v) {
+  if (position < 0 || position >= seq.position_) {
     return absl::OutOfRangeError(
-        StrCat("KV of position ", position, " written, but the sequence has ", this->position(), " positions"));
+        StrCat("KV of position ", position, " written, but the sequence has ", seq.position_, " positions"));
   }
   const int64_t kv = config().kv_size();
-  for (size_t l = 0; l < own_->k_cache_.size(); ++l) {
-    device_.CopyToDevice(own_->k_cache_[l]->as<float>() + position * kv, k + static_cast<int64_t>(l) * kv,
-                         F32Bytes(kv), stream_.get());
-    device_.CopyToDevice(own_->v_cache_[l]->as<float>() + position * kv, v + static_cast<int64_t>(l) * kv,
-                         F32Bytes(kv), stream_.get());
+  for (size_t l = 0; l < seq.k_cache_.size(); ++l) {
+    device_.CopyToDevice(seq.k_cache_[l]->as<float>() + position * kv, k + static_cast<int64_t>(l) * kv, F32Bytes(kv),
+                         stream_.get());
+    device_.CopyToDevice(seq.v_cache_[l]->as<float>() + position * kv, v + static_cast<int64_t>(l) * kv, F32Bytes(kv),
+                         stream_.get());
   }
   device_.Synchronize(stream_.get());  // the host rows may die on return
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids,
-                                                   std::vector<PositionRouting>* routing, ForwardKind kind) {
+absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
+                                                   ForwardKind kind) {
   if (own_ == nullptr) return absl::FailedPreconditionError("Forward before StartSequence");
   if (ids.empty()) return absl::InvalidArgumentError("Forward needs at least one token");
   // The whole of `ids` is checked before its first chunk runs: on error the sequence does not advance.
@@ -256,8 +271,8 @@ absl::Status Engine::CheckTokens(const Sequence& seq, std::span<const int32_t> i
   }
   const int64_t needed = seq.position_ + static_cast<int64_t>(ids.size());
   if (needed > seq.capacity_) {
-    return absl::OutOfRangeError(StrCat("sequence of ", needed, " positions exceeds the room of ", seq.capacity_,
-                                        " given to StartSequence"));
+    return absl::OutOfRangeError(
+        StrCat("sequence of ", needed, " positions exceeds the room of ", seq.capacity_, " given to StartSequence"));
   }
   return absl::OkStatus();
 }
@@ -386,9 +401,9 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
         }
       }
       d.CopyOnDevice(moe, zeros_->data(), F32Bytes(n * hidden), s);
-      ODMOE_RETURN_IF_ERROR(experts_->Run(l, h, n, std::span<const int32_t>(host_ids_.data(), static_cast<size_t>(n * k)),
-                                          std::span<const float>(host_weights_.data(), static_cast<size_t>(n * k)),
-                                          moe, s));
+      ODMOE_RETURN_IF_ERROR(
+          experts_->Run(l, h, n, std::span<const int32_t>(host_ids_.data(), static_cast<size_t>(n * k)),
+                        std::span<const float>(host_weights_.data(), static_cast<size_t>(n * k)), moe, s));
       if (lw.shared.present()) {
         RunMlp(d, lw.shared, h, n, hidden, *mlp_ws_, shared_out_->as<float>(), s);
         d.MatMul(h, lw.shared_gate, {}, n, hidden, 1, shared_gate_->as<float>(), s);

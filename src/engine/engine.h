@@ -67,7 +67,7 @@ class LocalExpertExecutor : public ExpertExecutor {
   int64_t max_tokens_ = 0;
   std::unique_ptr<MlpWorkspace> ws_;
   std::unique_ptr<Buffer> xg_, yg_, index_;  // gathered inputs/outputs [max_tokens, hidden]; rows + scales
-  PackedRouting packed_;                      // host side of index_
+  PackedRouting packed_;                     // host side of index_
 };
 
 // The expert ids chosen at one position: [sparse layer][k], best first.
@@ -99,7 +99,7 @@ class Sequence {
 // One sequence's rows in an Engine::ForwardBatch.
 struct BatchInput {
   Sequence* sequence = nullptr;
-  std::span<const int32_t> ids;                    // run at the sequence's next positions
+  std::span<const int32_t> ids;                     // run at the sequence's next positions
   std::vector<PositionRouting>* routing = nullptr;  // optional: one PositionRouting appended per token
   std::vector<float>* logits = nullptr;             // optional out: the logits ([vocab]) of its last token
 };
@@ -150,6 +150,10 @@ class Engine {
   // The same of a batch's sequence (main's KV alignment of the request the shadow follows).
   absl::Status ReadKv(const Sequence& seq, int64_t position, float* k, float* v);
   absl::Status ReadKvRange(const Sequence& seq, int64_t first, int64_t count, float* k, float* v);
+  // Truncate and WriteKv of a batch's sequence (the shadow's roll back and KV alignment of each request it
+  // follows).
+  absl::Status Truncate(Sequence& seq, int64_t position);
+  absl::Status WriteKv(Sequence& seq, int64_t position, const float* k, const float* v);
 
   int64_t position() const { return own_ != nullptr ? own_->position_ : 0; }
   int64_t capacity() const { return own_ != nullptr ? own_->capacity_ : 0; }
@@ -192,7 +196,7 @@ class Engine {
   std::unique_ptr<MlpWorkspace> mlp_ws_;
   std::vector<int32_t> host_ids_;
   std::vector<float> host_weights_;
-  std::vector<float> host_logits_;                    // [S, vocab]
+  std::vector<float> host_logits_;  // [S, vocab]
 };
 
 }  // namespace odmoe
