@@ -17,6 +17,7 @@ struct PrefetchSender::Call {
   v1::PrefetchRequest request;
   v1::PrefetchResponse response;
   int32_t worker = 0;
+  uint64_t sequence = 0;  // its place in the order of sending (Drain)
 };
 
 PrefetchSender::PrefetchSender(const std::vector<std::string>& workers, Placement placement,
@@ -78,7 +79,8 @@ void PrefetchSender::Send(uint64_t request_id, int64_t position, int64_t layer, 
       AttachRequestId(call->context, trace_id);
       {
         absl::MutexLock lock(&mu_);
-        ++in_flight_;
+        call->sequence = next_sequence_++;
+        in_flight_.insert(call->sequence);
         ++stats_.calls;
         if (hedge) ++stats_.hedge_calls;
       }
@@ -93,7 +95,7 @@ void PrefetchSender::Send(uint64_t request_id, int64_t position, int64_t layer, 
             if (status.ok() && call->request.hedge()) {
               stats_.hedge_loads += static_cast<uint64_t>(std::max(0, call->response.accepted()));
             }
-            --in_flight_;
+            in_flight_.erase(call->sequence);
             // Freed under the lock: Drain cannot return (and the sender die) before this call is gone.
             delete call;
           });
@@ -103,8 +105,10 @@ void PrefetchSender::Send(uint64_t request_id, int64_t position, int64_t layer, 
 
 void PrefetchSender::Drain() {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](int64_t* n) { return *n == 0; }, &in_flight_));
+  const uint64_t sent = next_sequence_;  // calls sent later (by other threads) are not waited for
+  auto done = [this, sent]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_.empty() || *in_flight_.begin() >= sent; };
+  mu_.Await(absl::Condition(&done));
 }
 
 PrefetchSenderStats PrefetchSender::stats() const {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,9 +30,9 @@ struct PrefetchSenderOptions {
 };
 
 struct PrefetchSenderStats {
-  uint64_t calls = 0;     // Prefetch calls sent
-  uint64_t failures = 0;  // of which failed (worker unreachable, refused for want of room, ...)
-  uint64_t late = 0;      // of which the worker found late (main had already asked for the layer)
+  uint64_t calls = 0;        // Prefetch calls sent
+  uint64_t failures = 0;     // of which failed (worker unreachable, refused for want of room, ...)
+  uint64_t late = 0;         // of which the worker found late (main had already asked for the layer)
   uint64_t hedge_calls = 0;  // of `calls`, calls carrying hedged experts (PrefetchRequest.hedge)
   uint64_t hedge_loads = 0;  // loads the workers started for those (their `accepted`, once the call completed)
 };
@@ -49,9 +50,9 @@ class PrefetchSender {
   // rule main's Resolve uses); each worker gets one call for its predicted experts and a second, flagged hedge,
   // for its hedged ones (sent after the first).
   void Send(uint64_t request_id, int64_t position, int64_t layer, int64_t sparse_index,
-            std::span<const int32_t> experts, const std::string& trace_id = "",
-            std::span<const int32_t> hedges = {});
-  // Waits until every call sent so far has completed.
+            std::span<const int32_t> experts, const std::string& trace_id = "", std::span<const int32_t> hedges = {});
+  // Waits until every call sent before it was called has completed (calls other threads send meanwhile are not
+  // waited for, so a steady stream of predictions cannot hold it up).
   void Drain();
   PrefetchSenderStats stats() const;
   // Main's membership of the workers as the sender last heard it (src/main_node/membership.h): predictions are
@@ -71,7 +72,8 @@ class PrefetchSender {
   mutable absl::Mutex mu_;
   Placement placement_ ABSL_GUARDED_BY(mu_);
   MembershipView view_ ABSL_GUARDED_BY(mu_);  // epoch 0 until main's first view
-  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<uint64_t> in_flight_ ABSL_GUARDED_BY(mu_);  // the sequence numbers of the calls not yet completed
   PrefetchSenderStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
