@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cctype>
 #include <deque>
+#include <limits>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_format.h"
 #include "spdlog/spdlog.h"
 #include "src/backend/device_factory.h"
@@ -58,8 +60,8 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   node->admission_ = std::make_unique<Admission>(args.cluster.max_queued, args.cluster.max_running);
   std::vector<std::string> worker_names;
   for (const WorkerEndpoint& w : workers) worker_names.push_back(w.name);
-  node->membership_ = std::make_unique<Membership>(placement, std::move(worker_names), node->health_.get(),
-                                                   Membership::FirstEpoch());
+  node->membership_ =
+      std::make_unique<Membership>(placement, std::move(worker_names), node->health_.get(), Membership::FirstEpoch());
   RemoteExpertOptions ro;
   ro.sender = args.self.name;
   ro.epoch = args.cluster.epoch;
@@ -80,15 +82,18 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   node->experts_unguarded_ = node->experts_.get();
   node->placement_groups_ = node->experts_->placement().num_groups();
   const ShadowSettings& ss = args.cluster.shadow_settings;
+  // The workers' residency follows main's steps through one stream id; a restarted main is another stream.
+  absl::BitGen bitgen;
+  node->batch_id_ = absl::Uniform<uint64_t>(absl::IntervalClosed, bitgen, 1, std::numeric_limits<uint64_t>::max());
   if (ss.mode == PredictionMode::kShadow && args.cluster.shadow() != nullptr) {
-    node->shadow_link_ = std::make_unique<ShadowLink>(
-        args.cluster.shadow()->address, node->config_,
-        ShadowLinkOptions{.epoch = args.cluster.epoch,
-                          .fingerprint = node->fingerprint_,
-                          .sender = args.self.name,
-                          .membership = node->membership_.get(),
-                          .health = node->health_.get(),
-                          .health_peer = static_cast<int32_t>(args.cluster.workers().size())});
+    node->shadow_channel_ = rpc::MakeChannel(args.cluster.shadow()->address);
+    node->shadow_options_ = ShadowLinkOptions{.epoch = args.cluster.epoch,
+                                              .fingerprint = node->fingerprint_,
+                                              .sender = args.self.name,
+                                              .membership = node->membership_.get(),
+                                              .health = node->health_.get(),
+                                              .health_peer = static_cast<int32_t>(args.cluster.workers().size()),
+                                              .batch_id = node->batch_id_};
   } else if (ss.mode == PredictionMode::kRandom) {
     std::vector<std::string> addresses;
     for (const NodeConfig* w : args.cluster.workers()) addresses.push_back(w->address);
@@ -188,7 +193,6 @@ MainNode::~MainNode() {
     batch_thread_.join();  // ends the requests it holds (Unavailable)
   }
   if (prober_ != nullptr) prober_->Stop();  // no event reaches the executor or the metrics from here on
-  shadow_link_.reset();
   random_sender_.reset();
   runner_.reset();
   engine_.reset();
@@ -255,6 +259,10 @@ struct MainNode::RequestRun {
   // The batch loop's, from the hand-over until it posts the end.
   std::unique_ptr<BatchRequest> batch;
   std::vector<float> kv_k, kv_v;  // [num_layers, kv_size]: a position's K/V for the shadow
+  // Its predictions and outcomes, and its stream to the shadow (nullptr without one); the request's thread
+  // finishes both once the loop is done with it.
+  PredictionBoard board;
+  std::unique_ptr<ShadowLink> link;
   // What its steps cost (each step's figures added to every request in it) and its prediction figures.
   std::vector<WorkerCallStats> worker_stats;
   uint64_t calls_reissued = 0;
@@ -361,7 +369,8 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
     if (done) break;
     if (client_gone || (cancelled != nullptr && cancelled())) run.stop.store(true);
   }
-  // The loop is done with `run`.
+  // The loop is done with `run`: the shadow's last predictions count for its recall.
+  FinishPrediction(run, status.ok() && !client_gone);
   record->generated_tokens = static_cast<int64_t>(run.batch->result().tokens.size());
   if (client_gone && record->emit_false_is_stop) return absl::OkStatus();
   if (client_gone || (absl::IsCancelled(status) && cancelled != nullptr && cancelled())) {
@@ -440,21 +449,12 @@ void MainNode::Join(RequestRun* run) {
     return;
   }
   running_.push_back(run);
-  if (lead_ == nullptr) {
-    lead_ = run;
-    StartPrediction(*run);
-  }
+  StartPrediction(*run);
 }
 
 void MainNode::Leave(RequestRun* run, absl::Status status) {
   runner_->Remove(run->batch.get());
   running_.erase(std::remove(running_.begin(), running_.end(), run), running_.end());
-  if (run == lead_) {
-    run->alignment = FinishPrediction(/*request_ok=*/status.ok(), /*others_running=*/!running_.empty());
-    run->recall = board_.Summarize();
-    experts_->ClearLead();
-    lead_ = nullptr;
-  }
   absl::MutexLock lock(&run->mu);
   run->done = true;
   run->status = std::move(status);
@@ -470,18 +470,22 @@ MainNode::RequestRun* MainNode::RunOf(const BatchRequest* request) const {
 void MainNode::RunStep(bool fresh) {
   const BatchRunner::Plan plan = runner_->Schedule();
   if (plan.empty()) return;
+  const bool decode = plan.kind == ForwardKind::kDecode;
   RemoteExpertExecutor::StepContext step;
   step.fresh = fresh;
   step.deadline = absl::InfinitePast();
+  // A decode step is the stream's next position; a prefill chunk goes at the last decode step's, so that
+  // predictions of the next decode step stay ahead of the workers' view of main.
+  step.request_id = batch_id_;
+  step.position = decode ? decode_steps_ + 1 : decode_steps_;
   std::vector<RequestRun*> runs;
   for (const BatchRequest* r : plan.requests) {
     runs.push_back(RunOf(r));
     step.deadline = std::max(step.deadline, runs.back()->deadline);
+    if (decode) step.boards[r->tag()] = &runs.back()->board;
   }
   step.trace_id = runs.front()->trace_id;
-  for (RequestRun* run : runs) {
-    if (run == lead_) step.trace_id = run->trace_id;
-  }
+  if (decode && random_sender_ != nullptr) PredictAtRandom(runs, step.position);
   // The step stops early only when every request in it is gone.
   step.cancelled = [runs]() {
     return std::all_of(runs.begin(), runs.end(), [](RequestRun* run) { return run->stop.load(); });
@@ -493,6 +497,7 @@ void MainNode::RunStep(bool fresh) {
     spdlog::warn("a batch step of {} request(s) failed: {}", runs.size(), std::string(ran.message()));
   }
   experts_->EndStep();
+  if (decode) ++decode_steps_;  // before Postprocess: OnToken tells the shadow the next step's number
   // The step's cost goes to each of its requests (a load shared by several counts for each).
   for (RequestRun* run : runs) {
     for (size_t w = 0; w < run->worker_stats.size(); ++w) run->worker_stats[w].Add(experts_->stats()[w]);
@@ -503,7 +508,7 @@ void MainNode::RunStep(bool fresh) {
   {
     absl::MutexLock stats_lock(&stats_mu_);
     counters_.timing.Add(experts_->timing());
-    if (plan.kind == ForwardKind::kDecode) {
+    if (decode) {
       ++counters_.decode_steps;
       counters_.decode_rows += runs.size();
     }
@@ -511,43 +516,42 @@ void MainNode::RunStep(bool fresh) {
   for (BatchRequest* done : runner_->Postprocess(plan)) Leave(RunOf(done), done->status());
 }
 
-void MainNode::StartPrediction(const RequestRun& run) {
+void MainNode::StartPrediction(RequestRun& run) {
   // Expert prediction for the decode steps (positions prompt .. LastDecodePosition).
-  const ShadowSettings& ss = cluster_.shadow_settings;
-  const std::vector<int64_t> sparse_layers = config_.SparseLayers();
-  board_.Reset(static_cast<int64_t>(sparse_layers.size()), config_.top_k);
-  if (shadow_link_ != nullptr) {
-    experts_->SetLead(run.id, &board_);
-    shadow_link_->Start(run.id, run.trace_id, run.prompt, run.options.max_new_tokens, ss, &board_);
-  } else if (random_sender_ != nullptr) {
-    const uint64_t request_id = run.id;
-    experts_->SetLead(run.id, &board_, [this, request_id, trace_id = run.trace_id, sparse_layers,
-                                      seed = ss.seed](int64_t position) {
-      // Placed over main's membership as it is now (a view main made itself: always valid).
-      ODMOE_CHECK_OK(random_sender_->SetMembership(membership_->Current().view));
-      for (size_t s = 0; s < sparse_layers.size(); ++s) {
-        std::vector<int32_t> predicted = RandomExperts(seed, request_id, position, static_cast<int64_t>(s),
-                                                       config_.num_experts, config_.top_k);
-        random_sender_->Send(request_id, position, sparse_layers[s], static_cast<int64_t>(s), predicted, trace_id);
-        board_.Put(position, static_cast<int64_t>(s), std::move(predicted));
-      }
-    });
-  } else {
-    experts_->SetLead(run.id, &board_);  // no predictions: recall 0, misses recorded
-  }
+  run.board.Reset(static_cast<int64_t>(config_.SparseLayers().size()), config_.top_k);
+  if (shadow_channel_ == nullptr) return;  // random predictions are made per step; none: recall 0, misses recorded
+  run.link = std::make_unique<ShadowLink>(shadow_channel_, config_, shadow_options_);
+  run.link->Start(run.id, run.trace_id, run.prompt, run.options.max_new_tokens, cluster_.shadow_settings, &run.board);
 }
 
-AlignmentCounts MainNode::FinishPrediction(bool request_ok, bool others_running) {
-  AlignmentCounts alignment;
-  if (shadow_link_ != nullptr) {
+void MainNode::FinishPrediction(RequestRun& run, bool request_ok) {
+  if (run.link != nullptr) {
     // The shadow's predictions for the last positions may still be on their way: they count for recall. A
-    // failed request has no recall to complete: its error goes out at once; nor do other running requests wait
-    // for it.
-    shadow_link_->Finish(/*wait_ms=*/request_ok && !others_running ? 2000 : 0);
-    alignment = shadow_link_->counts();
+    // failed request has no recall to complete: its error goes out at once.
+    run.link->Finish(/*wait_ms=*/request_ok ? 2000 : 0);
+    run.alignment = run.link->counts();
   }
   if (random_sender_ != nullptr) random_sender_->Drain();
-  return alignment;
+  run.recall = run.board.Summarize();
+}
+
+void MainNode::PredictAtRandom(const std::vector<RequestRun*>& runs, int64_t step) {
+  const std::vector<int64_t> sparse_layers = config_.SparseLayers();
+  // Placed over main's membership as it is now (a view main made itself: always valid).
+  ODMOE_CHECK_OK(random_sender_->SetMembership(membership_->Current().view));
+  for (size_t s = 0; s < sparse_layers.size(); ++s) {
+    std::vector<int32_t> all;
+    for (RequestRun* run : runs) {
+      const int64_t position = run->batch->sequence()->position();
+      std::vector<int32_t> predicted = RandomExperts(cluster_.shadow_settings.seed, run->id, position,
+                                                     static_cast<int64_t>(s), config_.num_experts, config_.top_k);
+      all.insert(all.end(), predicted.begin(), predicted.end());
+      run->board.Put(position, static_cast<int64_t>(s), std::move(predicted));
+    }
+    std::sort(all.begin(), all.end());
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    random_sender_->Send(batch_id_, step, sparse_layers[s], static_cast<int64_t>(s), all, runs.front()->trace_id);
+  }
 }
 
 void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
@@ -559,7 +563,7 @@ void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
   // Main now decodes the position of this token (unless it was the last one): the shadow learns where main is,
   // with the alignment due at this step.
   const int64_t i = static_cast<int64_t>(run.batch->result().tokens.size()) - 1;  // this token's index
-  if (shadow_link_ == nullptr || last || &run != lead_) return;
+  if (run.link == nullptr || last) return;
   const ShadowSettings& ss = cluster_.shadow_settings;
   const int64_t prompt_len = run.prompt_len();
   const bool send_token = ss.align_token > 0 && i % ss.align_token == 0;
@@ -570,15 +574,16 @@ void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
     const size_t row = static_cast<size_t>(config_.num_layers * config_.kv_size());
     std::vector<float> pk(row * static_cast<size_t>(prompt_len - 1)), pv(pk.size());
     if (!engine_->ReadKvRange(*run.batch->sequence(), 0, prompt_len - 1, pk.data(), pv.data()).ok()) return;
-    shadow_link_->SendKv(0, prompt_len - 1, pk.data(), pv.data());
+    run.link->SendKv(0, prompt_len - 1, pk.data(), pv.data());
   }
   if (send_kv) {
     run.kv_k.resize(static_cast<size_t>(config_.num_layers * config_.kv_size()));
     run.kv_v.resize(run.kv_k.size());
     if (!engine_->ReadKv(*run.batch->sequence(), prompt_len + i - 1, run.kv_k.data(), run.kv_v.data()).ok()) return;
   }
-  shadow_link_->Step(prompt_len + i, send_token ? std::optional<int32_t>(id) : std::nullopt,
-                     send_kv ? run.kv_k.data() : nullptr, send_kv ? run.kv_v.data() : nullptr);
+  // The position is decoded in the next decode step: every decoding request is in every decode step.
+  run.link->Step(prompt_len + i, decode_steps_ + 1, send_token ? std::optional<int32_t>(id) : std::nullopt,
+                 send_kv ? run.kv_k.data() : nullptr, send_kv ? run.kv_v.data() : nullptr);
 }
 
 v1::GenerateResponse MainNode::FinalResponse(RequestRun& run, const GenerateResult& result,
@@ -619,7 +624,7 @@ void MainNode::FillRequestStats(const RequestRun& run, const GenerateResult& res
   stats->set_loads_on_demand(total.loads_on_demand);
   stats->set_on_demand_load_ms(total.on_demand_load_ms);
   stats->set_expert_tensors_opened(static_cast<uint64_t>(expert_tensors_opened()));
-  const RecallSummary& recall = run.recall;  // empty unless the request was the lead
+  const RecallSummary& recall = run.recall;
   const AlignmentCounts& alignment = run.alignment;
   if (recall.decode_layers > 0) metrics_->Prediction(recall.recall, recall.timely_recall);
   stats->set_prediction(std::string(PredictionModeName(cluster_.shadow_settings.mode)));
@@ -699,7 +704,8 @@ void MainNode::Counters::AppendFamilies(int64_t top_k, std::vector<metrics::Metr
           static_cast<double>(hedge_loads));
   counter("odmoe_prediction_hedges_used_total", "Needed experts only a hedge had predicted (counted in hit).",
           static_cast<double>(hedges_used));
-  counter("odmoe_batch_decode_steps_total", "Decode steps run (continuous batching: each carries every decoding request).",
+  counter("odmoe_batch_decode_steps_total",
+          "Decode steps run (continuous batching: each carries every decoding request).",
           static_cast<double>(decode_steps));
   counter("odmoe_batch_decode_rows_total",
           "Request rows the decode steps carried (mean batch size = this / odmoe_batch_decode_steps_total).",

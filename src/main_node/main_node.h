@@ -12,13 +12,17 @@
 // decode steps); up to [cluster] max_queued more wait their turn in arrival order and the next is refused at
 // once, busy (admission control, src/main_node/admission.h). A request is validated before it waits (bad
 // requests are answered at once); its ttft_ms and total_ms count from its arrival, queue_ms the wait.
-// Predictions follow one request at a time, the lead (the first request that joins while no other is
-// followed, until it ends): see RemoteExpertExecutor::SetLead. A request that ran beside the lead has no recall
-// figures (decode_layers 0) and its experts are loaded after routing unless the lead's prediction had them.
+// Every running request is predicted: each has its own Follow stream to the shadow (ShadowLink: its prompt,
+// each decode position with the batch step that decodes it, its alignment) and its own PredictionBoard (its
+// recall); the shadow prefetches the union of the running requests' experts per layer. The workers know main's
+// steps as positions of one stream (batch_id_, a random id per main process; decode steps numbered from 1, a
+// prefill chunk at the number of the last decode step), so that a prediction for a step main has not reached
+// waits for it however the requests come and go (src/worker_node/residency.h).
 //
 // Thread safety: the gRPC handlers may be called concurrently from the server's threads; each hands its
-// request to the batch loop and streams what the loop posts back. The engine, the executor, the shadow link and
-// the random sender are used only by the batch loop thread.
+// request to the batch loop and streams what the loop posts back. The engine and the executor are used only by
+// the batch loop thread; a request's shadow link by the loop while it runs, then by its own thread, which waits
+// for the shadow's last predictions (FinishPrediction) without holding up the batch.
 #pragma once
 
 #include <atomic>
@@ -35,8 +39,8 @@
 #include "absl/synchronization/mutex.h"
 #include "odmoe/v1/main.grpc.pb.h"
 #include "src/backend/device.h"
-#include "src/common/limits.h"
 #include "src/common/cluster_config.h"
+#include "src/common/limits.h"
 #include "src/engine/batching.h"
 #include "src/engine/engine.h"
 #include "src/engine/generator.h"
@@ -84,7 +88,7 @@ class MainNode final : public v1::Inference::Service {
 
   // One request as main's log line about its end reports it (Generate writes it, success or not).
   struct RequestRecord {
-    std::string request_id;     // in: the client's request id (rpc/request_id.h), "" for none
+    std::string request_id;  // in: the client's request id (rpc/request_id.h), "" for none
     // in: `emit` returning false means the caller has what it wants (a stop string matched: the HTTP API), not
     // that the client went away: the request then ends OK (outcome ok) without its final message.
     bool emit_false_is_stop = false;
@@ -149,8 +153,8 @@ class MainNode final : public v1::Inference::Service {
   void BatchLoop();
   // Hands `run` to the batch loop; it posts the tokens and the end to `run`.
   void Submit(RequestRun* run);
-  // Loop side: a request joins the batch (and becomes the lead when predictions follow none); one leaves it
-  // with `status` (OK: it stopped); one step of the batch.
+  // Loop side: a request joins the batch (its prediction starts); one leaves it with `status` (OK: it
+  // stopped); one step of the batch.
   void Join(RequestRun* run);
   void Leave(RequestRun* run, absl::Status status);
   void RunStep(bool fresh);
@@ -162,14 +166,17 @@ class MainNode final : public v1::Inference::Service {
                             const std::function<bool()>& cancelled, RequestRecord* record,
                             MainMetrics::Request& timeline);
   // Request setup: the request checked against the model and turned into Generate's options.
-  absl::StatusOr<GenerateOptions> OptionsOf(const v1::GenerateRequest& request,
-                                            std::span<const int32_t> prompt) const;
-  // The prediction source of the request (the shadow's stream, main's random predictions, or none), and its
-  // end (the shadow's last predictions awaited unless the request failed; its alignment counts returned).
-  void StartPrediction(const RequestRun& run);
-  AlignmentCounts FinishPrediction(bool request_ok, bool others_running);
-  // The token callback (batch loop): posts the token to the request's thread and, unless it is the last one and
-  // when the request is the lead, tells the shadow where main is (with the alignment due).
+  absl::StatusOr<GenerateOptions> OptionsOf(const v1::GenerateRequest& request, std::span<const int32_t> prompt) const;
+  // The prediction source of a request joining the batch (its shadow stream, or none: main's random
+  // predictions are made per step in RunStep), and its end, on the request's thread once the loop is done with
+  // it (the shadow's last predictions awaited unless the request failed; its recall and alignment counts kept).
+  void StartPrediction(RequestRun& run);
+  void FinishPrediction(RequestRun& run, bool request_ok);
+  // Random prediction (ablation case 5) for a decode step of `runs` at step number `step`: k random experts per
+  // sparse layer for each request's row, on its board, and their union prefetched.
+  void PredictAtRandom(const std::vector<RequestRun*>& runs, int64_t step);
+  // The token callback (batch loop): posts the token to the request's thread and, unless it is the last one,
+  // tells the shadow which position main decodes next, in which step (with the alignment due).
   void OnToken(RequestRun& run, int32_t id, bool last);
   // The final message, and its stats (also added to the node's counters).
   v1::GenerateResponse FinalResponse(RequestRun& run, const GenerateResult& result, IncrementalDecoder* decoder) const;
@@ -199,10 +206,14 @@ class MainNode final : public v1::Inference::Service {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<BatchRunner> runner_;
   std::vector<RequestRun*> running_;  // the requests in the batch, in arrival order
-  RequestRun* lead_ = nullptr;        // the request predictions follow (nullptr: none)
-  // Expert prediction (cluster_.shadow_settings.mode): the shadow's stream, or main's own random predictions.
-  PredictionBoard board_;
-  std::unique_ptr<ShadowLink> shadow_link_;
+  // The workers' view of main's steps: the request id every expert call carries, and the decode steps run
+  // (the number of the last one).
+  uint64_t batch_id_ = 0;
+  int64_t decode_steps_ = 0;
+  // Expert prediction (cluster_.shadow_settings.mode): each request's shadow stream over one channel, or main's
+  // own random predictions.
+  std::shared_ptr<grpc::Channel> shadow_channel_;
+  ShadowLinkOptions shadow_options_;
   std::unique_ptr<rpc::PrefetchSender> random_sender_;
   // The hand-over to the batch loop.
   absl::Mutex inbox_mu_;
@@ -219,7 +230,7 @@ class MainNode final : public v1::Inference::Service {
     uint64_t predictions_received = 0;
     double lead_layers_sum = 0;  // over the predictions received
     DecodeTiming timing;
-    uint64_t hedge_loads = 0, hedges_used = 0;  // hedged prefetch
+    uint64_t hedge_loads = 0, hedges_used = 0;   // hedged prefetch
     uint64_t decode_steps = 0, decode_rows = 0;  // continuous batching: steps and the requests' rows in them
     // One request's counters.
     static Counters OfRequest(const RecallSummary& r, const AlignmentCounts& a);

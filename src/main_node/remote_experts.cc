@@ -298,37 +298,17 @@ void RemoteExpertExecutor::BeginStep(StepContext context) {
   if (step_.fresh) last_layer_end_.reset();
 }
 
-void RemoteExpertExecutor::SetLead(uint64_t tag, PredictionBoard* board,
-                                   std::function<void(int64_t position)> on_decode_position) {
-  lead_tag_ = tag;
-  board_ = board;
-  on_decode_position_ = std::move(on_decode_position);
-}
-
-void RemoteExpertExecutor::ClearLead() {
-  lead_tag_ = 0;
-  board_ = nullptr;
-  on_decode_position_ = nullptr;
-}
-
 void RemoteExpertExecutor::BeginForward(std::span<const ForwardSegment> segments, ForwardKind kind) {
   decode_ = kind == ForwardKind::kDecode;
-  lead_row_ = -1;
+  predicted_rows_.clear();
+  if (!decode_) return;
   int64_t row = 0;
   for (const ForwardSegment& s : segments) {
-    if (lead_tag_ != 0 && s.tag == lead_tag_) {
-      lead_row_ = row + s.n - 1;
-      request_id_ = s.tag;
-      position_ = s.first_position;
+    if (auto it = step_.boards.find(s.tag); it != step_.boards.end() && it->second != nullptr) {
+      predicted_rows_.push_back({row, s.first_position, it->second});
     }
     row += s.n;
   }
-  if (lead_row_ < 0) {
-    // Without the lead: untracked, so that the lead's prefetched experts stay; with no lead, the first request's.
-    request_id_ = lead_tag_ != 0 ? 0 : segments.front().tag;
-    position_ = segments.front().first_position;
-  }
-  if (decode_ && lead_row_ >= 0 && on_decode_position_) on_decode_position_(position_);
 }
 
 // One layer's work as Run's phases hand it on.
@@ -336,9 +316,9 @@ struct RemoteExpertExecutor::Layer {
   int64_t layer = 0;
   int64_t sparse_index = 0;
   int64_t n = 0;
-  bool decode = false;               // a decode step (its rows: one token of each request)
-  bool use_board = false;            // the lead decodes in it: its prediction used, its outcome recorded
-  std::vector<int32_t> lead_actual;  // with use_board: the lead row's experts, ascending
+  bool decode = false;  // a decode step (its rows: one token of each request)
+  // Per PredictedRow of the forward: the row's own experts, ascending (its outcome is recorded).
+  std::vector<std::vector<int32_t>> row_actual;
   std::vector<ExpertBatch> batches;  // ascending expert id
   std::vector<int32_t> experts;      // the actual set, ascending (batches[b].expert)
   std::vector<int32_t> worker_of;    // per batch
@@ -443,9 +423,8 @@ absl::Status RemoteExpertExecutor::Place(Layer& work, std::span<const int32_t> i
   for (const ExpertBatch& b : work.batches) work.experts.push_back(b.expert);
   work.worker_of.resize(work.batches.size());
   work.decode = decode_;
-  work.use_board = decode_ && board_ != nullptr && lead_row_ >= 0;
-  // A decode step, and a one-token prompt chunk, go to the layer's group; only the lead's decode steps use and
-  // record predictions.
+  // A decode step, and a one-token prompt chunk, go to the layer's group; decode steps use and record the
+  // predictions of their rows.
   if (!decode_ && n > 1) {
     // A prefill chunk spreads expert e to worker e mod N_W.
     for (size_t b = 0; b < work.batches.size(); ++b) {
@@ -454,16 +433,24 @@ absl::Status RemoteExpertExecutor::Place(Layer& work, std::span<const int32_t> i
     return absl::OkStatus();
   }
   // The layer's group, the actual set (the union over the step's rows) assigned one-to-one up to G experts,
-  // round-robin beyond. With a prediction, the experts it announced run where it had them loaded; misses go to
-  // the workers whose predicted expert went unused (they load on demand).
+  // round-robin beyond. With predictions, the experts they announced (the union over the rows) run where they
+  // had them loaded; misses go to the workers whose predicted expert went unused (they load on demand).
   std::optional<std::vector<int32_t>> predicted;
-  if (work.use_board) {
-    const auto first = ids.begin() + static_cast<std::ptrdiff_t>(lead_row_ * k);
-    work.lead_actual.assign(first, first + k);
-    std::sort(work.lead_actual.begin(), work.lead_actual.end());
-    work.lead_actual.erase(std::unique(work.lead_actual.begin(), work.lead_actual.end()), work.lead_actual.end());
-    board_->SetProgress(position_, work.sparse_index);
-    predicted = board_->Get(position_, work.sparse_index);
+  for (const PredictedRow& r : predicted_rows_) {
+    const auto first = ids.begin() + static_cast<std::ptrdiff_t>(r.row * k);
+    std::vector<int32_t> actual(first, first + k);
+    std::sort(actual.begin(), actual.end());
+    actual.erase(std::unique(actual.begin(), actual.end()), actual.end());
+    work.row_actual.push_back(std::move(actual));
+    r.board->SetProgress(r.position, work.sparse_index);
+    if (std::optional<std::vector<int32_t>> p = r.board->Get(r.position, work.sparse_index); p.has_value()) {
+      if (!predicted.has_value()) predicted.emplace();
+      predicted->insert(predicted->end(), p->begin(), p->end());
+    }
+  }
+  if (predicted.has_value()) {
+    std::sort(predicted->begin(), predicted->end());
+    predicted->erase(std::unique(predicted->begin(), predicted->end()), predicted->end());
   }
   const std::vector<Assignment> assigned = predicted.has_value()
                                                ? placement.Resolve(work.sparse_index, *predicted, work.experts)
@@ -504,10 +491,10 @@ void RemoteExpertExecutor::Encode(Layer& work, const float* h, Stream* stream) {
   for (const PlannedCall& pc : work.plan) {
     auto call = std::make_unique<LayerCalls::Call>();
     v1::ComputeExpertsRequest& req = call->request;
-    rpc::FillHeader(req.mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id_,
+    rpc::FillHeader(req.mutable_header(), options_.epoch, options_.fingerprint, options_.sender, step_.request_id,
                     work.view.epoch != 0 ? &work.view : nullptr);
     req.set_layer(static_cast<int32_t>(work.layer));
-    req.set_position(position_);
+    req.set_position(step_.position);
     v1::Tensor* t = req.mutable_hidden();
     t->set_dtype(v1::DTYPE_F32);
     t->add_shape(static_cast<int64_t>(pc.rows.size()));
@@ -749,14 +736,16 @@ absl::Status RemoteExpertExecutor::CollectOutputs(const Layer& work) {
       }
     }
   }
-  if (work.use_board) {
-    // Whether each of the lead row's experts was resident.
-    std::vector<bool> lead_resident;
-    for (int32_t e : work.lead_actual) {
+  // Each predicted row's outcome: whether each of its experts was resident.
+  for (size_t i = 0; i < predicted_rows_.size() && i < work.row_actual.size(); ++i) {
+    const std::vector<int32_t>& actual = work.row_actual[i];
+    std::vector<bool> row_resident;
+    for (int32_t e : actual) {
       const auto b = std::lower_bound(work.experts.begin(), work.experts.end(), e) - work.experts.begin();
-      lead_resident.push_back(resident[static_cast<size_t>(b)]);
+      row_resident.push_back(resident[static_cast<size_t>(b)]);
     }
-    board_->Record(position_, work.sparse_index, work.lead_actual, std::move(lead_resident), stall_ms);
+    predicted_rows_[i].board->Record(predicted_rows_[i].position, work.sparse_index, actual, std::move(row_resident),
+                                     stall_ms);
   }
   return absl::OkStatus();
 }

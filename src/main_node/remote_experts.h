@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -193,33 +194,35 @@ class RemoteExpertExecutor : public ExpertExecutor {
                    std::span<const float> weights, float* out, Stream* stream) override;
   void BeginForward(std::span<const ForwardSegment> segments, ForwardKind kind) override;
 
-  // Continuous batching: a forward may carry the rows of several requests (ForwardSegment::tag = main's
-  // request id). One of them at a time is the lead: the request the predictions follow (the shadow's stream,
-  // or main's random predictions). A step with the lead's row is sent under the lead's request id and position
-  // (the workers' residency follows it, src/worker_node/residency.h); at its decode steps the executor places
-  // the union of the step's experts where the lead's prediction in `board` (if one arrived) had them loaded
-  // (Placement::Resolve; the other requests' experts go where that rule sends misses), else by
-  // Placement::Assign, and records the lead row's experts in `board`. A step without the lead is sent untracked
-  // (request id 0) so that it leaves the lead's prefetched experts alone; with no lead at all, under its first
-  // request's id. `on_decode_position` (optional) is called as each of the lead's decode steps begins (main's
-  // random predictions are made there). `board` must outlive the lead.
-  void SetLead(uint64_t tag, PredictionBoard* board, std::function<void(int64_t position)> on_decode_position = nullptr);
-  void ClearLead();
-  uint64_t lead() const { return lead_tag_; }
-
-  // What the next forward's calls carry, and when they stop: the client's request id of the step (x-request-id
-  // metadata; "" for none), the latest deadline of its requests (no call outlives it) and `cancelled`
-  // (optional, polled before each layer: true fails the step with Cancelled). `fresh`: the engine was idle
-  // before this step (t_M is not measured across the gap). Zeroes the step's stats.
+  // What the next forward's calls carry, and when they stop. Continuous batching: a forward may carry the rows
+  // of several requests (ForwardSegment::tag = main's request id); the workers know main's steps as positions
+  // of one stream (src/worker_node/residency.h follows main's progress through it):
+  //  - `request_id`, `position`: what every call of the step carries (main's batch stream and its step number);
+  //  - `boards`: the prediction boards of the step's requests by tag (a request without one is not predicted).
+  //    At a decode step the executor places the union of the step's experts where the union of its rows'
+  //    predictions (each row's from its board, if one arrived) had them loaded (Placement::Resolve: what the
+  //    shadow's union prefetch did; misses go where that rule sends them), else by Placement::Assign, and
+  //    records each predicted row's own experts, and whether the workers had them, in its board;
+  //  - `trace_id`: the client's request id of the step (x-request-id metadata; "" for none);
+  //  - `deadline`: the latest of its requests' (no call outlives it); `cancelled` (optional, polled before each
+  //    layer: true fails the step with Cancelled);
+  //  - `fresh`: the engine was idle before this step (t_M is not measured across the gap).
+  // BeginStep zeroes the step's stats.
   struct StepContext {
+    uint64_t request_id = 0;
+    int64_t position = 0;
+    std::map<uint64_t, PredictionBoard*> boards;
     std::string trace_id;
     absl::Time deadline = absl::InfiniteFuture();
     std::function<bool()> cancelled;
     bool fresh = false;
   };
   void BeginStep(StepContext context);
-  // Drops the step's `cancelled` hook (whose captures may be about to die); the stats stay.
-  void EndStep() { step_.cancelled = nullptr; }
+  // Drops the step's `cancelled` hook and boards (which may be about to die); the stats stay.
+  void EndStep() {
+    step_.cancelled = nullptr;
+    step_.boards.clear();
+  }
   // Per worker (index = worker index), since BeginStep.
   const std::vector<WorkerCallStats>& stats() const { return stats_; }
   // Calls sent again since BeginStep (failover), and the membership epoch of the last layer run.
@@ -283,15 +286,14 @@ class RemoteExpertExecutor : public ExpertExecutor {
   std::shared_ptr<LayerCalls> active_ ABSL_GUARDED_BY(active_mu_);
 
   StepContext step_;
-  uint64_t lead_tag_ = 0;  // 0: no lead
-  PredictionBoard* board_ = nullptr;
-  std::function<void(int64_t)> on_decode_position_;
-  // Of the current forward: the request id and position its calls carry, the lead's row (-1: not in it), and
-  // whether it is a decode step.
-  uint64_t request_id_ = 0;
-  int64_t position_ = 0;
-  int64_t lead_row_ = -1;
+  // Of the current forward: whether it is a decode step, and its rows whose boards predict them.
+  struct PredictedRow {
+    int64_t row = 0;
+    int64_t position = 0;
+    PredictionBoard* board = nullptr;
+  };
   bool decode_ = false;
+  std::vector<PredictedRow> predicted_rows_;
   DecodeTiming timing_;
   std::optional<absl::Time> last_layer_end_;  // when the previous decode layer's round trip ended
   std::vector<WorkerCallStats> stats_;

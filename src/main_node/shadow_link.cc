@@ -12,8 +12,8 @@
 
 namespace odmoe {
 
-ShadowLink::ShadowLink(const std::string& address, const ModelConfig& config, ShadowLinkOptions options)
-    : channel_(rpc::MakeChannel(address)),
+ShadowLink::ShadowLink(std::shared_ptr<grpc::Channel> channel, const ModelConfig& config, ShadowLinkOptions options)
+    : channel_(std::move(channel)),
       stub_(v1::Shadow::NewStub(channel_)),
       config_(config),
       options_(std::move(options)) {
@@ -37,8 +37,9 @@ bool ShadowLink::Start(uint64_t request_id, const std::string& trace_id, std::sp
   broken_ = false;
   counts_ = AlignmentCounts{};
   if (options_.health != nullptr && options_.health->state(options_.health_peer) == PeerState::kDown) {
-    if (!warned_) spdlog::warn("the shadow is down: decoding without predictions (experts load on demand)");
-    warned_ = true;
+    if (!options_.warned->exchange(true)) {
+      spdlog::warn("the shadow is down: decoding without predictions (experts load on demand)");
+    }
     return false;  // no stream: Step, SendKv and Finish do nothing
   }
   grpc::ClientContext* context = nullptr;
@@ -63,12 +64,12 @@ bool ShadowLink::Start(uint64_t request_id, const std::string& trace_id, std::sp
   start->set_align_kv(settings.align_kv);
   start->set_max_lead_tokens(settings.max_lead_tokens);
   if (!stream_->Write(start_msg)) {
-    if (!warned_) spdlog::warn("the shadow is unreachable: decoding without predictions (experts load on demand)");
-    warned_ = true;
+    if (!options_.warned->exchange(true)) {
+      spdlog::warn("the shadow is unreachable: decoding without predictions (experts load on demand)");
+    }
     broken_ = true;
-  } else if (warned_) {
+  } else if (options_.warned->exchange(false)) {
     spdlog::info("the shadow is following requests again");
-    warned_ = false;
   }
   reader_done_ = std::make_unique<absl::Notification>();
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
@@ -84,8 +85,8 @@ bool ShadowLink::Start(uint64_t request_id, const std::string& trace_id, std::sp
       }
       // A malformed prediction is dropped (counted as missing), never trusted for placement.
       const int64_t sparse_index = config_.SparseIndex(p.layer());
-      bool ok = p.layer() >= 0 && p.layer() < config_.num_layers && sparse_index >= 0 &&
-                p.position() >= prompt_len && p.position() <= last && p.experts_size() == k;
+      bool ok = p.layer() >= 0 && p.layer() < config_.num_layers && sparse_index >= 0 && p.position() >= prompt_len &&
+                p.position() <= last && p.experts_size() == k;
       std::vector<int32_t> experts(p.experts().begin(), p.experts().end());
       for (int32_t e : experts) ok = ok && e >= 0 && e < config_.num_experts;
       std::vector<int32_t> hedges(p.hedges().begin(), p.hedges().end());
@@ -106,11 +107,14 @@ bool ShadowLink::Start(uint64_t request_id, const std::string& trace_id, std::sp
   return !broken_;
 }
 
-void ShadowLink::Step(int64_t position, std::optional<int32_t> token, const float* k, const float* v) {
+void ShadowLink::Step(int64_t position, int64_t batch_step, std::optional<int32_t> token, const float* k,
+                      const float* v) {
   if (stream_ == nullptr || broken_) return;
   v1::FollowMessage msg;
   v1::FollowStep* step = msg.mutable_step();
   step->set_position(position);
+  step->set_batch_id(options_.batch_id);
+  step->set_batch_step(batch_step);
   if (options_.membership != nullptr) rpc::ToProto(options_.membership->Current().view, step->mutable_membership());
   if (token.has_value()) {
     step->set_has_token(true);
@@ -123,8 +127,7 @@ void ShadowLink::Step(int64_t position, std::optional<int32_t> token, const floa
     rpc::EncodeF32(std::span<const float>(v, static_cast<size_t>(n)), shape, step->mutable_v());
   }
   if (!stream_->Write(msg)) {
-    if (!warned_) spdlog::warn("the shadow's stream broke: decoding on without predictions");
-    warned_ = true;
+    if (!options_.warned->exchange(true)) spdlog::warn("the shadow's stream broke: decoding on without predictions");
     broken_ = true;
     return;
   }
@@ -148,8 +151,9 @@ void ShadowLink::SendKv(int64_t first, int64_t count, const float* k, const floa
     rpc::EncodeF32(std::span<const float>(k + at * row, static_cast<size_t>(n * row)), shape, kv->mutable_k());
     rpc::EncodeF32(std::span<const float>(v + at * row, static_cast<size_t>(n * row)), shape, kv->mutable_v());
     if (!stream_->Write(msg)) {
-      if (!warned_) spdlog::warn("the shadow's stream broke: decoding on without predictions");
-      warned_ = true;
+      if (!options_.warned->exchange(true)) {
+        spdlog::warn("the shadow's stream broke: decoding on without predictions");
+      }
       broken_ = true;
       return;
     }

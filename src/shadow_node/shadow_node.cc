@@ -24,75 +24,86 @@ namespace odmoe {
 
 WeightQuant WeightQuantOf(ShadowQuant quant) {
   switch (quant) {
-    case ShadowQuant::kFp16: return WeightQuant::kFp16;
-    case ShadowQuant::kInt8: return WeightQuant::kInt8;
-    case ShadowQuant::kNf4: return WeightQuant::kNf4;
-    case ShadowQuant::kNone: return WeightQuant::kNone;
+    case ShadowQuant::kFp16:
+      return WeightQuant::kFp16;
+    case ShadowQuant::kInt8:
+      return WeightQuant::kInt8;
+    case ShadowQuant::kNf4:
+      return WeightQuant::kNf4;
+    case ShadowQuant::kNone:
+      return WeightQuant::kNone;
   }
   return WeightQuant::kNone;
 }
 
-// The replica's experts are all local; this wrapper reports each decode position's routing before computing,
-// with the experts to hedge (hedge.h): for those it runs the layer's router once more on the same input to
-// see the probabilities of every expert (the engine hands over only the top-k).
+// The replica's experts are all local; this wrapper reports the routing of each row of a decode forward before
+// computing, with the experts to hedge (hedge.h): for those it runs the layer's router once more on the same
+// input to see the probabilities of every expert (the engine hands over only the top-k).
 class PredictingExecutor : public ExpertExecutor {
  public:
-  using Callback = std::function<void(int64_t position, int64_t layer, std::span<const int32_t> experts,
-                                      std::span<const int32_t> hedges)>;
-  // `margin` > 0: hedging on ([shadow] hedge_margin).
+  using Row = RowPrediction;
+  using Callback = std::function<void(int64_t layer, std::span<const Row> rows)>;
+  // `margin` > 0: hedging on ([shadow] hedge_margin). `max_rows`: the most rows of one forward.
   static absl::StatusOr<std::unique_ptr<PredictingExecutor>> Create(std::unique_ptr<LocalExpertExecutor> local,
                                                                     Device& device, const ModelWeights& weights,
-                                                                    double margin) {
+                                                                    double margin, int64_t max_rows) {
     std::unique_ptr<PredictingExecutor> e(new PredictingExecutor(std::move(local), device, weights, margin));
     if (margin > 0) {
-      const size_t bytes = static_cast<size_t>(std::max<int64_t>(1, weights.config().num_experts)) * sizeof(float);
-      ODMOE_ASSIGN_OR_RETURN(e->logits_, device.Allocate(bytes, "hedge router logits"));
-      e->host_logits_.resize(static_cast<size_t>(weights.config().num_experts));
+      const size_t values = static_cast<size_t>(max_rows * std::max<int64_t>(1, weights.config().num_experts));
+      ODMOE_ASSIGN_OR_RETURN(e->logits_, device.Allocate(values * sizeof(float), "hedge router logits"));
+      e->host_logits_.resize(values);
     }
     return e;
   }
 
   void BeginForward(std::span<const ForwardSegment> segments, ForwardKind kind) override {
-    position_ = segments.front().first_position;  // the shadow's engine runs one sequence
+    (void)segments;  // a decode forward has one row per sequence, in the order of its inputs
     decode_ = kind == ForwardKind::kDecode;
   }
   absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
                    std::span<const float> weights, float* out, Stream* stream) override {
     if (on_predict_ && decode_) {
-      const std::span<const int32_t> chosen = ids.subspan(0, static_cast<size_t>(top_k_));
-      std::vector<int32_t> hedges;
+      const ModelConfig& c = weights_.config();
       if (margin_ > 0) {
-        const ModelConfig& c = weights_.config();
-        device_.MatMul(h, weights_.layer(layer).router, {}, 1, c.hidden_size, c.num_experts, logits_->as<float>(),
+        device_.MatMul(h, weights_.layer(layer).router, {}, n, c.hidden_size, c.num_experts, logits_->as<float>(),
                        stream);
-        device_.CopyToHost(host_logits_.data(), logits_->data(), host_logits_.size() * sizeof(float), stream);
-        hedges = HedgeExperts(host_logits_, chosen, margin_);
+        device_.CopyToHost(host_logits_.data(), logits_->data(), static_cast<size_t>(n * c.num_experts) * sizeof(float),
+                           stream);
       }
-      on_predict_(position_, layer, chosen, hedges);
+      std::vector<Row> rows(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        Row& row = rows[static_cast<size_t>(i)];
+        row.experts = ids.subspan(static_cast<size_t>(i * top_k_), static_cast<size_t>(top_k_));
+        if (margin_ > 0) {
+          const std::span<const float> logits(host_logits_.data() + i * c.num_experts,
+                                              static_cast<size_t>(c.num_experts));
+          row.hedges = HedgeExperts(logits, row.experts, margin_);
+        }
+      }
+      on_predict_(layer, rows);
     }
     return local_->Run(layer, h, n, ids, weights, out, stream);
   }
-  // Decode steps are predicted through `on_predict` (nullptr: none).
+  // Decode forwards are predicted through `on_predict` (nullptr: none).
   void Set(Callback on_predict) { on_predict_ = std::move(on_predict); }
 
  private:
   PredictingExecutor(std::unique_ptr<LocalExpertExecutor> local, Device& device, const ModelWeights& weights,
                      double margin)
-      : local_(std::move(local)), device_(device), weights_(weights), top_k_(weights.config().top_k),
-        margin_(margin) {}
+      : local_(std::move(local)), device_(device), weights_(weights), top_k_(weights.config().top_k), margin_(margin) {}
   std::unique_ptr<LocalExpertExecutor> local_;
   Device& device_;
   const ModelWeights& weights_;
   int64_t top_k_;
   double margin_;
-  std::unique_ptr<Buffer> logits_;  // [num_experts] on the device (hedging only)
+  std::unique_ptr<Buffer> logits_;  // [max_rows, num_experts] on the device (hedging only)
   std::vector<float> host_logits_;
   Callback on_predict_;
-  int64_t position_ = 0;
   bool decode_ = false;  // the current forward is a decode step
 };
 
-// What main has told the shadow about one request so far (filled by the stream's reader thread).
+// One followed request. Its handler thread fills the fixed part and waits for `finished`; its reader thread
+// files main's messages under `mu`; the loop thread owns the loop part and finishes it.
 struct ShadowNode::Session {
   // Fixed at the start.
   uint64_t request_id = 0;
@@ -101,13 +112,33 @@ struct ShadowNode::Session {
   int64_t max_new_tokens = 0;
   int64_t align_token = 0;
   int64_t max_lead = 1;
+  grpc::ServerReaderWriter<v1::Prediction, v1::FollowMessage>* stream = nullptr;
+  uint64_t hedge_loads_before = 0;  // the sender's count when it started
+  int64_t prompt_len() const { return static_cast<int64_t>(prompt.size()); }
+  int64_t last() const { return LastDecodePosition(prompt_len(), max_new_tokens); }
 
   absl::Mutex mu;
-  int64_t main_position ABSL_GUARDED_BY(mu) = -1;  // the position main is decoding (prompt - 1 during prefill)
-  bool main_done ABSL_GUARDED_BY(mu) = false;      // main closed its side (or the stream broke)
-  absl::Status error ABSL_GUARDED_BY(mu);          // a malformed message from main
+  int64_t main_position ABSL_GUARDED_BY(mu) = -1;         // the position main is decoding (prompt - 1 during prefill)
+  bool main_done ABSL_GUARDED_BY(mu) = false;             // main closed its side (or the stream broke)
+  absl::Status error ABSL_GUARDED_BY(mu);                 // a malformed message from main
   std::map<int64_t, int32_t> tokens ABSL_GUARDED_BY(mu);  // aligned tokens by position
   std::map<int64_t, std::pair<std::vector<float>, std::vector<float>>> kv ABSL_GUARDED_BY(mu);  // pending K/V
+  // Where main decodes the request (FollowStep.batch_id/batch_step): `anchor_position` in step `anchor_step`
+  // of stream `batch_id`, each later position in the next step. anchor_step 0: no step heard of yet.
+  uint64_t batch_id ABSL_GUARDED_BY(mu) = 0;
+  int64_t anchor_position ABSL_GUARDED_BY(mu) = 0;
+  int64_t anchor_step ABSL_GUARDED_BY(mu) = 0;
+  bool any_step ABSL_GUARDED_BY(mu) = false;  // a FollowStep has come
+  bool finished ABSL_GUARDED_BY(mu) = false;  // set by the loop, last: the loop no longer touches the session
+  absl::Status result ABSL_GUARDED_BY(mu);
+
+  // The loop's.
+  std::unique_ptr<Sequence> sequence;  // nullptr until prefilled
+  int32_t guess = 0;                   // the replica's own next token
+  std::vector<int32_t> used;           // the token the replica ran at each decode position (index pos - prompt)
+  int64_t pos = 0;                     // the next position to run
+  int64_t main_position_seen = 0;      // for the lead statistics
+  bool stream_ok = true;
 };
 
 absl::StatusOr<std::unique_ptr<ShadowNode>> ShadowNode::Create(const rpc::DaemonArgs& args) {
@@ -131,9 +162,9 @@ absl::StatusOr<std::unique_ptr<ShadowNode>> ShadowNode::Create(const rpc::Daemon
   ODMOE_ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(node->config_, *model.source, *node->device_, selection));
   node->model_ = std::move(model);
   EngineOptions engine_options;
-  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<LocalExpertExecutor> local,
-                         LocalExpertExecutor::Create(*node->device_, *node->weights_,
-                                                     engine_options.max_tokens_per_forward));
+  ODMOE_ASSIGN_OR_RETURN(
+      std::unique_ptr<LocalExpertExecutor> local,
+      LocalExpertExecutor::Create(*node->device_, *node->weights_, engine_options.max_tokens_per_forward));
 
   std::vector<std::string> workers;
   for (const NodeConfig* w : args.cluster.workers()) workers.push_back(w->address);
@@ -147,18 +178,29 @@ absl::StatusOr<std::unique_ptr<ShadowNode>> ShadowNode::Create(const rpc::Daemon
   po.rpc_timeout_ms = args.cluster.rpc_timeout_ms;
   node->sender_ = std::make_unique<rpc::PrefetchSender>(workers, placement, po);
 
-  absl::MutexLock lock(&node->run_mu_);
-  ODMOE_ASSIGN_OR_RETURN(node->executor_,
-                         PredictingExecutor::Create(std::move(local), *node->device_, *node->weights_,
-                                                    args.cluster.shadow_settings.hedge_margin));
+  // One decode forward carries a row of each request main runs at once.
+  engine_options.max_sequences_per_forward =
+      std::clamp<int64_t>(args.cluster.max_running, 1, engine_options.max_tokens_per_forward);
+  ODMOE_ASSIGN_OR_RETURN(node->executor_, PredictingExecutor::Create(std::move(local), *node->device_, *node->weights_,
+                                                                     args.cluster.shadow_settings.hedge_margin,
+                                                                     engine_options.max_tokens_per_forward));
   ODMOE_ASSIGN_OR_RETURN(node->engine_,
                          Engine::Create(*node->weights_, *node->device_, node->executor_.get(), engine_options));
+  node->executor_->Set(
+      [n = node.get()](int64_t layer, std::span<const RowPrediction> rows) { n->OnPredicted(layer, rows); });
+  node->loop_ = std::thread([n = node.get()] { n->Loop(); });
   return node;
 }
 
 ShadowNode::~ShadowNode() {
+  if (loop_.joinable()) {
+    {
+      absl::MutexLock lock(&loop_mu_);
+      stopping_ = true;
+    }
+    loop_.join();  // fails the sessions it holds (Unavailable)
+  }
   if (sender_ != nullptr) sender_->Drain();
-  absl::MutexLock lock(&run_mu_);
   engine_.reset();
   executor_.reset();
 }
@@ -185,8 +227,8 @@ absl::Status ShadowNode::BeginSession(const v1::FollowMessage& first, Session& s
     session.max_lead = start.max_lead_tokens();
     if (bad.ok()) bad = ValidateRequest(config_, session.prompt, session.max_new_tokens);
     if (bad.ok() && (session.align_token < 0 || start.align_kv() < 0)) {
-      bad = absl::InvalidArgumentError(StrCat("align_token and align_kv must be >= 0, got ", session.align_token,
-                                              " and ", start.align_kv()));
+      bad = absl::InvalidArgumentError(
+          StrCat("align_token and align_kv must be >= 0, got ", session.align_token, " and ", start.align_kv()));
     }
     if (bad.ok() && session.max_lead < 1) {
       bad = absl::InvalidArgumentError(StrCat("max_lead_tokens must be >= 1, got ", session.max_lead));
@@ -240,6 +282,8 @@ absl::Status ShadowNode::ApplyMessage(const v1::FollowMessage& msg, Session& ses
     if (p < prompt_len || p > prompt_len + session.max_new_tokens) {
       status = absl::InvalidArgumentError(StrCat("step position ", p, " is outside the request's decode positions [",
                                                  prompt_len, ", ", prompt_len + session.max_new_tokens, ")"));
+    } else if (step.batch_step() < 0) {
+      status = absl::InvalidArgumentError(StrCat("batch_step ", step.batch_step(), " at position ", p, " is negative"));
     } else if (step.has_token() && (step.token() < 0 || step.token() >= config_.vocab_size)) {
       status = absl::OutOfRangeError(StrCat("aligned token ", step.token(), " at position ", p,
                                             " is outside the vocabulary [0, ", config_.vocab_size, ")"));
@@ -247,8 +291,10 @@ absl::Status ShadowNode::ApplyMessage(const v1::FollowMessage& msg, Session& ses
       const int64_t shape[] = {config_.num_layers, config_.kv_size()};
       absl::StatusOr<std::vector<float>> dk = rpc::DecodeF32(step.k(), shape, "step.k");
       absl::StatusOr<std::vector<float>> dv = rpc::DecodeF32(step.v(), shape, "step.v");
-      if (!dk.ok()) status = dk.status();
-      else if (!dv.ok()) status = dv.status();
+      if (!dk.ok())
+        status = dk.status();
+      else if (!dv.ok())
+        status = dv.status();
       else {
         k = std::move(dk).value();
         v = std::move(dv).value();
@@ -257,6 +303,12 @@ absl::Status ShadowNode::ApplyMessage(const v1::FollowMessage& msg, Session& ses
     if (status.ok()) {
       absl::MutexLock lock(&session.mu);
       session.main_position = std::max(session.main_position, p);
+      session.any_step = true;
+      if (step.batch_step() > 0) {
+        session.batch_id = step.batch_id();
+        session.anchor_position = p;
+        session.anchor_step = step.batch_step();
+      }
       if (step.has_token()) session.tokens[p] = step.token();
       if (!k.empty()) session.kv[p - 1] = {std::move(k), std::move(v)};
       absl::MutexLock stats_lock(&stats_mu_);
@@ -285,6 +337,7 @@ grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
   if (!stream->Read(&first)) return grpc::Status(grpc::StatusCode::CANCELLED, "main closed the stream at once");
   Session session;
   session.trace_id = trace_id;
+  session.stream = stream;
   absl::Status bad = BeginSession(first, session);
   // Main's membership: the prefetches go where main will look for the experts.
   if (bad.ok() && first.start().header().has_membership()) {
@@ -297,7 +350,7 @@ grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
 
   {
     absl::MutexLock lock(&session.mu);
-    session.main_position = static_cast<int64_t>(session.prompt.size()) - 1;
+    session.main_position = session.prompt_len() - 1;
   }
   spdlog::info("{}: following the request (#{} of {}): prompt of {} tokens, up to {} new tokens", self_.name,
                session.request_id, first.start().header().sender(), session.prompt.size(), session.max_new_tokens);
@@ -315,17 +368,48 @@ grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
         session.error = status;
         break;
       }
+      Wake();
     }
-    absl::MutexLock lock(&session.mu);
-    session.main_done = true;
+    {
+      absl::MutexLock lock(&session.mu);
+      session.main_done = true;
+    }
+    Wake();
   });
 
-  absl::Status status;
+  // The loop runs the request with the others until it finishes it.
+  session.hedge_loads_before = sender_->stats().hedge_loads;
   {
-    absl::MutexLock lock(&run_mu_);
-    status = RunSession(session, stream);
+    absl::MutexLock lock(&stats_mu_);
+    ++counters_.requests;
   }
-  if (!status.ok()) context->TryCancel();  // unblocks the reader
+  bool registered = false;
+  {
+    absl::MutexLock lock(&loop_mu_);
+    if (!stopping_) {
+      sessions_.push_back(&session);
+      ++wake_;
+      registered = true;
+    }
+  }
+  absl::Status status = absl::UnavailableError("the shadow is shutting down");
+  if (registered) {
+    absl::MutexLock lock(&session.mu);
+    session.mu.Await(absl::Condition(&session.finished));
+    status = session.result;
+  }
+  if (status.ok()) {
+    // The summary: once every prefetch sent so far has completed, the hedged loads the workers accepted while
+    // the request ran (shared with the requests followed beside it: a union prefetch serves them all).
+    sender_->Drain();
+    v1::Prediction summary;
+    summary.set_summary(true);
+    summary.set_hedge_loads(sender_->stats().hedge_loads - session.hedge_loads_before);
+    // Main may have stopped waiting for it (its wait after the last token is bounded): the request is over.
+    if (!stream->Write(summary)) spdlog::debug("{}: main did not wait for the request's summary", self_.name);
+  } else {
+    context->TryCancel();  // unblocks the reader
+  }
   reader.join();
   {
     absl::MutexLock lock(&session.mu);
@@ -339,106 +423,274 @@ grpc::Status ShadowNode::Follow(grpc::ServerContext* context,
   return rpc::ToGrpc(status);
 }
 
-absl::Status ShadowNode::RunSession(Session& session,
-                                    grpc::ServerReaderWriter<v1::Prediction, v1::FollowMessage>* stream) {
-  const int64_t prompt_len = static_cast<int64_t>(session.prompt.size());
-  const int64_t last = LastDecodePosition(prompt_len, session.max_new_tokens);
-  {
-    absl::MutexLock lock(&stats_mu_);
-    ++counters_.requests;
-  }
-  if (last < prompt_len) return absl::OkStatus();  // nothing is decoded: no prediction to make
+void ShadowNode::Wake() {
+  absl::MutexLock lock(&loop_mu_);
+  ++wake_;
+}
 
-  const int64_t num_sparse = static_cast<int64_t>(config_.SparseLayers().size());
-  int64_t main_position_seen = prompt_len - 1;  // for the lead statistics (updated each position)
-  bool stream_ok = true;
-  // This request's hedged loads: what the sender counts while it runs (requests run one at a time).
-  const uint64_t hedge_loads_before = sender_->stats().hedge_loads;
-  executor_->Set([&](int64_t position, int64_t layer, std::span<const int32_t> experts,
-                     std::span<const int32_t> hedges) {
-    const int64_t sparse_index = config_.SparseIndex(layer);
-    // The workers first: their loads are what the prediction is for.
-    sender_->Send(session.request_id, position, layer, sparse_index, experts, session.trace_id, hedges);
-    v1::Prediction p;
-    p.set_position(position);
-    p.set_layer(static_cast<int32_t>(layer));
-    p.mutable_experts()->Add(experts.begin(), experts.end());
-    p.mutable_hedges()->Add(hedges.begin(), hedges.end());
-    if (stream_ok && !stream->Write(p)) stream_ok = false;
-    absl::MutexLock lock(&stats_mu_);
-    ++counters_.predictions;
-    counters_.hedges += hedges.size();
-    const int64_t lead = (position - main_position_seen) * num_sparse + sparse_index;
-    counters_.lead_sum += static_cast<double>(lead);
-    lead_layers_->Observe(static_cast<double>(lead));
-  });
-  struct Unset {
-    PredictingExecutor* e;
-    ~Unset() { e->Set(nullptr); }
-  } unset{executor_.get()};
-
-  ODMOE_RETURN_IF_ERROR(engine_->StartSequence(last + 1));
-  ODMOE_ASSIGN_OR_RETURN(std::vector<float> logits, engine_->Forward(session.prompt, nullptr));
-  int32_t guess = Argmax(logits);
-  std::vector<int32_t> used;  // the token the replica ran at each decode position (index position - prompt)
-  int64_t pos = prompt_len;
+void ShadowNode::Loop() {
+  uint64_t seen = 0;
+  bool worked = false;
   for (;;) {
-    int32_t token = guess;
-    std::vector<std::pair<int64_t, std::pair<std::vector<float>, std::vector<float>>>> kv_writes;
+    std::vector<Session*> sessions;
+    bool stopping = false;
     {
-      absl::MutexLock lock(&session.mu);
-      // Roll back to the first aligned token that differs from what the replica ran.
-      for (auto it = session.tokens.begin(); it != session.tokens.end() && it->first < pos; ++it) {
-        const size_t i = static_cast<size_t>(it->first - prompt_len);
-        if (i < used.size() && used[i] != it->second) {
-          pos = it->first;
-          used.resize(i);
-          ODMOE_RETURN_IF_ERROR(engine_->Truncate(pos));
-          absl::MutexLock stats_lock(&stats_mu_);
-          ++counters_.rollbacks;
-          break;
+      absl::MutexLock lock(&loop_mu_);
+      auto news = [this, &seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_mu_) { return stopping_ || wake_ != seen; };
+      if (!worked) loop_mu_.Await(absl::Condition(&news));
+      seen = wake_;
+      sessions = sessions_;
+      stopping = stopping_;
+    }
+    if (stopping) {
+      for (Session* session : sessions) Finish(*session, absl::UnavailableError("the shadow is shutting down"));
+      return;
+    }
+    worked = Pass(sessions);
+  }
+}
+
+void ShadowNode::Finish(Session& session, absl::Status status) {
+  session.sequence.reset();
+  {
+    absl::MutexLock lock(&loop_mu_);
+    sessions_.erase(std::remove(sessions_.begin(), sessions_.end(), &session), sessions_.end());
+  }
+  // Last: the handler may destroy the session as soon as it sees `finished`.
+  absl::MutexLock lock(&session.mu);
+  session.result = std::move(status);
+  session.finished = true;
+}
+
+absl::Status ShadowNode::Prefill(Session& session) {
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Sequence> sequence,
+                         engine_->NewSequence(session.last() + 1, session.request_id));
+  const std::span<const int32_t> prompt(session.prompt);
+  const size_t chunk = static_cast<size_t>(engine_->max_tokens_per_forward());
+  std::vector<float> logits;
+  for (size_t start = 0; start < prompt.size(); start += chunk) {
+    const size_t len = std::min(chunk, prompt.size() - start);
+    const BatchInput input{sequence.get(), prompt.subspan(start, len), nullptr,
+                           start + len == prompt.size() ? &logits : nullptr};
+    ODMOE_RETURN_IF_ERROR(engine_->ForwardBatch(std::span<const BatchInput>(&input, 1), ForwardKind::kPrefill));
+  }
+  session.sequence = std::move(sequence);
+  session.guess = Argmax(logits);
+  session.pos = session.prompt_len();
+  return absl::OkStatus();
+}
+
+bool ShadowNode::NextOf(Session& s, std::optional<Next>* next, absl::Status* end) {
+  std::vector<std::pair<int64_t, std::pair<std::vector<float>, std::vector<float>>>> kv_writes;
+  {
+    absl::MutexLock lock(&s.mu);
+    // Roll back to the first aligned token that differs from what the replica ran.
+    for (auto it = s.tokens.begin(); it != s.tokens.end() && it->first < s.pos; ++it) {
+      const size_t i = static_cast<size_t>(it->first - s.prompt_len());
+      if (i < s.used.size() && s.used[i] != it->second) {
+        s.pos = it->first;
+        s.used.resize(i);
+        if (absl::Status truncated = engine_->Truncate(*s.sequence, s.pos); !truncated.ok()) {
+          *end = truncated;
+          return true;
         }
-      }
-      const bool token_due = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(session.mu) {
-        return session.align_token > 0 && (pos - prompt_len) % session.align_token == 0;
-      }();
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(session.mu) {
-        if (session.main_done || !session.error.ok() || !stream_ok) return true;
-        if (pos > session.main_position + session.max_lead) return false;
-        return !token_due || session.tokens.contains(pos);
-      };
-      session.mu.Await(absl::Condition(&ready));
-      if (!session.error.ok() || !stream_ok) break;
-      // Main has finished: run on only up to the last position it decoded.
-      if (session.main_done && pos > std::min(last, session.main_position)) break;
-      if (pos > last) break;
-      main_position_seen = session.main_position;
-      if (auto it = session.tokens.find(pos); it != session.tokens.end()) token = it->second;
-      // Main's K/V for positions the replica has computed replace its own.
-      for (auto it = session.kv.begin(); it != session.kv.end() && it->first < engine_->position();) {
-        kv_writes.emplace_back(it->first, std::move(it->second));
-        it = session.kv.erase(it);
+        absl::MutexLock stats_lock(&stats_mu_);
+        ++counters_.rollbacks;
+        break;
       }
     }
-    for (auto& [p, kv] : kv_writes) ODMOE_RETURN_IF_ERROR(engine_->WriteKv(p, kv.first.data(), kv.second.data()));
-    ODMOE_ASSIGN_OR_RETURN(logits,
-                           engine_->Forward(std::span<const int32_t>(&token, 1), nullptr, ForwardKind::kDecode));
-    guess = Argmax(logits);
-    used.push_back(token);
-    ++pos;
+    const int64_t last = s.last();
+    if (!s.error.ok()) {
+      *end = s.error;
+      return true;
+    }
+    if (!s.stream_ok) {
+      *end = absl::UnavailableError("main went away (writing a prediction failed)");
+      return true;
+    }
+    if (s.pos > last || (s.main_done && s.pos > std::min(last, s.main_position))) {
+      // Main has finished: the replica runs on only up to the last position main decoded.
+      *end = absl::OkStatus();
+      return true;
+    }
+    const bool token_due = s.align_token > 0 && (s.pos - s.prompt_len()) % s.align_token == 0;
+    // The first position waits for main's first step, which says where main decodes it.
+    const bool runnable = s.main_done || (s.pos <= s.main_position + s.max_lead && s.any_step &&
+                                          (!token_due || s.tokens.contains(s.pos)));
+    if (runnable) s.main_position_seen = s.main_position;
+    auto it = s.tokens.find(s.pos);
+    *next = Next{it != s.tokens.end() ? it->second : s.guess, StepOf(s, s.pos), runnable};
+    // Main's K/V for positions the replica has computed replace its own.
+    for (auto kv = s.kv.begin(); kv != s.kv.end() && kv->first < s.sequence->position();) {
+      kv_writes.emplace_back(kv->first, std::move(kv->second));
+      kv = s.kv.erase(kv);
+    }
+  }
+  for (auto& [p, kv] : kv_writes) {
+    if (absl::Status written = engine_->WriteKv(*s.sequence, p, kv.first.data(), kv.second.data()); !written.ok()) {
+      *end = written;
+      return true;
+    }
+  }
+  return false;
+}
+
+ShadowNode::StepKey ShadowNode::StepOf(const Session& s, int64_t position) {
+  if (s.anchor_step <= 0) return StepKey{s.request_id, position};  // a main that does not batch: its positions
+  return StepKey{s.batch_id, s.anchor_step + (position - s.anchor_position)};
+}
+
+bool ShadowNode::Pass(const std::vector<Session*>& sessions) {
+  bool worked = false;
+  // New requests: their prompts first (one at a time), or their end when nothing is to be decoded.
+  std::vector<Session*> started;
+  for (Session* session : sessions) {
+    if (session->sequence == nullptr) {
+      worked = true;
+      absl::Status prefilled = session->last() < session->prompt_len() ? absl::OkStatus() : Prefill(*session);
+      if (!prefilled.ok() || session->sequence == nullptr) {
+        Finish(*session, prefilled);  // failed, or nothing is decoded: no prediction to make
+        continue;
+      }
+    }
+    started.push_back(session);
+  }
+  // Which requests can run their next position now, and in which of main's steps main decodes it.
+  struct Candidate {
+    Session* session;
+    Next next;
+  };
+  std::vector<Candidate> ready;
+  for (Session* session : started) {
+    std::optional<Next> next;
+    absl::Status end;
+    if (NextOf(*session, &next, &end)) {
+      worked = true;
+      Finish(*session, end);
+    } else if (next.has_value()) {
+      ready.push_back({session, *next});
+    }
+  }
+  std::vector<StepKey> waiting;  // the steps of the requests that cannot run yet
+  for (const Candidate& c : ready) {
+    if (!c.next.runnable) waiting.push_back(c.next.step);
+  }
+  std::erase_if(ready, [](const Candidate& c) { return !c.next.runnable; });
+  if (ready.empty()) return worked;
+
+  // One decode forward: the requests whose next position main decodes in the earliest step (they run in step
+  // with main; one that rolled back catches up alone).
+  const StepKey step = std::min_element(ready.begin(), ready.end(), [](const Candidate& a, const Candidate& b) {
+                         return a.next.step.step < b.next.step.step;
+                       })->next.step;
+  std::erase_if(ready, [&](const Candidate& c) { return !(c.next.step == step); });
+  // Main sends the steps of all its requests at once: a request of the same step whose token is still on its
+  // way is waited for a moment (kGatherWait at most per step), so that the step's union goes out whole.
+  if (std::find(waiting.begin(), waiting.end(), step) != waiting.end()) {
+    const absl::Time now = absl::Now();
+    if (!gathering_.has_value() || !(gathering_->first == step)) gathering_.emplace(step, now + kGatherWait);
+    if (now < gathering_->second) {
+      absl::MutexLock lock(&loop_mu_);
+      const uint64_t seen = wake_;
+      auto news = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_mu_) { return stopping_ || wake_ != seen; };
+      loop_mu_.AwaitWithDeadline(absl::Condition(&news), gathering_->second);
+      return true;
+    }
+  }
+  if (static_cast<int64_t>(ready.size()) > engine_->max_sequences_per_forward()) {
+    ready.resize(static_cast<size_t>(engine_->max_sequences_per_forward()));
+  }
+  batch_.clear();
+  std::vector<BatchInput> inputs;
+  std::vector<std::vector<float>> logits(ready.size());
+  for (size_t i = 0; i < ready.size(); ++i) {
+    Session& s = *ready[i].session;
+    batch_.push_back({&s, s.pos, step});
+    inputs.push_back({s.sequence.get(), std::span<const int32_t>(&ready[i].next.token, 1), nullptr, &logits[i]});
+  }
+  const absl::Status ran = engine_->ForwardBatch(inputs, ForwardKind::kDecode);
+  batch_.clear();
+  {
+    absl::MutexLock lock(&stats_mu_);
+    ++counters_.batch_forwards;
+    counters_.batch_rows += inputs.size();
+  }
+  for (size_t i = 0; i < ready.size(); ++i) {
+    Session& s = *ready[i].session;
+    if (!ran.ok()) {
+      Finish(s, ran);
+      continue;
+    }
+    s.guess = Argmax(logits[i]);
+    s.used.push_back(ready[i].next.token);
+    ++s.pos;
     absl::MutexLock lock(&stats_mu_);
     ++counters_.positions_decoded;
   }
-  if (!stream_ok) return absl::UnavailableError("main went away (writing a prediction failed)");
-  // The summary: once every prefetch has completed, the hedged loads the workers accepted for this request.
-  sender_->Drain();
-  const uint64_t hedge_loads = sender_->stats().hedge_loads - hedge_loads_before;
-  v1::Prediction summary;
-  summary.set_summary(true);
-  summary.set_hedge_loads(hedge_loads);
-  // Main may have stopped waiting for it (its wait after the last token is bounded): the request is over.
-  if (!stream->Write(summary)) spdlog::debug("{}: main did not wait for the request's summary", self_.name);
-  return absl::OkStatus();
+  PruneUnions();
+  return true;
+}
+
+void ShadowNode::OnPredicted(int64_t layer, std::span<const RowPrediction> rows) {
+  if (rows.size() != batch_.size() || batch_.empty()) return;  // not a decode forward of Pass
+  const int64_t sparse_index = config_.SparseIndex(layer);
+  const int64_t num_sparse = static_cast<int64_t>(config_.SparseLayers().size());
+  const StepKey step = batch_.front().step;
+  // Each request's own prediction to main (its recall), then the union over the requests of this step to the
+  // workers: the experts main's step will need, placed as main places them (Placement::Assign of the union).
+  UnionEntry& entry = unions_[{step.batch_id, step.step, layer}];
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Session& s = *batch_[i].session;
+    const RowPrediction& row = rows[i];
+    v1::Prediction p;
+    p.set_position(batch_[i].position);
+    p.set_layer(static_cast<int32_t>(layer));
+    p.mutable_experts()->Add(row.experts.begin(), row.experts.end());
+    p.mutable_hedges()->Add(row.hedges.begin(), row.hedges.end());
+    if (s.stream_ok && !s.stream->Write(p)) s.stream_ok = false;
+    entry.by_request[s.request_id] = {std::vector<int32_t>(row.experts.begin(), row.experts.end()), row.hedges};
+    absl::MutexLock lock(&stats_mu_);
+    ++counters_.predictions;
+    counters_.hedges += row.hedges.size();
+    const int64_t lead = (batch_[i].position - s.main_position_seen) * num_sparse + sparse_index;
+    counters_.lead_sum += static_cast<double>(lead);
+    lead_layers_->Observe(static_cast<double>(lead));
+  }
+  std::vector<int32_t> experts, hedges;
+  for (const auto& [request, predicted] : entry.by_request) {
+    experts.insert(experts.end(), predicted.first.begin(), predicted.first.end());
+    hedges.insert(hedges.end(), predicted.second.begin(), predicted.second.end());
+  }
+  std::sort(experts.begin(), experts.end());
+  experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
+  std::sort(hedges.begin(), hedges.end());
+  hedges.erase(std::unique(hedges.begin(), hedges.end()), hedges.end());
+  std::erase_if(hedges, [&](int32_t e) { return std::binary_search(experts.begin(), experts.end(), e); });
+  if (experts == entry.sent_experts && hedges == entry.sent_hedges) return;  // nothing new for the workers
+  entry.sent_experts = experts;
+  entry.sent_hedges = hedges;
+  sender_->Send(step.batch_id, step.step, layer, sparse_index, experts, batch_.front().session->trace_id, hedges);
+}
+
+void ShadowNode::PruneUnions() {
+  // The steps main has reached for every request of their stream need no more prefetches.
+  std::map<uint64_t, int64_t> reached;  // per stream: the earliest step main is at among its requests
+  std::vector<Session*> sessions;
+  {
+    absl::MutexLock lock(&loop_mu_);
+    sessions = sessions_;  // those still running (a finished one may be gone)
+  }
+  for (Session* session : sessions) {
+    absl::MutexLock lock(&session->mu);
+    const StepKey at = StepOf(*session, std::max(session->main_position, session->prompt_len()));
+    auto [it, inserted] = reached.try_emplace(at.batch_id, at.step);
+    if (!inserted) it->second = std::min(it->second, at.step);
+  }
+  std::erase_if(unions_, [&reached](const auto& entry) {
+    const auto& [batch_id, step, layer] = entry.first;
+    const auto it = reached.find(batch_id);
+    return it == reached.end() || step < it->second;
+  });
 }
 
 void ShadowNode::Counters::ToProto(v1::ShadowStats* s) const {
@@ -451,6 +703,8 @@ void ShadowNode::Counters::ToProto(v1::ShadowStats* s) const {
   s->set_alignment_bytes(alignment_bytes);
   s->set_lead_layers_mean(predictions > 0 ? lead_sum / static_cast<double>(predictions) : 0.0);
   s->set_hedges(hedges);
+  s->set_batch_forwards(batch_forwards);
+  s->set_batch_rows(batch_rows);
 }
 
 v1::ShadowStats ShadowNode::Stats(bool reset) {
@@ -483,6 +737,8 @@ void ShadowNode::Counters::Add(const Counters& o) {
   alignment_bytes += o.alignment_bytes;
   lead_sum += o.lead_sum;
   hedges += o.hedges;
+  batch_forwards += o.batch_forwards;
+  batch_rows += o.batch_rows;
 }
 
 void ShadowNode::Counters::AppendFamilies(std::vector<metrics::MetricFamily>* out) const {
@@ -492,17 +748,18 @@ void ShadowNode::Counters::AppendFamilies(std::vector<metrics::MetricFamily>* ou
   counter("odmoe_shadow_requests_total", "Requests main streamed to the shadow (Follow streams).", requests);
   counter("odmoe_shadow_predictions_sent_total",
           "Predictions sent (one per decode position and sparse layer, re-sent after a rollback).", predictions);
-  counter("odmoe_shadow_positions_decoded_total", "Decode positions the shadow ran on its replica.",
-          positions_decoded);
+  counter("odmoe_shadow_positions_decoded_total", "Decode positions the shadow ran on its replica.", positions_decoded);
   counter("odmoe_shadow_rollbacks_total", "Times an aligned token differed from the shadow's guess (it re-ran).",
           rollbacks);
   counter("odmoe_shadow_alignment_tokens_total", "Token alignments received from main.", tokens_aligned);
   counter("odmoe_shadow_alignment_kv_total", "K/V alignments received from main.", kv_aligned);
-  counter("odmoe_shadow_alignment_bytes_received_total", "K/V alignment bytes received from main.",
-          alignment_bytes);
+  counter("odmoe_shadow_alignment_bytes_received_total", "K/V alignment bytes received from main.", alignment_bytes);
   counter("odmoe_shadow_hedges_sent_total",
           "Hedged experts sent (the router's (k+1)-th choice within [shadow] hedge_margin), re-sends included.",
           hedges);
+  counter("odmoe_shadow_batch_forwards_total",
+          "Decode forwards the replica ran (each a row of every request it runs in step with main).", batch_forwards);
+  counter("odmoe_shadow_batch_rows_total", "Rows of those forwards (rows / forwards: the mean batch).", batch_rows);
 }
 
 void ShadowNode::InitMetrics(metrics::Labels labels) {
@@ -522,9 +779,8 @@ void ShadowNode::InitMetrics(metrics::Labels labels) {
     }
     if (sender_ != nullptr) {
       const rpc::PrefetchSenderStats ps = sender_->stats();
-      out->push_back(metrics::SingleSample("odmoe_shadow_prefetch_calls_total",
-                                           "Prefetch calls sent to the workers.", metrics::MetricType::kCounter,
-                                           static_cast<double>(ps.calls)));
+      out->push_back(metrics::SingleSample("odmoe_shadow_prefetch_calls_total", "Prefetch calls sent to the workers.",
+                                           metrics::MetricType::kCounter, static_cast<double>(ps.calls)));
       out->push_back(metrics::SingleSample("odmoe_shadow_prefetch_failures_total",
                                            "Prefetch calls that failed (the worker refused or did not answer).",
                                            metrics::MetricType::kCounter, static_cast<double>(ps.failures)));

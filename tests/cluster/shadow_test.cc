@@ -2,11 +2,11 @@
 // main and the workers, recall is computed from them, alignment sends exactly what its periods say, and the
 // tokens never change (they equal the single-process engine's whatever the shadow does). Needs
 // ../shared/models/tiny-mixtral-kjv.
-#include "src/shadow_node/shadow_node.h"
-
 #include <algorithm>
+#include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -19,6 +19,7 @@
 #include "src/main_node/main_node.h"
 #include "src/model/synthetic.h"
 #include "src/rpc/rpc_util.h"
+#include "src/shadow_node/shadow_node.h"
 #include "src/worker_node/worker_node.h"
 #include "tests/test_support.h"
 
@@ -95,10 +96,10 @@ class ShadowCluster {
   static absl::StatusOr<ClusterConfig> Parse(const ShadowSpec& spec, const std::string& main_address,
                                              const std::string& shadow_address,
                                              const std::vector<std::string>& workers) {
-    std::string t = StrCat("[cluster]\nname = \"shadowtest\"\nepoch = 3\ngroup_size = 2\nrpc_timeout_ms = 60000\n",
-                           "[shadow]\n", spec.shadow_toml, "\n[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"",
-                           main_address, "\"\n[[node]]\nname = \"shadow\"\nrole = \"shadow\"\naddress = \"",
-                           shadow_address, "\"\n");
+    std::string t =
+        StrCat("[cluster]\nname = \"shadowtest\"\nepoch = 3\ngroup_size = 2\nrpc_timeout_ms = 60000\n", "[shadow]\n",
+               spec.shadow_toml, "\n[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"", main_address,
+               "\"\n[[node]]\nname = \"shadow\"\nrole = \"shadow\"\naddress = \"", shadow_address, "\"\n");
     for (size_t i = 0; i < workers.size(); ++i) {
       t += StrCat("[[node]]\nname = \"w", i, "\"\nrole = \"worker\"\naddress = \"", workers[i],
                   "\"\ndevice = \"mock-gpu\"\ngpu_budget_mb = 64\n");
@@ -153,8 +154,8 @@ struct RunFigures {
   double recall = 0, timely = 0;
   uint64_t missing = 0, tokens_aligned = 0, kv_aligned = 0, alignment_bytes = 0, requests = 0;
   uint64_t hedge_loads = 0, hedges_used = 0;  // summed over the requests' stats
-  uint64_t worker_hedge_loads = 0;           // summed over the workers' counters
-  bool within_budget = true;                 // every worker's peak within its budget
+  uint64_t worker_hedge_loads = 0;            // summed over the workers' counters
+  bool within_budget = true;                  // every worker's peak within its budget
   v1::ShadowStats shadow;
   v1::MainStats main;
 };
@@ -204,6 +205,42 @@ TEST_F(ShadowTest, FullPrecisionShadowPredictsEveryExpert) {
   EXPECT_EQ(f.shadow.rollbacks(), 0u);
 }
 
+TEST_F(ShadowTest, ConcurrentRequestsAreEachPredictedInOneBatch) {
+  // Continuous batching: four requests of different prompts and lengths run at once. The shadow follows each of
+  // them, runs them together (its decode forwards carry several rows) and prefetches the union of their experts
+  // per step and layer; unquantized and aligned every step, each request's own predictions are all right.
+  ShadowCluster c;
+  ASSERT_TRUE(c.Start({"quant = \"none\"\nalign_token = 1\nalign_kv = 1\n"}).ok());
+  const std::vector<std::vector<int32_t>> prompts = RecallPrompts(4);
+  const std::vector<int64_t> lengths = {24, 17, 30, 12};
+  std::vector<absl::StatusOr<RemoteResult>> results(prompts.size(), absl::UnknownError("not run"));
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    clients.emplace_back([&, i] { results[i] = c.Generate(prompts[i], lengths[i]); });
+  }
+  for (std::thread& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << "request " << i << ": " << results[i].status();
+    EXPECT_EQ(results[i]->tokens, LocalTokens(prompts[i], lengths[i])) << "request " << i;
+    const v1::RequestStats& s = results[i]->stats;
+    EXPECT_EQ(s.recall_per_token_size(), lengths[i] - 1) << "request " << i;
+    EXPECT_EQ(s.recall(), 1.0) << "request " << i;
+    EXPECT_EQ(s.predictions_missing(), 0u) << "request " << i;
+    EXPECT_EQ(s.tokens_aligned(), static_cast<uint64_t>(lengths[i] - 1)) << "request " << i;
+  }
+  const v1::MainStats main = c.main().Stats(false);
+  const v1::ShadowStats shadow = c.shadow()->Stats(false);
+  std::cout << "[4 concurrent requests] main: " << main.decode_rows() << " rows in " << main.decode_steps()
+            << " decode steps; shadow: " << shadow.batch_rows() << " rows in " << shadow.batch_forwards()
+            << " forwards; recall " << main.recall() << ", timely " << main.timely_recall() << "\n";
+  EXPECT_GT(main.decode_rows(), main.decode_steps()) << "the requests never decoded together";
+  EXPECT_EQ(shadow.requests(), prompts.size());
+  EXPECT_GT(shadow.batch_rows(), shadow.batch_forwards()) << "the shadow never ran two requests together";
+  EXPECT_EQ(shadow.positions_decoded(), shadow.batch_rows());
+  EXPECT_EQ(shadow.rollbacks(), 0u);
+  EXPECT_GT(main.timely_recall(), 0.0);
+}
+
 TEST_F(ShadowTest, QuantizationMovesRecall) {
   // Recall comes from the replica's real predictions: a coarser quantization predicts worse. Without
   // alignment the replica drifts on its own tokens, so the differences show within a few prompts.
@@ -223,7 +260,8 @@ TEST_F(ShadowTest, QuantizationMovesRecall) {
 }
 
 TEST_F(ShadowTest, AlignmentPeriodsSendExactlyWhatTheySay) {
-  const int64_t n = 20;  // steps i = 0..18 feed a position; the token is sent when i % T_tok == 0, KV when i % T_kv == 0
+  const int64_t n =
+      20;  // steps i = 0..18 feed a position; the token is sent when i % T_tok == 0, KV when i % T_kv == 0
   const RunFigures f = RunPrompts("quant = \"int8\"\nalign_token = 3\nalign_kv = 4\n", RecallPrompts(1), n);
   auto count = [&](int64_t period) { return static_cast<uint64_t>((n - 2) / period + 1); };
   EXPECT_EQ(f.tokens_aligned, count(3));
@@ -355,8 +393,9 @@ class AblationCaseTest : public ShadowTest, public ::testing::WithParamInterface
 TEST_P(AblationCaseTest, TokensIdenticalToTheSingleProcessEngine) {
   ShadowSettings settings;
   ASSERT_TRUE(ApplyAblationCase(GetParam(), &settings).ok());
-  const std::string toml = StrCat("mode = \"", PredictionModeName(settings.mode), "\"\nquant = \"int8\"\nalign_token = ",
-                                  settings.align_token, "\nalign_kv = ", settings.align_kv, "\n");
+  const std::string toml =
+      StrCat("mode = \"", PredictionModeName(settings.mode),
+             "\"\nquant = \"int8\"\nalign_token = ", settings.align_token, "\nalign_kv = ", settings.align_kv, "\n");
   ShadowCluster c;
   const absl::Status started = c.Start({toml});
   ASSERT_TRUE(started.ok()) << started;
@@ -388,8 +427,7 @@ TEST_F(ShadowTest, HedgingLoadsTheRunnerUpWithoutChangingTokens) {
   // within its budget, and a hedge that turns out used counts for recall.
   const std::vector<std::vector<int32_t>> prompts = RecallPrompts(2);
   const RunFigures off = RunPrompts("quant = \"nf4\"\nalign_token = 0\nalign_kv = 0\n", prompts, 24);
-  const RunFigures on =
-      RunPrompts("quant = \"nf4\"\nalign_token = 0\nalign_kv = 0\nhedge_margin = 0.2\n", prompts, 24);
+  const RunFigures on = RunPrompts("quant = \"nf4\"\nalign_token = 0\nalign_kv = 0\nhedge_margin = 0.2\n", prompts, 24);
   EXPECT_EQ(off.hedge_loads, 0u);
   EXPECT_EQ(off.worker_hedge_loads, 0u);
   // The shadow hedges; how many of those the workers load depends on timing (a prefetch that arrives after
