@@ -12,7 +12,8 @@
 // tokens, the total time, and main's final stats (queue_ms, its own TTFT). Per N, one JSON line and a table
 // row: total tokens / wall time from the first send to the last answer, per-client tokens/s (mean and min),
 // TTFT p50 / p99 (nearest rank, successful requests), failures (with the first error; busy refusals counted
-// apart), main's queue time, and the experts the workers loaded (on demand + prefetched: WorkerStats.loads,
+// apart), main's queue time, the requests' recall and timely recall (weighted by their decode positions), and the
+// experts the workers loaded (on demand + prefetched: WorkerStats.loads,
 // summed over the workers before and after the run) per generated token. --per-request adds one JSON line per
 // request. At the end, the ratio of total tokens/s at the largest N to N = 1 when both ran.
 //
@@ -80,6 +81,9 @@ struct RunFigures {
   double wall_s = 0, tokens_per_s = 0, client_tps_mean = 0, client_tps_min = 0;
   std::optional<double> ttft_p50, ttft_p99;
   double queue_ms_mean = 0, queue_ms_max = 0;
+  // Prediction over the completed requests (each request's recall weighted by its decode positions).
+  uint64_t decode_positions = 0;
+  double recall = 0, timely_recall = 0;
   std::optional<Loads> loads;  // during the run; none: not read
 };
 
@@ -199,6 +203,14 @@ RunFigures Summarize(const std::vector<RequestRecord>& records, int64_t clients)
     if (r.ttft_ms) ttft.push_back(*r.ttft_ms);
     queue_sum += r.stats.queue_ms();
     f.queue_ms_max = std::max(f.queue_ms_max, r.stats.queue_ms());
+    const int positions = r.stats.recall_per_token_size();
+    f.recall += r.stats.recall() * positions;
+    f.timely_recall += r.stats.timely_recall() * positions;
+    f.decode_positions += static_cast<uint64_t>(positions);
+  }
+  if (f.decode_positions > 0) {
+    f.recall /= static_cast<double>(f.decode_positions);
+    f.timely_recall /= static_cast<double>(f.decode_positions);
   }
   f.wall_s = Ms(last - first) / 1000;
   f.tokens_per_s = f.wall_s > 0 ? static_cast<double>(f.tokens) / f.wall_s : 0;
@@ -274,6 +286,8 @@ void PrintRunLine(const RunFigures& f, const LoadOptions& o) {
                  {"busy", f.busy},
                  {"queue_ms_mean", f.queue_ms_mean},
                  {"queue_ms_max", f.queue_ms_max},
+                 {"recall", f.recall},
+                 {"timely_recall", f.timely_recall},
                  {"expert_loads", loads},
                  {"expert_loads_per_token", loads_per_token},
                  {"loads_on_demand_per_token", on_demand_per_token}});
@@ -287,18 +301,18 @@ std::string Cell(const std::optional<double>& v, const char* format) {
 }
 
 void PrintTable(const std::vector<RunFigures>& runs) {
-  std::printf("\n%7s %6s %5s %5s %5s %8s %8s %10s %12s %11s %10s %10s %10s %10s\n", "clients", "reqs", "ok", "fail",
-              "busy", "tokens", "wall_s", "tok/s", "client_mean", "client_min", "ttft_p50", "ttft_p99", "queue_ms",
-              "loads/tok");
+  std::printf("\n%7s %6s %5s %5s %5s %8s %8s %10s %12s %11s %10s %10s %10s %10s %7s %7s\n", "clients", "reqs", "ok",
+              "fail", "busy", "tokens", "wall_s", "tok/s", "client_mean", "client_min", "ttft_p50", "ttft_p99",
+              "queue_ms", "loads/tok", "recall", "timely");
   for (const RunFigures& f : runs) {
     std::optional<double> loads;
     if (f.loads && f.tokens > 0) loads = static_cast<double>(f.loads->loads) / static_cast<double>(f.tokens);
-    std::printf("%7lld %6lld %5lld %5lld %5lld %8llu %8.2f %10.1f %12.1f %11.1f %10s %10s %10.1f %10s\n",
+    std::printf("%7lld %6lld %5lld %5lld %5lld %8llu %8.2f %10.1f %12.1f %11.1f %10s %10s %10.1f %10s %7.4f %7.4f\n",
                 static_cast<long long>(f.clients), static_cast<long long>(f.requests),
                 static_cast<long long>(f.completed), static_cast<long long>(f.failures), static_cast<long long>(f.busy),
                 static_cast<unsigned long long>(f.tokens), f.wall_s, f.tokens_per_s, f.client_tps_mean,
                 f.client_tps_min, Cell(f.ttft_p50, "%.1f").c_str(), Cell(f.ttft_p99, "%.1f").c_str(), f.queue_ms_mean,
-                Cell(loads, "%.2f").c_str());
+                Cell(loads, "%.2f").c_str(), f.recall, f.timely_recall);
   }
   for (const RunFigures& f : runs) {
     if (f.failures > 0) {

@@ -133,7 +133,8 @@ class ShadowNode final : public v1::Shadow::Service {
     int64_t step = 0;
     bool operator==(const StepKey&) const = default;
   };
-  static StepKey StepOf(const Session& s, int64_t position) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // REQUIRES: s.mu held (Session is incomplete here, so the annotation cannot say it).
+  static StepKey StepOf(const Session& s, int64_t position);
   // A request's next decode: the token it runs (main's aligned one, else the replica's guess) and its step.
   struct Next {
     int32_t token = 0;
