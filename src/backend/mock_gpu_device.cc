@@ -1,23 +1,12 @@
-// The mock GPU. See mock_gpu_device.h for the memory and clock model.
-//
-// Cost of each op (flops; bytes read + written, fp32 activations = 4 bytes, weights at their dtype's size w):
-//   Embedding         0;                          n*4 + n*dim*w + n*dim*4
-//   RmsNorm           4*rows*dim;                 2*rows*dim*4 + dim*w
-//   MatMul            2*n*in*out (+ n*out bias);  out*in*w (+ out*w_bias) + n*in*4 + n*out*4; quantized w:
-//                                                 its codes (out*in INT8, out*Nf4RowBytes(in) NF4) and scales
-//   Rope              6*n*heads*head_dim;         2*n*heads*head_dim*4 + n*4
-//   Attention         4*heads*head_dim*sum_i(past+i+1);  2*n*heads*head_dim*4 + 2*(past+n)*kv_heads*head_dim*4
-//   RouterTopK        4*n*experts;                n*experts*4 + n*k*8
-//   SwiGlu            5*count;                    3*count*4
-//   Add               count;                      3*count*4
-//   GatherRows        0;                          2*n*dim*4 + n*4
-//   ScatterAddScaled  2*n*dim;                    3*n*dim*4 + n*8
+// The mock GPU. See mock_gpu_device.h for the memory and clock model, op_cost.h for the work of each op.
 #include "src/backend/mock_gpu_device.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -63,7 +52,50 @@ uint64_t ScaleBytes(WeightRef w, int64_t rows, int64_t cols) {
   return 0;
 }
 
+// The default cost model: a roofline over the options' figures (mock_gpu_device.h).
+class RooflineCostModel final : public CostModel {
+ public:
+  explicit RooflineCostModel(const MockGpuOptions& o) : o_(o) {}
+  double OpSeconds(const OpShape& shape, OpWork* work) const override {
+    *work = WorkOf(shape);
+    return std::max(work->flops / o_.flops_per_s, static_cast<double>(work->bytes) / o_.mem_bytes_per_s);
+  }
+  double CopySeconds(CopyKind kind, uint64_t bytes, bool pinned, uint64_t* charged_bytes) const override {
+    *charged_bytes = bytes;
+    const double b = static_cast<double>(bytes);
+    switch (kind) {
+      case CopyKind::kHostToDevice:
+        return o_.h2d_latency_s +
+               b / (pinned || o_.h2d_pageable_bytes_per_s <= 0 ? o_.h2d_bytes_per_s : o_.h2d_pageable_bytes_per_s);
+      case CopyKind::kDeviceToHost:
+        return o_.d2h_latency_s + b / o_.d2h_bytes_per_s;
+      case CopyKind::kOnDevice:
+        return 2.0 * b / o_.mem_bytes_per_s;
+    }
+    return 0;
+  }
+
+ private:
+  const MockGpuOptions o_;  // figures only (its cost_model and wall_clock are not used)
+};
+
+class SteadyWallClock final : public WallClock {
+ public:
+  double NowSeconds() override {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - origin_).count();
+  }
+  void SleepUntil(double seconds) override {
+    const double now = NowSeconds();
+    if (seconds > now) std::this_thread::sleep_for(std::chrono::duration<double>(seconds - now));
+  }
+
+ private:
+  const std::chrono::steady_clock::time_point origin_ = std::chrono::steady_clock::now();
+};
+
 }  // namespace
+
+std::shared_ptr<WallClock> NewSteadyWallClock() { return std::make_shared<SteadyWallClock>(); }
 
 std::string_view MockGpuWorkName(MockGpuWork kind) {
   switch (kind) {
@@ -90,7 +122,10 @@ uint64_t Fnv1a64(const void* data, size_t bytes) {
 }
 
 struct MockGpuDevice::State {
-  explicit State(const MockGpuOptions& o) : options(o) {}
+  explicit State(const MockGpuOptions& o)
+      : options(o),
+        cost(o.cost_model != nullptr ? o.cost_model : std::make_shared<RooflineCostModel>(o)),
+        wall(o.wall_clock) {}
 
   struct Block {
     size_t size;
@@ -98,6 +133,8 @@ struct MockGpuDevice::State {
   };
 
   const MockGpuOptions options;
+  const std::shared_ptr<const CostModel> cost;  // never null
+  const std::shared_ptr<WallClock> wall;        // null: virtual time only
   mutable absl::Mutex mu;
   std::map<uintptr_t, Block> live ABSL_GUARDED_BY(mu);  // start address -> block
   uint64_t in_use ABSL_GUARDED_BY(mu) = 0;
@@ -162,6 +199,7 @@ struct MockGpuDevice::State {
   double ScheduleLocked(MockGpuWork kind, std::string_view op, int stream_id, uint64_t bytes, double flops,
                         double duration) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     double& stream_clock = stream_time.at(stream_id);
+    if (wall != nullptr) host_time = std::max(host_time, wall->NowSeconds());  // the host issues it now
     double start = std::max(stream_clock, host_time);
     double* link = kind == MockGpuWork::kH2D ? &h2d_free : kind == MockGpuWork::kD2H ? &d2h_free : nullptr;
     if (link != nullptr) start = std::max(start, *link);
@@ -188,12 +226,35 @@ struct MockGpuDevice::State {
     return end;
   }
 
-  void ScheduleOpLocked(std::string_view op, int stream_id, uint64_t bytes, double flops)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const double duration = std::max(flops / options.flops_per_s, static_cast<double>(bytes) / options.mem_bytes_per_s);
-    ScheduleLocked(MockGpuWork::kCompute, op, stream_id, bytes, flops, duration);
+  void ScheduleOpLocked(const OpShape& shape, int stream_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    OpWork work;
+    const double duration = cost->OpSeconds(shape, &work);
+    const std::string_view op = OpKindName(shape.kind);
+    ScheduleLocked(MockGpuWork::kCompute, op, stream_id, work.bytes, work.flops, duration);
     ++op_counts[std::string(op)];
     ++stats.ops;
+  }
+
+  // Schedules a copy of `bytes` on the clock (its link's, for H2D and D2H) at the cost model's duration. Returns
+  // its end.
+  double ScheduleCopyLocked(CopyKind kind, int stream_id, uint64_t bytes, bool pinned)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    uint64_t charged = bytes;
+    const double duration = cost->CopySeconds(kind, bytes, pinned, &charged);
+    switch (kind) {
+      case CopyKind::kHostToDevice:
+        return ScheduleLocked(MockGpuWork::kH2D, "CopyToDevice", stream_id, charged, 0, duration);
+      case CopyKind::kDeviceToHost:
+        return ScheduleLocked(MockGpuWork::kD2H, "CopyToHost", stream_id, charged, 0, duration);
+      case CopyKind::kOnDevice:
+        return ScheduleLocked(MockGpuWork::kD2D, "CopyOnDevice", stream_id, charged, 0, duration);
+    }
+    return 0;
+  }
+
+  // With a wall clock: returns when that clock reaches `end` (call without holding mu).
+  void WaitUntil(double end) const ABSL_LOCKS_EXCLUDED(mu) {
+    if (wall != nullptr) wall->SleepUntil(end);
   }
 };
 
@@ -263,6 +324,7 @@ MockGpuDevice::MockGpuDevice(MockGpuOptions options) : options_(options), state_
 MockGpuDevice::~MockGpuDevice() = default;
 
 std::string MockGpuDevice::name() const {
+  if (!options_.name.empty()) return options_.name;
   return absl::StrFormat("mock-gpu (%.1f GiB, H2D %.1f GB/s)",
                          static_cast<double>(options_.capacity_bytes) / (1024.0 * 1024.0 * 1024.0),
                          options_.h2d_bytes_per_s / 1e9);
@@ -341,21 +403,36 @@ void MockGpuDevice::WaitEvent(Stream* stream, Event& event) {
 
 void MockGpuDevice::SynchronizeEvent(Event& event) {
   NoteHostSync();
-  absl::MutexLock lock(&state_->mu);
-  auto it = state_->event_time.find(state_->EventIdLocked(event));
-  if (it != state_->event_time.end()) state_->host_time = std::max(state_->host_time, it->second);
+  double end = 0;
+  {
+    absl::MutexLock lock(&state_->mu);
+    auto it = state_->event_time.find(state_->EventIdLocked(event));
+    if (it != state_->event_time.end()) end = it->second;
+    state_->host_time = std::max(state_->host_time, end);
+  }
+  state_->WaitUntil(end);
 }
 
 void MockGpuDevice::Synchronize(Stream* stream) {
   NoteHostSync();
-  absl::MutexLock lock(&state_->mu);
-  state_->host_time = std::max(state_->host_time, state_->stream_time.at(state_->StreamIdLocked(stream)));
+  double end = 0;
+  {
+    absl::MutexLock lock(&state_->mu);
+    end = state_->stream_time.at(state_->StreamIdLocked(stream));
+    state_->host_time = std::max(state_->host_time, end);
+  }
+  state_->WaitUntil(end);
 }
 
 void MockGpuDevice::SynchronizeAll() {
   NoteHostSync();
-  absl::MutexLock lock(&state_->mu);
-  state_->host_time = std::max(state_->host_time, state_->latest_end);
+  double end = 0;
+  {
+    absl::MutexLock lock(&state_->mu);
+    end = state_->latest_end;
+    state_->host_time = std::max(state_->host_time, end);
+  }
+  state_->WaitUntil(end);
 }
 
 // ---- copies ------------------------------------------------------------------------------------------------
@@ -366,10 +443,7 @@ void MockGpuDevice::CopyToDevice(void* dst, const void* src, size_t bytes, Strea
     const int sid = state_->StreamIdLocked(stream);
     state_->CheckArgLocked("CopyToDevice", "dst", dst, bytes);
     state_->CheckNotDeviceLocked("CopyToDevice", "src", src, bytes);
-    const bool pinned = options_.h2d_pageable_bytes_per_s <= 0 || IsRegisteredHostMemory(src, bytes);
-    const double rate = pinned ? options_.h2d_bytes_per_s : options_.h2d_pageable_bytes_per_s;
-    const double duration = options_.h2d_latency_s + static_cast<double>(bytes) / rate;
-    state_->ScheduleLocked(MockGpuWork::kH2D, "CopyToDevice", sid, bytes, 0, duration);
+    state_->ScheduleCopyLocked(CopyKind::kHostToDevice, sid, bytes, IsRegisteredHostMemory(src, bytes));
     state_->stats.transfers.h2d_bytes += bytes;
     ++state_->stats.transfers.h2d_copies;
   }
@@ -379,17 +453,20 @@ void MockGpuDevice::CopyToDevice(void* dst, const void* src, size_t bytes, Strea
 void MockGpuDevice::CopyToHost(void* dst, const void* src, size_t bytes, Stream* stream) {
   NoteHostSync();
   NoteBytesRead(bytes);
-  absl::MutexLock lock(&state_->mu);
-  const int sid = state_->StreamIdLocked(stream);
-  state_->CheckArgLocked("CopyToHost", "src", src, bytes);
-  state_->CheckNotDeviceLocked("CopyToHost", "dst", dst, bytes);
-  const double duration = options_.d2h_latency_s + static_cast<double>(bytes) / options_.d2h_bytes_per_s;
-  const double end = state_->ScheduleLocked(MockGpuWork::kD2H, "CopyToHost", sid, bytes, 0, duration);
-  state_->host_time = std::max(state_->host_time, end);  // returns when the bytes are on the host
-  state_->stats.transfers.d2h_bytes += bytes;
-  ++state_->stats.transfers.d2h_copies;
-  // Under the lock: the caller waits for the copy anyway, and this keeps the source alive while it is read.
-  if (bytes > 0) std::memcpy(dst, src, bytes);
+  double end = 0;
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    state_->CheckArgLocked("CopyToHost", "src", src, bytes);
+    state_->CheckNotDeviceLocked("CopyToHost", "dst", dst, bytes);
+    end = state_->ScheduleCopyLocked(CopyKind::kDeviceToHost, sid, bytes, /*pinned=*/true);
+    state_->host_time = std::max(state_->host_time, end);  // returns when the bytes are on the host
+    state_->stats.transfers.d2h_bytes += bytes;
+    ++state_->stats.transfers.d2h_copies;
+    // Under the lock: the caller waits for the copy anyway, and this keeps the source alive while it is read.
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+  state_->WaitUntil(end);
 }
 
 void MockGpuDevice::CopyOnDevice(void* dst, const void* src, size_t bytes, Stream* stream) {
@@ -399,8 +476,7 @@ void MockGpuDevice::CopyOnDevice(void* dst, const void* src, size_t bytes, Strea
     const int sid = state_->StreamIdLocked(stream);
     state_->CheckArgLocked("CopyOnDevice", "dst", dst, bytes);
     state_->CheckArgLocked("CopyOnDevice", "src", src, bytes);
-    const double duration = 2.0 * static_cast<double>(bytes) / options_.mem_bytes_per_s;
-    state_->ScheduleLocked(MockGpuWork::kD2D, "CopyOnDevice", sid, bytes, 0, duration);
+    state_->ScheduleCopyLocked(CopyKind::kOnDevice, sid, bytes, /*pinned=*/true);
     state_->stats.transfers.d2d_bytes += bytes;
     ++state_->stats.transfers.d2d_copies;
   }
@@ -419,16 +495,14 @@ void MockGpuDevice::Embedding(const int32_t* ids, int64_t n, WeightRef table, in
   {
     absl::MutexLock lock(&state_->mu);
     const int sid = state_->StreamIdLocked(stream);
-    uint64_t table_bytes = 0;
     if (n > 0 && dim > 0) {
       state_->CheckArgLocked("Embedding", "ids", ids, Bytes4(n));
       const int64_t max_id = state_->MaxIndexLocked("Embedding", "ids", ids, n);
       state_->CheckArgLocked("Embedding", "table", table.data, WeightBytes(table, (max_id + 1) * dim));
       state_->CheckArgLocked("Embedding", "out", out, Bytes4(n * dim));
-      table_bytes = WeightBytes(table, n * dim);
     }
     NoteLaunches(1);
-    state_->ScheduleOpLocked("Embedding", sid, Bytes4(n) + table_bytes + Bytes4(n * dim), 0);
+    state_->ScheduleOpLocked(OpShape{.kind = OpKind::kEmbedding, .n = n, .dim = dim, .weight = table.dtype}, sid);
   }
   cpu::Embedding(ids, n, table, dim, out);
 }
@@ -446,8 +520,7 @@ void MockGpuDevice::RmsNorm(const float* x, WeightRef weight, int64_t rows, int6
       state_->CheckArgLocked("RmsNorm", "out", out, Bytes4(rows * dim));
     }
     NoteLaunches(1);
-    state_->ScheduleOpLocked("RmsNorm", sid, 2 * Bytes4(rows * dim) + weight_bytes,
-                             4.0 * static_cast<double>(rows * dim));
+    state_->ScheduleOpLocked(OpShape{.kind = OpKind::kRmsNorm, .n = rows, .dim = dim, .weight = weight.dtype}, sid);
   }
   cpu::RmsNorm(x, weight, rows, dim, eps, out);
 }
@@ -468,11 +541,15 @@ void MockGpuDevice::MatMul(const float* x, WeightRef w, WeightRef bias, int64_t 
       if (!bias.empty()) state_->CheckArgLocked("MatMul", "bias", bias.data, bias_bytes);
       state_->CheckArgLocked("MatMul", "y", y, Bytes4(n * out_dim));
     }
-    double flops = 2.0 * static_cast<double>(n) * static_cast<double>(in_dim) * static_cast<double>(out_dim);
-    if (!bias.empty()) flops += static_cast<double>(n * out_dim);
     NoteLaunches(1);
-    state_->ScheduleOpLocked("MatMul", sid,
-                             w_bytes + scale_bytes + bias_bytes + Bytes4(n * in_dim) + Bytes4(n * out_dim), flops);
+    state_->ScheduleOpLocked(OpShape{.kind = OpKind::kMatMul,
+                                     .n = n,
+                                     .in_dim = in_dim,
+                                     .out_dim = out_dim,
+                                     .weight = w.dtype,
+                                     .has_bias = !bias.empty(),
+                                     .bias = bias.empty() ? DType::kF32 : bias.dtype},
+                             sid);
   }
   cpu::MatMul(x, w, bias, n, in_dim, out_dim, y);
 }
@@ -489,7 +566,7 @@ void MockGpuDevice::Rope(float* x, const int32_t* positions, int64_t n, int64_t 
       state_->CheckArgLocked("Rope", "positions", positions, Bytes4(n));
     }
     NoteLaunches(1);
-    state_->ScheduleOpLocked("Rope", sid, 2 * Bytes4(count) + Bytes4(n), 6.0 * static_cast<double>(count));
+    state_->ScheduleOpLocked(OpShape{.kind = OpKind::kRope, .n = n, .heads = heads, .head_dim = head_dim}, sid);
   }
   cpu::Rope(x, positions, n, heads, head_dim, theta);
 }
@@ -509,12 +586,14 @@ void MockGpuDevice::Attention(const float* q, const float* k_cache, const float*
       state_->CheckArgLocked("Attention", "v_cache", v_cache, kv_bytes);
       state_->CheckArgLocked("Attention", "out", out, q_bytes);
     }
-    // sum over new tokens i of the visible rows past + i + 1.
-    const double visible =
-        static_cast<double>(n) * static_cast<double>(past) + static_cast<double>(n) * static_cast<double>(n + 1) / 2.0;
     NoteLaunches(1);
-    state_->ScheduleOpLocked("Attention", sid, 2 * q_bytes + 2 * kv_bytes,
-                             4.0 * static_cast<double>(heads * head_dim) * visible);
+    state_->ScheduleOpLocked(OpShape{.kind = OpKind::kAttention,
+                                     .n = n,
+                                     .heads = heads,
+                                     .kv_heads = kv_heads,
+                                     .head_dim = head_dim,
+                                     .past = past},
+                             sid);
   }
   cpu::Attention(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale, out);
 }
@@ -531,8 +610,7 @@ void MockGpuDevice::RouterTopK(const float* logits, int64_t n, int64_t num_exper
       state_->CheckArgLocked("RouterTopK", "weights", weights, Bytes4(n * k));
     }
     NoteLaunches(1);
-    state_->ScheduleOpLocked("RouterTopK", sid, Bytes4(n * num_experts) + 2 * Bytes4(n * k),
-                             4.0 * static_cast<double>(n * num_experts));
+    state_->ScheduleOpLocked(OpShape{.kind = OpKind::kRouterTopK, .n = n, .experts = num_experts, .k = k}, sid);
   }
   cpu::RouterTopK(logits, n, num_experts, k, renormalize, ids, weights);
 }
@@ -546,7 +624,7 @@ void MockGpuDevice::SwiGlu(const float* gate, const float* up, int64_t count, fl
     state_->CheckArgLocked("SwiGlu", "up", up, Bytes4(count));
     state_->CheckArgLocked("SwiGlu", "out", out, Bytes4(count));
     NoteLaunches(1);
-    state_->ScheduleOpLocked("SwiGlu", sid, 3 * Bytes4(count), 5.0 * static_cast<double>(count));
+    state_->ScheduleOpLocked(OpShape{.kind = OpKind::kSwiGlu, .count = count}, sid);
   }
   cpu::SwiGlu(gate, up, count, out);
 }
@@ -559,7 +637,7 @@ void MockGpuDevice::Add(const float* x, int64_t count, float* y, Stream* stream)
     state_->CheckArgLocked("Add", "x", x, Bytes4(count));
     state_->CheckArgLocked("Add", "y", y, Bytes4(count));
     NoteLaunches(1);
-    state_->ScheduleOpLocked("Add", sid, 3 * Bytes4(count), static_cast<double>(count));
+    state_->ScheduleOpLocked(OpShape{.kind = OpKind::kAdd, .count = count}, sid);
   }
   cpu::Add(x, count, y);
 }
@@ -577,7 +655,7 @@ void MockGpuDevice::GatherRows(const float* src, const int32_t* rows, int64_t n,
       state_->CheckArgLocked("GatherRows", "dst", dst, Bytes4(n * dim));
     }
     NoteLaunches(1);
-    state_->ScheduleOpLocked("GatherRows", sid, 2 * Bytes4(n * dim) + Bytes4(n), 0);
+    state_->ScheduleOpLocked(OpShape{.kind = OpKind::kGatherRows, .n = n, .dim = dim}, sid);
   }
   cpu::GatherRows(src, rows, n, dim, dst);
 }
@@ -596,8 +674,7 @@ void MockGpuDevice::ScatterAddScaled(const float* src, const int32_t* rows, cons
       state_->CheckArgLocked("ScatterAddScaled", "dst", dst, Bytes4((max_row + 1) * dim));
     }
     NoteLaunches(1);
-    state_->ScheduleOpLocked("ScatterAddScaled", sid, 3 * Bytes4(n * dim) + 2 * Bytes4(n),
-                             2.0 * static_cast<double>(n * dim));
+    state_->ScheduleOpLocked(OpShape{.kind = OpKind::kScatterAddScaled, .n = n, .dim = dim}, sid);
   }
   cpu::ScatterAddScaled(src, rows, scale, n, dim, sigmoid_scale, dst);
 }

@@ -5,9 +5,9 @@
 // Memory. Every Allocate is a separate host block (256-byte aligned) that only this device hands out; a
 // registry of live blocks lets every op CHECK that each pointer it is given lies inside a live allocation of
 // THIS device (a quantized weight's scales included), so an engine that passes host memory (or another
-// device's memory) to an op aborts with a message naming the op and the argument. Data reaches the device only through CopyToDevice; ops compute
-// (with the reference kernels of cpu_kernels.h, so results equal CpuDevice's bit for bit) on the bytes in
-// the device's blocks. Allocations beyond `capacity_bytes` fail with ResourceExhausted naming the tag, the
+// device's memory) to an op aborts with a message naming the op and the argument. Data reaches the device only through
+// CopyToDevice; ops compute (with the reference kernels of cpu_kernels.h, so results equal CpuDevice's bit for bit) on
+// the bytes in the device's blocks. Allocations beyond `capacity_bytes` fail with ResourceExhausted naming the tag, the
 // request and the bytes in use. New allocations are filled with 0xFF bytes (fp32 NaN, int32 -1) when
 // `poison_allocations`, so reading device memory that was never written shows up as NaN.
 //
@@ -23,10 +23,18 @@
 //    CopyToHost likewise on its own D2H link, and then advances the host clock to its end.
 //  - CopyOnDevice takes 2 * bytes / mem_bytes_per_s (read + write) on its stream, no link.
 //  - An op starts at max(stream time, host clock) and takes max(flops / flops_per_s, bytes / mem_bytes_per_s)
-//    with the flop and byte counts listed in mock_gpu_device.cc (MatMul: 2*n*in*out flops; weight bytes plus
+//    with the flop and byte counts of src/backend/op_cost.h (MatMul: 2*n*in*out flops; weight bytes plus
 //    activations). Ops on different streams overlap freely (no contention is modelled).
 //  - RecordEvent captures the stream's time; WaitEvent advances the waiting stream to at least that time (an
 //    event never recorded is complete at time 0).
+// The durations above are the default cost model; MockGpuOptions::cost_model replaces them (copies keep their
+// link and its serialisation, ops their stream), e.g. with a hardware profile's (src/backend/timed_device.h).
+//
+// Wall-clock pacing (MockGpuOptions::wall_clock, for emulating hardware in real time; off by default): the virtual
+// clock then counts seconds of that clock. Work cannot start before the host issued it, now on the wall clock
+// (the host clock advances to it at every enqueue), and every call that waits for work (Synchronize,
+// SynchronizeEvent, SynchronizeAll, CopyToHost) returns no earlier than the work's modelled end, sleeping on the
+// wall clock outside the mutex. The math itself still runs at once, when the work is enqueued.
 //
 // Thread safety: all methods may be called from any thread (e.g. a loader thread copying experts while a
 // compute thread runs ops); one mutex guards the registry, clocks, timeline and counters, and kernels and
@@ -43,8 +51,22 @@
 #include <vector>
 
 #include "src/backend/device.h"
+#include "src/backend/op_cost.h"
 
 namespace odmoe {
+
+// The wall clock a paced mock GPU waits on. Seconds since an origin of the clock's choosing (the device's virtual
+// clock starts at 0, so a clock made with the device should start near 0). Thread-safe.
+class WallClock {
+ public:
+  virtual ~WallClock() = default;
+  virtual double NowSeconds() = 0;
+  // Returns when NowSeconds() >= seconds (at once when that has passed).
+  virtual void SleepUntil(double seconds) = 0;
+};
+
+// std::chrono::steady_clock, counted from when it was made.
+std::shared_ptr<WallClock> NewSteadyWallClock();
 
 // Defaults: a 16 GiB card on PCIe 4.0 x16 (about 25 GB/s achieved each way, 10 us per copy), 50 TFLOP/s and
 // 900 GB/s of memory bandwidth (a consumer GPU of the RTX 30/40 class).
@@ -64,6 +86,11 @@ struct MockGpuOptions {
   double mem_bytes_per_s = 900e9;
   bool record_timeline = true;     // false: timeline() stays empty (long runs)
   bool poison_allocations = true;  // fill new allocations with 0xFF bytes
+  // How long ops and copies take; nullptr: the roofline over the figures above (see the file comment).
+  std::shared_ptr<const CostModel> cost_model;
+  // Paces the virtual clock to this clock (see the file comment); nullptr: virtual time only, no waits.
+  std::shared_ptr<WallClock> wall_clock;
+  std::string name;  // what name() says; empty: "mock-gpu (CAPACITY GiB, H2D RATE GB/s)"
 };
 
 enum class MockGpuWork { kH2D, kD2H, kD2D, kCompute };
