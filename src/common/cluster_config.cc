@@ -84,6 +84,107 @@ absl::Status CheckAddress(const std::string& where, const std::string& scope, co
   return absl::OkStatus();
 }
 
+// One [[device_profile]] table (device_profile.h); `where` is the file it is in, `ordinal` its position there.
+absl::StatusOr<DeviceProfile> ParseProfileTable(const toml::node& entry, const std::string& where, size_t ordinal) {
+  const std::string unnamed = StrCat("[[device_profile]] #", ordinal + 1);
+  if (!entry.is_table()) return FieldError(where, "", "device_profile", "expected [[device_profile]] tables");
+  const toml::table& t = *entry.as_table();
+  DeviceProfile p;
+  p.defined_in = where;
+  ODMOE_ASSIGN_OR_RETURN(auto name, Fields(t, where, unnamed).String("name"));
+  if (!name || name->empty() || name->find_first_of(": \t\n") != std::string::npos) {
+    return FieldError(where, unnamed, "name", "missing or malformed (a name without ':' or spaces, e.g. \"rtx3090\")");
+  }
+  p.name = *name;
+  const std::string scope = StrCat("device_profile '", p.name, "'");
+  Fields f(t, where, scope);
+  ODMOE_RETURN_IF_ERROR(
+      f.OnlyKnown({"name", "memory_gib", "memory_gb_per_s", "h2d_pinned_gb_per_s", "h2d_pageable_gb_per_s",
+                   "d2h_gb_per_s", "launch_latency_us", "copy_latency_us", "tflops"}));
+  // A required number > 0 (and finite, below 1e9 of its unit), times `unit`.
+  auto positive = [&](const Fields& fields, const std::string& in_scope, std::string_view key, double unit,
+                      double* out) -> absl::Status {
+    ODMOE_ASSIGN_OR_RETURN(auto v, fields.Number(key));
+    if (!v) return FieldError(where, in_scope, key, "missing (every field of a device profile is required)");
+    if (!(*v > 0.0 && *v < 1e9)) return FieldError(where, in_scope, key, StrCat("must be > 0, got ", *v));
+    *out = *v * unit;
+    return absl::OkStatus();
+  };
+  double memory_gib = 0;
+  ODMOE_RETURN_IF_ERROR(positive(f, scope, "memory_gib", 1.0, &memory_gib));
+  p.memory_bytes = static_cast<uint64_t>(memory_gib * 1024.0 * 1024.0 * 1024.0);
+  ODMOE_RETURN_IF_ERROR(positive(f, scope, "memory_gb_per_s", 1e9, &p.memory_bytes_per_s));
+  ODMOE_RETURN_IF_ERROR(positive(f, scope, "h2d_pinned_gb_per_s", 1e9, &p.h2d_pinned_bytes_per_s));
+  ODMOE_RETURN_IF_ERROR(positive(f, scope, "h2d_pageable_gb_per_s", 1e9, &p.h2d_pageable_bytes_per_s));
+  ODMOE_RETURN_IF_ERROR(positive(f, scope, "d2h_gb_per_s", 1e9, &p.d2h_bytes_per_s));
+  ODMOE_RETURN_IF_ERROR(positive(f, scope, "launch_latency_us", 1e-6, &p.launch_latency_s));
+  ODMOE_RETURN_IF_ERROR(positive(f, scope, "copy_latency_us", 1e-6, &p.copy_latency_s));
+  const toml::node* tflops = t.get("tflops");
+  if (tflops == nullptr || !tflops->is_table()) {
+    return FieldError(where, scope, "tflops", "missing: a table { fp32 = ..., bf16 = ..., fp16 = ..., int8 = ... }");
+  }
+  const std::string tflops_scope = StrCat(scope, ": tflops");
+  Fields rates(*tflops->as_table(), where, tflops_scope);
+  ODMOE_RETURN_IF_ERROR(rates.OnlyKnown({"fp32", "bf16", "fp16", "int8"}));
+  ODMOE_RETURN_IF_ERROR(positive(rates, tflops_scope, "fp32", 1e12, &p.fp32_flops_per_s));
+  ODMOE_RETURN_IF_ERROR(positive(rates, tflops_scope, "bf16", 1e12, &p.bf16_flops_per_s));
+  ODMOE_RETURN_IF_ERROR(positive(rates, tflops_scope, "fp16", 1e12, &p.fp16_flops_per_s));
+  ODMOE_RETURN_IF_ERROR(positive(rates, tflops_scope, "int8", 1e12, &p.int8_ops_per_s));
+  if (p.h2d_pageable_bytes_per_s > p.h2d_pinned_bytes_per_s) {
+    return FieldError(where, scope, "h2d_pageable_gb_per_s",
+                      StrCat(p.h2d_pageable_bytes_per_s / 1e9, " exceeds h2d_pinned_gb_per_s (",
+                             p.h2d_pinned_bytes_per_s / 1e9, "): pageable copies are staged through pinned memory"));
+  }
+  return p;
+}
+
+// Appends the [[device_profile]] tables of `root` (a cluster file or a profile file named `where`) to `out`.
+absl::Status AppendProfiles(const toml::table& root, const std::string& where, std::vector<DeviceProfile>* out) {
+  const toml::node* profiles = root.get("device_profile");
+  if (profiles == nullptr) return absl::OkStatus();
+  if (!profiles->is_array_of_tables()) {
+    return FieldError(where, "", "device_profile", "expected [[device_profile]] tables");
+  }
+  size_t ordinal = 0;
+  for (const toml::node& entry : *profiles->as_array()) {
+    ODMOE_ASSIGN_OR_RETURN(DeviceProfile p, ParseProfileTable(entry, where, ordinal++));
+    for (const DeviceProfile& other : *out) {
+      if (other.name == p.name) {
+        return FieldError(where, StrCat("device_profile '", p.name, "'"), "name",
+                          StrCat("already defined in ", other.defined_in));
+      }
+    }
+    out->push_back(std::move(p));
+  }
+  return absl::OkStatus();
+}
+
+// Reads a profile file: [[device_profile]] tables and nothing else.
+absl::Status LoadProfileFile(const std::string& path, const std::string& listed_in, std::vector<DeviceProfile>* out) {
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        StrCat(listed_in, ": [cluster]: field 'device_profiles': ", text.status().message()));
+  }
+  toml::table root;
+  try {
+    root = toml::parse(*text, path);
+  } catch (const toml::parse_error& e) {
+    return absl::DataLossError(StrCat(path, ":", e.source().begin.line, ":", e.source().begin.column,
+                                      ": invalid TOML: ", std::string(e.description())));
+  }
+  for (const auto& [k, v] : root) {
+    if (k.str() != "device_profile") {
+      return FieldError(path, "", std::string(k.str()),
+                        "unknown section (a profile file holds [[device_profile]] only)");
+    }
+  }
+  if (root.get("device_profile") == nullptr) {
+    return FieldError(path, "", "device_profile", "no [[device_profile]] table in this profile file");
+  }
+  return AppendProfiles(root, path, out);
+}
+
 }  // namespace
 
 std::string_view NodeRoleName(NodeRole role) {
@@ -263,6 +364,13 @@ const NodeConfig* ClusterConfig::shadow() const {
   return nullptr;
 }
 
+const DeviceProfile* ClusterConfig::FindProfile(std::string_view n) const {
+  for (const DeviceProfile& p : device_profiles) {
+    if (p.name == n) return &p;
+  }
+  return nullptr;
+}
+
 std::vector<const NodeConfig*> ClusterConfig::workers() const {
   std::vector<const NodeConfig*> out;
   for (const NodeConfig& node : nodes) {
@@ -284,17 +392,45 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
   c.file = where;
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
-    if (key != "cluster" && key != "model" && key != "node" && key != "shadow" && key != "tls" && key != "auth") {
-      return FieldError(where, "", key,
-                        "unknown section (expected [cluster], [model], [shadow], [tls], [auth] and [[node]])");
+    if (key != "cluster" && key != "model" && key != "node" && key != "shadow" && key != "tls" && key != "auth" &&
+        key != "device_profile") {
+      return FieldError(
+          where, "", key,
+          "unknown section (expected [cluster], [model], [shadow], [tls], [auth], [[node]] and [[device_profile]])");
     }
   }
+  std::vector<std::string> profile_files;  // [cluster] device_profiles, as written
+  std::optional<std::string> timing_model;
   if (const toml::node* cn = root.get("cluster")) {
     if (!cn->is_table()) return FieldError(where, "", "cluster", "expected a table");
     Fields f(*cn->as_table(), where, "[cluster]");
-    ODMOE_RETURN_IF_ERROR(
-        f.OnlyKnown({"name", "epoch", "group_size", "rpc_timeout_ms", "startup_timeout_ms", "share_host_experts",
-                     "prefill_minibatch_rows", "shutdown_timeout_ms", "max_queued", "max_running"}));
+    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"name", "epoch", "group_size", "rpc_timeout_ms", "startup_timeout_ms",
+                                       "share_host_experts", "prefill_minibatch_rows", "shutdown_timeout_ms",
+                                       "max_queued", "max_running", "device_profiles", "timing_model", "time_scale"}));
+    if (const toml::node* files = cn->as_table()->get("device_profiles")) {
+      const toml::array* list = files->as_array();
+      if (list == nullptr) {
+        return FieldError(where, "[cluster]", "device_profiles", "expected a list of profile files");
+      }
+      for (const toml::node& file : *list) {
+        if (!file.is_string() || file.value<std::string>()->empty()) {
+          return FieldError(where, "[cluster]", "device_profiles",
+                            "expected a list of profile file paths, e.g. [\"profiles/rtx3090.toml\"]");
+        }
+        profile_files.push_back(*file.value<std::string>());
+      }
+    }
+    ODMOE_ASSIGN_OR_RETURN(timing_model, f.String("timing_model"));
+    if (timing_model && timing_model->empty()) {
+      return FieldError(where, "[cluster]", "timing_model", "expected a config.json path (or a folder holding one)");
+    }
+    ODMOE_ASSIGN_OR_RETURN(auto time_scale, f.Number("time_scale"));
+    if (time_scale) {
+      if (!(*time_scale > 0.0 && *time_scale <= 1e6)) {
+        return FieldError(where, "[cluster]", "time_scale", StrCat("must be in (0, 1000000], got ", *time_scale));
+      }
+      c.time_scale = *time_scale;
+    }
     ODMOE_ASSIGN_OR_RETURN(auto share, f.Bool("share_host_experts"));
     if (share) c.share_host_experts = *share;
     ODMOE_ASSIGN_OR_RETURN(auto name, f.String("name"));
@@ -355,6 +491,11 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     if (p.is_relative()) p = std::filesystem::path(base_dir) / p;
     return p.lexically_normal().string();
   };
+  if (timing_model) c.timing_model = resolve_path(*timing_model);
+  for (const std::string& file : profile_files) {
+    ODMOE_RETURN_IF_ERROR(LoadProfileFile(resolve_path(file), where, &c.device_profiles));
+  }
+  ODMOE_RETURN_IF_ERROR(AppendProfiles(root, where, &c.device_profiles));
   for (const char* section : {"tls", "auth"}) {
     const toml::node* n = root.get(section);
     if (n == nullptr) continue;
@@ -480,6 +621,17 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     if (!addresses.insert(node.address).second) return FieldError(where, scope, "address", "used by two nodes");
     ODMOE_ASSIGN_OR_RETURN(auto device, f.String("device"));
     if (device) node.device = *device;
+    constexpr std::string_view kTimed = "timed:";
+    if (std::string_view(node.device).starts_with(kTimed)) {
+      const std::string profile = node.device.substr(kTimed.size());
+      if (c.FindProfile(profile) == nullptr) {
+        std::string known;
+        for (const DeviceProfile& p : c.device_profiles) known += StrCat(known.empty() ? "" : ", ", p.name);
+        return FieldError(where, scope, "device",
+                          StrCat("'", node.device, "': no device profile named '", profile, "' (defined: ",
+                                 known.empty() ? "none; list profile files in [cluster] device_profiles" : known, ")"));
+      }
+    }
     ODMOE_ASSIGN_OR_RETURN(auto budget, f.Int("gpu_budget_mb"));
     if (budget) {
       if (*budget < 1) return FieldError(where, scope, "gpu_budget_mb", "must be >= 1");

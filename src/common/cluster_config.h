@@ -32,6 +32,13 @@
 //   # [cluster] shutdown_timeout_ms = 10000: on SIGTERM, how long in-flight calls get to finish
 //   # [cluster] max_queued = 32: requests that may wait for main's engine; more are refused (busy)
 //   # [cluster] max_running = 8: requests main decodes together in one batch (continuous batching)
+//   # Emulated hardware (src/backend/timed_device.h): a node with device = "timed:PROFILE" computes as the mock
+//   # GPU does and waits, in wall time, as long as PROFILE's device would take:
+//   # [cluster] device_profiles = ["profiles/rtx3090.toml"]   # files of [[device_profile]] tables (relative to
+//   #                                                          # this file); or [[device_profile]] tables here
+//   # [cluster] timing_model = "models/mixtral-8x7b/config.json"  # charge work at this model's shapes
+//   # [cluster] time_scale = 1.0   # every modelled duration times this (link rates divided by it)
+//   # (src/common/device_profile.h lists a profile's fields.)
 //
 // Workers are numbered in the order they appear in the file (the placement's worker index).
 #pragma once
@@ -43,6 +50,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "src/common/device_profile.h"
 
 namespace odmoe {
 
@@ -53,7 +61,7 @@ struct NodeConfig {
   std::string name;
   NodeRole role = NodeRole::kWorker;
   std::string address;            // host:port the daemon listens on and peers dial
-  std::string device = "cpu";     // a CreateDevice spec: cpu, mock-gpu, cuda
+  std::string device = "cpu";     // a CreateDevice spec: cpu, mock-gpu, cuda, timed:PROFILE (a profile of the file)
   uint64_t gpu_budget_bytes = 0;  // workers: device memory for weights, activations and workspace (0: none set)
   int32_t worker_index = -1;      // workers: position among the workers of the file
   int32_t threads = 2;            // RPC handler threads
@@ -155,6 +163,14 @@ struct ClusterConfig {
   // [cluster] max_running: requests main runs at once, decoded together in one batch (continuous batching); more
   // wait in the queue (max_queued). 1..256 (kMaxTokenRows: one decode step carries a row of each).
   int32_t max_running = 8;
+  // Device profiles: the [[device_profile]] tables of the files [cluster] device_profiles lists, then those of the
+  // cluster file itself; names are unique. Every node's "timed:NAME" names one of them.
+  std::vector<DeviceProfile> device_profiles;
+  // [cluster] timing_model: a config.json (or a folder holding one; absolute after loading) whose shapes timed
+  // devices charge their work at, while they compute the cluster's model; empty: the model's own shapes.
+  std::string timing_model;
+  // [cluster] time_scale: every duration a timed device models is multiplied by it (> 0; 1: real time).
+  double time_scale = 1.0;
   std::string tls_ca;      // [tls] ca: PEM file of the cluster's CA (absolute); empty: no TLS
   std::string token_file;  // [auth] token_file (absolute); empty: no client token
   ModelSource model;
@@ -162,14 +178,16 @@ struct ClusterConfig {
   std::vector<NodeConfig> nodes;
 
   const NodeConfig* Find(std::string_view name) const;
-  const NodeConfig* main() const;                  // exactly one main node (checked when parsed)
-  const NodeConfig* shadow() const;                // at most one; nullptr when there is none
-  std::vector<const NodeConfig*> workers() const;  // in worker_index order
+  const NodeConfig* main() const;                                 // exactly one main node (checked when parsed)
+  const NodeConfig* shadow() const;                               // at most one; nullptr when there is none
+  std::vector<const NodeConfig*> workers() const;                 // in worker_index order
+  const DeviceProfile* FindProfile(std::string_view name) const;  // nullptr when no profile has that name
 };
 
 // Parses the file's text. `where` names it in every message ("configs/local.toml: node 'w3': field
-// 'address': ..."); relative model paths are resolved against `base_dir`. InvalidArgument for bad content,
-// DataLoss for malformed TOML.
+// 'address': ..."); relative paths are resolved against `base_dir`, and the profile files of [cluster]
+// device_profiles are read from there. InvalidArgument for bad content, DataLoss for malformed TOML (of the
+// file or a profile file), NotFound for a profile file that does not exist.
 absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const std::string& where,
                                                  const std::string& base_dir);
 absl::StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
