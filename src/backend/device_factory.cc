@@ -9,10 +9,14 @@
 #include <string_view>
 
 #include "absl/strings/numbers.h"
+#include "spdlog/spdlog.h"
 #include "src/backend/cpu_device.h"
 #include "src/backend/mock_gpu_device.h"
+#include "src/backend/timed_device.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/model/open_model.h"
+#include "src/model/synthetic.h"
 
 #ifdef ODMOE_HAVE_CUDA
 #include "src/backend/cuda_device.h"
@@ -21,7 +25,8 @@
 namespace odmoe {
 
 absl::StatusOr<std::unique_ptr<Device>> CreateDevice(std::string_view spec) {
-  constexpr std::string_view kChoices = "cpu, mock-gpu, mock-gpu:CAPACITY_MB, cuda, cuda:CAPACITY_MB";
+  constexpr std::string_view kChoices =
+      "cpu, mock-gpu, mock-gpu:CAPACITY_MB, cuda, cuda:CAPACITY_MB, timed:PROFILE (a node of a cluster file)";
   if (spec == "cpu") return std::unique_ptr<Device>(new CpuDevice());
   if (spec == "mock-gpu") return std::unique_ptr<Device>(new MockGpuDevice());
   constexpr std::string_view kMockPrefix = "mock-gpu:";
@@ -57,6 +62,11 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(std::string_view spec) {
         StrCat("device '", spec, "': this build has no CUDA backend (configure with ODMOE_CUDA=ON where nvcc is)"));
 #endif
   }
+  if (spec.starts_with("timed:")) {
+    return absl::InvalidArgumentError(StrCat("device '", spec,
+                                             "': a timed device takes its profile from a cluster file's "
+                                             "[[device_profile]] tables; give it as a node's device there"));
+  }
   return absl::InvalidArgumentError(StrCat("unknown device '", spec, "'; choose one of: ", kChoices));
 }
 
@@ -76,6 +86,67 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(std::string_view spec, uint
     return CreateDevice(StrCat("cuda:", (capacity_bytes + (uint64_t{1} << 20) - 1) >> 20));
   }
   return CreateDevice(spec);
+}
+
+ModelDims ModelDimsOf(const ModelConfig& config, uint64_t expert_bytes) {
+  ModelDims d;
+  d.hidden = config.hidden_size;
+  d.expert_intermediate = config.expert_intermediate_size;
+  d.shared_intermediate = config.shared_expert_intermediate_size;
+  d.dense_intermediate =
+      config.mlp_only_layers.empty() && config.decoder_sparse_step <= 1 ? 0 : config.dense_intermediate_size;
+  d.heads = config.num_heads;
+  d.kv_heads = config.num_kv_heads;
+  d.head_dim = config.head_dim;
+  d.vocab = config.vocab_size;
+  d.experts = config.num_experts;
+  d.weight_dtype = SyntheticDType(config);  // the config's torch_dtype (bf16 when it names none)
+  d.expert_bytes = expert_bytes != 0
+                       ? expert_bytes
+                       : 3 * static_cast<uint64_t>(config.hidden_size) *
+                             static_cast<uint64_t>(config.expert_intermediate_size) * DTypeSize(d.weight_dtype);
+  return d;
+}
+
+absl::StatusOr<ShapeMap> TimingShapes(const ModelConfig& running, uint64_t running_expert_bytes,
+                                      const std::string& running_name, const std::string& timing_model) {
+  ODMOE_ASSIGN_OR_RETURN(const ModelConfig target, SyntheticModelConfig(SyntheticSpec{timing_model, 0, 0}));
+  return ShapeMap::Between(ModelDimsOf(running, running_expert_bytes), ModelDimsOf(target), running_name, timing_model);
+}
+
+absl::StatusOr<std::unique_ptr<Device>> CreateNodeDevice(const ClusterConfig& cluster, const NodeConfig& node,
+                                                         const std::string& model_dir,
+                                                         std::optional<uint64_t> capacity_bytes) {
+  constexpr std::string_view kTimed = "timed:";
+  if (!std::string_view(node.device).starts_with(kTimed)) {
+    return capacity_bytes ? CreateDevice(node.device, *capacity_bytes) : CreateDevice(node.device);
+  }
+  const std::string where = StrCat(cluster.file, ": node '", node.name, "': device '", node.device, "'");
+  const DeviceProfile* profile = cluster.FindProfile(node.device.substr(kTimed.size()));
+  if (profile == nullptr) return absl::InvalidArgumentError(StrCat(where, ": no such device profile"));
+  TimedDeviceOptions options;
+  options.profile = *profile;
+  options.time_scale = cluster.time_scale;
+  options.capacity_bytes = capacity_bytes.value_or(0);
+  options.wall_clock = NewSteadyWallClock();
+  if (!cluster.timing_model.empty()) {
+    absl::StatusOr<OpenedModel> running = OpenModel(cluster.model, model_dir);
+    if (!running.ok()) {
+      return absl::Status(running.status().code(), StrCat(where, ": opening the model: ", running.status().message()));
+    }
+    const std::string running_name = model_dir.empty() ? cluster.model.synthetic : model_dir;
+    absl::StatusOr<ShapeMap> shapes =
+        TimingShapes(running->config, running->ExpertBytes(), running_name, cluster.timing_model);
+    if (!shapes.ok()) {
+      return absl::Status(shapes.status().code(),
+                          StrCat(cluster.file, ": [cluster] timing_model: ", shapes.status().message()));
+    }
+    for (const std::string& clash : shapes->ambiguous()) {
+      spdlog::warn("{}: running width {} in the target: charged at the larger", where, clash);
+    }
+    options.shapes = *std::move(shapes);
+  }
+  return std::unique_ptr<Device>(CreateTimedDevice(options));
 }
 
 }  // namespace odmoe

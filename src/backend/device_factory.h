@@ -3,10 +3,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
 #include "src/backend/device.h"
+#include "src/backend/shape_map.h"
+#include "src/common/cluster_config.h"
+#include "src/model/model_config.h"
 
 namespace odmoe {
 
@@ -25,5 +30,26 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(std::string_view spec);
 // of the pinned rate; a CUDA device with the capacity rounded up to whole MiB, so that the backend itself
 // refuses to allocate past it. Errors as CreateDevice(spec).
 absl::StatusOr<std::unique_ptr<Device>> CreateDevice(std::string_view spec, uint64_t capacity_bytes);
+
+// The device of the cluster file's node `node`, as a daemon creates it. "timed:PROFILE" (src/backend/timed_device.h)
+// takes PROFILE from the file's device profiles, paces to the wall clock, stretches time by [cluster] time_scale
+// and, with [cluster] timing_model, charges its work at that model's shapes (TimingShapes below, with the model
+// the node computes opened from [model] / `model_dir` as OpenModel does); its capacity is the profile's memory, or
+// `capacity_bytes` where that is smaller. Any other spec: CreateDevice(spec) without `capacity_bytes`,
+// CreateDevice(spec, *capacity_bytes) with it. Errors name the cluster file, the node and the field or file at
+// fault.
+absl::StatusOr<std::unique_ptr<Device>> CreateNodeDevice(const ClusterConfig& cluster, const NodeConfig& node,
+                                                         const std::string& model_dir,
+                                                         std::optional<uint64_t> capacity_bytes = std::nullopt);
+
+// The dimensions of `config` that a ShapeMap recognises; `expert_bytes`: one routed expert as stored (0: three
+// projections at the config's torch_dtype, as a target model is charged).
+ModelDims ModelDimsOf(const ModelConfig& config, uint64_t expert_bytes = 0);
+
+// The one place that decides a timed device's target shapes: `running` (whose experts take `running_expert_bytes`
+// as stored) charged as the model of `timing_model` (a config.json or a folder holding one). Errors name the
+// files.
+absl::StatusOr<ShapeMap> TimingShapes(const ModelConfig& running, uint64_t running_expert_bytes,
+                                      const std::string& running_name, const std::string& timing_model);
 
 }  // namespace odmoe
