@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
       return tokenizer.status();
     }
   }
-  ODMOE_ASSIGN_OR_RETURN(node->device_, CreateDevice(args.self.device));
+  ODMOE_ASSIGN_OR_RETURN(node->device_, CreateNodeDevice(args.cluster, args.self, args.model_dir));
   ODMOE_ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(node->config_, *model.source, *node->device_,
                                                             WeightSelection::NonExpertOnly()));
   node->model_ = std::move(model);

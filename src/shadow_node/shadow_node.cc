@@ -151,7 +151,7 @@ absl::StatusOr<std::unique_ptr<ShadowNode>> ShadowNode::Create(const rpc::Daemon
   ODMOE_ASSIGN_OR_RETURN(OpenedModel model, OpenModel(args.cluster.model, args.model_dir));
   node->config_ = model.config;
   node->fingerprint_ = model.fingerprint;
-  ODMOE_ASSIGN_OR_RETURN(node->device_, CreateDevice(args.self.device));
+  ODMOE_ASSIGN_OR_RETURN(node->device_, CreateNodeDevice(args.cluster, args.self, args.model_dir));
   if (args.cluster.shadow_settings.mode != PredictionMode::kShadow) {
     node->model_ = std::move(model);
     return node;

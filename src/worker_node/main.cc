@@ -17,8 +17,9 @@ namespace {
 
 absl::Status Run(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(odmoe::rpc::DaemonArgs daemon, odmoe::rpc::ParseDaemonArgs(args, odmoe::NodeRole::kWorker));
-  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::Device> device,
-                         odmoe::CreateDevice(daemon.self.device, daemon.self.gpu_budget_bytes));
+  ODMOE_ASSIGN_OR_RETURN(
+      std::unique_ptr<odmoe::Device> device,
+      odmoe::CreateNodeDevice(daemon.cluster, daemon.self, daemon.model_dir, daemon.self.gpu_budget_bytes));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::WorkerNode> node,
                          odmoe::WorkerNode::Create(daemon.cluster, daemon.self, daemon.model_dir, std::move(device)));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::MetricsServer> metrics,
