@@ -20,6 +20,7 @@ namespace odmoe {
 //   "mock-gpu"              MockGpuDevice with the default MockGpuOptions
 //   "mock-gpu:CAPACITY_MB"  MockGpuDevice with a capacity of CAPACITY_MB MiB (CAPACITY_MB * 2^20 bytes, > 0)
 //   "cuda"                  the CUDA backend (only in builds with ODMOE_HAVE_CUDA)
+//   "timed:PROFILE"         only as a node's device in a cluster file: see CreateNodeDevice
 // InvalidArgument for an unknown spec (naming it and the choices), a malformed capacity, or "cuda" in a build
 // without CUDA.
 absl::StatusOr<std::unique_ptr<Device>> CreateDevice(std::string_view spec);

@@ -179,5 +179,21 @@ TEST(DeviceProfileTest, ProfileFilesAreReadRelativeToTheClusterFile) {
                                     "[[device_profile]] only)"));
 }
 
+TEST(DeviceProfileTest, TheEmulatedTestbedParses) {
+  auto c = LoadClusterConfig(StrCat(ODMOE_SOURCE_DIR, "/configs/testbed-emulated.toml"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->workers().size(), 8u);
+  EXPECT_EQ(c->group_size, 2);
+  EXPECT_EQ(c->main()->device, "timed:rtx3090");
+  EXPECT_EQ(c->shadow()->device, "timed:rtx3090x2");
+  const DeviceProfile* one = c->FindProfile("rtx3090");
+  const DeviceProfile* pair = c->FindProfile("rtx3090x2");
+  ASSERT_NE(one, nullptr);
+  ASSERT_NE(pair, nullptr);
+  EXPECT_EQ(pair->memory_bytes, 2 * one->memory_bytes);
+  EXPECT_DOUBLE_EQ(pair->memory_bytes_per_s, 2 * one->memory_bytes_per_s);
+  EXPECT_EQ(c->timing_model, StrCat(ODMOE_SOURCE_DIR, "/configs/models/mixtral-8x7b/config.json"));
+}
+
 }  // namespace
 }  // namespace odmoe
