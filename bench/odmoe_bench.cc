@@ -24,10 +24,12 @@
 //     token and that rate against the pinned host-to-device bandwidth measured first (cluster_bench.cc).
 //
 //   odmoe-bench workload (--endpoint HOST:PORT | --resident) (--model DIR | --synthetic CONFIG [--layers N])
-//       [--seed S] [--backend cpu] [--pairs 16x64,16x256,128x64,128x256] [--prompts 3] [--prompt-text FILE]
+//       [--seed S] [--backend cpu | --config FILE] [--pairs 16x64,16x256,128x64,128x256] [--prompts 3]
+//       [--prompt-text FILE]
 //     Every (input, output) pair over a set of prompts, batch 1, EOS ignored, on a running cluster or on the
-//     fully-resident engine: the arrival time of every token and the cluster's request stats, one JSON line per
-//     request (workload_bench.cc; bench/run.sh aggregates them).
+//     fully-resident engine (on --backend, or with --config on the device of FILE's main node, e.g. a timed
+//     GPU): the arrival time of every token and the cluster's request stats, one JSON line per request
+//     (workload_bench.cc; bench/run.sh aggregates them).
 //
 //   odmoe-bench load (--config FILE [--model DIR] [--run-dir DIR] | --endpoint HOST:PORT [--config FILE])
 //       (--prompts FILE | --prompt-text FILE) [--clients 1,2,4,8] [--requests-per-client 1]
@@ -126,8 +128,8 @@ int main(int argc, char** argv) {
       "           [--copy-mb 512] [--run-dir DIR]\n"
       "       odmoe-bench workload (--endpoint HOST:PORT | --resident) (--model DIR | --synthetic CONFIG [--layers "
       "N])\n"
-      "           [--seed S] [--backend cpu] [--pairs 16x64,...] [--prompts 3] [--prompt-text FILE] [--write-prompts "
-      "FILE]\n"
+      "           [--seed S] [--backend cpu | --config FILE] [--pairs 16x64,...] [--prompts 3] [--prompt-text FILE]\n"
+      "           [--write-prompts FILE]\n"
       "       odmoe-bench load (--config FILE [--model DIR] [--run-dir DIR] | --endpoint HOST:PORT [--config FILE])\n"
       "           (--prompts FILE | --prompt-text FILE) [--clients 1,2,4,8] [--requests-per-client 1]\n"
       "           [--max-new-tokens 64] [--ignore-eos true] [--per-request]\n"

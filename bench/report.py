@@ -129,6 +129,20 @@ def cmd_config(args):
         return f"127.0.0.1:{int(m.group(1)) + args.port_offset}"
 
     text = re.sub(r"127\.0\.0\.1:(\d+)", shift, text)
+    # The paths the file gives relative to itself, made absolute: the copy lives elsewhere.
+    base = os.path.dirname(os.path.abspath(args.base))
+
+    def absolute(m):
+        return f'"{os.path.normpath(os.path.join(base, m.group(1)))}"'
+
+    def paths(m):
+        return m.group(1) + re.sub(r'"([^"/][^"]*)"', absolute, m.group(2))
+
+    text = re.sub(r"(?m)^(\s*(?:timing_model|device_profiles)\s*=\s*)(.*)$", paths, text)
+    if args.time_scale is not None:
+        text, n = re.subn(r"(?m)^time_scale\s*=.*$", f"time_scale = {args.time_scale}", text)
+        if n != 1:
+            sys.exit(f"report.py config: {args.base}: --time-scale needs one 'time_scale = ...' line in [cluster]")
     if args.model:
         model = f'[model]\npath = "{os.path.abspath(args.model)}"\n'
     else:
@@ -365,6 +379,34 @@ def cmd_report(args):
         rec["paper_decode_ratio"] = paper["decode_ratio"] if p == "average" else None
         results.append(rec)
 
+    # Emulation (bench/run.sh --emulate): the calibration check, and decode throughput at the timing model's
+    # layer count. Calibration: the reference's measured decode time per token against the time its device
+    # modelled for the same work (ops and copies of one stream: the critical path the profile predicts).
+    emulate = meta.get("emulate")
+    if emulate:
+        measured, modeled = [], []
+        for r in resident_reqs:
+            t = r.get("token_ms", [])
+            if r.get("modeled_decode_ms") is not None and len(t) > 1:
+                measured.append((t[-1] - t[0]) / (len(t) - 1))
+                modeled.append(r["modeled_decode_ms"] / (len(t) - 1))
+        rec = dict(common, section="calibration", pair="all", time_scale=emulate["time_scale"],
+                   requests=len(measured), measured_ms_per_token=mean(measured) if measured else None,
+                   modeled_ms_per_token=mean(modeled) if modeled else None)
+        rec["ratio"] = ratio(rec["measured_ms_per_token"], rec["modeled_ms_per_token"]) if measured else None
+        rec["passed"] = rec["ratio"] is not None and abs(rec["ratio"] - 1) <= 0.10
+        results.append(rec)
+        # Real time (durations / time_scale) at the target's depth (time per token x target / running layers).
+        layers_ratio = (emulate["running_layers"] / emulate["target_layers"]) if emulate.get("target_layers") else None
+        for section in ("workloads", "resident"):
+            a = agg.get((section, "average"))
+            if a and layers_ratio:
+                k = layers_ratio * float(emulate["time_scale"])
+                results.append(dict(common, section="scaled", engine=section, pair="average",
+                                    target_layers=emulate["target_layers"],
+                                    decode_tokens_per_s_mean=a["decode_tokens_per_s_mean"] * k,
+                                    ttft_ms_mean=a["ttft_ms_mean"] / k))
+
     # The HF Transformers peer (GPU only): its medians per pair, as it reports them.
     for r in read_jsonl(os.path.join(raw, "peer.jsonl")):
         if r.get("kind") == "pair":
@@ -560,6 +602,31 @@ def write_summary(d, meta, common, results, paper, made):
                  f"{100 * ratio_avg['output_tokens_per_s_mean_ratio']:.2f}%, TTFT "
                  f"{ratio_avg['ttft_ms_mean_ratio']:.2f}x the resident's.\n")
 
+    emulate = meta.get("emulate")
+    if emulate:
+        L.append("## Emulated testbed\n")
+        L.append(f"Every node a timed device of `{emulate['file']}` (src/backend/timed_device.h), charged at the shapes "
+                 f"of `{emulate['timing_model'] or 'the running model'}`, time scale {emulate['time_scale']}; the "
+                 f"model computed has {emulate['running_layers']} layers, the timing model "
+                 f"{emulate['target_layers'] or '-'}.\n")
+        scaled = {r["engine"]: r for r in results if r["section"] == "scaled"}
+        if scaled:
+            w, res = scaled.get("workloads"), scaled.get("resident")
+            L.append(f"In real time (divided by the time scale) at the timing model's {emulate['target_layers']} layers "
+                     f"(time per token x target / running layers): decode "
+                     f"{fmt(w['decode_tokens_per_s_mean'] if w else None)} tokens/s on demand, "
+                     f"{fmt(res['decode_tokens_per_s_mean'] if res else None)} fully resident (paper, Mixtral-8x7B "
+                     f"on the RTX 3090 testbed: {fmt(paper['decode_tokens_per_s']['odmoe'].get('average'))} on "
+                     f"demand, {fmt(paper['decode_tokens_per_s']['resident'].get('average'))} resident).\n")
+        cal = next((r for r in results if r["section"] == "calibration"), None)
+        if cal and cal["ratio"] is not None:
+            L.append(f"**Calibration: {'passed' if cal['passed'] else 'FAILED'}**: the reference's decode took "
+                     f"{fmt(cal['measured_ms_per_token'], 3)} ms/token against {fmt(cal['modeled_ms_per_token'], 3)} "
+                     f"ms/token modelled ({fmt(cal['ratio'], 3)}x; within 10% passes) over {cal['requests']} "
+                     f"request(s).\n")
+        elif cal:
+            L.append("**Calibration: no figures** (the reference's device reports no modelled time).\n")
+
     L.append("## Table 2 (ii): GPU memory\n")
     L.append("| Engine | Node | Peak (MiB) | Paper (GB) |")
     L.append("|---|---|---|---|")
@@ -641,6 +708,7 @@ def main():
     c.add_argument("--synthetic")
     c.add_argument("--layers", type=int, default=0)
     c.add_argument("--seed", type=int, default=1)
+    c.add_argument("--time-scale", type=float)
     m = sub.add_parser("memory")
     m.add_argument("--out", required=True)
     m.add_argument("urls", nargs="*")

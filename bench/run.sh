@@ -3,6 +3,16 @@
 #
 #   bench/run.sh [--quick] [--model DIR | --synthetic CONFIG --layers N] [--endpoint HOST:PORT] [--lan]
 #                [--config FILE] [--prompts N] [--seed S] [--backend cpu|cuda] [--port-offset N] --out DIR
+#   bench/run.sh --emulate FILE [--time-scale S] [--quick] [--model DIR] [--prompts N] [--seed S] --out DIR
+#
+# --emulate FILE (e.g. configs/testbed-emulated.toml): the cluster of FILE, whose nodes are timed devices
+# (device = "timed:PROFILE", src/backend/timed_device.h), and the fully-resident reference on the device of
+# FILE's main node (the same profile and [cluster] timing_model, every expert resident: no loads). Only the
+# workloads, resident, ratio and stall sections run (the others restart the cluster per setting). The model
+# defaults to ../shared/models/tiny-mixtral-kjv (real routing); --time-scale S replaces FILE's time_scale.
+# summary.md then also gives the decode figures scaled to the timing model's layer count, and the calibration
+# check: the reference's measured decode time per token against the device's modelled busy time (its critical
+# path), within 10%.
 #
 # Writes DIR/results.jsonl (one record per figure, each with section, model, config, hardware, commit, seed),
 # DIR/summary.md (laid out like the paper's Table 2, the paper's figures beside ours), DIR/*.csv and DIR/*.png;
@@ -28,7 +38,7 @@ die() {
 }
 
 quick=0 model="" synthetic="" layers=0 endpoint="" lan=0 out="" prompts="" seed=1 backend=cpu
-config="$ROOT/configs/local.toml" port_offset=300 model_given=0
+config="$ROOT/configs/local.toml" port_offset=300 model_given=0 emulate="" time_scale=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -42,6 +52,8 @@ while [ $# -gt 0 ]; do
     --seed) seed=${2:?--seed needs S}; shift ;;
     --backend) backend=${2:?--backend needs a backend}; shift ;;
     --port-offset) port_offset=${2:?--port-offset needs N}; shift ;;
+    --emulate) emulate=${2:?--emulate needs FILE}; shift ;;
+    --time-scale) time_scale=${2:?--time-scale needs S}; shift ;;
     --out) out=${2:?--out needs DIR}; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -53,6 +65,16 @@ done
 [ -n "$endpoint" ] && [ "$lan" -eq 1 ] && die "give one of --endpoint and --lan, not both"
 [ -n "$synthetic" ] && [ "$layers" -lt 1 ] && die "--synthetic needs --layers N (N >= 1)"
 [ -z "$synthetic" ] && [ "$layers" -ne 0 ] && die "--layers needs --synthetic"
+if [ -n "$emulate" ]; then
+  [ -n "$endpoint" ] && die "give one of --emulate and --endpoint, not both"
+  [ "$backend" = cpu ] || die "--emulate runs the reference on FILE's main device: no --backend"
+  [ -n "$synthetic" ] && die "--emulate needs a trained model (--model DIR): its routing is what is emulated"
+  [ -f "$emulate" ] || die "--emulate $emulate: no such file"
+  config=$emulate
+  [ -z "$model" ] && model="$ROOT/../shared/models/tiny-mixtral-kjv"
+else
+  [ -z "$time_scale" ] || die "--time-scale goes with --emulate"
+fi
 [ -z "$model" ] && [ -z "$synthetic" ] && model="$ROOT/models/demo-mixtral-kjv"
 [ -n "$model" ] && { [ -f "$model/config.json" ] || die "--model $model: no config.json there"; }
 [ -n "$synthetic" ] && { [ -e "$synthetic" ] || die "--synthetic $synthetic: no such file"; }
@@ -93,9 +115,11 @@ log() { echo "== bench/run.sh: $* ($SECONDS s)"; }
 
 # The cluster config the bench starts clusters from: the ports moved, the model written in.
 cluster_config="$out/cluster.toml"
+scale_args=()
+[ -n "$time_scale" ] && scale_args=(--time-scale "$time_scale")
 if [ -n "$model" ]; then
   "$PY" "$ROOT/bench/report.py" config --base "$config" --out "$cluster_config" --port-offset "$port_offset" \
-    --model "$model"
+    --model "$model" "${scale_args[@]+"${scale_args[@]}"}"
 else
   "$PY" "$ROOT/bench/report.py" config --base "$config" --out "$cluster_config" --port-offset "$port_offset" \
     --synthetic "$synthetic" --layers "$layers" --seed "$seed"
@@ -172,7 +196,9 @@ if [ "$cluster_up" -eq 1 ] && [ "$mode" = local ]; then
   cluster_up=0
 fi
 
-if [ "$mode" != endpoint ] || [ "$model_given" -eq 1 ]; then
+if [ -n "$emulate" ]; then
+  bench workload_resident workload --resident --config "$cluster_config" "${work_args[@]}"
+elif [ "$mode" != endpoint ] || [ "$model_given" -eq 1 ]; then
   bench workload_resident workload --resident --backend "$backend" "${work_args[@]}"
 else
   msg="resident and ratio: --endpoint without --model or --synthetic (the resident reference runs locally only"
@@ -191,7 +217,9 @@ else
   skipped+=("the HF Transformers peer column: it needs a GPU (nvidia-smi) and torch + transformers for $PY")
 fi
 
-if [ "$mode" = local ]; then
+if [ -n "$emulate" ]; then
+  skipped+=("recall_per_token, ablation and alignment_grid: --emulate runs the workloads only (on timed devices each setting would take a cluster restart and minutes)")
+elif [ "$mode" = local ]; then
   "$BIN/odmoe-bench" workload --write-prompts "$out/raw/prompts.json" "${model_args[@]}" --seed "$seed" \
     --pairs "$pairs" --prompts "$prompts" --prompt-text "$ROOT/bench/prompts.txt" >/dev/null
   pred=(prediction --config "$cluster_config" --prompts "$out/raw/prompts.json" --max-new-tokens "$pred_tokens"
@@ -205,7 +233,8 @@ fi
 
 : >"$out/raw/skipped.txt"
 for s in "${skipped[@]+"${skipped[@]}"}"; do echo "$s" >>"$out/raw/skipped.txt"; done
-META_MODEL=$model_label META_CONFIG=$config META_COMMIT=$commit META_SEED=$seed META_MODE=$mode \
+META_EMULATE=$emulate META_CLUSTER_CONFIG=$cluster_config \
+  META_MODEL=$model_label META_CONFIG=$config META_COMMIT=$commit META_SEED=$seed META_MODE=$mode \
   META_ENDPOINT=$endpoint META_QUICK=$quick META_PROMPTS=$prompts META_PAIRS=$pairs META_DIRTY=$dirty \
   "$PY" - "$out/raw" <<'EOF'
 import json, os, sys
@@ -223,6 +252,20 @@ meta = {"model": e["META_MODEL"], "config": e["META_CONFIG"] if e["META_MODE"] =
         "seed": int(e["META_SEED"]), "mode": mode + (", --quick" if e["META_QUICK"] == "1" else ""),
         "quick": e["META_QUICK"] == "1", "prompts": int(e["META_PROMPTS"]), "pairs": e["META_PAIRS"],
         "prompt_source": source, "skipped": skipped}
+if e["META_EMULATE"]:
+    import re, tomllib
+    with open(e["META_CLUSTER_CONFIG"], "rb") as f:
+        cluster = tomllib.load(f)["cluster"]
+    timing = cluster.get("timing_model", "")
+    target_layers = None
+    if timing:
+        path = timing if timing.endswith(".json") else os.path.join(timing, "config.json")
+        with open(path) as f:
+            target_layers = json.load(f)["num_hidden_layers"]
+    with open(os.path.join(e["META_MODEL"], "config.json")) as f:
+        running_layers = json.load(f)["num_hidden_layers"]
+    meta["emulate"] = {"file": e["META_EMULATE"], "time_scale": cluster.get("time_scale", 1.0),
+                       "timing_model": timing, "target_layers": target_layers, "running_layers": running_layers}
 with open(os.path.join(raw, "meta.json"), "w") as f:
     json.dump(meta, f, indent=1)
 EOF

@@ -1,6 +1,9 @@
 // odmoe-bench workload: the paper's (input, output) workloads (OD-MoE table 2) over a set of prompts, batch 1,
 // EOS ignored, either on a running cluster (--endpoint, main's client API) or on the fully-resident engine in
 // this process (--resident: the whole model on one device, the "all experts cached" reference).
+// --resident --config FILE runs the engine on the device of FILE's main node as a daemon would create it
+// (CreateNodeDevice: e.g. a timed device of an emulated testbed, charged at [cluster] timing_model's shapes), so
+// that the reference and the cluster of FILE run on the same hardware profile.
 //
 // It prints raw figures only, one JSON line per request (bench/report.py derives the statistics):
 //  - the arrival time of every generated token, in ms from the request's start (client side: the stream's
@@ -10,7 +13,10 @@
 //    on-demand loads, bytes loaded by every worker, t_M / t_W / load time / t_maxload (eq. 1), and each
 //    worker's peak GPU memory; and the bytes a prefill-only request of the same prompt loads, so that the bytes
 //    decode moved per token are the difference;
-//  - for the engine, one "memory" line at the end: its peak device memory and resident weight bytes.
+//  - for the engine, one "memory" line at the end: its peak device memory and resident weight bytes; on a mock
+//    or timed GPU, per request the device's modelled busy time from the first token to the last (its ops and
+//    copies: with one stream, the critical path the profile predicts), for the calibration check of
+//    bench/report.py.
 //
 // Prompts: with --prompt-text FILE and a model with a tokenizer, prompt i is the file's lines from line
 // (seed + 3 i) on, cyclically, encoded (BOS as the tokenizer asks) and cut to the input length; otherwise
@@ -21,6 +27,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,7 +35,9 @@
 #include "bench/bench_util.h"
 #include "bench/benchmarks.h"
 #include "src/backend/device_factory.h"
+#include "src/backend/mock_gpu_device.h"
 #include "src/cluster/client.h"
+#include "src/common/cluster_config.h"
 #include "src/common/flags.h"
 #include "src/common/json.h"
 #include "src/common/status.h"
@@ -88,7 +97,16 @@ class PromptSet {
 struct Timed {
   std::vector<double> token_ms;  // arrival of each generated token, from the request's start
   double total_ms = 0;
+  std::optional<double> modeled_decode_ms;  // a mock/timed GPU's busy time from the first token to the last
 };
+
+// A mock or timed GPU's modelled busy time so far: its ops and both links (nullopt on other devices).
+std::optional<double> ModeledBusyMs(Device& device) {
+  auto* mock = dynamic_cast<MockGpuDevice*>(&device);
+  if (mock == nullptr) return std::nullopt;
+  const MockGpuStats s = mock->stats();
+  return 1000.0 * (s.compute_busy_s + s.h2d_busy_s + s.d2h_busy_s);
+}
 
 Json StatsJson(const v1::RequestStats& st) {
   Json workers = Json::array();
@@ -125,7 +143,7 @@ Json StatsJson(const v1::RequestStats& st) {
 absl::Status RunWorkload(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
                                                {"endpoint", "model", "synthetic", "layers", "seed", "backend", "pairs",
-                                                "prompts", "prompt-text", "write-prompts"},
+                                                "prompts", "prompt-text", "write-prompts", "config"},
                                                {"resident"}));
   const bool resident = f.Has("resident");
   if (resident == f.Has("endpoint") && !f.Has("write-prompts")) {
@@ -144,7 +162,15 @@ absl::Status RunWorkload(const std::vector<std::string>& args) {
     if (p < 1 || n < 2)
       return absl::InvalidArgumentError(StrCat("--pairs: ", p, "x", n, " needs input >= 1, output >= 2"));
   }
-  const std::string backend = f.Get("backend").value_or("cpu");
+  if (f.Has("config") && (!resident || f.Has("backend"))) {
+    return absl::InvalidArgumentError(
+        "--config FILE goes with --resident, without --backend (FILE's main node's device)");
+  }
+  std::optional<ClusterConfig> cluster;
+  if (f.Has("config")) {
+    ODMOE_ASSIGN_OR_RETURN(cluster, LoadClusterConfig(*f.Get("config")));
+  }
+  const std::string backend = cluster ? cluster->main()->device : f.Get("backend").value_or("cpu");
 
   ModelConfig config;
   std::string what;
@@ -189,7 +215,12 @@ absl::Status RunWorkload(const std::vector<std::string>& args) {
 
   std::unique_ptr<LocalModel> model;
   if (resident) {
-    ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(backend));
+    std::unique_ptr<Device> device;
+    if (cluster) {
+      ODMOE_ASSIGN_OR_RETURN(device, CreateNodeDevice(*cluster, *cluster->main(), f.Has("model") ? what : ""));
+    } else {
+      ODMOE_ASSIGN_OR_RETURN(device, CreateDevice(backend));
+    }
     if (f.Has("synthetic")) {
       ODMOE_ASSIGN_OR_RETURN(model, LocalModel::OpenSynthetic(spec, std::move(device)));
     } else {
@@ -208,8 +239,12 @@ absl::Status RunWorkload(const std::vector<std::string>& args) {
       GenerateOptions opt;
       opt.max_new_tokens = max_new;
       opt.ignore_eos = true;
-      ODMOE_ASSIGN_OR_RETURN(GenerateResult r, Generate(model->engine(), prompt, opt,
-                                                        [&](int32_t, bool) { t.token_ms.push_back(now_ms()); }));
+      std::optional<double> busy_at_first;
+      ODMOE_ASSIGN_OR_RETURN(GenerateResult r, Generate(model->engine(), prompt, opt, [&](int32_t, bool) {
+                               t.token_ms.push_back(now_ms());
+                               if (t.token_ms.size() == 1) busy_at_first = ModeledBusyMs(model->device());
+                             }));
+      if (busy_at_first) t.modeled_decode_ms = *ModeledBusyMs(model->device()) - *busy_at_first;
       if (engine_ttft_ms != nullptr) *engine_ttft_ms = r.ttft_ms;
       if (engine_tps != nullptr) *engine_tps = r.decode_tokens_per_s;
     } else {
@@ -262,6 +297,7 @@ absl::Status RunWorkload(const std::vector<std::string>& args) {
       if (resident) {
         j["server_ttft_ms"] = engine_ttft;
         j["server_decode_tokens_per_s"] = engine_tps;
+        if (t.modeled_decode_ms) j["modeled_decode_ms"] = *t.modeled_decode_ms;
       } else {
         j.update(StatsJson(stats));
         j["prefill_bytes_loaded"] = prefill_bytes;
