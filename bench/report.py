@@ -139,6 +139,31 @@ def cmd_config(args):
         return m.group(1) + re.sub(r'"([^"/][^"]*)"', absolute, m.group(2))
 
     text = re.sub(r"(?m)^(\s*(?:timing_model|device_profiles)\s*=\s*)(.*)$", paths, text)
+    if args.worker_device:  # every worker node's device line
+        blocks = re.split(r"(?m)^(?=\[\[node\]\])", text)
+        for i, b in enumerate(blocks):
+            if re.search(r'(?m)^role\s*=\s*"worker"', b):
+                b, n = re.subn(r'(?m)^device\s*=.*$', f'device = "{args.worker_device}"', b)
+                blocks[i] = b if n == 1 else b.rstrip("\n") + f'\ndevice = "{args.worker_device}"\n\n'
+        text = "".join(blocks)
+        # A shipped profile the file does not load yet (configs/profiles/NAME.toml) joins its device_profiles.
+        name = args.worker_device.split(":", 1)[1] if args.worker_device.startswith("timed:") else ""
+        shipped = os.path.join(HERE, "..", "configs", "profiles", f"{name}.toml")
+        if name and os.path.exists(shipped) and not re.search(rf'(?m)^name\s*=\s*"{re.escape(name)}"', text):
+            shipped = os.path.normpath(shipped)
+            text, n = re.subn(r"(?m)^(device_profiles\s*=\s*\[)(.*)\]\s*$",
+                              lambda m: f'{m.group(1)}{m.group(2)}{", " if m.group(2).strip() else ""}"{shipped}"]',
+                              text)
+            if n != 1:
+                sys.exit(f"report.py config: {args.base}: --worker-device {args.worker_device} needs a one-line "
+                         "[cluster] device_profiles = [...] to add the profile to")
+    if args.shadow_mode:  # [shadow] mode
+        text, n = re.subn(r'(?m)^(\[shadow\]\n(?:[^\[\n].*\n|\n)*?)mode\s*=.*$', rf'\g<1>mode = "{args.shadow_mode}"',
+                          text)
+        if n == 0:
+            text, n = re.subn(r"(?m)^\[shadow\]$", f'[shadow]\nmode = "{args.shadow_mode}"', text)
+        if n != 1:
+            sys.exit(f"report.py config: {args.base}: --shadow-mode needs one [shadow] table")
     if args.time_scale is not None:
         text, n = re.subn(r"(?m)^time_scale\s*=.*$", f"time_scale = {args.time_scale}", text)
         if n != 1:
@@ -709,6 +734,8 @@ def main():
     c.add_argument("--layers", type=int, default=0)
     c.add_argument("--seed", type=int, default=1)
     c.add_argument("--time-scale", type=float)
+    c.add_argument("--worker-device")
+    c.add_argument("--shadow-mode", choices=["shadow", "random", "none"])
     m = sub.add_parser("memory")
     m.add_argument("--out", required=True)
     m.add_argument("urls", nargs="*")

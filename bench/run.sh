@@ -3,13 +3,16 @@
 #
 #   bench/run.sh [--quick] [--model DIR | --synthetic CONFIG --layers N] [--endpoint HOST:PORT] [--lan]
 #                [--config FILE] [--prompts N] [--seed S] [--backend cpu|cuda] [--port-offset N] --out DIR
-#   bench/run.sh --emulate FILE [--time-scale S] [--quick] [--model DIR] [--prompts N] [--seed S] --out DIR
+#   bench/run.sh --emulate FILE [--time-scale S] [--worker-device SPEC] [--shadow-mode shadow|random|none]
+#                [--quick] [--model DIR] [--prompts N] [--seed S] --out DIR
 #
 # --emulate FILE (e.g. configs/testbed-emulated.toml): the cluster of FILE, whose nodes are timed devices
 # (device = "timed:PROFILE", src/backend/timed_device.h), and the fully-resident reference on the device of
 # FILE's main node (the same profile and [cluster] timing_model, every expert resident: no loads). Only the
 # workloads, resident, ratio and stall sections run (the others restart the cluster per setting). The model
-# defaults to ../shared/models/tiny-mixtral-kjv (real routing); --time-scale S replaces FILE's time_scale.
+# defaults to ../shared/models/tiny-mixtral-kjv (real routing); --time-scale S replaces FILE's time_scale,
+# --worker-device SPEC every worker's device (e.g. timed:rtx3080, the paper's fig. 10) and --shadow-mode the
+# [shadow] mode (none: ablation case 6, no prediction).
 # summary.md then also gives the decode figures scaled to the timing model's layer count, and the calibration
 # check: the reference's measured decode time per token against the device's modelled busy time (its critical
 # path), within 10%.
@@ -38,7 +41,7 @@ die() {
 }
 
 quick=0 model="" synthetic="" layers=0 endpoint="" lan=0 out="" prompts="" seed=1 backend=cpu
-config="$ROOT/configs/local.toml" port_offset=300 model_given=0 emulate="" time_scale=""
+config="$ROOT/configs/local.toml" port_offset=300 model_given=0 emulate="" time_scale="" worker_device="" shadow_mode=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -54,6 +57,8 @@ while [ $# -gt 0 ]; do
     --port-offset) port_offset=${2:?--port-offset needs N}; shift ;;
     --emulate) emulate=${2:?--emulate needs FILE}; shift ;;
     --time-scale) time_scale=${2:?--time-scale needs S}; shift ;;
+    --worker-device) worker_device=${2:?--worker-device needs SPEC}; shift ;;
+    --shadow-mode) shadow_mode=${2:?--shadow-mode needs shadow, random or none}; shift ;;
     --out) out=${2:?--out needs DIR}; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -73,7 +78,7 @@ if [ -n "$emulate" ]; then
   config=$emulate
   [ -z "$model" ] && model="$ROOT/../shared/models/tiny-mixtral-kjv"
 else
-  [ -z "$time_scale" ] || die "--time-scale goes with --emulate"
+  [ -z "$time_scale$worker_device$shadow_mode" ] || die "--time-scale, --worker-device and --shadow-mode go with --emulate"
 fi
 [ -z "$model" ] && [ -z "$synthetic" ] && model="$ROOT/models/demo-mixtral-kjv"
 [ -n "$model" ] && { [ -f "$model/config.json" ] || die "--model $model: no config.json there"; }
@@ -116,7 +121,9 @@ log() { echo "== bench/run.sh: $* ($SECONDS s)"; }
 # The cluster config the bench starts clusters from: the ports moved, the model written in.
 cluster_config="$out/cluster.toml"
 scale_args=()
-[ -n "$time_scale" ] && scale_args=(--time-scale "$time_scale")
+[ -n "$time_scale" ] && scale_args+=(--time-scale "$time_scale")
+[ -n "$worker_device" ] && scale_args+=(--worker-device "$worker_device")
+[ -n "$shadow_mode" ] && scale_args+=(--shadow-mode "$shadow_mode")
 if [ -n "$model" ]; then
   "$PY" "$ROOT/bench/report.py" config --base "$config" --out "$cluster_config" --port-offset "$port_offset" \
     --model "$model" "${scale_args[@]+"${scale_args[@]}"}"
