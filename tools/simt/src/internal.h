@@ -51,8 +51,8 @@ struct RunningFiber {
 extern RunningFiber running_fiber;
 
 // Holds off kernel launches (they run under this lock) for as long as the returned lock lives. cudaMalloc and
-// cudaFree take it, as the hardware's cudaFree waits for the device, so the checker's shadow of an allocation is
-// never dropped under a running kernel.
+// cudaFree (and their pool variants) take it, as the hardware's cudaFree waits for the device, so the checker's shadow
+// of an allocation is never dropped under a running kernel.
 std::unique_lock<std::recursive_mutex> HoldLaunches();
 
 // runtime.cc: the device allocation holding [p, p + bytes), for the checker.
@@ -67,7 +67,7 @@ struct AllocationView {
 };
 AllocationView FindAllocation(const void* p, size_t bytes);
 
-// checker.cc: device memory changed (called by cudaMalloc and cudaFree, under HoldLaunches()). `freed` is the base
+// checker.cc: device memory changed (called by every allocation and free, under HoldLaunches()). `freed` is the base
 // of a freed allocation, or null after an allocation: the checker drops what it remembered about that memory.
 void OnDeviceMemoryChanged(const void* freed);
 

@@ -2,9 +2,17 @@
 // run in order (and in issue order with each other); events and synchronisation are immediate. Device
 // allocations are mappings with an inaccessible page on each side; freed ones stay inaccessible (quarantine) so a
 // use after free faults in fast mode and is named in checked mode.
+//
+// Stream-ordered allocation (cudaMallocAsync, cudaMallocFromPoolAsync, cudaFreeAsync) goes through memory pools
+// that keep the hardware's books: a pool reserves device memory in 2 MiB granules as its allocations need it, keeps
+// what frees return, and gives back what it holds above its release threshold at the next host synchronization
+// (stream, event or device) or cudaMemPoolTrimTo. cudaMemGetInfo counts what pools reserve, not what is allocated
+// from them. Each allocation still gets its own mapping, so bounds and use-after-free checks are the same as for
+// cudaMalloc; only the books are pooled.
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +29,19 @@ struct CUstream_st {
 struct CUevent_st {
   unsigned flags;
 };
+// A memory pool (cudaMemPoolCreate, or the device's default pool). Fields guarded by simt::detail::mu.
+struct CUmemPoolHandle_st {
+  bool is_default = false;
+  bool destroyed = false;          // cudaMemPoolDestroy came while allocations were live: deleted with the last
+  uint64_t release_threshold = 0;  // cudaMemPoolAttrReleaseThreshold
+  uint64_t reserved = 0;           // device memory the pool holds (granules)
+  uint64_t reserved_high = 0;
+  uint64_t used = 0;  // bytes of its live allocations, as asked
+  uint64_t used_high = 0;
+  size_t live = 0;  // live allocations
+  // cudaMemPoolReuseFollowEventDependencies, ...AllowOpportunistic, ...AllowInternalDependencies: kept, not used.
+  int reuse[3] = {1, 1, 1};
+};
 
 namespace simt::detail {
 namespace {
@@ -31,20 +52,26 @@ constexpr size_t kQuarantineAddressSpace = size_t{64} << 30;  // freed mappings 
 constexpr size_t kDefaultSharedLimit = 48 * 1024;
 constexpr size_t kMaxSharedOptIn = 227 * 1024;  // sm_90: 232448 bytes per block with the opt-in
 
+constexpr uint64_t kPoolGranule = uint64_t{2} << 20;  // what a pool reserves at a time
+
 struct Allocation {
   size_t size;    // as asked
   char* mapping;  // guard page, data pages, guard page
   size_t mapping_bytes;
   bool freed;
+  cudaMemPool_t pool;  // the pool it came from; null for cudaMalloc
 };
 
 std::mutex mu;
 std::map<const char*, Allocation> allocations;  // by base address (guarded by mu)
-size_t allocated = 0;
+size_t allocated = 0;                           // bytes of live cudaMalloc allocations
+size_t pool_reserved = 0;                       // bytes all pools reserve
 size_t quarantined = 0;
-std::map<const void*, size_t> shared_limit;  // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel
-std::map<const char*, size_t> pinned_host;   // cudaHostRegister and cudaMallocHost ranges: start -> bytes
-std::set<const void*> malloc_host;           // the cudaMallocHost ones
+CUmemPoolHandle_st default_pool{.is_default = true};
+std::set<cudaMemPool_t> pools = {&default_pool};  // live pools (guarded by mu)
+std::map<const void*, size_t> shared_limit;       // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel
+std::map<const char*, size_t> pinned_host;        // cudaHostRegister and cudaMallocHost ranges: start -> bytes
+std::set<const void*> malloc_host;                // the cudaMallocHost ones
 int current_device = 0;
 
 thread_local cudaError_t last_error = cudaSuccess;
@@ -57,10 +84,106 @@ cudaError_t Fail(cudaError_t err) {
 
 cudaError_t Status() { return sticky_error; }
 
-// A host synchronization: counted, then the sticky error.
+uint64_t RoundUpToGranule(uint64_t bytes) { return (bytes + kPoolGranule - 1) / kPoolGranule * kPoolGranule; }
+
+// Gives back what `pool` reserves above max(keep, what its allocations need). REQUIRES: mu held.
+void TrimLocked(cudaMemPool_t pool, uint64_t keep) {
+  const uint64_t target = std::max(RoundUpToGranule(pool->used), RoundUpToGranule(keep));
+  if (pool->reserved <= target) return;
+  pool_reserved -= pool->reserved - target;
+  pool->reserved = target;
+}
+
+// A host synchronization: counted; every pool gives back what it holds above its release threshold (as the
+// hardware's pools do at a synchronization); then the sticky error.
 cudaError_t HostSync() {
   CountHostSync();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (cudaMemPool_t pool : pools) TrimLocked(pool, pool->release_threshold);
+  }
   return Status();
+}
+
+// Maps `size` bytes of device memory with a guard page on each side and records it, counted as an allocation.
+// REQUIRES: mu held (and HoldLaunches()); size > 0.
+cudaError_t MapLocked(size_t size, cudaMemPool_t pool, void** ptr) {
+  const size_t data_pages = (size + kPage - 1) / kPage * kPage;
+  const size_t bytes = data_pages + 2 * kPage;
+  // Checked mode: the guard pages stay accessible so the checker's report comes instead of a fault.
+  void* m = mmap(nullptr, bytes, checked_mode ? PROT_READ | PROT_WRITE : PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return Fail(cudaErrorMemoryAllocation);
+  char* mapping = static_cast<char*>(m);
+  if (!checked_mode && mprotect(mapping + kPage, data_pages, PROT_READ | PROT_WRITE) != 0) {
+    munmap(m, bytes);
+    return Fail(cudaErrorMemoryAllocation);
+  }
+  char* base = mapping + kPage;
+  allocations[base] = Allocation{size, mapping, bytes, false, pool};
+  OnDeviceMemoryChanged(nullptr);
+  *ptr = base;
+  CountAllocation();
+  return cudaSuccess;
+}
+
+// Marks the allocation at `it` freed (its range reserved and inaccessible, without its memory) and returns its
+// bytes to cudaMalloc's books or its pool. REQUIRES: mu held (and HoldLaunches()); not freed yet.
+void UnmapLocked(std::map<const char*, Allocation>::iterator it) {
+  Allocation& a = it->second;
+  a.freed = true;
+  CountFree();
+  OnDeviceMemoryChanged(it->first);
+  if (a.pool == nullptr) {
+    allocated -= a.size;
+  } else {
+    cudaMemPool_t pool = a.pool;
+    pool->used -= a.size;
+    if (--pool->live == 0 && pool->destroyed) {
+      pool_reserved -= pool->reserved;
+      pools.erase(pool);
+      delete pool;
+    }
+    a.pool = nullptr;
+  }
+  madvise(a.mapping, a.mapping_bytes, MADV_DONTNEED);
+  if (!checked_mode) mprotect(a.mapping, a.mapping_bytes, PROT_NONE);
+  quarantined += a.mapping_bytes;
+  while (quarantined > kQuarantineAddressSpace) {
+    // Release the oldest-addressed freed mappings (any order is fine; this bounds address space only).
+    for (auto q = allocations.begin(); q != allocations.end(); ++q) {
+      if (q->second.freed && q != it) {
+        munmap(q->second.mapping, q->second.mapping_bytes);
+        quarantined -= q->second.mapping_bytes;
+        allocations.erase(q);
+        break;
+      }
+    }
+    break;
+  }
+}
+
+// An allocation from `pool` in stream order (the stream is not needed: everything runs when issued). The pool
+// reserves more granules when what it holds does not cover its live allocations plus this one.
+cudaError_t PoolAllocate(void** ptr, size_t size, cudaMemPool_t pool) {
+  if (ptr == nullptr) return Fail(cudaErrorInvalidValue);
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  const auto launches = HoldLaunches();
+  std::lock_guard<std::mutex> lock(mu);
+  if (pools.count(pool) == 0 || pool->destroyed) return Fail(cudaErrorInvalidValue);
+  const uint64_t need = RoundUpToGranule(pool->used + size);
+  const uint64_t grow = need > pool->reserved ? need - pool->reserved : 0;
+  if (grow > kTotalMemory - allocated - pool_reserved) return Fail(cudaErrorMemoryAllocation);
+  const cudaError_t err = MapLocked(size, pool, ptr);
+  if (err != cudaSuccess) return err;
+  pool->reserved += grow;
+  pool_reserved += grow;
+  pool->reserved_high = std::max(pool->reserved_high, pool->reserved);
+  pool->used += size;
+  pool->used_high = std::max(pool->used_high, pool->used);
+  ++pool->live;
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -271,61 +394,143 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (size == 0) return cudaSuccess;
   const auto launches = HoldLaunches();
   std::lock_guard<std::mutex> lock(mu);
-  if (size > kTotalMemory - allocated) return Fail(cudaErrorMemoryAllocation);
-  const size_t data_pages = (size + kPage - 1) / kPage * kPage;
-  const size_t bytes = data_pages + 2 * kPage;
-  // Checked mode: the guard pages stay accessible so the checker's report comes instead of a fault.
-  void* m = mmap(nullptr, bytes, checked_mode ? PROT_READ | PROT_WRITE : PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (m == MAP_FAILED) return Fail(cudaErrorMemoryAllocation);
-  char* mapping = static_cast<char*>(m);
-  if (!checked_mode && mprotect(mapping + kPage, data_pages, PROT_READ | PROT_WRITE) != 0) {
-    munmap(m, bytes);
-    return Fail(cudaErrorMemoryAllocation);
-  }
-  char* base = mapping + kPage;
-  allocations[base] = Allocation{size, mapping, bytes, false};
-  allocated += size;
-  OnDeviceMemoryChanged(nullptr);
-  *ptr = base;
-  CountAllocation();
-  return cudaSuccess;
+  if (size > kTotalMemory - allocated - pool_reserved) return Fail(cudaErrorMemoryAllocation);
+  const cudaError_t err = MapLocked(size, nullptr, ptr);
+  if (err == cudaSuccess) allocated += size;
+  return err;
 }
 
+// Any device allocation, a pool's too; it waits for the device.
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
   const auto launches = HoldLaunches();
   std::lock_guard<std::mutex> lock(mu);
   auto it = allocations.find(static_cast<const char*>(p));
   if (it == allocations.end() || it->second.freed) return Fail(cudaErrorInvalidValue);
-  Allocation& a = it->second;
-  a.freed = true;
-  CountFree();
   CountHostSync();  // cudaFree waits for the device
-  OnDeviceMemoryChanged(p);
-  allocated -= a.size;
-  // Keep the range reserved and inaccessible, without its memory.
-  madvise(a.mapping, a.mapping_bytes, MADV_DONTNEED);
-  if (!checked_mode) mprotect(a.mapping, a.mapping_bytes, PROT_NONE);
-  quarantined += a.mapping_bytes;
-  while (quarantined > kQuarantineAddressSpace) {
-    // Release the oldest-addressed freed mappings (any order is fine; this bounds address space only).
-    for (auto q = allocations.begin(); q != allocations.end(); ++q) {
-      if (q->second.freed && q->first != static_cast<const char*>(p)) {
-        munmap(q->second.mapping, q->second.mapping_bytes);
-        quarantined -= q->second.mapping_bytes;
-        allocations.erase(q);
-        break;
-      }
-    }
-    break;
+  UnmapLocked(it);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
+  if (pool == nullptr) return Fail(cudaErrorInvalidValue);
+  if (device != 0) return Fail(cudaErrorInvalidDevice);
+  *pool = &default_pool;
+  return cudaSuccess;
+}
+// The device's current pool: always the default one here (cudaDeviceSetMemPool is not emulated).
+cudaError_t cudaDeviceGetMemPool(cudaMemPool_t* pool, int device) { return cudaDeviceGetDefaultMemPool(pool, device); }
+
+cudaError_t cudaMemPoolCreate(cudaMemPool_t* pool, const cudaMemPoolProps* props) {
+  if (pool == nullptr || props == nullptr) return Fail(cudaErrorInvalidValue);
+  if (props->allocType != cudaMemAllocationTypePinned || props->location.type != cudaMemLocationTypeDevice) {
+    return Fail(cudaErrorInvalidValue);
   }
+  if (props->location.id != 0) return Fail(cudaErrorInvalidDevice);
+  std::lock_guard<std::mutex> lock(mu);
+  *pool = new CUmemPoolHandle_st;
+  pools.insert(*pool);
+  return cudaSuccess;
+}
+
+// As on the hardware, a pool destroyed with live allocations goes when the last of them is freed.
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (pools.count(pool) == 0 || pool->is_default || pool->destroyed) return Fail(cudaErrorInvalidValue);
+  if (pool->live > 0) {
+    pool->destroyed = true;
+    return cudaSuccess;
+  }
+  pool_reserved -= pool->reserved;
+  pools.erase(pool);
+  delete pool;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  if (value == nullptr) return Fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(mu);
+  if (pools.count(pool) == 0) return Fail(cudaErrorInvalidValue);
+  const uint64_t v64 = *static_cast<const uint64_t*>(value);
+  switch (attr) {
+    case cudaMemPoolReuseFollowEventDependencies:
+    case cudaMemPoolReuseAllowOpportunistic:
+    case cudaMemPoolReuseAllowInternalDependencies:
+      pool->reuse[attr - cudaMemPoolReuseFollowEventDependencies] = *static_cast<const int*>(value) != 0 ? 1 : 0;
+      return cudaSuccess;
+    case cudaMemPoolAttrReleaseThreshold:
+      pool->release_threshold = v64;
+      return cudaSuccess;
+    case cudaMemPoolAttrReservedMemHigh:  // only a reset (to 0) may be set
+      if (v64 != 0) return Fail(cudaErrorInvalidValue);
+      pool->reserved_high = pool->reserved;
+      return cudaSuccess;
+    case cudaMemPoolAttrUsedMemHigh:
+      if (v64 != 0) return Fail(cudaErrorInvalidValue);
+      pool->used_high = pool->used;
+      return cudaSuccess;
+    default:
+      return Fail(cudaErrorInvalidValue);
+  }
+}
+
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {
+  if (value == nullptr) return Fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(mu);
+  if (pools.count(pool) == 0) return Fail(cudaErrorInvalidValue);
+  uint64_t* v64 = static_cast<uint64_t*>(value);
+  switch (attr) {
+    case cudaMemPoolReuseFollowEventDependencies:
+    case cudaMemPoolReuseAllowOpportunistic:
+    case cudaMemPoolReuseAllowInternalDependencies:
+      *static_cast<int*>(value) = pool->reuse[attr - cudaMemPoolReuseFollowEventDependencies];
+      return cudaSuccess;
+    case cudaMemPoolAttrReleaseThreshold:
+      *v64 = pool->release_threshold;
+      return cudaSuccess;
+    case cudaMemPoolAttrReservedMemCurrent:
+      *v64 = pool->reserved;
+      return cudaSuccess;
+    case cudaMemPoolAttrReservedMemHigh:
+      *v64 = pool->reserved_high;
+      return cudaSuccess;
+    case cudaMemPoolAttrUsedMemCurrent:
+      *v64 = pool->used;
+      return cudaSuccess;
+    case cudaMemPoolAttrUsedMemHigh:
+      *v64 = pool->used_high;
+      return cudaSuccess;
+    default:
+      return Fail(cudaErrorInvalidValue);
+  }
+}
+
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t min_bytes_to_keep) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (pools.count(pool) == 0) return Fail(cudaErrorInvalidValue);
+  TrimLocked(pool, min_bytes_to_keep);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemPool_t pool, cudaStream_t) {
+  return PoolAllocate(ptr, size, pool);
+}
+cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t) { return PoolAllocate(ptr, size, &default_pool); }
+
+// Only memory from a pool; in stream order, so the host does not wait (not a host synchronization).
+cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
+  if (p == nullptr) return cudaSuccess;
+  const auto launches = HoldLaunches();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = allocations.find(static_cast<const char*>(p));
+  if (it == allocations.end() || it->second.freed || it->second.pool == nullptr) return Fail(cudaErrorInvalidValue);
+  UnmapLocked(it);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   std::lock_guard<std::mutex> lock(mu);
-  *free_bytes = kTotalMemory - allocated;
+  *free_bytes = kTotalMemory - allocated - pool_reserved;
   *total_bytes = kTotalMemory;
   return cudaSuccess;
 }

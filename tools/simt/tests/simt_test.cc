@@ -329,6 +329,107 @@ TEST_F(SimtTest, CountsWhatTheProgramAsks) {
   EXPECT_EQ(c.launches, 0u);
 }
 
+// Stream-ordered allocation: cudaMallocFromPoolAsync / cudaFreeAsync never make the host wait (cudaFree of the same
+// memory does); a pool keeps what frees return up to its release threshold and gives the rest back at a host
+// synchronization; cudaMemGetInfo counts what pools reserve.
+TEST_F(SimtTest, MemoryPoolsAllocateAndFreeWithoutWaiting) {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 0;
+  cudaMemPool_t pool = nullptr;
+  ASSERT_EQ(cudaMemPoolCreate(&pool, &props), cudaSuccess);
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  uint64_t threshold = 4 * kMiB;
+  ASSERT_EQ(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold), cudaSuccess);
+  int no = 0;
+  ASSERT_EQ(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &no), cudaSuccess);
+  int reuse = -1;
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &reuse), cudaSuccess);
+  EXPECT_EQ(reuse, 0);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  size_t free0 = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  auto attr = [&](cudaMemPoolAttr a) {
+    uint64_t v = 0;
+    EXPECT_EQ(cudaMemPoolGetAttribute(pool, a, &v), cudaSuccess);
+    return v;
+  };
+
+  simt::ResetCounters();
+  void* a = nullptr;
+  void* b = nullptr;
+  ASSERT_EQ(cudaMallocFromPoolAsync(&a, 3 * kMiB + 5, pool, s), cudaSuccess);
+  ASSERT_EQ(cudaMallocFromPoolAsync(&b, 2 * kMiB, pool, s), cudaSuccess);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 256, 0u);
+  ASSERT_EQ(cudaMemsetAsync(a, 1, 3 * kMiB + 5, s), cudaSuccess);
+  EXPECT_EQ(attr(cudaMemPoolAttrUsedMemCurrent), 5 * kMiB + 5);
+  EXPECT_EQ(attr(cudaMemPoolAttrReservedMemCurrent), 6 * kMiB) << "2 MiB granules";
+  size_t free1 = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+  EXPECT_EQ(free0 - free1, 6 * kMiB);
+  ASSERT_EQ(cudaFreeAsync(a, s), cudaSuccess);
+  ASSERT_EQ(cudaFreeAsync(b, s), cudaSuccess);
+  simt::Counters c = simt::ReadCounters();
+  EXPECT_EQ(c.allocations, 2u);
+  EXPECT_EQ(c.frees, 2u);
+  EXPECT_EQ(c.host_syncs, 0u) << "stream-ordered allocation and free do not wait";
+  EXPECT_EQ(attr(cudaMemPoolAttrUsedMemCurrent), 0u);
+  EXPECT_EQ(attr(cudaMemPoolAttrReservedMemCurrent), 6 * kMiB) << "kept until a synchronization";
+  EXPECT_EQ(attr(cudaMemPoolAttrUsedMemHigh), 5 * kMiB + 5);
+
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(attr(cudaMemPoolAttrReservedMemCurrent), threshold) << "trimmed to the release threshold";
+  EXPECT_EQ(attr(cudaMemPoolAttrReservedMemHigh), 6 * kMiB);
+  ASSERT_EQ(cudaMallocFromPoolAsync(&a, kMiB, pool, s), cudaSuccess);
+  EXPECT_EQ(attr(cudaMemPoolAttrReservedMemCurrent), threshold) << "served from what the pool keeps";
+  ASSERT_EQ(cudaMemPoolTrimTo(pool, 0), cudaSuccess);
+  EXPECT_EQ(attr(cudaMemPoolAttrReservedMemCurrent), 2 * kMiB) << "a trim keeps what live allocations need";
+
+  EXPECT_EQ(cudaFreeAsync(a, s), cudaSuccess);
+  EXPECT_EQ(cudaFreeAsync(a, s), cudaErrorInvalidValue) << "double free";
+  (void)cudaGetLastError();
+  void* plain = nullptr;
+  ASSERT_EQ(cudaMalloc(&plain, 64), cudaSuccess);
+  EXPECT_EQ(cudaFreeAsync(plain, s), cudaErrorInvalidValue) << "cudaMalloc memory goes back with cudaFree";
+  (void)cudaGetLastError();
+  EXPECT_EQ(cudaFree(plain), cudaSuccess);
+  EXPECT_EQ(cudaMallocFromPoolAsync(&a, size_t{1} << 50, pool, s), cudaErrorMemoryAllocation);
+  (void)cudaGetLastError();
+
+  // cudaFree takes pool memory too, and waits for the device.
+  ASSERT_EQ(cudaMallocFromPoolAsync(&a, 100, pool, s), cudaSuccess);
+  simt::ResetCounters();
+  EXPECT_EQ(cudaFree(a), cudaSuccess);
+  EXPECT_EQ(simt::ReadCounters().host_syncs, 1u);
+
+  // The default pool serves cudaMallocAsync; it cannot be destroyed.
+  cudaMemPool_t default_pool = nullptr;
+  ASSERT_EQ(cudaDeviceGetDefaultMemPool(&default_pool, 0), cudaSuccess);
+  ASSERT_NE(default_pool, nullptr);
+  EXPECT_NE(default_pool, pool);
+  ASSERT_EQ(cudaMallocAsync(&b, 10, s), cudaSuccess);
+  uint64_t used = 0;
+  ASSERT_EQ(cudaMemPoolGetAttribute(default_pool, cudaMemPoolAttrUsedMemCurrent, &used), cudaSuccess);
+  EXPECT_EQ(used, 10u);
+  ASSERT_EQ(cudaFreeAsync(b, s), cudaSuccess);
+  EXPECT_EQ(cudaMemPoolDestroy(default_pool), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+
+  // A pool destroyed with a live allocation goes with its last free, and gives its memory back.
+  ASSERT_EQ(cudaMallocFromPoolAsync(&a, 100, pool, s), cudaSuccess);
+  ASSERT_EQ(cudaMemPoolDestroy(pool), cudaSuccess);
+  EXPECT_EQ(cudaMallocFromPoolAsync(&b, 100, pool, s), cudaErrorInvalidValue) << "a destroyed pool";
+  (void)cudaGetLastError();
+  ASSERT_EQ(cudaFreeAsync(a, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  size_t free2 = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free2, &total), cudaSuccess);
+  EXPECT_EQ(free2, free0);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
 // GemmEx in cuBLAS's column-major convention against a plain loop, for every input type and transpose.
 TEST_F(SimtTest, GemmExMatchesAPlainLoop) {
   const int m = 5, n = 3, k = 7;

@@ -9,7 +9,8 @@
 //  - pageable_copies_to_host: cudaMemcpyAsync from device memory into pageable host memory (neither registered
 //    with cudaHostRegister nor from cudaMallocHost), which the hardware performs synchronously (the host waits for
 //    the stream's earlier work). Counted apart from host_syncs, since callers follow them with a stream sync.
-//  - allocations / frees: cudaMalloc and cudaMallocAsync that returned memory / cudaFree and cudaFreeAsync of it.
+//  - allocations / frees: cudaMalloc, cudaMallocAsync and cudaMallocFromPoolAsync that returned memory / cudaFree and
+//    cudaFreeAsync of it (cudaFreeAsync is stream-ordered: not a host sync; cudaFree of pool memory is one).
 //  - launches: kernel launches that ran (refused launches are not counted); cuBLAS calls are not kernels here.
 //  - copy_bytes_from_device: bytes cudaMemcpy(Async) read from device allocations (to the host or on the device).
 //  - kernel_bytes_read / kernel_bytes_written: checked mode only (0 in fast mode): bytes instrumented kernel code
