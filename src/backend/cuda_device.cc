@@ -103,8 +103,7 @@ void UseDevice(int ordinal) {
 // Memory accounting shared by the device, its buffers and its streams (which may outlive the device): every
 // byte this backend allocates on the device (buffers, the streams' cuBLAS workspaces and scratch) is counted.
 struct Accounting {
-  Accounting(int ordinal_in, uint64_t capacity_in) : ordinal(ordinal_in), capacity(capacity_in) {}
-  const int ordinal;
+  explicit Accounting(uint64_t capacity_in) : capacity(capacity_in) {}
   const uint64_t capacity;
   mutable absl::Mutex mu;
   uint64_t in_use ABSL_GUARDED_BY(mu) = 0;
@@ -130,6 +129,109 @@ struct Accounting {
     absl::MutexLock lock(&mu);
     in_use -= std::min(in_use, bytes);
   }
+};
+
+// Stream-ordered device memory for the buffers of one CudaDevice, so that loading and evicting (Allocate and a
+// Buffer's destruction) never make the host wait for the device, as cudaFree does.
+//  - A CUDA memory pool of its own whose release threshold is the device's capacity: what evictions free stays
+//    reserved for the next load instead of going back to the driver at every synchronization.
+//  - Allocations are ordered on `alloc_stream_`, which carries nothing else, so an allocation never waits for
+//    earlier work; the pool does not reuse memory through internal dependencies (that would make the allocating
+//    stream wait for a pending free), only memory whose free has completed. Every registered stream then waits
+//    (on the device) for the allocation, so the memory may be used on any of them once Allocate returns.
+//  - A free is ordered on `free_stream_` after all work enqueued so far on every registered stream (an event
+//    recorded on each, waited on by free_stream_), so work already enqueued that uses the memory ends first.
+// The pool may therefore hold more than the capacity for a moment (frees still pending on the device while new
+// allocations come in); it gives back what it holds above the capacity at the next synchronization. The budget
+// itself is Accounting's, in bytes asked, exactly as before.
+// Thread safety: all methods may be called from any thread; the event and the stream list are guarded by mu_.
+// Shared by the device, its streams and its buffers, so it outlives the last of them.
+class DeviceMemoryPool {
+ public:
+  DeviceMemoryPool(int ordinal, uint64_t release_threshold) : ordinal_(ordinal) {
+    UseDevice(ordinal_);
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = ordinal_;
+    ODMOE_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
+    ODMOE_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &release_threshold));
+    int no = 0;
+    ODMOE_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolReuseAllowInternalDependencies, &no));
+    ODMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking));
+    ODMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&free_stream_, cudaStreamNonBlocking));
+    absl::MutexLock lock(&mu_);
+    ODMOE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  }
+  ~DeviceMemoryPool() {
+    UseDevice(ordinal_);
+    // Errors are ignored: at process exit the context may be gone, and nothing is left to release then.
+    (void)cudaStreamSynchronize(free_stream_);
+    absl::MutexLock lock(&mu_);
+    (void)cudaEventDestroy(event_);
+    (void)cudaStreamDestroy(alloc_stream_);
+    (void)cudaStreamDestroy(free_stream_);
+    (void)cudaMemPoolDestroy(pool_);
+  }
+  DeviceMemoryPool(const DeviceMemoryPool&) = delete;
+  DeviceMemoryPool& operator=(const DeviceMemoryPool&) = delete;
+
+  // `bytes` (> 0) of device memory in *out, usable on every registered stream. The CUDA error when the pool
+  // cannot grow (cleared: an allocation failure is not sticky).
+  cudaError_t Allocate(size_t bytes, void** out) {
+    UseDevice(ordinal_);
+    absl::MutexLock lock(&mu_);
+    const cudaError_t err = cudaMallocFromPoolAsync(out, bytes, pool_, alloc_stream_);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      return err;
+    }
+    ODMOE_CUDA_CHECK(cudaEventRecord(event_, alloc_stream_));
+    for (cudaStream_t s : streams_) ODMOE_CUDA_CHECK(cudaStreamWaitEvent(s, event_, 0));
+    return cudaSuccess;
+  }
+
+  // Returns `p` (from Allocate) to the pool once the work enqueued so far on every registered stream has ended.
+  // Called from destructors, on any thread: the thread's current device is restored, and errors are ignored
+  // (they come only when the context is gone at process exit, and nothing is left to free then).
+  void Free(void* p) {
+    int current = -1;
+    const bool switched =
+        cudaGetDevice(&current) == cudaSuccess && current != ordinal_ && cudaSetDevice(ordinal_) == cudaSuccess;
+    {
+      absl::MutexLock lock(&mu_);
+      for (cudaStream_t s : streams_) {
+        (void)cudaEventRecord(event_, s);
+        (void)cudaStreamWaitEvent(free_stream_, event_, 0);
+      }
+      (void)cudaFreeAsync(p, free_stream_);
+    }
+    if (switched) (void)cudaSetDevice(current);
+  }
+
+  // A stream whose work may use this pool's memory: it waits for the allocations made so far, and later
+  // allocations and frees are ordered with it. REQUIRES: not registered; RemoveStream before destroying it.
+  void AddStream(cudaStream_t s) {
+    UseDevice(ordinal_);
+    absl::MutexLock lock(&mu_);
+    ODMOE_CUDA_CHECK(cudaEventRecord(event_, alloc_stream_));
+    ODMOE_CUDA_CHECK(cudaStreamWaitEvent(s, event_, 0));
+    streams_.push_back(s);
+  }
+  void RemoveStream(cudaStream_t s) {
+    absl::MutexLock lock(&mu_);
+    streams_.erase(std::remove(streams_.begin(), streams_.end(), s), streams_.end());
+  }
+
+ private:
+  const int ordinal_;
+  // Constant after construction.
+  cudaMemPool_t pool_ = nullptr;
+  cudaStream_t alloc_stream_ = nullptr;  // allocations only
+  cudaStream_t free_stream_ = nullptr;   // frees, each after the registered streams' work
+  absl::Mutex mu_;
+  cudaEvent_t event_ ABSL_GUARDED_BY(mu_) = nullptr;  // recorded and waited on at once, then reused
+  std::vector<cudaStream_t> streams_ ABSL_GUARDED_BY(mu_);
 };
 
 // This process's device memory as NVML counts it (the driver's figure: allocations, context, module images),
@@ -193,40 +295,41 @@ std::optional<uint64_t> ProcessBytes(int ordinal) {
 // explicitly (cublasSetWorkspace), from counted memory.
 size_t CublasWorkspaceBytes(int major) { return major >= 9 ? size_t{32} << 20 : size_t{4} << 20; }
 
+// A Buffer from the device's DeviceMemoryPool: destroying it returns the memory in stream order (no host wait).
 class CudaBuffer final : public Buffer {
  public:
-  CudaBuffer(void* data, size_t size, std::shared_ptr<Accounting> accounting)
-      : Buffer(data, size), accounting_(std::move(accounting)) {}
+  CudaBuffer(void* data, size_t size, std::shared_ptr<Accounting> accounting, std::shared_ptr<DeviceMemoryPool> pool)
+      : Buffer(data, size), accounting_(std::move(accounting)), pool_(std::move(pool)) {}
   ~CudaBuffer() override {
     if (data() != nullptr) {
-      int current = -1;
-      const bool switched = cudaGetDevice(&current) == cudaSuccess && current != accounting_->ordinal &&
-                            cudaSetDevice(accounting_->ordinal) == cudaSuccess;
-      // cudaFree fails only when the context is gone (process exit); nothing is left to free then.
-      (void)cudaFree(data());
+      pool_->Free(data());
       accounting_->Note(accounting_->frees);
-      accounting_->Note(accounting_->host_syncs);  // cudaFree waits for the device
-      if (switched) (void)cudaSetDevice(current);
     }
     accounting_->Release(size());
   }
 
  private:
   std::shared_ptr<Accounting> accounting_;
+  std::shared_ptr<DeviceMemoryPool> pool_;
 };
 
 // A CUDA stream with what the ops enqueued on it need: a cuBLAS handle bound to it and scratch memory.
 // Used by one host thread at a time.
 class CudaStream final : public Stream {
  public:
-  CudaStream(int ordinal, int major, std::shared_ptr<Accounting> accounting)
-      : ordinal_(ordinal), cublas_workspace_bytes_(CublasWorkspaceBytes(major)), accounting_(std::move(accounting)) {
+  CudaStream(int ordinal, int major, std::shared_ptr<Accounting> accounting, std::shared_ptr<DeviceMemoryPool> pool)
+      : ordinal_(ordinal),
+        cublas_workspace_bytes_(CublasWorkspaceBytes(major)),
+        accounting_(std::move(accounting)),
+        pool_(std::move(pool)) {
     UseDevice(ordinal_);
     ODMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    pool_->AddStream(stream_);
   }
   ~CudaStream() override {
     UseDevice(ordinal_);
     (void)cudaStreamSynchronize(stream_);
+    pool_->RemoveStream(stream_);
     if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
     if (scratch_ != nullptr) (void)cudaFree(scratch_);
     if (workspace_ != nullptr) (void)cudaFree(workspace_);
@@ -291,6 +394,7 @@ class CudaStream final : public Stream {
   cudaStream_t stream_ = nullptr;
   const size_t cublas_workspace_bytes_;
   const std::shared_ptr<Accounting> accounting_;
+  const std::shared_ptr<DeviceMemoryPool> pool_;  // ordered with this stream while it lives
   cublasHandle_t cublas_ = nullptr;
   void* workspace_ = nullptr;  // the cuBLAS workspace
   void* scratch_ = nullptr;
@@ -345,8 +449,9 @@ class CudaDevice final : public Device {
       : ordinal_(ordinal),
         major_(major),
         gpu_name_(std::move(gpu_name)),
-        accounting_(std::make_shared<Accounting>(ordinal, capacity)),
-        default_stream_(std::make_unique<CudaStream>(ordinal, major, accounting_)) {}
+        accounting_(std::make_shared<Accounting>(capacity)),
+        pool_(std::make_shared<DeviceMemoryPool>(ordinal, capacity)),
+        default_stream_(std::make_unique<CudaStream>(ordinal, major, accounting_, pool_)) {}
   ~CudaDevice() override {
     UseDevice(ordinal_);
     (void)cudaDeviceSynchronize();
@@ -370,21 +475,19 @@ class CudaDevice final : public Device {
     }
     void* data = nullptr;
     if (bytes > 0) {
-      UseDevice(ordinal_);
-      const cudaError_t err = cudaMalloc(&data, bytes);
-      if (err == cudaSuccess) accounting_->Note(accounting_->allocations);
+      const cudaError_t err = pool_->Allocate(bytes, &data);
       if (err != cudaSuccess) {
-        (void)cudaGetLastError();  // an allocation failure is not sticky: clear it
         size_t free_bytes = 0;
         size_t total_bytes = 0;
         (void)cudaMemGetInfo(&free_bytes, &total_bytes);
         accounting_->Release(bytes);
-        return absl::ResourceExhaustedError(StrCat(name(), ": cudaMalloc of ", FormatBytes(bytes), " for '", tag,
-                                                   "' failed (", cudaGetErrorString(err), "); the GPU has ",
+        return absl::ResourceExhaustedError(StrCat(name(), ": the memory pool could not allocate ", FormatBytes(bytes),
+                                                   " for '", tag, "' (", cudaGetErrorString(err), "); the GPU has ",
                                                    FormatBytes(free_bytes), " free of ", FormatBytes(total_bytes)));
       }
+      accounting_->Note(accounting_->allocations);
     }
-    return std::unique_ptr<Buffer>(new CudaBuffer(data, bytes, accounting_));
+    return std::unique_ptr<Buffer>(new CudaBuffer(data, bytes, accounting_, pool_));
   }
 
   MemoryInfo memory_info() const override {
@@ -401,7 +504,7 @@ class CudaDevice final : public Device {
 
   // ---- streams and copies ----------------------------------------------------------------------------------
   std::unique_ptr<Stream> CreateStream() override {
-    return std::make_unique<CudaStream>(ordinal_, major_, accounting_);
+    return std::make_unique<CudaStream>(ordinal_, major_, accounting_, pool_);
   }
 
   absl::Status PrepareStream(Stream* stream, int64_t max_rows, int64_t max_in_dim) override {
@@ -771,6 +874,7 @@ class CudaDevice final : public Device {
   const int major_;  // compute capability
   const std::string gpu_name_;
   const std::shared_ptr<Accounting> accounting_;
+  const std::shared_ptr<DeviceMemoryPool> pool_;  // every Buffer's memory
   const std::unique_ptr<CudaStream> default_stream_;
   mutable absl::Mutex mu_;
   TransferStats transfers_ ABSL_GUARDED_BY(mu_);

@@ -158,6 +158,72 @@ TEST_F(CudaDeviceTest, StreamWorkspaceCountsAgainstTheCapacity) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
 }
 
+// A worker's cycle: allocate an expert, load it on one stream, compute from it on another, evict it. No step may
+// make the host wait for the device (counted by Device::counters(): the emulated runtime's own counts under the
+// emulation, the backend's count of its runtime calls on a GPU), and each load sees its own bytes.
+TEST_F(CudaDeviceTest, LoadingAndEvictingExpertsNeverWaitsForTheDevice) {
+  constexpr size_t kExpertBytes = size_t{3} * 2048 * 768 * 2;  // gate, up, down of a Qwen3-30B-A3B expert, bf16
+  constexpr size_t kProbe = 4096;                              // bytes of each load copied out by the "compute"
+  constexpr int kCycles = 3;
+  auto device = CreateCudaDevice(0, 2 * kExpertBytes + kCycles * kProbe);
+  ASSERT_TRUE(device.ok()) << device.status();
+  Device& d = **device;
+  auto load = d.CreateStream();
+  auto compute = d.CreateStream();
+  auto loaded = d.CreateEvent();
+  auto probes = d.Allocate(kCycles * kProbe, "probes");
+  ASSERT_TRUE(probes.ok()) << probes.status();
+  std::vector<std::vector<uint8_t>> hosts;
+  for (int i = 0; i < kCycles; ++i) hosts.emplace_back(kExpertBytes, static_cast<uint8_t>(0x31 + 17 * i));
+
+  d.ResetCounters();
+  for (int i = 0; i < kCycles; ++i) {
+    auto expert = d.Allocate(kExpertBytes, "expert");
+    ASSERT_TRUE(expert.ok()) << expert.status();
+    d.CopyToDevice((*expert)->data(), hosts[i].data(), kExpertBytes, load.get());
+    d.RecordEvent(*loaded, load.get());
+    d.WaitEvent(compute.get(), *loaded);
+    d.CopyOnDevice((*probes)->as<uint8_t>() + i * kProbe, (*expert)->data(), kProbe, compute.get());
+    expert->reset();  // evicted while the compute may still be queued
+  }
+  const DeviceCounters counts = d.counters();
+  EXPECT_EQ(counts.host_syncs, 0u) << "an allocation or a free waited for the device";
+  EXPECT_EQ(counts.allocations, static_cast<uint64_t>(kCycles));
+  EXPECT_EQ(counts.frees, static_cast<uint64_t>(kCycles));
+  EXPECT_EQ(d.memory_info().in_use, kCycles * kProbe);
+
+  std::vector<uint8_t> back(kCycles * kProbe);
+  d.CopyToHost(back.data(), (*probes)->data(), back.size(), compute.get());
+  for (int i = 0; i < kCycles; ++i) {
+    for (size_t j = 0; j < kProbe; ++j) ASSERT_EQ(back[i * kProbe + j], hosts[i][0]) << "cycle " << i << " byte " << j;
+  }
+}
+
+// The budget is the capacity to the byte, whatever the pool keeps reserved behind it.
+TEST_F(CudaDeviceTest, TheBudgetIsRefusedExactlyAtTheEdge) {
+  constexpr size_t kExpertBytes = size_t{3} * 2048 * 768 * 2;
+  auto device = CreateCudaDevice(0, 2 * kExpertBytes);
+  ASSERT_TRUE(device.ok()) << device.status();
+  Device& d = **device;
+  auto a = d.Allocate(kExpertBytes, "expert a");
+  auto b = d.Allocate(kExpertBytes, "expert b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(d.memory_info().in_use, 2 * kExpertBytes);
+  auto one_more = d.Allocate(1, "one byte");
+  ASSERT_FALSE(one_more.ok());
+  EXPECT_EQ(one_more.status().code(), absl::StatusCode::kResourceExhausted) << one_more.status();
+  b->reset();  // evicted: its memory stays in the pool, its bytes go back to the budget
+  EXPECT_EQ(d.memory_info().in_use, kExpertBytes);
+  auto too_big = d.Allocate(kExpertBytes + 1, "expert c");
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted) << too_big.status();
+  EXPECT_NE(std::string(too_big.status().message()).find("expert c"), std::string::npos) << too_big.status();
+  auto c = d.Allocate(kExpertBytes, "expert c");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(d.memory_info().in_use, 2 * kExpertBytes);
+  EXPECT_EQ(d.memory_info().peak, 2 * kExpertBytes);
+}
+
 TEST_F(CudaDeviceTest, StreamsEventsAndCopies) {
   const size_t count = 1 << 20;
   std::vector<float> host(count);
