@@ -1,12 +1,17 @@
-// Dense GEMV for a few tokens: GemvKernel<W>, one warp per output row (8 rows per 256-thread block). With
-// aligned rows each lane streams 16-byte chunks of the weight row (Vec16: 4 fp32 or 8 fp16/bf16) and the
-// matching fp32 activations of up to kGemvMaxTokens tokens (float4 loads, served from L1/L2), accumulating in
-// fp32; the per-lane partial sums meet in a warp reduction. Unaligned shapes use a scalar strided loop.
-#include "kernels/gemv.h"
-
+// Dense GEMV for a few tokens: GemvKernel<W, kTokens>, 8 warps per 256-thread block, each warp kRows output rows.
+//  - kTokens = 1 (decode of one sequence): one accumulator per row and two rows per warp, so each lane has two
+//    16-byte weight chunks in flight per step (four with the 2x unroll) and the activations it loads for a chunk
+//    serve both rows.
+//  - kTokens = kGemvMaxTokens: up to that many tokens (n at run time), one row per warp, the weights read once
+//    for all of them.
+// With aligned rows each lane streams 16-byte chunks of the weight row (Vec16: 4 fp32 or 8 fp16/bf16) and the
+// matching fp32 activations (float4 loads, from L1/L2); unaligned shapes take a scalar strided loop. Every
+// variant accumulates a row in the same order (RowDot: lane-strided chunks, each element by an explicit FMA, then
+// the butterfly WarpSum), so a row's result is bitwise the same whatever the number of tokens.
 #include <algorithm>
 
 #include "kernels/common.cuh"
+#include "kernels/gemv.h"
 
 namespace odmoe::kernels {
 namespace {
@@ -17,60 +22,105 @@ using internal::Vec16;
 using internal::WarpSum;
 
 constexpr int kThreads = 256;
-constexpr int kRowsPerBlock = kThreads / 32;
+constexpr int kWarps = kThreads / 32;
 constexpr int kMaxN = static_cast<int>(kGemvMaxTokens);
 
-template <typename W>
-__global__ void __launch_bounds__(kThreads)
-    GemvKernel(const float* __restrict__ x, const W* __restrict__ w, const W* __restrict__ bias, int n, int64_t in,
-               int64_t out, float* __restrict__ y, bool vec) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  if (row >= out) return;
-  const W* wr = w + row * in;
-  float acc[kMaxN];
+// Output rows per warp: two for one token (x reused, more loads in flight), one for several (their
+// accumulators take the registers).
+__host__ __device__ constexpr int RowsPerWarp(int tokens) { return tokens == 1 ? 2 : 1; }
+
+// acc + sum_e w[e] * x[e], one fused multiply-add per element in order: the one summation order of every GEMV.
+template <int kElems>
+__device__ __forceinline__ float ChunkDot(const float* w, const float* x, float acc) {
 #pragma unroll
-  for (int t = 0; t < kMaxN; ++t) acc[t] = 0.0f;
+  for (int e = 0; e < kElems; ++e) acc = fmaf(w[e], x[e], acc);
+  return acc;
+}
+
+// acc[r][t] = this lane's partial dot product of weight row `rows[r]` with token t's activations: lane-strided
+// 16-byte chunks (vec) or elements (!vec). kTokens = 1: exactly one token; otherwise n <= kTokens tokens.
+template <typename W, int kRows, int kTokens>
+__device__ __forceinline__ void RowDot(const float* __restrict__ x, const W* const (&rows)[kRows], int n, int64_t in,
+                                       bool vec, int lane, float (&acc)[kRows][kTokens]) {
   if (vec) {
     constexpr int kV = Vec16<W>::kElems;
     const int64_t chunks = in / kV;
 #pragma unroll 2
     for (int64_t c = lane; c < chunks; c += 32) {
-      float wv[kV];
-      Vec16<W>::Load(wr + c * kV, wv);
+      float wv[kRows][kV];
 #pragma unroll
-      for (int t = 0; t < kMaxN; ++t) {
-        if (t < n) {
+      for (int r = 0; r < kRows; ++r) Vec16<W>::Load(rows[r] + c * kV, wv[r]);
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        if (kTokens == 1 || t < n) {
           float xv[kV];
 #pragma unroll
           for (int q = 0; q < kV; q += 4) Vec16<float>::Load(x + t * in + c * kV + q, xv + q);
-          float s = acc[t];
 #pragma unroll
-          for (int e = 0; e < kV; ++e) s += wv[e] * xv[e];
-          acc[t] = s;
+          for (int r = 0; r < kRows; ++r) acc[r][t] = ChunkDot<kV>(wv[r], xv, acc[r][t]);
         }
       }
     }
   } else {
     for (int64_t k = lane; k < in; k += 32) {
-      const float wv = ToFloat(wr[k]);
+      float wv[kRows];
 #pragma unroll
-      for (int t = 0; t < kMaxN; ++t) {
-        if (t < n) acc[t] += wv * x[t * in + k];
+      for (int r = 0; r < kRows; ++r) wv[r] = ToFloat(rows[r][k]);
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        if (kTokens == 1 || t < n) {
+          const float xv = x[t * in + k];
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) acc[r][t] = fmaf(wv[r], xv, acc[r][t]);
+        }
       }
     }
   }
-  const float b = bias != nullptr ? ToFloat(bias[row]) : 0.0f;
+}
+
+template <typename W, int kTokens>
+__global__ void __launch_bounds__(kThreads)
+    GemvKernel(const float* __restrict__ x, const W* __restrict__ w, const W* __restrict__ bias, int n, int64_t in,
+               int64_t out, float* __restrict__ y, bool vec) {
+  constexpr int kRows = RowsPerWarp(kTokens);
+  const int lane = threadIdx.x & 31;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
+  if (row0 >= out) return;
+  // A row past the end (the last warp's) reads the last row, and its result is not stored.
+  const W* rows[kRows];
 #pragma unroll
-  for (int t = 0; t < kMaxN; ++t) {
-    if (t < n) {
-      const float s = WarpSum(acc[t]);
-      if (lane == 0) y[t * out + row] = s + b;
+  for (int r = 0; r < kRows; ++r) rows[r] = w + min(row0 + r, out - 1) * in;
+  float acc[kRows][kTokens];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
+  }
+  RowDot<W, kRows, kTokens>(x, rows, n, in, vec, lane, acc);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = row0 + r;
+    if (row >= out) break;  // the same for the whole warp
+    const float b = bias != nullptr ? ToFloat(bias[row]) : 0.0f;
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) {
+      if (kTokens == 1 || t < n) {
+        const float s = WarpSum(acc[r][t]);
+        if (lane == 0) y[t * out + row] = s + b;
+      }
     }
   }
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <typename W, int kTokens>
+void LaunchGemvTokens(const float* x, const W* w, const W* bias, int n, int64_t in_dim, int64_t out_dim, float* y,
+                      bool vec, cudaStream_t stream) {
+  const int64_t blocks = CeilDiv(out_dim, kWarps * RowsPerWarp(kTokens));
+  GemvKernel<W, kTokens>
+      <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, w, bias, n, in_dim, out_dim, y, vec);
+}
 
 }  // namespace
 
@@ -79,13 +129,17 @@ cudaError_t LaunchGemv(const float* x, const W* w, const W* bias, int64_t n, int
                        cudaStream_t stream) {
   if (n <= 0 || out_dim <= 0) return cudaSuccess;
   if (in_dim <= 0) return cudaErrorInvalidValue;
-  const int64_t blocks = CeilDiv(out_dim, kRowsPerBlock);
-  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  if (CeilDiv(out_dim, kWarps) > 0x7fffffff) return cudaErrorInvalidValue;
   const bool vec = in_dim % 8 == 0 && Aligned16(x) && Aligned16(w);
   for (int64_t t0 = 0; t0 < n; t0 += kMaxN) {
     const int cnt = static_cast<int>(std::min<int64_t>(kMaxN, n - t0));
-    GemvKernel<W><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x + t0 * in_dim, w, bias, cnt, in_dim,
-                                                                          out_dim, y + t0 * out_dim, vec);
+    const float* xc = x + t0 * in_dim;
+    float* yc = y + t0 * out_dim;
+    if (cnt == 1) {
+      LaunchGemvTokens<W, 1>(xc, w, bias, cnt, in_dim, out_dim, yc, vec, stream);
+    } else {
+      LaunchGemvTokens<W, kMaxN>(xc, w, bias, cnt, in_dim, out_dim, yc, vec, stream);
+    }
   }
   return cudaGetLastError();
 }

@@ -1,9 +1,12 @@
 // Bandwidth-oriented matrix-vector products for a few tokens: y[n, out] = x[n, in] * w[out, in]^T (+ bias).
 //
-// One warp per output row reads the row once with 16-byte loads (4 fp32 or 8 fp16/bf16 weights per lane and
-// load) and accumulates in fp32 for up to kGemvMaxTokens tokens at once, x coming from L1/L2. Rows whose start
-// is not 16-byte aligned (in_dim not a multiple of 8, or unaligned pointers) take a scalar path. Meant for
-// n <= kGemvMaxTokens (larger n loops over groups of tokens, reading the weights once per group).
+// A warp reads its output rows once with 16-byte loads (4 fp32 or 8 fp16/bf16 weights per lane and load) and
+// accumulates in fp32, x coming from L1/L2: one token runs a kernel of its own (two rows per warp, one
+// accumulator each, x loaded once for both), 2..kGemvMaxTokens tokens one row per warp for all of them. Rows
+// whose start is not 16-byte aligned (in_dim not a multiple of 8, or unaligned pointers) take a scalar path.
+// Meant for n <= kGemvMaxTokens (larger n loops over groups of tokens, reading the weights once per group).
+// Every row is summed in the same order whatever n (explicit FMAs), so y's row t is bitwise what a call with
+// token t alone gives: batching never changes a token's result.
 // W is float, __half or __nv_bfloat16 (explicitly instantiated in gemv.cu).
 #pragma once
 

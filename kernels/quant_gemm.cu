@@ -1,18 +1,21 @@
 // Dequantizing products with INT8 / NF4 weights (layouts in quant.h), fp32 activations and accumulation.
-//  - GemvInt8Kernel / GemvNf4Kernel: one warp per output row, 8 rows per 256-thread block, up to
-//    kGemvMaxTokens tokens per pass. A lane loads 16 bytes of codes at a time (16 INT8 weights, or 32 NF4
-//    weights = half a block, decoded through a code book in shared memory) and the matching activations with
-//    float4 loads; INT8 applies absmax / 127 once per row, NF4 the block absmax to each 32-weight partial sum.
-//    Shapes that break 16-byte alignment take scalar loads for the affected operand.
+//  - GemvInt8Kernel<kTokens> / GemvNf4Kernel<kTokens>: 8 warps per 256-thread block; kTokens = 1 (one token, two
+//    output rows per warp: one accumulator per row, the activations a lane loads serve both rows, two 16-byte code
+//    loads in flight) or kGemvMaxTokens (up to that many tokens, one row per warp). A lane loads 16 bytes of codes
+//    at a time (16 INT8 weights, or 32 NF4 weights = half a block) and the matching activations with float4
+//    loads. INT8 applies absmax / 127 once per row; NF4 decodes its codes in registers (the code book as byte
+//    planes, looked up with __byte_perm: no shared memory) and applies the block absmax to each 32-weight partial
+//    sum. Every variant sums a row in the same order (explicit FMAs in column order per chunk, lane-strided chunks,
+//    the butterfly WarpSum), so a row's result is bitwise the same whatever the number of tokens. Shapes that
+//    break 16-byte alignment take scalar loads for the affected operand.
 //  - DequantGemmKernel<Tile>: C tile of 64 tokens x 64 output rows per 256-thread block, k in steps of 32; the
 //    activation tile and the weight tile (dequantized on the fly by Tile::Value) are staged in shared memory
 //    and each thread accumulates a 4x4 sub-tile with fp32 FMA.
-#include "kernels/quant.h"
-
 #include <algorithm>
 
 #include "kernels/common.cuh"
 #include "kernels/gemv.h"
+#include "kernels/quant.h"
 
 namespace odmoe::kernels {
 namespace {
@@ -22,11 +25,15 @@ using internal::Vec16;
 using internal::WarpSum;
 
 constexpr int kThreads = 256;
-constexpr int kRowsPerBlock = kThreads / 32;
+constexpr int kWarps = kThreads / 32;
 constexpr int kMaxN = static_cast<int>(kGemvMaxTokens);
 constexpr int kHalfBlock = static_cast<int>(kNf4BlockSize / 2);  // bytes per NF4 block, weights per 16 bytes
 
 __constant__ float kCodeBookDevice[16] = {ODMOE_NF4_CODEBOOK};
+
+// Output rows per warp of the GEMVs: two for one token (the activations a lane loads serve both rows, and twice
+// the weight loads are in flight), one for several (their accumulators take the registers).
+__host__ __device__ constexpr int RowsPerWarp(int tokens) { return tokens == 1 ? 2 : 1; }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
@@ -43,123 +50,243 @@ __device__ __forceinline__ uint4 Load16(const void* p, bool vec) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// acc + sum_e w[e] * x[e], one fused multiply-add per element in order: the summation order of every GEMV here,
+// whatever its number of tokens.
+template <int kElems>
+__device__ __forceinline__ float ChunkDot(const float* w, const float* x, float acc) {
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) acc = fmaf(w[e], x[e], acc);
+  return acc;
+}
+
+// out[p] = byte p of each of a, b, c, d: out[p] = [a.p, b.p, c.p, d.p] (byte 0 first).
+__device__ __forceinline__ void TransposeBytes(uint32_t a, uint32_t b, uint32_t c, uint32_t d, uint32_t (&out)[4]) {
+  const uint32_t ab01 = __byte_perm(a, b, 0x5140);  // a.0 b.0 a.1 b.1
+  const uint32_t cd01 = __byte_perm(c, d, 0x5140);
+  const uint32_t ab23 = __byte_perm(a, b, 0x7362);  // a.2 b.2 a.3 b.3
+  const uint32_t cd23 = __byte_perm(c, d, 0x7362);
+  out[0] = __byte_perm(ab01, cd01, 0x5410);
+  out[1] = __byte_perm(ab01, cd01, 0x7632);
+  out[2] = __byte_perm(ab23, cd23, 0x5410);
+  out[3] = __byte_perm(ab23, cd23, 0x7632);
+}
+
+// The NF4 code book in registers, as byte planes for __byte_perm lookups: byte j of plane[p][k] is byte p of the
+// fp32 bits of kNf4CodeBook[4k + j] (16 registers, built once per thread from constant memory).
+struct Nf4Planes {
+  uint32_t plane[4][4];
+  __device__ __forceinline__ void Load() {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      uint32_t bytes[4];
+      TransposeBytes(__float_as_uint(kCodeBookDevice[4 * k]), __float_as_uint(kCodeBookDevice[4 * k + 1]),
+                     __float_as_uint(kCodeBookDevice[4 * k + 2]), __float_as_uint(kCodeBookDevice[4 * k + 3]), bytes);
+#pragma unroll
+      for (int p = 0; p < 4; ++p) plane[p][k] = bytes[p];
+    }
+  }
+  // The code book values of the four codes in the low 16 bits of h (code i in bits 4i..4i+3), exactly.
+  __device__ __forceinline__ void LookUp4(uint32_t h, float (&v)[4]) const {
+    const uint32_t sel = h & 0x7777u;                      // entry within its half of the book (bytes 0-7)
+    const uint32_t half = 0x3210u | ((h >> 1) & 0x4444u);  // byte i from the low half (i) or the high half (4 + i)
+    uint32_t b[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      b[p] = __byte_perm(__byte_perm(plane[p][0], plane[p][1], sel), __byte_perm(plane[p][2], plane[p][3], sel), half);
+    }
+    uint32_t bits[4];
+    TransposeBytes(b[0], b[1], b[2], b[3], bits);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = __uint_as_float(bits[i]);
+  }
+  // The 8 weights of one 32-bit word of codes in column order (byte b: column 2b in its high nibble, 2b + 1 in
+  // its low nibble).
+  __device__ __forceinline__ void Decode8(uint32_t word, float (&w)[8]) const {
+    float lo[4];
+    float hi[4];
+    LookUp4(word, lo);        // columns 1, 0, 3, 2
+    LookUp4(word >> 16, hi);  // columns 5, 4, 7, 6
+    w[0] = lo[1];
+    w[1] = lo[0];
+    w[2] = lo[3];
+    w[3] = lo[2];
+    w[4] = hi[1];
+    w[5] = hi[0];
+    w[6] = hi[3];
+    w[7] = hi[2];
+  }
+};
+
+__device__ __forceinline__ void DecodeInt8x16(uint4 raw, float (&w)[16]) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+    w[i] = static_cast<float>(static_cast<int32_t>(words[i / 4] << (24 - 8 * (i % 4))) >> 24);
+}
+
+// kTokens = 1: exactly one token; kMaxN: n <= kMaxN tokens (n at run time). kRows output rows per warp.
+template <int kTokens>
 __global__ void __launch_bounds__(kThreads)
     GemvInt8Kernel(const float* __restrict__ x, const int8_t* __restrict__ q, const float* __restrict__ absmax, int n,
                    int64_t cols, int64_t rows, float* __restrict__ y, bool vec) {
+  constexpr int kRows = RowsPerWarp(kTokens);
   const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const int8_t* qr = q + row * cols;
-  float acc[kMaxN];
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
+  if (row0 >= rows) return;
+  const int8_t* qr[kRows];  // a row past the end reads the last row; its result is not stored
 #pragma unroll
-  for (int t = 0; t < kMaxN; ++t) acc[t] = 0.0f;
+  for (int r = 0; r < kRows; ++r) qr[r] = q + min(row0 + r, rows - 1) * cols;
+  float acc[kRows][kTokens];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
+  }
   if (vec) {
     const int64_t chunks = cols / 16;
 #pragma unroll 2
     for (int64_t c = lane; c < chunks; c += 32) {
-      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(qr + c * 16));
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-      float wv[16];
+      uint4 raw[kRows];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        wv[i] = static_cast<float>(static_cast<int32_t>(words[i / 4] << (24 - 8 * (i % 4))) >> 24);
-      }
+      for (int r = 0; r < kRows; ++r) raw[r] = __ldg(reinterpret_cast<const uint4*>(qr[r] + c * 16));
+      float wv[kRows][16];
 #pragma unroll
-      for (int t = 0; t < kMaxN; ++t) {
-        if (t < n) {
+      for (int r = 0; r < kRows; ++r) DecodeInt8x16(raw[r], wv[r]);
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        if (kTokens == 1 || t < n) {
           float xv[16];
 #pragma unroll
           for (int e = 0; e < 16; e += 4) Vec16<float>::Load(x + t * cols + c * 16 + e, xv + e);
-          float s = acc[t];
 #pragma unroll
-          for (int e = 0; e < 16; ++e) s += wv[e] * xv[e];
-          acc[t] = s;
+          for (int r = 0; r < kRows; ++r) acc[r][t] = ChunkDot<16>(wv[r], xv, acc[r][t]);
         }
       }
     }
   } else {
     for (int64_t k = lane; k < cols; k += 32) {
-      const float wv = static_cast<float>(qr[k]);
+      float wv[kRows];
 #pragma unroll
-      for (int t = 0; t < kMaxN; ++t) {
-        if (t < n) acc[t] += wv * x[t * cols + k];
+      for (int r = 0; r < kRows; ++r) wv[r] = static_cast<float>(qr[r][k]);
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        if (kTokens == 1 || t < n) {
+          const float xv = x[t * cols + k];
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) acc[r][t] = fmaf(wv[r], xv, acc[r][t]);
+        }
       }
     }
   }
-  const float scale = absmax[row] / 127.0f;
 #pragma unroll
-  for (int t = 0; t < kMaxN; ++t) {
-    if (t < n) {
-      const float s = WarpSum(acc[t]);
-      if (lane == 0) y[t * rows + row] = s * scale;
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = row0 + r;
+    if (row >= rows) break;  // the same for the whole warp
+    const float scale = absmax[row] / 127.0f;
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) {
+      if (kTokens == 1 || t < n) {
+        const float s = WarpSum(acc[r][t]);
+        if (lane == 0) y[t * rows + row] = s * scale;
+      }
     }
   }
 }
 
+// Each 16-byte chunk is half an NF4 block (32 weights, one scale): per row and token its products are summed in
+// column order (s), then acc = fma(s, block scale, acc). The codes are decoded in registers (Nf4Planes), 8 at a
+// time, each 8 used for every token before the next are decoded.
+template <int kTokens>
 __global__ void __launch_bounds__(kThreads)
     GemvNf4Kernel(const float* __restrict__ x, const uint8_t* __restrict__ codes, const float* __restrict__ absmax,
                   int n, int64_t cols, int64_t rows, float* __restrict__ y, bool codes_vec, bool x_vec) {
-  __shared__ float cb[16];
-  if (threadIdx.x < 16) cb[threadIdx.x] = kCodeBookDevice[threadIdx.x];
-  __syncthreads();
+  constexpr int kRows = RowsPerWarp(kTokens);
   const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  if (row >= rows) return;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
+  if (row0 >= rows) return;
+  Nf4Planes book;
+  book.Load();
   const int64_t bpr = (cols + kNf4BlockSize - 1) / kNf4BlockSize;
-  const uint8_t* cr = codes + row * bpr * kHalfBlock;
-  const float* ar = absmax + row * bpr;
-  float acc[kMaxN];
+  const uint8_t* cr[kRows];  // a row past the end reads the last row; its result is not stored
+  const float* ar[kRows];
 #pragma unroll
-  for (int t = 0; t < kMaxN; ++t) acc[t] = 0.0f;
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = min(row0 + r, rows - 1);
+    cr[r] = codes + row * bpr * kHalfBlock;
+    ar[r] = absmax + row * bpr;
+  }
+  float acc[kRows][kTokens];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
+  }
   const int64_t chunks = bpr * 2;  // 16 bytes = 32 weights each
   for (int64_t c = lane; c < chunks; c += 32) {
-    const uint4 raw = Load16(cr + c * 16, codes_vec);
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-    float wv[32];
+    uint4 raw[kRows];
 #pragma unroll
-    for (int b = 0; b < 16; ++b) {
-      const uint32_t byte = (words[b / 4] >> (8 * (b % 4))) & 0xffu;
-      wv[2 * b] = cb[byte >> 4];
-      wv[2 * b + 1] = cb[byte & 15u];
-    }
-    const float scale = ar[c / 2];
+    for (int r = 0; r < kRows; ++r) raw[r] = Load16(cr[r] + c * 16, codes_vec);
     const int64_t col0 = c * 32;
-    if (x_vec && col0 + 32 <= cols) {
+    const bool full = x_vec && col0 + 32 <= cols;
+    const int valid = static_cast<int>(min(static_cast<int64_t>(32), cols - col0));
+    float s[kRows][kTokens];
 #pragma unroll
-      for (int t = 0; t < kMaxN; ++t) {
-        if (t < n) {
-          const float* xp = x + t * cols + col0;
-          float s = 0.0f;
+    for (int r = 0; r < kRows; ++r) {
 #pragma unroll
-          for (int e = 0; e < 32; e += 4) {
-            float xv[4];
-            Vec16<float>::Load(xp + e, xv);
-            s += wv[e] * xv[0] + wv[e + 1] * xv[1] + wv[e + 2] * xv[2] + wv[e + 3] * xv[3];
+      for (int t = 0; t < kTokens; ++t) s[r][t] = 0.0f;
+    }
+    // The chunk's four 32-bit words, 8 weights each, one at a time (not unrolled: the decoded weights of one word
+    // are all that is live); raw[r].x is word i.
+#pragma unroll 1
+    for (int i = 0; i < 4; ++i) {
+      float wv[kRows][8];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        book.Decode8(raw[r].x, wv[r]);
+        raw[r] = make_uint4(raw[r].y, raw[r].z, raw[r].w, 0u);
+      }
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        if (kTokens == 1 || t < n) {
+          const float* xp = x + t * cols + col0 + 8 * i;
+          if (full) {
+            float xv[8];
+            Vec16<float>::Load(xp, xv);
+            Vec16<float>::Load(xp + 4, xv + 4);
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) s[r][t] = ChunkDot<8>(wv[r], xv, s[r][t]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              if (8 * i + e < valid) {
+                const float xv = xp[e];
+#pragma unroll
+                for (int r = 0; r < kRows; ++r) s[r][t] = fmaf(wv[r][e], xv, s[r][t]);
+              }
+            }
           }
-          acc[t] += s * scale;
         }
       }
-    } else {
-      const int valid = static_cast<int>(min(static_cast<int64_t>(32), cols - col0));
+    }
 #pragma unroll
-      for (int t = 0; t < kMaxN; ++t) {
-        if (t < n) {
-          const float* xp = x + t * cols + col0;
-          float s = 0.0f;
+    for (int r = 0; r < kRows; ++r) {
+      const float scale = ar[r][c / 2];
 #pragma unroll
-          for (int e = 0; e < 32; ++e) {
-            if (e < valid) s += wv[e] * xp[e];
-          }
-          acc[t] += s * scale;
-        }
+      for (int t = 0; t < kTokens; ++t) {
+        if (kTokens == 1 || t < n) acc[r][t] = fmaf(s[r][t], scale, acc[r][t]);
       }
     }
   }
 #pragma unroll
-  for (int t = 0; t < kMaxN; ++t) {
-    if (t < n) {
-      const float s = WarpSum(acc[t]);
-      if (lane == 0) y[t * rows + row] = s;
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = row0 + r;
+    if (row >= rows) break;  // the same for the whole warp
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) {
+      if (kTokens == 1 || t < n) {
+        const float sum = WarpSum(acc[r][t]);
+        if (lane == 0) y[t * rows + row] = sum;
+      }
     }
   }
 }
@@ -259,13 +386,19 @@ cudaError_t LaunchGemvInt8(const float* x, const int8_t* q, const float* absmax,
                            float* y, cudaStream_t stream) {
   if (n <= 0 || rows <= 0) return cudaSuccess;
   if (cols <= 0) return cudaErrorInvalidValue;
-  const int64_t blocks = CeilDiv(rows, kRowsPerBlock);
-  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  if (CeilDiv(rows, kWarps) > 0x7fffffff) return cudaErrorInvalidValue;
   const bool vec = cols % 16 == 0 && Aligned16(x) && Aligned16(q);
   for (int64_t t0 = 0; t0 < n; t0 += kMaxN) {
     const int cnt = static_cast<int>(std::min<int64_t>(kMaxN, n - t0));
-    GemvInt8Kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x + t0 * cols, q, absmax, cnt, cols, rows,
-                                                                           y + t0 * rows, vec);
+    const float* xc = x + t0 * cols;
+    float* yc = y + t0 * rows;
+    if (cnt == 1) {
+      const auto blocks = static_cast<unsigned>(CeilDiv(rows, kWarps * RowsPerWarp(1)));
+      GemvInt8Kernel<1><<<blocks, kThreads, 0, stream>>>(xc, q, absmax, cnt, cols, rows, yc, vec);
+    } else {
+      const auto blocks = static_cast<unsigned>(CeilDiv(rows, kWarps * RowsPerWarp(kMaxN)));
+      GemvInt8Kernel<kMaxN><<<blocks, kThreads, 0, stream>>>(xc, q, absmax, cnt, cols, rows, yc, vec);
+    }
   }
   return cudaGetLastError();
 }
@@ -274,14 +407,20 @@ cudaError_t LaunchGemvNf4(const float* x, const uint8_t* codes, const float* abs
                           int64_t rows, float* y, cudaStream_t stream) {
   if (n <= 0 || rows <= 0) return cudaSuccess;
   if (cols <= 0) return cudaErrorInvalidValue;
-  const int64_t blocks = CeilDiv(rows, kRowsPerBlock);
-  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  if (CeilDiv(rows, kWarps) > 0x7fffffff) return cudaErrorInvalidValue;
   const bool codes_vec = Aligned16(codes);  // rows are 32-byte multiples
   const bool x_vec = cols % 4 == 0 && Aligned16(x);
   for (int64_t t0 = 0; t0 < n; t0 += kMaxN) {
     const int cnt = static_cast<int>(std::min<int64_t>(kMaxN, n - t0));
-    GemvNf4Kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x + t0 * cols, codes, absmax, cnt, cols, rows,
-                                                                          y + t0 * rows, codes_vec, x_vec);
+    const float* xc = x + t0 * cols;
+    float* yc = y + t0 * rows;
+    if (cnt == 1) {
+      const auto blocks = static_cast<unsigned>(CeilDiv(rows, kWarps * RowsPerWarp(1)));
+      GemvNf4Kernel<1><<<blocks, kThreads, 0, stream>>>(xc, codes, absmax, cnt, cols, rows, yc, codes_vec, x_vec);
+    } else {
+      const auto blocks = static_cast<unsigned>(CeilDiv(rows, kWarps * RowsPerWarp(kMaxN)));
+      GemvNf4Kernel<kMaxN><<<blocks, kThreads, 0, stream>>>(xc, codes, absmax, cnt, cols, rows, yc, codes_vec, x_vec);
+    }
   }
   return cudaGetLastError();
 }

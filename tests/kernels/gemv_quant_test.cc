@@ -1,9 +1,10 @@
 // Dense GEMV and the INT8 / NF4 kernels: GEMV vs the CPU MatMul for every weight dtype (aligned and scalar
-// paths, 1..17 tokens, odd sizes); GPU quantizers and dequantizers bitwise equal to the CPU ones
-// (src/backend/quantize.h); dequantizing GEMV / GEMM vs the CPU MatMul of the CPU-dequantized weights; round-trip
-// error bounds. Skipped without a GPU.
+// paths, 1..17 tokens, odd sizes); every GEMV's rows bitwise independent of the token count; GPU quantizers and
+// dequantizers bitwise equal to the CPU ones (src/backend/quantize.h); dequantizing GEMV / GEMM vs the CPU MatMul of
+// the CPU-dequantized weights; round-trip error bounds. Skipped without a GPU.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <utility>
@@ -66,6 +67,74 @@ TEST_F(GemvKernelTest, MatchesCpuMatMul) {
         ExpectClose(yu.Download(), want_bias, atol, 1e-5, what + " bias, unaligned x");
       }
     }
+  }
+}
+
+// Row t of an n-token GEMV equals, bit for bit, the one-token GEMV of token t (the n = 1 kernels and the n > 1
+// ones sum every row in the same order), so batching never changes a request's arithmetic. Odd shapes: aligned
+// rows (in a multiple of 16), rows that take the scalar path, NF4 rows ending in a partial block, a row count
+// that leaves the last warp half used; token counts across the kGemvMaxTokens groups.
+std::vector<uint32_t> Bits(const std::vector<float>& v) {
+  std::vector<uint32_t> bits(v.size());
+  std::memcpy(bits.data(), v.data(), v.size() * sizeof(float));
+  return bits;
+}
+
+// Runs `gemv(x, n, y)` for n tokens and for each token alone; expects each row of the first to equal the second.
+template <typename Gemv>
+void ExpectRowsIndependentOfTokenCount(int64_t in, int64_t out, std::mt19937& rng, const std::string& what,
+                                       Gemv&& gemv) {
+  for (int64_t n : {2, 3, 8, 9, 17}) {
+    const std::vector<float> x = RandomFloats(static_cast<size_t>(n * in), rng);
+    DeviceArray<float> dx(x);
+    DeviceArray<float> batch(static_cast<size_t>(n * out));
+    ODMOE_ASSERT_CUDA(gemv(dx.get(), n, batch.get()));
+    const std::vector<uint32_t> batched = Bits(batch.Download());
+    for (int64_t t = 0; t < n; ++t) {
+      DeviceArray<float> one(static_cast<size_t>(out));
+      ODMOE_ASSERT_CUDA(gemv(dx.get() + t * in, 1, one.get()));
+      const std::vector<uint32_t> alone = Bits(one.Download());
+      for (int64_t j = 0; j < out; ++j) {
+        ASSERT_EQ(alone[static_cast<size_t>(j)], batched[static_cast<size_t>(t * out + j)])
+            << what << " n=" << n << ": token " << t << ", row " << j << " alone differs from its row in the batch";
+      }
+    }
+  }
+}
+
+TEST_F(GemvKernelTest, EveryRowIsBitwiseTheSameWhateverTheTokenCount) {
+  std::mt19937 rng(24);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{272, 37}, {333, 19}, {100, 17}, {70, 9}};
+  for (const auto& [in, out] : shapes) {
+    const std::string shape = "in=" + std::to_string(in) + " out=" + std::to_string(out);
+    for (DType dtype : gpu_test::kWeightTypes) {
+      TestWeight w(dtype, RandomFloats(static_cast<size_t>(in * out), rng));
+      TestWeight bias(dtype, RandomFloats(static_cast<size_t>(out), rng));
+      gpu_test::WithDeviceType(w, [&](auto* wp) {
+        using W = std::remove_const_t<std::remove_pointer_t<decltype(wp)>>;
+        const W* bp = reinterpret_cast<const W*>(bias.device.get());
+        ExpectRowsIndependentOfTokenCount(in, out, rng, std::string(DTypeName(dtype)) + " " + shape,
+                                          [&](const float* x, int64_t n, float* y) {
+                                            return kernels::LaunchGemv(x, wp, bp, n, in, out, y, stream_);
+                                          });
+      });
+    }
+    const std::vector<float> w = RandomFloats(static_cast<size_t>(in * out), rng);
+    std::vector<int8_t> q(w.size());
+    std::vector<float> a8(static_cast<size_t>(out));
+    QuantizeInt8Rows(w.data(), DType::kF32, out, in, q.data(), a8.data());
+    std::vector<uint8_t> codes(static_cast<size_t>(out * Nf4RowBytes(in)));
+    std::vector<float> a4(static_cast<size_t>(out * Nf4BlocksPerRow(in)));
+    QuantizeNf4(w.data(), DType::kF32, out, in, codes.data(), a4.data());
+    DeviceArray<int8_t> dq(q);
+    DeviceArray<uint8_t> dcodes(codes);
+    DeviceArray<float> da8(a8), da4(a4);
+    ExpectRowsIndependentOfTokenCount(in, out, rng, "int8 " + shape, [&](const float* x, int64_t n, float* y) {
+      return kernels::LaunchGemvInt8(x, dq.get(), da8.get(), n, in, out, y, stream_);
+    });
+    ExpectRowsIndependentOfTokenCount(in, out, rng, "nf4 " + shape, [&](const float* x, int64_t n, float* y) {
+      return kernels::LaunchGemvNf4(x, dcodes.get(), da4.get(), n, in, out, y, stream_);
+    });
   }
 }
 

@@ -122,6 +122,14 @@ inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
 inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
 inline int __float_as_int(float f) { return std::bit_cast<int>(f); }
 inline float __expf(float x) { return std::exp(x); }
+// prmt: byte n of the result is byte (s >> 4n) & 7 of the eight bytes {x (bytes 0-3), y (bytes 4-7)}; the upper
+// 16 bits of s are not used.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const uint64_t bytes = (static_cast<uint64_t>(y) << 32) | x;
+  unsigned r = 0;
+  for (int n = 0; n < 4; ++n) r |= static_cast<unsigned>((bytes >> (8 * ((s >> (4 * n)) & 7u))) & 0xffu) << (8 * n);
+  return r;
+}
 inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
 using std::max;
 using std::min;
