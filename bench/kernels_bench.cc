@@ -18,6 +18,7 @@
 
 #include "bench/bench_util.h"
 #include "bench/benchmarks.h"
+#include "src/backend/cpu_kernels.h"
 #include "src/backend/device_factory.h"
 #include "src/common/flags.h"
 #include "src/common/status.h"
@@ -89,12 +90,17 @@ absl::StatusOr<Result> BenchGemvBf16(Device& dev, int64_t out_dim, int64_t in_di
       [&] { dev.SynchronizeAll(); });
 }
 
+// Decode attention of a bf16 model: its KV cache in the dtype the device keeps one in (Device::KvCacheDType).
 absl::StatusOr<Result> BenchAttention(Device& dev, int64_t context, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                       double rotate_bytes, int64_t iters) {
-  const size_t kv_bytes = static_cast<size_t>(context * kv_heads * head_dim) * 4;  // K or V
+  const DType kv_dtype = dev.KvCacheDType(DType::kBF16);
+  const int64_t values = context * kv_heads * head_dim;  // K or V
+  const size_t kv_bytes = static_cast<size_t>(values) * DTypeSize(kv_dtype);
   const size_t copies = Copies(rotate_bytes, 2.0 * static_cast<double>(kv_bytes));
-  std::vector<float> host(kv_bytes / 4);
-  for (size_t i = 0; i < host.size(); ++i) host[i] = SyntheticValue(2, i % 7, false, i) * 50.0f;
+  std::vector<float> values_f32(static_cast<size_t>(values));
+  for (size_t i = 0; i < values_f32.size(); ++i) values_f32[i] = SyntheticValue(2, i % 7, false, i) * 50.0f;
+  std::vector<uint8_t> host(kv_bytes);
+  cpu::Convert(values_f32.data(), DType::kF32, values, host.data(), kv_dtype);
   std::vector<std::unique_ptr<Buffer>> k, v;
   for (size_t i = 0; i < copies; ++i) {
     ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> kb, dev.Allocate(kv_bytes, "bench attention k"));
@@ -114,10 +120,12 @@ absl::StatusOr<Result> BenchAttention(Device& dev, int64_t context, int64_t head
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const double bytes = 2.0 * static_cast<double>(kv_bytes) + 2.0 * static_cast<double>(qbytes);
   return Time(
-      "attention_decode", StrCat("ctx", context, " h", heads, "/", kv_heads, " d", head_dim), bytes, iters, copies,
+      "attention_decode",
+      StrCat("ctx", context, " h", heads, "/", kv_heads, " d", head_dim, " kv ", DTypeName(kv_dtype)), bytes, iters,
+      copies,
       [&](size_t i) {
-        dev.Attention(q->as<float>(), k[i]->as<float>(), v[i]->as<float>(), 1, context - 1, heads, kv_heads, head_dim,
-                      scale, out->as<float>(), nullptr);
+        dev.Attention(q->as<float>(), KvCacheRef{k[i]->data(), kv_dtype}, KvCacheRef{v[i]->data(), kv_dtype}, 1,
+                      context - 1, heads, kv_heads, head_dim, scale, out->as<float>(), nullptr);
       },
       [&] { dev.SynchronizeAll(); });
 }

@@ -1,4 +1,5 @@
-// Causal GQA attention, fp32, online softmax.
+// Causal GQA attention, fp32 arithmetic, online softmax, over a KV cache stored as KV (float, __half or
+// __nv_bfloat16: each value read as fp32).
 //
 // AttentionDecodeKernel: grid (heads, n, splits), 128 threads. The block walks keys [split * keys_per_split,
 //   min(past + t + 1, (split + 1) * keys_per_split)) in tiles of 64: each warp computes the scores of every
@@ -9,16 +10,16 @@
 //   block sit in shared memory; K (padded rows, conflict-free) and V tiles of 32 keys are staged there. Each warp
 //   owns 4 queries; lane j scores key j of the tile, the warp updates max / sum with shuffles, and every lane
 //   accumulates the output dimensions lane, lane + 32, ... for its warp's queries.
-#include "kernels/attention.h"
-
 #include <algorithm>
 
+#include "kernels/attention.h"
 #include "kernels/common.cuh"
 
 namespace odmoe::kernels {
 namespace {
 
 using internal::CeilDiv;
+using internal::ToFloat;
 using internal::WarpMax;
 using internal::WarpSum;
 
@@ -30,10 +31,11 @@ constexpr int64_t kMaxSplits = 64;
 constexpr int64_t kMinKeysPerSplit = 256;
 constexpr int64_t kTargetBlocks = 512;
 
+template <typename KV>
 struct AttentionArgs {
   const float* q;
-  const float* k;
-  const float* v;
+  const KV* k;
+  const KV* v;
   float* out;
   float* partial;  // [n, heads, splits, head_dim + 2] when splits > 1
   int64_t n;
@@ -46,7 +48,8 @@ struct AttentionArgs {
   int splits;
 };
 
-__global__ void __launch_bounds__(kDecThreads) AttentionDecodeKernel(AttentionArgs a) {
+template <typename KV>
+__global__ void __launch_bounds__(kDecThreads) AttentionDecodeKernel(AttentionArgs<KV> a) {
   __shared__ float qs[kMaxHeadDim];
   __shared__ float scores[kDecTile];
   __shared__ float probs[kDecTile];
@@ -66,17 +69,17 @@ __global__ void __launch_bounds__(kDecThreads) AttentionDecodeKernel(AttentionAr
   for (int d = tid; d < dim; d += kDecThreads) qs[d] = qrow[d];
   __syncthreads();
 
-  const float* kbase = a.k + kvh * dim;
-  const float* vbase = a.v + kvh * dim;
+  const KV* kbase = a.k + kvh * dim;
+  const KV* vbase = a.v + kvh * dim;
   float m = -INFINITY;
   float l = 0.0f;
   float acc[kDecDimsPerThread] = {};
   for (int64_t tile0 = begin; tile0 < end; tile0 += kDecTile) {
     const int cnt = static_cast<int>(min(static_cast<int64_t>(kDecTile), end - tile0));
     for (int j = warp; j < cnt; j += kDecWarps) {
-      const float* kr = kbase + (tile0 + j) * row_stride;
+      const KV* kr = kbase + (tile0 + j) * row_stride;
       float dot = 0.0f;
-      for (int d = lane; d < dim; d += 32) dot += qs[d] * kr[d];
+      for (int d = lane; d < dim; d += 32) dot += qs[d] * ToFloat(kr[d]);
       dot = WarpSum(dot);
       if (lane == 0) scores[j] = dot * a.scale;
     }
@@ -95,9 +98,9 @@ __global__ void __launch_bounds__(kDecThreads) AttentionDecodeKernel(AttentionAr
       const int d = tid + c * kDecThreads;
       if (d < dim) {
         float o = acc[c] * corr;
-        const float* vcol = vbase + tile0 * row_stride + d;
+        const KV* vcol = vbase + tile0 * row_stride + d;
 #pragma unroll 4
-        for (int j = 0; j < cnt; ++j) o += probs[j] * vcol[j * row_stride];
+        for (int j = 0; j < cnt; ++j) o += probs[j] * ToFloat(vcol[j * row_stride]);
         acc[c] = o;
       }
     }
@@ -127,7 +130,8 @@ __global__ void __launch_bounds__(kDecThreads) AttentionDecodeKernel(AttentionAr
 }
 
 // grid (heads, n), 128 threads: merges the splits of one (token, head).
-__global__ void __launch_bounds__(kDecThreads) AttentionCombineKernel(AttentionArgs a) {
+template <typename KV>
+__global__ void __launch_bounds__(kDecThreads) AttentionCombineKernel(AttentionArgs<KV> a) {
   const int64_t h = blockIdx.x;
   const int64_t t = blockIdx.y;
   const int dim = a.head_dim;
@@ -156,7 +160,8 @@ size_t PrefillSharedBytes(int dim) {
                           static_cast<size_t>(kPreKeys) * dim);
 }
 
-__global__ void __launch_bounds__(kPreThreads) AttentionPrefillKernel(AttentionArgs a) {
+template <typename KV>
+__global__ void __launch_bounds__(kPreThreads) AttentionPrefillKernel(AttentionArgs<KV> a) {
   extern __shared__ float smem[];
   const int dim = a.head_dim;
   float* qs = smem;                       // [16][dim]
@@ -200,8 +205,8 @@ __global__ void __launch_bounds__(kPreThreads) AttentionPrefillKernel(AttentionA
       float vv = 0.0f;
       if (key < kv_end) {
         const int64_t off = key * row_stride + kvh * dim + d;
-        kv = a.k[off];
-        vv = a.v[off];
+        kv = ToFloat(a.k[off]);
+        vv = ToFloat(a.v[off]);
       }
       ks[j * (dim + 1) + d] = kv;
       vs[j * dim + d] = vv;
@@ -261,9 +266,10 @@ bool ValidShapes(int64_t n, int64_t past, int64_t heads, int64_t kv_heads, int64
 }
 
 // Arguments without sequence splits.
-AttentionArgs MakeArgs(const float* q, const float* k, const float* v, int64_t n, int64_t past, int64_t heads,
-                       int64_t kv_heads, int64_t head_dim, float scale, float* out) {
-  AttentionArgs a{};
+template <typename KV>
+AttentionArgs<KV> MakeArgs(const float* q, const KV* k, const KV* v, int64_t n, int64_t past, int64_t heads,
+                           int64_t kv_heads, int64_t head_dim, float scale, float* out) {
+  AttentionArgs<KV> a{};
   a.q = q;
   a.k = k;
   a.v = v;
@@ -298,7 +304,8 @@ size_t AttentionDecodeWorkspaceFloats(int64_t n, int64_t past, int64_t heads, in
   return static_cast<size_t>(n * heads * splits * (head_dim + 2));
 }
 
-cudaError_t LaunchAttentionDecode(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past,
+template <typename KV>
+cudaError_t LaunchAttentionDecode(const float* q, const KV* k_cache, const KV* v_cache, int64_t n, int64_t past,
                                   int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
                                   float* workspace, size_t workspace_floats, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
@@ -315,33 +322,45 @@ cudaError_t LaunchAttentionDecode(const float* q, const float* k_cache, const fl
   }
   splits = std::max<int64_t>(splits, 1);
   if (splits == 1) keys_per_split = max_len;
-  AttentionArgs a = MakeArgs(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale, out);
+  AttentionArgs<KV> a = MakeArgs(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale, out);
   a.partial = workspace;
   a.keys_per_split = keys_per_split;
   a.splits = static_cast<int>(splits);
   const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(n), static_cast<unsigned>(splits));
-  AttentionDecodeKernel<<<grid, kDecThreads, 0, stream>>>(a);
+  AttentionDecodeKernel<KV><<<grid, kDecThreads, 0, stream>>>(a);
   if (splits > 1) {
-    AttentionCombineKernel<<<dim3(static_cast<unsigned>(heads), static_cast<unsigned>(n)), kDecThreads, 0, stream>>>(a);
+    AttentionCombineKernel<KV>
+        <<<dim3(static_cast<unsigned>(heads), static_cast<unsigned>(n)), kDecThreads, 0, stream>>>(a);
   }
   return cudaGetLastError();
 }
 
-cudaError_t LaunchAttentionPrefill(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past,
+template <typename KV>
+cudaError_t LaunchAttentionPrefill(const float* q, const KV* k_cache, const KV* v_cache, int64_t n, int64_t past,
                                    int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
                                    cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (!ValidShapes(n, past, heads, kv_heads, head_dim)) return cudaErrorInvalidValue;
   const size_t smem = PrefillSharedBytes(static_cast<int>(head_dim));
   if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(AttentionPrefillKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem));
+    const cudaError_t err = cudaFuncSetAttribute(AttentionPrefillKernel<KV>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err != cudaSuccess) return err;
   }
-  const AttentionArgs a = MakeArgs(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale, out);
+  const AttentionArgs<KV> a = MakeArgs(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale, out);
   const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(CeilDiv(n, kPreQueries)));
-  AttentionPrefillKernel<<<grid, kPreThreads, smem, stream>>>(a);
+  AttentionPrefillKernel<KV><<<grid, kPreThreads, smem, stream>>>(a);
   return cudaGetLastError();
 }
+
+#define ODMOE_INSTANTIATE_KV(KV)                                                                                 \
+  template cudaError_t LaunchAttentionDecode<KV>(const float*, const KV*, const KV*, int64_t, int64_t, int64_t,  \
+                                                 int64_t, int64_t, float, float*, float*, size_t, cudaStream_t); \
+  template cudaError_t LaunchAttentionPrefill<KV>(const float*, const KV*, const KV*, int64_t, int64_t, int64_t, \
+                                                  int64_t, int64_t, float, float*, cudaStream_t);
+ODMOE_INSTANTIATE_KV(float)
+ODMOE_INSTANTIATE_KV(__half)
+ODMOE_INSTANTIATE_KV(__nv_bfloat16)
+#undef ODMOE_INSTANTIATE_KV
 
 }  // namespace odmoe::kernels

@@ -1,4 +1,5 @@
-// Causal multi-head attention with grouped-query heads, fp32 throughout.
+// Causal multi-head attention with grouped-query heads, fp32 arithmetic over a KV cache stored as KV: float, or
+// __half / __nv_bfloat16 (the model's compute dtype: half the bytes; each value read as fp32).
 //
 // Shapes (row-major): q, out: [n, heads, head_dim]; k_cache, v_cache: [past + n, kv_heads, head_dim], the n new
 // tokens at rows past .. past + n - 1. Query token t (position past + t) attends to cache rows 0 .. past + t.
@@ -15,6 +16,8 @@
 // Both compute the same function; either may be used for any n.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -28,11 +31,14 @@ inline constexpr int64_t kMaxHeadDim = 256;
 // would not split). Passing a smaller workspace reduces the number of splits (none when it is 0 or null).
 size_t AttentionDecodeWorkspaceFloats(int64_t n, int64_t past, int64_t heads, int64_t head_dim);
 
-cudaError_t LaunchAttentionDecode(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past,
+// KV: float, __half or __nv_bfloat16 (explicitly instantiated in attention.cu).
+template <typename KV>
+cudaError_t LaunchAttentionDecode(const float* q, const KV* k_cache, const KV* v_cache, int64_t n, int64_t past,
                                   int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
                                   float* workspace, size_t workspace_floats, cudaStream_t stream);
 
-cudaError_t LaunchAttentionPrefill(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past,
+template <typename KV>
+cudaError_t LaunchAttentionPrefill(const float* q, const KV* k_cache, const KV* v_cache, int64_t n, int64_t past,
                                    int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
                                    cudaStream_t stream);
 

@@ -162,6 +162,17 @@ __global__ void SplitToPairKernel(const float* __restrict__ x, int64_t cols, T* 
   if (threadIdx.x == 0) row_scale[row] = ldexpf(1.0f, e);
 }
 
+// To fp32 exactly; from fp32 to 16 bits rounding to nearest even (what HF's .to(dtype) does).
+__device__ __forceinline__ void ConvertOne(float v, float* out) { *out = v; }
+__device__ __forceinline__ void ConvertOne(float v, __half* out) { *out = __float2half_rn(v); }
+__device__ __forceinline__ void ConvertOne(float v, __nv_bfloat16* out) { *out = __float2bfloat16_rn(v); }
+
+template <typename S, typename D>
+__global__ void ConvertKernel(const S* __restrict__ src, int64_t count, D* __restrict__ dst) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < count) ConvertOne(ToFloat(src[i]), dst + i);
+}
+
 __global__ void ScaleRowsKernel(float* __restrict__ y, int64_t cols, const float* __restrict__ scale) {
   const int64_t row = blockIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -247,6 +258,15 @@ cudaError_t LaunchScaleRows(float* y, int64_t rows, int64_t cols, const float* s
   return cudaGetLastError();
 }
 
+template <typename S, typename D>
+cudaError_t LaunchConvert(const S* src, int64_t count, D* dst, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  const int64_t blocks = CeilDiv(count, kThreads);
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  ConvertKernel<S, D><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(src, count, dst);
+  return cudaGetLastError();
+}
+
 #define ODMOE_INSTANTIATE_W(W)                                                                               \
   template cudaError_t LaunchEmbedding<W>(const int32_t*, int64_t, const W*, int64_t, float*, cudaStream_t); \
   template cudaError_t LaunchAddBias<W>(const W*, int64_t, int64_t, float*, cudaStream_t);
@@ -258,5 +278,10 @@ ODMOE_INSTANTIATE_W(__nv_bfloat16)
 template cudaError_t LaunchSplitToPair<__half>(const float*, int64_t, int64_t, __half*, __half*, float*, cudaStream_t);
 template cudaError_t LaunchSplitToPair<__nv_bfloat16>(const float*, int64_t, int64_t, __nv_bfloat16*, __nv_bfloat16*,
                                                       float*, cudaStream_t);
+
+template cudaError_t LaunchConvert<float, __half>(const float*, int64_t, __half*, cudaStream_t);
+template cudaError_t LaunchConvert<float, __nv_bfloat16>(const float*, int64_t, __nv_bfloat16*, cudaStream_t);
+template cudaError_t LaunchConvert<__half, float>(const __half*, int64_t, float*, cudaStream_t);
+template cudaError_t LaunchConvert<__nv_bfloat16, float>(const __nv_bfloat16*, int64_t, float*, cudaStream_t);
 
 }  // namespace odmoe::kernels

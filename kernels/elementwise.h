@@ -47,6 +47,11 @@ template <typename T>
 cudaError_t LaunchSplitToPair(const float* x, int64_t rows, int64_t cols, T* hi, T* lo, float* row_scale,
                               cudaStream_t stream);
 
+// dst[i] = src[i] for `count` values, between fp32 and a 16-bit type (S -> D: float -> __half or __nv_bfloat16,
+// rounding to nearest even as HF's .to(dtype); __half or __nv_bfloat16 -> float, exact). src, dst must not overlap.
+template <typename S, typename D>
+cudaError_t LaunchConvert(const S* src, int64_t count, D* dst, cudaStream_t stream);
+
 // y[r, :] *= scale[r] for the rows of y[rows, cols].
 cudaError_t LaunchScaleRows(float* y, int64_t rows, int64_t cols, const float* scale, cudaStream_t stream);
 

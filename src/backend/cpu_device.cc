@@ -177,10 +177,17 @@ void CpuDevice::Rope(float* x, const int32_t* positions, int64_t n, int64_t head
   cpu::Rope(x, positions, n, heads, head_dim, theta);
 }
 
-void CpuDevice::Attention(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past,
+void CpuDevice::Convert(const void* src, DType src_dtype, int64_t count, void* dst, DType dst_dtype, Stream*) {
+  CountOp("Convert");
+  cpu::Convert(src, src_dtype, count, dst, dst_dtype);
+}
+
+void CpuDevice::Attention(const float* q, KvCacheRef k_cache, KvCacheRef v_cache, int64_t n, int64_t past,
                           int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out, Stream*) {
   CountOp("Attention");
-  cpu::Attention(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale, out);
+  ODMOE_CHECK(k_cache.dtype == DType::kF32 && v_cache.dtype == DType::kF32);  // KvCacheDType's only answer here
+  cpu::Attention(q, static_cast<const float*>(k_cache.data), static_cast<const float*>(v_cache.data), n, past, heads,
+                 kv_heads, head_dim, scale, out);
 }
 
 void CpuDevice::RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,

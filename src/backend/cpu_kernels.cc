@@ -322,6 +322,28 @@ void SwiGlu(const float* gate, const float* up, int64_t count, float* out) {
   }
 }
 
+void Convert(const void* src, DType src_dtype, int64_t count, void* dst, DType dst_dtype) {
+  ODMOE_CHECK(count >= 0);
+  if (count == 0) return;
+  ODMOE_CHECK(src != nullptr && dst != nullptr);
+  const auto is_16 = [](DType d) { return d == DType::kF16 || d == DType::kBF16; };
+  if (src_dtype == dst_dtype) {
+    ODMOE_CHECK(src_dtype == DType::kF32 || is_16(src_dtype));
+    std::memcpy(dst, src, static_cast<size_t>(count) * DTypeSize(src_dtype));
+    return;
+  }
+  if (src_dtype == DType::kF32 && is_16(dst_dtype)) {
+    const float* s = static_cast<const float*>(src);
+    uint16_t* d = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < count; ++i) d[i] = dst_dtype == DType::kBF16 ? F32ToBf16(s[i]) : F32ToF16(s[i]);
+    return;
+  }
+  ODMOE_CHECK(is_16(src_dtype) && dst_dtype == DType::kF32);
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  float* d = static_cast<float*>(dst);
+  for (int64_t i = 0; i < count; ++i) d[i] = src_dtype == DType::kBF16 ? Bf16ToF32(s[i]) : F16ToF32(s[i]);
+}
+
 void Add(const float* x, int64_t count, float* y) {
   ODMOE_CHECK(count >= 0);
   if (count == 0) return;

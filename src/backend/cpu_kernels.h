@@ -66,6 +66,11 @@ void SwiGlu(const float* gate, const float* up, int64_t count, float* out);
 // y[i] += x[i].
 void Add(const float* x, int64_t count, float* y);
 
+// dst[i] = src[i] for `count` values from src_dtype to dst_dtype: F32 to F16 / BF16 (round to nearest even) or
+// back (exact), or a copy for the same dtype. REQUIRES: dtypes F32, F16 or BF16, one of them F32 unless equal;
+// src and dst do not overlap.
+void Convert(const void* src, DType src_dtype, int64_t count, void* dst, DType dst_dtype);
+
 // dst[i, :] = src[rows[i], :]. src: [*, dim], rows: [n], dst: [n, dim]. REQUIRES: dst does not overlap src.
 void GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* dst);
 

@@ -678,24 +678,58 @@ class CudaDevice final : public Device {
         kernels::LaunchRope(x, positions, n, heads, head_dim, theta, InvFreqTable(head_dim, theta, s), s->get()));
   }
 
-  void Attention(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past, int64_t heads,
+  // F16 / BF16 models keep their KV cache in their own dtype, as HF does; every other model in F32.
+  DType KvCacheDType(DType compute) const override {
+    return compute == DType::kF16 || compute == DType::kBF16 ? compute : DType::kF32;
+  }
+
+  void Convert(const void* src, DType src_dtype, int64_t count, void* dst, DType dst_dtype, Stream* stream) override {
+    CountOp("Convert");
+    ODMOE_CHECK(count >= 0);
+    if (count == 0) return;
+    ODMOE_CHECK(src != nullptr && dst != nullptr);
+    UseDevice(ordinal_);
+    cudaStream_t s = S(stream)->get();
+    const auto* f32_src = static_cast<const float*>(src);
+    auto* f32_dst = static_cast<float*>(dst);
+    if (src_dtype == DType::kF32 && dst_dtype == DType::kBF16) {
+      ODMOE_CUDA_LAUNCH(kernels::LaunchConvert(f32_src, count, static_cast<__nv_bfloat16*>(dst), s));
+    } else if (src_dtype == DType::kF32 && dst_dtype == DType::kF16) {
+      ODMOE_CUDA_LAUNCH(kernels::LaunchConvert(f32_src, count, static_cast<__half*>(dst), s));
+    } else if (src_dtype == DType::kBF16 && dst_dtype == DType::kF32) {
+      ODMOE_CUDA_LAUNCH(kernels::LaunchConvert(static_cast<const __nv_bfloat16*>(src), count, f32_dst, s));
+    } else if (src_dtype == DType::kF16 && dst_dtype == DType::kF32) {
+      ODMOE_CUDA_LAUNCH(kernels::LaunchConvert(static_cast<const __half*>(src), count, f32_dst, s));
+    } else {
+      std::fprintf(stderr, "CudaDevice::Convert: %s to %s is not a conversion it makes\n",
+                   std::string(DTypeName(src_dtype)).c_str(), std::string(DTypeName(dst_dtype)).c_str());
+      std::abort();
+    }
+  }
+
+  void Attention(const float* q, KvCacheRef k_cache, KvCacheRef v_cache, int64_t n, int64_t past, int64_t heads,
                  int64_t kv_heads, int64_t head_dim, float scale, float* out, Stream* stream) override {
     CountOp("Attention");
     ODMOE_CHECK(n >= 0 && past >= 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0);
     ODMOE_CHECK(head_dim > 0 && head_dim <= kernels::kMaxHeadDim);
+    ODMOE_CHECK(k_cache.dtype == v_cache.dtype);
     if (n == 0) return;
-    ODMOE_CHECK(q != nullptr && k_cache != nullptr && v_cache != nullptr && out != nullptr);
+    ODMOE_CHECK(q != nullptr && k_cache.data != nullptr && v_cache.data != nullptr && out != nullptr);
     UseDevice(ordinal_);
     CudaStream* s = S(stream);
-    if (n <= kDecodeMaxTokens) {
-      const size_t floats = kernels::AttentionDecodeWorkspaceFloats(n, past, heads, head_dim);
-      float* workspace = floats > 0 ? static_cast<float*>(s->Scratch(floats * sizeof(float))) : nullptr;
-      ODMOE_CUDA_LAUNCH(kernels::LaunchAttentionDecode(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale,
-                                                       out, workspace, floats, s->get()));
-    } else {
-      ODMOE_CUDA_LAUNCH(kernels::LaunchAttentionPrefill(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale,
-                                                        out, s->get()));
-    }
+    WithWeightType(WeightRef{k_cache.data, k_cache.dtype}, [&](auto* k) {
+      using KV = std::remove_const_t<std::remove_pointer_t<decltype(k)>>;
+      const KV* v = static_cast<const KV*>(v_cache.data);
+      if (n <= kDecodeMaxTokens) {
+        const size_t floats = kernels::AttentionDecodeWorkspaceFloats(n, past, heads, head_dim);
+        float* workspace = floats > 0 ? static_cast<float*>(s->Scratch(floats * sizeof(float))) : nullptr;
+        ODMOE_CUDA_LAUNCH(kernels::LaunchAttentionDecode(q, k, v, n, past, heads, kv_heads, head_dim, scale, out,
+                                                         workspace, floats, s->get()));
+      } else {
+        ODMOE_CUDA_LAUNCH(
+            kernels::LaunchAttentionPrefill(q, k, v, n, past, heads, kv_heads, head_dim, scale, out, s->get()));
+      }
+    });
   }
 
   void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize, int32_t* ids,

@@ -20,7 +20,10 @@
 //    CUBLAS_COMPUTE_32F_PEDANTIC (no TF32); fp16/bf16 weights with fp32 accumulation on tensor cores, the fp32
 //    activations being split into a hi + lo pair of the weight's dtype (two GEMMs), which keeps about 16
 //    (bf16) or 22 (fp16) bits of each activation instead of 8 or 11.
-//  - Attention: the split-sequence decode kernel for up to 4 new tokens, the tiled prefill kernel beyond.
+//  - Attention: the split-sequence decode kernel for up to 4 new tokens, the tiled prefill kernel beyond, both
+//    over a KV cache in the model's compute dtype (KvCacheDType: F16 / BF16 models keep theirs in that dtype,
+//    as HF does, half the bytes of fp32; every other model in F32), written by Convert (fp32 rows rounded to
+//    nearest even).
 //  - Rope rotates by the inverse frequencies of the CPU reference (cpu::RopeInvFreq, uploaded once per
 //    head_dim and theta), so both backends use bitwise the same frequencies.
 //  - Ops report CUDA errors (a bad launch, a fault) by aborting with the error's text: like CHECKs, they are

@@ -89,6 +89,13 @@ struct WeightRef {
   bool quantized() const { return dtype == DType::kI8 || dtype == DType::kU8; }
 };
 
+// A K or V cache in device memory, [rows, kv_heads, head_dim] values of `dtype`: F32, or the F16 / BF16 that
+// Device::KvCacheDType chose.
+struct KvCacheRef {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+
 struct MemoryInfo {
   uint64_t capacity = 0;  // bytes the device may allocate in all; 0: no limit known
   uint64_t in_use = 0;    // bytes allocated now
@@ -172,6 +179,16 @@ class Device {
   uint64_t registered_host_bytes() const;
 
   // ---- ops -------------------------------------------------------------------------------------------------
+  // The dtype this device keeps a KV cache in for a model computing in `compute` (its attention weights' dtype):
+  // F32 by default (the CPU devices: the fp32 reference); CUDA keeps F16 / BF16 models' caches in their dtype,
+  // as HF does (half the bytes to write and to read at every decode step).
+  virtual DType KvCacheDType(DType compute) const {
+    (void)compute;
+    return DType::kF32;
+  }
+  // dst[i] = src[i] for `count` values from src_dtype to dst_dtype: F32 to F16 / BF16 (round to nearest even) or
+  // back (exact). src and dst are device memory and do not overlap.
+  virtual void Convert(const void* src, DType src_dtype, int64_t count, void* dst, DType dst_dtype, Stream* stream) = 0;
   // out[i, :] = table[ids[i], :] as fp32. ids: [n] (device memory), table: [vocab, dim].
   virtual void Embedding(const int32_t* ids, int64_t n, WeightRef table, int64_t dim, float* out, Stream* stream) = 0;
   // out[i, :] = x[i, :] / sqrt(mean(x[i, :]^2) + eps) * weight. x, out: [rows, dim] (may alias).
@@ -189,9 +206,9 @@ class Device {
   // Causal attention of n new tokens against a cache that already holds `past` tokens plus these n
   // (k_cache, v_cache: [past + n, kv_heads, head_dim], the new tokens at rows past..past+n-1).
   // q: [n, heads, head_dim]; out: [n, heads, head_dim]. Query head h reads kv head h / (heads / kv_heads).
-  virtual void Attention(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past,
-                         int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
-                         Stream* stream) = 0;
+  // REQUIRES: both caches of one dtype, one that KvCacheDType returns on this device.
+  virtual void Attention(const float* q, KvCacheRef k_cache, KvCacheRef v_cache, int64_t n, int64_t past, int64_t heads,
+                         int64_t kv_heads, int64_t head_dim, float scale, float* out, Stream* stream) = 0;
   // Router: softmax over logits[i, :num_experts], top-k (ties: lower expert id first), best first; weights
   // renormalised to sum 1 when `renormalize`. logits: [n, num_experts]; ids, weights: [n, k].
   virtual void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,

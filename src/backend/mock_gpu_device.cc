@@ -571,10 +571,33 @@ void MockGpuDevice::Rope(float* x, const int32_t* positions, int64_t n, int64_t 
   cpu::Rope(x, positions, n, heads, head_dim, theta);
 }
 
-void MockGpuDevice::Attention(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past,
+void MockGpuDevice::Convert(const void* src, DType src_dtype, int64_t count, void* dst, DType dst_dtype,
+                            Stream* stream) {
+  ODMOE_CHECK(count >= 0);
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    const uint64_t src_bytes = static_cast<uint64_t>(count) * DTypeSize(src_dtype);
+    const uint64_t dst_bytes = static_cast<uint64_t>(count) * DTypeSize(dst_dtype);
+    if (count > 0) {
+      state_->CheckArgLocked("Convert", "src", src, src_bytes);
+      state_->CheckArgLocked("Convert", "dst", dst, dst_bytes);
+    }
+    NoteLaunches(1);
+    state_->ScheduleOpLocked(OpShape{.kind = OpKind::kConvert, .count = count, .weight = src_dtype, .dst = dst_dtype},
+                             sid);
+  }
+  cpu::Convert(src, src_dtype, count, dst, dst_dtype);
+}
+
+void MockGpuDevice::Attention(const float* q, KvCacheRef k_cache_ref, KvCacheRef v_cache_ref, int64_t n, int64_t past,
                               int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
                               Stream* stream) {
   ODMOE_CHECK(n >= 0 && past >= 0 && heads > 0 && kv_heads > 0 && head_dim > 0);
+  // KvCacheDType's only answer here.
+  ODMOE_CHECK(k_cache_ref.dtype == DType::kF32 && v_cache_ref.dtype == DType::kF32);
+  const float* k_cache = static_cast<const float*>(k_cache_ref.data);
+  const float* v_cache = static_cast<const float*>(v_cache_ref.data);
   {
     absl::MutexLock lock(&state_->mu);
     const int sid = state_->StreamIdLocked(stream);

@@ -156,7 +156,8 @@ class MockGpuDevice final : public Device {
               Stream* stream) override;
   void Rope(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim, double theta,
             Stream* stream) override;
-  void Attention(const float* q, const float* k_cache, const float* v_cache, int64_t n, int64_t past, int64_t heads,
+  void Convert(const void* src, DType src_dtype, int64_t count, void* dst, DType dst_dtype, Stream* stream) override;
+  void Attention(const float* q, KvCacheRef k_cache, KvCacheRef v_cache, int64_t n, int64_t past, int64_t heads,
                  int64_t kv_heads, int64_t head_dim, float scale, float* out, Stream* stream) override;
   void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize, int32_t* ids,
                   float* weights, Stream* stream) override;

@@ -46,6 +46,8 @@ std::string_view OpKindName(OpKind kind) {
       return "GatherRows";
     case OpKind::kScatterAddScaled:
       return "ScatterAddScaled";
+    case OpKind::kConvert:
+      return "Convert";
   }
   return "?";
 }
@@ -87,6 +89,8 @@ OpWork WorkOf(const OpShape& s) {
       return {0, 2 * Bytes4(s.n * s.dim) + Bytes4(s.n)};
     case OpKind::kScatterAddScaled:
       return {2.0 * D(s.n) * D(s.dim), 3 * Bytes4(s.n * s.dim) + 2 * Bytes4(s.n)};
+    case OpKind::kConvert:
+      return {0, DenseBytes(s.weight, s.count) + DenseBytes(s.dst, s.count)};
   }
   return {};
 }

@@ -15,6 +15,7 @@
 //   Add               count;                      3*count*4
 //   GatherRows        0;                          2*n*dim*4 + n*4
 //   ScatterAddScaled  2*n*dim;                    3*n*dim*4 + n*8
+//   Convert           0;                          count*(size of src dtype + size of dst dtype)
 #pragma once
 
 #include <cstdint>
@@ -34,7 +35,8 @@ enum class OpKind {
   kSwiGlu,
   kAdd,
   kGatherRows,
-  kScatterAddScaled
+  kScatterAddScaled,
+  kConvert
 };
 std::string_view OpKindName(OpKind kind);  // the Device method's name: "MatMul", ...
 
@@ -42,8 +44,9 @@ std::string_view OpKindName(OpKind kind);  // the Device method's name: "MatMul"
 // which of the Device method's arguments:
 //   Embedding(n, dim), RmsNorm(rows -> n, dim), MatMul(n, in_dim, out_dim, has_bias), Rope(n, heads, head_dim),
 //   Attention(n, past, heads, kv_heads, head_dim), RouterTopK(n, experts, k), SwiGlu(count), Add(count),
-//   GatherRows(n, dim), ScatterAddScaled(n, dim).
-// `weight` is the dtype of the op's weight (Embedding's table, RmsNorm's weight, MatMul's w); `bias` MatMul's bias.
+//   GatherRows(n, dim), ScatterAddScaled(n, dim), Convert(count).
+// `weight` is the dtype of the op's weight (Embedding's table, RmsNorm's weight, MatMul's w) or Convert's source;
+// `bias` MatMul's bias; `dst` Convert's destination.
 struct OpShape {
   OpKind kind = OpKind::kAdd;
   int64_t n = 0;
@@ -60,6 +63,7 @@ struct OpShape {
   DType weight = DType::kF32;
   bool has_bias = false;
   DType bias = DType::kF32;
+  DType dst = DType::kF32;
 };
 
 struct OpWork {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "src/backend/cpu_kernels.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 
@@ -127,13 +128,30 @@ absl::Status Engine::AllocateCache(Sequence& seq, int64_t capacity) {
   seq.capacity_ = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     std::unique_ptr<Buffer> kb, vb;
-    ODMOE_RETURN_IF_ERROR(Alloc(device_, kb, F32Bytes(capacity * c.kv_size()), StrCat("k cache, layer ", l)));
-    ODMOE_RETURN_IF_ERROR(Alloc(device_, vb, F32Bytes(capacity * c.kv_size()), StrCat("v cache, layer ", l)));
+    const size_t bytes = static_cast<size_t>(capacity * c.kv_size()) * DTypeSize(kv_dtype_);
+    ODMOE_RETURN_IF_ERROR(Alloc(device_, kb, bytes, StrCat("k cache, layer ", l)));
+    ODMOE_RETURN_IF_ERROR(Alloc(device_, vb, bytes, StrCat("v cache, layer ", l)));
     seq.k_cache_.push_back(std::move(kb));
     seq.v_cache_.push_back(std::move(vb));
   }
   seq.capacity_ = capacity;
   return absl::OkStatus();
+}
+
+void Engine::StoreKv(const float* src, int64_t count, Buffer& cache, int64_t at, Stream* stream) {
+  if (kv_dtype_ == DType::kF32) {
+    device_.CopyOnDevice(cache.as<float>() + at, src, F32Bytes(count), stream);
+  } else {
+    device_.Convert(src, DType::kF32, count, cache.as<uint8_t>() + at * DTypeSize(kv_dtype_), kv_dtype_, stream);
+  }
+}
+
+void Engine::LoadKv(const Buffer& cache, int64_t at, int64_t count, float* dst, Stream* stream) {
+  if (kv_dtype_ == DType::kF32) {
+    device_.CopyOnDevice(dst, cache.as<float>() + at, F32Bytes(count), stream);
+  } else {
+    device_.Convert(cache.as<uint8_t>() + at * DTypeSize(kv_dtype_), kv_dtype_, count, dst, DType::kF32, stream);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Sequence>> Engine::NewSequence(int64_t capacity, uint64_t tag) {
@@ -186,9 +204,8 @@ absl::Status Engine::ReadKv(const Sequence& seq, int64_t position, float* k, flo
   float* row = kv_row_->as<float>();
   for (int64_t l = 0; l < layers; ++l) {
     const size_t i = static_cast<size_t>(l);
-    device_.CopyOnDevice(row + l * kv, seq.k_cache_[i]->as<float>() + position * kv, F32Bytes(kv), stream_.get());
-    device_.CopyOnDevice(row + (layers + l) * kv, seq.v_cache_[i]->as<float>() + position * kv, F32Bytes(kv),
-                         stream_.get());
+    LoadKv(*seq.k_cache_[i], position * kv, kv, row + l * kv, stream_.get());
+    LoadKv(*seq.v_cache_[i], position * kv, kv, row + (layers + l) * kv, stream_.get());
   }
   device_.CopyToHost(k, row, F32Bytes(layers * kv), stream_.get());
   device_.CopyToHost(v, row + layers * kv, F32Bytes(layers * kv), stream_.get());
@@ -207,13 +224,18 @@ absl::Status Engine::ReadKvRange(const Sequence& seq, int64_t first, int64_t cou
   }
   const int64_t kv = config().kv_size();
   const int64_t layers = static_cast<int64_t>(seq.k_cache_.size());
+  // The cache's bytes, then fp32 on the host (exact from F16 / BF16).
+  const size_t elt = DTypeSize(kv_dtype_);
+  std::vector<uint8_t> raw(static_cast<size_t>(count * kv) * elt);
   std::vector<float> tmp(static_cast<size_t>(count * kv));
   for (int64_t l = 0; l < layers; ++l) {
     for (int which = 0; which < 2; ++which) {
       const size_t i = static_cast<size_t>(l);
       const Buffer& cache = which == 0 ? *seq.k_cache_[i] : *seq.v_cache_[i];
       float* out = which == 0 ? k : v;
-      device_.CopyToHost(tmp.data(), cache.as<float>() + first * kv, F32Bytes(count * kv), stream_.get());
+      device_.CopyToHost(raw.data(), cache.as<uint8_t>() + static_cast<size_t>(first * kv) * elt, raw.size(),
+                         stream_.get());
+      cpu::Convert(raw.data(), kv_dtype_, count * kv, tmp.data(), DType::kF32);
       for (int64_t j = 0; j < count; ++j) {
         std::copy_n(tmp.data() + j * kv, kv, out + (j * layers + l) * kv);
       }
@@ -234,11 +256,23 @@ absl::Status Engine::WriteKv(Sequence& seq, int64_t position, const float* k, co
         StrCat("KV of position ", position, " written, but the sequence has ", seq.position_, " positions"));
   }
   const int64_t kv = config().kv_size();
-  for (size_t l = 0; l < seq.k_cache_.size(); ++l) {
-    device_.CopyToDevice(seq.k_cache_[l]->as<float>() + position * kv, k + static_cast<int64_t>(l) * kv, F32Bytes(kv),
-                         stream_.get());
-    device_.CopyToDevice(seq.v_cache_[l]->as<float>() + position * kv, v + static_cast<int64_t>(l) * kv, F32Bytes(kv),
-                         stream_.get());
+  const int64_t layers = static_cast<int64_t>(seq.k_cache_.size());
+  if (kv_dtype_ == DType::kF32) {
+    for (int64_t l = 0; l < layers; ++l) {
+      const size_t i = static_cast<size_t>(l);
+      device_.CopyToDevice(seq.k_cache_[i]->as<float>() + position * kv, k + l * kv, F32Bytes(kv), stream_.get());
+      device_.CopyToDevice(seq.v_cache_[i]->as<float>() + position * kv, v + l * kv, F32Bytes(kv), stream_.get());
+    }
+  } else {
+    // Through kv_row_ ([2, layers, kv] fp32), converted into the caches on the device.
+    float* row = kv_row_->as<float>();
+    device_.CopyToDevice(row, k, F32Bytes(layers * kv), stream_.get());
+    device_.CopyToDevice(row + layers * kv, v, F32Bytes(layers * kv), stream_.get());
+    for (int64_t l = 0; l < layers; ++l) {
+      const size_t i = static_cast<size_t>(l);
+      StoreKv(row + l * kv, kv, *seq.k_cache_[i], position * kv, stream_.get());
+      StoreKv(row + (layers + l) * kv, kv, *seq.v_cache_[i], position * kv, stream_.get());
+    }
   }
   device_.Synchronize(stream_.get());  // the host rows may die on return
   return absl::OkStatus();
@@ -375,12 +409,12 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
     for (size_t i = 0; i < inputs.size(); ++i) {
       Sequence& seq = *inputs[i].sequence;
       const int64_t past = seq.position_, rows = static_cast<int64_t>(inputs[i].ids.size()), row = first_row[i];
-      float* kc = seq.k_cache_[static_cast<size_t>(l)]->as<float>();
-      float* vc = seq.v_cache_[static_cast<size_t>(l)]->as<float>();
-      d.CopyOnDevice(kc + past * c.kv_size(), kk + row * c.kv_size(), F32Bytes(rows * c.kv_size()), s);
-      d.CopyOnDevice(vc + past * c.kv_size(), v + row * c.kv_size(), F32Bytes(rows * c.kv_size()), s);
-      d.Attention(q + row * c.q_size(), kc, vc, rows, past, c.num_heads, c.num_kv_heads, c.head_dim, scale,
-                  attn_->as<float>() + row * c.q_size(), s);
+      Buffer& kc = *seq.k_cache_[static_cast<size_t>(l)];
+      Buffer& vc = *seq.v_cache_[static_cast<size_t>(l)];
+      StoreKv(kk + row * c.kv_size(), rows * c.kv_size(), kc, past * c.kv_size(), s);
+      StoreKv(v + row * c.kv_size(), rows * c.kv_size(), vc, past * c.kv_size(), s);
+      d.Attention(q + row * c.q_size(), CacheRef(kc), CacheRef(vc), rows, past, c.num_heads, c.num_kv_heads, c.head_dim,
+                  scale, attn_->as<float>() + row * c.q_size(), s);
     }
     d.MatMul(attn_->as<float>(), a.o, a.o_bias, n, c.q_size(), hidden, o_->as<float>(), s);
     d.Add(o_->as<float>(), n * hidden, x, s);

@@ -93,7 +93,7 @@ class Sequence {
   uint64_t tag_ = 0;
   int64_t position_ = 0;
   int64_t capacity_ = 0;
-  std::vector<std::unique_ptr<Buffer>> k_cache_, v_cache_;  // per layer: [capacity, kv_heads, head_dim]
+  std::vector<std::unique_ptr<Buffer>> k_cache_, v_cache_;  // per layer: [capacity, kv_heads, head_dim], kv_dtype
 };
 
 // One sequence's rows in an Engine::ForwardBatch.
@@ -164,7 +164,11 @@ class Engine {
 
  private:
   Engine(const ModelWeights& weights, Device& device, ExpertExecutor* experts, EngineOptions options)
-      : weights_(weights), device_(device), experts_(experts), options_(options) {}
+      : weights_(weights),
+        device_(device),
+        experts_(experts),
+        options_(options),
+        kv_dtype_(device.KvCacheDType(weights.layer(0).attn.k.dtype)) {}
   absl::Status AllocateWorkspace();
   // OutOfRange for an id outside the vocabulary, or when `ids` do not fit in `seq`'s room.
   absl::Status CheckTokens(const Sequence& seq, std::span<const int32_t> ids) const;
@@ -173,11 +177,17 @@ class Engine {
   absl::Status ForwardChunk(std::span<const BatchInput> inputs, ForwardKind kind);
   // Allocates the K and V caches of `seq` for `capacity` positions.
   absl::Status AllocateCache(Sequence& seq, int64_t capacity);
+  // Cache rows <-> fp32 rows, both in device memory: `count` values from / to element `at` of `cache`.
+  void StoreKv(const float* src, int64_t count, Buffer& cache, int64_t at, Stream* stream);
+  void LoadKv(const Buffer& cache, int64_t at, int64_t count, float* dst, Stream* stream);
+  KvCacheRef CacheRef(const Buffer& cache) const { return KvCacheRef{cache.data(), kv_dtype_}; }
 
   const ModelWeights& weights_;
   Device& device_;
   ExpertExecutor* experts_;
   EngineOptions options_;
+  // The KV caches' dtype: the device's choice for the attention weights' dtype (Device::KvCacheDType).
+  const DType kv_dtype_;
   std::unique_ptr<Stream> stream_;
 
   std::unique_ptr<Sequence> own_;  // StartSequence's (nullptr before the first)

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -480,6 +481,34 @@ TEST(CpuKernelsTest, AddAddsElementwise) {
   for (int i = 0; i < 13; ++i) want[i] = y[i] + x[i];
   cpu::Add(x.data(), 13, y.data());
   EXPECT_EQ(y, want);
+}
+
+TEST(CpuKernelsTest, ConvertRoundsToSixteenBitsAndBackExactly) {
+  // Values on and beside the bf16 / fp16 halfway points, a subnormal, infinities, NaN.
+  std::vector<float> x = {1.0f, 1.00390625f, 1.005859375f, -3.3333333f, 1e-41f, 65519.0f, 65520.0f, 1e30f};
+  x.push_back(std::numeric_limits<float>::infinity());
+  x.push_back(-std::numeric_limits<float>::infinity());
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  const int64_t n = static_cast<int64_t>(x.size());
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    std::vector<uint16_t> half(x.size());
+    cpu::Convert(x.data(), DType::kF32, n, half.data(), dtype);
+    std::vector<float> back(x.size());
+    cpu::Convert(half.data(), dtype, n, back.data(), DType::kF32);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint16_t want = dtype == DType::kBF16 ? F32ToBf16(x[i]) : F32ToF16(x[i]);
+      EXPECT_EQ(half[i], want) << DTypeName(dtype) << " value " << i;
+      const float widened = dtype == DType::kBF16 ? Bf16ToF32(want) : F16ToF32(want);
+      if (std::isnan(x[i])) {
+        EXPECT_TRUE(std::isnan(back[i]));
+      } else {
+        EXPECT_EQ(back[i], widened) << DTypeName(dtype) << " value " << i;
+      }
+    }
+  }
+  std::vector<float> copy(x.size());
+  cpu::Convert(x.data(), DType::kF32, n, copy.data(), DType::kF32);
+  EXPECT_EQ(std::memcmp(copy.data(), x.data(), x.size() * sizeof(float)), 0);
 }
 
 TEST(CpuKernelsTest, GatherRowsCopiesRowsExactly) {

@@ -71,8 +71,8 @@ std::vector<std::vector<uint8_t>> RunEveryOp(Device& device) {
   auto k_cache = Upload(device, floats((past + n) * kv_heads * head_dim, 1.0f));
   auto v_cache = Upload(device, floats((past + n) * kv_heads * head_dim, 1.0f));
   auto attn = Alloc(device, n * heads * head_dim * 4);
-  device.Attention(q->as<float>(), k_cache->as<float>(), v_cache->as<float>(), n, past, heads, kv_heads, head_dim,
-                   0.17f, attn->as<float>(), nullptr);
+  device.Attention(q->as<float>(), KvCacheRef{k_cache->data()}, KvCacheRef{v_cache->data()}, n, past, heads, kv_heads,
+                   head_dim, 0.17f, attn->as<float>(), nullptr);
   keep(*attn);
   auto logits = Upload(device, floats(n * experts, 3.0f));
   auto top_ids = Alloc(device, n * k * 4);

@@ -329,6 +329,58 @@ TEST_F(CudaDeviceTest, RopeTablesAreAccounted) {
   EXPECT_EQ((*device)->memory_info().in_use, buffers + 2 * table);  // one more table, for the second theta
 }
 
+// The KV cache in the compute dtype: F16 / BF16 models keep it in their dtype (anything else in F32); Convert
+// rounds to 16 bits and widens back bitwise as the CPU device does; both attention kernels read a 16-bit cache
+// as the CPU's fp32 attention reads the same values widened.
+TEST_F(CudaDeviceTest, KvCacheInTheComputeDType) {
+  EXPECT_EQ(gpu_->KvCacheDType(DType::kBF16), DType::kBF16);
+  EXPECT_EQ(gpu_->KvCacheDType(DType::kF16), DType::kF16);
+  EXPECT_EQ(gpu_->KvCacheDType(DType::kF32), DType::kF32);
+  EXPECT_EQ(gpu_->KvCacheDType(DType::kI8), DType::kF32);
+  EXPECT_EQ(cpu_->KvCacheDType(DType::kBF16), DType::kF32);
+
+  std::mt19937 rng(43);
+  const int64_t heads = 6, kv_heads = 2, head_dim = 40;
+  const float scale = 1.0f / std::sqrt(40.0f);
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const auto& [n, past] : std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {1, 300}, {3, 40}, {20, 5}}) {
+      const std::string what =
+          std::string(DTypeName(dtype)) + " n=" + std::to_string(n) + " past=" + std::to_string(past);
+      const int64_t count = (past + n) * kv_heads * head_dim;
+      std::vector<float> k = RandomFloats(static_cast<size_t>(count), rng, -3.0f, 3.0f);
+      k[0] = 1.00390625f;  // a bf16 halfway point: rounds to even
+      const Twin k32 = Make(k, "k fp32");
+      const Twin v32 = Make(RandomFloats(static_cast<size_t>(count), rng), "v fp32");
+      const Twin q = Make(RandomFloats(static_cast<size_t>(n * heads * head_dim), rng), "q");
+      const Twin k16 = Make(std::vector<uint16_t>(static_cast<size_t>(count)), "k cache");
+      const Twin v16 = Make(std::vector<uint16_t>(static_cast<size_t>(count)), "v cache");
+      const Twin k_back = Zeros(static_cast<size_t>(count), "k widened");
+      const Twin attn = Zeros(static_cast<size_t>(n * heads * head_dim), "attn");
+      for (Device* d : {cpu_.get(), gpu_.get()}) {
+        const bool g = d == gpu_.get();
+        const auto p = [&](const Twin& t) { return g ? t.gpu->data() : t.cpu->data(); };
+        d->Convert(p(k32), DType::kF32, count, p(k16), dtype, nullptr);
+        d->Convert(p(v32), DType::kF32, count, p(v16), dtype, nullptr);
+        d->Convert(p(k16), dtype, count, p(k_back), DType::kF32, nullptr);
+        if (g) {
+          d->Attention(static_cast<float*>(p(q)), KvCacheRef{p(k16), dtype}, KvCacheRef{p(v16), dtype}, n, past, heads,
+                       kv_heads, head_dim, scale, static_cast<float*>(p(attn)), nullptr);
+        } else {  // the CPU device's cache is fp32: the same values, widened
+          const Twin v_back = Zeros(static_cast<size_t>(count), "v widened");
+          d->Convert(p(v16), dtype, count, p(v_back), DType::kF32, nullptr);
+          d->Attention(static_cast<float*>(p(q)), KvCacheRef{p(k_back)}, KvCacheRef{v_back.cpu->data()}, n, past, heads,
+                       kv_heads, head_dim, scale, static_cast<float*>(p(attn)), nullptr);
+        }
+        d->Synchronize(nullptr);
+      }
+      EXPECT_EQ(Get<uint16_t>(*gpu_, *k16.gpu), Get<uint16_t>(*cpu_, *k16.cpu)) << what << " fp32 -> 16 bits";
+      EXPECT_EQ(Get<uint16_t>(*gpu_, *v16.gpu), Get<uint16_t>(*cpu_, *v16.cpu)) << what << " fp32 -> 16 bits";
+      ExpectSame(k_back, 0.0, 0.0, what + " 16 bits -> fp32");
+      ExpectSame(attn, 2e-5, 1e-4, what + " attention over the 16-bit cache");
+    }
+  }
+}
+
 // Quantized weights: the dequantizing GEMV (n <= 8) and GEMM kernels against the CPU device, which computes
 // the F32 MatMul of the dequantized weight; with no bias, a bias of the source dtype and an fp32 bias.
 TEST_F(CudaDeviceTest, QuantizedMatMulMatchesCpuDevice) {
@@ -427,8 +479,8 @@ TEST_F(CudaDeviceTest, LayerOpsMatchCpuDevice) {
         d->RmsNorm(f(h), ref(norm_w), n, hidden, 1e-5f, f(normed), stream.get());
         d->Rope(f(q), i32(pos), n, heads, head_dim, 10000.0, stream.get());
         d->Rope(f(kc) + past * kv_heads * head_dim, i32(pos), n, kv_heads, head_dim, 10000.0, stream.get());
-        d->Attention(f(q), f(kc), f(vc), n, past, heads, kv_heads, head_dim, 1.0f / std::sqrt(48.0f), f(attn),
-                     stream.get());
+        d->Attention(f(q), KvCacheRef{f(kc)}, KvCacheRef{f(vc)}, n, past, heads, kv_heads, head_dim,
+                     1.0f / std::sqrt(48.0f), f(attn), stream.get());
         d->RouterTopK(f(logits), n, experts, top_k, true, i32(rids), f(rw), stream.get());
         d->SwiGlu(f(gate), f(up), n * hidden, f(act), stream.get());
         d->Add(f(normed), n * hidden, f(act), stream.get());
