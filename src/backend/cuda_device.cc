@@ -142,13 +142,15 @@ struct Accounting {
 //  - A free is ordered on `free_stream_` after all work enqueued so far on every registered stream (an event
 //    recorded on each, waited on by free_stream_), so work already enqueued that uses the memory ends first.
 // The pool may therefore hold more than the capacity for a moment (frees still pending on the device while new
-// allocations come in); it gives back what it holds above the capacity at the next synchronization. The budget
-// itself is Accounting's, in bytes asked, exactly as before.
+// allocations come in); it gives back what it holds above the capacity at the next synchronization. Only when
+// the GPU itself has no room left does an allocation wait (on the host, counted) for the pending frees and try
+// once more. The budget itself is Accounting's, in bytes asked, exactly as before.
 // Thread safety: all methods may be called from any thread; the event and the stream list are guarded by mu_.
 // Shared by the device, its streams and its buffers, so it outlives the last of them.
 class DeviceMemoryPool {
  public:
-  DeviceMemoryPool(int ordinal, uint64_t release_threshold) : ordinal_(ordinal) {
+  DeviceMemoryPool(int ordinal, uint64_t release_threshold, std::shared_ptr<Accounting> accounting)
+      : ordinal_(ordinal), accounting_(std::move(accounting)) {
     UseDevice(ordinal_);
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
@@ -177,11 +179,18 @@ class DeviceMemoryPool {
   DeviceMemoryPool& operator=(const DeviceMemoryPool&) = delete;
 
   // `bytes` (> 0) of device memory in *out, usable on every registered stream. The CUDA error when the pool
-  // cannot grow (cleared: an allocation failure is not sticky).
+  // cannot grow even after the pending frees (cleared: an allocation failure is not sticky).
   cudaError_t Allocate(size_t bytes, void** out) {
     UseDevice(ordinal_);
     absl::MutexLock lock(&mu_);
-    const cudaError_t err = cudaMallocFromPoolAsync(out, bytes, pool_, alloc_stream_);
+    cudaError_t err = cudaMallocFromPoolAsync(out, bytes, pool_, alloc_stream_);
+    if (err == cudaErrorMemoryAllocation) {
+      // The GPU is full: what frees still pending would return may make room.
+      (void)cudaGetLastError();
+      ODMOE_CUDA_CHECK(cudaStreamSynchronize(free_stream_));
+      accounting_->Note(accounting_->host_syncs);
+      err = cudaMallocFromPoolAsync(out, bytes, pool_, alloc_stream_);
+    }
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       return err;
@@ -225,6 +234,7 @@ class DeviceMemoryPool {
 
  private:
   const int ordinal_;
+  const std::shared_ptr<Accounting> accounting_;  // for the host syncs it counts
   // Constant after construction.
   cudaMemPool_t pool_ = nullptr;
   cudaStream_t alloc_stream_ = nullptr;  // allocations only
@@ -450,7 +460,7 @@ class CudaDevice final : public Device {
         major_(major),
         gpu_name_(std::move(gpu_name)),
         accounting_(std::make_shared<Accounting>(capacity)),
-        pool_(std::make_shared<DeviceMemoryPool>(ordinal, capacity)),
+        pool_(std::make_shared<DeviceMemoryPool>(ordinal, capacity, accounting_)),
         default_stream_(std::make_unique<CudaStream>(ordinal, major, accounting_, pool_)) {}
   ~CudaDevice() override {
     UseDevice(ordinal_);

@@ -1,17 +1,18 @@
 // The CUDA backend: a Device whose memory is the memory of one GPU and whose ops run the kernels of kernels/
 // (and cuBLAS for dense products of more than kernels::kGemvMaxTokens tokens).
 //
-//  - Memory: each Buffer comes from a CUDA memory pool of the device's own (cudaMallocFromPoolAsync) and goes back
-//    to it with cudaFreeAsync when destroyed, so neither Allocate nor a Buffer's destruction makes the host wait
-//    for the GPU (cudaMalloc / cudaFree would: loading and evicting experts would drain the device). A Buffer may
-//    be used on any of the device's streams once Allocate returns; destroying it frees it after the work enqueued
-//    until then on every stream of the device. Buffers are accounted, in bytes asked, against `capacity_bytes`
-//    (0: the GPU's total memory as cudaMemGetInfo reports it): ResourceExhausted when the budget or the pool says
-//    no. The pool keeps up to the capacity reserved across frees (its release threshold), so an eviction's memory
-//    serves the next load; for a moment it may hold more (frees still pending on the GPU), given back at the next
-//    synchronization. Per-stream scratch (attention splits, 16-bit copies of activations for cuBLAS, the cuBLAS
-//    workspace; at most a few tens of MiB per stream) is cudaMalloc'd, grown rarely, and counted in MemoryInfo
-//    (within the capacity when PrepareStream reserves it, past it when an op must grow it).
+//  - Memory: each Buffer comes from a CUDA memory pool of the device's own (cudaMallocFromPoolAsync) and goes back to
+//    it with cudaFreeAsync when destroyed, so neither Allocate nor a Buffer's destruction makes the host wait for the
+//    GPU (cudaMalloc / cudaFree would: loading and evicting experts would drain the device; only when the GPU itself is
+//    full does an allocation wait once for the frees still pending). A Buffer may be used on any of the device's
+//    streams once Allocate returns; destroying it frees it after the work enqueued until then on every stream of the
+//    device. Buffers are accounted, in bytes asked, against `capacity_bytes` (0: the GPU's total memory as
+//    cudaMemGetInfo reports it): ResourceExhausted when the budget or the pool says no. The pool keeps up to the
+//    capacity reserved across frees (its release threshold), so an eviction's memory serves the next load; for a moment
+//    it may hold more (frees still pending on the GPU), given back at the next synchronization. Per-stream scratch
+//    (attention splits, 16-bit copies of activations for cuBLAS, the cuBLAS workspace; at most a few tens of MiB per
+//    stream) is cudaMalloc'd, grown rarely, and counted in MemoryInfo (within the capacity when PrepareStream reserves
+//    it, past it when an op must grow it).
 //  - Streams are non-blocking CUDA streams (the default stream, nullptr, is one the device owns), events are
 //    CUDA events without timing. Each stream owns its cuBLAS handle and scratch, so work on different streams
 //    shares nothing.

@@ -224,6 +224,25 @@ TEST_F(CudaDeviceTest, TheBudgetIsRefusedExactlyAtTheEdge) {
   EXPECT_EQ(d.memory_info().peak, 2 * kExpertBytes);
 }
 
+// A budget larger than the GPU: what the GPU cannot hold is refused by the pool, clearly, after waiting once for
+// the frees still pending (the only allocation that waits for the device), and the device goes on.
+TEST_F(CudaDeviceTest, WhatTheGpuCannotHoldIsResourceExhausted) {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  ODMOE_ASSERT_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  auto device = CreateCudaDevice(0, 2 * static_cast<uint64_t>(total_bytes));
+  ASSERT_TRUE(device.ok()) << device.status();
+  (*device)->ResetCounters();
+  auto huge = (*device)->Allocate(total_bytes + (size_t{1} << 30), "all the experts");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ((*device)->counters().host_syncs, 1u) << "one wait for pending frees before giving up";
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_NE(std::string(huge.status().message()).find("all the experts"), std::string::npos) << huge.status();
+  EXPECT_EQ((*device)->memory_info().in_use, 0u);
+  auto small = (*device)->Allocate(1 << 20, "one expert");
+  EXPECT_TRUE(small.ok()) << small.status();
+}
+
 TEST_F(CudaDeviceTest, StreamsEventsAndCopies) {
   const size_t count = 1 << 20;
   std::vector<float> host(count);
