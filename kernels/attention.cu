@@ -10,9 +10,10 @@
 //   block sit in shared memory; K (padded rows, conflict-free) and V tiles of 32 keys are staged there. Each warp
 //   owns 4 queries; lane j scores key j of the tile, the warp updates max / sum with shuffles, and every lane
 //   accumulates the output dimensions lane, lane + 32, ... for its warp's queries.
+#include "kernels/attention.h"
+
 #include <algorithm>
 
-#include "kernels/attention.h"
 #include "kernels/common.cuh"
 
 namespace odmoe::kernels {

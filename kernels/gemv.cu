@@ -8,10 +8,11 @@
 // matching fp32 activations (float4 loads, from L1/L2); unaligned shapes take a scalar strided loop. Every
 // variant accumulates a row in the same order (RowDot: lane-strided chunks, each element by an explicit FMA, then
 // the butterfly WarpSum), so a row's result is bitwise the same whatever the number of tokens.
+#include "kernels/gemv.h"
+
 #include <algorithm>
 
 #include "kernels/common.cuh"
-#include "kernels/gemv.h"
 
 namespace odmoe::kernels {
 namespace {

@@ -11,11 +11,12 @@
 //  - DequantGemmKernel<Tile>: C tile of 64 tokens x 64 output rows per 256-thread block, k in steps of 32; the
 //    activation tile and the weight tile (dequantized on the fly by Tile::Value) are staged in shared memory
 //    and each thread accumulates a 4x4 sub-tile with fp32 FMA.
+#include "kernels/quant.h"
+
 #include <algorithm>
 
 #include "kernels/common.cuh"
 #include "kernels/gemv.h"
-#include "kernels/quant.h"
 
 namespace odmoe::kernels {
 namespace {

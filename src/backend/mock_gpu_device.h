@@ -5,9 +5,9 @@
 // Memory. Every Allocate is a separate host block (256-byte aligned) that only this device hands out; a
 // registry of live blocks lets every op CHECK that each pointer it is given lies inside a live allocation of
 // THIS device (a quantized weight's scales included), so an engine that passes host memory (or another
-// device's memory) to an op aborts with a message naming the op and the argument. Data reaches the device only through
-// CopyToDevice; ops compute (with the reference kernels of cpu_kernels.h, so results equal CpuDevice's bit for bit) on
-// the bytes in the device's blocks. Allocations beyond `capacity_bytes` fail with ResourceExhausted naming the tag, the
+// device's memory) to an op aborts with a message naming the op and the argument. Data reaches the device only through CopyToDevice; ops compute
+// (with the reference kernels of cpu_kernels.h, so results equal CpuDevice's bit for bit) on the bytes in
+// the device's blocks. Allocations beyond `capacity_bytes` fail with ResourceExhausted naming the tag, the
 // request and the bytes in use. New allocations are filled with 0xFF bytes (fp32 NaN, int32 -1) when
 // `poison_allocations`, so reading device memory that was never written shows up as NaN.
 //

@@ -28,13 +28,12 @@ absl::StatusOr<std::unique_ptr<LocalExpertExecutor>> LocalExpertExecutor::Create
   const ModelConfig& c = weights.config();
   std::unique_ptr<LocalExpertExecutor> ex(new LocalExpertExecutor(device, weights));
   ex->max_tokens_ = max_tokens;
-  ODMOE_ASSIGN_OR_RETURN(ex->ws_,
-                         MlpWorkspace::Create(device, max_tokens, std::max<int64_t>(1, c.expert_intermediate_size)));
+  ODMOE_ASSIGN_OR_RETURN(ex->ws_, MlpWorkspace::Create(device, max_tokens, std::max<int64_t>(1, c.expert_intermediate_size)));
   ODMOE_RETURN_IF_ERROR(Alloc(device, ex->xg_, F32Bytes(max_tokens * c.hidden_size), "expert inputs"));
   ODMOE_RETURN_IF_ERROR(Alloc(device, ex->yg_, F32Bytes(max_tokens * c.hidden_size), "expert outputs"));
   // Rows and scales of every (token, expert) pair of a chunk: 2 x [max_tokens * k] 4-byte values.
-  ODMOE_RETURN_IF_ERROR(
-      Alloc(device, ex->index_, 2 * F32Bytes(max_tokens * std::max<int64_t>(1, c.top_k)), "expert routing index"));
+  ODMOE_RETURN_IF_ERROR(Alloc(device, ex->index_, 2 * F32Bytes(max_tokens * std::max<int64_t>(1, c.top_k)),
+                              "expert routing index"));
   return ex;
 }
 
@@ -278,8 +277,8 @@ absl::Status Engine::WriteKv(Sequence& seq, int64_t position, const float* k, co
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
-                                                   ForwardKind kind) {
+absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids,
+                                                   std::vector<PositionRouting>* routing, ForwardKind kind) {
   if (own_ == nullptr) return absl::FailedPreconditionError("Forward before StartSequence");
   if (ids.empty()) return absl::InvalidArgumentError("Forward needs at least one token");
   // The whole of `ids` is checked before its first chunk runs: on error the sequence does not advance.
@@ -305,8 +304,8 @@ absl::Status Engine::CheckTokens(const Sequence& seq, std::span<const int32_t> i
   }
   const int64_t needed = seq.position_ + static_cast<int64_t>(ids.size());
   if (needed > seq.capacity_) {
-    return absl::OutOfRangeError(
-        StrCat("sequence of ", needed, " positions exceeds the room of ", seq.capacity_, " given to StartSequence"));
+    return absl::OutOfRangeError(StrCat("sequence of ", needed, " positions exceeds the room of ", seq.capacity_,
+                                        " given to StartSequence"));
   }
   return absl::OkStatus();
 }
@@ -435,9 +434,9 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
         }
       }
       d.CopyOnDevice(moe, zeros_->data(), F32Bytes(n * hidden), s);
-      ODMOE_RETURN_IF_ERROR(
-          experts_->Run(l, h, n, std::span<const int32_t>(host_ids_.data(), static_cast<size_t>(n * k)),
-                        std::span<const float>(host_weights_.data(), static_cast<size_t>(n * k)), moe, s));
+      ODMOE_RETURN_IF_ERROR(experts_->Run(l, h, n, std::span<const int32_t>(host_ids_.data(), static_cast<size_t>(n * k)),
+                                          std::span<const float>(host_weights_.data(), static_cast<size_t>(n * k)),
+                                          moe, s));
       if (lw.shared.present()) {
         RunMlp(d, lw.shared, h, n, hidden, *mlp_ws_, shared_out_->as<float>(), s);
         d.MatMul(h, lw.shared_gate, {}, n, hidden, 1, shared_gate_->as<float>(), s);

@@ -67,7 +67,7 @@ class LocalExpertExecutor : public ExpertExecutor {
   int64_t max_tokens_ = 0;
   std::unique_ptr<MlpWorkspace> ws_;
   std::unique_ptr<Buffer> xg_, yg_, index_;  // gathered inputs/outputs [max_tokens, hidden]; rows + scales
-  PackedRouting packed_;                     // host side of index_
+  PackedRouting packed_;                      // host side of index_
 };
 
 // The expert ids chosen at one position: [sparse layer][k], best first.
@@ -93,13 +93,14 @@ class Sequence {
   uint64_t tag_ = 0;
   int64_t position_ = 0;
   int64_t capacity_ = 0;
-  std::vector<std::unique_ptr<Buffer>> k_cache_, v_cache_;  // per layer: [capacity, kv_heads, head_dim], kv_dtype
+  // Per layer: [capacity, kv_heads, head_dim] in the engine's KV dtype (Device::KvCacheDType).
+  std::vector<std::unique_ptr<Buffer>> k_cache_, v_cache_;
 };
 
 // One sequence's rows in an Engine::ForwardBatch.
 struct BatchInput {
   Sequence* sequence = nullptr;
-  std::span<const int32_t> ids;                     // run at the sequence's next positions
+  std::span<const int32_t> ids;                    // run at the sequence's next positions
   std::vector<PositionRouting>* routing = nullptr;  // optional: one PositionRouting appended per token
   std::vector<float>* logits = nullptr;             // optional out: the logits ([vocab]) of its last token
 };
@@ -206,7 +207,7 @@ class Engine {
   std::unique_ptr<MlpWorkspace> mlp_ws_;
   std::vector<int32_t> host_ids_;
   std::vector<float> host_weights_;
-  std::vector<float> host_logits_;  // [S, vocab]
+  std::vector<float> host_logits_;                    // [S, vocab]
 };
 
 }  // namespace odmoe
