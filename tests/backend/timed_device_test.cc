@@ -197,8 +197,8 @@ TEST(TimedDeviceTest, ChargesTheTargetModelsShapes) {
   auto q = Alloc(*device, 4 * 16 * 4);
   auto kv = Alloc(*device, 11 * 2 * 16 * 4);
   auto out = Alloc(*device, 4 * 16 * 4);
-  device->Attention(q->as<float>(), kv->as<float>(), kv->as<float>(), 1, 10, 4, 2, 16, 0.25f, out->as<float>(),
-                    nullptr);
+  device->Attention(q->as<float>(), KvCacheRef{kv->data()}, KvCacheRef{kv->data()}, 1, 10, 4, 2, 16, 0.25f,
+                    out->as<float>(), nullptr);
   const std::vector<MockGpuInterval> t = device->timeline();
   ASSERT_EQ(t.size(), 4u);
   EXPECT_EQ(t[0].bytes, mixtral_expert);
