@@ -168,7 +168,8 @@ write_cluster_file() {
   if [ -n "$CONFIG" ]; then
     harness_cluster_file "$STATE/cluster.base.toml" || return 1
     python3 "$ROOT/tests/lan/cluster_file.py" merge "$STATE/cluster.base.toml" "$CONFIG" \
-      ${ODMOE_LAN_MODEL:+--model "$MODEL"} >"$STATE/cluster.toml"
+      ${ODMOE_LAN_MODEL:+--model "$MODEL"} >"$STATE/cluster.merged.toml" || return 1
+    mv "$STATE/cluster.merged.toml" "$STATE/cluster.toml"
   else
     harness_cluster_file "$STATE/cluster.toml"
   fi
