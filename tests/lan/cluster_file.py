@@ -157,11 +157,6 @@ def merge(base, config, config_path, model_override=None):
                          "(configs/local.toml's topology), matched by role and order")
 
     out = {}
-    # Whatever FILE holds besides what is handled below goes through as it is (the daemons check it).
-    for key, value in config.items():
-        if key not in ("cluster", "model", "node"):
-            out[key] = value
-
     cluster = dict(config.get("cluster", {}))
     cluster["name"] = base["cluster"]["name"]
     if "timing_model" in cluster:
@@ -179,6 +174,11 @@ def merge(base, config, config_path, model_override=None):
         out["model"] = {**config["model"], "path": path}
     else:
         out["model"] = base["model"]
+
+    # Whatever else FILE holds ([shadow], [[device_profile]], ...) goes through as it is (the daemons check it).
+    for key, value in config.items():
+        if key not in ("cluster", "model", "node"):
+            out[key] = value
 
     nodes = []
     for role in ROLES:

@@ -111,6 +111,11 @@ class MergeTestbedTest(unittest.TestCase):
         self.assertEqual(self.back["device_profile"], self.config["device_profile"])
         self.assertEqual(self.back["shadow"], self.config["shadow"])
 
+    def test_sections_in_reading_order(self):
+        text = cluster_file.dumps(self.merged)
+        starts = [text.index(s) for s in ("[cluster]", "[model]", "[shadow]", "[[device_profile]]", "[[node]]")]
+        self.assertEqual(starts, sorted(starts))
+
     def test_model_override(self):
         merged = cluster_file.merge(harness_base(), self.config, str(TESTBED), model_override="/m/x")
         self.assertEqual(merged["model"], {"path": "/m/x"})
