@@ -47,9 +47,10 @@
 # ../shared/models (or ODMOE_LAN_MODEL). Bounded: the whole run stops after ODMOE_LAN_TIMEOUT_S seconds
 # (default 600), every wait has its own limit, and everything is removed on exit, also on SIGINT/SIGTERM.
 #
-# Exit codes: 0 every scenario passed (--up/--down: done); 1 a scenario failed; 2 bad command line; 3 the build
-# or the model is missing; 5 the cluster did not come up; 77 this machine does not permit network namespaces
-# (or lacks ip/tc/iptables; one line says which); 124 the time limit was reached.
+# Exit codes: 0 every scenario passed (--up/--down: done); 1 a scenario failed; 2 bad command line (or a
+# --config FILE the harness cannot run); 3 the build or the model is missing (or python3 lacks tomllib, for
+# --config); 5 the cluster did not come up; 77 this machine does not permit network namespaces (or lacks
+# ip/tc/iptables; one line says which); 124 the time limit was reached.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
