@@ -1,5 +1,8 @@
 // odmoe-worker --config FILE --node NAME [--model DIR]: serves routed-expert computation for the cluster file's
 // node NAME until SIGINT or SIGTERM. All logic lives in src/worker_node/worker_node.h.
+#include <malloc.h>
+
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -20,6 +23,14 @@ absl::Status Run(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(
       std::unique_ptr<odmoe::Device> device,
       odmoe::CreateNodeDevice(daemon.cluster, daemon.self, daemon.model_dir, daemon.self.gpu_budget_bytes));
+  if (device->kind() == odmoe::DeviceKind::kMockGpu) {
+    // A mock (or timed) GPU's memory is host memory, and the worker allocates an expert's worth with every load
+    // and frees it with every eviction. glibc would hand each freed block back to the kernel (trim, unmap) and
+    // the next load would fault every page in again: keep up to the GPU budget of freed memory in the process.
+    const uint64_t keep = std::max<uint64_t>(daemon.self.gpu_budget_bytes, uint64_t{64} << 20);
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: blocks below it come from the heap, reused
+    mallopt(M_TRIM_THRESHOLD, static_cast<int>(std::min<uint64_t>(keep, uint64_t{1} << 30)));
+  }
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::WorkerNode> node,
                          odmoe::WorkerNode::Create(daemon.cluster, daemon.self, daemon.model_dir, std::move(device)));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::MetricsServer> metrics,
