@@ -3,8 +3,10 @@
 // Dot products (MatMul, Attention) accumulate in 8 fp32 lanes (lane j sums the products of elements
 // k = j mod 8 in increasing k), then the tail, then the lanes combine in a fixed tree. The order depends only on
 // the length, so results are reproducible bit for bit, and the compiler can vectorise the lanes without
-// -ffast-math. RmsNorm's mean of squares is summed in double and rounded to fp32 (torch's cascade sum is
-// accurate to about that).
+// -ffast-math. On x86-64 with GCC, MatMul is also built for AVX2 and the copy the CPU supports is picked at load
+// time (target_clones): each lane does the same IEEE multiply and add in either (no FMA: ISO C++ mode keeps
+// -ffp-contract=off), so the bits are the same on every x86-64. RmsNorm's mean of squares is summed in double and
+// rounded to fp32 (torch's cascade sum is accurate to about that).
 #include "src/backend/cpu_kernels.h"
 
 #include <algorithm>
@@ -18,6 +20,13 @@
 #include "src/backend/quantize.h"
 #include "src/common/dtype.h"
 #include "src/common/status.h"
+
+// MatMul's AVX2 copy (see the top of the file).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ODMOE_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define ODMOE_CPU_CLONES
+#endif
 
 namespace odmoe::cpu {
 namespace {
@@ -44,42 +53,75 @@ inline float CombineLanes(const float* acc) {
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
+// Eight fp32 lanes as one value (GCC/Clang vector extension): SSE does it in two halves, AVX in one, each lane
+// the same IEEE multiply and add.
+typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+
+inline Lanes LoadLanes(const float* p) {
+  Lanes v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// The lanes of `acc` with the products of a tail (elements main..len-1 to lanes 0..), combined.
+inline float Finish(Lanes acc, const float* a, const float* b, int64_t main, int64_t len) {
+  float lanes[kLanes];
+  std::memcpy(lanes, &acc, sizeof(lanes));
+  for (int64_t k = main; k < len; ++k) lanes[k - main] += a[k] * b[k];
+  return CombineLanes(lanes);
+}
+
 // sum_k a[k] * b[k] in the fixed lane order described at the top of the file.
 inline float Dot(const float* a, const float* b, int64_t len) {
-  float acc[kLanes] = {};
+  Lanes acc = {};
   const int64_t main = len - len % kLanes;
-  for (int64_t k = 0; k < main; k += kLanes) {
-    for (int j = 0; j < kLanes; ++j) acc[j] += a[k + j] * b[k + j];
-  }
-  for (int64_t k = main; k < len; ++k) acc[k - main] += a[k] * b[k];
-  return CombineLanes(acc);
+  for (int64_t k = 0; k < main; k += kLanes) acc += LoadLanes(a + k) * LoadLanes(b + k);
+  return Finish(acc, a, b, main, len);
 }
 
 // Four dots of `a` with b0..b3 at once (one pass over `a`); out[r] is bit-identical to Dot(a, b_r, len).
 inline void Dot4(const float* a, const float* b0, const float* b1, const float* b2, const float* b3, int64_t len,
                  float* out) {
-  float acc0[kLanes] = {}, acc1[kLanes] = {}, acc2[kLanes] = {}, acc3[kLanes] = {};
+  Lanes acc0 = {}, acc1 = {}, acc2 = {}, acc3 = {};
   const int64_t main = len - len % kLanes;
   for (int64_t k = 0; k < main; k += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const float av = a[k + j];
-      acc0[j] += av * b0[k + j];
-      acc1[j] += av * b1[k + j];
-      acc2[j] += av * b2[k + j];
-      acc3[j] += av * b3[k + j];
-    }
+    const Lanes av = LoadLanes(a + k);
+    acc0 += av * LoadLanes(b0 + k);
+    acc1 += av * LoadLanes(b1 + k);
+    acc2 += av * LoadLanes(b2 + k);
+    acc3 += av * LoadLanes(b3 + k);
   }
-  for (int64_t k = main; k < len; ++k) {
-    const float av = a[k];
-    acc0[k - main] += av * b0[k];
-    acc1[k - main] += av * b1[k];
-    acc2[k - main] += av * b2[k];
-    acc3[k - main] += av * b3[k];
+  out[0] = Finish(acc0, a, b0, main, len);
+  out[1] = Finish(acc1, a, b1, main, len);
+  out[2] = Finish(acc2, a, b2, main, len);
+  out[3] = Finish(acc3, a, b3, main, len);
+}
+
+// Dot4 of two rows a0 and a1 at once (each weight chunk loaded once for both); bit-identical to two Dot4 calls.
+inline void Dot4x2(const float* a0, const float* a1, const float* b0, const float* b1, const float* b2, const float* b3,
+                   int64_t len, float* out0, float* out1) {
+  Lanes p0 = {}, p1 = {}, p2 = {}, p3 = {}, q0 = {}, q1 = {}, q2 = {}, q3 = {};
+  const int64_t main = len - len % kLanes;
+  for (int64_t k = 0; k < main; k += kLanes) {
+    const Lanes x0 = LoadLanes(a0 + k), x1 = LoadLanes(a1 + k);
+    const Lanes w0 = LoadLanes(b0 + k), w1 = LoadLanes(b1 + k), w2 = LoadLanes(b2 + k), w3 = LoadLanes(b3 + k);
+    p0 += x0 * w0;
+    p1 += x0 * w1;
+    p2 += x0 * w2;
+    p3 += x0 * w3;
+    q0 += x1 * w0;
+    q1 += x1 * w1;
+    q2 += x1 * w2;
+    q3 += x1 * w3;
   }
-  out[0] = CombineLanes(acc0);
-  out[1] = CombineLanes(acc1);
-  out[2] = CombineLanes(acc2);
-  out[3] = CombineLanes(acc3);
+  out0[0] = Finish(p0, a0, b0, main, len);
+  out0[1] = Finish(p1, a0, b1, main, len);
+  out0[2] = Finish(p2, a0, b2, main, len);
+  out0[3] = Finish(p3, a0, b3, main, len);
+  out1[0] = Finish(q0, a1, b0, main, len);
+  out1[1] = Finish(q1, a1, b1, main, len);
+  out1[2] = Finish(q2, a1, b2, main, len);
+  out1[3] = Finish(q3, a1, b3, main, len);
 }
 
 inline float Sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
@@ -148,7 +190,8 @@ void RmsNorm(const float* x, WeightRef weight, int64_t rows, int64_t dim, float 
   }
 }
 
-void MatMul(const float* x, WeightRef w, WeightRef bias, int64_t n, int64_t in_dim, int64_t out_dim, float* y) {
+ODMOE_CPU_CLONES void MatMul(const float* x, WeightRef w, WeightRef bias, int64_t n, int64_t in_dim, int64_t out_dim,
+                             float* y) {
   ODMOE_CHECK(n >= 0 && in_dim >= 0 && out_dim >= 0);
   if (n == 0 || out_dim == 0) return;
   ODMOE_CHECK(x != nullptr && y != nullptr);
@@ -186,16 +229,28 @@ void MatMul(const float* x, WeightRef w, WeightRef bias, int64_t n, int64_t in_d
         wr[r] = tile.data() + r * in_dim;
       }
     }
-    for (int64_t t = 0; t < n; ++t) {
-      const float* xt = x + t * in_dim;
+    auto store = [&](int64_t t, const float* dots) {
       float* yt = y + t * out_dim + o0;
+      for (int64_t r = 0; r < rows; ++r) yt[r] = b.empty() ? dots[r] : dots[r] + b[o0 + r];
+    };
+    int64_t t = 0;
+    if (rows == kRowTile) {  // two tokens at a time: each weight chunk loaded once for both
+      for (; t + 1 < n; t += 2) {
+        float dots0[kRowTile], dots1[kRowTile];
+        Dot4x2(x + t * in_dim, x + (t + 1) * in_dim, wr[0], wr[1], wr[2], wr[3], in_dim, dots0, dots1);
+        store(t, dots0);
+        store(t + 1, dots1);
+      }
+    }
+    for (; t < n; ++t) {
+      const float* xt = x + t * in_dim;
       float dots[kRowTile];
       if (rows == kRowTile) {
         Dot4(xt, wr[0], wr[1], wr[2], wr[3], in_dim, dots);
       } else {
         for (int64_t r = 0; r < rows; ++r) dots[r] = Dot(xt, wr[r], in_dim);
       }
-      for (int64_t r = 0; r < rows; ++r) yt[r] = b.empty() ? dots[r] : dots[r] + b[o0 + r];
+      store(t, dots);
     }
   }
 }
