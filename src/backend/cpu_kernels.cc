@@ -57,14 +57,11 @@ inline float CombineLanes(const float* acc) {
 // the same IEEE multiply and add.
 typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
 
-inline Lanes LoadLanes(const float* p) {
-  Lanes v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
+// (Vectors go by reference: passed by value, an 8-lane vector's ABI differs with and without AVX.)
+inline void Load(Lanes& v, const float* p) { std::memcpy(&v, p, sizeof(v)); }
 
 // The lanes of `acc` with the products of a tail (elements main..len-1 to lanes 0..), combined.
-inline float Finish(Lanes acc, const float* a, const float* b, int64_t main, int64_t len) {
+inline float Finish(const Lanes& acc, const float* a, const float* b, int64_t main, int64_t len) {
   float lanes[kLanes];
   std::memcpy(lanes, &acc, sizeof(lanes));
   for (int64_t k = main; k < len; ++k) lanes[k - main] += a[k] * b[k];
@@ -75,7 +72,12 @@ inline float Finish(Lanes acc, const float* a, const float* b, int64_t main, int
 inline float Dot(const float* a, const float* b, int64_t len) {
   Lanes acc = {};
   const int64_t main = len - len % kLanes;
-  for (int64_t k = 0; k < main; k += kLanes) acc += LoadLanes(a + k) * LoadLanes(b + k);
+  for (int64_t k = 0; k < main; k += kLanes) {
+    Lanes x, w;
+    Load(x, a + k);
+    Load(w, b + k);
+    acc += x * w;
+  }
   return Finish(acc, a, b, main, len);
 }
 
@@ -85,11 +87,16 @@ inline void Dot4(const float* a, const float* b0, const float* b1, const float* 
   Lanes acc0 = {}, acc1 = {}, acc2 = {}, acc3 = {};
   const int64_t main = len - len % kLanes;
   for (int64_t k = 0; k < main; k += kLanes) {
-    const Lanes av = LoadLanes(a + k);
-    acc0 += av * LoadLanes(b0 + k);
-    acc1 += av * LoadLanes(b1 + k);
-    acc2 += av * LoadLanes(b2 + k);
-    acc3 += av * LoadLanes(b3 + k);
+    Lanes x, w0, w1, w2, w3;
+    Load(x, a + k);
+    Load(w0, b0 + k);
+    Load(w1, b1 + k);
+    Load(w2, b2 + k);
+    Load(w3, b3 + k);
+    acc0 += x * w0;
+    acc1 += x * w1;
+    acc2 += x * w2;
+    acc3 += x * w3;
   }
   out[0] = Finish(acc0, a, b0, main, len);
   out[1] = Finish(acc1, a, b1, main, len);
@@ -103,8 +110,13 @@ inline void Dot4x2(const float* a0, const float* a1, const float* b0, const floa
   Lanes p0 = {}, p1 = {}, p2 = {}, p3 = {}, q0 = {}, q1 = {}, q2 = {}, q3 = {};
   const int64_t main = len - len % kLanes;
   for (int64_t k = 0; k < main; k += kLanes) {
-    const Lanes x0 = LoadLanes(a0 + k), x1 = LoadLanes(a1 + k);
-    const Lanes w0 = LoadLanes(b0 + k), w1 = LoadLanes(b1 + k), w2 = LoadLanes(b2 + k), w3 = LoadLanes(b3 + k);
+    Lanes x0, x1, w0, w1, w2, w3;
+    Load(x0, a0 + k);
+    Load(x1, a1 + k);
+    Load(w0, b0 + k);
+    Load(w1, b1 + k);
+    Load(w2, b2 + k);
+    Load(w3, b3 + k);
     p0 += x0 * w0;
     p1 += x0 * w1;
     p2 += x0 * w2;
