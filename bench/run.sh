@@ -3,8 +3,8 @@
 #
 #   bench/run.sh [--quick] [--model DIR | --synthetic CONFIG --layers N] [--endpoint HOST:PORT] [--lan]
 #                [--config FILE] [--prompts N] [--seed S] [--backend cpu|cuda] [--port-offset N] --out DIR
-#   bench/run.sh --emulate FILE [--time-scale S] [--worker-device SPEC] [--shadow-mode shadow|random|none]
-#                [--quick] [--model DIR] [--prompts N] [--seed S] --out DIR
+#   bench/run.sh --emulate FILE [--lan] [--time-scale S] [--worker-device SPEC]
+#                [--shadow-mode shadow|random|none] [--quick] [--model DIR] [--prompts N] [--seed S] --out DIR
 #
 # --emulate FILE (e.g. configs/testbed-emulated.toml): the cluster of FILE, whose nodes are timed devices
 # (device = "timed:PROFILE", src/backend/timed_device.h), and the fully-resident reference on the device of
@@ -12,7 +12,8 @@
 # workloads, resident, ratio and stall sections run (the others restart the cluster per setting). The model
 # defaults to ../shared/models/tiny-mixtral-kjv (real routing); --time-scale S replaces FILE's time_scale,
 # --worker-device SPEC every worker's device (e.g. timed:rtx3080, the paper's fig. 10) and --shadow-mode the
-# [shadow] mode (none: ablation case 6, no prediction).
+# [shadow] mode (none: ablation case 6, no prediction). With --lan the cluster runs in the LAN harness at
+# 1 Gbit/s (tests/lan/run.sh --up --config), so hidden states, predictions and alignment pay transfer time.
 # summary.md then also gives the decode figures scaled to the timing model's layer count, and the calibration
 # check: the reference's measured decode time per token against the device's modelled busy time (its critical
 # path), within 10%.
@@ -164,10 +165,13 @@ parse_up() {  # the `grpc: HOST:PORT` and `metrics: NODE URL` lines of a cluster
 if [ "$lan" -eq 1 ]; then
   mode=lan
   [ -f "$ROOT/tests/lan/run.sh" ] || die "--lan needs the LAN harness tests/lan/run.sh, which this checkout lacks"
-  log "starting the LAN cluster (tests/lan/run.sh --up --rate 1gbit)"
+  lan_args=(--up --rate 1gbit)
+  # Emulated: the harness takes the file's settings, devices and model (tests/lan/run.sh --config).
+  [ -n "$emulate" ] && lan_args+=(--config "$cluster_config")
+  log "starting the LAN cluster (tests/lan/run.sh ${lan_args[*]})"
   cluster_up=1
-  bash "$ROOT/tests/lan/run.sh" --up --rate 1gbit >"$out/logs/lan-up.log" 2>&1 ||
-    die "tests/lan/run.sh --up --rate 1gbit failed (see $out/logs/lan-up.log)"
+  bash "$ROOT/tests/lan/run.sh" "${lan_args[@]}" >"$out/logs/lan-up.log" 2>&1 ||
+    die "tests/lan/run.sh ${lan_args[*]} failed (see $out/logs/lan-up.log)"
   parse_up "$out/logs/lan-up.log" "tests/lan/run.sh --up"
 elif [ -n "$endpoint" ]; then
   mode=endpoint
