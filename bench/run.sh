@@ -134,7 +134,7 @@ else
 fi
 
 # What runs the cluster, and how to take it down (on exit and on interrupt).
-mode=local cluster_up=0 skipped=()
+mode=local cluster_up=0 skipped=() in_client=()
 take_down() {
   local rc=$?
   trap - EXIT INT TERM
@@ -173,6 +173,8 @@ if [ "$lan" -eq 1 ]; then
   bash "$ROOT/tests/lan/run.sh" "${lan_args[@]}" >"$out/logs/lan-up.log" 2>&1 ||
     die "tests/lan/run.sh ${lan_args[*]} failed (see $out/logs/lan-up.log)"
   parse_up "$out/logs/lan-up.log" "tests/lan/run.sh --up"
+  # The cluster's addresses exist only inside the harness's namespaces: clients run in its client namespace.
+  in_client=(ip netns exec odmoe-lan-client)
 elif [ -n "$endpoint" ]; then
   mode=endpoint
 else
@@ -191,7 +193,7 @@ bench() {  # bench NAME ARGS...: odmoe-bench with its JSON lines in raw/NAME.jso
   local name=$1
   shift
   log "odmoe-bench $1 -> raw/$name.jsonl"
-  "$BIN/odmoe-bench" "$@" --json "$out/raw/$name.jsonl" >"$out/logs/$name.log" 2>&1 ||
+  "${in_client[@]+"${in_client[@]}"}" "$BIN/odmoe-bench" "$@" --json "$out/raw/$name.jsonl" >"$out/logs/$name.log" 2>&1 ||
     die "odmoe-bench $* failed (see $out/logs/$name.log)"
 }
 
@@ -200,7 +202,8 @@ work_args=("${model_args[@]}" --seed "$seed" --pairs "$pairs" --prompts "$prompt
 bench workload_cluster workload --endpoint "$endpoint" "${work_args[@]}"
 if [ ${#metrics[@]} -gt 0 ]; then
   log "GPU memory of every node (Prometheus)"
-  "$PY" "$ROOT/bench/report.py" memory --out "$out/raw/memory_cluster.json" "${metrics[@]}"
+  "${in_client[@]+"${in_client[@]}"}" "$PY" "$ROOT/bench/report.py" memory --out "$out/raw/memory_cluster.json" \
+    "${metrics[@]}"
 fi
 if [ "$cluster_up" -eq 1 ] && [ "$mode" = local ]; then
   "$BIN/odmoe" cluster down --config "$cluster_config" --run-dir "$out/run" >>"$out/logs/cluster.log" 2>&1
