@@ -164,6 +164,12 @@ def cmd_config(args):
             text, n = re.subn(r"(?m)^\[shadow\]$", f'[shadow]\nmode = "{args.shadow_mode}"', text)
         if n != 1:
             sys.exit(f"report.py config: {args.base}: --shadow-mode needs one [shadow] table")
+    if args.early_departure:  # [shadow] early_departure = true
+        text, n = re.subn(r"(?m)^early_departure\s*=.*$", "early_departure = true", text)
+        if n == 0:
+            text, n = re.subn(r"(?m)^\[shadow\]$", "[shadow]\nearly_departure = true", text)
+        if n != 1:
+            sys.exit(f"report.py config: {args.base}: --early-departure needs one [shadow] table")
     if args.time_scale is not None:
         text, n = re.subn(r"(?m)^time_scale\s*=.*$", f"time_scale = {args.time_scale}", text)
         if n != 1:
@@ -736,6 +742,7 @@ def main():
     c.add_argument("--time-scale", type=float)
     c.add_argument("--worker-device")
     c.add_argument("--shadow-mode", choices=["shadow", "random", "none"])
+    c.add_argument("--early-departure", action="store_true")
     m = sub.add_parser("memory")
     m.add_argument("--out", required=True)
     m.add_argument("urls", nargs="*")

@@ -4,7 +4,8 @@
 #   bench/run.sh [--quick] [--model DIR | --synthetic CONFIG --layers N] [--endpoint HOST:PORT] [--lan]
 #                [--config FILE] [--prompts N] [--seed S] [--backend cpu|cuda] [--port-offset N] --out DIR
 #   bench/run.sh --emulate FILE [--lan] [--time-scale S] [--worker-device SPEC]
-#                [--shadow-mode shadow|random|none] [--quick] [--model DIR] [--prompts N] [--seed S] --out DIR
+#                [--shadow-mode shadow|random|none] [--early-departure] [--quick] [--model DIR] [--prompts N]
+#                [--seed S] --out DIR
 #
 # --emulate FILE (e.g. configs/testbed-emulated.toml): the cluster of FILE, whose nodes are timed devices
 # (device = "timed:PROFILE", src/backend/timed_device.h), and the fully-resident reference on the device of
@@ -12,7 +13,7 @@
 # workloads, resident, ratio and stall sections run (the others restart the cluster per setting). The model
 # defaults to ../shared/models/tiny-mixtral-kjv (real routing); --time-scale S replaces FILE's time_scale,
 # --worker-device SPEC every worker's device (e.g. timed:rtx3080, the paper's fig. 10) and --shadow-mode the
-# [shadow] mode (none: ablation case 6, no prediction). With --lan the cluster runs in the LAN harness at
+# [shadow] mode (none: ablation case 6, no prediction), --early-departure sets [shadow] early_departure. With --lan the cluster runs in the LAN harness at
 # 1 Gbit/s (tests/lan/run.sh --up --config), so hidden states, predictions and alignment pay transfer time.
 # summary.md then also gives the decode figures scaled to the timing model's layer count, and the calibration
 # check: the reference's measured decode time per token against the device's modelled busy time (its critical
@@ -42,7 +43,7 @@ die() {
 }
 
 quick=0 model="" synthetic="" layers=0 endpoint="" lan=0 out="" prompts="" seed=1 backend=cpu
-config="$ROOT/configs/local.toml" port_offset=300 model_given=0 emulate="" time_scale="" worker_device="" shadow_mode=""
+config="$ROOT/configs/local.toml" port_offset=300 model_given=0 emulate="" time_scale="" worker_device="" shadow_mode="" early_departure=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -60,6 +61,7 @@ while [ $# -gt 0 ]; do
     --time-scale) time_scale=${2:?--time-scale needs S}; shift ;;
     --worker-device) worker_device=${2:?--worker-device needs SPEC}; shift ;;
     --shadow-mode) shadow_mode=${2:?--shadow-mode needs shadow, random or none}; shift ;;
+    --early-departure) early_departure=1 ;;
     --out) out=${2:?--out needs DIR}; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -79,7 +81,8 @@ if [ -n "$emulate" ]; then
   config=$emulate
   [ -z "$model" ] && model="$ROOT/../shared/models/tiny-mixtral-kjv"
 else
-  [ -z "$time_scale$worker_device$shadow_mode" ] || die "--time-scale, --worker-device and --shadow-mode go with --emulate"
+  [ -z "$time_scale$worker_device$shadow_mode" ] && [ "$early_departure" -eq 0 ] ||
+    die "--time-scale, --worker-device, --shadow-mode and --early-departure go with --emulate"
 fi
 [ -z "$model" ] && [ -z "$synthetic" ] && model="$ROOT/models/demo-mixtral-kjv"
 [ -n "$model" ] && { [ -f "$model/config.json" ] || die "--model $model: no config.json there"; }
@@ -125,6 +128,7 @@ scale_args=()
 [ -n "$time_scale" ] && scale_args+=(--time-scale "$time_scale")
 [ -n "$worker_device" ] && scale_args+=(--worker-device "$worker_device")
 [ -n "$shadow_mode" ] && scale_args+=(--shadow-mode "$shadow_mode")
+[ "$early_departure" -eq 1 ] && scale_args+=(--early-departure)
 if [ -n "$model" ]; then
   "$PY" "$ROOT/bench/report.py" config --base "$config" --out "$cluster_config" --port-offset "$port_offset" \
     --model "$model" "${scale_args[@]+"${scale_args[@]}"}"

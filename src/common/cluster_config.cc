@@ -543,7 +543,7 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     if (!sn->is_table()) return FieldError(where, "", "shadow", "expected a table");
     Fields f(*sn->as_table(), where, "[shadow]");
     ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"mode", "quant", "align_token", "align_kv", "max_lead_tokens", "seed",
-                                       "keep_router", "keep_attention", "hedge_margin"}));
+                                       "keep_router", "keep_attention", "hedge_margin", "early_departure"}));
     ShadowSettings& ss = c.shadow_settings;
     ODMOE_ASSIGN_OR_RETURN(mode_text, f.String("mode"));
     ODMOE_ASSIGN_OR_RETURN(auto quant, f.String("quant"));
@@ -572,6 +572,8 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     if (keep_router) ss.keep_router = *keep_router;
     ODMOE_ASSIGN_OR_RETURN(auto keep_attention, f.Bool("keep_attention"));
     if (keep_attention) ss.keep_attention = *keep_attention;
+    ODMOE_ASSIGN_OR_RETURN(auto early_departure, f.Bool("early_departure"));
+    if (early_departure) ss.early_departure = *early_departure;
     ODMOE_ASSIGN_OR_RETURN(auto margin, f.Number("hedge_margin"));
     if (margin) {
       if (!(*margin >= 0.0 && *margin <= 1.0)) {

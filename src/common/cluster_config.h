@@ -110,6 +110,10 @@ struct ShadowSettings {
   int64_t align_kv = 1;
   // How many positions the shadow may run ahead of the position main is decoding (>= 1).
   int64_t max_lead_tokens = 1;
+  // Where a token alignment is due, the shadow waits for main's token (false: OD-MoE's late departure), or runs
+  // the position at once with its own guess and rolls back if main's token differs (true: early departure, so
+  // that the first layers' predictions of a position are out before main has finished the one before).
+  bool early_departure = false;
   uint64_t seed = 1;  // kRandom's predictions
   // Which linear weights of each decoder layer stay at the checkpoint's precision in the shadow's quantized
   // replica: the sparse layers' routers, the attention projections (q, k, v, o).

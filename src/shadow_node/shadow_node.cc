@@ -513,7 +513,10 @@ bool ShadowNode::NextOf(Session& s, std::optional<Next>* next, absl::Status* end
       *end = absl::OkStatus();
       return true;
     }
-    const bool token_due = s.align_token > 0 && (s.pos - s.prompt_len()) % s.align_token == 0;
+    // Late departure: where a token alignment is due, main's token first. Early: the replica's guess at once (a
+    // differing token rolls it back above).
+    const bool token_due =
+        s.align_token > 0 && (s.pos - s.prompt_len()) % s.align_token == 0 && !cluster_.shadow_settings.early_departure;
     // The first position waits for main's first step, which says where main decodes it.
     const bool runnable = s.main_done || (s.pos <= s.main_position + s.max_lead && s.any_step &&
                                           (!token_due || s.tokens.contains(s.pos)));

@@ -13,9 +13,11 @@
 // advances one position per step), carrying the aligned token every T_tok steps and the K/V of the position it
 // decoded last every T_kv steps. The shadow, for each request:
 //  - prefills the prompt on its replica and guesses each next token itself (greedy on its own logits);
-//  - at a position where a token alignment is due, waits for main's token (late departure); elsewhere it runs
-//    on with its own guess, at most max_lead_tokens positions ahead of the position main is decoding (and its
-//    first position waits for main's first step, which anchors the request's positions to main's steps);
+//  - at a position where a token alignment is due, waits for main's token (late departure; with [shadow]
+//    early_departure it runs the position at once with its guess, and rolls back if main's token differs);
+//    elsewhere it runs on with its own guess, at most max_lead_tokens positions ahead of the position main is
+//    decoding (and its first position waits for main's first step, which anchors the request's positions to
+//    main's steps);
 //  - when an aligned token differs from the one it used at that position, it rolls back there (drops its KV
 //    from that position on) and runs again, so predictions of the same (position, layer) are re-sent;
 //  - writes main's K/V into its own cache as it arrives (for positions it has computed; later ones wait).

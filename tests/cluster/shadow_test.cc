@@ -241,6 +241,26 @@ TEST_F(ShadowTest, ConcurrentRequestsAreEachPredictedInOneBatch) {
   EXPECT_GT(main.timely_recall(), 0.0);
 }
 
+TEST_F(ShadowTest, EarlyDepartureRunsAheadOnItsGuessAndRollsBackOnAMiss) {
+  // With early_departure the shadow does not wait for main's token at a due position: it runs its own guess and
+  // rolls back where main's token differs (an INT8 replica's guesses miss now and then). Tokens never change
+  // (RunPrompts checks them); the predictions of the positions it guessed right stand, those it re-ran are
+  // re-sent.
+  const std::vector<std::vector<int32_t>> prompts = RecallPrompts(3);
+  const RunFigures late = RunPrompts("quant = \"int8\"\nalign_token = 1\nalign_kv = 1\n", prompts, 32);
+  const RunFigures early =
+      RunPrompts("quant = \"int8\"\nalign_token = 1\nalign_kv = 1\nearly_departure = true\n", prompts, 32);
+  std::cout << "[INT8, T1 KV1, 3 prompts x 31 steps] late departure: recall " << late.recall << ", timely "
+            << late.timely << ", rollbacks " << late.shadow.rollbacks() << "; early: recall " << early.recall
+            << ", timely " << early.timely << ", rollbacks " << early.shadow.rollbacks() << "\n";
+  EXPECT_EQ(late.shadow.rollbacks(), 0u);  // it always waited for the token
+  // How often the guess ran before main's token came depends on timing (a slow shadow finds the token there):
+  // every rolled-back position was run twice, so positions = one per decode position + the re-runs.
+  EXPECT_EQ(early.shadow.positions_decoded(), late.shadow.positions_decoded() + early.shadow.rollbacks());
+  EXPECT_GT(early.recall, 0.9);
+  EXPECT_EQ(early.missing, 0u);
+}
+
 TEST_F(ShadowTest, QuantizationMovesRecall) {
   // Recall comes from the replica's real predictions: a coarser quantization predicts worse. Without
   // alignment the replica drifts on its own tokens, so the differences show within a few prompts.

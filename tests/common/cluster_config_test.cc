@@ -236,9 +236,11 @@ TEST(ClusterConfigTest, ShadowPrecisionAndHedgeMargin) {
   EXPECT_FALSE(c->shadow_settings.keep_router);
   EXPECT_FALSE(c->shadow_settings.keep_attention);
   EXPECT_EQ(c->shadow_settings.hedge_margin, 0.0);  // off
+  EXPECT_FALSE(c->shadow_settings.early_departure);  // the paper's late departure
   c = ParseClusterConfig(std::string(kGood) + "\n[shadow]\nkeep_router = true\nkeep_attention = true\n"
-                         "hedge_margin = 0.05\n", "lab.toml", "/");
+                         "hedge_margin = 0.05\nearly_departure = true\n", "lab.toml", "/");
   ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->shadow_settings.early_departure);
   EXPECT_TRUE(c->shadow_settings.keep_router);
   EXPECT_TRUE(c->shadow_settings.keep_attention);
   EXPECT_DOUBLE_EQ(c->shadow_settings.hedge_margin, 0.05);
@@ -247,6 +249,7 @@ TEST(ClusterConfigTest, ShadowPrecisionAndHedgeMargin) {
   for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
            {"keep_router = 1", "'keep_router'"},
            {"keep_attention = \"yes\"", "'keep_attention'"},
+           {"early_departure = 1", "'early_departure'"},
            {"hedge_margin = -0.1", "'hedge_margin'"},
            {"hedge_margin = 1.5", "'hedge_margin'"},
            {"hedge_margin = \"0.1\"", "'hedge_margin'"}}) {
