@@ -256,22 +256,14 @@ absl::Status Engine::WriteKv(Sequence& seq, int64_t position, const float* k, co
   }
   const int64_t kv = config().kv_size();
   const int64_t layers = static_cast<int64_t>(seq.k_cache_.size());
-  if (kv_dtype_ == DType::kF32) {
-    for (int64_t l = 0; l < layers; ++l) {
-      const size_t i = static_cast<size_t>(l);
-      device_.CopyToDevice(seq.k_cache_[i]->as<float>() + position * kv, k + l * kv, F32Bytes(kv), stream_.get());
-      device_.CopyToDevice(seq.v_cache_[i]->as<float>() + position * kv, v + l * kv, F32Bytes(kv), stream_.get());
-    }
-  } else {
-    // Through kv_row_ ([2, layers, kv] fp32), converted into the caches on the device.
-    float* row = kv_row_->as<float>();
-    device_.CopyToDevice(row, k, F32Bytes(layers * kv), stream_.get());
-    device_.CopyToDevice(row + layers * kv, v, F32Bytes(layers * kv), stream_.get());
-    for (int64_t l = 0; l < layers; ++l) {
-      const size_t i = static_cast<size_t>(l);
-      StoreKv(row + l * kv, kv, *seq.k_cache_[i], position * kv, stream_.get());
-      StoreKv(row + (layers + l) * kv, kv, *seq.v_cache_[i], position * kv, stream_.get());
-    }
+  // Through kv_row_ ([2, layers, kv] fp32), into the caches in their dtype on the device: ReadKv's way back.
+  float* row = kv_row_->as<float>();
+  device_.CopyToDevice(row, k, F32Bytes(layers * kv), stream_.get());
+  device_.CopyToDevice(row + layers * kv, v, F32Bytes(layers * kv), stream_.get());
+  for (int64_t l = 0; l < layers; ++l) {
+    const size_t i = static_cast<size_t>(l);
+    StoreKv(row + l * kv, kv, *seq.k_cache_[i], position * kv, stream_.get());
+    StoreKv(row + (layers + l) * kv, kv, *seq.v_cache_[i], position * kv, stream_.get());
   }
   device_.Synchronize(stream_.get());  // the host rows may die on return
   return absl::OkStatus();
