@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <optional>
@@ -323,6 +324,21 @@ class CudaBuffer final : public Buffer {
   std::shared_ptr<DeviceMemoryPool> pool_;
 };
 
+// Page-locked host memory from cudaMallocHost (Device::AllocateHost).
+class CudaHostBuffer final : public HostBuffer {
+ public:
+  CudaHostBuffer(void* data, size_t size, std::shared_ptr<Accounting> accounting)
+      : HostBuffer(data, size), accounting_(std::move(accounting)) {}
+  ~CudaHostBuffer() override {
+    if (as<void>() == nullptr) return;
+    if (cudaFreeHost(as<void>()) != cudaSuccess) (void)cudaGetLastError();
+    accounting_->Note(accounting_->host_syncs);  // cudaFreeHost waits for the device, as cudaFree does
+  }
+
+ private:
+  std::shared_ptr<Accounting> accounting_;
+};
+
 // A CUDA stream with what the ops enqueued on it need: a cuBLAS handle bound to it and scratch memory.
 // Used by one host thread at a time.
 class CudaStream final : public Stream {
@@ -498,6 +514,21 @@ class CudaDevice final : public Device {
       accounting_->Note(accounting_->allocations);
     }
     return std::unique_ptr<Buffer>(new CudaBuffer(data, bytes, accounting_, pool_));
+  }
+
+  absl::StatusOr<std::unique_ptr<HostBuffer>> AllocateHost(size_t bytes, std::string_view tag) override {
+    void* data = nullptr;
+    if (bytes > 0) {
+      UseDevice(ordinal_);
+      const cudaError_t err = cudaMallocHost(&data, bytes);
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();  // not sticky
+        return absl::ResourceExhaustedError(StrCat(name(), ": cudaMallocHost of ", FormatBytes(bytes), " for '", tag,
+                                                   "' failed: ", cudaGetErrorString(err)));
+      }
+      std::memset(data, 0, bytes);
+    }
+    return std::unique_ptr<HostBuffer>(new CudaHostBuffer(data, bytes, accounting_));
   }
 
   MemoryInfo memory_info() const override {

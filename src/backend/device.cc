@@ -1,6 +1,8 @@
 #include "src/backend/device.h"
 
+#include <cstddef>
 #include <iterator>
+#include <memory>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -56,6 +58,25 @@ void Device::ResetCounters() {
   frees_.store(0, std::memory_order_relaxed);
   launches_.store(0, std::memory_order_relaxed);
   bytes_read_.store(0, std::memory_order_relaxed);
+}
+
+namespace {
+
+// Plain heap memory (new[] aligns for any scalar the copies carry).
+class HeapHostBuffer final : public HostBuffer {
+ public:
+  explicit HeapHostBuffer(std::unique_ptr<std::byte[]> bytes, size_t size)
+      : HostBuffer(bytes.get(), size), bytes_(std::move(bytes)) {}
+
+ private:
+  std::unique_ptr<std::byte[]> bytes_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HostBuffer>> Device::AllocateHost(size_t bytes, std::string_view tag) {
+  (void)tag;
+  return std::make_unique<HeapHostBuffer>(std::make_unique<std::byte[]>(bytes), bytes);
 }
 
 absl::Status Device::RegisterHostMemory(const void* p, size_t bytes) { return RecordHostRange(p, bytes); }

@@ -64,6 +64,34 @@ class Buffer {
   size_t size_;
 };
 
+// Host memory a device copies results into often (CopyToHost's destination; Device::AllocateHost): page-locked
+// where the backend has such a thing (CUDA: cudaMallocHost), so that a copy into it is one DMA the host waits on,
+// not one staged through the driver's bounce buffer; plain host memory elsewhere. Freed when destroyed (CUDA:
+// cudaFreeHost, which waits for the device). Host code reads it only after the copy's stream is synchronized.
+class HostBuffer {
+ public:
+  virtual ~HostBuffer() = default;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+
+  size_t size() const { return size_; }
+  template <typename T>
+  T* as() {
+    return static_cast<T*>(data_);
+  }
+  template <typename T>
+  const T* as() const {
+    return static_cast<const T*>(data_);
+  }
+
+ protected:
+  HostBuffer(void* data, size_t size) : data_(data), size_(size) {}
+
+ private:
+  void* data_;
+  size_t size_;
+};
+
 // An ordered queue of work on one device. Work on different streams of a device may overlap; an Event
 // recorded on one stream and waited on by another orders them.
 class Stream {
@@ -163,6 +191,10 @@ class Device {
   virtual void CopyToHost(void* dst, const void* src, size_t bytes, Stream* stream) = 0;
   virtual void CopyOnDevice(void* dst, const void* src, size_t bytes, Stream* stream) = 0;
   virtual TransferStats transfer_stats() const = 0;
+
+  // `bytes` of host memory for the device to copy results into (HostBuffer), zero-filled. The default: plain
+  // host memory. ResourceExhausted, naming `tag`, when the backend cannot provide it.
+  virtual absl::StatusOr<std::unique_ptr<HostBuffer>> AllocateHost(size_t bytes, std::string_view tag);
 
   // ---- host memory registration ----------------------------------------------------------------------------
   // Registers the host range [p, p + bytes) for fast copies (CUDA: page-locked with cudaHostRegister, read-only

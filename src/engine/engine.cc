@@ -61,8 +61,8 @@ absl::Status LocalExpertExecutor::Run(int64_t layer, const float* h, int64_t n, 
         return yg_->as<float>();
       },
       out, stream));
-  // packed_ must stay untouched until the copy is done.
-  device_.Synchronize(stream);
+  // No synchronization: packed_ is rewritten only by the next Run, which the caller makes after synchronizing
+  // `stream` (the contract of ExpertExecutor::Run).
   return absl::OkStatus();
 }
 
@@ -95,8 +95,7 @@ absl::Status Engine::AllocateWorkspace() {
   ODMOE_RETURN_IF_ERROR(Alloc(d, k_, F32Bytes(C * c.kv_size()), "k"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, v_, F32Bytes(C * c.kv_size()), "v"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, router_logits_, F32Bytes(C * std::max<int64_t>(1, c.num_experts)), "router logits"));
-  ODMOE_RETURN_IF_ERROR(Alloc(d, topk_ids_, F32Bytes(C * k), "top-k ids"));
-  ODMOE_RETURN_IF_ERROR(Alloc(d, topk_weights_, F32Bytes(C * k), "top-k weights"));
+  ODMOE_RETURN_IF_ERROR(Alloc(d, topk_, F32Bytes(2 * C * k), "top-k ids and weights"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, shared_out_, F32Bytes(C * c.hidden_size), "shared expert output"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, shared_gate_, F32Bytes(C), "shared expert gate"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, iota_, F32Bytes(C), "row indices"));
@@ -114,9 +113,8 @@ absl::Status Engine::AllocateWorkspace() {
   std::vector<float> zeros(static_cast<size_t>(C * c.hidden_size), 0.0f);
   d.CopyToDevice(zeros_->data(), zeros.data(), zeros.size() * sizeof(float), stream_.get());
   d.Synchronize(stream_.get());
-  host_ids_.resize(static_cast<size_t>(C * k));
-  host_weights_.resize(static_cast<size_t>(C * k));
-  host_logits_.resize(static_cast<size_t>(S * c.vocab_size));
+  ODMOE_ASSIGN_OR_RETURN(host_topk_, d.AllocateHost(F32Bytes(2 * C * k), "top-k ids and weights"));
+  ODMOE_ASSIGN_OR_RETURN(host_logits_, d.AllocateHost(F32Bytes(S * c.vocab_size), "logits"));
   return absl::OkStatus();
 }
 
@@ -414,21 +412,22 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
     d.RmsNorm(x, lw.post_norm, n, hidden, static_cast<float>(c.rms_norm_eps), h, s);
     float* moe = moe_->as<float>();
     if (lw.sparse) {
-      RunRouter(d, c, lw.router, h, n, router_logits_->as<float>(), topk_ids_->as<int32_t>(),
-                topk_weights_->as<float>(), s);
-      d.CopyToHost(host_ids_.data(), topk_ids_->data(), F32Bytes(n * k), s);
-      d.CopyToHost(host_weights_.data(), topk_weights_->data(), F32Bytes(n * k), s);
+      // The host needs the router's choice to dispatch the experts: the layer's one synchronization. It also
+      // completes every copy the previous Run made, as ExpertExecutor::Run requires.
+      RunRouter(d, c, lw.router, h, n, router_logits_->as<float>(), topk_->as<int32_t>(),
+                topk_->as<float>() + n * k, s);
+      d.CopyToHost(host_topk_->as<void>(), topk_->data(), F32Bytes(2 * n * k), s);
+      const std::span<const int32_t> top_ids(host_topk_->as<int32_t>(), static_cast<size_t>(n * k));
+      const std::span<const float> top_weights(host_topk_->as<float>() + n * k, static_cast<size_t>(n * k));
       for (size_t i = 0; i < inputs.size(); ++i) {
         if (inputs[i].routing == nullptr) continue;
         for (size_t t = 0; t < inputs[i].ids.size(); ++t) {
-          auto first = host_ids_.begin() + (first_row[i] + static_cast<int64_t>(t)) * k;
+          auto first = top_ids.begin() + (first_row[i] + static_cast<int64_t>(t)) * k;
           (*inputs[i].routing)[routing_base[i] + t].emplace_back(first, first + k);
         }
       }
       d.CopyOnDevice(moe, zeros_->data(), F32Bytes(n * hidden), s);
-      ODMOE_RETURN_IF_ERROR(experts_->Run(l, h, n, std::span<const int32_t>(host_ids_.data(), static_cast<size_t>(n * k)),
-                                          std::span<const float>(host_weights_.data(), static_cast<size_t>(n * k)),
-                                          moe, s));
+      ODMOE_RETURN_IF_ERROR(experts_->Run(l, h, n, top_ids, top_weights, moe, s));
       if (lw.shared.present()) {
         RunMlp(d, lw.shared, h, n, hidden, *mlp_ws_, shared_out_->as<float>(), s);
         d.MatMul(h, lw.shared_gate, {}, n, hidden, 1, shared_gate_->as<float>(), s);
@@ -460,9 +459,9 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
   d.RmsNorm(last_->as<float>(), weights_.final_norm(), b, hidden, static_cast<float>(c.rms_norm_eps),
             last_->as<float>(), s);
   d.MatMul(last_->as<float>(), weights_.lm_head(), {}, b, hidden, c.vocab_size, logits_->as<float>(), s);
-  d.CopyToHost(host_logits_.data(), logits_->data(), F32Bytes(b * c.vocab_size), s);
+  d.CopyToHost(host_logits_->as<void>(), logits_->data(), F32Bytes(b * c.vocab_size), s);
   for (int64_t j = 0; j < b; ++j) {
-    const float* row = host_logits_.data() + j * c.vocab_size;
+    const float* row = host_logits_->as<float>() + j * c.vocab_size;
     inputs[wanted[static_cast<size_t>(j)]].logits->assign(row, row + c.vocab_size);
   }
   return absl::OkStatus();

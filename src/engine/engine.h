@@ -40,6 +40,8 @@ class ExpertExecutor {
   // For every token i < n and each of its k experts: out[i] += weight * expert(h[i]). Experts are applied in
   // ascending id order and, within an expert, tokens in order, so results are bitwise reproducible wherever
   // the experts run. h, out: [n, hidden] device memory; ids, weights: [n, k] host memory (best first).
+  // May return before its work on `stream` has finished, with host memory of its own still being copied from:
+  // the caller synchronizes `stream` (any CopyToHost on it does) before its next Run and before reading `out`.
   virtual absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
                            std::span<const float> weights, float* out, Stream* stream) = 0;
   // Called by the engine before each forward chunk: the next Run calls (one per sparse layer, in layer order)
@@ -198,16 +200,17 @@ class Engine {
   std::unique_ptr<Buffer> x_, h_, attn_, o_, moe_;    // [C, hidden] / [C, q_size]
   std::unique_ptr<Buffer> q_, k_, v_;                 // [C, q_size], [C, kv_size], [C, kv_size]
   std::unique_ptr<Buffer> router_logits_;             // [C, num_experts]
-  std::unique_ptr<Buffer> topk_ids_, topk_weights_;   // [C, k]
+  // A chunk of n rows: the ids [n, k] (int32), then the weights [n, k]: the router's result in one copy.
+  std::unique_ptr<Buffer> topk_;                      // 2 * C * k values
   std::unique_ptr<Buffer> shared_out_, shared_gate_;  // [C, hidden], [C]
   std::unique_ptr<Buffer> iota_;                      // [C] int32: 0, 1, 2, ...
   std::unique_ptr<Buffer> zeros_;                     // [C, hidden] of 0.0f
   std::unique_ptr<Buffer> kv_row_;                    // [2, num_layers, kv_size]: ReadKv gathers here
   std::unique_ptr<Buffer> last_, logits_;             // [S, hidden], [S, vocab]: S = max_sequences_per_forward
   std::unique_ptr<MlpWorkspace> mlp_ws_;
-  std::vector<int32_t> host_ids_;
-  std::vector<float> host_weights_;
-  std::vector<float> host_logits_;                    // [S, vocab]
+  // Where topk_ and logits_ are copied back to (page-locked on CUDA: one DMA each).
+  std::unique_ptr<HostBuffer> host_topk_;             // as topk_
+  std::unique_ptr<HostBuffer> host_logits_;           // [S, vocab]
 };
 
 }  // namespace odmoe

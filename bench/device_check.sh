@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The checks that need a real GPU, in one short run: the CUDA kernel / device / golden tests, then
+# `odmoe-bench kernels` and `odmoe-bench engine` (16 Mixtral-8x7B layers, synthetic weights) on the CUDA backend.
+#
+#   usage: bench/device_check.sh PACK OUTDIR
+#
+# PACK is a tar.xz made here from `../shared/tools/bundle.sh DIR build/tests/kernels_test build/bin/odmoe-bench`
+# plus DIR/shared/models/<the small checkpoints>; it is unpacked to /tmp/odmoe-dev. Every step has its own
+# time limit, so one that hangs leaves the others' figures. Logs and JSON lines go to OUTDIR.
+set -u
+pack=${1:?usage: device_check.sh PACK OUTDIR}
+out=${2:?usage: device_check.sh PACK OUTDIR}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+dev=/tmp/odmoe-dev
+mkdir -p "$dev" "$out"
+tar xJf "$pack" -C "$dev" || exit 1
+export LD_LIBRARY_PATH=$dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# The tests look for the checkpoints at the path baked in at build time (ODMOE_SHARED_DIR = /work/main/../shared).
+if [ ! -e /work/shared ]; then mkdir -p /work/main && ln -s "$dev/shared" /work/shared; fi
+
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem --format=csv 2>&1 | tee "$out/gpu.txt"
+
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc in $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
+}
+
+step kernels_test 150 "$dev/bin/kernels_test" --gtest_brief=1
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|actual|error" "$out/kernels_test.log" | head -60
+step bench_kernels 100 "$dev/bin/odmoe-bench" kernels --backend cuda --json "$out/kernels.json"
+tail -12 "$out/bench_kernels.log"
+step bench_engine 180 "$dev/bin/odmoe-bench" engine --synthetic "$repo/configs/models/mixtral-8x7b" --layers 16 \
+  --backend cuda --pairs 16x64,128x256 --repeat 3 --json "$out/engine.json"
+tail -8 "$out/bench_engine.log"
+cat "$out/summary.txt"
