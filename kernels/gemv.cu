@@ -46,7 +46,10 @@ __device__ __forceinline__ void RowDot(const float* __restrict__ x, const W* con
   if (vec) {
     constexpr int kV = Vec16<W>::kElems;
     const int64_t chunks = in / kV;
-#pragma unroll 2
+    // One token: 4 steps of kRows 16-byte chunks in flight per lane (the down projection's 4096 rows make only
+    // 256 blocks, about two per SM, so each warp must keep more bytes in flight); more tokens: 2 (registers).
+    [[maybe_unused]] constexpr int kUnroll = kTokens == 1 ? 4 : 2;  // unused where #pragma unroll is not known
+#pragma unroll kUnroll
     for (int64_t c = lane; c < chunks; c += 32) {
       float wv[kRows][kV];
 #pragma unroll
