@@ -1,24 +1,17 @@
-// Dequantizing products with INT8 / NF4 weights (layouts in quant.h), fp32
-// activations and accumulation.
-//  - GemvInt8Kernel<kTokens> / GemvNf4Kernel<kTokens>: 8 warps per 256-thread
-//  block; kTokens = 1 (one token, two
-//    output rows per warp: one accumulator per row, the activations a lane
-//    loads serve both rows, two 16-byte code loads in flight) or kGemvMaxTokens
-//    (up to that many tokens, one row per warp). A lane loads 16 bytes of codes
-//    at a time (16 INT8 weights, or 32 NF4 weights = half a block) and the
-//    matching activations with float4 loads. INT8 applies absmax / 127 once per
-//    row; NF4 decodes its codes in registers (the code book as byte planes,
-//    looked up with __byte_perm: no shared memory) and applies the block absmax
-//    to each 32-weight partial sum. Every variant sums a row in the same order
-//    (explicit FMAs in column order per chunk, lane-strided chunks, the
-//    butterfly WarpSum), so a row's result is bitwise the same whatever the
-//    number of tokens. Shapes that break 16-byte alignment take scalar loads
-//    for the affected operand.
-//  - DequantGemmKernel<Tile>: C tile of 64 tokens x 64 output rows per
-//  256-thread block, k in steps of 32; the
-//    activation tile and the weight tile (dequantized on the fly by
-//    Tile::Value) are staged in shared memory and each thread accumulates a 4x4
-//    sub-tile with fp32 FMA.
+// Dequantizing products with INT8 / NF4 weights (layouts in quant.h), fp32 activations and accumulation.
+//  - GemvInt8Kernel / GemvNf4Kernel<kTokens, kRows, kDepth, kVec>: 4 warps per 128-thread block, kRows output
+//    rows per warp (one token: 4, 2 or 1 by the row count, the activations a lane loads serving every row; up to
+//    kGemvMaxTokens tokens: 1), a ring of kDepth register buffers of 16-byte code loads (16 INT8 or 32 NF4 weights =
+//    half a block per lane and load) so that the next chunks are in flight while one is summed. INT8 becomes fp32
+//    with PRMT + FADD (no I2F) and takes absmax / 127 once per row; NF4 codes become fp32 by a warp shuffle from
+//    the lane holding that code book entry (one SHFL per weight, no divergent constant-memory reads), and each
+//    32-weight partial sum takes its block absmax. Every variant sums a row in the same order (explicit FMAs in
+//    column order per chunk, lane-strided chunks in ascending order, the butterfly WarpSum), so a row's result is
+//    bitwise the same whatever the number of tokens, kRows or kDepth. Shapes that break 16-byte alignment take
+//    scalar loads (kVec = false).
+//  - DequantGemmKernel<Tile>: C tile of 64 tokens x 64 output rows per 256-thread block, k in steps of 32; the
+//    activation tile and the weight tile (dequantized on the fly by Tile::Value) are staged in shared memory
+//    and each thread accumulates a 4x4 sub-tile with fp32 FMA.
 #include "kernels/quant.h"
 
 #include <algorithm>
@@ -33,59 +26,46 @@ using internal::CeilDiv;
 using internal::Vec16;
 using internal::WarpSum;
 
-constexpr int kThreads = 256; // the GEMM's block
+constexpr int kThreads = 256;  // the GEMM's block
 constexpr int kMaxN = static_cast<int>(kGemvMaxTokens);
-constexpr int kHalfBlock = static_cast<int>(
-    kNf4BlockSize / 2); // bytes per NF4 block, weights per 16 bytes
+constexpr int kHalfBlock = static_cast<int>(kNf4BlockSize / 2);  // bytes per NF4 block, weights per 16 bytes
 
-// The GEMVs' blocks: 4 warps (small blocks spread a one-wave grid evenly over
-// the SMs).
+// The GEMVs' blocks: 4 warps (small blocks spread a one-wave grid evenly over the SMs).
 constexpr int kGemvThreads = 128;
 constexpr int kGemvWarps = kGemvThreads / 32;
 
 __constant__ float kCodeBookDevice[16] = {ODMOE_NF4_CODEBOOK};
 
-bool Aligned16(const void *p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
-}
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // 16 bytes at p (any alignment when !vec).
-__device__ __forceinline__ uint4 Load16(const void *p, bool vec) {
-  if (vec)
-    return __ldg(reinterpret_cast<const uint4 *>(p));
-  const uint8_t *b = static_cast<const uint8_t *>(p);
+__device__ __forceinline__ uint4 Load16(const void* p, bool vec) {
+  if (vec) return __ldg(reinterpret_cast<const uint4*>(p));
+  const uint8_t* b = static_cast<const uint8_t*>(p);
   uint32_t w[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    w[i] = static_cast<uint32_t>(__ldg(b + 4 * i)) |
-           (static_cast<uint32_t>(__ldg(b + 4 * i + 1)) << 8) |
-           (static_cast<uint32_t>(__ldg(b + 4 * i + 2)) << 16) |
-           (static_cast<uint32_t>(__ldg(b + 4 * i + 3)) << 24);
+    w[i] = static_cast<uint32_t>(__ldg(b + 4 * i)) | (static_cast<uint32_t>(__ldg(b + 4 * i + 1)) << 8) |
+           (static_cast<uint32_t>(__ldg(b + 4 * i + 2)) << 16) | (static_cast<uint32_t>(__ldg(b + 4 * i + 3)) << 24);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-__device__ __forceinline__ uint32_t Word(const uint4 &v, int i) {
-  return i == 0   ? v.x
-         : i == 1 ? v.y
-         : i == 2 ? v.z
-                  : v.w; // i is a constant after unrolling
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a constant after unrolling
 }
 
-// acc + sum_e w[e] * x[e], one fused multiply-add per element in order: the
-// summation order of every GEMV here, whatever its number of tokens.
+// acc + sum_e w[e] * x[e], one fused multiply-add per element in order: the summation order of every GEMV here,
+// whatever its number of tokens.
 template <int kElems>
-__device__ __forceinline__ float ChunkDot(const float *w, const float *x,
-                                          float acc) {
+__device__ __forceinline__ float ChunkDot(const float* w, const float* x, float acc) {
 #pragma unroll
-  for (int e = 0; e < kElems; ++e)
-    acc = fmaf(w[e], x[e], acc);
+  for (int e = 0; e < kElems; ++e) acc = fmaf(w[e], x[e], acc);
   return acc;
 }
 
-// The 16 int8 weights of 16 bytes, exactly, without I2F (a quarter-rate
-// conversion on sm_90): byte b ^ 0x80 is placed in the low mantissa bits of
-// 2^23 (one PRMT) and 2^23 + 128 subtracted (one FADD).
+// The 16 int8 weights of 16 bytes, exactly, without I2F (a quarter-rate conversion on sm_90): byte b ^ 0x80 is placed
+// in the low mantissa bits of 2^23 (one PRMT) and 2^23 + 128 subtracted (one FADD).
 __device__ __forceinline__ void DecodeInt8x16(uint4 raw, float (&w)[16]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -93,90 +73,72 @@ __device__ __forceinline__ void DecodeInt8x16(uint4 raw, float (&w)[16]) {
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
       // Bytes: biased.b, 0, 0, 0x4b (2^23 as fp32 is 0x4b000000).
-      const uint32_t bits =
-          __byte_perm(biased, 0x4b000000u, 0x7440u | static_cast<uint32_t>(b));
-      w[4 * i + b] = __uint_as_float(bits) - 8388736.0f; // 2^23 + 128
+      const uint32_t bits = __byte_perm(biased, 0x4b000000u, 0x7440u | static_cast<uint32_t>(b));
+      w[4 * i + b] = __uint_as_float(bits) - 8388736.0f;  // 2^23 + 128
     }
   }
 }
 
-// The 8 NF4 weights of one 32-bit word of codes in column order (byte b: column
-// 2b in its high nibble, 2b + 1 in its low nibble), exactly. `book` is
-// kNf4CodeBook[lane % 16]; a shuffle reads lane (word >> 4k) % 32, i.e. the
-// code plus 16 times the next code's low bit, which holds the same entry: one
-// shift and one SHFL per weight, no divergent constant-memory reads. REQUIRES:
-// all 32 lanes of the warp call it together.
-__device__ __forceinline__ void DecodeNf4x8(uint32_t word, float book,
-                                            float (&w)[8]) {
+// The 8 NF4 weights of one 32-bit word of codes in column order (byte b: column 2b in its high nibble, 2b + 1 in its
+// low nibble), exactly. `book` is kNf4CodeBook[lane % 16]; a shuffle reads lane (word >> 4k) % 32, i.e. the code plus
+// 16 times the next code's low bit, which holds the same entry: one shift and one SHFL per weight, no divergent
+// constant-memory reads. REQUIRES: all 32 lanes of the warp call it together.
+__device__ __forceinline__ void DecodeNf4x8(uint32_t word, float book, float (&w)[8]) {
 #pragma unroll
   for (int b = 0; b < 4; ++b) {
-    w[2 * b] =
-        __shfl_sync(0xffffffffu, book, static_cast<int>(word >> (8 * b + 4)));
-    w[2 * b + 1] =
-        __shfl_sync(0xffffffffu, book, static_cast<int>(word >> (8 * b)));
+    w[2 * b] = __shfl_sync(0xffffffffu, book, static_cast<int>(word >> (8 * b + 4)));
+    w[2 * b + 1] = __shfl_sync(0xffffffffu, book, static_cast<int>(word >> (8 * b)));
   }
 }
 
 // ---- GEMVs
 // -----------------------------------------------------------------------------------------------------
-// A warp takes kRows consecutive output rows (a row past the end reads the last
-// row; its result is not stored) and walks them in steps: at step s, lane l
-// takes 16-byte chunk c = l + 32 s of each row (16 INT8 or 32 NF4 weights). The
-// chunks of the next kDepth - 1 steps are loaded before a step is computed (a
-// ring of kDepth register buffers, refilled as each is consumed), so every lane
-// keeps up to kRows * kDepth 16-byte loads in flight. The step count is the
-// same for the whole warp (the NF4 shuffles need every lane); a lane past the
-// last chunk loads nothing and adds nothing. kRows, kDepth: chosen by the
-// launchers from the shape; they do not change the order of the additions (a
-// lane sums its chunks in ascending order, the warp sums its lanes with
-// WarpSum), so a row's result depends on neither, nor on the number of tokens.
+// A warp takes kRows consecutive output rows (a row past the end reads the last row; its result is not stored) and
+// walks them in steps: at step s, lane l takes 16-byte chunk c = l + 32 s of each row (16 INT8 or 32 NF4 weights). The
+// chunks of the next kDepth - 1 steps are loaded before a step is computed (a ring of kDepth register buffers, refilled
+// as each is consumed), so every lane keeps up to kRows * kDepth 16-byte loads in flight. The step count is the same
+// for the whole warp (the NF4 shuffles need every lane); a lane past the last chunk loads nothing and adds nothing.
+// kRows, kDepth: chosen by the launchers from the shape; they do not change the order of the additions (a lane sums its
+// chunks in ascending order, the warp sums its lanes with WarpSum), so a row's result depends on neither, nor on the
+// number of tokens.
 
 // One step's codes (and NF4 block scales) for every row of the warp.
-template <int kRows> struct Chunks {
+template <int kRows>
+struct Chunks {
   uint4 raw[kRows];
   float scale[kRows];
 };
 
-// kVec: q and x 16-byte aligned and cols % 16 == 0 (16-byte chunks); otherwise
-// one column per lane at a time.
+// kVec: q and x 16-byte aligned and cols % 16 == 0 (16-byte chunks); otherwise one column per lane at a time.
 template <int kTokens, int kRows, int kDepth, bool kVec>
 __global__ void __launch_bounds__(kGemvThreads)
-    GemvInt8Kernel(const float *__restrict__ x, const int8_t *__restrict__ q,
-                   const float *__restrict__ absmax, int n, int64_t cols,
-                   int64_t rows, float *__restrict__ y) {
+    GemvInt8Kernel(const float* __restrict__ x, const int8_t* __restrict__ q, const float* __restrict__ absmax, int n,
+                   int64_t cols, int64_t rows, float* __restrict__ y) {
   const int lane = threadIdx.x & 31;
-  const int64_t row0 =
-      (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) *
-      kRows;
-  if (row0 >= rows)
-    return;
-  const int8_t *qr[kRows];
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * kRows;
+  if (row0 >= rows) return;
+  const int8_t* qr[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
-    qr[r] = q + min(row0 + r, rows - 1) * cols;
+  for (int r = 0; r < kRows; ++r) qr[r] = q + min(row0 + r, rows - 1) * cols;
   float acc[kRows][kTokens];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
 #pragma unroll
-    for (int t = 0; t < kTokens; ++t)
-      acc[r][t] = 0.0f;
+    for (int t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
   }
   if (kVec) {
     const int64_t chunks = cols / 16;
     const int64_t steps = (chunks + 31) / 32;
-    auto load = [&](int64_t step, Chunks<kRows> &dst) {
+    auto load = [&](int64_t step, Chunks<kRows>& dst) {
       const int64_t c = lane + 32 * step;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        dst.raw[r] =
-            c < chunks ? __ldg(reinterpret_cast<const uint4 *>(qr[r] + c * 16))
-                       : make_uint4(0, 0, 0, 0);
+        dst.raw[r] = c < chunks ? __ldg(reinterpret_cast<const uint4*>(qr[r] + c * 16)) : make_uint4(0, 0, 0, 0);
       }
     };
     Chunks<kRows> ring[kDepth];
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d)
-      load(d, ring[d]);
+    for (int d = 0; d < kDepth; ++d) load(d, ring[d]);
     for (int64_t s0 = 0; s0 < steps; s0 += kDepth) {
 #pragma unroll
       for (int d = 0; d < kDepth; ++d) {
@@ -184,18 +146,15 @@ __global__ void __launch_bounds__(kGemvThreads)
         if (c < chunks) {
           float wv[kRows][16];
 #pragma unroll
-          for (int r = 0; r < kRows; ++r)
-            DecodeInt8x16(ring[d].raw[r], wv[r]);
+          for (int r = 0; r < kRows; ++r) DecodeInt8x16(ring[d].raw[r], wv[r]);
 #pragma unroll
           for (int t = 0; t < kTokens; ++t) {
             if (kTokens == 1 || t < n) {
               float xv[16];
 #pragma unroll
-              for (int e = 0; e < 16; e += 4)
-                Vec16<float>::Load(x + t * cols + c * 16 + e, xv + e);
+              for (int e = 0; e < 16; e += 4) Vec16<float>::Load(x + t * cols + c * 16 + e, xv + e);
 #pragma unroll
-              for (int r = 0; r < kRows; ++r)
-                acc[r][t] = ChunkDot<16>(wv[r], xv, acc[r][t]);
+              for (int r = 0; r < kRows; ++r) acc[r][t] = ChunkDot<16>(wv[r], xv, acc[r][t]);
             }
           }
         }
@@ -206,15 +165,13 @@ __global__ void __launch_bounds__(kGemvThreads)
     for (int64_t k = lane; k < cols; k += 32) {
       float wv[kRows];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        wv[r] = static_cast<float>(qr[r][k]);
+      for (int r = 0; r < kRows; ++r) wv[r] = static_cast<float>(qr[r][k]);
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) {
         if (kTokens == 1 || t < n) {
           const float xv = x[t * cols + k];
 #pragma unroll
-          for (int r = 0; r < kRows; ++r)
-            acc[r][t] = fmaf(wv[r], xv, acc[r][t]);
+          for (int r = 0; r < kRows; ++r) acc[r][t] = fmaf(wv[r], xv, acc[r][t]);
         }
       }
     }
@@ -222,43 +179,34 @@ __global__ void __launch_bounds__(kGemvThreads)
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int64_t row = row0 + r;
-    if (row >= rows)
-      break; // the same for the whole warp
+    if (row >= rows) break;  // the same for the whole warp
     const float scale = absmax[row] / 127.0f;
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) {
       if (kTokens == 1 || t < n) {
         const float s = WarpSum(acc[r][t]);
-        if (lane == 0)
-          y[t * rows + row] = s * scale;
+        if (lane == 0) y[t * rows + row] = s * scale;
       }
     }
   }
 }
 
-// Each 16-byte chunk is half an NF4 block (32 weights, one scale): per row and
-// token its 32 products are summed in column order (s), then acc = fma(s, block
-// scale, acc). Columns past `cols` (a row's last block partial) have code 7
-// (0.0) and take x = 0: a chunk always adds 32 products. The codes are decoded
-// 8 at a time (DecodeNf4x8), each 8 used for every token before the next are
-// decoded. kVec: codes and x 16-byte aligned and cols % 4 == 0, so x comes in
+// Each 16-byte chunk is half an NF4 block (32 weights, one scale): per row and token its 32 products are summed in
+// column order (s), then acc = fma(s, block scale, acc). Columns past `cols` (a row's last block partial) have code 7
+// (0.0) and take x = 0: a chunk always adds 32 products. The codes are decoded 8 at a time (DecodeNf4x8), each 8 used
+// for every token before the next are decoded. kVec: codes and x 16-byte aligned and cols % 4 == 0, so x comes in
 // float4s, each wholly inside or wholly past the row; otherwise scalar loads.
 template <int kTokens, int kRows, int kDepth, bool kVec>
 __global__ void __launch_bounds__(kGemvThreads)
-    GemvNf4Kernel(const float *__restrict__ x,
-                  const uint8_t *__restrict__ codes,
-                  const float *__restrict__ absmax, int n, int64_t cols,
-                  int64_t rows, float *__restrict__ y) {
+    GemvNf4Kernel(const float* __restrict__ x, const uint8_t* __restrict__ codes, const float* __restrict__ absmax,
+                  int n, int64_t cols, int64_t rows, float* __restrict__ y) {
   const int lane = threadIdx.x & 31;
-  const int64_t row0 =
-      (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) *
-      kRows;
-  if (row0 >= rows)
-    return; // the same for the whole warp
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * kRows;
+  if (row0 >= rows) return;  // the same for the whole warp
   const float book = kCodeBookDevice[lane & 15];
   const int64_t bpr = (cols + kNf4BlockSize - 1) / kNf4BlockSize;
-  const uint8_t *cr[kRows];
-  const float *ar[kRows];
+  const uint8_t* cr[kRows];
+  const float* ar[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int64_t row = min(row0 + r, rows - 1);
@@ -269,12 +217,11 @@ __global__ void __launch_bounds__(kGemvThreads)
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
 #pragma unroll
-    for (int t = 0; t < kTokens; ++t)
-      acc[r][t] = 0.0f;
+    for (int t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
   }
-  const int64_t chunks = bpr * 2; // 16 bytes = 32 weights each
+  const int64_t chunks = bpr * 2;  // 16 bytes = 32 weights each
   const int64_t steps = (chunks + 31) / 32;
-  auto load = [&](int64_t step, Chunks<kRows> &dst) {
+  auto load = [&](int64_t step, Chunks<kRows>& dst) {
     const int64_t c = lane + 32 * step;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -289,33 +236,29 @@ __global__ void __launch_bounds__(kGemvThreads)
   };
   Chunks<kRows> ring[kDepth];
 #pragma unroll
-  for (int d = 0; d < kDepth; ++d)
-    load(d, ring[d]);
+  for (int d = 0; d < kDepth; ++d) load(d, ring[d]);
   for (int64_t s0 = 0; s0 < steps; s0 += kDepth) {
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
-      if (s0 + d >= steps)
-        break; // the same for the whole warp
+      if (s0 + d >= steps) break;  // the same for the whole warp
       const int64_t c = lane + 32 * (s0 + d);
       const int64_t col0 = c * 32;
       float s[kRows][kTokens];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
 #pragma unroll
-        for (int t = 0; t < kTokens; ++t)
-          s[r][t] = 0.0f;
+        for (int t = 0; t < kTokens; ++t) s[r][t] = 0.0f;
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         float wv[kRows][8];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r)
-          DecodeNf4x8(Word(ring[d].raw[r], i), book, wv[r]);
+        for (int r = 0; r < kRows; ++r) DecodeNf4x8(Word(ring[d].raw[r], i), book, wv[r]);
         const int64_t col = col0 + 8 * i;
 #pragma unroll
         for (int t = 0; t < kTokens; ++t) {
           if (kTokens == 1 || t < n) {
-            const float *xp = x + t * cols + col;
+            const float* xp = x + t * cols + col;
             float xv[8];
 #pragma unroll
             for (int h = 0; h < 8; h += 4) {
@@ -324,18 +267,15 @@ __global__ void __launch_bounds__(kGemvThreads)
                   Vec16<float>::Load(xp + h, xv + h);
                 } else {
 #pragma unroll
-                  for (int e = 0; e < 4; ++e)
-                    xv[h + e] = 0.0f;
+                  for (int e = 0; e < 4; ++e) xv[h + e] = 0.0f;
                 }
               } else {
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                  xv[h + e] = col + h + e < cols ? xp[h + e] : 0.0f;
+                for (int e = 0; e < 4; ++e) xv[h + e] = col + h + e < cols ? xp[h + e] : 0.0f;
               }
             }
 #pragma unroll
-            for (int r = 0; r < kRows; ++r)
-              s[r][t] = ChunkDot<8>(wv[r], xv, s[r][t]);
+            for (int r = 0; r < kRows; ++r) s[r][t] = ChunkDot<8>(wv[r], xv, s[r][t]);
           }
         }
       }
@@ -344,8 +284,7 @@ __global__ void __launch_bounds__(kGemvThreads)
         for (int r = 0; r < kRows; ++r) {
 #pragma unroll
           for (int t = 0; t < kTokens; ++t) {
-            if (kTokens == 1 || t < n)
-              acc[r][t] = fmaf(s[r][t], ring[d].scale[r], acc[r][t]);
+            if (kTokens == 1 || t < n) acc[r][t] = fmaf(s[r][t], ring[d].scale[r], acc[r][t]);
           }
         }
       }
@@ -355,41 +294,36 @@ __global__ void __launch_bounds__(kGemvThreads)
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int64_t row = row0 + r;
-    if (row >= rows)
-      break; // the same for the whole warp
+    if (row >= rows) break;  // the same for the whole warp
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) {
       if (kTokens == 1 || t < n) {
         const float sum = WarpSum(acc[r][t]);
-        if (lane == 0)
-          y[t * rows + row] = sum;
+        if (lane == 0) y[t * rows + row] = sum;
       }
     }
   }
 }
 
-// ---- tiled GEMM
-// ----------------------------------------------------------------------------------------------
-constexpr int kBM = 64; // tokens per tile
-constexpr int kBN = 64; // output rows per tile
+// ---- tiled GEMM ----------------------------------------------------------------------------------------------
+constexpr int kBM = 64;  // tokens per tile
+constexpr int kBN = 64;  // output rows per tile
 constexpr int kBK = 32;
 
 struct Int8Tile {
-  const int8_t *q;
-  const float *absmax;
+  const int8_t* q;
+  const float* absmax;
   int64_t cols;
-  __device__ float Value(int64_t r, int64_t k, const float *) const {
-    return static_cast<float>(q[r * cols + k]);
-  }
+  __device__ float Value(int64_t r, int64_t k, const float*) const { return static_cast<float>(q[r * cols + k]); }
   __device__ float RowScale(int64_t r) const { return absmax[r] / 127.0f; }
 };
 
 struct Nf4Tile {
-  const uint8_t *codes;
-  const float *absmax;
+  const uint8_t* codes;
+  const float* absmax;
   int64_t cols;
   int64_t bpr;
-  __device__ float Value(int64_t r, int64_t k, const float *cb) const {
+  __device__ float Value(int64_t r, int64_t k, const float* cb) const {
     const uint32_t byte = codes[r * bpr * kHalfBlock + (k >> 1)];
     const uint32_t code = (k & 1) ? (byte & 15u) : (byte >> 4);
     return cb[code] * absmax[r * bpr + k / kNf4BlockSize];
@@ -398,23 +332,20 @@ struct Nf4Tile {
 };
 
 template <class Tile>
-__global__ void __launch_bounds__(kThreads)
-    DequantGemmKernel(const float *__restrict__ x, Tile tile, int64_t n,
-                      int64_t cols, int64_t rows, float *__restrict__ y) {
+__global__ void __launch_bounds__(kThreads) DequantGemmKernel(const float* __restrict__ x, Tile tile, int64_t n,
+                                                              int64_t cols, int64_t rows, float* __restrict__ y) {
   __shared__ float cb[16];
   __shared__ __align__(16) float xs[kBK][kBM + 4];
   __shared__ __align__(16) float ws[kBK][kBN + 4];
   const int tid = threadIdx.x;
-  if (tid < 16)
-    cb[tid] = kCodeBookDevice[tid];
-  const int tx = tid % 16; // output rows tx * 4 .. + 3
-  const int ty = tid / 16; // tokens ty * 4 .. + 3
+  if (tid < 16) cb[tid] = kCodeBookDevice[tid];
+  const int tx = tid % 16;  // output rows tx * 4 .. + 3
+  const int ty = tid / 16;  // tokens ty * 4 .. + 3
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kBN;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM;
   float acc[4][4] = {};
   for (int64_t k0 = 0; k0 < cols; k0 += kBK) {
-    __syncthreads(); // the previous tile is consumed (and the code book is
-                     // visible)
+    __syncthreads();  // the previous tile is consumed (and the code book is visible)
 #pragma unroll
     for (int i = 0; i < (kBM * kBK) / kThreads; ++i) {
       const int idx = tid + i * kThreads;
@@ -429,188 +360,148 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
 #pragma unroll 8
     for (int kk = 0; kk < kBK; ++kk) {
-      const float4 av = *reinterpret_cast<const float4 *>(&xs[kk][ty * 4]);
-      const float4 bv = *reinterpret_cast<const float4 *>(&ws[kk][tx * 4]);
+      const float4 av = *reinterpret_cast<const float4*>(&xs[kk][ty * 4]);
+      const float4 bv = *reinterpret_cast<const float4*>(&ws[kk][tx * 4]);
       const float a4[4] = {av.x, av.y, av.z, av.w};
       const float b4[4] = {bv.x, bv.y, bv.z, bv.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          acc[i][j] += a4[i] * b4[j];
+        for (int j = 0; j < 4; ++j) acc[i][j] += a4[i] * b4[j];
       }
     }
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t gm = m0 + ty * 4 + i;
-    if (gm >= n)
-      continue;
+    if (gm >= n) continue;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t gr = r0 + tx * 4 + j;
-      if (gr < rows)
-        y[gm * rows + gr] = acc[i][j] * tile.RowScale(gr);
+      if (gr < rows) y[gm * rows + gr] = acc[i][j] * tile.RowScale(gr);
     }
   }
 }
 
 template <class Tile>
-cudaError_t LaunchDequantGemm(const float *x, Tile tile, int64_t n,
-                              int64_t cols, int64_t rows, float *y,
+cudaError_t LaunchDequantGemm(const float* x, Tile tile, int64_t n, int64_t cols, int64_t rows, float* y,
                               cudaStream_t stream) {
   const int64_t gx = CeilDiv(rows, kBN);
   const int64_t gy = CeilDiv(n, kBM);
-  if (gx > 0x7fffffff || gy > 65535)
-    return cudaErrorInvalidValue;
+  if (gx > 0x7fffffff || gy > 65535) return cudaErrorInvalidValue;
   DequantGemmKernel<Tile>
-      <<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kThreads,
-         0, stream>>>(x, tile, n, cols, rows, y);
+      <<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kThreads, 0, stream>>>(x, tile, n, cols, rows, y);
   return cudaGetLastError();
 }
 
-// Rows per warp and ring depth of the one-token GEMVs, from the row count only
-// (never from n: a row's summation order does not depend on them anyway). Four
-// rows per warp when there are rows enough to fill the GPU with warps (x,
-// loaded from L1 for every 16 bytes of codes, serves four rows: for NF4 the x
-// traffic through L1 would otherwise exceed the codes' 8 times), fewer when
-// there are fewer rows, with a deeper ring to keep as many bytes in flight per
-// SM.
+// Rows per warp and ring depth of the one-token GEMVs, from the row count only (never from n: a row's summation order
+// does not depend on them anyway). Four rows per warp when there are rows enough to fill the GPU with warps (x, loaded
+// from L1 for every 16 bytes of codes, serves four rows: for NF4 the x traffic through L1 would otherwise exceed the
+// codes' 8 times), two (with a deeper ring: as many bytes in flight per SM from half the warps) when there are fewer,
+// one for small matrices.
 enum class GemvShape { kRows4, kRows2, kRows1 };
 GemvShape OneTokenShape(int64_t rows) {
-  if (rows >= 8192)
-    return GemvShape::kRows4;
-  if (rows >= 1024)
-    return GemvShape::kRows2;
+  if (rows >= 8192) return GemvShape::kRows4;
+  if (rows >= 1024) return GemvShape::kRows2;
   return GemvShape::kRows1;
 }
 
 // Launches kernel<kTokens, kRows, kDepth> over `rows` with kRows rows per warp.
 template <int kRows, typename Kernel, typename... Args>
-void LaunchRows(Kernel kernel, int64_t rows, cudaStream_t stream,
-                Args... args) {
+void LaunchRows(Kernel kernel, int64_t rows, cudaStream_t stream, Args... args) {
   const auto blocks = static_cast<unsigned>(CeilDiv(rows, kGemvWarps * kRows));
   kernel<<<blocks, kGemvThreads, 0, stream>>>(args...);
 }
 
-} // namespace
+}  // namespace
 
-cudaError_t LaunchGemvInt8(const float *x, const int8_t *q, const float *absmax,
-                           int64_t n, int64_t cols, int64_t rows, float *y,
-                           cudaStream_t stream) {
-  if (n <= 0 || rows <= 0)
-    return cudaSuccess;
-  if (cols <= 0)
-    return cudaErrorInvalidValue;
-  if (CeilDiv(rows, kGemvWarps) > 0x7fffffff)
-    return cudaErrorInvalidValue;
+cudaError_t LaunchGemvInt8(const float* x, const int8_t* q, const float* absmax, int64_t n, int64_t cols, int64_t rows,
+                           float* y, cudaStream_t stream) {
+  if (n <= 0 || rows <= 0) return cudaSuccess;
+  if (cols <= 0) return cudaErrorInvalidValue;
+  if (CeilDiv(rows, kGemvWarps) > 0x7fffffff) return cudaErrorInvalidValue;
   const bool vec = cols % 16 == 0 && Aligned16(x) && Aligned16(q);
   for (int64_t t0 = 0; t0 < n; t0 += kMaxN) {
     const int cnt = static_cast<int>(std::min<int64_t>(kMaxN, n - t0));
-    const float *xc = x + t0 * cols;
-    float *yc = y + t0 * rows;
+    const float* xc = x + t0 * cols;
+    float* yc = y + t0 * rows;
     if (!vec) {
       if (cnt > 1) {
-        LaunchRows<1>(GemvInt8Kernel<kMaxN, 1, 1, false>, rows, stream, xc, q,
-                      absmax, cnt, cols, rows, yc);
+        LaunchRows<1>(GemvInt8Kernel<kMaxN, 1, 1, false>, rows, stream, xc, q, absmax, cnt, cols, rows, yc);
       } else {
-        LaunchRows<2>(GemvInt8Kernel<1, 2, 1, false>, rows, stream, xc, q,
-                      absmax, cnt, cols, rows, yc);
+        LaunchRows<2>(GemvInt8Kernel<1, 2, 1, false>, rows, stream, xc, q, absmax, cnt, cols, rows, yc);
       }
       continue;
     }
     if (cnt > 1) {
-      LaunchRows<1>(GemvInt8Kernel<kMaxN, 1, 2, true>, rows, stream, xc, q,
-                    absmax, cnt, cols, rows, yc);
+      LaunchRows<1>(GemvInt8Kernel<kMaxN, 1, 2, true>, rows, stream, xc, q, absmax, cnt, cols, rows, yc);
       continue;
     }
     switch (OneTokenShape(rows)) {
-    case GemvShape::kRows4:
-      LaunchRows<4>(GemvInt8Kernel<1, 4, 2, true>, rows, stream, xc, q, absmax,
-                    cnt, cols, rows, yc);
-      break;
-    case GemvShape::kRows2:
-      LaunchRows<2>(GemvInt8Kernel<1, 2, 4, true>, rows, stream, xc, q, absmax,
-                    cnt, cols, rows, yc);
-      break;
-    case GemvShape::kRows1:
-      LaunchRows<1>(GemvInt8Kernel<1, 1, 2, true>, rows, stream, xc, q, absmax,
-                    cnt, cols, rows, yc);
-      break;
+      case GemvShape::kRows4:
+        LaunchRows<4>(GemvInt8Kernel<1, 4, 2, true>, rows, stream, xc, q, absmax, cnt, cols, rows, yc);
+        break;
+      case GemvShape::kRows2:
+        LaunchRows<2>(GemvInt8Kernel<1, 2, 4, true>, rows, stream, xc, q, absmax, cnt, cols, rows, yc);
+        break;
+      case GemvShape::kRows1:
+        LaunchRows<1>(GemvInt8Kernel<1, 1, 2, true>, rows, stream, xc, q, absmax, cnt, cols, rows, yc);
+        break;
     }
   }
   return cudaGetLastError();
 }
 
-cudaError_t LaunchGemvNf4(const float *x, const uint8_t *codes,
-                          const float *absmax, int64_t n, int64_t cols,
-                          int64_t rows, float *y, cudaStream_t stream) {
-  if (n <= 0 || rows <= 0)
-    return cudaSuccess;
-  if (cols <= 0)
-    return cudaErrorInvalidValue;
-  if (CeilDiv(rows, kGemvWarps) > 0x7fffffff)
-    return cudaErrorInvalidValue;
+cudaError_t LaunchGemvNf4(const float* x, const uint8_t* codes, const float* absmax, int64_t n, int64_t cols,
+                          int64_t rows, float* y, cudaStream_t stream) {
+  if (n <= 0 || rows <= 0) return cudaSuccess;
+  if (cols <= 0) return cudaErrorInvalidValue;
+  if (CeilDiv(rows, kGemvWarps) > 0x7fffffff) return cudaErrorInvalidValue;
   // Rows are 32-byte multiples: aligned codes keep every row aligned.
   const bool vec = Aligned16(codes) && cols % 4 == 0 && Aligned16(x);
   for (int64_t t0 = 0; t0 < n; t0 += kMaxN) {
     const int cnt = static_cast<int>(std::min<int64_t>(kMaxN, n - t0));
-    const float *xc = x + t0 * cols;
-    float *yc = y + t0 * rows;
+    const float* xc = x + t0 * cols;
+    float* yc = y + t0 * rows;
     if (!vec) {
       if (cnt > 1) {
-        LaunchRows<1>(GemvNf4Kernel<kMaxN, 1, 2, false>, rows, stream, xc,
-                      codes, absmax, cnt, cols, rows, yc);
+        LaunchRows<1>(GemvNf4Kernel<kMaxN, 1, 2, false>, rows, stream, xc, codes, absmax, cnt, cols, rows, yc);
       } else {
-        LaunchRows<1>(GemvNf4Kernel<1, 1, 2, false>, rows, stream, xc, codes,
-                      absmax, cnt, cols, rows, yc);
+        LaunchRows<1>(GemvNf4Kernel<1, 1, 2, false>, rows, stream, xc, codes, absmax, cnt, cols, rows, yc);
       }
       continue;
     }
     if (cnt > 1) {
-      LaunchRows<1>(GemvNf4Kernel<kMaxN, 1, 2, true>, rows, stream, xc, codes,
-                    absmax, cnt, cols, rows, yc);
+      LaunchRows<1>(GemvNf4Kernel<kMaxN, 1, 2, true>, rows, stream, xc, codes, absmax, cnt, cols, rows, yc);
       continue;
     }
     switch (OneTokenShape(rows)) {
-    case GemvShape::kRows4:
-      LaunchRows<4>(GemvNf4Kernel<1, 4, 2, true>, rows, stream, xc, codes,
-                    absmax, cnt, cols, rows, yc);
-      break;
-    case GemvShape::kRows2:
-      LaunchRows<2>(GemvNf4Kernel<1, 2, 4, true>, rows, stream, xc, codes,
-                    absmax, cnt, cols, rows, yc);
-      break;
-    case GemvShape::kRows1:
-      LaunchRows<1>(GemvNf4Kernel<1, 1, 2, true>, rows, stream, xc, codes,
-                    absmax, cnt, cols, rows, yc);
-      break;
+      case GemvShape::kRows4:
+        LaunchRows<4>(GemvNf4Kernel<1, 4, 2, true>, rows, stream, xc, codes, absmax, cnt, cols, rows, yc);
+        break;
+      case GemvShape::kRows2:
+        LaunchRows<2>(GemvNf4Kernel<1, 2, 4, true>, rows, stream, xc, codes, absmax, cnt, cols, rows, yc);
+        break;
+      case GemvShape::kRows1:
+        LaunchRows<1>(GemvNf4Kernel<1, 1, 2, true>, rows, stream, xc, codes, absmax, cnt, cols, rows, yc);
+        break;
     }
   }
   return cudaGetLastError();
 }
 
-cudaError_t LaunchGemmInt8(const float *x, const int8_t *q, const float *absmax,
-                           int64_t n, int64_t cols, int64_t rows, float *y,
-                           cudaStream_t stream) {
-  if (n <= 0 || rows <= 0)
-    return cudaSuccess;
-  if (cols <= 0)
-    return cudaErrorInvalidValue;
-  return LaunchDequantGemm(x, Int8Tile{q, absmax, cols}, n, cols, rows, y,
-                           stream);
+cudaError_t LaunchGemmInt8(const float* x, const int8_t* q, const float* absmax, int64_t n, int64_t cols, int64_t rows,
+                           float* y, cudaStream_t stream) {
+  if (n <= 0 || rows <= 0) return cudaSuccess;
+  if (cols <= 0) return cudaErrorInvalidValue;
+  return LaunchDequantGemm(x, Int8Tile{q, absmax, cols}, n, cols, rows, y, stream);
 }
 
-cudaError_t LaunchGemmNf4(const float *x, const uint8_t *codes,
-                          const float *absmax, int64_t n, int64_t cols,
-                          int64_t rows, float *y, cudaStream_t stream) {
-  if (n <= 0 || rows <= 0)
-    return cudaSuccess;
-  if (cols <= 0)
-    return cudaErrorInvalidValue;
-  return LaunchDequantGemm(x,
-                           Nf4Tile{codes, absmax, cols, Nf4BlocksPerRow(cols)},
-                           n, cols, rows, y, stream);
+cudaError_t LaunchGemmNf4(const float* x, const uint8_t* codes, const float* absmax, int64_t n, int64_t cols,
+                          int64_t rows, float* y, cudaStream_t stream) {
+  if (n <= 0 || rows <= 0) return cudaSuccess;
+  if (cols <= 0) return cudaErrorInvalidValue;
+  return LaunchDequantGemm(x, Nf4Tile{codes, absmax, cols, Nf4BlocksPerRow(cols)}, n, cols, rows, y, stream);
 }
 
-} // namespace odmoe::kernels
+}  // namespace odmoe::kernels
