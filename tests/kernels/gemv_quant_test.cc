@@ -295,5 +295,69 @@ TEST_F(QuantKernelTest, DequantizingGemvAndGemmMatchCpuMatMul) {
   }
 }
 
+// The one-token kernels take 4 rows per warp from 8192 rows on, 2 from 1024: shapes on those paths, with a row
+// count that leaves the last warp partly used, NF4 rows of 64k + 32 columns (a last block half past the row) and
+// INT8 rows that are not a multiple of 16 (the scalar path). Each of n = 1..8 tokens alone equals its row of the
+// 8-token product bitwise, and all are within tolerance of the CPU product of the dequantized weights.
+TEST_F(QuantKernelTest, GemvRowsPerWarpShapesMatchCpuAndAreBitwiseTheSameWhateverTheTokenCount) {
+  std::mt19937 rng(25);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{96, 8195}, {160, 1027}, {100, 1030}};
+  constexpr int64_t kN = 8;
+  for (const auto& [cols, rows] : shapes) {
+    const std::string what = "in=" + std::to_string(cols) + " out=" + std::to_string(rows);
+    const std::vector<float> w = QuantTestWeights(rows, cols, rng);
+    std::vector<int8_t> q(w.size());
+    std::vector<float> a8(static_cast<size_t>(rows));
+    QuantizeInt8Rows(w.data(), DType::kF32, rows, cols, q.data(), a8.data());
+    std::vector<uint8_t> codes(static_cast<size_t>(rows * Nf4RowBytes(cols)));
+    std::vector<float> a4(static_cast<size_t>(rows * Nf4BlocksPerRow(cols)));
+    QuantizeNf4(w.data(), DType::kF32, rows, cols, codes.data(), a4.data());
+    std::vector<float> w8(w.size()), w4(w.size());
+    DequantizeInt8Rows(q.data(), a8.data(), rows, cols, w8.data());
+    DequantizeNf4(codes.data(), a4.data(), rows, cols, w4.data());
+    const std::vector<float> x = RandomFloats(static_cast<size_t>(kN * cols), rng);
+    std::vector<float> want8(static_cast<size_t>(kN * rows)), want4(want8.size());
+    cpu::MatMul(x.data(), WeightRef{w8.data(), DType::kF32}, WeightRef{}, kN, cols, rows, want8.data());
+    cpu::MatMul(x.data(), WeightRef{w4.data(), DType::kF32}, WeightRef{}, kN, cols, rows, want4.data());
+    const std::vector<double> tol8 = gpu_test::MatMulTolerances(x, w8, kN, cols, rows);
+    const std::vector<double> tol4 = gpu_test::MatMulTolerances(x, w4, kN, cols, rows);
+    DeviceArray<int8_t> dq(q);
+    DeviceArray<uint8_t> dcodes(codes);
+    DeviceArray<float> da8(a8), da4(a4), dx(x);
+    DeviceArray<float> g8(want8.size()), g4(want8.size());
+    ODMOE_ASSERT_CUDA(kernels::LaunchGemvInt8(dx.get(), dq.get(), da8.get(), kN, cols, rows, g8.get(), stream_));
+    ODMOE_ASSERT_CUDA(kernels::LaunchGemvNf4(dx.get(), dcodes.get(), da4.get(), kN, cols, rows, g4.get(), stream_));
+    Sync();
+    const std::vector<float> batch8 = g8.Download(), batch4 = g4.Download();
+    ExpectWithin(batch8, want8, tol8, "int8 gemv n=8 " + what);
+    ExpectWithin(batch4, want4, tol4, "nf4 gemv n=8 " + what);
+    const std::vector<uint32_t> bits8 = Bits(batch8), bits4 = Bits(batch4);
+    for (int64_t t = 0; t < kN; ++t) {
+      DeviceArray<float> one8(static_cast<size_t>(rows)), one4(static_cast<size_t>(rows));
+      ODMOE_ASSERT_CUDA(
+          kernels::LaunchGemvInt8(dx.get() + t * cols, dq.get(), da8.get(), 1, cols, rows, one8.get(), stream_));
+      ODMOE_ASSERT_CUDA(
+          kernels::LaunchGemvNf4(dx.get() + t * cols, dcodes.get(), da4.get(), 1, cols, rows, one4.get(), stream_));
+      Sync();
+      const std::vector<uint32_t> alone8 = Bits(one8.Download()), alone4 = Bits(one4.Download());
+      for (int64_t j = 0; j < rows; ++j) {
+        const size_t b = static_cast<size_t>(t * rows + j);
+        ASSERT_EQ(alone8[static_cast<size_t>(j)], bits8[b]) << "int8 " << what << ": token " << t << ", row " << j;
+        ASSERT_EQ(alone4[static_cast<size_t>(j)], bits4[b]) << "nf4 " << what << ": token " << t << ", row " << j;
+      }
+    }
+    // Fewer tokens: the first rows of the 8-token product, bitwise.
+    for (int64_t n : {2, 3, 5, 7}) {
+      DeviceArray<float> some8(static_cast<size_t>(n * rows)), some4(static_cast<size_t>(n * rows));
+      ODMOE_ASSERT_CUDA(kernels::LaunchGemvInt8(dx.get(), dq.get(), da8.get(), n, cols, rows, some8.get(), stream_));
+      ODMOE_ASSERT_CUDA(kernels::LaunchGemvNf4(dx.get(), dcodes.get(), da4.get(), n, cols, rows, some4.get(), stream_));
+      Sync();
+      const std::vector<uint32_t> s8 = Bits(some8.Download()), s4 = Bits(some4.Download());
+      EXPECT_EQ(s8, std::vector<uint32_t>(bits8.begin(), bits8.begin() + n * rows)) << "int8 " << what << " n=" << n;
+      EXPECT_EQ(s4, std::vector<uint32_t>(bits4.begin(), bits4.begin() + n * rows)) << "nf4 " << what << " n=" << n;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace odmoe
