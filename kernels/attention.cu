@@ -1,11 +1,24 @@
 // Causal GQA attention, fp32 arithmetic, online softmax, over a KV cache stored as KV (float, __half or
 // __nv_bfloat16: each value read as fp32).
 //
-// AttentionDecodeKernel: grid (heads, n, splits), 128 threads. The block walks keys [split * keys_per_split,
-//   min(past + t + 1, (split + 1) * keys_per_split)) in tiles of 64: each warp computes the scores of every
-//   4th key of the tile (lanes split head_dim, a warp sum), then the block updates its running max / sum and
-//   each thread its 1-2 output dimensions (coalesced V reads). One split writes `out` directly; several write
-//   (max, sum, acc[head_dim]) per split to the workspace and AttentionCombineKernel merges them.
+// AttentionDecodeGqaKernel<KV, kGroup>: grid (kv_heads * head_blocks, splits, n), 128 threads. A block serves
+//   the block_heads (<= kGroup <= 8) query heads of one kv head that it owns, for one query token and one slice
+//   of the sequence, so each K/V element is read once per token (not once per query head). Needs 16-byte
+//   aligned K/V and head_dim % Vec16<KV>::kElems == 0. The key row is cut into 16-byte chunks; thread
+//   (row r, chunk c) loads chunk c of keys r, r + rows, ... of a tile (kLoads K and kLoads V chunks per thread,
+//   all issued before any is used: many keys in flight per warp). K goes raw into shared memory (rows padded
+//   by one chunk, conflict-free), V stays in registers. Then one thread per (key, head slot) computes whole dot
+//   products from shared memory (no per-key reduction), one warp per head updates the running max / sum over
+//   the tile, and each thread accumulates p * V for its chunk of its keys, for every head. The per-row partial
+//   sums are added through shared memory at the end.
+// AttentionDecodeScalarKernel: grid (heads, n, splits), 128 threads: the fallback for unaligned K/V or a head_dim
+//   the chunks do not divide. The block walks its slice in tiles of 64 keys: each warp computes the scores of
+//   every 4th key of the tile (lanes split head_dim, a warp sum), then the block updates its running max / sum
+//   and each thread its 1-2 output dimensions (coalesced V reads).
+// Both decode kernels split the sequence the same way (PreferredSplits: a function of n, past and heads only,
+//   so a sequence's result does not depend on what else is in the batch). One split writes `out` directly;
+//   several write (max, sum, acc[head_dim]) per (token, query head, split) to the workspace and
+//   AttentionCombineKernel merges them ("flash decoding").
 // AttentionPrefillKernel: grid (heads, ceil(n / 16)), 128 threads, dynamic shared memory. The 16 queries of the
 //   block sit in shared memory; K (padded rows, conflict-free) and V tiles of 32 keys are staged there. Each warp
 //   owns 4 queries; lane j scores key j of the tile, the warp updates max / sum with shuffles, and every lane
@@ -21,6 +34,7 @@ namespace {
 
 using internal::CeilDiv;
 using internal::ToFloat;
+using internal::Vec16;
 using internal::WarpMax;
 using internal::WarpSum;
 
@@ -28,9 +42,23 @@ constexpr int kDecThreads = 128;
 constexpr int kDecWarps = kDecThreads / 32;
 constexpr int kDecTile = 64;
 constexpr int kDecDimsPerThread = kMaxHeadDim / kDecThreads;
+// Sequence splits (both decode kernels): slices of a multiple of kSplitGranule keys, at least kMinKeysPerSplit,
+// at most kMaxSplits, and about kTargetHeadSplits (token, query head, split) triples in all: with 4 query heads
+// per kv head that is 512 blocks of the GQA kernel, about 4 per SM of an H100/H200.
 constexpr int64_t kMaxSplits = 64;
-constexpr int64_t kMinKeysPerSplit = 256;
-constexpr int64_t kTargetBlocks = 512;
+constexpr int64_t kMinKeysPerSplit = 32;
+constexpr int64_t kSplitGranule = 32;
+constexpr int64_t kTargetHeadSplits = 2048;
+
+constexpr int kGqaThreads = 128;
+constexpr int kGqaMaxTile = 128;  // keys per tile at most
+constexpr int kGqaMaxGroup = 8;   // query heads per block at most
+// K and V chunks a thread loads per tile: 2 * 4 * 16 bytes in flight per thread, 16 KB per block (half with 8
+// heads per block). More would not fit beside the accumulators (kGroup * 8 registers) in 128 registers.
+template <int kGroup>
+struct GqaLoads {
+  static constexpr int kValue = kGroup >= 8 ? 2 : 4;
+};
 
 template <typename KV>
 struct AttentionArgs {
@@ -47,10 +75,15 @@ struct AttentionArgs {
   float scale;
   int64_t keys_per_split;
   int splits;
+  // GQA decode kernel only: query heads per kv head, blocks per kv head, query heads per block (the last block
+  // of a kv head may have fewer).
+  int group;
+  int head_blocks;
+  int block_heads;
 };
 
 template <typename KV>
-__global__ void __launch_bounds__(kDecThreads) AttentionDecodeKernel(AttentionArgs<KV> a) {
+__global__ void __launch_bounds__(kDecThreads) AttentionDecodeScalarKernel(AttentionArgs<KV> a) {
   __shared__ float qs[kMaxHeadDim];
   __shared__ float scores[kDecTile];
   __shared__ float probs[kDecTile];
@@ -130,9 +163,207 @@ __global__ void __launch_bounds__(kDecThreads) AttentionDecodeKernel(AttentionAr
   }
 }
 
-// grid (heads, n), 128 threads: merges the splits of one (token, head).
+template <typename KV, int kGroup>
+__global__ void __launch_bounds__(kGqaThreads, 4) AttentionDecodeGqaKernel(AttentionArgs<KV> a) {
+  constexpr int kE = Vec16<KV>::kElems;  // elements per 16-byte chunk
+  constexpr int kLoads = GqaLoads<kGroup>::kValue;
+  constexpr int kWarps = kGqaThreads / 32;
+  // K and V tiles: [tile][chunks + 1] raw chunks; tile * chunks <= rows * kLoads * chunks <= kLoads * kGqaThreads.
+  // ks is reused at the end for the per-row sums: [rows][dim] floats, rows * dim <= kGqaThreads * kE.
+  __shared__ uint4 ks[(kLoads + 1) * kGqaThreads];
+  __shared__ uint4 vs[(kLoads + 1) * kGqaThreads];
+  __shared__ __align__(16) float qs[kGroup * kMaxHeadDim];  // [block_heads, dim]
+  __shared__ float ps[kGroup * kGqaMaxTile];                // [block_heads, tile]: scores, then probabilities
+  __shared__ float run_max[kGroup];
+  __shared__ float run_sum[kGroup];
+  __shared__ float run_corr[kGroup];
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int dim = a.head_dim;
+  const int chunks = dim / kE;
+  const int pitch = chunks + 1;
+  const int rows = kGqaThreads / chunks;  // keys a load instruction of the block covers
+  const int tile = min(rows * kLoads, kGqaMaxTile);
+  const int c = tid % chunks;
+  const int r = tid / chunks;  // r >= rows: no chunk (when chunks does not divide the block)
+  const int slots = kGqaThreads / tile;  // threads per key in the score phase, each for every slots-th head
+  const int sj = tid % tile;
+  const int slot = tid / tile;
+
+  const int64_t kvh = blockIdx.x / a.head_blocks;
+  const int g0 = static_cast<int>(blockIdx.x % a.head_blocks) * a.block_heads;
+  const int gb = min(a.block_heads, a.group - g0);
+  const int64_t h0 = kvh * a.group + g0;
+  const int split = blockIdx.y;
+  const int64_t t = blockIdx.z;
+  const int64_t len = a.past + t + 1;
+  const int64_t begin = split * a.keys_per_split;
+  const int64_t end = min(len, begin + a.keys_per_split);
+  const int64_t row_stride = a.kv_heads * dim;
+
+  const float* qrow = a.q + (t * a.heads + h0) * dim;  // the block's heads are consecutive
+  for (int i = tid; i < gb * dim; i += kGqaThreads) qs[i] = qrow[i];
+  if (tid < kGroup) {
+    run_max[tid] = -INFINITY;
+    run_sum[tid] = 0.0f;
+  }
+
+  // Chunk c of key `begin + r`; consecutive loads of a thread are rows * row_stride apart.
+  const int64_t first = (begin + r) * row_stride + kvh * dim + c * kE;
+  const uint4* kp = reinterpret_cast<const uint4*>(a.k + first);
+  const uint4* vp = reinterpret_cast<const uint4*>(a.v + first);
+  const int64_t step = rows * row_stride / kE;  // in chunks
+  float acc[kGroup][kE] = {};
+  for (int64_t tile0 = begin; tile0 < end; tile0 += tile) {
+    const int cnt = static_cast<int>(min(static_cast<int64_t>(tile), end - tile0));
+    // Issue every load of the tile before storing any: 2 * kLoads 16-byte loads in flight per thread.
+    uint4 kraw[kLoads];
+    uint4 vraw[kLoads];
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      if (r < rows && r + i * rows < cnt) {
+        kraw[i] = __ldg(kp + i * step);
+        vraw[i] = __ldg(vp + i * step);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int j = r + i * rows;
+      if (r < rows && j < cnt) {
+        ks[j * pitch + c] = kraw[i];
+        vs[j * pitch + c] = vraw[i];
+      }
+    }
+    kp += kLoads * step;
+    vp += kLoads * step;
+    __syncthreads();  // K/V tiles and (first time) qs / run_* written; ps of the previous tile no longer read
+
+    // Scores: thread (key sj, slot) takes heads slot, slot + slots, ...
+    if (slot < slots && sj < cnt) {
+      float dots[kGroup] = {};
+      const uint4* krow = ks + sj * pitch;
+#pragma unroll 1
+      for (int ch = 0; ch < chunks; ++ch) {
+        float kf[kE];
+        Vec16<KV>::Unpack(krow[ch], kf);
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+          const int g = slot + k * slots;
+          if (g < gb) {
+            const float4* qv = reinterpret_cast<const float4*>(qs + g * dim + ch * kE);
+#pragma unroll
+            for (int v = 0; v < kE / 4; ++v) {
+              const float4 q4 = qv[v];
+              dots[k] += q4.x * kf[4 * v] + q4.y * kf[4 * v + 1] + q4.z * kf[4 * v + 2] + q4.w * kf[4 * v + 3];
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) {
+        const int g = slot + k * slots;
+        if (g < gb) ps[g * kGqaMaxTile + sj] = dots[k] * a.scale;
+      }
+    }
+    __syncthreads();
+
+    // Online softmax: warp w updates heads w, w + kWarps, ...
+    for (int g = warp; g < gb; g += kWarps) {
+      float* pg = ps + g * kGqaMaxTile;
+      float mx = -INFINITY;
+      for (int j = lane; j < cnt; j += 32) mx = fmaxf(mx, pg[j]);
+      const float m_old = run_max[g];
+      const float m_new = fmaxf(m_old, WarpMax(mx));  // finite: cnt >= 1
+      float sum = 0.0f;
+      for (int j = lane; j < cnt; j += 32) {
+        const float p = expf(pg[j] - m_new);
+        pg[j] = p;
+        sum += p;
+      }
+      sum = WarpSum(sum);  // also orders every lane's read of run_max before lane 0 rewrites it
+      if (lane == 0) {
+        const float corr = expf(m_old - m_new);
+        run_corr[g] = corr;
+        run_sum[g] = run_sum[g] * corr + sum;
+        run_max[g] = m_new;
+      }
+    }
+    __syncthreads();
+
+    // acc[g] = acc[g] * corr[g] + sum over the thread's keys of p[g][key] * V[key][chunk].
+    if (r < rows) {
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        if (g < gb) {
+          const float corr = run_corr[g];
+#pragma unroll
+          for (int e = 0; e < kE; ++e) acc[g][e] *= corr;
+        }
+      }
+#pragma unroll 1
+      for (int i = 0; i < kLoads; ++i) {
+        const int j = r + i * rows;
+        if (j < cnt) {
+          float vf[kE];
+          Vec16<KV>::Unpack(vs[j * pitch + c], vf);
+#pragma unroll
+          for (int g = 0; g < kGroup; ++g) {
+            if (g < gb) {
+              const float p = ps[g * kGqaMaxTile + j];
+#pragma unroll
+              for (int e = 0; e < kE; ++e) acc[g][e] += p * vf[e];
+            }
+          }
+        }
+      }
+    }
+    // The next tile's K stores follow the barrier after this tile's scores; its V stores replace chunks only this
+    // thread reads; its scores follow its first barrier.
+  }
+
+  // Sum the rows' partial accumulators head by head through shared memory (ks is no longer read: the last
+  // tile's scores came before two barriers) and write the result or the split's partial.
+  float* red = reinterpret_cast<float*>(ks);  // [rows][dim]
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    if (g >= gb) break;  // uniform over the block
+    if (r < rows) {
+#pragma unroll
+      for (int e = 0; e < kE; ++e) red[r * dim + c * kE + e] = acc[g][e];
+    }
+    __syncthreads();
+    const int64_t h = h0 + g;
+    if (a.splits == 1) {
+      const float l = run_sum[g];
+      float* orow = a.out + (t * a.heads + h) * dim;
+      for (int d = tid; d < dim; d += kGqaThreads) {
+        float o = 0.0f;
+        for (int rr = 0; rr < rows; ++rr) o += red[rr * dim + d];
+        orow[d] = o / l;
+      }
+    } else {
+      float* part = a.partial + ((t * a.heads + h) * a.splits + split) * (dim + 2);
+      if (tid == 0) {
+        part[0] = run_max[g];
+        part[1] = run_sum[g];
+      }
+      for (int d = tid; d < dim; d += kGqaThreads) {
+        float o = 0.0f;
+        for (int rr = 0; rr < rows; ++rr) o += red[rr * dim + d];
+        part[2 + d] = o;
+      }
+    }
+    __syncthreads();  // red is rewritten for the next head
+  }
+}
+
+// grid (heads, n), 128 threads: merges the splits of one (token, head). Split 0 is never empty, so the maximum
+// is finite; an empty split (a token before the last, whose keys end before the split) has max -inf, weight 0.
 template <typename KV>
 __global__ void __launch_bounds__(kDecThreads) AttentionCombineKernel(AttentionArgs<KV> a) {
+  __shared__ float weight[kMaxSplits];
   const int64_t h = blockIdx.x;
   const int64_t t = blockIdx.y;
   const int dim = a.head_dim;
@@ -140,12 +371,16 @@ __global__ void __launch_bounds__(kDecThreads) AttentionCombineKernel(AttentionA
   const float* part = a.partial + (t * a.heads + h) * a.splits * stride;
   float m = -INFINITY;
   for (int s = 0; s < a.splits; ++s) m = fmaxf(m, part[s * stride]);
+  const int tid = threadIdx.x;
+  if (tid < a.splits) weight[tid] = expf(part[tid * stride] - m);
+  __syncthreads();
   float l = 0.0f;
-  for (int s = 0; s < a.splits; ++s) l += part[s * stride + 1] * expf(part[s * stride] - m);
+  for (int s = 0; s < a.splits; ++s) l += part[s * stride + 1] * weight[s];
   float* orow = a.out + (t * a.heads + h) * dim;
-  for (int d = threadIdx.x; d < dim; d += kDecThreads) {
+  for (int d = tid; d < dim; d += kDecThreads) {
     float o = 0.0f;
-    for (int s = 0; s < a.splits; ++s) o += part[s * stride + 2 + d] * expf(part[s * stride] - m);
+#pragma unroll 8
+    for (int s = 0; s < a.splits; ++s) o += part[s * stride + 2 + d] * weight[s];
     orow[d] = o / l;
   }
 }
@@ -287,13 +522,27 @@ AttentionArgs<KV> MakeArgs(const float* q, const KV* k, const KV* v, int64_t n, 
   return a;
 }
 
-// The number of sequence splits the decode kernel prefers: about kTargetBlocks blocks in all, slices of at
-// least kMinKeysPerSplit keys, at most kMaxSplits.
+// The number of sequence splits the decode kernels prefer (see kTargetHeadSplits). A function of n, past and
+// heads only: never of the batch, the dtype or the alignment.
 int64_t PreferredSplits(int64_t n, int64_t past, int64_t heads) {
   const int64_t max_len = past + n;
   int64_t splits = std::min(CeilDiv(max_len, kMinKeysPerSplit), kMaxSplits);
-  splits = std::min(splits, std::max<int64_t>(1, CeilDiv(kTargetBlocks, heads * n)));
+  splits = std::min(splits, std::max<int64_t>(1, kTargetHeadSplits / (heads * n)));
   return std::max<int64_t>(1, splits);
+}
+
+// Whether AttentionDecodeGqaKernel can read these K/V: 16-byte chunks of whole rows.
+template <typename KV>
+bool GqaReadable(const KV* k, const KV* v, int64_t head_dim) {
+  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  return head_dim % Vec16<KV>::kElems == 0 && aligned(k) && aligned(v);
+}
+
+template <typename KV, int kGroup>
+void LaunchGqa(const AttentionArgs<KV>& a, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.kv_heads * a.head_blocks), static_cast<unsigned>(a.splits),
+                  static_cast<unsigned>(a.n));
+  AttentionDecodeGqaKernel<KV, kGroup><<<grid, kGqaThreads, 0, stream>>>(a);
 }
 
 }  // namespace
@@ -318,7 +567,7 @@ cudaError_t LaunchAttentionDecode(const float* q, const KV* k_cache, const KV* v
   const int64_t max_len = past + n;
   int64_t keys_per_split = max_len;
   if (splits > 1) {
-    keys_per_split = CeilDiv(CeilDiv(max_len, splits), kDecTile) * kDecTile;
+    keys_per_split = CeilDiv(CeilDiv(max_len, splits), kSplitGranule) * kSplitGranule;
     splits = CeilDiv(max_len, keys_per_split);
   }
   splits = std::max<int64_t>(splits, 1);
@@ -327,8 +576,23 @@ cudaError_t LaunchAttentionDecode(const float* q, const KV* k_cache, const KV* v
   a.partial = workspace;
   a.keys_per_split = keys_per_split;
   a.splits = static_cast<int>(splits);
-  const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(n), static_cast<unsigned>(splits));
-  AttentionDecodeKernel<KV><<<grid, kDecThreads, 0, stream>>>(a);
+  if (GqaReadable(k_cache, v_cache, head_dim)) {
+    a.group = static_cast<int>(heads / kv_heads);
+    a.head_blocks = static_cast<int>(CeilDiv(a.group, kGqaMaxGroup));
+    a.block_heads = static_cast<int>(CeilDiv(a.group, a.head_blocks));
+    if (a.block_heads <= 1) {
+      LaunchGqa<KV, 1>(a, stream);
+    } else if (a.block_heads <= 2) {
+      LaunchGqa<KV, 2>(a, stream);
+    } else if (a.block_heads <= 4) {
+      LaunchGqa<KV, 4>(a, stream);
+    } else {
+      LaunchGqa<KV, kGqaMaxGroup>(a, stream);
+    }
+  } else {
+    const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(n), static_cast<unsigned>(splits));
+    AttentionDecodeScalarKernel<KV><<<grid, kDecThreads, 0, stream>>>(a);
+  }
   if (splits > 1) {
     AttentionCombineKernel<KV>
         <<<dim3(static_cast<unsigned>(heads), static_cast<unsigned>(n)), kDecThreads, 0, stream>>>(a);

@@ -28,20 +28,30 @@ __device__ __forceinline__ void Unpack2(uint32_t word, float* out, const __half*
 
 // 16-byte vector loads through the read-only cache: Vec16<W>::kElems elements of type W, as floats.
 // REQUIRES: p 16-byte aligned.
+// Unpack converts 16 bytes already loaded (e.g. staged raw in shared memory) the same way.
 template <typename W>
 struct Vec16 {
   static constexpr int kElems = 8;  // __half and __nv_bfloat16
+  __device__ __forceinline__ static void Unpack(const uint4& raw, float* out) {
+    const W* tag = nullptr;
+    Unpack2(raw.x, out + 0, tag);
+    Unpack2(raw.y, out + 2, tag);
+    Unpack2(raw.z, out + 4, tag);
+    Unpack2(raw.w, out + 6, tag);
+  }
   __device__ __forceinline__ static void Load(const W* p, float* out) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-    Unpack2(raw.x, out + 0, p);
-    Unpack2(raw.y, out + 2, p);
-    Unpack2(raw.z, out + 4, p);
-    Unpack2(raw.w, out + 6, p);
+    Unpack(__ldg(reinterpret_cast<const uint4*>(p)), out);
   }
 };
 template <>
 struct Vec16<float> {
   static constexpr int kElems = 4;
+  __device__ __forceinline__ static void Unpack(const uint4& raw, float* out) {
+    out[0] = __uint_as_float(raw.x);
+    out[1] = __uint_as_float(raw.y);
+    out[2] = __uint_as_float(raw.z);
+    out[3] = __uint_as_float(raw.w);
+  }
   __device__ __forceinline__ static void Load(const float* p, float* out) {
     const float4 v = __ldg(reinterpret_cast<const float4*>(p));
     out[0] = v.x;
