@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(kGqaThreads, 4) AttentionDecodeGqaKernel(Atten
   const int rows = kGqaThreads / chunks;  // keys a load instruction of the block covers
   const int tile = min(rows * kLoads, kGqaMaxTile);
   const int c = tid % chunks;
-  const int r = tid / chunks;  // r >= rows: no chunk (when chunks does not divide the block)
+  const int r = tid / chunks;            // r >= rows: no chunk (when chunks does not divide the block)
   const int slots = kGqaThreads / tile;  // threads per key in the score phase, each for every slots-th head
   const int sj = tid % tile;
   const int slot = tid / tile;
