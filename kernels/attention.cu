@@ -6,11 +6,11 @@
 //   of the sequence, so each K/V element is read once per token (not once per query head). Needs 16-byte
 //   aligned K/V and head_dim % Vec16<KV>::kElems == 0. The key row is cut into 16-byte chunks; thread
 //   (row r, chunk c) loads chunk c of keys r, r + rows, ... of a tile (kLoads K and kLoads V chunks per thread,
-//   all issued before any is used: many keys in flight per warp). K goes raw into shared memory (rows padded
-//   by one chunk, conflict-free), V stays in registers. Then one thread per (key, head slot) computes whole dot
-//   products from shared memory (no per-key reduction), one warp per head updates the running max / sum over
-//   the tile, and each thread accumulates p * V for its chunk of its keys, for every head. The per-row partial
-//   sums are added through shared memory at the end.
+//   all issued before any is used: many keys in flight per warp). K and V go raw into shared memory (rows padded
+//   by one chunk, conflict-free). Then one thread per (key, head slot) computes whole dot products from shared
+//   memory (no per-key reduction), one warp per head updates the running max / sum over the tile, and each
+//   thread accumulates p * V for its chunk of its keys, for every head. The per-row partial sums are added
+//   through shared memory at the end. Tiles hold rows * kLoads keys (32 for bf16, head_dim 128).
 // AttentionDecodeScalarKernel: grid (heads, n, splits), 128 threads: the fallback for unaligned K/V or a head_dim
 //   the chunks do not divide. The block walks its slice in tiles of 64 keys: each warp computes the scores of
 //   every 4th key of the tile (lanes split head_dim, a warp sum), then the block updates its running max / sum

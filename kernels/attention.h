@@ -7,10 +7,11 @@
 // running maximum subtracted (online softmax). head_dim <= kMaxHeadDim.
 //
 // Two kernels:
-//  - decode: one block per (token, head, split); a split walks one slice of the sequence in tiles of 64 keys
-//    (one warp per key for the scores, one thread per output dimension for V). With more than one split the
-//    partial (max, sum, acc) go to a workspace and a second kernel combines them ("flash decoding"), so that a
-//    single token against a long context still fills the GPU. Meant for n <= a few tokens.
+//  - decode: one block per (token, kv head, split) for all the query heads of that kv head (each K/V element
+//    read once per token, in 16-byte loads; a scalar per-head fallback for unaligned caches or a head_dim not a
+//    multiple of 16 bytes). With more than one split the partial (max, sum, acc) go to a workspace and a second
+//    kernel combines them ("flash decoding"), so that a single token against a long context still fills the GPU.
+//    The number of splits depends on n, past and heads only. Meant for n <= a few tokens.
 //  - prefill: one block per (head, 16 consecutive query tokens); K/V tiles of 32 keys are staged in shared
 //    memory and shared by the 16 queries (4 per warp, one key per lane). Meant for prompts.
 // Both compute the same function; either may be used for any n.
