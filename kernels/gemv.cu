@@ -7,19 +7,20 @@
 // With aligned rows each lane streams 16-byte chunks of the weight row (Vec16: 4 fp32 or 8 fp16/bf16) and the
 // matching fp32 activations (float4 loads, from L1/L2); unaligned shapes take a scalar strided loop. Every
 // variant accumulates a row in the same order (RowDot: lane-strided chunks, each element by an explicit FMA, then
-// the butterfly WarpSum), so a row's result is bitwise the same whatever the number of tokens.
+// the butterfly WarpSum; kernels/gemv_row.cuh), so a row's result is bitwise the same whatever the number of tokens.
 #include "kernels/gemv.h"
 
 #include <algorithm>
 
 #include "kernels/common.cuh"
+#include "kernels/gemv_row.cuh"
 
 namespace odmoe::kernels {
 namespace {
 
 using internal::CeilDiv;
+using internal::RowDot;
 using internal::ToFloat;
-using internal::Vec16;
 using internal::WarpSum;
 
 constexpr int kThreads = 256;
@@ -29,58 +30,6 @@ constexpr int kMaxN = static_cast<int>(kGemvMaxTokens);
 // Output rows per warp: two for one token (x reused, more loads in flight), one for several (their
 // accumulators take the registers).
 __host__ __device__ constexpr int RowsPerWarp(int tokens) { return tokens == 1 ? 2 : 1; }
-
-// acc + sum_e w[e] * x[e], one fused multiply-add per element in order: the one summation order of every GEMV.
-template <int kElems>
-__device__ __forceinline__ float ChunkDot(const float* w, const float* x, float acc) {
-#pragma unroll
-  for (int e = 0; e < kElems; ++e) acc = fmaf(w[e], x[e], acc);
-  return acc;
-}
-
-// acc[r][t] = this lane's partial dot product of weight row `rows[r]` with token t's activations: lane-strided
-// 16-byte chunks (vec) or elements (!vec). kTokens = 1: exactly one token; otherwise n <= kTokens tokens.
-template <typename W, int kRows, int kTokens>
-__device__ __forceinline__ void RowDot(const float* __restrict__ x, const W* const (&rows)[kRows], int n, int64_t in,
-                                       bool vec, int lane, float (&acc)[kRows][kTokens]) {
-  if (vec) {
-    constexpr int kV = Vec16<W>::kElems;
-    const int64_t chunks = in / kV;
-    // One token: 4 steps of kRows 16-byte chunks in flight per lane (the down projection's 4096 rows make only
-    // 256 blocks, about two per SM, so each warp must keep more bytes in flight); more tokens: 2 (registers).
-    [[maybe_unused]] constexpr int kUnroll = kTokens == 1 ? 4 : 2;  // unused where #pragma unroll is not known
-#pragma unroll kUnroll
-    for (int64_t c = lane; c < chunks; c += 32) {
-      float wv[kRows][kV];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) Vec16<W>::Load(rows[r] + c * kV, wv[r]);
-#pragma unroll
-      for (int t = 0; t < kTokens; ++t) {
-        if (kTokens == 1 || t < n) {
-          float xv[kV];
-#pragma unroll
-          for (int q = 0; q < kV; q += 4) Vec16<float>::Load(x + t * in + c * kV + q, xv + q);
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) acc[r][t] = ChunkDot<kV>(wv[r], xv, acc[r][t]);
-        }
-      }
-    }
-  } else {
-    for (int64_t k = lane; k < in; k += 32) {
-      float wv[kRows];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) wv[r] = ToFloat(rows[r][k]);
-#pragma unroll
-      for (int t = 0; t < kTokens; ++t) {
-        if (kTokens == 1 || t < n) {
-          const float xv = x[t * in + k];
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) acc[r][t] = fmaf(wv[r], xv, acc[r][t]);
-        }
-      }
-    }
-  }
-}
 
 template <typename W, int kTokens>
 __global__ void __launch_bounds__(kThreads)

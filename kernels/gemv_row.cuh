@@ -1,0 +1,71 @@
+// The one summation order of the dense GEMVs (kernels/gemv.cu) as device functions, shared by every kernel that
+// must give bitwise the GEMV's dot products (kernels/moe_grouped.cu). Internal: included by .cu files of this
+// directory only.
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace odmoe::kernels::internal {
+
+// acc + sum_e w[e] * x[e], one fused multiply-add per element in order: the one summation order of every GEMV.
+template <int kElems>
+__device__ __forceinline__ float ChunkDot(const float* w, const float* x, float acc) {
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) acc = fmaf(w[e], x[e], acc);
+  return acc;
+}
+
+// acc[r][t] = this lane's partial dot product of weight row `rows[r]` with token t's activations: lane-strided
+// 16-byte chunks (vec) or elements (!vec). kTokens = 1: exactly one token; otherwise n <= kTokens tokens.
+// Each accumulator's chain of FMAs is the same whatever kRows and kTokens, so a row's dot product (after
+// WarpSum) is bitwise the same whichever rows share the warp. REQUIRES for vec: in % 8 == 0, x and every row
+// 16-byte aligned.
+template <typename W, int kRows, int kTokens>
+__device__ __forceinline__ void RowDot(const float* __restrict__ x, const W* const (&rows)[kRows], int n, int64_t in,
+                                       bool vec, int lane, float (&acc)[kRows][kTokens]) {
+  if (vec) {
+    constexpr int kV = Vec16<W>::kElems;
+    const int64_t chunks = in / kV;
+    // One token: 4 steps of kRows 16-byte chunks in flight per lane (the down projection's 4096 rows make only
+    // 256 blocks, about two per SM, so each warp must keep more bytes in flight); more tokens: 2 (registers).
+    [[maybe_unused]] constexpr int kUnroll = kTokens == 1 ? 4 : 2;  // unused where #pragma unroll is not known
+#pragma unroll kUnroll
+    for (int64_t c = lane; c < chunks; c += 32) {
+      float wv[kRows][kV];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) Vec16<W>::Load(rows[r] + c * kV, wv[r]);
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        if (kTokens == 1 || t < n) {
+          float xv[kV];
+#pragma unroll
+          for (int q = 0; q < kV; q += 4) Vec16<float>::Load(x + t * in + c * kV + q, xv + q);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) acc[r][t] = ChunkDot<kV>(wv[r], xv, acc[r][t]);
+        }
+      }
+    }
+  } else {
+    for (int64_t k = lane; k < in; k += 32) {
+      float wv[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) wv[r] = ToFloat(rows[r][k]);
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        if (kTokens == 1 || t < n) {
+          const float xv = x[t * in + k];
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) acc[r][t] = fmaf(wv[r], xv, acc[r][t]);
+        }
+      }
+    }
+  }
+}
+
+// Whether a GEMV over rows of `in` weights at `w` with activations at `x` takes RowDot's 16-byte path: what
+// LaunchGemv decides on the host, decided the same way on the device.
+__device__ __forceinline__ bool GemvVectorized(const float* x, const void* w, int64_t in) {
+  return in % 8 == 0 && Aligned16(x) && Aligned16(w);
+}
+
+}  // namespace odmoe::kernels::internal
