@@ -15,6 +15,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -27,6 +28,7 @@
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemv.h"
+#include "kernels/moe_grouped.h"
 #include "kernels/norm.h"
 #include "kernels/quant.h"
 #include "kernels/rope.h"
@@ -446,6 +448,29 @@ class CudaEvent final : public Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// The routed experts' weight pointers in device memory (kernels::ExpertPointers, [layers, experts]) and what the
+// kernels need to read them: their one dtype and shapes. Immutable; `owner` identifies the device that made it.
+class CudaExpertTable final : public ExpertTable {
+ public:
+  CudaExpertTable(const void* owner, std::unique_ptr<Buffer> pointers, DType dtype, int64_t layers, int64_t experts,
+                  int64_t hidden, int64_t intermediate)
+      : owner(owner),
+        pointers(std::move(pointers)),
+        dtype(dtype),
+        layers(layers),
+        experts(experts),
+        hidden(hidden),
+        intermediate(intermediate) {}
+  const kernels::ExpertPointers* layer(int64_t l) const {
+    return this->pointers->as<kernels::ExpertPointers>() + l * experts;
+  }
+
+  const void* const owner;
+  const std::unique_ptr<Buffer> pointers;
+  const DType dtype;
+  const int64_t layers, experts, hidden, intermediate;
+};
+
 // Calls f with w.data as a typed pointer: const float*, const __half* or const __nv_bfloat16*.
 template <typename F>
 void WithWeightType(WeightRef w, F&& f) {
@@ -641,6 +666,17 @@ class CudaDevice final : public Device {
     transfers_.d2h_bytes += bytes;
     ++transfers_.d2h_copies;
   }
+  void CopyToHostAsync(void* dst, const void* src, size_t bytes, Stream* stream) override {
+    if (bytes > 0) {
+      ODMOE_CHECK(dst != nullptr && src != nullptr);
+      UseDevice(ordinal_);
+      ODMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, S(stream)->get()));
+      accounting_->Note(accounting_->bytes_read, bytes);
+    }
+    absl::MutexLock lock(&mu_);
+    transfers_.d2h_bytes += bytes;
+    ++transfers_.d2h_copies;
+  }
   void CopyOnDevice(void* dst, const void* src, size_t bytes, Stream* stream) override {
     if (bytes > 0) {
       ODMOE_CHECK(dst != nullptr && src != nullptr);
@@ -815,6 +851,66 @@ class CudaDevice final : public Device {
     if (n == 0 || dim == 0) return;
     UseDevice(ordinal_);
     ODMOE_CUDA_LAUNCH(kernels::LaunchScatterAddScaled(src, rows, scale, n, dim, sigmoid_scale, dst, S(stream)->get()));
+  }
+
+  // ---- routed experts with the expert ids on the device: kernels/moe_grouped.h ---------------------------------
+  // The GEMV's token range: up to there every expert of the per-expert path runs LaunchGemv, whose sums the
+  // grouped kernels repeat bit for bit (above, the per-expert path takes cuBLAS).
+  int64_t RoutedExpertsMaxTokens() const override { return kGemvMaxTokens; }
+
+  absl::StatusOr<std::unique_ptr<ExpertTable>> CreateExpertTable(std::span<const ExpertWeightRefs> experts,
+                                                                 int64_t experts_per_layer, int64_t hidden,
+                                                                 int64_t intermediate) override {
+    if (experts_per_layer <= 0 || hidden <= 0 || intermediate <= 0 ||
+        experts.size() % static_cast<size_t>(experts_per_layer) != 0) {
+      return absl::InvalidArgumentError(StrCat("an expert table of ", experts.size(), " entries, ", experts_per_layer,
+                                               " experts per layer, shapes ", hidden, " x ", intermediate));
+    }
+    std::optional<DType> dtype;
+    std::vector<kernels::ExpertPointers> host(experts.size());
+    for (size_t i = 0; i < experts.size(); ++i) {
+      const ExpertWeightRefs& e = experts[i];
+      if (e.gate.empty() && e.up.empty() && e.down.empty()) continue;
+      for (const WeightRef* w : {&e.gate, &e.up, &e.down}) {
+        const bool dense = w->dtype == DType::kF32 || w->dtype == DType::kF16 || w->dtype == DType::kBF16;
+        if (w->empty() || !dense || w->dtype != dtype.value_or(w->dtype)) {
+          return absl::InvalidArgumentError(StrCat("expert table entry ", i,
+                                                   ": the routed experts must be dense (F32, F16 or BF16) weights of "
+                                                   "one dtype, all three present"));
+        }
+        dtype = w->dtype;
+      }
+      host[i] = kernels::ExpertPointers{e.gate.data, e.up.data, e.down.data};
+    }
+    if (!dtype.has_value()) return absl::InvalidArgumentError("an expert table without experts");
+    const size_t bytes = host.size() * sizeof(kernels::ExpertPointers);
+    ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> pointers, Allocate(bytes, "routed expert table"));
+    CopyToDevice(pointers->data(), host.data(), bytes, nullptr);
+    Synchronize(nullptr);  // `host` dies on return
+    return std::unique_ptr<ExpertTable>(new CudaExpertTable(this, std::move(pointers), *dtype,
+                                                            static_cast<int64_t>(experts.size()) / experts_per_layer,
+                                                            experts_per_layer, hidden, intermediate));
+  }
+
+  // Three launches whatever the number of experts: gate and up fused (with SwiGLU), down, the ordered combine.
+  void RoutedExperts(const ExpertTable& table, int64_t layer, const float* x, int64_t n, int64_t k, const int32_t* ids,
+                     const float* weights, float* act, float* y, float* out, Stream* stream) override {
+    CountOp("RoutedExperts");
+    const auto& t = static_cast<const CudaExpertTable&>(table);
+    ODMOE_CHECK(t.owner == this);
+    ODMOE_CHECK(n > 0 && n <= RoutedExpertsMaxTokens() && k > 0 && k <= kernels::kGroupedMaxTopK);
+    ODMOE_CHECK(layer >= 0 && layer < t.layers);
+    ODMOE_CHECK(x != nullptr && ids != nullptr && weights != nullptr && act != nullptr && y != nullptr &&
+                out != nullptr);
+    UseDevice(ordinal_);
+    cudaStream_t s = S(stream)->get();
+    const kernels::ExpertPointers* experts = t.layer(layer);
+    WithWeightType(WeightRef{nullptr, t.dtype}, [&](auto* typed) {
+      using W = std::remove_const_t<std::remove_pointer_t<decltype(typed)>>;
+      ODMOE_CUDA_LAUNCH(kernels::LaunchGroupedGateUp<W>(x, experts, ids, n, k, t.hidden, t.intermediate, act, s));
+      ODMOE_CUDA_LAUNCH(kernels::LaunchGroupedDown<W>(act, experts, ids, n * k, t.intermediate, t.hidden, y, s));
+    });
+    ODMOE_CUDA_LAUNCH(kernels::LaunchCombineExperts(y, ids, weights, n, k, t.hidden, out, s));
   }
 
   std::map<std::string, int64_t> op_counts() const override {

@@ -6,9 +6,27 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "src/common/status.h"
 #include "src/common/strings.h"
 
 namespace odmoe {
+
+absl::StatusOr<std::unique_ptr<ExpertTable>> Device::CreateExpertTable(std::span<const ExpertWeightRefs> experts,
+                                                                       int64_t experts_per_layer, int64_t hidden,
+                                                                       int64_t intermediate) {
+  (void)experts;
+  (void)experts_per_layer;
+  (void)hidden;
+  (void)intermediate;
+  return absl::UnimplementedError(StrCat(name(), " computes routed experts only from ids on the host"));
+}
+
+void Device::RoutedExperts(const ExpertTable& table, int64_t layer, const float* x, int64_t n, int64_t k,
+                           const int32_t* ids, const float* weights, float* act, float* y, float* out, Stream* stream) {
+  (void)table, (void)layer, (void)x, (void)n, (void)k, (void)ids, (void)weights, (void)act, (void)y, (void)out;
+  (void)stream;
+  ODMOE_CHECK(false && "RoutedExperts on a device whose RoutedExpertsMaxTokens() is 0");
+}
 
 std::string_view DeviceKindName(DeviceKind kind) {
   switch (kind) {

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -124,6 +125,19 @@ struct KvCacheRef {
   DType dtype = DType::kF32;
 };
 
+// One routed expert's dense weights (F32, F16 or BF16, all three of one dtype): gate and up [intermediate,
+// hidden], down [hidden, intermediate]. All three empty: no expert there (a layer without a router).
+struct ExpertWeightRefs {
+  WeightRef gate, up, down;
+};
+
+// Every routed expert of a model as a table the device reads (Device::CreateExpertTable): made once at load time,
+// immutable, used by RoutedExperts. Holds no weights, only where they are: the weights must outlive it.
+class ExpertTable {
+ public:
+  virtual ~ExpertTable() = default;
+};
+
 struct MemoryInfo {
   uint64_t capacity = 0;  // bytes the device may allocate in all; 0: no limit known
   uint64_t in_use = 0;    // bytes allocated now
@@ -189,6 +203,13 @@ class Device {
   virtual void CopyToDevice(void* dst, const void* src, size_t bytes, Stream* stream) = 0;
   // Device memory -> host memory; returns when the bytes are in `dst` (synchronizes `stream`).
   virtual void CopyToHost(void* dst, const void* src, size_t bytes, Stream* stream) = 0;
+  // Device memory -> host memory without waiting: the bytes are in `dst` once `stream` is synchronized (or an
+  // Event recorded after it has completed). `dst` is a HostBuffer of this device (AllocateHost) and must stay
+  // valid until then. The default copies at once and waits (CopyToHost): right everywhere, asynchronous only where
+  // a backend overrides it (CUDA).
+  virtual void CopyToHostAsync(void* dst, const void* src, size_t bytes, Stream* stream) {
+    CopyToHost(dst, src, bytes, stream);
+  }
   virtual void CopyOnDevice(void* dst, const void* src, size_t bytes, Stream* stream) = 0;
   virtual TransferStats transfer_stats() const = 0;
 
@@ -256,6 +277,34 @@ class Device {
   // the factor is sigmoid(scale[i]) instead. src: [n, dim], rows, scale: [n] (device memory).
   virtual void ScatterAddScaled(const float* src, const int32_t* rows, const float* scale, int64_t n, int64_t dim,
                                 bool sigmoid_scale, float* dst, Stream* stream) = 0;
+
+  // ---- routed experts with the expert ids on the device ------------------------------------------------------
+  // A layer's routed experts straight from the router's device-resident result, so that the host never sees the
+  // ids (resident decode: no host synchronization per layer). Optional: the contract for callers is
+  //  - RoutedExpertsMaxTokens() > 0: the device has the op for 1..that many tokens (CUDA: kernels::kGemvMaxTokens).
+  //    0 (the default; the CPU, mock GPU and timed devices): it has none; callers copy the ids to the host and
+  //    compute each expert with the ops above (src/engine/moe_units.h), as they do for more tokens.
+  //  - CreateExpertTable: Unimplemented where the op is missing; InvalidArgument unless every non-empty entry is
+  //    dense and of one dtype.
+  //  - RoutedExperts gives bitwise what the per-expert sequence of this same device gives for the same rows
+  //    (moe_units.h: ComputeExpertRows and CombineExpertOutputs: experts in ascending id, rows in order,
+  //    MatMul gate, MatMul up, SwiGlu, MatMul down, ScatterAddScaled onto `out`), so either path yields the
+  //    same tokens.
+  virtual int64_t RoutedExpertsMaxTokens() const { return 0; }
+  // The table of `experts` ([layers * experts_per_layer], layer-major; empty entries for layers without experts)
+  // with expert shapes hidden x intermediate. May synchronize (a load-time call).
+  virtual absl::StatusOr<std::unique_ptr<ExpertTable>> CreateExpertTable(std::span<const ExpertWeightRefs> experts,
+                                                                         int64_t experts_per_layer, int64_t hidden,
+                                                                         int64_t intermediate);
+  // For each token i < n and its k experts e_j = ids[i, j], in ascending order of e_j:
+  //   out[i, :] += weights[i, j] * down_e(silu(gate_e x[i, :]) * up_e x[i, :])   (e = e_j of `layer`).
+  // x, out: [n, hidden] (must not alias); ids, weights: [n, k], the router's result in device memory.
+  // act: [n * k, intermediate], y: [n * k, hidden]: fp32 scratch in device memory.
+  // REQUIRES: 0 < n <= RoutedExpertsMaxTokens(); the ids of a row distinct and in [0, experts_per_layer); the
+  // layer's entries of `table` present; `table` made by this device.
+  virtual void RoutedExperts(const ExpertTable& table, int64_t layer, const float* x, int64_t n, int64_t k,
+                             const int32_t* ids, const float* weights, float* act, float* y, float* out,
+                             Stream* stream);
 
   // ---- accounting ------------------------------------------------------------------------------------------
   // How many ops of each name (e.g. "MatMul") this device has run since creation: a test hook that shows on
