@@ -20,6 +20,14 @@ absl::Status Alloc(Device& device, std::unique_ptr<Buffer>& buf, size_t bytes, s
 
 }  // namespace
 
+// ---- ExpertExecutor ------------------------------------------------------------------------------------------
+
+absl::Status ExpertExecutor::RunFromDeviceIds(int64_t layer, const float* h, int64_t n, const int32_t* ids,
+                                              const float* weights, float* out, Stream* stream) {
+  (void)layer, (void)h, (void)ids, (void)weights, (void)out, (void)stream;
+  return absl::InternalError(StrCat("this expert executor reads the ids on the host (", n, " rows)"));
+}
+
 // ---- LocalExpertExecutor -------------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<LocalExpertExecutor>> LocalExpertExecutor::Create(Device& device,
@@ -34,7 +42,47 @@ absl::StatusOr<std::unique_ptr<LocalExpertExecutor>> LocalExpertExecutor::Create
   // Rows and scales of every (token, expert) pair of a chunk: 2 x [max_tokens * k] 4-byte values.
   ODMOE_RETURN_IF_ERROR(Alloc(device, ex->index_, 2 * F32Bytes(max_tokens * std::max<int64_t>(1, c.top_k)),
                               "expert routing index"));
+  ODMOE_RETURN_IF_ERROR(ex->PrepareDeviceIds());
   return ex;
+}
+
+absl::Status LocalExpertExecutor::PrepareDeviceIds() {
+  const ModelConfig& c = weights_.config();
+  const int64_t max_tokens = std::min(max_tokens_, device_.RoutedExpertsMaxTokens());
+  if (max_tokens <= 0 || c.num_experts <= 0 || c.top_k <= 0 || c.expert_intermediate_size <= 0) return absl::OkStatus();
+  // Every expert of every sparse layer held here, dense, of one dtype (the device checks the dtypes); the entries
+  // of dense layers stay empty.
+  std::vector<ExpertWeightRefs> table(static_cast<size_t>(c.num_layers * c.num_experts));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (!weights_.layer(l).sparse) continue;
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      const MlpWeights* mlp = weights_.expert(l, e);
+      if (mlp == nullptr || mlp->gate.quantized() || mlp->up.quantized() || mlp->down.quantized() ||
+          mlp->intermediate != c.expert_intermediate_size) {
+        return absl::OkStatus();  // Run alone
+      }
+      table[static_cast<size_t>(l * c.num_experts + e)] = ExpertWeightRefs{mlp->gate, mlp->up, mlp->down};
+    }
+  }
+  ODMOE_ASSIGN_OR_RETURN(table_,
+                         device_.CreateExpertTable(table, c.num_experts, c.hidden_size, c.expert_intermediate_size));
+  const int64_t slots = max_tokens * c.top_k;
+  ODMOE_RETURN_IF_ERROR(
+      Alloc(device_, act_, F32Bytes(slots * c.expert_intermediate_size), "routed expert activations"));
+  ODMOE_RETURN_IF_ERROR(Alloc(device_, slot_out_, F32Bytes(slots * c.hidden_size), "routed expert outputs"));
+  device_ids_max_tokens_ = max_tokens;
+  return absl::OkStatus();
+}
+
+absl::Status LocalExpertExecutor::RunFromDeviceIds(int64_t layer, const float* h, int64_t n, const int32_t* ids,
+                                                   const float* weights, float* out, Stream* stream) {
+  if (n <= 0 || n > device_ids_max_tokens_) {
+    return absl::InternalError(
+        StrCat("expert executor got ", n, " rows with device ids, more than its ", device_ids_max_tokens_));
+  }
+  device_.RoutedExperts(*table_, layer, h, n, weights_.config().top_k, ids, weights, act_->as<float>(),
+                        slot_out_->as<float>(), out, stream);
+  return absl::OkStatus();
 }
 
 absl::Status LocalExpertExecutor::Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
@@ -115,6 +163,10 @@ absl::Status Engine::AllocateWorkspace() {
   d.Synchronize(stream_.get());
   ODMOE_ASSIGN_OR_RETURN(host_topk_, d.AllocateHost(F32Bytes(2 * C * k), "top-k ids and weights"));
   ODMOE_ASSIGN_OR_RETURN(host_logits_, d.AllocateHost(F32Bytes(S * c.vocab_size), "logits"));
+  if (experts_->DeviceIdsMaxTokens() > 0) {
+    ODMOE_ASSIGN_OR_RETURN(host_layer_ids_, d.AllocateHost(F32Bytes(c.num_layers * experts_->DeviceIdsMaxTokens() * k),
+                                                           "top-k ids of every layer"));
+  }
   return absl::OkStatus();
 }
 
@@ -366,12 +418,33 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
   d.Embedding(ids_->as<int32_t>(), n, weights_.embed(), hidden, x, s);
 
   std::vector<size_t> routing_base(inputs.size(), 0);
+  bool wants_routing = false;
   for (size_t i = 0; i < inputs.size(); ++i) {
     std::vector<PositionRouting>* r = inputs[i].routing;
     if (r == nullptr) continue;
     routing_base[i] = r->size();
     r->resize(r->size() + inputs[i].ids.size());
+    wants_routing = true;
   }
+  // Resident: the experts read the router's ids on the device, and the host waits for nothing until the logits.
+  const bool resident = n <= experts_->DeviceIdsMaxTokens();
+  // Appends to each input's routing, for its rows, one layer's ids ([n, k] host memory).
+  const auto append_routing = [&](const int32_t* layer_ids) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].routing == nullptr) continue;
+      for (size_t t = 0; t < inputs[i].ids.size(); ++t) {
+        const int32_t* first = layer_ids + (first_row[i] + static_cast<int64_t>(t)) * k;
+        (*inputs[i].routing)[routing_base[i] + t].emplace_back(first, first + k);
+      }
+    }
+  };
+  // After the chunk's last synchronization: the ids the resident layers copied back.
+  const auto append_resident_routing = [&] {
+    if (!resident || !wants_routing) return;
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      if (weights_.layer(l).sparse) append_routing(host_layer_ids_->as<int32_t>() + l * n * k);
+    }
+  };
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -412,22 +485,26 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
     d.RmsNorm(x, lw.post_norm, n, hidden, static_cast<float>(c.rms_norm_eps), h, s);
     float* moe = moe_->as<float>();
     if (lw.sparse) {
-      // The host needs the router's choice to dispatch the experts: the layer's one synchronization. It also
-      // completes every copy the previous Run made, as ExpertExecutor::Run requires.
+      const int32_t* dev_ids = topk_->as<int32_t>();          // [n, k]
+      const float* dev_weights = topk_->as<float>() + n * k;  // [n, k]
       RunRouter(d, c, lw.router, h, n, router_logits_->as<float>(), topk_->as<int32_t>(),
                 topk_->as<float>() + n * k, s);
-      d.CopyToHost(host_topk_->as<void>(), topk_->data(), F32Bytes(2 * n * k), s);
-      const std::span<const int32_t> top_ids(host_topk_->as<int32_t>(), static_cast<size_t>(n * k));
-      const std::span<const float> top_weights(host_topk_->as<float>() + n * k, static_cast<size_t>(n * k));
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        if (inputs[i].routing == nullptr) continue;
-        for (size_t t = 0; t < inputs[i].ids.size(); ++t) {
-          auto first = top_ids.begin() + (first_row[i] + static_cast<int64_t>(t)) * k;
-          (*inputs[i].routing)[routing_base[i] + t].emplace_back(first, first + k);
+      if (resident) {
+        if (wants_routing) {
+          d.CopyToHostAsync(host_layer_ids_->as<int32_t>() + l * n * k, dev_ids, F32Bytes(n * k), s);
         }
+        d.CopyOnDevice(moe, zeros_->data(), F32Bytes(n * hidden), s);
+        ODMOE_RETURN_IF_ERROR(experts_->RunFromDeviceIds(l, h, n, dev_ids, dev_weights, moe, s));
+      } else {
+        // The host needs the router's choice to dispatch the experts: the layer's one synchronization. It also
+        // completes every copy the previous Run made, as ExpertExecutor::Run requires.
+        d.CopyToHost(host_topk_->as<void>(), topk_->data(), F32Bytes(2 * n * k), s);
+        const std::span<const int32_t> top_ids(host_topk_->as<int32_t>(), static_cast<size_t>(n * k));
+        const std::span<const float> top_weights(host_topk_->as<float>() + n * k, static_cast<size_t>(n * k));
+        append_routing(top_ids.data());
+        d.CopyOnDevice(moe, zeros_->data(), F32Bytes(n * hidden), s);
+        ODMOE_RETURN_IF_ERROR(experts_->Run(l, h, n, top_ids, top_weights, moe, s));
       }
-      d.CopyOnDevice(moe, zeros_->data(), F32Bytes(n * hidden), s);
-      ODMOE_RETURN_IF_ERROR(experts_->Run(l, h, n, top_ids, top_weights, moe, s));
       if (lw.shared.present()) {
         RunMlp(d, lw.shared, h, n, hidden, *mlp_ws_, shared_out_->as<float>(), s);
         d.MatMul(h, lw.shared_gate, {}, n, hidden, 1, shared_gate_->as<float>(), s);
@@ -448,6 +525,7 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
   }
   if (wanted.empty()) {
     d.Synchronize(s);  // the host vectors of this chunk must outlive its copies
+    append_resident_routing();
     return absl::OkStatus();
   }
   const int64_t b = static_cast<int64_t>(wanted.size());
@@ -459,7 +537,8 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
   d.RmsNorm(last_->as<float>(), weights_.final_norm(), b, hidden, static_cast<float>(c.rms_norm_eps),
             last_->as<float>(), s);
   d.MatMul(last_->as<float>(), weights_.lm_head(), {}, b, hidden, c.vocab_size, logits_->as<float>(), s);
-  d.CopyToHost(host_logits_->as<void>(), logits_->data(), F32Bytes(b * c.vocab_size), s);
+  d.CopyToHost(host_logits_->as<void>(), logits_->data(), F32Bytes(b * c.vocab_size), s);  // the one wait
+  append_resident_routing();
   for (int64_t j = 0; j < b; ++j) {
     const float* row = host_logits_->as<float>() + j * c.vocab_size;
     inputs[wanted[static_cast<size_t>(j)]].logits->assign(row, row + c.vocab_size);

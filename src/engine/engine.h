@@ -52,24 +52,46 @@ class ExpertExecutor {
     (void)segments;
     (void)kind;
   }
+  // The most rows RunFromDeviceIds takes: chunks of up to this many rows may skip the host round trip of the
+  // router's result (resident decode). 0 (the default): never; the executor needs the ids on the host (main's
+  // remote executor places by them, the shadow's predicts from them).
+  virtual int64_t DeviceIdsMaxTokens() const { return 0; }
+  // Run with ids, weights: [n, k] in device memory, the router's result as enqueued on `stream` (the host need
+  // not have seen it): the same sum in the same order, bitwise Run's result. Enqueued on `stream`, and it leaves
+  // no host memory in use, so the caller need not synchronize between calls. REQUIRES: n <= DeviceIdsMaxTokens().
+  virtual absl::Status RunFromDeviceIds(int64_t layer, const float* h, int64_t n, const int32_t* ids,
+                                        const float* weights, float* out, Stream* stream);
 };
 
-// Computes routed experts from weights held on the engine's own device.
+// Computes routed experts from weights held on the engine's own device. Run groups the rows by expert on the
+// host and computes one expert after another (moe_units.h). When the device has Device::RoutedExperts and this
+// process holds every routed expert of the model, dense, it also computes a chunk of up to
+// min(max_tokens, Device::RoutedExpertsMaxTokens()) rows from the router's ids on the device
+// (RunFromDeviceIds: three launches per layer, the same bits); otherwise DeviceIdsMaxTokens() is 0.
 class LocalExpertExecutor : public ExpertExecutor {
  public:
   static absl::StatusOr<std::unique_ptr<LocalExpertExecutor>> Create(Device& device, const ModelWeights& weights,
                                                                      int64_t max_tokens);
   absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
                    std::span<const float> weights, float* out, Stream* stream) override;
+  int64_t DeviceIdsMaxTokens() const override { return device_ids_max_tokens_; }
+  absl::Status RunFromDeviceIds(int64_t layer, const float* h, int64_t n, const int32_t* ids, const float* weights,
+                                float* out, Stream* stream) override;
 
  private:
   LocalExpertExecutor(Device& device, const ModelWeights& weights) : device_(device), weights_(weights) {}
+  // Makes the device's expert table and the scratch of RunFromDeviceIds when the device and the weights allow.
+  absl::Status PrepareDeviceIds();
   Device& device_;
   const ModelWeights& weights_;
   int64_t max_tokens_ = 0;
   std::unique_ptr<MlpWorkspace> ws_;
   std::unique_ptr<Buffer> xg_, yg_, index_;  // gathered inputs/outputs [max_tokens, hidden]; rows + scales
   PackedRouting packed_;                      // host side of index_
+  // RunFromDeviceIds (absent when device_ids_max_tokens_ is 0), for M = device_ids_max_tokens_ rows:
+  int64_t device_ids_max_tokens_ = 0;
+  std::unique_ptr<ExpertTable> table_;      // every routed expert of the model
+  std::unique_ptr<Buffer> act_, slot_out_;  // [M * k, expert_intermediate], [M * k, hidden] fp32
 };
 
 // The expert ids chosen at one position: [sparse layer][k], best first.
@@ -211,6 +233,10 @@ class Engine {
   // Where topk_ and logits_ are copied back to (page-locked on CUDA: one DMA each).
   std::unique_ptr<HostBuffer> host_topk_;             // as topk_
   std::unique_ptr<HostBuffer> host_logits_;           // [S, vocab]
+  // The router's ids of every layer of a chunk whose experts ran from the device ids (n <= the executor's
+  // DeviceIdsMaxTokens()), copied here without waiting and read after the chunk's last synchronization when a
+  // caller wants routing: [num_layers, DeviceIdsMaxTokens() * k] int32 (absent when that is 0).
+  std::unique_ptr<HostBuffer> host_layer_ids_;
 };
 
 }  // namespace odmoe
