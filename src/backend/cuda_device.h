@@ -21,6 +21,9 @@
 //    CUBLAS_COMPUTE_32F_PEDANTIC (no TF32); fp16/bf16 weights with fp32 accumulation on tensor cores, the fp32
 //    activations being split into a hi + lo pair of the weight's dtype (two GEMMs), which keeps about 16
 //    (bf16) or 22 (fp16) bits of each activation instead of 8 or 11.
+//  - RoutedExperts (up to kGemvMaxTokens tokens): three launches per layer over every (token, expert) slot, the
+//    expert ids read on the device from the router's output through a table of expert weight pointers made at
+//    load time (kernels/moe_grouped.h); bitwise the per-expert GEMV path.
 //  - Attention: the split-sequence decode kernel for up to 4 new tokens, the tiled prefill kernel beyond, both
 //    over a KV cache in the model's compute dtype (KvCacheDType: F16 / BF16 models keep theirs in that dtype,
 //    as HF does, half the bytes of fp32; every other model in F32), written by Convert (fp32 rows rounded to
