@@ -35,4 +35,31 @@ tail -12 "$out/bench_kernels.log"
 step bench_engine 180 "$dev/bin/odmoe-bench" engine --synthetic "$repo/configs/models/mixtral-8x7b" --layers 16 \
   --backend cuda --pairs 16x64,128x256 --repeat 3 --json "$out/engine.json"
 tail -8 "$out/bench_engine.log"
+
+# Nsight Compute, where the machine has it: why the NF4 GEMV runs where it does, and the GPU time of each kernel
+# of one decode token of the engine run above (403 launches, taken well inside the decode) against its wall time.
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "$ncu" ]; then
+  step ncu_nf4 90 "$ncu" --kernel-name regex:GemvNf4Kernel --launch-skip 4 --launch-count 1 --section SpeedOfLight \
+    --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+    "$dev/bin/odmoe-bench" kernels --backend cuda --contexts 1024 --iters 20
+  grep -E "Duration|Throughput|Occupancy|Registers|Stall|Cycles Per|Block Limit|Waves|L1|L2 Hit" "$out/ncu_nf4.log" | head -40
+  step ncu_engine 150 "$ncu" --launch-skip 1500 --launch-count "${NCU_LAUNCHES:-403}" --metrics gpu__time_duration.sum \
+    --csv --print-units base "$dev/bin/odmoe-bench" engine --synthetic "$repo/configs/models/mixtral-8x7b" \
+    --layers 16 --backend cuda --pairs 16x64 --repeat 1
+  python3 - "$out/ncu_engine.log" <<'PY'
+import csv, sys, collections
+rows = list(csv.reader(open(sys.argv[1], errors="replace")))
+at = next(i for i, r in enumerate(rows) if "Kernel Name" in r and "Metric Value" in r)
+head = rows[at]; name_i = head.index("Kernel Name"); val_i = head.index("Metric Value")
+total = collections.defaultdict(float); count = collections.Counter()
+for r in rows[at + 1:]:
+    if len(r) != len(head): continue
+    try: v = float(r[val_i].replace(",", ""))
+    except ValueError: continue
+    k = r[name_i].split("(")[0].split("<")[0].split("::")[-1]; total[k] += v / 1e3; count[k] += 1
+print(f"GPU time of {sum(count.values())} launches: {sum(total.values()):.1f} us")
+for k, v in sorted(total.items(), key=lambda kv: -kv[1]): print(f"  {v:9.1f} us {count[k]:5d} x {k}")
+PY
+fi
 cat "$out/summary.txt"
