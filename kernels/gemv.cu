@@ -1,7 +1,7 @@
 // Dense GEMV for a few tokens: GemvKernel<W, kTokens>, 8 warps per 256-thread block, each warp kRows output rows.
-//  - kTokens = 1 (decode of one sequence): one accumulator per row and two rows per warp, so each lane has two
-//    16-byte weight chunks in flight per step (four with the 2x unroll) and the activations it loads for a chunk
-//    serve both rows.
+//  - kTokens = 1 (decode of one sequence): one accumulator per row and, for outputs of kTwoRowsFrom rows or more,
+//    two rows per warp, so each lane has two 16-byte weight chunks in flight per step (eight with the 4x unroll)
+//    and the activations it loads for a chunk serve both rows; one row per warp below that (twice the warps).
 //  - kTokens = kGemvMaxTokens: up to that many tokens (n at run time), one row per warp, the weights read once
 //    for all of them.
 // With aligned rows each lane streams 16-byte chunks of the weight row (Vec16: 4 fp32 or 8 fp16/bf16) and the
@@ -27,15 +27,16 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxN = static_cast<int>(kGemvMaxTokens);
 
-// Output rows per warp: two for one token (x reused, more loads in flight), one for several (their
-// accumulators take the registers).
-__host__ __device__ constexpr int RowsPerWarp(int tokens) { return tokens == 1 ? 2 : 1; }
+// Output rows per warp: for one token two (x reused, more loads in flight) where the rows are many, one where
+// they are few (below kTwoRowsFrom: the k / v projections' 1024 rows make 128 blocks instead of 64, the q / o
+// projections' 4096 make 512: twice the warps, each streaming its row); one for several tokens (their
+// accumulators take the registers). The number does not change a row's order of additions.
+constexpr int64_t kTwoRowsFrom = 8192;
 
-template <typename W, int kTokens>
+template <typename W, int kTokens, int kRows>
 __global__ void __launch_bounds__(kThreads)
     GemvKernel(const float* __restrict__ x, const W* __restrict__ w, const W* __restrict__ bias, int n, int64_t in,
                int64_t out, float* __restrict__ y, bool vec) {
-  constexpr int kRows = RowsPerWarp(kTokens);
   const int lane = threadIdx.x & 31;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
   if (row0 >= out) return;
@@ -67,11 +68,11 @@ __global__ void __launch_bounds__(kThreads)
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-template <typename W, int kTokens>
+template <typename W, int kTokens, int kRows>
 void LaunchGemvTokens(const float* x, const W* w, const W* bias, int n, int64_t in_dim, int64_t out_dim, float* y,
                       bool vec, cudaStream_t stream) {
-  const int64_t blocks = CeilDiv(out_dim, kWarps * RowsPerWarp(kTokens));
-  GemvKernel<W, kTokens>
+  const int64_t blocks = CeilDiv(out_dim, kWarps * kRows);
+  GemvKernel<W, kTokens, kRows>
       <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, w, bias, n, in_dim, out_dim, y, vec);
 }
 
@@ -88,10 +89,12 @@ cudaError_t LaunchGemv(const float* x, const W* w, const W* bias, int64_t n, int
     const int cnt = static_cast<int>(std::min<int64_t>(kMaxN, n - t0));
     const float* xc = x + t0 * in_dim;
     float* yc = y + t0 * out_dim;
-    if (cnt == 1) {
-      LaunchGemvTokens<W, 1>(xc, w, bias, cnt, in_dim, out_dim, yc, vec, stream);
+    if (cnt > 1) {
+      LaunchGemvTokens<W, kMaxN, 1>(xc, w, bias, cnt, in_dim, out_dim, yc, vec, stream);
+    } else if (out_dim >= kTwoRowsFrom) {
+      LaunchGemvTokens<W, 1, 2>(xc, w, bias, cnt, in_dim, out_dim, yc, vec, stream);
     } else {
-      LaunchGemvTokens<W, kMaxN>(xc, w, bias, cnt, in_dim, out_dim, yc, vec, stream);
+      LaunchGemvTokens<W, 1, 1>(xc, w, bias, cnt, in_dim, out_dim, yc, vec, stream);
     }
   }
   return cudaGetLastError();

@@ -25,7 +25,7 @@ using internal::WarpSum;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kDownRowsPerWarp = 2;  // GemvKernel<W, 1>'s
+constexpr int kDownRowsPerWarp = 2;  // GemvKernel<W, 1, 2>'s (a layout choice: the order of additions is RowDot's)
 constexpr int kCombineThreads = 128;
 
 // A warp's dot product as GemvKernel stores it: the butterfly sum plus the bias, here none (0.0f, which also
