@@ -332,8 +332,8 @@ class CudaHostBuffer final : public HostBuffer {
   CudaHostBuffer(void* data, size_t size, std::shared_ptr<Accounting> accounting)
       : HostBuffer(data, size), accounting_(std::move(accounting)) {}
   ~CudaHostBuffer() override {
-    if (as<void>() == nullptr) return;
-    if (cudaFreeHost(as<void>()) != cudaSuccess) (void)cudaGetLastError();
+    if (data() == nullptr) return;
+    if (cudaFreeHost(data()) != cudaSuccess) (void)cudaGetLastError();
     accounting_->Note(accounting_->host_syncs);  // cudaFreeHost waits for the device, as cudaFree does
   }
 

@@ -83,7 +83,7 @@ namespace {
 // Plain heap memory (new[] aligns for any scalar the copies carry).
 class HeapHostBuffer final : public HostBuffer {
  public:
-  explicit HeapHostBuffer(std::unique_ptr<std::byte[]> bytes, size_t size)
+  HeapHostBuffer(std::unique_ptr<std::byte[]> bytes, size_t size)
       : HostBuffer(bytes.get(), size), bytes_(std::move(bytes)) {}
 
  private:

@@ -37,13 +37,13 @@ std::string_view DeviceKindName(DeviceKind kind);  // "cpu", "mock-gpu", "cuda"
 
 class Device;
 
-// A block of device memory. Freed (and its bytes returned to the device's budget) when destroyed.
-// Thread safety: the object itself is immutable; ordering of accesses is by streams.
-class Buffer {
+// A block of memory a Device hands out: its address and size, the memory freed when the object is destroyed.
+// Buffer and HostBuffer say which side of the link it is on.
+class MemoryBlock {
  public:
-  virtual ~Buffer() = default;
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
+  virtual ~MemoryBlock() = default;
+  MemoryBlock(const MemoryBlock&) = delete;
+  MemoryBlock& operator=(const MemoryBlock&) = delete;
 
   void* data() { return data_; }
   const void* data() const { return data_; }
@@ -58,39 +58,27 @@ class Buffer {
   }
 
  protected:
-  Buffer(void* data, size_t size) : data_(data), size_(size) {}
+  MemoryBlock(void* data, size_t size) : data_(data), size_(size) {}
 
  private:
   void* data_;
   size_t size_;
 };
 
+// A block of device memory. Freed (and its bytes returned to the device's budget) when destroyed.
+// Thread safety: the object itself is immutable; ordering of accesses is by streams.
+class Buffer : public MemoryBlock {
+ protected:
+  using MemoryBlock::MemoryBlock;
+};
+
 // Host memory a device copies results into often (CopyToHost's destination; Device::AllocateHost): page-locked
 // where the backend has such a thing (CUDA: cudaMallocHost), so that a copy into it is one DMA the host waits on,
 // not one staged through the driver's bounce buffer; plain host memory elsewhere. Freed when destroyed (CUDA:
 // cudaFreeHost, which waits for the device). Host code reads it only after the copy's stream is synchronized.
-class HostBuffer {
- public:
-  virtual ~HostBuffer() = default;
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(const HostBuffer&) = delete;
-
-  size_t size() const { return size_; }
-  template <typename T>
-  T* as() {
-    return static_cast<T*>(data_);
-  }
-  template <typename T>
-  const T* as() const {
-    return static_cast<const T*>(data_);
-  }
-
+class HostBuffer : public MemoryBlock {
  protected:
-  HostBuffer(void* data, size_t size) : data_(data), size_(size) {}
-
- private:
-  void* data_;
-  size_t size_;
+  using MemoryBlock::MemoryBlock;
 };
 
 // An ordered queue of work on one device. Work on different streams of a device may overlap; an Event

@@ -32,17 +32,18 @@ absl::Status ExpertExecutor::RunFromDeviceIds(int64_t layer, const float* h, int
 
 absl::StatusOr<std::unique_ptr<LocalExpertExecutor>> LocalExpertExecutor::Create(Device& device,
                                                                                  const ModelWeights& weights,
-                                                                                 int64_t max_tokens) {
+                                                                                 int64_t max_tokens, Ids ids) {
   const ModelConfig& c = weights.config();
   std::unique_ptr<LocalExpertExecutor> ex(new LocalExpertExecutor(device, weights));
   ex->max_tokens_ = max_tokens;
-  ODMOE_ASSIGN_OR_RETURN(ex->ws_, MlpWorkspace::Create(device, max_tokens, std::max<int64_t>(1, c.expert_intermediate_size)));
+  ODMOE_ASSIGN_OR_RETURN(ex->ws_,
+                         MlpWorkspace::Create(device, max_tokens, std::max<int64_t>(1, c.expert_intermediate_size)));
   ODMOE_RETURN_IF_ERROR(Alloc(device, ex->xg_, F32Bytes(max_tokens * c.hidden_size), "expert inputs"));
   ODMOE_RETURN_IF_ERROR(Alloc(device, ex->yg_, F32Bytes(max_tokens * c.hidden_size), "expert outputs"));
   // Rows and scales of every (token, expert) pair of a chunk: 2 x [max_tokens * k] 4-byte values.
-  ODMOE_RETURN_IF_ERROR(Alloc(device, ex->index_, 2 * F32Bytes(max_tokens * std::max<int64_t>(1, c.top_k)),
-                              "expert routing index"));
-  ODMOE_RETURN_IF_ERROR(ex->PrepareDeviceIds());
+  ODMOE_RETURN_IF_ERROR(
+      Alloc(device, ex->index_, 2 * F32Bytes(max_tokens * std::max<int64_t>(1, c.top_k)), "expert routing index"));
+  if (ids == Ids::kDeviceWherePossible) ODMOE_RETURN_IF_ERROR(ex->PrepareDeviceIds());
   return ex;
 }
 
@@ -319,8 +320,8 @@ absl::Status Engine::WriteKv(Sequence& seq, int64_t position, const float* k, co
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids,
-                                                   std::vector<PositionRouting>* routing, ForwardKind kind) {
+absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
+                                                   ForwardKind kind) {
   if (own_ == nullptr) return absl::FailedPreconditionError("Forward before StartSequence");
   if (ids.empty()) return absl::InvalidArgumentError("Forward needs at least one token");
   // The whole of `ids` is checked before its first chunk runs: on error the sequence does not advance.
@@ -346,8 +347,8 @@ absl::Status Engine::CheckTokens(const Sequence& seq, std::span<const int32_t> i
   }
   const int64_t needed = seq.position_ + static_cast<int64_t>(ids.size());
   if (needed > seq.capacity_) {
-    return absl::OutOfRangeError(StrCat("sequence of ", needed, " positions exceeds the room of ", seq.capacity_,
-                                        " given to StartSequence"));
+    return absl::OutOfRangeError(
+        StrCat("sequence of ", needed, " positions exceeds the room of ", seq.capacity_, " given to StartSequence"));
   }
   return absl::OkStatus();
 }
@@ -485,24 +486,22 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
     d.RmsNorm(x, lw.post_norm, n, hidden, static_cast<float>(c.rms_norm_eps), h, s);
     float* moe = moe_->as<float>();
     if (lw.sparse) {
-      const int32_t* dev_ids = topk_->as<int32_t>();          // [n, k]
-      const float* dev_weights = topk_->as<float>() + n * k;  // [n, k]
-      RunRouter(d, c, lw.router, h, n, router_logits_->as<float>(), topk_->as<int32_t>(),
-                topk_->as<float>() + n * k, s);
+      int32_t* dev_ids = topk_->as<int32_t>();          // [n, k]
+      float* dev_weights = topk_->as<float>() + n * k;  // [n, k]
+      RunRouter(d, c, lw.router, h, n, router_logits_->as<float>(), dev_ids, dev_weights, s);
+      d.CopyOnDevice(moe, zeros_->data(), F32Bytes(n * hidden), s);
       if (resident) {
         if (wants_routing) {
           d.CopyToHostAsync(host_layer_ids_->as<int32_t>() + l * n * k, dev_ids, F32Bytes(n * k), s);
         }
-        d.CopyOnDevice(moe, zeros_->data(), F32Bytes(n * hidden), s);
         ODMOE_RETURN_IF_ERROR(experts_->RunFromDeviceIds(l, h, n, dev_ids, dev_weights, moe, s));
       } else {
         // The host needs the router's choice to dispatch the experts: the layer's one synchronization. It also
         // completes every copy the previous Run made, as ExpertExecutor::Run requires.
-        d.CopyToHost(host_topk_->as<void>(), topk_->data(), F32Bytes(2 * n * k), s);
+        d.CopyToHost(host_topk_->data(), topk_->data(), F32Bytes(2 * n * k), s);
         const std::span<const int32_t> top_ids(host_topk_->as<int32_t>(), static_cast<size_t>(n * k));
         const std::span<const float> top_weights(host_topk_->as<float>() + n * k, static_cast<size_t>(n * k));
         append_routing(top_ids.data());
-        d.CopyOnDevice(moe, zeros_->data(), F32Bytes(n * hidden), s);
         ODMOE_RETURN_IF_ERROR(experts_->Run(l, h, n, top_ids, top_weights, moe, s));
       }
       if (lw.shared.present()) {
@@ -537,7 +536,7 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
   d.RmsNorm(last_->as<float>(), weights_.final_norm(), b, hidden, static_cast<float>(c.rms_norm_eps),
             last_->as<float>(), s);
   d.MatMul(last_->as<float>(), weights_.lm_head(), {}, b, hidden, c.vocab_size, logits_->as<float>(), s);
-  d.CopyToHost(host_logits_->as<void>(), logits_->data(), F32Bytes(b * c.vocab_size), s);  // the one wait
+  d.CopyToHost(host_logits_->data(), logits_->data(), F32Bytes(b * c.vocab_size), s);  // the one wait
   append_resident_routing();
   for (int64_t j = 0; j < b; ++j) {
     const float* row = host_logits_->as<float>() + j * c.vocab_size;

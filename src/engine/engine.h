@@ -70,8 +70,12 @@ class ExpertExecutor {
 // (RunFromDeviceIds: three launches per layer, the same bits); otherwise DeviceIdsMaxTokens() is 0.
 class LocalExpertExecutor : public ExpertExecutor {
  public:
+  // kHostOnly: never prepare RunFromDeviceIds (its expert table and scratch), for a caller that reads the ids on
+  // the host anyway (the shadow's PredictingExecutor predicts from them).
+  enum class Ids { kDeviceWherePossible, kHostOnly };
   static absl::StatusOr<std::unique_ptr<LocalExpertExecutor>> Create(Device& device, const ModelWeights& weights,
-                                                                     int64_t max_tokens);
+                                                                     int64_t max_tokens,
+                                                                     Ids ids = Ids::kDeviceWherePossible);
   absl::Status Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
                    std::span<const float> weights, float* out, Stream* stream) override;
   int64_t DeviceIdsMaxTokens() const override { return device_ids_max_tokens_; }

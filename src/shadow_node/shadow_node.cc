@@ -164,7 +164,8 @@ absl::StatusOr<std::unique_ptr<ShadowNode>> ShadowNode::Create(const rpc::Daemon
   EngineOptions engine_options;
   ODMOE_ASSIGN_OR_RETURN(
       std::unique_ptr<LocalExpertExecutor> local,
-      LocalExpertExecutor::Create(*node->device_, *node->weights_, engine_options.max_tokens_per_forward));
+      LocalExpertExecutor::Create(*node->device_, *node->weights_, engine_options.max_tokens_per_forward,
+                                  LocalExpertExecutor::Ids::kHostOnly));
 
   std::vector<std::string> workers;
   for (const NodeConfig* w : args.cluster.workers()) workers.push_back(w->address);

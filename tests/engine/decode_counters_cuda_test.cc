@@ -11,14 +11,17 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "simt/counters.h"
 #include "src/backend/device_factory.h"
 #include "src/common/limits.h"
+#include "src/common/status.h"
 #include "src/engine/generator.h"
 #include "tests/test_support.h"
 
@@ -35,14 +38,20 @@ constexpr double kMaxHostSyncs = 1;
 // launches per layer (gate and up with SwiGLU, down, the ordered combine) where each of the 2 experts took 5
 // (3 GEMVs, SwiGLU, scatter-add): 18.4.
 constexpr double kMaxLaunchesPerLayer = 18.5;
-constexpr double kMaxPageableCopies = 0;  // 17 before the router's result and the logits came back to page-locked memory
+constexpr double kMaxPageableCopies =
+    0;  // 17 before the router's result and the logits came back to page-locked memory
+
+constexpr char kModel[] = "tiny-mixtral-kjv";
+
+// kModel on the (emulated) CUDA device.
+absl::StatusOr<std::unique_ptr<LocalModel>> OpenOnCuda() {
+  if (!testing::HaveSharedModel(kModel)) return absl::NotFoundError("needs " + testing::SharedModel(kModel));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice("cuda"));
+  return LocalModel::Open(testing::SharedModel(kModel), std::move(device));
+}
 
 TEST(DecodeCountersCudaTest, ResidentDecodeStepOnTinyMixtral) {
-  const std::string name = "tiny-mixtral-kjv";
-  ASSERT_TRUE(testing::HaveSharedModel(name)) << "needs " << testing::SharedModel(name);
-  auto device = CreateDevice("cuda");
-  ASSERT_TRUE(device.ok()) << "the emulated CUDA device: " << device.status();
-  auto model = LocalModel::Open(testing::SharedModel(name), std::move(device).value());
+  auto model = OpenOnCuda();
   ASSERT_TRUE(model.ok()) << model.status();
   Engine& engine = (*model)->engine();
   const ModelConfig& c = (*model)->config();
@@ -84,11 +93,11 @@ TEST(DecodeCountersCudaTest, ResidentDecodeStepOnTinyMixtral) {
   const double launches = static_cast<double>(counts.launches) / kSteps;
   const double launches_per_layer = launches / static_cast<double>(c.num_layers);
   const double kv_bytes = static_cast<double>(kv_written) / kSteps;
-  std::cout << "[decode counters] " << name << " per decode token: host syncs " << syncs << ", pageable copies to host "
-            << pageable << ", allocations " << allocations << ", frees " << static_cast<double>(counts.frees) / kSteps
-            << ", launches " << launches << " (" << launches_per_layer << " per layer), bytes copied from device "
-            << static_cast<double>(counts.copy_bytes_from_device) / kSteps << ", KV-cache bytes written " << kv_bytes
-            << " into " << kv_buffers << " buffers\n";
+  std::cout << "[decode counters] " << kModel << " per decode token: host syncs " << syncs
+            << ", pageable copies to host " << pageable << ", allocations " << allocations << ", frees "
+            << static_cast<double>(counts.frees) / kSteps << ", launches " << launches << " (" << launches_per_layer
+            << " per layer), bytes copied from device " << static_cast<double>(counts.copy_bytes_from_device) / kSteps
+            << ", KV-cache bytes written " << kv_bytes << " into " << kv_buffers << " buffers\n";
   for (const auto& [site, s] : counts.sites) {
     std::cout << "  " << static_cast<double>(s.launches) / kSteps << " x " << site << "\n";
   }
@@ -123,11 +132,7 @@ class HostIdsExecutor : public ExpertExecutor {
 // brought to the host every layer give bitwise the same logits and the same routing, for a prefill that fits
 // the resident path, one that does not (12 rows) and decode steps.
 TEST(DecodeCountersCudaTest, ResidentPathGivesTheHostPathsLogitsAndRouting) {
-  const std::string name = "tiny-mixtral-kjv";
-  ASSERT_TRUE(testing::HaveSharedModel(name)) << "needs " << testing::SharedModel(name);
-  auto device = CreateDevice("cuda");
-  ASSERT_TRUE(device.ok()) << "the emulated CUDA device: " << device.status();
-  auto model = LocalModel::Open(testing::SharedModel(name), std::move(device).value());
+  auto model = OpenOnCuda();
   ASSERT_TRUE(model.ok()) << model.status();
   Device& d = (*model)->device();
   const ModelConfig& c = (*model)->config();

@@ -44,14 +44,10 @@ struct Twin {
   std::unique_ptr<Buffer> gpu;
 };
 
-class CudaDeviceTest : public ::testing::Test {
+class CudaDeviceTest : public gpu_test::CudaDeviceFixture {
  protected:
   void SetUp() override {
-    std::string why;
-    if (!gpu_test::HaveGpu(&why)) GTEST_SKIP() << why;
-    auto device = CreateCudaDevice(0, 0);
-    ASSERT_TRUE(device.ok()) << device.status();
-    gpu_ = std::move(device).value();
+    CudaDeviceFixture::SetUp();
     cpu_ = std::make_unique<CpuDevice>();
   }
 
@@ -95,7 +91,6 @@ class CudaDeviceTest : public ::testing::Test {
     ExpectClose(Get<float>(*gpu_, *t.gpu), Get<float>(*cpu_, *t.cpu), atol, rtol, what);
   }
 
-  std::unique_ptr<Device> gpu_;
   std::unique_ptr<Device> cpu_;
 };
 

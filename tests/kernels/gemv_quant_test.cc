@@ -31,6 +31,27 @@ std::string Shape(int64_t n, int64_t in, int64_t out) {
   return "n=" + std::to_string(n) + " in=" + std::to_string(in) + " out=" + std::to_string(out);
 }
 
+// w [rows, cols] quantized on the CPU to INT8 rows and to NF4 (src/backend/quantize.h), and both dequantized back.
+struct CpuQuantized {
+  CpuQuantized(const std::vector<float>& w, int64_t rows, int64_t cols)
+      : q(w.size()),
+        a8(static_cast<size_t>(rows)),
+        codes(static_cast<size_t>(rows * Nf4RowBytes(cols))),
+        a4(static_cast<size_t>(rows * Nf4BlocksPerRow(cols))),
+        w8(w.size()),
+        w4(w.size()) {
+    QuantizeInt8Rows(w.data(), DType::kF32, rows, cols, q.data(), a8.data());
+    QuantizeNf4(w.data(), DType::kF32, rows, cols, codes.data(), a4.data());
+    DequantizeInt8Rows(q.data(), a8.data(), rows, cols, w8.data());
+    DequantizeNf4(codes.data(), a4.data(), rows, cols, w4.data());
+  }
+  std::vector<int8_t> q;       // INT8 codes
+  std::vector<float> a8;       // their row absmax
+  std::vector<uint8_t> codes;  // NF4 codes
+  std::vector<float> a4;       // their block absmax
+  std::vector<float> w8, w4;   // dequantized
+};
+
 class GemvKernelTest : public GpuTest {};
 
 TEST_F(GemvKernelTest, MatchesCpuMatMul) {
@@ -119,16 +140,10 @@ TEST_F(GemvKernelTest, EveryRowIsBitwiseTheSameWhateverTheTokenCount) {
                                           });
       });
     }
-    const std::vector<float> w = RandomFloats(static_cast<size_t>(in * out), rng);
-    std::vector<int8_t> q(w.size());
-    std::vector<float> a8(static_cast<size_t>(out));
-    QuantizeInt8Rows(w.data(), DType::kF32, out, in, q.data(), a8.data());
-    std::vector<uint8_t> codes(static_cast<size_t>(out * Nf4RowBytes(in)));
-    std::vector<float> a4(static_cast<size_t>(out * Nf4BlocksPerRow(in)));
-    QuantizeNf4(w.data(), DType::kF32, out, in, codes.data(), a4.data());
-    DeviceArray<int8_t> dq(q);
-    DeviceArray<uint8_t> dcodes(codes);
-    DeviceArray<float> da8(a8), da4(a4);
+    const CpuQuantized cq(RandomFloats(static_cast<size_t>(in * out), rng), out, in);
+    DeviceArray<int8_t> dq(cq.q);
+    DeviceArray<uint8_t> dcodes(cq.codes);
+    DeviceArray<float> da8(cq.a8), da4(cq.a4);
     ExpectRowsIndependentOfTokenCount(in, out, rng, "int8 " + shape, [&](const float* x, int64_t n, float* y) {
       return kernels::LaunchGemvInt8(x, dq.get(), da8.get(), n, in, out, y, stream_);
     });
@@ -253,24 +268,16 @@ TEST_F(QuantKernelTest, DequantizingGemvAndGemmMatchCpuMatMul) {
                                                            {256, 300}, {1000, 64}, {4096, 17}};
   for (const auto& [cols, rows] : shapes) {
     const std::vector<float> w = QuantTestWeights(rows, cols, rng);
-    std::vector<int8_t> q(w.size());
-    std::vector<float> a8(static_cast<size_t>(rows));
-    QuantizeInt8Rows(w.data(), DType::kF32, rows, cols, q.data(), a8.data());
-    std::vector<uint8_t> codes(static_cast<size_t>(rows * Nf4RowBytes(cols)));
-    std::vector<float> a4(static_cast<size_t>(rows * Nf4BlocksPerRow(cols)));
-    QuantizeNf4(w.data(), DType::kF32, rows, cols, codes.data(), a4.data());
-    std::vector<float> w8(w.size()), w4(w.size());
-    DequantizeInt8Rows(q.data(), a8.data(), rows, cols, w8.data());
-    DequantizeNf4(codes.data(), a4.data(), rows, cols, w4.data());
-    DeviceArray<int8_t> dq(q);
-    DeviceArray<float> da8(a8), da4(a4);
-    DeviceArray<uint8_t> dcodes(codes);
+    const CpuQuantized cq(w, rows, cols);
+    DeviceArray<int8_t> dq(cq.q);
+    DeviceArray<float> da8(cq.a8), da4(cq.a4);
+    DeviceArray<uint8_t> dcodes(cq.codes);
     for (int64_t n : {1, 3, 8, 9, 70, 130}) {
       const std::string what = Shape(n, cols, rows);
       const std::vector<float> x = RandomFloats(static_cast<size_t>(n * cols), rng);
       std::vector<float> want8(static_cast<size_t>(n * rows)), want4(want8.size());
-      cpu::MatMul(x.data(), WeightRef{w8.data(), DType::kF32}, WeightRef{}, n, cols, rows, want8.data());
-      cpu::MatMul(x.data(), WeightRef{w4.data(), DType::kF32}, WeightRef{}, n, cols, rows, want4.data());
+      cpu::MatMul(x.data(), WeightRef{cq.w8.data(), DType::kF32}, WeightRef{}, n, cols, rows, want8.data());
+      cpu::MatMul(x.data(), WeightRef{cq.w4.data(), DType::kF32}, WeightRef{}, n, cols, rows, want4.data());
       DeviceArray<float> dx(x);
       DeviceArray<float> ux(x.size(), 1);
       ux.Upload(x, 1);
@@ -284,8 +291,8 @@ TEST_F(QuantKernelTest, DequantizingGemvAndGemmMatchCpuMatMul) {
       Sync();
       // Scales are applied to partial sums instead of to each weight: fp32 rounding differences only, bounded
       // relative to sum |x * w| (row 3's large weights of both signs cancel in the sum).
-      const std::vector<double> tol8 = gpu_test::MatMulTolerances(x, w8, n, cols, rows);
-      const std::vector<double> tol4 = gpu_test::MatMulTolerances(x, w4, n, cols, rows);
+      const std::vector<double> tol8 = gpu_test::MatMulTolerances(x, cq.w8, n, cols, rows);
+      const std::vector<double> tol4 = gpu_test::MatMulTolerances(x, cq.w4, n, cols, rows);
       ExpectWithin(g8.Download(), want8, tol8, "int8 gemv " + what);
       ExpectWithin(g4.Download(), want4, tol4, "nf4 gemv " + what);
       ExpectWithin(u4.Download(), want4, tol4, "nf4 gemv unaligned x " + what);
@@ -306,24 +313,16 @@ TEST_F(QuantKernelTest, GemvRowsPerWarpShapesMatchCpuAndAreBitwiseTheSameWhateve
   for (const auto& [cols, rows] : shapes) {
     const std::string what = "in=" + std::to_string(cols) + " out=" + std::to_string(rows);
     const std::vector<float> w = QuantTestWeights(rows, cols, rng);
-    std::vector<int8_t> q(w.size());
-    std::vector<float> a8(static_cast<size_t>(rows));
-    QuantizeInt8Rows(w.data(), DType::kF32, rows, cols, q.data(), a8.data());
-    std::vector<uint8_t> codes(static_cast<size_t>(rows * Nf4RowBytes(cols)));
-    std::vector<float> a4(static_cast<size_t>(rows * Nf4BlocksPerRow(cols)));
-    QuantizeNf4(w.data(), DType::kF32, rows, cols, codes.data(), a4.data());
-    std::vector<float> w8(w.size()), w4(w.size());
-    DequantizeInt8Rows(q.data(), a8.data(), rows, cols, w8.data());
-    DequantizeNf4(codes.data(), a4.data(), rows, cols, w4.data());
+    const CpuQuantized cq(w, rows, cols);
     const std::vector<float> x = RandomFloats(static_cast<size_t>(kN * cols), rng);
     std::vector<float> want8(static_cast<size_t>(kN * rows)), want4(want8.size());
-    cpu::MatMul(x.data(), WeightRef{w8.data(), DType::kF32}, WeightRef{}, kN, cols, rows, want8.data());
-    cpu::MatMul(x.data(), WeightRef{w4.data(), DType::kF32}, WeightRef{}, kN, cols, rows, want4.data());
-    const std::vector<double> tol8 = gpu_test::MatMulTolerances(x, w8, kN, cols, rows);
-    const std::vector<double> tol4 = gpu_test::MatMulTolerances(x, w4, kN, cols, rows);
-    DeviceArray<int8_t> dq(q);
-    DeviceArray<uint8_t> dcodes(codes);
-    DeviceArray<float> da8(a8), da4(a4), dx(x);
+    cpu::MatMul(x.data(), WeightRef{cq.w8.data(), DType::kF32}, WeightRef{}, kN, cols, rows, want8.data());
+    cpu::MatMul(x.data(), WeightRef{cq.w4.data(), DType::kF32}, WeightRef{}, kN, cols, rows, want4.data());
+    const std::vector<double> tol8 = gpu_test::MatMulTolerances(x, cq.w8, kN, cols, rows);
+    const std::vector<double> tol4 = gpu_test::MatMulTolerances(x, cq.w4, kN, cols, rows);
+    DeviceArray<int8_t> dq(cq.q);
+    DeviceArray<uint8_t> dcodes(cq.codes);
+    DeviceArray<float> da8(cq.a8), da4(cq.a4), dx(x);
     DeviceArray<float> g8(want8.size()), g4(want8.size());
     ODMOE_ASSERT_CUDA(kernels::LaunchGemvInt8(dx.get(), dq.get(), da8.get(), kN, cols, rows, g8.get(), stream_));
     ODMOE_ASSERT_CUDA(kernels::LaunchGemvNf4(dx.get(), dcodes.get(), da4.get(), kN, cols, rows, g4.get(), stream_));

@@ -1,5 +1,5 @@
-// Helpers for the CUDA kernel tests: skipping without a GPU, device arrays, test weights in F32/F16/BF16, and
-// float comparison with atol + rtol * |ref| (NaN and Inf always fail).
+// Helpers for the CUDA kernel tests: skipping without a GPU (and a CUDA Device fixture), device arrays, test weights in
+// F32/F16/BF16, and float comparison with atol + rtol * |ref| (NaN and Inf always fail).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,11 +9,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "src/backend/cuda_device.h"
 #include "src/backend/device.h"
 #include "src/common/dtype.h"
 
@@ -62,6 +65,20 @@ class GpuTest : public ::testing::Test {
   void Sync() { ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess) << cudaGetErrorString(cudaGetLastError()); }
 
   cudaStream_t stream_ = nullptr;
+};
+
+// A test fixture that skips without a GPU and gives each test a CUDA Device (ordinal 0, no budget).
+class CudaDeviceFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!HaveGpu(&why)) GTEST_SKIP() << why;
+    auto device = CreateCudaDevice(0, 0);
+    ASSERT_TRUE(device.ok()) << device.status();
+    gpu_ = std::move(device).value();
+  }
+
+  std::unique_ptr<Device> gpu_;
 };
 
 // Device memory for `count` elements of T (plus `pad` spare elements, for misaligned views), freed on

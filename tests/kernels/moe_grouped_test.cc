@@ -43,16 +43,8 @@ std::vector<uint32_t> Bits(Device& d, const Buffer& b, size_t floats) {
   return host;
 }
 
-class RoutedExpertsTest : public ::testing::Test {
+class RoutedExpertsTest : public gpu_test::CudaDeviceFixture {
  protected:
-  void SetUp() override {
-    std::string why;
-    if (!gpu_test::HaveGpu(&why)) GTEST_SKIP() << why;
-    auto device = CreateCudaDevice(0, 0);
-    ASSERT_TRUE(device.ok()) << device.status();
-    gpu_ = std::move(device).value();
-  }
-
   // Two layers of `experts` experts; layer 0 has none (a dense layer: empty table entries), layer 1 is routed.
   // With `misalign_up` the up projections sit 2 bytes past a 16-byte boundary (the GEMV's scalar path) while the
   // gates do not.
@@ -142,8 +134,6 @@ class RoutedExpertsTest : public ::testing::Test {
       }
     }
   }
-
-  std::unique_ptr<Device> gpu_;
 };
 
 TEST_F(RoutedExpertsTest, BitwiseThePerExpertPathOnOddShapes) {
