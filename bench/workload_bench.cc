@@ -100,14 +100,6 @@ struct Timed {
   std::optional<double> modeled_decode_ms;  // a mock/timed GPU's busy time from the first token to the last
 };
 
-// A mock or timed GPU's modelled busy time so far: its ops and both links (nullopt on other devices).
-std::optional<double> ModeledBusyMs(Device& device) {
-  auto* mock = dynamic_cast<MockGpuDevice*>(&device);
-  if (mock == nullptr) return std::nullopt;
-  const MockGpuStats s = mock->stats();
-  return 1000.0 * (s.compute_busy_s + s.h2d_busy_s + s.d2h_busy_s);
-}
-
 Json StatsJson(const v1::RequestStats& st) {
   Json workers = Json::array();
   for (const v1::WorkerRequestStats& w : st.workers()) {
@@ -135,6 +127,12 @@ Json StatsJson(const v1::RequestStats& st) {
           {"t_maxload_ms", st.t_maxload_ms()},
           {"io_bound", st.io_bound()},
           {"groups", st.groups()},
+          {"modeled_layers", st.modeled_layers()},
+          {"measured_layers_ms", st.measured_layers_ms()},
+          {"modeled_main_ms", st.modeled_main_ms()},
+          {"modeled_worker_ms", st.modeled_worker_ms()},
+          {"measured_ms_per_layer",
+           std::vector<double>(st.measured_ms_per_layer().begin(), st.measured_ms_per_layer().end())},
           {"workers", workers}};
 }
 

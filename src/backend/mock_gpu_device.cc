@@ -755,4 +755,15 @@ MockGpuStats MockGpuDevice::stats() const {
   return state_->stats;
 }
 
+double MockGpuDevice::ModeledBusyMs() const {
+  const MockGpuStats s = stats();
+  return 1000.0 * (s.compute_busy_s + s.h2d_busy_s + s.d2h_busy_s);
+}
+
+std::optional<double> ModeledBusyMs(const Device& device) {
+  const auto* mock = dynamic_cast<const MockGpuDevice*>(&device);
+  if (mock == nullptr) return std::nullopt;
+  return mock->ModeledBusyMs();
+}
+
 }  // namespace odmoe

@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -187,6 +188,9 @@ class MockGpuDevice final : public Device {
   std::vector<MockGpuInterval> timeline() const;
   void ClearTimeline();
   MockGpuStats stats() const;
+  // The modelled busy time so far, in ms: every op's duration plus both links' busy time, summed (work that
+  // overlapped on different streams or links counts once for each).
+  double ModeledBusyMs() const;
 
   // The state shared with this device's buffers, streams and events (defined in mock_gpu_device.cc).
   struct State;
@@ -195,5 +199,9 @@ class MockGpuDevice final : public Device {
   const MockGpuOptions options_;
   std::shared_ptr<State> state_;
 };
+
+// `device`'s modelled busy time so far (MockGpuDevice::ModeledBusyMs) where it is a mock or timed GPU; nullopt
+// on every other device, whose time is not modelled.
+std::optional<double> ModeledBusyMs(const Device& device);
 
 }  // namespace odmoe

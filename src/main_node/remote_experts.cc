@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
+#include "src/backend/mock_gpu_device.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/model/model_layout.h"
@@ -295,7 +296,10 @@ void RemoteExpertExecutor::BeginStep(StepContext context) {
   stats_.assign(workers_.size(), WorkerCallStats());
   calls_reissued_ = 0;
   timing_ = DecodeTiming();
-  if (step_.fresh) last_layer_end_.reset();
+  if (step_.fresh) {
+    last_layer_end_.reset();
+    last_layer_busy_ms_.reset();
+  }
 }
 
 void RemoteExpertExecutor::BeginForward(std::span<const ForwardSegment> segments, ForwardKind kind) {
@@ -764,12 +768,34 @@ absl::Status RemoteExpertExecutor::Combine(const Layer& work, float* out, Stream
       out, stream));
   // host_out_ and packed_ must stay untouched until the copies are done.
   device_.Synchronize(stream);
-  if (work.decode) {
-    last_layer_end_ = absl::Now();
-  } else {
-    last_layer_end_.reset();  // prefill: t_M is measured in decode only
-  }
+  RecordLayerEnd(work);
   return absl::OkStatus();
+}
+
+void RemoteExpertExecutor::RecordLayerEnd(const Layer& work) {
+  if (!work.decode) {  // prefill: t_M is measured in decode only
+    last_layer_end_.reset();
+    last_layer_busy_ms_.reset();
+    return;
+  }
+  const absl::Time now = absl::Now();
+  const std::optional<double> busy = ModeledBusyMs(device_);
+  if (last_layer_end_.has_value() && last_layer_busy_ms_.has_value() && busy.has_value()) {
+    const double ms = absl::ToDoubleMilliseconds(now - *last_layer_end_);
+    const auto index = static_cast<size_t>(work.sparse_index);
+    if (timing_.layer_ms.size() <= index) timing_.layer_ms.resize(index + 1);
+    timing_.layer_ms[index] += ms;
+    timing_.measured_layers_ms += ms;
+    timing_.modeled_main_ms += *busy - *last_layer_busy_ms_;
+    double slowest_call_ms = 0;
+    for (const auto& call : work.calls->calls) {
+      slowest_call_ms = std::max(slowest_call_ms, call->response.modeled_busy_ms());
+    }
+    timing_.modeled_worker_ms += slowest_call_ms;
+    ++timing_.modeled_layers;
+  }
+  last_layer_end_ = now;
+  last_layer_busy_ms_ = busy;
 }
 
 }  // namespace odmoe

@@ -102,9 +102,17 @@ struct WorkerCallStats {
 // end of one layer's expert round trip to the start of the next: attention, routing, the sum, and at a
 // position's first layer the embedding and sampling); t_W, a layer's expert round trip (send, the workers'
 // loads and compute, receive); the workers' time per expert load (every on-demand load, prefill included).
+//
+// Under emulation (timed devices), the same decode layers' wall time from one layer's end to the next's, against
+// the modelled busy time of main's device and of each layer's slowest call (v1::RequestStats.modeled_*).
 struct DecodeTiming {
   double main_ms = 0, worker_ms = 0, load_ms = 0;  // sums
   uint64_t main_layers = 0, worker_layers = 0, loads = 0;
+  double measured_layers_ms = 0, modeled_main_ms = 0, modeled_worker_ms = 0;  // sums over modeled_layers
+  uint64_t modeled_layers = 0;
+  // The same layers' wall time by sparse layer index: index 0 also carries the work between positions (the
+  // LM head, sampling, the embedding), so a deeper model's time per token is index 0 plus the others scaled.
+  std::vector<double> layer_ms;
   double t_m_ms() const { return main_layers > 0 ? main_ms / static_cast<double>(main_layers) : 0; }
   double t_w_ms() const { return worker_layers > 0 ? worker_ms / static_cast<double>(worker_layers) : 0; }
   double load_ms_per_expert() const { return loads > 0 ? load_ms / static_cast<double>(loads) : 0; }
@@ -120,6 +128,12 @@ struct DecodeTiming {
     main_layers += o.main_layers;
     worker_layers += o.worker_layers;
     loads += o.loads;
+    measured_layers_ms += o.measured_layers_ms;
+    modeled_main_ms += o.modeled_main_ms;
+    modeled_worker_ms += o.modeled_worker_ms;
+    modeled_layers += o.modeled_layers;
+    if (layer_ms.size() < o.layer_ms.size()) layer_ms.resize(o.layer_ms.size());
+    for (size_t i = 0; i < o.layer_ms.size(); ++i) layer_ms[i] += o.layer_ms[i];
   }
   // The one conversion to a proto with the timing fields (v1::RequestStats, v1::MainStats).
   template <typename Proto>
@@ -266,6 +280,9 @@ class RemoteExpertExecutor : public ExpertExecutor {
   // A PeerHealth event: a worker went down; the layer in flight, if it has calls to it, fails at once.
   void OnPeerEvent(const PeerEvent& event);
   void RecordRoundTrip(const Layer& work, absl::Time entered);
+  // A layer's end (its outputs combined, synchronized): the next decode layer's t_M starts here, and a decode
+  // layer's wall and modelled time join timing_.
+  void RecordLayerEnd(const Layer& work);
   // Checks the replies, gathers the outputs into host_out_, counts the stats, records the decode outcome.
   absl::Status CollectOutputs(const Layer& work);
   // Adds the outputs to `out` with CombineExpertOutputs (the local executor's order) and synchronizes.
@@ -296,6 +313,7 @@ class RemoteExpertExecutor : public ExpertExecutor {
   std::vector<PredictedRow> predicted_rows_;
   DecodeTiming timing_;
   std::optional<absl::Time> last_layer_end_;  // when the previous decode layer's round trip ended
+  std::optional<double> last_layer_busy_ms_;  // main's device's ModeledBusyMs then (timed and mock devices)
   std::vector<WorkerCallStats> stats_;
   uint64_t calls_reissued_ = 0;
   uint64_t membership_epoch_ = 0;

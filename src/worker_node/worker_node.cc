@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "spdlog/spdlog.h"
+#include "src/backend/mock_gpu_device.h"
 #include "src/common/logging.h"
 #include "src/common/placement.h"
 #include "src/common/status.h"
@@ -207,8 +208,10 @@ absl::StatusOr<std::unique_ptr<Buffer>> WorkerNode::AllocateExpert(size_t bytes,
 absl::Status WorkerNode::Compute(const v1::ComputeExpertsRequest& request, v1::ComputeExpertsResponse* response) {
   response->Clear();
   counters_.CallStarted();
+  const std::optional<double> busy_before = ModeledBusyMs(*device_);
   absl::StatusOr<StagedCall> staged = Stage(request);
   const absl::Status status = staged.ok() ? Finish(std::move(staged).value(), response) : staged.status();
+  if (status.ok() && busy_before.has_value()) response->set_modeled_busy_ms(*ModeledBusyMs(*device_) - *busy_before);
   counters_.CallEnded();
   return status;
 }

@@ -427,6 +427,50 @@ TEST(MainNodeTest, ChunkedCallsAndOtherTopologiesStayExact) {
   EXPECT_EQ(remote->stats.expert_tensors_opened(), 0u);
 }
 
+// Emulation (issue 28): with main and the workers on mock GPUs, a request's stats carry the modelled busy time
+// of main's device and of each decode layer's slowest worker call, and the wall time of the same layers by
+// sparse index; a CPU main models nothing and reports none.
+TEST(MainNodeTest, MockGpuNodesReportTheModelledTimeOfEachDecodeLayer) {
+  const std::string model = "mixtral-tiny";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  for (const std::string main_device : {"mock-gpu", "cpu"}) {
+    SCOPED_TRACE(main_device);
+    ClusterSpec spec;
+    spec.model = model;
+    spec.workers = 4;
+    spec.main_device = main_device;
+    TestCluster cluster(spec);
+    const absl::Status started = cluster.Start();
+    ASSERT_TRUE(started.ok()) << started;
+    const ModelConfig& c = cluster.main().config();
+    const std::vector<int32_t> prompt = SpreadPrompt(c, 7);
+    constexpr int64_t kNew = 5;
+    auto remote = GenerateRemote(cluster.endpoint(), IdsRequest(prompt, kNew), kTimeoutMs, nullptr);
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    const v1::RequestStats& st = remote->stats;
+    const uint64_t sparse = c.SparseLayers().size();
+    // kNew - 1 decode positions (the first token comes from the prefill); the first decode layer has no
+    // previous layer's end to time from.
+    const uint64_t decode_layers = (kNew - 1) * sparse;
+    if (main_device == "cpu") {
+      EXPECT_EQ(st.modeled_layers(), 0u);
+      EXPECT_EQ(st.modeled_main_ms(), 0.0);
+      EXPECT_EQ(st.measured_ms_per_layer_size(), 0);
+      continue;
+    }
+    EXPECT_EQ(st.modeled_layers(), decode_layers - 1);
+    EXPECT_GT(st.modeled_main_ms(), 0.0);
+    EXPECT_GT(st.modeled_worker_ms(), 0.0);
+    ASSERT_EQ(st.measured_ms_per_layer_size(), static_cast<int>(sparse));
+    double sum = 0;
+    for (double ms : st.measured_ms_per_layer()) {
+      EXPECT_GT(ms, 0.0);
+      sum += ms;
+    }
+    EXPECT_NEAR(sum, st.measured_layers_ms(), 1e-6 * st.measured_layers_ms());
+  }
+}
+
 // Continuous batching (Client API 2/2): eight greedy requests of different prompts and lengths, at once, give
 // exactly the tokens, routing and last logits each gives alone in the single-process engine, decoded together
 // (main's mean decode batch well above one); with max_running = 8 and max_queued = 0 a ninth, sent while they
