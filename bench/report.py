@@ -273,6 +273,99 @@ def workload_records(section, requests, common):
     return recs
 
 
+def calibration_records(common, emulate, resident_reqs, cluster_reqs):
+    """The calibration checks of an emulated run (issue 28): measured decode time per token against what the
+    device profiles predict for the critical path, within 10%.
+
+    - resident: the reference's measured time against its device's modelled busy time (one stream of ops and
+      copies: its critical path).
+    - cluster: the cluster's measured time against eq. 1's terms as the profiles model them, per decode layer:
+      main's device busy time (t_M's work, the layer's send and sum) plus the slowest worker call's (its loads
+      and compute: t_W). That sum is the critical path only when nothing overlaps, i.e. every load follows
+      routing ([shadow] mode = "none"); with prediction on, loads run ahead and the check does not apply.
+    """
+    measured, modeled = [], []
+    for r in resident_reqs:
+        t = r.get("token_ms", [])
+        if r.get("modeled_decode_ms") is not None and len(t) > 1:
+            measured.append((t[-1] - t[0]) / (len(t) - 1))
+            modeled.append(r["modeled_decode_ms"] / (len(t) - 1))
+    res = dict(common, section="calibration", engine="resident", pair="all", time_scale=emulate["time_scale"],
+               requests=len(measured), measured_ms_per_token=mean(measured) if measured else None,
+               modeled_ms_per_token=mean(modeled) if modeled else None, applies=True)
+    res["ratio"] = ratio(res["measured_ms_per_token"], res["modeled_ms_per_token"]) if measured else None
+    res["passed"] = res["ratio"] is not None and abs(res["ratio"] - 1) <= 0.10
+
+    measured, modeled, per_layer = [], [], []
+    for r in cluster_reqs:
+        t = r.get("token_ms", [])
+        layers = len(r.get("measured_ms_per_layer", []))
+        if not r.get("modeled_layers") or len(t) < 2 or not layers:
+            continue
+        modeled_layer = (r["modeled_main_ms"] + r["modeled_worker_ms"]) / r["modeled_layers"]
+        measured.append((t[-1] - t[0]) / (len(t) - 1))
+        modeled.append(modeled_layer * layers)
+        per_layer.append((r["measured_layers_ms"] / r["modeled_layers"], r["modeled_main_ms"] / r["modeled_layers"],
+                          r["modeled_worker_ms"] / r["modeled_layers"]))
+    modes = sorted({r.get("prediction", "?") for r in cluster_reqs})
+    clu = dict(common, section="calibration", engine="cluster", pair="all", time_scale=emulate["time_scale"],
+               requests=len(measured), prediction=",".join(modes), applies=modes == ["none"],
+               measured_ms_per_token=mean(measured) if measured else None,
+               modeled_ms_per_token=mean(modeled) if modeled else None,
+               measured_ms_per_layer=mean([x[0] for x in per_layer]) if per_layer else None,
+               modeled_main_ms_per_layer=mean([x[1] for x in per_layer]) if per_layer else None,
+               modeled_worker_ms_per_layer=mean([x[2] for x in per_layer]) if per_layer else None)
+    clu["ratio"] = ratio(clu["measured_ms_per_token"], clu["modeled_ms_per_token"]) if measured else None
+    clu["passed"] = clu["applies"] and clu["ratio"] is not None and abs(clu["ratio"] - 1) <= 0.10
+    return [res, clu]
+
+
+def scaled_records(common, emulate, agg, cluster_reqs, stall):
+    """Decode and TTFT in real time (modelled durations / time_scale) at the timing model's depth.
+
+    The resident engine's time per token is scaled by target / running layers. The cluster's has no one scale:
+    - linear: its time per token x target / running layers, as if the running model's token repeated; this
+      repeats the first sparse layer's share too (the work between positions, and a late-departing shadow's
+      unpredicted first layer), which a deeper model has once per token: a low estimate of throughput;
+    - high: the larger of (a) the first sparse layer's share kept and the other layers' scaled, and (b) the
+      workers' host links: top_k loads per sparse layer at the measured load time, shared by the workers. At the
+      running depth, later layers' loads overlap the first layer's stall; at the target's they need not, and the
+      links bound them.
+    TTFT (prefill, every layer) is scaled by target / running layers.
+    """
+    target, running = emulate.get("target_layers"), emulate["running_layers"]
+    if not target:
+        return []
+    scale = float(emulate["time_scale"])
+    out = []
+    for section in ("workloads", "resident"):
+        a = agg.get((section, "average"))
+        if not a:
+            continue
+        rec = dict(common, section="scaled", engine=section, pair="average", target_layers=target,
+                   linear_factor=target / running,
+                   decode_tokens_per_s_mean=a["decode_tokens_per_s_mean"] * scale * running / target,
+                   ttft_ms_mean=a["ttft_ms_mean"] * (target / running) / scale)
+        sparse = max((len(r.get("measured_ms_per_layer", [])) for r in cluster_reqs), default=0)
+        if section == "workloads" and sparse > 1 and stall:
+            per_layer = [0.0] * sparse
+            for r in cluster_reqs:
+                for i, ms in enumerate(r.get("measured_ms_per_layer", [])):
+                    per_layer[i] += ms
+            target_sparse = target * sparse / running  # the target's sparse layers (the running model's share)
+            token_ms = 1000.0 / a["decode_tokens_per_s_mean"]  # emulated time per token at the running depth
+            layers_ms = token_ms * (per_layer[0] + sum(per_layer[1:]) * (target_sparse - 1) / (sparse - 1)) / sum(
+                per_layer)
+            workers = max(len(r.get("workers", [])) for r in cluster_reqs)
+            link_ms = emulate["top_k"] * target_sparse * stall["expert_load_ms"] / workers
+            rec.update(first_layer_share=per_layer[0] / sum(per_layer), layers_ms_per_token=layers_ms / scale,
+                       link_ms_per_token=link_ms / scale, workers=workers,
+                       decode_tokens_per_s_high=1000.0 * scale / max(layers_ms, link_ms),
+                       high_bound="host links" if link_ms > layers_ms else "layers")
+        out.append(rec)
+    return out
+
+
 def fmt(x, digits=2):
     if x is None:
         return "-"
@@ -410,33 +503,13 @@ def cmd_report(args):
         rec["paper_decode_ratio"] = paper["decode_ratio"] if p == "average" else None
         results.append(rec)
 
-    # Emulation (bench/run.sh --emulate): the calibration check, and decode throughput at the timing model's
-    # layer count. Calibration: the reference's measured decode time per token against the time its device
-    # modelled for the same work (ops and copies of one stream: the critical path the profile predicts).
+    # Emulation (bench/run.sh --emulate): the calibration checks, and decode throughput at the timing model's
+    # layer count.
     emulate = meta.get("emulate")
     if emulate:
-        measured, modeled = [], []
-        for r in resident_reqs:
-            t = r.get("token_ms", [])
-            if r.get("modeled_decode_ms") is not None and len(t) > 1:
-                measured.append((t[-1] - t[0]) / (len(t) - 1))
-                modeled.append(r["modeled_decode_ms"] / (len(t) - 1))
-        rec = dict(common, section="calibration", pair="all", time_scale=emulate["time_scale"],
-                   requests=len(measured), measured_ms_per_token=mean(measured) if measured else None,
-                   modeled_ms_per_token=mean(modeled) if modeled else None)
-        rec["ratio"] = ratio(rec["measured_ms_per_token"], rec["modeled_ms_per_token"]) if measured else None
-        rec["passed"] = rec["ratio"] is not None and abs(rec["ratio"] - 1) <= 0.10
-        results.append(rec)
-        # Real time (durations / time_scale) at the target's depth (time per token x target / running layers).
-        layers_ratio = (emulate["running_layers"] / emulate["target_layers"]) if emulate.get("target_layers") else None
-        for section in ("workloads", "resident"):
-            a = agg.get((section, "average"))
-            if a and layers_ratio:
-                k = layers_ratio * float(emulate["time_scale"])
-                results.append(dict(common, section="scaled", engine=section, pair="average",
-                                    target_layers=emulate["target_layers"],
-                                    decode_tokens_per_s_mean=a["decode_tokens_per_s_mean"] * k,
-                                    ttft_ms_mean=a["ttft_ms_mean"] / k))
+        with open(os.path.join(meta["model"], "config.json")) as f:
+            emulate["top_k"] = json.load(f)["num_experts_per_tok"]
+        results += calibration_records(common, emulate, resident_reqs, cluster_reqs)
 
     # The HF Transformers peer (GPU only): its medians per pair, as it reports them.
     for r in read_jsonl(os.path.join(raw, "peer.jsonl")):
@@ -516,7 +589,14 @@ def cmd_report(args):
         rec["verdict"] = (f"I/O-bound: an expert load takes {fmt(load, 3)} ms > t_maxload {fmt(maxload, 3)} ms"
                           if load > maxload else
                           f"loads hidden: an expert load takes {fmt(load, 3)} ms <= t_maxload {fmt(maxload, 3)} ms")
+        if all(r.get("prediction") == "none" for r in sel):  # eq. 1 assumes loads start ahead of routing
+            rec["verdict"] = (f"no prediction: every load ({fmt(load, 3)} ms each) follows routing, inside t_W, "
+                              "so eq. 1's bound does not apply")
         results.append(rec)
+
+    if emulate:  # after the stall records: the scaling takes the measured load time
+        stall_all = next((r for r in results if r["section"] == "stall" and r["pair"] == "all"), None)
+        results += scaled_records(common, emulate, agg, cluster_reqs, stall_all)
 
     with open(os.path.join(d, "results.jsonl"), "w") as f:
         for r in results:
@@ -644,19 +724,46 @@ def write_summary(d, meta, common, results, paper, made):
         if scaled:
             w, res = scaled.get("workloads"), scaled.get("resident")
             L.append(f"In real time (divided by the time scale) at the timing model's {emulate['target_layers']} layers "
-                     f"(time per token x target / running layers): decode "
-                     f"{fmt(w['decode_tokens_per_s_mean'] if w else None)} tokens/s on demand, "
-                     f"{fmt(res['decode_tokens_per_s_mean'] if res else None)} fully resident (paper, Mixtral-8x7B "
-                     f"on the RTX 3090 testbed: {fmt(paper['decode_tokens_per_s']['odmoe'].get('average'))} on "
-                     f"demand, {fmt(paper['decode_tokens_per_s']['resident'].get('average'))} resident).\n")
-        cal = next((r for r in results if r["section"] == "calibration"), None)
-        if cal and cal["ratio"] is not None:
-            L.append(f"**Calibration: {'passed' if cal['passed'] else 'FAILED'}**: the reference's decode took "
-                     f"{fmt(cal['measured_ms_per_token'], 3)} ms/token against {fmt(cal['modeled_ms_per_token'], 3)} "
-                     f"ms/token modelled ({fmt(cal['ratio'], 3)}x; within 10% passes) over {cal['requests']} "
-                     f"request(s).\n")
-        elif cal:
-            L.append("**Calibration: no figures** (the reference's device reports no modelled time).\n")
+                     f"(paper, Mixtral-8x7B on the RTX 3090 testbed: "
+                     f"{fmt(paper['decode_tokens_per_s']['odmoe'].get('average'))} tokens/s on demand, "
+                     f"{fmt(paper['decode_tokens_per_s']['resident'].get('average'))} resident):\n")
+            if res:
+                L.append(f"- fully resident: decode {fmt(res['decode_tokens_per_s_mean'])} tokens/s (time per token x "
+                         f"{fmt(res['linear_factor'], 3)}), TTFT {fmt(res['ttft_ms_mean'])} ms")
+            if w:
+                line = f"- on demand: decode {fmt(w['decode_tokens_per_s_mean'])} tokens/s with the time per token x {fmt(w['linear_factor'], 3)}"
+                if "decode_tokens_per_s_high" in w:
+                    line += (f"; {fmt(w['decode_tokens_per_s_high'])} tokens/s with the first sparse layer's "
+                             f"{fmt(100 * w['first_layer_share'], 1)}% of it kept once and the other layers' scaled "
+                             f"({fmt(w['layers_ms_per_token'], 1)} ms/token) or the {w['workers']} workers' host links "
+                             f"({fmt(w['link_ms_per_token'], 1)} ms/token for top-{emulate['top_k']} loads of every "
+                             f"layer), whichever takes longer: the {w['high_bound']}")
+                L.append(line + f"; TTFT {fmt(w['ttft_ms_mean'])} ms")
+                if res:
+                    figures = [w["decode_tokens_per_s_mean"], w.get("decode_tokens_per_s_high", w["decode_tokens_per_s_mean"])]
+                    lo, hi = (100 * x / res["decode_tokens_per_s_mean"] for x in sorted(figures))
+                    L.append(f"- **on demand / resident at {emulate['target_layers']} layers: "
+                             + (f"{fmt(lo)}% to {fmt(hi)}%**" if hi - lo >= 0.005 else f"{fmt(lo)}%**")
+                             + " (the two estimates above)")
+            L.append("")
+        for cal in (r for r in results if r["section"] == "calibration"):
+            name = "the fully-resident reference" if cal["engine"] == "resident" else "the cluster"
+            if cal["ratio"] is None:
+                L.append(f"**Calibration of {name}: no figures** (no modelled time reported).\n")
+                continue
+            what = (f"{fmt(cal['measured_ms_per_token'], 3)} ms/token measured against "
+                    f"{fmt(cal['modeled_ms_per_token'], 3)} ms/token modelled ({fmt(cal['ratio'], 3)}x) over "
+                    f"{cal['requests']} request(s)")
+            if cal["engine"] == "cluster":
+                what += (f"; per decode layer {fmt(cal['measured_ms_per_layer'], 3)} ms measured, modelled "
+                         f"{fmt(cal['modeled_main_ms_per_layer'], 3)} ms main + "
+                         f"{fmt(cal['modeled_worker_ms_per_layer'], 3)} ms slowest worker call")
+            if not cal["applies"]:
+                L.append(f"Calibration of {name}: does not apply (prediction {cal['prediction']}: loads run ahead "
+                         f"of routing, so the modelled terms overlap; run with --shadow-mode none): {what}.\n")
+            else:
+                L.append(f"**Calibration of {name}: {'passed' if cal['passed'] else 'FAILED'}** (within 10% passes): "
+                         f"{what}.\n")
 
     L.append("## Table 2 (ii): GPU memory\n")
     L.append("| Engine | Node | Peak (MiB) | Paper (GB) |")
