@@ -2,14 +2,21 @@
 """bench/report.py: turns the raw JSON lines of bench/run.sh's benchmarks into its outputs.
 
   report.py config --base FILE --out FILE --port-offset N (--model DIR | --synthetic CFG --layers N --seed S)
+                   [--time-scale S] [--worker-device SPEC] [--shadow-mode M] [--early-departure] [--workers N]
+                   [--group-size G] [--align T,KV] [--shadow-quant Q]
       Writes a copy of the cluster config FILE with every 127.0.0.1 port moved by N and its [model] section
-      replaced (absolute paths), so that the bench's cluster never collides with another on this machine.
+      replaced (absolute paths), so that the bench's cluster never collides with another on this machine; the
+      other flags change one setting each (--workers N: worker0..N-1, copies of FILE's first worker with its
+      ports + i), and the result is checked against the cluster file's rules (group size, distinct addresses).
   report.py memory --out FILE URL...
       Scrapes odmoe_gpu_memory_peak_bytes from each node's Prometheus text ("NAME=http://.../metrics"); writes
       nothing (a warning) when a node does not answer, and the report falls back to the request stats.
   report.py report --dir DIR
       Reads DIR/raw/*.jsonl and DIR/raw/meta.json (written by run.sh) and writes DIR/results.jsonl,
       DIR/summary.md, DIR/*.csv and DIR/*.png.
+  report.py sweep --dir DIR
+      Reads DIR/runs.tsv (written by bench/sweep.sh) and each run's results.jsonl and raw/meta.json; writes
+      DIR/sweep.csv (one row per run), DIR/sweep.md (a table per axis) and DIR/sweep_AXIS.png.
 
 Every record of results.jsonl carries section, model, config, hardware, commit and seed, and its raw figures;
 every derived figure (percentiles, tokens/s, ratios) is computed here from raw ones (token arrival times, byte
@@ -121,9 +128,151 @@ def hardware():
 # ---------------------------------------------------------------------------------------------- config / memory
 
 
+def config_error(args, message):
+    sys.exit(f"report.py config: {args.base}: {message}")
+
+
+def set_table_key(args, text, table, key, value, flag):
+    """Sets `key = value` (a TOML literal) in the one [table] of the cluster file's text: replaces the key's line
+    (keeping its comment) or adds the line under the table's header. Exits naming the flag when the file has no
+    such table, or two, or the key twice in it."""
+    headers = list(re.finditer(rf"(?m)^\[{re.escape(table)}\][ \t]*(?:#.*)?$", text))
+    if len(headers) != 1:
+        config_error(args, f"{flag} sets [{table}] {key}, but the file has {len(headers)} [{table}] tables "
+                     "(needs exactly one)")
+    start = headers[0].end()
+    nxt = re.compile(r"(?m)^[ \t]*\[").search(text, start)
+    end = nxt.start() if nxt else len(text)
+    body, n = re.subn(rf"(?m)^([ \t]*{re.escape(key)}[ \t]*=[ \t]*)[^#\n]*?([ \t]*#.*)?$",
+                      lambda m: f"{m.group(1)}{value}{m.group(2) or ''}", text[start:end])
+    if n > 1:
+        config_error(args, f"{flag}: [{table}] sets {key} {n} times")
+    if n == 0:
+        body = f"\n{key} = {value}" + body
+    return text[:start] + body + text[end:]
+
+
+def node_segments(text):
+    """The text cut at its table headers: [(start, end, is_worker_node)], in order, covering all of it."""
+    starts = [0] + [m.start() for m in re.finditer(r"(?m)^[ \t]*\[", text)]
+    starts = sorted(set(starts))
+    out = []
+    for i, a in enumerate(starts):
+        b = starts[i + 1] if i + 1 < len(starts) else len(text)
+        seg = text[a:b]
+        is_worker = bool(re.match(r"[ \t]*\[\[node\]\]", seg)) and bool(
+            re.search(r'(?m)^[ \t]*role[ \t]*=[ \t]*"worker"', seg))
+        out.append((a, b, is_worker))
+    return out
+
+
+def split_tail(seg):
+    """A table's text -> (its header and key lines, the blank and comment lines after the last key line)."""
+    lines = seg.splitlines(keepends=True)
+    last = max((i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")), default=0)
+    return "".join(lines[:last + 1]), "".join(lines[last + 1:])
+
+
+def set_workers(args, text, count):
+    """Exactly `count` worker [[node]] tables, made from the file's first as template: worker0..worker{count-1}, the
+    template's address and metrics_address ports + i. The others are dropped; main and the shadow stay."""
+    segs = node_segments(text)
+    workers = [s for s in segs if s[2]]
+    if not workers:
+        config_error(args, "--workers needs a worker [[node]] table (role = \"worker\") to copy")
+    template, first_tail = split_tail(text[workers[0][0]:workers[0][1]])
+    for key in ("cert", "key"):
+        if re.search(rf"(?m)^[ \t]*{key}[ \t]*=", template):
+            config_error(args, f"--workers: the first worker has '{key}' (TLS): every node needs its own certificate, "
+                         "which --workers cannot make")
+
+    def port_of(key):
+        m = re.search(rf'(?m)^[ \t]*{key}[ \t]*=[ \t]*"([^"]*):(\d+)"', template)
+        return (m.group(1), int(m.group(2))) if m else None
+
+    address, metrics = port_of("address"), port_of("metrics_address")
+    if address is None:
+        config_error(args, "--workers: the first worker [[node]] has no 'address = \"HOST:PORT\"' line")
+    if not re.search(r'(?m)^[ \t]*name[ \t]*=', template):
+        config_error(args, "--workers: the first worker [[node]] has no 'name = ...' line")
+    blocks = []
+    for i in range(count):
+        b = re.sub(r'(?m)^([ \t]*name[ \t]*=[ \t]*)"[^"]*"', rf'\g<1>"worker{i}"', template)
+        for key, hp in (("address", address), ("metrics_address", metrics)):
+            if hp:
+                b = re.sub(rf'(?m)^([ \t]*{key}[ \t]*=[ \t]*)"[^"]*"', rf'\g<1>"{hp[0]}:{hp[1] + i}"', b)
+        blocks.append(b if b.endswith("\n") else b + "\n")
+    out = []
+    for a, b, is_worker in segs:
+        if not is_worker:
+            out.append(text[a:b])
+        elif a == workers[0][0]:
+            out.append("\n".join(blocks) + (first_tail or "\n"))
+        else:  # a later worker: dropped, but a comment after it (about what follows) stays
+            tail = split_tail(text[a:b])[1]
+            if "#" in tail:
+                out.append(tail)
+    return "".join(out)
+
+
+def check_cluster(args, text):
+    """The rules of src/common/cluster_config.cc that the knobs can break, checked on the file written, so that
+    a bad combination fails here, naming the knobs, rather than in the daemons: group_size divides the number of
+    workers, every address and metrics_address distinct, ports 1..65535, node names distinct."""
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11: the daemons check it
+        return
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        config_error(args, f"the file written is not valid TOML ({e})")
+    nodes = doc.get("node", [])
+    workers = [n for n in nodes if n.get("role") == "worker"]
+    group = doc.get("cluster", {}).get("group_size", 0)
+    source = "[cluster] group_size"
+    if not group:  # 0 or absent: the model's top-k (src/common/placement.h, DefaultGroupSize)
+        cfg = args.model or args.synthetic
+        path = cfg if cfg.endswith(".json") else os.path.join(cfg, "config.json")
+        try:
+            with open(path) as f:
+                group = max(1, int(json.load(f).get("num_experts_per_tok", 1)))
+            source = f"the group size (the model's top-k, {path}, as [cluster] group_size is 0 or absent)"
+        except (OSError, ValueError):
+            group = 0
+    if group and (group > len(workers) or len(workers) % group):
+        config_error(args, f"{source} {group} must divide the number of workers ({len(workers)}); "
+                     "choose --workers N as a multiple of --group-size G")
+    names, taken = set(), {}  # address -> "node 'x' FIELD"
+    for n in nodes:
+        name = n.get("name", "?")
+        if name in names:
+            config_error(args, f"node name '{name}' is used twice")
+        names.add(name)
+        for key in ("address", "metrics_address", "http_address"):
+            a = n.get(key)
+            if not a:
+                continue
+            port = a.rsplit(":", 1)[-1]
+            if not port.isdigit() or not 1 <= int(port) <= 65535:
+                config_error(args, f"node '{name}': {key} '{a}': port must be 1..65535 (--workers or --port-offset "
+                             "moved it there)")
+            if key == "http_address" and a == n.get("metrics_address"):
+                continue  # main's HTTP API may share its metrics server
+            if a in taken:
+                config_error(args, f"node '{name}': {key} '{a}' is also {taken[a]} (--workers N gives worker i the "
+                             "first worker's ports + i: choose fewer workers or move the other node)")
+            taken[a] = f"node '{name}' {key}"
+
+
 def cmd_config(args):
     with open(args.base) as f:
         text = f.read()
+
+    if args.workers is not None:  # before the ports move, so that every port moves once
+        if args.workers < 1:
+            config_error(args, f"--workers must be >= 1, got {args.workers}")
+        text = set_workers(args, text, args.workers)
 
     def shift(m):
         return f"127.0.0.1:{int(m.group(1)) + args.port_offset}"
@@ -155,25 +304,27 @@ def cmd_config(args):
                               lambda m: f'{m.group(1)}{m.group(2)}{", " if m.group(2).strip() else ""}"{shipped}"]',
                               text)
             if n != 1:
-                sys.exit(f"report.py config: {args.base}: --worker-device {args.worker_device} needs a one-line "
-                         "[cluster] device_profiles = [...] to add the profile to")
-    if args.shadow_mode:  # [shadow] mode
-        text, n = re.subn(r'(?m)^(\[shadow\]\n(?:[^\[\n].*\n|\n)*?)mode\s*=.*$', rf'\g<1>mode = "{args.shadow_mode}"',
-                          text)
-        if n == 0:
-            text, n = re.subn(r"(?m)^\[shadow\]$", f'[shadow]\nmode = "{args.shadow_mode}"', text)
-        if n != 1:
-            sys.exit(f"report.py config: {args.base}: --shadow-mode needs one [shadow] table")
-    if args.early_departure:  # [shadow] early_departure = true
-        text, n = re.subn(r"(?m)^early_departure\s*=.*$", "early_departure = true", text)
-        if n == 0:
-            text, n = re.subn(r"(?m)^\[shadow\]$", "[shadow]\nearly_departure = true", text)
-        if n != 1:
-            sys.exit(f"report.py config: {args.base}: --early-departure needs one [shadow] table")
+                config_error(args, f"--worker-device {args.worker_device} needs a one-line [cluster] "
+                             "device_profiles = [...] to add the profile to")
+    if args.shadow_mode:
+        text = set_table_key(args, text, "shadow", "mode", f'"{args.shadow_mode}"', "--shadow-mode")
+    if args.early_departure:
+        text = set_table_key(args, text, "shadow", "early_departure", "true", "--early-departure")
+    if args.shadow_quant:
+        text = set_table_key(args, text, "shadow", "quant", f'"{args.shadow_quant}"', "--shadow-quant")
+    if args.align:
+        m = re.fullmatch(r"(\d+),(\d+)", args.align)
+        if not m or max(int(m.group(1)), int(m.group(2))) > 1000000:
+            config_error(args, f"--align '{args.align}': expected T,KV, two periods in decode steps 0..1000000 "
+                         "(0: never), e.g. 1,4")
+        text = set_table_key(args, text, "shadow", "align_token", str(int(m.group(1))), "--align")
+        text = set_table_key(args, text, "shadow", "align_kv", str(int(m.group(2))), "--align")
     if args.time_scale is not None:
-        text, n = re.subn(r"(?m)^time_scale\s*=.*$", f"time_scale = {args.time_scale}", text)
-        if n != 1:
-            sys.exit(f"report.py config: {args.base}: --time-scale needs one 'time_scale = ...' line in [cluster]")
+        text = set_table_key(args, text, "cluster", "time_scale", repr(float(args.time_scale)), "--time-scale")
+    if args.group_size is not None:
+        if not 1 <= args.group_size <= 1024:
+            config_error(args, f"--group-size must be 1..1024, got {args.group_size}")
+        text = set_table_key(args, text, "cluster", "group_size", str(args.group_size), "--group-size")
     if args.model:
         model = f'[model]\npath = "{os.path.abspath(args.model)}"\n'
     else:
@@ -182,7 +333,8 @@ def cmd_config(args):
     # The [model] table: its header and the key lines after it, up to a blank line, a comment or a table.
     new, n = re.subn(r"(?m)^\[model\]\n(?:[^\[#\n].*\n)*", model, text)
     if n != 1:
-        sys.exit(f"report.py config: {args.base}: expected one [model] table")
+        config_error(args, "expected one [model] table")
+    check_cluster(args, new)
     with open(args.out, "w") as f:
         f.write(new)
 
@@ -668,7 +820,7 @@ def write_summary(d, meta, common, results, paper, made):
     L.append("Ours: mean over the prompts (decode: p50 / p99 of the per-request tokens/s in brackets). Paper: "
              "Mixtral-8x7B, whose pairs are (16, 64), (16, 256), (128, 64), (128, 256); ours are listed in the same "
              "order"
-             + ("" if pairs == paper_pairs else f" ({', '.join(pairs)}: --quick shortens the outputs)") + ".\n")
+             + ("" if pairs == paper_pairs else f" ({', '.join(pairs)}: --quick or --pairs chose them)") + ".\n")
     peer = {r["pair"]: r for r in results if r["section"] == "peer" and r.get("kind") == "pair"}
     L.append("| Metric | (input, output) | Resident (ours) | Transformers (paper) | OD-MoE (ours) | OD-MoE (paper) |"
              + (" HF Transformers (ours, median) |" if peer else ""))
@@ -835,6 +987,192 @@ def write_summary(d, meta, common, results, paper, made):
         f.write("\n".join(L) + "\n")
 
 
+# ---------------------------------------------------------------------------------------------- sweep
+
+SWEEP_FIELDS = ["axis", "value", "run", "status", "seconds", "workers", "group_size", "groups", "shadow_mode",
+                "shadow_quant", "align", "worker_devices", "link", "decode_ratio", "decode_tokens_per_s_on_demand",
+                "decode_tokens_per_s_resident", "scaled_decode_tokens_per_s_on_demand",
+                "scaled_decode_tokens_per_s_resident", "ttft_ms_on_demand", "scaled_ttft_ms_on_demand", "recall",
+                "timely_recall", "stall_ms_per_token", "stall_first_layer_ms_per_token", "loads_on_demand_per_token",
+                "expert_load_ms", "t_maxload_ms", "t_m_ms", "t_w_ms", "io_bound", "calibration_ratio",
+                "calibration_passed"]
+AXIS_TITLES = {"workers": "Workers", "group_size": "Group size", "align": "Alignment periods (token, KV)",
+               "shadow_quant": "Shadow quantization", "worker_profile": "Worker profile (fig. 10)",
+               "shadow_mode": "Prediction (shadow / none: ablation case 6)", "link_rate": "Link rate (LAN harness)"}
+
+
+def weighted_recall(requests, key):
+    """A recall over several requests: each request's figure weighted by its decode positions (the length of its
+    recall_per_token), which is the pooled ratio of counts (timely or correct / (positions x sparse layers x k));
+    None when the requests carry no such figure."""
+    pairs = [(r[key], len(r.get("recall_per_token") or []) or max(0, r["generated_tokens"] - 1))
+             for r in requests if r.get(key) is not None]
+    total = sum(w for _, w in pairs)
+    return sum(x * w for x, w in pairs) / total if total else None
+
+
+def sweep_row(d, axis, value, run, status, seconds):
+    """One run of a sweep -> its row of sweep.csv, every figure from the run's records (results.jsonl, meta.json)."""
+    row = {"axis": axis, "value": value, "run": run, "status": status, "seconds": seconds}
+    if status != "ok":
+        return row
+    rd = os.path.join(d, run)
+    results = read_jsonl(os.path.join(rd, "results.jsonl"))
+    if not results:
+        row["status"] = f"no results.jsonl in {rd}"
+        return row
+    with open(os.path.join(rd, "raw", "meta.json")) as f:
+        meta = json.load(f)
+    em = meta.get("emulate", {})
+    row.update(workers=em.get("workers"), group_size=em.get("group_size"), shadow_mode=em.get("shadow_mode"),
+               shadow_quant=em.get("shadow_quant"), worker_devices=" ".join(em.get("worker_devices", [])),
+               align=f"{em.get('align_token')},{em.get('align_kv')}", link=meta.get("lan_rate", "loopback"))
+
+    def find(section, **match):
+        return next((r for r in results if r["section"] == section and all(r.get(k) == v for k, v in match.items())),
+                    None)
+
+    rat = find("ratio", pair="average")
+    if rat:
+        row.update(decode_ratio=rat["decode_tokens_per_s_mean_ratio"],
+                   decode_tokens_per_s_on_demand=rat["decode_tokens_per_s_mean_on_demand"],
+                   decode_tokens_per_s_resident=rat["decode_tokens_per_s_mean_resident"])
+    for engine, suffix in (("workloads", "on_demand"), ("resident", "resident")):
+        sc = find("scaled", engine=engine)
+        if sc:
+            row[f"scaled_decode_tokens_per_s_{suffix}"] = sc.get("decode_tokens_per_s_mean")
+            if engine == "workloads":
+                row["scaled_ttft_ms_on_demand"] = sc.get("ttft_ms_mean")
+    avg = find("workloads", kind="average")
+    if avg:
+        row["ttft_ms_on_demand"] = avg["ttft_ms_mean"]
+    requests = [r for r in results if r["section"] == "workloads" and r.get("kind") == "request"]
+    row["recall"] = weighted_recall(requests, "recall")
+    row["timely_recall"] = weighted_recall(requests, "timely_recall")
+    st = find("stall", pair="all")
+    if st:
+        per_layer = st["stall_ms_per_layer_per_token"]
+        row.update(groups=st["groups"], stall_ms_per_token=st["stall_ms_per_token"],
+                   stall_first_layer_ms_per_token=per_layer[0] if per_layer else None,
+                   loads_on_demand_per_token=st["loads_on_demand_per_token"], expert_load_ms=st["expert_load_ms"],
+                   t_maxload_ms=st["t_maxload_ms"], t_m_ms=st["t_m_ms"], t_w_ms=st["t_w_ms"], io_bound=st["io_bound"])
+    cal = find("calibration")
+    if cal:
+        row.update(calibration_ratio=cal["ratio"], calibration_passed=cal["passed"])
+    row["_meta"] = meta
+    return row
+
+
+def sweep_plot(d, axis, rows):
+    """Bars of the on-demand / resident decode ratio per value of one axis; False when there is no matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = range(len(rows))
+    ys = [100 * r["decode_ratio"] if r.get("decode_ratio") is not None else 0.0 for r in rows]
+    ax.bar(xs, ys, color=["tab:blue" if r.get("decode_ratio") is not None else "lightgray" for r in rows])
+    for x, y, r in zip(xs, ys, rows):
+        ax.text(x, y, f"{y:.1f}%" if r.get("decode_ratio") is not None else "failed", ha="center", va="bottom",
+                fontsize=8)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([r["value"] for r in rows])
+    ax.set_xlabel(AXIS_TITLES.get(axis, axis))
+    ax.set_ylabel("on-demand / resident decode (%)")
+    ax.set_title(f"On-demand / resident decode throughput: {AXIS_TITLES.get(axis, axis)}", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(d, f"sweep_{axis}.png"), dpi=100)
+    plt.close(fig)
+    return True
+
+
+def cmd_sweep(args):
+    d = args.dir
+    runs_path = os.path.join(d, "runs.tsv")
+    if not os.path.exists(runs_path):
+        sys.exit(f"report.py sweep: no {runs_path} (bench/sweep.sh writes it)")
+    with open(runs_path, newline="") as f:
+        runs = list(csv.DictReader(f, delimiter="\t"))
+    rows = [sweep_row(d, r["axis"], r["value"], r["run"], r["status"], int(r["seconds"] or 0)) for r in runs]
+    write_csv(os.path.join(d, "sweep.csv"), rows, SWEEP_FIELDS)
+    skipped = []
+    if os.path.exists(os.path.join(d, "skipped.txt")):
+        with open(os.path.join(d, "skipped.txt")) as f:
+            skipped = [line.strip() for line in f if line.strip()]
+
+    L = ["# OD-MoE emulated testbed: sweeps\n"]
+    meta = next((r["_meta"] for r in rows if "_meta" in r), None)
+    if meta:
+        em = meta.get("emulate", {})
+        L.append(f"- cluster file `{em.get('file')}`, time scale {em.get('time_scale')}, model `{meta['model']}` "
+                 f"({em.get('running_layers')} layers; timing model {em.get('target_layers')} layers); pairs "
+                 f"{meta['pairs']}, {meta['prompts']} prompt(s) each, seed {meta['seed']}")
+        L.append(f"- commit `{meta['commit']}`" + (" (with uncommitted changes)" if meta.get("tree_dirty") else "")
+                 + f"; run on {meta['mode']}")
+    L.append("- one setting changed per axis from the baseline (the cluster file as it is); a row whose run is "
+             "`baseline` is that run. Ratio: on-demand / fully-resident decode tokens/s (the mean over the pairs of "
+             "each pair's mean). Real time: divided by the time scale, at the timing model's layers. Recall and "
+             "timely recall: the shadow's expert predictions over every decode position and sparse layer (timely: "
+             "loaded when main asked). Stall: main's wait for on-demand loads per decode token (first: the first "
+             "sparse layer). Eq. 1: an expert load's time against t_maxload.")
+    for s in skipped:
+        L.append(f"- **skipped**: {s}")
+    for r in rows:
+        if r["status"] != "ok":
+            L.append(f"- **FAILED**: {r['axis']} = {r['value']} ({r['run']}): {r['status']}")
+    L.append("")
+    made = []
+    for axis in dict.fromkeys(r["axis"] for r in rows):
+        sel = [r for r in rows if r["axis"] == axis]
+        L.append(f"## {AXIS_TITLES.get(axis, axis)}\n")
+        if axis == "link_rate" and meta:
+            ts = meta.get("emulate", {}).get("time_scale")
+            L.append(f"tc shapes wall-clock time while the devices run {ts}x slower than modelled: at time scale {ts} "
+                     f"a link of RATE carries per modelled second what RATE x {ts} would. tests/lan/run.sh's tbf "
+                     "burst (512 KiB) holds rates up to about 4 Gbit/s at HZ=1000.\n")
+        L.append("| Value | Run | Ratio | Decode tok/s on demand / resident (real time) | TTFT ms (real time) | "
+                 "Recall / timely | Stall ms/token (first layer) | On-demand loads/token | Load vs t_maxload ms "
+                 "(eq. 1) | Groups | Calibration | Run s |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in sel:
+            if r["status"] != "ok":
+                L.append(f"| {r['value']} | {r['run']} | **failed** | {r['status']} | | | | | | | | {r['seconds']} |")
+                continue
+
+            def pct(x):
+                return f"{fmt(100 * x)}%" if x is not None else "-"
+
+            io = r.get("io_bound")
+            cal = ("-" if r.get("calibration_ratio") is None else
+                   f"{fmt(r['calibration_ratio'], 3)}x {'passed' if r['calibration_passed'] else 'FAILED'}")
+            L.append(f"| {r['value']} | {r['run']} | {pct(r.get('decode_ratio'))} | "
+                     f"{fmt(r.get('scaled_decode_tokens_per_s_on_demand'))} / "
+                     f"{fmt(r.get('scaled_decode_tokens_per_s_resident'))} | "
+                     f"{fmt(r.get('ttft_ms_on_demand'), 1)} ({fmt(r.get('scaled_ttft_ms_on_demand'), 1)}) | "
+                     f"{pct(r.get('recall'))} / {pct(r.get('timely_recall'))} | "
+                     f"{fmt(r.get('stall_ms_per_token'), 1)} ({fmt(r.get('stall_first_layer_ms_per_token'), 1)}) | "
+                     f"{fmt(r.get('loads_on_demand_per_token'))} | {fmt(r.get('expert_load_ms'), 1)} vs "
+                     f"{fmt(r.get('t_maxload_ms'), 1)} ({'-' if io is None else 'I/O-bound' if io else 'hidden'}) | "
+                     f"{r.get('groups', '-')} | "
+                     f"{cal} | "
+                     f"{r['seconds']} |")
+        L.append("")
+        if sweep_plot(d, axis, sel):
+            made.append(f"sweep_{axis}.png")
+            L.append(f"![{axis}](sweep_{axis}.png)\n")
+    L.append("TTFT: measured on the emulated cluster (in brackets: real time at the timing model's layers). "
+             "Files: sweep.csv (every figure per run), runs.tsv, each run's folder (summary.md, results.jsonl)"
+             + (f"; plots: {', '.join(made)}." if made else "; no plots (no matplotlib)."))
+    with open(os.path.join(d, "sweep.md"), "w") as f:
+        f.write("\n".join(L) + "\n")
+    print(f"report.py sweep: {len(rows)} row(s) -> {os.path.join(d, 'sweep.md')}, sweep.csv")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -850,11 +1188,17 @@ def main():
     c.add_argument("--worker-device")
     c.add_argument("--shadow-mode", choices=["shadow", "random", "none"])
     c.add_argument("--early-departure", action="store_true")
+    c.add_argument("--workers", type=int)
+    c.add_argument("--group-size", type=int)
+    c.add_argument("--align")
+    c.add_argument("--shadow-quant", choices=["fp16", "int8", "nf4", "none"])
     m = sub.add_parser("memory")
     m.add_argument("--out", required=True)
     m.add_argument("urls", nargs="*")
     r = sub.add_parser("report")
     r.add_argument("--dir", required=True)
+    w = sub.add_parser("sweep")
+    w.add_argument("--dir", required=True)
     args = ap.parse_args()
     if args.cmd == "config":
         if bool(args.model) == bool(args.synthetic):
@@ -862,6 +1206,8 @@ def main():
         cmd_config(args)
     elif args.cmd == "memory":
         cmd_memory(args)
+    elif args.cmd == "sweep":
+        cmd_sweep(args)
     else:
         cmd_report(args)
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # bench/run.sh: the OD-MoE evaluation (paper section 4) in one command, machine-readable, with plots.
 #
-#   bench/run.sh [--quick] [--model DIR | --synthetic CONFIG --layers N] [--endpoint HOST:PORT] [--lan]
-#                [--config FILE] [--prompts N] [--seed S] [--backend cpu|cuda] [--port-offset N] --out DIR
-#   bench/run.sh --emulate FILE [--lan] [--time-scale S] [--worker-device SPEC]
-#                [--shadow-mode shadow|random|none] [--early-departure] [--quick] [--model DIR] [--prompts N]
-#                [--seed S] --out DIR
+#   bench/run.sh [--quick] [--model DIR | --synthetic CONFIG --layers N] [--endpoint HOST:PORT]
+#                [--lan [--link-rate RATE]] [--config FILE] [--prompts N] [--pairs LIST] [--seed S]
+#                [--backend cpu|cuda] [--port-offset N] --out DIR
+#   bench/run.sh --emulate FILE [--lan [--link-rate RATE]] [--time-scale S] [--worker-device SPEC]
+#                [--shadow-mode shadow|random|none] [--early-departure] [--workers N] [--group-size G]
+#                [--align T,KV] [--shadow-quant fp16|int8|nf4] [--quick] [--model DIR] [--prompts N]
+#                [--pairs LIST] [--seed S] --out DIR
 #
 # --emulate FILE (e.g. configs/testbed-emulated.toml): the cluster of FILE, whose nodes are timed devices
 # (device = "timed:PROFILE", src/backend/timed_device.h), and the fully-resident reference on the device of
@@ -13,7 +15,11 @@
 # workloads, resident, ratio and stall sections run (the others restart the cluster per setting). The model
 # defaults to ../shared/models/tiny-mixtral-kjv (real routing); --time-scale S replaces FILE's time_scale,
 # --worker-device SPEC every worker's device (e.g. timed:rtx3080, the paper's fig. 10) and --shadow-mode the
-# [shadow] mode (none: ablation case 6, no prediction), --early-departure sets [shadow] early_departure. With --lan the cluster runs in the LAN harness at
+# [shadow] mode (none: ablation case 6, no prediction), --early-departure sets [shadow] early_departure.
+# --workers N gives the cluster exactly N workers (worker0.., copies of FILE's first worker, its ports + i; N a
+# multiple of the group size), --group-size G sets [cluster] group_size, --align T,KV [shadow] align_token and
+# align_kv (decode steps; 0: never), --shadow-quant [shadow] quant (bench/report.py config writes them and checks
+# the combination; bench/sweep.sh runs one setting per axis). With --lan the cluster runs in the LAN harness at
 # 1 Gbit/s (tests/lan/run.sh --up --config), so hidden states, predictions and alignment pay transfer time.
 # summary.md then also gives the decode figures scaled to the timing model's layer count, and the calibration
 # check: the reference's measured decode time per token against the device's modelled busy time (its critical
@@ -30,9 +36,12 @@
 # The cluster: by default this script starts one from --config (configs/local.toml: 1 main, 1 shadow, 8 workers
 # on loopback) with its ports moved by --port-offset, and takes it down on exit, interrupt included.
 # --endpoint HOST:PORT uses a running cluster instead, and --lan the LAN harness (tests/lan/run.sh --up at
-# 1 Gbit/s); both skip the sections that restart the cluster (recall_per_token, ablation, alignment_grid) and
-# summary.md says so. With --endpoint the resident reference runs only when --model or --synthetic is given.
-# --quick: the demo model on the CPU, 2 prompts and short outputs; every section in a few minutes.
+# 1 Gbit/s, --link-rate RATE another tc rate, e.g. 100mbit or 10gbit: wall-clock, not scaled by --time-scale;
+# its topology is 8 workers); both skip the sections that restart the cluster (recall_per_token, ablation,
+# alignment_grid) and summary.md says so. With --endpoint the resident reference runs only when --model or
+# --synthetic is given.
+# --quick: the demo model on the CPU, 2 prompts and short outputs; every section in a few minutes. --pairs LIST
+# (e.g. 16x32,128x8: input x output tokens) replaces the workload pairs of either.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${ODMOE_BIN:-$ROOT/build/bin}
@@ -44,6 +53,7 @@ die() {
 
 quick=0 model="" synthetic="" layers=0 endpoint="" lan=0 out="" prompts="" seed=1 backend=cpu
 config="$ROOT/configs/local.toml" port_offset=300 model_given=0 emulate="" time_scale="" worker_device="" shadow_mode="" early_departure=0
+workers="" group_size="" align="" shadow_quant="" link_rate="" pairs_given=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -62,6 +72,12 @@ while [ $# -gt 0 ]; do
     --worker-device) worker_device=${2:?--worker-device needs SPEC}; shift ;;
     --shadow-mode) shadow_mode=${2:?--shadow-mode needs shadow, random or none}; shift ;;
     --early-departure) early_departure=1 ;;
+    --workers) workers=${2:?--workers needs N}; shift ;;
+    --group-size) group_size=${2:?--group-size needs G}; shift ;;
+    --align) align=${2:?--align needs T,KV}; shift ;;
+    --shadow-quant) shadow_quant=${2:?--shadow-quant needs fp16, int8 or nf4}; shift ;;
+    --link-rate) link_rate=${2:?--link-rate needs RATE}; shift ;;
+    --pairs) pairs_given=${2:?--pairs needs LIST}; shift ;;
     --out) out=${2:?--out needs DIR}; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -81,9 +97,28 @@ if [ -n "$emulate" ]; then
   config=$emulate
   [ -z "$model" ] && model="$ROOT/../shared/models/tiny-mixtral-kjv"
 else
-  [ -z "$time_scale$worker_device$shadow_mode" ] && [ "$early_departure" -eq 0 ] ||
-    die "--time-scale, --worker-device, --shadow-mode and --early-departure go with --emulate"
+  [ -z "$time_scale$worker_device$shadow_mode$workers$group_size$align$shadow_quant" ] &&
+    [ "$early_departure" -eq 0 ] ||
+    die "--time-scale, --worker-device, --shadow-mode, --early-departure, --workers, --group-size, --align and" \
+      "--shadow-quant go with --emulate"
 fi
+[[ -z "$workers" || $workers =~ ^[1-9][0-9]*$ ]] || die "--workers '$workers': expected a count >= 1"
+[[ -z "$group_size" || $group_size =~ ^[1-9][0-9]*$ ]] || die "--group-size '$group_size': expected a size >= 1"
+[[ -z "$align" || $align =~ ^[0-9]+,[0-9]+$ ]] || die "--align '$align': expected T,KV (decode steps, 0: never)"
+case "$shadow_quant" in
+  "" | fp16 | int8 | nf4) ;;
+  *) die "--shadow-quant '$shadow_quant': expected fp16, int8 or nf4" ;;
+esac
+if [ -n "$link_rate" ]; then
+  [ "$lan" -eq 1 ] || die "--link-rate goes with --lan (the loopback cluster has no shaped links)"
+  [[ $link_rate =~ ^[0-9]+(k|m|g)?bit$ ]] || die "--link-rate '$link_rate': expected e.g. 100mbit, 1gbit, 10gbit"
+fi
+# The LAN harness has configs/local.toml's topology (tests/lan/run.sh: main, shadow, worker0..7).
+[ "$lan" -eq 1 ] && [ -n "$workers" ] && [ "$workers" != 8 ] &&
+  die "--workers $workers: the LAN harness runs exactly 8 workers (tests/lan/run.sh); drop --lan or --workers"
+[[ -z "$pairs_given" || $pairs_given =~ ^[0-9]+x[0-9]+(,[0-9]+x[0-9]+)*$ ]] ||
+  die "--pairs '$pairs_given': expected INPUTxOUTPUT,... (e.g. 16x32,128x8)"
+lan_rate=${link_rate:-1gbit}
 [ -z "$model" ] && [ -z "$synthetic" ] && model="$ROOT/models/demo-mixtral-kjv"
 [ -n "$model" ] && { [ -f "$model/config.json" ] || die "--model $model: no config.json there"; }
 [ -n "$synthetic" ] && { [ -e "$synthetic" ] || die "--synthetic $synthetic: no such file"; }
@@ -104,6 +139,7 @@ if [ "$quick" -eq 1 ]; then
 else
   pairs=16x64,16x256,128x64,128x256 pred_tokens=256 grid=1,2,4,8,16 prompts=${prompts:-3}
 fi
+[ -n "$pairs_given" ] && pairs=$pairs_given
 
 mkdir -p "$out/raw" "$out/logs"
 out=$(cd "$out" && pwd)
@@ -129,6 +165,10 @@ scale_args=()
 [ -n "$worker_device" ] && scale_args+=(--worker-device "$worker_device")
 [ -n "$shadow_mode" ] && scale_args+=(--shadow-mode "$shadow_mode")
 [ "$early_departure" -eq 1 ] && scale_args+=(--early-departure)
+[ -n "$workers" ] && scale_args+=(--workers "$workers")
+[ -n "$group_size" ] && scale_args+=(--group-size "$group_size")
+[ -n "$align" ] && scale_args+=(--align "$align")
+[ -n "$shadow_quant" ] && scale_args+=(--shadow-quant "$shadow_quant")
 if [ -n "$model" ]; then
   "$PY" "$ROOT/bench/report.py" config --base "$config" --out "$cluster_config" --port-offset "$port_offset" \
     --model "$model" "${scale_args[@]+"${scale_args[@]}"}"
@@ -169,7 +209,7 @@ parse_up() {  # the `grpc: HOST:PORT` and `metrics: NODE URL` lines of a cluster
 if [ "$lan" -eq 1 ]; then
   mode=lan
   [ -f "$ROOT/tests/lan/run.sh" ] || die "--lan needs the LAN harness tests/lan/run.sh, which this checkout lacks"
-  lan_args=(--up --rate 1gbit)
+  lan_args=(--up --rate "$lan_rate")
   # Emulated: the harness takes the file's settings, devices and model (tests/lan/run.sh --config).
   [ -n "$emulate" ] && lan_args+=(--config "$cluster_config")
   log "starting the LAN cluster (tests/lan/run.sh ${lan_args[*]})"
@@ -251,7 +291,7 @@ fi
 
 : >"$out/raw/skipped.txt"
 for s in "${skipped[@]+"${skipped[@]}"}"; do echo "$s" >>"$out/raw/skipped.txt"; done
-META_EMULATE=$emulate META_CLUSTER_CONFIG=$cluster_config \
+META_EMULATE=$emulate META_CLUSTER_CONFIG=$cluster_config META_LAN_RATE=$lan_rate \
   META_MODEL=$model_label META_CONFIG=$config META_COMMIT=$commit META_SEED=$seed META_MODE=$mode \
   META_ENDPOINT=$endpoint META_QUICK=$quick META_PROMPTS=$prompts META_PAIRS=$pairs META_DIRTY=$dirty \
   "$PY" - "$out/raw" <<'EOF'
@@ -262,7 +302,7 @@ with open(os.path.join(raw, "workload_cluster.jsonl")) as f:
     source = json.loads(f.readline()).get("prompt_source", "?")
 mode = e["META_MODE"]
 mode = {"local": "a cluster bench/run.sh started", "endpoint": f"the running cluster at {e['META_ENDPOINT']}",
-        "lan": f"the LAN harness (tests/lan/run.sh, 1 Gbit/s), main at {e['META_ENDPOINT']}"}[mode]
+        "lan": f"the LAN harness (tests/lan/run.sh, links at {e['META_LAN_RATE']}), main at {e['META_ENDPOINT']}"}[mode]
 with open(os.path.join(raw, "skipped.txt")) as f:
     skipped = [line.strip() for line in f if line.strip()]
 meta = {"model": e["META_MODEL"], "config": e["META_CONFIG"] if e["META_MODE"] == "local" else "(its own)",
@@ -270,6 +310,8 @@ meta = {"model": e["META_MODEL"], "config": e["META_CONFIG"] if e["META_MODE"] =
         "seed": int(e["META_SEED"]), "mode": mode + (", --quick" if e["META_QUICK"] == "1" else ""),
         "quick": e["META_QUICK"] == "1", "prompts": int(e["META_PROMPTS"]), "pairs": e["META_PAIRS"],
         "prompt_source": source, "skipped": skipped}
+if e["META_MODE"] == "lan":
+    meta["lan_rate"] = e["META_LAN_RATE"]
 if e["META_EMULATE"]:
     import re, tomllib
     with open(e["META_CLUSTER_CONFIG"], "rb") as f:
@@ -284,6 +326,16 @@ if e["META_EMULATE"]:
         running_layers = json.load(f)["num_hidden_layers"]
     meta["emulate"] = {"file": e["META_EMULATE"], "time_scale": cluster.get("time_scale", 1.0),
                        "timing_model": timing, "target_layers": target_layers, "running_layers": running_layers}
+    # The settings the cluster ran with, as written (bench/report.py config: FILE and the flags).
+    with open(e["META_CLUSTER_CONFIG"], "rb") as f:
+        doc = tomllib.load(f)
+    shadow = doc.get("shadow", {})
+    workers = [n for n in doc.get("node", []) if n.get("role") == "worker"]
+    meta["emulate"].update({"workers": len(workers), "group_size": cluster.get("group_size", 0),
+                            "worker_devices": sorted({n.get("device", "cpu") for n in workers}),
+                            "shadow_mode": shadow.get("mode"), "shadow_quant": shadow.get("quant"),
+                            "align_token": shadow.get("align_token"), "align_kv": shadow.get("align_kv"),
+                            "early_departure": shadow.get("early_departure", False)})
 with open(os.path.join(raw, "meta.json"), "w") as f:
     json.dump(meta, f, indent=1)
 EOF
