@@ -1119,7 +1119,9 @@ def cmd_sweep(args):
              "each pair's mean). Real time: divided by the time scale, at the timing model's layers. Recall and "
              "timely recall: the shadow's expert predictions over every decode position and sparse layer (timely: "
              "loaded when main asked). Stall: main's wait for on-demand loads per decode token (first: the first "
-             "sparse layer). Eq. 1: an expert load's time against t_maxload.")
+             "sparse layer). Eq. 1: an expert load's time against t_maxload. Stall, load times and TTFT are measured "
+             "on the emulated cluster (stretched by the time scale, at the running model's layers); in brackets "
+             "after TTFT, real time at the timing model's layers.")
     for s in skipped:
         L.append(f"- **skipped**: {s}")
     for r in rows:
@@ -1165,8 +1167,7 @@ def cmd_sweep(args):
         if sweep_plot(d, axis, sel):
             made.append(f"sweep_{axis}.png")
             L.append(f"![{axis}](sweep_{axis}.png)\n")
-    L.append("TTFT: measured on the emulated cluster (in brackets: real time at the timing model's layers). "
-             "Files: sweep.csv (every figure per run), runs.tsv, each run's folder (summary.md, results.jsonl)"
+    L.append("Files: sweep.csv (every figure per run), runs.tsv, each run's folder (summary.md, results.jsonl)"
              + (f"; plots: {', '.join(made)}." if made else "; no plots (no matplotlib)."))
     with open(os.path.join(d, "sweep.md"), "w") as f:
         f.write("\n".join(L) + "\n")
