@@ -114,6 +114,27 @@ absl::StatusOr<ShapeMap> TimingShapes(const ModelConfig& running, uint64_t runni
   return ShapeMap::Between(ModelDimsOf(running, running_expert_bytes), ModelDimsOf(target), running_name, timing_model);
 }
 
+size_t PayloadScale::Padding(size_t bytes, double scale, size_t room) {
+  if (scale <= 1.0) return 0;
+  return std::min(room, static_cast<size_t>(static_cast<double>(bytes) * (scale - 1.0)));
+}
+
+absl::StatusOr<PayloadScale> PayloadScaleOf(const ClusterConfig& cluster, const ModelConfig& running) {
+  PayloadScale scale;
+  if (cluster.timing_model.empty()) return scale;
+  absl::StatusOr<ModelConfig> target = SyntheticModelConfig(SyntheticSpec{cluster.timing_model, 0, 0});
+  if (!target.ok()) {
+    return absl::Status(target.status().code(),
+                        StrCat(cluster.file, ": [cluster] timing_model: ", target.status().message()));
+  }
+  auto kv_bytes = [](const ModelConfig& c) {
+    return static_cast<double>(c.num_layers) * static_cast<double>(c.num_kv_heads * c.head_dim);
+  };
+  scale.hidden = static_cast<double>(target->hidden_size) / static_cast<double>(running.hidden_size);
+  scale.kv = kv_bytes(*target) / kv_bytes(running);
+  return scale;
+}
+
 absl::StatusOr<std::unique_ptr<Device>> CreateNodeDevice(const ClusterConfig& cluster, const NodeConfig& node,
                                                          const std::string& model_dir,
                                                          std::optional<uint64_t> capacity_bytes) {

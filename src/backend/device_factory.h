@@ -53,4 +53,19 @@ ModelDims ModelDimsOf(const ModelConfig& config, uint64_t expert_bytes = 0);
 absl::StatusOr<ShapeMap> TimingShapes(const ModelConfig& running, uint64_t running_expert_bytes,
                                       const std::string& running_name, const std::string& timing_model);
 
+// Emulation over shaped links (issue 28): how much larger the timing model's messages are than the running
+// model's, so that nodes pad what they send to the target's bytes (the `padding` fields of worker.proto and
+// shadow.proto) and the links carry what a deployment of the target would carry.
+struct PayloadScale {
+  double hidden = 1.0;  // hidden-state rows (expert calls and their outputs): target hidden / running hidden
+  double kv = 1.0;      // one position's K/V of every layer: target (layers x kv size) / running's
+  // The filler that makes `bytes` of the running model's payload as large as the target's at `scale`: bytes x
+  // (scale - 1), 0 below a scale of 1, and at most `room` (a message stays within the gRPC limit).
+  static size_t Padding(size_t bytes, double scale, size_t room);
+};
+
+// The scales of `cluster`'s [cluster] timing_model against `running`; 1 (no padding) without a timing model.
+// Errors name the timing model's file.
+absl::StatusOr<PayloadScale> PayloadScaleOf(const ClusterConfig& cluster, const ModelConfig& running);
+
 }  // namespace odmoe

@@ -68,6 +68,8 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   ro.fingerprint = node->fingerprint_;
   ro.rpc_timeout_ms = args.cluster.rpc_timeout_ms;
   ro.prefill_minibatch_rows = args.cluster.prefill_minibatch_rows;
+  ODMOE_ASSIGN_OR_RETURN(const PayloadScale payload, PayloadScaleOf(args.cluster, node->config_));
+  ro.payload_scale = payload.hidden;
   ro.max_tokens = options.engine.max_tokens_per_forward;
   ro.max_tensor_bytes_per_call = options.max_tensor_bytes_per_call;
   ro.max_rows_per_call = options.max_rows_per_call;
@@ -93,7 +95,8 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
                                               .membership = node->membership_.get(),
                                               .health = node->health_.get(),
                                               .health_peer = static_cast<int32_t>(args.cluster.workers().size()),
-                                              .batch_id = node->batch_id_};
+                                              .batch_id = node->batch_id_,
+                                              .kv_payload_scale = payload.kv};
   } else if (ss.mode == PredictionMode::kRandom) {
     std::vector<std::string> addresses;
     for (const NodeConfig* w : args.cluster.workers()) addresses.push_back(w->address);

@@ -158,6 +158,9 @@ struct RemoteExpertOptions {
   // above allow. From the cluster file's [cluster] prefill_minibatch_rows.
   int64_t prefill_minibatch_rows = 0;
   int64_t calls_in_flight_per_worker = 2;  // a worker's calls of one layer in flight at once (>= 1)
+  // Emulation: each call's hidden states padded to this many times their bytes (PayloadScale::hidden, src/backend/
+  // device_factory.h; 1: no padding).
+  double payload_scale = 1.0;
   // Main's verdict on the workers (peer i = worker i for i < number of workers; further peers are ignored), or
   // nullptr. Must outlive the executor.
   PeerHealth* health = nullptr;

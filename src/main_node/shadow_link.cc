@@ -6,6 +6,7 @@
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 #include "src/common/logging.h"
+#include "src/backend/device_factory.h"
 #include "src/engine/generator.h"
 #include "src/rpc/request_id.h"
 #include "src/rpc/rpc_util.h"
@@ -125,6 +126,9 @@ void ShadowLink::Step(int64_t position, int64_t batch_step, std::optional<int32_
     const int64_t shape[] = {config_.num_layers, config_.kv_size()};
     rpc::EncodeF32(std::span<const float>(k, static_cast<size_t>(n)), shape, step->mutable_k());
     rpc::EncodeF32(std::span<const float>(v, static_cast<size_t>(n)), shape, step->mutable_v());
+    const size_t bytes = step->k().data().size() + step->v().data().size();
+    step->mutable_padding()->resize(
+        PayloadScale::Padding(bytes, options_.kv_payload_scale, rpc::kMaxMessageBytes - (1 << 20) - bytes));
   }
   if (!stream_->Write(msg)) {
     if (!options_.warned->exchange(true)) spdlog::warn("the shadow's stream broke: decoding on without predictions");
@@ -141,7 +145,9 @@ void ShadowLink::Step(int64_t position, int64_t batch_step, std::optional<int32_
 void ShadowLink::SendKv(int64_t first, int64_t count, const float* k, const float* v) {
   if (stream_ == nullptr || broken_ || count <= 0) return;
   const int64_t row = config_.num_layers * config_.kv_size();
-  const int64_t per_message = std::max<int64_t>(1, (4 << 20) / std::max<int64_t>(1, 2 * row * 4));
+  // At most 4 MiB of K/V per message, counted at the padded size under emulation.
+  const double padded_row_bytes = 2.0 * static_cast<double>(row) * 4.0 * std::max(1.0, options_.kv_payload_scale);
+  const int64_t per_message = std::max<int64_t>(1, static_cast<int64_t>((4 << 20) / padded_row_bytes));
   for (int64_t at = 0; at < count; at += per_message) {
     const int64_t n = std::min(per_message, count - at);
     v1::FollowMessage msg;
@@ -150,6 +156,9 @@ void ShadowLink::SendKv(int64_t first, int64_t count, const float* k, const floa
     const int64_t shape[] = {n, config_.num_layers, config_.kv_size()};
     rpc::EncodeF32(std::span<const float>(k + at * row, static_cast<size_t>(n * row)), shape, kv->mutable_k());
     rpc::EncodeF32(std::span<const float>(v + at * row, static_cast<size_t>(n * row)), shape, kv->mutable_v());
+    const size_t bytes = kv->k().data().size() + kv->v().data().size();
+    kv->mutable_padding()->resize(
+        PayloadScale::Padding(bytes, options_.kv_payload_scale, rpc::kMaxMessageBytes - (1 << 20) - bytes));
     if (!stream_->Write(msg)) {
       if (!options_.warned->exchange(true)) {
         spdlog::warn("the shadow's stream broke: decoding on without predictions");

@@ -48,6 +48,8 @@ struct ShadowLinkOptions {
   int32_t health_peer = -1;
   // Main's batch stream: the request id its expert calls carry (FollowStep.batch_id).
   uint64_t batch_id = 0;
+  // Emulation: K/V padded to this many times its bytes (PayloadScale::kv, src/backend/device_factory.h; 1: none).
+  double kv_payload_scale = 1.0;
   // Shared by the links of one main: whether the shadow's loss has been logged (once, and its return once).
   std::shared_ptr<std::atomic<bool>> warned = std::make_shared<std::atomic<bool>>(false);
 };

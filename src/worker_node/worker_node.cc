@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "spdlog/spdlog.h"
+#include "src/backend/device_factory.h"
 #include "src/backend/mock_gpu_device.h"
 #include "src/common/logging.h"
 #include "src/common/placement.h"
@@ -90,6 +91,8 @@ absl::Status WorkerNode::Init(const std::string& model_dir) {
                                              " but the cluster has ", workers.size(), " workers"));
   }
   ODMOE_ASSIGN_OR_RETURN(model_, OpenModel(cluster_.model, model_dir));
+  ODMOE_ASSIGN_OR_RETURN(const PayloadScale payload, PayloadScaleOf(cluster_, config()));
+  payload_scale_ = payload.hidden;
   // Every expert is checked now (metadata only: nothing is read) so a bad checkpoint fails at start, not in the
   // middle of a request.
   ODMOE_RETURN_IF_ERROR(model_.source->Validate(AllExpertTensors(config())));
@@ -212,6 +215,12 @@ absl::Status WorkerNode::Compute(const v1::ComputeExpertsRequest& request, v1::C
   absl::StatusOr<StagedCall> staged = Stage(request);
   const absl::Status status = staged.ok() ? Finish(std::move(staged).value(), response) : staged.status();
   if (status.ok() && busy_before.has_value()) response->set_modeled_busy_ms(*ModeledBusyMs(*device_) - *busy_before);
+  if (status.ok() && payload_scale_ > 1.0) {
+    size_t bytes = 0;
+    for (const v1::ExpertOutput& o : response->outputs()) bytes += o.output().data().size();
+    const size_t room = rpc::kMaxMessageBytes - kResponseHeadroomBytes - bytes;
+    response->mutable_padding()->resize(PayloadScale::Padding(bytes, payload_scale_, room));
+  }
   counters_.CallEnded();
   return status;
 }

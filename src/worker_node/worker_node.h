@@ -218,6 +218,7 @@ class WorkerNode final : public v1::Worker::Service {
   const std::unique_ptr<Device> device_;
   // Constant after Init.
   OpenedModel model_;  // config, fingerprint, and where expert bytes come from: the checkpoint or a generator
+  double payload_scale_ = 1.0;  // emulation: outputs padded to this many times their bytes (PayloadScale::hidden)
   std::vector<int64_t> decode_layers_;
   std::unique_ptr<ExpertStore> store_;
   std::unique_ptr<ExpertLoader> loader_;

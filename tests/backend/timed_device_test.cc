@@ -341,5 +341,32 @@ device = "mock-gpu"
   EXPECT_THAT(failed.status().message(), HasSubstr("emulated.toml: [cluster] timing_model: "));
 }
 
+// Emulation over shaped links: the timing model's payloads against the running model's. tiny-mixtral (hidden
+// 64; 4 layers of 2 K/V heads of 16) against Mixtral-8x7B (hidden 4096; 32 layers of 8 K/V heads of 128).
+TEST(TimedDeviceTest, PayloadScaleIsTheTimingModelsBytesOverTheRunningModels) {
+  const std::string config_path = StrCat(ODMOE_SOURCE_DIR, "/tests/data/tiny-mixtral/config.json");
+  auto running = SyntheticModelConfig(SyntheticSpec{config_path, 0, 0});
+  ASSERT_TRUE(running.ok()) << running.status();
+  ClusterConfig cluster;
+  cluster.file = "emulated.toml";
+  auto none = PayloadScaleOf(cluster, *running);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->hidden, 1.0);
+  EXPECT_EQ(none->kv, 1.0);
+  cluster.timing_model = StrCat(ODMOE_SOURCE_DIR, "/configs/models/mixtral-8x7b/config.json");
+  auto scale = PayloadScaleOf(cluster, *running);
+  ASSERT_TRUE(scale.ok()) << scale.status();
+  EXPECT_EQ(scale->hidden, 4096.0 / 64.0);
+  EXPECT_EQ(scale->kv, (32.0 * 8 * 128) / (4.0 * 2 * 16));
+  // Padding: the bytes that make the payload `scale` times as large, within the room a message has.
+  EXPECT_EQ(PayloadScale::Padding(1000, 64.0, 1 << 20), 63000u);
+  EXPECT_EQ(PayloadScale::Padding(1000, 64.0, 5000), 5000u);
+  EXPECT_EQ(PayloadScale::Padding(1000, 1.0, 1 << 20), 0u);
+  EXPECT_EQ(PayloadScale::Padding(1000, 0.5, 1 << 20), 0u);
+  cluster.timing_model = "/nonexistent/config.json";
+  EXPECT_THAT(PayloadScaleOf(cluster, *running).status().message(),
+              HasSubstr("emulated.toml: [cluster] timing_model: "));
+}
+
 }  // namespace
 }  // namespace odmoe

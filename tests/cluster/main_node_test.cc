@@ -57,6 +57,46 @@ class HungWorker final : public v1::Worker::Service {
   absl::Notification stop_;
 };
 
+// A real worker behind a Worker service that records, for each ComputeExperts call, the bytes of its hidden
+// states and outputs and of the padding around them (emulation: PayloadScale).
+class RecordingWorker final : public v1::Worker::Service {
+ public:
+  struct Call {
+    size_t hidden = 0, request_padding = 0, outputs = 0, response_padding = 0;
+  };
+  explicit RecordingWorker(WorkerNode* inner) : inner_(inner) {}
+  grpc::Status ComputeExperts(grpc::ServerContext* context, const v1::ComputeExpertsRequest* request,
+                              v1::ComputeExpertsResponse* response) override {
+    const grpc::Status status = inner_->ComputeExperts(context, request, response);
+    Call call{request->hidden().data().size(), request->padding().size(), 0, response->padding().size()};
+    for (const v1::ExpertOutput& o : response->outputs()) call.outputs += o.output().data().size();
+    absl::MutexLock lock(&mu_);
+    calls_.push_back(call);
+    return status;
+  }
+  grpc::Status Prefetch(grpc::ServerContext* context, const v1::PrefetchRequest* request,
+                        v1::PrefetchResponse* response) override {
+    return inner_->Prefetch(context, request, response);
+  }
+  grpc::Status GetStats(grpc::ServerContext* context, const v1::StatsRequest* request,
+                        v1::WorkerStats* response) override {
+    return inner_->GetStats(context, request, response);
+  }
+  grpc::Status GetMembership(grpc::ServerContext* context, const v1::MembershipRequest* request,
+                             v1::Membership* response) override {
+    return inner_->GetMembership(context, request, response);
+  }
+  std::vector<Call> calls() const {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+
+ private:
+  WorkerNode* const inner_;
+  mutable absl::Mutex mu_;
+  std::vector<Call> calls_ ABSL_GUARDED_BY(mu_);
+};
+
 struct ClusterSpec {
   std::string model;
   int workers = 8;
@@ -68,6 +108,7 @@ struct ClusterSpec {
   int hung_worker = -1;  // this worker never answers
   int64_t prefill_minibatch_rows = -1;  // -1: the cluster file's default
   std::string cluster_extra;            // more lines of the [cluster] table
+  bool record_calls = false;            // every worker behind a RecordingWorker
   MainNodeOptions main_options;
 };
 
@@ -140,7 +181,12 @@ class TestCluster {
         ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(self.device, self.gpu_budget_bytes));
         ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<WorkerNode> w,
                                WorkerNode::Create(worker_view, self, model_dir, std::move(device)));
-        ODMOE_ASSIGN_OR_RETURN(server, rpc::Server::Start({"127.0.0.1:0", 2}, {w.get()}));
+        grpc::Service* service = w.get();
+        if (spec_.record_calls) {
+          recorders_.push_back(std::make_unique<RecordingWorker>(w.get()));
+          service = recorders_.back().get();
+        }
+        ODMOE_ASSIGN_OR_RETURN(server, rpc::Server::Start({"127.0.0.1:0", 2}, {service}));
         workers_.push_back(std::move(w));
       }
       server->MarkServing(true);
@@ -165,6 +211,8 @@ class TestCluster {
   const std::string& endpoint() const { return endpoint_; }
   MainNode& main() { return *main_; }
   WorkerNode* worker(int i) { return workers_[static_cast<size_t>(i)].get(); }
+  // With spec.record_calls: the recorders of the workers, in order.
+  const std::vector<std::unique_ptr<RecordingWorker>>& recorders() const { return recorders_; }
   const ClusterConfig& cluster() const { return cluster_; }
 
  private:
@@ -172,6 +220,7 @@ class TestCluster {
   ClusterConfig cluster_;
   std::unique_ptr<HungWorker> hung_;
   std::vector<std::unique_ptr<WorkerNode>> workers_;  // nullptr for a down or hung worker
+  std::vector<std::unique_ptr<RecordingWorker>> recorders_;
   std::vector<std::unique_ptr<rpc::Server>> worker_servers_;
   std::unique_ptr<MainNode> main_;
   std::unique_ptr<rpc::Server> main_server_;
@@ -469,6 +518,41 @@ TEST(MainNodeTest, MockGpuNodesReportTheModelledTimeOfEachDecodeLayer) {
     }
     EXPECT_NEAR(sum, st.measured_layers_ms(), 1e-6 * st.measured_layers_ms());
   }
+}
+
+// Emulation over shaped links (issue 28): with a [cluster] timing_model, every expert call and its reply are
+// padded to the bytes the timing model's hidden states would take (Mixtral-8x7B's hidden 4096 over the running
+// model's), and the tokens stay the single-process engine's.
+TEST(MainNodeTest, ATimingModelPadsExpertCallsToTheTargetsBytes) {
+  const std::string model = "mixtral-tiny";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  ClusterSpec spec;
+  spec.model = model;
+  spec.workers = 2;
+  spec.group_size = 2;
+  spec.record_calls = true;
+  spec.cluster_extra =
+      StrCat("timing_model = \"", odmoe::testing::SourceDir(), "/configs/models/mixtral-8x7b/config.json\"");
+  TestCluster cluster(spec);
+  const absl::Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  const ModelConfig& c = cluster.main().config();
+  ASSERT_EQ(4096 % c.hidden_size, 0);
+  const size_t pad = 4096 / c.hidden_size - 1;  // padding bytes per payload byte
+  const std::vector<int32_t> prompt = SpreadPrompt(c, 5);
+  auto remote = GenerateRemote(cluster.endpoint(), IdsRequest(prompt, 3), kTimeoutMs, nullptr);
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  ExpectSameAsLocal(*remote, LocalReference(model, "cpu", prompt, 3), prompt);
+  size_t calls = 0;
+  for (const auto& recorder : cluster.recorders()) {
+    for (const RecordingWorker::Call& call : recorder->calls()) {
+      ++calls;
+      EXPECT_GT(call.hidden, 0u);
+      EXPECT_EQ(call.request_padding, pad * call.hidden);
+      EXPECT_EQ(call.response_padding, pad * call.outputs);
+    }
+  }
+  EXPECT_GT(calls, 0u);
 }
 
 // Continuous batching (Client API 2/2): eight greedy requests of different prompts and lengths, at once, give
