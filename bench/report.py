@@ -1134,9 +1134,9 @@ def cmd_sweep(args):
         L.append(f"## {AXIS_TITLES.get(axis, axis)}\n")
         if axis == "link_rate" and meta:
             ts = meta.get("emulate", {}).get("time_scale")
-            L.append(f"tc shapes wall-clock time while the devices run {ts}x slower than modelled: at time scale {ts} "
-                     f"a link of RATE carries per modelled second what RATE x {ts} would. tests/lan/run.sh's tbf "
-                     "burst (512 KiB) holds rates up to about 4 Gbit/s at HZ=1000.\n")
+            L.append(f"Each rate is the modelled testbed's: bench/run.sh shapes RATE / {ts} of wall-clock time, as the "
+                     f"devices run {ts}x slower than modelled. tests/lan/run.sh's tbf burst (512 KiB) holds shaped "
+                     "rates up to about 4 Gbit/s at HZ=1000.\n")
         L.append("| Value | Run | Ratio | Decode tok/s on demand / resident (real time) | TTFT ms (real time) | "
                  "Recall / timely | Stall ms/token (first layer) | On-demand loads/token | Load vs t_maxload ms "
                  "(eq. 1) | Groups | Calibration | Run s |")

@@ -36,8 +36,8 @@
 # The cluster: by default this script starts one from --config (configs/local.toml: 1 main, 1 shadow, 8 workers
 # on loopback) with its ports moved by --port-offset, and takes it down on exit, interrupt included.
 # --endpoint HOST:PORT uses a running cluster instead, and --lan the LAN harness (tests/lan/run.sh --up at
-# 1 Gbit/s, --link-rate RATE another tc rate, e.g. 100mbit or 10gbit: wall-clock, not scaled by --time-scale;
-# its topology is 8 workers); both skip the sections that restart the cluster (recall_per_token, ablation,
+# 1 Gbit/s, --link-rate RATE another rate, e.g. 100mbit or 10gbit; with --emulate the rate of the modelled
+# testbed, shaped at RATE / time_scale of wall-clock time as the devices are; its topology is 8 workers); both skip the sections that restart the cluster (recall_per_token, ablation,
 # alignment_grid) and summary.md says so. With --endpoint the resident reference runs only when --model or
 # --synthetic is given.
 # --quick: the demo model on the CPU, 2 prompts and short outputs; every section in a few minutes. --pairs LIST
@@ -209,7 +209,19 @@ parse_up() {  # the `grpc: HOST:PORT` and `metrics: NODE URL` lines of a cluster
 if [ "$lan" -eq 1 ]; then
   mode=lan
   [ -f "$ROOT/tests/lan/run.sh" ] || die "--lan needs the LAN harness tests/lan/run.sh, which this checkout lacks"
-  lan_args=(--up --rate "$lan_rate")
+  tc_rate=$lan_rate
+  if [ -n "$emulate" ]; then
+    # The devices run time_scale times slower than modelled, so the links must too: tc shapes wall-clock time.
+    tc_rate=$("$PY" - "$cluster_config" "$lan_rate" <<'EOF'
+import re, sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    scale = float(tomllib.load(f)["cluster"].get("time_scale", 1.0))
+value, unit = re.fullmatch(r"([0-9]+)(k|m|g)?bit", sys.argv[2]).groups()
+print(f"{max(1, round(int(value) * {None: 1e-3, 'k': 1, 'm': 1e3, 'g': 1e6}[unit] / scale))}kbit")
+EOF
+)
+  fi
+  lan_args=(--up --rate "$tc_rate")
   # Emulated: the harness takes the file's settings, devices and model (tests/lan/run.sh --config).
   [ -n "$emulate" ] && lan_args+=(--config "$cluster_config")
   log "starting the LAN cluster (tests/lan/run.sh ${lan_args[*]})"
@@ -291,7 +303,7 @@ fi
 
 : >"$out/raw/skipped.txt"
 for s in "${skipped[@]+"${skipped[@]}"}"; do echo "$s" >>"$out/raw/skipped.txt"; done
-META_EMULATE=$emulate META_CLUSTER_CONFIG=$cluster_config META_LAN_RATE=$lan_rate \
+META_EMULATE=$emulate META_CLUSTER_CONFIG=$cluster_config META_LAN_RATE=$lan_rate META_TC_RATE=${tc_rate:-} \
   META_MODEL=$model_label META_CONFIG=$config META_COMMIT=$commit META_SEED=$seed META_MODE=$mode \
   META_ENDPOINT=$endpoint META_QUICK=$quick META_PROMPTS=$prompts META_PAIRS=$pairs META_DIRTY=$dirty \
   "$PY" - "$out/raw" <<'EOF'
@@ -302,7 +314,9 @@ with open(os.path.join(raw, "workload_cluster.jsonl")) as f:
     source = json.loads(f.readline()).get("prompt_source", "?")
 mode = e["META_MODE"]
 mode = {"local": "a cluster bench/run.sh started", "endpoint": f"the running cluster at {e['META_ENDPOINT']}",
-        "lan": f"the LAN harness (tests/lan/run.sh, links at {e['META_LAN_RATE']}), main at {e['META_ENDPOINT']}"}[mode]
+        "lan": f"the LAN harness (tests/lan/run.sh, links at {e['META_LAN_RATE']}"
+               + (f", shaped at {e['META_TC_RATE']} of wall-clock time" if e["META_TC_RATE"] != e["META_LAN_RATE"] else "")
+               + f"), main at {e['META_ENDPOINT']}"}[mode]
 with open(os.path.join(raw, "skipped.txt")) as f:
     skipped = [line.strip() for line in f if line.strip()]
 meta = {"model": e["META_MODEL"], "config": e["META_CONFIG"] if e["META_MODE"] == "local" else "(its own)",
@@ -312,6 +326,7 @@ meta = {"model": e["META_MODEL"], "config": e["META_CONFIG"] if e["META_MODE"] =
         "prompt_source": source, "skipped": skipped}
 if e["META_MODE"] == "lan":
     meta["lan_rate"] = e["META_LAN_RATE"]
+    meta["lan_tc_rate"] = e["META_TC_RATE"]
 if e["META_EMULATE"]:
     import re, tomllib
     with open(e["META_CLUSTER_CONFIG"], "rb") as f:

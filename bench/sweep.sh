@@ -16,8 +16,8 @@
 #   shadow_quant    fp16, [int8], nf4   --shadow-quant Q
 #   worker_profile  [rtx3090], rtx3080  --worker-device timed:PROFILE (fig. 10)
 #   shadow_mode     [shadow], none   --shadow-mode (none: ablation case 6, load after routing)
-#   link_rate       100mbit, [1gbit], 10gbit   --link-rate (--lan only: tc shapes wall-clock time, so at time scale
-#                                    S a link is S times faster than the devices' modelled time would have it)
+#   link_rate       100mbit, [1gbit], 10gbit   --link-rate (--lan only; the modelled rate, which bench/run.sh
+#                                    shapes at RATE / time scale of wall-clock time)
 # --only AXIS,... runs those axes (default: all; link_rate only with --lan, the workers axis only without it: the
 # LAN harness has 8 workers). Defaults: --time-scale 5, --pairs 16x32, --prompts 2 (about a minute per run on
 # 2 cores). --lan needs root (tests/lan/run.sh) and one LAN cluster at a time.
