@@ -4,7 +4,8 @@
 Checks: results.jsonl parses and every record carries section, model, config, hardware, commit and seed; commit
 is this checkout's HEAD; every section is present unless summary.md lists it as skipped; token counts are
 non-zero; every number is finite (ratios whose denominator is zero aside: none is allowed); the ratio records
-match a recomputation from the workloads' and resident's raw token times; summary.md, the CSV files and the
+match a recomputation from the workloads' and resident's raw token times; the cluster's tokens equal the resident
+engine's for every prompt; summary.md, the CSV files and the
 four plots exist, and each plot is a PNG (signature) that matplotlib reads back with a non-empty image.
 """
 import csv
@@ -123,6 +124,14 @@ def main():
         got = r["decode_tokens_per_s_mean_ratio"]
         if not math.isclose(want, got, rel_tol=1e-9):
             fail(f"ratio {r['pair']}: recorded {got}, recomputed from token times {want}")
+
+    # The cluster computes exactly what the single-process engine does: the same tokens for the same prompt.
+    for r in (x for x in records if x.get("section") == "tokens"):
+        if r["identical"] != r["requests"]:
+            fail(f"tokens: the cluster's differ from the resident engine's in {r['requests'] - r['identical']} of "
+                 f"{r['requests']} requests ({', '.join(r['differing'])})")
+    if reqs["workloads"] and reqs["resident"] and not any(x.get("section") == "tokens" for x in records):
+        fail("no 'tokens' record: the workloads and the resident reference ran, so their tokens must be compared")
 
     for name in CSVS:
         p = os.path.join(d, name)

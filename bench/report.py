@@ -655,6 +655,15 @@ def cmd_report(args):
         rec["paper_decode_ratio"] = paper["decode_ratio"] if p == "average" else None
         results.append(rec)
 
+    # Exactness: each request's tokens on the cluster against the resident engine's for the same prompt.
+    resident_tokens = {(r["pair"], r["prompt_index"]): r["tokens"] for r in resident_reqs if "tokens" in r}
+    same = [(r["pair"], r["prompt_index"]) for r in cluster_reqs
+            if resident_tokens.get((r["pair"], r["prompt_index"])) == r.get("tokens")]
+    compared = [(r["pair"], r["prompt_index"]) for r in cluster_reqs if (r["pair"], r["prompt_index"]) in resident_tokens]
+    if compared:
+        results.append(dict(common, section="tokens", pair="all", requests=len(compared), identical=len(same),
+                            differing=[f"{p} prompt {i}" for p, i in compared if (p, i) not in same]))
+
     # Emulation (bench/run.sh --emulate): the calibration checks, and decode throughput at the timing model's
     # layer count.
     emulate = meta.get("emulate")
@@ -858,6 +867,10 @@ def write_summary(d, meta, common, results, paper, made):
                 L.append(f"| {name} | ({p.replace('x', ', ')}) | {fmt(r['ttft_ms_p50'])} | {fmt(r['ttft_ms_p90'])} | "
                          f"{fmt(r['ttft_ms_p99'])} | {fmt(r['itl_ms_p50'], 3)} | {fmt(r['itl_ms_p99'], 3)} |")
     L.append("")
+    tok = next((r for r in results if r["section"] == "tokens"), None)
+    if tok:
+        L.append(f"**Tokens: the cluster's equal the resident engine's in {tok['identical']} of {tok['requests']} "
+                 "requests**" + (f" (differing: {', '.join(tok['differing'])})" if tok["differing"] else "") + ".\n")
     ratio_avg = next((r for r in results if r["section"] == "ratio" and r["pair"] == "average"), None)
     if ratio_avg:
         L.append(f"**On-demand / resident decode throughput: {100 * ratio_avg['decode_tokens_per_s_mean_ratio']:.2f}%** "

@@ -96,6 +96,7 @@ class PromptSet {
 // One request's raw figures.
 struct Timed {
   std::vector<double> token_ms;  // arrival of each generated token, from the request's start
+  std::vector<int32_t> tokens;   // the generated ids (the cluster's must equal the resident engine's)
   double total_ms = 0;
   std::optional<double> modeled_decode_ms;  // a mock/timed GPU's busy time from the first token to the last
 };
@@ -243,6 +244,7 @@ absl::Status RunWorkload(const std::vector<std::string>& args) {
                                if (t.token_ms.size() == 1) busy_at_first = ModeledBusyMs(model->device());
                              }));
       if (busy_at_first) t.modeled_decode_ms = *ModeledBusyMs(model->device()) - *busy_at_first;
+      t.tokens = r.tokens;
       if (engine_ttft_ms != nullptr) *engine_ttft_ms = r.ttft_ms;
       if (engine_tps != nullptr) *engine_tps = r.decode_tokens_per_s;
     } else {
@@ -261,6 +263,7 @@ absl::Status RunWorkload(const std::vector<std::string>& args) {
       const double ms = now_ms();
       while (t.token_ms.size() < r.tokens.size()) t.token_ms.push_back(ms);
       if (stats != nullptr) *stats = r.stats;
+      t.tokens = r.tokens;
     }
     t.total_ms = now_ms();
     return t;
@@ -291,7 +294,8 @@ absl::Status RunWorkload(const std::vector<std::string>& args) {
                 {"seed", seed},           {"pair", StrCat(p, "x", n)},
                 {"input_tokens", p},      {"output_tokens", n},
                 {"prompt_index", i},      {"generated_tokens", t.token_ms.size()},
-                {"token_ms", t.token_ms}, {"total_ms", t.total_ms}};
+                {"token_ms", t.token_ms}, {"tokens", t.tokens},
+                {"total_ms", t.total_ms}};
       if (resident) {
         j["server_ttft_ms"] = engine_ttft;
         j["server_decode_tokens_per_s"] = engine_tps;
