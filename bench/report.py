@@ -1005,10 +1005,12 @@ def write_summary(d, meta, common, results, paper, made):
 SWEEP_FIELDS = ["axis", "value", "run", "status", "seconds", "workers", "group_size", "groups", "shadow_mode",
                 "shadow_quant", "align", "worker_devices", "link", "decode_ratio", "decode_tokens_per_s_on_demand",
                 "decode_tokens_per_s_resident", "scaled_decode_tokens_per_s_on_demand",
-                "scaled_decode_tokens_per_s_resident", "ttft_ms_on_demand", "scaled_ttft_ms_on_demand", "recall",
+                "scaled_decode_tokens_per_s_on_demand_high", "scaled_decode_tokens_per_s_resident",
+                "scaled_decode_ratio_low", "scaled_decode_ratio_high", "ttft_ms_on_demand", "scaled_ttft_ms_on_demand", "recall",
                 "timely_recall", "stall_ms_per_token", "stall_first_layer_ms_per_token", "loads_on_demand_per_token",
                 "expert_load_ms", "t_maxload_ms", "t_m_ms", "t_w_ms", "io_bound", "calibration_ratio",
-                "calibration_passed"]
+                "calibration_passed", "cluster_calibration_ratio", "cluster_calibration_passed",
+                "cluster_calibration_applies", "tokens_identical", "tokens_compared"]
 AXIS_TITLES = {"workers": "Workers", "group_size": "Group size", "align": "Alignment periods (token, KV)",
                "shadow_quant": "Shadow quantization", "worker_profile": "Worker profile (fig. 10)",
                "shadow_mode": "Prediction (shadow / none: ablation case 6)", "link_rate": "Link rate (LAN harness)"}
@@ -1056,6 +1058,12 @@ def sweep_row(d, axis, value, run, status, seconds):
             row[f"scaled_decode_tokens_per_s_{suffix}"] = sc.get("decode_tokens_per_s_mean")
             if engine == "workloads":
                 row["scaled_ttft_ms_on_demand"] = sc.get("ttft_ms_mean")
+                row["scaled_decode_tokens_per_s_on_demand_high"] = sc.get("decode_tokens_per_s_high",
+                                                                          sc.get("decode_tokens_per_s_mean"))
+    if row.get("scaled_decode_tokens_per_s_on_demand") and row.get("scaled_decode_tokens_per_s_resident"):
+        low, high = sorted([row["scaled_decode_tokens_per_s_on_demand"], row["scaled_decode_tokens_per_s_on_demand_high"]])
+        row.update(scaled_decode_ratio_low=low / row["scaled_decode_tokens_per_s_resident"],
+                   scaled_decode_ratio_high=high / row["scaled_decode_tokens_per_s_resident"])
     avg = find("workloads", kind="average")
     if avg:
         row["ttft_ms_on_demand"] = avg["ttft_ms_mean"]
@@ -1069,9 +1077,16 @@ def sweep_row(d, axis, value, run, status, seconds):
                    stall_first_layer_ms_per_token=per_layer[0] if per_layer else None,
                    loads_on_demand_per_token=st["loads_on_demand_per_token"], expert_load_ms=st["expert_load_ms"],
                    t_maxload_ms=st["t_maxload_ms"], t_m_ms=st["t_m_ms"], t_w_ms=st["t_w_ms"], io_bound=st["io_bound"])
-    cal = find("calibration")
+    cal = find("calibration", engine="resident")
     if cal:
         row.update(calibration_ratio=cal["ratio"], calibration_passed=cal["passed"])
+    cal = find("calibration", engine="cluster")
+    if cal:
+        row.update(cluster_calibration_ratio=cal["ratio"], cluster_calibration_passed=cal["passed"],
+                   cluster_calibration_applies=cal["applies"])
+    tok = find("tokens")
+    if tok:
+        row.update(tokens_identical=tok["identical"], tokens_compared=tok["requests"])
     row["_meta"] = meta
     return row
 
@@ -1129,7 +1144,11 @@ def cmd_sweep(args):
                  + f"; run on {meta['mode']}")
     L.append("- one setting changed per axis from the baseline (the cluster file as it is); a row whose run is "
              "`baseline` is that run. Ratio: on-demand / fully-resident decode tokens/s (the mean over the pairs of "
-             "each pair's mean). Real time: divided by the time scale, at the timing model's layers. Recall and "
+             "each pair's mean), at the running model's layers; at the target's, a range: the time per token scaled by "
+             "target / running layers (low), and the first sparse layer kept once with the others scaled or the "
+             "workers' host links, whichever binds (high; see each run's summary.md). Real time: divided by the time "
+             "scale, at the timing model's layers. Calibration: measured against modelled decode time per token, "
+             "the resident reference's and the cluster's (n/a where prefetched loads overlap: shadow on). Recall and "
              "timely recall: the shadow's expert predictions over every decode position and sparse layer (timely: "
              "loaded when main asked). Stall: main's wait for on-demand loads per decode token (first: the first "
              "sparse layer). Eq. 1: an expert load's time against t_maxload. Stall, load times and TTFT are measured "
@@ -1150,13 +1169,13 @@ def cmd_sweep(args):
             L.append(f"Each rate is the modelled testbed's: bench/run.sh shapes RATE / {ts} of wall-clock time, as the "
                      f"devices run {ts}x slower than modelled. tests/lan/run.sh's tbf burst (512 KiB) holds shaped "
                      "rates up to about 4 Gbit/s at HZ=1000.\n")
-        L.append("| Value | Run | Ratio | Decode tok/s on demand / resident (real time) | TTFT ms (real time) | "
-                 "Recall / timely | Stall ms/token (first layer) | On-demand loads/token | Load vs t_maxload ms "
-                 "(eq. 1) | Groups | Calibration | Run s |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        L.append("| Value | Run | Ratio | Ratio at the target's layers | Decode tok/s on demand / resident (real time) "
+                 "| TTFT ms (real time) | Recall / timely | Stall ms/token (first layer) | On-demand loads/token | "
+                 "Load vs t_maxload ms (eq. 1) | Groups | Calibration: resident; cluster | Tokens equal | Run s |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in sel:
             if r["status"] != "ok":
-                L.append(f"| {r['value']} | {r['run']} | **failed** | {r['status']} | | | | | | | | {r['seconds']} |")
+                L.append(f"| {r['value']} | {r['run']} | **failed** | {r['status']} | | | | | | | | | | {r['seconds']} |")
                 continue
 
             def pct(x):
@@ -1165,8 +1184,17 @@ def cmd_sweep(args):
             io = r.get("io_bound")
             cal = ("-" if r.get("calibration_ratio") is None else
                    f"{fmt(r['calibration_ratio'], 3)}x {'passed' if r['calibration_passed'] else 'FAILED'}")
-            L.append(f"| {r['value']} | {r['run']} | {pct(r.get('decode_ratio'))} | "
-                     f"{fmt(r.get('scaled_decode_tokens_per_s_on_demand'))} / "
+            if r.get("cluster_calibration_ratio") is not None:
+                cal += (f"; {fmt(r['cluster_calibration_ratio'], 3)}x "
+                        + (("passed" if r["cluster_calibration_passed"] else "FAILED")
+                           if r["cluster_calibration_applies"] else "(n/a: prefetch)"))
+            low, high = r.get("scaled_decode_ratio_low"), r.get("scaled_decode_ratio_high")
+            scaled_ratio = "-" if low is None else pct(low) if high - low < 5e-5 else f"{pct(low)} to {pct(high)}"
+            od_low, od_high = r.get("scaled_decode_tokens_per_s_on_demand"), r.get("scaled_decode_tokens_per_s_on_demand_high")
+            od = fmt(od_low) if od_high is None or abs(od_high - od_low) < 5e-3 else f"{fmt(min(od_low, od_high))} to {fmt(max(od_low, od_high))}"
+            tokens = "-" if r.get("tokens_compared") is None else f"{r['tokens_identical']}/{r['tokens_compared']}"
+            L.append(f"| {r['value']} | {r['run']} | {pct(r.get('decode_ratio'))} | {scaled_ratio} | "
+                     f"{od} / "
                      f"{fmt(r.get('scaled_decode_tokens_per_s_resident'))} | "
                      f"{fmt(r.get('ttft_ms_on_demand'), 1)} ({fmt(r.get('scaled_ttft_ms_on_demand'), 1)}) | "
                      f"{pct(r.get('recall'))} / {pct(r.get('timely_recall'))} | "
@@ -1174,7 +1202,7 @@ def cmd_sweep(args):
                      f"{fmt(r.get('loads_on_demand_per_token'))} | {fmt(r.get('expert_load_ms'), 1)} vs "
                      f"{fmt(r.get('t_maxload_ms'), 1)} ({'-' if io is None else 'I/O-bound' if io else 'hidden'}) | "
                      f"{r.get('groups', '-')} | "
-                     f"{cal} | "
+                     f"{cal} | {tokens} | "
                      f"{r['seconds']} |")
         L.append("")
         if sweep_plot(d, axis, sel):

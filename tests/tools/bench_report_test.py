@@ -157,7 +157,15 @@ class SweepTest(unittest.TestCase):
                 {"section": "stall", "pair": "all", "groups": 4, "stall_ms_per_token": 10.0,
                  "stall_ms_per_layer_per_token": [8.0, 2.0], "loads_on_demand_per_token": 1.5,
                  "expert_load_ms": 70.0, "t_maxload_ms": 40.0, "t_m_ms": 1.0, "t_w_ms": 30.0, "io_bound": True},
-                {"section": "calibration", "pair": "all", "ratio": 1.05, "passed": True},
+                {"section": "calibration", "engine": "resident", "pair": "all", "ratio": 1.05, "passed": True,
+                 "applies": True},
+                {"section": "calibration", "engine": "cluster", "pair": "all", "ratio": 1.2, "passed": False,
+                 "applies": False},
+                {"section": "scaled", "engine": "workloads", "pair": "average", "decode_tokens_per_s_mean": 5.0,
+                 "decode_tokens_per_s_high": 8.0, "ttft_ms_mean": 700.0},
+                {"section": "scaled", "engine": "resident", "pair": "average", "decode_tokens_per_s_mean": 20.0,
+                 "ttft_ms_mean": 100.0},
+                {"section": "tokens", "pair": "all", "requests": 2, "identical": 2, "differing": []},
             ]
             (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
             (d / "runs.tsv").write_text("axis\tvalue\trun\tstatus\tseconds\n"
@@ -173,9 +181,14 @@ class SweepTest(unittest.TestCase):
             self.assertEqual(float(ok["timely_recall"]), (0.5 * 3 + 1.0 * 1) / 4)  # weighted by decode positions
             self.assertEqual(float(ok["stall_first_layer_ms_per_token"]), 8.0)
             self.assertEqual(ok["calibration_passed"], "True")
+            self.assertEqual(ok["cluster_calibration_applies"], "False")
+            self.assertEqual(float(ok["scaled_decode_ratio_low"]), 0.25)
+            self.assertEqual(float(ok["scaled_decode_ratio_high"]), 0.4)
+            self.assertEqual(ok["tokens_identical"], "2")
             self.assertEqual(failed["decode_ratio"], "")
             md = (d / "sweep.md").read_text()
-            self.assertIn("| 8 | baseline | 25.00% |", md)
+            self.assertIn("| 8 | baseline | 25.00% | 25.00% to 40.00% | 5.00 to 8.00 / 20.00 |", md)
+            self.assertIn("| 1.050x passed; 1.200x (n/a: prefetch) | 2/2 |", md)
             self.assertIn("**FAILED**: workers = 16 (workers-16): failed (exit 2; see x/run.log)", md)
 
 
