@@ -659,7 +659,8 @@ def cmd_report(args):
     resident_tokens = {(r["pair"], r["prompt_index"]): r["tokens"] for r in resident_reqs if "tokens" in r}
     same = [(r["pair"], r["prompt_index"]) for r in cluster_reqs
             if resident_tokens.get((r["pair"], r["prompt_index"])) == r.get("tokens")]
-    compared = [(r["pair"], r["prompt_index"]) for r in cluster_reqs if (r["pair"], r["prompt_index"]) in resident_tokens]
+    compared = [(r["pair"], r["prompt_index"]) for r in cluster_reqs
+                if (r["pair"], r["prompt_index"]) in resident_tokens]
     if compared:
         results.append(dict(common, section="tokens", pair="all", requests=len(compared), identical=len(same),
                             differing=[f"{p} prompt {i}" for p, i in compared if (p, i) not in same]))
@@ -896,7 +897,8 @@ def write_summary(d, meta, common, results, paper, made):
                 L.append(f"- fully resident: decode {fmt(res['decode_tokens_per_s_mean'])} tokens/s (time per token x "
                          f"{fmt(res['linear_factor'], 3)}), TTFT {fmt(res['ttft_ms_mean'])} ms")
             if w:
-                line = f"- on demand: decode {fmt(w['decode_tokens_per_s_mean'])} tokens/s with the time per token x {fmt(w['linear_factor'], 3)}"
+                line = (f"- on demand: decode {fmt(w['decode_tokens_per_s_mean'])} tokens/s with the time per token x "
+                        f"{fmt(w['linear_factor'], 3)}")
                 if "decode_tokens_per_s_high" in w:
                     line += (f"; {fmt(w['decode_tokens_per_s_high'])} tokens/s with the first sparse layer's "
                              f"{fmt(100 * w['first_layer_share'], 1)}% of it kept once and the other layers' scaled "
@@ -905,7 +907,8 @@ def write_summary(d, meta, common, results, paper, made):
                              f"layer), whichever takes longer: the {w['high_bound']}")
                 L.append(line + f"; TTFT {fmt(w['ttft_ms_mean'])} ms")
                 if res:
-                    figures = [w["decode_tokens_per_s_mean"], w.get("decode_tokens_per_s_high", w["decode_tokens_per_s_mean"])]
+                    figures = [w["decode_tokens_per_s_mean"],
+                               w.get("decode_tokens_per_s_high", w["decode_tokens_per_s_mean"])]
                     lo, hi = (100 * x / res["decode_tokens_per_s_mean"] for x in sorted(figures))
                     L.append(f"- **on demand / resident at {emulate['target_layers']} layers: "
                              + (f"{fmt(lo)}% to {fmt(hi)}%**" if hi - lo >= 0.005 else f"{fmt(lo)}%**")
@@ -1006,7 +1009,8 @@ SWEEP_FIELDS = ["axis", "value", "run", "status", "seconds", "workers", "group_s
                 "shadow_quant", "align", "worker_devices", "link", "decode_ratio", "decode_tokens_per_s_on_demand",
                 "decode_tokens_per_s_resident", "scaled_decode_tokens_per_s_on_demand",
                 "scaled_decode_tokens_per_s_on_demand_high", "scaled_decode_tokens_per_s_resident",
-                "scaled_decode_ratio_low", "scaled_decode_ratio_high", "ttft_ms_on_demand", "scaled_ttft_ms_on_demand", "recall",
+                "scaled_decode_ratio_low", "scaled_decode_ratio_high", "ttft_ms_on_demand", "scaled_ttft_ms_on_demand",
+                "recall",
                 "timely_recall", "stall_ms_per_token", "stall_first_layer_ms_per_token", "loads_on_demand_per_token",
                 "expert_load_ms", "t_maxload_ms", "t_m_ms", "t_w_ms", "io_bound", "calibration_ratio",
                 "calibration_passed", "cluster_calibration_ratio", "cluster_calibration_passed",
@@ -1061,7 +1065,8 @@ def sweep_row(d, axis, value, run, status, seconds):
                 row["scaled_decode_tokens_per_s_on_demand_high"] = sc.get("decode_tokens_per_s_high",
                                                                           sc.get("decode_tokens_per_s_mean"))
     if row.get("scaled_decode_tokens_per_s_on_demand") and row.get("scaled_decode_tokens_per_s_resident"):
-        low, high = sorted([row["scaled_decode_tokens_per_s_on_demand"], row["scaled_decode_tokens_per_s_on_demand_high"]])
+        low, high = sorted([row["scaled_decode_tokens_per_s_on_demand"],
+                            row["scaled_decode_tokens_per_s_on_demand_high"]])
         row.update(scaled_decode_ratio_low=low / row["scaled_decode_tokens_per_s_resident"],
                    scaled_decode_ratio_high=high / row["scaled_decode_tokens_per_s_resident"])
     avg = find("workloads", kind="average")
@@ -1175,13 +1180,16 @@ def cmd_sweep(args):
         L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in sel:
             if r["status"] != "ok":
-                L.append(f"| {r['value']} | {r['run']} | **failed** | {r['status']} | | | | | | | | | | {r['seconds']} |")
+                L.append(f"| {r['value']} | {r['run']} | **failed** | {r['status']} |" + " |" * 9
+                         + f" {r['seconds']} |")
                 continue
 
             def pct(x):
                 return f"{fmt(100 * x)}%" if x is not None else "-"
 
             io = r.get("io_bound")
+            verdict = ("after routing" if r.get("shadow_mode") == "none" else "-" if io is None else
+                       "I/O-bound" if io else "hidden")
             cal = ("-" if r.get("calibration_ratio") is None else
                    f"{fmt(r['calibration_ratio'], 3)}x {'passed' if r['calibration_passed'] else 'FAILED'}")
             if r.get("cluster_calibration_ratio") is not None:
@@ -1189,9 +1197,11 @@ def cmd_sweep(args):
                         + (("passed" if r["cluster_calibration_passed"] else "FAILED")
                            if r["cluster_calibration_applies"] else "(n/a: prefetch)"))
             low, high = r.get("scaled_decode_ratio_low"), r.get("scaled_decode_ratio_high")
-            scaled_ratio = "-" if low is None else pct(low) if high - low < 5e-5 else f"{pct(low)} to {pct(high)}"
-            od_low, od_high = r.get("scaled_decode_tokens_per_s_on_demand"), r.get("scaled_decode_tokens_per_s_on_demand_high")
-            od = fmt(od_low) if od_high is None or abs(od_high - od_low) < 5e-3 else f"{fmt(min(od_low, od_high))} to {fmt(max(od_low, od_high))}"
+            scaled_ratio = "-" if low is None else pct(low) if pct(low) == pct(high) else f"{pct(low)} to {pct(high)}"
+            od_low = r.get("scaled_decode_tokens_per_s_on_demand")
+            od_high = r.get("scaled_decode_tokens_per_s_on_demand_high")
+            od = (fmt(od_low) if od_high is None or fmt(od_high) == fmt(od_low) else
+                  f"{fmt(min(od_low, od_high))} to {fmt(max(od_low, od_high))}")
             tokens = "-" if r.get("tokens_compared") is None else f"{r['tokens_identical']}/{r['tokens_compared']}"
             L.append(f"| {r['value']} | {r['run']} | {pct(r.get('decode_ratio'))} | {scaled_ratio} | "
                      f"{od} / "
@@ -1200,7 +1210,7 @@ def cmd_sweep(args):
                      f"{pct(r.get('recall'))} / {pct(r.get('timely_recall'))} | "
                      f"{fmt(r.get('stall_ms_per_token'), 1)} ({fmt(r.get('stall_first_layer_ms_per_token'), 1)}) | "
                      f"{fmt(r.get('loads_on_demand_per_token'))} | {fmt(r.get('expert_load_ms'), 1)} vs "
-                     f"{fmt(r.get('t_maxload_ms'), 1)} ({'-' if io is None else 'I/O-bound' if io else 'hidden'}) | "
+                     f"{fmt(r.get('t_maxload_ms'), 1)} ({verdict}) | "
                      f"{r.get('groups', '-')} | "
                      f"{cal} | {tokens} | "
                      f"{r['seconds']} |")

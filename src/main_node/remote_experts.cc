@@ -510,8 +510,8 @@ void RemoteExpertExecutor::Encode(Layer& work, const float* h, Stream* stream) {
       std::memcpy(data->data() + r * F32Bytes(hidden), host_h_.data() + static_cast<int64_t>(pc.rows[r]) * hidden,
                   F32Bytes(hidden));
     }
-    const size_t room = rpc::kMaxMessageBytes - (1 << 20) - data->size();  // 1 MiB for the rest of the message
-    req.mutable_padding()->resize(PayloadScale::Padding(data->size(), options_.payload_scale, room));
+    req.mutable_padding()->resize(
+        PayloadScale::Padding(data->size(), options_.payload_scale, rpc::RoomAfter(data->size())));
     for (const PlannedCall::Task& task : pc.tasks) {
       const ExpertBatch& b = work.batches[task.batch];
       v1::ExpertTask* et = req.add_tasks();

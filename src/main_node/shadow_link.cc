@@ -5,8 +5,8 @@
 
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
-#include "src/common/logging.h"
 #include "src/backend/device_factory.h"
+#include "src/common/logging.h"
 #include "src/engine/generator.h"
 #include "src/rpc/request_id.h"
 #include "src/rpc/rpc_util.h"
@@ -127,8 +127,7 @@ void ShadowLink::Step(int64_t position, int64_t batch_step, std::optional<int32_
     rpc::EncodeF32(std::span<const float>(k, static_cast<size_t>(n)), shape, step->mutable_k());
     rpc::EncodeF32(std::span<const float>(v, static_cast<size_t>(n)), shape, step->mutable_v());
     const size_t bytes = step->k().data().size() + step->v().data().size();
-    step->mutable_padding()->resize(
-        PayloadScale::Padding(bytes, options_.kv_payload_scale, rpc::kMaxMessageBytes - (1 << 20) - bytes));
+    step->mutable_padding()->resize(PayloadScale::Padding(bytes, options_.kv_payload_scale, rpc::RoomAfter(bytes)));
   }
   if (!stream_->Write(msg)) {
     if (!options_.warned->exchange(true)) spdlog::warn("the shadow's stream broke: decoding on without predictions");
@@ -157,8 +156,7 @@ void ShadowLink::SendKv(int64_t first, int64_t count, const float* k, const floa
     rpc::EncodeF32(std::span<const float>(k + at * row, static_cast<size_t>(n * row)), shape, kv->mutable_k());
     rpc::EncodeF32(std::span<const float>(v + at * row, static_cast<size_t>(n * row)), shape, kv->mutable_v());
     const size_t bytes = kv->k().data().size() + kv->v().data().size();
-    kv->mutable_padding()->resize(
-        PayloadScale::Padding(bytes, options_.kv_payload_scale, rpc::kMaxMessageBytes - (1 << 20) - bytes));
+    kv->mutable_padding()->resize(PayloadScale::Padding(bytes, options_.kv_payload_scale, rpc::RoomAfter(bytes)));
     if (!stream_->Write(msg)) {
       if (!options_.warned->exchange(true)) {
         spdlog::warn("the shadow's stream broke: decoding on without predictions");

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -36,6 +37,12 @@ absl::Status FromGrpc(const grpc::Status& status, std::string_view what);
 
 static_assert(kMaxTensorBytesPerCall + (1 << 20) <= kMaxMessageBytes,
               "a call's largest tensor payload, plus its header and framing, must fit one message");
+// What a message whose payload takes `payload_bytes` can still carry (emulation's padding, PayloadScale), with
+// 1 MiB kept for its other fields and framing.
+inline size_t RoomAfter(size_t payload_bytes) {
+  constexpr size_t kUsable = kMaxMessageBytes - (1 << 20);
+  return payload_bytes < kUsable ? kUsable - payload_bytes : 0;
+}
 
 // Keepalive between nodes. Clients ping every connection every kKeepaliveTimeMs, with or without calls, and drop
 // it when a ping is not answered within kKeepaliveTimeoutMs (its calls fail UNAVAILABLE at once instead of

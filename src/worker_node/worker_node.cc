@@ -218,8 +218,7 @@ absl::Status WorkerNode::Compute(const v1::ComputeExpertsRequest& request, v1::C
   if (status.ok() && payload_scale_ > 1.0) {
     size_t bytes = 0;
     for (const v1::ExpertOutput& o : response->outputs()) bytes += o.output().data().size();
-    const size_t room = rpc::kMaxMessageBytes - kResponseHeadroomBytes - bytes;
-    response->mutable_padding()->resize(PayloadScale::Padding(bytes, payload_scale_, room));
+    response->mutable_padding()->resize(PayloadScale::Padding(bytes, payload_scale_, rpc::RoomAfter(bytes)));
   }
   counters_.CallEnded();
   return status;
