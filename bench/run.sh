@@ -19,11 +19,12 @@
 # --workers N gives the cluster exactly N workers (worker0.., copies of FILE's first worker, its ports + i; N a
 # multiple of the group size), --group-size G sets [cluster] group_size, --align T,KV [shadow] align_token and
 # align_kv (decode steps; 0: never), --shadow-quant [shadow] quant (bench/report.py config writes them and checks
-# the combination; bench/sweep.sh runs one setting per axis). With --lan the cluster runs in the LAN harness at
-# 1 Gbit/s (tests/lan/run.sh --up --config), so hidden states, predictions and alignment pay transfer time.
-# summary.md then also gives the decode figures scaled to the timing model's layer count, and the calibration
-# check: the reference's measured decode time per token against the device's modelled busy time (its critical
-# path), within 10%.
+# the combination; bench/sweep.sh runs one setting per axis). With --lan the cluster runs in the LAN harness
+# (tests/lan/run.sh --up --config) at 1 Gbit/s or --link-rate, divided by the time scale, so hidden states,
+# predictions and alignment, padded to the timing model's bytes, pay transfer time. summary.md then also gives
+# the decode figures at the timing model's layer count (a range; see report.py scaled_records), whether the
+# cluster's tokens equal the reference's, and the calibration checks: measured decode time per token against
+# the profiles' modelled critical path, within 10%, for the reference and, with --shadow-mode none, the cluster.
 #
 # Writes DIR/results.jsonl (one record per figure, each with section, model, config, hardware, commit, seed),
 # DIR/summary.md (laid out like the paper's Table 2, the paper's figures beside ours), DIR/*.csv and DIR/*.png;
@@ -37,9 +38,9 @@
 # on loopback) with its ports moved by --port-offset, and takes it down on exit, interrupt included.
 # --endpoint HOST:PORT uses a running cluster instead, and --lan the LAN harness (tests/lan/run.sh --up at
 # 1 Gbit/s, --link-rate RATE another rate, e.g. 100mbit or 10gbit; with --emulate the rate of the modelled
-# testbed, shaped at RATE / time_scale of wall-clock time as the devices are; its topology is 8 workers); both skip the sections that restart the cluster (recall_per_token, ablation,
-# alignment_grid) and summary.md says so. With --endpoint the resident reference runs only when --model or
-# --synthetic is given.
+# testbed, shaped at RATE / time_scale of wall-clock time as the devices are; its topology is 8 workers); both
+# skip the sections that restart the cluster (recall_per_token, ablation, alignment_grid) and summary.md says
+# so. With --endpoint the resident reference runs only when --model or --synthetic is given.
 # --quick: the demo model on the CPU, 2 prompts and short outputs; every section in a few minutes. --pairs LIST
 # (e.g. 16x32,128x8: input x output tokens) replaces the workload pairs of either.
 set -euo pipefail
@@ -315,7 +316,8 @@ with open(os.path.join(raw, "workload_cluster.jsonl")) as f:
 mode = e["META_MODE"]
 mode = {"local": "a cluster bench/run.sh started", "endpoint": f"the running cluster at {e['META_ENDPOINT']}",
         "lan": f"the LAN harness (tests/lan/run.sh, links at {e['META_LAN_RATE']}"
-               + (f", shaped at {e['META_TC_RATE']} of wall-clock time" if e["META_TC_RATE"] != e["META_LAN_RATE"] else "")
+               + (f", shaped at {e['META_TC_RATE']} of wall-clock time"
+                  if e["META_TC_RATE"] != e["META_LAN_RATE"] else "")
                + f"), main at {e['META_ENDPOINT']}"}[mode]
 with open(os.path.join(raw, "skipped.txt")) as f:
     skipped = [line.strip() for line in f if line.strip()]
