@@ -742,6 +742,7 @@ def cmd_report(args):
                    decode_bytes_loaded=decode_bytes, alignment_bytes=sum(r["alignment_bytes"] for r in sel),
                    t_m_ms=mean([r["t_m_ms"] for r in sel]), t_w_ms=mean([r["t_w_ms"] for r in sel]),
                    expert_load_ms=load, t_maxload_ms=maxload, groups=sel[0]["groups"])
+        rec["recall"], rec["timely_recall"] = weighted_recall(sel, "recall"), weighted_recall(sel, "timely_recall")
         rec["stall_ms_per_token"] = ratio(rec["stall_ms_total"], steps)
         rec["stall_ms_per_layer_per_token"] = [ratio(x, steps) for x in per_layer]
         rec["loads_on_demand_per_token"] = ratio(rec["decode_loads_on_demand"], steps)
@@ -796,7 +797,7 @@ def cmd_report(args):
     write_csv(os.path.join(d, "alignment_grid.csv"), [r for r in results if r["section"] == "alignment_grid"],
               pred_fields)
     write_csv(os.path.join(d, "stall.csv"), [r for r in results if r["section"] == "stall"],
-              ["pair", "decode_tokens", "stall_ms_per_token", "stall_ms_per_layer_per_token",
+              ["pair", "decode_tokens", "recall", "timely_recall", "stall_ms_per_token", "stall_ms_per_layer_per_token",
                "loads_on_demand_per_token", "bytes_loaded_per_token", "alignment_bytes_per_token", "t_m_ms",
                "t_w_ms", "expert_load_ms", "t_maxload_ms", "io_bound"])
 
@@ -992,7 +993,9 @@ def write_summary(d, meta, common, results, paper, made):
                  f"{fmt(stall['stall_ms_per_token'], 3)} ms/token, {fmt(stall['loads_on_demand_per_token'], 3)} "
                  f"on-demand loads/token, {fmt(stall['bytes_loaded_per_token'] / 2**20, 2)} MiB loaded/token, "
                  f"{fmt(stall['alignment_bytes_per_token'] / 1024, 2)} KiB of K/V alignment/token; t_M "
-                 f"{fmt(stall['t_m_ms'], 3)} ms, t_W {fmt(stall['t_w_ms'], 3)} ms, {stall['groups']} groups. "
+                 f"{fmt(stall['t_m_ms'], 3)} ms, t_W {fmt(stall['t_w_ms'], 3)} ms, {stall['groups']} groups; the "
+                 f"shadow's recall {fmt(100 * stall['recall']) if stall.get('recall') is not None else '-'}%, timely "
+                 f"{fmt(100 * stall['timely_recall']) if stall.get('timely_recall') is not None else '-'}%. "
                  f"Eq. 1: {stall['verdict']}.\n")
         L.append("Stall per sparse layer (ms/token): "
                  + ", ".join(fmt(x, 3) for x in stall["stall_ms_per_layer_per_token"]) + "\n")
