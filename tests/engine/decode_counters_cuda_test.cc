@@ -97,6 +97,7 @@ TEST(DecodeCountersCudaTest, ResidentDecodeStepOnTinyMixtral) {
             << ", pageable copies to host " << pageable << ", allocations " << allocations << ", frees "
             << static_cast<double>(counts.frees) / kSteps << ", launches " << launches << " (" << launches_per_layer
             << " per layer), bytes copied from device " << static_cast<double>(counts.copy_bytes_from_device) / kSteps
+            << " (to the host " << static_cast<double>(counts.copy_bytes_to_host) / kSteps << ")"
             << ", KV-cache bytes written " << kv_bytes << " into " << kv_buffers << " buffers\n";
   for (const auto& [site, s] : counts.sites) {
     std::cout << "  " << static_cast<double>(s.launches) / kSteps << " x " << site << "\n";

@@ -60,6 +60,7 @@ void CountCopy(void* dst, const void* src, size_t n, bool synchronous) {
   std::lock_guard<std::mutex> lock(counters_mu);
   if (from_device) {
     counts.copy_bytes_from_device += n;
+    if (!to_device) counts.copy_bytes_to_host += n;
     if (synchronous) {
       ++counts.host_syncs;
     } else if (pageable_dst) {

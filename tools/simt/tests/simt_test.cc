@@ -315,6 +315,7 @@ TEST_F(SimtTest, CountsWhatTheProgramAsks) {
   EXPECT_EQ(pinned[0], 64.0f);
   ASSERT_EQ(cudaMemcpyAsync(pinned_out.data(), out, 2 * sizeof(float), cudaMemcpyDeviceToHost, nullptr), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(pinned_out.data(), out, 2 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(in, out, 2 * sizeof(float), cudaMemcpyDeviceToDevice, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
   EXPECT_EQ(cudaFree(in), cudaSuccess);
@@ -325,7 +326,8 @@ TEST_F(SimtTest, CountsWhatTheProgramAsks) {
   EXPECT_EQ(c.pageable_copies_to_host, 1u);
   EXPECT_EQ(c.frees, 2u);
   EXPECT_EQ(c.allocations, 0u);
-  EXPECT_EQ(c.copy_bytes_from_device, 3 * 2 * sizeof(float));
+  EXPECT_EQ(c.copy_bytes_from_device, 4 * 2 * sizeof(float));
+  EXPECT_EQ(c.copy_bytes_to_host, 3 * 2 * sizeof(float)) << "not the copy on the device";
   EXPECT_EQ(c.launches, 0u);
 }
 

@@ -13,6 +13,7 @@
 //    cudaFreeAsync of it (cudaFreeAsync is stream-ordered: not a host sync; cudaFree of pool memory is one).
 //  - launches: kernel launches that ran (refused launches are not counted); cuBLAS calls are not kernels here.
 //  - copy_bytes_from_device: bytes cudaMemcpy(Async) read from device allocations (to the host or on the device).
+//  - copy_bytes_to_host: of those, the bytes copied into host memory (device to host: what crosses the link back).
 //  - kernel_bytes_read / kernel_bytes_written: checked mode only (0 in fast mode): bytes instrumented kernel code
 //    loaded from / stored to device allocations, each access once per thread that made it (shared memory, the
 //    stack and host memory are not counted).
@@ -48,6 +49,7 @@ struct Counters {
   uint64_t frees = 0;
   uint64_t launches = 0;
   uint64_t copy_bytes_from_device = 0;
+  uint64_t copy_bytes_to_host = 0;
   uint64_t kernel_bytes_read = 0;
   uint64_t kernel_bytes_written = 0;
   std::map<std::string, SiteCounts> sites;          // "kernel file:line"
