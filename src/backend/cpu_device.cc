@@ -217,4 +217,10 @@ void CpuDevice::ScatterAddScaled(const float* src, const int32_t* rows, const fl
   cpu::ScatterAddScaled(src, rows, scale, n, dim, sigmoid_scale, dst);
 }
 
+void CpuDevice::SelectTokens(const float* logits, int64_t rows, int64_t vocab, const TokenChoice* choices, int32_t* ids,
+                             Stream*) {
+  CountOp("SelectTokens");
+  cpu::SelectTokens(logits, rows, vocab, choices, ids);
+}
+
 }  // namespace odmoe

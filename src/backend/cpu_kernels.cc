@@ -442,4 +442,81 @@ void ScatterAddScaled(const float* src, const int32_t* rows, const float* scale,
   }
 }
 
+int32_t ArgMax(const float* logits, int64_t vocab) {
+  ODMOE_CHECK(logits != nullptr && vocab >= 1);
+  int64_t best = -1;
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (std::isnan(logits[i])) continue;
+    if (best < 0 || logits[i] > logits[best]) best = i;
+  }
+  return static_cast<int32_t>(std::max<int64_t>(best, 0));
+}
+
+namespace {
+
+// One row of SelectTokens: the steps of kernels/sampling_rule.h in order, sequentially.
+int32_t SelectToken(const float* l, int64_t vocab, const TokenChoice& c) {
+  using kernels::MulFraction;
+  if (kernels::IsGreedy(c)) return ArgMax(l, vocab);
+  const size_t v = static_cast<size_t>(vocab);
+  std::vector<float> z(v);  // [vocab]
+  float zmax = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < v; ++i) {
+    z[i] = kernels::SampleZ(l[i], c.temperature);
+    zmax = std::max(zmax, z[i]);
+  }
+  std::vector<uint64_t> mass(v);  // [vocab]
+  for (size_t i = 0; i < v; ++i) mass[i] = kernels::SampleMass(z[i] - zmax);
+
+  // Steps 3 and 5 keep a prefix of the order (z descending, id ascending): sorted only as far as a cut needs.
+  const bool top_k = c.top_k > 0 && c.top_k < vocab;
+  const bool top_p = c.top_p < 1.0f;
+  std::vector<uint8_t> kept(v, 1);  // [vocab]
+  if (top_k || top_p) {
+    std::vector<int32_t> order(v);
+    std::iota(order.begin(), order.end(), 0);
+    const auto before = [&](int32_t a, int32_t b) { return z[a] != z[b] ? z[a] > z[b] : a < b; };
+    size_t keep = top_k ? static_cast<size_t>(c.top_k) : v;
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep), order.end(), before);
+    uint64_t kept_mass = 0;
+    for (size_t j = 0; j < keep; ++j) kept_mass += mass[order[j]];
+    if (top_p && kept_mass > 0) {
+      const uint64_t target = MulFraction(kept_mass, kernels::Fraction24(c.top_p));
+      uint64_t cum = 0;
+      for (size_t j = 0; j < keep; ++j) {
+        cum += mass[order[j]];
+        if (cum >= target) {
+          keep = j + 1;
+          break;
+        }
+      }
+    }
+    std::fill(kept.begin(), kept.end(), 0);
+    for (size_t j = 0; j < keep; ++j) kept[order[j]] = 1;
+  }
+
+  // Step 6: the inverse CDF over the kept tokens in id order.
+  uint64_t total = 0;
+  for (size_t i = 0; i < v; ++i) total += kept[i] ? mass[i] : 0;
+  const uint64_t need = MulFraction(total, kernels::Fraction24(c.uniform));
+  uint64_t run = 0;
+  int32_t last = 0;
+  for (size_t i = 0; i < v; ++i) {
+    if (!kept[i]) continue;
+    run += mass[i];
+    last = static_cast<int32_t>(i);
+    if (run > need) return last;
+  }
+  return last;
+}
+
+}  // namespace
+
+void SelectTokens(const float* logits, int64_t rows, int64_t vocab, const TokenChoice* choices, int32_t* ids) {
+  ODMOE_CHECK(rows >= 0 && vocab >= 1 && vocab <= kernels::kSampleMaxVocab);
+  if (rows == 0) return;
+  ODMOE_CHECK(logits != nullptr && choices != nullptr && ids != nullptr);
+  for (int64_t r = 0; r < rows; ++r) ids[r] = SelectToken(logits + r * vocab, vocab, choices[r]);
+}
+
 }  // namespace odmoe::cpu

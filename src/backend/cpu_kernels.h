@@ -11,6 +11,7 @@
 //    x[i+d/2]*cos + x[i]*sin.
 //  - Attention: softmax(q.k * scale) over the causal window, max-subtracted, then the weighted sum of v.
 //  - RouterTopK: fp32 softmax over all experts, top-k by probability (ties: lower id first), best first.
+//  - SelectTokens: the rule of kernels/sampling_rule.h, which the CUDA kernel follows too (the same ids).
 //
 // Shapes are in the comments as [rows, cols], row-major; the contracts are those of the Device op with the
 // same name (src/backend/device.h). Programming errors (null pointers, negative sizes, ids < 0) abort
@@ -79,5 +80,13 @@ void GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t dim, f
 // src.
 void ScatterAddScaled(const float* src, const int32_t* rows, const float* scale, int64_t n, int64_t dim,
                       bool sigmoid_scale, float* dst);
+
+// The index of the largest of logits[0, vocab): the lowest among equal maxima; NaN never wins (all NaN: 0).
+// REQUIRES: vocab >= 1.
+int32_t ArgMax(const float* logits, int64_t vocab);
+
+// ids[r] = the token kernels/sampling_rule.h picks from logits[r, :] by choices[r]. logits: [rows, vocab];
+// choices, ids: [rows]. REQUIRES: 1 <= vocab <= kernels::kSampleMaxVocab.
+void SelectTokens(const float* logits, int64_t rows, int64_t vocab, const TokenChoice* choices, int32_t* ids);
 
 }  // namespace odmoe::cpu

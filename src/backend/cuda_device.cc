@@ -33,6 +33,7 @@
 #include "kernels/quant.h"
 #include "kernels/rope.h"
 #include "kernels/router.h"
+#include "kernels/sampling.h"
 #include "src/backend/cpu_kernels.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
@@ -851,6 +852,16 @@ class CudaDevice final : public Device {
     if (n == 0 || dim == 0) return;
     UseDevice(ordinal_);
     ODMOE_CUDA_LAUNCH(kernels::LaunchScatterAddScaled(src, rows, scale, n, dim, sigmoid_scale, dst, S(stream)->get()));
+  }
+
+  void SelectTokens(const float* logits, int64_t rows, int64_t vocab, const TokenChoice* choices, int32_t* ids,
+                    Stream* stream) override {
+    CountOp("SelectTokens");
+    ODMOE_CHECK(rows >= 0 && vocab >= 1 && vocab <= kernels::kSampleMaxVocab);
+    if (rows == 0) return;
+    ODMOE_CHECK(logits != nullptr && choices != nullptr && ids != nullptr);
+    UseDevice(ordinal_);
+    ODMOE_CUDA_LAUNCH(kernels::LaunchSelectTokens(logits, rows, vocab, choices, ids, S(stream)->get()));
   }
 
   // ---- routed experts with the expert ids on the device: kernels/moe_grouped.h ---------------------------------

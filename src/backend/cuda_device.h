@@ -24,6 +24,7 @@
 //  - RoutedExperts (up to kGemvMaxTokens tokens): three launches per layer over every (token, expert) slot, the
 //    expert ids read on the device from the router's output through a table of expert weight pointers made at
 //    load time (kernels/moe_grouped.h); bitwise the per-expert GEMV path.
+//  - SelectTokens: one launch, a block per row (kernels/sampling.h), the ids the CPU reference picks.
 //  - Attention: the split-sequence decode kernel for up to 4 new tokens, the tiled prefill kernel beyond, both
 //    over a KV cache in the model's compute dtype (KvCacheDType: F16 / BF16 models keep theirs in that dtype,
 //    as HF does, half the bytes of fp32; every other model in F32), written by Convert (fp32 rows rounded to

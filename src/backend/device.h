@@ -28,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/sampling_rule.h"
 #include "src/common/dtype.h"
 
 namespace odmoe {
@@ -265,6 +266,13 @@ class Device {
   // the factor is sigmoid(scale[i]) instead. src: [n, dim], rows, scale: [n] (device memory).
   virtual void ScatterAddScaled(const float* src, const int32_t* rows, const float* scale, int64_t n, int64_t dim,
                                 bool sigmoid_scale, float* dst, Stream* stream) = 0;
+  // ids[r] = the token picked from logits[r, :] by choices[r]: greedy (the argmax, ties to the lowest id, NaN never
+  // wins) or sampled (temperature, top-k, top-p and the row's uniform draw), by the one rule of
+  // kernels/sampling_rule.h, so every backend picks the same ids for the same logits and choices (its sums are of
+  // integers: no backend's order of additions changes a pick). logits: [rows, vocab]; choices, ids: [rows] (device
+  // memory: a decode step copies only the ids back). REQUIRES: 1 <= vocab <= kernels::kSampleMaxVocab.
+  virtual void SelectTokens(const float* logits, int64_t rows, int64_t vocab, const TokenChoice* choices, int32_t* ids,
+                            Stream* stream) = 0;
 
   // ---- routed experts with the expert ids on the device ------------------------------------------------------
   // A layer's routed experts straight from the router's device-resident result, so that the host never sees the

@@ -702,6 +702,23 @@ void MockGpuDevice::ScatterAddScaled(const float* src, const int32_t* rows, cons
   cpu::ScatterAddScaled(src, rows, scale, n, dim, sigmoid_scale, dst);
 }
 
+void MockGpuDevice::SelectTokens(const float* logits, int64_t rows, int64_t vocab, const TokenChoice* choices,
+                                 int32_t* ids, Stream* stream) {
+  ODMOE_CHECK(rows >= 0 && vocab >= 1);
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    if (rows > 0) {
+      state_->CheckArgLocked("SelectTokens", "logits", logits, Bytes4(rows * vocab));
+      state_->CheckArgLocked("SelectTokens", "choices", choices, static_cast<uint64_t>(rows) * sizeof(TokenChoice));
+      state_->CheckArgLocked("SelectTokens", "ids", ids, Bytes4(rows));
+    }
+    NoteLaunches(1);
+    state_->ScheduleOpLocked(OpShape{.kind = OpKind::kSelectTokens, .n = rows, .dim = vocab}, sid);
+  }
+  cpu::SelectTokens(logits, rows, vocab, choices, ids);
+}
+
 // ---- accounting and test hooks -----------------------------------------------------------------------------
 
 std::map<std::string, int64_t> MockGpuDevice::op_counts() const {

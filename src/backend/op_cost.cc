@@ -48,6 +48,8 @@ std::string_view OpKindName(OpKind kind) {
       return "ScatterAddScaled";
     case OpKind::kConvert:
       return "Convert";
+    case OpKind::kSelectTokens:
+      return "SelectTokens";
   }
   return "?";
 }
@@ -91,6 +93,8 @@ OpWork WorkOf(const OpShape& s) {
       return {2.0 * D(s.n) * D(s.dim), 3 * Bytes4(s.n * s.dim) + 2 * Bytes4(s.n)};
     case OpKind::kConvert:
       return {0, DenseBytes(s.weight, s.count) + DenseBytes(s.dst, s.count)};
+    case OpKind::kSelectTokens:
+      return {D(s.n) * D(s.dim), Bytes4(s.n * s.dim) + 5 * Bytes4(s.n)};
   }
   return {};
 }

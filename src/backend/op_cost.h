@@ -16,6 +16,7 @@
 //   GatherRows        0;                          2*n*dim*4 + n*4
 //   ScatterAddScaled  2*n*dim;                    3*n*dim*4 + n*8
 //   Convert           0;                          count*(size of src dtype + size of dst dtype)
+//   SelectTokens      n*dim;                      n*dim*4 + n*20 (the logits, each row's choice and id)
 #pragma once
 
 #include <cstdint>
@@ -36,7 +37,8 @@ enum class OpKind {
   kAdd,
   kGatherRows,
   kScatterAddScaled,
-  kConvert
+  kConvert,
+  kSelectTokens
 };
 std::string_view OpKindName(OpKind kind);  // the Device method's name: "MatMul", ...
 
@@ -44,7 +46,7 @@ std::string_view OpKindName(OpKind kind);  // the Device method's name: "MatMul"
 // which of the Device method's arguments:
 //   Embedding(n, dim), RmsNorm(rows -> n, dim), MatMul(n, in_dim, out_dim, has_bias), Rope(n, heads, head_dim),
 //   Attention(n, past, heads, kv_heads, head_dim), RouterTopK(n, experts, k), SwiGlu(count), Add(count),
-//   GatherRows(n, dim), ScatterAddScaled(n, dim), Convert(count).
+//   GatherRows(n, dim), ScatterAddScaled(n, dim), Convert(count), SelectTokens(rows -> n, vocab -> dim).
 // `weight` is the dtype of the op's weight (Embedding's table, RmsNorm's weight, MatMul's w) or Convert's source;
 // `bias` MatMul's bias; `dst` Convert's destination.
 struct OpShape {

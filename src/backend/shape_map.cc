@@ -129,6 +129,7 @@ OpShape ShapeMap::Charge(const OpShape& shape) const {
       break;
     case OpKind::kGatherRows:
     case OpKind::kScatterAddScaled:
+    case OpKind::kSelectTokens:
       c.dim = Width(shape.dim);
       break;
     case OpKind::kConvert:  // a K or V row of the cache

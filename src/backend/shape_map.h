@@ -4,10 +4,10 @@
 // creation from the two models' dimensions (src/backend/device_factory.h: CreateNodeDevice) and immutable after.
 //
 // Rules (a size the rules do not recognise is charged as it is):
-//  - Widths of matrices and rows (MatMul in/out, Embedding/RmsNorm/GatherRows/ScatterAddScaled dim): the running
-//    model's hidden, expert / shared-expert / dense intermediate, q (heads*head_dim), kv (kv_heads*head_dim),
-//    head_dim, vocab and expert count map to the target's. Where two of them are equal in the running model but
-//    not in the target, the larger target value is charged (see ambiguous()).
+//  - Widths of matrices and rows (MatMul in/out, Embedding/RmsNorm/GatherRows/ScatterAddScaled dim, SelectTokens'
+//    vocab): the running model's hidden, expert / shared-expert / dense intermediate, q (heads*head_dim), kv
+//    (kv_heads*head_dim), head_dim, vocab and expert count map to the target's. Where two of them are equal in the
+//    running model but not in the target, the larger target value is charged (see ambiguous()).
 //  - Head counts by role: Attention's heads and kv_heads, Rope's heads (the larger on a tie), and head_dim.
 //  - RouterTopK's expert count; top-k and token counts (rows, past) are never mapped.
 //  - Element counts: SwiGlu's count as rows x an intermediate width, Add's as rows x hidden.

@@ -93,6 +93,12 @@ std::vector<std::vector<uint8_t>> RunEveryOp(Device& device) {
   device.ScatterAddScaled(gathered->as<float>(), rows->as<int32_t>(), scale->as<float>(), 4, hidden, true,
                           h->as<float>(), nullptr);
   keep(*h);
+  // Greedy, sampled with top-k and with top-p: one row each, over `vocab` logits.
+  auto token_logits = Upload(device, floats(3 * vocab, 2.0f));
+  auto choices = Upload(device, std::vector<TokenChoice>{{}, {0.8f, 5, 1.0f, 0.6f}, {1.3f, 0, 0.7f, 0.2f}});
+  auto tokens = Alloc(device, 3 * 4);
+  device.SelectTokens(token_logits->as<float>(), 3, vocab, choices->as<TokenChoice>(), tokens->as<int32_t>(), nullptr);
+  keep(*tokens);
   auto copy = Alloc(device, h->size());
   device.CopyOnDevice(copy->data(), h->data(), h->size(), nullptr);
   keep(*copy);

@@ -232,6 +232,11 @@ TEST(TimedDeviceTest, QuantizedWeightsKeepTheirDtypeAtTheTargetShape) {
   EXPECT_EQ(shapes.Charge(OpShape{.kind = OpKind::kAdd, .count = 3 * 64}).count, 3 * 4096);
   EXPECT_EQ(shapes.Charge(OpShape{.kind = OpKind::kAdd, .count = 7}).count, 7);
   EXPECT_EQ(shapes.Charge(OpShape{.kind = OpKind::kSwiGlu, .count = 2 * 128}).count, 2 * 14336);
+  // Token selection over a row of the running vocabulary (256) is charged over Mixtral's 32000.
+  const OpShape select = shapes.Charge(OpShape{.kind = OpKind::kSelectTokens, .n = 3, .dim = 256});
+  EXPECT_EQ(select.n, 3);
+  EXPECT_EQ(select.dim, 32000);
+  EXPECT_EQ(WorkOf(select).bytes, uint64_t{3} * 32000 * 4 + 3 * 20);
 }
 
 TEST(TimedDeviceTest, ShapeMapNamesWhatItCannotMap) {

@@ -2,9 +2,11 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "src/backend/cpu_kernels.h"
 
 namespace odmoe {
 namespace {
@@ -14,6 +16,12 @@ TEST(ArgMaxTest, LowestIndexWinsTies) {
   EXPECT_EQ(ArgMax(l), 1);
   l = {NAN, 0.5f, 0.25f};
   EXPECT_EQ(ArgMax(l), 1);
+  l = {0.5f, NAN, 7.0f, NAN};
+  EXPECT_EQ(ArgMax(l), 2);
+  l = {NAN, NAN};
+  EXPECT_EQ(ArgMax(l), 0);
+  l = {-INFINITY, -INFINITY};
+  EXPECT_EQ(ArgMax(l), 0);
 }
 
 TEST(SamplerTest, GreedyWithoutTemperature) {
@@ -79,6 +87,98 @@ TEST(SamplerTest, FrequenciesFollowTheSoftmax) {
   const int n = 20000;
   for (int i = 0; i < n; ++i) ones += s.Next(l) == 1;
   EXPECT_NEAR(static_cast<double>(ones) / n, 0.75, 0.02);
+}
+
+TEST(SamplerTest, TopPKeepsTheNucleusOnly) {
+  // p = [0.5, 0.3, 0.15, 0.05]: top_p 0.7 keeps the first two (0.5 < 0.7 <= 0.8), renormalised to 5/8 and 3/8.
+  std::vector<float> l = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+  SamplingOptions o;
+  o.temperature = 1.0;
+  o.top_p = 0.7;
+  o.seed = 3;
+  Sampler s(o);
+  std::map<int32_t, int> seen;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++seen[s.Next(l)];
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_NEAR(static_cast<double>(seen[0]) / n, 0.625, 0.02);
+}
+
+// The choice a sampler hands to Device::SelectTokens: its options in fp32 and, when it samples, one draw per token
+// from the seeded stream (a multiple of 2^-24 in [0, 1)); greedy draws nothing.
+TEST(SamplerTest, NextChoiceCarriesTheOptionsAndOneDrawPerToken) {
+  SamplingOptions o;
+  o.temperature = 0.9;
+  o.top_k = 40;
+  o.top_p = 0.95;
+  o.seed = 11;
+  Sampler a(o), b(o);
+  for (int i = 0; i < 1000; ++i) {
+    const TokenChoice c = a.NextChoice();
+    EXPECT_EQ(c.temperature, 0.9f);
+    EXPECT_EQ(c.top_k, 40);
+    EXPECT_EQ(c.top_p, 0.95f);
+    EXPECT_GE(c.uniform, 0.0f);
+    EXPECT_LT(c.uniform, 1.0f);
+    EXPECT_EQ(c.uniform * 0x1p24f, std::floor(c.uniform * 0x1p24f));
+    EXPECT_EQ(b.NextChoice().uniform, c.uniform) << "the same seed, the same draws";
+  }
+  Sampler greedy(SamplingOptions{});
+  const TokenChoice g = greedy.NextChoice();
+  EXPECT_TRUE(kernels::IsGreedy(g));
+  EXPECT_EQ(g.uniform, 0.0f);
+  // Beyond fp32 / int32: a temperature that rounds to 0 is greedy, a top_k past int32 cuts nothing.
+  SamplingOptions tiny;
+  tiny.temperature = 1e-60;
+  tiny.top_k = int64_t{1} << 40;
+  EXPECT_TRUE(kernels::IsGreedy(ToTokenChoice(tiny, 0.5f)));
+  EXPECT_EQ(ToTokenChoice(tiny, 0.5f).top_k, 0);
+}
+
+// Sampler::Next is the device op's rule on the host: cpu::SelectTokens with the choice a same-seeded sampler makes.
+TEST(SamplerTest, NextIsSelectTokensWithTheNextChoice) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<float> l(300);
+  for (float& v : l) v = dist(rng);
+  SamplingOptions o;
+  o.temperature = 0.8;
+  o.top_k = 30;
+  o.top_p = 0.9;
+  o.seed = 9;
+  Sampler a(o), b(o);
+  for (int i = 0; i < 200; ++i) {
+    const TokenChoice c = b.NextChoice();
+    int32_t id = -1;
+    cpu::SelectTokens(l.data(), 1, static_cast<int64_t>(l.size()), &c, &id);
+    EXPECT_EQ(a.Next(l), id);
+  }
+}
+
+// The fixed-point arithmetic of kernels/sampling_rule.h: the mass is exp to within fp32 rounding (and the fixed
+// point's resolution), 2^39 at 0, 0 below exp(-32) and for NaN; the fractions are exact.
+TEST(SamplingRuleTest, MassAndFractionsAreExactIntegers) {
+  using kernels::Fraction24;
+  using kernels::MulFraction;
+  using kernels::SampleMass;
+  EXPECT_EQ(SampleMass(0.0f), kernels::kSampleMassOne);
+  EXPECT_EQ(SampleMass(-0.0f), kernels::kSampleMassOne);
+  EXPECT_EQ(SampleMass(-32.5f), 0u);
+  EXPECT_EQ(SampleMass(NAN), 0u);
+  EXPECT_EQ(SampleMass(-INFINITY), 0u);
+  for (float x = -20.0f; x <= 0.0f; x += 0.01953125f) {
+    const double want = std::exp(static_cast<double>(x)) * 0x1p39;
+    EXPECT_NEAR(static_cast<double>(SampleMass(x)), want, want * 4e-7 + 1.0) << x;
+  }
+  EXPECT_EQ(Fraction24(0.5f), 1u << 23);
+  EXPECT_EQ(Fraction24(0.0f), 0u);
+  EXPECT_EQ(Fraction24(-1.0f), 0u);
+  EXPECT_EQ(Fraction24(1.0f), (1u << 24) - 1);
+  EXPECT_EQ(Fraction24(0x1.fffffep-1f), (1u << 24) - 1);
+  const uint64_t most = uint64_t{1} << 63;  // 2^24 tokens of mass 2^39
+  EXPECT_EQ(MulFraction(most, (1u << 24) - 1), most - (uint64_t{1} << 39));
+  EXPECT_EQ(MulFraction(most, 1u << 23), most / 2);
+  EXPECT_EQ(MulFraction((uint64_t{1} << 24) + 3, 1u << 23), (uint64_t{1} << 23) + 1);
 }
 
 TEST(SamplingOptionsTest, RejectsBadValuesNamingTheFlag) {

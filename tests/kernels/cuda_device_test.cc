@@ -523,5 +523,33 @@ TEST_F(CudaDeviceTest, LayerOpsMatchCpuDevice) {
   EXPECT_EQ(counts.count("MatMul"), 0u);
 }
 
+// SelectTokens through the Device: the CUDA device and the CPU reference pick the same ids for the same logits and
+// per-row choices (greedy rows among sampled ones), on a stream.
+TEST_F(CudaDeviceTest, SelectTokensPicksTheCpuDevicesIds) {
+  std::mt19937 rng(43);
+  const int64_t vocab = 3001, rows = 12;
+  const Twin logits = Make(RandomFloats(static_cast<size_t>(rows * vocab), rng, -6.0f, 6.0f), "logits");
+  std::vector<TokenChoice> choices(static_cast<size_t>(rows));
+  for (size_t r = 0; r < choices.size(); ++r) {
+    if (r % 3 == 0) continue;  // greedy
+    choices[r] = TokenChoice{0.5f + 0.25f * static_cast<float>(r % 4), static_cast<int32_t>(r % 2 == 0 ? 40 : 0),
+                             r % 5 == 0 ? 1.0f : 0.9f, std::uniform_real_distribution<float>(0.0f, 1.0f)(rng)};
+  }
+  const Twin dev_choices = Make(choices, "choices");
+  const Twin ids = Make(std::vector<int32_t>(static_cast<size_t>(rows), -1), "ids");
+  for (Device* d : {cpu_.get(), gpu_.get()}) {
+    const bool g = d == gpu_.get();
+    auto stream = d->CreateStream();
+    d->SelectTokens(static_cast<const float*>(g ? logits.gpu->data() : logits.cpu->data()), rows, vocab,
+                    static_cast<const TokenChoice*>(g ? dev_choices.gpu->data() : dev_choices.cpu->data()),
+                    static_cast<int32_t*>(g ? ids.gpu->data() : ids.cpu->data()), stream.get());
+    d->Synchronize(stream.get());
+  }
+  const std::vector<int32_t> got = Get<int32_t>(*gpu_, *ids.gpu);
+  EXPECT_EQ(got, Get<int32_t>(*cpu_, *ids.cpu));
+  for (int32_t id : got) EXPECT_TRUE(id >= 0 && id < vocab) << id;
+  EXPECT_EQ(gpu_->op_counts().at("SelectTokens"), 1);
+}
+
 }  // namespace
 }  // namespace odmoe

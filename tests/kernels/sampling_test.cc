@@ -1,17 +1,18 @@
-// Argmax and top-k / top-p sampling kernels against a double-precision reference of the definition in
-// kernels/sampling.h (tokens compared exactly; draws whose threshold lies within 1e-4 of a boundary of the
-// reference's CDF are not compared, since fp32 may legitimately fall on either side). Skipped without a GPU.
+// The token-selection kernels against the CPU reference (cpu::ArgMax, cpu::SelectTokens): the rule of
+// kernels/sampling_rule.h makes every sum an integer, so the ids must be equal, every draw compared (none skipped
+// near a boundary) — over random logits, uniforms and per-row options, exact ties, top-p targets met exactly, and
+// rows that mix greedy and sampling in one launch. Skipped without a GPU (and run under the CUDA emulation).
 #include "kernels/sampling.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "src/backend/cpu_kernels.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace odmoe {
@@ -20,127 +21,146 @@ namespace {
 using gpu_test::DeviceArray;
 using gpu_test::GpuTest;
 
-int32_t Argmax(const float* l, int64_t vocab) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < vocab; ++i) {
-    if (l[i] > l[best]) best = i;
+class SamplingKernelTest : public GpuTest {
+ protected:
+  // The kernel's ids for `choices` (one per row of `logits`).
+  std::vector<int32_t> Select(const std::vector<float>& logits, int64_t vocab,
+                              const std::vector<TokenChoice>& choices) {
+    DeviceArray<float> dl(logits);
+    DeviceArray<TokenChoice> dc(choices);
+    DeviceArray<int32_t> ids(choices.size());
+    const int64_t rows = static_cast<int64_t>(choices.size());
+    EXPECT_EQ(kernels::LaunchSelectTokens(dl.get(), rows, vocab, dc.get(), ids.get(), stream_), cudaSuccess);
+    Sync();
+    return ids.Download();
   }
-  return static_cast<int32_t>(best);
+  static std::vector<int32_t> Reference(const std::vector<float>& logits, int64_t vocab,
+                                        const std::vector<TokenChoice>& choices) {
+    std::vector<int32_t> ids(choices.size());
+    cpu::SelectTokens(logits.data(), static_cast<int64_t>(choices.size()), vocab, choices.data(), ids.data());
+    return ids;
+  }
+};
+
+std::string Describe(const TokenChoice& c) {
+  return "T=" + std::to_string(c.temperature) + " top_k=" + std::to_string(c.top_k) +
+         " top_p=" + std::to_string(c.top_p) + " u=" + std::to_string(c.uniform);
 }
 
-// The reference: returns the token, or -1 when u or top_p sits too close to a boundary to be decided in fp32.
-int32_t ReferenceSample(const float* l, int64_t vocab, float temperature, int64_t top_k, float top_p, float u) {
-  if (temperature <= 0.0f || top_k == 1 || top_p <= 0.0f) return Argmax(l, vocab);
-  std::vector<double> z(static_cast<size_t>(vocab));
-  for (int64_t i = 0; i < vocab; ++i) z[static_cast<size_t>(i)] = static_cast<float>(l[i] / temperature);
-  std::vector<int64_t> order(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return z[a] > z[b]; });
-  int64_t kept = (top_k > 0 && top_k < vocab) ? top_k : vocab;
-  const double zmax = z[static_cast<size_t>(order[0])];
-  std::vector<double> e(static_cast<size_t>(vocab));
-  for (int64_t i = 0; i < vocab; ++i) e[static_cast<size_t>(i)] = std::exp(z[static_cast<size_t>(i)] - zmax);
-  double zk = 0.0;
-  for (int64_t j = 0; j < kept; ++j) zk += e[static_cast<size_t>(order[j])];
-  if (top_p < 1.0f) {
-    const double target = static_cast<double>(top_p) * zk;
-    double cum = 0.0;
-    int64_t j = 0;
-    for (; j < kept; ++j) {
-      cum += e[static_cast<size_t>(order[j])];
-      if (std::fabs(cum - target) < 1e-4 * zk) return -1;
-      if (cum >= target) break;
-    }
-    kept = std::min(kept, j + 1);
-  }
-  std::vector<bool> in(static_cast<size_t>(vocab), false);
-  double zs = 0.0;
-  for (int64_t j = 0; j < kept; ++j) {
-    in[static_cast<size_t>(order[j])] = true;
-    zs += e[static_cast<size_t>(order[j])];
-  }
-  const double need = static_cast<double>(u) * zs;
-  double run = 0.0;
-  int64_t last = -1;
-  for (int64_t i = 0; i < vocab; ++i) {
-    if (!in[static_cast<size_t>(i)]) continue;
-    run += e[static_cast<size_t>(i)];
-    last = i;
-    if (std::fabs(run - need) < 1e-4 * zs) return -1;
-    if (run > need) return static_cast<int32_t>(i);
-  }
-  return static_cast<int32_t>(last);
-}
-
-class SamplingKernelTest : public GpuTest {};
-
-TEST_F(SamplingKernelTest, ArgmaxTiesGoToTheLowestId) {
+TEST_F(SamplingKernelTest, ArgmaxTiesGoToTheLowestIdAndNanNeverWins) {
   const int64_t vocab = 5000;
-  std::vector<float> logits(static_cast<size_t>(3 * vocab), -1.0f);
+  std::vector<float> logits(static_cast<size_t>(5 * vocab), -1.0f);
   logits[17] = 3.0f;
   logits[4999] = 3.0f;  // row 0: tie between 17 and 4999
   // row 1: all equal -> 0
   logits[static_cast<size_t>(2 * vocab + 4321)] = 0.5f;  // row 2: a single maximum
+  // row 3: NaN first in every thread's stride and at the top; the maximum is 2.0 at 1500
+  for (int64_t i = 0; i < 1024; ++i) logits[static_cast<size_t>(3 * vocab + i)] = NAN;
+  logits[static_cast<size_t>(3 * vocab + 1500)] = 2.0f;
+  // row 4: every value NaN -> 0
+  std::fill(logits.begin() + 4 * vocab, logits.end(), NAN);
   DeviceArray<float> dl(logits);
-  DeviceArray<int32_t> ids(3);
-  ODMOE_ASSERT_CUDA(kernels::LaunchArgmax(dl.get(), 3, vocab, ids.get(), stream_));
+  DeviceArray<int32_t> ids(5);
+  ODMOE_ASSERT_CUDA(kernels::LaunchArgmax(dl.get(), 5, vocab, ids.get(), stream_));
   Sync();
-  EXPECT_EQ(ids.Download(), (std::vector<int32_t>{17, 0, 4321}));
+  EXPECT_EQ(ids.Download(), (std::vector<int32_t>{17, 0, 4321, 1500, 0}));
+  for (int r = 0; r < 5; ++r) EXPECT_EQ(cpu::ArgMax(logits.data() + r * vocab, vocab), ids.Download()[r]) << r;
+  // The same rows picked greedily by LaunchSelectTokens.
+  EXPECT_EQ(Select(logits, vocab, std::vector<TokenChoice>(5)), ids.Download());
 }
 
-TEST_F(SamplingKernelTest, MatchesReference) {
+// Every draw of random rows, options and uniforms: the kernel's id is the CPU reference's.
+TEST_F(SamplingKernelTest, SelectTokensMatchesTheCpuReferenceExactly) {
   std::mt19937 rng(30);
-  int compared = 0;
-  int skipped = 0;
-  for (int64_t vocab : {1, 7, 1000, 32000, 151936}) {
-    const int64_t rows = 4;
-    std::normal_distribution<float> dist(0.0f, 3.0f);
-    std::vector<float> logits(static_cast<size_t>(rows * vocab));
-    for (float& v : logits) v = dist(rng);
-    if (vocab > 10) logits[3] = logits[5];  // an exact tie somewhere
-    DeviceArray<float> dl(logits);
-    for (float temperature : {0.0f, 0.7f, 1.0f, 2.0f}) {
-      for (int64_t top_k : {0, 1, 5, 50, 2000}) {
-        for (float top_p : {1.0f, 0.95f, 0.5f, 0.1f}) {
-          std::uniform_real_distribution<float> uni(0.0f, 1.0f);
-          std::vector<float> u(static_cast<size_t>(rows));
-          for (float& v : u) v = uni(rng);
-          DeviceArray<float> du(u);
-          DeviceArray<int32_t> ids(static_cast<size_t>(rows));
-          ODMOE_ASSERT_CUDA(
-              kernels::LaunchSample(dl.get(), rows, vocab, temperature, top_k, top_p, du.get(), ids.get(), stream_));
-          Sync();
-          const std::vector<int32_t> got = ids.Download();
-          for (int64_t r = 0; r < rows; ++r) {
-            const int32_t want =
-                ReferenceSample(logits.data() + r * vocab, vocab, temperature, top_k, top_p, u[static_cast<size_t>(r)]);
-            if (want < 0) {
-              ++skipped;
-              continue;
-            }
-            ++compared;
-            EXPECT_EQ(got[static_cast<size_t>(r)], want)
-                << "vocab=" << vocab << " T=" << temperature << " top_k=" << top_k << " top_p=" << top_p
-                << " u=" << u[static_cast<size_t>(r)] << " row " << r;
-          }
+  int compared = 0, sampled = 0;
+  for (int64_t vocab : {1, 7, 1000, 4096, 32000, 151936}) {
+    const int64_t rows = 16;
+    const int rounds = vocab > 10000 ? 2 : 10;
+    for (int round = 0; round < rounds; ++round) {
+      std::normal_distribution<float> dist(0.0f, round % 2 == 0 ? 3.0f : 0.5f);
+      std::vector<float> logits(static_cast<size_t>(rows * vocab));
+      for (float& v : logits) v = dist(rng);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* l = logits.data() + r * vocab;
+        if (vocab > 10) {
+          l[3] = l[5];                                     // an exact tie somewhere
+          l[vocab - 1] = *std::max_element(l, l + vocab);  // a tie at the top, far from the first
         }
+        if (r % 4 == 3) {  // coarse logits: many exact ties
+          for (int64_t i = 0; i < vocab; ++i) l[i] = std::round(l[i] * 2.0f) / 2.0f;
+        }
+      }
+      std::vector<TokenChoice> choices(static_cast<size_t>(rows));
+      const float temperatures[] = {0.0f, 0.3f, 0.7f, 1.0f, 2.0f};
+      const int32_t top_ks[] = {0, 1, 2, 5, 50, 2000};
+      const float top_ps[] = {1.0f, 0.999f, 0.95f, 0.5f, 0.1f, 1e-6f};
+      std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+      for (TokenChoice& c : choices) {
+        c.temperature = temperatures[rng() % 5];
+        c.top_k = top_ks[rng() % 6];
+        c.top_p = top_ps[rng() % 6];
+        c.uniform = rng() % 8 == 0 ? (rng() % 2 == 0 ? 0.0f : 0x1.fffffep-1f) : uni(rng);
+        sampled += kernels::IsGreedy(c) ? 0 : 1;
+      }
+      const std::vector<int32_t> got = Select(logits, vocab, choices);
+      const std::vector<int32_t> want = Reference(logits, vocab, choices);
+      for (size_t r = 0; r < choices.size(); ++r) {
+        ++compared;
+        EXPECT_EQ(got[r], want[r]) << "vocab=" << vocab << " round " << round << " row " << r << " "
+                                   << Describe(choices[r]);
       }
     }
   }
-  EXPECT_GT(compared, 1000) << skipped << " draws skipped near boundaries";
+  EXPECT_EQ(compared, (4 * 10 + 2 * 2) * 16);
+  EXPECT_GT(sampled, 400) << "rows that sample, not greedy";
 }
 
-TEST_F(SamplingKernelTest, ExtremeUniformsPickTheEndsOfTheKeptSet) {
-  // Ten equal logits and top_k 4: the kept set is ids 0..3 (ties to the lower id); u = 0 picks 0, u -> 1 picks 3.
-  std::vector<float> logits(10, 1.0f);
-  DeviceArray<float> dl(logits);
-  for (const auto& [u, want] : std::vector<std::pair<float, int32_t>>{{0.0f, 0}, {0.9999f, 3}, {0.3f, 1}}) {
-    DeviceArray<float> du(std::vector<float>{u});
-    DeviceArray<int32_t> ids(1);
-    ODMOE_ASSERT_CUDA(kernels::LaunchSample(dl.get(), 1, 10, 1.0f, 4, 1.0f, du.get(), ids.get(), stream_));
-    Sync();
-    EXPECT_EQ(ids.Download()[0], want) << "u=" << u;
+// Edges of the rule, with the ids it defines.
+TEST_F(SamplingKernelTest, TopPAndTopKEdgesPickWhatTheRuleSays) {
+  struct Case {
+    std::vector<float> logits;
+    TokenChoice choice;
+    int32_t want;
+  };
+  const std::vector<float> ten(10, 1.0f);
+  const std::vector<float> pair = {1.0f, 1.0f};
+  const std::vector<float> four = {1.0f, 1.0f, 0.0f, -1.0f};
+  const std::vector<Case> cases = {
+      // Ten equal logits and top_k 4: the kept set is ids 0..3 (ties to the lower id); u = 0 picks 0, u -> 1 picks 3.
+      {ten, {1.0f, 4, 1.0f, 0.0f}, 0},
+      {ten, {1.0f, 4, 1.0f, 0.9999f}, 3},
+      {ten, {1.0f, 4, 1.0f, 0.3f}, 1},
+      {ten, {1.0f, 4, 1.0f, 0.25f}, 1},  // need = M / 4 exactly: the first running mass above it is id 1's
+      // Two equal best logits and top_p 0.5: the first alone reaches half the mass exactly, so it alone is kept.
+      {pair, {1.0f, 0, 0.5f, 0.9999f}, 0},
+      // top_p just above 0.5 (one 2^-24 step): both are kept; u picks the second.
+      {pair, {1.0f, 0, 0.5f + 0x1p-24f, 0.75f}, 1},
+      // No cut: u near 1 walks to the last token in id order.
+      {four, {1.0f, 0, 1.0f, 0x1.fffffep-1f}, 3},
+      // top_k >= vocab cuts nothing; top_k 1, top_p 0 or temperature 0 are the argmax.
+      {four, {1.0f, 4, 1.0f, 0x1.fffffep-1f}, 3},
+      {four, {1.0f, 1, 1.0f, 0.9f}, 0},
+      {four, {1.0f, 0, 0.0f, 0.9f}, 0},
+      {four, {0.0f, 0, 1.0f, 0.9f}, 0},
+      // top_p 0.75 of {1, 1, 0, -1} (masses 1, 1, 0.37, 0.14): the two best reach it; u near 1 picks the second.
+      {four, {1.0f, 0, 0.75f, 0x1.fffffep-1f}, 1},
+      // A NaN logit is never kept ahead of a number, and weighs nothing.
+      {{NAN, 0.0f, NAN}, {1.0f, 0, 1.0f, 0.9f}, 1},
+      {{NAN, 0.0f, NAN}, {1.0f, 2, 1.0f, 0.9f}, 1},
+  };
+  for (const Case& c : cases) {
+    const int64_t vocab = static_cast<int64_t>(c.logits.size());
+    const std::vector<TokenChoice> one = {c.choice};
+    EXPECT_EQ(Select(c.logits, vocab, one)[0], c.want) << Describe(c.choice);
+    EXPECT_EQ(Reference(c.logits, vocab, one)[0], c.want) << Describe(c.choice);
   }
+}
+
+TEST_F(SamplingKernelTest, RefusesAVocabularyItsSumsCannotHold) {
+  DeviceArray<int32_t> ids(1);
+  EXPECT_EQ(kernels::LaunchSelectTokens(nullptr, 1, kernels::kSampleMaxVocab + 1, nullptr, ids.get(), stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchSelectTokens(nullptr, 0, 10, nullptr, ids.get(), stream_), cudaSuccess);
 }
 
 }  // namespace
