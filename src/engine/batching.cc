@@ -32,9 +32,8 @@ BatchRequest::BatchRequest(uint64_t tag, std::vector<int32_t> prompt, GenerateOp
   result_.stop_reason = "length";
 }
 
-void BatchRequest::TakeLogits(const std::vector<float>& logits, const ModelConfig& config) {
+void BatchRequest::TakeToken(int32_t next, const ModelConfig& config) {
   // Generate's loop, one step of it.
-  const int32_t next = sampler_.Next(logits);
   if (result_.tokens.empty()) first_token_ = Clock::now();
   result_.tokens.push_back(next);
   const bool stop_on_eos = StopsOnEos(config, options_, next);
@@ -114,7 +113,12 @@ absl::Status BatchRunner::Run(const Plan& plan) {
         plan.kind == ForwardKind::kDecode ||
         r->prefilled_ + static_cast<int64_t>(plan.ids[i].size()) == static_cast<int64_t>(r->prompt_.size());
     std::vector<PositionRouting>* routing = r->options_.record_routing ? &r->result_.routing : nullptr;
-    inputs.push_back({r->sequence_.get(), plan.ids[i], routing, prompt_done ? &r->logits_ : nullptr});
+    // The row that ends the prompt, or decodes, picks the next token (a request of no new tokens picks none).
+    const bool picks = prompt_done && r->options_.max_new_tokens > 0;
+    const bool keeps_logits = plan.kind == ForwardKind::kPrefill && prompt_done && r->options_.keep_last_logits;
+    if (picks) r->choice_ = r->sampler_.NextChoice();
+    inputs.push_back({r->sequence_.get(), plan.ids[i], routing, keeps_logits ? &r->logits_ : nullptr,
+                      picks ? &r->choice_ : nullptr, picks ? &r->token_ : nullptr});
   }
   const absl::Status status = engine_.ForwardBatch(inputs, plan.kind);
   if (!status.ok()) {
@@ -135,14 +139,14 @@ std::vector<BatchRequest*> BatchRunner::Postprocess(const Plan& plan) {
     }
     if (plan.kind == ForwardKind::kPrefill) {
       if (!r->decoding()) continue;  // prompt left
-      if (r->options_.keep_last_logits) r->result_.last_logits = r->logits_;
+      if (r->options_.keep_last_logits) r->result_.last_logits = std::move(r->logits_);
       if (r->options_.max_new_tokens == 0) {
         r->Finish(absl::OkStatus());
         finished.push_back(r);
         continue;
       }
     }
-    r->TakeLogits(r->logits_, c);
+    r->TakeToken(r->token_, c);
     if (r->finished_) finished.push_back(r);
   }
   return finished;

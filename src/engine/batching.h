@@ -1,13 +1,15 @@
 // Continuous batching over one Engine, in nano-vllm's shape: a step is Schedule (pure bookkeeping: which
-// requests run which tokens, no tensors) -> Run (one Engine::ForwardBatch) -> Postprocess (each request's next
-// token sampled, its stop decided). Requests join and leave at token boundaries: a new one is prefilled in
-// chunks of at most prefill_chunk_tokens, one chunk between two decode steps of the running ones, so a long
-// prompt never stalls their decoding for more than one chunk; every decode step runs one token of every request
-// that is decoding, through every layer together (one expert computation per layer over all their rows).
+// requests run which tokens, no tensors) -> Run (one Engine::ForwardBatch, which also picks each request's next
+// token on the device by the choice its sampler made) -> Postprocess (each request's token taken, its stop decided).
+// Requests join and leave at token boundaries: a new one is prefilled in chunks of at most prefill_chunk_tokens, one
+// chunk between two decode steps of the running ones, so a long prompt never stalls their decoding for more than one
+// chunk; every decode step runs one token of every request that is decoding, through every layer together (one expert
+// computation per layer over all their rows).
 //
-// Batching never changes a request's tokens: Engine::ForwardBatch gives each row what it gets alone, the
-// sampler and the stop rule are Generate's, and a request's sampler sees only its own logits. So a request
-// gives, bit for bit, the tokens Generate gives it alone (tests/engine/batching_test.cc).
+// Batching never changes a request's tokens: Engine::ForwardBatch gives each row what it gets alone, each row is
+// picked by its own request's choice (options and draw: Device::SelectTokens takes one per row), the sampler and
+// the stop rule are Generate's, and a request's sampler draws only for its own tokens. So a request gives, bit for
+// bit, the tokens Generate gives it alone (tests/engine/batching_test.cc).
 //
 // Thread safety: none; one thread drives a BatchRunner and the requests it holds (main's batch loop).
 #pragma once
@@ -57,8 +59,8 @@ class BatchRequest {
  private:
   friend class BatchRunner;
   using Clock = std::chrono::steady_clock;
-  // Takes the logits of its last row: samples the next token, applies the stop rule, calls on_token.
-  void TakeLogits(const std::vector<float>& logits, const ModelConfig& config);
+  // Takes the token picked for its last row: applies the stop rule, calls on_token.
+  void TakeToken(int32_t next, const ModelConfig& config);
   void Finish(absl::Status status);
 
   uint64_t tag_;
@@ -69,7 +71,11 @@ class BatchRequest {
   std::unique_ptr<Sequence> sequence_;
   int64_t prefilled_ = 0;
   GenerateResult result_;
-  std::vector<float> logits_;  // the last row's, written by the step that runs it
+  // Written by the step that runs its last row: how its next token is picked (drawn in Run), the token, and the
+  // prompt's logits when kept.
+  TokenChoice choice_;
+  int32_t token_ = 0;
+  std::vector<float> logits_;
   bool finished_ = false;
   absl::Status status_;
   Clock::time_point start_, first_token_;
@@ -100,10 +106,11 @@ class BatchRunner {
   // Pure bookkeeping: a prefill chunk of the oldest request with prompt left, alternating with decode steps
   // while any request decodes; otherwise a decode step of every decoding request.
   Plan Schedule();
-  // Runs the plan's rows through the engine. On error every request of the plan has failed (finished, with
-  // the error); the runner keeps them until Remove.
+  // Runs the plan's rows through the engine, and picks the next token of each request whose prompt is done (its
+  // sampler's next choice). On error every request of the plan has failed (finished, with the error); the runner
+  // keeps them until Remove.
   absl::Status Run(const Plan& plan);
-  // Samples the next token of each request whose prompt is done; returns the requests that finished.
+  // Takes the next token of each request whose prompt is done; returns the requests that finished.
   std::vector<BatchRequest*> Postprocess(const Plan& plan);
   // Schedule, Run and Postprocess. Returns the requests that finished (stopped or failed) in this step.
   std::vector<BatchRequest*> Step();

@@ -152,6 +152,8 @@ absl::Status Engine::AllocateWorkspace() {
   const int64_t S = options_.max_sequences_per_forward;
   ODMOE_RETURN_IF_ERROR(Alloc(d, last_, F32Bytes(S * c.hidden_size), "last hidden states"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, logits_, F32Bytes(S * c.vocab_size), "logits"));
+  ODMOE_RETURN_IF_ERROR(Alloc(d, choices_, static_cast<size_t>(S) * sizeof(TokenChoice), "token choices"));
+  ODMOE_RETURN_IF_ERROR(Alloc(d, tokens_, F32Bytes(S), "picked tokens"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, kv_row_, F32Bytes(2 * c.num_layers * c.kv_size()), "one position's K and V"));
   const int64_t max_inter = std::max({c.shared_expert_intermediate_size, c.dense_intermediate_size, int64_t{1}});
   ODMOE_ASSIGN_OR_RETURN(mlp_ws_, MlpWorkspace::Create(d, C, max_inter));
@@ -164,6 +166,8 @@ absl::Status Engine::AllocateWorkspace() {
   d.Synchronize(stream_.get());
   ODMOE_ASSIGN_OR_RETURN(host_topk_, d.AllocateHost(F32Bytes(2 * C * k), "top-k ids and weights"));
   ODMOE_ASSIGN_OR_RETURN(host_logits_, d.AllocateHost(F32Bytes(S * c.vocab_size), "logits"));
+  ODMOE_ASSIGN_OR_RETURN(host_choices_, d.AllocateHost(static_cast<size_t>(S) * sizeof(TokenChoice), "token choices"));
+  ODMOE_ASSIGN_OR_RETURN(host_tokens_, d.AllocateHost(F32Bytes(S), "picked tokens"));
   if (experts_->DeviceIdsMaxTokens() > 0) {
     ODMOE_ASSIGN_OR_RETURN(host_layer_ids_, d.AllocateHost(F32Bytes(c.num_layers * experts_->DeviceIdsMaxTokens() * k),
                                                            "top-k ids of every layer"));
@@ -322,19 +326,37 @@ absl::Status Engine::WriteKv(Sequence& seq, int64_t position, const float* k, co
 
 absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
                                                    ForwardKind kind) {
+  std::vector<float> logits;
+  ODMOE_RETURN_IF_ERROR(ForwardOwn(ids, routing, kind, &logits, nullptr, nullptr));
+  return logits;
+}
+
+absl::StatusOr<int32_t> Engine::ForwardAndSelect(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
+                                                 ForwardKind kind, const TokenChoice& choice,
+                                                 std::vector<float>* logits) {
+  int32_t token = 0;
+  ODMOE_RETURN_IF_ERROR(ForwardOwn(ids, routing, kind, logits, &choice, &token));
+  return token;
+}
+
+absl::Status Engine::ForwardOwn(std::span<const int32_t> ids, std::vector<PositionRouting>* routing, ForwardKind kind,
+                                std::vector<float>* logits, const TokenChoice* choice, int32_t* token) {
   if (own_ == nullptr) return absl::FailedPreconditionError("Forward before StartSequence");
   if (ids.empty()) return absl::InvalidArgumentError("Forward needs at least one token");
   // The whole of `ids` is checked before its first chunk runs: on error the sequence does not advance.
   ODMOE_RETURN_IF_ERROR(CheckTokens(*own_, ids));
-  std::vector<float> logits;
   const size_t chunk = static_cast<size_t>(options_.max_tokens_per_forward);
   for (size_t start = 0; start < ids.size(); start += chunk) {
     const size_t len = std::min(chunk, ids.size() - start);
-    const bool last = start + len == ids.size();
-    const BatchInput input{own_.get(), ids.subspan(start, len), routing, last ? &logits : nullptr};
+    BatchInput input{own_.get(), ids.subspan(start, len), routing};
+    if (start + len == ids.size()) {  // the outputs come from the last chunk
+      input.logits = logits;
+      input.choice = choice;
+      input.token = token;
+    }
     ODMOE_RETURN_IF_ERROR(ForwardBatch(std::span<const BatchInput>(&input, 1), kind));
   }
-  return logits;
+  return absl::OkStatus();
 }
 
 absl::Status Engine::CheckTokens(const Sequence& seq, std::span<const int32_t> ids) const {
@@ -367,6 +389,9 @@ absl::Status Engine::CheckBatch(std::span<const BatchInput> inputs, ForwardKind 
     if (in.ids.empty()) return absl::InvalidArgumentError("Forward needs at least one token");
     if (kind == ForwardKind::kDecode && in.ids.size() != 1) {
       return absl::InvalidArgumentError(StrCat("a decode step feeds one token, got ", in.ids.size()));
+    }
+    if ((in.choice == nullptr) != (in.token == nullptr)) {
+      return absl::InvalidArgumentError(StrCat("input ", s, " has a token choice without a token or the reverse"));
     }
     for (size_t t = 0; t < s; ++t) {
       if (inputs[t].sequence == in.sequence) {
@@ -516,16 +541,29 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
     d.Add(moe, n * hidden, x, s);
   }
   for (const BatchInput& in : inputs) in.sequence->position_ += static_cast<int64_t>(in.ids.size());
+  FinishChunk(inputs, first_row, x);
+  append_resident_routing();  // after FinishChunk's synchronization
+  return absl::OkStatus();
+}
 
-  // The logits of each input's last row that asks for them, computed together.
+void Engine::FinishChunk(std::span<const BatchInput> inputs, std::span<const int64_t> first_row, const float* x) {
+  const ModelConfig& c = config();
+  Device& d = device_;
+  Stream* s = stream_.get();
+  const int64_t hidden = c.hidden_size;
+  const int64_t vocab = c.vocab_size;
+  // Row j of last_ / logits_ is input wanted[j]'s last row.
   std::vector<size_t> wanted;
+  bool any_token = false, every_logits = true;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].logits != nullptr) wanted.push_back(i);
+    if (inputs[i].logits == nullptr && inputs[i].token == nullptr) continue;
+    wanted.push_back(i);
+    any_token = any_token || inputs[i].token != nullptr;
+    every_logits = every_logits && inputs[i].logits != nullptr;
   }
   if (wanted.empty()) {
     d.Synchronize(s);  // the host vectors of this chunk must outlive its copies
-    append_resident_routing();
-    return absl::OkStatus();
+    return;
   }
   const int64_t b = static_cast<int64_t>(wanted.size());
   for (int64_t j = 0; j < b; ++j) {
@@ -535,14 +573,37 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
   }
   d.RmsNorm(last_->as<float>(), weights_.final_norm(), b, hidden, static_cast<float>(c.rms_norm_eps),
             last_->as<float>(), s);
-  d.MatMul(last_->as<float>(), weights_.lm_head(), {}, b, hidden, c.vocab_size, logits_->as<float>(), s);
-  d.CopyToHost(host_logits_->data(), logits_->data(), F32Bytes(b * c.vocab_size), s);  // the one wait
-  append_resident_routing();
-  for (int64_t j = 0; j < b; ++j) {
-    const float* row = host_logits_->as<float>() + j * c.vocab_size;
-    inputs[wanted[static_cast<size_t>(j)]].logits->assign(row, row + c.vocab_size);
+  d.MatMul(last_->as<float>(), weights_.lm_head(), {}, b, hidden, vocab, logits_->as<float>(), s);
+  // The tokens are picked next to the logits: each row's choice goes up (rows that want only logits pick greedily,
+  // unread), the ids come back.
+  if (any_token) {
+    TokenChoice* choices = host_choices_->as<TokenChoice>();
+    for (int64_t j = 0; j < b; ++j) {
+      const BatchInput& in = inputs[wanted[static_cast<size_t>(j)]];
+      choices[j] = in.choice != nullptr ? *in.choice : TokenChoice{};
+    }
+    d.CopyToDevice(choices_->data(), choices, static_cast<size_t>(b) * sizeof(TokenChoice), s);
+    d.SelectTokens(logits_->as<float>(), b, vocab, choices_->as<TokenChoice>(), tokens_->as<int32_t>(), s);
+    d.CopyToHostAsync(host_tokens_->data(), tokens_->data(), F32Bytes(b), s);
   }
-  return absl::OkStatus();
+  // The logits only where asked for: all rows in one copy, or the rows one by one.
+  if (every_logits) {
+    d.CopyToHostAsync(host_logits_->data(), logits_->data(), F32Bytes(b * vocab), s);
+  } else {
+    for (int64_t j = 0; j < b; ++j) {
+      if (inputs[wanted[static_cast<size_t>(j)]].logits == nullptr) continue;
+      d.CopyToHostAsync(host_logits_->as<float>() + j * vocab, logits_->as<float>() + j * vocab, F32Bytes(vocab), s);
+    }
+  }
+  d.Synchronize(s);  // the one wait
+  for (int64_t j = 0; j < b; ++j) {
+    const BatchInput& in = inputs[wanted[static_cast<size_t>(j)]];
+    if (in.token != nullptr) *in.token = host_tokens_->as<int32_t>()[j];
+    if (in.logits != nullptr) {
+      const float* row = host_logits_->as<float>() + j * vocab;
+      in.logits->assign(row, row + vocab);
+    }
+  }
 }
 
 }  // namespace odmoe

@@ -4,7 +4,8 @@
 //
 // Per layer: x += o_proj(attention(rope(qk_norm(q, k)), v)) on rms_norm(x); then on h = rms_norm(x):
 // a sparse layer routes h (softmax, top-k) and adds sum_k w_k * expert_k(h) (+ sigmoid(h.g) * shared(h));
-// a dense layer adds mlp(h). The final norm and lm_head give the logits of the last position.
+// a dense layer adds mlp(h). The final norm and lm_head give the logits of the last position, and
+// Device::SelectTokens picks the next token from them on the device when the caller gives a TokenChoice.
 #pragma once
 
 #include <cstdint>
@@ -131,6 +132,11 @@ struct BatchInput {
   std::span<const int32_t> ids;                    // run at the sequence's next positions
   std::vector<PositionRouting>* routing = nullptr;  // optional: one PositionRouting appended per token
   std::vector<float>* logits = nullptr;             // optional out: the logits ([vocab]) of its last token
+  // Optional, both or neither: the next token, picked by `*choice` from the logits of its last token on the device
+  // (Device::SelectTokens), out in `*token`. Only the id comes back to the host (4 bytes), the logits too only when
+  // `logits` is given.
+  const TokenChoice* choice = nullptr;
+  int32_t* token = nullptr;
 };
 
 // Not thread-safe: one caller at a time (several sequences may be in flight between its calls).
@@ -163,6 +169,12 @@ class Engine {
   // (InvalidArgument for a kDecode of more than one token).
   absl::StatusOr<std::vector<float>> Forward(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
                                              ForwardKind kind = ForwardKind::kPrefill);
+  // Forward, then the next token picked by `choice` from the logits of the last of `ids` on the device
+  // (Device::SelectTokens): the host gets the id alone (a decode step's one wait, for 4 bytes), and the logits as
+  // well when `logits` is given.
+  absl::StatusOr<int32_t> ForwardAndSelect(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
+                                           ForwardKind kind, const TokenChoice& choice,
+                                           std::vector<float>* logits = nullptr);
 
   // Drops every position from `position` on (the next Forward runs at `position`): the shadow's roll back to
   // an aligned token. OutOfRange unless 0 <= position <= position().
@@ -202,8 +214,15 @@ class Engine {
   // OutOfRange for an id outside the vocabulary, or when `ids` do not fit in `seq`'s room.
   absl::Status CheckTokens(const Sequence& seq, std::span<const int32_t> ids) const;
   absl::Status CheckBatch(std::span<const BatchInput> inputs, ForwardKind kind) const;
+  // Forward and ForwardAndSelect on the engine's own sequence: `ids` in chunks, the last one with these outputs.
+  absl::Status ForwardOwn(std::span<const int32_t> ids, std::vector<PositionRouting>* routing, ForwardKind kind,
+                          std::vector<float>* logits, const TokenChoice* choice, int32_t* token);
   // One chunk of checked inputs.
   absl::Status ForwardChunk(std::span<const BatchInput> inputs, ForwardKind kind);
+  // After the chunk's layers (x: [rows, hidden] on the device): the final norm and lm_head of each input's last row
+  // that wants logits or a token, the tokens picked, and what the host wants copied back, waited for once.
+  // first_row: each input's first row in x.
+  void FinishChunk(std::span<const BatchInput> inputs, std::span<const int64_t> first_row, const float* x);
   // Allocates the K and V caches of `seq` for `capacity` positions.
   absl::Status AllocateCache(Sequence& seq, int64_t capacity);
   // Cache rows <-> fp32 rows, both in device memory: `count` values from / to element `at` of `cache`.
@@ -233,10 +252,12 @@ class Engine {
   std::unique_ptr<Buffer> zeros_;                     // [C, hidden] of 0.0f
   std::unique_ptr<Buffer> kv_row_;                    // [2, num_layers, kv_size]: ReadKv gathers here
   std::unique_ptr<Buffer> last_, logits_;             // [S, hidden], [S, vocab]: S = max_sequences_per_forward
+  std::unique_ptr<Buffer> choices_, tokens_;          // [S] TokenChoice, [S] int32: SelectTokens' rows
   std::unique_ptr<MlpWorkspace> mlp_ws_;
-  // Where topk_ and logits_ are copied back to (page-locked on CUDA: one DMA each).
+  // Where topk_, logits_ and tokens_ are copied back to, and choices_ from (page-locked on CUDA: one DMA each).
   std::unique_ptr<HostBuffer> host_topk_;             // as topk_
   std::unique_ptr<HostBuffer> host_logits_;           // [S, vocab]
+  std::unique_ptr<HostBuffer> host_choices_, host_tokens_;  // as choices_, tokens_
   // The router's ids of every layer of a chunk whose experts ran from the device ids (n <= the executor's
   // DeviceIdsMaxTokens()), copied here without waiting and read after the chunk's last synchronization when a
   // caller wants routing: [num_layers, DeviceIdsMaxTokens() * k] int32 (absent when that is 0).

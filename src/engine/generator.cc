@@ -49,17 +49,26 @@ absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t>
   ODMOE_RETURN_IF_ERROR(engine.StartSequence(
       std::max(prompt_len, LastDecodePosition(prompt_len, options.max_new_tokens) + 1)));
   std::vector<PositionRouting>* routing = options.record_routing ? &result.routing : nullptr;
-  ODMOE_ASSIGN_OR_RETURN(std::vector<float> logits, engine.Forward(prompt, routing));
-  if (options.keep_last_logits) result.last_logits = logits;
+  std::vector<float>* last_logits = options.keep_last_logits ? &result.last_logits : nullptr;
   result.stop_reason = "length";
+  if (options.max_new_tokens == 0) {  // the prompt alone: its KV cache, and its logits when kept
+    ODMOE_ASSIGN_OR_RETURN(std::vector<float> logits, engine.Forward(prompt, routing));
+    if (last_logits != nullptr) *last_logits = std::move(logits);
+  }
 
   auto first_token_time = start;
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
-    if (step > 0) {
+    // Each token is picked on the engine's device, next to the logits, by the sampler's choice: only its id comes
+    // back to the host (and the prompt's logits, when kept).
+    int32_t next = 0;
+    if (step == 0) {
+      ODMOE_ASSIGN_OR_RETURN(
+          next, engine.ForwardAndSelect(prompt, routing, ForwardKind::kPrefill, sampler.NextChoice(), last_logits));
+    } else {
       const int32_t fed = result.tokens.back();
-      ODMOE_ASSIGN_OR_RETURN(logits, engine.Forward(std::span<const int32_t>(&fed, 1), routing, ForwardKind::kDecode));
+      ODMOE_ASSIGN_OR_RETURN(next, engine.ForwardAndSelect(std::span<const int32_t>(&fed, 1), routing,
+                                                           ForwardKind::kDecode, sampler.NextChoice()));
     }
-    const int32_t next = sampler.Next(logits);
     if (step == 0) first_token_time = Clock::now();
     result.tokens.push_back(next);
     const bool stop_on_eos = StopsOnEos(c, options, next);

@@ -65,8 +65,9 @@ void SetRequestTimes(std::chrono::steady_clock::time_point start, std::chrono::s
 // token limit, or an EOS that stops it). Generate owns the stop rule: callers never re-decide it.
 using TokenCallback = std::function<void(int32_t id, bool last)>;
 
-// Runs one request: the prompt as one kPrefill Forward, each later token as a kDecode Forward. `on_token`
-// (optional) sees every generated token.
+// Runs one request: the prompt as one kPrefill Forward, each later token as a kDecode Forward, each token picked on
+// the engine's device by the request's Sampler (Engine::ForwardAndSelect). `on_token` (optional) sees every
+// generated token.
 absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t> prompt,
                                         const GenerateOptions& options, const TokenCallback& on_token = nullptr);
 

@@ -206,14 +206,6 @@ ShadowNode::~ShadowNode() {
   executor_.reset();
 }
 
-namespace {
-
-int32_t Argmax(const std::vector<float>& logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
-
-}  // namespace
-
 absl::Status ShadowNode::BeginSession(const v1::FollowMessage& first, Session& session) {
   absl::Status bad;
   if (!first.has_start()) {
@@ -468,15 +460,20 @@ absl::Status ShadowNode::Prefill(Session& session) {
                          engine_->NewSequence(session.last() + 1, session.request_id));
   const std::span<const int32_t> prompt(session.prompt);
   const size_t chunk = static_cast<size_t>(engine_->max_tokens_per_forward());
-  std::vector<float> logits;
+  // The guess is greedy, picked on the replica's device (only its id comes back).
+  const TokenChoice greedy;
+  int32_t guess = 0;
   for (size_t start = 0; start < prompt.size(); start += chunk) {
     const size_t len = std::min(chunk, prompt.size() - start);
-    const BatchInput input{sequence.get(), prompt.subspan(start, len), nullptr,
-                           start + len == prompt.size() ? &logits : nullptr};
+    BatchInput input{sequence.get(), prompt.subspan(start, len)};
+    if (start + len == prompt.size()) {
+      input.choice = &greedy;
+      input.token = &guess;
+    }
     ODMOE_RETURN_IF_ERROR(engine_->ForwardBatch(std::span<const BatchInput>(&input, 1), ForwardKind::kPrefill));
   }
   session.sequence = std::move(sequence);
-  session.guess = Argmax(logits);
+  session.guess = guess;
   session.pos = session.prompt_len();
   return absl::OkStatus();
 }
@@ -606,11 +603,13 @@ bool ShadowNode::Pass(const std::vector<Session*>& sessions) {
   }
   batch_.clear();
   std::vector<BatchInput> inputs;
-  std::vector<std::vector<float>> logits(ready.size());
+  const TokenChoice greedy;  // each row's guess, picked on the replica's device
+  std::vector<int32_t> guesses(ready.size());
   for (size_t i = 0; i < ready.size(); ++i) {
     Session& s = *ready[i].session;
     batch_.push_back({&s, s.pos, step});
-    inputs.push_back({s.sequence.get(), std::span<const int32_t>(&ready[i].next.token, 1), nullptr, &logits[i]});
+    inputs.push_back(
+        {s.sequence.get(), std::span<const int32_t>(&ready[i].next.token, 1), nullptr, nullptr, &greedy, &guesses[i]});
   }
   const absl::Status ran = engine_->ForwardBatch(inputs, ForwardKind::kDecode);
   batch_.clear();
@@ -625,7 +624,7 @@ bool ShadowNode::Pass(const std::vector<Session*>& sessions) {
       Finish(s, ran);
       continue;
     }
-    s.guess = Argmax(logits[i]);
+    s.guess = guesses[i];
     s.used.push_back(ready[i].next.token);
     ++s.pos;
     absl::MutexLock lock(&stats_mu_);

@@ -64,9 +64,10 @@ std::vector<Case> EightCases(bool sampled) {
     c.options.record_routing = i % 2 == 0;
     c.options.ignore_eos = i % 3 == 0;
     if (sampled) {
-      c.options.sampling.temperature = 0.9;
-      c.options.sampling.top_k = 20;
-      c.options.sampling.top_p = 0.95;
+      // Each request its own options, so that one decode step picks rows of several kinds (a greedy one among
+      // them) on the device, each by its own choice and draw.
+      const SamplingOptions kinds[4] = {{0.9, 20, 0.95}, {1.3, 0, 0.8}, {0.0, 0, 1.0}, {0.6, 5, 1.0}};
+      c.options.sampling = kinds[i % 4];
       c.options.sampling.seed = 1000 + static_cast<uint64_t>(i);
     }
     c.join_at_step = join[i];
@@ -137,6 +138,9 @@ TEST(BatchingTest, GreedyRequestsDecodedTogetherGiveTheirSoloTokensOnCpu) { Expe
 TEST(BatchingTest, SampledRequestsDecodedTogetherGiveTheirSoloTokensOnCpu) { ExpectBatchEqualsSolo("cpu", true, 64); }
 TEST(BatchingTest, GreedyRequestsDecodedTogetherGiveTheirSoloTokensOnTheMockGpu) {
   ExpectBatchEqualsSolo("mock-gpu", false, 16);
+}
+TEST(BatchingTest, SampledRequestsDecodedTogetherGiveTheirSoloTokensOnTheMockGpu) {
+  ExpectBatchEqualsSolo("mock-gpu", true, 16);
 }
 
 TEST(BatchingTest, APromptGoesInChunksBetweenDecodeSteps) {

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "gtest/gtest.h"
+#include "src/backend/cpu_kernels.h"
 #include "src/backend/device_factory.h"
 #include "src/engine/generator.h"
 #include "tests/test_support.h"
@@ -130,6 +131,46 @@ TEST(EngineTest, BadRequestsAreErrors) {
   // The engine still serves a good request afterwards.
   r = Generate(model->engine(), kPrompt, opt);
   EXPECT_TRUE(r.ok()) << r.status();
+}
+
+// ForwardAndSelect picks, on the device, the token the host picks from Forward's logits by the same choice; it hands
+// the logits back too when asked, and a choice without a place for the token (or the reverse) is refused.
+TEST(EngineTest, ForwardAndSelectPicksWhatTheHostPicksFromTheLogits) {
+  if (!odmoe::testing::HaveSharedModel("mixtral-tiny")) GTEST_SKIP() << "needs ../shared/models/mixtral-tiny";
+  for (const char* device : {"cpu", "mock-gpu"}) {
+    SCOPED_TRACE(device);
+    auto model = OpenModel("mixtral-tiny", device);
+    ASSERT_TRUE(model);
+    Engine& engine = model->engine();
+    const std::vector<TokenChoice> choices = {{}, {0.9f, 20, 0.95f, 0.3f}, {1.4f, 0, 0.8f, 0.77f}};
+    for (const TokenChoice& choice : choices) {
+      ASSERT_TRUE(engine.StartSequence(16).ok());
+      auto logits = engine.Forward(kPrompt, nullptr);
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      int32_t want = -1;
+      cpu::SelectTokens(logits->data(), 1, static_cast<int64_t>(logits->size()), &choice, &want);
+
+      ASSERT_TRUE(engine.StartSequence(16).ok());
+      std::vector<float> kept;
+      auto got = engine.ForwardAndSelect(kPrompt, nullptr, ForwardKind::kPrefill, choice, &kept);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(*got, want);
+      EXPECT_EQ(kept, *logits);
+      // A decode step that wants only the token.
+      auto next = engine.ForwardAndSelect(std::vector<int32_t>{*got}, nullptr, ForwardKind::kDecode, choice);
+      ASSERT_TRUE(next.ok()) << next.status();
+      EXPECT_GE(*next, 0);
+    }
+    EXPECT_EQ(model->device().op_counts()["SelectTokens"], 6);
+
+    auto seq = engine.NewSequence(8, 1);
+    ASSERT_TRUE(seq.ok());
+    const TokenChoice greedy;
+    const BatchInput half{seq->get(), kPrompt, nullptr, nullptr, &greedy, nullptr};
+    EXPECT_EQ(engine.ForwardBatch(std::span<const BatchInput>(&half, 1), ForwardKind::kPrefill).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*seq)->position(), 0) << "a refused forward advances nothing";
+  }
 }
 
 TEST_P(EngineModelTest, TruncateAndKvRoundTripReproduceTheSequence) {
