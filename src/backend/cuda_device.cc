@@ -655,17 +655,10 @@ class CudaDevice final : public Device {
     if (cudaHostUnregister(const_cast<void*>(p)) != cudaSuccess) (void)cudaGetLastError();
   }
   void CopyToHost(void* dst, const void* src, size_t bytes, Stream* stream) override {
+    CopyToHostAsync(dst, src, bytes, stream);
     UseDevice(ordinal_);
-    if (bytes > 0) {
-      ODMOE_CHECK(dst != nullptr && src != nullptr);
-      ODMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, S(stream)->get()));
-    }
     ODMOE_CUDA_CHECK(cudaStreamSynchronize(S(stream)->get()));
     accounting_->Note(accounting_->host_syncs);
-    accounting_->Note(accounting_->bytes_read, bytes);
-    absl::MutexLock lock(&mu_);
-    transfers_.d2h_bytes += bytes;
-    ++transfers_.d2h_copies;
   }
   void CopyToHostAsync(void* dst, const void* src, size_t bytes, Stream* stream) override {
     if (bytes > 0) {

@@ -643,7 +643,7 @@ void MainNode::FillRequestStats(const RequestRun& run, const GenerateResult& res
   timing.ToProto(groups, stats);
   stats->set_groups(groups);
   stats->set_modeled_layers(timing.modeled_layers);
-  stats->set_measured_layers_ms(timing.measured_layers_ms);
+  stats->set_measured_layers_ms(timing.measured_layers_ms());
   stats->set_modeled_main_ms(timing.modeled_main_ms);
   stats->set_modeled_worker_ms(timing.modeled_worker_ms);
   stats->mutable_measured_ms_per_layer()->Add(timing.layer_ms.begin(), timing.layer_ms.end());

@@ -788,7 +788,6 @@ void RemoteExpertExecutor::RecordLayerEnd(const Layer& work) {
     const auto index = static_cast<size_t>(work.sparse_index);
     if (timing_.layer_ms.size() <= index) timing_.layer_ms.resize(index + 1);
     timing_.layer_ms[index] += ms;
-    timing_.measured_layers_ms += ms;
     timing_.modeled_main_ms += *busy - *last_layer_busy_ms_;
     double slowest_call_ms = 0;
     for (const auto& call : work.calls->calls) {

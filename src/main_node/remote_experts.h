@@ -49,6 +49,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <string>
@@ -108,11 +109,12 @@ struct WorkerCallStats {
 struct DecodeTiming {
   double main_ms = 0, worker_ms = 0, load_ms = 0;  // sums
   uint64_t main_layers = 0, worker_layers = 0, loads = 0;
-  double measured_layers_ms = 0, modeled_main_ms = 0, modeled_worker_ms = 0;  // sums over modeled_layers
+  double modeled_main_ms = 0, modeled_worker_ms = 0;  // sums over modeled_layers
   uint64_t modeled_layers = 0;
   // The same layers' wall time by sparse layer index: index 0 also carries the work between positions (the
   // LM head, sampling, the embedding), so a deeper model's time per token is index 0 plus the others scaled.
   std::vector<double> layer_ms;
+  double measured_layers_ms() const { return std::accumulate(layer_ms.begin(), layer_ms.end(), 0.0); }
   double t_m_ms() const { return main_layers > 0 ? main_ms / static_cast<double>(main_layers) : 0; }
   double t_w_ms() const { return worker_layers > 0 ? worker_ms / static_cast<double>(worker_layers) : 0; }
   double load_ms_per_expert() const { return loads > 0 ? load_ms / static_cast<double>(loads) : 0; }
@@ -128,7 +130,6 @@ struct DecodeTiming {
     main_layers += o.main_layers;
     worker_layers += o.worker_layers;
     loads += o.loads;
-    measured_layers_ms += o.measured_layers_ms;
     modeled_main_ms += o.modeled_main_ms;
     modeled_worker_ms += o.modeled_worker_ms;
     modeled_layers += o.modeled_layers;
