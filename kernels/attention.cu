@@ -15,10 +15,13 @@
 //   the chunks do not divide. The block walks its slice in tiles of 64 keys: each warp computes the scores of
 //   every 4th key of the tile (lanes split head_dim, a warp sum), then the block updates its running max / sum
 //   and each thread its 1-2 output dimensions (coalesced V reads).
-// Both decode kernels split the sequence the same way (PreferredSplits: a function of n, past and heads only,
-//   so a sequence's result does not depend on what else is in the batch). One split writes `out` directly;
-//   several write (max, sum, acc[head_dim]) per (token, query head, split) to the workspace and
-//   AttentionCombineKernel merges them ("flash decoding").
+// Both decode kernels split the sequence the same way (DecodeSplits: a function of n, past, heads and the
+//   workspace only, so a sequence's result does not depend on what else is in the batch). One split writes `out`
+//   directly; several write (max, sum, acc[head_dim]) per (token, query head, split) to the workspace and
+//   AttentionCombineKernel merges them ("flash decoding"). The decode kernels and the combine kernel compute the
+//   split geometry themselves, on the device, from past: a kernel parameter (LaunchAttentionDecode) or an int32 in
+//   device memory read when they run (LaunchAttentionDecodeAt: the grid is sized for the most splits any past up
+//   to max_past has, and blocks beyond the actual splits exit at once). Same kernels, same rule, same bits.
 // AttentionPrefillKernel: grid (heads, ceil(n / 16)), 128 threads, dynamic shared memory. The 16 queries of the
 //   block sit in shared memory; K (padded rows, conflict-free) and V tiles of 32 keys are staged there. Each warp
 //   owns 4 queries; lane j scores key j of the tile, the warp updates max / sum with shuffles, and every lane
@@ -50,6 +53,40 @@ constexpr int64_t kMinKeysPerSplit = 32;
 constexpr int64_t kSplitGranule = 32;
 constexpr int64_t kTargetHeadSplits = 2048;
 
+__host__ __device__ inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ inline int64_t Max64(int64_t a, int64_t b) { return a > b ? a : b; }
+__host__ __device__ inline int64_t DivUp(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The most splits for n tokens of `heads` query heads, whatever past: kMaxSplits, about kTargetHeadSplits
+// (token, query head, split) triples, and `cap` (the splits the workspace holds). Not a function of past, so the
+// host computes it once and the kernels take it as a parameter.
+__host__ __device__ inline int64_t SplitLimit(int64_t n, int64_t heads, int64_t cap) {
+  return Min64(Min64(kMaxSplits, Max64(1, kTargetHeadSplits / (heads * n))), cap);
+}
+
+// The splits the decode kernels aim at for a context of past + n keys under `limit` (SplitLimit): one per
+// kMinKeysPerSplit keys, at most limit; 1 or less means no split. Non-decreasing in past.
+__host__ __device__ inline int64_t TargetSplits(int64_t n, int64_t past, int64_t limit) {
+  return Min64(DivUp(past + n, kMinKeysPerSplit), limit);
+}
+
+// How the decode kernels cut past + n keys: `splits` slices of keys_per_split keys (a multiple of kSplitGranule)
+// each, the last one shorter. splits <= TargetSplits (rounding keys_per_split up to the granule can only remove
+// splits), but is not monotonic in past: the grid of LaunchAttentionDecodeAt is sized by TargetSplits.
+struct SplitGeometry {
+  int64_t keys_per_split;
+  int splits;
+};
+
+__host__ __device__ inline SplitGeometry DecodeSplits(int64_t n, int64_t past, int64_t limit) {
+  const int64_t max_len = past + n;
+  const int64_t target = TargetSplits(n, past, limit);
+  if (target <= 1) return {max_len, 1};
+  const int64_t keys_per_split = DivUp(DivUp(max_len, target), kSplitGranule) * kSplitGranule;
+  const int64_t splits = DivUp(max_len, keys_per_split);
+  return {splits == 1 ? max_len : keys_per_split, static_cast<int>(splits)};
+}
+
 constexpr int kGqaThreads = 128;
 constexpr int kGqaMaxTile = 128;  // keys per tile at most
 constexpr int kGqaMaxGroup = 8;   // query heads per block at most
@@ -68,19 +105,28 @@ struct AttentionArgs {
   float* out;
   float* partial;  // [n, heads, splits, head_dim + 2] when splits > 1
   int64_t n;
-  int64_t past;
+  int64_t past;  // with past_at: its upper bound, max_past
+  // Decode kernels only: when not null, past is *past_at (clamped to [0, past]), read when the kernel runs.
+  const int32_t* past_at;
   int64_t heads;
   int64_t kv_heads;
   int head_dim;
   float scale;
-  int64_t keys_per_split;
-  int splits;
+  int64_t split_limit;  // decode kernels only: SplitLimit
   // GQA decode kernel only: query heads per kv head, blocks per kv head, query heads per block (the last block
   // of a kv head may have fewer).
   int group;
   int head_blocks;
   int block_heads;
 };
+
+// The past a decode kernel works with: the parameter, or *past_at clamped to [0, max_past] (a value out of range
+// gives some output, never an access outside the max_past + n rows of the caches).
+template <typename KV>
+__device__ __forceinline__ int64_t DecodePast(const AttentionArgs<KV>& a) {
+  if (a.past_at == nullptr) return a.past;
+  return Min64(Max64(*a.past_at, 0), a.past);
+}
 
 template <typename KV>
 __global__ void __launch_bounds__(kDecThreads) AttentionDecodeScalarKernel(AttentionArgs<KV> a) {
@@ -93,11 +139,14 @@ __global__ void __launch_bounds__(kDecThreads) AttentionDecodeScalarKernel(Atten
   const int64_t h = blockIdx.x;
   const int64_t t = blockIdx.y;
   const int split = blockIdx.z;
+  const int64_t past = DecodePast(a);
+  const SplitGeometry geo = DecodeSplits(a.n, past, a.split_limit);
+  if (split >= geo.splits) return;  // the grid covers a longer past (LaunchAttentionDecodeAt)
   const int dim = a.head_dim;
   const int64_t kvh = h / (a.heads / a.kv_heads);
-  const int64_t len = a.past + t + 1;
-  const int64_t begin = split * a.keys_per_split;
-  const int64_t end = min(len, begin + a.keys_per_split);
+  const int64_t len = past + t + 1;
+  const int64_t begin = split * geo.keys_per_split;
+  const int64_t end = min(len, begin + geo.keys_per_split);
   const int64_t row_stride = a.kv_heads * dim;
   const float* qrow = a.q + (t * a.heads + h) * dim;
   for (int d = tid; d < dim; d += kDecThreads) qs[d] = qrow[d];
@@ -142,7 +191,7 @@ __global__ void __launch_bounds__(kDecThreads) AttentionDecodeScalarKernel(Atten
     __syncthreads();  // scores / probs are rewritten by the next tile
   }
 
-  if (a.splits == 1) {
+  if (geo.splits == 1) {
     float* orow = a.out + (t * a.heads + h) * dim;
 #pragma unroll
     for (int c = 0; c < kDecDimsPerThread; ++c) {
@@ -150,7 +199,7 @@ __global__ void __launch_bounds__(kDecThreads) AttentionDecodeScalarKernel(Atten
       if (d < dim) orow[d] = acc[c] / l;
     }
   } else {
-    float* part = a.partial + ((t * a.heads + h) * a.splits + split) * (dim + 2);
+    float* part = a.partial + ((t * a.heads + h) * geo.splits + split) * (dim + 2);
     if (tid == 0) {
       part[0] = m;
       part[1] = l;
@@ -198,9 +247,12 @@ __global__ void __launch_bounds__(kGqaThreads, 4) AttentionDecodeGqaKernel(Atten
   const int64_t h0 = kvh * a.group + g0;
   const int split = blockIdx.y;
   const int64_t t = blockIdx.z;
-  const int64_t len = a.past + t + 1;
-  const int64_t begin = split * a.keys_per_split;
-  const int64_t end = min(len, begin + a.keys_per_split);
+  const int64_t past = DecodePast(a);
+  const SplitGeometry geo = DecodeSplits(a.n, past, a.split_limit);
+  if (split >= geo.splits) return;  // the grid covers a longer past (LaunchAttentionDecodeAt)
+  const int64_t len = past + t + 1;
+  const int64_t begin = split * geo.keys_per_split;
+  const int64_t end = min(len, begin + geo.keys_per_split);
   const int64_t row_stride = a.kv_heads * dim;
 
   const float* qrow = a.q + (t * a.heads + h0) * dim;  // the block's heads are consecutive
@@ -335,7 +387,7 @@ __global__ void __launch_bounds__(kGqaThreads, 4) AttentionDecodeGqaKernel(Atten
     }
     __syncthreads();
     const int64_t h = h0 + g;
-    if (a.splits == 1) {
+    if (geo.splits == 1) {
       const float l = run_sum[g];
       float* orow = a.out + (t * a.heads + h) * dim;
       for (int d = tid; d < dim; d += kGqaThreads) {
@@ -344,7 +396,7 @@ __global__ void __launch_bounds__(kGqaThreads, 4) AttentionDecodeGqaKernel(Atten
         orow[d] = o / l;
       }
     } else {
-      float* part = a.partial + ((t * a.heads + h) * a.splits + split) * (dim + 2);
+      float* part = a.partial + ((t * a.heads + h) * geo.splits + split) * (dim + 2);
       if (tid == 0) {
         part[0] = run_max[g];
         part[1] = run_sum[g];
@@ -361,26 +413,29 @@ __global__ void __launch_bounds__(kGqaThreads, 4) AttentionDecodeGqaKernel(Atten
 
 // grid (heads, n), 128 threads: merges the splits of one (token, head). Split 0 is never empty, so the maximum
 // is finite; an empty split (a token before the last, whose keys end before the split) has max -inf, weight 0.
+// Nothing to do when the past it reads has one split (the decode kernel wrote `out`).
 template <typename KV>
 __global__ void __launch_bounds__(kDecThreads) AttentionCombineKernel(AttentionArgs<KV> a) {
   __shared__ float weight[kMaxSplits];
+  const int splits = DecodeSplits(a.n, DecodePast(a), a.split_limit).splits;
+  if (splits == 1) return;
   const int64_t h = blockIdx.x;
   const int64_t t = blockIdx.y;
   const int dim = a.head_dim;
   const int stride = dim + 2;
-  const float* part = a.partial + (t * a.heads + h) * a.splits * stride;
+  const float* part = a.partial + (t * a.heads + h) * splits * stride;
   float m = -INFINITY;
-  for (int s = 0; s < a.splits; ++s) m = fmaxf(m, part[s * stride]);
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, part[s * stride]);
   const int tid = threadIdx.x;
-  if (tid < a.splits) weight[tid] = expf(part[tid * stride] - m);
+  if (tid < splits) weight[tid] = expf(part[tid * stride] - m);
   __syncthreads();
   float l = 0.0f;
-  for (int s = 0; s < a.splits; ++s) l += part[s * stride + 1] * weight[s];
+  for (int s = 0; s < splits; ++s) l += part[s * stride + 1] * weight[s];
   float* orow = a.out + (t * a.heads + h) * dim;
   for (int d = tid; d < dim; d += kDecThreads) {
     float o = 0.0f;
 #pragma unroll 8
-    for (int s = 0; s < a.splits; ++s) o += part[s * stride + 2 + d] * weight[s];
+    for (int s = 0; s < splits; ++s) o += part[s * stride + 2 + d] * weight[s];
     orow[d] = o / l;
   }
 }
@@ -513,22 +568,20 @@ AttentionArgs<KV> MakeArgs(const float* q, const KV* k, const KV* v, int64_t n, 
   a.partial = nullptr;
   a.n = n;
   a.past = past;
+  a.past_at = nullptr;
   a.heads = heads;
   a.kv_heads = kv_heads;
   a.head_dim = static_cast<int>(head_dim);
   a.scale = scale;
-  a.keys_per_split = past + n;
-  a.splits = 1;
+  a.split_limit = 1;
   return a;
 }
 
-// The number of sequence splits the decode kernels prefer (see kTargetHeadSplits). A function of n, past and
-// heads only: never of the batch, the dtype or the alignment.
+// The number of sequence splits the decode kernels prefer (see kTargetHeadSplits): what they aim at with a
+// workspace large enough. A function of n, past and heads only: never of the batch, the dtype or the alignment.
+// Non-decreasing in past.
 int64_t PreferredSplits(int64_t n, int64_t past, int64_t heads) {
-  const int64_t max_len = past + n;
-  int64_t splits = std::min(CeilDiv(max_len, kMinKeysPerSplit), kMaxSplits);
-  splits = std::min(splits, std::max<int64_t>(1, kTargetHeadSplits / (heads * n)));
-  return std::max<int64_t>(1, splits);
+  return std::max<int64_t>(1, TargetSplits(n, past, SplitLimit(n, heads, kMaxSplits)));
 }
 
 // Whether AttentionDecodeGqaKernel can read these K/V: 16-byte chunks of whole rows.
@@ -539,10 +592,51 @@ bool GqaReadable(const KV* k, const KV* v, int64_t head_dim) {
 }
 
 template <typename KV, int kGroup>
-void LaunchGqa(const AttentionArgs<KV>& a, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(a.kv_heads * a.head_blocks), static_cast<unsigned>(a.splits),
+void LaunchGqa(const AttentionArgs<KV>& a, int64_t splits, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.kv_heads * a.head_blocks), static_cast<unsigned>(splits),
                   static_cast<unsigned>(a.n));
   AttentionDecodeGqaKernel<KV, kGroup><<<grid, kGqaThreads, 0, stream>>>(a);
+}
+
+// Both decode launchers. past_at null: past is the past; otherwise past is max_past and the kernels read *past_at.
+template <typename KV>
+cudaError_t LaunchDecode(const float* q, const KV* k_cache, const KV* v_cache, int64_t n, int64_t past,
+                         const int32_t* past_at, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
+                         float* out, float* workspace, size_t workspace_floats, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (!ValidShapes(n, past, heads, kv_heads, head_dim) || n > 0xffff) return cudaErrorInvalidValue;
+  const int64_t per_split = n * heads * (head_dim + 2);
+  const int64_t cap = workspace == nullptr ? 0 : static_cast<int64_t>(workspace_floats) / per_split;
+  AttentionArgs<KV> a = MakeArgs(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale, out);
+  a.partial = workspace;
+  a.past_at = past_at;
+  a.split_limit = SplitLimit(n, heads, cap);
+  // The kernels compute the geometry themselves; the grid has its splits (by value) or the most any past up to
+  // max_past has (TargetSplits is non-decreasing in past, the actual splits at most TargetSplits).
+  const int64_t splits = past_at == nullptr ? DecodeSplits(n, past, a.split_limit).splits
+                                            : std::max<int64_t>(1, TargetSplits(n, past, a.split_limit));
+  if (GqaReadable(k_cache, v_cache, head_dim)) {
+    a.group = static_cast<int>(heads / kv_heads);
+    a.head_blocks = static_cast<int>(CeilDiv(a.group, kGqaMaxGroup));
+    a.block_heads = static_cast<int>(CeilDiv(a.group, a.head_blocks));
+    if (a.block_heads <= 1) {
+      LaunchGqa<KV, 1>(a, splits, stream);
+    } else if (a.block_heads <= 2) {
+      LaunchGqa<KV, 2>(a, splits, stream);
+    } else if (a.block_heads <= 4) {
+      LaunchGqa<KV, 4>(a, splits, stream);
+    } else {
+      LaunchGqa<KV, kGqaMaxGroup>(a, splits, stream);
+    }
+  } else {
+    const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(n), static_cast<unsigned>(splits));
+    AttentionDecodeScalarKernel<KV><<<grid, kDecThreads, 0, stream>>>(a);
+  }
+  if (splits > 1) {
+    AttentionCombineKernel<KV>
+        <<<dim3(static_cast<unsigned>(heads), static_cast<unsigned>(n)), kDecThreads, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -554,50 +648,26 @@ size_t AttentionDecodeWorkspaceFloats(int64_t n, int64_t past, int64_t heads, in
   return static_cast<size_t>(n * heads * splits * (head_dim + 2));
 }
 
+size_t AttentionDecodeAtWorkspaceFloats(int64_t n, int64_t max_past, int64_t heads, int64_t head_dim) {
+  return AttentionDecodeWorkspaceFloats(n, max_past, heads, head_dim);  // PreferredSplits grows with past
+}
+
 template <typename KV>
 cudaError_t LaunchAttentionDecode(const float* q, const KV* k_cache, const KV* v_cache, int64_t n, int64_t past,
                                   int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
                                   float* workspace, size_t workspace_floats, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  if (!ValidShapes(n, past, heads, kv_heads, head_dim) || n > 0xffff) return cudaErrorInvalidValue;
-  int64_t splits = PreferredSplits(n, past, heads);
-  const int64_t per_split = n * heads * (head_dim + 2);
-  if (workspace == nullptr) workspace_floats = 0;
-  splits = std::min<int64_t>(splits, static_cast<int64_t>(workspace_floats) / per_split);
-  const int64_t max_len = past + n;
-  int64_t keys_per_split = max_len;
-  if (splits > 1) {
-    keys_per_split = CeilDiv(CeilDiv(max_len, splits), kSplitGranule) * kSplitGranule;
-    splits = CeilDiv(max_len, keys_per_split);
-  }
-  splits = std::max<int64_t>(splits, 1);
-  if (splits == 1) keys_per_split = max_len;
-  AttentionArgs<KV> a = MakeArgs(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale, out);
-  a.partial = workspace;
-  a.keys_per_split = keys_per_split;
-  a.splits = static_cast<int>(splits);
-  if (GqaReadable(k_cache, v_cache, head_dim)) {
-    a.group = static_cast<int>(heads / kv_heads);
-    a.head_blocks = static_cast<int>(CeilDiv(a.group, kGqaMaxGroup));
-    a.block_heads = static_cast<int>(CeilDiv(a.group, a.head_blocks));
-    if (a.block_heads <= 1) {
-      LaunchGqa<KV, 1>(a, stream);
-    } else if (a.block_heads <= 2) {
-      LaunchGqa<KV, 2>(a, stream);
-    } else if (a.block_heads <= 4) {
-      LaunchGqa<KV, 4>(a, stream);
-    } else {
-      LaunchGqa<KV, kGqaMaxGroup>(a, stream);
-    }
-  } else {
-    const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(n), static_cast<unsigned>(splits));
-    AttentionDecodeScalarKernel<KV><<<grid, kDecThreads, 0, stream>>>(a);
-  }
-  if (splits > 1) {
-    AttentionCombineKernel<KV>
-        <<<dim3(static_cast<unsigned>(heads), static_cast<unsigned>(n)), kDecThreads, 0, stream>>>(a);
-  }
-  return cudaGetLastError();
+  return LaunchDecode(q, k_cache, v_cache, n, past, nullptr, heads, kv_heads, head_dim, scale, out, workspace,
+                      workspace_floats, stream);
+}
+
+template <typename KV>
+cudaError_t LaunchAttentionDecodeAt(const float* q, const KV* k_cache, const KV* v_cache, int64_t n,
+                                    const int32_t* past, int64_t max_past, int64_t heads, int64_t kv_heads,
+                                    int64_t head_dim, float scale, float* out, float* workspace,
+                                    size_t workspace_floats, cudaStream_t stream) {
+  if (n != 0 && past == nullptr) return cudaErrorInvalidValue;
+  return LaunchDecode(q, k_cache, v_cache, n, max_past, past, heads, kv_heads, head_dim, scale, out, workspace,
+                      workspace_floats, stream);
 }
 
 template <typename KV>
@@ -618,11 +688,14 @@ cudaError_t LaunchAttentionPrefill(const float* q, const KV* k_cache, const KV* 
   return cudaGetLastError();
 }
 
-#define ODMOE_INSTANTIATE_KV(KV)                                                                                 \
-  template cudaError_t LaunchAttentionDecode<KV>(const float*, const KV*, const KV*, int64_t, int64_t, int64_t,  \
-                                                 int64_t, int64_t, float, float*, float*, size_t, cudaStream_t); \
-  template cudaError_t LaunchAttentionPrefill<KV>(const float*, const KV*, const KV*, int64_t, int64_t, int64_t, \
-                                                  int64_t, int64_t, float, float*, cudaStream_t);
+#define ODMOE_INSTANTIATE_KV(KV)                                                                                      \
+  template cudaError_t LaunchAttentionDecode<KV>(const float*, const KV*, const KV*, int64_t, int64_t, int64_t,       \
+                                                 int64_t, int64_t, float, float*, float*, size_t, cudaStream_t);      \
+  template cudaError_t LaunchAttentionPrefill<KV>(const float*, const KV*, const KV*, int64_t, int64_t, int64_t,      \
+                                                  int64_t, int64_t, float, float*, cudaStream_t);                     \
+  template cudaError_t LaunchAttentionDecodeAt<KV>(const float*, const KV*, const KV*, int64_t, const int32_t*,       \
+                                                   int64_t, int64_t, int64_t, int64_t, float, float*, float*, size_t, \
+                                                   cudaStream_t);
 ODMOE_INSTANTIATE_KV(float)
 ODMOE_INSTANTIATE_KV(__half)
 ODMOE_INSTANTIATE_KV(__nv_bfloat16)

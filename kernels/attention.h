@@ -32,11 +32,32 @@ inline constexpr int64_t kMaxHeadDim = 256;
 // would not split). Passing a smaller workspace reduces the number of splits (none when it is 0 or null).
 size_t AttentionDecodeWorkspaceFloats(int64_t n, int64_t past, int64_t heads, int64_t head_dim);
 
+// Floats of workspace LaunchAttentionDecodeAt needs to split as LaunchAttentionDecode prefers for every
+// past <= max_past: AttentionDecodeWorkspaceFloats(n, max_past, ...), which does not decrease with past.
+size_t AttentionDecodeAtWorkspaceFloats(int64_t n, int64_t max_past, int64_t heads, int64_t head_dim);
+
 // KV: float, __half or __nv_bfloat16 (explicitly instantiated in attention.cu).
 template <typename KV>
 cudaError_t LaunchAttentionDecode(const float* q, const KV* k_cache, const KV* v_cache, int64_t n, int64_t past,
                                   int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
                                   float* workspace, size_t workspace_floats, cudaStream_t stream);
+
+// LaunchAttentionDecode with the decode position read from device memory when the kernels run: past is *past
+// (one int32 on the device), so that one enqueued launch (e.g. captured in a CUDA graph and replayed at every
+// token) serves every position up to max_past; only *past changes between runs.
+// REQUIRES: 0 <= *past <= max_past when the kernels run (another value gives unspecified output but no access
+//           outside rows [0, max_past + n) of the caches); past not null.
+// For every such *past the output is bit for bit LaunchAttentionDecode's with past = *past and a workspace of at
+// least AttentionDecodeWorkspaceFloats(n, *past, heads, head_dim) floats: the kernels split the sequence by the
+// same rule, from *past. workspace_floats >= AttentionDecodeAtWorkspaceFloats(n, max_past, heads, head_dim) gives
+// that for every *past; a smaller workspace reduces the splits as it does for LaunchAttentionDecode (the two agree
+// bit for bit for the same workspace). The grid is sized for max_past: blocks for splits the actual past does not
+// have exit at once.
+template <typename KV>
+cudaError_t LaunchAttentionDecodeAt(const float* q, const KV* k_cache, const KV* v_cache, int64_t n,
+                                    const int32_t* past, int64_t max_past, int64_t heads, int64_t kv_heads,
+                                    int64_t head_dim, float scale, float* out, float* workspace,
+                                    size_t workspace_floats, cudaStream_t stream);
 
 template <typename KV>
 cudaError_t LaunchAttentionPrefill(const float* q, const KV* k_cache, const KV* v_cache, int64_t n, int64_t past,

@@ -1,7 +1,8 @@
 // RMSNorm, RoPE and attention kernels against the CPU reference (src/backend/cpu_kernels.h): 1 token, sizes
 // that are not multiples of the block, every weight dtype, head_dim 32/48/64/80/128/256, GQA ratios
 // 1/2/3/4/6/8/16, past = 0 and long contexts (the decode kernel's sequence splits), KV caches in every dtype and
-// unaligned. Skipped without a GPU.
+// unaligned; LaunchAttentionDecodeAt bit for bit against LaunchAttentionDecode, one launch replayed while only the
+// device past changes. Skipped without a GPU.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -233,6 +234,136 @@ TEST_F(AttentionKernelTest, DecodeGqaGroups) {
   }
 }
 
+// LaunchAttentionDecodeAt as a captured CUDA graph replays it: one set of launch arguments (the same pointers,
+// max_past and workspace) run again and again while only the device int *past changes; each run is bitwise
+// LaunchAttentionDecode's with that past and the workspace it asks for. The pasts lie on both sides of the split
+// thresholds (context 32 / 33: one split or two; 1024 / 1025 with 64 (token, head) pairs: the splits drop from 32
+// to 17 as keys_per_split doubles) and reach max_past, and the caches hold exactly max_past + n rows (the checked
+// emulator reports any read beyond). The output is poisoned before each run, so every value comes from that run.
+class AttentionDecodeAtTest : public AttentionKernelTest {
+ protected:
+  struct Shape {
+    int64_t n;
+    int64_t heads;
+    int64_t kv_heads;
+    int64_t head_dim;
+    DType kv_dtype;
+    bool misaligned = false;  // the scalar fallback
+    // 0: the workspace AttentionDecodeAtWorkspaceFloats asks for; otherwise room for this many splits, given to
+    // both launchers.
+    int64_t workspace_splits = 0;
+  };
+
+  void Check(const Shape& c, std::mt19937& rng, const std::vector<int64_t>& pasts, int64_t max_past = 1100) {
+    const int64_t rows = max_past + c.n;
+    const std::vector<float> q = RandomFloats(static_cast<size_t>(c.n * c.heads * c.head_dim), rng, -2.0f, 2.0f);
+    const std::vector<float> k = RandomFloats(static_cast<size_t>(rows * c.kv_heads * c.head_dim), rng, -2.0f, 2.0f);
+    const std::vector<float> v = RandomFloats(static_cast<size_t>(rows * c.kv_heads * c.head_dim), rng);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    DeviceArray<float> dq(q);
+    const DeviceKv dk(c.kv_dtype, k, c.misaligned);
+    const DeviceKv dv(c.kv_dtype, v, c.misaligned);
+    const size_t out_floats = q.size();
+    DeviceArray<float> at_out(out_floats), want(out_floats);
+    const size_t per_split = static_cast<size_t>(c.n * c.heads * (c.head_dim + 2));
+    const size_t at_ws_floats = c.workspace_splits > 0
+                                    ? per_split * static_cast<size_t>(c.workspace_splits)
+                                    : kernels::AttentionDecodeAtWorkspaceFloats(c.n, max_past, c.heads, c.head_dim);
+    DeviceArray<float> at_ws(std::max<size_t>(at_ws_floats, 1));
+    DeviceArray<int32_t> dpast(1);
+    const std::string shape = "n=" + std::to_string(c.n) + " heads=" + std::to_string(c.heads) +
+                              " kv_heads=" + std::to_string(c.kv_heads) + " head_dim=" + std::to_string(c.head_dim) +
+                              " kv " + std::string(DTypeName(c.kv_dtype)) + (c.misaligned ? " misaligned" : "") +
+                              " workspace " + std::to_string(at_ws_floats);
+    DeviceKv::WithPair(dk, dv, [&](auto* kp, auto* vp) {
+      // The captured launch: nothing here depends on the past of a run.
+      const auto launch_at = [&, kp, vp] {
+        return kernels::LaunchAttentionDecodeAt(dq.get(), kp, vp, c.n, dpast.get(), max_past, c.heads, c.kv_heads,
+                                                c.head_dim, scale, at_out.get(), at_ws.get(), at_ws_floats, stream_);
+      };
+      for (const int64_t past : pasts) {
+        const std::string what = shape + " past=" + std::to_string(past);
+        const size_t ws_floats = c.workspace_splits > 0
+                                     ? at_ws_floats
+                                     : kernels::AttentionDecodeWorkspaceFloats(c.n, past, c.heads, c.head_dim);
+        DeviceArray<float> ws(std::max<size_t>(ws_floats, 1));
+        const int32_t past32 = static_cast<int32_t>(past);
+        ODMOE_ASSERT_CUDA(cudaMemcpyAsync(dpast.get(), &past32, sizeof(past32), cudaMemcpyHostToDevice, stream_));
+        ODMOE_ASSERT_CUDA(cudaMemsetAsync(at_out.get(), 0xff, out_floats * sizeof(float), stream_));
+        ODMOE_ASSERT_CUDA(launch_at());
+        ODMOE_ASSERT_CUDA(kernels::LaunchAttentionDecode(dq.get(), kp, vp, c.n, past, c.heads, c.kv_heads, c.head_dim,
+                                                         scale, want.get(), ws.get(), ws_floats, stream_));
+        Sync();
+        const std::vector<float> got_host = at_out.Download();
+        const std::vector<float> want_host = want.Download();
+        ASSERT_EQ(std::memcmp(got_host.data(), want_host.data(), out_floats * sizeof(float)), 0) << what;
+      }
+    });
+  }
+};
+
+// Every past a context of max_past keys may have needs no more workspace than max_past's (and a run with a
+// smaller one splits less, as LaunchAttentionDecode would).
+TEST_F(AttentionDecodeAtTest, WorkspaceCoversEveryPast) {
+  for (int64_t n : {1, 2, 3, 7}) {
+    for (int64_t heads : {1, 4, 8, 28, 32, 64, 200, 4096}) {
+      const size_t at = kernels::AttentionDecodeAtWorkspaceFloats(n, 5000, heads, 128);
+      for (int64_t past = 0; past <= 5000; ++past) {
+        ASSERT_LE(kernels::AttentionDecodeWorkspaceFloats(n, past, heads, 128), at)
+            << "n=" << n << " heads=" << heads << " past=" << past;
+      }
+    }
+  }
+}
+
+TEST_F(AttentionDecodeAtTest, MatchesDecodeBitwise) {
+  std::mt19937 rng(7);
+  const std::vector<int64_t> pasts = {0, 1, 31, 32, 33, 100, 1000, 1100};
+  // GQA groups 1, 4 and 8, head_dim 64 and 128, 1 and 2 tokens: every one in bf16 (the models' cache dtype).
+  for (const auto& [heads, kv_heads] : std::vector<std::pair<int64_t, int64_t>>{{4, 4}, {8, 2}, {16, 2}}) {
+    for (int64_t head_dim : {64, 128}) {
+      for (int64_t n : {1, 2}) Check({n, heads, kv_heads, head_dim, DType::kBF16}, rng, pasts);
+    }
+  }
+  Check({1, 8, 2, 128, DType::kF32}, rng, pasts);
+  Check({2, 16, 2, 64, DType::kF16}, rng, pasts);
+  // 64 (token, head) pairs: contexts of 1024 and 1025 keys split 32 and 17 ways (fewer splits for a longer past).
+  Check({2, 32, 4, 64, DType::kBF16}, rng, {1022, 1023, 30, 31, 1100, 0});
+  // The scalar fallback: an unaligned cache, a head_dim the 16-byte chunks do not divide.
+  Check({1, 8, 2, 64, DType::kBF16, /*misaligned=*/true}, rng, pasts);
+  Check({2, 4, 4, 128, DType::kF32, /*misaligned=*/true}, rng, pasts);
+  Check({1, 6, 2, 36, DType::kF16}, rng, pasts);
+  // A workspace for 3 splits only, the same for both launchers.
+  Check({1, 8, 2, 128, DType::kBF16, false, 3}, rng, {1100, 33, 0, 500});
+  Check({2, 4, 4, 64, DType::kF32, true, 3}, rng, {1100, 33, 0, 500});
+}
+
+// A *past outside [0, max_past] gives some output but reads no cache row past max_past + n (the checked emulator
+// would report it) and writes nothing outside out and the workspace.
+TEST_F(AttentionDecodeAtTest, PastOutOfRangeStaysInBounds) {
+  std::mt19937 rng(8);
+  for (const bool misaligned : {false, true}) {
+    const int64_t n = 2, heads = 8, kv_heads = 2, head_dim = 64, max_past = 300;
+    const int64_t rows = max_past + n;
+    DeviceArray<float> dq(RandomFloats(static_cast<size_t>(n * heads * head_dim), rng));
+    const std::vector<float> kv = RandomFloats(static_cast<size_t>(rows * kv_heads * head_dim), rng);
+    const DeviceKv dk(DType::kBF16, kv, misaligned);
+    const DeviceKv dv(DType::kBF16, kv, misaligned);
+    DeviceArray<float> out(static_cast<size_t>(n * heads * head_dim));
+    const size_t ws_floats = kernels::AttentionDecodeAtWorkspaceFloats(n, max_past, heads, head_dim);
+    DeviceArray<float> ws(ws_floats);
+    DeviceArray<int32_t> dpast(1);
+    for (const int32_t past : {-1, -1000000, 301, 5000, 0x7fffffff, static_cast<int32_t>(0x80000000u)}) {
+      ODMOE_ASSERT_CUDA(cudaMemcpyAsync(dpast.get(), &past, sizeof(past), cudaMemcpyHostToDevice, stream_));
+      DeviceKv::WithPair(dk, dv, [&](auto* kp, auto* vp) {
+        ODMOE_ASSERT_CUDA(kernels::LaunchAttentionDecodeAt(dq.get(), kp, vp, n, dpast.get(), max_past, heads, kv_heads,
+                                                           head_dim, 0.125f, out.get(), ws.get(), ws_floats, stream_));
+      });
+      Sync();
+    }
+  }
+}
+
 TEST_F(AttentionKernelTest, PrefillShapes) {
   std::mt19937 rng(5);
   for (int64_t head_dim : {32, 48, 64, 128}) {
@@ -253,6 +384,9 @@ TEST_F(AttentionKernelTest, RejectsBadShapes) {
   EXPECT_EQ(kernels::LaunchAttentionDecode(buf.get(), buf.get(), buf.get(), 1, 0, 2, 2, 512, 1.0f, buf.get(), nullptr,
                                            0, stream_),
             cudaErrorInvalidValue);  // head_dim > kMaxHeadDim
+  EXPECT_EQ(kernels::LaunchAttentionDecodeAt(buf.get(), buf.get(), buf.get(), 1, nullptr, 10, 2, 2, 64, 1.0f, buf.get(),
+                                             nullptr, 0, stream_),
+            cudaErrorInvalidValue);  // no past
 }
 
 }  // namespace
