@@ -22,6 +22,8 @@
 //   split geometry themselves, on the device, from past: a kernel parameter (LaunchAttentionDecode) or an int32 in
 //   device memory read when they run (LaunchAttentionDecodeAt: the grid is sized for the most splits any past up
 //   to max_past has, and blocks beyond the actual splits exit at once). Same kernels, same rule, same bits.
+// AttentionKvStoreKernel: grid (kv_size chunks, rows), 256 threads: fp32 rows converted into cache rows whose
+//   positions it reads from device memory.
 // AttentionPrefillKernel: grid (heads, ceil(n / 16)), 128 threads, dynamic shared memory. The 16 queries of the
 //   block sit in shared memory; K (padded rows, conflict-free) and V tiles of 32 keys are staged there. Each warp
 //   owns 4 queries; lane j scores key j of the tile, the warp updates max / sum with shuffles, and every lane
@@ -440,6 +442,50 @@ __global__ void __launch_bounds__(kDecThreads) AttentionCombineKernel(AttentionA
   }
 }
 
+// fp32 -> KV with round-to-nearest-even: the conversions of LaunchConvert (kernels/elementwise.cu).
+__device__ __forceinline__ void StoreKv(float v, float* out) { *out = v; }
+__device__ __forceinline__ void StoreKv(float v, __half* out) { *out = __float2half_rn(v); }
+__device__ __forceinline__ void StoreKv(float v, __nv_bfloat16* out) { *out = __float2bfloat16_rn(v); }
+
+// Group g of four floats as four KV: elements 4g .. 4g + 3 of `cache`, in one 16-byte (float) or 8-byte store.
+// (Indexing the vector type from the kernel's pointer lets the compiler see the alignment: one store, not four.)
+__device__ __forceinline__ void StoreKv4(float4 v, float* cache, int64_t g) { reinterpret_cast<float4*>(cache)[g] = v; }
+__device__ __forceinline__ uint32_t KvBits(__half h) { return __half_as_ushort(h); }
+__device__ __forceinline__ uint32_t KvBits(__nv_bfloat16 h) { return __bfloat16_as_ushort(h); }
+template <typename KV>
+__device__ __forceinline__ void StoreKv4(float4 v, KV* cache, int64_t g) {
+  KV e[4];
+  StoreKv(v.x, &e[0]);
+  StoreKv(v.y, &e[1]);
+  StoreKv(v.z, &e[2]);
+  StoreKv(v.w, &e[3]);
+  reinterpret_cast<uint2*>(cache)[g] =
+      make_uint2(KvBits(e[0]) | KvBits(e[1]) << 16, KvBits(e[2]) | KvBits(e[3]) << 16);  // element 0 lowest
+}
+
+constexpr int kStoreThreads = 256;
+
+// grid (ceil(kv_size / (256 * kVec)), min(n, 65535)), 256 threads: thread x of a block converts the x-th group of
+// kVec elements of rows blockIdx.y, blockIdx.y + gridDim.y, ... kVec 4: rows 16-byte aligned, cache aligned to
+// 4 KV, kv_size % 4 == 0 (one 16-byte load and one 4-element store per row).
+template <typename KV, int kVec>
+__global__ void __launch_bounds__(kStoreThreads)
+    AttentionKvStoreKernel(const float* rows, const int32_t* positions, int64_t n, int64_t kv_size, KV* cache,
+                           int64_t capacity) {
+  const int64_t groups = kv_size / kVec;
+  const int64_t x = static_cast<int64_t>(blockIdx.x) * kStoreThreads + threadIdx.x;
+  if (x >= groups) return;
+  for (int64_t i = blockIdx.y; i < n; i += gridDim.y) {
+    const int64_t pos = positions[i];
+    if (pos < 0 || pos >= capacity) continue;
+    if constexpr (kVec == 1) {
+      StoreKv(rows[i * kv_size + x], cache + pos * kv_size + x);
+    } else {
+      StoreKv4(reinterpret_cast<const float4*>(rows)[i * groups + x], cache, pos * groups + x);
+    }
+  }
+}
+
 constexpr int kPreThreads = 128;
 constexpr int kPreQueries = 16;
 constexpr int kPreKeys = 32;
@@ -688,6 +734,26 @@ cudaError_t LaunchAttentionPrefill(const float* q, const KV* k_cache, const KV* 
   return cudaGetLastError();
 }
 
+template <typename KV>
+cudaError_t LaunchKvStore(const float* rows, const int32_t* positions, int64_t n, int64_t kv_size, KV* cache,
+                          int64_t capacity, cudaStream_t stream) {
+  if (n < 0 || kv_size < 0 || capacity < 0) return cudaErrorInvalidValue;
+  if (n == 0 || kv_size == 0) return cudaSuccess;
+  if (rows == nullptr || positions == nullptr || cache == nullptr) return cudaErrorInvalidValue;
+  const auto aligned = [](const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; };
+  const bool vec = kv_size % 4 == 0 && aligned(rows, 16) && aligned(cache, 4 * sizeof(KV));
+  const int64_t per_block = kStoreThreads * (vec ? 4 : 1);
+  const int64_t blocks = CeilDiv(kv_size, per_block);
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(std::min<int64_t>(n, 0xffff)));
+  if (vec) {
+    AttentionKvStoreKernel<KV, 4><<<grid, kStoreThreads, 0, stream>>>(rows, positions, n, kv_size, cache, capacity);
+  } else {
+    AttentionKvStoreKernel<KV, 1><<<grid, kStoreThreads, 0, stream>>>(rows, positions, n, kv_size, cache, capacity);
+  }
+  return cudaGetLastError();
+}
+
 #define ODMOE_INSTANTIATE_KV(KV)                                                                                      \
   template cudaError_t LaunchAttentionDecode<KV>(const float*, const KV*, const KV*, int64_t, int64_t, int64_t,       \
                                                  int64_t, int64_t, float, float*, float*, size_t, cudaStream_t);      \
@@ -695,7 +761,8 @@ cudaError_t LaunchAttentionPrefill(const float* q, const KV* k_cache, const KV* 
                                                   int64_t, int64_t, float, float*, cudaStream_t);                     \
   template cudaError_t LaunchAttentionDecodeAt<KV>(const float*, const KV*, const KV*, int64_t, const int32_t*,       \
                                                    int64_t, int64_t, int64_t, int64_t, float, float*, float*, size_t, \
-                                                   cudaStream_t);
+                                                   cudaStream_t);                                                     \
+  template cudaError_t LaunchKvStore<KV>(const float*, const int32_t*, int64_t, int64_t, KV*, int64_t, cudaStream_t);
 ODMOE_INSTANTIATE_KV(float)
 ODMOE_INSTANTIATE_KV(__half)
 ODMOE_INSTANTIATE_KV(__nv_bfloat16)

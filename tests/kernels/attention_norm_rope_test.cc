@@ -2,16 +2,18 @@
 // that are not multiples of the block, every weight dtype, head_dim 32/48/64/80/128/256, GQA ratios
 // 1/2/3/4/6/8/16, past = 0 and long contexts (the decode kernel's sequence splits), KV caches in every dtype and
 // unaligned; LaunchAttentionDecodeAt bit for bit against LaunchAttentionDecode, one launch replayed while only the
-// device past changes. Skipped without a GPU.
+// device past changes; LaunchKvStore bit for bit against LaunchConvert. Skipped without a GPU.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
+#include "kernels/elementwise.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "src/backend/cpu_kernels.h"
@@ -362,6 +364,81 @@ TEST_F(AttentionDecodeAtTest, PastOutOfRangeStaysInBounds) {
       Sync();
     }
   }
+}
+
+// LaunchKvStore against LaunchConvert into the same rows (float rows: copied), in every cache dtype: aligned rows
+// of a multiple of 4 (the vector path), an odd row size and unaligned rows or cache (the scalar path). Positions
+// outside [0, capacity) write nothing, and no cache row but the targets changes (the cache starts as a byte
+// pattern). The rows hold rounding ties, values past fp16's range, subnormals, infinities, NaN and -0.
+class KvStoreTest : public GpuTest {
+ protected:
+  template <typename KV>
+  void Check(int64_t kv_size, bool misaligned_rows, bool misaligned_cache, std::mt19937& rng) {
+    const int64_t capacity = 7;
+    const std::vector<int32_t> positions = {3, -1, 0, 7, 6, 1000, -2147483647 - 1, 2};
+    const int64_t n = static_cast<int64_t>(positions.size());
+    std::vector<float> rows = RandomFloats(static_cast<size_t>(n * kv_size), rng, -3.0f, 3.0f);
+    const uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f800001u, 0x477fe000u, 0x47800000u,
+                                 0x387fc000u, 0x00000001u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00001u,
+                                 0x33000001u, 0x7f7fffffu, 0x3f807fffu, 0x3a801000u};
+    for (size_t i = 0; i < rows.size(); i += 3) std::memcpy(&rows[i], &specials[(i / 3) % 16], 4);
+    const size_t row_pad = misaligned_rows ? 1 : 0;
+    const size_t cache_pad = misaligned_cache ? 1 : 0;
+    DeviceArray<float> drows(rows.size(), row_pad);
+    drows.Upload(rows, row_pad);
+    DeviceArray<int32_t> dpos(positions);
+    const size_t cache_elems = static_cast<size_t>(capacity * kv_size) + cache_pad;
+    DeviceArray<KV> cache(cache_elems);
+    ODMOE_ASSERT_CUDA(cudaMemset(cache.get(), 0x5a, cache_elems * sizeof(KV)));
+    // The expected cache: the pattern, and each in-range row as LaunchConvert writes it.
+    DeviceArray<KV> want(cache_elems);
+    ODMOE_ASSERT_CUDA(cudaMemset(want.get(), 0x5a, cache_elems * sizeof(KV)));
+    for (int64_t i = 0; i < n; ++i) {
+      if (positions[i] < 0 || positions[i] >= capacity) continue;
+      KV* dst = want.get() + cache_pad + positions[i] * kv_size;
+      const float* src = drows.get() + row_pad + i * kv_size;
+      if constexpr (std::is_same_v<KV, float>) {
+        ODMOE_ASSERT_CUDA(cudaMemcpy(dst, src, kv_size * sizeof(float), cudaMemcpyDeviceToDevice));
+      } else {
+        ODMOE_ASSERT_CUDA(kernels::LaunchConvert(src, kv_size, dst, stream_));
+      }
+    }
+    ODMOE_ASSERT_CUDA(kernels::LaunchKvStore(drows.get() + row_pad, dpos.get(), n, kv_size, cache.get() + cache_pad,
+                                             capacity, stream_));
+    Sync();
+    const std::vector<KV> got_host = cache.Download();
+    const std::vector<KV> want_host = want.Download();
+    EXPECT_EQ(std::memcmp(got_host.data(), want_host.data(), cache_elems * sizeof(KV)), 0)
+        << "kv_size=" << kv_size << " sizeof(KV)=" << sizeof(KV) << (misaligned_rows ? " misaligned rows" : "")
+        << (misaligned_cache ? " misaligned cache" : "");
+  }
+
+  template <typename KV>
+  void CheckAll(std::mt19937& rng) {
+    Check<KV>(256, false, false, rng);
+    Check<KV>(1028, false, false, rng);  // more than one block per row
+    Check<KV>(6, false, false, rng);
+    Check<KV>(64, true, false, rng);
+    Check<KV>(64, false, true, rng);
+    Check<KV>(301, true, true, rng);
+  }
+};
+
+TEST_F(KvStoreTest, MatchesConvert) {
+  std::mt19937 rng(9);
+  CheckAll<float>(rng);
+  CheckAll<__half>(rng);
+  CheckAll<__nv_bfloat16>(rng);
+}
+
+TEST_F(KvStoreTest, EmptyAndBadArguments) {
+  DeviceArray<float> buf(16);
+  DeviceArray<int32_t> pos(1);
+  EXPECT_EQ(kernels::LaunchKvStore(buf.get(), pos.get(), 0, 4, buf.get(), 4, stream_), cudaSuccess);
+  EXPECT_EQ(kernels::LaunchKvStore(buf.get(), pos.get(), 1, 0, buf.get(), 4, stream_), cudaSuccess);
+  EXPECT_EQ(kernels::LaunchKvStore(buf.get(), pos.get(), -1, 4, buf.get(), 4, stream_), cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchKvStore(buf.get(), static_cast<const int32_t*>(nullptr), 1, 4, buf.get(), 4, stream_),
+            cudaErrorInvalidValue);
 }
 
 TEST_F(AttentionKernelTest, PrefillShapes) {
