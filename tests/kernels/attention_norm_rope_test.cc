@@ -330,7 +330,7 @@ TEST_F(AttentionDecodeAtTest, MatchesDecodeBitwise) {
   Check({1, 8, 2, 128, DType::kF32}, rng, pasts);
   Check({2, 16, 2, 64, DType::kF16}, rng, pasts);
   // 64 (token, head) pairs: contexts of 1024 and 1025 keys split 32 and 17 ways (fewer splits for a longer past).
-  Check({2, 32, 4, 64, DType::kBF16}, rng, {1022, 1023, 30, 31, 1100, 0});
+  Check({2, 32, 4, 64, DType::kBF16}, rng, {1023, 30, 31, 1022, 0}, /*max_past=*/1023);
   // The scalar fallback: an unaligned cache, a head_dim the 16-byte chunks do not divide.
   Check({1, 8, 2, 64, DType::kBF16, /*misaligned=*/true}, rng, pasts);
   Check({2, 4, 4, 128, DType::kF32, /*misaligned=*/true}, rng, pasts);
