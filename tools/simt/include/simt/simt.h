@@ -66,14 +66,15 @@ cudaError_t RunKernel(const LaunchSite& site, const void* func, dim3 grid, dim3 
 }  // namespace detail
 
 // What `kernel<<<grid, block, smem, stream>>>(args...)` is rewritten into. Parameters are converted as a call would
-// convert them, once per launch; every thread receives its own copy (kernel parameters are by value).
+// convert them, once per launch; every thread receives its own copy (kernel parameters are by value). The body owns
+// the converted parameters, so a launch recorded by stream capture replays these values, not the caller's variables.
 template <typename... P, typename... A>
 void Launch(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t stream,
             void (*kernel)(P...), A&&... args) {
   static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
   std::tuple<std::decay_t<P>...> params(static_cast<std::decay_t<P>>(std::forward<A>(args))...);
   detail::RunKernel(site, reinterpret_cast<const void*>(kernel), grid, block, dynamic_smem, stream,
-                    [&] { std::apply(kernel, params); });
+                    [kernel, params = std::move(params)] { std::apply(kernel, params); });
 }
 
 // ------------------------------------------------------------------------------------------------------------------
