@@ -91,15 +91,21 @@ void CountKernelAccesses(const LaunchAccesses& accesses) {
   }
 }
 
-void CountLaunch(const LaunchSite& site) {
+void CountLaunch(const LaunchSite& site, bool in_graph) {
   std::string key = std::string(site.kernel) + " " + site.file + ":" + std::to_string(site.line);
   std::lock_guard<std::mutex> lock(counters_mu);
   ++counts.launches;
+  if (in_graph) ++counts.graph_kernel_launches;
   SiteCounts& s = counts.sites[key];
   ++s.launches;
   s.bytes_read += last_launch.bytes_read;
   s.bytes_written += last_launch.bytes_written;
   last_launch = LaunchAccesses{};
+}
+
+void CountGraphLaunch() {
+  std::lock_guard<std::mutex> lock(counters_mu);
+  ++counts.graph_launches;
 }
 
 }  // namespace detail

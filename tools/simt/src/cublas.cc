@@ -1,12 +1,16 @@
 // cuBLAS over a reference GEMM: the handle functions odmoe calls and cublasGemmEx with F32/F16/BF16 inputs, F32
 // output, compute 32F or 32F_PEDANTIC, either operand transposed or not. Column-major, as cuBLAS. The sum is in
 // double and rounded once, so it is at least as accurate as the GPU's fp32 accumulation; tests compare the two
-// with tolerances, never bit for bit.
+// with tolerances, never bit for bit. On a capturing stream (the handle's) a GEMM is recorded as a kernel node that
+// runs the reference GEMM at every graph launch, with alpha and beta as they were when it was recorded.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <vector>
+
+#include "src/internal.h"
 
 struct cublasContext {
   cudaStream_t stream = nullptr;
@@ -34,6 +38,61 @@ bool ReadAs(cudaDataType type, const void* p, size_t i, double* out) {
 }
 
 bool Supported(cudaDataType t) { return t == CUDA_R_32F || t == CUDA_R_16F || t == CUDA_R_16BF; }
+
+size_t ElementBytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
+
+// A GEMM whose arguments were checked; alpha and beta by value.
+struct Gemm {
+  cublasOperation_t transa, transb;
+  int m, n, k;
+  float alpha;
+  const void* A;
+  cudaDataType Atype;
+  int lda;
+  const void* B;
+  cudaDataType Btype;
+  int ldb;
+  float beta;
+  float* C;
+  int ldc;
+
+  // Bytes of a column-major operand of `cols` columns of `rows` elements, `ld` apart (what the GEMM reads).
+  static size_t Span(int rows, int cols, int ld, size_t element) {
+    if (rows == 0 || cols == 0) return 0;
+    return (static_cast<size_t>(cols - 1) * ld + rows) * element;
+  }
+
+  cudaError_t Run() const {
+    // The reference GEMM is not instrumented: a freed operand is reported here, as the checker would for a kernel.
+    const int a_rows = transa == CUBLAS_OP_N ? m : k, a_cols = transa == CUBLAS_OP_N ? k : m;
+    const int b_rows = transb == CUBLAS_OP_N ? k : n, b_cols = transb == CUBLAS_OP_N ? n : k;
+    const bool freed =
+        simt::detail::ReportFreedAccess(A, std::max<size_t>(1, Span(a_rows, a_cols, lda, ElementBytes(Atype))),
+                                        "cublasGemmEx's A") ||
+        simt::detail::ReportFreedAccess(B, std::max<size_t>(1, Span(b_rows, b_cols, ldb, ElementBytes(Btype))),
+                                        "cublasGemmEx's B") ||
+        simt::detail::ReportFreedAccess(C, std::max<size_t>(1, Span(m, n, ldc, 4)), "cublasGemmEx's C");
+    if (freed) return cudaErrorInvalidValue;
+    for (int j = 0; j < n; ++j) {
+      for (int i = 0; i < m; ++i) {
+        double sum = 0;
+        for (int p = 0; p < k; ++p) {
+          double x, y;
+          const size_t ai = transa == CUBLAS_OP_N ? static_cast<size_t>(p) * lda + i : static_cast<size_t>(i) * lda + p;
+          const size_t bi = transb == CUBLAS_OP_N ? static_cast<size_t>(j) * ldb + p : static_cast<size_t>(p) * ldb + j;
+          ReadAs(Atype, A, ai, &x);
+          ReadAs(Btype, B, bi, &y);
+          sum += x * y;
+        }
+        float& out = C[static_cast<size_t>(j) * ldc + i];
+        // beta == 0 must not read C (it may hold NaN), as in BLAS.
+        out = beta == 0.f ? static_cast<float>(alpha * sum)
+                          : static_cast<float>(alpha * sum + static_cast<double>(beta) * out);
+      }
+    }
+    return cudaSuccess;
+  }
+};
 
 }  // namespace
 
@@ -97,25 +156,22 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
   if (lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) || ldc < std::max(1, m)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  const float a = *static_cast<const float*>(alpha);
-  const float b = *static_cast<const float*>(beta);
-  float* c = static_cast<float*>(C);
-  for (int j = 0; j < n; ++j) {
-    for (int i = 0; i < m; ++i) {
-      double sum = 0;
-      for (int p = 0; p < k; ++p) {
-        double x, y;
-        const size_t ai = transa == CUBLAS_OP_N ? static_cast<size_t>(p) * lda + i : static_cast<size_t>(i) * lda + p;
-        const size_t bi = transb == CUBLAS_OP_N ? static_cast<size_t>(j) * ldb + p : static_cast<size_t>(p) * ldb + j;
-        ReadAs(Atype, A, ai, &x);
-        ReadAs(Btype, B, bi, &y);
-        sum += x * y;
-      }
-      float& out = c[static_cast<size_t>(j) * ldc + i];
-      // beta == 0 must not read C (it may hold NaN), as in BLAS.
-      out = b == 0.f ? static_cast<float>(a * sum) : static_cast<float>(a * sum + static_cast<double>(b) * out);
-    }
+  const Gemm gemm{transa, transb, m, n,     k,   *static_cast<const float*>(alpha), A,
+                  Atype,  lda,    B, Btype, ldb, *static_cast<const float*>(beta),  static_cast<float*>(C),
+                  ldc};
+  // As a kernel on the handle's stream: refused where a launch would be (an invalidated capture, the legacy stream
+  // beside a capture it would depend on), recorded on a capturing stream.
+  bool capture = false;
+  if (simt::detail::IssueWork(handle->stream, &capture) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+  if (capture) {
+    simt::detail::RecordNode(handle->stream, cudaGraphNodeTypeKernel, [gemm](cudaStream_t) {
+      const cudaError_t e = gemm.Run();
+      if (e != cudaSuccess) simt::detail::SetLastError(e);
+      return e;
+    });
+    return CUBLAS_STATUS_SUCCESS;
   }
+  if (gemm.Run() != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
   return CUBLAS_STATUS_SUCCESS;
 }
 

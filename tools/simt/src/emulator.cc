@@ -97,6 +97,7 @@ BlockRun* run = nullptr;         // the block being run (guarded by launch_mu)
 uint64_t block_epoch = 0;        // increments at every block start
 std::vector<unsigned char> dynamic_shared;
 const LaunchSite* current_site = nullptr;
+bool current_in_graph = false;  // the running launch is a node of a graph (cudaGraphLaunch)
 std::vector<void*> stack_pool;
 
 std::mutex handler_mu;
@@ -310,7 +311,8 @@ void Raise(ErrorKind kind, const std::string& message) {
   Report r{kind, current_site ? current_site->kernel : "", message};
   if (current_site)
     r.message += std::string("\n  kernel ") + current_site->kernel + " launched at " + current_site->file + ":" +
-                 std::to_string(current_site->line);
+                 std::to_string(current_site->line) +
+                 (current_in_graph ? " (captured there; run by cudaGraphLaunch)" : "");
   ReportHandler h;
   {
     std::lock_guard<std::mutex> lock(handler_mu);
@@ -449,18 +451,13 @@ bool RunBlock(const std::function<void()>& body, dim3 block) {
   return ok;
 }
 
-}  // namespace
-
-cudaError_t RunKernel(const LaunchSite& site, const void* func, dim3 grid, dim3 block, size_t dynamic_smem,
-                      cudaStream_t stream, const std::function<void()>& body) {
-  std::lock_guard<std::recursive_mutex> lock(launch_mu);
-  const cudaError_t bad = CheckLaunch(site, func, grid, block, dynamic_smem, stream);
-  if (bad != cudaSuccess) {
-    SetLastError(bad);
-    return bad;
-  }
+// Runs a launch that passed its checks: every block, one after another. `in_graph`: as a node of a graph.
+cudaError_t Execute(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_smem,
+                    const std::function<void()>& body, bool in_graph) {
   const LaunchSite* outer = current_site;
+  const bool outer_in_graph = current_in_graph;
   current_site = &site;
+  current_in_graph = in_graph;
   tls_grid_dim = grid;
   tls_block_dim = block;
   dynamic_shared.assign(dynamic_smem + kDynamicSharedRedzone, kSharedPoison);
@@ -478,10 +475,45 @@ cudaError_t RunKernel(const LaunchSite& site, const void* func, dim3 grid, dim3 
     }
   }
   OnKernelEnd();
-  CountLaunch(site);
+  CountLaunch(site, in_graph);
   current_site = outer;
+  current_in_graph = outer_in_graph;
   if (result != cudaSuccess) SetLastError(result, /*sticky=*/true);
   return result;
+}
+
+}  // namespace
+
+cudaError_t RunKernel(const LaunchSite& site, const void* func, dim3 grid, dim3 block, size_t dynamic_smem,
+                      cudaStream_t stream, const std::function<void()>& body) {
+  std::lock_guard<std::recursive_mutex> lock(launch_mu);
+  const cudaError_t bad = CheckLaunch(site, func, grid, block, dynamic_smem, stream);
+  if (bad != cudaSuccess) {
+    InvalidateCapture(stream);  // as on the hardware, a refused launch invalidates the capture it was issued into
+    SetLastError(bad);
+    return bad;
+  }
+  bool capture = false;
+  const cudaError_t issue = IssueWork(stream, &capture);
+  if (issue != cudaSuccess) return issue;
+  if (capture) {
+    RecordNode(stream, cudaGraphNodeTypeKernel,
+               [launch = KernelLaunch{site, func, grid, block, dynamic_smem, body}](cudaStream_t s) {
+                 return RunGraphKernel(launch, s);
+               });
+    return cudaSuccess;
+  }
+  return Execute(site, grid, block, dynamic_smem, body, /*in_graph=*/false);
+}
+
+cudaError_t RunGraphKernel(const KernelLaunch& launch, cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(launch_mu);
+  const cudaError_t bad = CheckLaunch(launch.site, launch.func, launch.grid, launch.block, launch.dynamic_smem, stream);
+  if (bad != cudaSuccess) {
+    SetLastError(bad);
+    return bad;
+  }
+  return Execute(launch.site, launch.grid, launch.block, launch.dynamic_smem, launch.body, /*in_graph=*/true);
 }
 
 bool InKernel() { return run != nullptr; }

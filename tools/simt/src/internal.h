@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -86,9 +87,44 @@ struct LaunchAccesses {
   std::vector<std::pair<const void*, uint64_t>> writes;  // per allocation base
 };
 void CountKernelAccesses(const LaunchAccesses& accesses);
-// emulator.cc: a launch that ran (after OnKernelEnd, so the checked accesses of it are known).
-void CountLaunch(const LaunchSite& site);
+// emulator.cc: a launch that ran (after OnKernelEnd, so the checked accesses of it are known); `in_graph`: as a node
+// of a graph (cudaGraphLaunch).
+void CountLaunch(const LaunchSite& site, bool in_graph);
+// runtime.cc: a cudaGraphLaunch that ran.
+void CountGraphLaunch();
 // runtime.cc: whether [p, p + bytes) is pinned host memory (cudaHostRegister or cudaMallocHost).
 bool IsPinnedHost(const void* p, size_t bytes);
+
+// runtime.cc: stream capture (cudaStreamBeginCapture ... cudaStreamEndCapture) and graphs.
+//
+// Where work issued on `stream` (a launch, an asynchronous copy or memset, a GEMM) goes. Returns
+//  - cudaSuccess with *capture false: run it now;
+//  - cudaSuccess with *capture true: the stream is capturing; record the work with RecordNode and run nothing;
+//  - an error, already set as the calling thread's last error: refuse the work. cudaErrorStreamCaptureInvalidated
+//    on a stream whose capture an earlier error invalidated; cudaErrorStreamCaptureImplicit for the legacy default
+//    stream while a capture it would depend on is going on (that capture is invalidated).
+cudaError_t IssueWork(cudaStream_t stream, bool* capture);
+// Invalidates `stream`'s capture, if it is capturing (work the capture cannot record, or a refused launch).
+void InvalidateCapture(cudaStream_t stream);
+// Appends a node to `stream`'s capture after IssueWork said to record. `run` does the work at every cudaGraphLaunch,
+// on the launch's stream; it must own whatever it needs (values, not pointers to the caller's variables).
+void RecordNode(cudaStream_t stream, cudaGraphNodeType type, std::function<cudaError_t(cudaStream_t)> run);
+
+// A kernel launch recorded by stream capture: what RunKernel received, the body owning the launch's parameters.
+struct KernelLaunch {
+  LaunchSite site;
+  const void* func;
+  dim3 grid;
+  dim3 block;
+  size_t dynamic_smem;
+  std::function<void()> body;
+};
+// emulator.cc: runs a recorded launch as a node of a graph: the launch checks, then the kernel (checked in checked
+// mode), counted as a launch of its site and as a graph kernel launch.
+cudaError_t RunGraphKernel(const KernelLaunch& launch, cudaStream_t stream);
+
+// runtime.cc: raises a report when the runtime itself (a copy, a memset, cuBLAS) would touch [p, p + bytes) of a
+// freed device allocation. Returns whether it did (the caller then leaves the memory alone).
+bool ReportFreedAccess(const void* p, size_t bytes, const char* what);
 
 }  // namespace simt::detail

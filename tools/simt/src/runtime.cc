@@ -9,25 +9,58 @@
 // (stream, event or device) or cudaMemPoolTrimTo. cudaMemGetInfo counts what pools reserve, not what is allocated
 // from them. Each allocation still gets its own mapping, so bounds and use-after-free checks are the same as for
 // cudaMalloc; only the books are pooled.
+//
+// Stream capture and graphs: while a stream captures (cudaStreamBeginCapture), the work issued on it (launches,
+// asynchronous copies and memsets, cuBLAS GEMMs) is recorded as graph nodes in issue order instead of running;
+// cudaGraphLaunch of an instantiated graph runs its nodes in that order as ordinary work, so they are checked and
+// counted as if issued one by one. The rules of the real runtime are enforced: calls that are not stream-ordered
+// (allocation, synchronization, synchronous copies) fail while a capture forbids them, and a failed call invalidates
+// the capture it concerns, so cudaStreamEndCapture then fails. Where the real rule is unclear, the stricter one.
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
+#include <thread>
+#include <vector>
 
 #include "src/internal.h"
 
+namespace simt::detail {
+struct StreamCapture;
+}  // namespace simt::detail
+
+// Fields marked (capture) are guarded by simt::detail::capture_mu.
 struct CUstream_st {
   unsigned flags;
+  simt::detail::StreamCapture* capture = nullptr;  // its capture sequence, until cudaStreamEndCapture (capture)
 };
 struct CUevent_st {
   unsigned flags;
+  // The capture sequence that last recorded it (its id); 0 when last recorded outside any capture or never (capture).
+  uint64_t capture = 0;
+};
+// A node of a graph: what it does at every launch of an instantiated graph, on the launch's stream.
+struct CUgraphNode_st {
+  cudaGraphNodeType type;
+  std::function<cudaError_t(cudaStream_t)> run;
+};
+// Nodes in capture order, each depending on the one before (one captured stream is a chain).
+struct CUgraph_st {
+  std::vector<std::shared_ptr<CUgraphNode_st>> nodes;
+  bool capturing = true;  // still being built by a capture sequence (capture)
+};
+// An instantiated graph shares its graph's nodes (they never change), so it outlives cudaGraphDestroy.
+struct CUgraphExec_st {
+  std::vector<std::shared_ptr<CUgraphNode_st>> nodes;
 };
 // A memory pool (cudaMemPoolCreate, or the device's default pool). Fields guarded by simt::detail::mu.
 struct CUmemPoolHandle_st {
@@ -83,6 +116,177 @@ cudaError_t Fail(cudaError_t err) {
 }
 
 cudaError_t Status() { return sticky_error; }
+
+}  // namespace
+
+// A capture sequence, from cudaStreamBeginCapture to cudaStreamEndCapture (guarded by capture_mu).
+struct StreamCapture {
+  CUstream_st* stream;
+  cudaStreamCaptureMode mode;
+  std::thread::id thread;  // the one that began it
+  uint64_t id;             // unique over the process (cudaStreamGetCaptureInfo)
+  bool invalidated = false;
+  cudaGraph_t graph;               // the graph being built
+  cudaGraphNode_t last = nullptr;  // the node the next one will depend on
+};
+
+namespace {
+
+// Lock order: capture_mu is taken last (nothing else is locked while it is held), after launch_mu and never together
+// with mu.
+std::mutex capture_mu;
+std::vector<StreamCapture*> captures;   // capture sequences going on, invalidated ones too (guarded by capture_mu)
+std::atomic<size_t> capture_count{0};   // captures.size(), read without the lock on every call's fast path
+uint64_t next_capture_id = 1;           // guarded by capture_mu
+std::set<CUstream_st*> streams;         // live streams from cudaStreamCreate* (guarded by capture_mu)
+std::set<cudaGraph_t> graphs;           // live graphs (guarded by capture_mu)
+std::set<cudaGraphExec_t> graph_execs;  // live instantiated graphs (guarded by capture_mu)
+// cudaThreadExchangeStreamCaptureMode: how the calling thread's potentially unsafe calls interact with captures.
+thread_local cudaStreamCaptureMode thread_capture_mode = cudaStreamCaptureModeGlobal;
+thread_local CUstream_st per_thread_stream{0};  // cudaStreamPerThread: blocking, one per host thread
+
+bool IsLegacy(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy; }
+
+// The stream object behind a handle other than the legacy stream's, or null (and *err) for an unknown handle.
+// REQUIRES: capture_mu held.
+CUstream_st* ResolveLocked(cudaStream_t s, cudaError_t* err) {
+  if (s == cudaStreamPerThread) return &per_thread_stream;
+  if (streams.count(s) == 0) {
+    *err = cudaErrorInvalidResourceHandle;
+    return nullptr;
+  }
+  return s;
+}
+
+void Add(std::vector<StreamCapture*>* v, StreamCapture* c) {
+  if (std::find(v->begin(), v->end(), c) == v->end()) v->push_back(c);
+}
+
+// The captures that forbid a potentially unsafe call (one not ordered in a stream: allocation, free, synchronization,
+// a synchronous copy) from the calling thread: unless the thread's mode is Relaxed, its own captures not begun in
+// Relaxed mode and, in Global mode, every other thread's capture begun in Global mode. REQUIRES: capture_mu held.
+std::vector<StreamCapture*> ForbiddingLocked() {
+  std::vector<StreamCapture*> out;
+  if (thread_capture_mode == cudaStreamCaptureModeRelaxed) return out;
+  const std::thread::id me = std::this_thread::get_id();
+  for (StreamCapture* c : captures) {
+    const bool mine = c->thread == me;
+    if ((mine && c->mode != cudaStreamCaptureModeRelaxed) ||
+        (!mine && c->mode == cudaStreamCaptureModeGlobal && thread_capture_mode == cudaStreamCaptureModeGlobal)) {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// The captures that work on the legacy default stream would depend on: every capture of a blocking stream (the legacy
+// stream waits for blocking streams: the real rule) and, stricter, every capture that forbids this thread's
+// potentially unsafe calls (on the hardware legacy-stream work beside a capturing non-blocking stream runs at once,
+// which in a captured sequence is most likely a launch that forgot its stream). REQUIRES: capture_mu held.
+std::vector<StreamCapture*> LegacyConflictsLocked() {
+  std::vector<StreamCapture*> out = ForbiddingLocked();
+  for (StreamCapture* c : captures) {
+    if ((c->stream->flags & cudaStreamNonBlocking) == 0) Add(&out, c);
+  }
+  return out;
+}
+
+// Invalidates `concerned` and fails with err, unless it is empty. REQUIRES: capture_mu held.
+cudaError_t RefuseLocked(const std::vector<StreamCapture*>& concerned, cudaError_t err) {
+  if (concerned.empty()) return cudaSuccess;
+  for (StreamCapture* c : concerned) c->invalidated = true;
+  return Fail(err);
+}
+
+// A potentially unsafe call: refused (cudaErrorStreamCaptureUnsupported) while a capture forbids it, and the
+// captures that forbid it invalidated.
+cudaError_t CheckUnsafe() {
+  if (capture_count.load(std::memory_order_acquire) == 0) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(capture_mu);
+  return RefuseLocked(ForbiddingLocked(), cudaErrorStreamCaptureUnsupported);
+}
+
+// A call that waits for or queries `s` (cudaStreamSynchronize, cudaStreamQuery): potentially unsafe, and refused
+// whatever the modes while `s` itself captures; on the legacy stream, refused as legacy-stream work too.
+cudaError_t CheckStreamSync(cudaStream_t s) {
+  if (capture_count.load(std::memory_order_acquire) == 0) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(capture_mu);
+  std::vector<StreamCapture*> concerned = ForbiddingLocked();
+  if (!concerned.empty()) return RefuseLocked(concerned, cudaErrorStreamCaptureUnsupported);
+  if (IsLegacy(s)) return RefuseLocked(LegacyConflictsLocked(), cudaErrorStreamCaptureImplicit);
+  cudaError_t err = cudaSuccess;
+  CUstream_st* st = ResolveLocked(s, &err);
+  if (st == nullptr) return Fail(err);
+  if (st->capture != nullptr) return RefuseLocked({st->capture}, cudaErrorStreamCaptureUnsupported);
+  return cudaSuccess;
+}
+
+// cudaDeviceSynchronize waits for every stream: refused while any stream captures, whatever the modes.
+cudaError_t CheckDeviceSync() {
+  if (capture_count.load(std::memory_order_acquire) == 0) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(capture_mu);
+  return RefuseLocked(captures, cudaErrorStreamCaptureUnsupported);
+}
+
+// The live capture sequence with this id, or null. REQUIRES: capture_mu held.
+StreamCapture* FindCaptureLocked(uint64_t id) {
+  for (StreamCapture* c : captures) {
+    if (c->id == id) return c;
+  }
+  return nullptr;
+}
+
+// An event last recorded inside a capture cannot be waited for or queried by the host (cudaErrorCapturedEvent; a
+// capture still going on is invalidated).
+cudaError_t CheckEventSync(cudaEvent_t e) {
+  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  const cudaError_t unsafe = CheckUnsafe();
+  if (unsafe != cudaSuccess) return unsafe;
+  std::lock_guard<std::mutex> lock(capture_mu);
+  if (e->capture == 0) return cudaSuccess;
+  if (StreamCapture* c = FindCaptureLocked(e->capture)) c->invalidated = true;
+  return Fail(cudaErrorCapturedEvent);
+}
+
+// Ends a capture sequence: it leaves the registry and its stream. REQUIRES: capture_mu held.
+void RemoveCaptureLocked(StreamCapture* c) {
+  captures.erase(std::find(captures.begin(), captures.end(), c));
+  capture_count.store(captures.size(), std::memory_order_release);
+  c->stream->capture = nullptr;
+}
+
+// Whether [p, p + n) is host memory that is not page-locked (a capture cannot record a copy from or to it).
+bool IsPageableHost(const void* p, size_t n) {
+  return FindAllocation(p, n).status == AllocationView::Status::kNone && !IsPinnedHost(p, n);
+}
+
+// A copy or memset the runtime does now (issued directly or as a graph node): refused, with a report, when it would
+// touch a freed device allocation; else counted and done.
+cudaError_t DoCopy(void* dst, const void* src, size_t n, bool synchronous, const char* what) {
+  if (ReportFreedAccess(src, n, what) || ReportFreedAccess(dst, n, what)) return Fail(cudaErrorInvalidValue);
+  CountCopy(dst, src, n, synchronous);
+  std::memmove(dst, src, n);
+  return cudaSuccess;
+}
+cudaError_t DoMemset(void* dst, int value, size_t n, const char* what) {
+  if (ReportFreedAccess(dst, n, what)) return Fail(cudaErrorInvalidValue);
+  CountMemset(dst, n);
+  std::memset(dst, value, n);
+  return cudaSuccess;
+}
+
+// Stream-ordered allocation and free cannot be captured (memory nodes are not modelled): refused on a capturing
+// stream, whose capture is invalidated.
+cudaError_t CheckStreamOrderedMemory(cudaStream_t stream) {
+  bool capture = false;
+  const cudaError_t err = IssueWork(stream, &capture);
+  if (err != cudaSuccess) return err;
+  if (capture) {
+    InvalidateCapture(stream);
+    return Fail(cudaErrorStreamCaptureUnsupported);
+  }
+  return cudaSuccess;
+}
 
 uint64_t RoundUpToGranule(uint64_t bytes) { return (bytes + kPoolGranule - 1) / kPoolGranule * kPoolGranule; }
 
@@ -223,6 +427,51 @@ bool IsPinnedHost(const void* p, size_t bytes) {
   return c + bytes <= it->first + it->second;
 }
 
+cudaError_t IssueWork(cudaStream_t stream, bool* capture) {
+  *capture = false;
+  if (capture_count.load(std::memory_order_acquire) == 0) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(capture_mu);
+  if (IsLegacy(stream)) return RefuseLocked(LegacyConflictsLocked(), cudaErrorStreamCaptureImplicit);
+  cudaError_t err = cudaSuccess;
+  CUstream_st* st = ResolveLocked(stream, &err);
+  if (st == nullptr) return Fail(err);
+  if (st->capture == nullptr) return cudaSuccess;
+  if (st->capture->invalidated) return Fail(cudaErrorStreamCaptureInvalidated);
+  *capture = true;
+  return cudaSuccess;
+}
+
+void InvalidateCapture(cudaStream_t stream) {
+  if (capture_count.load(std::memory_order_acquire) == 0 || IsLegacy(stream)) return;
+  std::lock_guard<std::mutex> lock(capture_mu);
+  cudaError_t err = cudaSuccess;
+  CUstream_st* st = ResolveLocked(stream, &err);
+  if (st != nullptr && st->capture != nullptr) st->capture->invalidated = true;
+}
+
+void RecordNode(cudaStream_t stream, cudaGraphNodeType type, std::function<cudaError_t(cudaStream_t)> run) {
+  auto node = std::make_shared<CUgraphNode_st>(CUgraphNode_st{type, std::move(run)});
+  std::lock_guard<std::mutex> lock(capture_mu);
+  if (IsLegacy(stream)) return;
+  cudaError_t err = cudaSuccess;
+  CUstream_st* st = ResolveLocked(stream, &err);
+  // The capture ended or failed since IssueWork (another thread's call): the node is dropped.
+  if (st == nullptr || st->capture == nullptr || st->capture->invalidated) return;
+  st->capture->graph->nodes.push_back(node);
+  st->capture->last = node.get();
+}
+
+bool ReportFreedAccess(const void* p, size_t bytes, const char* what) {
+  const AllocationView view = FindAllocation(p, bytes);
+  if (view.status != AllocationView::Status::kFreed) return false;
+  char message[256];
+  std::snprintf(message, sizeof message,
+                "%s of %zu bytes at %p reaches freed device memory (the allocation at %p of %zu bytes)", what, bytes, p,
+                view.base, view.size);
+  Raise(ErrorKind::kUseAfterFree, message);
+  return true;
+}
+
 AllocationView FindAllocation(const void* p, size_t bytes) {
   const char* c = static_cast<const char*>(p);
   std::lock_guard<std::mutex> lock(mu);
@@ -283,6 +532,20 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorInvalidResourceHandle";
     case cudaErrorNoDevice:
       return "cudaErrorNoDevice";
+    case cudaErrorIllegalState:
+      return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureIsolation:
+      return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureImplicit:
+      return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent:
+      return "cudaErrorCapturedEvent";
+    case cudaErrorStreamCaptureWrongThread:
+      return "cudaErrorStreamCaptureWrongThread";
     default:
       return "cudaErrorUnknown";
   }
@@ -311,6 +574,20 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "invalid resource handle";
     case cudaErrorNoDevice:
       return "no CUDA-capable device is detected";
+    case cudaErrorIllegalState:
+      return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureIsolation:
+      return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent:
+      return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorStreamCaptureWrongThread:
+      return "attempt to terminate a thread-local capture sequence from another thread";
     default:
       return "unknown error";
   }
@@ -389,6 +666,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 }
 
 cudaError_t cudaMalloc(void** ptr, size_t size) {
+  if (const cudaError_t e = CheckUnsafe(); e != cudaSuccess) return e;
   if (ptr == nullptr) return Fail(cudaErrorInvalidValue);
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
@@ -402,6 +680,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
 
 // Any device allocation, a pool's too; it waits for the device.
 cudaError_t cudaFree(void* p) {
+  if (const cudaError_t e = CheckUnsafe(); e != cudaSuccess) return e;
   if (p == nullptr) return cudaSuccess;
   const auto launches = HoldLaunches();
   std::lock_guard<std::mutex> lock(mu);
@@ -512,13 +791,20 @@ cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t min_bytes_to_keep) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemPool_t pool, cudaStream_t) {
+// Not on a capturing stream: memory nodes are not modelled.
+cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemPool_t pool, cudaStream_t stream) {
+  if (const cudaError_t e = CheckStreamOrderedMemory(stream); e != cudaSuccess) return e;
   return PoolAllocate(ptr, size, pool);
 }
-cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t) { return PoolAllocate(ptr, size, &default_pool); }
+cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
+  if (const cudaError_t e = CheckStreamOrderedMemory(stream); e != cudaSuccess) return e;
+  return PoolAllocate(ptr, size, &default_pool);
+}
 
-// Only memory from a pool; in stream order, so the host does not wait (not a host synchronization).
-cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
+// Only memory from a pool; in stream order, so the host does not wait (not a host synchronization). Not on a
+// capturing stream.
+cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
+  if (const cudaError_t e = CheckStreamOrderedMemory(stream); e != cudaSuccess) return e;
   if (p == nullptr) return cudaSuccess;
   const auto launches = HoldLaunches();
   std::lock_guard<std::mutex> lock(mu);
@@ -535,30 +821,53 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return cudaSuccess;
 }
 
+// Synchronous: potentially unsafe during a capture, and work on the legacy stream.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
+  if (const cudaError_t e = CheckUnsafe(); e != cudaSuccess) return e;
+  bool capture = false;  // the legacy stream never captures
+  if (const cudaError_t e = IssueWork(nullptr, &capture); e != cudaSuccess) return e;
   if (n == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return Fail(cudaErrorInvalidValue);
-  CountCopy(dst, src, n, /*synchronous=*/true);
-  std::memmove(dst, src, n);
-  return cudaSuccess;
+  return DoCopy(dst, src, n, /*synchronous=*/true, "cudaMemcpy");
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t) {
+// On a capturing stream, recorded as a memcpy node that copies between the same addresses at every launch; host
+// memory must then be page-locked (cudaMallocHost, cudaHostRegister).
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return Fail(cudaErrorInvalidValue);
-  CountCopy(dst, src, n, /*synchronous=*/false);
-  std::memmove(dst, src, n);
+  bool capture = false;
+  if (const cudaError_t e = IssueWork(stream, &capture); e != cudaSuccess) return e;
+  if (!capture) return DoCopy(dst, src, n, /*synchronous=*/false, "cudaMemcpyAsync");
+  if (IsPageableHost(dst, n) || IsPageableHost(src, n)) {
+    InvalidateCapture(stream);
+    return Fail(cudaErrorStreamCaptureUnsupported);
+  }
+  RecordNode(stream, cudaGraphNodeTypeMemcpy, [dst, src, n](cudaStream_t) {
+    return DoCopy(dst, src, n, /*synchronous=*/false, "cudaMemcpyAsync (graph node)");
+  });
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* dst, int value, size_t n) {
+  if (const cudaError_t e = CheckUnsafe(); e != cudaSuccess) return e;
+  bool capture = false;
+  if (const cudaError_t e = IssueWork(nullptr, &capture); e != cudaSuccess) return e;
   if (n == 0) return cudaSuccess;
   if (dst == nullptr) return Fail(cudaErrorInvalidValue);
-  CountMemset(dst, n);
-  std::memset(dst, value, n);
+  return DoMemset(dst, value, n, "cudaMemset");
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (dst == nullptr) return Fail(cudaErrorInvalidValue);
+  bool capture = false;
+  if (const cudaError_t e = IssueWork(stream, &capture); e != cudaSuccess) return e;
+  if (!capture) return DoMemset(dst, value, n, "cudaMemsetAsync");
+  RecordNode(stream, cudaGraphNodeTypeMemset,
+             [dst, value, n](cudaStream_t) { return DoMemset(dst, value, n, "cudaMemsetAsync (graph node)"); });
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t) { return cudaMemset(dst, value, n); }
 
 cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
+  if (const cudaError_t e = CheckUnsafe(); e != cudaSuccess) return e;
   std::lock_guard<std::mutex> lock(mu);
   if (p == nullptr || bytes == 0) return Fail(cudaErrorInvalidValue);
   const char* c = static_cast<const char*>(p);
@@ -570,6 +879,7 @@ cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
   return cudaSuccess;
 }
 cudaError_t cudaHostUnregister(void* p) {
+  if (const cudaError_t e = CheckUnsafe(); e != cudaSuccess) return e;
   std::lock_guard<std::mutex> lock(mu);
   if (malloc_host.count(p) != 0 || pinned_host.erase(static_cast<const char*>(p)) == 0) {
     return Fail(cudaErrorHostMemoryNotRegistered);
@@ -579,6 +889,7 @@ cudaError_t cudaHostUnregister(void* p) {
 // Page-locked host memory: ordinary host memory here, remembered as pinned (copies from device memory into it do
 // not synchronize the host).
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  if (const cudaError_t e = CheckUnsafe(); e != cudaSuccess) return e;
   if (ptr == nullptr) return Fail(cudaErrorInvalidValue);
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
@@ -591,6 +902,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t size) {
   return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* p) {
+  if (const cudaError_t e = CheckUnsafe(); e != cudaSuccess) return e;
   if (p == nullptr) return cudaSuccess;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -602,34 +914,84 @@ cudaError_t cudaFreeHost(void* p) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreate(cudaStream_t* s) {
-  *s = new CUstream_st{0};
-  return cudaSuccess;
-}
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+  if (s == nullptr) return Fail(cudaErrorInvalidValue);
   *s = new CUstream_st{flags};
+  std::lock_guard<std::mutex> lock(capture_mu);
+  streams.insert(*s);
   return cudaSuccess;
 }
+// A capturing stream is not destroyed (its capture is invalidated; end it first).
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (s == nullptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(capture_mu);
+  if (streams.count(s) == 0) return Fail(cudaErrorInvalidResourceHandle);
+  if (s->capture != nullptr) return RefuseLocked({s->capture}, cudaErrorStreamCaptureUnsupported);
+  streams.erase(s);
   delete s;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return HostSync(); }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return Status(); }
-cudaError_t cudaDeviceSynchronize() { return HostSync(); }
-// Clears a sticky error (a failed launch), so a test can go on after one. Unlike the hardware's, it keeps every
-// allocation, stream and event.
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (const cudaError_t e = CheckStreamSync(s); e != cudaSuccess) return e;
+  return HostSync();
+}
+// Everything issued has run: always done (not a host synchronization: nothing waits).
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  if (const cudaError_t e = CheckStreamSync(s); e != cudaSuccess) return e;
+  return Status();
+}
+// On a capturing stream, only an event recorded in the same capture may be waited for (anything else would be a
+// dependency on work outside the graph: cudaErrorStreamCaptureIsolation). A stream that does not capture cannot wait
+// for an event recorded in a capture: on the hardware it would join that capture (not modelled), or, the capture
+// over, wait for nothing.
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> lock(capture_mu);
+  if (IsLegacy(s)) {
+    const cudaError_t err = RefuseLocked(LegacyConflictsLocked(), cudaErrorStreamCaptureImplicit);
+    if (err != cudaSuccess) return err;
+  } else {
+    cudaError_t err = cudaSuccess;
+    CUstream_st* st = ResolveLocked(s, &err);
+    if (st == nullptr) return Fail(err);
+    if (StreamCapture* c = st->capture) {
+      if (c->invalidated) return Fail(cudaErrorStreamCaptureInvalidated);
+      if (e->capture != c->id) return RefuseLocked({c}, cudaErrorStreamCaptureIsolation);
+      return Status();
+    }
+  }
+  if (e->capture != 0) {
+    if (StreamCapture* c = FindCaptureLocked(e->capture)) return RefuseLocked({c}, cudaErrorStreamCaptureUnsupported);
+    return Fail(cudaErrorCapturedEvent);
+  }
+  return Status();
+}
+cudaError_t cudaDeviceSynchronize() {
+  if (const cudaError_t e = CheckDeviceSync(); e != cudaSuccess) return e;
+  return HostSync();
+}
+// Clears a sticky error (a failed launch), so a test can go on after one, and ends every capture sequence (their
+// graphs discarded), so one left by a failed test does not forbid the next test's calls. Unlike the hardware's, it
+// keeps every allocation, stream, event, graph and instantiated graph.
 cudaError_t cudaDeviceReset() {
   sticky_error = cudaSuccess;
   last_error = cudaSuccess;
+  thread_capture_mode = cudaStreamCaptureModeGlobal;
+  std::lock_guard<std::mutex> lock(capture_mu);
+  while (!captures.empty()) {
+    StreamCapture* c = captures.back();
+    RemoveCaptureLocked(c);
+    graphs.erase(c->graph);
+    delete c->graph;
+    delete c;
+  }
   return cudaSuccess;
 }
 
-cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = new CUevent_st{0};
-  return cudaSuccess;
-}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+  if (e == nullptr) return Fail(cudaErrorInvalidValue);
   *e = new CUevent_st{flags};
   return cudaSuccess;
 }
@@ -637,9 +999,206 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete e;
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return Status(); }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return HostSync(); }
-cudaError_t cudaEventQuery(cudaEvent_t) { return Status(); }
+// On a capturing stream the event marks a point of the capture (no node: nothing is recorded at a graph launch);
+// until recorded again outside a capture, the host cannot wait for or query it (cudaErrorCapturedEvent).
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> lock(capture_mu);
+  uint64_t capture = 0;
+  if (IsLegacy(s)) {
+    const cudaError_t err = RefuseLocked(LegacyConflictsLocked(), cudaErrorStreamCaptureImplicit);
+    if (err != cudaSuccess) return err;
+  } else {
+    cudaError_t err = cudaSuccess;
+    CUstream_st* st = ResolveLocked(s, &err);
+    if (st == nullptr) return Fail(err);
+    if (st->capture != nullptr && st->capture->invalidated) return Fail(cudaErrorStreamCaptureInvalidated);
+    if (st->capture != nullptr) capture = st->capture->id;
+  }
+  e->capture = capture;
+  return Status();
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (const cudaError_t err = CheckEventSync(e); err != cudaSuccess) return err;
+  return HostSync();
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (const cudaError_t err = CheckEventSync(e); err != cudaSuccess) return err;
+  return Status();
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Stream capture
+// ------------------------------------------------------------------------------------------------------------------
+
+// Not on the legacy stream (cudaErrorStreamCaptureUnsupported); not on a stream that captures already
+// (cudaErrorIllegalState, and that capture is invalidated).
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+  if (IsLegacy(s)) return Fail(cudaErrorStreamCaptureUnsupported);
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed) {
+    return Fail(cudaErrorInvalidValue);
+  }
+  std::lock_guard<std::mutex> lock(capture_mu);
+  cudaError_t err = cudaSuccess;
+  CUstream_st* st = ResolveLocked(s, &err);
+  if (st == nullptr) return Fail(err);
+  if (st->capture != nullptr) return RefuseLocked({st->capture}, cudaErrorIllegalState);
+  auto* graph = new CUgraph_st;
+  graphs.insert(graph);
+  st->capture = new StreamCapture{st, mode, std::this_thread::get_id(), next_capture_id++, false, graph, nullptr};
+  captures.push_back(st->capture);
+  capture_count.store(captures.size(), std::memory_order_release);
+  return cudaSuccess;
+}
+
+// The captured graph; an invalidated capture ends with a null graph and cudaErrorStreamCaptureInvalidated. A capture
+// not begun in Relaxed mode must be ended by the thread that began it (else cudaErrorStreamCaptureWrongThread, and the
+// capture is invalidated).
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  if (graph == nullptr) return Fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(capture_mu);
+  if (IsLegacy(s)) return Fail(cudaErrorIllegalState);
+  cudaError_t err = cudaSuccess;
+  CUstream_st* st = ResolveLocked(s, &err);
+  if (st == nullptr) return Fail(err);
+  StreamCapture* c = st->capture;
+  if (c == nullptr) return Fail(cudaErrorIllegalState);
+  if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id()) {
+    return RefuseLocked({c}, cudaErrorStreamCaptureWrongThread);
+  }
+  RemoveCaptureLocked(c);
+  std::unique_ptr<StreamCapture> ended(c);
+  if (c->invalidated) {
+    graphs.erase(c->graph);
+    delete c->graph;
+    *graph = nullptr;
+    return Fail(cudaErrorStreamCaptureInvalidated);
+  }
+  c->graph->capturing = false;
+  *graph = c->graph;
+  return cudaSuccess;
+}
+
+// The legacy stream never captures; asked while a capture it would depend on goes on: cudaErrorStreamCaptureImplicit
+// (that capture is not invalidated).
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  return cudaStreamGetCaptureInfo(s, status, nullptr, nullptr, nullptr, nullptr, nullptr);
+}
+
+// A captured stream is a chain: the next node depends on the last one recorded (none at first); no edge data.
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, cudaStreamCaptureStatus* status, unsigned long long* id,
+                                     cudaGraph_t* graph, const cudaGraphNode_t** dependencies,
+                                     const cudaGraphEdgeData** edge_data, size_t* num_dependencies) {
+  static const cudaGraphEdgeData kNoEdgeData{};
+  if (status == nullptr || (edge_data != nullptr && dependencies == nullptr)) return Fail(cudaErrorInvalidValue);
+  *status = cudaStreamCaptureStatusNone;
+  std::lock_guard<std::mutex> lock(capture_mu);
+  if (IsLegacy(s)) {
+    if (!LegacyConflictsLocked().empty()) return Fail(cudaErrorStreamCaptureImplicit);
+    return cudaSuccess;
+  }
+  cudaError_t err = cudaSuccess;
+  CUstream_st* st = ResolveLocked(s, &err);
+  if (st == nullptr) return Fail(err);
+  const StreamCapture* c = st->capture;
+  if (c == nullptr) return cudaSuccess;
+  *status = c->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  if (id != nullptr) *id = c->id;
+  if (graph != nullptr) *graph = c->graph;
+  if (dependencies != nullptr) *dependencies = &c->last;
+  if (edge_data != nullptr) *edge_data = &kNoEdgeData;
+  if (num_dependencies != nullptr) *num_dependencies = c->last != nullptr ? 1 : 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  if (mode == nullptr || (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal &&
+                          *mode != cudaStreamCaptureModeRelaxed)) {
+    return Fail(cudaErrorInvalidValue);
+  }
+  std::swap(*mode, thread_capture_mode);
+  return cudaSuccess;
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Graphs
+// ------------------------------------------------------------------------------------------------------------------
+
+// Flags other than 0 are refused (cudaErrorInvalidValue): none changes anything without memory nodes, and a caller
+// should not count on one.
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
+  if (exec == nullptr || flags != 0) return Fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(capture_mu);
+  if (graphs.count(graph) == 0 || graph->capturing) return Fail(cudaErrorInvalidValue);
+  *exec = new CUgraphExec_st{graph->nodes};
+  graph_execs.insert(*exec);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
+  return cudaGraphInstantiate(exec, graph, flags);
+}
+
+// Runs the graph's nodes in order on `stream`, as that work issued there would run: kernels checked (checked mode)
+// and counted, copies and memsets counted. Into a capturing stream: cudaErrorStreamCaptureUnsupported (child graph
+// nodes are not modelled), and the capture is invalidated. Stops at the first node that fails.
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  std::vector<std::shared_ptr<CUgraphNode_st>> nodes;
+  {
+    std::lock_guard<std::mutex> lock(capture_mu);
+    if (graph_execs.count(exec) == 0) return Fail(cudaErrorInvalidResourceHandle);
+    nodes = exec->nodes;
+  }
+  bool capture = false;
+  if (const cudaError_t e = IssueWork(stream, &capture); e != cudaSuccess) return e;
+  if (capture) {
+    InvalidateCapture(stream);
+    return Fail(cudaErrorStreamCaptureUnsupported);
+  }
+  if (sticky_error != cudaSuccess) return Fail(sticky_error);
+  const auto launches = HoldLaunches();  // one graph at a time, its nodes in order
+  CountGraphLaunch();
+  for (const auto& node : nodes) {
+    const cudaError_t e = node->run(stream);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+// An instantiated graph stays valid after its graph is destroyed. The graph of a capture going on is not destroyed.
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  std::lock_guard<std::mutex> lock(capture_mu);
+  if (graphs.count(graph) == 0 || graph->capturing) return Fail(cudaErrorInvalidValue);
+  graphs.erase(graph);
+  delete graph;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  std::lock_guard<std::mutex> lock(capture_mu);
+  if (graph_execs.erase(exec) == 0) return Fail(cudaErrorInvalidValue);
+  delete exec;
+  return cudaSuccess;
+}
+
+// nodes null: *count = the number of nodes; else up to *count nodes in capture order, *count = how many.
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* count) {
+  if (count == nullptr) return Fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(capture_mu);
+  if (graphs.count(graph) == 0) return Fail(cudaErrorInvalidValue);
+  if (nodes == nullptr) {
+    *count = graph->nodes.size();
+    return cudaSuccess;
+  }
+  const size_t n = std::min(*count, graph->nodes.size());
+  for (size_t i = 0; i < *count; ++i) nodes[i] = i < n ? graph->nodes[i].get() : nullptr;
+  *count = n;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, cudaGraphNodeType* type) {
+  if (node == nullptr || type == nullptr) return Fail(cudaErrorInvalidValue);
+  *type = node->type;
+  return cudaSuccess;
+}
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;

@@ -99,6 +99,8 @@ __global__ void UninitializedSharedReadKernel(float* out) {
 
 __global__ void UseAfterFreeKernel(const float* in, float* out) { out[threadIdx.x] = in[threadIdx.x]; }
 
+__global__ void GraphReplayAfterFreeKernel(const float* in, float* out) { out[threadIdx.x] = in[threadIdx.x] + 1; }
+
 __global__ void BlocksRaceOnGlobalKernel(float* out) {
   if (threadIdx.x == 0) out[0] = static_cast<float>(blockIdx.x);  // BUG: every block writes out[0]
 }
@@ -210,6 +212,29 @@ cudaError_t UseAfterFree() {
   cudaFree(in);  // BUG: freed before the kernel reads it
   UseAfterFreeKernel<<<1, kThreads>>>(in, out);
   const cudaError_t e = cudaGetLastError();
+  cudaFree(out);
+  return e;
+}
+
+cudaError_t GraphReplayAfterFree() {
+  float* in = Alloc<float>(kThreads);
+  float* out = Alloc<float>(kThreads);
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+  GraphReplayAfterFreeKernel<<<1, kThreads, 0, s>>>(in, out);
+  cudaStreamEndCapture(s, &graph);
+  cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphLaunch(exec, s);  // fine
+  cudaStreamSynchronize(s);
+  cudaFree(in);  // BUG: the instantiated graph still reads it
+  cudaGraphLaunch(exec, s);
+  const cudaError_t e = cudaStreamSynchronize(s);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
   cudaFree(out);
   return e;
 }

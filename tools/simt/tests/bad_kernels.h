@@ -18,6 +18,7 @@ cudaError_t PlainMinInsteadOfAtomic();  // `if (v < best) best = v` on a shared 
 cudaError_t UndersizedDynamicShared();  // the launch gives 4 bytes less dynamic shared memory than used
 cudaError_t UninitializedSharedRead();  // reads a shared element no thread of the block wrote
 cudaError_t UseAfterFree();             // reads a buffer the host freed before the launch
+cudaError_t GraphReplayAfterFree();     // a captured launch replayed after the host freed its input
 cudaError_t BlocksRaceOnGlobal();       // every block writes the same global element
 // Beyond the injected bugs, the checker's own limits: byte-granular races and one remembered reader of many.
 cudaError_t TwoThreadsWriteOneByte();  // thread t writes byte t / 2: neighbours share a byte

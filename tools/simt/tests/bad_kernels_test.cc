@@ -70,6 +70,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"UninitializedSharedRead", simt_bad::UninitializedSharedRead, ErrorKind::kUninitShared,
              "UninitializedSharedReadKernel"},
         Case{"UseAfterFree", simt_bad::UseAfterFree, ErrorKind::kUseAfterFree, "UseAfterFreeKernel"},
+        Case{"GraphReplayAfterFree", simt_bad::GraphReplayAfterFree, ErrorKind::kUseAfterFree,
+             "GraphReplayAfterFreeKernel"},
         Case{"BlocksRaceOnGlobal", simt_bad::BlocksRaceOnGlobal, ErrorKind::kRace, "BlocksRaceOnGlobalKernel"},
         Case{"TwoThreadsWriteOneByte", simt_bad::TwoThreadsWriteOneByte, ErrorKind::kRace,
              "TwoThreadsWriteOneByteKernel"},

@@ -10,8 +10,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "simt/counters.h"
@@ -38,6 +40,25 @@ class DeviceBuffer {
     EXPECT_EQ(cudaMemcpy(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
     return out;
   }
+
+ private:
+  size_t n_;
+  T* p_ = nullptr;
+};
+
+// Page-locked host buffer of n T's (cudaMallocHost), freed at scope exit.
+template <typename T>
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(size_t n) : n_(n) {
+    EXPECT_EQ(cudaMallocHost(reinterpret_cast<void**>(&p_), n * sizeof(T)), cudaSuccess);
+  }
+  ~PinnedBuffer() { EXPECT_EQ(cudaFreeHost(p_), cudaSuccess); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  T* get() const { return p_; }
+  T& operator[](size_t i) const { return p_[i]; }
+  size_t size() const { return n_; }
 
  private:
   size_t n_;
@@ -492,6 +513,489 @@ TEST_F(SimtTest, GemmExMatchesAPlainLoop) {
                          nullptr, nullptr, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             CUBLAS_STATUS_NOT_SUPPORTED);
   EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Stream capture and graphs
+// ------------------------------------------------------------------------------------------------------------------
+
+// A decode step's shape, issued on s: the input staged in pinned memory is copied up, an accumulator cleared, kernels
+// run, and the result copied down into pinned memory: out = 2 * a * in. Run at once, or recorded when s captures.
+struct Step {
+  int n = 100;  // two blocks of 64
+  PinnedBuffer<float> in{100}, out{100};
+  DeviceBuffer<float> d_in{100}, d_tmp{100}, d_acc{100};
+
+  cudaError_t Issue(cudaStream_t s, float a) {
+    const size_t bytes = n * sizeof(float);
+    cudaError_t e = cudaMemcpyAsync(d_in.get(), in.get(), bytes, cudaMemcpyHostToDevice, s);
+    if (e == cudaSuccess) e = cudaMemsetAsync(d_acc.get(), 0, bytes, s);
+    if (e == cudaSuccess) e = simt_test::Scale(d_in.get(), a, n, d_tmp.get(), s);
+    if (e == cudaSuccess) e = simt_test::AddInto(d_tmp.get(), n, d_acc.get(), s);
+    if (e == cudaSuccess) e = simt_test::AddInto(d_tmp.get(), n, d_acc.get(), s);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(out.get(), d_acc.get(), bytes, cudaMemcpyDeviceToHost, s);
+    return e;
+  }
+  void Stage(int round) {
+    for (int i = 0; i < n; ++i) in[i] = static_cast<float>(i * (round + 1)) - 3.25f;
+  }
+};
+
+cudaStreamCaptureStatus CaptureStatus(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  EXPECT_EQ(cudaStreamIsCapturing(s, &status), cudaSuccess);
+  return status;
+}
+
+// Captured work runs nothing and counts nothing; each launch of the instantiated graph runs it in order, on the
+// staging buffer's contents at that launch and the kernel parameters of the capture, as eager execution would.
+TEST_F(SimtTest, GraphReplaysACapturedStepWithNewStagingData) {
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  Step step;
+  const int n = step.n;
+  step.Stage(0);
+  for (int i = 0; i < n; ++i) step.out[i] = -1.f;
+  ASSERT_EQ(cudaMemset(step.d_acc.get(), 0x7f, n * sizeof(float)), cudaSuccess);
+
+  simt::ResetCounters();
+  float a = 1.5f;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  EXPECT_EQ(CaptureStatus(s), cudaStreamCaptureStatusActive);
+  ASSERT_EQ(step.Issue(s, a), cudaSuccess);
+  a = 100.f;  // the captured launch keeps the value it was given
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_NE(graph, nullptr);
+  EXPECT_EQ(CaptureStatus(s), cudaStreamCaptureStatusNone);
+
+  simt::Counters c = simt::ReadCounters();
+  EXPECT_EQ(c.launches, 0u);
+  EXPECT_EQ(c.graph_launches, 0u);
+  EXPECT_EQ(c.copy_bytes_from_device, 0u);
+  EXPECT_TRUE(c.written.empty());
+  EXPECT_TRUE(c.sites.empty());
+  for (int i = 0; i < n; ++i) ASSERT_EQ(step.out[i], -1.f) << "nothing runs during capture";
+  for (float v : step.d_acc.ToHost()) ASSERT_NE(v, 0.f) << "the memset was not run";
+
+  size_t count = 0;
+  ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &count), cudaSuccess);
+  ASSERT_EQ(count, 6u);
+  std::vector<cudaGraphNode_t> nodes(8, reinterpret_cast<cudaGraphNode_t>(1));
+  count = nodes.size();
+  ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &count), cudaSuccess);
+  ASSERT_EQ(count, 6u);
+  EXPECT_EQ(nodes[6], nullptr);
+  const cudaGraphNodeType want_types[] = {cudaGraphNodeTypeMemcpy, cudaGraphNodeTypeMemset, cudaGraphNodeTypeKernel,
+                                          cudaGraphNodeTypeKernel, cudaGraphNodeTypeKernel, cudaGraphNodeTypeMemcpy};
+  for (size_t i = 0; i < 6; ++i) {
+    cudaGraphNodeType type = cudaGraphNodeTypeCount;
+    ASSERT_EQ(cudaGraphNodeGetType(nodes[i], &type), cudaSuccess);
+    EXPECT_EQ(type, want_types[i]) << "node " << i;
+  }
+
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);  // the instantiated graph stays valid
+
+  simt::ResetCounters();
+  std::vector<std::vector<float>> replayed;
+  for (int round = 0; round < 3; ++round) {
+    step.Stage(round);
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    replayed.emplace_back(step.out.get(), step.out.get() + n);
+  }
+  c = simt::ReadCounters();
+  const uint64_t bytes = n * sizeof(float);
+  EXPECT_EQ(c.graph_launches, 3u);
+  EXPECT_EQ(c.launches, 9u);
+  EXPECT_EQ(c.graph_kernel_launches, 9u);
+  EXPECT_EQ(c.launches - c.graph_kernel_launches, 0u) << "no launch issued by the host";
+  EXPECT_EQ(c.host_syncs, 3u) << "the stream synchronizations only";
+  EXPECT_EQ(c.pageable_copies_to_host, 0u);
+  EXPECT_EQ(c.copy_bytes_from_device, 3 * bytes);
+  EXPECT_EQ(c.copy_bytes_to_host, 3 * bytes);
+  EXPECT_EQ(c.written[step.d_in.get()].bytes, 3 * bytes);
+  EXPECT_EQ(c.written[step.d_acc.get()].bytes, simt::CountsKernelAccesses() ? 3 * 3 * bytes : 3 * bytes);
+  ASSERT_EQ(c.sites.size(), 2u);
+  for (const auto& [site, counts] : c.sites) {
+    EXPECT_EQ(counts.launches, site.find("AddIntoKernel") != std::string::npos ? 6u : 3u) << site;
+  }
+
+  // The same step issued directly, with the captured parameter: the same results.
+  for (int round = 0; round < 3; ++round) {
+    step.Stage(round);
+    ASSERT_EQ(step.Issue(s, 1.5f), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(replayed[round][i], step.out[i]) << "round " << round << " element " << i;
+      ASSERT_EQ(step.out[i], 2 * (1.5f * step.in[i])) << "round " << round << " element " << i;
+    }
+  }
+  c = simt::ReadCounters();
+  EXPECT_EQ(c.launches, 18u);
+  EXPECT_EQ(c.graph_kernel_launches, 9u);
+
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaErrorInvalidValue) << "destroyed twice";
+  EXPECT_EQ(cudaGraphLaunch(exec, s), cudaErrorInvalidResourceHandle) << "a destroyed instantiated graph";
+  (void)cudaGetLastError();
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_TRUE(reports_.empty()) << AllReports();
+}
+
+// A captured cublasGemmEx reads its operands at every launch, with the alpha and beta of the capture.
+TEST_F(SimtTest, CapturedGemmRunsAtEveryLaunch) {
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  cublasHandle_t h = nullptr;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetStream(h, s), CUBLAS_STATUS_SUCCESS);
+  const int m = 3, n = 2, k = 4;
+  std::vector<float> a(m * k), b(k * n);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) - 5;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 0.5f * static_cast<float>(i);
+  DeviceBuffer<float> da(a), db(b), dc(std::vector<float>(m * n, NAN));
+  float alpha = 2.f, beta = 0.f;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, da.get(), CUDA_R_32F, m, db.get(), CUDA_R_32F, k,
+                         &beta, dc.get(), CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  alpha = 7.f;
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  for (float v : dc.ToHost()) ASSERT_TRUE(std::isnan(v)) << "nothing runs during capture";
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int round = 0; round < 2; ++round) {
+    if (round == 1) {
+      for (float& v : a) v = -v;
+      ASSERT_EQ(cudaMemcpy(da.get(), a.data(), a.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    const std::vector<float> got = dc.ToHost();
+    for (int j = 0; j < n; ++j) {
+      for (int i = 0; i < m; ++i) {
+        double want = 0;
+        for (int p = 0; p < k; ++p) want += static_cast<double>(a[p * m + i]) * b[j * k + p];
+        EXPECT_EQ(got[j * m + i], static_cast<float>(2 * want)) << "round " << round;
+      }
+    }
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
+// Every call a capture forbids fails with the real runtime's error, sets it as the (non-sticky) last error and
+// invalidates the capture: further work on the stream fails and cudaStreamEndCapture returns no graph.
+TEST_F(SimtTest, IllegalCallsDuringCaptureInvalidateIt) {
+  cudaStream_t s = nullptr, other = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  const int n = 64;
+  DeviceBuffer<float> d(n), e(n);
+  PinnedBuffer<float> pinned(n);
+  std::vector<float> pageable(n, 1.f);
+  void* pool_memory = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&pool_memory, 256, other), cudaSuccess);
+  cudaEvent_t outside = nullptr;
+  ASSERT_EQ(cudaEventCreate(&outside), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(outside, other), cudaSuccess);
+  // An instantiated graph of one memset, to launch into the capturing stream.
+  cudaGraph_t small = nullptr;
+  cudaGraphExec_t small_exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(other, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(e.get(), 0, n * sizeof(float), other), cudaSuccess);
+  ASSERT_EQ(cudaStreamEndCapture(other, &small), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&small_exec, small, 0), cudaSuccess);
+  cublasHandle_t legacy_handle = nullptr;
+  ASSERT_EQ(cublasCreate(&legacy_handle), CUBLAS_STATUS_SUCCESS);  // on the legacy stream
+  const size_t bytes = n * sizeof(float);
+  void* q = nullptr;
+
+  struct Illegal {
+    const char* what;
+    cudaError_t want;
+    std::function<cudaError_t()> call;
+    bool launcher = false;  // returns cudaGetLastError() itself
+  };
+  const std::vector<Illegal> cases = {
+      {"cudaMalloc", cudaErrorStreamCaptureUnsupported, [&] { return cudaMalloc(&q, 64); }},
+      {"cudaFree", cudaErrorStreamCaptureUnsupported, [&] { return cudaFree(e.get()); }},
+      {"cudaMallocHost", cudaErrorStreamCaptureUnsupported, [&] { return cudaMallocHost(&q, 64); }},
+      {"cudaFreeHost", cudaErrorStreamCaptureUnsupported, [&] { return cudaFreeHost(pinned.get()); }},
+      {"cudaHostRegister", cudaErrorStreamCaptureUnsupported,
+       [&] { return cudaHostRegister(pageable.data(), bytes, cudaHostRegisterDefault); }},
+      {"cudaMemcpy", cudaErrorStreamCaptureUnsupported,
+       [&] { return cudaMemcpy(d.get(), pinned.get(), bytes, cudaMemcpyHostToDevice); }},
+      {"cudaMemset", cudaErrorStreamCaptureUnsupported, [&] { return cudaMemset(d.get(), 0, bytes); }},
+      {"cudaDeviceSynchronize", cudaErrorStreamCaptureUnsupported, [&] { return cudaDeviceSynchronize(); }},
+      {"cudaStreamSynchronize(capturing)", cudaErrorStreamCaptureUnsupported, [&] { return cudaStreamSynchronize(s); }},
+      {"cudaStreamSynchronize(other)", cudaErrorStreamCaptureUnsupported, [&] { return cudaStreamSynchronize(other); }},
+      {"cudaStreamQuery", cudaErrorStreamCaptureUnsupported, [&] { return cudaStreamQuery(s); }},
+      {"cudaEventSynchronize", cudaErrorStreamCaptureUnsupported, [&] { return cudaEventSynchronize(outside); }},
+      {"cudaEventQuery", cudaErrorStreamCaptureUnsupported, [&] { return cudaEventQuery(outside); }},
+      {"cudaStreamWaitEvent(outside)", cudaErrorStreamCaptureIsolation,
+       [&] { return cudaStreamWaitEvent(s, outside, 0); }},
+      {"cudaMallocAsync", cudaErrorStreamCaptureUnsupported, [&] { return cudaMallocAsync(&q, 64, s); }},
+      {"cudaFreeAsync", cudaErrorStreamCaptureUnsupported, [&] { return cudaFreeAsync(pool_memory, s); }},
+      {"cudaMemcpyAsync from pageable", cudaErrorStreamCaptureUnsupported,
+       [&] { return cudaMemcpyAsync(d.get(), pageable.data(), bytes, cudaMemcpyHostToDevice, s); }},
+      {"cudaMemcpyAsync to pageable", cudaErrorStreamCaptureUnsupported,
+       [&] { return cudaMemcpyAsync(pageable.data(), d.get(), bytes, cudaMemcpyDeviceToHost, s); }},
+      {"launch on the legacy stream", cudaErrorStreamCaptureImplicit,
+       [&] { return simt_test::Scale(d.get(), 2.f, n, e.get(), nullptr); }, true},
+      {"cudaMemsetAsync on the legacy stream", cudaErrorStreamCaptureImplicit,
+       [&] { return cudaMemsetAsync(d.get(), 0, bytes, cudaStreamLegacy); }},
+      {"cublasGemmEx on the legacy stream", cudaErrorStreamCaptureImplicit,
+       [&] {
+         const float one = 1.f, zero = 0.f;
+         const cublasStatus_t st =
+             cublasGemmEx(legacy_handle, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, d.get(), CUDA_R_32F, 1, d.get(),
+                          CUDA_R_32F, 1, &zero, e.get(), CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+         return st == CUBLAS_STATUS_EXECUTION_FAILED ? cudaPeekAtLastError() : cudaSuccess;
+       }},
+      {"a launch over the block limit", cudaErrorInvalidConfiguration,
+       [&] { return simt_test::Scale(d.get(), 2.f, n, e.get(), s, /*threads=*/2048); }, true},
+      {"cudaGraphLaunch into the capturing stream", cudaErrorStreamCaptureUnsupported,
+       [&] { return cudaGraphLaunch(small_exec, s); }},
+      {"cudaStreamBeginCapture again", cudaErrorIllegalState,
+       [&] { return cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal); }},
+      {"cudaStreamDestroy", cudaErrorStreamCaptureUnsupported, [&] { return cudaStreamDestroy(s); }},
+  };
+  for (const Illegal& c : cases) {
+    SCOPED_TRACE(c.what);
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    ASSERT_EQ(simt_test::Scale(d.get(), 2.f, n, e.get(), s), cudaSuccess);
+    EXPECT_EQ(c.call(), c.want);
+    if (!c.launcher) {
+      EXPECT_EQ(cudaGetLastError(), c.want);
+    }
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "not sticky";
+    EXPECT_EQ(CaptureStatus(s), cudaStreamCaptureStatusInvalidated);
+    EXPECT_EQ(cudaMemsetAsync(d.get(), 0, bytes, s), cudaErrorStreamCaptureInvalidated);
+    EXPECT_EQ(simt_test::Scale(d.get(), 2.f, n, e.get(), s), cudaErrorStreamCaptureInvalidated);
+    cudaGraph_t graph = reinterpret_cast<cudaGraph_t>(1);
+    EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+    EXPECT_EQ(graph, nullptr);
+    EXPECT_EQ(CaptureStatus(s), cudaStreamCaptureStatusNone);
+    (void)cudaGetLastError();
+  }
+  // Relaxed mode allows potentially unsafe calls, but never synchronizing the capturing stream or the device.
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&q, 64), cudaSuccess);
+  ASSERT_EQ(cudaFree(q), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
+  EXPECT_EQ(CaptureStatus(s), cudaStreamCaptureStatusActive);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(CaptureStatus(s), cudaStreamCaptureStatusInvalidated);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  (void)cudaGetLastError();
+
+  EXPECT_EQ(cudaFreeAsync(pool_memory, other), cudaSuccess);
+  EXPECT_EQ(cudaGraphExecDestroy(small_exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(small), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(outside), cudaSuccess);
+  EXPECT_EQ(cublasDestroy(legacy_handle), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(other), cudaSuccess);
+  EXPECT_TRUE(reports_.empty()) << AllReports();
+}
+
+// Where a capture may begin and end, what cudaStreamIsCapturing and cudaStreamGetCaptureInfo say, and events
+// recorded inside a capture.
+TEST_F(SimtTest, CaptureBeginsAndEndsWhereTheRuntimeAllows) {
+  EXPECT_EQ(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  cudaStream_t s = nullptr, other = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);  // blocking: the legacy stream would wait for it
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorIllegalState) << "not capturing";
+  EXPECT_EQ(CaptureStatus(s), cudaStreamCaptureStatusNone);
+  (void)cudaGetLastError();
+  cudaGraphExec_t exec = nullptr;
+  EXPECT_EQ(cudaGraphInstantiate(&exec, nullptr, 0), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+
+  DeviceBuffer<int> d(16);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  EXPECT_EQ(cudaStreamIsCapturing(cudaStreamLegacy, &status), cudaErrorStreamCaptureImplicit);
+  (void)cudaGetLastError();
+  EXPECT_EQ(CaptureStatus(s), cudaStreamCaptureStatusActive) << "asking does not invalidate";
+  unsigned long long id = 0;
+  cudaGraph_t capturing = nullptr;
+  const cudaGraphNode_t* deps = nullptr;
+  size_t num_deps = 7;
+  ASSERT_EQ(cudaStreamGetCaptureInfo(s, &status, &id, &capturing, &deps, nullptr, &num_deps), cudaSuccess);
+  EXPECT_EQ(status, cudaStreamCaptureStatusActive);
+  EXPECT_NE(id, 0u);
+  EXPECT_NE(capturing, nullptr);
+  EXPECT_EQ(num_deps, 0u);
+  EXPECT_EQ(cudaGraphDestroy(capturing), cudaErrorInvalidValue) << "the graph of a capture going on";
+  (void)cudaGetLastError();
+  ASSERT_EQ(cudaMemsetAsync(d.get(), 1, 64, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamGetCaptureInfo(s, &status, &id, &capturing, &deps, nullptr, &num_deps), cudaSuccess);
+  ASSERT_EQ(num_deps, 1u);
+  const cudaGraphNode_t memset_node = deps[0];
+  // An event recorded in the capture may be waited for in it; it is no event for the host.
+  cudaEvent_t ev = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(ev, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(s, ev, 0), cudaSuccess);
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  size_t count = 1;
+  cudaGraphNode_t node = nullptr;
+  ASSERT_EQ(cudaGraphGetNodes(graph, &node, &count), cudaSuccess);
+  EXPECT_EQ(count, 1u) << "event records and waits add no node";
+  EXPECT_EQ(node, memset_node);
+  EXPECT_EQ(cudaEventQuery(ev), cudaErrorCapturedEvent);
+  EXPECT_EQ(cudaEventSynchronize(ev), cudaErrorCapturedEvent);
+  EXPECT_EQ(cudaStreamWaitEvent(other, ev, 0), cudaErrorCapturedEvent);
+  (void)cudaGetLastError();
+  ASSERT_EQ(cudaEventRecord(ev, other), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(ev), cudaSuccess) << "recorded outside a capture again";
+  EXPECT_EQ(cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  ASSERT_EQ(cudaGraphInstantiateWithFlags(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, cudaStreamPerThread), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, nullptr), cudaSuccess);
+  for (int v : d.ToHost()) EXPECT_EQ(v, 0x01010101);
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaErrorInvalidValue) << "destroyed twice";
+  (void)cudaGetLastError();
+
+  // A stream that does not capture cannot join a capture through an event (not modelled): refused, invalidating.
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(ev, s), cudaSuccess);
+  EXPECT_EQ(cudaStreamWaitEvent(other, ev, 0), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  (void)cudaGetLastError();
+
+  // A capture not begun in Relaxed mode ends on the thread that began it.
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  cudaError_t from_other_thread = cudaSuccess;
+  std::thread([&] { from_other_thread = cudaStreamEndCapture(s, &graph); }).join();
+  EXPECT_EQ(from_other_thread, cudaErrorStreamCaptureWrongThread);
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  std::thread([&] { from_other_thread = cudaStreamEndCapture(s, &graph); }).join();
+  EXPECT_EQ(from_other_thread, cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  (void)cudaGetLastError();
+
+  // The per-thread default stream captures; the legacy stream's work is refused meanwhile (it is blocking).
+  ASSERT_EQ(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(d.get(), 2, 64, cudaStreamPerThread), cudaSuccess);
+  EXPECT_EQ(cudaMemsetAsync(d.get(), 3, 64, nullptr), cudaErrorStreamCaptureImplicit);
+  EXPECT_EQ(cudaStreamEndCapture(cudaStreamPerThread, &graph), cudaErrorStreamCaptureInvalidated);
+  (void)cudaGetLastError();
+  ASSERT_EQ(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(d.get(), 2, 64, cudaStreamPerThread), cudaSuccess);
+  ASSERT_EQ(cudaStreamEndCapture(cudaStreamPerThread, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &count), cudaSuccess);
+  EXPECT_EQ(count, 1u);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+
+  EXPECT_EQ(cudaEventDestroy(ev), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(other), cudaSuccess);
+}
+
+// ThreadLocal mode forbids only the capturing thread's potentially unsafe calls; Global mode every thread's, unless
+// that thread set its own mode to Relaxed or ThreadLocal (cudaThreadExchangeStreamCaptureMode).
+TEST_F(SimtTest, CaptureModesDecideWhoseCallsAreForbidden) {
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  auto malloc_on_other_thread = [](cudaStreamCaptureMode mode) {
+    cudaError_t result = cudaSuccess;
+    std::thread([&] {
+      cudaStreamCaptureMode m = mode;
+      EXPECT_EQ(cudaThreadExchangeStreamCaptureMode(&m), cudaSuccess);
+      EXPECT_EQ(m, cudaStreamCaptureModeGlobal) << "every thread starts in Global mode";
+      void* p = nullptr;
+      result = cudaMalloc(&p, 64);
+      if (result == cudaSuccess) {
+        EXPECT_EQ(cudaFree(p), cudaSuccess);
+      }
+    }).join();
+    return result;
+  };
+  cudaGraph_t graph = nullptr;
+  void* p = nullptr;
+  DeviceBuffer<int> d(16);
+
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(malloc_on_other_thread(cudaStreamCaptureModeGlobal), cudaSuccess);
+  EXPECT_EQ(CaptureStatus(s), cudaStreamCaptureStatusActive);
+  EXPECT_EQ(cudaMalloc(&p, 64), cudaErrorStreamCaptureUnsupported) << "the capturing thread's own";
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(d.get(), 0, 16 * sizeof(int), s), cudaSuccess);
+  EXPECT_EQ(malloc_on_other_thread(cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  EXPECT_EQ(malloc_on_other_thread(cudaStreamCaptureModeRelaxed), cudaSuccess);
+  EXPECT_EQ(malloc_on_other_thread(cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(CaptureStatus(s), cudaStreamCaptureStatusActive);
+  EXPECT_EQ(malloc_on_other_thread(cudaStreamCaptureModeGlobal), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(CaptureStatus(s), cudaStreamCaptureStatusInvalidated);
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+
+  // This thread in Relaxed mode may allocate beside its own Global capture.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  ASSERT_EQ(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&p, 64), cudaSuccess);
+  ASSERT_EQ(cudaFree(p), cudaSuccess);
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  ASSERT_EQ(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+  EXPECT_EQ(mode, cudaStreamCaptureModeRelaxed);
+  (void)cudaGetLastError();
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
+// A memcpy node replayed after its device buffer was freed is reported (the runtime's copies are not instrumented,
+// so the runtime checks them itself) and does not copy.
+TEST_F(SimtTest, GraphCopyIntoFreedMemoryIsReported) {
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  PinnedBuffer<float> pinned(16);
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), 16 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(d, pinned.get(), 16 * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  EXPECT_TRUE(reports_.empty()) << AllReports();
+  ASSERT_EQ(cudaFree(d), cudaSuccess);
+  EXPECT_EQ(cudaGraphLaunch(exec, s), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  ASSERT_EQ(reports_.size(), 1u) << AllReports();
+  EXPECT_EQ(reports_[0].kind, simt::ErrorKind::kUseAfterFree);
+  EXPECT_NE(reports_[0].message.find("cudaMemcpyAsync (graph node)"), std::string::npos) << reports_[0].message;
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
 }  // namespace

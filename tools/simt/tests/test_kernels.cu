@@ -127,6 +127,16 @@ __global__ void DivergentBarrierKernel() {
   }
 }
 
+__global__ void ScaleKernel(const float* x, float a, int n, float* y) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i];
+}
+
+__global__ void AddIntoKernel(const float* x, int n, float* y) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += x[i];
+}
+
 }  // namespace
 
 cudaError_t Intrinsics(const float* a, const float* b, int n, float* out) {
@@ -189,6 +199,16 @@ cudaError_t Deadlock() {
 
 cudaError_t DivergentBarrier() {
   DivergentBarrierKernel<<<1, 64>>>();
+  return cudaGetLastError();
+}
+
+cudaError_t Scale(const float* x, float a, int n, float* y, cudaStream_t stream, int threads) {
+  ScaleKernel<<<(n + threads - 1) / threads, threads, 0, stream>>>(x, a, n, y);
+  return cudaGetLastError();
+}
+
+cudaError_t AddInto(const float* x, int n, float* y, cudaStream_t stream) {
+  AddIntoKernel<<<(n + 63) / 64, 64, 0, stream>>>(x, n, y);
   return cudaGetLastError();
 }
 

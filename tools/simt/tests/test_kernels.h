@@ -35,5 +35,9 @@ cudaError_t ByteNeighbours(int threads, uint8_t* out, int* half_warp_out);
 cudaError_t Deadlock();
 // Half the block reaches one __syncthreads, half another.
 cudaError_t DivergentBarrier();
+// On `stream`, blocks of `threads`: y[i] = a * x[i] for i < n (for stream capture: a by value).
+cudaError_t Scale(const float* x, float a, int n, float* y, cudaStream_t stream, int threads = 64);
+// On `stream`: y[i] += x[i] for i < n.
+cudaError_t AddInto(const float* x, int n, float* y, cudaStream_t stream);
 
 }  // namespace simt_test

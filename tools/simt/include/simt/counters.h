@@ -12,6 +12,13 @@
 //  - allocations / frees: cudaMalloc, cudaMallocAsync and cudaMallocFromPoolAsync that returned memory / cudaFree and
 //    cudaFreeAsync of it (cudaFreeAsync is stream-ordered: not a host sync; cudaFree of pool memory is one).
 //  - launches: kernel launches that ran (refused launches are not counted); cuBLAS calls are not kernels here.
+//    Kernels that ran as nodes of a graph count here and per site too.
+//  - graph_launches: cudaGraphLaunch calls that ran their graph.
+//  - graph_kernel_launches: of `launches`, the kernels that ran as nodes of a graph: launches the host issued one by
+//    one are launches - graph_kernel_launches.
+// Work recorded by stream capture (cudaStreamBeginCapture) runs nothing and counts nothing when it is recorded; it
+// counts each time it runs, at every cudaGraphLaunch, as the same work issued directly would (launches, copies and
+// their bytes, memsets). A graph launch is not a host synchronization.
 //  - copy_bytes_from_device: bytes cudaMemcpy(Async) read from device allocations (to the host or on the device).
 //  - copy_bytes_to_host: of those, the bytes copied into host memory (device to host: what crosses the link back).
 //  - kernel_bytes_read / kernel_bytes_written: checked mode only (0 in fast mode): bytes instrumented kernel code
@@ -48,6 +55,8 @@ struct Counters {
   uint64_t allocations = 0;
   uint64_t frees = 0;
   uint64_t launches = 0;
+  uint64_t graph_launches = 0;
+  uint64_t graph_kernel_launches = 0;
   uint64_t copy_bytes_from_device = 0;
   uint64_t copy_bytes_to_host = 0;
   uint64_t kernel_bytes_read = 0;

@@ -60,7 +60,8 @@ struct LaunchSite {
 };
 
 namespace detail {
-// Runs body() once per CUDA thread of every block, block after block. Returns the launch's error.
+// Runs body() once per CUDA thread of every block, block after block. Returns the launch's error. On a stream that
+// captures (cudaStreamBeginCapture) nothing runs: a copy of body is recorded as a kernel node of the graph.
 cudaError_t RunKernel(const LaunchSite& site, const void* func, dim3 grid, dim3 block, size_t dynamic_smem,
                       cudaStream_t stream, const std::function<void()>& body);
 }  // namespace detail
