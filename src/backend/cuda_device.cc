@@ -64,15 +64,15 @@
   } while (0)
 
 // A kernel launch (a Launch* call of kernels/, or a cuBLAS GEMM): checked, then counted. Inside CudaDevice.
-#define ODMOE_CUDA_LAUNCH(expr)               \
-  do {                                        \
-    ODMOE_CUDA_CHECK(expr);                   \
-    accounting_->Note(accounting_->launches); \
+#define ODMOE_CUDA_LAUNCH(expr) \
+  do {                          \
+    ODMOE_CUDA_CHECK(expr);     \
+    accounting_->NoteLaunch();  \
   } while (0)
-#define ODMOE_CUBLAS_LAUNCH(expr)             \
-  do {                                        \
-    ODMOE_CUBLAS_CHECK(expr);                 \
-    accounting_->Note(accounting_->launches); \
+#define ODMOE_CUBLAS_LAUNCH(expr) \
+  do {                            \
+    ODMOE_CUBLAS_CHECK(expr);     \
+    accounting_->NoteLaunch();    \
   } while (0)
 
 namespace odmoe {
@@ -92,6 +92,16 @@ size_t GemmRowBytes(int64_t in_dim) { return static_cast<size_t>(in_dim) * 2 * s
 int64_t GemmChunkRows(int64_t n, int64_t in_dim) {
   return std::clamp<int64_t>(static_cast<int64_t>(kGemmScratchBytes / GemmRowBytes(in_dim)), 1, n);
 }
+
+// What the calling thread enqueues while it captures a graph (CudaDevice::CaptureGraph): recorded, not run, so its
+// launches and ops are counted into the graph and counted as run at each LaunchGraph. Null when not capturing.
+struct CaptureTally {
+  uint64_t launches = 0;
+  std::map<std::string, int64_t> ops;
+  TransferStats transfers;  // the copies
+  uint64_t bytes_read = 0;  // what the copies read from device memory
+};
+thread_local CaptureTally* tls_capture = nullptr;
 
 std::string FormatBytes(uint64_t bytes) {
   return absl::StrFormat("%d bytes (%.1f MiB)", bytes, static_cast<double>(bytes) / (1024.0 * 1024.0));
@@ -118,7 +128,17 @@ struct Accounting {
   std::atomic<uint64_t> frees{0};
   std::atomic<uint64_t> launches{0};
   std::atomic<uint64_t> bytes_read{0};
+  std::atomic<uint64_t> graph_launches{0};
+  std::atomic<uint64_t> graph_kernel_launches{0};
   void Note(std::atomic<uint64_t>& counter, uint64_t n = 1) { counter.fetch_add(n, std::memory_order_relaxed); }
+  // A kernel launch call: a launch, or a node of the graph this thread is capturing.
+  void NoteLaunch() {
+    if (tls_capture != nullptr) {
+      ++tls_capture->launches;
+    } else {
+      Note(launches);
+    }
+  }
 
   // Counts `bytes`. `within_capacity`: not when they would exceed the capacity (then false); otherwise even
   // past it (an op's scratch, which cannot fail; in_use then shows the excess).
@@ -235,6 +255,20 @@ class DeviceMemoryPool {
     absl::MutexLock lock(&mu_);
     streams_.erase(std::remove(streams_.begin(), streams_.end(), s), streams_.end());
   }
+
+  // `s` (registered) is about to be captured into a graph: until EndCapture, allocations and frees leave it alone,
+  // since a wait or an event recorded on it from here would join the capture. Frees made meanwhile come after the
+  // work enqueued on it before the capture (free_stream_ waits for that now); the graph itself must not use
+  // memory freed while it is captured or replayed (the caller's contract).
+  void BeginCapture(cudaStream_t s) {
+    UseDevice(ordinal_);
+    absl::MutexLock lock(&mu_);
+    ODMOE_CUDA_CHECK(cudaEventRecord(event_, s));
+    ODMOE_CUDA_CHECK(cudaStreamWaitEvent(free_stream_, event_, 0));
+    streams_.erase(std::remove(streams_.begin(), streams_.end(), s), streams_.end());
+  }
+  // The capture of `s` has ended: registered again, it waits for the allocations made in the meantime.
+  void EndCapture(cudaStream_t s) { AddStream(s); }
 
  private:
   const int ordinal_;
@@ -449,6 +483,24 @@ class CudaEvent final : public Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// An instantiated graph (CudaDevice::CaptureGraph) and what one launch of it runs, for the counts. Immutable.
+class CudaGraph final : public Graph {
+ public:
+  CudaGraph(const void* owner, int ordinal, cudaGraphExec_t exec, CaptureTally tally)
+      : owner(owner), ordinal(ordinal), exec(exec), tally(std::move(tally)) {}
+  ~CudaGraph() override {
+    UseDevice(ordinal);
+    (void)cudaGraphExecDestroy(exec);
+  }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+
+  const void* const owner;  // the device that made it
+  const int ordinal;
+  const cudaGraphExec_t exec;
+  const CaptureTally tally;  // its kernel launches and ops
+};
+
 // The routed experts' weight pointers in device memory (kernels::ExpertPointers, [layers, experts]) and what the
 // kernels need to read them: their one dtype and shapes. Immutable; `owner` identifies the device that made it.
 class CudaExpertTable final : public ExpertTable {
@@ -625,9 +677,7 @@ class CudaDevice final : public Device {
       UseDevice(ordinal_);
       ODMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, S(stream)->get()));
     }
-    absl::MutexLock lock(&mu_);
-    transfers_.h2d_bytes += bytes;
-    ++transfers_.h2d_copies;
+    CountCopy(bytes, &TransferStats::h2d_bytes, &TransferStats::h2d_copies, /*reads_device=*/false);
   }
   absl::Status RegisterHostMemory(const void* p, size_t bytes) override {
     ODMOE_RETURN_IF_ERROR(RecordHostRange(p, bytes));
@@ -665,26 +715,112 @@ class CudaDevice final : public Device {
       ODMOE_CHECK(dst != nullptr && src != nullptr);
       UseDevice(ordinal_);
       ODMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, S(stream)->get()));
-      accounting_->Note(accounting_->bytes_read, bytes);
     }
-    absl::MutexLock lock(&mu_);
-    transfers_.d2h_bytes += bytes;
-    ++transfers_.d2h_copies;
+    CountCopy(bytes, &TransferStats::d2h_bytes, &TransferStats::d2h_copies, /*reads_device=*/true);
   }
   void CopyOnDevice(void* dst, const void* src, size_t bytes, Stream* stream) override {
     if (bytes > 0) {
       ODMOE_CHECK(dst != nullptr && src != nullptr);
       UseDevice(ordinal_);
       ODMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, S(stream)->get()));
-      accounting_->Note(accounting_->bytes_read, bytes);
     }
-    absl::MutexLock lock(&mu_);
-    transfers_.d2d_bytes += bytes;
-    ++transfers_.d2d_copies;
+    CountCopy(bytes, &TransferStats::d2d_bytes, &TransferStats::d2d_copies, /*reads_device=*/true);
   }
   TransferStats transfer_stats() const override {
     absl::MutexLock lock(&mu_);
     return transfers_;
+  }
+
+  // ---- graphs -----------------------------------------------------------------------------------------------
+  bool SupportsGraphs() const override { return true; }
+
+  // Thread-local capture mode: another thread's cudaMalloc or synchronization does not break this capture, and
+  // this thread's own (a bug in `enqueue`) fails it. The memory pool leaves the stream alone meanwhile.
+  absl::StatusOr<std::unique_ptr<Graph>> CaptureGraph(Stream* stream,
+                                                      const std::function<absl::Status()>& enqueue) override {
+    UseDevice(ordinal_);
+    cudaStream_t s = S(stream)->get();
+    CaptureTally tally;
+    pool_->BeginCapture(s);
+    cudaError_t err = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    absl::Status enqueued;
+    cudaGraph_t graph = nullptr;
+    if (err == cudaSuccess) {
+      tls_capture = &tally;
+      enqueued = enqueue();
+      tls_capture = nullptr;
+      err = cudaStreamEndCapture(s, &graph);
+    }
+    pool_->EndCapture(s);
+    if (err != cudaSuccess) (void)cudaGetLastError();  // not sticky
+    cudaGraphExec_t exec = nullptr;
+    if (enqueued.ok() && err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);  // the instance keeps what it needs
+    if (!enqueued.ok()) return enqueued;
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      return absl::InternalError(
+          StrCat(name(), ": capturing a graph failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+    }
+    return std::unique_ptr<Graph>(new CudaGraph(this, ordinal_, exec, std::move(tally)));
+  }
+
+  void LaunchGraph(const Graph& graph, Stream* stream) override {
+    const auto& g = static_cast<const CudaGraph&>(graph);
+    ODMOE_CHECK(g.owner == this);
+    UseDevice(ordinal_);
+    ODMOE_CUDA_CHECK(cudaGraphLaunch(g.exec, S(stream)->get()));
+    accounting_->Note(accounting_->graph_launches);
+    accounting_->Note(accounting_->launches, g.tally.launches);
+    accounting_->Note(accounting_->graph_kernel_launches, g.tally.launches);
+    accounting_->Note(accounting_->bytes_read, g.tally.bytes_read);
+    absl::MutexLock lock(&mu_);
+    for (const auto& [op, count] : g.tally.ops) op_counts_[op] += count;
+    const TransferStats& t = g.tally.transfers;
+    for (auto field : {&TransferStats::h2d_bytes, &TransferStats::h2d_copies, &TransferStats::d2h_bytes,
+                       &TransferStats::d2h_copies, &TransferStats::d2d_bytes, &TransferStats::d2d_copies}) {
+      transfers_.*field += t.*field;
+    }
+  }
+
+  void WriteKvRows(const float* rows, const int32_t* positions, int64_t n, int64_t kv_size, KvCacheRef cache,
+                   int64_t capacity, Stream* stream) override {
+    CountOp("WriteKvRows");
+    ODMOE_CHECK(n >= 0 && kv_size > 0 && capacity >= 0);
+    if (n == 0) return;
+    ODMOE_CHECK(rows != nullptr && positions != nullptr && cache.data != nullptr);
+    UseDevice(ordinal_);
+    cudaStream_t s = S(stream)->get();
+    WithWeightType(WeightRef{cache.data, cache.dtype}, [&](auto* typed) {
+      using KV = std::remove_const_t<std::remove_pointer_t<decltype(typed)>>;
+      ODMOE_CUDA_LAUNCH(kernels::LaunchKvStore(rows, positions, n, kv_size, const_cast<KV*>(typed), capacity, s));
+    });
+  }
+
+  size_t AttentionAtWorkspaceBytes(int64_t n, int64_t max_past, int64_t heads, int64_t head_dim) const override {
+    return kernels::AttentionDecodeAtWorkspaceFloats(n, max_past, heads, head_dim) * sizeof(float);
+  }
+
+  void AttentionAt(const float* q, KvCacheRef k_cache, KvCacheRef v_cache, int64_t n, const int32_t* past,
+                   int64_t max_past, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, void* workspace,
+                   float* out, Stream* stream) override {
+    CountOp("Attention");
+    ODMOE_CHECK(n >= 0 && n <= kDecodeMaxTokens && max_past >= 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0);
+    ODMOE_CHECK(head_dim > 0 && head_dim <= kernels::kMaxHeadDim);
+    ODMOE_CHECK(k_cache.dtype == v_cache.dtype);
+    if (n == 0) return;
+    ODMOE_CHECK(q != nullptr && past != nullptr && k_cache.data != nullptr && v_cache.data != nullptr &&
+                out != nullptr);
+    const size_t floats = kernels::AttentionDecodeAtWorkspaceFloats(n, max_past, heads, head_dim);
+    ODMOE_CHECK(floats == 0 || workspace != nullptr);
+    UseDevice(ordinal_);
+    WithWeightType(WeightRef{k_cache.data, k_cache.dtype}, [&](auto* k) {
+      using KV = std::remove_const_t<std::remove_pointer_t<decltype(k)>>;
+      const KV* v = static_cast<const KV*>(v_cache.data);
+      ODMOE_CUDA_LAUNCH(kernels::LaunchAttentionDecodeAt(q, k, v, n, past, max_past, heads, kv_heads, head_dim, scale,
+                                                         out, static_cast<float*>(workspace), floats,
+                                                         S(stream)->get()));
+    });
   }
 
   // ---- ops -------------------------------------------------------------------------------------------------
@@ -926,19 +1062,22 @@ class CudaDevice final : public Device {
   // The emulated runtime's own counts (one device per process there).
   DeviceCounters counters() const override {
     const simt::Counters c = simt::ReadCounters();
-    return DeviceCounters{c.host_syncs, c.allocations, c.frees, c.launches,
-                          c.copy_bytes_from_device + c.kernel_bytes_read};
+    return DeviceCounters{
+        c.host_syncs,     c.allocations,          c.frees, c.launches, c.copy_bytes_from_device + c.kernel_bytes_read,
+        c.graph_launches, c.graph_kernel_launches};
   }
   void ResetCounters() override { simt::ResetCounters(); }
 #else
   DeviceCounters counters() const override {
     const Accounting& a = *accounting_;
-    return DeviceCounters{a.host_syncs.load(), a.allocations.load(), a.frees.load(), a.launches.load(),
-                          a.bytes_read.load()};
+    return DeviceCounters{
+        a.host_syncs.load(),     a.allocations.load(),          a.frees.load(), a.launches.load(), a.bytes_read.load(),
+        a.graph_launches.load(), a.graph_kernel_launches.load()};
   }
   void ResetCounters() override {
-    for (std::atomic<uint64_t>* c : {&accounting_->host_syncs, &accounting_->allocations, &accounting_->frees,
-                                     &accounting_->launches, &accounting_->bytes_read}) {
+    for (std::atomic<uint64_t>* c :
+         {&accounting_->host_syncs, &accounting_->allocations, &accounting_->frees, &accounting_->launches,
+          &accounting_->bytes_read, &accounting_->graph_launches, &accounting_->graph_kernel_launches}) {
       c->store(0);
     }
   }
@@ -947,7 +1086,27 @@ class CudaDevice final : public Device {
  private:
   CudaStream* S(Stream* stream) { return stream != nullptr ? static_cast<CudaStream*>(stream) : default_stream_.get(); }
 
+  // Counts a copy of `bytes` in transfer_stats() (and what it reads from device memory): now, or at each launch of
+  // the graph this thread is capturing.
+  void CountCopy(size_t bytes, uint64_t TransferStats::*total, uint64_t TransferStats::*copies, bool reads_device) {
+    const uint64_t read = reads_device ? bytes : 0;
+    if (tls_capture != nullptr) {
+      tls_capture->transfers.*total += bytes;
+      ++(tls_capture->transfers.*copies);
+      tls_capture->bytes_read += read;
+      return;
+    }
+    accounting_->Note(accounting_->bytes_read, read);
+    absl::MutexLock lock(&mu_);
+    transfers_.*total += bytes;
+    ++(transfers_.*copies);
+  }
+
   void CountOp(const char* op) {
+    if (tls_capture != nullptr) {  // recorded: it runs, and is counted, at each LaunchGraph
+      ++tls_capture->ops[op];
+      return;
+    }
     absl::MutexLock lock(&mu_);
     ++op_counts_[op];
   }

@@ -28,6 +28,36 @@ void Device::RoutedExperts(const ExpertTable& table, int64_t layer, const float*
   ODMOE_CHECK(false && "RoutedExperts on a device whose RoutedExpertsMaxTokens() is 0");
 }
 
+absl::StatusOr<std::unique_ptr<Graph>> Device::CaptureGraph(Stream* stream,
+                                                            const std::function<absl::Status()>& enqueue) {
+  (void)stream, (void)enqueue;
+  return absl::UnimplementedError(StrCat(name(), " runs every op when it is called: it has no graphs"));
+}
+
+void Device::LaunchGraph(const Graph& graph, Stream* stream) {
+  (void)graph, (void)stream;
+  ODMOE_CHECK(false && "LaunchGraph on a device without graphs");
+}
+
+void Device::WriteKvRows(const float* rows, const int32_t* positions, int64_t n, int64_t kv_size, KvCacheRef cache,
+                         int64_t capacity, Stream* stream) {
+  (void)rows, (void)positions, (void)n, (void)kv_size, (void)cache, (void)capacity, (void)stream;
+  ODMOE_CHECK(false && "WriteKvRows on a device without graphs");
+}
+
+size_t Device::AttentionAtWorkspaceBytes(int64_t n, int64_t max_past, int64_t heads, int64_t head_dim) const {
+  (void)n, (void)max_past, (void)heads, (void)head_dim;
+  return 0;
+}
+
+void Device::AttentionAt(const float* q, KvCacheRef k_cache, KvCacheRef v_cache, int64_t n, const int32_t* past,
+                         int64_t max_past, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
+                         void* workspace, float* out, Stream* stream) {
+  (void)q, (void)k_cache, (void)v_cache, (void)n, (void)past, (void)max_past, (void)heads, (void)kv_heads;
+  (void)head_dim, (void)scale, (void)workspace, (void)out, (void)stream;
+  ODMOE_CHECK(false && "AttentionAt on a device without graphs");
+}
+
 std::string_view DeviceKindName(DeviceKind kind) {
   switch (kind) {
     case DeviceKind::kCpu:

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -94,6 +95,13 @@ class Event {
   virtual ~Event() = default;
 };
 
+// Work recorded once (Device::CaptureGraph) and replayed as a whole (Device::LaunchGraph): one host call for the
+// many launches of a decode step. Holds the addresses the work used, not the memory: that must outlive it.
+class Graph {
+ public:
+  virtual ~Graph() = default;
+};
+
 // A weight in device memory in its storage dtype: dense (F32, F16, BF16), or weight-only quantized
 // (src/backend/quantize.h layouts, produced at load time for the shadow's replica):
 //  - kI8: INT8 rows, `data` int8 [rows, cols], `scales` the per-row absmax [rows];
@@ -145,11 +153,13 @@ struct TransferStats {
 // How a device has been driven since creation (or ResetCounters): what keeps a GPU waiting or busy with
 // bookkeeping. Each backend counts its own (see counters()).
 struct DeviceCounters {
-  uint64_t host_syncs = 0;   // times the host waited for the device: Synchronize*, CopyToHost, frees that wait
-  uint64_t allocations = 0;  // device allocations (buffers, and a backend's own scratch and tables)
-  uint64_t frees = 0;        // device frees
-  uint64_t launches = 0;     // kernel launches (CPU and mock GPU: ops run)
-  uint64_t bytes_read = 0;   // bytes read from device memory where the backend knows them (see counters())
+  uint64_t host_syncs = 0;      // times the host waited for the device: Synchronize*, CopyToHost, frees that wait
+  uint64_t allocations = 0;     // device allocations (buffers, and a backend's own scratch and tables)
+  uint64_t frees = 0;           // device frees
+  uint64_t launches = 0;        // kernel launches (CPU and mock GPU: ops run), those of graphs included
+  uint64_t bytes_read = 0;      // bytes read from device memory where the backend knows them (see counters())
+  uint64_t graph_launches = 0;  // LaunchGraph calls
+  uint64_t graph_kernel_launches = 0;  // of `launches`, the kernels graphs ran (launches the host did not make)
 };
 
 class Device {
@@ -220,6 +230,22 @@ class Device {
   // Bytes registered now, over all ranges.
   uint64_t registered_host_bytes() const;
 
+  // ---- graphs -----------------------------------------------------------------------------------------------
+  // Whether CaptureGraph works here: CUDA (and its emulation). The CPU, mock GPU and timed devices run every op
+  // when it is called, so they have nothing to replay.
+  virtual bool SupportsGraphs() const { return false; }
+  // Runs `enqueue`, recording the work it puts on `stream` into a Graph instead of running it: the same kernels
+  // with the same arguments, and the copies with the same addresses, so a copy from a HostBuffer reads that
+  // memory again at every LaunchGraph (how a replay gets new inputs). `enqueue` must only enqueue work on `stream`:
+  // no synchronization, no allocation, no copy from or to pageable host memory, nothing on another stream; the
+  // ops that take a value known only when the work runs (AttentionAt, WriteKvRows) read it from device memory.
+  // Returns `enqueue`'s error, or Internal naming the runtime's error when the capture or its instantiation fails
+  // (the stream is usable again either way). Unimplemented where SupportsGraphs() is false.
+  virtual absl::StatusOr<std::unique_ptr<Graph>> CaptureGraph(Stream* stream,
+                                                              const std::function<absl::Status()>& enqueue);
+  // Enqueues the graph's work on `stream`. REQUIRES: `graph` made by this device's CaptureGraph.
+  virtual void LaunchGraph(const Graph& graph, Stream* stream);
+
   // ---- ops -------------------------------------------------------------------------------------------------
   // The dtype this device keeps a KV cache in for a model computing in `compute` (its attention weights' dtype):
   // F32 by default (the CPU devices: the fp32 reference); CUDA keeps F16 / BF16 models' caches in their dtype,
@@ -251,6 +277,21 @@ class Device {
   // REQUIRES: both caches of one dtype, one that KvCacheDType returns on this device.
   virtual void Attention(const float* q, KvCacheRef k_cache, KvCacheRef v_cache, int64_t n, int64_t past, int64_t heads,
                          int64_t kv_heads, int64_t head_dim, float scale, float* out, Stream* stream) = 0;
+  // The two ops a captured decode step needs in place of Convert into the cache and Attention: the position is
+  // read from device memory when the work runs, so one graph serves every position. Only on devices with graphs
+  // (SupportsGraphs(); elsewhere a CHECK failure), and bitwise what the ops above give for the same position.
+  // For i < n: cache row positions[i] = rows[i] in the cache's dtype (as Convert rounds). rows: [n, kv_size] fp32;
+  // positions: [n] int32, device memory; the cache holds `capacity` rows, and a position outside [0, capacity)
+  // writes nothing.
+  virtual void WriteKvRows(const float* rows, const int32_t* positions, int64_t n, int64_t kv_size, KvCacheRef cache,
+                           int64_t capacity, Stream* stream);
+  // Attention (n <= 4 new tokens) with past = *past, an int32 in device memory, 0 <= *past <= max_past. workspace:
+  // device memory of at least AttentionAtWorkspaceBytes(n, max_past, heads, head_dim) bytes, used by this call
+  // only until the next work on `stream`.
+  virtual size_t AttentionAtWorkspaceBytes(int64_t n, int64_t max_past, int64_t heads, int64_t head_dim) const;
+  virtual void AttentionAt(const float* q, KvCacheRef k_cache, KvCacheRef v_cache, int64_t n, const int32_t* past,
+                           int64_t max_past, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
+                           void* workspace, float* out, Stream* stream);
   // Router: softmax over logits[i, :num_experts], top-k (ties: lower expert id first), best first; weights
   // renormalised to sum 1 when `renormalize`. logits: [n, num_experts]; ids, weights: [n, k].
   virtual void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,

@@ -5,6 +5,7 @@
 // with a clear Unavailable error.
 #include "src/backend/cuda_device.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -549,6 +550,112 @@ TEST_F(CudaDeviceTest, SelectTokensPicksTheCpuDevicesIds) {
   EXPECT_EQ(got, Get<int32_t>(*cpu_, *ids.cpu));
   for (int32_t id : got) EXPECT_TRUE(id >= 0 && id < vocab) << id;
   EXPECT_EQ(gpu_->op_counts().at("SelectTokens"), 1);
+}
+
+// One decode step's cache writes and attention recorded into a graph (CaptureGraph) and replayed at every position
+// of a bf16 cache, its inputs (position, q, the new K and V rows) written into page-locked staging memory before
+// each launch: bitwise the step run op by op (Convert into the cache at the position, Attention with past = the
+// position), across the point where attention splits the sequence (32 keys). Nothing runs at the capture, every
+// kernel of a replay comes from the graph, and the ops and copies are counted per launch.
+TEST_F(CudaDeviceTest, AGraphReplaysADecodeStepAtEveryPosition) {
+  std::mt19937 rng(44);
+  const int64_t heads = 4, kv_heads = 2, head_dim = 32, capacity = 50, kv = kv_heads * head_dim, qs = heads * head_dim;
+  const float scale = 1.0f / std::sqrt(32.0f);
+  const DType dtype = DType::kBF16;
+  ASSERT_TRUE(gpu_->SupportsGraphs());
+  auto stream = gpu_->CreateStream();
+  Stream* s = stream.get();
+  // Staging: [position, q[qs], k[kv], v[kv]] as 4-byte values.
+  auto staging = gpu_->AllocateHost((1 + qs + 2 * kv) * sizeof(float), "staging");
+  auto out_host = gpu_->AllocateHost(qs * sizeof(float), "attention out");
+  ASSERT_TRUE(staging.ok() && out_host.ok());
+  const auto buffer = [&](size_t bytes, const char* tag) {
+    auto b = gpu_->Allocate(bytes, tag);
+    EXPECT_TRUE(b.ok()) << b.status();
+    return *std::move(b);
+  };
+  std::unique_ptr<Buffer> inputs = buffer((1 + qs + 2 * kv) * sizeof(float), "inputs");
+  std::unique_ptr<Buffer> out = buffer(qs * sizeof(float), "out");
+  std::unique_ptr<Buffer> ws =
+      buffer(std::max<size_t>(4, gpu_->AttentionAtWorkspaceBytes(1, capacity - 1, heads, head_dim)), "workspace");
+  // The graph's caches and the op-by-op ones, zeroed.
+  std::unique_ptr<Buffer> caches[2][2];
+  for (auto& pair : caches) {
+    for (auto& c : pair) {
+      c = buffer(static_cast<size_t>(capacity * kv) * 2, "cache");
+      const std::vector<uint16_t> zeros(static_cast<size_t>(capacity * kv), 0);
+      gpu_->CopyToDevice(c->data(), zeros.data(), zeros.size() * 2, nullptr);
+    }
+  }
+  gpu_->Synchronize(nullptr);
+  const auto* pos = inputs->as<int32_t>();
+  const float* q = inputs->as<float>() + 1;
+  const float* k_row = q + qs;
+  const float* v_row = k_row + kv;
+  const KvCacheRef kc{caches[0][0]->data(), dtype}, vc{caches[0][1]->data(), dtype};
+
+  gpu_->ResetCounters();
+  auto graph = gpu_->CaptureGraph(s, [&] {
+    gpu_->CopyToDevice(inputs->data(), (*staging)->data(), (*staging)->size(), s);
+    gpu_->WriteKvRows(k_row, pos, 1, kv, kc, capacity, s);
+    gpu_->WriteKvRows(v_row, pos, 1, kv, vc, capacity, s);
+    gpu_->AttentionAt(q, kc, vc, 1, pos, capacity - 1, heads, kv_heads, head_dim, scale, ws->data(), out->as<float>(),
+                      s);
+    gpu_->CopyToHostAsync((*out_host)->data(), out->data(), out->size(), s);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_EQ(gpu_->counters().launches, 0u) << "a capture runs nothing";
+  EXPECT_EQ(gpu_->op_counts().count("WriteKvRows"), 0u) << "ops are counted when they run";
+
+  const DeviceCounters at_capture = gpu_->counters();
+  for (int64_t p = 0; p < capacity; ++p) {
+    float* st = (*staging)->as<float>();
+    const int32_t position = static_cast<int32_t>(p);
+    std::memcpy(st, &position, sizeof(position));
+    const std::vector<float> fresh = RandomFloats(static_cast<size_t>(qs + 2 * kv), rng, -2.0f, 2.0f);
+    std::memcpy(st + 1, fresh.data(), fresh.size() * sizeof(float));
+    gpu_->LaunchGraph(**graph, s);
+    gpu_->Synchronize(s);
+    const std::vector<float> replayed((*out_host)->as<float>(), (*out_host)->as<float>() + qs);
+
+    // Op by op, from the same inputs.
+    gpu_->CopyToDevice(inputs->data(), st, (*staging)->size(), s);
+    const KvCacheRef ke{caches[1][0]->data(), dtype}, ve{caches[1][1]->data(), dtype};
+    auto* k_at = static_cast<uint8_t*>(caches[1][0]->data()) + p * kv * 2;
+    auto* v_at = static_cast<uint8_t*>(caches[1][1]->data()) + p * kv * 2;
+    gpu_->Convert(k_row, DType::kF32, kv, k_at, dtype, s);
+    gpu_->Convert(v_row, DType::kF32, kv, v_at, dtype, s);
+    gpu_->Attention(q, ke, ve, 1, p, heads, kv_heads, head_dim, scale, out->as<float>(), s);
+    gpu_->Synchronize(s);  // Get copies on the default stream
+    const std::vector<float> eager = Get<float>(*gpu_, *out);
+    ASSERT_EQ(std::memcmp(replayed.data(), eager.data(), eager.size() * sizeof(float)), 0) << "position " << p;
+  }
+  EXPECT_EQ(Get<uint16_t>(*gpu_, *caches[0][0]), Get<uint16_t>(*gpu_, *caches[1][0]));
+  EXPECT_EQ(Get<uint16_t>(*gpu_, *caches[0][1]), Get<uint16_t>(*gpu_, *caches[1][1]));
+  const DeviceCounters c = gpu_->counters();
+  EXPECT_EQ(c.graph_launches - at_capture.graph_launches, static_cast<uint64_t>(capacity));
+  EXPECT_GE(c.graph_kernel_launches, static_cast<uint64_t>(3 * capacity)) << "two cache writes and attention";
+  EXPECT_EQ(gpu_->op_counts().at("WriteKvRows"), 2 * capacity);
+}
+
+// A capture whose enqueue fails returns that error, runs nothing, and leaves the stream usable.
+TEST_F(CudaDeviceTest, AFailedCaptureLeavesTheStreamUsable) {
+  auto stream = gpu_->CreateStream();
+  const Twin x = Make(std::vector<float>{1.0f, 2.0f}, "x");
+  const Twin y = Make(std::vector<float>{10.0f, 20.0f}, "y");
+  auto graph = gpu_->CaptureGraph(stream.get(), [&] {
+    gpu_->Add(x.gpu->as<float>(), 2, y.gpu->as<float>(), stream.get());
+    return absl::FailedPreconditionError("the step could not be enqueued");
+  });
+  ASSERT_FALSE(graph.ok());
+  EXPECT_EQ(graph.status().code(), absl::StatusCode::kFailedPrecondition);
+  gpu_->Add(x.gpu->as<float>(), 2, y.gpu->as<float>(), stream.get());
+  gpu_->Synchronize(stream.get());
+  EXPECT_EQ(Get<float>(*gpu_, *y.gpu), (std::vector<float>{11.0f, 22.0f})) << "the captured Add never ran";
+  EXPECT_FALSE(cpu_->SupportsGraphs());
+  EXPECT_EQ(cpu_->CaptureGraph(nullptr, [] { return absl::OkStatus(); }).status().code(),
+            absl::StatusCode::kUnimplemented);
 }
 
 }  // namespace
