@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "spdlog/spdlog.h"
 #include "src/backend/cpu_kernels.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
@@ -164,6 +165,8 @@ absl::Status Engine::AllocateWorkspace() {
   std::vector<float> zeros(static_cast<size_t>(C * c.hidden_size), 0.0f);
   d.CopyToDevice(zeros_->data(), zeros.data(), zeros.size() * sizeof(float), stream_.get());
   d.Synchronize(stream_.get());
+  ODMOE_ASSIGN_OR_RETURN(host_ids_, d.AllocateHost(F32Bytes(C), "token ids"));
+  ODMOE_ASSIGN_OR_RETURN(host_positions_, d.AllocateHost(F32Bytes(C), "positions"));
   ODMOE_ASSIGN_OR_RETURN(host_topk_, d.AllocateHost(F32Bytes(2 * C * k), "top-k ids and weights"));
   ODMOE_ASSIGN_OR_RETURN(host_logits_, d.AllocateHost(F32Bytes(S * c.vocab_size), "logits"));
   ODMOE_ASSIGN_OR_RETURN(host_choices_, d.AllocateHost(static_cast<size_t>(S) * sizeof(TokenChoice), "token choices"));
@@ -171,6 +174,11 @@ absl::Status Engine::AllocateWorkspace() {
   if (experts_->DeviceIdsMaxTokens() > 0) {
     ODMOE_ASSIGN_OR_RETURN(host_layer_ids_, d.AllocateHost(F32Bytes(c.num_layers * experts_->DeviceIdsMaxTokens() * k),
                                                            "top-k ids of every layer"));
+  }
+  // Decode steps as graphs: AttentionAt's workspace for a single new token at any position of the model.
+  if (options_.decode_graphs && d.SupportsGraphs() && experts_->DeviceIdsMaxTokens() > 0) {
+    const size_t bytes = d.AttentionAtWorkspaceBytes(1, c.max_position_embeddings - 1, c.num_heads, c.head_dim);
+    ODMOE_RETURN_IF_ERROR(Alloc(d, attn_workspace_, bytes, "decode attention workspace"));
   }
   return absl::OkStatus();
 }
@@ -189,6 +197,7 @@ absl::Status Engine::AllocateCache(Sequence& seq, int64_t capacity) {
     seq.v_cache_.push_back(std::move(vb));
   }
   seq.capacity_ = capacity;
+  seq.cache_id_ = next_cache_id_++;
   return absl::OkStatus();
 }
 
@@ -413,64 +422,108 @@ absl::Status Engine::ForwardBatch(std::span<const BatchInput> inputs, ForwardKin
   return ForwardChunk(inputs, kind);
 }
 
+Engine::Chunk Engine::PlanChunk(std::span<const BatchInput> inputs, ForwardKind kind) {
+  Chunk chunk;
+  chunk.inputs = inputs;
+  chunk.kind = kind;
+  std::vector<ForwardSegment> segments;
+  int32_t* ids = host_ids_->as<int32_t>();
+  int32_t* positions = host_positions_->as<int32_t>();
+  for (const BatchInput& in : inputs) {
+    const int64_t past = in.sequence->position_;
+    chunk.first_row.push_back(chunk.rows);
+    segments.push_back({in.sequence->tag_, past, static_cast<int64_t>(in.ids.size())});
+    for (size_t i = 0; i < in.ids.size(); ++i) {
+      ids[chunk.rows] = in.ids[i];
+      positions[chunk.rows] = static_cast<int32_t>(past + static_cast<int64_t>(i));
+      ++chunk.rows;
+    }
+  }
+  experts_->BeginForward(segments, kind);
+  chunk.resident = chunk.rows <= experts_->DeviceIdsMaxTokens();
+  chunk.routing_base.assign(inputs.size(), 0);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<PositionRouting>* r = inputs[i].routing;
+    if (r == nullptr) continue;
+    chunk.routing_base[i] = r->size();
+    r->resize(r->size() + inputs[i].ids.size());
+    chunk.wants_routing = true;
+  }
+  // Output row j is input wanted[j]'s last row; its sampling choice goes up with the inputs (rows that want only
+  // logits pick greedily, unread).
+  TokenChoice* choices = host_choices_->as<TokenChoice>();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].logits == nullptr && inputs[i].token == nullptr) continue;
+    choices[chunk.wanted.size()] = inputs[i].choice != nullptr ? *inputs[i].choice : TokenChoice{};
+    chunk.wanted.push_back(i);
+    chunk.any_token = chunk.any_token || inputs[i].token != nullptr;
+    chunk.every_logits = chunk.every_logits && inputs[i].logits != nullptr;
+  }
+  return chunk;
+}
+
+std::optional<DecodeStepKey> Engine::GraphKey(const Chunk& chunk) const {
+  if (attn_workspace_ == nullptr || chunk.kind != ForwardKind::kDecode || !chunk.resident) return std::nullopt;
+  DecodeStepKey key;
+  key.routing = chunk.wants_routing;
+  for (const BatchInput& in : chunk.inputs) {
+    if (in.logits != nullptr) return std::nullopt;  // the logits come back only on the op-by-op path
+    key.caches.push_back(in.sequence->cache_id_);
+    key.tokens.push_back(in.token != nullptr);
+  }
+  return key;
+}
+
 absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKind kind) {
+  const Chunk chunk = PlanChunk(inputs, kind);
+  Device& d = device_;
+  Stream* s = stream_.get();
+  // A resident decode step replays its graph, or records it the second time in a row its key comes.
+  const Graph* graph = nullptr;
+  if (const std::optional<DecodeStepKey> key = GraphKey(chunk)) {
+    graph = graphs_.Find(*key);
+    if (graph == nullptr && graphs_.ShouldCapture(*key)) {
+      absl::StatusOr<std::unique_ptr<Graph>> captured =
+          d.CaptureGraph(s, [&] { return EnqueueChunk(chunk, /*positions_on_device=*/true); });
+      if (captured.ok()) {
+        graph = graphs_.Insert(*key, *std::move(captured));
+      } else {
+        // Not recorded (the device refused, or the step failed to enqueue, which running it op by op reports
+        // again): this step and every later one run op by op.
+        spdlog::warn("recording a decode step as a graph failed ({}); decode steps run op by op from now on",
+                     captured.status().ToString());
+        graphs_.Clear();
+        attn_workspace_.reset();
+      }
+    }
+  }
+  if (graph != nullptr) {
+    d.LaunchGraph(*graph, s);
+  } else {
+    ODMOE_RETURN_IF_ERROR(EnqueueChunk(chunk, /*positions_on_device=*/false));
+  }
+  for (const BatchInput& in : inputs) in.sequence->position_ += static_cast<int64_t>(in.ids.size());
+  CollectOutputs(chunk);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) {
   const ModelConfig& c = config();
   Device& d = device_;
   Stream* s = stream_.get();
+  const std::span<const BatchInput> inputs = chunk.inputs;
   const int64_t hidden = c.hidden_size;
   const int64_t k = c.top_k;
+  const int64_t n = chunk.rows;
 
-  // The chunk's rows: every input's ids, input after input.
-  std::vector<ForwardSegment> segments;
-  std::vector<int64_t> first_row;  // per input
-  std::vector<int32_t> ids, positions;
-  for (const BatchInput& in : inputs) {
-    const int64_t past = in.sequence->position_;
-    first_row.push_back(static_cast<int64_t>(ids.size()));
-    segments.push_back({in.sequence->tag_, past, static_cast<int64_t>(in.ids.size())});
-    for (size_t i = 0; i < in.ids.size(); ++i) {
-      ids.push_back(in.ids[i]);
-      positions.push_back(static_cast<int32_t>(past + static_cast<int64_t>(i)));
-    }
-  }
-  const int64_t n = static_cast<int64_t>(ids.size());
-  experts_->BeginForward(segments, kind);
-  d.CopyToDevice(ids_->data(), ids.data(), ids.size() * sizeof(int32_t), s);
-  d.CopyToDevice(positions_->data(), positions.data(), positions.size() * sizeof(int32_t), s);
+  d.CopyToDevice(ids_->data(), host_ids_->data(), F32Bytes(n), s);
+  d.CopyToDevice(positions_->data(), host_positions_->data(), F32Bytes(n), s);
   const int32_t* dev_pos = positions_->as<int32_t>();
 
   float* x = x_->as<float>();
   float* h = h_->as<float>();
   d.Embedding(ids_->as<int32_t>(), n, weights_.embed(), hidden, x, s);
 
-  std::vector<size_t> routing_base(inputs.size(), 0);
-  bool wants_routing = false;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    std::vector<PositionRouting>* r = inputs[i].routing;
-    if (r == nullptr) continue;
-    routing_base[i] = r->size();
-    r->resize(r->size() + inputs[i].ids.size());
-    wants_routing = true;
-  }
-  // Resident: the experts read the router's ids on the device, and the host waits for nothing until the logits.
-  const bool resident = n <= experts_->DeviceIdsMaxTokens();
-  // Appends to each input's routing, for its rows, one layer's ids ([n, k] host memory).
-  const auto append_routing = [&](const int32_t* layer_ids) {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (inputs[i].routing == nullptr) continue;
-      for (size_t t = 0; t < inputs[i].ids.size(); ++t) {
-        const int32_t* first = layer_ids + (first_row[i] + static_cast<int64_t>(t)) * k;
-        (*inputs[i].routing)[routing_base[i] + t].emplace_back(first, first + k);
-      }
-    }
-  };
-  // After the chunk's last synchronization: the ids the resident layers copied back.
-  const auto append_resident_routing = [&] {
-    if (!resident || !wants_routing) return;
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      if (weights_.layer(l).sparse) append_routing(host_layer_ids_->as<int32_t>() + l * n * k);
-    }
-  };
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -496,13 +549,22 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
     // Each sequence's rows into its own cache, and attention over that cache alone.
     for (size_t i = 0; i < inputs.size(); ++i) {
       Sequence& seq = *inputs[i].sequence;
-      const int64_t past = seq.position_, rows = static_cast<int64_t>(inputs[i].ids.size()), row = first_row[i];
+      const int64_t past = seq.position_, rows = static_cast<int64_t>(inputs[i].ids.size());
+      const int64_t row = chunk.first_row[i];
       Buffer& kc = *seq.k_cache_[static_cast<size_t>(l)];
       Buffer& vc = *seq.v_cache_[static_cast<size_t>(l)];
-      StoreKv(kk + row * c.kv_size(), rows * c.kv_size(), kc, past * c.kv_size(), s);
-      StoreKv(v + row * c.kv_size(), rows * c.kv_size(), vc, past * c.kv_size(), s);
-      d.Attention(q + row * c.q_size(), CacheRef(kc), CacheRef(vc), rows, past, c.num_heads, c.num_kv_heads, c.head_dim,
-                  scale, attn_->as<float>() + row * c.q_size(), s);
+      float* out = attn_->as<float>() + row * c.q_size();
+      if (positions_on_device) {  // a graph's step: the position is the row's, read when the work runs
+        d.WriteKvRows(kk + row * c.kv_size(), dev_pos + row, rows, c.kv_size(), CacheRef(kc), seq.capacity_, s);
+        d.WriteKvRows(v + row * c.kv_size(), dev_pos + row, rows, c.kv_size(), CacheRef(vc), seq.capacity_, s);
+        d.AttentionAt(q + row * c.q_size(), CacheRef(kc), CacheRef(vc), rows, dev_pos + row, seq.capacity_ - rows,
+                      c.num_heads, c.num_kv_heads, c.head_dim, scale, attn_workspace_->data(), out, s);
+      } else {
+        StoreKv(kk + row * c.kv_size(), rows * c.kv_size(), kc, past * c.kv_size(), s);
+        StoreKv(v + row * c.kv_size(), rows * c.kv_size(), vc, past * c.kv_size(), s);
+        d.Attention(q + row * c.q_size(), CacheRef(kc), CacheRef(vc), rows, past, c.num_heads, c.num_kv_heads,
+                    c.head_dim, scale, out, s);
+      }
     }
     d.MatMul(attn_->as<float>(), a.o, a.o_bias, n, c.q_size(), hidden, o_->as<float>(), s);
     d.Add(o_->as<float>(), n * hidden, x, s);
@@ -515,8 +577,9 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
       float* dev_weights = topk_->as<float>() + n * k;  // [n, k]
       RunRouter(d, c, lw.router, h, n, router_logits_->as<float>(), dev_ids, dev_weights, s);
       d.CopyOnDevice(moe, zeros_->data(), F32Bytes(n * hidden), s);
-      if (resident) {
-        if (wants_routing) {
+      if (chunk.resident) {
+        // The experts read the router's ids on the device; the host waits for nothing until the outputs.
+        if (chunk.wants_routing) {
           d.CopyToHostAsync(host_layer_ids_->as<int32_t>() + l * n * k, dev_ids, F32Bytes(n * k), s);
         }
         ODMOE_RETURN_IF_ERROR(experts_->RunFromDeviceIds(l, h, n, dev_ids, dev_weights, moe, s));
@@ -526,7 +589,7 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
         d.CopyToHost(host_topk_->data(), topk_->data(), F32Bytes(2 * n * k), s);
         const std::span<const int32_t> top_ids(host_topk_->as<int32_t>(), static_cast<size_t>(n * k));
         const std::span<const float> top_weights(host_topk_->as<float>() + n * k, static_cast<size_t>(n * k));
-        append_routing(top_ids.data());
+        AppendRouting(chunk, top_ids.data());
         ODMOE_RETURN_IF_ERROR(experts_->Run(l, h, n, top_ids, top_weights, moe, s));
       }
       if (lw.shared.present()) {
@@ -540,69 +603,71 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
     }
     d.Add(moe, n * hidden, x, s);
   }
-  for (const BatchInput& in : inputs) in.sequence->position_ += static_cast<int64_t>(in.ids.size());
-  FinishChunk(inputs, first_row, x);
-  append_resident_routing();  // after FinishChunk's synchronization
+  EnqueueOutputs(chunk, x);
   return absl::OkStatus();
 }
 
-void Engine::FinishChunk(std::span<const BatchInput> inputs, std::span<const int64_t> first_row, const float* x) {
+void Engine::AppendRouting(const Chunk& chunk, const int32_t* layer_ids) {
+  const int64_t k = config().top_k;
+  for (size_t i = 0; i < chunk.inputs.size(); ++i) {
+    const BatchInput& in = chunk.inputs[i];
+    if (in.routing == nullptr) continue;
+    for (size_t t = 0; t < in.ids.size(); ++t) {
+      const int32_t* first = layer_ids + (chunk.first_row[i] + static_cast<int64_t>(t)) * k;
+      (*in.routing)[chunk.routing_base[i] + t].emplace_back(first, first + k);
+    }
+  }
+}
+
+void Engine::EnqueueOutputs(const Chunk& chunk, const float* x) {
   const ModelConfig& c = config();
   Device& d = device_;
   Stream* s = stream_.get();
   const int64_t hidden = c.hidden_size;
   const int64_t vocab = c.vocab_size;
-  // Row j of last_ / logits_ is input wanted[j]'s last row.
-  std::vector<size_t> wanted;
-  bool any_token = false, every_logits = true;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].logits == nullptr && inputs[i].token == nullptr) continue;
-    wanted.push_back(i);
-    any_token = any_token || inputs[i].token != nullptr;
-    every_logits = every_logits && inputs[i].logits != nullptr;
-  }
-  if (wanted.empty()) {
-    d.Synchronize(s);  // the host vectors of this chunk must outlive its copies
-    return;
-  }
-  const int64_t b = static_cast<int64_t>(wanted.size());
+  const int64_t b = static_cast<int64_t>(chunk.wanted.size());
+  if (b == 0) return;
   for (int64_t j = 0; j < b; ++j) {
-    const size_t i = wanted[static_cast<size_t>(j)];
-    const int64_t last_row = first_row[i] + static_cast<int64_t>(inputs[i].ids.size()) - 1;
+    const size_t i = chunk.wanted[static_cast<size_t>(j)];
+    const int64_t last_row = chunk.first_row[i] + static_cast<int64_t>(chunk.inputs[i].ids.size()) - 1;
     d.CopyOnDevice(last_->as<float>() + j * hidden, x + last_row * hidden, F32Bytes(hidden), s);
   }
   d.RmsNorm(last_->as<float>(), weights_.final_norm(), b, hidden, static_cast<float>(c.rms_norm_eps),
             last_->as<float>(), s);
   d.MatMul(last_->as<float>(), weights_.lm_head(), {}, b, hidden, vocab, logits_->as<float>(), s);
-  // The tokens are picked next to the logits: each row's choice goes up (rows that want only logits pick greedily,
-  // unread), the ids come back.
-  if (any_token) {
-    TokenChoice* choices = host_choices_->as<TokenChoice>();
-    for (int64_t j = 0; j < b; ++j) {
-      const BatchInput& in = inputs[wanted[static_cast<size_t>(j)]];
-      choices[j] = in.choice != nullptr ? *in.choice : TokenChoice{};
-    }
-    d.CopyToDevice(choices_->data(), choices, static_cast<size_t>(b) * sizeof(TokenChoice), s);
+  // The tokens are picked next to the logits; only the ids come back.
+  if (chunk.any_token) {
+    d.CopyToDevice(choices_->data(), host_choices_->data(), static_cast<size_t>(b) * sizeof(TokenChoice), s);
     d.SelectTokens(logits_->as<float>(), b, vocab, choices_->as<TokenChoice>(), tokens_->as<int32_t>(), s);
     d.CopyToHostAsync(host_tokens_->data(), tokens_->data(), F32Bytes(b), s);
   }
   // The logits only where asked for: all rows in one copy, or the rows one by one.
-  if (every_logits) {
+  if (chunk.every_logits) {
     d.CopyToHostAsync(host_logits_->data(), logits_->data(), F32Bytes(b * vocab), s);
   } else {
     for (int64_t j = 0; j < b; ++j) {
-      if (inputs[wanted[static_cast<size_t>(j)]].logits == nullptr) continue;
+      if (chunk.inputs[chunk.wanted[static_cast<size_t>(j)]].logits == nullptr) continue;
       d.CopyToHostAsync(host_logits_->as<float>() + j * vocab, logits_->as<float>() + j * vocab, F32Bytes(vocab), s);
     }
   }
-  d.Synchronize(s);  // the one wait
-  for (int64_t j = 0; j < b; ++j) {
-    const BatchInput& in = inputs[wanted[static_cast<size_t>(j)]];
+}
+
+void Engine::CollectOutputs(const Chunk& chunk) {
+  const ModelConfig& c = config();
+  device_.Synchronize(stream_.get());  // the one wait
+  const int64_t vocab = c.vocab_size;
+  for (size_t j = 0; j < chunk.wanted.size(); ++j) {
+    const BatchInput& in = chunk.inputs[chunk.wanted[j]];
     if (in.token != nullptr) *in.token = host_tokens_->as<int32_t>()[j];
     if (in.logits != nullptr) {
-      const float* row = host_logits_->as<float>() + j * vocab;
+      const float* row = host_logits_->as<float>() + static_cast<int64_t>(j) * vocab;
       in.logits->assign(row, row + vocab);
     }
+  }
+  // The router's ids the resident layers copied back.
+  if (!chunk.resident || !chunk.wants_routing) return;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (weights_.layer(l).sparse) AppendRouting(chunk, host_layer_ids_->as<int32_t>() + l * chunk.rows * c.top_k);
   }
 }
 

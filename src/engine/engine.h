@@ -6,16 +6,20 @@
 // a sparse layer routes h (softmax, top-k) and adds sum_k w_k * expert_k(h) (+ sigmoid(h.g) * shared(h));
 // a dense layer adds mlp(h). The final norm and lm_head give the logits of the last position, and
 // Device::SelectTokens picks the next token from them on the device when the caller gives a TokenChoice.
+// On a device with graphs (CUDA), a resident decode step's work is recorded once and replayed with one launch per
+// token (decode_graphs.h); the results are those of running it op by op.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "src/backend/device.h"
 #include "src/common/limits.h"
+#include "src/engine/decode_graphs.h"
 #include "src/engine/model_weights.h"
 #include "src/engine/moe_units.h"
 #include "src/model/model_config.h"
@@ -92,7 +96,7 @@ class LocalExpertExecutor : public ExpertExecutor {
   int64_t max_tokens_ = 0;
   std::unique_ptr<MlpWorkspace> ws_;
   std::unique_ptr<Buffer> xg_, yg_, index_;  // gathered inputs/outputs [max_tokens, hidden]; rows + scales
-  PackedRouting packed_;                      // host side of index_
+  PackedRouting packed_;                     // host side of index_
   // RunFromDeviceIds (absent when device_ids_max_tokens_ is 0), for M = device_ids_max_tokens_ rows:
   int64_t device_ids_max_tokens_ = 0;
   std::unique_ptr<ExpertTable> table_;      // every routed expert of the model
@@ -106,6 +110,10 @@ struct EngineOptions {
   int64_t max_tokens_per_forward = kMaxTokenRows;  // prefill is processed in chunks of at most this many tokens
   // The most sequences one ForwardBatch may carry (main: max_running); the logits of each are kept on the device.
   int64_t max_sequences_per_forward = 1;
+  // Replay resident decode steps (every expert local, read from the router's ids on the device) as graphs where
+  // the device has them (Device::SupportsGraphs: CUDA): one launch per step instead of one per op. The tokens are
+  // the same either way; false runs every step op by op (for comparisons).
+  bool decode_graphs = true;
 };
 
 // One sequence's KV cache and position (Engine::NewSequence): a request of a batch. Only the engine that made
@@ -122,6 +130,7 @@ class Sequence {
   uint64_t tag_ = 0;
   int64_t position_ = 0;
   int64_t capacity_ = 0;
+  uint64_t cache_id_ = 0;  // which caches these are (AllocateCache numbers them): a decode graph's key
   // Per layer: [capacity, kv_heads, head_dim] in the engine's KV dtype (Device::KvCacheDType).
   std::vector<std::unique_ptr<Buffer>> k_cache_, v_cache_;
 };
@@ -129,7 +138,7 @@ class Sequence {
 // One sequence's rows in an Engine::ForwardBatch.
 struct BatchInput {
   Sequence* sequence = nullptr;
-  std::span<const int32_t> ids;                    // run at the sequence's next positions
+  std::span<const int32_t> ids;                     // run at the sequence's next positions
   std::vector<PositionRouting>* routing = nullptr;  // optional: one PositionRouting appended per token
   std::vector<float>* logits = nullptr;             // optional out: the logits ([vocab]) of its last token
   // Optional, both or neither: the next token, picked by `*choice` from the logits of its last token on the device
@@ -202,6 +211,8 @@ class Engine {
   int64_t max_tokens_per_forward() const { return options_.max_tokens_per_forward; }
   int64_t max_sequences_per_forward() const { return options_.max_sequences_per_forward; }
   Device& device() { return device_; }
+  // The graphs of resident decode steps (EngineOptions::decode_graphs): how many were recorded, how many are kept.
+  const DecodeGraphs& decode_graphs() const { return graphs_; }
 
  private:
   Engine(const ModelWeights& weights, Device& device, ExpertExecutor* experts, EngineOptions options)
@@ -217,12 +228,38 @@ class Engine {
   // Forward and ForwardAndSelect on the engine's own sequence: `ids` in chunks, the last one with these outputs.
   absl::Status ForwardOwn(std::span<const int32_t> ids, std::vector<PositionRouting>* routing, ForwardKind kind,
                           std::vector<float>* logits, const TokenChoice* choice, int32_t* token);
-  // One chunk of checked inputs.
+  // One chunk of checked inputs, worked out on the host before any of its device work: its rows (their ids and
+  // positions written to host_ids_ / host_positions_), where each input's routing goes, and which rows give
+  // outputs (their sampling choices written to host_choices_).
+  struct Chunk {
+    std::span<const BatchInput> inputs;
+    ForwardKind kind = ForwardKind::kPrefill;
+    int64_t rows = 0;
+    std::vector<int64_t> first_row;    // per input: its first row
+    bool resident = false;             // the experts read the router's ids on the device (rows <= DeviceIdsMaxTokens)
+    bool wants_routing = false;        // some input wants its routing
+    std::vector<size_t> routing_base;  // per input: the index of its first token's PositionRouting
+    std::vector<size_t> wanted;        // output row j is input wanted[j]'s last row (it wants logits or a token)
+    bool any_token = false;            // some output row picks a token
+    bool every_logits = true;          // every output row wants its logits
+  };
+  Chunk PlanChunk(std::span<const BatchInput> inputs, ForwardKind kind);
+  // Runs one chunk: its device work op by op, or a decode step's graph (graphs_), then the outputs.
   absl::Status ForwardChunk(std::span<const BatchInput> inputs, ForwardKind kind);
-  // After the chunk's layers (x: [rows, hidden] on the device): the final norm and lm_head of each input's last row
-  // that wants logits or a token, the tokens picked, and what the host wants copied back, waited for once.
-  // first_row: each input's first row in x.
-  void FinishChunk(std::span<const BatchInput> inputs, std::span<const int64_t> first_row, const float* x);
+  // The key of the chunk's graph; nullopt when it runs op by op: not a resident decode step, an input wants its
+  // logits, or this engine has no graphs (attn_workspace_ absent).
+  std::optional<DecodeStepKey> GraphKey(const Chunk& chunk) const;
+  // Enqueues the chunk's device work on stream_: the inputs up, every layer, the outputs back (EnqueueOutputs). A
+  // chunk that is not resident waits on the host for each sparse layer's router. positions_on_device: the cache
+  // writes and attention take the position from device memory when they run (a graph's step).
+  absl::Status EnqueueChunk(const Chunk& chunk, bool positions_on_device);
+  // After the chunk's layers (x: [rows, hidden] on the device): the final norm and lm_head of each output row, the
+  // tokens picked, and the copies back of what the host wants.
+  void EnqueueOutputs(const Chunk& chunk, const float* x);
+  // The chunk's one wait, then its tokens, logits and (resident) routing into the inputs.
+  void CollectOutputs(const Chunk& chunk);
+  // Appends one layer's ids ([rows, k] host memory) to the routing of the inputs that want it.
+  void AppendRouting(const Chunk& chunk, const int32_t* layer_ids);
   // Allocates the K and V caches of `seq` for `capacity` positions.
   absl::Status AllocateCache(Sequence& seq, int64_t capacity);
   // Cache rows <-> fp32 rows, both in device memory: `count` values from / to element `at` of `cache`.
@@ -239,12 +276,14 @@ class Engine {
   std::unique_ptr<Stream> stream_;
 
   std::unique_ptr<Sequence> own_;  // StartSequence's (nullptr before the first)
+  uint64_t next_cache_id_ = 1;     // AllocateCache's next Sequence::cache_id_
+  DecodeGraphs graphs_;            // resident decode steps recorded as graphs
 
   // Workspace for one chunk of C = max_tokens_per_forward tokens.
-  std::unique_ptr<Buffer> ids_, positions_;           // [C] int32
-  std::unique_ptr<Buffer> x_, h_, attn_, o_, moe_;    // [C, hidden] / [C, q_size]
-  std::unique_ptr<Buffer> q_, k_, v_;                 // [C, q_size], [C, kv_size], [C, kv_size]
-  std::unique_ptr<Buffer> router_logits_;             // [C, num_experts]
+  std::unique_ptr<Buffer> ids_, positions_;         // [C] int32
+  std::unique_ptr<Buffer> x_, h_, attn_, o_, moe_;  // [C, hidden] / [C, q_size]
+  std::unique_ptr<Buffer> q_, k_, v_;               // [C, q_size], [C, kv_size], [C, kv_size]
+  std::unique_ptr<Buffer> router_logits_;           // [C, num_experts]
   // A chunk of n rows: the ids [n, k] (int32), then the weights [n, k]: the router's result in one copy.
   std::unique_ptr<Buffer> topk_;                      // 2 * C * k values
   std::unique_ptr<Buffer> shared_out_, shared_gate_;  // [C, hidden], [C]
@@ -254,14 +293,18 @@ class Engine {
   std::unique_ptr<Buffer> last_, logits_;             // [S, hidden], [S, vocab]: S = max_sequences_per_forward
   std::unique_ptr<Buffer> choices_, tokens_;          // [S] TokenChoice, [S] int32: SelectTokens' rows
   std::unique_ptr<MlpWorkspace> mlp_ws_;
-  // Where topk_, logits_ and tokens_ are copied back to, and choices_ from (page-locked on CUDA: one DMA each).
-  std::unique_ptr<HostBuffer> host_topk_;             // as topk_
-  std::unique_ptr<HostBuffer> host_logits_;           // [S, vocab]
+  // Where ids_, positions_ and choices_ are copied from, and topk_, logits_ and tokens_ back to (page-locked on
+  // CUDA: one DMA each, and what a graph's copies read and write at every launch).
+  std::unique_ptr<HostBuffer> host_ids_, host_positions_;   // [C] int32
+  std::unique_ptr<HostBuffer> host_topk_;                   // as topk_
+  std::unique_ptr<HostBuffer> host_logits_;                 // [S, vocab]
   std::unique_ptr<HostBuffer> host_choices_, host_tokens_;  // as choices_, tokens_
   // The router's ids of every layer of a chunk whose experts ran from the device ids (n <= the executor's
   // DeviceIdsMaxTokens()), copied here without waiting and read after the chunk's last synchronization when a
   // caller wants routing: [num_layers, DeviceIdsMaxTokens() * k] int32 (absent when that is 0).
   std::unique_ptr<HostBuffer> host_layer_ids_;
+  // AttentionAt's workspace for a decode graph's step, at any position (absent: no graphs, every step op by op).
+  std::unique_ptr<Buffer> attn_workspace_;
 };
 
 }  // namespace odmoe

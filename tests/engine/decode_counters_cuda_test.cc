@@ -39,6 +39,10 @@ constexpr double kMaxHostSyncs = 1;
 // launches per layer (gate and up with SwiGLU, down, the ordered combine) where each of the 2 experts took 5
 // (3 GEMVs, SwiGLU, scatter-add): 18.4; 18.5 with the token picked on the device (one launch per token).
 constexpr double kMaxLaunchesPerLayer = 18.5;
+// The kernels a replayed graph runs per layer: one more, the attention's split combine, which a graph holds
+// whenever the sequence's capacity may need it (here 61 positions: two 32-key splits) and which returns at once
+// while the context has one split; none of them launched by the host.
+constexpr double kMaxGraphKernelsPerLayer = 19.5;
 constexpr double kMaxPageableCopies =
     0;  // 17 before the router's result and the logits came back to page-locked memory
 // Bytes copied from the device into host memory per greedy decode token: the token's id alone (4 bytes a row) since
@@ -54,74 +58,199 @@ absl::StatusOr<std::unique_ptr<LocalModel>> OpenOnCuda() {
   return LocalModel::Open(testing::SharedModel(kModel), std::move(device));
 }
 
+// An engine of its own over `model`'s weights and device, its experts resident (LocalExpertExecutor).
+struct SecondEngine {
+  std::unique_ptr<LocalExpertExecutor> experts;
+  std::unique_ptr<Engine> engine;
+};
+absl::StatusOr<SecondEngine> MakeEngine(LocalModel& model, EngineOptions options) {
+  SecondEngine e;
+  ODMOE_ASSIGN_OR_RETURN(e.experts, LocalExpertExecutor::Create(model.device(), model.weights(), kMaxTokenRows));
+  ODMOE_ASSIGN_OR_RETURN(e.engine, Engine::Create(model.weights(), model.device(), e.experts.get(), options));
+  return e;
+}
+
+// The runtime's counts of kSteps greedy decode tokens (each picked on the device and fed back, as Generate runs
+// them), after a prompt and `warm_up` such tokens, on a sequence of kCapacity positions.
+constexpr int kSteps = 3;
+constexpr int64_t kCapacity = 61;  // odd, so the KV cache's allocations are the only ones of their size
+struct DecodeCounts {
+  simt::Counters counts;
+  DeviceCounters device;
+  int64_t kv_written = 0;  // bytes written into the KV caches
+  int kv_buffers = 0;      // caches written into
+};
+DecodeCounts CountDecode(Engine& engine, Device& device, int warm_up) {
+  DecodeCounts out;
+  const ModelConfig& c = engine.config();
+  EXPECT_TRUE(engine.StartSequence(kCapacity).ok());
+  const std::vector<int32_t> prompt = {1, 415, 2936, 302};
+  EXPECT_TRUE(engine.Forward(prompt, nullptr, ForwardKind::kPrefill).ok());
+  int32_t next = 7;
+  const auto step = [&] {
+    auto token = engine.ForwardAndSelect(std::vector<int32_t>{next}, nullptr, ForwardKind::kDecode, TokenChoice{});
+    EXPECT_TRUE(token.ok()) << token.status();
+    next = token.value_or(0);
+  };
+  for (int i = 0; i < warm_up; ++i) step();
+  simt::ResetCounters();
+  EXPECT_EQ(device.counters().host_syncs, 0u) << "Device::counters() reads the runtime's counts";
+  for (int i = 0; i < kSteps; ++i) step();
+  out.counts = simt::ReadCounters();
+  out.device = device.counters();
+  // The cache is in the model's dtype, bf16 (2 bytes a value).
+  const size_t kv_cache_bytes = static_cast<size_t>(kCapacity * c.kv_size()) * 2;
+  for (const auto& [base, w] : out.counts.written) {
+    if (w.size == kv_cache_bytes) {
+      out.kv_written += static_cast<int64_t>(w.bytes);
+      ++out.kv_buffers;
+    }
+  }
+  const auto per_token = [](uint64_t v) { return static_cast<double>(v) / kSteps; };
+  const simt::Counters& n = out.counts;
+  std::cout << "[decode counters] " << kModel << " per decode token: host syncs " << per_token(n.host_syncs)
+            << ", pageable copies to host " << per_token(n.pageable_copies_to_host) << ", allocations "
+            << per_token(n.allocations) << ", frees " << per_token(n.frees) << ", launches " << per_token(n.launches)
+            << " (" << per_token(n.launches) / static_cast<double>(c.num_layers) << " per layer; "
+            << per_token(n.launches - n.graph_kernel_launches) << " by the host), graph launches "
+            << per_token(n.graph_launches) << ", bytes copied from device " << per_token(n.copy_bytes_from_device)
+            << " (to the host " << per_token(n.copy_bytes_to_host) << "), KV-cache bytes written "
+            << per_token(static_cast<uint64_t>(out.kv_written)) << " into " << out.kv_buffers << " buffers\n";
+  for (const auto& [site, s] : n.sites) std::cout << "  " << per_token(s.launches) << " x " << site << "\n";
+  return out;
+}
+
+// What both paths of a decode step must hold to (kSteps tokens counted in `d`).
+void ExpectDecodeBounds(const DecodeCounts& d, const ModelConfig& c, double max_launches_per_layer) {
+  const auto per_token = [](uint64_t v) { return static_cast<double>(v) / kSteps; };
+  EXPECT_EQ(d.device.host_syncs, d.counts.host_syncs);
+  EXPECT_EQ(d.device.launches, d.counts.launches);
+  EXPECT_EQ(d.device.graph_launches, d.counts.graph_launches);
+  EXPECT_LE(per_token(d.counts.host_syncs), kMaxHostSyncs);
+  EXPECT_LE(per_token(d.counts.pageable_copies_to_host), kMaxPageableCopies);
+  EXPECT_EQ(d.counts.allocations, 0u) << "a resident decode step allocates nothing";
+  EXPECT_EQ(d.counts.frees, 0u);
+  EXPECT_LE(per_token(d.counts.launches) / static_cast<double>(c.num_layers), max_launches_per_layer);
+  EXPECT_EQ(per_token(d.counts.copy_bytes_to_host), kHostBytesPerToken)
+      << "a greedy decode token brings back its id alone, not the logits";
+  // K and V of one position per layer, bf16: 2 x layers x kv_heads x head_dim x 2 (counted in the checked build,
+  // where kernels' stores are).
+  EXPECT_EQ(d.kv_buffers, 2 * c.num_layers);
+  EXPECT_EQ(per_token(static_cast<uint64_t>(d.kv_written)),
+            static_cast<double>(2 * c.num_layers * c.num_kv_heads * c.head_dim * 2));
+}
+
+// Op by op (EngineOptions::decode_graphs off): every kernel launched by the host.
 TEST(DecodeCountersCudaTest, ResidentDecodeStepOnTinyMixtral) {
   auto model = OpenOnCuda();
   ASSERT_TRUE(model.ok()) << model.status();
+  EngineOptions options;
+  options.decode_graphs = false;
+  auto second = MakeEngine(**model, options);
+  ASSERT_TRUE(second.ok()) << second.status();
+  Engine& engine = *second->engine;
+  const DecodeCounts d = CountDecode(engine, (*model)->device(), /*warm_up=*/1);
+  ExpectDecodeBounds(d, (*model)->config(), kMaxLaunchesPerLayer);
+  EXPECT_EQ(d.counts.graph_launches, 0u);
+  EXPECT_EQ(d.counts.graph_kernel_launches, 0u);
+  EXPECT_EQ((*model)->device().op_counts()["SelectTokens"], kSteps + 1);
+}
+
+// As Generate runs it (graphs on): the first decode step of a kind runs op by op, the second is recorded into a
+// graph, and every later one is that graph's one launch: no kernel launched by the host, the same kernels run.
+TEST(DecodeCountersCudaTest, ResidentDecodeStepIsOneGraphLaunch) {
+  auto model = OpenOnCuda();
+  ASSERT_TRUE(model.ok()) << model.status();
   Engine& engine = (*model)->engine();
-  const ModelConfig& c = (*model)->config();
+  const DecodeCounts d = CountDecode(engine, (*model)->device(), /*warm_up=*/2);
+  ExpectDecodeBounds(d, (*model)->config(), kMaxGraphKernelsPerLayer);
+  EXPECT_EQ(engine.decode_graphs().captures(), 1u);
+  EXPECT_EQ(d.counts.graph_launches, static_cast<uint64_t>(kSteps)) << "one graph launch per token";
+  EXPECT_EQ(d.counts.graph_kernel_launches, d.counts.launches) << "every kernel of the step from the graph";
+  EXPECT_EQ(d.device.graph_kernel_launches, d.counts.graph_kernel_launches);
+  // The ops of a replayed step are counted as run (the step's SelectTokens each time).
+  EXPECT_EQ((*model)->device().op_counts()["SelectTokens"], kSteps + 2);
+}
 
-  // An odd capacity, so the KV cache's allocations are the only ones of their size.
-  constexpr int64_t kCapacity = 61;
-  ASSERT_TRUE(engine.StartSequence(kCapacity).ok());
-  const std::vector<int32_t> prompt = {1, 415, 2936, 302};
-  ASSERT_TRUE(engine.Forward(prompt, nullptr, ForwardKind::kPrefill).ok());
-  // One decode step first: whatever a first decode sets up once (e.g. the attention's scratch) is not per token.
-  int32_t next = 7;
-  ASSERT_TRUE(engine.Forward(std::vector<int32_t>{next}, nullptr, ForwardKind::kDecode).ok());
+// Two sequences decoded together, one greedy and one sampled, by an engine with graphs and one without: the same
+// tokens and routing at every step, through the changes that make a new graph or drop one: a batch that changes
+// (one sequence alone for a while), a sequence rolled back (Truncate: same caches, earlier positions) and a
+// sequence whose caches are made anew (StartSequence with more room).
+TEST(DecodeCountersCudaTest, GraphsGiveTheOpByOpTokensAndRouting) {
+  auto model = OpenOnCuda();
+  ASSERT_TRUE(model.ok()) << model.status();
+  EngineOptions options;
+  options.max_sequences_per_forward = 2;
+  auto graphs = MakeEngine(**model, options);
+  options.decode_graphs = false;
+  auto op_by_op = MakeEngine(**model, options);
+  ASSERT_TRUE(graphs.ok() && op_by_op.ok());
+  Engine* engines[2] = {graphs->engine.get(), op_by_op->engine.get()};
+  const TokenChoice choices[2] = {TokenChoice{}, TokenChoice{0.9f, 40, 0.95f, 0.0f}};
 
-  // Greedy decode as Generate runs it: each token picked on the device and fed back.
-  constexpr int kSteps = 3;
+  std::vector<int32_t> tokens[2];              // per engine: every token picked, in order
+  std::vector<PositionRouting> routing[2][2];  // per engine, per sequence
   simt::ResetCounters();
-  const DeviceCounters before = (*model)->device().counters();
-  EXPECT_EQ(before.host_syncs, 0u) << "Device::counters() reads the runtime's counts";
-  for (int step = 0; step < kSteps; ++step) {
-    auto token = engine.ForwardAndSelect(std::vector<int32_t>{next}, nullptr, ForwardKind::kDecode, TokenChoice{});
-    ASSERT_TRUE(token.ok()) << token.status();
-    next = *token;
-  }
-  const simt::Counters counts = simt::ReadCounters();
-  const DeviceCounters device_counts = (*model)->device().counters();
-
-  // The cache is in the model's dtype, bf16 (2 bytes a value).
-  const size_t kv_cache_bytes = static_cast<size_t>(kCapacity * c.kv_size()) * 2;
-  uint64_t kv_written = 0;
-  int kv_buffers = 0;
-  for (const auto& [base, w] : counts.written) {
-    if (w.size == kv_cache_bytes) {
-      kv_written += w.bytes;
-      ++kv_buffers;
+  for (int e = 0; e < 2; ++e) {
+    Engine& engine = *engines[e];
+    std::unique_ptr<Sequence> seqs[2];
+    int32_t next[2] = {0, 0};
+    for (int i = 0; i < 2; ++i) {
+      auto seq = engine.NewSequence(40, static_cast<uint64_t>(i + 1));
+      ASSERT_TRUE(seq.ok()) << seq.status();
+      seqs[i] = *std::move(seq);
+      const std::vector<int32_t> prompt = {1, 415 + i, 2936, 302 - i};
+      BatchInput in{seqs[i].get(), prompt, &routing[e][i]};
+      in.choice = &choices[0];
+      in.token = &next[i];
+      ASSERT_TRUE(engine.ForwardBatch(std::span<const BatchInput>(&in, 1), ForwardKind::kPrefill).ok());
+    }
+    // Steps 0-4 both sequences, 5-7 the first alone, 8-9 both again, the first rolled back by one before step 8.
+    for (int step = 0; step < 10; ++step) {
+      const int count = step >= 5 && step < 8 ? 1 : 2;
+      if (step == 8) {
+        ASSERT_TRUE(engine.Truncate(*seqs[0], seqs[0]->position() - 1).ok());
+      }
+      std::vector<BatchInput> inputs;
+      int32_t fed[2];
+      TokenChoice step_choices[2];
+      for (int i = 0; i < count; ++i) {
+        step_choices[i] = choices[i];
+        step_choices[i].uniform = static_cast<float>((step * 7 + i * 3) % 10) / 10.0f;  // a new draw each step
+        fed[i] = next[i];
+        BatchInput in{seqs[i].get(), std::span<const int32_t>(&fed[i], 1), &routing[e][i]};
+        in.choice = &step_choices[i];
+        in.token = &next[i];
+        inputs.push_back(in);
+      }
+      ASSERT_TRUE(engine.ForwardBatch(inputs, ForwardKind::kDecode).ok()) << "step " << step;
+      for (int i = 0; i < count; ++i) tokens[e].push_back(next[i]);
+    }
+    // The engine's own sequence, made anew with more room (new caches) after a step of the old ones.
+    ASSERT_TRUE(engine.StartSequence(16).ok());
+    ASSERT_TRUE(engine.Forward(std::vector<int32_t>{1, 415}, nullptr, ForwardKind::kPrefill).ok());
+    int32_t own = 302;
+    for (int step = 0; step < 6; ++step) {
+      if (step == 3) {
+        ASSERT_TRUE(engine.StartSequence(24).ok());
+        ASSERT_TRUE(engine.Forward(std::vector<int32_t>{1, 415}, nullptr, ForwardKind::kPrefill).ok());
+      }
+      auto token = engine.ForwardAndSelect(std::vector<int32_t>{own}, nullptr, ForwardKind::kDecode, TokenChoice{});
+      ASSERT_TRUE(token.ok()) << token.status();
+      own = *token;
+      tokens[e].push_back(own);
     }
   }
-  const double syncs = static_cast<double>(counts.host_syncs) / kSteps;
-  const double pageable = static_cast<double>(counts.pageable_copies_to_host) / kSteps;
-  const double allocations = static_cast<double>(counts.allocations) / kSteps;
-  const double launches = static_cast<double>(counts.launches) / kSteps;
-  const double launches_per_layer = launches / static_cast<double>(c.num_layers);
-  const double kv_bytes = static_cast<double>(kv_written) / kSteps;
-  const double host_bytes = static_cast<double>(counts.copy_bytes_to_host) / kSteps;
-  std::cout << "[decode counters] " << kModel << " per decode token: host syncs " << syncs
-            << ", pageable copies to host " << pageable << ", allocations " << allocations << ", frees "
-            << static_cast<double>(counts.frees) / kSteps << ", launches " << launches << " (" << launches_per_layer
-            << " per layer), bytes copied from device " << static_cast<double>(counts.copy_bytes_from_device) / kSteps
-            << " (to the host " << host_bytes << ")"
-            << ", KV-cache bytes written " << kv_bytes << " into " << kv_buffers << " buffers\n";
-  for (const auto& [site, s] : counts.sites) {
-    std::cout << "  " << static_cast<double>(s.launches) / kSteps << " x " << site << "\n";
-  }
-
-  EXPECT_EQ(device_counts.host_syncs, counts.host_syncs);
-  EXPECT_EQ(device_counts.launches, counts.launches);
-  EXPECT_LE(syncs, kMaxHostSyncs);
-  EXPECT_LE(pageable, kMaxPageableCopies);
-  EXPECT_EQ(counts.allocations, 0u) << "a resident decode step allocates nothing";
-  EXPECT_EQ(counts.frees, 0u);
-  EXPECT_LE(launches_per_layer, kMaxLaunchesPerLayer);
-  EXPECT_EQ(host_bytes, kHostBytesPerToken) << "a greedy decode token brings back its id alone, not the logits";
-  EXPECT_EQ((*model)->device().op_counts()["SelectTokens"], kSteps);
-  // K and V of one position per layer, bf16: 2 x layers x kv_heads x head_dim x 2 (counted in the checked build,
-  // where kernels' stores are).
-  EXPECT_EQ(kv_buffers, 2 * c.num_layers);
-  EXPECT_EQ(kv_bytes, static_cast<double>(2 * c.num_layers * c.num_kv_heads * c.head_dim * 2));
+  EXPECT_EQ(tokens[0], tokens[1]);
+  EXPECT_EQ(routing[0][0], routing[1][0]);
+  EXPECT_EQ(routing[0][1], routing[1][1]);
+  EXPECT_EQ(routing[0][0].size(), 4u + 10u);
+  // Recorded: both sequences at step 1 (replayed at 2-4, and again at 8-9 after the roll back), the first alone at
+  // step 6 (replayed at 7), the own sequence's first caches at its step 1 (replayed at 2) and its new ones at 4
+  // (replayed at 5).
+  EXPECT_EQ(graphs->engine->decode_graphs().captures(), 4u);
+  EXPECT_EQ(op_by_op->engine->decode_graphs().captures(), 0u);
+  EXPECT_GT(simt::ReadCounters().graph_launches, 0u);
 }
 
 // Run only: the ids come to the host every layer (as for main's remote executor and the shadow's).
