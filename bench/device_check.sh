@@ -35,6 +35,10 @@ tail -12 "$out/bench_kernels.log"
 step bench_engine 180 "$dev/bin/odmoe-bench" engine --synthetic "$repo/configs/models/mixtral-8x7b" --layers 16 \
   --backend cuda --pairs 16x64,128x256 --repeat 3 --json "$out/engine.json"
 tail -8 "$out/bench_engine.log"
+# The same decode op by op (no graphs): what replaying each step as one graph launch gains.
+step bench_engine_nographs 180 "$dev/bin/odmoe-bench" engine --synthetic "$repo/configs/models/mixtral-8x7b" \
+  --layers 16 --backend cuda --pairs 16x64,128x256 --repeat 3 --graphs off --json "$out/engine_nographs.json"
+tail -4 "$out/bench_engine_nographs.log"
 
 # Nsight Compute, where the machine has it: why the NF4 GEMV runs where it does, and the GPU time of each kernel
 # of one decode token of the engine run above (403 launches, taken well inside the decode) against its wall time.

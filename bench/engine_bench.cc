@@ -8,7 +8,9 @@
 //
 // Per decode token, the Device's own counts (Device::counters(): on CUDA the runtime calls the backend makes, under
 // the SIMT emulator the emulated runtime's counts): host synchronizations, allocations, frees, kernel launches and
-// bytes read, as (the timed runs' counts / repeat - a one-token run's) / (output - 1), so prefill drops out.
+// bytes read, as (the timed runs' counts / repeat - a one-token run's) / (output - 1), so prefill drops out; and
+// of the launches, those the host made (not a graph's kernels), with the graph launches. `--graphs off` runs every
+// decode step op by op (EngineOptions::decode_graphs), for the comparison; graphs exist on CUDA only.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -54,13 +56,20 @@ double KvBytesPerToken(const ModelConfig& c, double context) {
 absl::Status RunEngine(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(
       Flags f,
-      Flags::Parse(args, {"model", "synthetic", "layers", "seed", "backend", "pairs", "repeat", "copy-mb"}, {}));
+      Flags::Parse(args, {"model", "synthetic", "layers", "seed", "backend", "pairs", "repeat", "copy-mb", "graphs"},
+                   {}));
   const std::string backend = f.Get("backend").value_or("cpu");
   ODMOE_ASSIGN_OR_RETURN(auto pairs, ParsePairs(f.Get("pairs").value_or("16x64,16x256,128x64,128x256")));
   ODMOE_ASSIGN_OR_RETURN(int64_t repeat, f.Int("repeat", 3));
   ODMOE_ASSIGN_OR_RETURN(int64_t copy_mb, f.Int("copy-mb", 1024));
   if (repeat < 1) return absl::InvalidArgumentError("--repeat must be >= 1");
   if (copy_mb < 1) return absl::InvalidArgumentError("--copy-mb must be >= 1");
+  const std::string graphs = f.Get("graphs").value_or("on");
+  if (graphs != "on" && graphs != "off") {
+    return absl::InvalidArgumentError(StrCat("--graphs must be on or off, not '", graphs, "'"));
+  }
+  EngineOptions engine_options;
+  engine_options.decode_graphs = graphs == "on";
   if (f.Has("model") == f.Has("synthetic")) {
     return absl::InvalidArgumentError("give exactly one of --model DIR and --synthetic CONFIG");
   }
@@ -76,11 +85,11 @@ absl::Status RunEngine(const std::vector<std::string>& args) {
     ODMOE_ASSIGN_OR_RETURN(int64_t seed, f.Int("seed", 1));
     spec.seed = static_cast<uint64_t>(seed);
     what = StrCat("synthetic:", spec.config_path, " layers=", spec.layers, " seed=", spec.seed);
-    ODMOE_ASSIGN_OR_RETURN(model, LocalModel::OpenSynthetic(spec, std::move(device)));
+    ODMOE_ASSIGN_OR_RETURN(model, LocalModel::OpenSynthetic(spec, std::move(device), engine_options));
   } else {
     if (f.Has("layers") || f.Has("seed")) return absl::InvalidArgumentError("--layers and --seed need --synthetic");
     what = *f.Get("model");
-    ODMOE_ASSIGN_OR_RETURN(model, LocalModel::Open(what, std::move(device)));
+    ODMOE_ASSIGN_OR_RETURN(model, LocalModel::Open(what, std::move(device), engine_options));
   }
   const double load_s = SecondsSince(load_start);
   const ModelConfig& c = model->config();
@@ -95,6 +104,7 @@ absl::Status RunEngine(const std::vector<std::string>& args) {
                  {"model", what},
                  {"backend", backend},
                  {"device", dev.name()},
+                 {"decode_graphs", graphs},
                  {"layers", c.num_layers},
                  {"load_s", load_s},
                  {"weights_device_bytes", model->weights().device_bytes()},
@@ -105,6 +115,7 @@ absl::Status RunEngine(const std::vector<std::string>& args) {
     int64_t prompt, output;
     double ttft_ms, tps, bytes, bound, fraction;
     double syncs, allocations, frees, launches, bytes_read;  // per decode token (Device::counters())
+    double host_launches, graph_launches;                    // of `launches`, the host's; graphs launched
   };
   std::vector<Row> rows;
   for (const auto& [p_, n_] : pairs) {
@@ -139,18 +150,21 @@ absl::Status RunEngine(const std::vector<std::string>& args) {
     const double context = static_cast<double>(p) + static_cast<double>(n) / 2.0;
     const double bytes = weight_bytes + KvBytesPerToken(c, context);
     const double bound = copy_bw / bytes;
-    Row row{p,
-            n,
-            Median(ttft),
-            Median(tps),
-            bytes,
-            bound,
-            bound > 0 ? Median(tps) / bound : 0,
-            per_decode_token(timed.host_syncs, first.host_syncs),
-            per_decode_token(timed.allocations, first.allocations),
-            per_decode_token(timed.frees, first.frees),
-            per_decode_token(timed.launches, first.launches),
-            per_decode_token(timed.bytes_read, first.bytes_read)};
+    Row row{
+        p,
+        n,
+        Median(ttft),
+        Median(tps),
+        bytes,
+        bound,
+        bound > 0 ? Median(tps) / bound : 0,
+        per_decode_token(timed.host_syncs, first.host_syncs),
+        per_decode_token(timed.allocations, first.allocations),
+        per_decode_token(timed.frees, first.frees),
+        per_decode_token(timed.launches, first.launches),
+        per_decode_token(timed.bytes_read, first.bytes_read),
+        per_decode_token(timed.launches - timed.graph_kernel_launches, first.launches - first.graph_kernel_launches),
+        per_decode_token(timed.graph_launches, first.graph_launches)};
     rows.push_back(row);
     PrintJsonLine({{"bench", "engine"},
                    {"kind", "pair"},
@@ -168,6 +182,8 @@ absl::Status RunEngine(const std::vector<std::string>& args) {
                    {"allocations_per_token", row.allocations},
                    {"frees_per_token", row.frees},
                    {"launches_per_token", row.launches},
+                   {"host_launches_per_token", row.host_launches},
+                   {"graph_launches_per_token", row.graph_launches},
                    {"device_bytes_read_per_token", row.bytes_read}});
   }
   const MemoryInfo mem = dev.memory_info();
@@ -180,12 +196,14 @@ absl::Status RunEngine(const std::vector<std::string>& args) {
   std::printf("\n%s on %s (%s): copy %.1f GB/s, weights %.2f GB resident, peak device memory %.2f GB\n", what.c_str(),
               backend.c_str(), dev.name().c_str(), copy_bw / 1e9,
               static_cast<double>(model->weights().device_bytes()) / 1e9, static_cast<double>(mem.peak) / 1e9);
-  std::printf("%-8s %-8s %12s %14s %14s %14s %10s %8s %8s %8s %10s\n", "prompt", "output", "ttft_ms", "decode_tok/s",
-              "MB/token", "bound_tok/s", "of_bound", "syncs/t", "allocs/t", "frees/t", "launches/t");
+  std::printf("%-8s %-8s %12s %14s %14s %14s %10s %8s %8s %8s %10s %10s %9s\n", "prompt", "output", "ttft_ms",
+              "decode_tok/s", "MB/token", "bound_tok/s", "of_bound", "syncs/t", "allocs/t", "frees/t", "launches/t",
+              "by_host/t", "graphs/t");
   for (const Row& r : rows) {
-    std::printf("%-8lld %-8lld %12.2f %14.2f %14.2f %14.2f %9.1f%% %8.2f %8.2f %8.2f %10.1f\n",
+    std::printf("%-8lld %-8lld %12.2f %14.2f %14.2f %14.2f %9.1f%% %8.2f %8.2f %8.2f %10.1f %10.1f %9.2f\n",
                 static_cast<long long>(r.prompt), static_cast<long long>(r.output), r.ttft_ms, r.tps, r.bytes / 1e6,
-                r.bound, 100 * r.fraction, r.syncs, r.allocations, r.frees, r.launches);
+                r.bound, 100 * r.fraction, r.syncs, r.allocations, r.frees, r.launches, r.host_launches,
+                r.graph_launches);
   }
   return absl::OkStatus();
 }
