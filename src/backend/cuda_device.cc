@@ -498,7 +498,7 @@ class CudaGraph final : public Graph {
   const void* const owner;  // the device that made it
   const int ordinal;
   const cudaGraphExec_t exec;
-  const CaptureTally tally;  // its kernel launches and ops
+  const CaptureTally tally;  // its kernel launches, ops and copies
 };
 
 // The routed experts' weight pointers in device memory (kernels::ExpertPointers, [layers, experts]) and what the
@@ -1062,17 +1062,25 @@ class CudaDevice final : public Device {
   // The emulated runtime's own counts (one device per process there).
   DeviceCounters counters() const override {
     const simt::Counters c = simt::ReadCounters();
-    return DeviceCounters{
-        c.host_syncs,     c.allocations,          c.frees, c.launches, c.copy_bytes_from_device + c.kernel_bytes_read,
-        c.graph_launches, c.graph_kernel_launches};
+    return DeviceCounters{.host_syncs = c.host_syncs,
+                          .allocations = c.allocations,
+                          .frees = c.frees,
+                          .launches = c.launches,
+                          .bytes_read = c.copy_bytes_from_device + c.kernel_bytes_read,
+                          .graph_launches = c.graph_launches,
+                          .graph_kernel_launches = c.graph_kernel_launches};
   }
   void ResetCounters() override { simt::ResetCounters(); }
 #else
   DeviceCounters counters() const override {
     const Accounting& a = *accounting_;
-    return DeviceCounters{
-        a.host_syncs.load(),     a.allocations.load(),          a.frees.load(), a.launches.load(), a.bytes_read.load(),
-        a.graph_launches.load(), a.graph_kernel_launches.load()};
+    return DeviceCounters{.host_syncs = a.host_syncs.load(),
+                          .allocations = a.allocations.load(),
+                          .frees = a.frees.load(),
+                          .launches = a.launches.load(),
+                          .bytes_read = a.bytes_read.load(),
+                          .graph_launches = a.graph_launches.load(),
+                          .graph_kernel_launches = a.graph_kernel_launches.load()};
   }
   void ResetCounters() override {
     for (std::atomic<uint64_t>* c :
