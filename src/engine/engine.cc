@@ -134,8 +134,7 @@ absl::Status Engine::AllocateWorkspace() {
   const int64_t C = options_.max_tokens_per_forward;
   const int64_t k = std::max<int64_t>(1, c.top_k);
   Device& d = device_;
-  ODMOE_RETURN_IF_ERROR(Alloc(d, ids_, F32Bytes(C), "token ids"));
-  ODMOE_RETURN_IF_ERROR(Alloc(d, positions_, F32Bytes(C), "positions"));
+  ODMOE_RETURN_IF_ERROR(Alloc(d, rows_, F32Bytes(2 * C), "token ids and positions"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, x_, F32Bytes(C * c.hidden_size), "hidden state"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, h_, F32Bytes(C * c.hidden_size), "normed hidden state"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, attn_, F32Bytes(C * c.q_size()), "attention output"));
@@ -165,8 +164,7 @@ absl::Status Engine::AllocateWorkspace() {
   std::vector<float> zeros(static_cast<size_t>(C * c.hidden_size), 0.0f);
   d.CopyToDevice(zeros_->data(), zeros.data(), zeros.size() * sizeof(float), stream_.get());
   d.Synchronize(stream_.get());
-  ODMOE_ASSIGN_OR_RETURN(host_ids_, d.AllocateHost(F32Bytes(C), "token ids"));
-  ODMOE_ASSIGN_OR_RETURN(host_positions_, d.AllocateHost(F32Bytes(C), "positions"));
+  ODMOE_ASSIGN_OR_RETURN(host_rows_, d.AllocateHost(F32Bytes(2 * C), "token ids and positions"));
   ODMOE_ASSIGN_OR_RETURN(host_topk_, d.AllocateHost(F32Bytes(2 * C * k), "top-k ids and weights"));
   ODMOE_ASSIGN_OR_RETURN(host_logits_, d.AllocateHost(F32Bytes(S * c.vocab_size), "logits"));
   ODMOE_ASSIGN_OR_RETURN(host_choices_, d.AllocateHost(static_cast<size_t>(S) * sizeof(TokenChoice), "token choices"));
@@ -427,8 +425,10 @@ Engine::Chunk Engine::PlanChunk(std::span<const BatchInput> inputs, ForwardKind 
   chunk.inputs = inputs;
   chunk.kind = kind;
   std::vector<ForwardSegment> segments;
-  int32_t* ids = host_ids_->as<int32_t>();
-  int32_t* positions = host_positions_->as<int32_t>();
+  int64_t total = 0;
+  for (const BatchInput& in : inputs) total += static_cast<int64_t>(in.ids.size());
+  int32_t* ids = host_rows_->as<int32_t>();
+  int32_t* positions = ids + total;
   for (const BatchInput& in : inputs) {
     const int64_t past = in.sequence->position_;
     chunk.first_row.push_back(chunk.rows);
@@ -516,13 +516,13 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
   const int64_t k = c.top_k;
   const int64_t n = chunk.rows;
 
-  d.CopyToDevice(ids_->data(), host_ids_->data(), F32Bytes(n), s);
-  d.CopyToDevice(positions_->data(), host_positions_->data(), F32Bytes(n), s);
-  const int32_t* dev_pos = positions_->as<int32_t>();
+  d.CopyToDevice(rows_->data(), host_rows_->data(), F32Bytes(2 * n), s);
+  const int32_t* dev_tokens = rows_->as<int32_t>();
+  const int32_t* dev_pos = dev_tokens + n;
 
   float* x = x_->as<float>();
   float* h = h_->as<float>();
-  d.Embedding(ids_->as<int32_t>(), n, weights_.embed(), hidden, x, s);
+  d.Embedding(dev_tokens, n, weights_.embed(), hidden, x, s);
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 

@@ -230,7 +230,7 @@ class Engine {
   absl::Status ForwardOwn(std::span<const int32_t> ids, std::vector<PositionRouting>* routing, ForwardKind kind,
                           std::vector<float>* logits, const TokenChoice* choice, int32_t* token);
   // One chunk of checked inputs, worked out on the host before any of its device work: its rows (their ids and
-  // positions written to host_ids_ / host_positions_), where each input's routing goes, and which rows give
+  // positions written to host_rows_), where each input's routing goes, and which rows give
   // outputs (their sampling choices written to host_choices_).
   struct Chunk {
     std::span<const BatchInput> inputs;
@@ -281,7 +281,7 @@ class Engine {
   DecodeGraphs graphs_;            // resident decode steps recorded as graphs
 
   // Workspace for one chunk of C = max_tokens_per_forward tokens.
-  std::unique_ptr<Buffer> ids_, positions_;         // [C] int32
+  std::unique_ptr<Buffer> rows_;                    // a chunk of n rows: their token ids [n], then positions [n]
   std::unique_ptr<Buffer> x_, h_, attn_, o_, moe_;  // [C, hidden] / [C, q_size]
   std::unique_ptr<Buffer> q_, k_, v_;               // [C, q_size], [C, kv_size], [C, kv_size]
   std::unique_ptr<Buffer> router_logits_;           // [C, num_experts]
@@ -294,9 +294,9 @@ class Engine {
   std::unique_ptr<Buffer> last_, logits_;             // [S, hidden], [S, vocab]: S = max_sequences_per_forward
   std::unique_ptr<Buffer> choices_, tokens_;          // [S] TokenChoice, [S] int32: SelectTokens' rows
   std::unique_ptr<MlpWorkspace> mlp_ws_;
-  // Where ids_, positions_ and choices_ are copied from, and topk_, logits_ and tokens_ back to (page-locked on
+  // Where rows_ and choices_ are copied from, and topk_, logits_ and tokens_ back to (page-locked on
   // CUDA: one DMA each, and what a graph's copies read and write at every launch).
-  std::unique_ptr<HostBuffer> host_ids_, host_positions_;   // [C] int32
+  std::unique_ptr<HostBuffer> host_rows_;                   // as rows_ (int32): one copy up
   std::unique_ptr<HostBuffer> host_topk_;                   // as topk_
   std::unique_ptr<HostBuffer> host_logits_;                 // [S, vocab]
   std::unique_ptr<HostBuffer> host_choices_, host_tokens_;  // as choices_, tokens_

@@ -198,6 +198,20 @@ cudaError_t RefuseLocked(const std::vector<StreamCapture*>& concerned, cudaError
   return Fail(err);
 }
 
+// The stream work issued on `s` goes to, or null: for the legacy stream (after refusing the work beside the captures
+// it conflicts with, which *err then says: cudaErrorStreamCaptureImplicit) and for an unknown handle (*err
+// cudaErrorInvalidResourceHandle). *err is cudaSuccess when the work may go on. REQUIRES: capture_mu held.
+CUstream_st* IssuedOnLocked(cudaStream_t s, cudaError_t* err) {
+  *err = cudaSuccess;
+  if (IsLegacy(s)) {
+    *err = RefuseLocked(LegacyConflictsLocked(), cudaErrorStreamCaptureImplicit);
+    return nullptr;
+  }
+  CUstream_st* st = ResolveLocked(s, err);
+  if (st == nullptr) *err = Fail(*err);
+  return st;
+}
+
 // A potentially unsafe call: refused (cudaErrorStreamCaptureUnsupported) while a capture forbids it, and the
 // captures that forbid it invalidated.
 cudaError_t CheckUnsafe() {
@@ -213,10 +227,9 @@ cudaError_t CheckStreamSync(cudaStream_t s) {
   std::lock_guard<std::mutex> lock(capture_mu);
   std::vector<StreamCapture*> concerned = ForbiddingLocked();
   if (!concerned.empty()) return RefuseLocked(concerned, cudaErrorStreamCaptureUnsupported);
-  if (IsLegacy(s)) return RefuseLocked(LegacyConflictsLocked(), cudaErrorStreamCaptureImplicit);
   cudaError_t err = cudaSuccess;
-  CUstream_st* st = ResolveLocked(s, &err);
-  if (st == nullptr) return Fail(err);
+  CUstream_st* st = IssuedOnLocked(s, &err);
+  if (st == nullptr) return err;
   if (st->capture != nullptr) return RefuseLocked({st->capture}, cudaErrorStreamCaptureUnsupported);
   return cudaSuccess;
 }
@@ -431,10 +444,9 @@ cudaError_t IssueWork(cudaStream_t stream, bool* capture) {
   *capture = false;
   if (capture_count.load(std::memory_order_acquire) == 0) return cudaSuccess;
   std::lock_guard<std::mutex> lock(capture_mu);
-  if (IsLegacy(stream)) return RefuseLocked(LegacyConflictsLocked(), cudaErrorStreamCaptureImplicit);
   cudaError_t err = cudaSuccess;
-  CUstream_st* st = ResolveLocked(stream, &err);
-  if (st == nullptr) return Fail(err);
+  CUstream_st* st = IssuedOnLocked(stream, &err);
+  if (st == nullptr) return err;
   if (st->capture == nullptr) return cudaSuccess;
   if (st->capture->invalidated) return Fail(cudaErrorStreamCaptureInvalidated);
   *capture = true;
@@ -948,18 +960,13 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> lock(capture_mu);
-  if (IsLegacy(s)) {
-    const cudaError_t err = RefuseLocked(LegacyConflictsLocked(), cudaErrorStreamCaptureImplicit);
-    if (err != cudaSuccess) return err;
-  } else {
-    cudaError_t err = cudaSuccess;
-    CUstream_st* st = ResolveLocked(s, &err);
-    if (st == nullptr) return Fail(err);
-    if (StreamCapture* c = st->capture) {
-      if (c->invalidated) return Fail(cudaErrorStreamCaptureInvalidated);
-      if (e->capture != c->id) return RefuseLocked({c}, cudaErrorStreamCaptureIsolation);
-      return Status();
-    }
+  cudaError_t err = cudaSuccess;
+  const CUstream_st* st = IssuedOnLocked(s, &err);
+  if (err != cudaSuccess) return err;
+  if (StreamCapture* c = st != nullptr ? st->capture : nullptr) {
+    if (c->invalidated) return Fail(cudaErrorStreamCaptureInvalidated);
+    if (e->capture != c->id) return RefuseLocked({c}, cudaErrorStreamCaptureIsolation);
+    return Status();
   }
   if (e->capture != 0) {
     if (StreamCapture* c = FindCaptureLocked(e->capture)) return RefuseLocked({c}, cudaErrorStreamCaptureUnsupported);
@@ -1004,18 +1011,12 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> lock(capture_mu);
-  uint64_t capture = 0;
-  if (IsLegacy(s)) {
-    const cudaError_t err = RefuseLocked(LegacyConflictsLocked(), cudaErrorStreamCaptureImplicit);
-    if (err != cudaSuccess) return err;
-  } else {
-    cudaError_t err = cudaSuccess;
-    CUstream_st* st = ResolveLocked(s, &err);
-    if (st == nullptr) return Fail(err);
-    if (st->capture != nullptr && st->capture->invalidated) return Fail(cudaErrorStreamCaptureInvalidated);
-    if (st->capture != nullptr) capture = st->capture->id;
-  }
-  e->capture = capture;
+  cudaError_t err = cudaSuccess;
+  const CUstream_st* st = IssuedOnLocked(s, &err);
+  if (err != cudaSuccess) return err;
+  const StreamCapture* c = st != nullptr ? st->capture : nullptr;
+  if (c != nullptr && c->invalidated) return Fail(cudaErrorStreamCaptureInvalidated);
+  e->capture = c != nullptr ? c->id : 0;
   return Status();
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
