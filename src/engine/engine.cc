@@ -140,9 +140,7 @@ absl::Status Engine::AllocateWorkspace() {
   ODMOE_RETURN_IF_ERROR(Alloc(d, attn_, F32Bytes(C * c.q_size()), "attention output"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, o_, F32Bytes(C * c.hidden_size), "o_proj output"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, moe_, F32Bytes(C * c.hidden_size), "mlp output"));
-  ODMOE_RETURN_IF_ERROR(Alloc(d, q_, F32Bytes(C * c.q_size()), "q"));
-  ODMOE_RETURN_IF_ERROR(Alloc(d, k_, F32Bytes(C * c.kv_size()), "k"));
-  ODMOE_RETURN_IF_ERROR(Alloc(d, v_, F32Bytes(C * c.kv_size()), "v"));
+  ODMOE_RETURN_IF_ERROR(Alloc(d, qkv_, F32Bytes(C * (c.q_size() + 2 * c.kv_size())), "q, k and v"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, router_logits_, F32Bytes(C * std::max<int64_t>(1, c.num_experts)), "router logits"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, topk_, F32Bytes(2 * C * k), "top-k ids and weights"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, shared_out_, F32Bytes(C * c.hidden_size), "shared expert output"));
@@ -531,12 +529,17 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
     const AttentionWeights& a = lw.attn;
     // ---- attention
     d.RmsNorm(x, lw.input_norm, n, hidden, static_cast<float>(c.rms_norm_eps), h, s);
-    float* q = q_->as<float>();
-    float* kk = k_->as<float>();
-    float* v = v_->as<float>();
-    d.MatMul(h, a.q, a.q_bias, n, hidden, c.q_size(), q, s);
-    d.MatMul(h, a.k, a.k_bias, n, hidden, c.kv_size(), kk, s);
-    d.MatMul(h, a.v, a.v_bias, n, hidden, c.kv_size(), v, s);
+    // [n, q_size], then [n, kv_size] twice: with one token, [q | k | v] is one row of the stacked projection.
+    float* q = qkv_->as<float>();
+    float* kk = q + n * c.q_size();
+    float* v = kk + n * c.kv_size();
+    if (n == 1 && !a.qkv.empty()) {
+      d.MatMul(h, a.qkv, a.qkv_bias, 1, hidden, c.q_size() + 2 * c.kv_size(), q, s);
+    } else {
+      d.MatMul(h, a.q, a.q_bias, n, hidden, c.q_size(), q, s);
+      d.MatMul(h, a.k, a.k_bias, n, hidden, c.kv_size(), kk, s);
+      d.MatMul(h, a.v, a.v_bias, n, hidden, c.kv_size(), v, s);
+    }
     if (c.qk_norm == QkNorm::kPerHead) {
       d.RmsNorm(q, a.q_norm, n * c.num_heads, c.head_dim, static_cast<float>(c.rms_norm_eps), q, s);
       d.RmsNorm(kk, a.k_norm, n * c.num_kv_heads, c.head_dim, static_cast<float>(c.rms_norm_eps), kk, s);
@@ -544,8 +547,12 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
       d.RmsNorm(q, a.q_norm, n, c.q_size(), static_cast<float>(c.rms_norm_eps), q, s);
       d.RmsNorm(kk, a.k_norm, n, c.kv_size(), static_cast<float>(c.rms_norm_eps), kk, s);
     }
-    d.Rope(q, dev_pos, n, c.num_heads, c.head_dim, c.rope_theta, s);
-    d.Rope(kk, dev_pos, n, c.num_kv_heads, c.head_dim, c.rope_theta, s);
+    if (n == 1) {  // k's heads follow q's: one rotation for both
+      d.Rope(q, dev_pos, 1, c.num_heads + c.num_kv_heads, c.head_dim, c.rope_theta, s);
+    } else {
+      d.Rope(q, dev_pos, n, c.num_heads, c.head_dim, c.rope_theta, s);
+      d.Rope(kk, dev_pos, n, c.num_kv_heads, c.head_dim, c.rope_theta, s);
+    }
     // Each sequence's rows into its own cache, and attention over that cache alone.
     for (size_t i = 0; i < inputs.size(); ++i) {
       Sequence& seq = *inputs[i].sequence;

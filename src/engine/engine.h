@@ -283,7 +283,7 @@ class Engine {
   // Workspace for one chunk of C = max_tokens_per_forward tokens.
   std::unique_ptr<Buffer> rows_;                    // a chunk of n rows: their token ids [n], then positions [n]
   std::unique_ptr<Buffer> x_, h_, attn_, o_, moe_;  // [C, hidden] / [C, q_size]
-  std::unique_ptr<Buffer> q_, k_, v_;               // [C, q_size], [C, kv_size], [C, kv_size]
+  std::unique_ptr<Buffer> qkv_;                     // n rows: q [n, q_size], k and v [n, kv_size]
   std::unique_ptr<Buffer> router_logits_;           // [C, num_experts]
   // A chunk of n rows: the ids [n, k] (int32), then the weights [n, k]: the router's result in one copy.
   std::unique_ptr<Buffer> topk_;                      // 2 * C * k values

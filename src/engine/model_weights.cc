@@ -38,6 +38,10 @@ bool IsDecoderLinear(const TensorSpec& spec) {
   }
 }
 
+// What StackAttention stores as one stack: the attention's q, k and v projections; their biases.
+bool IsQkv(TensorRole r) { return r == TensorRole::kQ || r == TensorRole::kK || r == TensorRole::kV; }
+bool IsQkvBias(TensorRole r) { return r == TensorRole::kQBias || r == TensorRole::kKBias || r == TensorRole::kVBias; }
+
 float ElementToF32(const uint8_t* data, DType dtype, size_t i) {
   switch (dtype) {
     case DType::kF32: {
@@ -70,22 +74,28 @@ WeightQuant WeightSelection::QuantOf(const TensorSpec& spec) const {
   return quant;
 }
 
-absl::StatusOr<WeightRef> ModelWeights::UploadBytes(Device& device, const void* data, size_t bytes, DType dtype,
-                                                    const std::string& tag, bool sync) {
-  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buf, device.Allocate(bytes, tag));
-  device.CopyToDevice(buf->data(), data, bytes, nullptr);
-  if (sync) device.Synchronize(nullptr);  // the host bytes may be reused or freed
-  WeightRef ref{buf->data(), dtype};
-  device_bytes_ += bytes;
-  buffers_.push_back(std::move(buf));
-  return ref;
-}
+struct ModelWeights::HostWeight {
+  const void* data = nullptr;
+  size_t bytes = 0;
+  DType dtype = DType::kF32;
+  std::vector<uint8_t> owned;  // data's storage when converted or copied; empty when data is the source's
+  std::vector<float> scales;   // quantized: absmax per row (INT8) or per block (NF4)
+};
 
-absl::StatusOr<WeightRef> ModelWeights::Upload(TensorSource& source, Device& device, const TensorSpec& spec,
-                                               WeightQuant quant) {
+absl::StatusOr<ModelWeights::HostWeight> ModelWeights::Encode(TensorSource& source, const TensorSpec& spec,
+                                                              WeightQuant quant, bool own) {
   ODMOE_ASSIGN_OR_RETURN(SourceTensor t, source.Read(spec));
+  HostWeight w;
   if (quant == WeightQuant::kNone || !IsDecoderLinear(spec)) {
-    return UploadBytes(device, t.data, t.nbytes, t.dtype, spec.name, !source.stable());
+    w.dtype = t.dtype;
+    w.bytes = t.nbytes;
+    if (own) {
+      w.owned.assign(t.data, t.data + t.nbytes);
+      w.data = w.owned.data();
+    } else {
+      w.data = t.data;
+    }
+    return w;
   }
   if (t.dtype != DType::kF32 && t.dtype != DType::kF16 && t.dtype != DType::kBF16) {
     return absl::InvalidArgumentError(
@@ -94,29 +104,128 @@ absl::StatusOr<WeightRef> ModelWeights::Upload(TensorSource& source, Device& dev
   const int64_t rows = spec.shape[0], cols = spec.shape[1];
   const size_t count = static_cast<size_t>(rows * cols);
   if (quant == WeightQuant::kFp16) {
-    std::vector<uint16_t> half(count);
+    w.owned.resize(count * 2);
+    auto* half = reinterpret_cast<uint16_t*>(w.owned.data());
     for (size_t i = 0; i < count; ++i) half[i] = F32ToF16(ElementToF32(t.data, t.dtype, i));
-    return UploadBytes(device, half.data(), count * 2, DType::kF16, spec.name, /*sync=*/true);
-  }
-  std::vector<uint8_t> codes;
-  std::vector<float> scales;
-  DType dtype;
-  if (quant == WeightQuant::kInt8) {
-    codes.resize(count);
-    scales.resize(static_cast<size_t>(rows));
-    QuantizeInt8Rows(t.data, t.dtype, rows, cols, reinterpret_cast<int8_t*>(codes.data()), scales.data());
-    dtype = DType::kI8;
+    w.dtype = DType::kF16;
+  } else if (quant == WeightQuant::kInt8) {
+    w.owned.resize(count);
+    w.scales.resize(static_cast<size_t>(rows));
+    QuantizeInt8Rows(t.data, t.dtype, rows, cols, reinterpret_cast<int8_t*>(w.owned.data()), w.scales.data());
+    w.dtype = DType::kI8;
   } else {
-    codes.resize(static_cast<size_t>(rows * Nf4RowBytes(cols)));
-    scales.resize(static_cast<size_t>(rows * Nf4BlocksPerRow(cols)));
-    QuantizeNf4(t.data, t.dtype, rows, cols, codes.data(), scales.data());
-    dtype = DType::kU8;
+    w.owned.resize(static_cast<size_t>(rows * Nf4RowBytes(cols)));
+    w.scales.resize(static_cast<size_t>(rows * Nf4BlocksPerRow(cols)));
+    QuantizeNf4(t.data, t.dtype, rows, cols, w.owned.data(), w.scales.data());
+    w.dtype = DType::kU8;
   }
-  ODMOE_ASSIGN_OR_RETURN(WeightRef ref, UploadBytes(device, codes.data(), codes.size(), dtype, spec.name, true));
-  ODMOE_ASSIGN_OR_RETURN(WeightRef s, UploadBytes(device, scales.data(), scales.size() * sizeof(float), DType::kF32,
-                                                  StrCat(spec.name, " (absmax)"), true));
-  ref.scales = static_cast<const float*>(s.data);
-  return ref;
+  w.data = w.owned.data();
+  w.bytes = w.owned.size();
+  return w;
+}
+
+absl::StatusOr<std::vector<WeightRef>> ModelWeights::UploadParts(Device& device, const std::vector<HostWeight>& parts,
+                                                                 const std::string& tag, bool source_stable) {
+  size_t bytes = 0, scale_count = 0;
+  bool transient = !source_stable;  // some part's bytes die with `parts` or at the next Read
+  for (const HostWeight& p : parts) {
+    bytes += p.bytes;
+    scale_count += p.scales.size();
+    transient = transient || !p.owned.empty() || !p.scales.empty();
+  }
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buf, device.Allocate(bytes, tag));
+  std::unique_ptr<Buffer> scale_buf;
+  if (scale_count > 0) {
+    ODMOE_ASSIGN_OR_RETURN(scale_buf, device.Allocate(scale_count * sizeof(float), StrCat(tag, " (absmax)")));
+  }
+  std::vector<WeightRef> refs;
+  refs.push_back({buf->data(), parts.front().dtype, scale_buf ? scale_buf->as<float>() : nullptr});
+  size_t at = 0, scale_at = 0;
+  for (const HostWeight& p : parts) {
+    auto* dst = static_cast<uint8_t*>(buf->data()) + at;
+    device.CopyToDevice(dst, p.data, p.bytes, nullptr);
+    WeightRef ref{dst, p.dtype};
+    if (!p.scales.empty()) {
+      float* scales = scale_buf->as<float>() + scale_at;
+      device.CopyToDevice(scales, p.scales.data(), p.scales.size() * sizeof(float), nullptr);
+      ref.scales = scales;
+    }
+    refs.push_back(ref);
+    at += p.bytes;
+    scale_at += p.scales.size();
+  }
+  if (transient) device.Synchronize(nullptr);  // the host bytes are freed or reused next
+  device_bytes_ += bytes + scale_count * sizeof(float);
+  buffers_.push_back(std::move(buf));
+  if (scale_buf) buffers_.push_back(std::move(scale_buf));
+  return refs;
+}
+
+absl::StatusOr<WeightRef> ModelWeights::Upload(TensorSource& source, Device& device, const TensorSpec& spec,
+                                               WeightQuant quant) {
+  std::vector<HostWeight> parts;
+  ODMOE_ASSIGN_OR_RETURN(parts.emplace_back(), Encode(source, spec, quant, /*own=*/false));
+  ODMOE_ASSIGN_OR_RETURN(std::vector<WeightRef> refs, UploadParts(device, parts, spec.name, source.stable()));
+  return refs[1];
+}
+
+absl::StatusOr<bool> ModelWeights::Stackable(const TensorSource& source, const std::vector<const TensorSpec*>& specs,
+                                             WeightQuant quant) {
+  std::optional<DType> dtype;
+  for (const TensorSpec* spec : specs) {
+    ODMOE_ASSIGN_OR_RETURN(TensorMeta meta, source.Meta(*spec));
+    if (quant != WeightQuant::kNone && IsDecoderLinear(*spec)) {
+      // Rows of 16-byte multiples: FP16 rows of 8-element multiples, INT8 of 16; NF4 rows are 32-byte multiples.
+      const int64_t cols = spec->shape[1];
+      if ((quant == WeightQuant::kFp16 && cols % 8 != 0) || (quant == WeightQuant::kInt8 && cols % 16 != 0)) {
+        return false;
+      }
+      meta.dtype = quant == WeightQuant::kFp16 ? DType::kF16 : quant == WeightQuant::kInt8 ? DType::kI8 : DType::kU8;
+    } else if (meta.nbytes % 16 != 0) {
+      return false;
+    }
+    if (dtype.has_value() && *dtype != meta.dtype) return false;
+    dtype = meta.dtype;
+  }
+  return true;
+}
+
+absl::StatusOr<std::vector<WeightRef>> ModelWeights::UploadStacked(TensorSource& source, Device& device,
+                                                                   const std::vector<const TensorSpec*>& specs,
+                                                                   WeightQuant quant, const std::string& tag) {
+  std::vector<HostWeight> parts;
+  for (const TensorSpec* spec : specs) {
+    ODMOE_ASSIGN_OR_RETURN(parts.emplace_back(), Encode(source, *spec, quant, /*own=*/!source.stable()));
+  }
+  return UploadParts(device, parts, tag, source.stable());
+}
+
+absl::Status ModelWeights::StackAttention(TensorSource& source, Device& device,
+                                          const std::vector<const TensorSpec*>& weights,
+                                          const std::vector<const TensorSpec*>& biases,
+                                          const WeightSelection& selection, AttentionWeights& attn) {
+  if (weights.size() != 3 || (!biases.empty() && biases.size() != 3)) return absl::OkStatus();
+  const WeightQuant quant = selection.QuantOf(*weights[0]);
+  ODMOE_ASSIGN_OR_RETURN(bool stackable, Stackable(source, weights, quant));
+  if (stackable && !biases.empty()) {
+    ODMOE_ASSIGN_OR_RETURN(stackable, Stackable(source, biases, WeightQuant::kNone));
+  }
+  if (!stackable) return absl::OkStatus();  // Load stores them one by one
+  const std::string tag = StrCat(weights[0]->name, " (q, k, v)");
+  ODMOE_ASSIGN_OR_RETURN(std::vector<WeightRef> w, UploadStacked(source, device, weights, quant, tag));
+  attn.qkv = w[0];
+  attn.q = w[1];
+  attn.k = w[2];
+  attn.v = w[3];
+  if (!biases.empty()) {
+    ODMOE_ASSIGN_OR_RETURN(std::vector<WeightRef> b,
+                           UploadStacked(source, device, biases, WeightQuant::kNone, StrCat(tag, " bias")));
+    attn.qkv_bias = b[0];
+    attn.q_bias = b[1];
+    attn.k_bias = b[2];
+    attn.v_bias = b[3];
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConfig& config, Checkpoint& checkpoint,
@@ -139,7 +248,20 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     // Validate everything first so that a bad source fails before any device memory is used.
     const std::vector<TensorSpec> specs = NonExpertTensors(config);
     ODMOE_RETURN_IF_ERROR(source.Validate(specs));
+    // q, k and v of each layer (and their biases) are stored stacked where they can be (AttentionWeights::qkv).
+    std::vector<std::vector<const TensorSpec*>> qkv(w->layers_.size()), qkv_bias(w->layers_.size());
     for (const TensorSpec& spec : specs) {
+      if (IsQkv(spec.role)) qkv[static_cast<size_t>(spec.layer)].push_back(&spec);
+      if (IsQkvBias(spec.role)) qkv_bias[static_cast<size_t>(spec.layer)].push_back(&spec);
+    }
+    for (size_t l = 0; l < w->layers_.size(); ++l) {
+      ODMOE_RETURN_IF_ERROR(w->StackAttention(source, device, qkv[l], qkv_bias[l], selection, w->layers_[l].attn));
+    }
+    for (const TensorSpec& spec : specs) {
+      if ((IsQkv(spec.role) || IsQkvBias(spec.role)) &&
+          !w->layers_[static_cast<size_t>(spec.layer)].attn.qkv.empty()) {
+        continue;  // stored by StackAttention
+      }
       ODMOE_ASSIGN_OR_RETURN(WeightRef ref, w->Upload(source, device, spec, selection.QuantOf(spec)));
       LayerWeights* lw = spec.layer >= 0 ? &w->layers_[static_cast<size_t>(spec.layer)] : nullptr;
       switch (spec.role) {

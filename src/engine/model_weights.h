@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,10 @@ struct AttentionWeights {
   WeightRef q, k, v, o;                      // [q_size, h], [kv_size, h], [kv_size, h], [h, q_size]
   WeightRef q_bias, k_bias, v_bias, o_bias;  // empty when the architecture has none
   WeightRef q_norm, k_norm;                  // [head_dim] (per head) or [q_size]/[kv_size] (whole projection)
+  // q, k and v as one matrix [q_size + 2 kv_size, h] whose row blocks q, k and v are (and their biases likewise,
+  // when the architecture has them): one MatMul gives a token's [q | k | v], each row bitwise what its own
+  // matrix gives. Empty when they are stored apart (see ModelWeights::Stackable).
+  WeightRef qkv, qkv_bias;
 };
 
 struct LayerWeights {
@@ -93,9 +98,31 @@ class ModelWeights {
 
  private:
   explicit ModelWeights(const ModelConfig& config) : config_(config) {}
+  // One tensor in the form the device stores it, still in host memory (model_weights.cc).
+  struct HostWeight;
+  // Reads `spec` and converts it as `quant` says. own: copy bytes kept as they are out of the source (whose
+  // memory the next Read may reuse).
+  static absl::StatusOr<HostWeight> Encode(TensorSource& source, const TensorSpec& spec, WeightQuant quant, bool own);
+  // Copies `parts` into one new device allocation (their scales into another, when quantized); returns the
+  // allocation as a whole, then each part's view. Waits for the copies unless every part's bytes outlive them.
+  absl::StatusOr<std::vector<WeightRef>> UploadParts(Device& device, const std::vector<HostWeight>& parts,
+                                                     const std::string& tag, bool source_stable);
+  // One tensor in an allocation of its own.
   absl::StatusOr<WeightRef> Upload(TensorSource& source, Device& device, const TensorSpec& spec, WeightQuant quant);
-  absl::StatusOr<WeightRef> UploadBytes(Device& device, const void* data, size_t bytes, DType dtype,
-                                        const std::string& tag, bool sync);
+  // Whether `specs`, stored as `quant` says, can share one allocation (Load stacks them only then): their stored
+  // dtypes agree and each one's bytes are a multiple of 16, so the next one keeps the 16-byte alignment the
+  // GEMVs' vector loads want. Reads metadata only.
+  static absl::StatusOr<bool> Stackable(const TensorSource& source, const std::vector<const TensorSpec*>& specs,
+                                        WeightQuant quant);
+  // Stores Stackable `specs` one after another in one allocation; returns the stack, then each tensor's view.
+  absl::StatusOr<std::vector<WeightRef>> UploadStacked(TensorSource& source, Device& device,
+                                                       const std::vector<const TensorSpec*>& specs, WeightQuant quant,
+                                                       const std::string& tag);
+  // A layer's q, k, v (`weights`, in that order) and their biases as stacks, setting attn's qkv, qkv_bias and
+  // views; leaves attn as it is when they cannot be stacked (then Load stores them one by one).
+  absl::Status StackAttention(TensorSource& source, Device& device, const std::vector<const TensorSpec*>& weights,
+                              const std::vector<const TensorSpec*>& biases, const WeightSelection& selection,
+                              AttentionWeights& attn);
 
   ModelConfig config_;
   WeightRef embed_, final_norm_, lm_head_;

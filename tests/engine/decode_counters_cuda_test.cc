@@ -37,12 +37,13 @@ constexpr double kMaxHostSyncs = 1;
 // 23.4 before the KV cache was bf16; 25.4 when its K and V rows were written by two conversion kernels per layer
 // where two device-to-device copies (not counted as launches) wrote fp32 rows; now the routed experts are three
 // launches per layer (gate and up with SwiGLU, down, the ordered combine) where each of the 2 experts took 5
-// (3 GEMVs, SwiGLU, scatter-add): 18.4; 18.5 with the token picked on the device (one launch per token).
-constexpr double kMaxLaunchesPerLayer = 18.5;
+// (3 GEMVs, SwiGLU, scatter-add): 18.4; 18.5 with the token picked on the device (one launch per token); 15.5 since
+// one token's q, k and v come from one GEMV over the stacked projection and q and k take one RoPE launch.
+constexpr double kMaxLaunchesPerLayer = 15.5;
 // The kernels a replayed graph runs per layer: one more, the attention's split combine, which a graph holds
 // whenever the sequence's capacity may need it (here 61 positions: two 32-key splits) and which returns at once
-// while the context has one split; none of them launched by the host.
-constexpr double kMaxGraphKernelsPerLayer = 19.5;
+// while the context has one split; none of them launched by the host. 19.5 before q, k and v were stacked.
+constexpr double kMaxGraphKernelsPerLayer = 16.5;
 constexpr double kMaxPageableCopies =
     0;  // 17 before the router's result and the logits came back to page-locked memory
 // Bytes copied from the device into host memory per greedy decode token: the token's id alone (4 bytes a row) since

@@ -3,6 +3,7 @@
 #include "src/engine/engine.h"
 
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include "gtest/gtest.h"
@@ -267,6 +268,38 @@ TEST_P(EngineModelTest, QuantizedReplicaStaysCloseToTheModel) {
   EXPECT_LT(err[WeightQuant::kNf4], 1.5);
   EXPECT_LE(err[WeightQuant::kFp16], err[WeightQuant::kInt8]);
   EXPECT_LT(err[WeightQuant::kInt8], err[WeightQuant::kNf4]);
+}
+
+TEST_P(EngineModelTest, StackedQkvRowsAreTheProjectionsBitwise) {
+  // Each layer's q, k and v (and biases) are stored as one stack whose row blocks are the three matrices, so that
+  // one token's projections take one MatMul: each row must be bitwise what its own matrix gives, at every
+  // precision the shadow's replica may use.
+  auto checkpoint = Checkpoint::Open(odmoe::testing::SharedModel(GetParam()));
+  ASSERT_TRUE(checkpoint.ok());
+  auto config = LoadModelConfig(odmoe::testing::SharedModel(GetParam()));
+  ASSERT_TRUE(config.ok()) << config.status();
+  const int64_t h = config->hidden_size, qs = config->q_size(), kvs = config->kv_size();
+  std::vector<float> x(static_cast<size_t>(h));
+  for (int64_t i = 0; i < h; ++i) x[static_cast<size_t>(i)] = std::sin(0.37f * static_cast<float>(i + 1));
+  for (WeightQuant q : {WeightQuant::kNone, WeightQuant::kFp16, WeightQuant::kInt8, WeightQuant::kNf4}) {
+    auto device = CreateDevice("cpu");
+    ASSERT_TRUE(device.ok());
+    auto weights = ModelWeights::Load(*config, **checkpoint, **device, WeightSelection::Quantized(q));
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    for (int64_t l = 0; l < config->num_layers; ++l) {
+      const AttentionWeights& a = (*weights)->layer(l).attn;
+      ASSERT_FALSE(a.qkv.empty()) << "layer " << l;
+      EXPECT_EQ(a.q.data, a.qkv.data);
+      EXPECT_EQ(a.qkv_bias.empty(), !config->qkv_bias);
+      std::vector<float> stacked(static_cast<size_t>(qs + 2 * kvs)), apart(stacked.size());
+      (*device)->MatMul(x.data(), a.qkv, a.qkv_bias, 1, h, qs + 2 * kvs, stacked.data(), nullptr);
+      (*device)->MatMul(x.data(), a.q, a.q_bias, 1, h, qs, apart.data(), nullptr);
+      (*device)->MatMul(x.data(), a.k, a.k_bias, 1, h, kvs, apart.data() + qs, nullptr);
+      (*device)->MatMul(x.data(), a.v, a.v_bias, 1, h, kvs, apart.data() + qs + kvs, nullptr);
+      EXPECT_EQ(std::memcmp(stacked.data(), apart.data(), stacked.size() * sizeof(float)), 0)
+          << "layer " << l << ", quant " << static_cast<int>(q);
+    }
+  }
 }
 
 TEST(GroupByExpertTest, AscendingExpertsTokensInOrder) {

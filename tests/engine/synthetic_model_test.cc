@@ -60,6 +60,37 @@ TEST(SyntheticModelTest, DeepModelStaysFinite) {
   for (float x : r.last_logits) ASSERT_TRUE(std::isfinite(x));
 }
 
+TEST(SyntheticModelTest, QkvThatCannotBeStackedAreStoredApart) {
+  // One head of 2 and 130 hidden units: q's bf16 bytes (2 x 130 x 2 = 520) are not a multiple of 16, so k would
+  // start off the 16-byte alignment; q, k and v are stored apart, and the engine projects them one by one.
+  auto config = SyntheticModelConfig(TinySpec(5));
+  ASSERT_TRUE(config.ok()) << config.status();
+  config->hidden_size = 130;
+  config->num_heads = 1;
+  config->num_kv_heads = 1;
+  config->head_dim = 2;
+  auto device = CreateDevice("cpu");
+  ASSERT_TRUE(device.ok());
+  SyntheticSource source(*config, 5);
+  auto weights = ModelWeights::Load(*config, source, **device, WeightSelection::All());
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const AttentionWeights& a = (*weights)->layer(0).attn;
+  EXPECT_TRUE(a.qkv.empty());
+  EXPECT_FALSE(a.q.empty() || a.k.empty() || a.v.empty());
+  auto experts = LocalExpertExecutor::Create(**device, **weights, 64);
+  ASSERT_TRUE(experts.ok()) << experts.status();
+  auto engine = Engine::Create(**weights, **device, experts->get());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  GenerateOptions opt;
+  opt.max_new_tokens = 4;
+  opt.ignore_eos = true;
+  opt.keep_last_logits = true;
+  auto r = Generate(**engine, kPrompt, opt);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tokens.size(), 4u);
+  for (float v : r->last_logits) ASSERT_TRUE(std::isfinite(v));
+}
+
 TEST(SyntheticModelTest, SubsetLoadEqualsFullLoad) {
   auto config = SyntheticModelConfig(TinySpec(4));
   ASSERT_TRUE(config.ok()) << config.status();
