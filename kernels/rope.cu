@@ -3,13 +3,16 @@
 // evaluated in double and rounded once, i.e. the correctly rounded float32 power), then the block rotates the
 // (head, pair) elements of all heads, kBatch pairs per thread at a time with every load of a batch issued before
 // its stores (x is rotated in place, so the compiler cannot move a load above an earlier store; one pair at a
-// time cost a memory latency per pair: about 9 us for 32 heads of 128 on an H200, under Nsight Compute).
+// time cost a memory latency per pair: about 9 us for 32 heads of 128 on an H200, under Nsight Compute). The
+// first batch is loaded before the table is computed, so that its memory latency and the table's arithmetic
+// overlap; with 256 threads of 8 pairs, one decode token's q and k of up to 2048 pairs (e.g. 32 heads of 128)
+// are one batch.
 #include "kernels/rope.h"
 
 namespace odmoe::kernels {
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
 constexpr int kBatch = 8;
 
 __global__ void __launch_bounds__(kThreads)
@@ -18,6 +21,29 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ float table[];  // [half] cos, then [half] sin
   const int half = head_dim / 2;
   const int64_t t = blockIdx.x;
+  float* xt = x + t * heads * head_dim;
+  const int64_t pairs = heads * half;
+  // One batch of this thread's pairs: element e of the token (e = head * half + column) at xt[at] and
+  // xt[at + half].
+  float x1[kBatch];
+  float x2[kBatch];
+  int64_t at[kBatch];  // offset of the pair's first element in xt
+  int col[kBatch];     // its index in the head's first half
+  auto load = [&](int64_t e0) {
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t e = e0 + j * kThreads;
+      const int64_t h = e / half;
+      col[j] = static_cast<int>(e - h * half);
+      at[j] = h * head_dim + col[j];
+      if (e < pairs) {
+        x1[j] = xt[at[j]];
+        x2[j] = xt[at[j] + half];
+      }
+    }
+  };
+  // The first batch is in flight while the table is computed.
+  load(threadIdx.x);
   const float pos = static_cast<float>(positions[t]);
   for (int i = threadIdx.x; i < half; i += kThreads) {
     float inv_freq;
@@ -33,24 +59,8 @@ __global__ void __launch_bounds__(kThreads)
     table[half + i] = sinf(angle);
   }
   __syncthreads();
-  float* xt = x + t * heads * head_dim;
-  const int64_t pairs = heads * half;
   for (int64_t e0 = threadIdx.x; e0 < pairs; e0 += kThreads * kBatch) {
-    float x1[kBatch];
-    float x2[kBatch];
-    int64_t at[kBatch];  // offset of the pair's first element in xt
-    int col[kBatch];     // its index in the head's first half
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int64_t e = e0 + j * kThreads;
-      const int64_t h = e / half;
-      col[j] = static_cast<int>(e - h * half);
-      at[j] = h * head_dim + col[j];
-      if (e < pairs) {
-        x1[j] = xt[at[j]];
-        x2[j] = xt[at[j] + half];
-      }
-    }
+    if (e0 != threadIdx.x) load(e0);
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       if (e0 + j * kThreads < pairs) {

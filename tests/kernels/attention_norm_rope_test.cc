@@ -62,7 +62,7 @@ TEST_F(RopeKernelTest, MatchesCpuReference) {
   std::mt19937 rng(2);
   const std::vector<int32_t> all_positions = {0, 1, 7, 100, 4095, 4096, 32767};
   for (int64_t head_dim : {2, 32, 48, 64, 128, 256}) {
-    for (int64_t heads : {1, 3, 8}) {
+    for (int64_t heads : {1, 3, 8, 40}) {
       for (double theta : {10000.0, 1000000.0}) {
         const int64_t n = static_cast<int64_t>(all_positions.size());
         const std::string what = "head_dim=" + std::to_string(head_dim) + " heads=" + std::to_string(heads) +
