@@ -18,4 +18,11 @@ template <typename W>
 cudaError_t LaunchRmsNorm(const float* x, const W* weight, int64_t rows, int64_t dim, float eps, float* out,
                           cudaStream_t stream);
 
+// x[r, :] += delta[r, :], then out[r, :] = the RMSNorm of the new x[r, :] (as LaunchRmsNorm): a residual addition
+// and the norm after it in one pass over the row (rows of up to 8192; longer rows take LaunchAdd's and
+// LaunchRmsNorm's kernels), bitwise what those two give. x, delta, out: [rows, dim]; out must alias neither.
+template <typename W>
+cudaError_t LaunchAddRmsNorm(const float* delta, float* x, const W* weight, int64_t rows, int64_t dim, float eps,
+                             float* out, cudaStream_t stream);
+
 }  // namespace odmoe::kernels

@@ -846,6 +846,18 @@ class CudaDevice final : public Device {
     });
   }
 
+  void AddRmsNorm(const float* delta, float* x, WeightRef weight, int64_t rows, int64_t dim, float eps, float* out,
+                  Stream* stream) override {
+    CountOp("AddRmsNorm");
+    ODMOE_CHECK(rows >= 0 && dim > 0);
+    if (rows == 0) return;
+    ODMOE_CHECK(delta != nullptr && x != nullptr && !weight.empty() && out != nullptr && out != x && out != delta);
+    UseDevice(ordinal_);
+    WithWeightType(weight, [&](auto* w) {
+      ODMOE_CUDA_LAUNCH(kernels::LaunchAddRmsNorm(delta, x, w, rows, dim, eps, out, S(stream)->get()));
+    });
+  }
+
   void MatMul(const float* x, WeightRef w, WeightRef bias, int64_t n, int64_t in_dim, int64_t out_dim, float* y,
               Stream* stream) override {
     CountOp("MatMul");

@@ -28,6 +28,12 @@ void Device::RoutedExperts(const ExpertTable& table, int64_t layer, const float*
   ODMOE_CHECK(false && "RoutedExperts on a device whose RoutedExpertsMaxTokens() is 0");
 }
 
+void Device::AddRmsNorm(const float* delta, float* x, WeightRef weight, int64_t rows, int64_t dim, float eps,
+                        float* out, Stream* stream) {
+  Add(delta, rows * dim, x, stream);
+  RmsNorm(x, weight, rows, dim, eps, out, stream);
+}
+
 absl::StatusOr<std::unique_ptr<Graph>> Device::CaptureGraph(Stream* stream,
                                                             const std::function<absl::Status()>& enqueue) {
   (void)stream, (void)enqueue;

@@ -262,6 +262,11 @@ class Device {
   // out[i, :] = x[i, :] / sqrt(mean(x[i, :]^2) + eps) * weight. x, out: [rows, dim] (may alias).
   virtual void RmsNorm(const float* x, WeightRef weight, int64_t rows, int64_t dim, float eps, float* out,
                        Stream* stream) = 0;
+  // x += delta, then out = RmsNorm(x) (all [rows, dim]): a residual addition and the norm after it, bitwise what
+  // Add then RmsNorm give (the default does that; a device may do both in one pass). out aliases neither x nor
+  // delta.
+  virtual void AddRmsNorm(const float* delta, float* x, WeightRef weight, int64_t rows, int64_t dim, float eps,
+                          float* out, Stream* stream);
   // y[n, out_dim] = x[n, in_dim] * w[out_dim, in_dim]^T (+ bias[out_dim] when given). y must not alias x.
   // A quantized w gives exactly what the same call gives with w dequantized to fp32 (quantize.h) on the CPU
   // devices; on CUDA, the dequantizing kernels (fp32 accumulation, summation order of their own).

@@ -528,7 +528,8 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
     const LayerWeights& lw = weights_.layer(l);
     const AttentionWeights& a = lw.attn;
     // ---- attention
-    d.RmsNorm(x, lw.input_norm, n, hidden, static_cast<float>(c.rms_norm_eps), h, s);
+    // (A later layer's input norm came with the previous layer's residual addition, below.)
+    if (l == 0) d.RmsNorm(x, lw.input_norm, n, hidden, static_cast<float>(c.rms_norm_eps), h, s);
     // [n, q_size], then [n, kv_size] twice: with one token, [q | k | v] is one row of the stacked projection.
     float* q = qkv_->as<float>();
     float* kk = q + n * c.q_size();
@@ -574,10 +575,8 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
       }
     }
     d.MatMul(attn_->as<float>(), a.o, a.o_bias, n, c.q_size(), hidden, o_->as<float>(), s);
-    d.Add(o_->as<float>(), n * hidden, x, s);
-
-    // ---- MLP
-    d.RmsNorm(x, lw.post_norm, n, hidden, static_cast<float>(c.rms_norm_eps), h, s);
+    // ---- MLP: x += the attention's output, h = the post-attention norm of x
+    d.AddRmsNorm(o_->as<float>(), x, lw.post_norm, n, hidden, static_cast<float>(c.rms_norm_eps), h, s);
     float* moe = moe_->as<float>();
     if (lw.sparse) {
       int32_t* dev_ids = topk_->as<int32_t>();          // [n, k]
@@ -608,7 +607,12 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
     } else {
       RunMlp(d, lw.dense, h, n, hidden, *mlp_ws_, moe, s);
     }
-    d.Add(moe, n * hidden, x, s);
+    // x += the MLP's output; h = the next layer's input norm of x
+    if (l + 1 < c.num_layers) {
+      d.AddRmsNorm(moe, x, weights_.layer(l + 1).input_norm, n, hidden, static_cast<float>(c.rms_norm_eps), h, s);
+    } else {
+      d.Add(moe, n * hidden, x, s);
+    }
   }
   EnqueueOutputs(chunk, x);
   return absl::OkStatus();

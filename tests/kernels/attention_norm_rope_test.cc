@@ -34,7 +34,8 @@ TEST_F(RmsNormKernelTest, MatchesCpuReference) {
   std::mt19937 rng(1);
   for (DType dtype : gpu_test::kWeightTypes) {
     for (int64_t rows : {1, 3, 17}) {
-      for (int64_t dim : {1, 7, 64, 127, 1000, 4096}) {
+      // Each of LaunchRmsNorm's kernels, at and past its largest row: 256, 2048, 4096 and 8192 held in registers.
+      for (int64_t dim : {1, 7, 64, 127, 256, 257, 1000, 2048, 2049, 4096, 8192, 8193}) {
         const std::string what =
             std::string(DTypeName(dtype)) + " rows=" + std::to_string(rows) + " dim=" + std::to_string(dim);
         const std::vector<float> x = RandomFloats(static_cast<size_t>(rows * dim), rng, -3.0f, 3.0f);
@@ -51,6 +52,36 @@ TEST_F(RmsNormKernelTest, MatchesCpuReference) {
         Sync();
         ExpectClose(dout.Download(), want, 1e-6, 1e-5, what);
         ExpectClose(dx.Download(), want, 1e-6, 1e-5, what + " in place");
+      }
+    }
+  }
+}
+
+TEST_F(RmsNormKernelTest, AddRmsNormIsAddThenRmsNormBitwise) {
+  std::mt19937 rng(3);
+  for (DType dtype : gpu_test::kWeightTypes) {
+    for (int64_t rows : {1, 5}) {
+      for (int64_t dim : {7, 256, 257, 4096, 8192, 8193}) {
+        const std::string what =
+            std::string(DTypeName(dtype)) + " rows=" + std::to_string(rows) + " dim=" + std::to_string(dim);
+        const std::vector<float> x = RandomFloats(static_cast<size_t>(rows * dim), rng, -3.0f, 3.0f);
+        const std::vector<float> delta = RandomFloats(x.size(), rng, -1.0f, 1.0f);
+        TestWeight w(dtype, RandomFloats(static_cast<size_t>(dim), rng, 0.5f, 1.5f));
+        DeviceArray<float> dd(delta);
+        DeviceArray<float> x_two(x), x_one(x);
+        DeviceArray<float> out_two(x.size()), out_one(x.size());
+        gpu_test::WithDeviceType(w, [&](auto* wp) {
+          ODMOE_ASSERT_CUDA(kernels::LaunchAdd(dd.get(), rows * dim, x_two.get(), stream_));
+          ODMOE_ASSERT_CUDA(kernels::LaunchRmsNorm(x_two.get(), wp, rows, dim, 1e-6f, out_two.get(), stream_));
+          ODMOE_ASSERT_CUDA(
+              kernels::LaunchAddRmsNorm(dd.get(), x_one.get(), wp, rows, dim, 1e-6f, out_one.get(), stream_));
+        });
+        Sync();
+        const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+          return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+        };
+        EXPECT_TRUE(same_bits(x_one.Download(), x_two.Download())) << what << ": the residual";
+        EXPECT_TRUE(same_bits(out_one.Download(), out_two.Download())) << what << ": the norm";
       }
     }
   }
