@@ -13,6 +13,7 @@
 #include "src/backend/device_factory.h"
 #include "src/cluster/client.h"
 #include "src/common/json.h"
+#include "src/common/limits.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/engine/generator.h"
@@ -238,7 +239,11 @@ TEST_F(ShadowTest, ConcurrentRequestsAreEachPredictedInOneBatch) {
   EXPECT_GT(shadow.batch_rows(), shadow.batch_forwards()) << "the shadow never ran two requests together";
   EXPECT_EQ(shadow.positions_decoded(), shadow.batch_rows());
   EXPECT_EQ(shadow.rollbacks(), 0u);
-  EXPECT_GT(main.timely_recall(), 0.0);
+  // Whether any prediction came in time is a matter of speed: four requests on a sanitizer build of a loaded
+  // machine can leave the shadow late for every layer (ASan in CI, once). Asserted on the plain build.
+  if (kBuildSlowdown == 1) {
+    EXPECT_GT(main.timely_recall(), 0.0);
+  }
 }
 
 TEST_F(ShadowTest, EarlyDepartureRunsAheadOnItsGuessAndRollsBackOnAMiss) {
