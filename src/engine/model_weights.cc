@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
+#include <set>
 
 #include "src/backend/quantize.h"
 #include "src/common/status.h"
@@ -37,10 +39,6 @@ bool IsDecoderLinear(const TensorSpec& spec) {
       return false;
   }
 }
-
-// What StackAttention stores as one stack: the attention's q, k and v projections; their biases.
-bool IsQkv(TensorRole r) { return r == TensorRole::kQ || r == TensorRole::kK || r == TensorRole::kV; }
-bool IsQkvBias(TensorRole r) { return r == TensorRole::kQBias || r == TensorRole::kKBias || r == TensorRole::kVBias; }
 
 float ElementToF32(const uint8_t* data, DType dtype, size_t i) {
   switch (dtype) {
@@ -200,30 +198,58 @@ absl::StatusOr<std::vector<WeightRef>> ModelWeights::UploadStacked(TensorSource&
   return UploadParts(device, parts, tag, source.stable());
 }
 
-absl::Status ModelWeights::StackAttention(TensorSource& source, Device& device,
-                                          const std::vector<const TensorSpec*>& weights,
-                                          const std::vector<const TensorSpec*>& biases,
-                                          const WeightSelection& selection, AttentionWeights& attn) {
-  if (weights.size() != 3 || (!biases.empty() && biases.size() != 3)) return absl::OkStatus();
-  const WeightQuant quant = selection.QuantOf(*weights[0]);
-  ODMOE_ASSIGN_OR_RETURN(bool stackable, Stackable(source, weights, quant));
-  if (stackable && !biases.empty()) {
-    ODMOE_ASSIGN_OR_RETURN(stackable, Stackable(source, biases, WeightQuant::kNone));
+absl::Status ModelWeights::StackLayer(TensorSource& source, Device& device,
+                                      const std::map<TensorRole, const TensorSpec*>& specs,
+                                      const WeightSelection& selection, LayerWeights& lw,
+                                      std::set<const TensorSpec*>& stacked) {
+  // The specs of `roles`, or none unless the layer has all of them.
+  const auto group = [&](std::initializer_list<TensorRole> roles) {
+    std::vector<const TensorSpec*> g;
+    for (TensorRole r : roles) {
+      if (auto it = specs.find(r); it != specs.end()) g.push_back(it->second);
+    }
+    return g.size() == roles.size() ? g : std::vector<const TensorSpec*>{};
+  };
+  const std::vector<const TensorSpec*> qkv = group({TensorRole::kQ, TensorRole::kK, TensorRole::kV});
+  const std::vector<const TensorSpec*> bias = group({TensorRole::kQBias, TensorRole::kKBias, TensorRole::kVBias});
+  const bool has_bias = specs.contains(TensorRole::kQBias);
+  if (!qkv.empty() && has_bias == !bias.empty()) {
+    // Weights and biases both, or neither: a stacked matrix with biases apart would need three bias additions.
+    const WeightQuant quant = selection.QuantOf(*qkv[0]);
+    ODMOE_ASSIGN_OR_RETURN(bool stackable, Stackable(source, qkv, quant));
+    if (stackable && has_bias) {
+      ODMOE_ASSIGN_OR_RETURN(stackable, Stackable(source, bias, WeightQuant::kNone));
+    }
+    if (stackable) {
+      const std::string tag = StrCat(qkv[0]->name, " (q, k, v)");
+      ODMOE_ASSIGN_OR_RETURN(std::vector<WeightRef> w, UploadStacked(source, device, qkv, quant, tag));
+      AttentionWeights& a = lw.attn;
+      a.qkv = w[0], a.q = w[1], a.k = w[2], a.v = w[3];
+      stacked.insert(qkv.begin(), qkv.end());
+      if (has_bias) {
+        ODMOE_ASSIGN_OR_RETURN(w, UploadStacked(source, device, bias, WeightQuant::kNone, StrCat(tag, " bias")));
+        a.qkv_bias = w[0], a.q_bias = w[1], a.k_bias = w[2], a.v_bias = w[3];
+        stacked.insert(bias.begin(), bias.end());
+      }
+    }
   }
-  if (!stackable) return absl::OkStatus();  // Load stores them one by one
-  const std::string tag = StrCat(weights[0]->name, " (q, k, v)");
-  ODMOE_ASSIGN_OR_RETURN(std::vector<WeightRef> w, UploadStacked(source, device, weights, quant, tag));
-  attn.qkv = w[0];
-  attn.q = w[1];
-  attn.k = w[2];
-  attn.v = w[3];
-  if (!biases.empty()) {
-    ODMOE_ASSIGN_OR_RETURN(std::vector<WeightRef> b,
-                           UploadStacked(source, device, biases, WeightQuant::kNone, StrCat(tag, " bias")));
-    attn.qkv_bias = b[0];
-    attn.q_bias = b[1];
-    attn.k_bias = b[2];
-    attn.v_bias = b[3];
+  const struct {
+    MlpWeights* mlp;
+    TensorRole gate, up;
+    int64_t intermediate;
+  } mlps[] = {{&lw.shared, TensorRole::kSharedGate, TensorRole::kSharedUp, config_.shared_expert_intermediate_size},
+              {&lw.dense, TensorRole::kDenseGate, TensorRole::kDenseUp, config_.dense_intermediate_size}};
+  for (const auto& m : mlps) {
+    const std::vector<const TensorSpec*> gate_up = group({m.gate, m.up});
+    if (gate_up.empty()) continue;
+    const WeightQuant quant = selection.QuantOf(*gate_up[0]);
+    ODMOE_ASSIGN_OR_RETURN(bool stackable, Stackable(source, gate_up, quant));
+    if (!stackable) continue;
+    ODMOE_ASSIGN_OR_RETURN(std::vector<WeightRef> w,
+                           UploadStacked(source, device, gate_up, quant, StrCat(gate_up[0]->name, " (gate, up)")));
+    m.mlp->gate_up = w[0], m.mlp->gate = w[1], m.mlp->up = w[2];
+    m.mlp->intermediate = m.intermediate;
+    stacked.insert(gate_up.begin(), gate_up.end());
   }
   return absl::OkStatus();
 }
@@ -248,20 +274,17 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const ModelConf
     // Validate everything first so that a bad source fails before any device memory is used.
     const std::vector<TensorSpec> specs = NonExpertTensors(config);
     ODMOE_RETURN_IF_ERROR(source.Validate(specs));
-    // q, k and v of each layer (and their biases) are stored stacked where they can be (AttentionWeights::qkv).
-    std::vector<std::vector<const TensorSpec*>> qkv(w->layers_.size()), qkv_bias(w->layers_.size());
+    // What one token's projection reads together is stored as one stack where it can be (StackLayer).
+    std::vector<std::map<TensorRole, const TensorSpec*>> by_role(w->layers_.size());
     for (const TensorSpec& spec : specs) {
-      if (IsQkv(spec.role)) qkv[static_cast<size_t>(spec.layer)].push_back(&spec);
-      if (IsQkvBias(spec.role)) qkv_bias[static_cast<size_t>(spec.layer)].push_back(&spec);
+      if (spec.layer >= 0) by_role[static_cast<size_t>(spec.layer)][spec.role] = &spec;
     }
+    std::set<const TensorSpec*> stacked;
     for (size_t l = 0; l < w->layers_.size(); ++l) {
-      ODMOE_RETURN_IF_ERROR(w->StackAttention(source, device, qkv[l], qkv_bias[l], selection, w->layers_[l].attn));
+      ODMOE_RETURN_IF_ERROR(w->StackLayer(source, device, by_role[l], selection, w->layers_[l], stacked));
     }
     for (const TensorSpec& spec : specs) {
-      if ((IsQkv(spec.role) || IsQkvBias(spec.role)) &&
-          !w->layers_[static_cast<size_t>(spec.layer)].attn.qkv.empty()) {
-        continue;  // stored by StackAttention
-      }
+      if (stacked.contains(&spec)) continue;
       ODMOE_ASSIGN_OR_RETURN(WeightRef ref, w->Upload(source, device, spec, selection.QuantOf(spec)));
       LayerWeights* lw = spec.layer >= 0 ? &w->layers_[static_cast<size_t>(spec.layer)] : nullptr;
       switch (spec.role) {

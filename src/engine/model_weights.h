@@ -5,8 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
-#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,10 @@ struct MlpWeights {
   WeightRef gate;  // [intermediate, hidden]
   WeightRef up;    // [intermediate, hidden]
   WeightRef down;  // [hidden, intermediate]
+  // gate and up as one matrix [2 intermediate, hidden] whose row blocks they are: one MatMul gives a token's
+  // [gate | up]. Set for shared experts and dense MLPs that could be stacked (ModelWeights::Stackable); empty
+  // otherwise, and for routed experts.
+  WeightRef gate_up;
   int64_t intermediate = 0;
   bool present() const { return intermediate > 0; }
 };
@@ -118,11 +123,12 @@ class ModelWeights {
   absl::StatusOr<std::vector<WeightRef>> UploadStacked(TensorSource& source, Device& device,
                                                        const std::vector<const TensorSpec*>& specs, WeightQuant quant,
                                                        const std::string& tag);
-  // A layer's q, k, v (`weights`, in that order) and their biases as stacks, setting attn's qkv, qkv_bias and
-  // views; leaves attn as it is when they cannot be stacked (then Load stores them one by one).
-  absl::Status StackAttention(TensorSource& source, Device& device, const std::vector<const TensorSpec*>& weights,
-                              const std::vector<const TensorSpec*>& biases, const WeightSelection& selection,
-                              AttentionWeights& attn);
+  // Stores, from a layer's non-expert `specs`, what one token's projection reads together as one stack each, where
+  // Stackable: q, k and v (with their biases, when the architecture has them: AttentionWeights::qkv, qkv_bias);
+  // the gate and up of its shared expert or dense MLP (MlpWeights::gate_up). Sets their views in `lw` and adds
+  // the specs stored to `stacked`; Load stores the others one by one.
+  absl::Status StackLayer(TensorSource& source, Device& device, const std::map<TensorRole, const TensorSpec*>& specs,
+                          const WeightSelection& selection, LayerWeights& lw, std::set<const TensorSpec*>& stacked);
 
   ModelConfig config_;
   WeightRef embed_, final_norm_, lm_head_;

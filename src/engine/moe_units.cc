@@ -10,9 +10,8 @@ namespace odmoe {
 absl::StatusOr<std::unique_ptr<MlpWorkspace>> MlpWorkspace::Create(Device& device, int64_t max_tokens,
                                                                    int64_t max_intermediate) {
   std::unique_ptr<MlpWorkspace> ws(new MlpWorkspace());
-  const size_t bytes = static_cast<size_t>(max_tokens * max_intermediate) * sizeof(float);
-  ODMOE_ASSIGN_OR_RETURN(ws->gate_, device.Allocate(bytes, "mlp workspace (gate)"));
-  ODMOE_ASSIGN_OR_RETURN(ws->up_, device.Allocate(bytes, "mlp workspace (up)"));
+  const size_t bytes = static_cast<size_t>(2 * max_tokens * max_intermediate) * sizeof(float);
+  ODMOE_ASSIGN_OR_RETURN(ws->buffer_, device.Allocate(bytes, "mlp workspace (gate, up)"));
   ws->max_tokens_ = max_tokens;
   ws->max_intermediate_ = max_intermediate;
   return ws;
@@ -23,6 +22,13 @@ void RunMlp(Device& device, const MlpWeights& mlp, const float* x, int64_t n, in
   ODMOE_CHECK(mlp.present());
   ODMOE_CHECK(n <= ws.max_tokens() && mlp.intermediate <= ws.max_intermediate());
   const int64_t inter = mlp.intermediate;
+  if (n == 1 && !mlp.gate_up.empty()) {  // [gate | up] is one row of the stacked projection
+    float* gate_up = ws.gate();
+    device.MatMul(x, mlp.gate_up, {}, 1, hidden, 2 * inter, gate_up, stream);
+    device.SwiGlu(gate_up, gate_up + inter, inter, gate_up, stream);
+    device.MatMul(gate_up, mlp.down, {}, 1, inter, hidden, out, stream);
+    return;
+  }
   device.MatMul(x, mlp.gate, {}, n, hidden, inter, ws.gate(), stream);
   device.MatMul(x, mlp.up, {}, n, hidden, inter, ws.up(), stream);
   device.SwiGlu(ws.gate(), ws.up(), n * inter, ws.gate(), stream);

@@ -23,19 +23,22 @@ class MlpWorkspace {
  public:
   static absl::StatusOr<std::unique_ptr<MlpWorkspace>> Create(Device& device, int64_t max_tokens,
                                                               int64_t max_intermediate);
-  float* gate() { return gate_->as<float>(); }
-  float* up() { return up_->as<float>(); }
+  // [max_tokens, max_intermediate] each, gate then up in one allocation (so 2 x max_intermediate floats from
+  // gate() hold one token's [gate | up]).
+  float* gate() { return buffer_->as<float>(); }
+  float* up() { return gate() + max_tokens_ * max_intermediate_; }
   int64_t max_tokens() const { return max_tokens_; }
   int64_t max_intermediate() const { return max_intermediate_; }
-  uint64_t bytes() const { return gate_->size() + up_->size(); }
+  uint64_t bytes() const { return buffer_->size(); }
 
  private:
   MlpWorkspace() = default;
-  std::unique_ptr<Buffer> gate_, up_;
+  std::unique_ptr<Buffer> buffer_;
   int64_t max_tokens_ = 0, max_intermediate_ = 0;
 };
 
-// out[n, hidden] = down(silu(gate(x)) * up(x)) for x: [n, hidden]. out must not alias x.
+// out[n, hidden] = down(silu(gate(x)) * up(x)) for x: [n, hidden]; one token through mlp.gate_up when it is set
+// (the same bits). out must not alias x.
 // REQUIRES: n <= ws.max_tokens(), mlp.intermediate <= ws.max_intermediate().
 void RunMlp(Device& device, const MlpWeights& mlp, const float* x, int64_t n, int64_t hidden, MlpWorkspace& ws,
             float* out, Stream* stream);

@@ -270,10 +270,10 @@ TEST_P(EngineModelTest, QuantizedReplicaStaysCloseToTheModel) {
   EXPECT_LT(err[WeightQuant::kInt8], err[WeightQuant::kNf4]);
 }
 
-TEST_P(EngineModelTest, StackedQkvRowsAreTheProjectionsBitwise) {
-  // Each layer's q, k and v (and biases) are stored as one stack whose row blocks are the three matrices, so that
-  // one token's projections take one MatMul: each row must be bitwise what its own matrix gives, at every
-  // precision the shadow's replica may use.
+TEST_P(EngineModelTest, StackedProjectionsAreTheirMatricesBitwise) {
+  // Each layer's q, k and v (and biases), and the gate and up of a shared expert or dense MLP, are stored as one
+  // stack whose row blocks are the matrices, so that one token's projections take one MatMul: each row must be
+  // bitwise what its own matrix gives, at every precision the shadow's replica may use.
   auto checkpoint = Checkpoint::Open(odmoe::testing::SharedModel(GetParam()));
   ASSERT_TRUE(checkpoint.ok());
   auto config = LoadModelConfig(odmoe::testing::SharedModel(GetParam()));
@@ -281,6 +281,7 @@ TEST_P(EngineModelTest, StackedQkvRowsAreTheProjectionsBitwise) {
   const int64_t h = config->hidden_size, qs = config->q_size(), kvs = config->kv_size();
   std::vector<float> x(static_cast<size_t>(h));
   for (int64_t i = 0; i < h; ++i) x[static_cast<size_t>(i)] = std::sin(0.37f * static_cast<float>(i + 1));
+  int mlps = 0;  // shared experts and dense MLPs seen
   for (WeightQuant q : {WeightQuant::kNone, WeightQuant::kFp16, WeightQuant::kInt8, WeightQuant::kNf4}) {
     auto device = CreateDevice("cpu");
     ASSERT_TRUE(device.ok());
@@ -298,8 +299,23 @@ TEST_P(EngineModelTest, StackedQkvRowsAreTheProjectionsBitwise) {
       (*device)->MatMul(x.data(), a.v, a.v_bias, 1, h, kvs, apart.data() + qs + kvs, nullptr);
       EXPECT_EQ(std::memcmp(stacked.data(), apart.data(), stacked.size() * sizeof(float)), 0)
           << "layer " << l << ", quant " << static_cast<int>(q);
+      for (const MlpWeights* m : {&(*weights)->layer(l).shared, &(*weights)->layer(l).dense}) {
+        if (!m->present()) continue;
+        ++mlps;
+        ASSERT_FALSE(m->gate_up.empty()) << "layer " << l;
+        const int64_t inter = m->intermediate;
+        std::vector<float> gu(static_cast<size_t>(2 * inter)), gu_apart(gu.size());
+        (*device)->MatMul(x.data(), m->gate_up, {}, 1, h, 2 * inter, gu.data(), nullptr);
+        (*device)->MatMul(x.data(), m->gate, {}, 1, h, inter, gu_apart.data(), nullptr);
+        (*device)->MatMul(x.data(), m->up, {}, 1, h, inter, gu_apart.data() + inter, nullptr);
+        EXPECT_EQ(std::memcmp(gu.data(), gu_apart.data(), gu.size() * sizeof(float)), 0)
+            << "layer " << l << ", quant " << static_cast<int>(q) << ": gate and up";
+      }
     }
   }
+  bool has_mlps = config->shared_expert_intermediate_size > 0;
+  for (int64_t l = 0; l < config->num_layers; ++l) has_mlps = has_mlps || !config->IsSparseLayer(l);
+  EXPECT_EQ(mlps > 0, has_mlps);
 }
 
 TEST(GroupByExpertTest, AscendingExpertsTokensInOrder) {
