@@ -40,6 +40,11 @@ bool IsDecoderLinear(const TensorSpec& spec) {
   }
 }
 
+// The dtype a decoder-layer weight is stored in under `quant` (not kNone).
+DType QuantizedDType(WeightQuant quant) {
+  return quant == WeightQuant::kFp16 ? DType::kF16 : quant == WeightQuant::kInt8 ? DType::kI8 : DType::kU8;
+}
+
 float ElementToF32(const uint8_t* data, DType dtype, size_t i) {
   switch (dtype) {
     case DType::kF32: {
@@ -105,18 +110,16 @@ absl::StatusOr<ModelWeights::HostWeight> ModelWeights::Encode(TensorSource& sour
     w.owned.resize(count * 2);
     auto* half = reinterpret_cast<uint16_t*>(w.owned.data());
     for (size_t i = 0; i < count; ++i) half[i] = F32ToF16(ElementToF32(t.data, t.dtype, i));
-    w.dtype = DType::kF16;
   } else if (quant == WeightQuant::kInt8) {
     w.owned.resize(count);
     w.scales.resize(static_cast<size_t>(rows));
     QuantizeInt8Rows(t.data, t.dtype, rows, cols, reinterpret_cast<int8_t*>(w.owned.data()), w.scales.data());
-    w.dtype = DType::kI8;
   } else {
     w.owned.resize(static_cast<size_t>(rows * Nf4RowBytes(cols)));
     w.scales.resize(static_cast<size_t>(rows * Nf4BlocksPerRow(cols)));
     QuantizeNf4(t.data, t.dtype, rows, cols, w.owned.data(), w.scales.data());
-    w.dtype = DType::kU8;
   }
+  w.dtype = QuantizedDType(quant);
   w.data = w.owned.data();
   w.bytes = w.owned.size();
   return w;
@@ -178,7 +181,7 @@ absl::StatusOr<bool> ModelWeights::Stackable(const TensorSource& source, const s
       if ((quant == WeightQuant::kFp16 && cols % 8 != 0) || (quant == WeightQuant::kInt8 && cols % 16 != 0)) {
         return false;
       }
-      meta.dtype = quant == WeightQuant::kFp16 ? DType::kF16 : quant == WeightQuant::kInt8 ? DType::kI8 : DType::kU8;
+      meta.dtype = QuantizedDType(quant);
     } else if (meta.nbytes % 16 != 0) {
       return false;
     }

@@ -3,13 +3,13 @@
 #include "src/engine/engine.h"
 
 #include <cmath>
-#include <cstring>
 #include <map>
 
 #include "gtest/gtest.h"
 #include "src/backend/cpu_kernels.h"
 #include "src/backend/device_factory.h"
 #include "src/engine/generator.h"
+#include "tests/engine/stacked_projections_check.h"
 #include "tests/test_support.h"
 
 namespace odmoe {
@@ -274,48 +274,7 @@ TEST_P(EngineModelTest, StackedProjectionsAreTheirMatricesBitwise) {
   // Each layer's q, k and v (and biases), and the gate and up of a shared expert or dense MLP, are stored as one
   // stack whose row blocks are the matrices, so that one token's projections take one MatMul: each row must be
   // bitwise what its own matrix gives, at every precision the shadow's replica may use.
-  auto checkpoint = Checkpoint::Open(odmoe::testing::SharedModel(GetParam()));
-  ASSERT_TRUE(checkpoint.ok());
-  auto config = LoadModelConfig(odmoe::testing::SharedModel(GetParam()));
-  ASSERT_TRUE(config.ok()) << config.status();
-  const int64_t h = config->hidden_size, qs = config->q_size(), kvs = config->kv_size();
-  std::vector<float> x(static_cast<size_t>(h));
-  for (int64_t i = 0; i < h; ++i) x[static_cast<size_t>(i)] = std::sin(0.37f * static_cast<float>(i + 1));
-  int mlps = 0;  // shared experts and dense MLPs seen
-  for (WeightQuant q : {WeightQuant::kNone, WeightQuant::kFp16, WeightQuant::kInt8, WeightQuant::kNf4}) {
-    auto device = CreateDevice("cpu");
-    ASSERT_TRUE(device.ok());
-    auto weights = ModelWeights::Load(*config, **checkpoint, **device, WeightSelection::Quantized(q));
-    ASSERT_TRUE(weights.ok()) << weights.status();
-    for (int64_t l = 0; l < config->num_layers; ++l) {
-      const AttentionWeights& a = (*weights)->layer(l).attn;
-      ASSERT_FALSE(a.qkv.empty()) << "layer " << l;
-      EXPECT_EQ(a.q.data, a.qkv.data);
-      EXPECT_EQ(a.qkv_bias.empty(), !config->qkv_bias);
-      std::vector<float> stacked(static_cast<size_t>(qs + 2 * kvs)), apart(stacked.size());
-      (*device)->MatMul(x.data(), a.qkv, a.qkv_bias, 1, h, qs + 2 * kvs, stacked.data(), nullptr);
-      (*device)->MatMul(x.data(), a.q, a.q_bias, 1, h, qs, apart.data(), nullptr);
-      (*device)->MatMul(x.data(), a.k, a.k_bias, 1, h, kvs, apart.data() + qs, nullptr);
-      (*device)->MatMul(x.data(), a.v, a.v_bias, 1, h, kvs, apart.data() + qs + kvs, nullptr);
-      EXPECT_EQ(std::memcmp(stacked.data(), apart.data(), stacked.size() * sizeof(float)), 0)
-          << "layer " << l << ", quant " << static_cast<int>(q);
-      for (const MlpWeights* m : {&(*weights)->layer(l).shared, &(*weights)->layer(l).dense}) {
-        if (!m->present()) continue;
-        ++mlps;
-        ASSERT_FALSE(m->gate_up.empty()) << "layer " << l;
-        const int64_t inter = m->intermediate;
-        std::vector<float> gu(static_cast<size_t>(2 * inter)), gu_apart(gu.size());
-        (*device)->MatMul(x.data(), m->gate_up, {}, 1, h, 2 * inter, gu.data(), nullptr);
-        (*device)->MatMul(x.data(), m->gate, {}, 1, h, inter, gu_apart.data(), nullptr);
-        (*device)->MatMul(x.data(), m->up, {}, 1, h, inter, gu_apart.data() + inter, nullptr);
-        EXPECT_EQ(std::memcmp(gu.data(), gu_apart.data(), gu.size() * sizeof(float)), 0)
-            << "layer " << l << ", quant " << static_cast<int>(q) << ": gate and up";
-      }
-    }
-  }
-  bool has_mlps = config->shared_expert_intermediate_size > 0;
-  for (int64_t l = 0; l < config->num_layers; ++l) has_mlps = has_mlps || !config->IsSparseLayer(l);
-  EXPECT_EQ(mlps > 0, has_mlps);
+  odmoe::testing::ExpectStackedProjectionsBitwise(GetParam(), "cpu");
 }
 
 TEST(GroupByExpertTest, AscendingExpertsTokensInOrder) {
