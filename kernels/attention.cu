@@ -22,8 +22,8 @@
 //   split geometry themselves, on the device, from past: a kernel parameter (LaunchAttentionDecode) or an int32 in
 //   device memory read when they run (LaunchAttentionDecodeAt: the grid is sized for the most splits any past up
 //   to max_past has, and blocks beyond the actual splits exit at once). Same kernels, same rule, same bits.
-// AttentionKvStoreKernel: grid (kv_size chunks, rows), 256 threads: fp32 rows converted into cache rows whose
-//   positions it reads from device memory.
+// AttentionKvStoreKernel: grid (kv_size chunks, rows, 2: K then V), 256 threads: fp32 rows of K and of V
+//   converted into their caches' rows, whose positions it reads from device memory.
 // AttentionPrefillKernel: grid (heads, ceil(n / 16)), 128 threads, dynamic shared memory. The 16 queries of the
 //   block sit in shared memory; K (padded rows, conflict-free) and V tiles of 32 keys are staged there. Each warp
 //   owns 4 queries; lane j scores key j of the tile, the warp updates max / sum with shuffles, and every lane
@@ -465,16 +465,19 @@ __device__ __forceinline__ void StoreKv4(float4 v, KV* cache, int64_t g) {
 
 constexpr int kStoreThreads = 256;
 
-// grid (ceil(kv_size / (256 * kVec)), min(n, 65535)), 256 threads: thread x of a block converts the x-th group of
-// kVec elements of rows blockIdx.y, blockIdx.y + gridDim.y, ... kVec 4: rows 16-byte aligned, cache aligned to
-// 4 KV, kv_size % 4 == 0 (one 16-byte load and one 4-element store per row).
+// grid (ceil(kv_size / (256 * kVec)), min(n, 65535), 2), 256 threads: thread x of a block converts the x-th
+// group of kVec elements of rows blockIdx.y, blockIdx.y + gridDim.y, ... of K (blockIdx.z 0) or V (1). kVec 4:
+// rows 16-byte aligned, caches aligned to 4 KV, kv_size % 4 == 0 (one 16-byte load and one 4-element store per
+// row).
 template <typename KV, int kVec>
 __global__ void __launch_bounds__(kStoreThreads)
-    AttentionKvStoreKernel(const float* rows, const int32_t* positions, int64_t n, int64_t kv_size, KV* cache,
-                           int64_t capacity) {
+    AttentionKvStoreKernel(const float* k_rows, const float* v_rows, const int32_t* positions, int64_t n,
+                           int64_t kv_size, KV* k_cache, KV* v_cache, int64_t capacity) {
   const int64_t groups = kv_size / kVec;
   const int64_t x = static_cast<int64_t>(blockIdx.x) * kStoreThreads + threadIdx.x;
   if (x >= groups) return;
+  const float* rows = blockIdx.z == 0 ? k_rows : v_rows;
+  KV* cache = blockIdx.z == 0 ? k_cache : v_cache;
   for (int64_t i = blockIdx.y; i < n; i += gridDim.y) {
     const int64_t pos = positions[i];
     if (pos < 0 || pos >= capacity) continue;
@@ -735,21 +738,26 @@ cudaError_t LaunchAttentionPrefill(const float* q, const KV* k_cache, const KV* 
 }
 
 template <typename KV>
-cudaError_t LaunchKvStore(const float* rows, const int32_t* positions, int64_t n, int64_t kv_size, KV* cache,
-                          int64_t capacity, cudaStream_t stream) {
+cudaError_t LaunchKvStore(const float* k_rows, const float* v_rows, const int32_t* positions, int64_t n,
+                          int64_t kv_size, KV* k_cache, KV* v_cache, int64_t capacity, cudaStream_t stream) {
   if (n < 0 || kv_size < 0 || capacity < 0) return cudaErrorInvalidValue;
   if (n == 0 || kv_size == 0) return cudaSuccess;
-  if (rows == nullptr || positions == nullptr || cache == nullptr) return cudaErrorInvalidValue;
+  if (k_rows == nullptr || v_rows == nullptr || positions == nullptr || k_cache == nullptr || v_cache == nullptr) {
+    return cudaErrorInvalidValue;
+  }
   const auto aligned = [](const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; };
-  const bool vec = kv_size % 4 == 0 && aligned(rows, 16) && aligned(cache, 4 * sizeof(KV));
+  const bool vec = kv_size % 4 == 0 && aligned(k_rows, 16) && aligned(v_rows, 16) && aligned(k_cache, 4 * sizeof(KV)) &&
+                   aligned(v_cache, 4 * sizeof(KV));
   const int64_t per_block = kStoreThreads * (vec ? 4 : 1);
   const int64_t blocks = CeilDiv(kv_size, per_block);
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(std::min<int64_t>(n, 0xffff)));
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(std::min<int64_t>(n, 0xffff)), 2);
   if (vec) {
-    AttentionKvStoreKernel<KV, 4><<<grid, kStoreThreads, 0, stream>>>(rows, positions, n, kv_size, cache, capacity);
+    AttentionKvStoreKernel<KV, 4>
+        <<<grid, kStoreThreads, 0, stream>>>(k_rows, v_rows, positions, n, kv_size, k_cache, v_cache, capacity);
   } else {
-    AttentionKvStoreKernel<KV, 1><<<grid, kStoreThreads, 0, stream>>>(rows, positions, n, kv_size, cache, capacity);
+    AttentionKvStoreKernel<KV, 1>
+        <<<grid, kStoreThreads, 0, stream>>>(k_rows, v_rows, positions, n, kv_size, k_cache, v_cache, capacity);
   }
   return cudaGetLastError();
 }
@@ -762,7 +770,8 @@ cudaError_t LaunchKvStore(const float* rows, const int32_t* positions, int64_t n
   template cudaError_t LaunchAttentionDecodeAt<KV>(const float*, const KV*, const KV*, int64_t, const int32_t*,       \
                                                    int64_t, int64_t, int64_t, int64_t, float, float*, float*, size_t, \
                                                    cudaStream_t);                                                     \
-  template cudaError_t LaunchKvStore<KV>(const float*, const int32_t*, int64_t, int64_t, KV*, int64_t, cudaStream_t);
+  template cudaError_t LaunchKvStore<KV>(const float*, const float*, const int32_t*, int64_t, int64_t, KV*, KV*,      \
+                                         int64_t, cudaStream_t);
 ODMOE_INSTANTIATE_KV(float)
 ODMOE_INSTANTIATE_KV(__half)
 ODMOE_INSTANTIATE_KV(__nv_bfloat16)

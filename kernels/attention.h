@@ -64,13 +64,14 @@ cudaError_t LaunchAttentionPrefill(const float* q, const KV* k_cache, const KV* 
                                    int64_t heads, int64_t kv_heads, int64_t head_dim, float scale, float* out,
                                    cudaStream_t stream);
 
-// Writes n rows of kv_size floats into a KV cache of `capacity` rows of kv_size elements: row i becomes cache row
-// positions[i], converted to KV with round-to-nearest-even (the bits LaunchConvert gives; float rows are copied).
-// positions (n int32) are in device memory, read when the kernel runs; a position outside [0, capacity) writes
-// nothing. One launch.
-// REQUIRES: the in-range positions distinct; rows and cache do not overlap.
+// Writes n rows of K and n rows of V (kv_size floats each) into their caches of `capacity` rows of kv_size
+// elements: row i of k_rows becomes k_cache row positions[i], row i of v_rows v_cache row positions[i], converted
+// to KV with round-to-nearest-even (the bits LaunchConvert gives; float rows are copied). positions (n int32) are
+// in device memory, read when the kernel runs; a position outside [0, capacity) writes nothing. One launch for
+// both caches.
+// REQUIRES: the in-range positions distinct; no row overlaps a cache, and the caches do not overlap.
 template <typename KV>
-cudaError_t LaunchKvStore(const float* rows, const int32_t* positions, int64_t n, int64_t kv_size, KV* cache,
-                          int64_t capacity, cudaStream_t stream);
+cudaError_t LaunchKvStore(const float* k_rows, const float* v_rows, const int32_t* positions, int64_t n,
+                          int64_t kv_size, KV* k_cache, KV* v_cache, int64_t capacity, cudaStream_t stream);
 
 }  // namespace odmoe::kernels

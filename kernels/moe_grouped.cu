@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   if (d >= hidden) return;
   const int64_t i = blockIdx.y;
   const int32_t* row_ids = ids + i * k;
-  float v = out[i * hidden + d];
+  float v = 0.0f;     // the row a caller would have zeroed for ScatterAddScaledKernel
   int64_t last = -1;  // the expert id added last
   for (int step = 0; step < k; ++step) {
     int pick = -1;

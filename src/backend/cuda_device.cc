@@ -783,17 +783,20 @@ class CudaDevice final : public Device {
     }
   }
 
-  void WriteKvRows(const float* rows, const int32_t* positions, int64_t n, int64_t kv_size, KvCacheRef cache,
-                   int64_t capacity, Stream* stream) override {
+  void WriteKvRows(const float* k_rows, const float* v_rows, const int32_t* positions, int64_t n, int64_t kv_size,
+                   KvCacheRef k_cache, KvCacheRef v_cache, int64_t capacity, Stream* stream) override {
     CountOp("WriteKvRows");
     ODMOE_CHECK(n >= 0 && kv_size > 0 && capacity >= 0);
     if (n == 0) return;
-    ODMOE_CHECK(rows != nullptr && positions != nullptr && cache.data != nullptr);
+    ODMOE_CHECK(k_rows != nullptr && v_rows != nullptr && positions != nullptr && k_cache.data != nullptr &&
+                v_cache.data != nullptr && k_cache.dtype == v_cache.dtype);
     UseDevice(ordinal_);
     cudaStream_t s = S(stream)->get();
-    WithWeightType(WeightRef{cache.data, cache.dtype}, [&](auto* typed) {
+    WithWeightType(WeightRef{k_cache.data, k_cache.dtype}, [&](auto* typed) {
       using KV = std::remove_const_t<std::remove_pointer_t<decltype(typed)>>;
-      ODMOE_CUDA_LAUNCH(kernels::LaunchKvStore(rows, positions, n, kv_size, const_cast<KV*>(typed), capacity, s));
+      KV* v = const_cast<KV*>(static_cast<const KV*>(v_cache.data));
+      ODMOE_CUDA_LAUNCH(
+          kernels::LaunchKvStore(k_rows, v_rows, positions, n, kv_size, const_cast<KV*>(typed), v, capacity, s));
     });
   }
 

@@ -45,9 +45,10 @@ void Device::LaunchGraph(const Graph& graph, Stream* stream) {
   ODMOE_CHECK(false && "LaunchGraph on a device without graphs");
 }
 
-void Device::WriteKvRows(const float* rows, const int32_t* positions, int64_t n, int64_t kv_size, KvCacheRef cache,
-                         int64_t capacity, Stream* stream) {
-  (void)rows, (void)positions, (void)n, (void)kv_size, (void)cache, (void)capacity, (void)stream;
+void Device::WriteKvRows(const float* k_rows, const float* v_rows, const int32_t* positions, int64_t n, int64_t kv_size,
+                         KvCacheRef k_cache, KvCacheRef v_cache, int64_t capacity, Stream* stream) {
+  (void)k_rows, (void)v_rows, (void)positions, (void)n, (void)kv_size, (void)k_cache, (void)v_cache, (void)capacity,
+      (void)stream;
   ODMOE_CHECK(false && "WriteKvRows on a device without graphs");
 }
 

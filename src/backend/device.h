@@ -285,11 +285,12 @@ class Device {
   // The two ops a captured decode step needs in place of Convert into the cache and Attention: the position is
   // read from device memory when the work runs, so one graph serves every position. Only on devices with graphs
   // (SupportsGraphs(); elsewhere a CHECK failure), and bitwise what the ops above give for the same position.
-  // For i < n: cache row positions[i] = rows[i] in the cache's dtype (as Convert rounds). rows: [n, kv_size] fp32;
-  // positions: [n] int32, device memory; the cache holds `capacity` rows, and a position outside [0, capacity)
-  // writes nothing.
-  virtual void WriteKvRows(const float* rows, const int32_t* positions, int64_t n, int64_t kv_size, KvCacheRef cache,
-                           int64_t capacity, Stream* stream);
+  // (The engine writes every chunk's K and V with WriteKvRows where it exists: one launch for both caches.)
+  // For i < n: k_cache row positions[i] = k_rows[i] and v_cache row positions[i] = v_rows[i], in the caches'
+  // dtype (as Convert rounds). k_rows, v_rows: [n, kv_size] fp32; positions: [n] int32, device memory; each cache
+  // holds `capacity` rows, and a position outside [0, capacity) writes nothing. REQUIRES: both caches of one dtype.
+  virtual void WriteKvRows(const float* k_rows, const float* v_rows, const int32_t* positions, int64_t n,
+                           int64_t kv_size, KvCacheRef k_cache, KvCacheRef v_cache, int64_t capacity, Stream* stream);
   // Attention (n <= 4 new tokens) with past = *past, an int32 in device memory, 0 <= *past <= max_past. workspace:
   // device memory of at least AttentionAtWorkspaceBytes(n, max_past, heads, head_dim) bytes, used by this call
   // only until the next work on `stream`.
@@ -330,16 +331,17 @@ class Device {
   //    dense and of one dtype.
   //  - RoutedExperts gives bitwise what the per-expert sequence of this same device gives for the same rows
   //    (moe_units.h: ComputeExpertRows and CombineExpertOutputs: experts in ascending id, rows in order,
-  //    MatMul gate, MatMul up, SwiGlu, MatMul down, ScatterAddScaled onto `out`), so either path yields the
-  //    same tokens.
+  //    MatMul gate, MatMul up, SwiGlu, MatMul down, ScatterAddScaled onto a zeroed `out`), so either path yields
+  //    the same tokens.
   virtual int64_t RoutedExpertsMaxTokens() const { return 0; }
   // The table of `experts` ([layers * experts_per_layer], layer-major; empty entries for layers without experts)
   // with expert shapes hidden x intermediate. May synchronize (a load-time call).
   virtual absl::StatusOr<std::unique_ptr<ExpertTable>> CreateExpertTable(std::span<const ExpertWeightRefs> experts,
                                                                          int64_t experts_per_layer, int64_t hidden,
                                                                          int64_t intermediate);
-  // For each token i < n and its k experts e_j = ids[i, j], in ascending order of e_j:
-  //   out[i, :] += weights[i, j] * down_e(silu(gate_e x[i, :]) * up_e x[i, :])   (e = e_j of `layer`).
+  // For each token i < n, the sum from 0 over its k experts e_j = ids[i, j], in ascending order of e_j:
+  //   out[i, :] = 0 + weights[i, j] * down_e(silu(gate_e x[i, :]) * up_e x[i, :]) + ...   (e = e_j of `layer`).
+  // `out` is written, not read: the caller need not zero it.
   // x, out: [n, hidden] (must not alias); ids, weights: [n, k], the router's result in device memory.
   // act: [n * k, intermediate], y: [n * k, hidden]: fp32 scratch in device memory.
   // REQUIRES: 0 < n <= RoutedExpertsMaxTokens(); the ids of a row distinct and in [0, experts_per_layer); the

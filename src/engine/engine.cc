@@ -517,6 +517,9 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
   d.CopyToDevice(rows_->data(), host_rows_->data(), F32Bytes(2 * n), s);
   const int32_t* dev_tokens = rows_->as<int32_t>();
   const int32_t* dev_pos = dev_tokens + n;
+  // K and V rows into the caches in one launch, at the positions on the device, wherever the device has the op
+  // (Device::WriteKvRows: the devices with graphs); elsewhere one Convert or copy per cache at `past`.
+  const bool kv_rows_on_device = positions_on_device || d.SupportsGraphs();
 
   float* x = x_->as<float>();
   float* h = h_->as<float>();
@@ -562,14 +565,17 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
       Buffer& kc = *seq.k_cache_[static_cast<size_t>(l)];
       Buffer& vc = *seq.v_cache_[static_cast<size_t>(l)];
       float* out = attn_->as<float>() + row * c.q_size();
-      if (positions_on_device) {  // a graph's step: the position is the row's, read when the work runs
-        d.WriteKvRows(kk + row * c.kv_size(), dev_pos + row, rows, c.kv_size(), CacheRef(kc), seq.capacity_, s);
-        d.WriteKvRows(v + row * c.kv_size(), dev_pos + row, rows, c.kv_size(), CacheRef(vc), seq.capacity_, s);
-        d.AttentionAt(q + row * c.q_size(), CacheRef(kc), CacheRef(vc), rows, dev_pos + row, seq.capacity_ - rows,
-                      c.num_heads, c.num_kv_heads, c.head_dim, scale, attn_workspace_->data(), out, s);
+      if (kv_rows_on_device) {
+        d.WriteKvRows(kk + row * c.kv_size(), v + row * c.kv_size(), dev_pos + row, rows, c.kv_size(), CacheRef(kc),
+                      CacheRef(vc), seq.capacity_, s);
       } else {
         StoreKv(kk + row * c.kv_size(), rows * c.kv_size(), kc, past * c.kv_size(), s);
         StoreKv(v + row * c.kv_size(), rows * c.kv_size(), vc, past * c.kv_size(), s);
+      }
+      if (positions_on_device) {  // a graph's step: the position is the row's, read when the work runs
+        d.AttentionAt(q + row * c.q_size(), CacheRef(kc), CacheRef(vc), rows, dev_pos + row, seq.capacity_ - rows,
+                      c.num_heads, c.num_kv_heads, c.head_dim, scale, attn_workspace_->data(), out, s);
+      } else {
         d.Attention(q + row * c.q_size(), CacheRef(kc), CacheRef(vc), rows, past, c.num_heads, c.num_kv_heads,
                     c.head_dim, scale, out, s);
       }
@@ -582,16 +588,17 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
       int32_t* dev_ids = topk_->as<int32_t>();          // [n, k]
       float* dev_weights = topk_->as<float>() + n * k;  // [n, k]
       RunRouter(d, c, lw.router, h, n, router_logits_->as<float>(), dev_ids, dev_weights, s);
-      d.CopyOnDevice(moe, zeros_->data(), F32Bytes(n * hidden), s);
       if (chunk.resident) {
-        // The experts read the router's ids on the device; the host waits for nothing until the outputs.
+        // The experts read the router's ids on the device and write `moe` (no zeroing); the host waits for nothing
+        // until the outputs.
         if (chunk.wants_routing) {
           d.CopyToHostAsync(host_layer_ids_->as<int32_t>() + l * n * k, dev_ids, F32Bytes(n * k), s);
         }
         ODMOE_RETURN_IF_ERROR(experts_->RunFromDeviceIds(l, h, n, dev_ids, dev_weights, moe, s));
       } else {
         // The host needs the router's choice to dispatch the experts: the layer's one synchronization. It also
-        // completes every copy the previous Run made, as ExpertExecutor::Run requires.
+        // completes every copy the previous Run made, as ExpertExecutor::Run requires. Run adds onto `moe`.
+        d.CopyOnDevice(moe, zeros_->data(), F32Bytes(n * hidden), s);
         d.CopyToHost(host_topk_->data(), topk_->data(), F32Bytes(2 * n * k), s);
         const std::span<const int32_t> top_ids(host_topk_->as<int32_t>(), static_cast<size_t>(n * k));
         const std::span<const float> top_weights(host_topk_->as<float>() + n * k, static_cast<size_t>(n * k));

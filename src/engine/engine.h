@@ -62,7 +62,8 @@ class ExpertExecutor {
   // remote executor places by them, the shadow's predicts from them).
   virtual int64_t DeviceIdsMaxTokens() const { return 0; }
   // Run with ids, weights: [n, k] in device memory, the router's result as enqueued on `stream` (the host need
-  // not have seen it): the same sum in the same order, bitwise Run's result. Enqueued on `stream`, and it leaves
+  // not have seen it), and `out` written rather than added to: out = bitwise what Run adds onto a zeroed `out`
+  // (the same sum in the same order), so the caller zeroes nothing. Enqueued on `stream`, and it leaves
   // no host memory in use, so the caller need not synchronize between calls; it waits for nothing and allocates
   // nothing, so a decode step that calls it can be recorded as a graph. REQUIRES: n <= DeviceIdsMaxTokens().
   virtual absl::Status RunFromDeviceIds(int64_t layer, const float* h, int64_t n, const int32_t* ids,

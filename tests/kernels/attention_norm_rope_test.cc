@@ -398,9 +398,10 @@ TEST_F(AttentionDecodeAtTest, PastOutOfRangeStaysInBounds) {
 }
 
 // LaunchKvStore against LaunchConvert into the same rows (float rows: copied), in every cache dtype: aligned rows
-// of a multiple of 4 (the vector path), an odd row size and unaligned rows or cache (the scalar path). Positions
-// outside [0, capacity) write nothing, and no cache row but the targets changes (the cache starts as a byte
-// pattern). The rows hold rounding ties, values past fp16's range, subnormals, infinities, NaN and -0.
+// of a multiple of 4 (the vector path), an odd row size and unaligned rows or caches (the scalar path). K's rows
+// go to the K cache and V's to the V cache; positions outside [0, capacity) write nothing, and no cache row but
+// the targets changes (the caches start as byte patterns). The rows hold rounding ties, values past fp16's
+// range, subnormals, infinities, NaN and -0.
 class KvStoreTest : public GpuTest {
  protected:
   template <typename KV>
@@ -408,7 +409,8 @@ class KvStoreTest : public GpuTest {
     const int64_t capacity = 7;
     const std::vector<int32_t> positions = {3, -1, 0, 7, 6, 1000, -2147483647 - 1, 2};
     const int64_t n = static_cast<int64_t>(positions.size());
-    std::vector<float> rows = RandomFloats(static_cast<size_t>(n * kv_size), rng, -3.0f, 3.0f);
+    // K's rows, then V's: [2, n, kv_size].
+    std::vector<float> rows = RandomFloats(static_cast<size_t>(2 * n * kv_size), rng, -3.0f, 3.0f);
     const uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f800001u, 0x477fe000u, 0x47800000u,
                                  0x387fc000u, 0x00000001u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00001u,
                                  0x33000001u, 0x7f7fffffu, 0x3f807fffu, 0x3a801000u};
@@ -418,28 +420,35 @@ class KvStoreTest : public GpuTest {
     DeviceArray<float> drows(rows.size(), row_pad);
     drows.Upload(rows, row_pad);
     DeviceArray<int32_t> dpos(positions);
+    // Both caches in one allocation, V's after K's (with the pad before each), each starting with its own byte.
     const size_t cache_elems = static_cast<size_t>(capacity * kv_size) + cache_pad;
-    DeviceArray<KV> cache(cache_elems);
-    ODMOE_ASSERT_CUDA(cudaMemset(cache.get(), 0x5a, cache_elems * sizeof(KV)));
-    // The expected cache: the pattern, and each in-range row as LaunchConvert writes it.
-    DeviceArray<KV> want(cache_elems);
-    ODMOE_ASSERT_CUDA(cudaMemset(want.get(), 0x5a, cache_elems * sizeof(KV)));
-    for (int64_t i = 0; i < n; ++i) {
-      if (positions[i] < 0 || positions[i] >= capacity) continue;
-      KV* dst = want.get() + cache_pad + positions[i] * kv_size;
-      const float* src = drows.get() + row_pad + i * kv_size;
-      if constexpr (std::is_same_v<KV, float>) {
-        ODMOE_ASSERT_CUDA(cudaMemcpy(dst, src, kv_size * sizeof(float), cudaMemcpyDeviceToDevice));
-      } else {
-        ODMOE_ASSERT_CUDA(kernels::LaunchConvert(src, kv_size, dst, stream_));
+    DeviceArray<KV> caches(2 * cache_elems);
+    DeviceArray<KV> want(2 * cache_elems);
+    for (DeviceArray<KV>* c : {&caches, &want}) {
+      ODMOE_ASSERT_CUDA(cudaMemset(c->get(), 0x5a, cache_elems * sizeof(KV)));
+      ODMOE_ASSERT_CUDA(cudaMemset(c->get() + cache_elems, 0xa5, cache_elems * sizeof(KV)));
+    }
+    // The expected caches: the patterns, and each in-range row as LaunchConvert writes it.
+    for (int64_t kv = 0; kv < 2; ++kv) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (positions[i] < 0 || positions[i] >= capacity) continue;
+        KV* dst = want.get() + kv * cache_elems + cache_pad + positions[i] * kv_size;
+        const float* src = drows.get() + row_pad + (kv * n + i) * kv_size;
+        if constexpr (std::is_same_v<KV, float>) {
+          ODMOE_ASSERT_CUDA(cudaMemcpy(dst, src, kv_size * sizeof(float), cudaMemcpyDeviceToDevice));
+        } else {
+          ODMOE_ASSERT_CUDA(kernels::LaunchConvert(src, kv_size, dst, stream_));
+        }
       }
     }
-    ODMOE_ASSERT_CUDA(kernels::LaunchKvStore(drows.get() + row_pad, dpos.get(), n, kv_size, cache.get() + cache_pad,
-                                             capacity, stream_));
+    const float* k_rows = drows.get() + row_pad;
+    ODMOE_ASSERT_CUDA(kernels::LaunchKvStore(k_rows, k_rows + n * kv_size, dpos.get(), n, kv_size,
+                                             caches.get() + cache_pad, caches.get() + cache_elems + cache_pad, capacity,
+                                             stream_));
     Sync();
-    const std::vector<KV> got_host = cache.Download();
+    const std::vector<KV> got_host = caches.Download();
     const std::vector<KV> want_host = want.Download();
-    EXPECT_EQ(std::memcmp(got_host.data(), want_host.data(), cache_elems * sizeof(KV)), 0)
+    EXPECT_EQ(std::memcmp(got_host.data(), want_host.data(), got_host.size() * sizeof(KV)), 0)
         << "kv_size=" << kv_size << " sizeof(KV)=" << sizeof(KV) << (misaligned_rows ? " misaligned rows" : "")
         << (misaligned_cache ? " misaligned cache" : "");
   }
@@ -464,11 +473,20 @@ TEST_F(KvStoreTest, MatchesConvert) {
 
 TEST_F(KvStoreTest, EmptyAndBadArguments) {
   DeviceArray<float> buf(16);
+  DeviceArray<float> cache(16);
   DeviceArray<int32_t> pos(1);
-  EXPECT_EQ(kernels::LaunchKvStore(buf.get(), pos.get(), 0, 4, buf.get(), 4, stream_), cudaSuccess);
-  EXPECT_EQ(kernels::LaunchKvStore(buf.get(), pos.get(), 1, 0, buf.get(), 4, stream_), cudaSuccess);
-  EXPECT_EQ(kernels::LaunchKvStore(buf.get(), pos.get(), -1, 4, buf.get(), 4, stream_), cudaErrorInvalidValue);
-  EXPECT_EQ(kernels::LaunchKvStore(buf.get(), static_cast<const int32_t*>(nullptr), 1, 4, buf.get(), 4, stream_),
+  const float* rows = buf.get();
+  EXPECT_EQ(kernels::LaunchKvStore(rows, rows, pos.get(), 0, 4, cache.get(), cache.get() + 4, 1, stream_), cudaSuccess);
+  EXPECT_EQ(kernels::LaunchKvStore(rows, rows, pos.get(), 1, 0, cache.get(), cache.get() + 4, 1, stream_), cudaSuccess);
+  EXPECT_EQ(kernels::LaunchKvStore(rows, rows, pos.get(), -1, 4, cache.get(), cache.get() + 4, 1, stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchKvStore(rows, rows, static_cast<const int32_t*>(nullptr), 1, 4, cache.get(), cache.get() + 4,
+                                   1, stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchKvStore(rows, static_cast<const float*>(nullptr), pos.get(), 1, 4, cache.get(),
+                                   cache.get() + 4, 1, stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchKvStore(rows, rows, pos.get(), 1, 4, cache.get(), static_cast<float*>(nullptr), 1, stream_),
             cudaErrorInvalidValue);
 }
 

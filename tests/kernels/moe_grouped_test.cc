@@ -1,6 +1,7 @@
 // Device::RoutedExperts (kernels/moe_grouped.cu on CUDA) against the per-expert path it replaces on the same
 // device: GroupByExpert + PackRowsAndScales on the host, then ComputeExpertRows per expert (GatherRows, MatMul
-// gate, MatMul up, SwiGlu, MatMul down) and ScatterAddScaled in ascending expert id (CombineExpertOutputs).
+// gate, MatMul up, SwiGlu, MatMul down) and ScatterAddScaled in ascending expert id (CombineExpertOutputs) onto
+// zeros, while RoutedExperts writes over an output of random values.
 // Compared bit for bit on odd shapes (16-byte and scalar GEMV paths, a gate and an up of different alignment),
 // k = 1, 2, 4 and n = 1..4 in bf16, fp16 and fp32. Skipped without a GPU (the emulated twin runs everywhere).
 #include <algorithm>
@@ -88,9 +89,10 @@ class RoutedExpertsTest : public gpu_test::CudaDeviceFixture {
         }
         const std::vector<float> route_w = RandomFloats(static_cast<size_t>(n * k), rng, 0.0f, 1.0f);
         const std::vector<float> x = RandomFloats(static_cast<size_t>(n * hidden), rng);
+        // The per-expert path adds onto zeros; the grouped one writes over whatever `out` held.
         const std::vector<float> start = RandomFloats(static_cast<size_t>(n * hidden), rng);
         auto dx = Upload(*gpu_, x);
-        auto want = Upload(*gpu_, start);
+        auto want = Upload(*gpu_, std::vector<float>(static_cast<size_t>(n * hidden), 0.0f));
         auto got = Upload(*gpu_, start);
 
         // The per-expert path, as LocalExpertExecutor::Run takes it.
@@ -129,8 +131,9 @@ class RoutedExpertsTest : public gpu_test::CudaDeviceFixture {
         std::vector<float> gf(a.size());
         std::memcpy(gf.data(), a.data(), a.size() * sizeof(float));
         for (float v : gf) ASSERT_TRUE(std::isfinite(v)) << what;
-        // Something was added: the result is not the starting value.
+        // Something was computed: the result is neither zeros nor the starting value.
         EXPECT_NE(a, Bits(*gpu_, *Upload(*gpu_, start), start.size())) << what;
+        EXPECT_NE(a, std::vector<uint32_t>(a.size(), 0u)) << what;
       }
     }
   }
