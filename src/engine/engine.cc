@@ -518,8 +518,9 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
   const int32_t* dev_tokens = rows_->as<int32_t>();
   const int32_t* dev_pos = dev_tokens + n;
   // K and V rows into the caches in one launch, at the positions on the device, wherever the device has the op
-  // (Device::WriteKvRows: the devices with graphs); elsewhere one Convert or copy per cache at `past`.
-  const bool kv_rows_on_device = positions_on_device || d.SupportsGraphs();
+  // (Device::WriteKvRows: the devices with graphs, the only ones a positions_on_device chunk runs on); elsewhere
+  // one Convert or copy per cache at `past`.
+  const bool kv_rows_on_device = d.SupportsGraphs();
 
   float* x = x_->as<float>();
   float* h = h_->as<float>();
