@@ -61,7 +61,10 @@ struct Vec16<float> {
   }
 };
 
-__device__ __forceinline__ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+// Whether p is 16-byte aligned (the vector loads' requirement), on the host (the launchers' choice) or the device.
+__host__ __device__ __forceinline__ bool Aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
 
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll

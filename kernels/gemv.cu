@@ -18,6 +18,7 @@
 namespace odmoe::kernels {
 namespace {
 
+using internal::Aligned16;
 using internal::CeilDiv;
 using internal::RowDot;
 using internal::ToFloat;
@@ -65,8 +66,6 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 }
-
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <typename W, int kTokens, int kRows>
 void LaunchGemvTokens(const float* x, const W* w, const W* bias, int n, int64_t in_dim, int64_t out_dim, float* y,

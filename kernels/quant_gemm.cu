@@ -18,11 +18,14 @@
 
 #include "kernels/common.cuh"
 #include "kernels/gemv.h"
+#include "kernels/gemv_row.cuh"
 
 namespace odmoe::kernels {
 namespace {
 
+using internal::Aligned16;
 using internal::CeilDiv;
+using internal::ChunkDot;
 using internal::Vec16;
 using internal::WarpSum;
 
@@ -35,8 +38,6 @@ constexpr int kGemvThreads = 128;
 constexpr int kGemvWarps = kGemvThreads / 32;
 
 __constant__ float kCodeBookDevice[16] = {ODMOE_NF4_CODEBOOK};
-
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // 16 bytes at p (any alignment when !vec).
 __device__ __forceinline__ uint4 Load16(const void* p, bool vec) {
@@ -53,15 +54,6 @@ __device__ __forceinline__ uint4 Load16(const void* p, bool vec) {
 
 __device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a constant after unrolling
-}
-
-// acc + sum_e w[e] * x[e], one fused multiply-add per element in order: the summation order of every GEMV here,
-// whatever its number of tokens.
-template <int kElems>
-__device__ __forceinline__ float ChunkDot(const float* w, const float* x, float acc) {
-#pragma unroll
-  for (int e = 0; e < kElems; ++e) acc = fmaf(w[e], x[e], acc);
-  return acc;
 }
 
 // The 16 int8 weights of 16 bytes, exactly, without I2F (a quarter-rate conversion on sm_90): byte b ^ 0x80 is placed
@@ -413,81 +405,76 @@ void LaunchRows(Kernel kernel, int64_t rows, cudaStream_t stream, Args... args) 
   kernel<<<blocks, kGemvThreads, 0, stream>>>(args...);
 }
 
-}  // namespace
+// The INT8 and NF4 GEMVs, for QuantGemv's dispatch: Launch<kTokens, kRows, kDepth, kVec> launches the format's
+// kernel of those parameters over `rows`.
+struct Int8Gemv {
+  using Code = int8_t;
+  template <int kTokens, int kRows, int kDepth, bool kVec>
+  static void Launch(const float* x, const Code* q, const float* absmax, int n, int64_t cols, int64_t rows, float* y,
+                     cudaStream_t stream) {
+    LaunchRows<kRows>(GemvInt8Kernel<kTokens, kRows, kDepth, kVec>, rows, stream, x, q, absmax, n, cols, rows, y);
+  }
+};
+struct Nf4Gemv {
+  using Code = uint8_t;
+  template <int kTokens, int kRows, int kDepth, bool kVec>
+  static void Launch(const float* x, const Code* q, const float* absmax, int n, int64_t cols, int64_t rows, float* y,
+                     cudaStream_t stream) {
+    LaunchRows<kRows>(GemvNf4Kernel<kTokens, kRows, kDepth, kVec>, rows, stream, x, q, absmax, n, cols, rows, y);
+  }
+};
 
-cudaError_t LaunchGemvInt8(const float* x, const int8_t* q, const float* absmax, int64_t n, int64_t cols, int64_t rows,
-                           float* y, cudaStream_t stream) {
+// The one choice of kernel variant for both formats: kGemvMaxTokens tokens at a time; one row per warp for several
+// tokens or an unaligned shape; for one aligned token, OneTokenShape's rows per warp and ring depth. `vec`: the
+// format's kVec condition, decided by the caller.
+template <class Format>
+cudaError_t QuantGemv(const float* x, const typename Format::Code* q, const float* absmax, int64_t n, int64_t cols,
+                      int64_t rows, bool vec, float* y, cudaStream_t stream) {
   if (n <= 0 || rows <= 0) return cudaSuccess;
   if (cols <= 0) return cudaErrorInvalidValue;
   if (CeilDiv(rows, kGemvWarps) > 0x7fffffff) return cudaErrorInvalidValue;
-  const bool vec = cols % 16 == 0 && Aligned16(x) && Aligned16(q);
   for (int64_t t0 = 0; t0 < n; t0 += kMaxN) {
     const int cnt = static_cast<int>(std::min<int64_t>(kMaxN, n - t0));
     const float* xc = x + t0 * cols;
     float* yc = y + t0 * rows;
     if (!vec) {
       if (cnt > 1) {
-        LaunchRows<1>(GemvInt8Kernel<kMaxN, 1, 1, false>, rows, stream, xc, q, absmax, cnt, cols, rows, yc);
+        Format::template Launch<kMaxN, 1, 2, false>(xc, q, absmax, cnt, cols, rows, yc, stream);
       } else {
-        LaunchRows<2>(GemvInt8Kernel<1, 2, 1, false>, rows, stream, xc, q, absmax, cnt, cols, rows, yc);
+        Format::template Launch<1, 1, 2, false>(xc, q, absmax, cnt, cols, rows, yc, stream);
       }
-      continue;
-    }
-    if (cnt > 1) {
-      LaunchRows<1>(GemvInt8Kernel<kMaxN, 1, 2, true>, rows, stream, xc, q, absmax, cnt, cols, rows, yc);
-      continue;
-    }
-    switch (OneTokenShape(rows)) {
-      case GemvShape::kRows4:
-        LaunchRows<4>(GemvInt8Kernel<1, 4, 2, true>, rows, stream, xc, q, absmax, cnt, cols, rows, yc);
-        break;
-      case GemvShape::kRows2:
-        LaunchRows<2>(GemvInt8Kernel<1, 2, 4, true>, rows, stream, xc, q, absmax, cnt, cols, rows, yc);
-        break;
-      case GemvShape::kRows1:
-        LaunchRows<1>(GemvInt8Kernel<1, 1, 2, true>, rows, stream, xc, q, absmax, cnt, cols, rows, yc);
-        break;
+    } else if (cnt > 1) {
+      Format::template Launch<kMaxN, 1, 2, true>(xc, q, absmax, cnt, cols, rows, yc, stream);
+    } else {
+      switch (OneTokenShape(rows)) {
+        case GemvShape::kRows4:
+          Format::template Launch<1, 4, 2, true>(xc, q, absmax, cnt, cols, rows, yc, stream);
+          break;
+        case GemvShape::kRows2:
+          Format::template Launch<1, 2, 4, true>(xc, q, absmax, cnt, cols, rows, yc, stream);
+          break;
+        case GemvShape::kRows1:
+          Format::template Launch<1, 1, 2, true>(xc, q, absmax, cnt, cols, rows, yc, stream);
+          break;
+      }
     }
   }
   return cudaGetLastError();
 }
 
+}  // namespace
+
+cudaError_t LaunchGemvInt8(const float* x, const int8_t* q, const float* absmax, int64_t n, int64_t cols, int64_t rows,
+                           float* y, cudaStream_t stream) {
+  const bool vec = cols % 16 == 0 && Aligned16(x) && Aligned16(q);
+  return QuantGemv<Int8Gemv>(x, q, absmax, n, cols, rows, vec, y, stream);
+}
+
 cudaError_t LaunchGemvNf4(const float* x, const uint8_t* codes, const float* absmax, int64_t n, int64_t cols,
                           int64_t rows, float* y, cudaStream_t stream) {
-  if (n <= 0 || rows <= 0) return cudaSuccess;
-  if (cols <= 0) return cudaErrorInvalidValue;
-  if (CeilDiv(rows, kGemvWarps) > 0x7fffffff) return cudaErrorInvalidValue;
   // Rows are 32-byte multiples: aligned codes keep every row aligned.
   const bool vec = Aligned16(codes) && cols % 4 == 0 && Aligned16(x);
-  for (int64_t t0 = 0; t0 < n; t0 += kMaxN) {
-    const int cnt = static_cast<int>(std::min<int64_t>(kMaxN, n - t0));
-    const float* xc = x + t0 * cols;
-    float* yc = y + t0 * rows;
-    if (!vec) {
-      if (cnt > 1) {
-        LaunchRows<1>(GemvNf4Kernel<kMaxN, 1, 2, false>, rows, stream, xc, codes, absmax, cnt, cols, rows, yc);
-      } else {
-        LaunchRows<1>(GemvNf4Kernel<1, 1, 2, false>, rows, stream, xc, codes, absmax, cnt, cols, rows, yc);
-      }
-      continue;
-    }
-    if (cnt > 1) {
-      LaunchRows<1>(GemvNf4Kernel<kMaxN, 1, 2, true>, rows, stream, xc, codes, absmax, cnt, cols, rows, yc);
-      continue;
-    }
-    switch (OneTokenShape(rows)) {
-      case GemvShape::kRows4:
-        LaunchRows<4>(GemvNf4Kernel<1, 4, 2, true>, rows, stream, xc, codes, absmax, cnt, cols, rows, yc);
-        break;
-      case GemvShape::kRows2:
-        LaunchRows<2>(GemvNf4Kernel<1, 2, 4, true>, rows, stream, xc, codes, absmax, cnt, cols, rows, yc);
-        break;
-      case GemvShape::kRows1:
-        LaunchRows<1>(GemvNf4Kernel<1, 1, 2, true>, rows, stream, xc, codes, absmax, cnt, cols, rows, yc);
-        break;
-    }
-  }
-  return cudaGetLastError();
+  return QuantGemv<Nf4Gemv>(x, codes, absmax, n, cols, rows, vec, y, stream);
 }
 
 cudaError_t LaunchGemmInt8(const float* x, const int8_t* q, const float* absmax, int64_t n, int64_t cols, int64_t rows,
