@@ -92,6 +92,12 @@ __device__ __forceinline__ float BlockSum(float v) {
   return WarpSum(total);
 }
 
+// The RMSNorm's 1 / rms of a row of `dim` elements from its sum of squares: the one expression of every norm kernel
+// (kernels/norm.cu, kernels/rope.cu's HeadNormRopeKernel), so that they give the same bits.
+__device__ __forceinline__ float RmsInverse(float sum_of_squares, int64_t dim, float eps) {
+  return 1.0f / sqrtf(sum_of_squares / static_cast<float>(dim) + eps);
+}
+
 __device__ __forceinline__ float BlockMax(float v) {
   __shared__ float partial[32];
   const int lane = threadIdx.x & 31;

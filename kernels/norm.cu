@@ -18,6 +18,7 @@ namespace odmoe::kernels {
 namespace {
 
 using internal::BlockSum;
+using internal::RmsInverse;
 using internal::ToFloat;
 
 constexpr int kThreads = 256;
@@ -42,7 +43,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   ss = BlockSum(ss);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+  const float inv = RmsInverse(ss, dim, eps);
   for (int64_t i0 = threadIdx.x; i0 < dim; i0 += kThreads * kBatch) {
     float v[kBatch];
     float w[kBatch];
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x + static_cast<int64_t>(j) * kThreads < dim) ss += v[j] * v[j];
   }
   ss = BlockSum(ss);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+  const float inv = RmsInverse(ss, dim, eps);
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;

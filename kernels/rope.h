@@ -7,6 +7,8 @@
 //   x[i + half] = x[i + half] * cos + x[i] * sin.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -19,5 +21,17 @@ namespace odmoe::kernels {
 // One block per token; the block computes the cos/sin table of its position once for all heads.
 cudaError_t LaunchRope(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim, double theta,
                        const float* inv_freq, cudaStream_t stream);
+
+// Qwen3's per-head norms, then the rotation, in one launch, in place: each head of q ([n, heads, head_dim]) becomes
+// its RMSNorm (over head_dim) times q_weight, each head of k ([n, kv_heads, head_dim]) likewise with k_weight, and
+// then both are rotated as LaunchRope rotates them (positions, inv_freq as there). Bitwise what LaunchRmsNorm over
+// q's n x heads rows and k's n x kv_heads rows, then LaunchRope of q and of k, give. q and k may be adjacent but
+// must not overlap. W: float, __half or __nv_bfloat16. REQUIRES: head_dim even and at most kHeadNormRopeMaxHeadDim
+// (otherwise cudaErrorInvalidValue: take the norms and the rotation apart).
+inline constexpr int64_t kHeadNormRopeMaxHeadDim = 256;
+template <typename W>
+cudaError_t LaunchHeadNormRope(float* q, float* k, const W* q_weight, const W* k_weight, const int32_t* positions,
+                               int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, double theta,
+                               const float* inv_freq, cudaStream_t stream);
 
 }  // namespace odmoe::kernels

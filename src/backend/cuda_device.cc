@@ -900,6 +900,28 @@ class CudaDevice final : public Device {
         kernels::LaunchRope(x, positions, n, heads, head_dim, theta, InvFreqTable(head_dim, theta, s), s->get()));
   }
 
+  void HeadNormRope(float* q, float* k, WeightRef q_norm, WeightRef k_norm, const int32_t* positions, int64_t n,
+                    int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, double theta,
+                    Stream* stream) override {
+    ODMOE_CHECK(n >= 0 && heads >= 0 && kv_heads >= 0 && head_dim > 0 && head_dim % 2 == 0);
+    ODMOE_CHECK(q_norm.dtype == k_norm.dtype);
+    if (head_dim > kernels::kHeadNormRopeMaxHeadDim) {  // the kernel holds a head in one block's threads
+      Device::HeadNormRope(q, k, q_norm, k_norm, positions, n, heads, kv_heads, head_dim, eps, theta, stream);
+      return;
+    }
+    CountOp("HeadNormRope");
+    if (n == 0 || heads + kv_heads == 0) return;
+    ODMOE_CHECK(q != nullptr && k != nullptr && !q_norm.empty() && !k_norm.empty() && positions != nullptr);
+    UseDevice(ordinal_);
+    CudaStream* s = S(stream);
+    const float* inv_freq = InvFreqTable(head_dim, theta, s);
+    WithWeightType(q_norm, [&](auto* qw) {
+      using W = std::remove_const_t<std::remove_pointer_t<decltype(qw)>>;
+      ODMOE_CUDA_LAUNCH(kernels::LaunchHeadNormRope(q, k, qw, static_cast<const W*>(k_norm.data), positions, n, heads,
+                                                    kv_heads, head_dim, eps, theta, inv_freq, s->get()));
+    });
+  }
+
   // F16 / BF16 models keep their KV cache in their own dtype, as HF does; every other model in F32.
   DType KvCacheDType(DType compute) const override {
     return compute == DType::kF16 || compute == DType::kBF16 ? compute : DType::kF32;

@@ -34,6 +34,14 @@ void Device::AddRmsNorm(const float* delta, float* x, WeightRef weight, int64_t 
   RmsNorm(x, weight, rows, dim, eps, out, stream);
 }
 
+void Device::HeadNormRope(float* q, float* k, WeightRef q_norm, WeightRef k_norm, const int32_t* positions, int64_t n,
+                          int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, double theta, Stream* stream) {
+  RmsNorm(q, q_norm, n * heads, head_dim, eps, q, stream);
+  RmsNorm(k, k_norm, n * kv_heads, head_dim, eps, k, stream);
+  Rope(q, positions, n, heads, head_dim, theta, stream);
+  Rope(k, positions, n, kv_heads, head_dim, theta, stream);
+}
+
 absl::StatusOr<std::unique_ptr<Graph>> Device::CaptureGraph(Stream* stream,
                                                             const std::function<absl::Status()>& enqueue) {
   (void)stream, (void)enqueue;

@@ -276,6 +276,12 @@ class Device {
   // position positions[i] (device memory, [n]).
   virtual void Rope(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim, double theta,
                     Stream* stream) = 0;
+  // Per-head q / k norms (Qwen3), then the rotation, in place: RmsNorm of q's n x heads rows of head_dim by q_norm
+  // and of k's n x kv_heads rows by k_norm, then Rope of q and of k at `positions`. Bitwise what those four ops
+  // give (the default runs them; CUDA does all in one launch). q: [n, heads, head_dim], k: [n, kv_heads,
+  // head_dim], not overlapping; q_norm, k_norm: [head_dim].
+  virtual void HeadNormRope(float* q, float* k, WeightRef q_norm, WeightRef k_norm, const int32_t* positions, int64_t n,
+                            int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, double theta, Stream* stream);
   // Causal attention of n new tokens against a cache that already holds `past` tokens plus these n
   // (k_cache, v_cache: [past + n, kv_heads, head_dim], the new tokens at rows past..past+n-1).
   // q: [n, heads, head_dim]; out: [n, heads, head_dim]. Query head h reads kv head h / (heads / kv_heads).

@@ -545,18 +545,20 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
       d.MatMul(h, a.k, a.k_bias, n, hidden, c.kv_size(), kk, s);
       d.MatMul(h, a.v, a.v_bias, n, hidden, c.kv_size(), v, s);
     }
-    if (c.qk_norm == QkNorm::kPerHead) {
-      d.RmsNorm(q, a.q_norm, n * c.num_heads, c.head_dim, static_cast<float>(c.rms_norm_eps), q, s);
-      d.RmsNorm(kk, a.k_norm, n * c.num_kv_heads, c.head_dim, static_cast<float>(c.rms_norm_eps), kk, s);
-    } else if (c.qk_norm == QkNorm::kFull) {
-      d.RmsNorm(q, a.q_norm, n, c.q_size(), static_cast<float>(c.rms_norm_eps), q, s);
-      d.RmsNorm(kk, a.k_norm, n, c.kv_size(), static_cast<float>(c.rms_norm_eps), kk, s);
-    }
-    if (n == 1) {  // k's heads follow q's: one rotation for both
-      d.Rope(q, dev_pos, 1, c.num_heads + c.num_kv_heads, c.head_dim, c.rope_theta, s);
+    if (c.qk_norm == QkNorm::kPerHead) {  // the per-head norms and the rotation together
+      d.HeadNormRope(q, kk, a.q_norm, a.k_norm, dev_pos, n, c.num_heads, c.num_kv_heads, c.head_dim,
+                     static_cast<float>(c.rms_norm_eps), c.rope_theta, s);
     } else {
-      d.Rope(q, dev_pos, n, c.num_heads, c.head_dim, c.rope_theta, s);
-      d.Rope(kk, dev_pos, n, c.num_kv_heads, c.head_dim, c.rope_theta, s);
+      if (c.qk_norm == QkNorm::kFull) {
+        d.RmsNorm(q, a.q_norm, n, c.q_size(), static_cast<float>(c.rms_norm_eps), q, s);
+        d.RmsNorm(kk, a.k_norm, n, c.kv_size(), static_cast<float>(c.rms_norm_eps), kk, s);
+      }
+      if (n == 1) {  // k's heads follow q's: one rotation for both
+        d.Rope(q, dev_pos, 1, c.num_heads + c.num_kv_heads, c.head_dim, c.rope_theta, s);
+      } else {
+        d.Rope(q, dev_pos, n, c.num_heads, c.head_dim, c.rope_theta, s);
+        d.Rope(kk, dev_pos, n, c.num_kv_heads, c.head_dim, c.rope_theta, s);
+      }
     }
     // Each sequence's rows into its own cache, and attention over that cache alone.
     for (size_t i = 0; i < inputs.size(); ++i) {

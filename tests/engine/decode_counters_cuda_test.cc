@@ -59,11 +59,11 @@ constexpr double kDeviceCopyRowsPerToken = 1;
 
 constexpr char kModel[] = "tiny-mixtral-kjv";
 
-// kModel on the (emulated) CUDA device.
-absl::StatusOr<std::unique_ptr<LocalModel>> OpenOnCuda() {
-  if (!testing::HaveSharedModel(kModel)) return absl::NotFoundError("needs " + testing::SharedModel(kModel));
+// `name` (kModel unless given) on the (emulated) CUDA device.
+absl::StatusOr<std::unique_ptr<LocalModel>> OpenOnCuda(const std::string& name = kModel) {
+  if (!testing::HaveSharedModel(name)) return absl::NotFoundError("needs " + testing::SharedModel(name));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice("cuda"));
-  return LocalModel::Open(testing::SharedModel(kModel), std::move(device));
+  return LocalModel::Open(testing::SharedModel(name), std::move(device));
 }
 
 // An engine of its own over `model`'s weights and device, its experts resident (LocalExpertExecutor).
@@ -88,11 +88,12 @@ struct DecodeCounts {
   int64_t kv_written = 0;  // bytes written into the KV caches
   int kv_buffers = 0;      // caches written into
 };
-DecodeCounts CountDecode(Engine& engine, Device& device, int warm_up) {
+DecodeCounts CountDecode(Engine& engine, Device& device, int warm_up, const std::string& name = kModel) {
   DecodeCounts out;
   const ModelConfig& c = engine.config();
   EXPECT_TRUE(engine.StartSequence(kCapacity).ok());
-  const std::vector<int32_t> prompt = {1, 415, 2936, 302};
+  std::vector<int32_t> prompt = {1, 415, 2936, 302};
+  for (int32_t& id : prompt) id %= static_cast<int32_t>(c.vocab_size);
   EXPECT_TRUE(engine.Forward(prompt, nullptr, ForwardKind::kPrefill).ok());
   int32_t next = 7;
   const auto step = [&] {
@@ -116,7 +117,7 @@ DecodeCounts CountDecode(Engine& engine, Device& device, int warm_up) {
   }
   const auto per_token = [](uint64_t v) { return static_cast<double>(v) / kSteps; };
   const simt::Counters& n = out.counts;
-  std::cout << "[decode counters] " << kModel << " per decode token: host syncs " << per_token(n.host_syncs)
+  std::cout << "[decode counters] " << name << " per decode token: host syncs " << per_token(n.host_syncs)
             << ", pageable copies to host " << per_token(n.pageable_copies_to_host) << ", allocations "
             << per_token(n.allocations) << ", frees " << per_token(n.frees) << ", launches " << per_token(n.launches)
             << " (" << per_token(n.launches) / static_cast<double>(c.num_layers) << " per layer; "
@@ -184,6 +185,29 @@ TEST(DecodeCountersCudaTest, ResidentDecodeStepIsOneGraphLaunch) {
   EXPECT_EQ(d.device.graph_kernel_launches, d.counts.graph_kernel_launches);
   // The ops of a replayed step are counted as run (the step's SelectTokens each time).
   EXPECT_EQ((*model)->device().op_counts()["SelectTokens"], kSteps + 2);
+}
+
+// Qwen3's per-head q / k norms and the rotation after them are one launch per layer (HeadNormRopeKernel) where
+// they were three (two RMSNorms over the heads, one RoPE): the only norms launched are the model's residual ones
+// (the first layer's input norm, two per layer but the last's second, the final norm).
+TEST(DecodeCountersCudaTest, Qwen3HeadNormsAndRopeAreOneLaunchPerLayer) {
+  auto model = OpenOnCuda("qwen3moe-tiny");
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config();
+  ASSERT_EQ(c.qk_norm, QkNorm::kPerHead);
+  EngineOptions options;
+  options.decode_graphs = false;
+  auto second = MakeEngine(**model, options);
+  ASSERT_TRUE(second.ok()) << second.status();
+  const DecodeCounts d = CountDecode(*second->engine, (*model)->device(), /*warm_up=*/1, "qwen3moe-tiny");
+  std::map<std::string, uint64_t> launches;  // per kernel name (the site without its file and line)
+  for (const auto& [site, counts] : d.counts.sites) launches[site.substr(0, site.find(' '))] += counts.launches;
+  const auto per_token = [](uint64_t v) { return static_cast<double>(v) / kSteps; };
+  EXPECT_EQ(per_token(launches["HeadNormRopeKernel<W>"]), static_cast<double>(c.num_layers));
+  EXPECT_EQ(launches.count("RopeKernel"), 0u);
+  EXPECT_EQ(per_token(launches["RmsNormHeldKernel<W,"]), static_cast<double>(2 * c.num_layers + 1));
+  EXPECT_LE(per_token(d.counts.host_syncs), kMaxHostSyncs);
+  EXPECT_EQ(d.counts.allocations, 0u);
 }
 
 // Two sequences decoded together, one greedy and one sampled, by an engine with graphs and one without: the same

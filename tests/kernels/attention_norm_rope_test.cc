@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -120,6 +121,80 @@ TEST_F(RopeKernelTest, MatchesCpuReference) {
       }
     }
   }
+}
+
+// Qwen3's per-head norms and rotation in one launch give bitwise what LaunchRmsNorm over q's and k's heads, then
+// LaunchRope of each, give: q and k adjacent in one buffer (a decode token's [q | k]) and apart, every weight dtype,
+// odd head counts and the largest head the kernel holds; a longer head is refused.
+TEST_F(RopeKernelTest, HeadNormRopeIsTheNormsThenRopeBitwise) {
+  std::mt19937 rng(5);
+  const std::vector<int32_t> all_positions = {3, 0, 4095};
+  const double theta = 1000000.0;
+  const float eps = 1e-6f;
+  for (DType dtype : gpu_test::kWeightTypes) {
+    for (int64_t head_dim : {2, 64, 96, 128, 256}) {
+      for (const auto& [heads, kv_heads] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {5, 1}, {32, 4}}) {
+        for (int64_t n : {1, 3}) {
+          for (bool table : {true, false}) {
+            const std::string what = std::string(DTypeName(dtype)) + " head_dim=" + std::to_string(head_dim) +
+                                     " heads=" + std::to_string(heads) + "/" + std::to_string(kv_heads) +
+                                     " n=" + std::to_string(n) + (table ? " (table)" : "");
+            const int64_t q_size = n * heads * head_dim, k_size = n * kv_heads * head_dim;
+            const std::vector<float> qk = RandomFloats(static_cast<size_t>(q_size + k_size), rng, -3.0f, 3.0f);
+            TestWeight qw(dtype, RandomFloats(static_cast<size_t>(head_dim), rng, 0.5f, 1.5f));
+            TestWeight kw(dtype, RandomFloats(static_cast<size_t>(head_dim), rng, 0.5f, 1.5f));
+            std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
+            cpu::RopeInvFreq(head_dim, theta, inv_freq.data());
+            DeviceArray<float> freq(inv_freq);
+            const float* f = table ? freq.get() : nullptr;
+            const std::vector<int32_t> host_positions(all_positions.begin(), all_positions.begin() + n);
+            DeviceArray<int32_t> positions(host_positions);
+            DeviceArray<float> apart(qk), fused(qk);
+            DeviceArray<float> q_alone(std::vector<float>(qk.begin(), qk.begin() + q_size));
+            DeviceArray<float> k_alone(std::vector<float>(qk.begin() + q_size, qk.end()));
+            gpu_test::WithDeviceType(qw, [&](auto* qp) {
+              using W = std::remove_const_t<std::remove_pointer_t<decltype(qp)>>;
+              const W* kp = reinterpret_cast<const W*>(kw.device.get());
+              float* q = apart.get();
+              float* k = q + q_size;
+              ODMOE_ASSERT_CUDA(kernels::LaunchRmsNorm(q, qp, n * heads, head_dim, eps, q, stream_));
+              ODMOE_ASSERT_CUDA(kernels::LaunchRmsNorm(k, kp, n * kv_heads, head_dim, eps, k, stream_));
+              ODMOE_ASSERT_CUDA(kernels::LaunchRope(q, positions.get(), n, heads, head_dim, theta, f, stream_));
+              ODMOE_ASSERT_CUDA(kernels::LaunchRope(k, positions.get(), n, kv_heads, head_dim, theta, f, stream_));
+              ODMOE_ASSERT_CUDA(kernels::LaunchHeadNormRope(fused.get(), fused.get() + q_size, qp, kp, positions.get(),
+                                                            n, heads, kv_heads, head_dim, eps, theta, f, stream_));
+              ODMOE_ASSERT_CUDA(kernels::LaunchHeadNormRope(q_alone.get(), k_alone.get(), qp, kp, positions.get(), n,
+                                                            heads, kv_heads, head_dim, eps, theta, f, stream_));
+            });
+            Sync();
+            const std::vector<float> want = apart.Download();
+            const std::vector<float> got = fused.Download();
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << what;
+            std::vector<float> got_apart = q_alone.Download();
+            const std::vector<float> k_got = k_alone.Download();
+            got_apart.insert(got_apart.end(), k_got.begin(), k_got.end());
+            EXPECT_EQ(std::memcmp(got_apart.data(), want.data(), want.size() * sizeof(float)), 0) << what << " apart";
+            // And the reference is right: the CPU's norm then rotation, to RoPE's tolerance.
+            std::vector<float> cpu_q(qk.begin(), qk.begin() + q_size), cpu_k(qk.begin() + q_size, qk.end());
+            cpu::RmsNorm(cpu_q.data(), qw.host_ref(), n * heads, head_dim, eps, cpu_q.data());
+            cpu::RmsNorm(cpu_k.data(), kw.host_ref(), n * kv_heads, head_dim, eps, cpu_k.data());
+            cpu::Rope(cpu_q.data(), host_positions.data(), n, heads, head_dim, theta);
+            cpu::Rope(cpu_k.data(), host_positions.data(), n, kv_heads, head_dim, theta);
+            cpu_q.insert(cpu_q.end(), cpu_k.begin(), cpu_k.end());
+            if (table) ExpectClose(got, cpu_q, 1e-5, 1e-5, what + " against the CPU");
+          }
+        }
+      }
+    }
+  }
+  TestWeight w(DType::kF32, std::vector<float>(258, 1.0f));
+  DeviceArray<float> x(std::vector<float>(258 * 2, 1.0f));
+  DeviceArray<int32_t> positions(std::vector<int32_t>{0});
+  EXPECT_EQ(kernels::LaunchHeadNormRope(x.get(), x.get() + 258, reinterpret_cast<const float*>(w.device.get()),
+                                        reinterpret_cast<const float*>(w.device.get()), positions.get(), 1, 1, 1, 258,
+                                        eps, theta, nullptr, stream_),
+            cudaErrorInvalidValue)
+      << "a head of 258 does not fit the kernel's block";
 }
 
 struct AttentionCase {

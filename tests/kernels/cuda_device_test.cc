@@ -484,6 +484,10 @@ TEST_F(CudaDeviceTest, LayerOpsMatchCpuDevice) {
       const Twin gathered = Zeros(static_cast<size_t>(2 * n * hidden), "gathered");
       const Twin scale = Make(RandomFloats(static_cast<size_t>(2 * n), rng), "scale");
       const Twin acc = Make(RandomFloats(static_cast<size_t>(n * hidden), rng), "acc");
+      const Twin hq = Make(RandomFloats(static_cast<size_t>(n * heads * head_dim), rng), "q (head norms)");
+      const Twin hk = Make(RandomFloats(static_cast<size_t>(n * kv_heads * head_dim), rng), "k (head norms)");
+      const Twin q_norm = Weight(dtype, RandomFloats(static_cast<size_t>(head_dim), rng, 0.5f, 1.5f), "q_norm");
+      const Twin k_norm = Weight(dtype, RandomFloats(static_cast<size_t>(head_dim), rng, 0.5f, 1.5f), "k_norm");
       for (Device* d : {cpu_.get(), gpu_.get()}) {
         const bool g = d == gpu_.get();
         const auto ref = [&](const Twin& t) { return g ? GpuRef(t, dtype) : CpuRef(t, dtype); };
@@ -494,6 +498,8 @@ TEST_F(CudaDeviceTest, LayerOpsMatchCpuDevice) {
         d->RmsNorm(f(h), ref(norm_w), n, hidden, 1e-5f, f(normed), stream.get());
         d->Rope(f(q), i32(pos), n, heads, head_dim, 10000.0, stream.get());
         d->Rope(f(kc) + past * kv_heads * head_dim, i32(pos), n, kv_heads, head_dim, 10000.0, stream.get());
+        d->HeadNormRope(f(hq), f(hk), ref(q_norm), ref(k_norm), i32(pos), n, heads, kv_heads, head_dim, 1e-6f, 1e6,
+                        stream.get());
         d->Attention(f(q), KvCacheRef{f(kc)}, KvCacheRef{f(vc)}, n, past, heads, kv_heads, head_dim,
                      1.0f / std::sqrt(48.0f), f(attn), stream.get());
         d->RouterTopK(f(logits), n, experts, top_k, true, i32(rids), f(rw), stream.get());
@@ -507,6 +513,8 @@ TEST_F(CudaDeviceTest, LayerOpsMatchCpuDevice) {
       ExpectSame(normed, 1e-6, 1e-5, what + " rmsnorm");
       ExpectSame(q, 1e-6, 1e-5, what + " rope q");
       ExpectSame(kc, 1e-6, 1e-5, what + " rope k");
+      ExpectSame(hq, 1e-5, 1e-5, what + " head norms and rope, q");
+      ExpectSame(hk, 1e-5, 1e-5, what + " head norms and rope, k");
       ExpectSame(attn, 2e-5, 1e-4, what + " attention");
       EXPECT_EQ(Get<int32_t>(*gpu_, *rids.gpu), Get<int32_t>(*cpu_, *rids.cpu)) << what << " router ids";
       ExpectSame(rw, 1e-7, 1e-5, what + " router weights");
@@ -521,6 +529,7 @@ TEST_F(CudaDeviceTest, LayerOpsMatchCpuDevice) {
     EXPECT_EQ(counts.at(op), 12) << op;
   }
   EXPECT_EQ(counts.at("Rope"), 24);
+  EXPECT_EQ(counts.at("HeadNormRope"), 12) << "one launch for both norms and both rotations";
   EXPECT_EQ(counts.count("MatMul"), 0u);
 }
 
