@@ -2,9 +2,10 @@
 // then every thread scales its elements. Thread t's elements are t, t + 256, t + 512, ..., its sum of squares
 // adds them in that order: the one order of both kernels below, which therefore give the same bits. x and out
 // may alias: each element is read and written by the same thread, after the reduction.
-//  - RmsNormHeldKernel<W, kPerThread> (rows of up to 256 x kPerThread): a thread loads its elements and their
-//    weights at once, before the reduction, and keeps them in registers for the scaling; the row's memory
-//    latency is paid once. One row of a decode step (n = 1) is one block, so this latency is the kernel's time.
+//  - RmsNormHeldKernel<W, kPerThread> (rows of up to 256 x kPerThread; kernels/norm_row.cuh's HeldRowNorm): a
+//    thread loads its elements and their weights at once, before the reduction, and keeps them in registers for
+//    the scaling; the row's memory latency is paid once. One row of a decode step (n = 1) is one block, so this
+//    latency is the kernel's time.
 //  - RmsNormKernel (longer rows): each thread takes its elements kBatch at a time, all loads of a batch issued
 //    before any use (with x and out possibly aliased the compiler cannot hoist a load above the previous
 //    element's store; a load at a time cost a memory latency per element, about 10 us for 4096 values on an
@@ -13,15 +14,17 @@
 
 #include "kernels/common.cuh"
 #include "kernels/elementwise.h"
+#include "kernels/norm_row.cuh"
 
 namespace odmoe::kernels {
 namespace {
 
 using internal::BlockSum;
+using internal::HeldRowNorm;
 using internal::RmsInverse;
 using internal::ToFloat;
 
-constexpr int kThreads = 256;
+constexpr int kThreads = internal::kNormThreads;
 constexpr int kBatch = 8;
 
 template <typename W>
@@ -67,36 +70,9 @@ __global__ void __launch_bounds__(kThreads)
     RmsNormHeldKernel(const float* x, const float* delta, float* sum, const W* __restrict__ weight, int64_t dim,
                       float eps, float* out) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim;
-  const float* xr = x + row;
-  float* yr = out + row;
-  float v[kPerThread];
-  float w[kPerThread];
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-    v[j] = i < dim ? xr[i] : 0.0f;
-    if (delta != nullptr && i < dim) v[j] += delta[row + i];  // Add's y += x, the same single rounding
-    w[j] = i < dim ? ToFloat(weight[i]) : 0.0f;
-  }
-  if (delta != nullptr) {
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-      if (i < dim) sum[row + i] = v[j];
-    }
-  }
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    if (threadIdx.x + static_cast<int64_t>(j) * kThreads < dim) ss += v[j] * v[j];
-  }
-  ss = BlockSum(ss);
-  const float inv = RmsInverse(ss, dim, eps);
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-    if (i < dim) yr[i] = (v[j] * inv) * w[j];
-  }
+  float y[kPerThread];
+  HeldRowNorm<W, kPerThread>(x + row, delta != nullptr ? delta + row : nullptr, sum != nullptr ? sum + row : nullptr,
+                             weight, dim, eps, out + row, y);
 }
 
 // Launches the held kernel for rows of `dim` (x, delta, sum as RmsNormHeldKernel takes them); false past 8192.

@@ -9,20 +9,19 @@
 // are one batch.
 //
 // HeadNormRopeKernel<W> (Qwen3's per-head q / k norms, then RoPE): one 256-thread block per (token, head), a thread
-// per element; the norm is RmsNormHeldKernel<W, 1>'s arithmetic (kernels/norm.cu: the same loads, BlockSum and
-// RmsInverse), the rotation RopeKernel's (CosSin, RotatePair), so one launch gives the bits of three.
+// per element; the norm is RmsNormHeldKernel<W, 1>'s (kernels/norm_row.cuh's HeldRowNorm, into shared memory), the
+// rotation RopeKernel's (CosSin, RotatePair), so one launch gives the bits of three.
 #include "kernels/rope.h"
 
 #include "kernels/common.cuh"
+#include "kernels/norm_row.cuh"
 
 namespace odmoe::kernels {
 namespace {
 
-using internal::BlockSum;
-using internal::RmsInverse;
-using internal::ToFloat;
+using internal::HeldRowNorm;
 
-constexpr int kThreads = 256;
+constexpr int kThreads = internal::kNormThreads;  // HeadNormRopeKernel's blocks are the held norm's
 constexpr int kBatch = 8;
 
 // cos and sin of pair i's angle at position pos (rope.h): inv_freq from the caller's table, or in float32 like torch
@@ -113,20 +112,15 @@ __global__ void __launch_bounds__(kThreads)
   const W* weight = h < heads ? q_weight : k_weight;
   const int i = threadIdx.x;
   const int half = head_dim / 2;
-  const float v = i < head_dim ? row[i] : 0.0f;
-  const float w = i < head_dim ? ToFloat(weight[i]) : 0.0f;
-  // The table while the loads are in flight.
   if (i < half) {
     CosSin(static_cast<float>(positions[t]), i, head_dim, theta, inv_freq_table, &table[i], &table[half + i]);
   }
-  float ss = 0.0f;
-  if (i < head_dim) ss += v * v;
-  ss = BlockSum(ss);
-  const float inv = RmsInverse(ss, head_dim, eps);
-  if (i < head_dim) normed[i] = (v * inv) * w;
+  float y[1];
+  HeldRowNorm<W, 1>(row, nullptr, nullptr, weight, head_dim, eps, normed, y);
   __syncthreads();  // the normed head and the table
   if (i < half) RotatePair(normed[i], normed[i + half], table[i], table[half + i], &row[i], &row[i + half]);
 }
+
 }  // namespace
 
 cudaError_t LaunchRope(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t head_dim, double theta,
