@@ -19,9 +19,10 @@ __device__ __forceinline__ float ChunkDot(const float* w, const float* x, float 
 // acc[r][t] = this lane's partial dot product of weight row `rows[r]` with token t's activations: lane-strided
 // 16-byte chunks (vec) or elements (!vec). kTokens = 1: exactly one token; otherwise n <= kTokens tokens.
 // Each accumulator's chain of FMAs is the same whatever kRows and kTokens, so a row's dot product (after
-// WarpSum) is bitwise the same whichever rows share the warp. REQUIRES for vec: in % 8 == 0, x and every row
+// WarpSum) is bitwise the same whichever rows share the warp. kSharedX: x is in shared memory (plain loads, not
+// the read-only cache's; the same values, so the same sums). REQUIRES for vec: in % 8 == 0, x and every row
 // 16-byte aligned.
-template <typename W, int kRows, int kTokens>
+template <typename W, int kRows, int kTokens, bool kSharedX = false>
 __device__ __forceinline__ void RowDot(const float* __restrict__ x, const W* const (&rows)[kRows], int n, int64_t in,
                                        bool vec, int lane, float (&acc)[kRows][kTokens]) {
   if (vec) {
@@ -40,7 +41,14 @@ __device__ __forceinline__ void RowDot(const float* __restrict__ x, const W* con
         if (kTokens == 1 || t < n) {
           float xv[kV];
 #pragma unroll
-          for (int q = 0; q < kV; q += 4) Vec16<float>::Load(x + t * in + c * kV + q, xv + q);
+          for (int q = 0; q < kV; q += 4) {
+            const float* xq = x + t * in + c * kV + q;
+            if constexpr (kSharedX) {
+              Vec16<float>::Unpack(*reinterpret_cast<const uint4*>(xq), xv + q);
+            } else {
+              Vec16<float>::Load(xq, xv + q);
+            }
+          }
 #pragma unroll
           for (int r = 0; r < kRows; ++r) acc[r][t] = ChunkDot<kV>(wv[r], xv, acc[r][t]);
         }

@@ -987,6 +987,31 @@ class CudaDevice final : public Device {
         kernels::LaunchRouterTopK(logits, n, num_experts, k, renormalize, ids, weights, S(stream)->get()));
   }
 
+  // One launch where the router's GEMV would be one block (few experts) and MatMul a GEMV (few rows), with the
+  // norm and router weights of one unquantized dtype; otherwise the three ops.
+  void AddRmsNormRoute(const float* delta, float* x, WeightRef norm, WeightRef router, int64_t rows, int64_t dim,
+                       float eps, int64_t num_experts, int64_t k, bool renormalize, float* h, float* logits,
+                       int32_t* ids, float* weights, Stream* stream) override {
+    if (rows > kGemvMaxTokens || num_experts > kernels::kAddRmsNormRouterMaxExperts ||
+        dim > kernels::kAddRmsNormRouterMaxDim || router.quantized() || router.dtype != norm.dtype) {
+      Device::AddRmsNormRoute(delta, x, norm, router, rows, dim, eps, num_experts, k, renormalize, h, logits, ids,
+                              weights, stream);
+      return;
+    }
+    CountOp("AddRmsNormRoute");
+    ODMOE_CHECK(rows >= 0 && dim > 0 && k >= 1 && k <= num_experts);
+    if (rows == 0) return;
+    ODMOE_CHECK(delta != nullptr && x != nullptr && !norm.empty() && !router.empty() && h != nullptr && h != x &&
+                h != delta && logits != nullptr && ids != nullptr && weights != nullptr);
+    UseDevice(ordinal_);
+    WithWeightType(norm, [&](auto* nw) {
+      using W = std::remove_const_t<std::remove_pointer_t<decltype(nw)>>;
+      ODMOE_CUDA_LAUNCH(kernels::LaunchAddRmsNormRouter(delta, x, nw, rows, dim, eps, h,
+                                                        static_cast<const W*>(router.data), num_experts, k, renormalize,
+                                                        logits, ids, weights, S(stream)->get()));
+    });
+  }
+
   void SwiGlu(const float* gate, const float* up, int64_t count, float* out, Stream* stream) override {
     CountOp("SwiGlu");
     ODMOE_CHECK(count >= 0);

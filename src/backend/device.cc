@@ -34,6 +34,14 @@ void Device::AddRmsNorm(const float* delta, float* x, WeightRef weight, int64_t 
   RmsNorm(x, weight, rows, dim, eps, out, stream);
 }
 
+void Device::AddRmsNormRoute(const float* delta, float* x, WeightRef norm, WeightRef router, int64_t rows, int64_t dim,
+                             float eps, int64_t num_experts, int64_t k, bool renormalize, float* h, float* logits,
+                             int32_t* ids, float* weights, Stream* stream) {
+  AddRmsNorm(delta, x, norm, rows, dim, eps, h, stream);
+  MatMul(h, router, {}, rows, dim, num_experts, logits, stream);
+  RouterTopK(logits, rows, num_experts, k, renormalize, ids, weights, stream);
+}
+
 void Device::HeadNormRope(float* q, float* k, WeightRef q_norm, WeightRef k_norm, const int32_t* positions, int64_t n,
                           int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, double theta, Stream* stream) {
   RmsNorm(q, q_norm, n * heads, head_dim, eps, q, stream);

@@ -308,6 +308,12 @@ class Device {
   // renormalised to sum 1 when `renormalize`. logits: [n, num_experts]; ids, weights: [n, k].
   virtual void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, bool renormalize,
                           int32_t* ids, float* weights, Stream* stream) = 0;
+  // A sparse layer's post-attention norm and router: AddRmsNorm(delta, x, norm, rows, dim, eps, h), then
+  // MatMul(h, router) into logits ([rows, num_experts]) and RouterTopK of those into ids / weights. Bitwise what
+  // those three ops give (the default runs them; CUDA, for few experts and rows, in one launch).
+  virtual void AddRmsNormRoute(const float* delta, float* x, WeightRef norm, WeightRef router, int64_t rows,
+                               int64_t dim, float eps, int64_t num_experts, int64_t k, bool renormalize, float* h,
+                               float* logits, int32_t* ids, float* weights, Stream* stream);
   // out = silu(gate) * up, elementwise over `count` values (out may alias gate).
   virtual void SwiGlu(const float* gate, const float* up, int64_t count, float* out, Stream* stream) = 0;
   // y += x elementwise over `count` values.

@@ -584,13 +584,13 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
       }
     }
     d.MatMul(attn_->as<float>(), a.o, a.o_bias, n, c.q_size(), hidden, o_->as<float>(), s);
-    // ---- MLP: x += the attention's output, h = the post-attention norm of x
-    d.AddRmsNorm(o_->as<float>(), x, lw.post_norm, n, hidden, static_cast<float>(c.rms_norm_eps), h, s);
+    // ---- MLP: x += the attention's output, h = the post-attention norm of x (and a sparse layer's router on h)
     float* moe = moe_->as<float>();
     if (lw.sparse) {
       int32_t* dev_ids = topk_->as<int32_t>();          // [n, k]
       float* dev_weights = topk_->as<float>() + n * k;  // [n, k]
-      RunRouter(d, c, lw.router, h, n, router_logits_->as<float>(), dev_ids, dev_weights, s);
+      d.AddRmsNormRoute(o_->as<float>(), x, lw.post_norm, lw.router, n, hidden, static_cast<float>(c.rms_norm_eps),
+                        c.num_experts, k, c.norm_topk_prob, h, router_logits_->as<float>(), dev_ids, dev_weights, s);
       if (chunk.resident) {
         // The experts read the router's ids on the device and write `moe` (no zeroing); the host waits for nothing
         // until the outputs.
@@ -615,6 +615,7 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
                            /*sigmoid_scale=*/true, moe, s);
       }
     } else {
+      d.AddRmsNorm(o_->as<float>(), x, lw.post_norm, n, hidden, static_cast<float>(c.rms_norm_eps), h, s);
       RunMlp(d, lw.dense, h, n, hidden, *mlp_ws_, moe, s);
     }
     // x += the MLP's output; h = the next layer's input norm of x

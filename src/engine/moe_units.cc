@@ -98,11 +98,4 @@ absl::Status CombineExpertOutputs(Device& device, std::span<const ExpertBatch> b
   return absl::OkStatus();
 }
 
-void RunRouter(Device& device, const ModelConfig& config, WeightRef router, const float* h, int64_t n,
-               float* logits_scratch, int32_t* ids, float* weights, Stream* stream) {
-  device.MatMul(h, router, {}, n, config.hidden_size, config.num_experts, logits_scratch, stream);
-  device.RouterTopK(logits_scratch, n, config.num_experts, config.top_k, config.norm_topk_prob, ids, weights,
-                    stream);
-}
-
 }  // namespace odmoe

@@ -1,9 +1,10 @@
-// The units of a sparse layer that later run on different machines: the router (on main and on the shadow),
-// the expert FFN (on the workers) and the steps that keep the cluster exact wherever the experts run
-// (prepare / experts / finalize): GroupByExpert + PackRowsAndScales, ComputeExpertRows, CombineExpertOutputs.
-// The local executor, main's remote executor and the worker call these same functions, so the summation order
-// and the ops applied to each row are one definition, not copies kept in step by hand. All are plain
-// functions over device memory so that any process can call them on its own Device.
+// The units of a sparse layer that later run on different machines: the expert FFN (on the workers) and the
+// steps that keep the cluster exact wherever the experts run (prepare / experts / finalize): GroupByExpert +
+// PackRowsAndScales, ComputeExpertRows, CombineExpertOutputs. (The router, on main and on the shadow, is one
+// Device op: Device::AddRmsNormRoute, with the norm before it.) The local executor, main's remote executor and the
+// worker call these same functions, so the summation order and the ops applied to each row are one definition, not
+// copies kept in step by hand. All are plain functions over device memory so that any process can call them on
+// its own Device.
 #pragma once
 
 #include <cstdint>
@@ -88,11 +89,5 @@ absl::Status CombineExpertOutputs(Device& device, std::span<const ExpertBatch> b
                                   const int32_t* dev_index, int64_t h,
                                   const std::function<absl::StatusOr<const float*>(size_t b)>& expert_output,
                                   float* out, Stream* stream);
-
-// Router of one sparse layer: logits = h * router^T, softmax, top-k. h: [n, hidden];
-// logits_scratch: [n, num_experts]; ids, weights: [n, top_k] on the device (best first; weights renormalised
-// when the config says so).
-void RunRouter(Device& device, const ModelConfig& config, WeightRef router, const float* h, int64_t n,
-               float* logits_scratch, int32_t* ids, float* weights, Stream* stream);
 
 }  // namespace odmoe

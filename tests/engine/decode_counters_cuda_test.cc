@@ -40,13 +40,15 @@ constexpr double kMaxHostSyncs = 1;
 // (3 GEMVs, SwiGLU, scatter-add): 18.4; 18.5 with the token picked on the device (one launch per token); 15.5 since
 // one token's q, k and v come from one GEMV over the stacked projection and q and k take one RoPE launch; 13.625
 // since each residual addition but the last is one launch with the norm after it (109 a token: 15 fewer); 12.625
-// since K and V go into their caches in one launch (101 a token).
-constexpr double kMaxLaunchesPerLayer = 12.625;
+// since K and V go into their caches in one launch (101 a token); 10.625 since the post-attention norm, the
+// router's GEMV and its top-k are one launch (85 a token).
+constexpr double kMaxLaunchesPerLayer = 10.625;
 // The kernels a replayed graph runs per layer: one more, the attention's split combine, which a graph holds
 // whenever the sequence's capacity may need it (here 61 positions: two 32-key splits) and which returns at once
 // while the context has one split; none of them launched by the host. 19.5 before q, k and v were stacked, 16.5
-// before the residual additions took their norms with them, 14.625 before K and V were written by one launch.
-constexpr double kMaxGraphKernelsPerLayer = 13.625;
+// before the residual additions took their norms with them, 14.625 before K and V were written by one launch,
+// 13.625 before the norm and the router were one launch.
+constexpr double kMaxGraphKernelsPerLayer = 11.625;
 constexpr double kMaxPageableCopies =
     0;  // 17 before the router's result and the logits came back to page-locked memory
 // Bytes copied from the device into host memory per greedy decode token: the token's id alone (4 bytes a row) since

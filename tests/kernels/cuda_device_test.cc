@@ -488,6 +488,12 @@ TEST_F(CudaDeviceTest, LayerOpsMatchCpuDevice) {
       const Twin hk = Make(RandomFloats(static_cast<size_t>(n * kv_heads * head_dim), rng), "k (head norms)");
       const Twin q_norm = Weight(dtype, RandomFloats(static_cast<size_t>(head_dim), rng, 0.5f, 1.5f), "q_norm");
       const Twin k_norm = Weight(dtype, RandomFloats(static_cast<size_t>(head_dim), rng, 0.5f, 1.5f), "k_norm");
+      const Twin residual = Make(RandomFloats(static_cast<size_t>(n * hidden), rng), "residual");
+      const Twin routed_h = Zeros(static_cast<size_t>(n * hidden), "routed h");
+      const Twin router = Weight(dtype, RandomFloats(static_cast<size_t>(8 * hidden), rng, -0.3f, 0.3f), "router");
+      const Twin router_logits = Zeros(static_cast<size_t>(n * 8), "router logits (fused)");
+      const Twin fused_ids = Make(std::vector<int32_t>(static_cast<size_t>(n * 2), 0), "expert ids (fused)");
+      const Twin fused_w = Zeros(static_cast<size_t>(n * 2), "expert weights (fused)");
       for (Device* d : {cpu_.get(), gpu_.get()}) {
         const bool g = d == gpu_.get();
         const auto ref = [&](const Twin& t) { return g ? GpuRef(t, dtype) : CpuRef(t, dtype); };
@@ -500,6 +506,8 @@ TEST_F(CudaDeviceTest, LayerOpsMatchCpuDevice) {
         d->Rope(f(kc) + past * kv_heads * head_dim, i32(pos), n, kv_heads, head_dim, 10000.0, stream.get());
         d->HeadNormRope(f(hq), f(hk), ref(q_norm), ref(k_norm), i32(pos), n, heads, kv_heads, head_dim, 1e-6f, 1e6,
                         stream.get());
+        d->AddRmsNormRoute(f(normed), f(residual), ref(norm_w), ref(router), n, hidden, 1e-5f, 8, 2, true, f(routed_h),
+                           f(router_logits), i32(fused_ids), f(fused_w), stream.get());
         d->Attention(f(q), KvCacheRef{f(kc)}, KvCacheRef{f(vc)}, n, past, heads, kv_heads, head_dim,
                      1.0f / std::sqrt(48.0f), f(attn), stream.get());
         d->RouterTopK(f(logits), n, experts, top_k, true, i32(rids), f(rw), stream.get());
@@ -515,6 +523,11 @@ TEST_F(CudaDeviceTest, LayerOpsMatchCpuDevice) {
       ExpectSame(kc, 1e-6, 1e-5, what + " rope k");
       ExpectSame(hq, 1e-5, 1e-5, what + " head norms and rope, q");
       ExpectSame(hk, 1e-5, 1e-5, what + " head norms and rope, k");
+      ExpectSame(residual, 1e-6, 1e-6, what + " norm and route: the residual");
+      ExpectSame(routed_h, 1e-6, 1e-5, what + " norm and route: the norm");
+      ExpectSame(router_logits, 1e-5, 1e-4, what + " norm and route: the logits");
+      EXPECT_EQ(Get<int32_t>(*gpu_, *fused_ids.gpu), Get<int32_t>(*cpu_, *fused_ids.cpu)) << what << " routed ids";
+      ExpectSame(fused_w, 1e-5, 1e-4, what + " norm and route: the weights (from the logits)");
       ExpectSame(attn, 2e-5, 1e-4, what + " attention");
       EXPECT_EQ(Get<int32_t>(*gpu_, *rids.gpu), Get<int32_t>(*cpu_, *rids.cpu)) << what << " router ids";
       ExpectSame(rw, 1e-7, 1e-5, what + " router weights");
@@ -524,13 +537,16 @@ TEST_F(CudaDeviceTest, LayerOpsMatchCpuDevice) {
     }
   }
   const std::map<std::string, int64_t> counts = gpu_->op_counts();
-  for (const char* op :
-       {"Embedding", "RmsNorm", "Attention", "RouterTopK", "SwiGlu", "Add", "GatherRows", "ScatterAddScaled"}) {
+  for (const char* op : {"Embedding", "RmsNorm", "Attention", "SwiGlu", "Add", "GatherRows", "ScatterAddScaled"}) {
     EXPECT_EQ(counts.at(op), 12) << op;
   }
   EXPECT_EQ(counts.at("Rope"), 24);
   EXPECT_EQ(counts.at("HeadNormRope"), 12) << "one launch for both norms and both rotations";
-  EXPECT_EQ(counts.count("MatMul"), 0u);
+  // One launch but for the case of 20 rows (MatMul's GEMM), which takes the three ops.
+  EXPECT_EQ(counts.at("AddRmsNormRoute"), 9);
+  EXPECT_EQ(counts.at("AddRmsNorm"), 3);
+  EXPECT_EQ(counts.at("MatMul"), 3);
+  EXPECT_EQ(counts.at("RouterTopK"), 12 + 3);
 }
 
 // SelectTokens through the Device: the CUDA device and the CPU reference pick the same ids for the same logits and

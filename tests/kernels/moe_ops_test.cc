@@ -2,13 +2,18 @@
 // (src/backend/cpu_kernels.h); expert ids compared exactly, with explicit ties. Skipped without a GPU.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/elementwise.h"
+#include "kernels/gemv.h"
+#include "kernels/norm.h"
 #include "kernels/router.h"
 #include "src/backend/cpu_kernels.h"
 #include "tests/kernels/gpu_test_util.h"
@@ -94,6 +99,74 @@ TEST_F(RouterKernelTest, NanRowsPickTheCpuOrder) {
     EXPECT_EQ(want_ids, (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3}));
     for (float w : weights.Download()) EXPECT_TRUE(std::isnan(w)) << w;
   }
+}
+
+// A sparse layer's post-attention norm and router in one launch give bitwise what LaunchAddRmsNorm, LaunchGemv (no
+// bias) and LaunchRouterTopK give: every weight dtype, rows of 1 to kGemvMaxTokens tokens, each of the norm's
+// register tiers and past their ends, 1 to 8 experts, h aligned (the GEMV's 16-byte path) and not (its scalar
+// path), with and without renormalisation. Too many experts or too long a row are refused.
+TEST_F(RouterKernelTest, AddRmsNormRouterIsTheThreeLaunchesBitwise) {
+  std::mt19937 rng(17);
+  int cases = 0;
+  for (DType dtype : gpu_test::kWeightTypes) {
+    for (int64_t dim : {7, 64, 257, 2048, 4100, 8192}) {
+      for (const auto& [experts, k] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {5, 2}, {8, 2}, {8, 8}}) {
+        for (int64_t rows : {int64_t{1}, int64_t{3}, kernels::kGemvMaxTokens}) {
+          for (bool aligned : {true, false}) {
+            const bool renormalize = (cases++ % 2) == 0;
+            const std::string what = std::string(DTypeName(dtype)) + " dim=" + std::to_string(dim) +
+                                     " experts=" + std::to_string(experts) + " k=" + std::to_string(k) +
+                                     " rows=" + std::to_string(rows) + (aligned ? "" : " (h unaligned)");
+            const size_t size = static_cast<size_t>(rows * dim);
+            const std::vector<float> x = RandomFloats(size, rng, -3.0f, 3.0f);
+            const std::vector<float> delta = RandomFloats(size, rng, -1.0f, 1.0f);
+            gpu_test::TestWeight norm(dtype, RandomFloats(static_cast<size_t>(dim), rng, 0.5f, 1.5f));
+            gpu_test::TestWeight router(dtype, RandomFloats(static_cast<size_t>(experts * dim), rng, -0.2f, 0.2f));
+            DeviceArray<float> dd(delta), x_three(x), x_one(x);
+            // h one float past an aligned start when !aligned
+            DeviceArray<float> h_three(size + 1), h_one(size + 1);
+            const size_t shift = aligned ? 0 : 1;
+            DeviceArray<float> l_three(static_cast<size_t>(rows * experts)), l_one(static_cast<size_t>(rows * experts));
+            DeviceArray<int32_t> i_three(static_cast<size_t>(rows * k)), i_one(static_cast<size_t>(rows * k));
+            DeviceArray<float> w_three(static_cast<size_t>(rows * k)), w_one(static_cast<size_t>(rows * k));
+            gpu_test::WithDeviceType(norm, [&](auto* np) {
+              using W = std::remove_const_t<std::remove_pointer_t<decltype(np)>>;
+              const W* rp = reinterpret_cast<const W*>(router.device.get());
+              float* h3 = h_three.get() + shift;
+              float* h1 = h_one.get() + shift;
+              ODMOE_ASSERT_CUDA(kernels::LaunchAddRmsNorm(dd.get(), x_three.get(), np, rows, dim, 1e-5f, h3, stream_));
+              ODMOE_ASSERT_CUDA(kernels::LaunchGemv<W>(h3, rp, nullptr, rows, dim, experts, l_three.get(), stream_));
+              ODMOE_ASSERT_CUDA(kernels::LaunchRouterTopK(l_three.get(), rows, experts, k, renormalize, i_three.get(),
+                                                          w_three.get(), stream_));
+              ODMOE_ASSERT_CUDA(kernels::LaunchAddRmsNormRouter(dd.get(), x_one.get(), np, rows, dim, 1e-5f, h1, rp,
+                                                                experts, k, renormalize, l_one.get(), i_one.get(),
+                                                                w_one.get(), stream_));
+            });
+            Sync();
+            const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+              return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+            };
+            EXPECT_TRUE(same(x_one.Download(), x_three.Download())) << what << ": the residual";
+            EXPECT_TRUE(same(h_one.Download(), h_three.Download())) << what << ": the norm";
+            EXPECT_TRUE(same(l_one.Download(), l_three.Download())) << what << ": the logits";
+            EXPECT_EQ(i_one.Download(), i_three.Download()) << what << ": the experts";
+            EXPECT_TRUE(same(w_one.Download(), w_three.Download())) << what << ": the weights";
+          }
+        }
+      }
+    }
+  }
+  DeviceArray<float> buf(static_cast<size_t>(9 * 8193));
+  DeviceArray<int32_t> ids(9);
+  const float* f = buf.get();
+  EXPECT_EQ(kernels::LaunchAddRmsNormRouter(f, buf.get(), f, 1, 64, 1e-5f, buf.get() + 64, f, 9, 2, true, buf.get(),
+                                            ids.get(), buf.get(), stream_),
+            cudaErrorInvalidValue)
+      << "9 experts";
+  EXPECT_EQ(kernels::LaunchAddRmsNormRouter(f, buf.get(), f, 1, 8193, 1e-5f, buf.get() + 8193, f, 2, 2, true, buf.get(),
+                                            ids.get(), buf.get(), stream_),
+            cudaErrorInvalidValue)
+      << "a row of 8193";
 }
 
 class ElementwiseKernelTest : public GpuTest {};
