@@ -92,8 +92,8 @@ __device__ __forceinline__ float BlockSum(float v) {
   return WarpSum(total);
 }
 
-// The RMSNorm's 1 / rms of a row of `dim` elements from its sum of squares: the one expression of every norm kernel
-// (kernels/norm.cu, kernels/rope.cu's HeadNormRopeKernel), so that they give the same bits.
+// The RMSNorm's 1 / rms of a row of `dim` elements from its sum of squares: the one expression of every norm
+// (kernels/norm.cu's RmsNormKernel, kernels/norm_row.cuh's HeldRowNorm), so that they give the same bits.
 __device__ __forceinline__ float RmsInverse(float sum_of_squares, int64_t dim, float eps) {
   return 1.0f / sqrtf(sum_of_squares / static_cast<float>(dim) + eps);
 }

@@ -1,7 +1,7 @@
 // The one summation order of the dense GEMVs (kernels/gemv.cu) as device functions, shared by every kernel that
-// must give bitwise the GEMV's dot products (kernels/moe_grouped.cu); ChunkDot is also the quantized GEMVs' order
-// within a chunk (kernels/quant_gemm.cu). Internal: included by .cu files of this
-// directory only.
+// must give bitwise the GEMV's dot products (kernels/moe_grouped.cu, kernels/router.cu); ChunkDot is also the
+// quantized GEMVs' order within a chunk (kernels/quant_gemm.cu). Internal: included by .cu files of this directory
+// only.
 #pragma once
 
 #include "kernels/common.cuh"

@@ -904,8 +904,8 @@ class CudaDevice final : public Device {
                     int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, double theta,
                     Stream* stream) override {
     ODMOE_CHECK(n >= 0 && heads >= 0 && kv_heads >= 0 && head_dim > 0 && head_dim % 2 == 0);
-    ODMOE_CHECK(q_norm.dtype == k_norm.dtype);
-    if (head_dim > kernels::kHeadNormRopeMaxHeadDim) {  // the kernel holds a head in one block's threads
+    // The kernel holds a head in one block's threads and takes both norms in one dtype.
+    if (head_dim > kernels::kHeadNormRopeMaxHeadDim || q_norm.dtype != k_norm.dtype) {
       Device::HeadNormRope(q, k, q_norm, k_norm, positions, n, heads, kv_heads, head_dim, eps, theta, stream);
       return;
     }
