@@ -398,11 +398,10 @@ GemvShape OneTokenShape(int64_t rows) {
   return GemvShape::kRows1;
 }
 
-// Launches kernel<kTokens, kRows, kDepth> over `rows` with kRows rows per warp.
-template <int kRows, typename Kernel, typename... Args>
-void LaunchRows(Kernel kernel, int64_t rows, cudaStream_t stream, Args... args) {
-  const auto blocks = static_cast<unsigned>(CeilDiv(rows, kGemvWarps * kRows));
-  kernel<<<blocks, kGemvThreads, 0, stream>>>(args...);
+// The blocks of a GEMV over `rows` with kRows rows per warp.
+template <int kRows>
+unsigned GemvBlocks(int64_t rows) {
+  return static_cast<unsigned>(CeilDiv(rows, kGemvWarps * kRows));
 }
 
 // The INT8 and NF4 GEMVs, for QuantGemv's dispatch: Launch<kTokens, kRows, kDepth, kVec> launches the format's
@@ -412,7 +411,8 @@ struct Int8Gemv {
   template <int kTokens, int kRows, int kDepth, bool kVec>
   static void Launch(const float* x, const Code* q, const float* absmax, int n, int64_t cols, int64_t rows, float* y,
                      cudaStream_t stream) {
-    LaunchRows<kRows>(GemvInt8Kernel<kTokens, kRows, kDepth, kVec>, rows, stream, x, q, absmax, n, cols, rows, y);
+    GemvInt8Kernel<kTokens, kRows, kDepth, kVec>
+        <<<GemvBlocks<kRows>(rows), kGemvThreads, 0, stream>>>(x, q, absmax, n, cols, rows, y);
   }
 };
 struct Nf4Gemv {
@@ -420,7 +420,8 @@ struct Nf4Gemv {
   template <int kTokens, int kRows, int kDepth, bool kVec>
   static void Launch(const float* x, const Code* q, const float* absmax, int n, int64_t cols, int64_t rows, float* y,
                      cudaStream_t stream) {
-    LaunchRows<kRows>(GemvNf4Kernel<kTokens, kRows, kDepth, kVec>, rows, stream, x, q, absmax, n, cols, rows, y);
+    GemvNf4Kernel<kTokens, kRows, kDepth, kVec>
+        <<<GemvBlocks<kRows>(rows), kGemvThreads, 0, stream>>>(x, q, absmax, n, cols, rows, y);
   }
 };
 
