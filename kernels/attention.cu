@@ -38,6 +38,7 @@ namespace odmoe::kernels {
 namespace {
 
 using internal::CeilDiv;
+using internal::StoreAs;
 using internal::ToFloat;
 using internal::Vec16;
 using internal::WarpMax;
@@ -442,11 +443,6 @@ __global__ void __launch_bounds__(kDecThreads) AttentionCombineKernel(AttentionA
   }
 }
 
-// fp32 -> KV with round-to-nearest-even: the conversions of LaunchConvert (kernels/elementwise.cu).
-__device__ __forceinline__ void StoreKv(float v, float* out) { *out = v; }
-__device__ __forceinline__ void StoreKv(float v, __half* out) { *out = __float2half_rn(v); }
-__device__ __forceinline__ void StoreKv(float v, __nv_bfloat16* out) { *out = __float2bfloat16_rn(v); }
-
 // Group g of four floats as four KV: elements 4g .. 4g + 3 of `cache`, in one 16-byte (float) or 8-byte store.
 // (Indexing the vector type from the kernel's pointer lets the compiler see the alignment: one store, not four.)
 __device__ __forceinline__ void StoreKv4(float4 v, float* cache, int64_t g) { reinterpret_cast<float4*>(cache)[g] = v; }
@@ -455,10 +451,10 @@ __device__ __forceinline__ uint32_t KvBits(__nv_bfloat16 h) { return __bfloat16_
 template <typename KV>
 __device__ __forceinline__ void StoreKv4(float4 v, KV* cache, int64_t g) {
   KV e[4];
-  StoreKv(v.x, &e[0]);
-  StoreKv(v.y, &e[1]);
-  StoreKv(v.z, &e[2]);
-  StoreKv(v.w, &e[3]);
+  StoreAs(v.x, &e[0]);
+  StoreAs(v.y, &e[1]);
+  StoreAs(v.z, &e[2]);
+  StoreAs(v.w, &e[3]);
   reinterpret_cast<uint2*>(cache)[g] =
       make_uint2(KvBits(e[0]) | KvBits(e[1]) << 16, KvBits(e[2]) | KvBits(e[3]) << 16);  // element 0 lowest
 }
@@ -482,7 +478,7 @@ __global__ void __launch_bounds__(kStoreThreads)
     const int64_t pos = positions[i];
     if (pos < 0 || pos >= capacity) continue;
     if constexpr (kVec == 1) {
-      StoreKv(rows[i * kv_size + x], cache + pos * kv_size + x);
+      StoreAs(rows[i * kv_size + x], cache + pos * kv_size + x);
     } else {
       StoreKv4(reinterpret_cast<const float4*>(rows)[i * groups + x], cache, pos * groups + x);
     }

@@ -16,6 +16,13 @@ __device__ __forceinline__ float ToFloat(float v) { return v; }
 __device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+// fp32 to W rounding to nearest even (what HF's .to(dtype) does; float: copied): the one conversion of
+// LaunchConvert and of every kernel that writes a KV cache (kernels/attention.cu, kernels/rope.cu), so that they
+// store the same bits.
+__device__ __forceinline__ void StoreAs(float v, float* out) { *out = v; }
+__device__ __forceinline__ void StoreAs(float v, __half* out) { *out = __float2half_rn(v); }
+__device__ __forceinline__ void StoreAs(float v, __nv_bfloat16* out) { *out = __float2bfloat16_rn(v); }
+
 // The two 16-bit values of a 32-bit word as floats (element 0 in the low half: little-endian order).
 __device__ __forceinline__ void Unpack2(uint32_t word, float* out, const __nv_bfloat16*) {
   out[0] = __uint_as_float(word << 16);

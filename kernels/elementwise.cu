@@ -17,6 +17,7 @@ namespace odmoe::kernels {
 namespace {
 
 using internal::CeilDiv;
+using internal::StoreAs;
 using internal::ToFloat;
 
 constexpr int kThreads = 256;
@@ -162,15 +163,10 @@ __global__ void SplitToPairKernel(const float* __restrict__ x, int64_t cols, T* 
   if (threadIdx.x == 0) row_scale[row] = ldexpf(1.0f, e);
 }
 
-// To fp32 exactly; from fp32 to 16 bits rounding to nearest even (what HF's .to(dtype) does).
-__device__ __forceinline__ void ConvertOne(float v, float* out) { *out = v; }
-__device__ __forceinline__ void ConvertOne(float v, __half* out) { *out = __float2half_rn(v); }
-__device__ __forceinline__ void ConvertOne(float v, __nv_bfloat16* out) { *out = __float2bfloat16_rn(v); }
-
 template <typename S, typename D>
 __global__ void ConvertKernel(const S* __restrict__ src, int64_t count, D* __restrict__ dst) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (i < count) ConvertOne(ToFloat(src[i]), dst + i);
+  if (i < count) StoreAs(ToFloat(src[i]), dst + i);  // to fp32 exactly, from it rounded
 }
 
 __global__ void ScaleRowsKernel(float* __restrict__ y, int64_t cols, const float* __restrict__ scale) {
