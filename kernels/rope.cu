@@ -6,12 +6,16 @@
 // time cost a memory latency per pair: about 9 us for 32 heads of 128 on an H200, under Nsight Compute). The
 // first batch is loaded before the table is computed, so that its memory latency and the table's arithmetic
 // overlap; with 256 threads of 8 pairs, one decode token's q and k of up to 2048 pairs (e.g. 32 heads of 128)
-// are one batch.
+// are one batch. RopeKernel<KV> (LaunchRopeKvStore) also writes each rotated k pair, and the token's v row, into
+// the KV caches as it goes: the bits LaunchKvStore stores from the rotated rows, without a launch of its own.
 //
-// HeadNormRopeKernel<W> (Qwen3's per-head q / k norms, then RoPE): one 256-thread block per (token, head), a thread
-// per element; the norm is RmsNormHeldKernel<W, 1>'s (kernels/norm_row.cuh's HeldRowNorm, into shared memory), the
-// rotation RopeKernel's (CosSin, RotatePair), so one launch gives the bits of three.
+// HeadNormRopeKernel<W, KV> (Qwen3's per-head q / k norms, then RoPE): one 256-thread block per (token, head), a
+// thread per element; the norm is RmsNormHeldKernel<W, 1>'s (kernels/norm_row.cuh's HeldRowNorm, into shared
+// memory), the rotation RopeKernel's (CosSin, RotatePair), so one launch gives the bits of three; with KV, a block
+// of a k head also stores that head of k and of v into the caches.
 #include "kernels/rope.h"
+
+#include <type_traits>
 
 #include "kernels/common.cuh"
 #include "kernels/norm_row.cuh"
@@ -20,6 +24,7 @@ namespace odmoe::kernels {
 namespace {
 
 using internal::HeldRowNorm;
+using internal::StoreAs;
 
 constexpr int kThreads = internal::kNormThreads;  // HeadNormRopeKernel's blocks are the held norm's
 constexpr int kBatch = 8;
@@ -47,19 +52,49 @@ __device__ __forceinline__ void RotatePair(float x1, float x2, float c, float s,
   *y2 = x2 * c + x1 * s;
 }
 
+// Where a RoPE kernel also puts a token's K and V (KV = void: nowhere): k's rotated rows and v's rows ([n, kv_heads
+// * head_dim]) into the caches' row positions[t], converted by StoreAs (LaunchKvStore's rule: a position outside
+// [0, capacity) stores nothing).
+template <typename KV>
+struct KvDest {
+  const float* v;
+  KV* k_cache;
+  KV* v_cache;
+  int64_t capacity;
+};
+
+// Whether the kernel stores K and V at `position`.
+template <typename KV>
+__device__ __forceinline__ bool Stores(const KvDest<KV>& kv, int32_t position) {
+  if constexpr (std::is_void<KV>::value) {
+    return false;
+  } else {
+    return position >= 0 && position < kv.capacity;
+  }
+}
+
+// Block t rotates token t's q heads (at q + t * heads * head_dim), then its k heads (at k + t * kv_heads * head_dim;
+// none when kv_heads is 0), and stores them and v's row as `kv` says.
+template <typename KV>
 __global__ void __launch_bounds__(kThreads)
-    RopeKernel(float* x, const int32_t* __restrict__ positions, int64_t heads, int head_dim, float theta,
-               const float* __restrict__ inv_freq_table) {
+    RopeKernel(float* q, float* k, int64_t heads, int64_t kv_heads, const int32_t* __restrict__ positions, int head_dim,
+               float theta, const float* __restrict__ inv_freq_table, KvDest<KV> kv) {
+  constexpr bool kStore = !std::is_void<KV>::value;
   extern __shared__ float table[];  // [half] cos, then [half] sin
   const int half = head_dim / 2;
   const int64_t t = blockIdx.x;
-  float* xt = x + t * heads * head_dim;
-  const int64_t pairs = heads * half;
-  // One batch of this thread's pairs: element e of the token (e = head * half + column) at xt[at] and
-  // xt[at + half].
+  const int64_t q_elems = heads * head_dim;
+  const int64_t kv_size = kv_heads * head_dim;
+  float* qt = q + t * q_elems;
+  float* kt = kv_heads > 0 ? k + t * kv_size : nullptr;
+  const int64_t pairs = (heads + kv_heads) * half;
+  // Element a of the token's [q's heads | k's heads].
+  auto element = [&](int64_t a) { return a < q_elems ? qt + a : kt + (a - q_elems); };
+  // One batch of this thread's pairs: pair e of the token (e = head * half + column) at element(at) and
+  // element(at) + half.
   float x1[kBatch];
   float x2[kBatch];
-  int64_t at[kBatch];  // offset of the pair's first element in xt
+  int64_t at[kBatch];  // the pair's first element
   int col[kBatch];     // its index in the head's first half
   auto load = [&](int64_t e0) {
 #pragma unroll
@@ -69,18 +104,31 @@ __global__ void __launch_bounds__(kThreads)
       col[j] = static_cast<int>(e - h * half);
       at[j] = h * head_dim + col[j];
       if (e < pairs) {
-        x1[j] = xt[at[j]];
-        x2[j] = xt[at[j] + half];
+        const float* p = element(at[j]);
+        x1[j] = p[0];
+        x2[j] = p[half];
       }
     }
   };
-  // The first batch is in flight while the table is computed.
+  // A batch of the token's v row, for the V cache: elements i0, i0 + kThreads, ...
+  float vb[kStore ? kBatch : 1];
+  auto load_v = [&](int64_t i0) {
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t i = i0 + j * kThreads;
+      if (i < kv_size) vb[j] = kv.v[t * kv_size + i];
+    }
+  };
+  // The first batches are in flight while the table is computed.
   load(threadIdx.x);
-  const float pos = static_cast<float>(positions[t]);
+  if constexpr (kStore) load_v(threadIdx.x);
+  const int32_t position = positions[t];
+  const float pos = static_cast<float>(position);
   for (int i = threadIdx.x; i < half; i += kThreads) {
     CosSin(pos, i, head_dim, theta, inv_freq_table, &table[i], &table[half + i]);
   }
   __syncthreads();
+  const bool store = Stores(kv, position);
   for (int64_t e0 = threadIdx.x; e0 < pairs; e0 += kThreads * kBatch) {
     if (e0 != threadIdx.x) load(e0);
 #pragma unroll
@@ -88,7 +136,30 @@ __global__ void __launch_bounds__(kThreads)
       if (e0 + j * kThreads < pairs) {
         const float c = table[col[j]];
         const float s = table[half + col[j]];
-        RotatePair(x1[j], x2[j], c, s, &xt[at[j]], &xt[at[j] + half]);
+        float y1, y2;
+        RotatePair(x1[j], x2[j], c, s, &y1, &y2);
+        float* p = element(at[j]);
+        p[0] = y1;
+        p[half] = y2;
+        if constexpr (kStore) {
+          if (store && at[j] >= q_elems) {
+            KV* dst = kv.k_cache + position * kv_size + (at[j] - q_elems);
+            StoreAs(y1, dst);
+            StoreAs(y2, dst + half);
+          }
+        }
+      }
+    }
+  }
+  if constexpr (kStore) {
+    if (!store) return;
+    KV* vc = kv.v_cache + position * kv_size;
+    for (int64_t i0 = threadIdx.x; i0 < kv_size; i0 += kThreads * kBatch) {
+      if (i0 != threadIdx.x) load_v(i0);
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int64_t i = i0 + j * kThreads;
+        if (i < kv_size) StoreAs(vb[j], vc + i);
       }
     }
   }
@@ -98,12 +169,13 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kMaxNormedHeadDim = kThreads;
 static_assert(kMaxNormedHeadDim == kHeadNormRopeMaxHeadDim);
 
-// Block b: token b / (heads + kv_heads), head b % (heads + kv_heads) of q, then of k.
-template <typename W>
+// Block b: token b / (heads + kv_heads), head b % (heads + kv_heads) of q, then of k; a block of k's head also
+// stores it and v's head of that token as `kv` says.
+template <typename W, typename KV>
 __global__ void __launch_bounds__(kThreads)
     HeadNormRopeKernel(float* q, float* k, const W* __restrict__ q_weight, const W* __restrict__ k_weight,
                        const int32_t* __restrict__ positions, int64_t heads, int64_t kv_heads, int head_dim, float eps,
-                       float theta, const float* __restrict__ inv_freq_table) {
+                       float theta, const float* __restrict__ inv_freq_table, KvDest<KV> kv) {
   __shared__ float normed[kMaxNormedHeadDim];
   __shared__ float table[kMaxNormedHeadDim];  // [half] cos, then [half] sin
   const int64_t t = blockIdx.x / (heads + kv_heads);
@@ -112,13 +184,53 @@ __global__ void __launch_bounds__(kThreads)
   const W* weight = h < heads ? q_weight : k_weight;
   const int i = threadIdx.x;
   const int half = head_dim / 2;
-  if (i < half) {
-    CosSin(static_cast<float>(positions[t]), i, head_dim, theta, inv_freq_table, &table[i], &table[half + i]);
-  }
+  const int32_t position = positions[t];
+  if (i < half) CosSin(static_cast<float>(position), i, head_dim, theta, inv_freq_table, &table[i], &table[half + i]);
   float y[1];
   HeldRowNorm<W, 1>(row, nullptr, nullptr, weight, head_dim, eps, normed, y);
   __syncthreads();  // the normed head and the table
-  if (i < half) RotatePair(normed[i], normed[i + half], table[i], table[half + i], &row[i], &row[i + half]);
+  float y1 = 0.0f, y2 = 0.0f;
+  if (i < half) {
+    RotatePair(normed[i], normed[i + half], table[i], table[half + i], &y1, &y2);
+    row[i] = y1;
+    row[i + half] = y2;
+  }
+  if constexpr (!std::is_void<KV>::value) {
+    if (h < heads || !Stores(kv, position)) return;
+    const int64_t kv_size = kv_heads * head_dim;
+    const int64_t at = position * kv_size + (h - heads) * head_dim;  // the head's first element in a cache
+    if (i < half) {
+      StoreAs(y1, kv.k_cache + at + i);
+      StoreAs(y2, kv.k_cache + at + i + half);
+    }
+    if (i < head_dim) StoreAs(kv.v[t * kv_size + (h - heads) * head_dim + i], kv.v_cache + at + i);
+  }
+}
+
+// The checks both KV-storing launchers make: cudaErrorInvalidValue for a missing pointer or a bad capacity.
+template <typename KV>
+cudaError_t CheckKvDest(float* k, const KvDest<KV>& kv, int64_t kv_heads) {
+  if (kv.capacity < 0) return cudaErrorInvalidValue;
+  if (kv_heads > 0 && (k == nullptr || kv.v == nullptr || kv.k_cache == nullptr || kv.v_cache == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+// LaunchHeadNormRope, storing K and V as `kv` says.
+template <typename W, typename KV>
+cudaError_t LaunchHeadNormRopeInto(float* q, float* k, const W* q_weight, const W* k_weight, const int32_t* positions,
+                                   int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, float eps,
+                                   double theta, const float* inv_freq, const KvDest<KV>& kv, cudaStream_t stream) {
+  if (heads < 0 || kv_heads < 0 || head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxNormedHeadDim) {
+    return cudaErrorInvalidValue;
+  }
+  if (n <= 0 || heads + kv_heads == 0) return cudaSuccess;
+  if (n > 0x7fffffff / (heads + kv_heads)) return cudaErrorInvalidValue;
+  HeadNormRopeKernel<W, KV><<<static_cast<unsigned>(n * (heads + kv_heads)), kThreads, 0, stream>>>(
+      q, k, q_weight, k_weight, positions, heads, kv_heads, static_cast<int>(head_dim), eps, static_cast<float>(theta),
+      inv_freq, kv);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -128,8 +240,23 @@ cudaError_t LaunchRope(float* x, const int32_t* positions, int64_t n, int64_t he
   if (n <= 0 || heads <= 0) return cudaSuccess;
   if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > 8192 || n > 0x7fffffff) return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(head_dim) * sizeof(float);
-  RopeKernel<<<static_cast<unsigned>(n), kThreads, smem, stream>>>(x, positions, heads, static_cast<int>(head_dim),
-                                                                   static_cast<float>(theta), inv_freq);
+  RopeKernel<void><<<static_cast<unsigned>(n), kThreads, smem, stream>>>(
+      x, nullptr, heads, 0, positions, static_cast<int>(head_dim), static_cast<float>(theta), inv_freq, KvDest<void>{});
+  return cudaGetLastError();
+}
+
+template <typename KV>
+cudaError_t LaunchRopeKvStore(float* q, float* k, const float* v, const int32_t* positions, int64_t n, int64_t heads,
+                              int64_t kv_heads, int64_t head_dim, double theta, const float* inv_freq, KV* k_cache,
+                              KV* v_cache, int64_t capacity, cudaStream_t stream) {
+  const KvDest<KV> kv{v, k_cache, v_cache, capacity};
+  if (n < 0 || heads < 0 || kv_heads < 0 || CheckKvDest(k, kv, kv_heads) != cudaSuccess) return cudaErrorInvalidValue;
+  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > 8192 || n > 0x7fffffff) return cudaErrorInvalidValue;
+  if (n == 0 || heads + kv_heads == 0) return cudaSuccess;
+  if (positions == nullptr || (heads > 0 && q == nullptr)) return cudaErrorInvalidValue;
+  const size_t smem = static_cast<size_t>(head_dim) * sizeof(float);
+  RopeKernel<KV><<<static_cast<unsigned>(n), kThreads, smem, stream>>>(
+      q, k, heads, kv_heads, positions, static_cast<int>(head_dim), static_cast<float>(theta), inv_freq, kv);
   return cudaGetLastError();
 }
 
@@ -137,23 +264,38 @@ template <typename W>
 cudaError_t LaunchHeadNormRope(float* q, float* k, const W* q_weight, const W* k_weight, const int32_t* positions,
                                int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, double theta,
                                const float* inv_freq, cudaStream_t stream) {
-  if (heads < 0 || kv_heads < 0 || head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxNormedHeadDim) {
-    return cudaErrorInvalidValue;
-  }
-  if (n <= 0 || heads + kv_heads == 0) return cudaSuccess;
-  if (n > 0x7fffffff / (heads + kv_heads)) return cudaErrorInvalidValue;
-  HeadNormRopeKernel<W><<<static_cast<unsigned>(n * (heads + kv_heads)), kThreads, 0, stream>>>(
-      q, k, q_weight, k_weight, positions, heads, kv_heads, static_cast<int>(head_dim), eps, static_cast<float>(theta),
-      inv_freq);
-  return cudaGetLastError();
+  return LaunchHeadNormRopeInto(q, k, q_weight, k_weight, positions, n, heads, kv_heads, head_dim, eps, theta, inv_freq,
+                                KvDest<void>{}, stream);
 }
 
-#define ODMOE_INSTANTIATE(W)                                                                                       \
-  template cudaError_t LaunchHeadNormRope<W>(float*, float*, const W*, const W*, const int32_t*, int64_t, int64_t, \
-                                             int64_t, int64_t, float, double, const float*, cudaStream_t);
+template <typename W, typename KV>
+cudaError_t LaunchHeadNormRopeKvStore(float* q, float* k, const float* v, const W* q_weight, const W* k_weight,
+                                      const int32_t* positions, int64_t n, int64_t heads, int64_t kv_heads,
+                                      int64_t head_dim, float eps, double theta, const float* inv_freq, KV* k_cache,
+                                      KV* v_cache, int64_t capacity, cudaStream_t stream) {
+  const KvDest<KV> kv{v, k_cache, v_cache, capacity};
+  if (n < 0 || CheckKvDest(k, kv, kv_heads) != cudaSuccess) return cudaErrorInvalidValue;
+  if (n > 0 && positions == nullptr) return cudaErrorInvalidValue;
+  return LaunchHeadNormRopeInto(q, k, q_weight, k_weight, positions, n, heads, kv_heads, head_dim, eps, theta, inv_freq,
+                                kv, stream);
+}
+
+#define ODMOE_INSTANTIATE_KV(W, KV)                                                                                \
+  template cudaError_t LaunchHeadNormRopeKvStore<W, KV>(float*, float*, const float*, const W*, const W*,          \
+                                                        const int32_t*, int64_t, int64_t, int64_t, int64_t, float, \
+                                                        double, const float*, KV*, KV*, int64_t, cudaStream_t);
+#define ODMOE_INSTANTIATE(W)                                                                                         \
+  template cudaError_t LaunchHeadNormRope<W>(float*, float*, const W*, const W*, const int32_t*, int64_t, int64_t,   \
+                                             int64_t, int64_t, float, double, const float*, cudaStream_t);           \
+  template cudaError_t LaunchRopeKvStore<W>(float*, float*, const float*, const int32_t*, int64_t, int64_t, int64_t, \
+                                            int64_t, double, const float*, W*, W*, int64_t, cudaStream_t);           \
+  ODMOE_INSTANTIATE_KV(W, float)                                                                                     \
+  ODMOE_INSTANTIATE_KV(W, __half)                                                                                    \
+  ODMOE_INSTANTIATE_KV(W, __nv_bfloat16)
 ODMOE_INSTANTIATE(float)
 ODMOE_INSTANTIATE(__half)
 ODMOE_INSTANTIATE(__nv_bfloat16)
 #undef ODMOE_INSTANTIATE
+#undef ODMOE_INSTANTIATE_KV
 
 }  // namespace odmoe::kernels

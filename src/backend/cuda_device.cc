@@ -800,6 +800,43 @@ class CudaDevice final : public Device {
     });
   }
 
+  void RopeWriteKv(float* q, float* k, const float* v, WeightRef q_norm, WeightRef k_norm, float eps,
+                   const int32_t* positions, int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, double theta,
+                   KvCacheRef k_cache, KvCacheRef v_cache, int64_t capacity, Stream* stream) override {
+    ODMOE_CHECK(q_norm.empty() == k_norm.empty());
+    const bool norms = !q_norm.empty();
+    // As HeadNormRope: the kernel holds a head in one block's threads and takes both norms in one dtype.
+    if (norms && (head_dim > kernels::kHeadNormRopeMaxHeadDim || q_norm.dtype != k_norm.dtype)) {
+      Device::RopeWriteKv(q, k, v, q_norm, k_norm, eps, positions, n, heads, kv_heads, head_dim, theta, k_cache,
+                          v_cache, capacity, stream);
+      return;
+    }
+    CountOp("RopeWriteKv");
+    ODMOE_CHECK(n >= 0 && heads >= 0 && kv_heads > 0 && head_dim > 0 && head_dim % 2 == 0 && capacity >= 0);
+    if (n == 0) return;
+    ODMOE_CHECK((heads == 0 || q != nullptr) && k != nullptr && v != nullptr && positions != nullptr &&
+                k_cache.data != nullptr && v_cache.data != nullptr && k_cache.dtype == v_cache.dtype);
+    UseDevice(ordinal_);
+    CudaStream* s = S(stream);
+    const float* inv_freq = InvFreqTable(head_dim, theta, s);
+    WithWeightType(WeightRef{k_cache.data, k_cache.dtype}, [&](auto* typed) {
+      using KV = std::remove_const_t<std::remove_pointer_t<decltype(typed)>>;
+      KV* kc = const_cast<KV*>(typed);
+      KV* vc = const_cast<KV*>(static_cast<const KV*>(v_cache.data));
+      if (!norms) {
+        ODMOE_CUDA_LAUNCH(kernels::LaunchRopeKvStore(q, k, v, positions, n, heads, kv_heads, head_dim, theta, inv_freq,
+                                                     kc, vc, capacity, s->get()));
+        return;
+      }
+      WithWeightType(q_norm, [&](auto* qw) {
+        using W = std::remove_const_t<std::remove_pointer_t<decltype(qw)>>;
+        ODMOE_CUDA_LAUNCH(kernels::LaunchHeadNormRopeKvStore(q, k, v, qw, static_cast<const W*>(k_norm.data), positions,
+                                                             n, heads, kv_heads, head_dim, eps, theta, inv_freq, kc, vc,
+                                                             capacity, s->get()));
+      });
+    });
+  }
+
   size_t AttentionAtWorkspaceBytes(int64_t n, int64_t max_past, int64_t heads, int64_t head_dim) const override {
     return kernels::AttentionDecodeAtWorkspaceFloats(n, max_past, heads, head_dim) * sizeof(float);
   }

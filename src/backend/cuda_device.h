@@ -27,14 +27,16 @@
 //  - SelectTokens: one launch, a block per row (kernels/sampling.h), the ids the CPU reference picks.
 //  - Attention: the split-sequence decode kernel for up to 4 new tokens, the tiled prefill kernel beyond, both
 //    over a KV cache in the model's compute dtype (KvCacheDType: F16 / BF16 models keep theirs in that dtype,
-//    as HF does, half the bytes of fp32; every other model in F32), written by WriteKvRows (K and V in one
-//    launch) or Convert (fp32 rows rounded to nearest even: the same bits).
+//    as HF does, half the bytes of fp32; every other model in F32), written by RopeWriteKv (with k's rotation,
+//    in RoPE's launch), WriteKvRows (K and V in one launch) or Convert (fp32 rows rounded to nearest even: the
+//    same bits).
 //  - Graphs (CaptureGraph / LaunchGraph): the stream is captured in thread-local mode into a CUDA graph,
 //    instantiated at once; a launch replays it with the arguments of the capture. While a stream is captured, the
 //    memory pool's allocations and frees leave it alone (so another thread loading or evicting does not join the
-//    capture). WriteKvRows and AttentionAt read the position from device memory (kernels::LaunchKvStore,
-//    LaunchAttentionDecodeAt), so a recorded decode step serves every position. Launches and ops enqueued while
-//    capturing are counted at each launch of the graph, not at the capture (DeviceCounters::graph_launches).
+//    capture). RopeWriteKv, WriteKvRows and AttentionAt read the position from device memory
+//    (kernels::LaunchRopeKvStore, LaunchKvStore, LaunchAttentionDecodeAt), so a recorded decode step serves every
+//    position. Launches and ops enqueued while capturing are counted at each launch of the graph, not at the
+//    capture (DeviceCounters::graph_launches).
 //  - Rope rotates by the inverse frequencies of the CPU reference (cpu::RopeInvFreq, uploaded once per
 //    head_dim and theta), so both backends use bitwise the same frequencies.
 //  - Ops report CUDA errors (a bad launch, a fault) by aborting with the error's text: like CHECKs, they are

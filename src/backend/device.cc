@@ -68,6 +68,19 @@ void Device::WriteKvRows(const float* k_rows, const float* v_rows, const int32_t
   ODMOE_CHECK(false && "WriteKvRows on a device without graphs");
 }
 
+void Device::RopeWriteKv(float* q, float* k, const float* v, WeightRef q_norm, WeightRef k_norm, float eps,
+                         const int32_t* positions, int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                         double theta, KvCacheRef k_cache, KvCacheRef v_cache, int64_t capacity, Stream* stream) {
+  ODMOE_CHECK(q_norm.empty() == k_norm.empty());
+  if (!q_norm.empty()) {
+    HeadNormRope(q, k, q_norm, k_norm, positions, n, heads, kv_heads, head_dim, eps, theta, stream);
+  } else {
+    Rope(q, positions, n, heads, head_dim, theta, stream);
+    Rope(k, positions, n, kv_heads, head_dim, theta, stream);
+  }
+  WriteKvRows(k, v, positions, n, kv_heads * head_dim, k_cache, v_cache, capacity, stream);
+}
+
 size_t Device::AttentionAtWorkspaceBytes(int64_t n, int64_t max_past, int64_t heads, int64_t head_dim) const {
   (void)n, (void)max_past, (void)heads, (void)head_dim;
   return 0;

@@ -297,6 +297,14 @@ class Device {
   // holds `capacity` rows, and a position outside [0, capacity) writes nothing. REQUIRES: both caches of one dtype.
   virtual void WriteKvRows(const float* k_rows, const float* v_rows, const int32_t* positions, int64_t n,
                            int64_t kv_size, KvCacheRef k_cache, KvCacheRef v_cache, int64_t capacity, Stream* stream);
+  // The rotation of q ([n, heads, head_dim]) and of k ([n, kv_heads, head_dim]) at `positions`, then WriteKvRows of
+  // k's rotated rows and v's rows ([n, kv_heads * head_dim]) into the caches. With q_norm and k_norm (Qwen3's
+  // per-head norms; both or neither), the rotation is HeadNormRope's, otherwise Rope of each. Bitwise what those ops
+  // give (the default runs them; CUDA does all in one launch). Only where WriteKvRows is. REQUIRES: q, k and v
+  // apart (q and k may be adjacent).
+  virtual void RopeWriteKv(float* q, float* k, const float* v, WeightRef q_norm, WeightRef k_norm, float eps,
+                           const int32_t* positions, int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                           double theta, KvCacheRef k_cache, KvCacheRef v_cache, int64_t capacity, Stream* stream);
   // Attention (n <= 4 new tokens) with past = *past, an int32 in device memory, 0 <= *past <= max_past. workspace:
   // device memory of at least AttentionAtWorkspaceBytes(n, max_past, heads, head_dim) bytes, used by this call
   // only until the next work on `stream`.

@@ -519,8 +519,10 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
   const int32_t* dev_pos = dev_tokens + n;
   // K and V rows into the caches in one launch, at the positions on the device, wherever the device has the op
   // (Device::WriteKvRows: the devices with graphs, the only ones a positions_on_device chunk runs on); elsewhere
-  // one Convert or copy per cache at `past`.
+  // one Convert or copy per cache at `past`. A chunk of one sequence (one pair of caches) writes them in its RoPE's
+  // launch (Device::RopeWriteKv).
   const bool kv_rows_on_device = d.SupportsGraphs();
+  const bool kv_with_rope = kv_rows_on_device && inputs.size() == 1;
 
   float* x = x_->as<float>();
   float* h = h_->as<float>();
@@ -545,20 +547,25 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
       d.MatMul(h, a.k, a.k_bias, n, hidden, c.kv_size(), kk, s);
       d.MatMul(h, a.v, a.v_bias, n, hidden, c.kv_size(), v, s);
     }
-    if (c.qk_norm == QkNorm::kPerHead) {  // the per-head norms and the rotation together
+    const bool head_norms = c.qk_norm == QkNorm::kPerHead;
+    if (c.qk_norm == QkNorm::kFull) {
+      d.RmsNorm(q, a.q_norm, n, c.q_size(), static_cast<float>(c.rms_norm_eps), q, s);
+      d.RmsNorm(kk, a.k_norm, n, c.kv_size(), static_cast<float>(c.rms_norm_eps), kk, s);
+    }
+    if (kv_with_rope) {  // the rotation (after the per-head norms), and K and V into the caches
+      Sequence& seq = *inputs[0].sequence;
+      d.RopeWriteKv(q, kk, v, head_norms ? a.q_norm : WeightRef{}, head_norms ? a.k_norm : WeightRef{},
+                    static_cast<float>(c.rms_norm_eps), dev_pos, n, c.num_heads, c.num_kv_heads, c.head_dim,
+                    c.rope_theta, CacheRef(*seq.k_cache_[static_cast<size_t>(l)]),
+                    CacheRef(*seq.v_cache_[static_cast<size_t>(l)]), seq.capacity_, s);
+    } else if (head_norms) {  // the per-head norms and the rotation together
       d.HeadNormRope(q, kk, a.q_norm, a.k_norm, dev_pos, n, c.num_heads, c.num_kv_heads, c.head_dim,
                      static_cast<float>(c.rms_norm_eps), c.rope_theta, s);
+    } else if (n == 1) {  // k's heads follow q's: one rotation for both
+      d.Rope(q, dev_pos, 1, c.num_heads + c.num_kv_heads, c.head_dim, c.rope_theta, s);
     } else {
-      if (c.qk_norm == QkNorm::kFull) {
-        d.RmsNorm(q, a.q_norm, n, c.q_size(), static_cast<float>(c.rms_norm_eps), q, s);
-        d.RmsNorm(kk, a.k_norm, n, c.kv_size(), static_cast<float>(c.rms_norm_eps), kk, s);
-      }
-      if (n == 1) {  // k's heads follow q's: one rotation for both
-        d.Rope(q, dev_pos, 1, c.num_heads + c.num_kv_heads, c.head_dim, c.rope_theta, s);
-      } else {
-        d.Rope(q, dev_pos, n, c.num_heads, c.head_dim, c.rope_theta, s);
-        d.Rope(kk, dev_pos, n, c.num_kv_heads, c.head_dim, c.rope_theta, s);
-      }
+      d.Rope(q, dev_pos, n, c.num_heads, c.head_dim, c.rope_theta, s);
+      d.Rope(kk, dev_pos, n, c.num_kv_heads, c.head_dim, c.rope_theta, s);
     }
     // Each sequence's rows into its own cache, and attention over that cache alone.
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -568,12 +575,12 @@ absl::Status Engine::EnqueueChunk(const Chunk& chunk, bool positions_on_device) 
       Buffer& kc = *seq.k_cache_[static_cast<size_t>(l)];
       Buffer& vc = *seq.v_cache_[static_cast<size_t>(l)];
       float* out = attn_->as<float>() + row * c.q_size();
-      if (kv_rows_on_device) {
-        d.WriteKvRows(kk + row * c.kv_size(), v + row * c.kv_size(), dev_pos + row, rows, c.kv_size(), CacheRef(kc),
-                      CacheRef(vc), seq.capacity_, s);
-      } else {
+      if (!kv_rows_on_device) {
         StoreKv(kk + row * c.kv_size(), rows * c.kv_size(), kc, past * c.kv_size(), s);
         StoreKv(v + row * c.kv_size(), rows * c.kv_size(), vc, past * c.kv_size(), s);
+      } else if (!kv_with_rope) {  // (with RoPE they are in already)
+        d.WriteKvRows(kk + row * c.kv_size(), v + row * c.kv_size(), dev_pos + row, rows, c.kv_size(), CacheRef(kc),
+                      CacheRef(vc), seq.capacity_, s);
       }
       if (positions_on_device) {  // a graph's step: the position is the row's, read when the work runs
         d.AttentionAt(q + row * c.q_size(), CacheRef(kc), CacheRef(vc), rows, dev_pos + row, seq.capacity_ - rows,

@@ -42,14 +42,15 @@ constexpr double kMaxHostSyncs = 1;
 // one token's q, k and v come from one GEMV over the stacked projection and q and k take one RoPE launch; 13.625
 // since each residual addition but the last is one launch with the norm after it (109 a token: 15 fewer); 12.625
 // since K and V go into their caches in one launch (101 a token); 10.625 since the post-attention norm, the
-// router's GEMV and its top-k are one launch (85 a token).
-constexpr double kMaxLaunchesPerLayer = 10.625;
+// router's GEMV and its top-k are one launch (85 a token); 9.625 since K and V go into their caches in RoPE's
+// launch (77 a token).
+constexpr double kMaxLaunchesPerLayer = 9.625;
 // The kernels a replayed graph runs per layer: one more, the attention's split combine, which a graph holds
 // whenever the sequence's capacity may need it (here 61 positions: two 32-key splits) and which returns at once
 // while the context has one split; none of them launched by the host. 19.5 before q, k and v were stacked, 16.5
 // before the residual additions took their norms with them, 14.625 before K and V were written by one launch,
-// 13.625 before the norm and the router were one launch.
-constexpr double kMaxGraphKernelsPerLayer = 11.625;
+// 13.625 before the norm and the router were one launch, 11.625 before K and V were written by RoPE's launch.
+constexpr double kMaxGraphKernelsPerLayer = 10.625;
 constexpr double kMaxPageableCopies =
     0;  // 17 before the router's result and the logits came back to page-locked memory
 // Bytes copied from the device into host memory per greedy decode token: the token's id alone (4 bytes a row) since
@@ -158,6 +159,13 @@ void ExpectDecodeBounds(const DecodeCounts& d, const ModelConfig& c, double max_
             static_cast<double>(2 * c.num_layers * c.num_kv_heads * c.head_dim * 2));
 }
 
+// Launches per kernel name (the site without its file and line).
+std::map<std::string, uint64_t> LaunchesByKernel(const DecodeCounts& d) {
+  std::map<std::string, uint64_t> launches;
+  for (const auto& [site, counts] : d.counts.sites) launches[site.substr(0, site.rfind(' '))] += counts.launches;
+  return launches;
+}
+
 // Op by op (EngineOptions::decode_graphs off): every kernel launched by the host.
 TEST(DecodeCountersCudaTest, ResidentDecodeStepOnTinyMixtral) {
   auto model = OpenOnCuda();
@@ -169,6 +177,12 @@ TEST(DecodeCountersCudaTest, ResidentDecodeStepOnTinyMixtral) {
   Engine& engine = *second->engine;
   const DecodeCounts d = CountDecode(engine, (*model)->device(), /*warm_up=*/1);
   ExpectDecodeBounds(d, (*model)->config(), kMaxLaunchesPerLayer);
+  // K and V go into the caches from RoPE's launch, one a layer: no KV store kernel of their own.
+  std::map<std::string, uint64_t> launches = LaunchesByKernel(d);
+  EXPECT_EQ(static_cast<double>(launches["RopeKernel<KV>"]) / kSteps,
+            static_cast<double>((*model)->config().num_layers));
+  EXPECT_EQ(launches.count("RopeKernel<void>"), 0u);
+  EXPECT_EQ(launches.count("AttentionKvStoreKernel<KV, 4>") + launches.count("AttentionKvStoreKernel<KV, 1>"), 0u);
   EXPECT_EQ(d.counts.graph_launches, 0u);
   EXPECT_EQ(d.counts.graph_kernel_launches, 0u);
   EXPECT_EQ((*model)->device().op_counts()["SelectTokens"], kSteps + 1);
@@ -191,8 +205,9 @@ TEST(DecodeCountersCudaTest, ResidentDecodeStepIsOneGraphLaunch) {
 }
 
 // Qwen3's per-head q / k norms and the rotation after them are one launch per layer (HeadNormRopeKernel) where
-// they were three (two RMSNorms over the heads, one RoPE): the only norms launched are the model's residual ones
-// (the first layer's input norm, two per layer but the last's second, the final norm).
+// they were three (two RMSNorms over the heads, one RoPE), and that launch also writes K and V into the caches
+// (one more before): the only norms launched are the model's residual ones (the first layer's input norm, two per
+// layer but the last's second, the final norm).
 TEST(DecodeCountersCudaTest, Qwen3HeadNormsAndRopeAreOneLaunchPerLayer) {
   auto model = OpenOnCuda("qwen3moe-tiny");
   ASSERT_TRUE(model.ok()) << model.status();
@@ -203,11 +218,12 @@ TEST(DecodeCountersCudaTest, Qwen3HeadNormsAndRopeAreOneLaunchPerLayer) {
   auto second = MakeEngine(**model, options);
   ASSERT_TRUE(second.ok()) << second.status();
   const DecodeCounts d = CountDecode(*second->engine, (*model)->device(), /*warm_up=*/1, "qwen3moe-tiny");
-  std::map<std::string, uint64_t> launches;  // per kernel name (the site without its file and line)
-  for (const auto& [site, counts] : d.counts.sites) launches[site.substr(0, site.rfind(' '))] += counts.launches;
+  std::map<std::string, uint64_t> launches = LaunchesByKernel(d);
   const auto per_token = [](uint64_t v) { return static_cast<double>(v) / kSteps; };
-  EXPECT_EQ(per_token(launches["HeadNormRopeKernel<W>"]), static_cast<double>(c.num_layers));
-  EXPECT_EQ(launches.count("RopeKernel"), 0u);
+  EXPECT_EQ(per_token(launches["HeadNormRopeKernel<W, KV>"]), static_cast<double>(c.num_layers));
+  EXPECT_EQ(launches.count("RopeKernel<void>") + launches.count("RopeKernel<KV>"), 0u);
+  EXPECT_EQ(launches.count("AttentionKvStoreKernel<KV, 4>") + launches.count("AttentionKvStoreKernel<KV, 1>"), 0u)
+      << "K and V go into the caches from the norms' and RoPE's launch";
   EXPECT_EQ(per_token(launches["RmsNormHeldKernel<W, 1>"]), static_cast<double>(2 * c.num_layers + 1));
   EXPECT_LE(per_token(d.counts.host_syncs), kMaxHostSyncs);
   EXPECT_EQ(d.counts.allocations, 0u);

@@ -2,10 +2,12 @@
 // that are not multiples of the block, every weight dtype, head_dim 32/48/64/80/128/256, GQA ratios
 // 1/2/3/4/6/8/16, past = 0 and long contexts (the decode kernel's sequence splits), KV caches in every dtype and
 // unaligned; LaunchAttentionDecodeAt bit for bit against LaunchAttentionDecode, one launch replayed while only the
-// device past changes; LaunchKvStore bit for bit against LaunchConvert. Skipped without a GPU.
+// device past changes; LaunchKvStore bit for bit against LaunchConvert, LaunchRopeKvStore against LaunchRope and
+// LaunchKvStore. Skipped without a GPU.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -195,6 +197,135 @@ TEST_F(RopeKernelTest, HeadNormRopeIsTheNormsThenRopeBitwise) {
                                         eps, theta, nullptr, stream_),
             cudaErrorInvalidValue)
       << "a head of 258 does not fit the kernel's block";
+}
+
+// RoPE that also stores k's rotated rows and v's rows into the caches gives bitwise what LaunchRope of q and of k,
+// then LaunchKvStore, give; with Qwen3's per-head norms (LaunchHeadNormRopeKvStore), what LaunchHeadNormRope, then
+// LaunchKvStore, give. Checked: q, k and both caches (which start as byte patterns, so a stray store shows), in
+// every cache dtype and norm dtype; q and k adjacent (a decode token's [q | k]) and apart; positions outside [0,
+// capacity) rotate their rows but store nothing; several tokens; a token's v row longer than a RoPE block's batch
+// (32 kv heads of 128).
+class RopeKvStoreTest : public GpuTest {
+ protected:
+  // norms: the per-head norms' dtype, or nullopt for RoPE alone.
+  template <typename KV>
+  void Check(int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, bool adjacent, bool table,
+             std::optional<DType> norms, std::mt19937& rng) {
+    const std::string what = "sizeof(KV)=" + std::to_string(sizeof(KV)) + " n=" + std::to_string(n) +
+                             " heads=" + std::to_string(heads) + "/" + std::to_string(kv_heads) +
+                             " head_dim=" + std::to_string(head_dim) + (adjacent ? " adjacent" : " apart") +
+                             (table ? " (table)" : "") + (norms ? " norms " + std::string(DTypeName(*norms)) : "");
+    const double theta = 10000.0;
+    const float eps = 1e-6f;
+    const int64_t capacity = 5;
+    const std::vector<int32_t> all_positions = {2, 4, -1, 0, 5};  // -1 and 5 (= capacity) store nothing
+    const std::vector<int32_t> host_positions(all_positions.begin(), all_positions.begin() + n);
+    DeviceArray<int32_t> positions(host_positions);
+    std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
+    cpu::RopeInvFreq(head_dim, theta, inv_freq.data());
+    DeviceArray<float> freq(inv_freq);
+    const float* f = table ? freq.get() : nullptr;
+    const int64_t q_size = n * heads * head_dim, kv_size = kv_heads * head_dim;
+    // [q | k] of each run in one buffer, with a gap between them when apart; v alone.
+    const int64_t gap = adjacent ? 0 : 3;
+    std::vector<float> qk = RandomFloats(static_cast<size_t>(q_size + gap + n * kv_size), rng, -3.0f, 3.0f);
+    const std::vector<float> v_host = RandomFloats(static_cast<size_t>(n * kv_size), rng, -3.0f, 3.0f);
+    DeviceArray<float> qk_apart(qk), qk_fused(qk), v(v_host);
+    const size_t cache_elems = static_cast<size_t>(capacity * kv_size);
+    DeviceArray<KV> caches_apart(2 * cache_elems), caches_fused(2 * cache_elems);  // K's, then V's
+    for (DeviceArray<KV>* c : {&caches_apart, &caches_fused}) {
+      ODMOE_ASSERT_CUDA(cudaMemset(c->get(), 0x5a, cache_elems * sizeof(KV)));
+      ODMOE_ASSERT_CUDA(cudaMemset(c->get() + cache_elems, 0xa5, cache_elems * sizeof(KV)));
+    }
+    float* q = qk_apart.get();
+    float* k = q + q_size + gap;
+    float* fq = qk_fused.get();
+    float* fk = fq + q_size + gap;
+    KV* kc = caches_fused.get();
+    KV* vc = kc + cache_elems;
+    if (!norms) {
+      ODMOE_ASSERT_CUDA(kernels::LaunchRope(q, positions.get(), n, heads, head_dim, theta, f, stream_));
+      ODMOE_ASSERT_CUDA(kernels::LaunchRope(k, positions.get(), n, kv_heads, head_dim, theta, f, stream_));
+      ODMOE_ASSERT_CUDA(kernels::LaunchRopeKvStore(fq, fk, v.get(), positions.get(), n, heads, kv_heads, head_dim,
+                                                   theta, f, kc, vc, capacity, stream_));
+    } else {
+      TestWeight qw(*norms, RandomFloats(static_cast<size_t>(head_dim), rng, 0.5f, 1.5f));
+      TestWeight kw(*norms, RandomFloats(static_cast<size_t>(head_dim), rng, 0.5f, 1.5f));
+      gpu_test::WithDeviceType(qw, [&](auto* qp) {
+        using W = std::remove_const_t<std::remove_pointer_t<decltype(qp)>>;
+        const W* kp = reinterpret_cast<const W*>(kw.device.get());
+        ODMOE_ASSERT_CUDA(kernels::LaunchHeadNormRope(q, k, qp, kp, positions.get(), n, heads, kv_heads, head_dim, eps,
+                                                      theta, f, stream_));
+        ODMOE_ASSERT_CUDA(kernels::LaunchHeadNormRopeKvStore(fq, fk, v.get(), qp, kp, positions.get(), n, heads,
+                                                             kv_heads, head_dim, eps, theta, f, kc, vc, capacity,
+                                                             stream_));
+      });
+      Sync();  // the weights go out of scope
+    }
+    ODMOE_ASSERT_CUDA(kernels::LaunchKvStore(k, v.get(), positions.get(), n, kv_size, caches_apart.get(),
+                                             caches_apart.get() + cache_elems, capacity, stream_));
+    Sync();
+    const std::vector<float> want_qk = qk_apart.Download(), got_qk = qk_fused.Download();
+    EXPECT_EQ(std::memcmp(got_qk.data(), want_qk.data(), want_qk.size() * sizeof(float)), 0) << what << ": q and k";
+    EXPECT_NE(std::memcmp(got_qk.data(), qk.data(), qk.size() * sizeof(float)), 0) << what << ": rotated";
+    const std::vector<KV> want_c = caches_apart.Download(), got_c = caches_fused.Download();
+    EXPECT_EQ(std::memcmp(got_c.data(), want_c.data(), want_c.size() * sizeof(KV)), 0) << what << ": the caches";
+    const std::vector<float> v_after = v.Download();
+    EXPECT_EQ(std::memcmp(v_after.data(), v_host.data(), v_host.size() * sizeof(float)), 0) << what << ": v unchanged";
+  }
+
+  template <typename KV>
+  void CheckAll(std::mt19937& rng) {
+    for (const auto& [heads, kv_heads] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {5, 1}, {32, 4}, {32, 32}}) {
+      for (int64_t head_dim : {2, 48, 128}) {
+        for (int64_t n : {1, 5}) {
+          Check<KV>(n, heads, kv_heads, head_dim, /*adjacent=*/true, /*table=*/true, std::nullopt, rng);
+          Check<KV>(n, heads, kv_heads, head_dim, /*adjacent=*/false, /*table=*/n == 1, std::nullopt, rng);
+          for (DType norms : gpu_test::kWeightTypes) {
+            Check<KV>(n, heads, kv_heads, head_dim, /*adjacent=*/n == 1, /*table=*/true, norms, rng);
+          }
+        }
+      }
+    }
+  }
+};
+
+TEST_F(RopeKvStoreTest, IsRopeThenKvStoreBitwise) {
+  std::mt19937 rng(13);
+  CheckAll<float>(rng);
+  CheckAll<__half>(rng);
+  CheckAll<__nv_bfloat16>(rng);
+}
+
+TEST_F(RopeKvStoreTest, EmptyAndBadArguments) {
+  DeviceArray<float> buf(64);
+  DeviceArray<float> cache(64);
+  DeviceArray<int32_t> pos(std::vector<int32_t>{0});
+  float* q = buf.get();
+  float* c = cache.get();
+  const auto launch = [&](int64_t n, int64_t head_dim, float* k, float* k_cache) {
+    return kernels::LaunchRopeKvStore(q, k, buf.get() + 32, pos.get(), n, 1, 1, head_dim, 10000.0, nullptr, k_cache,
+                                      c + 32, 4, stream_);
+  };
+  EXPECT_EQ(launch(0, 4, q + 4, c), cudaSuccess);
+  EXPECT_EQ(launch(1, 4, q + 4, c), cudaSuccess);
+  EXPECT_EQ(launch(-1, 4, q + 4, c), cudaErrorInvalidValue);
+  EXPECT_EQ(launch(1, 3, q + 4, c), cudaErrorInvalidValue) << "an odd head";
+  EXPECT_EQ(launch(1, 4, nullptr, c), cudaErrorInvalidValue);
+  EXPECT_EQ(launch(1, 4, q + 4, nullptr), cudaErrorInvalidValue);
+  const float* w = buf.get() + 48;  // norm weights (values do not matter here)
+  const auto launch_normed = [&](int64_t n, int64_t head_dim, float* k, float* k_cache) {
+    return kernels::LaunchHeadNormRopeKvStore(q, k, buf.get() + 32, w, w, pos.get(), n, 1, 1, head_dim, 1e-6f, 10000.0,
+                                              nullptr, k_cache, c + 32, 4, stream_);
+  };
+  EXPECT_EQ(launch_normed(0, 4, q + 4, c), cudaSuccess);
+  EXPECT_EQ(launch_normed(1, 4, q + 4, c), cudaSuccess);
+  EXPECT_EQ(launch_normed(-1, 4, q + 4, c), cudaErrorInvalidValue);
+  EXPECT_EQ(launch_normed(1, 3, q + 4, c), cudaErrorInvalidValue) << "an odd head";
+  EXPECT_EQ(launch_normed(1, 258, q + 4, c), cudaErrorInvalidValue) << "a head longer than the block";
+  EXPECT_EQ(launch_normed(1, 4, nullptr, c), cudaErrorInvalidValue);
+  EXPECT_EQ(launch_normed(1, 4, q + 4, nullptr), cudaErrorInvalidValue);
+  Sync();
 }
 
 struct AttentionCase {

@@ -663,6 +663,74 @@ TEST_F(CudaDeviceTest, AGraphReplaysADecodeStepAtEveryPosition) {
   EXPECT_EQ(gpu_->op_counts().at("WriteKvRows"), capacity);
 }
 
+// RopeWriteKv gives bitwise what the ops it stands for give (Device::RopeWriteKv's default: Rope or HeadNormRope, then
+// WriteKvRows, each CUDA's own): q, k and both caches, in one launch (counted as a RopeWriteKv op) without norms and
+// with per-head norms, and through the default where the fused kernel does not apply (a head longer than its block,
+// norms of two dtypes); caches in bf16 and f32, a position outside the caches (rotated, not stored).
+TEST_F(CudaDeviceTest, RopeWriteKvIsTheOpsItStandsForBitwise) {
+  struct Case {
+    DType cache;
+    int64_t head_dim;
+    bool norms;
+    DType q_norm, k_norm;
+    bool one_launch;
+  };
+  const DType f32 = DType::kF32, bf16 = DType::kBF16;
+  const Case cases[] = {{bf16, 64, false, f32, f32, true},    {f32, 48, false, f32, f32, true},
+                        {bf16, 64, true, bf16, bf16, true},   {f32, 48, true, f32, f32, true},
+                        {bf16, 320, true, bf16, bf16, false}, {bf16, 64, true, f32, bf16, false}};
+  std::mt19937 rng(31);
+  const int64_t n = 3, heads = 6, kv_heads = 2, capacity = 4;
+  const std::vector<int32_t> positions = {3, 0, 4};  // 4: outside the caches
+  for (const Case& c : cases) {
+    const std::string what =
+        std::string(DTypeName(c.cache)) + " cache, head_dim " + std::to_string(c.head_dim) +
+        (c.norms ? ", norms " + std::string(DTypeName(c.q_norm)) + "/" + std::string(DTypeName(c.k_norm)) : "");
+    const int64_t qs = n * heads * c.head_dim, kv = kv_heads * c.head_dim;
+    const std::vector<float> qk = RandomFloats(static_cast<size_t>(qs + n * kv), rng, -2.0f, 2.0f);
+    const std::vector<float> v = RandomFloats(static_cast<size_t>(n * kv), rng, -2.0f, 2.0f);
+    const size_t cache_bytes = static_cast<size_t>(capacity * kv) * DTypeSize(c.cache);
+    const std::vector<uint8_t> pattern(cache_bytes, 0x5a);
+    const bool norms = c.norms;
+    const Twin q_norm = Weight(c.q_norm, RandomFloats(static_cast<size_t>(c.head_dim), rng, 0.5f, 1.5f), "q_norm");
+    const Twin k_norm = Weight(c.k_norm, RandomFloats(static_cast<size_t>(c.head_dim), rng, 0.5f, 1.5f), "k_norm");
+    const Twin pos = Make(positions, "positions");
+    const Twin vs = Make(v, "v");
+    std::vector<float> got_qk[2];
+    std::vector<uint8_t> got_k[2], got_v[2];
+    auto stream = gpu_->CreateStream();
+    for (int fused = 0; fused < 2; ++fused) {
+      const Twin qkb = Make(qk, "q and k");
+      const Twin kc = Make(pattern, "k cache"), vc = Make(pattern, "v cache");
+      float* q = static_cast<float*>(qkb.gpu->data());
+      const WeightRef qn = norms ? GpuRef(q_norm, c.q_norm) : WeightRef{};
+      const WeightRef kn = norms ? GpuRef(k_norm, c.k_norm) : WeightRef{};
+      const auto* p = static_cast<const int32_t*>(pos.gpu->data());
+      const KvCacheRef kr{kc.gpu->data(), c.cache}, vr{vc.gpu->data(), c.cache};
+      const auto* vp = static_cast<const float*>(vs.gpu->data());
+      const int64_t before = gpu_->op_counts()["RopeWriteKv"];
+      if (fused == 1) {
+        gpu_->RopeWriteKv(q, q + qs, vp, qn, kn, 1e-6f, p, n, heads, kv_heads, c.head_dim, 1e6, kr, vr, capacity,
+                          stream.get());
+        EXPECT_EQ(gpu_->op_counts()["RopeWriteKv"] - before, c.one_launch ? 1 : 0) << what;
+      } else {
+        gpu_->Device::RopeWriteKv(q, q + qs, vp, qn, kn, 1e-6f, p, n, heads, kv_heads, c.head_dim, 1e6, kr, vr,
+                                  capacity, stream.get());
+        EXPECT_EQ(gpu_->op_counts()["RopeWriteKv"], before) << what;
+      }
+      gpu_->Synchronize(stream.get());
+      got_qk[fused] = Get<float>(*gpu_, *qkb.gpu);
+      got_k[fused] = Get<uint8_t>(*gpu_, *kc.gpu);
+      got_v[fused] = Get<uint8_t>(*gpu_, *vc.gpu);
+    }
+    EXPECT_EQ(std::memcmp(got_qk[0].data(), got_qk[1].data(), got_qk[0].size() * sizeof(float)), 0) << what;
+    EXPECT_NE(std::memcmp(got_qk[1].data(), qk.data(), qk.size() * sizeof(float)), 0) << what << ": rotated";
+    EXPECT_EQ(got_k[0], got_k[1]) << what << ": the K cache";
+    EXPECT_EQ(got_v[0], got_v[1]) << what << ": the V cache";
+    EXPECT_NE(got_v[1], pattern) << what << ": V stored";
+  }
+}
+
 // A capture whose enqueue fails returns that error, runs nothing, and leaves the stream usable.
 TEST_F(CudaDeviceTest, AFailedCaptureLeavesTheStreamUsable) {
   auto stream = gpu_->CreateStream();
