@@ -805,8 +805,7 @@ class CudaDevice final : public Device {
                    KvCacheRef k_cache, KvCacheRef v_cache, int64_t capacity, Stream* stream) override {
     ODMOE_CHECK(q_norm.empty() == k_norm.empty());
     const bool norms = !q_norm.empty();
-    // As HeadNormRope: the kernel holds a head in one block's threads and takes both norms in one dtype.
-    if (norms && (head_dim > kernels::kHeadNormRopeMaxHeadDim || q_norm.dtype != k_norm.dtype)) {
+    if (norms && !HeadNormsFitOneLaunch(q_norm, k_norm, head_dim)) {
       Device::RopeWriteKv(q, k, v, q_norm, k_norm, eps, positions, n, heads, kv_heads, head_dim, theta, k_cache,
                           v_cache, capacity, stream);
       return;
@@ -937,12 +936,17 @@ class CudaDevice final : public Device {
         kernels::LaunchRope(x, positions, n, heads, head_dim, theta, InvFreqTable(head_dim, theta, s), s->get()));
   }
 
+  // Whether the per-head norms fit HeadNormRopeKernel (HeadNormRope, RopeWriteKv): it holds a head in one block's
+  // threads and takes both norms in one dtype. Otherwise those ops take their defaults.
+  static bool HeadNormsFitOneLaunch(WeightRef q_norm, WeightRef k_norm, int64_t head_dim) {
+    return head_dim <= kernels::kHeadNormRopeMaxHeadDim && q_norm.dtype == k_norm.dtype;
+  }
+
   void HeadNormRope(float* q, float* k, WeightRef q_norm, WeightRef k_norm, const int32_t* positions, int64_t n,
                     int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, double theta,
                     Stream* stream) override {
     ODMOE_CHECK(n >= 0 && heads >= 0 && kv_heads >= 0 && head_dim > 0 && head_dim % 2 == 0);
-    // The kernel holds a head in one block's threads and takes both norms in one dtype.
-    if (head_dim > kernels::kHeadNormRopeMaxHeadDim || q_norm.dtype != k_norm.dtype) {
+    if (!HeadNormsFitOneLaunch(q_norm, k_norm, head_dim)) {
       Device::HeadNormRope(q, k, q_norm, k_norm, positions, n, heads, kv_heads, head_dim, eps, theta, stream);
       return;
     }

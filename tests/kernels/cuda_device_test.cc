@@ -691,7 +691,6 @@ TEST_F(CudaDeviceTest, RopeWriteKvIsTheOpsItStandsForBitwise) {
     const std::vector<float> v = RandomFloats(static_cast<size_t>(n * kv), rng, -2.0f, 2.0f);
     const size_t cache_bytes = static_cast<size_t>(capacity * kv) * DTypeSize(c.cache);
     const std::vector<uint8_t> pattern(cache_bytes, 0x5a);
-    const bool norms = c.norms;
     const Twin q_norm = Weight(c.q_norm, RandomFloats(static_cast<size_t>(c.head_dim), rng, 0.5f, 1.5f), "q_norm");
     const Twin k_norm = Weight(c.k_norm, RandomFloats(static_cast<size_t>(c.head_dim), rng, 0.5f, 1.5f), "k_norm");
     const Twin pos = Make(positions, "positions");
@@ -703,8 +702,8 @@ TEST_F(CudaDeviceTest, RopeWriteKvIsTheOpsItStandsForBitwise) {
       const Twin qkb = Make(qk, "q and k");
       const Twin kc = Make(pattern, "k cache"), vc = Make(pattern, "v cache");
       float* q = static_cast<float*>(qkb.gpu->data());
-      const WeightRef qn = norms ? GpuRef(q_norm, c.q_norm) : WeightRef{};
-      const WeightRef kn = norms ? GpuRef(k_norm, c.k_norm) : WeightRef{};
+      const WeightRef qn = c.norms ? GpuRef(q_norm, c.q_norm) : WeightRef{};
+      const WeightRef kn = c.norms ? GpuRef(k_norm, c.k_norm) : WeightRef{};
       const auto* p = static_cast<const int32_t*>(pos.gpu->data());
       const KvCacheRef kr{kc.gpu->data(), c.cache}, vr{vc.gpu->data(), c.cache};
       const auto* vp = static_cast<const float*>(vs.gpu->data());
