@@ -44,11 +44,11 @@ cudaError_t LaunchDequantizeNf4(const uint8_t* codes, const float* absmax, int64
                                 cudaStream_t stream);
 
 // ---- products: y[n, rows] = x[n, cols] * dequant(w)^T ------------------------------------------------------
-// GEMV: 16-byte weight loads (16 int8 or 32 NF4 weights per lane and load, NF4 decoded by warp shuffles from the code
-// book held in registers), the next loads in flight while one is summed, up to kGemvMaxTokens (gemv.h) tokens per
-// pass over the weights (one token: a kernel of its own, 4, 2 or 1 output rows per warp by the row count; more: one
-// row per warp); the row (INT8) or block (NF4) scale is applied to each partial sum. As for LaunchGemv, row t of y is
-// bitwise what a call with token t alone gives. GEMM: 64x64 output tiles, 32-deep k steps, the weight tile
+// GEMV: per lane, 16 INT8 weights in a 16-byte load or 8 NF4 weights in a 4-byte load (NF4 decoded by warp shuffles
+// from the code book held in registers), the next loads in flight while one is summed, up to kGemvMaxTokens (gemv.h)
+// tokens per pass over the weights (one token: a kernel of its own, 4, 2 or 1 output rows per warp by the row count;
+// more: one row per warp); the row (INT8) or block (NF4) scale is applied to each partial sum. As for LaunchGemv, row
+// t of y is bitwise what a call with token t alone gives. GEMM: 64x64 output tiles, 32-deep k steps, the weight tile
 // dequantized into shared memory, 4x4 outputs per thread, fp32 FMA. y must not alias x.
 cudaError_t LaunchGemvInt8(const float* x, const int8_t* q, const float* absmax, int64_t n, int64_t cols, int64_t rows,
                            float* y, cudaStream_t stream);

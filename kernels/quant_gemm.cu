@@ -1,14 +1,15 @@
 // Dequantizing products with INT8 / NF4 weights (layouts in quant.h), fp32 activations and accumulation.
-//  - GemvInt8Kernel / GemvNf4Kernel<kTokens, kRows, kDepth, kVec>: 4 warps per 128-thread block, kRows output
-//    rows per warp (one token: 4, 2 or 1 by the row count, the activations a lane loads serving every row; up to
-//    kGemvMaxTokens tokens: 1), a ring of kDepth register buffers of 16-byte code loads (16 INT8 or 32 NF4 weights =
-//    half a block per lane and load) so that the next chunks are in flight while one is summed. INT8 becomes fp32
-//    with PRMT + FADD (no I2F) and takes absmax / 127 once per row; NF4 codes become fp32 by a warp shuffle from
-//    the lane holding that code book entry (one SHFL per weight, no divergent constant-memory reads), and each
-//    32-weight partial sum takes its block absmax. Every variant sums a row in the same order (explicit FMAs in
-//    column order per chunk, lane-strided chunks in ascending order, the butterfly WarpSum), so a row's result is
-//    bitwise the same whatever the number of tokens, kRows or kDepth. Shapes that break 16-byte alignment take
-//    scalar loads (kVec = false).
+//  - GemvInt8Kernel / GemvNf4Kernel<kTokens, kRows, kDepth, kVec>: one body (QuantGemvRows over a format: Int8Format,
+//    Nf4Format), 4 warps per 128-thread block, kRows output rows per warp (one token: 4, 2 or 1 by the row count, the
+//    activations a lane loads serving every row; up to kGemvMaxTokens tokens: 1). A lane takes a row's units of
+//    columns in lane-strided order, INT8 16 columns in a 16-byte load, NF4 8 columns in a 4-byte word (so that a
+//    warp's activation loads are coalesced as the bf16 GEMV's), with a ring of kDepth register buffers so that the
+//    next units are in flight while one is summed. INT8 becomes fp32 with PRMT + FADD (no I2F) and takes
+//    absmax / 127 once per row; NF4 codes become fp32 by a warp shuffle from the lane holding that code book entry
+//    (one SHFL per weight, no divergent constant-memory reads), and each unit's 8-weight partial sum takes its block
+//    absmax. Every variant sums a row in the same order (explicit FMAs in column order per unit, lane-strided units
+//    in ascending order, the butterfly WarpSum), so a row's result is bitwise the same whatever the number of
+//    tokens, kRows or kDepth. Shapes that break 16-byte alignment take scalar loads (kVec = false).
 //  - DequantGemmKernel<Tile>: C tile of 64 tokens x 64 output rows per 256-thread block, k in steps of 32; the
 //    activation tile and the weight tile (dequantized on the fly by Tile::Value) are staged in shared memory
 //    and each thread accumulates a 4x4 sub-tile with fp32 FMA.
@@ -38,19 +39,6 @@ constexpr int kGemvThreads = 128;
 constexpr int kGemvWarps = kGemvThreads / 32;
 
 __constant__ float kCodeBookDevice[16] = {ODMOE_NF4_CODEBOOK};
-
-// 16 bytes at p (any alignment when !vec).
-__device__ __forceinline__ uint4 Load16(const void* p, bool vec) {
-  if (vec) return __ldg(reinterpret_cast<const uint4*>(p));
-  const uint8_t* b = static_cast<const uint8_t*>(p);
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    w[i] = static_cast<uint32_t>(__ldg(b + 4 * i)) | (static_cast<uint32_t>(__ldg(b + 4 * i + 1)) << 8) |
-           (static_cast<uint32_t>(__ldg(b + 4 * i + 2)) << 16) | (static_cast<uint32_t>(__ldg(b + 4 * i + 3)) << 24);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
 
 __device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a constant after unrolling
@@ -83,127 +71,119 @@ __device__ __forceinline__ void DecodeNf4x8(uint32_t word, float book, float (&w
   }
 }
 
-// ---- GEMVs
-// -----------------------------------------------------------------------------------------------------
-// A warp takes kRows consecutive output rows (a row past the end reads the last row; its result is not stored) and
-// walks them in steps: at step s, lane l takes 16-byte chunk c = l + 32 s of each row (16 INT8 or 32 NF4 weights). The
-// chunks of the next kDepth - 1 steps are loaded before a step is computed (a ring of kDepth register buffers, refilled
-// as each is consumed), so every lane keeps up to kRows * kDepth 16-byte loads in flight. The step count is the same
-// for the whole warp (the NF4 shuffles need every lane); a lane past the last chunk loads nothing and adds nothing.
-// kRows, kDepth: chosen by the launchers from the shape; they do not change the order of the additions (a lane sums its
-// chunks in ascending order, the warp sums its lanes with WarpSum), so a row's result depends on neither, nor on the
-// number of tokens.
+// ---- GEMVs -----------------------------------------------------------------------------------------------------
+// The two formats as QuantGemvRows sees them. A row is walked in units of kCols consecutive columns, one Unit of
+// codes each: INT8 16 columns in 16 bytes; NF4 8 columns in one 32-bit word. NF4's unit is a word, not 16 bytes,
+// for the activations: a lane's x for a unit is then 32 bytes, and a warp's float4 loads of x cover 1 KB in 8 cache
+// lines (the bf16 GEMV's pattern) where 16-byte units made them cover 4 KB in 32 lines, each load several times the
+// L1 wavefronts of a coalesced one (Nsight Compute on the H200: L1/TEX 81% busy, DRAM 14%, stalls on MIO).
+struct Int8Format {
+  using Code = int8_t;
+  using Unit = uint4;
+  static constexpr int kCols = 16;
+  static constexpr bool kBlockScales = false;  // one scale per row, applied to the row's sum
+  __device__ static int64_t RowBytes(int64_t cols) { return cols; }
+  __device__ static int64_t ScalesPerRow(int64_t) { return 1; }
+  __device__ static int64_t Units(int64_t cols) { return (cols + kCols - 1) / kCols; }
+  __device__ static float Book(int) { return 0.0f; }
+  // Unit u of a row; bytes past `cols` (a last partial unit, !vec only) read as code 0, i.e. 0.0.
+  __device__ static Unit Load(const Code* row, int64_t u, int64_t cols, bool vec) {
+    const Code* p = row + u * kCols;
+    if (vec) return __ldg(reinterpret_cast<const uint4*>(p));
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[i] = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int64_t col = u * kCols + 4 * i + b;
+        const uint32_t byte = col < cols ? static_cast<uint8_t>(__ldg(p + 4 * i + b)) : 0u;
+        w[i] |= byte << (8 * b);
+      }
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  __device__ static void Decode(const Unit& raw, float, float (&w)[kCols]) { DecodeInt8x16(raw, w); }
+  __device__ static float Finish(float sum, const float* row_scales) { return sum * (row_scales[0] / 127.0f); }
+};
 
-// One step's codes (and NF4 block scales) for every row of the warp.
-template <int kRows>
-struct Chunks {
-  uint4 raw[kRows];
+struct Nf4Format {
+  using Code = uint8_t;
+  using Unit = uint32_t;
+  static constexpr int kCols = 8;
+  static constexpr bool kBlockScales = true;  // each unit's partial sum takes its block's absmax
+  __device__ static int64_t Blocks(int64_t cols) { return (cols + kNf4BlockSize - 1) / kNf4BlockSize; }
+  __device__ static int64_t RowBytes(int64_t cols) { return Blocks(cols) * kHalfBlock; }
+  __device__ static int64_t ScalesPerRow(int64_t cols) { return Blocks(cols); }
+  // Every word of the row's blocks: a last block's columns past `cols` hold code 7 (0.0).
+  __device__ static int64_t Units(int64_t cols) { return Blocks(cols) * (kNf4BlockSize / kCols); }
+  __device__ static float Book(int lane) { return kCodeBookDevice[lane & 15]; }
+  __device__ static Unit Load(const Code* row, int64_t u, int64_t, bool vec) {
+    const Code* p = row + u * 4;
+    if (vec) return __ldg(reinterpret_cast<const uint32_t*>(p));
+    return static_cast<uint32_t>(__ldg(p)) | (static_cast<uint32_t>(__ldg(p + 1)) << 8) |
+           (static_cast<uint32_t>(__ldg(p + 2)) << 16) | (static_cast<uint32_t>(__ldg(p + 3)) << 24);
+  }
+  __device__ static float Scale(const float* row_scales, int64_t u) {
+    return __ldg(row_scales + u * kCols / kNf4BlockSize);
+  }
+  // REQUIRES: the whole warp (DecodeNf4x8).
+  __device__ static void Decode(const Unit& raw, float book, float (&w)[kCols]) { DecodeNf4x8(raw, book, w); }
+  __device__ static float Finish(float sum, const float*) { return sum; }
+};
+
+// One step's codes (and block scales) for every row of the warp.
+template <class Format, int kRows>
+struct Step {
+  typename Format::Unit raw[kRows];
   float scale[kRows];
 };
 
-// kVec: q and x 16-byte aligned and cols % 16 == 0 (16-byte chunks); otherwise one column per lane at a time.
-template <int kTokens, int kRows, int kDepth, bool kVec>
-__global__ void __launch_bounds__(kGemvThreads)
-    GemvInt8Kernel(const float* __restrict__ x, const int8_t* __restrict__ q, const float* __restrict__ absmax, int n,
-                   int64_t cols, int64_t rows, float* __restrict__ y) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * kRows;
-  if (row0 >= rows) return;
-  const int8_t* qr[kRows];
+// The kCols activations of token row `xt` from column `col`: 0 past `cols`. kVec: float4 loads, each wholly inside
+// or wholly past the row (REQUIRES cols % 4 == 0 and xt 16-byte aligned); otherwise one float at a time.
+template <int kCols, bool kVec>
+__device__ __forceinline__ void LoadX(const float* xt, int64_t col, int64_t cols, float (&xv)[kCols]) {
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) qr[r] = q + min(row0 + r, rows - 1) * cols;
-  float acc[kRows][kTokens];
+  for (int h = 0; h < kCols; h += 4) {
+    if (kVec) {
+      if (col + h < cols) {
+        Vec16<float>::Load(xt + col + h, xv + h);
+      } else {
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
-  }
-  if (kVec) {
-    const int64_t chunks = cols / 16;
-    const int64_t steps = (chunks + 31) / 32;
-    auto load = [&](int64_t step, Chunks<kRows>& dst) {
-      const int64_t c = lane + 32 * step;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        dst.raw[r] = c < chunks ? __ldg(reinterpret_cast<const uint4*>(qr[r] + c * 16)) : make_uint4(0, 0, 0, 0);
+        for (int e = 0; e < 4; ++e) xv[h + e] = 0.0f;
       }
-    };
-    Chunks<kRows> ring[kDepth];
+    } else {
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d) load(d, ring[d]);
-    for (int64_t s0 = 0; s0 < steps; s0 += kDepth) {
-#pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        const int64_t c = lane + 32 * (s0 + d);
-        if (c < chunks) {
-          float wv[kRows][16];
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) DecodeInt8x16(ring[d].raw[r], wv[r]);
-#pragma unroll
-          for (int t = 0; t < kTokens; ++t) {
-            if (kTokens == 1 || t < n) {
-              float xv[16];
-#pragma unroll
-              for (int e = 0; e < 16; e += 4) Vec16<float>::Load(x + t * cols + c * 16 + e, xv + e);
-#pragma unroll
-              for (int r = 0; r < kRows; ++r) acc[r][t] = ChunkDot<16>(wv[r], xv, acc[r][t]);
-            }
-          }
-        }
-        load(s0 + d + kDepth, ring[d]);
-      }
-    }
-  } else {
-    for (int64_t k = lane; k < cols; k += 32) {
-      float wv[kRows];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) wv[r] = static_cast<float>(qr[r][k]);
-#pragma unroll
-      for (int t = 0; t < kTokens; ++t) {
-        if (kTokens == 1 || t < n) {
-          const float xv = x[t * cols + k];
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) acc[r][t] = fmaf(wv[r], xv, acc[r][t]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int64_t row = row0 + r;
-    if (row >= rows) break;  // the same for the whole warp
-    const float scale = absmax[row] / 127.0f;
-#pragma unroll
-    for (int t = 0; t < kTokens; ++t) {
-      if (kTokens == 1 || t < n) {
-        const float s = WarpSum(acc[r][t]);
-        if (lane == 0) y[t * rows + row] = s * scale;
-      }
+      for (int e = 0; e < 4; ++e) xv[h + e] = col + h + e < cols ? xt[col + h + e] : 0.0f;
     }
   }
 }
 
-// Each 16-byte chunk is half an NF4 block (32 weights, one scale): per row and token its 32 products are summed in
-// column order (s), then acc = fma(s, block scale, acc). Columns past `cols` (a row's last block partial) have code 7
-// (0.0) and take x = 0: a chunk always adds 32 products. The codes are decoded 8 at a time (DecodeNf4x8), each 8 used
-// for every token before the next are decoded. kVec: codes and x 16-byte aligned and cols % 4 == 0, so x comes in
-// float4s, each wholly inside or wholly past the row; otherwise scalar loads.
-template <int kTokens, int kRows, int kDepth, bool kVec>
-__global__ void __launch_bounds__(kGemvThreads)
-    GemvNf4Kernel(const float* __restrict__ x, const uint8_t* __restrict__ codes, const float* __restrict__ absmax,
-                  int n, int64_t cols, int64_t rows, float* __restrict__ y) {
+// The body of both formats' GEMV kernels. A warp takes kRows consecutive output rows from row0 (a row past the end
+// reads the last row; its result is not stored) and walks them in steps: at step s, lane l takes unit l + 32 s of
+// each row. The units of the next kDepth - 1 steps are loaded before a step is computed (a ring of kDepth register
+// buffers, refilled as each is consumed), so every lane keeps up to kRows * kDepth loads in flight. The step count
+// is the same for the whole warp (the NF4 shuffles need every lane); a lane past the last unit loads nothing and
+// adds nothing. A unit's products are summed in column order by explicit FMAs (ChunkDot): onto the row's
+// accumulator (INT8), or from zero and then added times the unit's block scale (NF4); a lane sums its units in
+// ascending order and the warp its lanes with WarpSum. So a row's result depends neither on kRows, kDepth nor the
+// number of tokens (kTokens = 1: exactly one token; otherwise n <= kTokens).
+template <class Format, int kTokens, int kRows, int kDepth, bool kVec>
+__device__ __forceinline__ void QuantGemvRows(const float* __restrict__ x, const typename Format::Code* __restrict__ q,
+                                              const float* __restrict__ absmax, int n, int64_t cols, int64_t rows,
+                                              int64_t row0, float* __restrict__ y) {
+  constexpr int kCols = Format::kCols;
   const int lane = threadIdx.x & 31;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * kRows;
-  if (row0 >= rows) return;  // the same for the whole warp
-  const float book = kCodeBookDevice[lane & 15];
-  const int64_t bpr = (cols + kNf4BlockSize - 1) / kNf4BlockSize;
-  const uint8_t* cr[kRows];
+  const float book = Format::Book(lane);
+  const int64_t units = Format::Units(cols);
+  const int64_t steps = (units + 31) / 32;
+  const typename Format::Code* qr[kRows];
   const float* ar[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int64_t row = min(row0 + r, rows - 1);
-    cr[r] = codes + row * bpr * kHalfBlock;
-    ar[r] = absmax + row * bpr;
+    qr[r] = q + row * Format::RowBytes(cols);
+    ar[r] = absmax + row * Format::ScalesPerRow(cols);
   }
   float acc[kRows][kTokens];
 #pragma unroll
@@ -211,72 +191,39 @@ __global__ void __launch_bounds__(kGemvThreads)
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
   }
-  const int64_t chunks = bpr * 2;  // 16 bytes = 32 weights each
-  const int64_t steps = (chunks + 31) / 32;
-  auto load = [&](int64_t step, Chunks<kRows>& dst) {
-    const int64_t c = lane + 32 * step;
+  auto load = [&](int64_t step, Step<Format, kRows>& dst) {
+    const int64_t u = lane + 32 * step;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      if (c < chunks) {
-        dst.raw[r] = Load16(cr[r] + c * 16, kVec);
-        dst.scale[r] = __ldg(ar[r] + c / 2);
-      } else {
-        dst.raw[r] = make_uint4(0, 0, 0, 0);
-        dst.scale[r] = 0.0f;
-      }
+      dst.raw[r] = u < units ? Format::Load(qr[r], u, cols, kVec) : typename Format::Unit{};
+      if constexpr (Format::kBlockScales) dst.scale[r] = u < units ? Format::Scale(ar[r], u) : 0.0f;
     }
   };
-  Chunks<kRows> ring[kDepth];
+  Step<Format, kRows> ring[kDepth];
 #pragma unroll
   for (int d = 0; d < kDepth; ++d) load(d, ring[d]);
   for (int64_t s0 = 0; s0 < steps; s0 += kDepth) {
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
       if (s0 + d >= steps) break;  // the same for the whole warp
-      const int64_t c = lane + 32 * (s0 + d);
-      const int64_t col0 = c * 32;
-      float s[kRows][kTokens];
+      const int64_t u = lane + 32 * (s0 + d);
+      float wv[kRows][kCols];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-        for (int t = 0; t < kTokens; ++t) s[r][t] = 0.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float wv[kRows][8];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) DecodeNf4x8(Word(ring[d].raw[r], i), book, wv[r]);
-        const int64_t col = col0 + 8 * i;
+      for (int r = 0; r < kRows; ++r) Format::Decode(ring[d].raw[r], book, wv[r]);
+      if (u < units) {
 #pragma unroll
         for (int t = 0; t < kTokens; ++t) {
           if (kTokens == 1 || t < n) {
-            const float* xp = x + t * cols + col;
-            float xv[8];
+            float xv[kCols];
+            LoadX<kCols, kVec>(x + t * cols, u * kCols, cols, xv);
 #pragma unroll
-            for (int h = 0; h < 8; h += 4) {
-              if (kVec) {
-                if (col + h < cols) {
-                  Vec16<float>::Load(xp + h, xv + h);
-                } else {
-#pragma unroll
-                  for (int e = 0; e < 4; ++e) xv[h + e] = 0.0f;
-                }
+            for (int r = 0; r < kRows; ++r) {
+              if constexpr (Format::kBlockScales) {
+                acc[r][t] = fmaf(ChunkDot<kCols>(wv[r], xv, 0.0f), ring[d].scale[r], acc[r][t]);
               } else {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) xv[h + e] = col + h + e < cols ? xp[h + e] : 0.0f;
+                acc[r][t] = ChunkDot<kCols>(wv[r], xv, acc[r][t]);
               }
             }
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) s[r][t] = ChunkDot<8>(wv[r], xv, s[r][t]);
-          }
-        }
-      }
-      if (c < chunks) {
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-          for (int t = 0; t < kTokens; ++t) {
-            if (kTokens == 1 || t < n) acc[r][t] = fmaf(s[r][t], ring[d].scale[r], acc[r][t]);
           }
         }
       }
@@ -291,10 +238,37 @@ __global__ void __launch_bounds__(kGemvThreads)
     for (int t = 0; t < kTokens; ++t) {
       if (kTokens == 1 || t < n) {
         const float sum = WarpSum(acc[r][t]);
-        if (lane == 0) y[t * rows + row] = sum;
+        if (lane == 0) y[t * rows + row] = Format::Finish(sum, ar[r]);
       }
     }
   }
+}
+
+// The first row of this warp's kRows (the launch has kGemvWarps warps per block).
+template <int kRows>
+__device__ __forceinline__ int64_t WarpRow0() {
+  return (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * kRows;
+}
+
+// Two kernels, so that profilers and the emulator's counters tell the formats apart.
+// kVec: q and x 16-byte aligned and cols % 16 == 0.
+template <int kTokens, int kRows, int kDepth, bool kVec>
+__global__ void __launch_bounds__(kGemvThreads)
+    GemvInt8Kernel(const float* __restrict__ x, const int8_t* __restrict__ q, const float* __restrict__ absmax, int n,
+                   int64_t cols, int64_t rows, float* __restrict__ y) {
+  const int64_t row0 = WarpRow0<kRows>();
+  if (row0 >= rows) return;  // the same for the whole warp
+  QuantGemvRows<Int8Format, kTokens, kRows, kDepth, kVec>(x, q, absmax, n, cols, rows, row0, y);
+}
+
+// kVec: codes and x 16-byte aligned and cols % 4 == 0.
+template <int kTokens, int kRows, int kDepth, bool kVec>
+__global__ void __launch_bounds__(kGemvThreads)
+    GemvNf4Kernel(const float* __restrict__ x, const uint8_t* __restrict__ codes, const float* __restrict__ absmax,
+                  int n, int64_t cols, int64_t rows, float* __restrict__ y) {
+  const int64_t row0 = WarpRow0<kRows>();
+  if (row0 >= rows) return;  // the same for the whole warp
+  QuantGemvRows<Nf4Format, kTokens, kRows, kDepth, kVec>(x, codes, absmax, n, cols, rows, row0, y);
 }
 
 // ---- tiled GEMM ----------------------------------------------------------------------------------------------
@@ -386,11 +360,11 @@ cudaError_t LaunchDequantGemm(const float* x, Tile tile, int64_t n, int64_t cols
   return cudaGetLastError();
 }
 
-// Rows per warp and ring depth of the one-token GEMVs, from the row count only (never from n: a row's summation order
-// does not depend on them anyway). Four rows per warp when there are rows enough to fill the GPU with warps (x, loaded
-// from L1 for every 16 bytes of codes, serves four rows: for NF4 the x traffic through L1 would otherwise exceed the
-// codes' 8 times), two (with a deeper ring: as many bytes in flight per SM from half the warps) when there are fewer,
-// one for small matrices.
+// Rows per warp of the one-token GEMVs, from the row count only (never from n: a row's summation order does not
+// depend on them anyway). Four rows per warp when there are rows enough to fill the GPU with warps (the x a lane
+// loads for a unit serves four rows: for NF4 the x traffic through L1 would otherwise be 8 times the codes'), two
+// (with a deeper ring: as many bytes in flight per SM from half the warps) when there are fewer, one for small
+// matrices.
 enum class GemvShape { kRows4, kRows2, kRows1 };
 GemvShape OneTokenShape(int64_t rows) {
   if (rows >= 8192) return GemvShape::kRows4;
@@ -405,9 +379,12 @@ unsigned GemvBlocks(int64_t rows) {
 }
 
 // The INT8 and NF4 GEMVs, for QuantGemv's dispatch: Launch<kTokens, kRows, kDepth, kVec> launches the format's
-// kernel of those parameters over `rows`.
+// kernel of those parameters over `rows`; kDepth* are its ring depths for one aligned token at 4, 2 and 1 rows per
+// warp, and for several tokens.
 struct Int8Gemv {
   using Code = int8_t;
+  // 16-byte units: 128 bytes of codes in flight per lane at 4 and 2 rows.
+  static constexpr int kDepthRows4 = 2, kDepthRows2 = 4, kDepthRows1 = 2, kDepthTokens = 2;
   template <int kTokens, int kRows, int kDepth, bool kVec>
   static void Launch(const float* x, const Code* q, const float* absmax, int n, int64_t cols, int64_t rows, float* y,
                      cudaStream_t stream) {
@@ -417,6 +394,8 @@ struct Int8Gemv {
 };
 struct Nf4Gemv {
   using Code = uint8_t;
+  // 4-byte units: 64 bytes of codes (and 64 of block scales, mostly L1 hits) in flight per lane at 4 and 2 rows.
+  static constexpr int kDepthRows4 = 4, kDepthRows2 = 8, kDepthRows1 = 8, kDepthTokens = 4;
   template <int kTokens, int kRows, int kDepth, bool kVec>
   static void Launch(const float* x, const Code* q, const float* absmax, int n, int64_t cols, int64_t rows, float* y,
                      cudaStream_t stream) {
@@ -426,8 +405,8 @@ struct Nf4Gemv {
 };
 
 // The one choice of kernel variant for both formats: kGemvMaxTokens tokens at a time; one row per warp for several
-// tokens or an unaligned shape; for one aligned token, OneTokenShape's rows per warp and ring depth. `vec`: the
-// format's kVec condition, decided by the caller.
+// tokens or an unaligned shape; for one aligned token, OneTokenShape's rows per warp. `vec`: the format's kVec
+// condition, decided by the caller.
 template <class Format>
 cudaError_t QuantGemv(const float* x, const typename Format::Code* q, const float* absmax, int64_t n, int64_t cols,
                       int64_t rows, bool vec, float* y, cudaStream_t stream) {
@@ -445,17 +424,17 @@ cudaError_t QuantGemv(const float* x, const typename Format::Code* q, const floa
         Format::template Launch<1, 1, 2, false>(xc, q, absmax, cnt, cols, rows, yc, stream);
       }
     } else if (cnt > 1) {
-      Format::template Launch<kMaxN, 1, 2, true>(xc, q, absmax, cnt, cols, rows, yc, stream);
+      Format::template Launch<kMaxN, 1, Format::kDepthTokens, true>(xc, q, absmax, cnt, cols, rows, yc, stream);
     } else {
       switch (OneTokenShape(rows)) {
         case GemvShape::kRows4:
-          Format::template Launch<1, 4, 2, true>(xc, q, absmax, cnt, cols, rows, yc, stream);
+          Format::template Launch<1, 4, Format::kDepthRows4, true>(xc, q, absmax, cnt, cols, rows, yc, stream);
           break;
         case GemvShape::kRows2:
-          Format::template Launch<1, 2, 4, true>(xc, q, absmax, cnt, cols, rows, yc, stream);
+          Format::template Launch<1, 2, Format::kDepthRows2, true>(xc, q, absmax, cnt, cols, rows, yc, stream);
           break;
         case GemvShape::kRows1:
-          Format::template Launch<1, 1, 2, true>(xc, q, absmax, cnt, cols, rows, yc, stream);
+          Format::template Launch<1, 1, Format::kDepthRows1, true>(xc, q, absmax, cnt, cols, rows, yc, stream);
           break;
       }
     }
