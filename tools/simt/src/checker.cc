@@ -29,6 +29,7 @@
 #include <dlfcn.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +38,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -177,6 +179,17 @@ struct State {
   uintptr_t write_base = 0;
   uint64_t write_base_bytes = 0;
   std::map<uintptr_t, uint64_t> writes;
+
+  // Read-only loads as warp requests (LoadRequests in simt/counters.h). A call site's id is its index in
+  // ldg_sites (kept for the run); ldg_executions[site][thread]: how many times the thread ran it in this block;
+  // ldg_pending: each request of this block (key: execution << 24 | site << 8 | warp) and the sectors its lanes
+  // touched, reduced into ldg_launch when the block ends.
+  std::map<std::pair<const char*, int>, uint32_t> ldg_sites;
+  std::pair<const char*, int> ldg_last_site{nullptr, 0};
+  uint32_t ldg_last_id = 0;
+  std::vector<std::vector<uint32_t>> ldg_executions;
+  std::unordered_map<uint64_t, std::vector<uint64_t>> ldg_pending;
+  LoadRequests ldg_launch;
 };
 State st;
 
@@ -458,7 +471,43 @@ void OnAccess(const void* addr, size_t bytes, uint8_t flags, uint64_t site, bool
   }
 }
 
+// Reduces this block's requests into the launch's counts.
+void FlushLoadRequests() {
+  for (auto& [key, sectors] : st.ldg_pending) {
+    std::sort(sectors.begin(), sectors.end());
+    sectors.erase(std::unique(sectors.begin(), sectors.end()), sectors.end());
+    uint64_t lines = 0;
+    for (size_t i = 0; i < sectors.size(); ++i) lines += i == 0 || sectors[i] / 4 != sectors[i - 1] / 4;
+    ++st.ldg_launch.requests;
+    st.ldg_launch.sectors += sectors.size();
+    st.ldg_launch.lines += lines;
+  }
+  st.ldg_pending.clear();
+  for (std::vector<uint32_t>& e : st.ldg_executions) e.assign(e.size(), 0);
+}
+
 }  // namespace
+
+void NoteReadOnlyLoad(const void* p, size_t bytes, const char* file, int line) {
+  if (!st.active || bytes == 0) return;
+  const unsigned thread = running_fiber.linear;
+  if (thread == kNoThread) return;
+  const std::pair<const char*, int> site{file, line};
+  if (site != st.ldg_last_site) {
+    const auto [it, added] = st.ldg_sites.emplace(site, static_cast<uint32_t>(st.ldg_sites.size()));
+    if (added) st.ldg_executions.emplace_back();
+    st.ldg_last_site = site;
+    st.ldg_last_id = it->second;
+  }
+  std::vector<uint32_t>& executions = st.ldg_executions[st.ldg_last_id];
+  if (executions.size() < st.threads) executions.resize(st.threads, 0);
+  const uint64_t n = executions[thread]++;
+  const uint64_t key = n << 24 | static_cast<uint64_t>(st.ldg_last_id & 0xffff) << 8 | (thread / 32);
+  std::vector<uint64_t>& sectors = st.ldg_pending[key];
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (uintptr_t s = a / 32; s <= (a + bytes - 1) / 32; ++s) sectors.push_back(s);
+  st.ldg_launch.bytes += bytes;
+}
 
 void OnKernelStart(const LaunchSite&) {
   if (!checked_mode) return;
@@ -471,21 +520,25 @@ void OnKernelStart(const LaunchSite&) {
   st.bytes_written = 0;
   st.write_base_bytes = 0;
   st.writes.clear();
+  st.ldg_launch = LoadRequests{};
 }
 
 void OnKernelEnd() {
   st.active = false;
   if (!checked_mode) return;
   FlushWriteBase();
+  FlushLoadRequests();
   LaunchAccesses accesses;
   accesses.bytes_read = st.bytes_read;
   accesses.bytes_written = st.bytes_written;
+  accesses.ldg = st.ldg_launch;
   for (const auto& [base, bytes] : st.writes) accesses.writes.emplace_back(reinterpret_cast<const void*>(base), bytes);
   CountKernelAccesses(accesses);
 }
 
 void OnBlockStart(void* dynamic_shared, size_t bytes, size_t redzone) {
   if (!checked_mode) return;
+  FlushLoadRequests();
   st.block = tls_block_idx.x + tls_block_idx.y * tls_grid_dim.x + tls_block_idx.z * tls_grid_dim.x * tls_grid_dim.y;
   ++st.block_epoch;
   st.barrier = 0;

@@ -84,6 +84,7 @@ void CountKernelAccesses(const LaunchAccesses& accesses) {
   std::lock_guard<std::mutex> lock(counters_mu);
   last_launch.bytes_read = accesses.bytes_read;
   last_launch.bytes_written = accesses.bytes_written;
+  last_launch.ldg = accesses.ldg;
   counts.kernel_bytes_read += accesses.bytes_read;
   counts.kernel_bytes_written += accesses.bytes_written;
   for (const auto& [view, bytes] : writes) {
@@ -100,6 +101,7 @@ void CountLaunch(const LaunchSite& site, bool in_graph) {
   ++s.launches;
   s.bytes_read += last_launch.bytes_read;
   s.bytes_written += last_launch.bytes_written;
+  s.ldg.Add(last_launch.ldg);
   last_launch = LaunchAccesses{};
 }
 

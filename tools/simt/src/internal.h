@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "simt/counters.h"
 #include "simt/simt.h"
 
 namespace simt::detail {
@@ -84,6 +85,7 @@ void CountMemset(void* dst, size_t n);
 struct LaunchAccesses {
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
+  LoadRequests ldg;  // read-only loads (__ldg) as warp requests
   std::vector<std::pair<const void*, uint64_t>> writes;  // per allocation base
 };
 void CountKernelAccesses(const LaunchAccesses& accesses);

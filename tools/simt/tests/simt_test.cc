@@ -296,6 +296,44 @@ TEST_F(SimtTest, RuntimeMemoryStreamsAndEvents) {
   EXPECT_STREQ(cudaGetErrorString(cudaErrorMemoryAllocation), "out of memory");
 }
 
+// Read-only loads counted as a GPU's L1 sees them (checked build; the fast build counts none): 16 bytes per lane,
+// lanes 16, 32 and 128 bytes apart; two warps; several loads of one call site per lane, each its own request.
+TEST_F(SimtTest, CountsReadOnlyLoadsAsWarpRequests) {
+  constexpr int kLoads = 3;
+  float4* x = nullptr;
+  float* out = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&x), 64 * 8 * kLoads * sizeof(float4)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(x, 0, 64 * 8 * kLoads * sizeof(float4)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&out), 64 * sizeof(float)), cudaSuccess);
+  struct Case {
+    int stride;
+    int threads;
+    uint64_t sectors, lines;  // per request
+  };
+  for (const Case& c : {Case{1, 32, 16, 4}, Case{2, 32, 32, 8}, Case{8, 32, 32, 32}, Case{1, 64, 16, 4}}) {
+    simt::ResetCounters();
+    ASSERT_EQ(simt_test::StridedLoads(x, c.stride, c.threads, kLoads, out), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const simt::Counters counts = simt::ReadCounters();
+    ASSERT_EQ(counts.sites.size(), 1u);
+    const simt::LoadRequests& ldg = counts.sites.begin()->second.ldg;
+    const std::string what = "stride " + std::to_string(c.stride) + ", " + std::to_string(c.threads) + " threads";
+    if (!simt::CountsKernelAccesses()) {
+      EXPECT_EQ(ldg.requests, 0u) << what;
+      EXPECT_EQ(ldg.bytes, 0u) << what;
+      continue;
+    }
+    const uint64_t requests = static_cast<uint64_t>(c.threads / 32 * kLoads);
+    EXPECT_EQ(ldg.requests, requests) << what;
+    EXPECT_EQ(ldg.bytes, requests * 32 * sizeof(float4)) << what;
+    EXPECT_EQ(ldg.sectors, requests * c.sectors) << what;
+    EXPECT_EQ(ldg.lines, requests * c.lines) << what;
+    EXPECT_DOUBLE_EQ(ldg.LinesPer128Bytes(), static_cast<double>(c.lines) / 4) << what;
+  }
+  EXPECT_EQ(cudaFree(x), cudaSuccess);
+  EXPECT_EQ(cudaFree(out), cudaSuccess);
+}
+
 // The runtime's own counts: syncs (explicit, cudaFree, synchronous and pageable copies from the device), allocations,
 // launches per site, copy traffic and, in the checked build, the kernel's own loads and stores.
 TEST_F(SimtTest, CountsWhatTheProgramAsks) {

@@ -137,6 +137,15 @@ __global__ void AddIntoKernel(const float* x, int n, float* y) {
   if (i < n) y[i] += x[i];
 }
 
+__global__ void StridedLoadsKernel(const float4* x, int stride, int loads, float* out) {
+  float sum = 0.0f;
+  for (int k = 0; k < loads; ++k) {
+    const float4 v = __ldg(x + (static_cast<int64_t>(k) * blockDim.x + threadIdx.x) * stride);
+    sum += v.x + v.y + v.z + v.w;
+  }
+  out[threadIdx.x] = sum;
+}
+
 }  // namespace
 
 cudaError_t Intrinsics(const float* a, const float* b, int n, float* out) {
@@ -209,6 +218,11 @@ cudaError_t Scale(const float* x, float a, int n, float* y, cudaStream_t stream,
 
 cudaError_t AddInto(const float* x, int n, float* y, cudaStream_t stream) {
   AddIntoKernel<<<(n + 63) / 64, 64, 0, stream>>>(x, n, y);
+  return cudaGetLastError();
+}
+
+cudaError_t StridedLoads(const float4* x, int stride, int threads, int loads, float* out) {
+  StridedLoadsKernel<<<1, threads>>>(x, stride, loads, out);
   return cudaGetLastError();
 }
 

@@ -39,5 +39,8 @@ cudaError_t DivergentBarrier();
 cudaError_t Scale(const float* x, float a, int n, float* y, cudaStream_t stream, int threads = 64);
 // On `stream`: y[i] += x[i] for i < n.
 cudaError_t AddInto(const float* x, int n, float* y, cudaStream_t stream);
+// One block of `threads`; thread t loads x[(k * threads + t) * stride] for k < loads with __ldg: `loads` requests per
+// warp. out[t] = the sum of its loads' components.
+cudaError_t StridedLoads(const float4* x, int stride, int threads, int loads, float* out);
 
 }  // namespace simt_test

@@ -90,11 +90,13 @@ __attribute__((no_sanitize("thread"))) T AtomicAdd(T* p, U v, const char* file, 
 
 // Loads through the read-only cache: a plain load, whose alignment is checked here because the compiler may
 // narrow a 16-byte vector load to the fields used (the hardware loads all 16 bytes and faults when misaligned).
+// Noted whole (sizeof(T) bytes, this call site) for the counts of warp load requests, for the same reason.
 #define __ldg(p) ::simt::detail::Ldg(p, __FILE__, __LINE__)
 namespace simt::detail {
 template <typename T>
 inline T Ldg(const T* p, const char* file, int line) {
   if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) ReportMisaligned(p, sizeof(T), file, line);
+  NoteReadOnlyLoad(p, sizeof(T), file, line);
   return *p;
 }
 }  // namespace simt::detail

@@ -117,6 +117,10 @@ void NoteAtomic(const void* p, size_t bytes, const char* file, int line);
 // A vector load at an address not aligned to its size (__ldg).
 void ReportMisaligned(const void* p, size_t bytes, const char* file, int line);
 
+// Checked mode: a read-only load (__ldg) of `bytes` at p from the call site file:line, for the counts of warp load
+// requests (simt/counters.h). No-op in fast mode.
+void NoteReadOnlyLoad(const void* p, size_t bytes, const char* file, int line);
+
 template <typename T>
 T Shuffle(CollectiveOp op, unsigned mask, T v, int arg, int width, const char* file, int line) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffles move 4- or 8-byte values");
