@@ -44,7 +44,7 @@ cudaError_t LaunchDequantizeNf4(const uint8_t* codes, const float* absmax, int64
                                 cudaStream_t stream);
 
 // ---- products: y[n, rows] = x[n, cols] * dequant(w)^T ------------------------------------------------------
-// GEMV: per lane, 16 INT8 weights in a 16-byte load or 8 NF4 weights in a 4-byte load (NF4 decoded by warp shuffles
+// GEMV: per lane, units of 8 weights, INT8 in an 8-byte load and NF4 in a 4-byte load (NF4 decoded by warp shuffles
 // from the code book held in registers), the next loads in flight while one is summed, up to kGemvMaxTokens (gemv.h)
 // tokens per pass over the weights (one token: a kernel of its own, 4, 2 or 1 output rows per warp by the row count;
 // more: one row per warp); the row (INT8) or block (NF4) scale is applied to each partial sum. As for LaunchGemv, row

@@ -1,10 +1,10 @@
 // Dequantizing products with INT8 / NF4 weights (layouts in quant.h), fp32 activations and accumulation.
 //  - GemvInt8Kernel / GemvNf4Kernel<kTokens, kRows, kDepth, kVec>: one body (QuantGemvRows over a format: Int8Format,
 //    Nf4Format), 4 warps per 128-thread block, kRows output rows per warp (one token: 4, 2 or 1 by the row count, the
-//    activations a lane loads serving every row; up to kGemvMaxTokens tokens: 1). A lane takes a row's units of
-//    columns in lane-strided order, INT8 16 columns in a 16-byte load, NF4 8 columns in a 4-byte word (so that a
-//    warp's activation loads are coalesced as the bf16 GEMV's), with a ring of kDepth register buffers so that the
-//    next units are in flight while one is summed. INT8 becomes fp32 with PRMT + FADD (no I2F) and takes
+//    activations a lane loads serving every row; up to kGemvMaxTokens tokens: 1). A lane takes a row's units of 8
+//    columns in lane-strided order, INT8 in an 8-byte load, NF4 in a 4-byte word (so that a warp's activation loads
+//    are as coalesced as the bf16 GEMV's), with a ring of kDepth register buffers so that the next units are in
+//    flight while one is summed. INT8 becomes fp32 with PRMT + FADD (no I2F) and takes
 //    absmax / 127 once per row; NF4 codes become fp32 by a warp shuffle from the lane holding that code book entry
 //    (one SHFL per weight, no divergent constant-memory reads), and each unit's 8-weight partial sum takes its block
 //    absmax. Every variant sums a row in the same order (explicit FMAs in column order per unit, lane-strided units
@@ -40,16 +40,12 @@ constexpr int kGemvWarps = kGemvThreads / 32;
 
 __constant__ float kCodeBookDevice[16] = {ODMOE_NF4_CODEBOOK};
 
-__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a constant after unrolling
-}
-
-// The 16 int8 weights of 16 bytes, exactly, without I2F (a quarter-rate conversion on sm_90): byte b ^ 0x80 is placed
+// The 8 int8 weights of 8 bytes, exactly, without I2F (a quarter-rate conversion on sm_90): byte b ^ 0x80 is placed
 // in the low mantissa bits of 2^23 (one PRMT) and 2^23 + 128 subtracted (one FADD).
-__device__ __forceinline__ void DecodeInt8x16(uint4 raw, float (&w)[16]) {
+__device__ __forceinline__ void DecodeInt8x8(uint2 raw, float (&w)[8]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t biased = Word(raw, i) ^ 0x80808080u;
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t biased = (i == 0 ? raw.x : raw.y) ^ 0x80808080u;
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
       // Bytes: biased.b, 0, 0, 0x4b (2^23 as fp32 is 0x4b000000).
@@ -72,15 +68,15 @@ __device__ __forceinline__ void DecodeNf4x8(uint32_t word, float book, float (&w
 }
 
 // ---- GEMVs -----------------------------------------------------------------------------------------------------
-// The two formats as QuantGemvRows sees them. A row is walked in units of kCols consecutive columns, one Unit of
-// codes each: INT8 16 columns in 16 bytes; NF4 8 columns in one 32-bit word. NF4's unit is a word, not 16 bytes,
-// for the activations: a lane's x for a unit is then 32 bytes, and a warp's float4 loads of x cover 1 KB in 8 cache
-// lines (the bf16 GEMV's pattern) where 16-byte units made them cover 4 KB in 32 lines, each load several times the
-// L1 wavefronts of a coalesced one (Nsight Compute on the H200: L1/TEX 81% busy, DRAM 14%, stalls on MIO).
+// The two formats as QuantGemvRows sees them. A row is walked in units of 8 consecutive columns, one Unit of codes
+// each: INT8 8 bytes, NF4 one 32-bit word. A lane's activations for a unit are then 32 bytes, and a warp's float4
+// loads of x cover 1 KB in 8 cache lines, the bf16 GEMV's pattern (84% of the copy bandwidth on the H200). With 16
+// bytes of codes per unit they covered 4 KB in 32 lines (NF4, 32 columns) or 2 KB in 16 (INT8): the NF4 GEMV ran at
+// 20% with L1/TEX 81% busy, DRAM 14%, stalled on MIO (Nsight Compute on the H200).
 struct Int8Format {
   using Code = int8_t;
-  using Unit = uint4;
-  static constexpr int kCols = 16;
+  using Unit = uint2;
+  static constexpr int kCols = 8;
   static constexpr bool kBlockScales = false;  // one scale per row, applied to the row's sum
   __device__ static int64_t RowBytes(int64_t cols) { return cols; }
   __device__ static int64_t ScalesPerRow(int64_t) { return 1; }
@@ -89,10 +85,10 @@ struct Int8Format {
   // Unit u of a row; bytes past `cols` (a last partial unit, !vec only) read as code 0, i.e. 0.0.
   __device__ static Unit Load(const Code* row, int64_t u, int64_t cols, bool vec) {
     const Code* p = row + u * kCols;
-    if (vec) return __ldg(reinterpret_cast<const uint4*>(p));
-    uint32_t w[4];
+    if (vec) return __ldg(reinterpret_cast<const uint2*>(p));
+    uint32_t w[2];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 2; ++i) {
       w[i] = 0;
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
@@ -101,9 +97,9 @@ struct Int8Format {
         w[i] |= byte << (8 * b);
       }
     }
-    return make_uint4(w[0], w[1], w[2], w[3]);
+    return make_uint2(w[0], w[1]);
   }
-  __device__ static void Decode(const Unit& raw, float, float (&w)[kCols]) { DecodeInt8x16(raw, w); }
+  __device__ static void Decode(const Unit& raw, float, float (&w)[kCols]) { DecodeInt8x8(raw, w); }
   __device__ static float Finish(float sum, const float* row_scales) { return sum * (row_scales[0] / 127.0f); }
 };
 
@@ -251,7 +247,7 @@ __device__ __forceinline__ int64_t WarpRow0() {
 }
 
 // Two kernels, so that profilers and the emulator's counters tell the formats apart.
-// kVec: q and x 16-byte aligned and cols % 16 == 0.
+// kVec: q and x 16-byte aligned and cols % 8 == 0.
 template <int kTokens, int kRows, int kDepth, bool kVec>
 __global__ void __launch_bounds__(kGemvThreads)
     GemvInt8Kernel(const float* __restrict__ x, const int8_t* __restrict__ q, const float* __restrict__ absmax, int n,
@@ -383,8 +379,8 @@ unsigned GemvBlocks(int64_t rows) {
 // warp, and for several tokens.
 struct Int8Gemv {
   using Code = int8_t;
-  // 16-byte units: 128 bytes of codes in flight per lane at 4 and 2 rows.
-  static constexpr int kDepthRows4 = 2, kDepthRows2 = 4, kDepthRows1 = 2, kDepthTokens = 2;
+  // 8-byte units: 128 bytes of codes in flight per lane at 4 and 2 rows.
+  static constexpr int kDepthRows4 = 4, kDepthRows2 = 8, kDepthRows1 = 4, kDepthTokens = 4;
   template <int kTokens, int kRows, int kDepth, bool kVec>
   static void Launch(const float* x, const Code* q, const float* absmax, int n, int64_t cols, int64_t rows, float* y,
                      cudaStream_t stream) {
@@ -446,7 +442,7 @@ cudaError_t QuantGemv(const float* x, const typename Format::Code* q, const floa
 
 cudaError_t LaunchGemvInt8(const float* x, const int8_t* q, const float* absmax, int64_t n, int64_t cols, int64_t rows,
                            float* y, cudaStream_t stream) {
-  const bool vec = cols % 16 == 0 && Aligned16(x) && Aligned16(q);
+  const bool vec = cols % 8 == 0 && Aligned16(x) && Aligned16(q);
   return QuantGemv<Int8Gemv>(x, q, absmax, n, cols, rows, vec, y, stream);
 }
 
