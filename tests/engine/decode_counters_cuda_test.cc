@@ -131,7 +131,8 @@ DecodeCounts CountDecode(Engine& engine, Device& device, int warm_up, const std:
             << per_token(static_cast<uint64_t>(out.kv_written)) << " into " << out.kv_buffers << " buffers\n";
   for (const auto& [site, s] : n.sites) {
     std::cout << "  " << per_token(s.launches) << " x " << site << ": bytes read " << per_token(s.bytes_read)
-              << ", written " << per_token(s.bytes_written) << "\n";
+              << ", written " << per_token(s.bytes_written) << "; read-only loads " << per_token(s.ldg.bytes)
+              << " bytes, " << s.ldg.LinesPer128Bytes() << " lines per 128 bytes\n";
   }
   return out;
 }
