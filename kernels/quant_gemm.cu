@@ -4,12 +4,12 @@
 //    activations a lane loads serving every row; up to kGemvMaxTokens tokens: 1). A lane takes a row's units of 8
 //    columns in lane-strided order, INT8 in an 8-byte load, NF4 in a 4-byte word (so that a warp's activation loads
 //    are as coalesced as the bf16 GEMV's), with a ring of kDepth register buffers so that the next units are in
-//    flight while one is summed. INT8 becomes fp32 with PRMT + FADD (no I2F) and takes
-//    absmax / 127 once per row; NF4 codes become fp32 by a warp shuffle from the lane holding that code book entry
-//    (one SHFL per weight, no divergent constant-memory reads), and each unit's 8-weight partial sum takes its block
-//    absmax. Every variant sums a row in the same order (explicit FMAs in column order per unit, lane-strided units
-//    in ascending order, the butterfly WarpSum), so a row's result is bitwise the same whatever the number of
-//    tokens, kRows or kDepth. Shapes that break 16-byte alignment take scalar loads (kVec = false).
+//    flight while one is summed. INT8 becomes fp32 with PRMT + FADD (no I2F) and takes absmax / 127 once per row;
+//    NF4 codes become fp32 by a warp shuffle from the lane holding that code book entry (one SHFL per weight, no
+//    divergent constant-memory reads), and each unit's 8-weight partial sum takes its block absmax. Every variant
+//    sums a row in the same order (explicit FMAs in column order per unit, lane-strided units in ascending order,
+//    the butterfly WarpSum), so a row's result is bitwise the same whatever the number of tokens, kRows or kDepth.
+//    Shapes that break 16-byte alignment take scalar loads (kVec = false).
 //  - DequantGemmKernel<Tile>: C tile of 64 tokens x 64 output rows per 256-thread block, k in steps of 32; the
 //    activation tile and the weight tile (dequantized on the fly by Tile::Value) are staged in shared memory
 //    and each thread accumulates a 4x4 sub-tile with fp32 FMA.

@@ -73,8 +73,8 @@ TEST(GemvLoadPatternsTest, QuantizedGemvLoadsAreNoMoreScatteredThanTheBf16Gemvs)
   for (const int64_t n : {int64_t{1}, kernels::kGemvMaxTokens}) {
     const std::string tokens = " n=" + std::to_string(n);
     const simt::LoadRequests dense = LoadsOf("bf16 GEMV" + tokens, [&] {
-      return kernels::LaunchGemv(x.as<float>(), bf16.as<__nv_bfloat16>(), static_cast<const __nv_bfloat16*>(nullptr),
-                                 n, kCols, kRows, y.as<float>(), nullptr);
+      return kernels::LaunchGemv(x.as<float>(), bf16.as<__nv_bfloat16>(), static_cast<const __nv_bfloat16*>(nullptr), n,
+                                 kCols, kRows, y.as<float>(), nullptr);
     });
     const simt::LoadRequests nf4 = LoadsOf("NF4 GEMV" + tokens, [&] {
       return kernels::LaunchGemvNf4(x.as<float>(), nf4_codes.as<uint8_t>(), nf4_absmax.as<float>(), n, kCols, kRows,

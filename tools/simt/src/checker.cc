@@ -9,6 +9,8 @@
 //     Global memory is tracked for one launch (launches on a stream are ordered), shared memory for one block.
 // Each report names the kernel, block, thread and both accesses' file:line (from the debug information).
 // Accesses to memory that is neither device memory nor shared memory (the stack, host memory) are not checked.
+// Apart from the checks, read-only loads (__ldg, NoteReadOnlyLoad) are grouped into warp requests for the counts
+// of simt/counters.h's LoadRequests.
 //
 // Shadow memory. Every device allocation a checked kernel touches, and every shared region, gets a flat shadow
 // (one mapping, MAP_NORESERVE, so only the pages behind touched memory cost anything): one Granule per 8 bytes.
@@ -182,8 +184,8 @@ struct State {
 
   // Read-only loads as warp requests (LoadRequests in simt/counters.h). A call site's id is its index in
   // ldg_sites (kept for the run); ldg_executions[site][thread]: how many times the thread ran it in this block;
-  // ldg_pending: each request of this block (key: execution << 24 | site << 8 | warp) and the sectors its lanes
-  // touched, reduced into ldg_launch when the block ends.
+  // ldg_pending: each request of this block (key: execution << 24 | site << 8 | warp: a block's 32 warps, and
+  // fewer than 2^16 call sites) and the sectors its lanes touched, reduced into ldg_launch when the block ends.
   std::map<std::pair<const char*, int>, uint32_t> ldg_sites;
   std::pair<const char*, int> ldg_last_site{nullptr, 0};
   uint32_t ldg_last_id = 0;

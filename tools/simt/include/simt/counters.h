@@ -25,8 +25,9 @@
 //    loaded from / stored to device allocations, each access once per thread that made it (shared memory, the
 //    stack and host memory are not counted).
 // Per launch site (the kernel's name and the file:line of its <<< >>>): launches and, checked mode, the bytes
-// read and written by those launches, and their read-only loads (__ldg) as warp requests (LoadRequests). Per device allocation (by base address): bytes written into it by
-// cudaMemcpy(Async) and cudaMemset(Async) and, checked mode, by kernels.
+// read and written by those launches, and their read-only loads (__ldg) as warp requests (LoadRequests). Per device
+// allocation (by base address): bytes written into it by cudaMemcpy(Async) and cudaMemset(Async) and, checked mode, by
+// kernels.
 //
 // Thread safety: any host thread may read or reset; counts of a launch are added when it ends.
 #pragma once
