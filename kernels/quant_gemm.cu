@@ -68,6 +68,17 @@ __device__ __forceinline__ void DecodeNf4x8(uint32_t word, float book, float (&w
 }
 
 // ---- GEMVs -----------------------------------------------------------------------------------------------------
+// The 4 bytes at p (any alignment) as a little-endian word, bytes from `valid` on (0..4) read as 0 and not loaded.
+__device__ __forceinline__ uint32_t LoadWordBytes(const void* p, int64_t valid) {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  uint32_t word = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (i < valid) word |= static_cast<uint32_t>(__ldg(b + i)) << (8 * i);
+  }
+  return word;
+}
+
 // The two formats as QuantGemvRows sees them. A row is walked in units of 8 consecutive columns, one Unit of codes
 // each: INT8 8 bytes, NF4 one 32-bit word. A lane's activations for a unit are then 32 bytes, and a warp's float4
 // loads of x cover 1 KB in 8 cache lines, the bf16 GEMV's pattern (84% of the copy bandwidth on the H200). With 16
@@ -86,18 +97,8 @@ struct Int8Format {
   __device__ static Unit Load(const Code* row, int64_t u, int64_t cols, bool vec) {
     const Code* p = row + u * kCols;
     if (vec) return __ldg(reinterpret_cast<const uint2*>(p));
-    uint32_t w[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      w[i] = 0;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int64_t col = u * kCols + 4 * i + b;
-        const uint32_t byte = col < cols ? static_cast<uint8_t>(__ldg(p + 4 * i + b)) : 0u;
-        w[i] |= byte << (8 * b);
-      }
-    }
-    return make_uint2(w[0], w[1]);
+    const int64_t left = cols - u * kCols;  // columns of the row from the unit's first
+    return make_uint2(LoadWordBytes(p, left), LoadWordBytes(p + 4, left - 4));
   }
   __device__ static void Decode(const Unit& raw, float, float (&w)[kCols]) { DecodeInt8x8(raw, w); }
   __device__ static float Finish(float sum, const float* row_scales) { return sum * (row_scales[0] / 127.0f); }
@@ -117,8 +118,7 @@ struct Nf4Format {
   __device__ static Unit Load(const Code* row, int64_t u, int64_t, bool vec) {
     const Code* p = row + u * 4;
     if (vec) return __ldg(reinterpret_cast<const uint32_t*>(p));
-    return static_cast<uint32_t>(__ldg(p)) | (static_cast<uint32_t>(__ldg(p + 1)) << 8) |
-           (static_cast<uint32_t>(__ldg(p + 2)) << 16) | (static_cast<uint32_t>(__ldg(p + 3)) << 24);
+    return LoadWordBytes(p, 4);
   }
   __device__ static float Scale(const float* row_scales, int64_t u) {
     return __ldg(row_scales + u * kCols / kNf4BlockSize);
@@ -128,7 +128,7 @@ struct Nf4Format {
   __device__ static float Finish(float sum, const float*) { return sum; }
 };
 
-// One step's codes (and block scales) for every row of the warp.
+// One step's codes (and, NF4 only, block scales) for every row of the warp.
 template <class Format, int kRows>
 struct Step {
   typename Format::Unit raw[kRows];

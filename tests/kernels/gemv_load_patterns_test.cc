@@ -18,28 +18,12 @@
 #include "kernels/gemv.h"
 #include "kernels/quant.h"
 #include "simt/counters.h"
+#include "tests/kernels/gpu_test_util.h"
 
 namespace odmoe {
 namespace {
 
-// A device buffer of `bytes`, zeroed (the values do not change which addresses a GEMV loads).
-class Zeroed {
- public:
-  explicit Zeroed(size_t bytes) {
-    EXPECT_EQ(cudaMalloc(&p_, bytes), cudaSuccess);
-    EXPECT_EQ(cudaMemset(p_, 0, bytes), cudaSuccess);
-  }
-  ~Zeroed() { cudaFree(p_); }
-  Zeroed(const Zeroed&) = delete;
-  Zeroed& operator=(const Zeroed&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-};
+using gpu_test::DeviceArray;
 
 // The read-only loads of the one launch `launch` makes, printed under `name`.
 template <typename Launch>
@@ -63,26 +47,24 @@ TEST(GemvLoadPatternsTest, QuantizedGemvLoadsAreNoMoreScatteredThanTheBf16Gemvs)
   // 8192 rows: the one-token kernels' 4-rows-per-warp path (2 for bf16); 512 columns: 2 steps of NF4 words a lane.
   constexpr int64_t kRows = 8192;
   constexpr int64_t kCols = 512;
-  Zeroed x(kernels::kGemvMaxTokens * kCols * sizeof(float));
-  Zeroed y(kernels::kGemvMaxTokens * kRows * sizeof(float));
-  Zeroed bf16(kRows * kCols * sizeof(__nv_bfloat16));
-  Zeroed nf4_codes(kRows * kernels::Nf4RowBytes(kCols));
-  Zeroed nf4_absmax(kRows * kernels::Nf4BlocksPerRow(kCols) * sizeof(float));
-  Zeroed int8_codes(kRows * kCols);
-  Zeroed int8_absmax(kRows * sizeof(float));
+  // Zeroed buffers: the values do not change which addresses a GEMV loads.
+  DeviceArray<float> x(kernels::kGemvMaxTokens * kCols), y(kernels::kGemvMaxTokens * kRows);
+  DeviceArray<__nv_bfloat16> bf16(kRows * kCols);
+  DeviceArray<uint8_t> nf4_codes(kRows * kernels::Nf4RowBytes(kCols));
+  DeviceArray<float> nf4_absmax(kRows * kernels::Nf4BlocksPerRow(kCols));
+  DeviceArray<int8_t> int8_codes(kRows * kCols);
+  DeviceArray<float> int8_absmax(kRows);
   for (const int64_t n : {int64_t{1}, kernels::kGemvMaxTokens}) {
     const std::string tokens = " n=" + std::to_string(n);
     const simt::LoadRequests dense = LoadsOf("bf16 GEMV" + tokens, [&] {
-      return kernels::LaunchGemv(x.as<float>(), bf16.as<__nv_bfloat16>(), static_cast<const __nv_bfloat16*>(nullptr), n,
-                                 kCols, kRows, y.as<float>(), nullptr);
+      return kernels::LaunchGemv(x.get(), bf16.get(), static_cast<const __nv_bfloat16*>(nullptr), n, kCols, kRows,
+                                 y.get(), nullptr);
     });
     const simt::LoadRequests nf4 = LoadsOf("NF4 GEMV" + tokens, [&] {
-      return kernels::LaunchGemvNf4(x.as<float>(), nf4_codes.as<uint8_t>(), nf4_absmax.as<float>(), n, kCols, kRows,
-                                    y.as<float>(), nullptr);
+      return kernels::LaunchGemvNf4(x.get(), nf4_codes.get(), nf4_absmax.get(), n, kCols, kRows, y.get(), nullptr);
     });
     const simt::LoadRequests int8 = LoadsOf("INT8 GEMV" + tokens, [&] {
-      return kernels::LaunchGemvInt8(x.as<float>(), int8_codes.as<int8_t>(), int8_absmax.as<float>(), n, kCols, kRows,
-                                     y.as<float>(), nullptr);
+      return kernels::LaunchGemvInt8(x.get(), int8_codes.get(), int8_absmax.get(), n, kCols, kRows, y.get(), nullptr);
     });
     ASSERT_GT(dense.requests, 0u);
     ASSERT_GT(nf4.requests, 0u);
