@@ -358,5 +358,43 @@ TEST_F(QuantKernelTest, GemvRowsPerWarpShapesMatchCpuAndAreBitwiseTheSameWhateve
   }
 }
 
+// The one-token kernels' rings wrap at every rows-per-warp shape: 4 rows per warp (depth 4 for both formats) over
+// 1096 columns is 137 units of 8 columns, 5 steps of 32 lanes; 2 rows per warp (depth 8) over 2312 columns is 289
+// units, 10 steps. So each ring is refilled, its last pass is partial, the last unit of a row is partly past it for
+// NF4 (1096 and 2312 are not multiples of 64, a block) and the row counts leave the last warp partly used. The
+// one-token result is within tolerance of the CPU product of the dequantized weights and bitwise the first row of
+// a two-token product (one row per warp, depth 4).
+TEST_F(QuantKernelTest, OneTokenGemvRingsWrapAtEveryRowsPerWarp) {
+  std::mt19937 rng(26);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1096, 8195}, {2312, 1027}};
+  constexpr int64_t kN = 2;
+  for (const auto& [cols, rows] : shapes) {
+    const std::string what = "in=" + std::to_string(cols) + " out=" + std::to_string(rows);
+    const std::vector<float> w = QuantTestWeights(rows, cols, rng);
+    const CpuQuantized cq(w, rows, cols);
+    const std::vector<float> x = RandomFloats(static_cast<size_t>(kN * cols), rng);
+    const std::vector<float> x0(x.begin(), x.begin() + cols);
+    std::vector<float> want8(static_cast<size_t>(rows)), want4(want8.size());
+    cpu::MatMul(x0.data(), WeightRef{cq.w8.data(), DType::kF32}, WeightRef{}, 1, cols, rows, want8.data());
+    cpu::MatMul(x0.data(), WeightRef{cq.w4.data(), DType::kF32}, WeightRef{}, 1, cols, rows, want4.data());
+    DeviceArray<int8_t> dq(cq.q);
+    DeviceArray<uint8_t> dcodes(cq.codes);
+    DeviceArray<float> da8(cq.a8), da4(cq.a4), dx(x);
+    DeviceArray<float> one8(want8.size()), one4(want8.size());
+    DeviceArray<float> two8(static_cast<size_t>(kN * rows)), two4(static_cast<size_t>(kN * rows));
+    ODMOE_ASSERT_CUDA(kernels::LaunchGemvInt8(dx.get(), dq.get(), da8.get(), 1, cols, rows, one8.get(), stream_));
+    ODMOE_ASSERT_CUDA(kernels::LaunchGemvNf4(dx.get(), dcodes.get(), da4.get(), 1, cols, rows, one4.get(), stream_));
+    ODMOE_ASSERT_CUDA(kernels::LaunchGemvInt8(dx.get(), dq.get(), da8.get(), kN, cols, rows, two8.get(), stream_));
+    ODMOE_ASSERT_CUDA(kernels::LaunchGemvNf4(dx.get(), dcodes.get(), da4.get(), kN, cols, rows, two4.get(), stream_));
+    Sync();
+    const std::vector<float> got8 = one8.Download(), got4 = one4.Download();
+    ExpectWithin(got8, want8, gpu_test::MatMulTolerances(x0, cq.w8, 1, cols, rows), "int8 gemv n=1 " + what);
+    ExpectWithin(got4, want4, gpu_test::MatMulTolerances(x0, cq.w4, 1, cols, rows), "nf4 gemv n=1 " + what);
+    const std::vector<uint32_t> batch8 = Bits(two8.Download()), batch4 = Bits(two4.Download());
+    EXPECT_EQ(Bits(got8), std::vector<uint32_t>(batch8.begin(), batch8.begin() + rows)) << "int8 " << what;
+    EXPECT_EQ(Bits(got4), std::vector<uint32_t>(batch4.begin(), batch4.begin() + rows)) << "nf4 " << what;
+  }
+}
+
 }  // namespace
 }  // namespace odmoe
