@@ -33,6 +33,22 @@ __device__ __forceinline__ void Unpack2(uint32_t word, float* out, const __half*
   out[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(word >> 16)));
 }
 
+// The 4 elements of type W at p as floats, in one load through the read-only cache (16 bytes for float, 8 for the
+// 16-bit types). REQUIRES: p aligned to 4 * sizeof(W).
+__device__ __forceinline__ void Load4(const float* p, float* out) {
+  const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+  out[0] = v.x;
+  out[1] = v.y;
+  out[2] = v.z;
+  out[3] = v.w;
+}
+template <typename W>
+__device__ __forceinline__ void Load4(const W* p, float* out) {
+  const uint2 raw = __ldg(reinterpret_cast<const uint2*>(p));
+  Unpack2(raw.x, out, p);
+  Unpack2(raw.y, out + 2, p);
+}
+
 // 16-byte vector loads through the read-only cache: Vec16<W>::kElems elements of type W, as floats.
 // REQUIRES: p 16-byte aligned.
 // Unpack converts 16 bytes already loaded (e.g. staged raw in shared memory) the same way.

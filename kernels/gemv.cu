@@ -1,13 +1,14 @@
 // Dense GEMV for a few tokens: GemvKernel<W, kTokens>, 8 warps per 256-thread block, each warp kRows output rows.
 //  - kTokens = 1 (decode of one sequence): one accumulator per row and, for outputs of kTwoRowsFrom rows or more,
-//    two rows per warp, so each lane has two 16-byte weight chunks in flight per step (eight with the 4x unroll)
-//    and the activations it loads for a chunk serve both rows; one row per warp below that (twice the warps).
+//    two rows per warp, so each lane has two rows' weights in flight per step (eight steps' with the 4x unroll)
+//    and the activations it loads for a step serve both rows; one row per warp below that (twice the warps).
 //  - kTokens = kGemvMaxTokens: up to that many tokens (n at run time), one row per warp, the weights read once
 //    for all of them.
-// With aligned rows each lane streams 16-byte chunks of the weight row (Vec16: 4 fp32 or 8 fp16/bf16) and the
-// matching fp32 activations (float4 loads, from L1/L2); unaligned shapes take a scalar strided loop. Every
-// variant accumulates a row in the same order (RowDot: lane-strided chunks, each element by an explicit FMA, then
-// the butterfly WarpSum; kernels/gemv_row.cuh), so a row's result is bitwise the same whatever the number of tokens.
+// With aligned rows each lane streams 4 fp32 or 8 fp16/bf16 weights of the row per step in loads of 4 weights, and
+// the matching fp32 activations in float4 loads (from L1/L2), each load contiguous across the warp; unaligned
+// shapes take a scalar strided loop. Every variant accumulates a row in the same order (RowDot: the lane's columns
+// of each step, each element by an explicit FMA, then the butterfly WarpSum; kernels/gemv_row.cuh), so a row's
+// result is bitwise the same whatever the number of tokens.
 #include "kernels/gemv.h"
 
 #include <algorithm>

@@ -16,37 +16,58 @@ __device__ __forceinline__ float ChunkDot(const float* w, const float* x, float 
   return acc;
 }
 
-// acc[r][t] = this lane's partial dot product of weight row `rows[r]` with token t's activations: lane-strided
-// 16-byte chunks (vec) or elements (!vec). kTokens = 1: exactly one token; otherwise n <= kTokens tokens.
-// Each accumulator's chain of FMAs is the same whatever kRows and kTokens, so a row's dot product (after
-// WarpSum) is bitwise the same whichever rows share the warp. kSharedX: x is in shared memory (plain loads, not
-// the read-only cache's; the same values, so the same sums). REQUIRES for vec: in % 8 == 0, x and every row
-// 16-byte aligned.
+// acc[r][t] = this lane's partial dot product of weight row `rows[r]` with token t's activations. kTokens = 1:
+// exactly one token; otherwise n <= kTokens tokens. Each accumulator's chain of FMAs is the same whatever kRows and
+// kTokens, so a row's dot product (after WarpSum) is bitwise the same whichever rows share the warp.
+//  - vec: the row is walked in steps of 32 * Vec16<W>::kElems columns, each kElems / 4 slices of 128; lane l takes
+//    columns 4l..4l+3 of every slice (those inside the row), so a warp's loads of a slice's weights and of its
+//    activations are contiguous: 256 bytes of 16-bit weights or 512 of fp32 ones, 512 of x. (One 16-byte chunk of
+//    8 columns a lane made the x loads stride 32 bytes: 1 KB over 8 cache lines per 512 bytes, against 4.) The
+//    lane sums its columns in step order, slice by slice.
+//  - !vec: lane-strided elements.
+// kSharedX: x is in shared memory (plain loads, not the read-only cache's; the same values, so the same sums).
+// REQUIRES for vec: in % 8 == 0, x and every row 16-byte aligned.
 template <typename W, int kRows, int kTokens, bool kSharedX = false>
 __device__ __forceinline__ void RowDot(const float* __restrict__ x, const W* const (&rows)[kRows], int n, int64_t in,
                                        bool vec, int lane, float (&acc)[kRows][kTokens]) {
   if (vec) {
-    constexpr int kV = Vec16<W>::kElems;
-    const int64_t chunks = in / kV;
-    // One token: 4 steps of kRows 16-byte chunks in flight per lane (the down projection's 4096 rows make only
-    // 256 blocks, about two per SM, so each warp must keep more bytes in flight); more tokens: 2 (registers).
+    constexpr int kV = Vec16<W>::kElems;  // columns a lane takes per step
+    constexpr int kSlices = kV / 4;
+    constexpr int64_t kSlice = 128;
+    constexpr int64_t kStep = kSlices * kSlice;
+    // One token: 4 steps of kRows * kV weights in flight per lane (the down projection's 4096 rows make only 256
+    // blocks, about two per SM, so each warp must keep more bytes in flight); more tokens: 2 (registers).
     [[maybe_unused]] constexpr int kUnroll = kTokens == 1 ? 4 : 2;  // unused where #pragma unroll is not known
 #pragma unroll kUnroll
-    for (int64_t c = lane; c < chunks; c += 32) {
+    for (int64_t col0 = 4 * lane; col0 < in; col0 += kStep) {
+      // A slice past the row (in the last step only) weighs 0: in % 8 == 0, so each is wholly inside or past it.
       float wv[kRows][kV];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) Vec16<W>::Load(rows[r] + c * kV, wv[r]);
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int p = 0; p < kSlices; ++p) {
+          if (p == 0 || col0 + p * kSlice < in) {  // slice 0: col0 < in
+            Load4(rows[r] + col0 + p * kSlice, wv[r] + 4 * p);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) wv[r][4 * p + e] = 0.0f;
+          }
+        }
+      }
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) {
         if (kTokens == 1 || t < n) {
           float xv[kV];
 #pragma unroll
-          for (int q = 0; q < kV; q += 4) {
-            const float* xq = x + t * in + c * kV + q;
-            if constexpr (kSharedX) {
-              Vec16<float>::Unpack(*reinterpret_cast<const uint4*>(xq), xv + q);
+          for (int p = 0; p < kSlices; ++p) {
+            const float* xq = x + t * in + col0 + p * kSlice;
+            if (p > 0 && col0 + p * kSlice >= in) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) xv[4 * p + e] = 0.0f;
+            } else if constexpr (kSharedX) {
+              Vec16<float>::Unpack(*reinterpret_cast<const uint4*>(xq), xv + 4 * p);
             } else {
-              Vec16<float>::Load(xq, xv + q);
+              Load4(xq, xv + 4 * p);
             }
           }
 #pragma unroll
@@ -71,7 +92,7 @@ __device__ __forceinline__ void RowDot(const float* __restrict__ x, const W* con
   }
 }
 
-// Whether a GEMV over rows of `in` weights at `w` with activations at `x` takes RowDot's 16-byte path: what
+// Whether a GEMV over rows of `in` weights at `w` with activations at `x` takes RowDot's vector path: what
 // LaunchGemv decides on the host, decided the same way on the device.
 __device__ __forceinline__ bool GemvVectorized(const float* x, const void* w, int64_t in) {
   return in % 8 == 0 && Aligned16(x) && Aligned16(w);

@@ -1,12 +1,12 @@
 // Grouped routed experts (moe_grouped.h), 256 threads (8 warps) per block for the GEMVs:
 //  - GroupedGateUpKernel: grid (ceil(inter / 8), n * k); warp w of block (b, s) computes intermediate row
-//    8b + w of slot s's expert: the gate row and the up row in one RowDot (two 16-byte chunks in flight per
-//    lane and step, x loaded once for both), then silu(gate) * up. The expert id is read from ids[s].
+//    8b + w of slot s's expert: the gate row and the up row in one RowDot (both rows' weights in flight per lane
+//    and step, x loaded once for both), then silu(gate) * up. The expert id is read from ids[s].
 //  - GroupedDownKernel: grid (ceil(hidden / 16), n * k); GemvKernel<W, 1>'s layout (two rows per warp) over
 //    slot s's expert and activations act[s].
 //  - CombineExpertsKernel: grid (ceil(hidden / 128), n); one thread per column of token i, walking i's k slots
 //    in ascending expert id (a selection over k ids: no sort, no local memory).
-// The dot products go through RowDot (gemv_row.cuh) with the GEMV's choice of the 16-byte or the scalar path and
+// The dot products go through RowDot (gemv_row.cuh) with the GEMV's choice of the vector or the scalar path and
 // its `sum + bias` with a bias of 0, so each value is bitwise what LaunchGemv gives for that expert alone.
 #include "kernels/moe_grouped.h"
 

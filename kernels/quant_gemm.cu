@@ -1,15 +1,16 @@
 // Dequantizing products with INT8 / NF4 weights (layouts in quant.h), fp32 activations and accumulation.
 //  - GemvInt8Kernel / GemvNf4Kernel<kTokens, kRows, kDepth, kVec>: one body (QuantGemvRows over a format: Int8Format,
 //    Nf4Format), 4 warps per 128-thread block, kRows output rows per warp (one token: 4, 2 or 1 by the row count, the
-//    activations a lane loads serving every row; up to kGemvMaxTokens tokens: 1). A lane takes a row's units of 8
-//    columns in lane-strided order, INT8 in an 8-byte load, NF4 in a 4-byte word (so that a warp's activation loads
-//    are as coalesced as the bf16 GEMV's), with a ring of kDepth register buffers so that the next units are in
-//    flight while one is summed. INT8 becomes fp32 with PRMT + FADD (no I2F) and takes absmax / 127 once per row;
-//    NF4 codes become fp32 by a warp shuffle from the lane holding that code book entry (one SHFL per weight, no
-//    divergent constant-memory reads), and each unit's 8-weight partial sum takes its block absmax. Every variant
-//    sums a row in the same order (explicit FMAs in column order per unit, lane-strided units in ascending order,
-//    the butterfly WarpSum), so a row's result is bitwise the same whatever the number of tokens, kRows or kDepth.
-//    Shapes that break 16-byte alignment take scalar loads (kVec = false).
+//    activations a lane loads serving every row; up to kGemvMaxTokens tokens: 1). A row is walked in steps of 256
+//    columns, a lane taking two pieces of 4 columns in each (INT8: lane l at 4l of both halves of the step, the
+//    dense GEMV's walk, RowDot in gemv_row.cuh; NF4: 8 lanes per 64-column block, so that a lane's 8 weights share
+//    its block scale), placed so that a warp's activation loads touch 4 cache lines per 512 bytes. A ring of kDepth
+//    register buffers keeps the next steps' codes in flight while one is summed. INT8 becomes fp32 with PRMT + FADD
+//    (no I2F) and takes absmax / 127 once per row; NF4 codes become fp32 by a warp shuffle from the lane holding
+//    that code book entry (one SHFL per weight, no divergent constant-memory reads), and each step's 8-weight
+//    partial sum takes its block absmax. Every variant sums a row in the same order (explicit FMAs in column order
+//    per step, steps in ascending order, the butterfly WarpSum), so a row's result is bitwise the same whatever the
+//    number of tokens, kRows or kDepth. Shapes that break 16-byte alignment take scalar loads (kVec = false).
 //  - DequantGemmKernel<Tile>: C tile of 64 tokens x 64 output rows per 256-thread block, k in steps of 32; the
 //    activation tile and the weight tile (dequantized on the fly by Tile::Value) are staged in shared memory
 //    and each thread accumulates a 4x4 sub-tile with fp32 FMA.
@@ -27,7 +28,7 @@ namespace {
 using internal::Aligned16;
 using internal::CeilDiv;
 using internal::ChunkDot;
-using internal::Vec16;
+using internal::Load4;
 using internal::WarpSum;
 
 constexpr int kThreads = 256;  // the GEMM's block
@@ -79,52 +80,73 @@ __device__ __forceinline__ uint32_t LoadWordBytes(const void* p, int64_t valid) 
   return word;
 }
 
-// The two formats as QuantGemvRows sees them. A row is walked in units of 8 consecutive columns, one Unit of codes
-// each: INT8 8 bytes, NF4 one 32-bit word. A lane's activations for a unit are then 32 bytes, and a warp's float4
-// loads of x cover 1 KB in 8 cache lines, the bf16 GEMV's pattern (84% of the copy bandwidth on the H200). With 16
-// bytes of codes per unit they covered 4 KB in 32 lines (NF4, 32 columns) or 2 KB in 16 (INT8): the NF4 GEMV ran at
-// 20% with L1/TEX 81% busy, DRAM 14%, stalled on MIO (Nsight Compute on the H200).
+// A row is walked in steps of kStepCols columns. In each, a lane takes two pieces of 4 consecutive columns: piece 0
+// at column step * kStepCols + Format::LaneCol(lane), piece 1 Format::kPiece1 columns after it; a piece from
+// Format::Width(cols) on is not loaded and weighs 0. Both formats place the pieces so that a warp's loads of piece
+// 0's activations (and of piece 1's) touch 4 cache lines for 512 bytes. (With one unit of 8 consecutive columns a
+// lane, a warp's float4 loads of activations spread over 1 KB in 8 lines; before that, 16 bytes of codes a lane
+// spread them over 4 KB in 32 lines (NF4), and the NF4 GEMV ran at 20% of the copy bandwidth with L1/TEX 81% busy,
+// DRAM 14%, stalled on MIO: Nsight Compute on the H200.)
+constexpr int64_t kStepCols = 256;
+
+// The two formats as QuantGemvRows sees them: a Unit is a lane's codes of one step (its two pieces), decoded to 8
+// weights in column order, piece 0's then piece 1's.
 struct Int8Format {
   using Code = int8_t;
-  using Unit = uint2;
-  static constexpr int kCols = 8;
+  using Unit = uint2;                          // piece 0's 4 bytes, piece 1's
   static constexpr bool kBlockScales = false;  // one scale per row, applied to the row's sum
+  // Lane l at 4l of both halves of the step: a warp's codes of a piece are 128 contiguous bytes.
+  static constexpr int64_t kPiece1 = kStepCols / 2;
+  __device__ static int64_t LaneCol(int lane) { return 4 * lane; }
+  __device__ static int64_t Width(int64_t cols) { return cols; }
   __device__ static int64_t RowBytes(int64_t cols) { return cols; }
   __device__ static int64_t ScalesPerRow(int64_t) { return 1; }
-  __device__ static int64_t Units(int64_t cols) { return (cols + kCols - 1) / kCols; }
   __device__ static float Book(int) { return 0.0f; }
-  // Unit u of a row; bytes past `cols` (a last partial unit, !vec only) read as code 0, i.e. 0.0.
-  __device__ static Unit Load(const Code* row, int64_t u, int64_t cols, bool vec) {
-    const Code* p = row + u * kCols;
-    if (vec) return __ldg(reinterpret_cast<const uint2*>(p));
-    const int64_t left = cols - u * kCols;  // columns of the row from the unit's first
-    return make_uint2(LoadWordBytes(p, left), LoadWordBytes(p + 4, left - 4));
+  // The pieces from col0 of a row of `width` (= cols) codes; !vec: bytes past the row read as code 0, i.e. 0.0.
+  __device__ static Unit Load(const Code* row, int64_t col0, int64_t width, bool vec) {
+    const Code* p0 = row + col0;
+    const Code* p1 = p0 + kPiece1;
+    if (vec) {  // cols % 8 == 0: each piece wholly inside the row or past it
+      return make_uint2(col0 < width ? __ldg(reinterpret_cast<const uint32_t*>(p0)) : 0u,
+                        col0 + kPiece1 < width ? __ldg(reinterpret_cast<const uint32_t*>(p1)) : 0u);
+    }
+    return make_uint2(LoadWordBytes(p0, width - col0), LoadWordBytes(p1, width - col0 - kPiece1));
   }
-  __device__ static void Decode(const Unit& raw, float, float (&w)[kCols]) { DecodeInt8x8(raw, w); }
+  __device__ static void Decode(const Unit& raw, float, float (&w)[8]) { DecodeInt8x8(raw, w); }
   __device__ static float Finish(float sum, const float* row_scales) { return sum * (row_scales[0] / 127.0f); }
 };
 
 struct Nf4Format {
   using Code = uint8_t;
-  using Unit = uint32_t;
-  static constexpr int kCols = 8;
-  static constexpr bool kBlockScales = true;  // each unit's partial sum takes its block's absmax
+  using Unit = uint32_t;                      // piece 0's 2 bytes in the low half, piece 1's in the high
+  static constexpr bool kBlockScales = true;  // each step's 8-weight partial sum takes its block's absmax
+  // Block g of the step's 4 to lanes 8g..8g+7, lane 8g + j at 4j of both 32-column halves of the block: a lane's 8
+  // columns share one block scale, and a warp's codes of a piece lie in 4 runs of 16 bytes within 128.
+  static constexpr int64_t kPiece1 = kNf4BlockSize / 2;
+  __device__ static int64_t LaneCol(int lane) { return (lane >> 3) * kNf4BlockSize + 4 * (lane & 7); }
+  // Every column of the row's blocks: a last block's columns past `cols` hold code 7 (0.0). Both pieces of a lane
+  // are in one block, so both are inside the width or past it.
+  __device__ static int64_t Width(int64_t cols) { return Blocks(cols) * kNf4BlockSize; }
   __device__ static int64_t Blocks(int64_t cols) { return (cols + kNf4BlockSize - 1) / kNf4BlockSize; }
   __device__ static int64_t RowBytes(int64_t cols) { return Blocks(cols) * kHalfBlock; }
   __device__ static int64_t ScalesPerRow(int64_t cols) { return Blocks(cols); }
-  // Every word of the row's blocks: a last block's columns past `cols` hold code 7 (0.0).
-  __device__ static int64_t Units(int64_t cols) { return Blocks(cols) * (kNf4BlockSize / kCols); }
   __device__ static float Book(int lane) { return kCodeBookDevice[lane & 15]; }
-  __device__ static Unit Load(const Code* row, int64_t u, int64_t, bool vec) {
-    const Code* p = row + u * 4;
-    if (vec) return __ldg(reinterpret_cast<const uint32_t*>(p));
-    return LoadWordBytes(p, 4);
+  // The pieces from col0 of a row walked over `width` columns.
+  __device__ static Unit Load(const Code* row, int64_t col0, int64_t width, bool vec) {
+    if (col0 >= width) return 0u;
+    const Code* p0 = row + col0 / 2;
+    const Code* p1 = p0 + kPiece1 / 2;
+    if (vec) {
+      return static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(p0))) |
+             static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(p1))) << 16;
+    }
+    return LoadWordBytes(p0, 2) | LoadWordBytes(p1, 2) << 16;
   }
-  __device__ static float Scale(const float* row_scales, int64_t u) {
-    return __ldg(row_scales + u * kCols / kNf4BlockSize);
+  __device__ static float Scale(const float* row_scales, int64_t col0, int64_t width) {
+    return col0 < width ? __ldg(row_scales + col0 / kNf4BlockSize) : 0.0f;
   }
   // REQUIRES: the whole warp (DecodeNf4x8).
-  __device__ static void Decode(const Unit& raw, float book, float (&w)[kCols]) { DecodeNf4x8(raw, book, w); }
+  __device__ static void Decode(const Unit& raw, float book, float (&w)[8]) { DecodeNf4x8(raw, book, w); }
   __device__ static float Finish(float sum, const float*) { return sum; }
 };
 
@@ -135,44 +157,41 @@ struct Step {
   float scale[kRows];
 };
 
-// The kCols activations of token row `xt` from column `col`: 0 past `cols`. kVec: float4 loads, each wholly inside
-// or wholly past the row (REQUIRES cols % 4 == 0 and xt 16-byte aligned); otherwise one float at a time.
-template <int kCols, bool kVec>
-__device__ __forceinline__ void LoadX(const float* xt, int64_t col, int64_t cols, float (&xv)[kCols]) {
-#pragma unroll
-  for (int h = 0; h < kCols; h += 4) {
-    if (kVec) {
-      if (col + h < cols) {
-        Vec16<float>::Load(xt + col + h, xv + h);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) xv[h + e] = 0.0f;
-      }
+// The 4 activations of token row `xt` from column `col` (a multiple of 4), 0 past `cols`. kVec: one float4 load,
+// wholly inside or wholly past the row (REQUIRES cols % 4 == 0 and xt 16-byte aligned); otherwise one float at a time.
+template <bool kVec>
+__device__ __forceinline__ void LoadX4(const float* xt, int64_t col, int64_t cols, float* xv) {
+  if (kVec) {
+    if (col < cols) {
+      Load4(xt + col, xv);
     } else {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) xv[h + e] = col + h + e < cols ? xt[col + h + e] : 0.0f;
+      for (int e = 0; e < 4; ++e) xv[e] = 0.0f;
     }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) xv[e] = col + e < cols ? xt[col + e] : 0.0f;
   }
 }
 
 // The body of both formats' GEMV kernels. A warp takes kRows consecutive output rows from row0 (a row past the end
-// reads the last row; its result is not stored) and walks them in steps: at step s, lane l takes unit l + 32 s of
-// each row. The units of the next kDepth - 1 steps are loaded before a step is computed (a ring of kDepth register
-// buffers, refilled as each is consumed), so every lane keeps up to kRows * kDepth loads in flight. The step count
-// is the same for the whole warp (the NF4 shuffles need every lane); a lane past the last unit loads nothing and
-// adds nothing. A unit's products are summed in column order by explicit FMAs (ChunkDot): onto the row's
-// accumulator (INT8), or from zero and then added times the unit's block scale (NF4); a lane sums its units in
-// ascending order and the warp its lanes with WarpSum. So a row's result depends neither on kRows, kDepth nor the
-// number of tokens (kTokens = 1: exactly one token; otherwise n <= kTokens).
+// reads the last row; its result is not stored) and walks them in steps of kStepCols columns, a lane taking its
+// two pieces of each (see kStepCols). The codes of the next kDepth - 1 steps are loaded before a step is computed
+// (a ring of kDepth register buffers, refilled as each is consumed), so every lane keeps up to kRows * kDepth steps
+// of codes in flight. The step count is the same for the whole warp (the NF4 shuffles need every lane); a lane with
+// no columns in a step adds nothing. A step's 8 products are summed in column order by explicit FMAs (ChunkDot):
+// onto the row's accumulator (INT8), or from zero and then added times the block scale (NF4); a lane sums its steps
+// in ascending order and the warp its lanes with WarpSum. So a row's result depends neither on kRows, kDepth nor
+// the number of tokens (kTokens = 1: exactly one token; otherwise n <= kTokens).
 template <class Format, int kTokens, int kRows, int kDepth, bool kVec>
 __device__ __forceinline__ void QuantGemvRows(const float* __restrict__ x, const typename Format::Code* __restrict__ q,
                                               const float* __restrict__ absmax, int n, int64_t cols, int64_t rows,
                                               int64_t row0, float* __restrict__ y) {
-  constexpr int kCols = Format::kCols;
   const int lane = threadIdx.x & 31;
   const float book = Format::Book(lane);
-  const int64_t units = Format::Units(cols);
-  const int64_t steps = (units + 31) / 32;
+  const int64_t width = Format::Width(cols);
+  const int64_t steps = (width + kStepCols - 1) / kStepCols;
+  const int64_t lane_col = Format::LaneCol(lane);
   const typename Format::Code* qr[kRows];
   const float* ar[kRows];
 #pragma unroll
@@ -187,12 +206,13 @@ __device__ __forceinline__ void QuantGemvRows(const float* __restrict__ x, const
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
   }
+  // A step past the last loads nothing: its columns are past the width.
   auto load = [&](int64_t step, Step<Format, kRows>& dst) {
-    const int64_t u = lane + 32 * step;
+    const int64_t col0 = step * kStepCols + lane_col;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      dst.raw[r] = u < units ? Format::Load(qr[r], u, cols, kVec) : typename Format::Unit{};
-      if constexpr (Format::kBlockScales) dst.scale[r] = u < units ? Format::Scale(ar[r], u) : 0.0f;
+      dst.raw[r] = Format::Load(qr[r], col0, width, kVec);
+      if constexpr (Format::kBlockScales) dst.scale[r] = Format::Scale(ar[r], col0, width);
     }
   };
   Step<Format, kRows> ring[kDepth];
@@ -202,22 +222,23 @@ __device__ __forceinline__ void QuantGemvRows(const float* __restrict__ x, const
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
       if (s0 + d >= steps) break;  // the same for the whole warp
-      const int64_t u = lane + 32 * (s0 + d);
-      float wv[kRows][kCols];
+      const int64_t col0 = (s0 + d) * kStepCols + lane_col;
+      float wv[kRows][8];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) Format::Decode(ring[d].raw[r], book, wv[r]);
-      if (u < units) {
+      if (col0 < width) {
 #pragma unroll
         for (int t = 0; t < kTokens; ++t) {
           if (kTokens == 1 || t < n) {
-            float xv[kCols];
-            LoadX<kCols, kVec>(x + t * cols, u * kCols, cols, xv);
+            float xv[8];
+            LoadX4<kVec>(x + t * cols, col0, cols, xv);
+            LoadX4<kVec>(x + t * cols, col0 + Format::kPiece1, cols, xv + 4);
 #pragma unroll
             for (int r = 0; r < kRows; ++r) {
               if constexpr (Format::kBlockScales) {
-                acc[r][t] = fmaf(ChunkDot<kCols>(wv[r], xv, 0.0f), ring[d].scale[r], acc[r][t]);
+                acc[r][t] = fmaf(ChunkDot<8>(wv[r], xv, 0.0f), ring[d].scale[r], acc[r][t]);
               } else {
-                acc[r][t] = ChunkDot<kCols>(wv[r], xv, acc[r][t]);
+                acc[r][t] = ChunkDot<8>(wv[r], xv, acc[r][t]);
               }
             }
           }
@@ -379,7 +400,7 @@ unsigned GemvBlocks(int64_t rows) {
 // warp, and for several tokens.
 struct Int8Gemv {
   using Code = int8_t;
-  // 8-byte units: 128 bytes of codes in flight per lane at 4 and 2 rows.
+  // 8 bytes of codes a step: 128 in flight per lane at 4 and 2 rows, 32 at 1 row.
   static constexpr int kDepthRows4 = 4, kDepthRows2 = 8, kDepthRows1 = 4, kDepthTokens = 4;
   template <int kTokens, int kRows, int kDepth, bool kVec>
   static void Launch(const float* x, const Code* q, const float* absmax, int n, int64_t cols, int64_t rows, float* y,
@@ -390,8 +411,9 @@ struct Int8Gemv {
 };
 struct Nf4Gemv {
   using Code = uint8_t;
-  // 4-byte units: 64 bytes of codes (and 64 of block scales, mostly L1 hits) in flight per lane at 4 and 2 rows.
-  static constexpr int kDepthRows4 = 4, kDepthRows2 = 8, kDepthRows1 = 8, kDepthTokens = 4;
+  // 4 bytes of codes a step (and a block scale, mostly an L1 hit): 64 in flight per lane at every rows per warp.
+  // (At 1 row a depth of 8 made ptxas spill at 48 registers; 16 takes 72, without.)
+  static constexpr int kDepthRows4 = 4, kDepthRows2 = 8, kDepthRows1 = 16, kDepthTokens = 4;
   template <int kTokens, int kRows, int kDepth, bool kVec>
   static void Launch(const float* x, const Code* q, const float* absmax, int n, int64_t cols, int64_t rows, float* y,
                      cudaStream_t stream) {

@@ -166,7 +166,7 @@ cudaError_t LaunchAddRmsNormRouter(const float* delta, float* x, const W* norm_w
     return cudaErrorInvalidValue;
   }
   if (rows <= 0) return cudaSuccess;
-  // As LaunchGemv decides its 16-byte path for (h, router).
+  // As LaunchGemv decides its vector path for (h, router).
   const bool vec = dim % 8 == 0 && internal::Aligned16(h) && internal::Aligned16(router);
   const auto launch = [&](auto per_thread) {  // a std::integral_constant
     LaunchAddRmsNormRouterTier<W, decltype(per_thread)::value>(rows, stream, delta, x, norm_weight, dim, eps, h, router,

@@ -359,14 +359,14 @@ TEST_F(QuantKernelTest, GemvRowsPerWarpShapesMatchCpuAndAreBitwiseTheSameWhateve
 }
 
 // The one-token kernels' rings wrap at every rows-per-warp shape: 4 rows per warp (depth 4 for both formats) over
-// 1096 columns is 137 units of 8 columns, 5 steps of 32 lanes; 2 rows per warp (depth 8) over 2312 columns is 289
-// units, 10 steps. So each ring is refilled, its last pass is partial, the last unit of a row is partly past it for
-// NF4 (1096 and 2312 are not multiples of 64, a block) and the row counts leave the last warp partly used. The
-// one-token result is within tolerance of the CPU product of the dequantized weights and bitwise the first row of
-// a two-token product (one row per warp, depth 4).
+// 1096 columns is 5 steps of 256; 2 rows per warp (depth 8) over 2312 columns is 10 steps; 1 row per warp (INT8
+// depth 4, NF4 16) over 4200 columns is 17 steps. So each ring is refilled and its last pass is partial, the last
+// step is partly past the row (and NF4's last block partly past it too: none of the widths is a multiple of 64),
+// and the row counts leave the last warp partly used. The one-token result is within tolerance of the CPU product
+// of the dequantized weights and bitwise the first row of a two-token product (one row per warp, depth 4).
 TEST_F(QuantKernelTest, OneTokenGemvRingsWrapAtEveryRowsPerWarp) {
   std::mt19937 rng(26);
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1096, 8195}, {2312, 1027}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1096, 8195}, {2312, 1027}, {4200, 100}};
   constexpr int64_t kN = 2;
   for (const auto& [cols, rows] : shapes) {
     const std::string what = "in=" + std::to_string(cols) + " out=" + std::to_string(rows);
