@@ -1,7 +1,7 @@
 // Dense GEMV for a few tokens: GemvKernel<W, kTokens>, 8 warps per 256-thread block, each warp kRows output rows.
 //  - kTokens = 1 (decode of one sequence): one accumulator per row and, for outputs of kTwoRowsFrom rows or more,
-//    two rows per warp, so each lane has two rows' weights in flight per step (eight steps' with the 4x unroll)
-//    and the activations it loads for a step serve both rows; one row per warp below that (twice the warps).
+//    two rows per warp, so each lane has both rows' weights of 4 steps in flight (the 4x unroll) and the
+//    activations it loads for a step serve both rows; one row per warp below that (twice the warps).
 //  - kTokens = kGemvMaxTokens: up to that many tokens (n at run time), one row per warp, the weights read once
 //    for all of them.
 // With aligned rows each lane streams 4 fp32 or 8 fp16/bf16 weights of the row per step in loads of 4 weights, and

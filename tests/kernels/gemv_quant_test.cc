@@ -304,7 +304,7 @@ TEST_F(QuantKernelTest, DequantizingGemvAndGemmMatchCpuMatMul) {
 
 // The one-token kernels take 4 rows per warp from 8192 rows on, 2 from 1024: shapes on those paths, with a row
 // count that leaves the last warp partly used, NF4 rows of 64k + 32 columns (a last block half past the row) and
-// INT8 rows that are not a multiple of 16 (the scalar path). Each of n = 1..8 tokens alone equals its row of the
+// INT8 rows that are not a multiple of 8 (the scalar path). Each of n = 1..8 tokens alone equals its row of the
 // 8-token product bitwise, and all are within tolerance of the CPU product of the dequantized weights.
 TEST_F(QuantKernelTest, GemvRowsPerWarpShapesMatchCpuAndAreBitwiseTheSameWhateverTheTokenCount) {
   std::mt19937 rng(25);
