@@ -40,13 +40,17 @@ __device__ __forceinline__ void RowDot(const float* __restrict__ x, const W* con
     [[maybe_unused]] constexpr int kUnroll = kTokens == 1 ? 4 : 2;  // unused where #pragma unroll is not known
 #pragma unroll kUnroll
     for (int64_t col0 = 4 * lane; col0 < in; col0 += kStep) {
-      // A slice past the row (in the last step only) weighs 0: in % 8 == 0, so each is wholly inside or past it.
+      // A slice past the row (in the last step only; slice 0 never, as col0 < in) weighs 0: in % 8 == 0, so each
+      // is wholly inside or past it.
+      bool inside[kSlices];
+#pragma unroll
+      for (int p = 0; p < kSlices; ++p) inside[p] = p == 0 || col0 + p * kSlice < in;
       float wv[kRows][kV];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
 #pragma unroll
         for (int p = 0; p < kSlices; ++p) {
-          if (p == 0 || col0 + p * kSlice < in) {  // slice 0: col0 < in
+          if (inside[p]) {
             Load4(rows[r] + col0 + p * kSlice, wv[r] + 4 * p);
           } else {
 #pragma unroll
@@ -61,7 +65,7 @@ __device__ __forceinline__ void RowDot(const float* __restrict__ x, const W* con
 #pragma unroll
           for (int p = 0; p < kSlices; ++p) {
             const float* xq = x + t * in + col0 + p * kSlice;
-            if (p > 0 && col0 + p * kSlice >= in) {
+            if (!inside[p]) {
 #pragma unroll
               for (int e = 0; e < 4; ++e) xv[4 * p + e] = 0.0f;
             } else if constexpr (kSharedX) {

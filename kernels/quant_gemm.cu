@@ -82,7 +82,8 @@ __device__ __forceinline__ uint32_t LoadWordBytes(const void* p, int64_t valid) 
 
 // A row is walked in steps of kStepCols columns. In each, a lane takes two pieces of 4 consecutive columns: piece 0
 // at column step * kStepCols + Format::LaneCol(lane), piece 1 Format::kPiece1 columns after it; a piece from
-// Format::Width(cols) on is not loaded and weighs 0. Both formats place the pieces so that a warp's loads of piece
+// Format::Width(cols) on is not loaded and weighs 0 (QuantGemvRows loads a lane's step only where piece 0 is inside
+// the width; Format::Load decides piece 1). Both formats place the pieces so that a warp's loads of piece
 // 0's activations (and of piece 1's) touch 4 cache lines for 512 bytes. (With one unit of 8 consecutive columns a
 // lane, a warp's float4 loads of activations spread over 1 KB in 8 lines; before that, 16 bytes of codes a lane
 // spread them over 4 KB in 32 lines (NF4), and the NF4 GEMV ran at 20% of the copy bandwidth with L1/TEX 81% busy,
@@ -102,12 +103,13 @@ struct Int8Format {
   __device__ static int64_t RowBytes(int64_t cols) { return cols; }
   __device__ static int64_t ScalesPerRow(int64_t) { return 1; }
   __device__ static float Book(int) { return 0.0f; }
-  // The pieces from col0 of a row of `width` (= cols) codes; !vec: bytes past the row read as code 0, i.e. 0.0.
+  // The pieces from col0 (< width) of a row of `width` (= cols) codes; piece 1 may lie past the row, and !vec the
+  // last bytes of piece 0: bytes past the row read as code 0, i.e. 0.0.
   __device__ static Unit Load(const Code* row, int64_t col0, int64_t width, bool vec) {
     const Code* p0 = row + col0;
     const Code* p1 = p0 + kPiece1;
     if (vec) {  // cols % 8 == 0: each piece wholly inside the row or past it
-      return make_uint2(col0 < width ? __ldg(reinterpret_cast<const uint32_t*>(p0)) : 0u,
+      return make_uint2(__ldg(reinterpret_cast<const uint32_t*>(p0)),
                         col0 + kPiece1 < width ? __ldg(reinterpret_cast<const uint32_t*>(p1)) : 0u);
     }
     return make_uint2(LoadWordBytes(p0, width - col0), LoadWordBytes(p1, width - col0 - kPiece1));
@@ -131,9 +133,8 @@ struct Nf4Format {
   __device__ static int64_t RowBytes(int64_t cols) { return Blocks(cols) * kHalfBlock; }
   __device__ static int64_t ScalesPerRow(int64_t cols) { return Blocks(cols); }
   __device__ static float Book(int lane) { return kCodeBookDevice[lane & 15]; }
-  // The pieces from col0 of a row walked over `width` columns.
-  __device__ static Unit Load(const Code* row, int64_t col0, int64_t width, bool vec) {
-    if (col0 >= width) return 0u;
+  // The pieces from col0 (< the width: then both are inside it).
+  __device__ static Unit Load(const Code* row, int64_t col0, int64_t, bool vec) {
     const Code* p0 = row + col0 / 2;
     const Code* p1 = p0 + kPiece1 / 2;
     if (vec) {
@@ -142,8 +143,8 @@ struct Nf4Format {
     }
     return LoadWordBytes(p0, 2) | LoadWordBytes(p1, 2) << 16;
   }
-  __device__ static float Scale(const float* row_scales, int64_t col0, int64_t width) {
-    return col0 < width ? __ldg(row_scales + col0 / kNf4BlockSize) : 0.0f;
+  __device__ static float Scale(const float* row_scales, int64_t col0) {
+    return __ldg(row_scales + col0 / kNf4BlockSize);
   }
   // REQUIRES: the whole warp (DecodeNf4x8).
   __device__ static void Decode(const Unit& raw, float book, float (&w)[8]) { DecodeNf4x8(raw, book, w); }
@@ -206,13 +207,14 @@ __device__ __forceinline__ void QuantGemvRows(const float* __restrict__ x, const
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
   }
-  // A step past the last loads nothing: its columns are past the width.
+  // A lane whose piece 0 is past the width (a step past the last, too) loads nothing.
   auto load = [&](int64_t step, Step<Format, kRows>& dst) {
     const int64_t col0 = step * kStepCols + lane_col;
+    const bool inside = col0 < width;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      dst.raw[r] = Format::Load(qr[r], col0, width, kVec);
-      if constexpr (Format::kBlockScales) dst.scale[r] = Format::Scale(ar[r], col0, width);
+      dst.raw[r] = inside ? Format::Load(qr[r], col0, width, kVec) : typename Format::Unit{};
+      if constexpr (Format::kBlockScales) dst.scale[r] = inside ? Format::Scale(ar[r], col0) : 0.0f;
     }
   };
   Step<Format, kRows> ring[kDepth];

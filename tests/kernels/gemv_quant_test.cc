@@ -34,7 +34,9 @@ std::string Shape(int64_t n, int64_t in, int64_t out) {
 // w [rows, cols] quantized on the CPU to INT8 rows and to NF4 (src/backend/quantize.h), and both dequantized back.
 struct CpuQuantized {
   CpuQuantized(const std::vector<float>& w, int64_t rows, int64_t cols)
-      : q(w.size()),
+      : rows(rows),
+        cols(cols),
+        q(w.size()),
         a8(static_cast<size_t>(rows)),
         codes(static_cast<size_t>(rows * Nf4RowBytes(cols))),
         a4(static_cast<size_t>(rows * Nf4BlocksPerRow(cols))),
@@ -45,11 +47,28 @@ struct CpuQuantized {
     DequantizeInt8Rows(q.data(), a8.data(), rows, cols, w8.data());
     DequantizeNf4(codes.data(), a4.data(), rows, cols, w4.data());
   }
+  // The CPU products [n, rows] of n tokens of x [n, cols] with the INT8- and the NF4-dequantized weights.
+  std::pair<std::vector<float>, std::vector<float>> Products(const std::vector<float>& x, int64_t n) const {
+    std::vector<float> p8(static_cast<size_t>(n * rows)), p4(p8.size());
+    cpu::MatMul(x.data(), WeightRef{w8.data(), DType::kF32}, WeightRef{}, n, cols, rows, p8.data());
+    cpu::MatMul(x.data(), WeightRef{w4.data(), DType::kF32}, WeightRef{}, n, cols, rows, p4.data());
+    return {std::move(p8), std::move(p4)};
+  }
+  int64_t rows, cols;
   std::vector<int8_t> q;       // INT8 codes
   std::vector<float> a8;       // their row absmax
   std::vector<uint8_t> codes;  // NF4 codes
   std::vector<float> a4;       // their block absmax
   std::vector<float> w8, w4;   // dequantized
+};
+
+// CpuQuantized's codes and scales on the device.
+struct DeviceQuantized {
+  explicit DeviceQuantized(const CpuQuantized& cq) : q(cq.q), a8(cq.a8), codes(cq.codes), a4(cq.a4) {}
+  DeviceArray<int8_t> q;
+  DeviceArray<float> a8;
+  DeviceArray<uint8_t> codes;
+  DeviceArray<float> a4;
 };
 
 class GemvKernelTest : public GpuTest {};
@@ -141,14 +160,12 @@ TEST_F(GemvKernelTest, EveryRowIsBitwiseTheSameWhateverTheTokenCount) {
       });
     }
     const CpuQuantized cq(RandomFloats(static_cast<size_t>(in * out), rng), out, in);
-    DeviceArray<int8_t> dq(cq.q);
-    DeviceArray<uint8_t> dcodes(cq.codes);
-    DeviceArray<float> da8(cq.a8), da4(cq.a4);
+    const DeviceQuantized dev(cq);
     ExpectRowsIndependentOfTokenCount(in, out, rng, "int8 " + shape, [&](const float* x, int64_t n, float* y) {
-      return kernels::LaunchGemvInt8(x, dq.get(), da8.get(), n, in, out, y, stream_);
+      return kernels::LaunchGemvInt8(x, dev.q.get(), dev.a8.get(), n, in, out, y, stream_);
     });
     ExpectRowsIndependentOfTokenCount(in, out, rng, "nf4 " + shape, [&](const float* x, int64_t n, float* y) {
-      return kernels::LaunchGemvNf4(x, dcodes.get(), da4.get(), n, in, out, y, stream_);
+      return kernels::LaunchGemvNf4(x, dev.codes.get(), dev.a4.get(), n, in, out, y, stream_);
     });
   }
 }
@@ -269,25 +286,23 @@ TEST_F(QuantKernelTest, DequantizingGemvAndGemmMatchCpuMatMul) {
   for (const auto& [cols, rows] : shapes) {
     const std::vector<float> w = QuantTestWeights(rows, cols, rng);
     const CpuQuantized cq(w, rows, cols);
-    DeviceArray<int8_t> dq(cq.q);
-    DeviceArray<float> da8(cq.a8), da4(cq.a4);
-    DeviceArray<uint8_t> dcodes(cq.codes);
+    const DeviceQuantized dev(cq);
     for (int64_t n : {1, 3, 8, 9, 70, 130}) {
       const std::string what = Shape(n, cols, rows);
       const std::vector<float> x = RandomFloats(static_cast<size_t>(n * cols), rng);
-      std::vector<float> want8(static_cast<size_t>(n * rows)), want4(want8.size());
-      cpu::MatMul(x.data(), WeightRef{cq.w8.data(), DType::kF32}, WeightRef{}, n, cols, rows, want8.data());
-      cpu::MatMul(x.data(), WeightRef{cq.w4.data(), DType::kF32}, WeightRef{}, n, cols, rows, want4.data());
+      const auto [want8, want4] = cq.Products(x, n);
       DeviceArray<float> dx(x);
       DeviceArray<float> ux(x.size(), 1);
       ux.Upload(x, 1);
       DeviceArray<float> g8(want8.size()), g4(want8.size()), m8(want8.size()), m4(want8.size()), u4(want8.size());
-      ODMOE_ASSERT_CUDA(kernels::LaunchGemvInt8(dx.get(), dq.get(), da8.get(), n, cols, rows, g8.get(), stream_));
-      ODMOE_ASSERT_CUDA(kernels::LaunchGemvNf4(dx.get(), dcodes.get(), da4.get(), n, cols, rows, g4.get(), stream_));
+      ODMOE_ASSERT_CUDA(kernels::LaunchGemvInt8(dx.get(), dev.q.get(), dev.a8.get(), n, cols, rows, g8.get(), stream_));
       ODMOE_ASSERT_CUDA(
-          kernels::LaunchGemvNf4(ux.get() + 1, dcodes.get(), da4.get(), n, cols, rows, u4.get(), stream_));
-      ODMOE_ASSERT_CUDA(kernels::LaunchGemmInt8(dx.get(), dq.get(), da8.get(), n, cols, rows, m8.get(), stream_));
-      ODMOE_ASSERT_CUDA(kernels::LaunchGemmNf4(dx.get(), dcodes.get(), da4.get(), n, cols, rows, m4.get(), stream_));
+          kernels::LaunchGemvNf4(dx.get(), dev.codes.get(), dev.a4.get(), n, cols, rows, g4.get(), stream_));
+      ODMOE_ASSERT_CUDA(
+          kernels::LaunchGemvNf4(ux.get() + 1, dev.codes.get(), dev.a4.get(), n, cols, rows, u4.get(), stream_));
+      ODMOE_ASSERT_CUDA(kernels::LaunchGemmInt8(dx.get(), dev.q.get(), dev.a8.get(), n, cols, rows, m8.get(), stream_));
+      ODMOE_ASSERT_CUDA(
+          kernels::LaunchGemmNf4(dx.get(), dev.codes.get(), dev.a4.get(), n, cols, rows, m4.get(), stream_));
       Sync();
       // Scales are applied to partial sums instead of to each weight: fp32 rounding differences only, bounded
       // relative to sum |x * w| (row 3's large weights of both signs cancel in the sum).
@@ -315,17 +330,15 @@ TEST_F(QuantKernelTest, GemvRowsPerWarpShapesMatchCpuAndAreBitwiseTheSameWhateve
     const std::vector<float> w = QuantTestWeights(rows, cols, rng);
     const CpuQuantized cq(w, rows, cols);
     const std::vector<float> x = RandomFloats(static_cast<size_t>(kN * cols), rng);
-    std::vector<float> want8(static_cast<size_t>(kN * rows)), want4(want8.size());
-    cpu::MatMul(x.data(), WeightRef{cq.w8.data(), DType::kF32}, WeightRef{}, kN, cols, rows, want8.data());
-    cpu::MatMul(x.data(), WeightRef{cq.w4.data(), DType::kF32}, WeightRef{}, kN, cols, rows, want4.data());
+    const auto [want8, want4] = cq.Products(x, kN);
     const std::vector<double> tol8 = gpu_test::MatMulTolerances(x, cq.w8, kN, cols, rows);
     const std::vector<double> tol4 = gpu_test::MatMulTolerances(x, cq.w4, kN, cols, rows);
-    DeviceArray<int8_t> dq(cq.q);
-    DeviceArray<uint8_t> dcodes(cq.codes);
-    DeviceArray<float> da8(cq.a8), da4(cq.a4), dx(x);
+    const DeviceQuantized dev(cq);
+    DeviceArray<float> dx(x);
     DeviceArray<float> g8(want8.size()), g4(want8.size());
-    ODMOE_ASSERT_CUDA(kernels::LaunchGemvInt8(dx.get(), dq.get(), da8.get(), kN, cols, rows, g8.get(), stream_));
-    ODMOE_ASSERT_CUDA(kernels::LaunchGemvNf4(dx.get(), dcodes.get(), da4.get(), kN, cols, rows, g4.get(), stream_));
+    ODMOE_ASSERT_CUDA(kernels::LaunchGemvInt8(dx.get(), dev.q.get(), dev.a8.get(), kN, cols, rows, g8.get(), stream_));
+    ODMOE_ASSERT_CUDA(
+        kernels::LaunchGemvNf4(dx.get(), dev.codes.get(), dev.a4.get(), kN, cols, rows, g4.get(), stream_));
     Sync();
     const std::vector<float> batch8 = g8.Download(), batch4 = g4.Download();
     ExpectWithin(batch8, want8, tol8, "int8 gemv n=8 " + what);
@@ -334,9 +347,9 @@ TEST_F(QuantKernelTest, GemvRowsPerWarpShapesMatchCpuAndAreBitwiseTheSameWhateve
     for (int64_t t = 0; t < kN; ++t) {
       DeviceArray<float> one8(static_cast<size_t>(rows)), one4(static_cast<size_t>(rows));
       ODMOE_ASSERT_CUDA(
-          kernels::LaunchGemvInt8(dx.get() + t * cols, dq.get(), da8.get(), 1, cols, rows, one8.get(), stream_));
-      ODMOE_ASSERT_CUDA(
-          kernels::LaunchGemvNf4(dx.get() + t * cols, dcodes.get(), da4.get(), 1, cols, rows, one4.get(), stream_));
+          kernels::LaunchGemvInt8(dx.get() + t * cols, dev.q.get(), dev.a8.get(), 1, cols, rows, one8.get(), stream_));
+      ODMOE_ASSERT_CUDA(kernels::LaunchGemvNf4(dx.get() + t * cols, dev.codes.get(), dev.a4.get(), 1, cols, rows,
+                                               one4.get(), stream_));
       Sync();
       const std::vector<uint32_t> alone8 = Bits(one8.Download()), alone4 = Bits(one4.Download());
       for (int64_t j = 0; j < rows; ++j) {
@@ -348,8 +361,10 @@ TEST_F(QuantKernelTest, GemvRowsPerWarpShapesMatchCpuAndAreBitwiseTheSameWhateve
     // Fewer tokens: the first rows of the 8-token product, bitwise.
     for (int64_t n : {2, 3, 5, 7}) {
       DeviceArray<float> some8(static_cast<size_t>(n * rows)), some4(static_cast<size_t>(n * rows));
-      ODMOE_ASSERT_CUDA(kernels::LaunchGemvInt8(dx.get(), dq.get(), da8.get(), n, cols, rows, some8.get(), stream_));
-      ODMOE_ASSERT_CUDA(kernels::LaunchGemvNf4(dx.get(), dcodes.get(), da4.get(), n, cols, rows, some4.get(), stream_));
+      ODMOE_ASSERT_CUDA(
+          kernels::LaunchGemvInt8(dx.get(), dev.q.get(), dev.a8.get(), n, cols, rows, some8.get(), stream_));
+      ODMOE_ASSERT_CUDA(
+          kernels::LaunchGemvNf4(dx.get(), dev.codes.get(), dev.a4.get(), n, cols, rows, some4.get(), stream_));
       Sync();
       const std::vector<uint32_t> s8 = Bits(some8.Download()), s4 = Bits(some4.Download());
       EXPECT_EQ(s8, std::vector<uint32_t>(bits8.begin(), bits8.begin() + n * rows)) << "int8 " << what << " n=" << n;
@@ -374,18 +389,18 @@ TEST_F(QuantKernelTest, OneTokenGemvRingsWrapAtEveryRowsPerWarp) {
     const CpuQuantized cq(w, rows, cols);
     const std::vector<float> x = RandomFloats(static_cast<size_t>(kN * cols), rng);
     const std::vector<float> x0(x.begin(), x.begin() + cols);
-    std::vector<float> want8(static_cast<size_t>(rows)), want4(want8.size());
-    cpu::MatMul(x0.data(), WeightRef{cq.w8.data(), DType::kF32}, WeightRef{}, 1, cols, rows, want8.data());
-    cpu::MatMul(x0.data(), WeightRef{cq.w4.data(), DType::kF32}, WeightRef{}, 1, cols, rows, want4.data());
-    DeviceArray<int8_t> dq(cq.q);
-    DeviceArray<uint8_t> dcodes(cq.codes);
-    DeviceArray<float> da8(cq.a8), da4(cq.a4), dx(x);
+    const auto [want8, want4] = cq.Products(x0, 1);
+    const DeviceQuantized dev(cq);
+    DeviceArray<float> dx(x);
     DeviceArray<float> one8(want8.size()), one4(want8.size());
     DeviceArray<float> two8(static_cast<size_t>(kN * rows)), two4(static_cast<size_t>(kN * rows));
-    ODMOE_ASSERT_CUDA(kernels::LaunchGemvInt8(dx.get(), dq.get(), da8.get(), 1, cols, rows, one8.get(), stream_));
-    ODMOE_ASSERT_CUDA(kernels::LaunchGemvNf4(dx.get(), dcodes.get(), da4.get(), 1, cols, rows, one4.get(), stream_));
-    ODMOE_ASSERT_CUDA(kernels::LaunchGemvInt8(dx.get(), dq.get(), da8.get(), kN, cols, rows, two8.get(), stream_));
-    ODMOE_ASSERT_CUDA(kernels::LaunchGemvNf4(dx.get(), dcodes.get(), da4.get(), kN, cols, rows, two4.get(), stream_));
+    ODMOE_ASSERT_CUDA(kernels::LaunchGemvInt8(dx.get(), dev.q.get(), dev.a8.get(), 1, cols, rows, one8.get(), stream_));
+    ODMOE_ASSERT_CUDA(
+        kernels::LaunchGemvNf4(dx.get(), dev.codes.get(), dev.a4.get(), 1, cols, rows, one4.get(), stream_));
+    ODMOE_ASSERT_CUDA(
+        kernels::LaunchGemvInt8(dx.get(), dev.q.get(), dev.a8.get(), kN, cols, rows, two8.get(), stream_));
+    ODMOE_ASSERT_CUDA(
+        kernels::LaunchGemvNf4(dx.get(), dev.codes.get(), dev.a4.get(), kN, cols, rows, two4.get(), stream_));
     Sync();
     const std::vector<float> got8 = one8.Download(), got4 = one4.Download();
     ExpectWithin(got8, want8, gpu_test::MatMulTolerances(x0, cq.w8, 1, cols, rows), "int8 gemv n=1 " + what);
