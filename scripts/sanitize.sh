@@ -64,14 +64,18 @@ tsan_extra=${TSAN_EXTRA_TESTS:-backend_test worker_parts_test}
 # in the normal and the ASan runs, and ClusterCliTest still takes a tiny-mixtral-kjv cluster through TSan.
 tsan_exclude=${TSAN_EXCLUDE-ClusterModelTest\..*/(tiny|demo)_mixtral_kjv}
 
-# Prints every report the run left (first 200 lines each); fails when there is one.
+# Prints every report the run left (first 300 lines each), ASan/UBSan ones symbolized here (see below); fails
+# when there is one.
 check_reports() {
   local found=0 f
   for f in "$reports"/*; do
     [ -f "$f" ] || continue
     found=$((found + 1))
     echo "== sanitizer report $f"
-    head -n 200 "$f"
+    case "$(basename "$f")" in
+      tsan.*) head -n 300 "$f" ;;
+      *) { LLVM_SYMBOLIZER_PATH=$symbolizer asan_symbolize-14 -d <"$f" || cat "$f"; } | head -n 300 ;;
+    esac
   done
   if [ "$found" -gt 0 ]; then
     echo "sanitize: FAILED: $found sanitizer report(s) above (a daemon's report fails its test indirectly)" >&2
@@ -80,9 +84,10 @@ check_reports() {
 }
 
 bash scripts/install-deps.sh
-for tool in clang-14 clang++-14; do
+for tool in clang-14 clang++-14 asan_symbolize-14 llvm-symbolizer-14; do
   command -v "$tool" >/dev/null || { echo "sanitize: $tool not found (scripts/install-deps.sh installs it)" >&2; exit 1; }
 done
+symbolizer=$(command -v llvm-symbolizer-14)
 
 # -Wno-unknown-warning-option: odmoe_warnings passes GCC's -Wshadow=local, which clang does not know.
 opt="-O1 -g1 -Wno-unknown-warning-option"
@@ -111,9 +116,14 @@ fi
 if [ "$mode" = asan ]; then
   cmake --build "$build" -j "$jobs"
   rm -rf "$reports" && mkdir -p "$reports"
-  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:halt_on_error=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=0:print_summary=1:log_path=$reports/asan"
+  # symbolize=0: a report is written at once, as module+offset frames, and symbolized by check_reports. Written
+  # symbolized, it waited on llvm-symbolizer reading the binary's debug information, seconds on a loaded machine:
+  # a daemon that failed while shutting down was killed at the end of its grace period with one line written.
+  # log_exe_name: the file names the program (asan.odmoe-worker.PID).
+  common="symbolize=0:log_exe_name=1"
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:halt_on_error=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=0:print_summary=1:$common:log_path=$reports/asan"
   export LSAN_OPTIONS="suppressions=$root/scripts/sanitize/lsan.supp:print_suppressions=0"
-  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:$common:log_path=$reports/ubsan"
   status=0
   ctest --test-dir "$build" --output-on-failure -j "$jobs" "$@" || status=$?
   check_reports || status=1
