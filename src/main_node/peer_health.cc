@@ -155,7 +155,9 @@ void PeerHealth::Deliver() {
   tl_delivering = nullptr;
 }
 
-// The health checks in flight, one slot per peer; shared with their callbacks so that it outlives the last.
+// The health checks, one slot per peer. The callbacks borrow it: Stop returns only once every callback has
+// returned, so the prober frees it (and with it the channels and ClientContexts) on the thread that stops it,
+// never on a gRPC callback thread (rpc::MakeChannel says why that matters).
 struct PeerProber::Checks {
   explicit Checks(size_t n) : slots(n) {}
   struct Slot {
@@ -168,12 +170,12 @@ struct PeerProber::Checks {
   std::vector<Slot> slots;  // stubs and channels fixed at construction
   absl::Mutex mu;
   std::vector<bool> in_flight ABSL_GUARDED_BY(mu);
-  int active ABSL_GUARDED_BY(mu) = 0;
+  int active ABSL_GUARDED_BY(mu) = 0;  // checks started whose callback has not returned
   bool stopped ABSL_GUARDED_BY(mu) = false;
 };
 
 PeerProber::PeerProber(PeerHealth& health, PeerProberOptions options)
-    : health_(health), options_(options), checks_(std::make_shared<Checks>(health.size())) {
+    : health_(health), options_(options), checks_(std::make_unique<Checks>(health.size())) {
   for (size_t i = 0; i < health.size(); ++i) {
     Checks::Slot& s = checks_->slots[i];
     s.channel = rpc::MakeChannel(health.peer(static_cast<int32_t>(i)).address);
@@ -213,7 +215,7 @@ void PeerProber::Stop() {
 }
 
 void PeerProber::Loop() {
-  const std::shared_ptr<Checks> checks = checks_;
+  Checks* const checks = checks_.get();
   PeerHealth* health = &health_;
   while (true) {
     const absl::Time next = absl::Now() + options_.period;
@@ -252,7 +254,7 @@ void PeerProber::Loop() {
         }
         absl::MutexLock lock(&checks->mu);
         checks->in_flight[static_cast<size_t>(peer)] = false;
-        --checks->active;
+        --checks->active;  // `checks` may be freed from here on
       });
     }
     health->CheckSilence();

@@ -137,7 +137,7 @@ struct PeerProberOptions {
 // are rpc::MakeChannel's, so they share the connection (and its keepalive) with main's other calls to the peer.
 //
 // Thread safety: the prober owns one thread (Start .. Stop); the health checks' callbacks run on gRPC's threads
-// and report from there. Stop waits for the checks in flight.
+// and report from there. Stop cancels the checks in flight and waits until their callbacks have returned.
 class PeerProber {
  public:
   // `health` must outlive the prober; its peers' addresses are dialed.
@@ -152,12 +152,12 @@ class PeerProber {
   void Stop();
 
  private:
-  struct Checks;  // the checks in flight, shared with their callbacks (peer_health.cc)
+  struct Checks;  // the channels and the checks in flight, borrowed by their callbacks (peer_health.cc)
   void Loop();
 
   PeerHealth& health_;
   const PeerProberOptions options_;
-  std::shared_ptr<Checks> checks_;
+  std::unique_ptr<Checks> checks_;
   std::thread thread_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -23,9 +23,12 @@ size_t F32Bytes(int64_t count) { return static_cast<size_t>(count) * sizeof(floa
 
 }  // namespace
 
-// The calls of one layer. Shared with the gRPC callbacks (shared_ptr), so that whichever of Run and the last
-// callback finishes last frees it. Each worker's calls form a queue started in order with at most `window` in
-// flight: a call's callback starts the worker's next unstarted call (unless a call has failed).
+// The calls of one layer, owned by its Layer. Each worker's calls form a queue started in order with at most
+// `window` in flight: a call's callback starts the worker's next unstarted call (unless a call has failed).
+//
+// The callbacks only borrow it: Dispatch returns once every callback has finished with it (`callbacks_running`),
+// so it (with its ClientContexts, which keep the workers' channels) is never freed on a gRPC callback thread
+// (rpc::MakeChannel says why that matters).
 struct LayerCalls {
   struct Call {
     v1::Worker::Stub* stub = nullptr;
@@ -58,6 +61,7 @@ struct LayerCalls {
   int in_flight ABSL_GUARDED_BY(mu) = 0;
   size_t finished ABSL_GUARDED_BY(mu) = 0;                  // calls that succeeded
   std::optional<size_t> first_failure ABSL_GUARDED_BY(mu);  // the call that failed first
+  int callbacks_running ABSL_GUARDED_BY(mu) = 0;             // attempts started whose callback has not returned
   std::vector<size_t> to_retry ABSL_GUARDED_BY(mu);         // calls the worker had no thread for
   // Set when the layer was failed from outside (a worker went down while its calls were in flight): the layer's
   // error, instead of the cancelled call's status.
@@ -113,8 +117,8 @@ CallEvidence EvidenceOf(const grpc::Status& status) {
 }
 
 // Starts (or retries) call `i` of `state`, already counted in flight. Its callback starts the next call of the
-// worker's queue, or queues the call for a retry.
-void StartCall(const std::shared_ptr<LayerCalls>& state, size_t i) {
+// worker's queue, or queues the call for a retry; its last step is to leave `callbacks_running`.
+void StartCall(LayerCalls* state, size_t i) {
   LayerCalls::Call* call = state->calls[i].get();
   grpc::ClientContext* ctx = nullptr;
   {
@@ -127,6 +131,7 @@ void StartCall(const std::shared_ptr<LayerCalls>& state, size_t i) {
     call->contexts.push_back(std::make_unique<grpc::ClientContext>());
     ctx = call->contexts.back().get();
     ++call->attempts;
+    ++state->callbacks_running;
   }
   rpc::SetDeadline(*ctx, call->timeout_ms, call->request_deadline);
   rpc::AttachRequestId(*ctx, call->trace_id);
@@ -159,6 +164,8 @@ void StartCall(const std::shared_ptr<LayerCalls>& state, size_t i) {
       state->health->ReportFailure(worker, StrCat("an expert call failed: ", message));
     }
     if (next.has_value()) StartCall(state, *next);
+    absl::MutexLock lock(&state->mu);
+    --state->callbacks_running;  // `state` may be freed from here on
   });
 }
 
@@ -281,15 +288,12 @@ RemoteExpertExecutor::~RemoteExpertExecutor() {
 
 void RemoteExpertExecutor::OnPeerEvent(const PeerEvent& event) {
   if (event.to != PeerState::kDown || static_cast<size_t>(event.peer) >= workers_.size()) return;
-  std::shared_ptr<LayerCalls> state;
-  {
-    absl::MutexLock lock(&active_mu_);
-    state = active_;
-  }
-  if (state == nullptr) return;
   const absl::Status why = options_.health->CheckReachable(event.peer, "worker");
-  // Dispatch wakes on the failure and cancels the layer's calls.
-  if (!why.ok()) state->AbortWorker(event.peer, why);
+  if (why.ok()) return;
+  // Under active_mu_, so that Dispatch cannot end the layer meanwhile; it wakes on the failure and cancels the
+  // layer's calls.
+  absl::MutexLock lock(&active_mu_);
+  if (active_ != nullptr) active_->AbortWorker(event.peer, why);
 }
 
 void RemoteExpertExecutor::BeginStep(StepContext context) {
@@ -328,7 +332,7 @@ struct RemoteExpertExecutor::Layer {
   std::vector<int32_t> experts;      // the actual set, ascending (batches[b].expert)
   std::vector<int32_t> worker_of;    // per batch
   std::vector<PlannedCall> plan;
-  std::shared_ptr<LayerCalls> calls;   // one per planned call, same order
+  std::unique_ptr<LayerCalls> calls;   // one per planned call, same order
   absl::Time sent, received;           // the round trip
   MembershipView view;                 // the membership the layer was placed under, in every call's header
   bool detect_slow = false;            // Dispatch cancels a call slower than its worker's SlowBound
@@ -490,7 +494,7 @@ void RemoteExpertExecutor::Encode(Layer& work, const float* h, Stream* stream) {
   for (const PlannedCall& pc : work.plan) {
     for (const PlannedCall::Task& task : pc.tasks) ++expert_calls[task.batch];
   }
-  work.calls = std::make_shared<LayerCalls>();
+  work.calls = std::make_unique<LayerCalls>();
   work.calls->window = static_cast<int>(options_.calls_in_flight_per_worker);
   work.calls->health = options_.health;
   for (const PlannedCall& pc : work.plan) {
@@ -547,7 +551,7 @@ absl::Status RemoteExpertExecutor::CheckWorkersReachable(const Layer& work) cons
 }
 
 absl::Status RemoteExpertExecutor::Dispatch(Layer& work) {
-  const std::shared_ptr<LayerCalls>& state = work.calls;
+  LayerCalls* const state = work.calls.get();
   const std::vector<PlannedCall>& plan = work.plan;
   // A worker known to be down fails the layer at once, before anything is sent.
   ODMOE_RETURN_IF_ERROR(CheckWorkersReachable(work));
@@ -558,7 +562,7 @@ absl::Status RemoteExpertExecutor::Dispatch(Layer& work) {
   // One that goes down from here on fails it through OnPeerEvent; the check above may have just missed one.
   if (absl::Status s = CheckWorkersReachable(work); !s.ok()) {
     absl::MutexLock lock(&active_mu_);
-    active_.reset();
+    active_ = nullptr;
     return s;
   }
   // One queue per worker (the plan lists a worker's calls consecutively), `window` calls in flight each.
@@ -621,7 +625,10 @@ absl::Status RemoteExpertExecutor::Dispatch(Layer& work) {
   if (failure.has_value()) CancelInFlight(*state);
   {
     absl::MutexLock lock(&state->mu);
-    auto all_ended = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) { return state->in_flight == 0; };
+    // Every call ended and every callback returned: nothing uses `state` after this.
+    auto all_ended = [state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+      return state->in_flight == 0 && state->callbacks_running == 0;
+    };
     state->mu.Await(absl::Condition(&all_ended));
     failure = state->first_failure;
     for (const LayerCalls::Queue& queue : state->queues) {
@@ -632,7 +639,7 @@ absl::Status RemoteExpertExecutor::Dispatch(Layer& work) {
   }
   {
     absl::MutexLock lock(&active_mu_);
-    active_.reset();
+    active_ = nullptr;
   }
   if (failure.has_value()) {
     absl::MutexLock lock(&state->mu);

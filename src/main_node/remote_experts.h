@@ -302,9 +302,10 @@ class RemoteExpertExecutor : public ExpertExecutor {
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;  // one per worker
 
   int64_t health_subscription_ = 0;  // options_.health's listener id (0: none)
-  // The calls of the layer being dispatched, for OnPeerEvent (which runs on another thread).
+  // The calls of the layer being dispatched, for OnPeerEvent (which runs on another thread); set and cleared by
+  // Dispatch, which frees them only after clearing it.
   absl::Mutex active_mu_;  // before LayerCalls::mu
-  std::shared_ptr<LayerCalls> active_ ABSL_GUARDED_BY(active_mu_);
+  LayerCalls* active_ ABSL_GUARDED_BY(active_mu_) = nullptr;
 
   StepContext step_;
   // Of the current forward: whether it is a decode step, and its rows whose boards predict them.
