@@ -65,13 +65,12 @@ void ApplyServerArgs(grpc::ServerBuilder& builder);
 // subchannel pool), so a second channel costs no second TCP connection. Its credentials come from `security`
 // (src/rpc/security.h), by default the process's.
 //
-// Callback calls (stub->async()): a gRPC callback must never drop the last reference to a channel (stubs hold
-// one, and so does a ClientContext, to its call's channel). The last channel that made callback calls is the
-// last user of gRPC's shared callback completion queue, and gRPC 1.51 cannot shut that queue down from one of
-// its own callback threads: it frees it twice (AddressSanitizer: double-free in grpc_cq_internal_unref). So a
-// callback only borrows its call's state, and the channels' owner outlives it: PeerProber and
-// RemoteExpertExecutor free their calls on their own thread once every callback has returned; PrefetchSender
-// frees a call in its callback, while the sender's stubs still hold the channel.
+// Callback calls (stub->async()): a gRPC callback must never drop the last reference to a channel (a stub holds
+// one, and a ClientContext holds its call's). gRPC 1.51 runs every callback on one shared completion queue, used
+// by each channel that made callback calls and each server with callback services (the health service). When
+// its last user goes from one of the queue's own threads, gRPC frees the queue twice (AddressSanitizer:
+// double-free in grpc_cq_internal_unref). So a callback only borrows its call's state, and whoever owns the
+// channel frees that state on its own thread, or while it still holds the channel.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security);
 // Sets a deadline `timeout_ms` from now on `ctx`.
