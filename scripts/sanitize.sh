@@ -28,6 +28,10 @@
 #    the generated .pb.cc / .grpc.pb.cc code, stays instrumented and checked.
 #  - Before the suite, scripts/sanitize/tsan_canary.cc checks that the setup is not blind: a deliberate race must
 #    be reported, and the same accesses under absl::Mutex (lock, CondVar, Await, Notification) must not be.
+# odmoe's numeric kernels (src/backend/cpu_kernels.cc, quantize.cc) are built without TSan's per-access checks
+# (scripts/sanitize/tsan_ignorelist.txt, added by CMakeLists.txt): they start no threads, and each declares the
+# buffers it reads and writes instead (src/common/tsan_ranges.h). scripts/sanitize/tsan_kernel_canary.cc checks
+# before the suite that a race on a kernel's buffer is still reported.
 # Clang 14's TSan needs the older address-space layout: the run goes under `setarch -R` (no ASLR) when allowed.
 #
 # Reports: every sanitizer report goes to a file under $build/sanitizer-reports/ (log_path), so that the reports
@@ -136,7 +140,7 @@ mapfile -t tsan_targets < <(sed -nE "s/^odmoe_test\(([A-Za-z0-9_]+) .*LABELS[^)]
 # shellcheck disable=SC2206
 tsan_targets+=($tsan_extra)
 [ ${#tsan_targets[@]} -gt 0 ] || { echo "sanitize: no test is labelled '$tsan_labels' in tests/CMakeLists.txt" >&2; exit 1; }
-cmake --build "$build" -j "$jobs" --target "${tsan_targets[@]}"
+cmake --build "$build" -j "$jobs" --target "${tsan_targets[@]}" odmoe_tsan_kernel_canary
 shim="$(cd "$build" && pwd)/lib/libodmoe_tsan_absl_shim.so"
 absl_cflags=(-std=c++20 -O1 -g1 -fPIC)
 if [ ! -f "$shim" ] || [ scripts/sanitize/tsan_absl_shim.cc -nt "$shim" ]; then
@@ -181,6 +185,19 @@ if [ "$rc" -ne 66 ] || ! grep -q "WARNING: ThreadSanitizer: data race" <<<"$out"
 fi
 "${run[@]}" "$canary" locked >/dev/null || {
   echo "sanitize: FAILED: a race reported under absl::Mutex: the absl shim is not in effect" >&2
+  exit 1
+}
+echo "sanitize: kernel canary (a race on a buffer of an uninstrumented kernel must be reported, none without it)"
+rc=0
+out=$("${run[@]}" "$build/bin/odmoe_tsan_kernel_canary" race 2>&1) || rc=$?
+if [ "$rc" -ne 66 ] || ! grep -q "WARNING: ThreadSanitizer: data race" <<<"$out"; then
+  echo "$out" >&2
+  echo "sanitize: FAILED: no race reported on a kernel's buffer (exit $rc): the kernels' range annotations" \
+    "(src/common/tsan_ranges.h) are not in effect" >&2
+  exit 1
+fi
+"${run[@]}" "$build/bin/odmoe_tsan_kernel_canary" apart >/dev/null || {
+  echo "sanitize: FAILED: a race reported on two separate buffers of a kernel" >&2
   exit 1
 }
 rm -rf "$reports" && mkdir -p "$reports"

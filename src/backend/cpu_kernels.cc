@@ -20,6 +20,7 @@
 #include "src/backend/quantize.h"
 #include "src/common/dtype.h"
 #include "src/common/status.h"
+#include "src/common/tsan_ranges.h"
 
 // MatMul's AVX2 copy (see the top of the file).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -143,11 +144,37 @@ void CheckWeight(WeightRef w) {
   ODMOE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16);
 }
 
+// Each kernel declares the buffers it reads and writes on entry to ThreadSanitizer, which does not instrument
+// this file (src/common/tsan_ranges.h); nothing without TSan. (For the same reason the element loops index
+// scratch buffers through raw pointers: a std::vector's operator[] stays instrumented, a call per element.)
+using tsan::Reads;
+using tsan::Writes;
+// Elements [first, first + count) of a dense weight.
+void ReadsDense(WeightRef w, int64_t first, int64_t count) {
+  const size_t each = DTypeSize(w.dtype);
+  tsan::ReadBytes(static_cast<const uint8_t*>(w.data) + static_cast<size_t>(first) * each,
+                  static_cast<size_t>(count) * each);
+}
+// All of w: [rows, cols], with its scales when it is quantized (the layouts of quantize.h).
+void ReadsMatrix(WeightRef w, int64_t rows, int64_t cols) {
+  if (w.dtype == DType::kI8) {
+    Reads(static_cast<const int8_t*>(w.data), rows * cols);
+    Reads(w.scales, rows);
+  } else if (w.dtype == DType::kU8) {
+    Reads(static_cast<const uint8_t*>(w.data), rows * Nf4RowBytes(cols));
+    Reads(w.scales, rows * Nf4BlocksPerRow(cols));
+  } else {
+    ReadsDense(w, 0, rows * cols);
+  }
+}
+
 }  // namespace
 
 void WidenWeights(WeightRef w, int64_t first, int64_t count, float* out) {
   CheckWeight(w);
   ODMOE_CHECK(first >= 0 && count >= 0);
+  ReadsDense(w, first, count);
+  Writes(out, count);
   const auto* base = static_cast<const uint8_t*>(w.data);
   switch (w.dtype) {
     case DType::kF32:
@@ -179,6 +206,7 @@ void Embedding(const int32_t* ids, int64_t n, WeightRef table, int64_t dim, floa
   ODMOE_CHECK(n >= 0 && dim >= 0);
   if (n == 0 || dim == 0) return;
   ODMOE_CHECK(ids != nullptr && out != nullptr);
+  Reads(ids, n);  // the table's rows and out: in WidenWeights
   for (int64_t i = 0; i < n; ++i) {
     ODMOE_CHECK(ids[i] >= 0);
     WidenWeights(table, static_cast<int64_t>(ids[i]) * dim, dim, out + i * dim);
@@ -189,8 +217,11 @@ void RmsNorm(const float* x, WeightRef weight, int64_t rows, int64_t dim, float 
   ODMOE_CHECK(rows >= 0 && dim > 0);
   if (rows == 0) return;
   ODMOE_CHECK(x != nullptr && out != nullptr);
-  std::vector<float> w(static_cast<size_t>(dim));  // [dim]
-  WidenWeights(weight, 0, dim, w.data());
+  Reads(x, rows * dim);
+  Writes(out, rows * dim);
+  std::vector<float> widened(static_cast<size_t>(dim));  // [dim]
+  float* w = widened.data();
+  WidenWeights(weight, 0, dim, w);
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     float* yr = out + r * dim;
@@ -212,6 +243,9 @@ ODMOE_CPU_CLONES void MatMul(const float* x, WeightRef w, WeightRef bias, int64_
   } else {
     CheckWeight(w);
   }
+  Reads(x, n * in_dim);
+  ReadsMatrix(w, out_dim, in_dim);
+  Writes(y, n * out_dim);
   std::vector<float> b;  // [out_dim]
   if (!bias.empty()) {
     b.resize(static_cast<size_t>(out_dim));
@@ -241,9 +275,10 @@ ODMOE_CPU_CLONES void MatMul(const float* x, WeightRef w, WeightRef bias, int64_
         wr[r] = tile.data() + r * in_dim;
       }
     }
+    const float* bo = b.empty() ? nullptr : b.data() + o0;
     auto store = [&](int64_t t, const float* dots) {
       float* yt = y + t * out_dim + o0;
-      for (int64_t r = 0; r < rows; ++r) yt[r] = b.empty() ? dots[r] : dots[r] + b[o0 + r];
+      for (int64_t r = 0; r < rows; ++r) yt[r] = bo == nullptr ? dots[r] : dots[r] + bo[r];
     };
     int64_t t = 0;
     if (rows == kRowTile) {  // two tokens at a time: each weight chunk loaded once for both
@@ -270,6 +305,7 @@ ODMOE_CPU_CLONES void MatMul(const float* x, WeightRef w, WeightRef bias, int64_
 void RopeInvFreq(int64_t head_dim, double theta, float* inv_freq) {
   ODMOE_CHECK(head_dim > 0 && head_dim % 2 == 0);
   // torch: 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)), all in float32.
+  Writes(inv_freq, head_dim / 2);
   const float base = static_cast<float>(theta);
   for (int64_t i = 0; i < head_dim / 2; ++i) {
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
@@ -281,10 +317,14 @@ void Rope(float* x, const int32_t* positions, int64_t n, int64_t heads, int64_t 
   ODMOE_CHECK(n >= 0 && heads >= 0 && head_dim > 0 && head_dim % 2 == 0);
   if (n == 0 || heads == 0) return;
   ODMOE_CHECK(x != nullptr && positions != nullptr);
+  Reads(positions, n);
+  Writes(x, n * heads * head_dim);
   const int64_t half = head_dim / 2;
-  std::vector<float> inv_freq(static_cast<size_t>(half)), cos_v(static_cast<size_t>(half)),
-      sin_v(static_cast<size_t>(half));
-  RopeInvFreq(head_dim, theta, inv_freq.data());
+  std::vector<float> scratch(static_cast<size_t>(3 * half));  // inv_freq, cos_v, sin_v: [half] each
+  float* inv_freq = scratch.data();
+  float* cos_v = inv_freq + half;
+  float* sin_v = cos_v + half;
+  RopeInvFreq(head_dim, theta, inv_freq);
   for (int64_t t = 0; t < n; ++t) {
     const float pos = static_cast<float>(positions[t]);
     for (int64_t i = 0; i < half; ++i) {
@@ -310,8 +350,13 @@ void Attention(const float* q, const float* k_cache, const float* v_cache, int64
   ODMOE_CHECK(heads % kv_heads == 0);
   if (n == 0) return;
   ODMOE_CHECK(q != nullptr && k_cache != nullptr && v_cache != nullptr && out != nullptr);
+  Reads(q, n * heads * head_dim);
+  Reads(k_cache, (past + n) * kv_heads * head_dim);
+  Reads(v_cache, (past + n) * kv_heads * head_dim);
+  Writes(out, n * heads * head_dim);
   const int64_t group = heads / kv_heads;
-  std::vector<float> probs(static_cast<size_t>(past + n));  // [past + n]
+  std::vector<float> scores(static_cast<size_t>(past + n));  // [past + n]
+  float* probs = scores.data();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t visible = past + i + 1;  // cache rows 0..past+i
     for (int64_t h = 0; h < heads; ++h) {
@@ -345,6 +390,9 @@ void RouterTopK(const float* logits, int64_t n, int64_t num_experts, int64_t k, 
   ODMOE_CHECK(n >= 0 && num_experts > 0 && k >= 1 && k <= num_experts);
   if (n == 0) return;
   ODMOE_CHECK(logits != nullptr && ids != nullptr && weights != nullptr);
+  Reads(logits, n * num_experts);
+  Writes(ids, n * k);
+  Writes(weights, n * k);
   std::vector<float> probs(static_cast<size_t>(num_experts));  // [num_experts]
   std::vector<int32_t> order(static_cast<size_t>(num_experts));
   for (int64_t t = 0; t < n; ++t) {
@@ -383,6 +431,9 @@ void SwiGlu(const float* gate, const float* up, int64_t count, float* out) {
   ODMOE_CHECK(count >= 0);
   if (count == 0) return;
   ODMOE_CHECK(gate != nullptr && up != nullptr && out != nullptr);
+  Reads(gate, count);
+  Reads(up, count);
+  Writes(out, count);
   for (int64_t i = 0; i < count; ++i) {
     const float g = gate[i];
     out[i] = g / (1.0f + std::exp(-g)) * up[i];
@@ -394,6 +445,8 @@ void Convert(const void* src, DType src_dtype, int64_t count, void* dst, DType d
   if (count == 0) return;
   ODMOE_CHECK(src != nullptr && dst != nullptr);
   const auto is_16 = [](DType d) { return d == DType::kF16 || d == DType::kBF16; };
+  tsan::ReadBytes(src, static_cast<size_t>(count) * DTypeSize(src_dtype));
+  tsan::WriteBytes(dst, static_cast<size_t>(count) * DTypeSize(dst_dtype));
   if (src_dtype == dst_dtype) {
     ODMOE_CHECK(src_dtype == DType::kF32 || is_16(src_dtype));
     std::memcpy(dst, src, static_cast<size_t>(count) * DTypeSize(src_dtype));
@@ -415,6 +468,8 @@ void Add(const float* x, int64_t count, float* y) {
   ODMOE_CHECK(count >= 0);
   if (count == 0) return;
   ODMOE_CHECK(x != nullptr && y != nullptr);
+  Reads(x, count);
+  Writes(y, count);
   for (int64_t i = 0; i < count; ++i) y[i] += x[i];
 }
 
@@ -422,6 +477,7 @@ void GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t dim, f
   ODMOE_CHECK(n >= 0 && dim >= 0);
   if (n == 0 || dim == 0) return;
   ODMOE_CHECK(src != nullptr && rows != nullptr && dst != nullptr);
+  Reads(rows, n);  // the rows themselves: memmove, which TSan intercepts
   for (int64_t i = 0; i < n; ++i) {
     ODMOE_CHECK(rows[i] >= 0);
     std::memmove(dst + i * dim, src + static_cast<int64_t>(rows[i]) * dim, static_cast<size_t>(dim) * sizeof(float));
@@ -433,17 +489,22 @@ void ScatterAddScaled(const float* src, const int32_t* rows, const float* scale,
   ODMOE_CHECK(n >= 0 && dim >= 0);
   if (n == 0 || dim == 0) return;
   ODMOE_CHECK(src != nullptr && rows != nullptr && scale != nullptr && dst != nullptr);
+  Reads(src, n * dim);
+  Reads(rows, n);
+  Reads(scale, n);
   for (int64_t i = 0; i < n; ++i) {
     ODMOE_CHECK(rows[i] >= 0);
     const float f = sigmoid_scale ? Sigmoid(scale[i]) : scale[i];
     const float* s = src + i * dim;
     float* d = dst + static_cast<int64_t>(rows[i]) * dim;
+    Writes(d, dim);
     for (int64_t c = 0; c < dim; ++c) d[c] += f * s[c];
   }
 }
 
 int32_t ArgMax(const float* logits, int64_t vocab) {
   ODMOE_CHECK(logits != nullptr && vocab >= 1);
+  Reads(logits, vocab);
   int64_t best = -1;
   for (int64_t i = 0; i < vocab; ++i) {
     if (std::isnan(logits[i])) continue;
@@ -459,19 +520,22 @@ int32_t SelectToken(const float* l, int64_t vocab, const TokenChoice& c) {
   using kernels::MulFraction;
   if (kernels::IsGreedy(c)) return ArgMax(l, vocab);
   const size_t v = static_cast<size_t>(vocab);
-  std::vector<float> z(v);  // [vocab]
+  std::vector<float> z_values(v);  // [vocab]
+  float* z = z_values.data();
   float zmax = -std::numeric_limits<float>::infinity();
   for (size_t i = 0; i < v; ++i) {
     z[i] = kernels::SampleZ(l[i], c.temperature);
     zmax = std::max(zmax, z[i]);
   }
-  std::vector<uint64_t> mass(v);  // [vocab]
+  std::vector<uint64_t> masses(v);  // [vocab]
+  uint64_t* mass = masses.data();
   for (size_t i = 0; i < v; ++i) mass[i] = kernels::SampleMass(z[i] - zmax);
 
   // Steps 3 and 5 keep a prefix of the order (z descending, id ascending): sorted only as far as a cut needs.
   const bool top_k = c.top_k > 0 && c.top_k < vocab;
   const bool top_p = c.top_p < 1.0f;
-  std::vector<uint8_t> kept(v, 1);  // [vocab]
+  std::vector<uint8_t> kept_flags(v, 1);  // [vocab]
+  uint8_t* kept = kept_flags.data();
   if (top_k || top_p) {
     std::vector<int32_t> order(v);
     std::iota(order.begin(), order.end(), 0);
@@ -491,7 +555,7 @@ int32_t SelectToken(const float* l, int64_t vocab, const TokenChoice& c) {
         }
       }
     }
-    std::fill(kept.begin(), kept.end(), 0);
+    std::fill(kept, kept + v, 0);
     for (size_t j = 0; j < keep; ++j) kept[order[j]] = 1;
   }
 
@@ -516,6 +580,9 @@ void SelectTokens(const float* logits, int64_t rows, int64_t vocab, const TokenC
   ODMOE_CHECK(rows >= 0 && vocab >= 1 && vocab <= kernels::kSampleMaxVocab);
   if (rows == 0) return;
   ODMOE_CHECK(logits != nullptr && choices != nullptr && ids != nullptr);
+  Reads(logits, rows * vocab);
+  Reads(choices, rows);
+  Writes(ids, rows);
   for (int64_t r = 0; r < rows; ++r) ids[r] = SelectToken(logits + r * vocab, vocab, choices[r]);
 }
 

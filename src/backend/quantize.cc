@@ -6,9 +6,19 @@
 #include <vector>
 
 #include "src/common/status.h"
+#include "src/common/tsan_ranges.h"
 
 namespace odmoe {
 namespace {
+
+// Each function declares the buffers it reads and writes on entry to ThreadSanitizer, which does not instrument
+// this file (src/common/tsan_ranges.h); nothing without TSan. (For the same reason the element loops index
+// scratch buffers through raw pointers: a std::vector's operator[] stays instrumented, a call per element.)
+using tsan::Reads;
+using tsan::Writes;
+void ReadsWeight(const void* w, DType dtype, int64_t rows, int64_t cols) {
+  tsan::ReadBytes(w, static_cast<size_t>(rows * cols) * DTypeSize(dtype));
+}
 
 // Widens row `r` of w ([rows, cols] in dtype) to fp32 (exact for F16 and BF16).
 void WidenRow(const void* w, DType dtype, int64_t r, int64_t cols, float* out) {
@@ -46,17 +56,21 @@ void QuantizeInt8Rows(const void* w, DType dtype, int64_t rows, int64_t cols, in
   ODMOE_CHECK(rows >= 0 && cols >= 0);
   if (rows == 0 || cols == 0) return;
   ODMOE_CHECK(w != nullptr && q != nullptr && absmax != nullptr);
-  std::vector<float> row(static_cast<size_t>(cols));
+  ReadsWeight(w, dtype, rows, cols);
+  Writes(q, rows * cols);
+  Writes(absmax, rows);
+  std::vector<float> widened(static_cast<size_t>(cols));
+  float* row = widened.data();
   for (int64_t r = 0; r < rows; ++r) {
-    WidenRow(w, dtype, r, cols, row.data());
+    WidenRow(w, dtype, r, cols, row);
     float m = 0.0f;
-    for (float v : row) m = std::fmax(m, std::fabs(v));
+    for (int64_t j = 0; j < cols; ++j) m = std::fmax(m, std::fabs(row[j]));
     absmax[r] = m;
     int8_t* qr = q + r * cols;
     for (int64_t j = 0; j < cols; ++j) {
       float x = 0.0f;
       if (m > 0.0f) {
-        const float ratio = row[static_cast<size_t>(j)] / m;
+        const float ratio = row[j] / m;
         const float scaled = ratio * 127.0f;
         x = std::nearbyint(scaled);
       }
@@ -68,6 +82,9 @@ void QuantizeInt8Rows(const void* w, DType dtype, int64_t rows, int64_t cols, in
 
 void DequantizeInt8Rows(const int8_t* q, const float* absmax, int64_t rows, int64_t cols, float* w) {
   ODMOE_CHECK(rows >= 0 && cols >= 0);
+  Reads(q, rows * cols);
+  Reads(absmax, rows);
+  Writes(w, rows * cols);
   for (int64_t r = 0; r < rows; ++r) {
     const float step = absmax[r] / 127.0f;
     for (int64_t j = 0; j < cols; ++j) w[r * cols + j] = static_cast<float>(q[r * cols + j]) * step;
@@ -80,20 +97,24 @@ void QuantizeNf4(const void* w, DType dtype, int64_t rows, int64_t cols, uint8_t
   ODMOE_CHECK(w != nullptr && codes != nullptr && absmax != nullptr);
   const int64_t bpr = Nf4BlocksPerRow(cols);
   const int64_t row_bytes = Nf4RowBytes(cols);
-  std::vector<float> row(static_cast<size_t>(cols));
+  ReadsWeight(w, dtype, rows, cols);
+  Writes(codes, rows * row_bytes);
+  Writes(absmax, rows * bpr);
+  std::vector<float> widened(static_cast<size_t>(cols));
+  float* row = widened.data();
   for (int64_t r = 0; r < rows; ++r) {
-    WidenRow(w, dtype, r, cols, row.data());
+    WidenRow(w, dtype, r, cols, row);
     uint8_t* cr = codes + r * row_bytes;
     for (int64_t b = 0; b < bpr; ++b) {
       const int64_t c0 = b * kNf4BlockSize;
       const int64_t c1 = std::min(cols, c0 + kNf4BlockSize);
       float m = 0.0f;
-      for (int64_t j = c0; j < c1; ++j) m = std::fmax(m, std::fabs(row[static_cast<size_t>(j)]));
+      for (int64_t j = c0; j < c1; ++j) m = std::fmax(m, std::fabs(row[j]));
       absmax[r * bpr + b] = m;
       const float inv = m > 0.0f ? 1.0f / m : 0.0f;
       for (int64_t j = c0; j < c0 + kNf4BlockSize; j += 2) {
-        const uint8_t hi = j < cols ? Nf4Code(row[static_cast<size_t>(j)] * inv) : 7;
-        const uint8_t lo = j + 1 < cols ? Nf4Code(row[static_cast<size_t>(j + 1)] * inv) : 7;
+        const uint8_t hi = j < cols ? Nf4Code(row[j] * inv) : 7;
+        const uint8_t lo = j + 1 < cols ? Nf4Code(row[j + 1] * inv) : 7;
         cr[j / 2] = static_cast<uint8_t>((hi << 4) | lo);
       }
     }
@@ -104,6 +125,9 @@ void DequantizeNf4(const uint8_t* codes, const float* absmax, int64_t rows, int6
   ODMOE_CHECK(rows >= 0 && cols >= 0);
   const int64_t bpr = Nf4BlocksPerRow(cols);
   const int64_t row_bytes = Nf4RowBytes(cols);
+  Reads(codes, rows * row_bytes);
+  Reads(absmax, rows * bpr);
+  Writes(w, rows * cols);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < cols; ++j) {
       const uint8_t byte = codes[r * row_bytes + j / 2];
