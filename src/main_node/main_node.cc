@@ -318,6 +318,13 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   run.arrived = absl::Now();
   RequestRecord ignored;
   if (record == nullptr) record = &ignored;
+  struct TimeOnExit {  // a request that ends before its figures are taken (refused, failed in the queue) too
+    RequestRecord& record;
+    absl::Time arrived;
+    ~TimeOnExit() {
+      if (record.total_ms == 0) record.total_ms = absl::ToDoubleMilliseconds(absl::Now() - arrived);
+    }
+  } time_on_exit{*record, run.arrived};
   run.trace_id = record->request_id;
   ODMOE_ASSIGN_OR_RETURN(run.prompt, PromptOf(request));
   record->prompt_tokens = run.prompt_len();
@@ -374,19 +381,20 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   }
   // The loop is done with `run`: the shadow's last predictions count for its recall.
   FinishPrediction(run, status.ok() && !client_gone);
-  record->generated_tokens = static_cast<int64_t>(run.batch->result().tokens.size());
+  // The figures as far as the request got, whatever its outcome. Times count from arrival: the queue is part of
+  // what the client waited.
+  GenerateResult result = run.batch->result();
+  if (!result.tokens.empty()) result.ttft_ms += run.queue_ms;
+  result.total_ms += run.queue_ms;
+  record->generated_tokens = static_cast<int64_t>(result.tokens.size());
+  record->ttft_ms = result.ttft_ms;
+  record->decode_tokens_per_s = result.decode_tokens_per_s;
+  record->total_ms = result.total_ms;
   if (client_gone && record->emit_false_is_stop) return absl::OkStatus();
   if (client_gone || (absl::IsCancelled(status) && cancelled != nullptr && cancelled())) {
     return absl::CancelledError("the client went away");
   }
   ODMOE_RETURN_IF_ERROR(status);
-  GenerateResult result = run.batch->result();
-  // Times count from arrival: the queue is part of what the client waited.
-  result.ttft_ms += run.queue_ms;
-  result.total_ms += run.queue_ms;
-  record->ttft_ms = result.ttft_ms;
-  record->decode_tokens_per_s = result.decode_tokens_per_s;
-  record->total_ms = result.total_ms;
 
   v1::GenerateResponse last = FinalResponse(run, result, decoder.get());
   FillRequestStats(run, result, last.mutable_stats());

@@ -756,6 +756,23 @@ TEST(MainNodeTest, BadRequestsFailAndMainKeepsServing) {
   ASSERT_TRUE(ok.ok()) << ok.status();
   ExpectSameAsLocal(*ok, LocalReference(model, "cpu", prompt, 3), prompt);
 
+  // A request that ends part-way keeps its figures for main's "finished:" log line: the tokens it made and its
+  // times (here the client goes after its third token).
+  MainNode::RequestRecord gone;
+  int messages = 0;
+  const absl::Status s = cluster.main().RunRequest(
+      IdsRequest(prompt, 12), [&](const v1::GenerateResponse&) { return ++messages < 3; }, nullptr, &gone);
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+  EXPECT_GE(gone.generated_tokens, 3);
+  EXPECT_GT(gone.ttft_ms, 0.0);
+  EXPECT_GE(gone.total_ms, gone.ttft_ms);
+  MainNode::RequestRecord refused;
+  EXPECT_FALSE(cluster.main().RunRequest(IdsRequest({}, 4), [](const v1::GenerateResponse&) { return true; },
+                                         nullptr, &refused)
+                   .ok());
+  EXPECT_GT(refused.total_ms, 0.0);
+  EXPECT_EQ(refused.generated_tokens, 0);
+
   // Membership: every node, the epoch and the fingerprint the workers have.
   auto stub = v1::Inference::NewStub(rpc::MakeChannel(cluster.endpoint()));
   grpc::ClientContext ctx;
