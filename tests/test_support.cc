@@ -20,6 +20,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
 
 namespace odmoe::testing {
@@ -183,6 +184,20 @@ bool Eventually(const std::function<bool()>& cond, std::chrono::seconds limit) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return true;
+}
+
+CapturedLog::CapturedLog() : previous_(spdlog::default_logger()) {
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("captured", sink));
+}
+
+CapturedLog::~CapturedLog() { spdlog::set_default_logger(previous_); }
+
+int CapturedLog::Count(const std::string& needle) const {
+  const std::string t = text();
+  int n = 0;
+  for (size_t at = t.find(needle); at != std::string::npos; at = t.find(needle, at + 1)) ++n;
+  return n;
 }
 
 }  // namespace odmoe::testing

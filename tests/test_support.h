@@ -3,8 +3,14 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
+
+namespace spdlog {
+class logger;
+}  // namespace spdlog
 
 namespace odmoe::testing {
 
@@ -58,5 +64,23 @@ RunResult RunProgram(const std::vector<std::string>& argv);
 
 // Polls `cond` every 50 ms until it holds (true) or `limit` has passed (false).
 bool Eventually(const std::function<bool()>& cond, std::chrono::seconds limit);
+
+// Collects what spdlog's default logger writes while it lives. Make it before starting anything that logs from
+// threads of its own and end it after they stop: swapping the default logger is not safe against a concurrent
+// log call.
+class CapturedLog {
+ public:
+  CapturedLog();
+  ~CapturedLog();
+  CapturedLog(const CapturedLog&) = delete;
+  CapturedLog& operator=(const CapturedLog&) = delete;
+  std::string text() const { return out_.str(); }
+  // How many times `needle` occurs in the text.
+  int Count(const std::string& needle) const;
+
+ private:
+  std::shared_ptr<spdlog::logger> previous_;
+  std::ostringstream out_;
+};
 
 }  // namespace odmoe::testing

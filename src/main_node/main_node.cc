@@ -303,9 +303,12 @@ absl::StatusOr<GenerateOptions> MainNode::OptionsOf(const v1::GenerateRequest& r
 absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
                                   const std::function<bool(const v1::GenerateResponse&)>& emit,
                                   const std::function<bool()>& cancelled, RequestRecord* record) {
+  RequestRecord own;
+  if (record == nullptr) record = &own;
   MainMetrics::Request timeline = metrics_->Arrived();
   const absl::Status status = ServeRequest(request, emit, cancelled, record, timeline);
   timeline.Finished(status);
+  LogFinished(status, *record);
   return status;
 }
 
@@ -316,8 +319,6 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   // Validate before waiting for the engine: a bad request is answered at once.
   RequestRun run;
   run.arrived = absl::Now();
-  RequestRecord ignored;
-  if (record == nullptr) record = &ignored;
   struct TimeOnExit {  // a request that ends before its figures are taken (refused, failed in the queue) too
     RequestRecord& record;
     absl::Time arrived;
@@ -778,17 +779,6 @@ void MainNode::Counters::ToProto(int64_t top_k, int32_t groups, v1::MainStats* s
   s->set_decode_rows(decode_rows);
 }
 
-namespace {
-
-// "ok", or the status code in lower case ("unavailable", "invalid_argument", ...).
-std::string OutcomeOf(const absl::Status& status) {
-  std::string outcome = status.ok() ? "ok" : absl::StatusCodeToString(status.code());
-  for (char& c : outcome) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return outcome;
-}
-
-}  // namespace
-
 grpc::Status MainNode::Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                                 grpc::ServerWriter<v1::GenerateResponse>* writer) {
   if (grpc::Status admitted = rpc::AdmitClient(context); !admitted.ok()) return admitted;
@@ -810,7 +800,13 @@ grpc::Status MainNode::Generate(grpc::ServerContext* context, const v1::Generate
   const absl::Status status = RunRequest(
       *request, [writer](const v1::GenerateResponse& r) { return writer->Write(r); },
       [context]() { return context->IsCancelled(); }, &record);
-  const std::string outcome = OutcomeOf(status);
+  return rpc::ToGrpc(status);
+}
+
+void MainNode::LogFinished(const absl::Status& status, const RequestRecord& record) {
+  // outcome: "ok", or the status code in lower case ("unavailable", "invalid_argument", ...).
+  std::string outcome = status.ok() ? "ok" : absl::StatusCodeToString(status.code());
+  for (char& c : outcome) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   const std::string line =
       StrCat("finished: outcome=", outcome, " prompt_tokens=", record.prompt_tokens,
              " generated_tokens=", record.generated_tokens, " ttft_ms=", absl::StrFormat("%.1f", record.ttft_ms),
@@ -821,7 +817,6 @@ grpc::Status MainNode::Generate(grpc::ServerContext* context, const v1::Generate
   } else {
     spdlog::warn("{} error: {}", line, std::string(status.message()));
   }
-  return rpc::ToGrpc(status);
 }
 
 v1::MainStats MainNode::Stats(bool reset) {

@@ -103,9 +103,10 @@ class MainNode final : public v1::Inference::Service {
     double total_ms = 0;
   };
 
-  // Generate without gRPC. `emit` receives each message in order and returns false when the client has gone
-  // (the request then stops); `cancelled` (optional) is polled before every sparse layer. `record` (optional)
-  // carries the request id to every RPC made for the request and receives its figures. Errors:
+  // Generate without gRPC (the gRPC and HTTP APIs both serve through it). `emit` receives each message in order
+  // and returns false when the client has gone (the request then stops); `cancelled` (optional) is polled before
+  // every sparse layer. `record` (optional) carries the request id to every RPC made for the request and
+  // receives its figures. Logs the request's "finished:" line, whatever its outcome. Errors:
   // InvalidArgument / OutOfRange / FailedPrecondition for a bad request (nothing emitted), a worker's status
   // (Unavailable, DeadlineExceeded, ...) naming it, Cancelled when the client went away.
   absl::Status RunRequest(const v1::GenerateRequest& request,
@@ -160,11 +161,14 @@ class MainNode final : public v1::Inference::Service {
   void RunStep(bool fresh);
   // The running request whose batch request is `request` (it must be one).
   RequestRun* RunOf(const BatchRequest* request) const;
-  // RunRequest but for its metrics (`timeline`: the request's, which RunRequest finishes).
+  // RunRequest but for its metrics (`timeline`: the request's, which RunRequest finishes) and its log line;
+  // `record` is never null.
   absl::Status ServeRequest(const v1::GenerateRequest& request,
                             const std::function<bool(const v1::GenerateResponse&)>& emit,
                             const std::function<bool()>& cancelled, RequestRecord* record,
                             MainMetrics::Request& timeline);
+  // The request's one "finished:" line: its outcome, tokens and times (at warn, with the error, when not OK).
+  static void LogFinished(const absl::Status& status, const RequestRecord& record);
   // Request setup: the request checked against the model and turned into Generate's options.
   absl::StatusOr<GenerateOptions> OptionsOf(const v1::GenerateRequest& request, std::span<const int32_t> prompt) const;
   // The prediction source of a request joining the batch (its shadow stream, or none: main's random

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +37,7 @@
 namespace odmoe {
 namespace {
 
+using ::odmoe::testing::CapturedLog;
 using ::odmoe::testing::HaveSharedModel;
 using ::odmoe::testing::SharedModel;
 
@@ -756,23 +758,6 @@ TEST(MainNodeTest, BadRequestsFailAndMainKeepsServing) {
   ASSERT_TRUE(ok.ok()) << ok.status();
   ExpectSameAsLocal(*ok, LocalReference(model, "cpu", prompt, 3), prompt);
 
-  // A request that ends part-way keeps its figures for main's "finished:" log line: the tokens it made and its
-  // times (here the client goes after its third token).
-  MainNode::RequestRecord gone;
-  int messages = 0;
-  const absl::Status s = cluster.main().RunRequest(
-      IdsRequest(prompt, 12), [&](const v1::GenerateResponse&) { return ++messages < 3; }, nullptr, &gone);
-  EXPECT_TRUE(absl::IsCancelled(s)) << s;
-  EXPECT_GE(gone.generated_tokens, 3);
-  EXPECT_GT(gone.ttft_ms, 0.0);
-  EXPECT_GE(gone.total_ms, gone.ttft_ms);
-  MainNode::RequestRecord refused;
-  EXPECT_FALSE(cluster.main().RunRequest(IdsRequest({}, 4), [](const v1::GenerateResponse&) { return true; },
-                                         nullptr, &refused)
-                   .ok());
-  EXPECT_GT(refused.total_ms, 0.0);
-  EXPECT_EQ(refused.generated_tokens, 0);
-
   // Membership: every node, the epoch and the fingerprint the workers have.
   auto stub = v1::Inference::NewStub(rpc::MakeChannel(cluster.endpoint()));
   grpc::ClientContext ctx;
@@ -783,6 +768,47 @@ TEST(MainNodeTest, BadRequestsFailAndMainKeepsServing) {
   EXPECT_EQ(m.self(), "main");
   EXPECT_EQ(m.model_fingerprint(), cluster.worker(0)->fingerprint());
   EXPECT_EQ(m.nodes_size(), 9);
+}
+
+// Main's one "finished:" line per request (RunRequest's, for the gRPC and HTTP APIs alike), with the figures as
+// far as the request got: here the client goes after its third token, and a bad request is refused at once.
+TEST(MainNodeTest, EveryRequestLogsItsFiguresWhateverItsOutcome) {
+  const std::string model = "qwen2moe-tiny";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  CapturedLog log;  // before the cluster, whose threads log, and ended after it
+  MainNode::RequestRecord gone, refused;
+  {
+    ClusterSpec spec;
+    spec.model = model;
+    TestCluster cluster(spec);
+    const absl::Status started = cluster.Start();
+    ASSERT_TRUE(started.ok()) << started;
+    int messages = 0;
+    const absl::Status s = cluster.main().RunRequest(
+        IdsRequest({5, 6, 7}, 12), [&](const v1::GenerateResponse&) { return ++messages < 3; }, nullptr, &gone);
+    EXPECT_TRUE(absl::IsCancelled(s)) << s;
+    const absl::Status bad = cluster.main().RunRequest(
+        IdsRequest({}, 4), [](const v1::GenerateResponse&) { return true; }, nullptr, &refused);
+    EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
+  }
+  EXPECT_EQ(gone.prompt_tokens, 3);
+  EXPECT_GE(gone.generated_tokens, 3);
+  EXPECT_GT(gone.ttft_ms, 0.0);
+  EXPECT_GE(gone.total_ms, gone.ttft_ms);
+  EXPECT_EQ(refused.generated_tokens, 0);
+  EXPECT_GT(refused.total_ms, 0.0);
+
+  const std::string text = log.text();
+  std::smatch m;
+  const std::regex cancelled(
+      "\\[warning\\] finished: outcome=cancelled prompt_tokens=3 generated_tokens=([0-9]+) ttft_ms=([0-9.]+) "
+      "tokens_per_s=[0-9.]+ total_ms=([0-9.]+) error: ");
+  ASSERT_TRUE(std::regex_search(text, m, cancelled)) << text;
+  EXPECT_EQ(std::stoll(m[1]), gone.generated_tokens);
+  EXPECT_GT(std::stod(m[2]), 0.0);
+  EXPECT_GT(std::stod(m[3]), 0.0);
+  EXPECT_EQ(log.Count("finished: outcome=invalid_argument prompt_tokens=0 generated_tokens=0 "), 1) << text;
+  EXPECT_EQ(log.Count("finished: "), 2) << text;
 }
 
 TEST(MainNodeTest, TextPromptOnMainWithoutTokenizerWithoutWorkers) {

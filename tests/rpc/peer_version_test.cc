@@ -11,11 +11,11 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "odmoe/v1/worker.grpc.pb.h"
-#include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
 #include "src/common/strings.h"
 #include "src/common/version.h"
 #include "src/rpc/rpc_util.h"
+#include "tests/test_support.h"
 
 namespace odmoe::rpc {
 namespace {
@@ -24,26 +24,7 @@ using grpc::health::v1::Health;
 using grpc::health::v1::HealthCheckRequest;
 using grpc::health::v1::HealthCheckResponse;
 
-// Collects what spdlog's default logger writes while it lives.
-class CapturedLog {
- public:
-  CapturedLog() : previous_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("captured", sink));
-  }
-  ~CapturedLog() { spdlog::set_default_logger(previous_); }
-  std::string text() const { return out_.str(); }
-  int Count(const std::string& needle) const {
-    const std::string t = text();
-    int n = 0;
-    for (size_t at = t.find(needle); at != std::string::npos; at = t.find(needle, at + 1)) ++n;
-    return n;
-  }
-
- private:
-  std::shared_ptr<spdlog::logger> previous_;
-  std::ostringstream out_;
-};
+using ::odmoe::testing::CapturedLog;
 
 TEST(PeerVersionsTest, WarnsOncePerPeerAndVersion) {
   PeerVersions v("1.0+a");
