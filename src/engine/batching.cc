@@ -63,9 +63,10 @@ absl::Status BatchRunner::Add(BatchRequest* request) {
   return absl::OkStatus();
 }
 
-void BatchRunner::Remove(BatchRequest* request) {
+void BatchRunner::Remove(BatchRequest* request, absl::Status why) {
   requests_.erase(std::remove(requests_.begin(), requests_.end(), request), requests_.end());
   request->sequence_.reset();
+  if (!request->finished_) request->Finish(std::move(why));
 }
 
 BatchRunner::Plan BatchRunner::Schedule() {

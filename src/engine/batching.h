@@ -45,7 +45,8 @@ class BatchRequest {
   uint64_t tag() const { return tag_; }
   const std::vector<int32_t>& prompt() const { return prompt_; }
   const GenerateOptions& options() const { return options_; }
-  // Tokens generated so far (and routing, logits, stop reason); the times are set when it finishes.
+  // Tokens generated so far (and routing, logits, stop reason); the times are set when it finishes (or is
+  // taken out of its runner unfinished).
   const GenerateResult& result() const { return result_; }
   // Stopped (EOS or its token limit) or failed (status() not OK).
   bool finished() const { return finished_; }
@@ -89,8 +90,9 @@ class BatchRunner {
   // The request joins at the next step (first come, first served among waiting prompts); its KV cache is
   // allocated now. Errors are the engine's (the request is not added then).
   absl::Status Add(BatchRequest* request);
-  // Takes a request out between steps (finished, cancelled or its client gone); its sequence is freed.
-  void Remove(BatchRequest* request);
+  // Takes a request out between steps (finished, cancelled or its client gone); its sequence is freed. One that
+  // had not finished ends now with status `why`: result() keeps its tokens, and its times run to now.
+  void Remove(BatchRequest* request, absl::Status why = absl::CancelledError("taken out of the batch"));
   bool empty() const { return requests_.empty(); }
   size_t size() const { return requests_.size(); }
   const std::vector<BatchRequest*>& requests() const { return requests_; }

@@ -465,7 +465,7 @@ void MainNode::Join(RequestRun* run) {
 }
 
 void MainNode::Leave(RequestRun* run, absl::Status status) {
-  runner_->Remove(run->batch.get());
+  runner_->Remove(run->batch.get(), status);
   running_.erase(std::remove(running_.begin(), running_.end(), run), running_.end());
   absl::MutexLock lock(&run->mu);
   run->done = true;
