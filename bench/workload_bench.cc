@@ -9,10 +9,11 @@
 //  - the arrival time of every generated token, in ms from the request's start (client side: the stream's
 //    messages for a cluster, Generate's token callback for the engine), and the engine's own TTFT and decode
 //    tokens/s;
-//  - for a cluster, main's request stats: recall (overall and per decode token), stall per sparse layer,
-//    on-demand loads, bytes loaded by every worker, t_M / t_W / load time / t_maxload (eq. 1), and each
-//    worker's peak GPU memory; and the bytes a prefill-only request of the same prompt loads, so that the bytes
-//    decode moved per token are the difference;
+//  - for a cluster, main's request stats, every field of v1::RequestStats (its timings as server_ttft_ms,
+//    server_decode_tokens_per_s, server_total_ms): recall (overall and per decode token), stall per sparse
+//    layer, on-demand loads, bytes loaded by every worker, t_M / t_W / load time / t_maxload (eq. 1), each
+//    worker's peak GPU memory, ...; and the bytes a prefill-only request of the same prompt loads, so that the
+//    bytes decode moved per token are the difference;
 //  - for the engine, one "memory" line at the end: its peak device memory and resident weight bytes; on a mock
 //    or timed GPU, per request the device's modelled busy time from the first token to the last (its ops and
 //    copies: with one stream, the critical path the profile predicts), for the calibration check of
@@ -46,6 +47,7 @@
 #include "src/model/model_config.h"
 #include "src/model/synthetic.h"
 #include "src/model/tokenizer.h"
+#include "src/rpc/proto_json.h"
 
 namespace odmoe::bench {
 namespace {
@@ -101,40 +103,15 @@ struct Timed {
   std::optional<double> modeled_decode_ms;  // a mock/timed GPU's busy time from the first token to the last
 };
 
+// Main's stats for one request: every field of v1::RequestStats, with its three timings named server_* (the
+// line's own ttft_ms and total_ms are measured here, at the client).
 Json StatsJson(const v1::RequestStats& st) {
-  Json workers = Json::array();
-  for (const v1::WorkerRequestStats& w : st.workers()) {
-    workers.push_back({{"node", w.node()},
-                       {"bytes_loaded", w.bytes_loaded()},
-                       {"loads_on_demand", w.loads_on_demand()},
-                       {"gpu_peak_bytes", w.gpu_peak_bytes()}});
+  Json out = ProtoToJson(st);
+  for (const char* key : {"ttft_ms", "decode_tokens_per_s", "total_ms"}) {
+    out[std::string("server_") + key] = std::move(out[key]);
+    out.erase(key);
   }
-  return {{"server_ttft_ms", st.ttft_ms()},
-          {"server_decode_tokens_per_s", st.decode_tokens_per_s()},
-          {"server_total_ms", st.total_ms()},
-          {"prediction", st.prediction()},
-          {"recall", st.recall()},
-          {"timely_recall", st.timely_recall()},
-          {"recall_per_token", std::vector<double>(st.recall_per_token().begin(), st.recall_per_token().end())},
-          {"stall_ms", st.stall_ms()},
-          {"stall_ms_per_layer", std::vector<double>(st.stall_ms_per_layer().begin(), st.stall_ms_per_layer().end())},
-          {"decode_loads_on_demand", st.decode_loads_on_demand()},
-          {"loads_on_demand", st.loads_on_demand()},
-          {"bytes_loaded", st.bytes_loaded()},
-          {"alignment_bytes", st.alignment_bytes()},
-          {"t_m_ms", st.t_m_ms()},
-          {"t_w_ms", st.t_w_ms()},
-          {"expert_load_ms", st.expert_load_ms()},
-          {"t_maxload_ms", st.t_maxload_ms()},
-          {"io_bound", st.io_bound()},
-          {"groups", st.groups()},
-          {"modeled_layers", st.modeled_layers()},
-          {"measured_layers_ms", st.measured_layers_ms()},
-          {"modeled_main_ms", st.modeled_main_ms()},
-          {"modeled_worker_ms", st.modeled_worker_ms()},
-          {"measured_ms_per_layer",
-           std::vector<double>(st.measured_ms_per_layer().begin(), st.measured_ms_per_layer().end())},
-          {"workers", workers}};
+  return out;
 }
 
 }  // namespace

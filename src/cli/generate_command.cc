@@ -19,6 +19,7 @@
 #include "src/engine/generator.h"
 #include "src/model/tokenizer.h"
 #include "src/cli/client_security.h"
+#include "src/rpc/proto_json.h"
 #include "src/rpc/request_id.h"
 
 namespace odmoe::cli {
@@ -204,53 +205,7 @@ absl::Status RunRemote(const Request& r) {
   const v1::RequestStats& st = result.stats;
   out["timings"] = {{"ttft_ms", st.ttft_ms()}, {"decode_tokens_per_s", st.decode_tokens_per_s()},
                     {"total_ms", st.total_ms()}};
-  Json workers = Json::array();
-  for (const v1::WorkerRequestStats& w : st.workers()) {
-    workers.push_back({{"node", w.node()},
-                       {"experts_computed", w.experts_computed()},
-                       {"rows_computed", w.rows_computed()},
-                       {"calls", w.calls()},
-                       {"bytes_loaded", w.bytes_loaded()},
-                       {"loads_on_demand", w.loads_on_demand()},
-                       {"on_demand_load_ms", w.on_demand_load_ms()},
-                       {"compute_ms", w.compute_ms()},
-                       {"busy_retries", w.busy_retries()},
-                       {"peak_calls_in_flight", w.peak_calls_in_flight()},
-                       {"gpu_peak_bytes", w.gpu_peak_bytes()}});
-  }
-  out["stats"] = {{"ttft_ms", st.ttft_ms()},
-                  {"decode_tokens_per_s", st.decode_tokens_per_s()},
-                  {"total_ms", st.total_ms()},
-                  {"workers", workers},
-                  {"bytes_loaded", st.bytes_loaded()},
-                  {"loads_on_demand", st.loads_on_demand()},
-                  {"on_demand_load_ms", st.on_demand_load_ms()},
-                  {"expert_tensors_opened", st.expert_tensors_opened()},
-                  {"positions", st.positions()},
-                  {"prediction", st.prediction()},
-                  {"recall", st.recall()},
-                  {"timely_recall", st.timely_recall()},
-                  {"recall_per_token", std::vector<double>(st.recall_per_token().begin(), st.recall_per_token().end())},
-                  {"predictions_received", st.predictions_received()},
-                  {"predictions_missing", st.predictions_missing()},
-                  {"shadow_lead_layers", st.shadow_lead_layers()},
-                  {"tokens_aligned", st.tokens_aligned()},
-                  {"kv_aligned", st.kv_aligned()},
-                  {"alignment_bytes", st.alignment_bytes()},
-                  {"stall_ms", st.stall_ms()},
-                  {"decode_loads_on_demand", st.decode_loads_on_demand()},
-                  {"t_m_ms", st.t_m_ms()},
-                  {"t_w_ms", st.t_w_ms()},
-                  {"expert_load_ms", st.expert_load_ms()},
-                  {"t_maxload_ms", st.t_maxload_ms()},
-                  {"io_bound", st.io_bound()},
-                  {"groups", st.groups()},
-                  {"hedge_loads", st.hedge_loads()},
-                  {"hedges_used", st.hedges_used()},
-                  {"queue_ms", st.queue_ms()},
-                  {"calls_reissued", st.calls_reissued()},
-                  {"membership_epoch", st.membership_epoch()},
-                  {"stall_ms_per_layer", std::vector<double>(st.stall_ms_per_layer().begin(), st.stall_ms_per_layer().end())}};
+  out["stats"] = ProtoToJson(st);  // every field of v1::RequestStats, by its .proto name
   out["endpoint"] = r.endpoint;
   out["request_id"] = result.request_id;
   PrintJson(out);
