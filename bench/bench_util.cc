@@ -53,6 +53,15 @@ absl::StatusOr<double> MeasureCopyBandwidth(Device& device, size_t bytes, int it
   return s > 0 ? 2.0 * static_cast<double>(bytes) * iters / s : 0.0;
 }
 
+std::vector<int32_t> SyntheticPrompt(const ModelConfig& config, int64_t length) {
+  std::vector<int32_t> prompt;
+  for (int64_t i = 0; i < length; ++i) {
+    const bool bos = i == 0 && config.bos_token_id.has_value();
+    prompt.push_back(static_cast<int32_t>(bos ? *config.bos_token_id : 3 + (i * 37) % (config.vocab_size - 3)));
+  }
+  return prompt;
+}
+
 absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> ParsePairs(const std::string& text) {
   std::vector<std::pair<int64_t, int64_t>> out;
   size_t pos = 0;

@@ -11,6 +11,7 @@
 #include "src/backend/device.h"
 #include "src/common/cluster_config.h"
 #include "src/common/json.h"
+#include "src/model/model_config.h"
 
 namespace odmoe::bench {
 
@@ -26,6 +27,10 @@ double Percentile(std::vector<double> v, double p);
 // copy): CopyOnDevice of a `bytes` buffer, timed over `iters` copies after one warm-up, SynchronizeAll at both
 // ends (host steady clock). This is the memory bandwidth the kernels are compared with.
 absl::StatusOr<double> MeasureCopyBandwidth(Device& device, size_t bytes, int iters);
+
+// A deterministic prompt of `length` ordinary token ids for `config`'s vocabulary, BOS first when the model has
+// one: the same prompt for every run and backend, so that timings compare.
+std::vector<int32_t> SyntheticPrompt(const ModelConfig& config, int64_t length);
 
 // "16x64,128x256" -> {{16, 64}, {128, 256}}.
 absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> ParsePairs(const std::string& text);

@@ -120,11 +120,7 @@ absl::Status RunEngine(const std::vector<std::string>& args) {
   std::vector<Row> rows;
   for (const auto& [p_, n_] : pairs) {
     const int64_t p = p_, n = n_;  // named copies: clang 14 cannot capture structured bindings in lambdas
-    std::vector<int32_t> prompt;
-    for (int64_t i = 0; i < p; ++i) {
-      prompt.push_back(
-          static_cast<int32_t>((i == 0 && c.bos_token_id) ? *c.bos_token_id : 3 + (i * 37) % (c.vocab_size - 3)));
-    }
+    const std::vector<int32_t> prompt = SyntheticPrompt(c, p);
     GenerateOptions opt;
     opt.max_new_tokens = n;
     opt.ignore_eos = true;

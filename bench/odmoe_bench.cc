@@ -80,12 +80,7 @@ absl::Status RunDecode(const std::vector<std::string>& args) {
   std::vector<Row> rows;
   for (int64_t p : prompt_lens) {
     for (int64_t n : new_tokens) {
-      // A deterministic prompt of ordinary tokens (BOS first when the model has one).
-      std::vector<int32_t> prompt;
-      for (int64_t i = 0; i < p; ++i) {
-        prompt.push_back(
-            static_cast<int32_t>((i == 0 && c.bos_token_id) ? *c.bos_token_id : 3 + (i * 37) % (c.vocab_size - 3)));
-      }
+      const std::vector<int32_t> prompt = bench::SyntheticPrompt(c, p);
       GenerateOptions opt;
       opt.max_new_tokens = n;
       opt.ignore_eos = true;
