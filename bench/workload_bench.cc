@@ -104,7 +104,7 @@ struct Timed {
 };
 
 // Main's stats for one request: every field of v1::RequestStats, with its three timings named server_* (the
-// line's own ttft_ms and total_ms are measured here, at the client).
+// line's own token_ms and total_ms are measured here, at the client).
 Json StatsJson(const v1::RequestStats& st) {
   Json out = ProtoToJson(st);
   for (const char* key : {"ttft_ms", "decode_tokens_per_s", "total_ms"}) {
