@@ -17,7 +17,7 @@ jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 runs=${FUZZ_RUNS:-100000}
 seed=${FUZZ_SEED:-1}
 
-all_targets=(safetensors_fuzzer model_config_fuzzer cluster_config_fuzzer tokenizer_fuzzer rpc_tensor_fuzzer
+all_targets=(safetensors_fuzzer model_config_fuzzer cluster_config_fuzzer tokenizer_fuzzer hf_tokenizer_fuzzer rpc_tensor_fuzzer
   worker_request_fuzzer prefetch_request_fuzzer generate_request_fuzzer follow_message_fuzzer
   openai_request_fuzzer)
 targets=("$@")

@@ -9,6 +9,7 @@ packages=(
   libabsl-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev
   nlohmann-json3-dev libtomlplusplus-dev
+  libicu-dev
   clang-14 libclang-rt-14-dev
   python3
   libsystemd-dev

@@ -86,6 +86,29 @@ void CopyDir(const std::string& from, const std::string& to) {
   }
 }
 
+std::string ByteLevelChar(uint8_t byte) {
+  // Printable Latin-1 bytes stand for themselves; the other 68 take U+0100 and up, in byte order.
+  int next = 256, code = 0;
+  for (int b = 0; b <= byte; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    code = printable ? b : next++;
+  }
+  std::string s;
+  if (code < 0x80) {
+    s += static_cast<char>(code);
+  } else {
+    s += static_cast<char>(0xC0 | (code >> 6));
+    s += static_cast<char>(0x80 | (code & 0x3F));
+  }
+  return s;
+}
+
+std::string ByteLevelChars(std::string_view bytes) {
+  std::string s;
+  for (const char b : bytes) s += ByteLevelChar(static_cast<uint8_t>(b));
+  return s;
+}
+
 namespace {
 
 // The first port of the kernel's ephemeral range (32768 when it cannot be read).

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace spdlog {
@@ -46,6 +48,11 @@ void WriteFile(const std::string& path, const std::string& contents);
 std::string ReadFile(const std::string& path);
 // Copies every regular file of `from` into `to` (which must exist).
 void CopyDir(const std::string& from, const std::string& to);
+
+// The character that stands for `byte` in the byte-level alphabet of tokenizer.json BPE models (GPT-2's
+// bytes_to_unicode), in UTF-8; and `bytes` spelled in it.
+std::string ByteLevelChar(uint8_t byte);
+std::string ByteLevelChars(std::string_view bytes);
 
 // `n` distinct TCP ports on 127.0.0.1 that were free a moment ago, so tests that start servers can run in
 // parallel. They are drawn at random below the kernel's ephemeral range (net.ipv4.ip_local_port_range): a port

@@ -36,7 +36,7 @@ constexpr char kUsage[] =
     "           [--token-file FILE] [--tls-ca FILE [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]]\n"
     "  Greedy unless --temperature > 0. Without --json the text is printed as it is generated; with --json one\n"
     "  JSON object: prompt_ids, tokens, text, stop_reason, last_logits (--dump-logits), routing (--dump-routing),\n"
-    "  timings {ttft_ms, decode_tokens_per_s}. Models without tokenizer.model (Qwen, OLMoE) need --prompt-ids.\n"
+    "  timings {ttft_ms, decode_tokens_per_s}. Models without a tokenizer need --prompt-ids.\n"
     "  --endpoint sends the request to a cluster's main node (which has the model: no --model, no --backend);\n"
     "  the JSON then also has `stats`: per worker the experts computed and on-demand loads, bytes loaded\n"
     "  host-to-device, on-demand loads and their total ms, ttft, decode tokens/s, and the expert tensors main\n"
@@ -228,8 +228,7 @@ absl::Status Run(const std::vector<std::string>& args) {
   if (r.have_text_prompt) {
     if (tokenizer == nullptr) {
       return absl::FailedPreconditionError(StrCat(
-          r.model_dir, "/tokenizer.model not found: this checkpoint has no SentencePiece tokenizer (the Qwen and "
-                       "OLMoE families ship tokenizer.json only); pass token ids with --prompt-ids"));
+          r.model_dir, ": no tokenizer (neither tokenizer.model nor tokenizer.json); pass token ids with --prompt-ids"));
     }
     r.prompt_ids = tokenizer->EncodeForModel(r.prompt_text);
   }
@@ -248,7 +247,7 @@ absl::Status Run(const std::vector<std::string>& args) {
   TokenCallback on_token;
   if (!r.json) {
     if (tokenizer != nullptr) {
-      stream_decoder = std::make_unique<IncrementalDecoder>(*tokenizer, r.prompt_ids);
+      stream_decoder = tokenizer->NewDecoder(r.prompt_ids);
       on_token = [&](int32_t id, bool /*last*/) {
         const std::string piece = stream_decoder->Push(id);
         std::fwrite(piece.data(), 1, piece.size(), stdout);

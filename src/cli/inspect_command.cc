@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -21,6 +22,7 @@
 #include "src/model/checkpoint.h"
 #include "src/model/model_config.h"
 #include "src/model/model_layout.h"
+#include "src/model/tokenizer.h"
 
 namespace odmoe::cli {
 namespace {
@@ -100,7 +102,9 @@ struct Summary {
   uint64_t tensor_bytes = 0;                       // the tensors the config needs
   uint64_t expert_bytes = 0;                       // the routed experts' share of `tensor_bytes`
   std::map<std::string, int64_t> params_by_dtype;  // safetensors dtype name -> parameters stored in it
-  bool has_tokenizer = false;
+  bool has_tokenizer = false;                      // tokenizer.model (SentencePiece)
+  std::string tokenizer;                           // the file the tokenizer was loaded from, "" when there is none
+  int32_t tokenizer_vocab = 0;
 };
 
 // Checks `specs` against the checkpoint (presence, dtype, shape) and adds them up into `s`.
@@ -133,6 +137,14 @@ absl::StatusOr<Summary> Inspect(const std::string& dir) {
   s.tensors_in_checkpoint = ck->TensorNames().size();
   s.file_bytes = ck->TotalBytes();
   s.has_tokenizer = FileExists(dir + "/tokenizer.model");
+  // Loaded, not only looked for: a tokenizer that would fail main at startup fails inspect too.
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Load(dir);
+  if (tokenizer.ok()) {
+    s.tokenizer = s.has_tokenizer ? "tokenizer.model" : "tokenizer.json";
+    s.tokenizer_vocab = (*tokenizer)->vocab_size();
+  } else if (!absl::IsNotFound(tokenizer.status())) {
+    return tokenizer.status();
+  }
   return s;
 }
 
@@ -191,6 +203,7 @@ std::string ToJson(const Summary& s) {
   const int64_t experts_total = static_cast<int64_t>(s.sparse_layers.size()) * c.num_experts;
   j["bytes_per_expert"] = experts_total > 0 ? s.expert_bytes / static_cast<uint64_t>(experts_total) : 0;
   j["tokenizer_model"] = s.has_tokenizer;
+  j["tokenizer"] = s.tokenizer.empty() ? Json(nullptr) : Json(s.tokenizer);
   return DumpJson(j);
 }
 
@@ -240,7 +253,8 @@ std::string ToText(const Summary& s) {
                        experts_total > 0 ? s.expert_bytes / static_cast<uint64_t>(experts_total) : 0, " per expert"));
   line("tokens", StrCat("bos ", c.bos_token_id ? StrCat(*c.bos_token_id) : std::string("none"), ", eos ",
                         c.eos_token_ids.empty() ? "none" : absl::StrJoin(c.eos_token_ids, ",")));
-  line("tokenizer", s.has_tokenizer ? "tokenizer.model" : "no tokenizer.model: use --prompt-ids");
+  line("tokenizer", s.tokenizer.empty() ? std::string("none (no tokenizer.model or tokenizer.json): use --prompt-ids")
+                                        : StrCat(s.tokenizer, ", ", s.tokenizer_vocab, " tokens"));
   line("checkpoint",
        StrCat("ok: ", s.tensors_needed, " tensors validated (", s.tensors_in_checkpoint, " in the checkpoint)"));
   return out;

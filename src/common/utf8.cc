@@ -7,10 +7,10 @@
 
 namespace odmoe {
 
-size_t Utf8SequenceLength(std::string_view s, size_t at) {
+Utf8Unit NextUtf8Unit(std::string_view s, size_t at) {
   const auto byte = [&](size_t i) { return static_cast<uint8_t>(s[i]); };
   const uint8_t lead = byte(at);
-  if (lead < 0x80) return 1;
+  if (lead < 0x80) return {Utf8Unit::kChar, 1};
   size_t length = 0;
   uint8_t min_second = 0x80, max_second = 0xBF;  // the second byte's range (RFC 3629, table 3-7 of Unicode)
   if (lead >= 0xC2 && lead <= 0xDF) {
@@ -24,14 +24,35 @@ size_t Utf8SequenceLength(std::string_view s, size_t at) {
     if (lead == 0xF0) min_second = 0x90;  // overlong
     if (lead == 0xF4) max_second = 0x8F;  // above U+10FFFF
   } else {
-    return 0;  // a continuation byte, C0/C1 (overlong) or F5..FF
+    return {Utf8Unit::kInvalid, 1};  // a continuation byte, C0/C1 (overlong) or F5..FF
   }
-  if (at + length > s.size()) return 0;
-  if (byte(at + 1) < min_second || byte(at + 1) > max_second) return 0;
-  for (size_t i = 2; i < length; ++i) {
-    if ((byte(at + i) & 0xC0) != 0x80) return 0;
+  for (size_t i = 1; i < length; ++i) {
+    if (at + i == s.size()) return {Utf8Unit::kTruncated, i};
+    const uint8_t b = byte(at + i);
+    const bool fits = i == 1 ? (b >= min_second && b <= max_second) : (b & 0xC0) == 0x80;
+    if (!fits) return {Utf8Unit::kInvalid, i};
   }
-  return length;
+  return {Utf8Unit::kChar, length};
+}
+
+size_t Utf8SequenceLength(std::string_view s, size_t at) {
+  const Utf8Unit unit = NextUtf8Unit(s, at);
+  return unit.kind == Utf8Unit::kChar ? unit.length : 0;
+}
+
+std::string Utf8Lossy(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t at = 0; at < s.size();) {
+    const Utf8Unit unit = NextUtf8Unit(s, at);
+    if (unit.kind == Utf8Unit::kChar) {
+      out.append(s.substr(at, unit.length));
+    } else {
+      out.append(kUtf8ReplacementChar);
+    }
+    at += unit.length;
+  }
+  return out;
 }
 
 std::optional<size_t> FirstInvalidUtf8(std::string_view s) {

@@ -3,11 +3,29 @@
 
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
 
 namespace odmoe {
+
+// U+FFFD REPLACEMENT CHARACTER, in UTF-8.
+inline constexpr std::string_view kUtf8ReplacementChar = "\xef\xbf\xbd";
+
+// What the bytes of `s` at `at` begin with: a well-formed character of `length` bytes (kChar); the first `length`
+// bytes of one, cut off by the end of `s` (kTruncated: more bytes may complete it); or an ill-formed sequence whose
+// longest well-formed prefix ("maximal subpart", Unicode chapter 3) is `length` >= 1 bytes (kInvalid).
+// REQUIRES: at < s.size().
+struct Utf8Unit {
+  enum Kind { kChar, kTruncated, kInvalid } kind;
+  size_t length;
+};
+Utf8Unit NextUtf8Unit(std::string_view s, size_t at);
+
+// `s` with each ill-formed unit (kInvalid or kTruncated above) replaced by one U+FFFD: Unicode's recommended
+// practice, and what Rust's String::from_utf8_lossy (Hugging Face tokenizers' decoders) and WHATWG's TextDecoder do.
+std::string Utf8Lossy(std::string_view s);
 
 // The length (1..4) of the well-formed UTF-8 sequence that starts at byte `at` of `s`, or 0 when the bytes
 // there are not one (a stray continuation byte, a truncated sequence, an overlong form, a surrogate, or a code

@@ -83,8 +83,9 @@ struct PreparedPrompt {
 struct HttpServer::Impl {
   MainNode* node = nullptr;
   HttpServerOptions options;
-  openai::ChatFormat chat_format = openai::ChatFormat::kNone;
-  metrics::Family<metrics::Counter>* requests = nullptr;  // {endpoint, code}
+  openai::ChatTemplate chat_template;
+  std::string no_chat_reason = "it has no chat template odmoe can apply";  // when chat_template.format is kNone
+  metrics::Family<metrics::Counter>* requests = nullptr;                   // {endpoint, code}
   metrics::Counter* disconnects = nullptr;
   std::atomic<bool> stopping{false};
   mutable absl::Mutex ready_mu;
@@ -132,8 +133,8 @@ absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::IdsOf(const openai::Promp
   const Tokenizer* tokenizer = node->tokenizer();
   if (tokenizer == nullptr) {
     *error = BadRequest(StrCat("model '", options.model_id,
-                               "' has no tokenizer.model (the Qwen and OLMoE families ship tokenizer.json only): "
-                               "send the prompt as token ids"),
+                               "' has no tokenizer (neither tokenizer.model nor tokenizer.json): send the prompt as "
+                               "token ids"),
                         "prompt");
     return absl::InvalidArgumentError(error->message);
   }
@@ -147,16 +148,16 @@ absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::IdsOf(const openai::Promp
 absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatIds(const std::vector<openai::ChatMessage>& messages,
                                                                ApiError* error) const {
   const Tokenizer* tokenizer = node->tokenizer();
-  if (tokenizer == nullptr || chat_format == openai::ChatFormat::kNone) {
+  if (tokenizer == nullptr || chat_template.format == openai::ChatFormat::kNone) {
     *error = BadRequest(
         StrCat("model '", options.model_id, "' cannot chat: ",
-               tokenizer == nullptr ? "it has no tokenizer.model (the Qwen and OLMoE families ship tokenizer.json "
-                                      "only); use /v1/completions with token ids"
-                                    : "it has no chat template odmoe can apply; use /v1/completions"),
+               tokenizer == nullptr ? "it has no tokenizer (neither tokenizer.model nor tokenizer.json); use "
+                                      "/v1/completions with token ids"
+                                    : StrCat(no_chat_reason, "; use /v1/completions")),
         "messages");
     return absl::InvalidArgumentError(error->message);
   }
-  absl::StatusOr<std::vector<openai::PromptPiece>> pieces = openai::RenderChat(chat_format, messages);
+  absl::StatusOr<std::vector<openai::PromptPiece>> pieces = openai::RenderChat(chat_template, messages);
   if (!pieces.ok()) {
     *error = BadRequest(std::string(pieces.status().message()), "messages");
     return pieces.status();
@@ -434,7 +435,18 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
   impl.node = node;
   impl.options = options;
   ODMOE_ASSIGN_OR_RETURN(const Json tokenizer_config, ReadTokenizerConfig(node->model_dir()));
-  impl.chat_format = openai::ChooseChatFormat(tokenizer_config, ArchitectureName(node->config().arch));
+  impl.chat_template = openai::ChooseChatTemplate(tokenizer_config, ArchitectureName(node->config().arch));
+  // A ChatML prompt is one text whose markers the tokenizer must read as its special tokens.
+  if (impl.chat_template.format == openai::ChatFormat::kChatMl && node->tokenizer() != nullptr) {
+    for (const std::string_view marker : {"<|im_start|>", "<|im_end|>"}) {
+      if (node->tokenizer()->Encode(marker).size() != 1) {
+        impl.chat_template = {};
+        impl.no_chat_reason = StrCat("its ChatML template's marker ", marker, " is not one token of its tokenizer");
+        spdlog::warn("node '{}': chat is off: {}", options.node, impl.no_chat_reason);
+        break;
+      }
+    }
+  }
   impl.requests =
       &registry->AddCounter("odmoe_http_requests_total",
                             "OpenAI API requests answered, by endpoint and HTTP status code.", {"endpoint", "code"});

@@ -239,8 +239,8 @@ absl::StatusOr<std::vector<int32_t>> MainNode::PromptOf(const v1::GenerateReques
   if (tokenizer_ == nullptr) {
     return absl::FailedPreconditionError(
         StrCat("the model at main (", model_dir_,
-               ") has no tokenizer.model (the Qwen and OLMoE families ship "
-               "tokenizer.json only): send token ids in prompt_ids (odmoe generate --prompt-ids)"));
+               ") has no tokenizer (neither tokenizer.model nor tokenizer.json): send token ids in prompt_ids "
+               "(odmoe generate --prompt-ids)"));
   }
   return tokenizer_->EncodeForModel(request.prompt());
 }
@@ -352,7 +352,7 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   run.batch = std::make_unique<BatchRequest>(run.id, run.prompt, run.options,
                                              [this, r = &run](int32_t id, bool last) { OnToken(*r, id, last); });
   std::unique_ptr<IncrementalDecoder> decoder;
-  if (tokenizer_ != nullptr) decoder = std::make_unique<IncrementalDecoder>(*tokenizer_, run.prompt);
+  if (tokenizer_ != nullptr) decoder = tokenizer_->NewDecoder(run.prompt);
   Submit(&run);
 
   // Stream what the loop posts until it posts the end; it takes the request out when the client goes.

@@ -71,8 +71,9 @@ struct MainNodeOptions {
 class MainNode final : public v1::Inference::Service {
  public:
   // Loads the model's config, opens its checkpoint, uploads the non-expert weights to the device named by the
-  // node's `device` spec, loads tokenizer.model when the model has one, and prepares (without dialing) the
-  // channels to the workers of the cluster file. Errors name the file, tensor or field at fault.
+  // node's `device` spec, loads its tokenizer (tokenizer.model or tokenizer.json) when the model has one, and
+  // prepares (without dialing) the channels to the workers of the cluster file. Errors name the file, tensor or
+  // field at fault.
   static absl::StatusOr<std::unique_ptr<MainNode>> Create(const rpc::DaemonArgs& args, MainNodeOptions options = {});
   ~MainNode() override;
 
@@ -125,7 +126,7 @@ class MainNode final : public v1::Inference::Service {
   const ModelConfig& config() const { return config_; }
   const NodeConfig& self() const { return self_; }
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
-  // The model's tokenizer (nullptr without tokenizer.model); Encode/Decode are const and thread-safe.
+  // The model's tokenizer (nullptr when it has none); Encode/Decode are const and thread-safe.
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   // The checkpoint folder ("" with synthetic weights).
   const std::string& model_dir() const { return model_dir_; }
@@ -194,7 +195,7 @@ class MainNode final : public v1::Inference::Service {
   OpenedModel model_;  // its checkpoint is nullptr with synthetic weights
   std::unique_ptr<Device> device_;
   std::unique_ptr<ModelWeights> weights_;
-  std::unique_ptr<Tokenizer> tokenizer_;  // nullptr when the model ships no tokenizer.model
+  std::unique_ptr<Tokenizer> tokenizer_;  // nullptr when the model ships no tokenizer
   std::atomic<uint64_t> next_request_id_{1};
   // Before experts_ and metrics_, which subscribe to it; the prober stops first (~MainNode).
   std::unique_ptr<PeerHealth> health_;

@@ -357,6 +357,8 @@ std::string_view ChatFormatName(ChatFormat format) {
       return "mistral-inst";
     case ChatFormat::kLlama2:
       return "llama2";
+    case ChatFormat::kChatMl:
+      return "chatml";
     case ChatFormat::kNone:
       break;
   }
@@ -381,18 +383,86 @@ std::string TemplateText(const Json& config) {
   return "";
 }
 
-}  // namespace
-
-ChatFormat ChooseChatFormat(const Json& tokenizer_config, std::string_view architecture) {
-  const std::string text = TemplateText(tokenizer_config);
-  if (text.find("[INST]") != std::string::npos && text.find("[/INST]") != std::string::npos) {
-    return text.find("<<SYS>>") != std::string::npos ? ChatFormat::kLlama2 : ChatFormat::kMistralInst;
+// The system message a ChatML template writes when the request has none: the text of a string literal
+// '<|im_start|>system\n...<|im_end|>\n' (Qwen2's "You are a helpful assistant."), its escapes undone; "" when
+// the template has no such literal (Qwen3 writes a system turn only when the request has one).
+std::string ChatMlDefaultSystem(std::string_view text) {
+  for (const char quote : {'\'', '"'}) {
+    const std::string open = StrCat(std::string(1, quote), "<|im_start|>system\\n");
+    const std::string close = StrCat("<|im_end|>\\n", std::string(1, quote));
+    for (size_t at = text.find(open); at != std::string_view::npos; at = text.find(open, at + 1)) {
+      const size_t begin = at + open.size();
+      std::string out;
+      for (size_t i = begin; i < text.size() && text[i] != quote; ++i) {
+        if (text.compare(i, close.size(), close) == 0) return out.empty() ? std::string() : out;
+        if (text[i] == '\\' && i + 1 < text.size()) {
+          const char e = text[++i];
+          out += e == 'n' ? '\n' : e == 't' ? '\t' : e;
+        } else {
+          out += text[i];
+        }
+      }
+    }
   }
-  if (architecture == "MixtralForCausalLM") return ChatFormat::kMistralInst;
-  return ChatFormat::kNone;
+  return "";
 }
 
-absl::StatusOr<std::vector<PromptPiece>> RenderChat(ChatFormat format, const std::vector<ChatMessage>& messages) {
+}  // namespace
+
+ChatTemplate ChooseChatTemplate(const Json& tokenizer_config, std::string_view architecture) {
+  const std::string text = TemplateText(tokenizer_config);
+  ChatTemplate chat;
+  if (text.find("[INST]") != std::string::npos && text.find("[/INST]") != std::string::npos) {
+    chat.format = text.find("<<SYS>>") != std::string::npos ? ChatFormat::kLlama2 : ChatFormat::kMistralInst;
+  } else if (text.find("<|im_start|>") != std::string::npos && text.find("<|im_end|>") != std::string::npos) {
+    chat.format = ChatFormat::kChatMl;
+    chat.default_system = ChatMlDefaultSystem(text);
+    chat.drop_reasoning = text.find("split('</think>')") != std::string::npos;
+  } else if (architecture == "MixtralForCausalLM") {
+    chat.format = ChatFormat::kMistralInst;
+  }
+  return chat;
+}
+
+namespace {
+
+absl::StatusOr<std::vector<PromptPiece>> RenderChatMl(const ChatTemplate& chat,
+                                                      const std::vector<ChatMessage>& messages) {
+  std::string text;
+  if (!chat.default_system.empty() && (messages.empty() || messages[0].role != "system")) {
+    text = StrCat("<|im_start|>system\n", chat.default_system, "<|im_end|>\n");
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role != "system" && m.role != "user" && m.role != "assistant") {
+      return absl::InvalidArgumentError(
+          StrCat("messages[", i, "]: role '", m.role, "'; expected system, user or assistant"));
+    }
+    std::string_view content = m.content;
+    if (m.role == "assistant" && chat.drop_reasoning) {  // earlier turns keep only their answer
+      if (const size_t end = content.rfind("</think>"); end != std::string_view::npos) {
+        content.remove_prefix(end + std::string_view("</think>").size());
+        while (!content.empty() && content.front() == '\n') content.remove_prefix(1);
+      }
+    }
+    text += StrCat("<|im_start|>", m.role, "\n", content, "<|im_end|>\n");
+  }
+  if (messages.empty() || messages.back().role != "user") {
+    return absl::InvalidArgumentError(messages.empty()
+                                          ? std::string("messages: at least one user message is needed")
+                                          : StrCat("messages[", messages.size() - 1,
+                                                   "]: the last message must be the user's (the model answers it)"));
+  }
+  text += "<|im_start|>assistant\n";
+  return std::vector<PromptPiece>{{PromptPiece::kText, std::move(text)}};
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PromptPiece>> RenderChat(const ChatTemplate& chat,
+                                                    const std::vector<ChatMessage>& messages) {
+  if (chat.format == ChatFormat::kChatMl) return RenderChatMl(chat, messages);
+  const ChatFormat format = chat.format;
   size_t first = 0;
   std::string system;
   if (!messages.empty() && messages[0].role == "system") {

@@ -7,10 +7,10 @@
 // What is accepted (POST /v1/completions and /v1/chat/completions): `model`; `prompt` as a string, a list of
 // strings, a list of token ids or a list of such lists (one choice per prompt), or `messages` for chat;
 // `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop` (a string or a list of up to
-// 16), `stream`, `stream_options.include_usage`, and vLLM's extension `ignore_eos`. Unknown fields are ignored; options odmoe does not implement are
-// refused (400, `param` naming them) only when set to a value that needs them: `n` > 1, `best_of` > 1,
-// `logprobs` (true, or > 0), `top_logprobs` > 0, `echo`, `suffix`, non-zero penalties, `logit_bias`, `tools`,
-// `functions`, a `response_format` other than text.
+// 16), `stream`, `stream_options.include_usage`, and vLLM's extension `ignore_eos`. Unknown fields are ignored; options
+// odmoe does not implement are refused (400, `param` naming them) only when set to a value that needs them: `n` > 1,
+// `best_of` > 1, `logprobs` (true, or > 0), `top_logprobs` > 0, `echo`, `suffix`, non-zero penalties, `logit_bias`,
+// `tools`, `functions`, a `response_format` other than text.
 #pragma once
 
 #include <cstdint>
@@ -88,25 +88,37 @@ enum class ChatFormat {
   kNone,         // none known: chat is refused
   kMistralInst,  // <s>[INST] user [/INST] assistant</s>[INST] ... (Mistral / Mixtral instruct)
   kLlama2,       // as kMistralInst, the system message in <<SYS>> ... <</SYS>> inside the first [INST]
+  kChatMl,       // <|im_start|>role\ncontent<|im_end|>\n ... <|im_start|>assistant\n (Qwen)
 };
-std::string_view ChatFormatName(ChatFormat format);  // "none", "mistral-inst", "llama2"
+std::string_view ChatFormatName(ChatFormat format);  // "none", "mistral-inst", "llama2", "chatml"
 
-// The chat format of a checkpoint: tokenizer_config.json's `chat_template` (`tokenizer_config`: its parsed
+// A checkpoint's chat template, as far as odmoe reads it.
+struct ChatTemplate {
+  ChatFormat format = ChatFormat::kNone;
+  // kChatMl: the system message the template writes when the request has none ("" for none), e.g. Qwen2's
+  // "You are a helpful assistant."; and whether it drops the reasoning (up to "</think>") of earlier assistant
+  // turns, as Qwen3's does.
+  std::string default_system;
+  bool drop_reasoning = false;
+};
+
+// The chat template of a checkpoint: tokenizer_config.json's `chat_template` (`tokenizer_config`: its parsed
 // content, or null when there is none) when it is one odmoe recognizes (by the markers it writes: [INST] with
-// or without <<SYS>>), else the built-in format of the architecture (`architecture`, config.json's:
-// MixtralForCausalLM -> kMistralInst),
-// else kNone.
-ChatFormat ChooseChatFormat(const Json& tokenizer_config, std::string_view architecture);
+// or without <<SYS>>, <|im_start|>), else the built-in format of the architecture (`architecture`,
+// config.json's: MixtralForCausalLM -> kMistralInst), else kNone.
+ChatTemplate ChooseChatTemplate(const Json& tokenizer_config, std::string_view architecture);
 
 // One piece of a rendered chat prompt: text to tokenize, or the BOS / EOS control token.
 struct PromptPiece {
   enum Kind { kText, kBos, kEos } kind = kText;
   std::string text;
 };
-// The prompt `messages` make in `format`, ending where the assistant's answer begins. An optional leading
-// system message goes into the first user turn; then user and assistant alternate, starting and ending with
-// user. InvalidArgument naming the message index otherwise. REQUIRES: format != kNone.
-absl::StatusOr<std::vector<PromptPiece>> RenderChat(ChatFormat format, const std::vector<ChatMessage>& messages);
+// The prompt `messages` make in `chat`'s format, ending where the assistant's answer begins. [INST] formats:
+// an optional leading system message goes into the first user turn; then user and assistant alternate,
+// starting and ending with user. ChatML: system, user and assistant messages in any order, the last one the
+// user's; one text piece whose markers (<|im_start|>, <|im_end|>) the tokenizer must read as its special
+// tokens. InvalidArgument naming the message index otherwise. REQUIRES: chat.format != kNone.
+absl::StatusOr<std::vector<PromptPiece>> RenderChat(const ChatTemplate& chat, const std::vector<ChatMessage>& messages);
 
 // ---- stop strings ------------------------------------------------------------------------------------------
 

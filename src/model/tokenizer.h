@@ -1,10 +1,8 @@
-// SentencePiece tokenizer (BPE models with byte fallback, as Mixtral/Llama ship in tokenizer.model), written
-// from the model format: no dependency on the sentencepiece library. Encodes and decodes exactly like
-// SentencePiece for the normalizers odmoe accepts ("identity"; a model with a precompiled NFKC charsmap is
-// refused rather than approximated).
-//
-// Checkpoints that ship only tokenizer.json (the Qwen and OLMoE families) have no SentencePiece model: odmoe
-// runs them with token ids (--prompt-ids); Tokenizer::Load reports NotFound for them.
+// Text to token ids and back, exactly as the checkpoint's own tokenizer does it. Two kinds, chosen by the file
+// the checkpoint folder ships:
+//  - tokenizer.model: SentencePiece BPE (Mixtral, Llama, Mistral): src/model/sentencepiece_tokenizer.h;
+//  - tokenizer.json with a BPE model and the byte-level alphabet (Qwen2-MoE, Qwen3-MoE, OLMoE, GPT-2 and
+//    GPT-NeoX descendants), as Hugging Face `tokenizers` runs it: src/model/hf_tokenizer.h.
 #pragma once
 
 #include <cstdint>
@@ -12,90 +10,49 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
 
 namespace odmoe {
 
-class Tokenizer {
- public:
-  // Reads DIR/tokenizer.model and, if present, DIR/tokenizer_config.json (add_bos_token, add_eos_token;
-  // defaults: BOS yes, EOS no). NotFound names the missing file; a malformed file gives DataLoss naming it;
-  // an unsupported model (unigram, non-identity normalizer) gives Unimplemented naming the field.
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& dir);
-  // From the serialized model proto. `where` names the source in messages.
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromSerializedModel(std::string_view model, bool add_bos,
-                                                                        bool add_eos, const std::string& where);
-  ~Tokenizer();
-
-  // Text to ids, without BOS/EOS. Control tokens written in the text ("</s>") are ordinary text.
-  std::vector<int32_t> Encode(std::string_view text) const;
-  // Text to ids with BOS / EOS added as tokenizer_config.json asks.
-  std::vector<int32_t> EncodeForModel(std::string_view text) const;
-  // Ids to text, as SentencePiece's DecodeIds does: control tokens vanish, byte pieces are reassembled into
-  // UTF-8 (invalid bytes become U+FFFD), the leading-space marker of the first piece is dropped.
-  // In detail, as current SentencePiece: while the text is empty, a piece loses one leading "▁" if the
-  // normalizer adds a dummy prefix or removes extra whitespace, and after one piece has lost it no later piece
-  // does (unless remove_extra_whitespaces: then every leading "▁" goes). Older SentencePiece releases dropped
-  // it whatever the normalizer, from every piece while the text was empty: with add_dummy_prefix the two differ
-  // only for ids that start with a bare "▁" piece (older: ["▁", "▁a"] -> "a"; here " a").
-  // Ids outside [0, vocab_size()) (SentencePiece refuses them) decode like a control token: to nothing.
-  std::string Decode(std::span<const int32_t> ids) const;
-
-  int32_t vocab_size() const;
-  int32_t bos_id() const;
-  int32_t eos_id() const;
-  int32_t unk_id() const;
-  bool add_bos() const;
-  // The piece string of `id` (with the "▁" marker), or "" if out of range.
-  std::string_view IdToPiece(int32_t id) const;
-  bool IsControl(int32_t id) const;
-  bool IsByte(int32_t id) const;
-
-  struct Impl;
-
- private:
-  friend class IncrementalDecoder;  // decodes piece by piece with the same rules as Decode
-  explicit Tokenizer(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
-};
-
 // Turns a stream of generated ids into text as they arrive, for printing while generating. Never emits part of
-// a UTF-8 character (byte-fallback pieces are held until their character is complete, and only while they
-// can still become one) and places the leading-space marker as full decoding would: Push(ids one by one)
-// concatenated with Finish() equals Decode(context + ids) minus Decode(context).
+// a UTF-8 character: Push(ids one by one) concatenated with Finish() equals Decode(context + ids) minus
+// Decode(context) (each kind states its exceptions). Finish() ends the stream: call it once, after the last Push.
 //
-// One exception, where Decode(context) is not a prefix of Decode(context + ids): `context` ends with byte
-// pieces that begin a character which the pushed bytes complete. Decode(context) showed those bytes as U+FFFD,
-// Decode(context + ids) has the character; the decoder then emits the whole character (and keeps going), since
-// it cannot take back what the caller printed. Prompts from Encode never end that way.
-// Finish() ends the byte run: call it once, after the last Push.
-//
-// Thread safety: none; one decoder per stream. REQUIRES: `tokenizer` outlives the decoder.
+// Thread safety: none; one decoder per stream. REQUIRES: the tokenizer that made it outlives it.
 class IncrementalDecoder {
  public:
-  // `context`: ids already in the sequence (the prompt), which are not emitted.
-  IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int32_t> context);
+  virtual ~IncrementalDecoder() = default;
   // Appends one id; returns the text that is now complete (possibly empty).
-  std::string Push(int32_t id);
+  virtual std::string Push(int32_t id) = 0;
   // Returns whatever is still held back (incomplete UTF-8 becomes U+FFFD, as Decode would give).
-  std::string Finish();
+  virtual std::string Finish() = 0;
+};
 
- private:
-  // Decodes the complete characters (and definitely invalid bytes) at the front of pending_bytes_; with
-  // `final`, also the rest, as SentencePiece does at the end of a run of byte pieces.
-  std::string DrainBytes(bool final);
-  // Drops the front of `out` while it repeats context_tail_ (text the caller already has).
-  std::string SkipShown(std::string out);
+// Thread safety: const methods may be called concurrently.
+class Tokenizer {
+ public:
+  // The tokenizer of checkpoint folder `dir`: DIR/tokenizer.model if present, else DIR/tokenizer.json (each with
+  // DIR/tokenizer_config.json where the kind reads it). NotFound when the folder has neither; other errors name
+  // the file and field that is malformed or unsupported.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& dir);
 
-  const Tokenizer& tokenizer_;
-  bool at_start_ = true;       // SentencePiece's is_bos_ws: the next piece may still lose its leading "▁"
-  bool bos_ws_seen_ = false;   // the last non-byte piece had its leading "▁" dropped
-  bool text_empty_ = true;     // Decode(context + ids so far) is empty (byte pieces always give text)
-  std::string pending_bytes_;  // byte-fallback bytes not yet forming complete characters
-  std::string context_tail_;   // what Decode(context) showed for the bytes it left held: one U+FFFD each
+  virtual ~Tokenizer() = default;
+
+  // Text to ids, without the tokens the model adds around a prompt. Whether special tokens written in the text
+  // ("</s>", "<|im_start|>") are recognized is the kind's own rule: SentencePiece no, tokenizer.json yes.
+  virtual std::vector<int32_t> Encode(std::string_view text) const = 0;
+  // Text to ids as a prompt for the model: with the BOS / EOS (or template) tokens the checkpoint asks for.
+  virtual std::vector<int32_t> EncodeForModel(std::string_view text) const = 0;
+  // Ids to text, special tokens left out. Ids outside [0, vocab_size()) decode to nothing.
+  virtual std::string Decode(std::span<const int32_t> ids) const = 0;
+  // A decoder for the ids that follow `context` (ids already in the sequence, not emitted).
+  virtual std::unique_ptr<IncrementalDecoder> NewDecoder(std::span<const int32_t> context) const = 0;
+
+  virtual int32_t vocab_size() const = 0;
+  virtual int32_t bos_id() const = 0;  // -1 when the tokenizer has none
+  virtual int32_t eos_id() const = 0;  // -1 when the tokenizer has none
 };
 
 }  // namespace odmoe

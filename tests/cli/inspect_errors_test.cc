@@ -360,7 +360,7 @@ TEST_F(InspectTest, TextSummary) {
   EXPECT_THAT(r.out, HasSubstr("4 heads, 2 kv heads, head_dim 32"));
   EXPECT_THAT(r.out, HasSubstr("2051968"));
   EXPECT_THAT(r.out, HasSubstr("BF16"));
-  EXPECT_THAT(r.out, HasSubstr("no tokenizer.model: use --prompt-ids"));
+  EXPECT_THAT(r.out, HasSubstr("none (no tokenizer.model or tokenizer.json): use --prompt-ids"));
 }
 
 TEST_F(InspectTest, JsonSummary) {
@@ -393,6 +393,7 @@ TEST_F(InspectTest, JsonSummary) {
   EXPECT_EQ(j["file_bytes"], fs::file_size(Weights()));
   EXPECT_EQ(j["tensors_needed"], 96);
   EXPECT_EQ(j["tokenizer_model"], false);
+  EXPECT_TRUE(j["tokenizer"].is_null());
 }
 
 TEST(InspectSharedModelsTest, EverySharedModelInspectsCleanly) {
@@ -409,6 +410,7 @@ TEST(InspectSharedModelsTest, EverySharedModelInspectsCleanly) {
     auto j = ParseJson(r.out, "stdout");
     ASSERT_TRUE(j.ok()) << j.status();
     EXPECT_EQ((*j)["tokenizer_model"], fs::exists(dir + "/tokenizer.model"));
+    EXPECT_EQ((*j)["tokenizer"], fs::exists(dir + "/tokenizer.model") ? Json("tokenizer.model") : Json(nullptr));
     EXPECT_GT((*j)["params"].get<int64_t>(), 0);
     EXPECT_EQ((*j)["tensors_needed"], (*j)["tensors_in_checkpoint"]);
   }

@@ -3,11 +3,13 @@
 // tokens; server-sent events framed as OpenAI's (data: {...} blank line, ending data: [DONE], the usage chunk)
 // whose text equals the non-streamed answer for the same seed; stop strings; chat through the built-in Mixtral
 // template; OpenAI error objects (400, 404); a client that closes a long stream cancels its request (the
-// disconnect counter and outcome="cancelled" on main's /metrics, served on the same address); and /health turning
-// 503 when a worker dies.
+// disconnect counter and outcome="cancelled" on main's /metrics, served on the same address); /health turning
+// 503 when a worker dies; and a Qwen-family model with tokenizer.json chatting through its ChatML template.
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <regex>
@@ -17,14 +19,16 @@
 #include "src/cluster/client.h"
 #include "src/common/json.h"
 #include "src/common/strings.h"
+#include "src/main_node/openai_api.h"
+#include "src/model/tokenizer.h"
 #include "tests/test_support.h"
 
 namespace odmoe {
 namespace {
 
+using odmoe::testing::Eventually;
 using odmoe::testing::ProgramPath;
 using odmoe::testing::RunProgram;
-using odmoe::testing::Eventually;
 using odmoe::testing::RunResult;
 using Clock = std::chrono::steady_clock;
 
@@ -124,30 +128,49 @@ pid_t PidOf(const std::string& run_dir, const std::string& node) {
   return static_cast<pid_t>(pid);
 }
 
+// `odmoe cluster up` on loopback with the model at `model_dir`: main (gRPC, and HTTP with metrics on one
+// address), two mock-GPU workers, no shadow. Brought down when it goes out of scope.
+class LoopbackCluster {
+ public:
+  explicit LoopbackCluster(const std::string& model_dir) : ports_(odmoe::testing::PickFreePorts(4)) {
+    http_ = StrCat("127.0.0.1:", ports_[3]);
+    config_ = dir_.File("cluster.toml");
+    run_dir_ = dir_.File("run");
+    odmoe::testing::WriteFile(
+        config_, StrCat("[cluster]\nname = \"http-test\"\ngroup_size = 2\nrpc_timeout_ms = 20000\n",
+                        "startup_timeout_ms = 60000\n[model]\npath = \"", model_dir, "\"\n[shadow]\nmode = \"none\"\n",
+                        "[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"127.0.0.1:", ports_[0],
+                        "\"\ndevice = \"cpu\"\nhttp_address = \"", http_, "\"\nmetrics_address = \"", http_, "\"\n",
+                        "[[node]]\nname = \"w0\"\nrole = \"worker\"\naddress = \"127.0.0.1:", ports_[1],
+                        "\"\ndevice = \"mock-gpu\"\ngpu_budget_mb = 64\n",
+                        "[[node]]\nname = \"w1\"\nrole = \"worker\"\naddress = \"127.0.0.1:", ports_[2],
+                        "\"\ndevice = \"mock-gpu\"\ngpu_budget_mb = 64\n"));
+    up_ = RunProgram({ProgramPath("odmoe"), "cluster", "up", "--config", config_, "--run-dir", run_dir_});
+  }
+  ~LoopbackCluster() {
+    RunProgram({ProgramPath("odmoe"), "cluster", "down", "--config", config_, "--run-dir", run_dir_});
+  }
+
+  const RunResult& up() const { return up_; }
+  const std::string& http() const { return http_; }  // host:port of the HTTP API
+  std::string base() const { return StrCat("http://", http_); }
+  std::string grpc() const { return StrCat("127.0.0.1:", ports_[0]); }  // main's gRPC API
+  const std::string& run_dir() const { return run_dir_; }
+
+ private:
+  odmoe::testing::TempDir dir_;
+  std::vector<int> ports_;
+  std::string http_, config_, run_dir_;
+  RunResult up_;
+};
+
 TEST(HttpClusterTest, ServesTheOpenAiApi) {
-  odmoe::testing::TempDir dir;
-  const std::vector<int> ports = odmoe::testing::PickFreePorts(4);
-  const std::string http = StrCat("127.0.0.1:", ports[3]);
-  const std::string config = dir.File("cluster.toml");
-  odmoe::testing::WriteFile(
-      config, StrCat("[cluster]\nname = \"http-test\"\ngroup_size = 2\nrpc_timeout_ms = 20000\n",
-                     "startup_timeout_ms = 60000\n[model]\npath = \"", odmoe::testing::SourceDir(), "/models/", kModel,
-                     "\"\n[shadow]\nmode = \"none\"\n",
-                     "[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"127.0.0.1:", ports[0],
-                     "\"\ndevice = \"cpu\"\nhttp_address = \"", http, "\"\nmetrics_address = \"", http, "\"\n",
-                     "[[node]]\nname = \"w0\"\nrole = \"worker\"\naddress = \"127.0.0.1:", ports[1],
-                     "\"\ndevice = \"mock-gpu\"\ngpu_budget_mb = 64\n",
-                     "[[node]]\nname = \"w1\"\nrole = \"worker\"\naddress = \"127.0.0.1:", ports[2],
-                     "\"\ndevice = \"mock-gpu\"\ngpu_budget_mb = 64\n"));
-  const std::string run_dir = dir.File("run");
-  const RunResult up = RunProgram({ProgramPath("odmoe"), "cluster", "up", "--config", config, "--run-dir", run_dir});
-  struct Down {
-    std::vector<std::string> argv;
-    ~Down() { RunProgram(argv); }
-  } down{{ProgramPath("odmoe"), "cluster", "down", "--config", config, "--run-dir", run_dir}};
+  LoopbackCluster cluster(StrCat(odmoe::testing::SourceDir(), "/models/", kModel));
+  const RunResult& up = cluster.up();
+  const std::string http = cluster.http(), run_dir = cluster.run_dir();
   ASSERT_EQ(up.exit_code, 0) << up.err;
   EXPECT_NE(up.out.find(StrCat("\nhttp: ", http, "\n")), std::string::npos) << up.out;
-  const std::string base = StrCat("http://", http);
+  const std::string base = cluster.base();
 
   // Ready (cluster up waited for it), and the one model.
   EXPECT_EQ(Curl(base + "/health", {}).status, 200);
@@ -164,7 +187,7 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   v1::GenerateRequest grpc_req;
   for (int32_t id : prompt) grpc_req.add_prompt_ids(id);
   grpc_req.set_max_new_tokens(12);
-  auto grpc = GenerateRemote(StrCat("127.0.0.1:", ports[0]), grpc_req, 60000);
+  auto grpc = GenerateRemote(cluster.grpc(), grpc_req, 60000);
   ASSERT_TRUE(grpc.ok()) << grpc.status();
   EXPECT_EQ(answer["choices"][0]["token_ids"].get<std::vector<int32_t>>(), grpc->tokens);
   EXPECT_EQ(answer["choices"][0]["text"], grpc->text);
@@ -272,6 +295,87 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   ASSERT_TRUE(Eventually([&] { return Curl(base + "/health", {}).status == 503; }, std::chrono::seconds(15)));
   const HttpResult health = Curl(base + "/health", {});
   EXPECT_NE(health.body.find("w1"), std::string::npos) << health.body;
+}
+
+// A Qwen-family checkpoint whose tokenizer ships as tokenizer.json, with Qwen3's kind of ChatML template: text
+// prompts and chat are tokenized as Hugging Face would (the same ids as HfTokenizer over the rendered
+// conversation), and the answers decoded from byte-level tokens.
+TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
+  const std::string shared_model = odmoe::testing::SharedModel("qwen3moe-tiny");
+  if (!odmoe::testing::HaveSharedModel("qwen3moe-tiny")) GTEST_SKIP() << "needs " << shared_model;
+  odmoe::testing::TempDir model;
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"}) {
+    std::filesystem::create_symlink(shared_model + "/" + f, model.File(f));
+  }
+  // The model's 512 ids: the 256 byte characters, merges of common English pairs, ChatML's markers last.
+  Json vocab = Json::object(), merges = Json::array();
+  for (int b = 0; b < 256; ++b) vocab[odmoe::testing::ByteLevelChar(static_cast<uint8_t>(b))] = b;
+  for (const auto& [l, r] : std::vector<std::pair<std::string, std::string>>{
+           {" ", "t"}, {"h", "e"}, {" t", "he"}, {" ", "a"}, {"i", "n"}, {"e", "r"}, {"o", "u"}, {" ", "s"}}) {
+    const std::string merged = odmoe::testing::ByteLevelChars(l + r);
+    if (!vocab.contains(merged)) vocab[merged] = static_cast<int>(vocab.size());
+    merges.push_back(odmoe::testing::ByteLevelChars(l) + " " + odmoe::testing::ByteLevelChars(r));
+  }
+  const Json added = {{{"id", 509}, {"content", "<|endoftext|>"}, {"special", true}},
+                      {{"id", 510}, {"content", "<|im_start|>"}, {"special", true}},
+                      {{"id", 511}, {"content", "<|im_end|>"}, {"special", true}}};
+  const Json tokenizer = {{"added_tokens", added},
+                          {"normalizer", {{"type", "NFC"}}},
+                          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+                          {"post_processor", {{"type", "ByteLevel"}}},
+                          {"decoder", {{"type", "ByteLevel"}}},
+                          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
+  const Json config = {{"eos_token", "<|im_end|>"},
+                       {"chat_template",
+                        "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + "
+                        "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' "
+                        "}}{%- endif %}"}};
+  odmoe::testing::WriteFile(model.File("tokenizer.json"), tokenizer.dump());
+  odmoe::testing::WriteFile(model.File("tokenizer_config.json"), config.dump());
+  auto hf = Tokenizer::Load(model.path());
+  ASSERT_TRUE(hf.ok()) << hf.status();
+
+  LoopbackCluster cluster(model.path());
+  ASSERT_EQ(cluster.up().exit_code, 0) << cluster.up().err;
+  const std::string base = cluster.base();
+  const std::string name = std::filesystem::path(model.path()).filename().string();
+
+  // Chat: the prompt is the rendered conversation, tokenized with ChatML's markers as single tokens.
+  const std::vector<openai::ChatMessage> messages = {{"system", "Be brief."},
+                                                     {"user", "Who is the author of the tale?"}};
+  auto pieces = openai::RenderChat(openai::ChooseChatTemplate(config, "Qwen3MoeForCausalLM"), messages);
+  ASSERT_TRUE(pieces.ok()) << pieces.status();
+  const std::string rendered = (*pieces)[0].text;
+  const std::vector<int32_t> prompt_ids = (*hf)->Encode(rendered);
+  ASSERT_EQ(std::count(prompt_ids.begin(), prompt_ids.end(), 510), 3);
+  Json chat = {{"model", name}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
+  for (const auto& m : messages) chat["messages"].push_back({{"role", m.role}, {"content", m.content}});
+  const HttpResult chat_whole = Post(base + "/v1/chat/completions", chat);
+  ASSERT_EQ(chat_whole.status, 200) << chat_whole.body;
+  const Json chat_json = ParseOrDie(chat_whole.body);
+  EXPECT_EQ(chat_json["usage"]["prompt_tokens"], prompt_ids.size());
+  const std::vector<int32_t> answer_ids = chat_json["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(answer_ids.size(), 12u);
+  EXPECT_EQ(chat_json["choices"][0]["message"]["content"], (*hf)->Decode(answer_ids));
+
+  // The same prompt as token ids and as text through /v1/completions: the same answer, the same text.
+  Json by_ids = {{"model", name}, {"prompt", prompt_ids}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
+  const HttpResult ids_answer = Post(base + "/v1/completions", by_ids);
+  ASSERT_EQ(ids_answer.status, 200) << ids_answer.body;
+  EXPECT_EQ(ParseOrDie(ids_answer.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), answer_ids);
+  by_ids["prompt"] = rendered;
+  const HttpResult text_answer = Post(base + "/v1/completions", by_ids);
+  ASSERT_EQ(text_answer.status, 200) << text_answer.body;
+  const Json text_json = ParseOrDie(text_answer.body);
+  EXPECT_EQ(text_json["usage"]["prompt_tokens"], prompt_ids.size());
+  EXPECT_EQ(text_json["choices"][0]["token_ids"].get<std::vector<int32_t>>(), answer_ids);
+  EXPECT_EQ(text_json["choices"][0]["text"], chat_json["choices"][0]["message"]["content"]);
+
+  // Streamed: the pieces add up to the same text (no character split between chunks is lost).
+  chat["stream"] = true;
+  const HttpResult chat_stream = Post(base + "/v1/chat/completions", chat);
+  ASSERT_EQ(chat_stream.status, 200);
+  EXPECT_EQ(Collect(chat_stream.body, true).text, chat_json["choices"][0]["message"]["content"]);
 }
 
 }  // namespace

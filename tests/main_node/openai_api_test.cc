@@ -2,10 +2,19 @@
 // templates, and the response / server-sent-event formats.
 #include "src/main_node/openai_api.h"
 
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "src/model/tokenizer.h"
 
 namespace odmoe::openai {
 namespace {
+
+using ::testing::HasSubstr;
 
 absl::StatusOr<CompletionRequest> Parse(const std::string& body, Endpoint e = Endpoint::kCompletions,
                                         ApiError* error = nullptr) {
@@ -211,38 +220,115 @@ TEST(OpenAiStop, AnySplitGivesTheSameText) {
 }
 
 TEST(OpenAiChat, TemplateChoiceAndRendering) {
-  EXPECT_EQ(ChooseChatFormat(Json(nullptr), "MixtralForCausalLM"), ChatFormat::kMistralInst);
-  EXPECT_EQ(ChooseChatFormat(Json(nullptr), "Qwen2MoeForCausalLM"), ChatFormat::kNone);
+  const auto format = [](const Json& config, std::string_view arch) { return ChooseChatTemplate(config, arch).format; };
+  EXPECT_EQ(format(Json(nullptr), "MixtralForCausalLM"), ChatFormat::kMistralInst);
+  EXPECT_EQ(format(Json(nullptr), "Qwen2MoeForCausalLM"), ChatFormat::kNone);
   const Json mistral = {{"chat_template",
                          "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' "
                          "+ message['content'] + ' [/INST]' }}{% endif %}{% endfor %}"}};
-  EXPECT_EQ(ChooseChatFormat(mistral, "OlmoeForCausalLM"), ChatFormat::kMistralInst);
+  EXPECT_EQ(format(mistral, "OlmoeForCausalLM"), ChatFormat::kMistralInst);
   const Json llama2 = {{"chat_template", "[INST] <<SYS>>\\n' + system + '\\n<</SYS>> [/INST]"}};
-  EXPECT_EQ(ChooseChatFormat(llama2, "MixtralForCausalLM"), ChatFormat::kLlama2);
-  const Json chatml = {{"chat_template", "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}"}};
-  EXPECT_EQ(ChooseChatFormat(chatml, "MixtralForCausalLM"), ChatFormat::kMistralInst);  // unknown: built-in
-  EXPECT_EQ(ChooseChatFormat(chatml, "Qwen3MoeForCausalLM"), ChatFormat::kNone);
+  EXPECT_EQ(format(llama2, "MixtralForCausalLM"), ChatFormat::kLlama2);
+  const Json chatml = {{"chat_template", "{% for m in messages %}<|im_start|>{{ m.role }}<|im_end|>{% endfor %}"}};
+  EXPECT_EQ(format(chatml, "MixtralForCausalLM"), ChatFormat::kChatMl);  // the template wins over the built-in
+  EXPECT_EQ(format(chatml, "Qwen3MoeForCausalLM"), ChatFormat::kChatMl);
+  const Json unknown = {{"chat_template", "{% for m in messages %}<|user|>{{ m.content }}{% endfor %}"}};
+  EXPECT_EQ(format(unknown, "MixtralForCausalLM"), ChatFormat::kMistralInst);  // unknown: built-in
+  EXPECT_EQ(format(unknown, "OlmoeForCausalLM"), ChatFormat::kNone);
   const Json named = {{"chat_template", Json::array({{{"name", "tool_use"}, {"template", "x"}},
                                                      {{"name", "default"}, {"template", "[INST] [/INST]"}}})}};
-  EXPECT_EQ(ChooseChatFormat(named, "x"), ChatFormat::kMistralInst);
+  EXPECT_EQ(format(named, "x"), ChatFormat::kMistralInst);
 
-  auto pieces = RenderChat(ChatFormat::kMistralInst,
-                           {{"system", "Be brief."}, {"user", "Who?"}, {"assistant", "Moses."}, {"user", "When?"}});
+  const ChatTemplate inst{ChatFormat::kMistralInst};
+  auto pieces =
+      RenderChat(inst, {{"system", "Be brief."}, {"user", "Who?"}, {"assistant", "Moses."}, {"user", "When?"}});
   ASSERT_TRUE(pieces.ok()) << pieces.status();
   std::string rendered;
   for (const PromptPiece& p : *pieces) {
     rendered += p.kind == PromptPiece::kBos ? "<s>" : p.kind == PromptPiece::kEos ? "</s>" : p.text;
   }
   EXPECT_EQ(rendered, "<s>[INST] Be brief.\n\nWho? [/INST]Moses.</s><s>[INST] When? [/INST]");
-  auto llama = RenderChat(ChatFormat::kLlama2, {{"system", "S"}, {"user", "U"}});
+  auto llama = RenderChat({ChatFormat::kLlama2}, {{"system", "S"}, {"user", "U"}});
   ASSERT_TRUE(llama.ok());
   EXPECT_EQ((*llama)[1].text, "[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST]");
 
-  EXPECT_FALSE(RenderChat(ChatFormat::kMistralInst, {{"system", "S"}}).ok());
-  auto order = RenderChat(ChatFormat::kMistralInst, {{"user", "a"}, {"user", "b"}});
+  EXPECT_FALSE(RenderChat(inst, {{"system", "S"}}).ok());
+  auto order = RenderChat(inst, {{"user", "a"}, {"user", "b"}});
   ASSERT_FALSE(order.ok());
   EXPECT_NE(order.status().message().find("messages[1]"), std::string::npos) << order.status();
-  EXPECT_FALSE(RenderChat(ChatFormat::kMistralInst, {{"user", "a"}, {"assistant", "b"}}).ok());
+  EXPECT_FALSE(RenderChat(inst, {{"user", "a"}, {"assistant", "b"}}).ok());
+}
+
+TEST(OpenAiChat, ChatMlTemplates) {
+  // Qwen2's template writes a default system message; Qwen3's drops earlier turns' reasoning.
+  const Json qwen2 = {
+      {"chat_template",
+       "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+       "'<|im_start|>system\\nYou are a \\'helpful\\' assistant.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' "
+       "+ message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"}};
+  const ChatTemplate q2 = ChooseChatTemplate(qwen2, "Qwen2MoeForCausalLM");
+  EXPECT_EQ(q2.format, ChatFormat::kChatMl);
+  EXPECT_EQ(q2.default_system, "You are a 'helpful' assistant.");
+  EXPECT_FALSE(q2.drop_reasoning);
+  auto with_default = RenderChat(q2, {{"user", "Hi"}});
+  ASSERT_TRUE(with_default.ok()) << with_default.status();
+  ASSERT_EQ(with_default->size(), 1u);
+  EXPECT_EQ((*with_default)[0].text,
+            "<|im_start|>system\nYou are a 'helpful' assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  auto own_system = RenderChat(q2, {{"system", "S"}, {"user", "Hi"}});
+  ASSERT_TRUE(own_system.ok());
+  EXPECT_EQ((*own_system)[0].text,
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+
+  const Json qwen3 = {{"chat_template",
+                       "{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + "
+                       "'<|im_end|>\\n' }}{%- endif %}{%- set content = message.content.split('</think>')[-1] %}"}};
+  const ChatTemplate q3 = ChooseChatTemplate(qwen3, "Qwen3MoeForCausalLM");
+  EXPECT_EQ(q3.format, ChatFormat::kChatMl);
+  EXPECT_EQ(q3.default_system, "");
+  EXPECT_TRUE(q3.drop_reasoning);
+  auto history = RenderChat(q3, {{"user", "a"}, {"assistant", "<think>\nhm\n</think>\n\nb"}, {"user", "c"}});
+  ASSERT_TRUE(history.ok());
+  EXPECT_EQ((*history)[0].text,
+            "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nb<|im_end|>\n<|im_start|>user\nc<|im_end|>\n"
+            "<|im_start|>assistant\n");
+
+  auto tool = RenderChat(q3, {{"user", "a"}, {"tool", "b"}, {"user", "c"}});
+  ASSERT_FALSE(tool.ok());
+  EXPECT_THAT(std::string(tool.status().message()), HasSubstr("messages[1]: role 'tool'"));
+  auto last = RenderChat(q3, {{"user", "a"}, {"assistant", "b"}});
+  ASSERT_FALSE(last.ok());
+  EXPECT_THAT(std::string(last.status().message()), HasSubstr("messages[1]: the last message must be the user's"));
+  EXPECT_FALSE(RenderChat(q3, {}).ok());
+}
+
+// Qwen's chat templates as @huggingface/jinja renders them and transformers.js's tokenizer encodes them (the
+// cases tests/model/js/oracle.mjs writes; run through ctest's hf_tokenizer_oracle).
+TEST(ChatTemplateOracleTest, QwenTemplatesMatchJinja) {
+  const char* dir = std::getenv("ODMOE_TOKENIZER_ORACLE_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "run through ctest (hf_tokenizer_oracle), which renders the reference prompts";
+  auto tokenizer = Tokenizer::Load(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  std::ifstream in(std::string(dir) + "/oracle.json");
+  ASSERT_TRUE(in) << dir << "/oracle.json";
+  const Json oracle = Json::parse(in);
+  int cases = 0;
+  for (const Json& c : oracle["chat"]) {
+    const std::string name = c["template"].get<std::string>();
+    SCOPED_TRACE(name + ": " + c["messages"].dump());
+    const ChatTemplate chat = ChooseChatTemplate({{"chat_template", oracle["templates"][name]}}, "Qwen3MoeForCausalLM");
+    std::vector<ChatMessage> messages;
+    for (const Json& m : c["messages"])
+      messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    auto pieces = RenderChat(chat, messages);
+    ASSERT_TRUE(pieces.ok()) << pieces.status();
+    ASSERT_EQ(pieces->size(), 1u);
+    EXPECT_EQ((*pieces)[0].text, c["text"].get<std::string>());
+    EXPECT_EQ((*tokenizer)->Encode((*pieces)[0].text), c["ids"].get<std::vector<int32_t>>());
+    ++cases;
+  }
+  EXPECT_GE(cases, 12);
 }
 
 TEST(OpenAiFormat, ResponsesAndChunks) {

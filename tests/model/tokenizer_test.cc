@@ -1,11 +1,9 @@
-// Tests for the SentencePiece tokenizer (src/model/tokenizer.h):
+// Tests for the SentencePiece tokenizer (src/model/sentencepiece_tokenizer.h):
 //  - the reference cases of ../shared/models/tiny-mixtral-kjv (made with SentencePiece 0.1.97), both ways;
 //  - IncrementalDecoder against Decode, on every reference case and split and on random id streams;
 //  - the BPE merge order, normalizer options, byte fallback, user-defined / control / unused pieces and the
 //    decoding rules, on small models built here;
 //  - errors for missing, corrupt and unsupported files, and tokenizer_config.json.
-#include "src/model/tokenizer.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -21,6 +19,7 @@
 #include "odmoe/spm/sentencepiece_model.pb.h"
 #include "src/common/json.h"
 #include "src/common/mapped_file.h"
+#include "src/model/sentencepiece_tokenizer.h"
 #include "tests/test_support.h"
 
 namespace odmoe {
@@ -84,7 +83,7 @@ std::string IdsToString(std::span<const int32_t> ids) {
   return out.str();
 }
 
-std::vector<std::string> Pieces(const Tokenizer& tok, const std::vector<int32_t>& ids) {
+std::vector<std::string> Pieces(const SentencePieceTokenizer& tok, const std::vector<int32_t>& ids) {
   std::vector<std::string> pieces;
   for (int32_t id : ids) pieces.emplace_back(tok.IdToPiece(id));
   return pieces;
@@ -97,9 +96,10 @@ struct Streamed {
   std::string all;                  // everything, concatenated
 };
 
-Streamed Stream(const Tokenizer& tok, const std::vector<int32_t>& context, const std::vector<int32_t>& ids) {
+Streamed Stream(const SentencePieceTokenizer& tok, const std::vector<int32_t>& context,
+                const std::vector<int32_t>& ids) {
   Streamed s;
-  IncrementalDecoder decoder(tok, context);
+  SentencePieceDecoder decoder(tok, context);
   for (int32_t id : ids) {
     s.pushes.push_back(decoder.Push(id));
     s.all += s.pushes.back();
@@ -120,7 +120,8 @@ struct StreamStats {
 // Decode(ids[0:k]). Where Decode(ids[0:k]) is not a prefix of Decode(ids) (the header's exception: the context
 // ends with bytes that the pushed bytes complete into a character), the output must be Decode(ids) from the
 // first character where the two differ.
-void ExpectStreamMatchesDecode(const Tokenizer& tok, std::span<const int32_t> ids, size_t k, StreamStats* stats) {
+void ExpectStreamMatchesDecode(const SentencePieceTokenizer& tok, std::span<const int32_t> ids, size_t k,
+                               StreamStats* stats) {
   const std::span<const int32_t> context = ids.subspan(0, k);
   const std::string full = tok.Decode(ids);
   const std::string before = tok.Decode(context);
@@ -187,8 +188,8 @@ class ModelBuilder {
   spm::ModelProto& proto() { return proto_; }
 
   std::string Serialize() const { return proto_.SerializeAsString(); }
-  absl::StatusOr<std::unique_ptr<Tokenizer>> Build(bool add_bos = true, bool add_eos = false) const {
-    return Tokenizer::FromSerializedModel(Serialize(), add_bos, add_eos, "test.model");
+  absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> Build(bool add_bos = true, bool add_eos = false) const {
+    return SentencePieceTokenizer::FromSerializedModel(Serialize(), add_bos, add_eos, "test.model");
   }
 
  private:
@@ -196,7 +197,7 @@ class ModelBuilder {
 };
 
 // Builds `b` or fails the test (returns nullptr: callers ASSERT_NE).
-std::unique_ptr<Tokenizer> BuildOrFail(const ModelBuilder& b) {
+std::unique_ptr<SentencePieceTokenizer> BuildOrFail(const ModelBuilder& b) {
   auto tok = b.Build();
   if (!tok.ok()) {
     ADD_FAILURE() << tok.status();
@@ -206,7 +207,7 @@ std::unique_ptr<Tokenizer> BuildOrFail(const ModelBuilder& b) {
 }
 
 // The id of `piece`, by scanning the vocabulary.
-int32_t IdOf(const Tokenizer& tok, std::string_view piece) {
+int32_t IdOf(const SentencePieceTokenizer& tok, std::string_view piece) {
   for (int32_t id = 0; id < tok.vocab_size(); ++id) {
     if (tok.IdToPiece(id) == piece) return id;
   }
@@ -216,7 +217,8 @@ int32_t IdOf(const Tokenizer& tok, std::string_view piece) {
 
 // Random id streams that exercise decoding: byte pieces forming valid characters, stray and invalid bytes,
 // control and unknown pieces, "▁" pieces, ordinary pieces and ids outside the vocabulary.
-std::vector<int32_t> RandomStream(const Tokenizer& tok, const std::vector<int32_t>& byte_ids, std::mt19937& rng) {
+std::vector<int32_t> RandomStream(const SentencePieceTokenizer& tok, const std::vector<int32_t>& byte_ids,
+                                  std::mt19937& rng) {
   std::vector<int32_t> ids;
   const int length = static_cast<int>(rng() % 16);
   const auto pick = [&](uint32_t n) { return static_cast<uint32_t>(rng() % n); };
@@ -257,7 +259,7 @@ std::vector<int32_t> RandomStream(const Tokenizer& tok, const std::vector<int32_
   return ids;
 }
 
-std::vector<int32_t> ByteIds(const Tokenizer& tok) {
+std::vector<int32_t> ByteIds(const SentencePieceTokenizer& tok) {
   std::vector<int32_t> ids(256, -1);
   for (int32_t id = 0; id < tok.vocab_size(); ++id) {
     if (!tok.IsByte(id)) continue;
@@ -267,7 +269,7 @@ std::vector<int32_t> ByteIds(const Tokenizer& tok) {
   return ids;
 }
 
-StreamStats FuzzStreaming(const Tokenizer& tok, uint32_t seed, int iterations) {
+StreamStats FuzzStreaming(const SentencePieceTokenizer& tok, uint32_t seed, int iterations) {
   std::mt19937 rng(seed);
   const std::vector<int32_t> byte_ids = ByteIds(tok);
   StreamStats stats;
@@ -315,14 +317,14 @@ class SharedModelTest : public ::testing::Test {
   void SetUp() override {
     dir_ = SharedModel(kModelName);
     if (!HaveSharedModel(kModelName)) GTEST_SKIP() << "needs the shared model at " << dir_ << " (missing)";
-    auto tok = Tokenizer::Load(dir_);
+    auto tok = SentencePieceTokenizer::Load(dir_);
     ASSERT_TRUE(tok.ok()) << tok.status();
     tok_ = std::move(*tok);
     ReadReferenceCases(dir_ + "/tokenizer_cases.json", &cases_);
   }
 
   std::string dir_;
-  std::unique_ptr<Tokenizer> tok_;
+  std::unique_ptr<SentencePieceTokenizer> tok_;
   std::vector<ReferenceCase> cases_;
 };
 
@@ -456,7 +458,7 @@ TEST_F(SharedModelTest, LoadCopiesWithDifferentConfigs) {
   const std::string text = cases_[0].text;
 
   {  // no tokenizer_config.json: BOS yes, EOS no
-    auto tok = Tokenizer::Load(tmp.path());
+    auto tok = SentencePieceTokenizer::Load(tmp.path());
     ASSERT_TRUE(tok.ok()) << tok.status();
     EXPECT_TRUE((*tok)->add_bos());
     EXPECT_EQ((*tok)->EncodeForModel(text).front(), 1);
@@ -464,14 +466,14 @@ TEST_F(SharedModelTest, LoadCopiesWithDifferentConfigs) {
   }
   {
     WriteFile(tmp.File("tokenizer_config.json"), R"({"add_bos_token": false, "add_eos_token": false})");
-    auto tok = Tokenizer::Load(tmp.path());
+    auto tok = SentencePieceTokenizer::Load(tmp.path());
     ASSERT_TRUE(tok.ok()) << tok.status();
     EXPECT_FALSE((*tok)->add_bos());
     EXPECT_EQ((*tok)->EncodeForModel(text), cases_[0].ids);
   }
   {
     WriteFile(tmp.File("tokenizer_config.json"), R"({"add_eos_token": true})");
-    auto tok = Tokenizer::Load(tmp.path());
+    auto tok = SentencePieceTokenizer::Load(tmp.path());
     ASSERT_TRUE(tok.ok()) << tok.status();
     std::vector<int32_t> want = {1};
     want.insert(want.end(), cases_[0].ids.begin(), cases_[0].ids.end());
@@ -484,7 +486,7 @@ TEST_F(SharedModelTest, TruncatedModelIsDataLoss) {
   TempDir tmp;
   const std::string model = testing::ReadFile(dir_ + "/tokenizer.model");
   WriteFile(tmp.File("tokenizer.model"), model.substr(0, model.size() / 2));
-  auto tok = Tokenizer::Load(tmp.path());
+  auto tok = SentencePieceTokenizer::Load(tmp.path());
   ASSERT_FALSE(tok.ok());
   EXPECT_EQ(tok.status().code(), absl::StatusCode::kDataLoss) << tok.status();
   EXPECT_THAT(std::string(tok.status().message()), HasSubstr(tmp.File("tokenizer.model")));
@@ -493,7 +495,8 @@ TEST_F(SharedModelTest, TruncatedModelIsDataLoss) {
   // the default UNIGRAM model type. Never accepted.
   int cuts = 0;
   for (size_t cut = 1; cut < model.size() / 2; cut += 211, ++cuts) {
-    auto t = Tokenizer::FromSerializedModel(std::string_view(model).substr(0, cut), true, false, "cut.model");
+    auto t =
+        SentencePieceTokenizer::FromSerializedModel(std::string_view(model).substr(0, cut), true, false, "cut.model");
     ASSERT_FALSE(t.ok()) << "cut at " << cut;
     EXPECT_TRUE(t.status().code() == absl::StatusCode::kDataLoss ||
                 t.status().code() == absl::StatusCode::kUnimplemented)
@@ -697,7 +700,7 @@ class TokenizerDecodeTest : public ::testing::Test {
   int32_t B(int byte) const { return IdOf(*tok_, BytePiece(byte)); }
   std::string D(const std::vector<int32_t>& ids) const { return tok_->Decode(ids); }
 
-  std::unique_ptr<Tokenizer> tok_;
+  std::unique_ptr<SentencePieceTokenizer> tok_;
   int32_t sp_ = -1, sp_a_ = -1, sp_sp_ = -1, a_ = -1;
 };
 
@@ -810,20 +813,25 @@ TEST(TokenizerDecodeOptionsTest, RandomIdStreamsWithOtherNormalizerOptions) {
 
 TEST(TokenizerLoadTest, MissingModelIsNotFoundNamingThePath) {
   TempDir tmp;
-  auto tok = Tokenizer::Load(tmp.path());
+  auto tok = SentencePieceTokenizer::Load(tmp.path());
   ASSERT_FALSE(tok.ok());
   EXPECT_EQ(tok.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(tok.status().message()), HasSubstr(tmp.File("tokenizer.model")));
 
+  // Tokenizer::Load: NotFound only when the folder has no tokenizer of either kind.
+  auto none = Tokenizer::Load(tmp.path());
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(none.status().message()), HasSubstr("neither tokenizer.model nor tokenizer.json"));
   auto missing_dir = Tokenizer::Load(tmp.File("no-such-dir"));
   ASSERT_FALSE(missing_dir.ok());
   EXPECT_EQ(missing_dir.status().code(), absl::StatusCode::kNotFound);
 
-  WriteFile(tmp.File("tokenizer.json"), "{}");  // a Qwen / OLMoE checkpoint
-  auto json_only = Tokenizer::Load(tmp.path());
-  ASSERT_FALSE(json_only.ok());
-  EXPECT_EQ(json_only.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(json_only.status().message()), HasSubstr("tokenizer.json"));
+  WriteFile(tmp.File("tokenizer.json"), "{}");  // a broken tokenizer.json is an error, not a missing tokenizer
+  auto broken_json = Tokenizer::Load(tmp.path());
+  ASSERT_FALSE(broken_json.ok());
+  EXPECT_EQ(broken_json.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(broken_json.status().message()), HasSubstr("tokenizer.json: field 'model': missing"));
 }
 
 TEST(TokenizerLoadTest, GarbageModelIsDataLossNamingTheFile) {
@@ -831,7 +839,7 @@ TEST(TokenizerLoadTest, GarbageModelIsDataLossNamingTheFile) {
                                      std::string("\x0a\xff\xff\xff\x0f", 5), std::string("\xc8\x06\x01", 3)}) {
     TempDir tmp;
     WriteFile(tmp.File("tokenizer.model"), garbage);
-    auto tok = Tokenizer::Load(tmp.path());
+    auto tok = SentencePieceTokenizer::Load(tmp.path());
     ASSERT_FALSE(tok.ok()) << "garbage of " << garbage.size() << " bytes accepted";
     EXPECT_EQ(tok.status().code(), absl::StatusCode::kDataLoss) << tok.status();
     EXPECT_THAT(std::string(tok.status().message()), HasSubstr(tmp.File("tokenizer.model")));
@@ -845,40 +853,40 @@ TEST(TokenizerLoadTest, ConfigIsReadAndCheckedFromTheDirectory) {
   const std::vector<int32_t> body = {IdOf(*BuildOrFail(b), "▁"), IdOf(*BuildOrFail(b), "a")};
 
   {  // defaults: BOS, no EOS
-    auto tok = Tokenizer::Load(tmp.path());
+    auto tok = SentencePieceTokenizer::Load(tmp.path());
     ASSERT_TRUE(tok.ok()) << tok.status();
     EXPECT_THAT((*tok)->EncodeForModel("a"), ElementsAre(1, body[0], body[1]));
   }
   {
     WriteFile(tmp.File("tokenizer_config.json"), R"({"add_bos_token": false})");
-    auto tok = Tokenizer::Load(tmp.path());
+    auto tok = SentencePieceTokenizer::Load(tmp.path());
     ASSERT_TRUE(tok.ok()) << tok.status();
     EXPECT_FALSE((*tok)->add_bos());
     EXPECT_THAT((*tok)->EncodeForModel("a"), ElementsAre(body[0], body[1]));
   }
   {
     WriteFile(tmp.File("tokenizer_config.json"), R"({"add_bos_token": true, "add_eos_token": true, "x": [1]})");
-    auto tok = Tokenizer::Load(tmp.path());
+    auto tok = SentencePieceTokenizer::Load(tmp.path());
     ASSERT_TRUE(tok.ok()) << tok.status();
     EXPECT_THAT((*tok)->EncodeForModel("a"), ElementsAre(1, body[0], body[1], 2));
   }
   {
     WriteFile(tmp.File("tokenizer_config.json"), R"({"add_bos_token": fals)");
-    auto tok = Tokenizer::Load(tmp.path());
+    auto tok = SentencePieceTokenizer::Load(tmp.path());
     ASSERT_FALSE(tok.ok());
     EXPECT_EQ(tok.status().code(), absl::StatusCode::kDataLoss) << tok.status();
     EXPECT_THAT(std::string(tok.status().message()), HasSubstr(tmp.File("tokenizer_config.json")));
   }
   {
     WriteFile(tmp.File("tokenizer_config.json"), R"([true])");
-    auto tok = Tokenizer::Load(tmp.path());
+    auto tok = SentencePieceTokenizer::Load(tmp.path());
     ASSERT_FALSE(tok.ok());
     EXPECT_EQ(tok.status().code(), absl::StatusCode::kDataLoss) << tok.status();
     EXPECT_THAT(std::string(tok.status().message()), HasSubstr("tokenizer_config.json"));
   }
   {
     WriteFile(tmp.File("tokenizer_config.json"), R"({"add_bos_token": "no"})");
-    auto tok = Tokenizer::Load(tmp.path());
+    auto tok = SentencePieceTokenizer::Load(tmp.path());
     ASSERT_FALSE(tok.ok());
     EXPECT_EQ(tok.status().code(), absl::StatusCode::kFailedPrecondition) << tok.status();
     EXPECT_THAT(std::string(tok.status().message()), HasSubstr("add_bos_token"));
