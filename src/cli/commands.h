@@ -16,6 +16,10 @@ int RunInspect(const std::vector<std::string>& args);
 // [...]: in this process, or through a cluster's main node.
 int RunGenerate(const std::vector<std::string>& args);
 
+// odmoe tokenize --model DIR (--text TEXT | --ids 1,2,3) [--for-model] [--json]: the checkpoint's tokenizer
+// alone, text to ids or ids to text.
+int RunTokenize(const std::vector<std::string>& args);
+
 // odmoe cluster up|down|status --config FILE ...: runs a cluster file's daemons on this machine.
 int RunCluster(const std::vector<std::string>& args);
 

@@ -14,7 +14,8 @@ constexpr std::string_view kUsage =
     "commands:\n"
     "  generate   generate text from a prompt, here or through a cluster (odmoe generate --help)\n"
     "  cluster    start, stop and inspect a cluster's daemons on this machine (odmoe cluster --help)\n"
-    "  inspect    validate a checkpoint and print what it holds (odmoe inspect --help)\n";
+    "  inspect    validate a checkpoint and print what it holds (odmoe inspect --help)\n"
+    "  tokenize   text to token ids and back with a checkpoint's tokenizer (odmoe tokenize --help)\n";
 
 }  // namespace
 
@@ -27,6 +28,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "generate") return odmoe::cli::RunGenerate(args);
   if (command == "inspect") return odmoe::cli::RunInspect(args);
+  if (command == "tokenize") return odmoe::cli::RunTokenize(args);
   if (command == "cluster") return odmoe::cli::RunCluster(args);
   if (command == "--help" || command == "-h" || command == "help") {
     std::fputs(kUsage.data(), stdout);
