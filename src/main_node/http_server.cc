@@ -436,15 +436,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
   impl.options = options;
   ODMOE_ASSIGN_OR_RETURN(const Json tokenizer_config, ReadTokenizerConfig(node->model_dir()));
   impl.chat_template = openai::ChooseChatTemplate(tokenizer_config, ArchitectureName(node->config().arch));
-  // A ChatML prompt is one text whose markers the tokenizer must read as its special tokens.
-  if (impl.chat_template.format == openai::ChatFormat::kChatMl && node->tokenizer() != nullptr) {
-    for (const std::string_view marker : {"<|im_start|>", "<|im_end|>"}) {
-      if (node->tokenizer()->Encode(marker).size() != 1) {
-        impl.chat_template = {};
-        impl.no_chat_reason = StrCat("its ChatML template's marker ", marker, " is not one token of its tokenizer");
-        spdlog::warn("node '{}': chat is off: {}", options.node, impl.no_chat_reason);
-        break;
-      }
+  if (node->tokenizer() != nullptr) {
+    if (std::string why = openai::ChatTemplateMismatch(impl.chat_template, *node->tokenizer()); !why.empty()) {
+      impl.chat_template = {};
+      impl.no_chat_reason = std::move(why);
+      spdlog::warn("node '{}': chat is off: {}", options.node, impl.no_chat_reason);
     }
   }
   impl.requests =

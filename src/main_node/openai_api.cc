@@ -424,6 +424,20 @@ ChatTemplate ChooseChatTemplate(const Json& tokenizer_config, std::string_view a
   return chat;
 }
 
+std::string ChatTemplateMismatch(const ChatTemplate& chat, const Tokenizer& tokenizer) {
+  if (chat.format == ChatFormat::kChatMl) {
+    for (const std::string_view marker : {"<|im_start|>", "<|im_end|>"}) {
+      if (tokenizer.Encode(marker).size() != 1) {
+        return StrCat("its ChatML template's marker ", marker, " is not one token of its tokenizer");
+      }
+    }
+  } else if (chat.format != ChatFormat::kNone && (tokenizer.bos_id() < 0 || tokenizer.eos_id() < 0)) {
+    return StrCat("its ", ChatFormatName(chat.format),
+                  " template needs BOS and EOS tokens, which its tokenizer does not name");
+  }
+  return "";
+}
+
 namespace {
 
 absl::StatusOr<std::vector<PromptPiece>> RenderChatMl(const ChatTemplate& chat,

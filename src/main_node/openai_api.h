@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "src/common/json.h"
+#include "src/model/tokenizer.h"
 
 namespace odmoe::openai {
 
@@ -107,6 +108,11 @@ struct ChatTemplate {
 // or without <<SYS>>, <|im_start|>), else the built-in format of the architecture (`architecture`,
 // config.json's: MixtralForCausalLM -> kMistralInst), else kNone.
 ChatTemplate ChooseChatTemplate(const Json& tokenizer_config, std::string_view architecture);
+
+// Why `chat`'s prompts would not come out as its format means with `tokenizer`, or "" when they would: a ChatML
+// prompt is one text whose markers must be the tokenizer's special tokens; the [INST] formats need its BOS and
+// EOS. Main turns chat off, with this reason, when it is not "".
+std::string ChatTemplateMismatch(const ChatTemplate& chat, const Tokenizer& tokenizer);
 
 // One piece of a rendered chat prompt: text to tokenize, or the BOS / EOS control token.
 struct PromptPiece {

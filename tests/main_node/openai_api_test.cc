@@ -9,7 +9,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "src/model/hf_tokenizer.h"
 #include "src/model/tokenizer.h"
+#include "tests/test_support.h"
 
 namespace odmoe::openai {
 namespace {
@@ -301,6 +303,35 @@ TEST(OpenAiChat, ChatMlTemplates) {
   ASSERT_FALSE(last.ok());
   EXPECT_THAT(std::string(last.status().message()), HasSubstr("messages[1]: the last message must be the user's"));
   EXPECT_FALSE(RenderChat(q3, {}).ok());
+}
+
+// Main turns chat off when the tokenizer cannot carry the template's format.
+TEST(OpenAiChat, TheTokenizerMustCarryTheTemplatesFormat) {
+  Json vocab = Json::object();
+  for (int b = 0; b < 256; ++b) vocab[odmoe::testing::ByteLevelChar(static_cast<uint8_t>(b))] = b;
+  Json tokenizer = {{"pre_tokenizer", {{"type", "ByteLevel"}}},
+                    {"decoder", {{"type", "ByteLevel"}}},
+                    {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array()}}}};
+  auto plain = HfTokenizer::FromJson(tokenizer.dump(), "", "plain/tokenizer.json");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  tokenizer["added_tokens"] = {{{"id", 256}, {"content", "<|im_start|>"}, {"special", true}},
+                               {{"id", 257}, {"content", "<|im_end|>"}, {"special", true}}};
+  auto chatml = HfTokenizer::FromJson(tokenizer.dump(), R"({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"})",
+                                      "chatml/tokenizer.json");
+  ASSERT_TRUE(chatml.ok()) << chatml.status();
+  auto sentencepiece = Tokenizer::Load(odmoe::testing::SourceDir() + "/models/demo-mixtral-kjv");
+  ASSERT_TRUE(sentencepiece.ok()) << sentencepiece.status();
+
+  const ChatTemplate chat_ml{ChatFormat::kChatMl}, inst{ChatFormat::kMistralInst};
+  EXPECT_EQ(ChatTemplateMismatch(chat_ml, **chatml), "");
+  EXPECT_EQ(ChatTemplateMismatch(chat_ml, **plain),
+            "its ChatML template's marker <|im_start|> is not one token of its tokenizer");
+  // SentencePiece reads control tokens written in the text as text.
+  EXPECT_THAT(ChatTemplateMismatch(chat_ml, **sentencepiece), HasSubstr("is not one token"));
+  EXPECT_EQ(ChatTemplateMismatch(inst, **sentencepiece), "");
+  EXPECT_EQ(ChatTemplateMismatch(inst, **plain),
+            "its mistral-inst template needs BOS and EOS tokens, which its tokenizer does not name");
+  EXPECT_EQ(ChatTemplateMismatch({ChatFormat::kNone}, **plain), "");
 }
 
 // Qwen's chat templates as @huggingface/jinja renders them and transformers.js's tokenizer encodes them (the
