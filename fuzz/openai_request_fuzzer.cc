@@ -56,8 +56,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     Check(!r->messages.empty());
     for (const ChatFormat format : {ChatFormat::kMistralInst, ChatFormat::kLlama2}) {
-      absl::StatusOr<std::vector<PromptPiece>> pieces = RenderChat(format, r->messages);
+      absl::StatusOr<std::vector<PromptPiece>> pieces = RenderChat({format}, r->messages);
       if (pieces.ok()) Check(!pieces->empty() && (*pieces)[0].kind == PromptPiece::kBos);
+    }
+    const ChatTemplate chat_ml{ChatFormat::kChatMl, "You are a helpful assistant.", /*drop_reasoning=*/true};
+    absl::StatusOr<std::vector<PromptPiece>> chat = RenderChat(chat_ml, r->messages);
+    if (chat.ok()) {
+      Check(chat->size() == 1 && (*chat)[0].kind == PromptPiece::kText);
+      const std::string& prompt = (*chat)[0].text;
+      Check(prompt.rfind("<|im_start|>system\n", 0) == 0);
+      Check(prompt.size() >= 22 && prompt.compare(prompt.size() - 22, 22, "<|im_start|>assistant\n") == 0);
     }
     for (const ChatMessage& m : r->messages) text += m.content;
   }
