@@ -18,21 +18,7 @@
 
 namespace {
 
-std::string ByteChar(int byte) {
-  int next = 256, code = 0;
-  for (int b = 0; b <= byte; ++b) {
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-    code = printable ? b : next++;
-  }
-  std::string s;
-  if (code < 0x80) {
-    s += static_cast<char>(code);
-  } else {
-    s += static_cast<char>(0xC0 | (code >> 6));
-    s += static_cast<char>(0x80 | (code & 0x3F));
-  }
-  return s;
-}
+std::string ByteChar(int byte) { return odmoe::ByteLevelChar(static_cast<uint8_t>(byte)); }
 
 const odmoe::HfTokenizer* Tokenizer() {
   static const odmoe::HfTokenizer* tokenizer = [] {

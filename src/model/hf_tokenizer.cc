@@ -87,6 +87,12 @@ const ByteLevelAlphabet& Alphabet() {
   return *alphabet;
 }
 
+}  // namespace
+
+std::string ByteLevelChar(uint8_t byte) { return Alphabet().byte_to_char[byte]; }
+
+namespace {
+
 // The bytes a token string stands for, as the ByteLevel decoder reads it: each character mapped back to its
 // byte when all of them are in the alphabet, else the string's own UTF-8 (an added token such as "\n\n").
 std::string TokenStringBytes(std::string_view token) {

@@ -30,6 +30,10 @@
 
 namespace odmoe {
 
+// The character that stands for `byte` in the byte-level alphabet (GPT-2's bytes_to_unicode), in UTF-8:
+// printable Latin-1 bytes stand for themselves, the other 68 for U+0100 and up, in byte order.
+std::string ByteLevelChar(uint8_t byte);
+
 class HfTokenizer final : public Tokenizer {
  public:
   // Reads DIR/tokenizer.json and, if present, DIR/tokenizer_config.json (bos_token, eos_token). NotFound names a

