@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <regex>
@@ -830,6 +831,34 @@ TEST(MainNodeTest, TextPromptOnMainWithoutTokenizerWithoutWorkers) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("prompt_ids"), absl::string_view::npos) << s;
   EXPECT_EQ((*main)->expert_tensors_opened(), 0);
+}
+
+// A tokenizer.json main cannot run stops main at startup, naming the field and the way to serve ids only.
+TEST(MainNodeTest, ATokenizerMainCannotRunStopsItSayingHowToServeIdsOnly) {
+  const std::string model = "olmoe-tiny";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  odmoe::testing::TempDir dir;
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"}) {
+    std::filesystem::create_symlink(SharedModel(model) + "/" + f, dir.File(f));
+  }
+  odmoe::testing::WriteFile(dir.File("tokenizer.json"),
+                            R"({"pre_tokenizer": {"type": "Metaspace"}, "decoder": {"type": "Metaspace"},
+                                "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
+  ClusterSpec spec;
+  spec.model = model;
+  std::vector<std::string> nowhere;
+  for (int i = 0; i < 4; ++i) nowhere.push_back(StrCat("127.0.0.1:", ClosedPort()));
+  spec.workers = 4;
+  const ClusterConfig cluster = ParseToml(ClusterToml(spec, "127.0.0.1:1", nowhere));
+  auto main = MainNode::Create({cluster, *cluster.main(), dir.path()});
+  ASSERT_FALSE(main.ok());
+  EXPECT_EQ(main.status().code(), absl::StatusCode::kUnimplemented) << main.status();
+  EXPECT_NE(main.status().message().find(dir.File("tokenizer.json") + ": field 'pre_tokenizer.type'"),
+            absl::string_view::npos)
+      << main.status();
+  EXPECT_NE(main.status().message().find("move the tokenizer file out of the checkpoint folder"),
+            absl::string_view::npos)
+      << main.status();
 }
 
 // ---- failing workers -----------------------------------------------------------------------------------------
