@@ -102,7 +102,6 @@ struct Summary {
   uint64_t tensor_bytes = 0;                       // the tensors the config needs
   uint64_t expert_bytes = 0;                       // the routed experts' share of `tensor_bytes`
   std::map<std::string, int64_t> params_by_dtype;  // safetensors dtype name -> parameters stored in it
-  bool has_tokenizer = false;                      // tokenizer.model (SentencePiece)
   std::string tokenizer;                           // the file the tokenizer was loaded from, "" when there is none
   int32_t tokenizer_vocab = 0;
 };
@@ -136,11 +135,10 @@ absl::StatusOr<Summary> Inspect(const std::string& dir) {
   s.shards = ck->shards().size();
   s.tensors_in_checkpoint = ck->TensorNames().size();
   s.file_bytes = ck->TotalBytes();
-  s.has_tokenizer = FileExists(dir + "/tokenizer.model");
   // Loaded, not only looked for: a tokenizer that would fail main at startup fails inspect too.
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Load(dir);
   if (tokenizer.ok()) {
-    s.tokenizer = s.has_tokenizer ? "tokenizer.model" : "tokenizer.json";
+    s.tokenizer = (*tokenizer)->file_name();
     s.tokenizer_vocab = (*tokenizer)->vocab_size();
   } else if (!absl::IsNotFound(tokenizer.status())) {
     return tokenizer.status();
@@ -202,7 +200,7 @@ std::string ToJson(const Summary& s) {
   j["expert_bytes"] = s.expert_bytes;
   const int64_t experts_total = static_cast<int64_t>(s.sparse_layers.size()) * c.num_experts;
   j["bytes_per_expert"] = experts_total > 0 ? s.expert_bytes / static_cast<uint64_t>(experts_total) : 0;
-  j["tokenizer_model"] = s.has_tokenizer;
+  j["tokenizer_model"] = s.tokenizer == "tokenizer.model";
   j["tokenizer"] = s.tokenizer.empty() ? Json(nullptr) : Json(s.tokenizer);
   return DumpJson(j);
 }

@@ -35,10 +35,6 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
     auto tokenizer = Tokenizer::Load(args.model_dir);
     if (tokenizer.ok()) {
       node->tokenizer_ = std::move(tokenizer).value();
-    } else if (absl::IsUnimplemented(tokenizer.status())) {
-      return absl::UnimplementedError(StrCat(tokenizer.status().message(),
-                                             " (main can serve token-id prompts without a tokenizer: move the "
-                                             "tokenizer file out of the checkpoint folder for that)"));
     } else if (!absl::IsNotFound(tokenizer.status())) {
       return tokenizer.status();
     }

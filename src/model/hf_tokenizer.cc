@@ -221,20 +221,24 @@ struct AddedToken {
 
 bool IsWordChar(UChar32 c) { return u_isalnum(c) || c == '_'; }
 
-// The code point that ends just before byte `at` of `s` (U+FFFD if it is not well-formed), and the one at `at`.
+// The code point that ends just before byte `at` of `s`, and the one at `at` (U+FFFD where the bytes are not
+// well-formed). REQUIRES: `s` shorter than 2^31 bytes.
 UChar32 CodePointBefore(std::string_view s, size_t at) {
-  size_t start = at;
-  while (start > 0 && at - start < 4) {
-    --start;
-    if ((static_cast<uint8_t>(s[start]) & 0xC0) != 0x80) break;
-  }
-  const icu::UnicodeString u = icu::UnicodeString::fromUTF8(icu::StringPiece(s.data() + start, at - start));
-  return u.isEmpty() ? 0xFFFD : u.char32At(u.length() - 1);
+  int32_t i = static_cast<int32_t>(at);
+  UChar32 c;
+  U8_PREV(s.data(), 0, i, c);
+  return c < 0 ? 0xFFFD : c;
 }
 UChar32 CodePointAt(std::string_view s, size_t at) {
-  const size_t n = std::min<size_t>(4, s.size() - at);
-  const icu::UnicodeString u = icu::UnicodeString::fromUTF8(icu::StringPiece(s.data() + at, n));
-  return u.isEmpty() ? 0xFFFD : u.char32At(0);
+  int32_t i = static_cast<int32_t>(at);
+  UChar32 c;
+  U8_NEXT(s.data(), i, static_cast<int32_t>(s.size()), c);
+  return c < 0 ? 0xFFFD : c;
+}
+
+// The key of the merge of (left, right) in Impl::merges.
+uint64_t PairKey(int32_t left, int32_t right) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
 
 }  // namespace
@@ -243,7 +247,9 @@ UChar32 CodePointAt(std::string_view s, size_t at) {
 
 struct HfTokenizer::Impl {
   std::unordered_map<std::string, int32_t> vocab;  // token string (byte-level alphabet) -> id
-  std::vector<std::string> id_to_token;            // the model's tokens by id ("" where none)
+  // What each id decodes to (ByteLevel's bytes; "" for special tokens and unused ids), made once at load so
+  // that decoding a token is a lookup.
+  std::vector<std::string> id_bytes;
   // (left id, right id) -> (rank, merged id), the key packed as left << 32 | right.
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;
   bool ignore_merges = false;  // a word that is a whole token is taken as it is
@@ -269,7 +275,9 @@ struct HfTokenizer::Impl {
   void EncodeSegment(std::string_view text, std::vector<int32_t>* ids) const;
   // word.rs merge_all: merges the pair of lowest rank, leftmost first, until none applies.
   void EncodeWord(const std::string& word, std::vector<int32_t>* ids) const;
-  std::string TokenBytes(int32_t id) const;
+  std::string_view TokenBytes(int32_t id) const {
+    return id >= 0 && static_cast<size_t>(id) < id_bytes.size() ? std::string_view(id_bytes[id]) : "";
+  }
   bool IsSpecial(int32_t id) const {
     auto it = added_by_id.find(id);
     return it != added_by_id.end() && it->second->special;
@@ -304,12 +312,9 @@ void HfTokenizer::Impl::EncodeWord(const std::string& word, std::vector<int32_t>
     bool alive;
   };
   std::vector<Symbol> symbols;
-  const icu::UnicodeString u = icu::UnicodeString::fromUTF8(word);
-  std::string ch;
-  for (int32_t i = 0; i < u.length(); i = u.moveIndex32(i, 1)) {
-    ch.clear();
-    icu::UnicodeString(u.char32At(i)).toUTF8String(ch);
-    auto it = vocab.find(ch);
+  for (size_t at = 0, length = 0; at < word.size(); at += length) {
+    length = std::max<size_t>(1, Utf8SequenceLength(word, at));  // `word` is valid UTF-8 (made by ICU)
+    auto it = vocab.find(word.substr(at, length));
     const int32_t id = it != vocab.end() ? it->second : unk_id;
     if (id < 0) continue;
     const int32_t n = static_cast<int32_t>(symbols.size());
@@ -322,9 +327,8 @@ void HfTokenizer::Impl::EncodeWord(const std::string& word, std::vector<int32_t>
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
   const auto consider = [&](int32_t left) {
     if (left < 0 || symbols[left].next < 0) return;
-    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(symbols[left].id)) << 32) |
-                         static_cast<uint32_t>(symbols[symbols[left].next].id);
-    if (auto it = merges.find(key); it != merges.end()) heap.emplace(it->second.first, left, it->second.second);
+    auto it = merges.find(PairKey(symbols[left].id, symbols[symbols[left].next].id));
+    if (it != merges.end()) heap.emplace(it->second.first, left, it->second.second);
   };
   for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i) consider(i);
   while (!heap.empty()) {
@@ -332,9 +336,7 @@ void HfTokenizer::Impl::EncodeWord(const std::string& word, std::vector<int32_t>
     heap.pop();
     Symbol& l = symbols[left];
     if (!l.alive || l.next < 0) continue;
-    const uint64_t key =
-        (static_cast<uint64_t>(static_cast<uint32_t>(l.id)) << 32) | static_cast<uint32_t>(symbols[l.next].id);
-    auto it = merges.find(key);
+    auto it = merges.find(PairKey(l.id, symbols[l.next].id));
     if (it == merges.end() || it->second.second != merged || it->second.first != rank) continue;
     Symbol& r = symbols[l.next];
     l.id = merged;
@@ -402,14 +404,6 @@ void HfTokenizer::Impl::EncodeSegment(std::string_view text, std::vector<int32_t
   }
 }
 
-std::string HfTokenizer::Impl::TokenBytes(int32_t id) const {
-  if (auto it = added_by_id.find(id); it != added_by_id.end()) {
-    return it->second->special ? "" : TokenStringBytes(it->second->content);
-  }
-  if (id < 0 || static_cast<size_t>(id) >= id_to_token.size()) return "";
-  return TokenStringBytes(id_to_token[id]);
-}
-
 int32_t HfTokenizer::Impl::IdOf(std::string_view content) const {
   for (const AddedToken& t : added) {
     if (t.content == content) return t.id;
@@ -422,19 +416,31 @@ namespace {
 
 // ---- loading ------------------------------------------------------------------------------------------------------
 
+// The `type` of the pipeline component `j` at `path` (a normalizer, pre-tokenizer or post-processor): "" when it
+// is null (none). A "Sequence" has its elements (the array at `elements`) parsed by `parse(element, path)` here.
+template <typename Parse>
+absl::StatusOr<std::string> ComponentType(const Json& j, std::string_view where, const std::string& path,
+                                          std::string_view elements, const Parse& parse) {
+  if (j.is_null()) return std::string();
+  if (!j.is_object()) return FieldError(where, path, StrCat("expected an object, got ", JsonTypeName(j)));
+  ODMOE_ASSIGN_OR_RETURN(std::string type, StringField(j, "type", where, path + "."));
+  if (type == "Sequence") {
+    auto it = j.find(elements);
+    if (it == j.end() || !it->is_array()) return FieldError(where, StrCat(path, ".", elements), "expected an array");
+    for (size_t i = 0; i < it->size(); ++i) {
+      ODMOE_RETURN_IF_ERROR(parse((*it)[i], StrCat(path, ".", elements, "[", i, "]")));
+    }
+  }
+  return type;
+}
+
 absl::Status ParseNormalizer(const Json& n, std::string_view where, const std::string& path,
                              std::vector<Normalization>* out) {
-  if (n.is_null()) return absl::OkStatus();
-  if (!n.is_object()) return FieldError(where, path, StrCat("expected an object, got ", JsonTypeName(n)));
-  ODMOE_ASSIGN_OR_RETURN(const std::string type, StringField(n, "type", where, path + "."));
-  if (type == "Sequence") {
-    auto it = n.find("normalizers");
-    if (it == n.end() || !it->is_array()) return FieldError(where, path + ".normalizers", "expected an array");
-    for (size_t i = 0; i < it->size(); ++i) {
-      ODMOE_RETURN_IF_ERROR(ParseNormalizer((*it)[i], where, StrCat(path, ".normalizers[", i, "]"), out));
-    }
-    return absl::OkStatus();
-  }
+  ODMOE_ASSIGN_OR_RETURN(const std::string type,
+                         ComponentType(n, where, path, "normalizers", [&](const Json& e, const std::string& p) {
+                           return ParseNormalizer(e, where, p, out);
+                         }));
+  if (type.empty() || type == "Sequence") return absl::OkStatus();
   static const std::pair<std::string_view, Normalization> kKinds[] = {{"NFC", Normalization::kNfc},
                                                                       {"NFD", Normalization::kNfd},
                                                                       {"NFKC", Normalization::kNfkc},
@@ -452,17 +458,11 @@ absl::Status ParseNormalizer(const Json& n, std::string_view where, const std::s
 
 absl::Status ParsePreTokenizer(const Json& p, std::string_view where, const std::string& path,
                                std::vector<PreTokenizeStep>* out) {
-  if (p.is_null()) return absl::OkStatus();
-  if (!p.is_object()) return FieldError(where, path, StrCat("expected an object, got ", JsonTypeName(p)));
-  ODMOE_ASSIGN_OR_RETURN(const std::string type, StringField(p, "type", where, path + "."));
-  if (type == "Sequence") {
-    auto it = p.find("pretokenizers");
-    if (it == p.end() || !it->is_array()) return FieldError(where, path + ".pretokenizers", "expected an array");
-    for (size_t i = 0; i < it->size(); ++i) {
-      ODMOE_RETURN_IF_ERROR(ParsePreTokenizer((*it)[i], where, StrCat(path, ".pretokenizers[", i, "]"), out));
-    }
-    return absl::OkStatus();
-  }
+  ODMOE_ASSIGN_OR_RETURN(const std::string type,
+                         ComponentType(p, where, path, "pretokenizers", [&](const Json& e, const std::string& q) {
+                           return ParsePreTokenizer(e, where, q, out);
+                         }));
+  if (type.empty() || type == "Sequence") return absl::OkStatus();
   PreTokenizeStep step;
   if (type == "ByteLevel") {
     step.kind = PreTokenizeStep::kByteLevel;
@@ -504,23 +504,15 @@ absl::Status ParsePreTokenizer(const Json& p, std::string_view where, const std:
 // The ids of TemplateProcessing's `single` template before and after $A (processors/template.rs).
 absl::Status ParsePostProcessor(const Json& p, std::string_view where, const std::string& path,
                                 std::vector<int32_t>* prefix, std::vector<int32_t>* suffix) {
-  if (p.is_null()) return absl::OkStatus();
-  if (!p.is_object()) return FieldError(where, path, StrCat("expected an object, got ", JsonTypeName(p)));
-  ODMOE_ASSIGN_OR_RETURN(const std::string type, StringField(p, "type", where, path + "."));
-  if (type == "ByteLevel") return absl::OkStatus();  // offsets only
-  if (type == "Sequence") {
-    auto it = p.find("processors");
-    if (it == p.end() || !it->is_array()) return FieldError(where, path + ".processors", "expected an array");
-    for (size_t i = 0; i < it->size(); ++i) {
-      ODMOE_RETURN_IF_ERROR(ParsePostProcessor((*it)[i], where, StrCat(path, ".processors[", i, "]"), prefix, suffix));
-    }
-    return absl::OkStatus();
-  }
+  ODMOE_ASSIGN_OR_RETURN(const std::string type,
+                         ComponentType(p, where, path, "processors", [&](const Json& e, const std::string& q) {
+                           return ParsePostProcessor(e, where, q, prefix, suffix);
+                         }));
+  if (type.empty() || type == "Sequence" || type == "ByteLevel") return absl::OkStatus();  // ByteLevel: offsets only
   if (type != "TemplateProcessing") {
-    return Unsupported(where, path + ".type",
-                       StrCat("post-processor '", type,
-                              "'; odmoe implements ByteLevel, TemplateProcessing and "
-                              "Sequence"));
+    return Unsupported(
+        where, path + ".type",
+        StrCat("post-processor '", type, "'; odmoe implements ByteLevel, TemplateProcessing and Sequence"));
   }
   auto single = p.find("single");
   if (single == p.end() || !single->is_array()) return FieldError(where, path + ".single", "expected an array");
@@ -544,13 +536,19 @@ absl::Status ParsePostProcessor(const Json& p, std::string_view where, const std
       return FieldError(where, StrCat(path, ".special_tokens"), StrCat("no ids for '", name, "'"));
     }
     for (const Json& id : (*specials)[name]["ids"]) {
-      if (!id.is_number_integer())
+      if (!id.is_number_integer()) {
         return FieldError(where, StrCat(path, ".special_tokens.", name, ".ids"), "expected integers");
+      }
       (seen_sequence ? suffix : prefix)->push_back(id.get<int32_t>());
     }
   }
   if (!seen_sequence) return FieldError(where, path + ".single", "the template has no $A sequence");
   return absl::OkStatus();
+}
+
+// A token id as tokenizer.json may hold one.
+bool IsTokenId(const Json& id) {
+  return id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() <= (1 << 30);
 }
 
 // tokenizer_config.json's bos_token / eos_token: a string, {"content": ...} (a serialized AddedToken) or null.
@@ -613,15 +611,13 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(std::string_v
   if (vocab == nullptr || vocab->empty()) return FieldError(where, "model.vocab", "missing or empty");
   int32_t max_id = -1;
   for (const auto& [token, id] : vocab->items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 30)) {
+    if (!IsTokenId(id)) {
       return FieldError(where, StrCat("model.vocab.", token), "expected an id in [0, 2^30]");
     }
     const int32_t i = id.get<int32_t>();
     impl->vocab[token] = i;
     max_id = std::max(max_id, i);
   }
-  impl->id_to_token.resize(max_id + 1);
-  for (const auto& [token, id] : impl->vocab) impl->id_to_token[id] = token;
   auto merges = model->find("merges");
   if (merges == model->end() || !merges->is_array()) return FieldError(where, "model.merges", "expected an array");
   for (size_t rank = 0; rank < merges->size(); ++rank) {
@@ -644,9 +640,9 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(std::string_v
       return FieldError(where, StrCat("model.merges[", rank, "]"),
                         StrCat("'", left, "' + '", right, "': a part or the merged token is not in the vocab"));
     }
-    const uint64_t key = (static_cast<uint64_t>(l->second) << 32) | static_cast<uint32_t>(r->second);
     // A pair listed twice takes its last rank, as the HashMap tokenizers collects the merges into does.
-    impl->merges.insert_or_assign(key, std::make_pair(static_cast<int32_t>(rank), merged->second));
+    impl->merges.insert_or_assign(PairKey(l->second, r->second),
+                                  std::make_pair(static_cast<int32_t>(rank), merged->second));
   }
   ODMOE_ASSIGN_OR_RETURN(const std::string unk, StringField(*model, "unk_token", where, "model."));
   if (!unk.empty()) {
@@ -661,8 +657,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(std::string_v
     for (size_t i = 0; i < a->size(); ++i) {
       const Json& t = (*a)[i];
       const std::string path = StrCat("added_tokens[", i, "].");
-      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() || t["id"].get<int64_t>() < 0 ||
-          t["id"].get<int64_t>() > (1 << 30)) {
+      if (!t.is_object() || !t.contains("id") || !IsTokenId(t["id"])) {
         return FieldError(where, path + "id", "expected an id in [0, 2^30]");
       }
       AddedToken token;
@@ -684,6 +679,9 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(std::string_v
     impl->added_by_first_byte[static_cast<uint8_t>(t.content[0])].push_back(&t);
   }
   impl->vocab_size = max_id + 1;
+  impl->id_bytes.resize(impl->vocab_size);
+  for (const auto& [token, id] : impl->vocab) impl->id_bytes[id] = TokenStringBytes(token);
+  for (const AddedToken& t : impl->added) impl->id_bytes[t.id] = t.special ? "" : TokenStringBytes(t.content);
 
   // The pipeline around the model.
   const auto section = [&](std::string_view key) -> const Json& {
@@ -761,7 +759,7 @@ std::string HfTokenizer::Decode(std::span<const int32_t> ids) const {
   return Utf8Lossy(bytes);
 }
 
-std::string HfTokenizer::TokenBytes(int32_t id) const { return impl_->TokenBytes(id); }
+std::string_view HfTokenizer::TokenBytes(int32_t id) const { return impl_->TokenBytes(id); }
 bool HfTokenizer::IsSpecial(int32_t id) const { return impl_->IsSpecial(id); }
 int32_t HfTokenizer::vocab_size() const { return impl_->vocab_size; }
 int32_t HfTokenizer::bos_id() const { return impl_->bos_id; }

@@ -56,13 +56,14 @@ class HfTokenizer final : public Tokenizer {
   // bytes complete. Decode(context) showed U+FFFD there; the decoder emits the whole character.
   std::unique_ptr<IncrementalDecoder> NewDecoder(std::span<const int32_t> context) const override;
 
+  std::string_view file_name() const override { return "tokenizer.json"; }
   // One past the highest id of the vocabulary and the added tokens.
   int32_t vocab_size() const override;
   int32_t bos_id() const override;  // tokenizer_config.json's bos_token, if it names a token
   int32_t eos_id() const override;  // tokenizer_config.json's eos_token, if it names a token
 
   // The bytes `id` stands for ("" for a special token or an id out of range), and whether it is special.
-  std::string TokenBytes(int32_t id) const;
+  std::string_view TokenBytes(int32_t id) const;
   bool IsSpecial(int32_t id) const;
 
   struct Impl;

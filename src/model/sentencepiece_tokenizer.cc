@@ -14,6 +14,7 @@
 #include "src/common/mapped_file.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/common/utf8.h"
 
 // The algorithms below follow SentencePiece (google/sentencepiece, src/normalizer.cc, bpe_model.cc,
 // model_interface.cc, sentencepiece_processor.cc) step by step, so that ids match it exactly: the comments name
@@ -24,8 +25,7 @@ namespace {
 
 using PieceType = spm::ModelProto::SentencePiece::Type;
 
-constexpr std::string_view kSpaceSymbol = "\xe2\x96\x81";      // U+2581, SentencePiece's whitespace marker
-constexpr std::string_view kReplacementChar = "\xef\xbf\xbd";  // U+FFFD
+constexpr std::string_view kSpaceSymbol = "\xe2\x96\x81";  // U+2581, SentencePiece's whitespace marker
 
 // ---------------------------------------------------------------------------------------------------------------
 // UTF-8, exactly as SentencePiece's string_util::DecodeUTF8 / IsValidDecodeUTF8 judge it.
@@ -94,7 +94,7 @@ void AppendBytesAsText(std::string_view bytes, std::string* out) {
   while (!bytes.empty()) {
     const size_t n = ValidCharLen(bytes);
     if (n == 0) {
-      out->append(kReplacementChar);
+      out->append(kUtf8ReplacementChar);
       bytes.remove_prefix(1);
     } else {
       out->append(bytes.substr(0, n));
@@ -221,7 +221,7 @@ struct SentencePieceTokenizer::Impl {
     const size_t matched = user_defined.Match(input, &found);
     if (found) return {input.substr(0, matched), matched};
     const size_t n = ValidCharLen(input);
-    if (n == 0) return {kReplacementChar, 1};
+    if (n == 0) return {kUtf8ReplacementChar, 1};
     return {input.substr(0, n), n};
   }
 
@@ -600,7 +600,7 @@ SentencePieceDecoder::SentencePieceDecoder(const SentencePieceTokenizer& tokeniz
     : tokenizer_(tokenizer) {
   for (const int32_t id : context) Push(id);  // output discarded: the caller has the context's text
   // Decode(context) ended the byte run there: each byte still held showed as one U+FFFD.
-  for (size_t i = 0; i < pending_bytes_.size(); ++i) context_tail_.append(kReplacementChar);
+  for (size_t i = 0; i < pending_bytes_.size(); ++i) context_tail_.append(kUtf8ReplacementChar);
 }
 
 std::string SentencePieceDecoder::SkipShown(std::string out) {
@@ -631,7 +631,7 @@ std::string SentencePieceDecoder::DrainBytes(bool final) {
     } else if (!final && CanComplete(rest)) {
       break;  // wait for the rest of the character
     } else {
-      out.append(kReplacementChar);
+      out.append(kUtf8ReplacementChar);
       rest.remove_prefix(1);
     }
   }

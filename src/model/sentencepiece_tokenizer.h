@@ -45,6 +45,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   // Ids outside [0, vocab_size()) (SentencePiece refuses them) decode like a control token: to nothing.
   std::string Decode(std::span<const int32_t> ids) const override;
 
+  std::string_view file_name() const override { return "tokenizer.model"; }
   int32_t vocab_size() const override;
   int32_t bos_id() const override;
   int32_t eos_id() const override;

@@ -9,9 +9,20 @@
 namespace odmoe {
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& dir) {
-  if (FileExists(dir + "/tokenizer.model")) return SentencePieceTokenizer::Load(dir);
-  if (FileExists(dir + "/tokenizer.json")) return HfTokenizer::Load(dir);
-  return absl::NotFoundError(StrCat(dir, ": no tokenizer (neither tokenizer.model nor tokenizer.json)"));
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer;
+  if (FileExists(dir + "/tokenizer.model")) {
+    tokenizer = SentencePieceTokenizer::Load(dir);
+  } else if (FileExists(dir + "/tokenizer.json")) {
+    tokenizer = HfTokenizer::Load(dir);
+  } else {
+    return absl::NotFoundError(StrCat(dir, ": no tokenizer (neither tokenizer.model nor tokenizer.json)"));
+  }
+  if (absl::IsUnimplemented(tokenizer.status())) {  // a way on for the operator: odmoe runs ids without one
+    return absl::UnimplementedError(StrCat(tokenizer.status().message(),
+                                           " (odmoe serves token-id prompts without a tokenizer: move the tokenizer "
+                                           "file out of the checkpoint folder for that)"));
+  }
+  return tokenizer;
 }
 
 }  // namespace odmoe

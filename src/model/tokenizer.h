@@ -35,7 +35,7 @@ class Tokenizer {
  public:
   // The tokenizer of checkpoint folder `dir`: DIR/tokenizer.model if present, else DIR/tokenizer.json (each with
   // DIR/tokenizer_config.json where the kind reads it). NotFound when the folder has neither; other errors name
-  // the file and field that is malformed or unsupported.
+  // the file and field that is malformed or unsupported (Unimplemented ones also say how to run without it).
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& dir);
 
   virtual ~Tokenizer() = default;
@@ -50,6 +50,8 @@ class Tokenizer {
   // A decoder for the ids that follow `context` (ids already in the sequence, not emitted).
   virtual std::unique_ptr<IncrementalDecoder> NewDecoder(std::span<const int32_t> context) const = 0;
 
+  // The file of the checkpoint folder it reads: "tokenizer.model" or "tokenizer.json".
+  virtual std::string_view file_name() const = 0;
   virtual int32_t vocab_size() const = 0;
   virtual int32_t bos_id() const = 0;  // -1 when the tokenizer has none
   virtual int32_t eos_id() const = 0;  // -1 when the tokenizer has none

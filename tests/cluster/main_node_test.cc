@@ -812,16 +812,22 @@ TEST(MainNodeTest, EveryRequestLogsItsFiguresWhateverItsOutcome) {
   EXPECT_EQ(log.Count("finished: "), 2) << text;
 }
 
+// A cluster file for `model` whose four workers' addresses have nothing listening: for main alone, which starts
+// without its workers being up.
+ClusterConfig ConfigWithUnreachableWorkers(const std::string& model) {
+  ClusterSpec spec;
+  spec.model = model;
+  spec.workers = 4;
+  std::vector<std::string> nowhere;
+  for (int i = 0; i < spec.workers; ++i) nowhere.push_back(StrCat("127.0.0.1:", ClosedPort()));
+  return ParseToml(ClusterToml(spec, "127.0.0.1:1", nowhere));
+}
+
 TEST(MainNodeTest, TextPromptOnMainWithoutTokenizerWithoutWorkers) {
   // RunRequest directly: validation needs no worker, and main starts without its workers being up.
   const std::string model = "olmoe-tiny";
   if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
-  ClusterSpec spec;
-  spec.model = model;
-  std::vector<std::string> nowhere;
-  for (int i = 0; i < 4; ++i) nowhere.push_back(StrCat("127.0.0.1:", ClosedPort()));
-  spec.workers = 4;
-  const ClusterConfig cluster = ParseToml(ClusterToml(spec, "127.0.0.1:1", nowhere));
+  const ClusterConfig cluster = ConfigWithUnreachableWorkers(model);
   auto main = MainNode::Create({cluster, *cluster.main(), SharedModel(model)});
   ASSERT_TRUE(main.ok()) << main.status();
   v1::GenerateRequest req;
@@ -844,12 +850,7 @@ TEST(MainNodeTest, ATokenizerMainCannotRunStopsItSayingHowToServeIdsOnly) {
   odmoe::testing::WriteFile(dir.File("tokenizer.json"),
                             R"({"pre_tokenizer": {"type": "Metaspace"}, "decoder": {"type": "Metaspace"},
                                 "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
-  ClusterSpec spec;
-  spec.model = model;
-  std::vector<std::string> nowhere;
-  for (int i = 0; i < 4; ++i) nowhere.push_back(StrCat("127.0.0.1:", ClosedPort()));
-  spec.workers = 4;
-  const ClusterConfig cluster = ParseToml(ClusterToml(spec, "127.0.0.1:1", nowhere));
+  const ClusterConfig cluster = ConfigWithUnreachableWorkers(model);
   auto main = MainNode::Create({cluster, *cluster.main(), dir.path()});
   ASSERT_FALSE(main.ok());
   EXPECT_EQ(main.status().code(), absl::StatusCode::kUnimplemented) << main.status();
