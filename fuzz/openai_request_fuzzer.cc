@@ -71,8 +71,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   CheckStopSplit(r->stop, text, text.size() / 2);
   CheckStopSplit(r->stop, text, size % (text.size() + 1));
-  const std::vector<Choice> choices = {{0, text, {1, 2}, "stop"}};
-  Check(odmoe::ParseJson(CompletionBody(endpoint, "id", 1, r->model, choices, {3, 2}), "body").ok());
+  std::vector<Choice> choices = {{0, text, {1, 2}, "stop"}};
+  Check(r->logprobs >= -1 && r->logprobs <= odmoe::kMaxTopLogprobs);
+  if (r->logprobs >= 0) {  // the text's bytes as tokens (any bytes: cut characters, invalid UTF-8)
+    choices[0].has_logprobs = true;
+    for (size_t at = 0; at < text.size(); at += 3) {
+      TokenLogprobs t{{text.substr(at, 3), -0.5f}, {}};
+      for (int32_t k = 0; k < r->logprobs; ++k) t.top.push_back({text.substr(at + k % 3, 2), -1.0f - k});
+      choices[0].logprobs.push_back(std::move(t));
+    }
+  }
+  const std::string answer = CompletionBody(endpoint, "id", 1, r->model, choices, {3, 2});
+  absl::StatusOr<odmoe::Json> parsed = odmoe::ParseJson(answer, "body");
+  Check(parsed.ok());
+  if (r->logprobs >= 0) {
+    const odmoe::Json& lp = (*parsed)["choices"][0]["logprobs"];
+    Check((endpoint == Endpoint::kCompletions ? lp["tokens"] : lp["content"]).size() == choices[0].logprobs.size());
+  }
   const std::string event =
       SseEvent(StreamChunk(endpoint, "id", 1, r->model, 0, text, {}, "", true, r->include_usage));
   Check(event.rfind("data: ", 0) == 0 && event.size() >= 8 && event.substr(event.size() - 2) == "\n\n");

@@ -28,7 +28,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: odmoe generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
     "           [--temperature T --top-k K --top-p P --seed S] [--ignore-eos] [--backend cpu|mock-gpu|cuda]\n"
-    "           [--dump-logits] [--dump-routing] [--json]\n"
+    "           [--dump-logits] [--dump-routing] [--logprobs N [--prompt-logprobs]] [--json]\n"
     "       odmoe generate --synthetic CONFIG [--layers N] [--weights-seed S] --prompt-ids 1,2,3 --max-new-tokens N\n"
     "           [the same sampling, backend and output flags]\n"
     "       odmoe generate --endpoint HOST:PORT (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
@@ -36,7 +36,10 @@ constexpr char kUsage[] =
     "           [--token-file FILE] [--tls-ca FILE [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]]\n"
     "  Greedy unless --temperature > 0. Without --json the text is printed as it is generated; with --json one\n"
     "  JSON object: prompt_ids, tokens, text, stop_reason, last_logits (--dump-logits), routing (--dump-routing),\n"
-    "  timings {ttft_ms, decode_tokens_per_s}. Models without a tokenizer need --prompt-ids.\n"
+    "  logprobs (--logprobs N: per token {id, logprob, top: the N (0..20) likeliest [{id, logprob}]}, the\n"
+    "  model's log_softmax before temperature, top-k and top-p), prompt_logprobs (--prompt-logprobs: the same\n"
+    "  for each prompt token after the first), timings {ttft_ms, decode_tokens_per_s}.\n"
+    "  Models without a tokenizer need --prompt-ids.\n"
     "  --endpoint sends the request to a cluster's main node (which has the model: no --model, no --backend);\n"
     "  the JSON then also has `stats`: per worker the experts computed and on-demand loads, bytes loaded\n"
     "  host-to-device, on-demand loads and their total ms, ttft, decode tokens/s, and the expert tensors main\n"
@@ -68,9 +71,9 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(
       Flags f, Flags::Parse(args,
                             {"model", "prompt", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
-                             "backend", "endpoint", "timeout-ms", "synthetic", "layers", "weights-seed", "request-id",
-                             "tls-ca", "tls-cert", "tls-key", "token-file", "tls-server-name"},
-                            {"ignore-eos", "dump-logits", "dump-routing", "json"}));
+                             "logprobs", "backend", "endpoint", "timeout-ms", "synthetic", "layers", "weights-seed",
+                             "request-id", "tls-ca", "tls-cert", "tls-key", "token-file", "tls-server-name"},
+                            {"ignore-eos", "dump-logits", "dump-routing", "prompt-logprobs", "json"}));
   Request r;
   if (f.Has("endpoint")) {
     r.endpoint = *f.Get("endpoint");
@@ -143,13 +146,37 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(r.options.sampling.top_p, f.Double("top-p", 1.0));
   ODMOE_ASSIGN_OR_RETURN(int64_t seed, f.Int("seed", 0));
   r.options.sampling.seed = static_cast<uint64_t>(seed);
-  ODMOE_RETURN_IF_ERROR(r.options.sampling.Validate());
+  ODMOE_ASSIGN_OR_RETURN(int64_t logprobs, f.Int("logprobs", -1));
+  if (f.Has("logprobs") && (logprobs < 0 || logprobs > kMaxTopLogprobs)) {
+    return absl::InvalidArgumentError(
+        StrCat("--logprobs: the alternatives per token must be 0..", kMaxTopLogprobs, ", got ", logprobs));
+  }
+  r.options.logprobs = static_cast<int32_t>(logprobs);
+  r.options.prompt_logprobs = f.Has("prompt-logprobs");
+  if (r.options.prompt_logprobs && !f.Has("logprobs")) {
+    return absl::InvalidArgumentError("--prompt-logprobs needs --logprobs N");
+  }
+  ODMOE_RETURN_IF_ERROR(r.options.Validate());
   r.options.ignore_eos = f.Has("ignore-eos");
   r.options.keep_last_logits = f.Has("dump-logits");
   r.options.record_routing = f.Has("dump-routing");
   r.json = f.Has("json");
   if (auto b = f.Get("backend")) r.backend = *b;
   return r;
+}
+
+// --logprobs' output: per token {id, logprob, top: [{id, logprob}]}.
+Json LogprobsJson(const std::vector<PositionLogprobs>& logprobs) {
+  auto entry = [](const TokenLogprob& t) { return Json{{"id", t.id}, {"logprob", FloatJson(t.logprob)}}; };
+  Json out = Json::array();
+  for (const PositionLogprobs& p : logprobs) {
+    Json top = Json::array();
+    for (const TokenLogprob& t : p.top) top.push_back(entry(t));
+    Json e = entry(p.token);
+    e["top"] = std::move(top);
+    out.push_back(std::move(e));
+  }
+  return out;
 }
 
 void PrintJson(const Json& out) {
@@ -174,6 +201,9 @@ absl::Status RunRemote(const Request& r) {
   req.set_ignore_eos(r.options.ignore_eos);
   req.set_dump_logits(r.options.keep_last_logits);
   req.set_dump_routing(r.options.record_routing);
+  req.set_logprobs(r.options.logprobs >= 0);
+  req.set_top_logprobs(std::max(r.options.logprobs, 0));
+  req.set_prompt_logprobs(r.options.prompt_logprobs);
 
   std::function<void(const v1::GenerateResponse&)> on_chunk;
   bool first_id = true;
@@ -202,6 +232,8 @@ absl::Status RunRemote(const Request& r) {
   out["stop_reason"] = result.stop_reason;
   if (r.options.keep_last_logits) out["last_logits"] = result.last_logits;
   if (r.options.record_routing) out["routing"] = result.routing;
+  if (r.options.logprobs >= 0) out["logprobs"] = LogprobsJson(result.logprobs);
+  if (r.options.prompt_logprobs) out["prompt_logprobs"] = LogprobsJson(result.prompt_logprobs);
   const v1::RequestStats& st = result.stats;
   out["timings"] = {{"ttft_ms", st.ttft_ms()}, {"decode_tokens_per_s", st.decode_tokens_per_s()},
                     {"total_ms", st.total_ms()}};
@@ -278,6 +310,8 @@ absl::Status Run(const std::vector<std::string>& args) {
   out["stop_reason"] = result.stop_reason;
   if (r.options.keep_last_logits) out["last_logits"] = result.last_logits;
   if (r.options.record_routing) out["routing"] = result.routing;
+  if (r.options.logprobs >= 0) out["logprobs"] = LogprobsJson(result.logprobs);
+  if (r.options.prompt_logprobs) out["prompt_logprobs"] = LogprobsJson(result.prompt_logprobs);
   out["timings"] = {{"ttft_ms", result.ttft_ms}, {"decode_tokens_per_s", result.decode_tokens_per_s},
                     {"total_ms", result.total_ms}};
   out["backend"] = r.backend;

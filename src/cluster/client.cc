@@ -4,6 +4,7 @@
 
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/rpc/logprobs_proto.h"
 #include "src/rpc/request_id.h"
 #include "src/rpc/rpc_util.h"
 
@@ -22,8 +23,13 @@ absl::StatusOr<RemoteResult> GenerateRemote(const std::string& endpoint, const v
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader = stub->Generate(&ctx, request);
   v1::GenerateResponse message;
   std::optional<v1::GenerateResponse> last;
+  std::vector<PositionLogprobs> logprobs, prompt_logprobs;
   while (reader->Read(&message)) {
     if (on_chunk) on_chunk(message);
+    for (const v1::PositionLogprobs& p : message.logprobs()) logprobs.push_back(rpc::LogprobsFromProto(p));
+    for (const v1::PositionLogprobs& p : message.prompt_logprobs()) {
+      prompt_logprobs.push_back(rpc::LogprobsFromProto(p));
+    }
     if (message.done()) last = message;
   }
   const grpc::Status status = reader->Finish();
@@ -52,6 +58,8 @@ absl::StatusOr<RemoteResult> GenerateRemote(const std::string& endpoint, const v
     for (const v1::LayerRouting& l : p.layers()) position.emplace_back(l.experts().begin(), l.experts().end());
   }
   r.stats = last->stats();
+  r.logprobs = std::move(logprobs);
+  r.prompt_logprobs = std::move(prompt_logprobs);
   return r;
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "odmoe/v1/main.grpc.pb.h"
+#include "src/engine/logprobs.h"
 
 namespace odmoe {
 
@@ -21,6 +22,10 @@ struct RemoteResult {
   std::vector<float> last_logits;  // when the request set dump_logits
   // When the request set dump_routing: [position][sparse layer][k], best first.
   std::vector<std::vector<std::vector<int32_t>>> routing;
+  // When the request set logprobs: one per generated token, gathered from the stream's messages.
+  std::vector<PositionLogprobs> logprobs;
+  // When the request set prompt_logprobs: one per prompt token after the first.
+  std::vector<PositionLogprobs> prompt_logprobs;
   v1::RequestStats stats;
   std::string request_id;  // the id main logged the request under (its x-request-id response metadata)
 };

@@ -1,5 +1,6 @@
 #include "src/common/json.h"
 
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -17,6 +18,14 @@ absl::StatusOr<Json> ParseJson(std::string_view text, std::string_view where) {
 }
 
 std::string DumpJson(const Json& value) { return value.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+Json FloatJson(float f) {
+  char text[32];
+  const std::to_chars_result written = std::to_chars(text, text + sizeof(text), f);
+  double shortest = f;
+  std::from_chars(text, written.ptr, shortest);
+  return shortest;
+}
 
 std::string_view JsonTypeName(const Json& v) {
   switch (v.type()) {

@@ -21,6 +21,10 @@ absl::StatusOr<Json> ParseJson(std::string_view text, std::string_view where);
 // Serialises compactly; invalid UTF-8 in strings is replaced by U+FFFD rather than failing.
 std::string DumpJson(const Json& value);
 
+// `f` as a JSON number that is written with the fewest digits that read back as the same float ("-0.16076528",
+// not its double's "-0.16076527535915375"): read as a float, it is `f` exactly.
+Json FloatJson(float f);
+
 // Typed, checked reads of one JSON object's fields. `where` names the file (and object) in messages, e.g.
 //   config.json: field 'hidden_size': expected an integer, got "128"
 // A field that is absent or null takes the given default; the overloads without a default require it.

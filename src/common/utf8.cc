@@ -40,6 +40,12 @@ size_t Utf8SequenceLength(std::string_view s, size_t at) {
   return unit.kind == Utf8Unit::kChar ? unit.length : 0;
 }
 
+size_t Utf8CodePoints(std::string_view s) {
+  size_t n = 0;
+  for (const char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
 std::string Utf8Lossy(std::string_view s) {
   std::string out;
   out.reserve(s.size());

@@ -27,6 +27,9 @@ Utf8Unit NextUtf8Unit(std::string_view s, size_t at);
 // practice, and what Rust's String::from_utf8_lossy (Hugging Face tokenizers' decoders) and WHATWG's TextDecoder do.
 std::string Utf8Lossy(std::string_view s);
 
+// The characters (code points) of valid UTF-8 `s`: its bytes that are not continuation bytes.
+size_t Utf8CodePoints(std::string_view s);
+
 // The length (1..4) of the well-formed UTF-8 sequence that starts at byte `at` of `s`, or 0 when the bytes
 // there are not one (a stray continuation byte, a truncated sequence, an overlong form, a surrogate, or a code
 // point above U+10FFFF). REQUIRES: at < s.size().

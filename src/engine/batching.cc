@@ -35,6 +35,7 @@ BatchRequest::BatchRequest(uint64_t tag, std::vector<int32_t> prompt, GenerateOp
 void BatchRequest::TakeToken(int32_t next, const ModelConfig& config) {
   // Generate's loop, one step of it.
   if (result_.tokens.empty()) first_token_ = Clock::now();
+  if (options_.logprobs >= 0) result_.logprobs.push_back(LogprobsOf(logits_, next, options_.logprobs));
   result_.tokens.push_back(next);
   const bool stop_on_eos = StopsOnEos(config, options_, next);
   const bool last = stop_on_eos || static_cast<int64_t>(result_.tokens.size()) == options_.max_new_tokens;
@@ -108,6 +109,8 @@ BatchRunner::Plan BatchRunner::Schedule() {
 
 absl::Status BatchRunner::Run(const Plan& plan) {
   std::vector<BatchInput> inputs;
+  std::vector<RowLogitsFn> prompt_rows;  // the prompt logprobs of each request that asks (stable: reserved)
+  prompt_rows.reserve(plan.requests.size());
   for (size_t i = 0; i < plan.requests.size(); ++i) {
     BatchRequest* r = plan.requests[i];
     const bool prompt_done =
@@ -116,10 +119,19 @@ absl::Status BatchRunner::Run(const Plan& plan) {
     std::vector<PositionRouting>* routing = r->options_.record_routing ? &r->result_.routing : nullptr;
     // The row that ends the prompt, or decodes, picks the next token (a request of no new tokens picks none).
     const bool picks = prompt_done && r->options_.max_new_tokens > 0;
-    const bool keeps_logits = plan.kind == ForwardKind::kPrefill && prompt_done && r->options_.keep_last_logits;
+    // Its logits come back for the prompt's when kept, and for each pick when logprobs are asked for.
+    const bool keeps_logits = (plan.kind == ForwardKind::kPrefill && prompt_done && r->options_.keep_last_logits) ||
+                              (picks && r->options_.logprobs >= 0);
     if (picks) r->choice_ = r->sampler_.NextChoice();
     inputs.push_back({r->sequence_.get(), plan.ids[i], routing, keeps_logits ? &r->logits_ : nullptr,
                       picks ? &r->choice_ : nullptr, picks ? &r->token_ : nullptr});
+    if (plan.kind == ForwardKind::kPrefill && r->options_.prompt_logprobs) {
+      const int64_t first = r->prefilled_;  // the chunk's first prompt row
+      prompt_rows.push_back([r, first](int64_t row, std::span<const float> logits) {
+        AppendPromptLogprobs(r->prompt_, r->options_, first + row, logits, &r->result_);
+      });
+      inputs.back().row_logits = &prompt_rows.back();
+    }
   }
   const absl::Status status = engine_.ForwardBatch(inputs, plan.kind);
   if (!status.ok()) {
@@ -140,7 +152,7 @@ std::vector<BatchRequest*> BatchRunner::Postprocess(const Plan& plan) {
     }
     if (plan.kind == ForwardKind::kPrefill) {
       if (!r->decoding()) continue;  // prompt left
-      if (r->options_.keep_last_logits) r->result_.last_logits = std::move(r->logits_);
+      if (r->options_.keep_last_logits) r->result_.last_logits = r->logits_;
       if (r->options_.max_new_tokens == 0) {
         r->Finish(absl::OkStatus());
         finished.push_back(r);

@@ -60,7 +60,7 @@ class BatchRequest {
  private:
   friend class BatchRunner;
   using Clock = std::chrono::steady_clock;
-  // Takes the token picked for its last row: applies the stop rule, calls on_token.
+  // Takes the token picked for its last row: its logprobs when asked for, the stop rule, on_token.
   void TakeToken(int32_t next, const ModelConfig& config);
   void Finish(absl::Status status);
 
@@ -73,7 +73,7 @@ class BatchRequest {
   int64_t prefilled_ = 0;
   GenerateResult result_;
   // Written by the step that runs its last row: how its next token is picked (drawn in Run), the token, and the
-  // prompt's logits when kept.
+  // logits of that row when the prompt's are kept or logprobs asked for.
   TokenChoice choice_;
   int32_t token_ = 0;
   std::vector<float> logits_;

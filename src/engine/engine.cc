@@ -330,22 +330,23 @@ absl::Status Engine::WriteKv(Sequence& seq, int64_t position, const float* k, co
 }
 
 absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
-                                                   ForwardKind kind) {
+                                                   ForwardKind kind, const RowLogitsFn* row_logits) {
   std::vector<float> logits;
-  ODMOE_RETURN_IF_ERROR(ForwardOwn(ids, routing, kind, &logits, nullptr, nullptr));
+  ODMOE_RETURN_IF_ERROR(ForwardOwn(ids, routing, kind, &logits, nullptr, nullptr, row_logits));
   return logits;
 }
 
 absl::StatusOr<int32_t> Engine::ForwardAndSelect(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
                                                  ForwardKind kind, const TokenChoice& choice,
-                                                 std::vector<float>* logits) {
+                                                 std::vector<float>* logits, const RowLogitsFn* row_logits) {
   int32_t token = 0;
-  ODMOE_RETURN_IF_ERROR(ForwardOwn(ids, routing, kind, logits, &choice, &token));
+  ODMOE_RETURN_IF_ERROR(ForwardOwn(ids, routing, kind, logits, &choice, &token, row_logits));
   return token;
 }
 
 absl::Status Engine::ForwardOwn(std::span<const int32_t> ids, std::vector<PositionRouting>* routing, ForwardKind kind,
-                                std::vector<float>* logits, const TokenChoice* choice, int32_t* token) {
+                                std::vector<float>* logits, const TokenChoice* choice, int32_t* token,
+                                const RowLogitsFn* row_logits) {
   if (own_ == nullptr) return absl::FailedPreconditionError("Forward before StartSequence");
   if (ids.empty()) return absl::InvalidArgumentError("Forward needs at least one token");
   // The whole of `ids` is checked before its first chunk runs: on error the sequence does not advance.
@@ -359,6 +360,10 @@ absl::Status Engine::ForwardOwn(std::span<const int32_t> ids, std::vector<Positi
       input.choice = choice;
       input.token = token;
     }
+    const RowLogitsFn chunk_rows = [row_logits, start](int64_t row, std::span<const float> l) {
+      (*row_logits)(static_cast<int64_t>(start) + row, l);
+    };
+    if (row_logits != nullptr) input.row_logits = &chunk_rows;
     ODMOE_RETURN_IF_ERROR(ForwardBatch(std::span<const BatchInput>(&input, 1), kind));
   }
   return absl::OkStatus();
@@ -465,7 +470,8 @@ std::optional<DecodeStepKey> Engine::GraphKey(const Chunk& chunk) const {
   DecodeStepKey key;
   key.routing = chunk.wants_routing;
   for (const BatchInput& in : chunk.inputs) {
-    if (in.logits != nullptr) return std::nullopt;  // the logits come back only on the op-by-op path
+    // The logits come back only on the op-by-op path.
+    if (in.logits != nullptr || in.row_logits != nullptr) return std::nullopt;
     key.caches.push_back(in.sequence->cache_id_);
     key.tokens.push_back(in.token != nullptr);
   }
@@ -502,6 +508,7 @@ absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKin
   }
   for (const BatchInput& in : inputs) in.sequence->position_ += static_cast<int64_t>(in.ids.size());
   CollectOutputs(chunk);
+  CollectRowLogits(chunk);
   return absl::OkStatus();
 }
 
@@ -661,9 +668,7 @@ void Engine::EnqueueOutputs(const Chunk& chunk, const float* x) {
     const int64_t last_row = chunk.first_row[i] + static_cast<int64_t>(chunk.inputs[i].ids.size()) - 1;
     d.CopyOnDevice(last_->as<float>() + j * hidden, x + last_row * hidden, F32Bytes(hidden), s);
   }
-  d.RmsNorm(last_->as<float>(), weights_.final_norm(), b, hidden, static_cast<float>(c.rms_norm_eps),
-            last_->as<float>(), s);
-  d.MatMul(last_->as<float>(), weights_.lm_head(), {}, b, hidden, vocab, logits_->as<float>(), s);
+  EnqueueLmHead(b);
   // The tokens are picked next to the logits; only the ids come back.
   if (chunk.any_token) {
     d.CopyToDevice(choices_->data(), host_choices_->data(), static_cast<size_t>(b) * sizeof(TokenChoice), s);
@@ -677,6 +682,40 @@ void Engine::EnqueueOutputs(const Chunk& chunk, const float* x) {
     for (int64_t j = 0; j < b; ++j) {
       if (chunk.inputs[chunk.wanted[static_cast<size_t>(j)]].logits == nullptr) continue;
       d.CopyToHostAsync(host_logits_->as<float>() + j * vocab, logits_->as<float>() + j * vocab, F32Bytes(vocab), s);
+    }
+  }
+}
+
+void Engine::EnqueueLmHead(int64_t rows) {
+  const ModelConfig& c = config();
+  device_.RmsNorm(last_->as<float>(), weights_.final_norm(), rows, c.hidden_size, static_cast<float>(c.rms_norm_eps),
+                  last_->as<float>(), stream_.get());
+  device_.MatMul(last_->as<float>(), weights_.lm_head(), {}, rows, c.hidden_size, c.vocab_size, logits_->as<float>(),
+                 stream_.get());
+}
+
+void Engine::CollectRowLogits(const Chunk& chunk) {
+  const ModelConfig& c = config();
+  Device& d = device_;
+  Stream* s = stream_.get();
+  const int64_t hidden = c.hidden_size;
+  const int64_t vocab = c.vocab_size;
+  const int64_t group = options_.max_sequences_per_forward;  // the rows last_ and logits_ hold
+  for (size_t i = 0; i < chunk.inputs.size(); ++i) {
+    const BatchInput& in = chunk.inputs[i];
+    if (in.row_logits == nullptr) continue;
+    const int64_t rows = static_cast<int64_t>(in.ids.size());
+    for (int64_t first = 0; first < rows; first += group) {
+      const int64_t b = std::min(group, rows - first);
+      d.CopyOnDevice(last_->as<float>(), x_->as<float>() + (chunk.first_row[i] + first) * hidden, F32Bytes(b * hidden),
+                     s);
+      EnqueueLmHead(b);
+      d.CopyToHostAsync(host_logits_->data(), logits_->data(), F32Bytes(b * vocab), s);
+      d.Synchronize(s);
+      for (int64_t j = 0; j < b; ++j) {
+        (*in.row_logits)(first + j,
+                         std::span<const float>(host_logits_->as<float>() + j * vocab, static_cast<size_t>(vocab)));
+      }
     }
   }
 }

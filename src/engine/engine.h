@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -108,6 +109,10 @@ class LocalExpertExecutor : public ExpertExecutor {
 // The expert ids chosen at one position: [sparse layer][k], best first.
 using PositionRouting = std::vector<std::vector<int32_t>>;
 
+// Receives the logits ([vocab]) of the rows of a forward input one by one, in row order (BatchInput::row_logits):
+// what each position predicts for the token after it (prompt logprobs). `row` counts from the input's first id.
+using RowLogitsFn = std::function<void(int64_t row, std::span<const float> logits)>;
+
 struct EngineOptions {
   int64_t max_tokens_per_forward = kMaxTokenRows;  // prefill is processed in chunks of at most this many tokens
   // The most sequences one ForwardBatch may carry (main: max_running); the logits of each are kept on the device.
@@ -148,6 +153,10 @@ struct BatchInput {
   // `logits` is given.
   const TokenChoice* choice = nullptr;
   int32_t* token = nullptr;
+  // Optional: called with the logits of every row of `ids`, after the chunk's outputs. Each row's are bitwise the
+  // logits it gives as the last row of an input; they go through the final norm and lm_head in groups of
+  // max_sequences_per_forward rows, with one wait on the device per group.
+  const RowLogitsFn* row_logits = nullptr;
 };
 
 // Not thread-safe: one caller at a time (several sequences may be in flight between its calls).
@@ -177,15 +186,20 @@ class Engine {
   absl::Status StartSequence(int64_t capacity);
   // Runs `ids` at the next positions and appends them to the KV cache. Returns the logits ([vocab]) of the last
   // of them. When `routing` is given, appends one PositionRouting per token. `kind` is passed to the executor
-  // (InvalidArgument for a kDecode of more than one token).
+  // (InvalidArgument for a kDecode of more than one token). `row_logits` (optional) gets the logits of every one
+  // of `ids` (BatchInput::row_logits), rows counted from ids[0].
   absl::StatusOr<std::vector<float>> Forward(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
-                                             ForwardKind kind = ForwardKind::kPrefill);
+                                             ForwardKind kind = ForwardKind::kPrefill,
+                                             const RowLogitsFn* row_logits = nullptr);
   // Forward, then the next token picked by `choice` from the logits of the last of `ids` on the device
   // (Device::SelectTokens): the host gets the id alone (a decode step's one wait, for 4 bytes), and the logits as
   // well when `logits` is given.
+  // `row_logits` (optional) gets the logits of every one of `ids` (BatchInput::row_logits), rows counted from
+  // ids[0].
   absl::StatusOr<int32_t> ForwardAndSelect(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
                                            ForwardKind kind, const TokenChoice& choice,
-                                           std::vector<float>* logits = nullptr);
+                                           std::vector<float>* logits = nullptr,
+                                           const RowLogitsFn* row_logits = nullptr);
 
   // Drops every position from `position` on (the next Forward runs at `position`): the shadow's roll back to
   // an aligned token. OutOfRange unless 0 <= position <= position().
@@ -229,7 +243,8 @@ class Engine {
   absl::Status CheckBatch(std::span<const BatchInput> inputs, ForwardKind kind) const;
   // Forward and ForwardAndSelect on the engine's own sequence: `ids` in chunks, the last one with these outputs.
   absl::Status ForwardOwn(std::span<const int32_t> ids, std::vector<PositionRouting>* routing, ForwardKind kind,
-                          std::vector<float>* logits, const TokenChoice* choice, int32_t* token);
+                          std::vector<float>* logits, const TokenChoice* choice, int32_t* token,
+                          const RowLogitsFn* row_logits = nullptr);
   // One chunk of checked inputs, worked out on the host before any of its device work: its rows (their ids and
   // positions written to host_rows_), where each input's routing goes, and which rows give
   // outputs (their sampling choices written to host_choices_).
@@ -258,8 +273,14 @@ class Engine {
   // After the chunk's layers (x: [rows, hidden] on the device): the final norm and lm_head of each output row, the
   // tokens picked, and the copies back of what the host wants.
   void EnqueueOutputs(const Chunk& chunk, const float* x);
+  // The final norm and lm_head of the first `rows` rows of last_ into logits_: the one way every output row
+  // gets its logits.
+  void EnqueueLmHead(int64_t rows);
   // The chunk's one wait, then its tokens, logits and (resident) routing into the inputs.
   void CollectOutputs(const Chunk& chunk);
+  // The logits of every row of the inputs that want them (BatchInput::row_logits), from the chunk's last hidden
+  // states (x_), through last_ and logits_ in groups of their rows. After CollectOutputs.
+  void CollectRowLogits(const Chunk& chunk);
   // Appends one layer's ids ([rows, k] host memory) to the routing of the inputs that want it.
   void AppendRouting(const Chunk& chunk, const int32_t* layer_ids);
   // Allocates the K and V caches of `seq` for `capacity` positions.

@@ -39,7 +39,7 @@ absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t>
   using Clock = std::chrono::steady_clock;
   const ModelConfig& c = engine.config();
   ODMOE_RETURN_IF_ERROR(ValidateRequest(c, prompt, options.max_new_tokens));
-  ODMOE_RETURN_IF_ERROR(options.sampling.Validate());
+  ODMOE_RETURN_IF_ERROR(options.Validate());
 
   GenerateResult result;
   Sampler sampler(options.sampling);
@@ -51,25 +51,36 @@ absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t>
   std::vector<PositionRouting>* routing = options.record_routing ? &result.routing : nullptr;
   std::vector<float>* last_logits = options.keep_last_logits ? &result.last_logits : nullptr;
   result.stop_reason = "length";
+  // The prompt's rows: the logprobs of the prompt token each one predicts.
+  const RowLogitsFn prompt_rows = [&](int64_t row, std::span<const float> logits) {
+    AppendPromptLogprobs(prompt, options, row, logits, &result);
+  };
+  const RowLogitsFn* row_logits = options.prompt_logprobs ? &prompt_rows : nullptr;
   if (options.max_new_tokens == 0) {  // the prompt alone: its KV cache, and its logits when kept
-    ODMOE_ASSIGN_OR_RETURN(std::vector<float> logits, engine.Forward(prompt, routing));
+    ODMOE_ASSIGN_OR_RETURN(std::vector<float> logits,
+                           engine.Forward(prompt, routing, ForwardKind::kPrefill, row_logits));
     if (last_logits != nullptr) *last_logits = std::move(logits);
   }
 
   auto first_token_time = start;
+  const bool wants_logprobs = options.logprobs >= 0;
+  std::vector<float> step_logits;
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     // Each token is picked on the engine's device, next to the logits, by the sampler's choice: only its id comes
-    // back to the host (and the prompt's logits, when kept).
+    // back to the host (and the logits, when the prompt's are kept or logprobs asked for).
+    std::vector<float>* logits = wants_logprobs ? &step_logits : (step == 0 ? last_logits : nullptr);
     int32_t next = 0;
     if (step == 0) {
-      ODMOE_ASSIGN_OR_RETURN(
-          next, engine.ForwardAndSelect(prompt, routing, ForwardKind::kPrefill, sampler.NextChoice(), last_logits));
+      ODMOE_ASSIGN_OR_RETURN(next, engine.ForwardAndSelect(prompt, routing, ForwardKind::kPrefill, sampler.NextChoice(),
+                                                           logits, row_logits));
+      if (last_logits != nullptr && wants_logprobs) *last_logits = step_logits;
     } else {
       const int32_t fed = result.tokens.back();
       ODMOE_ASSIGN_OR_RETURN(next, engine.ForwardAndSelect(std::span<const int32_t>(&fed, 1), routing,
-                                                           ForwardKind::kDecode, sampler.NextChoice()));
+                                                           ForwardKind::kDecode, sampler.NextChoice(), logits));
     }
     if (step == 0) first_token_time = Clock::now();
+    if (wants_logprobs) result.logprobs.push_back(LogprobsOf(step_logits, next, options.logprobs));
     result.tokens.push_back(next);
     const bool stop_on_eos = StopsOnEos(c, options, next);
     if (on_token) on_token(next, stop_on_eos || step + 1 == options.max_new_tokens);
@@ -80,6 +91,22 @@ absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t>
   }
   SetRequestTimes(start, first_token_time, Clock::now(), &result);
   return result;
+}
+
+absl::Status GenerateOptions::Validate() const {
+  ODMOE_RETURN_IF_ERROR(sampling.Validate());
+  if (logprobs < -1 || logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        StrCat("logprobs must be -1 (none) or 0..", kMaxTopLogprobs, " (top alternatives per token), got ", logprobs));
+  }
+  if (prompt_logprobs && logprobs < 0) return absl::InvalidArgumentError("prompt_logprobs needs logprobs");
+  return absl::OkStatus();
+}
+
+void AppendPromptLogprobs(std::span<const int32_t> prompt, const GenerateOptions& options, int64_t row,
+                          std::span<const float> logits, GenerateResult* result) {
+  const size_t next = static_cast<size_t>(row) + 1;
+  if (next < prompt.size()) result->prompt_logprobs.push_back(LogprobsOf(logits, prompt[next], options.logprobs));
 }
 
 bool StopsOnEos(const ModelConfig& config, const GenerateOptions& options, int32_t id) {

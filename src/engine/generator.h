@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "src/backend/device.h"
 #include "src/engine/engine.h"
+#include "src/engine/logprobs.h"
 #include "src/engine/model_weights.h"
 #include "src/engine/sampler.h"
 #include "src/model/checkpoint.h"
@@ -29,11 +30,27 @@ struct GenerateOptions {
   bool ignore_eos = false;       // keep generating past EOS (benchmarks need fixed lengths)
   bool record_routing = false;   // fill GenerateResult::routing
   bool keep_last_logits = false; // fill GenerateResult::last_logits
+  // >= 0: fill GenerateResult::logprobs with each generated token's log-probability and the `logprobs` most likely
+  // tokens of its position (src/engine/logprobs.h; at most kMaxTopLogprobs). The logits of every position that
+  // picks a token then come back to the host. -1: none.
+  int32_t logprobs = -1;
+  // With logprobs >= 0: fill GenerateResult::prompt_logprobs too, the logprobs of each prompt token after the
+  // first (what the model gives it after the tokens before it; OpenAI's `echo`). Every prompt row's logits then
+  // come back to the host.
+  bool prompt_logprobs = false;
+
+  // InvalidArgument naming the option when a value is out of range (sampling, logprobs). max_new_tokens is
+  // checked against the prompt and the model by ValidateRequest.
+  absl::Status Validate() const;
 };
 
 struct GenerateResult {
   std::vector<int32_t> tokens;        // generated ids (an EOS that stopped generation included)
   std::vector<float> last_logits;     // logits at the last prompt position
+  // One per generated token, when options.logprobs >= 0.
+  std::vector<PositionLogprobs> logprobs;
+  // One per prompt token but the first (prompt[1..]), when options.prompt_logprobs.
+  std::vector<PositionLogprobs> prompt_logprobs;
   // For every position processed (prompt, then each decode step's input token): [sparse layer][k].
   std::vector<PositionRouting> routing;
   std::string stop_reason;            // "eos" or "length"
@@ -56,6 +73,11 @@ inline int64_t LastDecodePosition(int64_t prompt_len, int64_t max_new_tokens) {
 // The stop rule Generate and continuous batching (batching.h) share: whether generated token `id` ends the
 // request as an EOS (any of the model's EOS ids, unless options.ignore_eos). The token limit is the caller's.
 bool StopsOnEos(const ModelConfig& config, const GenerateOptions& options, int32_t id);
+// Prompt logprobs (GenerateOptions::prompt_logprobs), the one rule Generate and batching share: the logits of
+// prompt row `row` give the logprobs of prompt[row + 1] (nothing for the last row, whose logits pick the first
+// generated token), appended to result->prompt_logprobs.
+void AppendPromptLogprobs(std::span<const int32_t> prompt, const GenerateOptions& options, int64_t row,
+                          std::span<const float> logits, GenerateResult* result);
 // The request's times in `result` (total_ms, ttft_ms, decode_tokens_per_s) from its start, its first token
 // (ignored without tokens) and its end.
 void SetRequestTimes(std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point first_token,

@@ -18,6 +18,7 @@
 #include "src/common/strings.h"
 #include "src/common/utf8.h"
 #include "src/engine/generator.h"
+#include "src/rpc/logprobs_proto.h"
 #include "src/rpc/metrics_server.h"
 #include "src/rpc/request_id.h"
 #include "src/rpc/security.h"
@@ -78,6 +79,7 @@ std::string NewResponseId(Endpoint endpoint) {
 struct PreparedPrompt {
   v1::GenerateRequest request;
   int64_t prompt_tokens = 0;
+  bool echo = false;  // the answer starts with the prompt (its text, and its logprobs when asked)
 };
 
 struct HttpServer::Impl {
@@ -98,10 +100,11 @@ struct HttpServer::Impl {
   absl::StatusOr<std::vector<int32_t>> IdsOf(const openai::Prompt& p, ApiError* error) const;
   absl::StatusOr<std::vector<int32_t>> ChatIds(const std::vector<openai::ChatMessage>& m, ApiError* error) const;
 
-  // Runs one prompt; `on_piece` gets each piece of text (stop strings removed) with the ids it came with, and
-  // returns false when the client has gone. The choice's text is the concatenation of the pieces, so streamed
-  // and whole answers are the same.
-  using OnPiece = std::function<bool(const std::string& text, const std::vector<int32_t>& ids)>;
+  // Runs one prompt; `on_piece` gets each piece of text (stop strings removed) with the ids it came with and
+  // their logprobs (when the request asked), and returns false when the client has gone. The choice's text is
+  // the concatenation of the pieces, so streamed and whole answers are the same.
+  using OnPiece = std::function<bool(const std::string& text, const std::vector<int32_t>& ids,
+                                     const std::vector<openai::TokenLogprobs>& logprobs)>;
   // `admitted` (nullable): the request's place in main's queue, taken before the answer was committed.
   absl::StatusOr<openai::Choice> Run(const PreparedPrompt& p, const std::vector<std::string>& stop, int64_t index,
                                      const std::string& request_id, const OnPiece& on_piece,
@@ -223,6 +226,10 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
     p.request.mutable_sampling()->set_temperature(r.temperature);
     p.request.mutable_sampling()->set_top_p(r.top_p);
     p.request.mutable_sampling()->set_seed(seed);
+    p.request.set_logprobs(r.logprobs >= 0);
+    p.request.set_top_logprobs(std::max(r.logprobs, 0));
+    p.request.set_prompt_logprobs(r.echo && r.logprobs >= 0);
+    p.echo = r.echo;
     out.push_back(std::move(p));
   }
   return out;
@@ -234,10 +241,38 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, co
                                                      bool* client_gone, Admission::Ticket* admitted) const {
   openai::Choice choice;
   choice.index = index;
+  choice.has_logprobs = p.request.logprobs();
   openai::StopMatcher matcher(stop);
   bool stop_matched = false;
+  const Tokenizer* tokenizer = node->tokenizer();
+  // A message's logprobs (or prompt_logprobs) as the API shows them, each token with its text.
+  auto shown = [tokenizer](const auto& list) {
+    std::vector<openai::TokenLogprobs> out;
+    for (const v1::PositionLogprobs& lp : list) {
+      out.push_back(openai::LogprobsWithText(rpc::LogprobsFromProto(lp), tokenizer));
+    }
+    return out;
+  };
+  bool echo_due = p.echo;
   auto emit = [&](const v1::GenerateResponse& r) {
+    if (echo_due) {  // the first message: the prompt's text, and its tokens' logprobs when asked
+      echo_due = false;
+      const std::span<const int32_t> prompt(p.request.prompt_ids().data(), p.request.prompt_ids().size());
+      const std::string text = tokenizer != nullptr ? tokenizer->Decode(prompt) : "";
+      std::vector<openai::TokenLogprobs> logprobs;
+      if (choice.has_logprobs) {
+        logprobs = shown(r.prompt_logprobs());
+        // Nothing predicts the prompt's first token.
+        openai::TokenLogprobs first = openai::LogprobsWithText(PositionLogprobs{{prompt[0], 0.0f}, {}}, tokenizer);
+        first.no_logprob = true;
+        logprobs.insert(logprobs.begin(), std::move(first));
+      }
+      choice.text += text;
+      choice.logprobs.insert(choice.logprobs.end(), logprobs.begin(), logprobs.end());
+      if (!on_piece(text, {}, logprobs)) *client_gone = true;
+    }
     const std::vector<int32_t> ids(r.tokens().begin(), r.tokens().end());
+    const std::vector<openai::TokenLogprobs> logprobs = shown(r.logprobs());
     std::string text = matcher.Push(r.text());
     if (r.done()) {
       text += matcher.Finish();
@@ -245,8 +280,9 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, co
     }
     choice.text += text;
     choice.token_ids.insert(choice.token_ids.end(), ids.begin(), ids.end());
+    choice.logprobs.insert(choice.logprobs.end(), logprobs.begin(), logprobs.end());
     // A client gone is seen by `cancelled` below (the request ends as cancelled); emit's false is a stop.
-    if (!on_piece(text, ids)) *client_gone = true;
+    if (!on_piece(text, ids, logprobs)) *client_gone = true;
     if (matcher.stopped()) stop_matched = true;
     return !stop_matched;
   };
@@ -300,7 +336,8 @@ void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Respons
     bool gone = false;
     for (size_t i = 0; i < prompts->size(); ++i) {
       absl::StatusOr<openai::Choice> c = Run((*prompts)[i], parsed->stop, static_cast<int64_t>(i), request_id,
-                                             [](const std::string&, const std::vector<int32_t>&) { return true; },
+                                             [](const std::string&, const std::vector<int32_t>&,
+                                                const std::vector<openai::TokenLogprobs>&) { return true; },
                                              [this] { return stopping.load(); }, &gone);
       if (!c.ok()) {
         spdlog::warn("http {} failed: {}", name, c.status().ToString());
@@ -339,16 +376,23 @@ bool HttpServer::Impl::Stream(const StreamJob& job, httplib::DataSink& sink) con
   logging::ScopedRequestId scope(job.request_id);
   const Endpoint endpoint = job.request.endpoint;
   const bool usage_wanted = job.request.include_usage;
+  const bool logprobs_wanted = job.request.logprobs >= 0;
+  int64_t text_offset = 0;  // of the choice streaming (completions' logprobs.text_offset)
   auto chunk = [&](int64_t index, std::string_view text, const std::vector<int32_t>& ids, std::string_view finish,
-                   bool first) {
-    const std::string event = openai::SseEvent(openai::StreamChunk(endpoint, job.id, job.created, options.model_id,
-                                                                   index, text, ids, finish, first, usage_wanted));
+                   bool first, const std::vector<openai::TokenLogprobs>& logprobs = {}) {
+    // A piece of generated tokens, or the echoed prompt's.
+    Json lp = logprobs_wanted && (!ids.empty() || !logprobs.empty())
+                  ? openai::LogprobsJson(endpoint, logprobs, &text_offset)
+                  : Json(nullptr);
+    const std::string event = openai::SseEvent(openai::StreamChunk(
+        endpoint, job.id, job.created, options.model_id, index, text, ids, finish, first, usage_wanted, std::move(lp)));
     return sink.write(event.data(), event.size());
   };
   openai::Usage usage;
   bool gone = false;
   for (size_t i = 0; i < job.prompts.size() && !gone; ++i) {
     const int64_t index = static_cast<int64_t>(i);
+    text_offset = 0;
     // Chat opens each choice with the assistant's role; every piece goes out as it comes; a last chunk with no
     // text carries the finish reason.
     if (endpoint == Endpoint::kChatCompletions && !chunk(index, "", {}, "", true)) {
@@ -357,7 +401,11 @@ bool HttpServer::Impl::Stream(const StreamJob& job, httplib::DataSink& sink) con
     }
     absl::StatusOr<openai::Choice> c = Run(
         job.prompts[i], job.request.stop, index, job.request_id,
-        [&](const std::string& text, const std::vector<int32_t>& ids) { return chunk(index, text, ids, "", false); },
+        [&](const std::string& text, const std::vector<int32_t>& ids,
+            const std::vector<openai::TokenLogprobs>& logprobs) {
+          if (text.empty() && ids.empty() && logprobs.empty()) return true;  // main's last message, with nothing
+          return chunk(index, text, ids, "", false, logprobs);
+        },
         [this, &sink] { return stopping.load() || !sink.is_writable(); }, &gone,
         i == 0 ? job.admitted.get() : nullptr);
     if (!gone && !c.ok() && (stopping.load() || !sink.is_writable())) gone = true;

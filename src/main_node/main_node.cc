@@ -14,6 +14,7 @@
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/common/utf8.h"
+#include "src/rpc/logprobs_proto.h"
 #include "src/rpc/metrics_server.h"
 #include "src/rpc/request_id.h"
 #include "src/rpc/security.h"
@@ -279,7 +280,9 @@ struct MainNode::RequestRun {
 
   // The mailbox, filled by the loop.
   absl::Mutex mu;
-  std::deque<int32_t> tokens ABSL_GUARDED_BY(mu);  // generated, not yet streamed
+  std::deque<int32_t> tokens ABSL_GUARDED_BY(mu);             // generated, not yet streamed
+  std::deque<PositionLogprobs> logprobs ABSL_GUARDED_BY(mu);  // theirs, when the request asked
+  std::vector<PositionLogprobs> prompt_logprobs ABSL_GUARDED_BY(mu);  // posted with the first token, when asked
   bool done ABSL_GUARDED_BY(mu) = false;
   absl::Status status ABSL_GUARDED_BY(mu);
 };
@@ -293,7 +296,12 @@ absl::StatusOr<GenerateOptions> MainNode::OptionsOf(const v1::GenerateRequest& r
   options.sampling.top_k = request.sampling().top_k();
   options.sampling.top_p = request.sampling().top_p() == 0 ? 1.0 : request.sampling().top_p();
   options.sampling.seed = request.sampling().seed();
-  ODMOE_RETURN_IF_ERROR(options.sampling.Validate());
+  if (!request.logprobs() && request.top_logprobs() != 0) {
+    return absl::InvalidArgumentError(StrCat("top_logprobs (", request.top_logprobs(), ") needs logprobs set"));
+  }
+  options.logprobs = request.logprobs() ? request.top_logprobs() : -1;
+  options.prompt_logprobs = request.prompt_logprobs();
+  ODMOE_RETURN_IF_ERROR(options.Validate());
   options.ignore_eos = request.ignore_eos();
   options.keep_last_logits = request.dump_logits();
   options.record_routing = request.dump_routing();
@@ -360,19 +368,28 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   bool client_gone = false;
   for (;;) {
     std::deque<int32_t> tokens;
+    std::deque<PositionLogprobs> logprobs;
+    std::vector<PositionLogprobs> prompt_logprobs;
     bool done = false;
     {
       absl::MutexLock lock(&run.mu);
       auto ready = [&run]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(run.mu) { return !run.tokens.empty() || run.done; };
       run.mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
       tokens.swap(run.tokens);
+      logprobs.swap(run.logprobs);
+      prompt_logprobs.swap(run.prompt_logprobs);
       done = run.done;
       status = run.status;
     }
-    for (const int32_t id : tokens) {
+    for (size_t k = 0; k < tokens.size(); ++k) {
       if (client_gone) break;
+      const int32_t id = tokens[k];
       v1::GenerateResponse chunk;
       chunk.add_tokens(id);
+      if (k < logprobs.size()) rpc::LogprobsToProto(logprobs[k], chunk.add_logprobs());
+      if (k == 0) {
+        for (const PositionLogprobs& p : prompt_logprobs) rpc::LogprobsToProto(p, chunk.add_prompt_logprobs());
+      }
       chunk.set_has_text(decoder != nullptr);
       if (decoder != nullptr) chunk.set_text(decoder->Push(id));
       if (!emit(chunk)) client_gone = true;
@@ -568,13 +585,16 @@ void MainNode::PredictAtRandom(const std::vector<RequestRun*>& runs, int64_t ste
 
 void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
   run.timeline->Token();
+  const GenerateResult& result = run.batch->result();                // the loop's: this thread's
+  const int64_t i = static_cast<int64_t>(result.tokens.size()) - 1;  // this token's index
   {
     absl::MutexLock lock(&run.mu);
     run.tokens.push_back(id);
+    if (run.options.logprobs >= 0) run.logprobs.push_back(result.logprobs.back());
+    if (i == 0) run.prompt_logprobs = result.prompt_logprobs;  // the first token's message carries them
   }
   // Main now decodes the position of this token (unless it was the last one): the shadow learns where main is,
   // with the alignment due at this step.
-  const int64_t i = static_cast<int64_t>(run.batch->result().tokens.size()) - 1;  // this token's index
   if (run.link == nullptr || last) return;
   const ShadowSettings& ss = cluster_.shadow_settings;
   const int64_t prompt_len = run.prompt_len();
@@ -612,6 +632,9 @@ v1::GenerateResponse MainNode::FinalResponse(RequestRun& run, const GenerateResu
   last.set_stop_reason(result.stop_reason);
   if (run.options.keep_last_logits) {
     last.mutable_last_logits()->Add(result.last_logits.begin(), result.last_logits.end());
+  }
+  if (result.tokens.empty()) {  // no token message carried them
+    for (const PositionLogprobs& p : result.prompt_logprobs) rpc::LogprobsToProto(p, last.add_prompt_logprobs());
   }
   for (const PositionRouting& position : result.routing) {
     v1::PositionRouting* p = last.add_routing();

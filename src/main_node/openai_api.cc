@@ -6,6 +6,7 @@
 
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/common/utf8.h"
 
 namespace odmoe::openai {
 namespace {
@@ -206,18 +207,11 @@ absl::Status RefuseUnsupported(const Json& body, Endpoint endpoint, ApiError* er
     if (n && *n < 1) return Fail(error, key, StrCat("'", key, "' must be >= 1, got ", *n));
     if (n && *n > 1) return unsupported(key, StrCat("= ", *n, " (one choice per prompt)"));
   }
-  if (const Json* v = Field(body, "logprobs")) {
-    const bool wants = v->is_boolean() ? v->get<bool>() : (v->is_number() ? v->get<double>() != 0 : true);
-    if (!v->is_boolean() && !v->is_number())
-      return Fail(error, "logprobs", TypeError("logprobs", "a boolean or an integer", *v));
-    if (wants) return unsupported("logprobs", StrCat("= ", v->dump()));
+  if (endpoint == Endpoint::kChatCompletions) {  // completions read it (ParseCompletionRequest)
+    bool echo = false;
+    ODMOE_RETURN_IF_ERROR(ReadBool(body, "echo", error, &echo));
+    if (echo) return unsupported("echo", "= true (a completions option)");
   }
-  std::optional<int64_t> top_logprobs;
-  ODMOE_RETURN_IF_ERROR(ReadInt(body, "top_logprobs", error, &top_logprobs));
-  if (top_logprobs && *top_logprobs > 0) return unsupported("top_logprobs", StrCat("= ", *top_logprobs));
-  bool echo = false;
-  ODMOE_RETURN_IF_ERROR(ReadBool(body, "echo", error, &echo));
-  if (echo) return unsupported("echo", "= true");
   if (const Json* v = Field(body, "suffix")) {
     if (!v->is_string()) return Fail(error, "suffix", TypeError("suffix", "a string", *v));
     if (!v->get<std::string>().empty()) return unsupported("suffix", "(insertion)");
@@ -246,8 +240,33 @@ absl::Status RefuseUnsupported(const Json& body, Endpoint endpoint, ApiError* er
       return unsupported("response_format", StrCat("of type '", type->get<std::string>(), "'"));
     }
   }
-  (void)endpoint;
   return absl::OkStatus();
+}
+
+// Completions: `logprobs`, the alternatives per token (0..kMaxTopLogprobs). Chat: `logprobs` true, with
+// `top_logprobs` alternatives (0..kMaxTopLogprobs, only with logprobs). -1 in *out when not asked for.
+absl::Status ReadLogprobs(const Json& body, Endpoint endpoint, ApiError* error, int32_t* out) {
+  auto in_range = [&](const char* key, int64_t n) -> absl::Status {
+    if (n < 0 || n > kMaxTopLogprobs) {
+      return Fail(error, key, StrCat("'", key, "' must be in [0, ", kMaxTopLogprobs, "], got ", n));
+    }
+    *out = static_cast<int32_t>(n);
+    return absl::OkStatus();
+  };
+  if (endpoint == Endpoint::kCompletions) {
+    std::optional<int64_t> n;
+    ODMOE_RETURN_IF_ERROR(ReadInt(body, "logprobs", error, &n));
+    return n ? in_range("logprobs", *n) : absl::OkStatus();
+  }
+  bool logprobs = false;
+  ODMOE_RETURN_IF_ERROR(ReadBool(body, "logprobs", error, &logprobs));
+  std::optional<int64_t> top;
+  ODMOE_RETURN_IF_ERROR(ReadInt(body, "top_logprobs", error, &top));
+  if (!logprobs) {
+    if (top && *top != 0) return Fail(error, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    return absl::OkStatus();
+  }
+  return in_range("top_logprobs", top.value_or(0));
 }
 
 }  // namespace
@@ -320,11 +339,15 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
     ODMOE_RETURN_IF_ERROR(ReadMessages(j, error, &r.messages));
   }
   ODMOE_RETURN_IF_ERROR(RefuseUnsupported(j, endpoint, error));
+  if (endpoint == Endpoint::kCompletions) ODMOE_RETURN_IF_ERROR(ReadBool(j, "echo", error, &r.echo));
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     std::optional<int64_t> n;
     ODMOE_RETURN_IF_ERROR(ReadInt(j, key, error, &n));
     if (!n) continue;
-    if (*n < 1) return Fail(error, key, StrCat("'", key, "' must be >= 1, got ", *n));
+    // Nothing to generate is an answer only when the prompt comes back (scoring a text by its logprobs).
+    if (*n < (r.echo ? 0 : 1)) {
+      return Fail(error, key, StrCat("'", key, "' must be >= ", r.echo ? "0" : "1 (0 with 'echo')", ", got ", *n));
+    }
     r.max_tokens = r.max_tokens ? std::min(*r.max_tokens, *n) : *n;
   }
   std::optional<double> temperature, top_p;
@@ -341,6 +364,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   ODMOE_RETURN_IF_ERROR(ReadStop(j, error, &r.stop));
   ODMOE_RETURN_IF_ERROR(ReadBool(j, "stream", error, &r.stream));
   ODMOE_RETURN_IF_ERROR(ReadBool(j, "ignore_eos", error, &r.ignore_eos));
+  ODMOE_RETURN_IF_ERROR(ReadLogprobs(j, endpoint, error, &r.logprobs));
   if (const Json* so = Field(j, "stream_options")) {
     if (!so->is_object()) return Fail(error, "stream_options", TypeError("stream_options", "an object", *so));
     ODMOE_RETURN_IF_ERROR(ReadBool(*so, "include_usage", error, &r.include_usage));
@@ -577,13 +601,69 @@ Json Header(Endpoint endpoint, bool chunk, const std::string& id, int64_t create
 
 }  // namespace
 
+TokenLogprobs LogprobsWithText(const PositionLogprobs& logprobs, const Tokenizer* tokenizer) {
+  auto shown = [tokenizer](const TokenLogprob& t) {
+    return LogprobToken{tokenizer != nullptr ? tokenizer->TokenText(t.id) : StrCat("token_id:", t.id), t.logprob};
+  };
+  TokenLogprobs out;
+  out.token = shown(logprobs.token);
+  out.top.reserve(logprobs.top.size());
+  for (const TokenLogprob& t : logprobs.top) out.top.push_back(shown(t));
+  return out;
+}
+
+Json LogprobsJson(Endpoint endpoint, const std::vector<TokenLogprobs>& tokens, int64_t* text_offset) {
+  if (endpoint == Endpoint::kCompletions) {
+    Json texts = Json::array(), logprobs = Json::array(), tops = Json::array(), offsets = Json::array();
+    for (const TokenLogprobs& t : tokens) {
+      std::string text = Utf8Lossy(t.token.bytes);
+      offsets.push_back(*text_offset);
+      *text_offset += static_cast<int64_t>(Utf8CodePoints(text));
+      if (t.no_logprob) {
+        texts.push_back(std::move(text));
+        logprobs.push_back(nullptr);
+        tops.push_back(nullptr);
+        continue;
+      }
+      Json top = Json::object();
+      // Two tokens of one text: the likelier's logprob.
+      for (const LogprobToken& alt : t.top) top.emplace(Utf8Lossy(alt.bytes), FloatJson(alt.logprob));
+      top.emplace(text, FloatJson(t.token.logprob));
+      texts.push_back(std::move(text));
+      logprobs.push_back(FloatJson(t.token.logprob));
+      tops.push_back(std::move(top));
+    }
+    return {{"tokens", std::move(texts)},
+            {"token_logprobs", std::move(logprobs)},
+            {"top_logprobs", std::move(tops)},
+            {"text_offset", std::move(offsets)}};
+  }
+  auto entry = [](const LogprobToken& t) {
+    Json bytes = Json::array();
+    for (const char c : t.bytes) bytes.push_back(static_cast<int>(static_cast<unsigned char>(c)));
+    return Json{{"token", Utf8Lossy(t.bytes)}, {"logprob", FloatJson(t.logprob)}, {"bytes", std::move(bytes)}};
+  };
+  Json content = Json::array();
+  for (const TokenLogprobs& t : tokens) {
+    Json e = entry(t.token);
+    Json top = Json::array();
+    for (const LogprobToken& alt : t.top) top.push_back(entry(alt));
+    e["top_logprobs"] = std::move(top);
+    content.push_back(std::move(e));
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
 std::string CompletionBody(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
                            const std::vector<Choice>& choices, const Usage& usage) {
   Json out = Header(endpoint, false, id, created, model);
   Json list = Json::array();
   for (const Choice& c : choices) {
-    Json choice = {
-        {"index", c.index}, {"finish_reason", c.finish_reason}, {"logprobs", nullptr}, {"token_ids", c.token_ids}};
+    int64_t text_offset = 0;
+    Json choice = {{"index", c.index},
+                   {"finish_reason", c.finish_reason},
+                   {"logprobs", c.has_logprobs ? LogprobsJson(endpoint, c.logprobs, &text_offset) : Json(nullptr)},
+                   {"token_ids", c.token_ids}};
     if (endpoint == Endpoint::kCompletions) {
       choice["text"] = c.text;
     } else {
@@ -600,11 +680,11 @@ std::string SseEvent(const Json& data) { return StrCat("data: ", DumpJson(data),
 
 Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, int64_t index,
                  std::string_view text, const std::vector<int32_t>& token_ids, std::string_view finish_reason,
-                 bool first, bool include_usage) {
+                 bool first, bool include_usage, Json logprobs) {
   Json out = Header(endpoint, true, id, created, model);
   Json choice = {{"index", index},
                  {"finish_reason", finish_reason.empty() ? Json(nullptr) : Json(std::string(finish_reason))},
-                 {"logprobs", nullptr},
+                 {"logprobs", std::move(logprobs)},
                  {"token_ids", token_ids}};
   if (endpoint == Endpoint::kCompletions) {
     choice["text"] = std::string(text);

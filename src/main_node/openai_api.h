@@ -7,10 +7,11 @@
 // What is accepted (POST /v1/completions and /v1/chat/completions): `model`; `prompt` as a string, a list of
 // strings, a list of token ids or a list of such lists (one choice per prompt), or `messages` for chat;
 // `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop` (a string or a list of up to
-// 16), `stream`, `stream_options.include_usage`, and vLLM's extension `ignore_eos`. Unknown fields are ignored; options
-// odmoe does not implement are refused (400, `param` naming them) only when set to a value that needs them: `n` > 1,
-// `best_of` > 1, `logprobs` (true, or > 0), `top_logprobs` > 0, `echo`, `suffix`, non-zero penalties, `logit_bias`,
-// `tools`, `functions`, a `response_format` other than text.
+// 16), `stream`, `stream_options.include_usage`, `logprobs` (completions: the alternatives per token; chat: true,
+// with `top_logprobs`), `echo` (completions), and vLLM's extension `ignore_eos`. Unknown fields are ignored;
+// options odmoe does not implement are refused (400, `param` naming them) only when set to a value that needs
+// them: `n` > 1, `best_of` > 1, chat's `echo`, `suffix`, non-zero penalties, `logit_bias`, `tools`, `functions`,
+// a `response_format` other than text.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "src/common/json.h"
+#include "src/engine/logprobs.h"
 #include "src/model/tokenizer.h"
 
 namespace odmoe::openai {
@@ -70,6 +72,12 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // odmoe's (and vLLM's) extension: generate max_tokens whatever the model says
+  // Completions: the answer starts with the prompt's text and, with logprobs, the prompt tokens' logprobs (the
+  // first one null); max_tokens may then be 0.
+  bool echo = false;
+  // Each token's logprob and this many alternatives (0..kMaxTopLogprobs); -1: no logprobs. Completions'
+  // `logprobs`; chat's `top_logprobs` when `logprobs` is true.
+  int32_t logprobs = -1;
 };
 
 // Parses and checks a request body for `endpoint`. Errors are 400 with `param` naming the field: malformed
@@ -150,12 +158,39 @@ class StopMatcher {
 
 // ---- responses ---------------------------------------------------------------------------------------------
 
+// A token as logprobs show it: its bytes (Tokenizer::TokenText, which may be part of a UTF-8 character; without a
+// tokenizer "token_id:N", as vLLM's return_tokens_as_token_ids) and its log-probability.
+struct LogprobToken {
+  std::string bytes;
+  float logprob = 0;
+};
+// A token's logprobs: the token and its position's most likely tokens, best first.
+struct TokenLogprobs {
+  LogprobToken token;
+  std::vector<LogprobToken> top;
+  bool no_logprob = false;  // the first token of an echoed prompt: nothing predicts it (null logprob and top)
+};
+// The engine's logprobs (ids) with each token's text from `tokenizer` (nullptr: "token_id:N").
+TokenLogprobs LogprobsWithText(const PositionLogprobs& logprobs, const Tokenizer* tokenizer);
+
+// A choice's `logprobs` for `tokens`, in the endpoint's shape:
+//  - completions: {tokens, token_logprobs, top_logprobs, text_offset}; each top_logprobs entry maps the
+//    alternatives' texts, and the chosen token's, to their logprobs (OpenAI's "up to logprobs + 1"); a
+//    no_logprob token has null for both;
+//    text_offset counts characters of the texts before each token, from `*text_offset`, which it advances (a
+//    stream's chunks continue it);
+//  - chat: {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}], refusal: null}.
+// Texts are shown with invalid UTF-8 as U+FFFD; chat's `bytes` are the token's own.
+Json LogprobsJson(Endpoint endpoint, const std::vector<TokenLogprobs>& tokens, int64_t* text_offset);
+
 // The answer for one prompt.
 struct Choice {
   int64_t index = 0;
   std::string text;
   std::vector<int32_t> token_ids;  // the generated ids (odmoe's addition, as vLLM's token_ids)
   std::string finish_reason;       // stop or length
+  bool has_logprobs = false;       // the request asked: `logprobs` (one per token id) is shown, else null
+  std::vector<TokenLogprobs> logprobs;
 };
 struct Usage {
   int64_t prompt_tokens = 0;
@@ -173,10 +208,11 @@ std::string CompletionBody(Endpoint endpoint, const std::string& id, int64_t cre
 inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 std::string SseEvent(const Json& data);
 // A chunk of a streamed response for choice `index`: `text` (chat: delta.content; with `first` also
-// delta.role = assistant), `finish_reason` ("" -> null). With include_usage, every chunk has "usage": null.
+// delta.role = assistant), `finish_reason` ("" -> null), `logprobs` (LogprobsJson of the chunk's tokens, or null).
+// With include_usage, every chunk has "usage": null.
 Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, int64_t index,
                  std::string_view text, const std::vector<int32_t>& token_ids, std::string_view finish_reason,
-                 bool first, bool include_usage);
+                 bool first, bool include_usage, Json logprobs = nullptr);
 // The last chunk when include_usage: no choices, the usage of every prompt.
 Json UsageChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
                 const Usage& usage);

@@ -760,6 +760,10 @@ std::string HfTokenizer::Decode(std::span<const int32_t> ids) const {
 }
 
 std::string_view HfTokenizer::TokenBytes(int32_t id) const { return impl_->TokenBytes(id); }
+std::string HfTokenizer::TokenText(int32_t id) const {
+  if (impl_->IsSpecial(id)) return impl_->added_by_id.at(id)->content;
+  return std::string(impl_->TokenBytes(id));
+}
 bool HfTokenizer::IsSpecial(int32_t id) const { return impl_->IsSpecial(id); }
 int32_t HfTokenizer::vocab_size() const { return impl_->vocab_size; }
 int32_t HfTokenizer::bos_id() const { return impl_->bos_id; }

@@ -55,6 +55,7 @@ class HfTokenizer final : public Tokenizer {
   // Exception to the IncrementalDecoder contract: a context ending in the start of a character that the pushed
   // bytes complete. Decode(context) showed U+FFFD there; the decoder emits the whole character.
   std::unique_ptr<IncrementalDecoder> NewDecoder(std::span<const int32_t> context) const override;
+  std::string TokenText(int32_t id) const override;
 
   std::string_view file_name() const override { return "tokenizer.json"; }
   // One past the highest id of the vocabulary and the added tokens.

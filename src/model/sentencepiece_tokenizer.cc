@@ -578,6 +578,13 @@ int32_t SentencePieceTokenizer::eos_id() const { return impl_->eos_id; }
 int32_t SentencePieceTokenizer::unk_id() const { return impl_->unk_id; }
 bool SentencePieceTokenizer::add_bos() const { return impl_->add_bos; }
 
+std::string SentencePieceTokenizer::TokenText(int32_t id) const {
+  if (!impl_->InRange(id)) return "";
+  if (const int byte = impl_->ByteOf(impl_->Canonical(id)); byte >= 0) return std::string(1, static_cast<char>(byte));
+  if (IsControl(id)) return impl_->pieces[id];
+  return impl_->DecodePiece(impl_->Canonical(id), /*is_bos_ws=*/false).first;
+}
+
 std::string_view SentencePieceTokenizer::IdToPiece(int32_t id) const {
   return impl_->InRange(id) ? std::string_view(impl_->pieces[id]) : std::string_view();
 }

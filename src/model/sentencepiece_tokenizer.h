@@ -50,6 +50,9 @@ class SentencePieceTokenizer final : public Tokenizer {
   int32_t bos_id() const override;
   int32_t eos_id() const override;
   std::unique_ptr<IncrementalDecoder> NewDecoder(std::span<const int32_t> context) const override;
+  // The piece with "▁" as a space (the unknown piece as its surface, " ⁇ "), a byte piece's byte, and a control
+  // piece as written ("</s>").
+  std::string TokenText(int32_t id) const override;
 
   int32_t unk_id() const;
   bool add_bos() const;

@@ -48,13 +48,13 @@ TEST_F(GenerateCliTest, ReadmeCommandPrintsTheGoldenContinuation) {
   EXPECT_EQ(r.out, full.substr(prompt_text.size()) + "\n");
 }
 
-TEST_F(GenerateCliTest, JsonCarriesTokensTextLogitsRoutingAndTimings) {
+TEST_F(GenerateCliTest, JsonCarriesTokensTextLogitsRoutingLogprobsAndTimings) {
   const std::string dir = SharedModel("tiny-mixtral-kjv");
   auto golden = odmoe::testing::LoadGolden(dir);
   ASSERT_TRUE(golden.ok()) << golden.status();
   const auto& gc = golden->cases.at(0);
   RunResult r = RunProgram({odmoe_, "generate", "--model", dir, "--prompt", gc.text, "--max-new-tokens", "8",
-                            "--dump-logits", "--dump-routing", "--json"});
+                            "--dump-logits", "--dump-routing", "--logprobs", "3", "--prompt-logprobs", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = ParseJson(r.out, "stdout");
   ASSERT_TRUE(j.ok()) << j.status();
@@ -69,6 +69,17 @@ TEST_F(GenerateCliTest, JsonCarriesTokensTextLogitsRoutingAndTimings) {
   ASSERT_EQ(routing.size(), gc.prompt_ids.size() + 7);
   EXPECT_EQ(routing[0].size(), 8u);      // 8 sparse layers
   EXPECT_EQ(routing[0][0].size(), 2u);   // top-2
+  const Json& logprobs = (*j)["logprobs"];
+  ASSERT_EQ(logprobs.size(), tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    EXPECT_EQ(logprobs[i]["id"], tokens[i]);
+    ASSERT_EQ(logprobs[i]["top"].size(), 3u);
+    EXPECT_EQ(logprobs[i]["top"][0], (Json{{"id", tokens[i]}, {"logprob", logprobs[i]["logprob"]}}));  // greedy
+    EXPECT_LE(logprobs[i]["logprob"].get<double>(), 0.0);
+  }
+  const Json& prompt_logprobs = (*j)["prompt_logprobs"];
+  ASSERT_EQ(prompt_logprobs.size(), gc.prompt_ids.size() - 1);
+  for (size_t i = 0; i < prompt_logprobs.size(); ++i) EXPECT_EQ(prompt_logprobs[i]["id"], gc.prompt_ids[i + 1]);
   EXPECT_GT((*j)["timings"]["ttft_ms"].get<double>(), 0.0);
   EXPECT_GT((*j)["timings"]["decode_tokens_per_s"].get<double>(), 0.0);
 }
@@ -109,6 +120,8 @@ TEST_F(GenerateCliTest, BadRequestsExitWithOneLineAndASpecificCode) {
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--temperature", "-1"}, kExitUsage,
        "--temperature"},
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--backend", "tpu"}, kExitUsage, "tpu"},
+      {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--logprobs", "21"}, kExitUsage, "--logprobs"},
+      {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--prompt-logprobs"}, kExitUsage, "--logprobs N"},
       {{"--model", qwen, "--prompt", "hello", "--max-new-tokens", "1"}, kExitInvalidModel, "--prompt-ids"},
       {{"--model", "/nonexistent/model", "--prompt-ids", "1", "--max-new-tokens", "1"}, kExitNotFound,
        "/nonexistent/model"},

@@ -752,6 +752,13 @@ TEST(MainNodeTest, BadRequestsFailAndMainKeepsServing) {
   v1::GenerateRequest hot = IdsRequest({1, 2}, 4);
   hot.mutable_sampling()->set_temperature(-1);
   expect_error(hot, absl::StatusCode::kInvalidArgument, "temperature");
+  v1::GenerateRequest top_alone = IdsRequest({1, 2}, 4);
+  top_alone.set_top_logprobs(2);
+  expect_error(top_alone, absl::StatusCode::kInvalidArgument, "needs logprobs");
+  v1::GenerateRequest too_many = IdsRequest({1, 2}, 4);
+  too_many.set_logprobs(true);
+  too_many.set_top_logprobs(kMaxTopLogprobs + 1);
+  expect_error(too_many, absl::StatusCode::kInvalidArgument, "logprobs must be");
 
   // Still serving, and still exact.
   const std::vector<int32_t> prompt = {5, 6, 7};
@@ -968,8 +975,9 @@ TEST(GenerateEndpointCliTest, SameJsonAsLocalPlusStats) {
   TestCluster cluster(spec);
   const absl::Status started = cluster.Start();
   ASSERT_TRUE(started.ok()) << started;
-  const std::vector<std::string> common = {"--prompt-ids", "3,14,15,92",    "--max-new-tokens", "5",
-                                           "--ignore-eos", "--dump-logits", "--dump-routing",   "--json"};
+  const std::vector<std::string> common = {
+      "--prompt-ids", "3,14,15,92", "--max-new-tokens",  "5",     "--ignore-eos", "--dump-logits", "--dump-routing",
+      "--logprobs",   "2",          "--prompt-logprobs", "--json"};
   std::vector<std::string> local_argv = {odmoe, "generate", "--model", SharedModel(model)};
   local_argv.insert(local_argv.end(), common.begin(), common.end());
   std::vector<std::string> remote_argv = {odmoe, "generate", "--endpoint", cluster.endpoint()};
@@ -981,9 +989,12 @@ TEST(GenerateEndpointCliTest, SameJsonAsLocalPlusStats) {
   auto lj = ParseJson(local.out, "local");
   auto rj = ParseJson(remote.out, "remote");
   ASSERT_TRUE(lj.ok() && rj.ok()) << local.out << remote.out;
-  for (const char* key : {"prompt_ids", "tokens", "stop_reason", "last_logits", "routing"}) {
+  for (const char* key :
+       {"prompt_ids", "tokens", "stop_reason", "last_logits", "routing", "logprobs", "prompt_logprobs"}) {
     EXPECT_EQ((*rj)[key], (*lj)[key]) << key;
   }
+  EXPECT_EQ((*rj)["logprobs"].size(), 5u);
+  EXPECT_EQ((*rj)["prompt_logprobs"].size(), 3u);
   EXPECT_TRUE((*rj)["timings"].contains("ttft_ms"));
   EXPECT_TRUE((*rj)["timings"].contains("decode_tokens_per_s"));
   const Json& st = (*rj)["stats"];

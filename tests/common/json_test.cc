@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -47,6 +48,19 @@ TEST(DumpJsonTest, CompactAndTolerantOfInvalidUtf8) {
   EXPECT_EQ(DumpJson(j), R"({"a":[1,2],"b":1})");
   Json bad = std::string("x\xffy");
   EXPECT_EQ(DumpJson(bad), "\"x\xEF\xBF\xBDy\"");  // U+FFFD replaces the bad byte
+}
+
+TEST(FloatJsonTest, ShortestDigitsThatReadBackAsTheSameFloat) {
+  EXPECT_EQ(DumpJson(FloatJson(-0.16076527535915375f)), "-0.16076528");
+  EXPECT_EQ(DumpJson(FloatJson(-9999.0f)), "-9999.0");
+  EXPECT_EQ(DumpJson(FloatJson(0.0f)), "0.0");
+  // Every float of a spread of magnitudes comes back bit for bit through the text.
+  for (float f = -1e-30f; f > -1e30f; f *= 3.7f) {
+    const float back = Json::parse(DumpJson(FloatJson(f))).get<float>();
+    EXPECT_EQ(back, f) << DumpJson(FloatJson(f));
+    const float next = std::nextafter(f, 0.0f);
+    EXPECT_EQ(Json::parse(DumpJson(FloatJson(next))).get<float>(), next);
+  }
 }
 
 TEST(JsonTypeNameTest, NamesEveryKind) {

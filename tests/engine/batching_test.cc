@@ -63,6 +63,8 @@ std::vector<Case> EightCases(bool sampled) {
     c.options.keep_last_logits = true;
     c.options.record_routing = i % 2 == 0;
     c.options.ignore_eos = i % 3 == 0;
+    c.options.logprobs = i % 4 == 1 ? 5 : (i % 4 == 3 || i == 2 ? 0 : -1);  // rows with logits back among others
+    c.options.prompt_logprobs = i == 2 || i == 3;                           // 40 and 9 tokens: several prefill chunks
     if (sampled) {
       // Each request its own options, so that one decode step picks rows of several kinds (a greedy one among
       // them) on the device, each by its own choice and draw.
@@ -126,6 +128,25 @@ void ExpectBatchEqualsSolo(const std::string& device_spec, bool sampled, int64_t
     EXPECT_EQ(batched.stop_reason, solo[i].stop_reason);
     EXPECT_EQ(batched.last_logits, solo[i].last_logits);  // bit for bit
     EXPECT_EQ(batched.routing, solo[i].routing);
+    EXPECT_EQ(batched.logprobs, solo[i].logprobs);  // bit for bit
+    EXPECT_EQ(batched.prompt_logprobs, solo[i].prompt_logprobs);
+    EXPECT_EQ(batched.prompt_logprobs.size(), cases[i].options.prompt_logprobs ? cases[i].prompt.size() - 1 : 0);
+    if (cases[i].options.logprobs >= 0) {
+      ASSERT_EQ(batched.logprobs.size(), batched.tokens.size());
+      for (size_t t = 0; t < batched.tokens.size(); ++t) {
+        const PositionLogprobs& lp = batched.logprobs[t];
+        EXPECT_EQ(lp.token.id, batched.tokens[t]);
+        ASSERT_EQ(lp.top.size(), static_cast<size_t>(cases[i].options.logprobs));
+        EXPECT_LE(lp.token.logprob, 0.0f);
+        if (lp.top.empty()) continue;
+        EXPECT_GE(lp.top[0].logprob, lp.token.logprob);
+        if (cases[i].options.sampling.temperature == 0) {
+          EXPECT_EQ(lp.top[0].id, lp.token.id);
+        }
+      }
+    } else {
+      EXPECT_TRUE(batched.logprobs.empty());
+    }
     ASSERT_EQ(streamed[i].size(), batched.tokens.size());
     for (size_t t = 0; t < streamed[i].size(); ++t) {
       EXPECT_EQ(streamed[i][t].first, batched.tokens[t]);
@@ -133,6 +154,57 @@ void ExpectBatchEqualsSolo(const std::string& device_spec, bool sampled, int64_t
     }
   }
 }
+
+// A prompt's logprobs are those of its prefixes: row i's logits are bitwise the last logits of prompt[0..i], whatever
+// the chunk the row ran in.
+void ExpectPromptLogprobsOfEachPrefix(const std::string& device_spec) {
+  if (!odmoe::testing::HaveSharedModel(kModel)) GTEST_SKIP() << "no ../shared/models/" << kModel;
+  std::unique_ptr<LocalModel> model = Open(device_spec);
+  ASSERT_NE(model, nullptr);
+  const std::vector<std::vector<int32_t>> prompts = RecallPrompts();
+  ASSERT_GE(prompts.size(), 2u);
+  std::vector<int32_t> prompt = prompts[0];
+  prompt.insert(prompt.end(), prompts[1].begin(), prompts[1].end());  // 32 tokens
+  GenerateOptions options;
+  options.max_new_tokens = 1;
+  options.logprobs = 3;
+  options.prompt_logprobs = true;
+  auto whole = Generate(model->engine(), prompt, options);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_EQ(whole->prompt_logprobs.size(), prompt.size() - 1);
+  for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+    GenerateOptions prefix;
+    prefix.max_new_tokens = 0;
+    prefix.keep_last_logits = true;
+    auto r = Generate(model->engine(), std::span<const int32_t>(prompt).first(i + 1), prefix);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(whole->prompt_logprobs[i], LogprobsOf(r->last_logits, prompt[i + 1], 3)) << "prompt token " << i + 1;
+  }
+  // Without generating: the same, and through a BatchRunner's chunks of 5 rows.
+  options.max_new_tokens = 0;
+  auto alone = Generate(model->engine(), prompt, options);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(alone->prompt_logprobs, whole->prompt_logprobs);
+  EXPECT_TRUE(alone->logprobs.empty());
+  BatchRunner runner(model->engine(), BatchOptions{.prefill_chunk_tokens = 5});
+  // A request decoding meanwhile, so that the prompt goes in chunks.
+  BatchRequest decoding(1, prompts[2], GenerateOptions{.max_new_tokens = 40, .ignore_eos = true});
+  options.max_new_tokens = 1;
+  BatchRequest scored(2, prompt, options);
+  ASSERT_TRUE(runner.Add(&decoding).ok());
+  ASSERT_TRUE(runner.Add(&scored).ok());
+  for (int step = 0; !scored.finished(); ++step) {
+    ASSERT_LT(step, 1000);
+    for (BatchRequest* done : runner.Step()) runner.Remove(done);
+  }
+  EXPECT_FALSE(decoding.finished()) << "the prompt should have gone in chunks between decode steps";
+  ASSERT_TRUE(scored.status().ok()) << scored.status();
+  EXPECT_EQ(scored.result().prompt_logprobs, whole->prompt_logprobs);
+  EXPECT_EQ(scored.result().logprobs, whole->logprobs);
+}
+
+TEST(BatchingTest, PromptLogprobsAreThoseOfEachPrefixOnCpu) { ExpectPromptLogprobsOfEachPrefix("cpu"); }
+TEST(BatchingTest, PromptLogprobsAreThoseOfEachPrefixOnTheMockGpu) { ExpectPromptLogprobsOfEachPrefix("mock-gpu"); }
 
 TEST(BatchingTest, GreedyRequestsDecodedTogetherGiveTheirSoloTokensOnCpu) { ExpectBatchEqualsSolo("cpu", false, 8); }
 TEST(BatchingTest, SampledRequestsDecodedTogetherGiveTheirSoloTokensOnCpu) { ExpectBatchEqualsSolo("cpu", true, 64); }

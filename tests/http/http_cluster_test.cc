@@ -2,9 +2,10 @@
 // two workers, the demo model), driven with curl: /health and /v1/models; completions equal to the gRPC API's
 // tokens; server-sent events framed as OpenAI's (data: {...} blank line, ending data: [DONE], the usage chunk)
 // whose text equals the non-streamed answer for the same seed; stop strings; chat through the built-in Mixtral
-// template; OpenAI error objects (400, 404); a client that closes a long stream cancels its request (the
-// disconnect counter and outcome="cancelled" on main's /metrics, served on the same address); /health turning
-// 503 when a worker dies; and a Qwen-family model with tokenizer.json chatting through its ChatML template.
+// template; logprobs, the engine's own through the cluster, streamed as whole; OpenAI error objects (400, 404); a
+// client that closes a long stream cancels its request (the disconnect counter and outcome="cancelled" on main's
+// /metrics, served on the same address); /health turning 503 when a worker dies; and a Qwen-family model with
+// tokenizer.json chatting through its ChatML template.
 #include <signal.h>
 
 #include <algorithm>
@@ -16,9 +17,11 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "src/backend/device_factory.h"
 #include "src/cluster/client.h"
 #include "src/common/json.h"
 #include "src/common/strings.h"
+#include "src/engine/generator.h"
 #include "src/main_node/openai_api.h"
 #include "src/model/tokenizer.h"
 #include "tests/test_support.h"
@@ -86,6 +89,7 @@ struct Streamed {
   std::string finish_reason;
   Json usage;
   std::vector<int32_t> token_ids;
+  Json logprobs;  // the chunks' logprobs joined: completions' four lists, chat's content (null when none)
 };
 Streamed Collect(const std::string& body, bool chat) {
   Streamed s;
@@ -101,6 +105,12 @@ Streamed Collect(const std::string& body, bool chat) {
       const Json& piece = chat ? c["delta"].value("content", Json("")) : c["text"];
       s.text += piece.get<std::string>();
       for (const Json& id : c["token_ids"]) s.token_ids.push_back(id.get<int32_t>());
+      if (c.contains("logprobs") && !c["logprobs"].is_null()) {
+        for (const auto& [key, list] : c["logprobs"].items()) {
+          if (!list.is_array()) continue;  // chat's refusal
+          for (const Json& item : list) s.logprobs[key].push_back(item);
+        }
+      }
       if (!c["finish_reason"].is_null()) s.finish_reason = c["finish_reason"];
     }
   }
@@ -178,9 +188,10 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   ASSERT_EQ(models.status, 200) << models.body;
   EXPECT_EQ(ParseOrDie(models.body)["data"][0]["id"], kModel);
 
-  // A greedy completion from token ids: the same tokens as the gRPC API's.
+  // A greedy completion from token ids: the same tokens as the gRPC API's, and the logprobs of the engine in one
+  // process, bit for bit.
   const std::vector<int32_t> prompt = {1, 415, 2043, 773, 1725, 3169};
-  Json req = {{"model", kModel}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}};
+  Json req = {{"model", kModel}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}, {"logprobs", 2}};
   const HttpResult plain = Post(base + "/v1/completions", req);
   ASSERT_EQ(plain.status, 200) << plain.body;
   const Json answer = ParseOrDie(plain.body);
@@ -194,13 +205,77 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   EXPECT_EQ(answer["usage"]["prompt_tokens"], prompt.size());
   EXPECT_EQ(answer["usage"]["completion_tokens"], grpc->tokens.size());
   EXPECT_EQ(answer["choices"][0]["finish_reason"], grpc->stop_reason == "length" ? "length" : "stop");
+  {
+    auto device = CreateDevice("cpu");
+    ASSERT_TRUE(device.ok()) << device.status();
+    auto local = LocalModel::Open(StrCat(odmoe::testing::SourceDir(), "/models/", kModel), std::move(device).value());
+    ASSERT_TRUE(local.ok()) << local.status();
+    GenerateOptions options;
+    options.max_new_tokens = 12;
+    options.logprobs = 2;
+    auto solo = Generate((*local)->engine(), prompt, options);
+    ASSERT_TRUE(solo.ok()) << solo.status();
+    const Json& lp = answer["choices"][0]["logprobs"];
+    ASSERT_EQ(lp["token_logprobs"].size(), solo->tokens.size()) << answer.dump();
+    for (size_t i = 0; i < solo->tokens.size(); ++i) {
+      EXPECT_EQ(lp["token_logprobs"][i].get<float>(), solo->logprobs[i].token.logprob) << "token " << i;
+      const Json& top = lp["top_logprobs"][i];
+      EXPECT_TRUE(top.size() == 2 || top.size() == 3) << top.dump();  // the alternatives, and the chosen token
+      EXPECT_EQ(top.at(lp["tokens"][i].get<std::string>()).get<float>(), solo->logprobs[i].token.logprob);
+      EXPECT_EQ(lp["text_offset"][i].is_number_integer(), true);
+    }
+
+    // Scoring as lm-evaluation-harness does it (echo, logprobs 1, one new token; a batch of prompts), and with no
+    // new token: the prompt's logprobs are the engine's, the first one null.
+    options.max_new_tokens = 1;
+    options.logprobs = 1;
+    options.prompt_logprobs = true;
+    auto scored = Generate((*local)->engine(), prompt, options);
+    ASSERT_TRUE(scored.ok()) << scored.status();
+    const std::vector<int32_t> other = {1, 415, 2043};
+    auto tokenizer = Tokenizer::Load(StrCat(odmoe::testing::SourceDir(), "/models/", kModel));
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    const std::string prompt_text = (*tokenizer)->Decode(prompt);
+    ASSERT_FALSE(prompt_text.empty());
+    for (const int max_tokens : {1, 0}) {
+      SCOPED_TRACE(StrCat("max_tokens ", max_tokens));
+      const HttpResult echo = Post(base + "/v1/completions", {{"model", kModel},
+                                                              {"prompt", {prompt, other}},
+                                                              {"max_tokens", max_tokens},
+                                                              {"temperature", 0},
+                                                              {"logprobs", 1},
+                                                              {"echo", true}});
+      ASSERT_EQ(echo.status, 200) << echo.body;
+      const Json echoed = ParseOrDie(echo.body);
+      ASSERT_EQ(echoed["choices"].size(), 2u);
+      const Json& e = echoed["choices"][0]["logprobs"];
+      ASSERT_EQ(e["token_logprobs"].size(), prompt.size() + max_tokens) << echo.body;
+      EXPECT_TRUE(e["token_logprobs"][0].is_null());
+      EXPECT_TRUE(e["top_logprobs"][0].is_null());
+      for (size_t i = 1; i < prompt.size(); ++i) {
+        EXPECT_EQ(e["token_logprobs"][i].get<float>(), scored->prompt_logprobs[i - 1].token.logprob) << i;
+      }
+      if (max_tokens == 1) {
+        EXPECT_EQ(e["token_logprobs"][prompt.size()].get<float>(), scored->logprobs[0].token.logprob);
+      }
+      // The text starts with the prompt's.
+      const std::string text = echoed["choices"][0]["text"];
+      EXPECT_EQ(text.rfind(prompt_text, 0), 0u) << text;
+      if (max_tokens == 0) {
+        EXPECT_EQ(text, prompt_text);
+      }
+      EXPECT_EQ(echoed["choices"][1]["logprobs"]["tokens"].size(), other.size() + max_tokens);
+      EXPECT_EQ(echoed["usage"]["completion_tokens"], 2 * max_tokens);
+    }
+  }
 
   // Sampled, streamed with usage: the same text as the whole answer for the same seed, in OpenAI's framing.
   Json sampled = {{"model", kModel}, {"prompt", "And God said"}, {"max_tokens", 24}, {"temperature", 0.9},
-                  {"seed", 11},      {"ignore_eos", true}};
+                  {"seed", 11},      {"ignore_eos", true},       {"logprobs", 3}};
   const HttpResult whole = Post(base + "/v1/completions", sampled);
   ASSERT_EQ(whole.status, 200) << whole.body;
   const Json whole_json = ParseOrDie(whole.body);
+  EXPECT_EQ(whole_json["choices"][0]["logprobs"]["tokens"].size(), 24u);
   sampled["stream"] = true;
   sampled["stream_options"] = {{"include_usage", true}};
   const HttpResult stream = Post(base + "/v1/completions", sampled);
@@ -211,6 +286,7 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   EXPECT_EQ(streamed.finish_reason, "length");
   EXPECT_EQ(streamed.usage["completion_tokens"], 24);
   EXPECT_EQ(streamed.usage, whole_json["usage"]);
+  EXPECT_EQ(streamed.logprobs, whole_json["choices"][0]["logprobs"]);
   EXPECT_GT(streamed.text.size(), 10u);
 
   // A stop string inside that text: the answer ends before it, finish_reason stop.
@@ -229,16 +305,28 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   Json chat = {{"model", kModel},
                {"messages", {{{"role", "user"}, {"content", "Who made the heaven?"}}}},
                {"max_completion_tokens", 10},
-               {"temperature", 0}};
+               {"temperature", 0},
+               {"logprobs", true},
+               {"top_logprobs", 2}};
   const HttpResult chat_whole = Post(base + "/v1/chat/completions", chat);
   ASSERT_EQ(chat_whole.status, 200) << chat_whole.body;
   const Json chat_json = ParseOrDie(chat_whole.body);
   EXPECT_EQ(chat_json["object"], "chat.completion");
   EXPECT_EQ(chat_json["choices"][0]["message"]["role"], "assistant");
+  const Json& chat_lp = chat_json["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(chat_lp.size(), chat_json["choices"][0]["token_ids"].size()) << chat_json.dump();
+  for (const Json& t : chat_lp) {
+    ASSERT_EQ(t["top_logprobs"].size(), 2u) << t.dump();
+    EXPECT_EQ(t["top_logprobs"][0]["token"], t["token"]) << "greedy picks the likeliest";
+    EXPECT_EQ(t["top_logprobs"][0]["logprob"], t["logprob"]);
+    EXPECT_GE(t["logprob"].get<double>(), t["top_logprobs"][1]["logprob"].get<double>());
+  }
   chat["stream"] = true;
   const HttpResult chat_stream = Post(base + "/v1/chat/completions", chat);
   ASSERT_EQ(chat_stream.status, 200);
-  EXPECT_EQ(Collect(chat_stream.body, true).text, chat_json["choices"][0]["message"]["content"]);
+  const Streamed chat_streamed = Collect(chat_stream.body, true);
+  EXPECT_EQ(chat_streamed.text, chat_json["choices"][0]["message"]["content"]);
+  EXPECT_EQ(chat_streamed.logprobs["content"], chat_lp);
 
   // Errors in OpenAI's error object.
   const HttpResult unknown = Post(base + "/v1/completions", {{"model", "gpt-4"}, {"prompt", "x"}});

@@ -78,6 +78,35 @@ TEST(OpenAiParse, DefaultsAndOptions) {
   EXPECT_EQ(both->stop, (std::vector<std::string>{"x"}));
 }
 
+TEST(OpenAiParse, Logprobs) {
+  EXPECT_EQ(Parse(R"({"model":"m","prompt":"x"})")->logprobs, -1);
+  EXPECT_EQ(Parse(R"({"model":"m","prompt":"x","logprobs":0})")->logprobs, 0);
+  EXPECT_EQ(Parse(R"({"model":"m","prompt":"x","logprobs":20,"top_logprobs":3})")->logprobs, 20);
+  const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"x"}])";
+  EXPECT_EQ(Parse(chat + "}", Endpoint::kChatCompletions)->logprobs, -1);
+  EXPECT_EQ(Parse(chat + R"(,"logprobs":false,"top_logprobs":0})", Endpoint::kChatCompletions)->logprobs, -1);
+  EXPECT_EQ(Parse(chat + R"(,"logprobs":true})", Endpoint::kChatCompletions)->logprobs, 0);
+  EXPECT_EQ(Parse(chat + R"(,"logprobs":true,"top_logprobs":4})", Endpoint::kChatCompletions)->logprobs, 4);
+}
+
+TEST(OpenAiParse, EchoIsACompletionsOptionThatAllowsNoNewTokens) {
+  auto r = Parse(R"({"model":"m","prompt":[1,2,3],"echo":true,"logprobs":1,"max_tokens":0})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->echo);
+  EXPECT_EQ(*r->max_tokens, 0);
+  EXPECT_FALSE(Parse(R"({"model":"m","prompt":"x"})")->echo);
+  ApiError error;
+  EXPECT_FALSE(Parse(R"({"model":"m","prompt":"x","max_tokens":0})", Endpoint::kCompletions, &error).ok());
+  EXPECT_EQ(error.param, "max_tokens");
+  EXPECT_NE(error.message.find("0 with 'echo'"), std::string::npos) << error.message;
+  EXPECT_FALSE(Parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"echo":true})",
+                     Endpoint::kChatCompletions, &error)
+                   .ok());
+  EXPECT_EQ(error.param, "echo");
+  EXPECT_FALSE(Parse(R"({"model":"m","prompt":"x","echo":1})", Endpoint::kCompletions, &error).ok());
+  EXPECT_EQ(error.param, "echo");
+}
+
 TEST(OpenAiParse, ChatMessages) {
   auto r = Parse(R"({"model":"m","messages":[{"role":"developer","content":"be brief"},
                      {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
@@ -121,13 +150,18 @@ TEST(OpenAiParse, ErrorsNameTheField) {
        "stream_options", "only allowed with 'stream': true"},
       {R"({"model":"m","prompt":"x","n":2})", Endpoint::kCompletions, "n", "not supported"},
       {R"({"model":"m","prompt":"x","best_of":3})", Endpoint::kCompletions, "best_of", "not supported"},
-      {R"({"model":"m","prompt":"x","logprobs":2})", Endpoint::kCompletions, "logprobs", "not supported"},
-      {R"({"model":"m","prompt":"x","echo":true})", Endpoint::kCompletions, "echo", "not supported"},
+      {R"({"model":"m","prompt":"x","logprobs":21})", Endpoint::kCompletions, "logprobs", "[0, 20], got 21"},
+      {R"({"model":"m","prompt":"x","logprobs":-1})", Endpoint::kCompletions, "logprobs", "[0, 20]"},
+      {R"({"model":"m","prompt":"x","logprobs":true})", Endpoint::kCompletions, "logprobs", "an integer"},
       {R"({"model":"m","prompt":"x","frequency_penalty":0.5})", Endpoint::kCompletions, "frequency_penalty",
        "not supported"},
       {R"({"model":"m","prompt":"x","logit_bias":{"1":5}})", Endpoint::kCompletions, "logit_bias", "not supported"},
-      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true})", Endpoint::kChatCompletions,
-       "logprobs", "not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":3})", Endpoint::kChatCompletions,
+       "logprobs", "a boolean"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2})", Endpoint::kChatCompletions,
+       "top_logprobs", "needs 'logprobs': true"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":30})",
+       Endpoint::kChatCompletions, "top_logprobs", "[0, 20], got 30"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})",
        Endpoint::kChatCompletions, "tools", "not supported"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
@@ -394,6 +428,62 @@ TEST(OpenAiFormat, ResponsesAndChunks) {
   EXPECT_EQ(FinishReasonOf("length"), "length");
   const Json models = Json::parse(ModelsBody("tiny-mixtral-kjv", 0));
   EXPECT_EQ(models["data"][0]["id"], "tiny-mixtral-kjv");
+  EXPECT_TRUE(c["choices"][0]["logprobs"].is_null());
+}
+
+// "é" split over two byte-level tokens, then a whole word: the shapes of both endpoints.
+std::vector<TokenLogprobs> SplitCharacterLogprobs() {
+  return {{{"\xc3", -0.5f}, {{"\xc3", -0.5f}, {"x", -1.5f}}},
+          {{"\xa9", -0.25f}, {{"\xa9", -0.25f}, {"y", -2.0f}}},
+          {{" word", -3.0f}, {{" the", -1.0f}, {" a", -2.0f}}}};
+}
+
+TEST(OpenAiFormat, CompletionLogprobs) {
+  int64_t offset = 0;
+  const Json lp = LogprobsJson(Endpoint::kCompletions, SplitCharacterLogprobs(), &offset);
+  EXPECT_EQ(lp["tokens"], Json::array({"\xef\xbf\xbd", "\xef\xbf\xbd", " word"}));  // invalid UTF-8 as U+FFFD
+  EXPECT_EQ(lp["token_logprobs"], Json::array({-0.5, -0.25, -3.0}));
+  EXPECT_EQ(lp["text_offset"], Json::array({0, 1, 2}));  // characters
+  EXPECT_EQ(offset, 7);
+  // The alternatives and the chosen token, which may be outside them.
+  EXPECT_EQ(lp["top_logprobs"][2], (Json{{" the", -1.0}, {" a", -2.0}, {" word", -3.0}}));
+  EXPECT_EQ(lp["top_logprobs"][0], (Json{{"\xef\xbf\xbd", -0.5}, {"x", -1.5}}));
+
+  Choice with{0, "é word", {1, 2, 3}, "length", true, SplitCharacterLogprobs()};
+  const Json body = Json::parse(CompletionBody(Endpoint::kCompletions, "c", 1, "m", {with}, {1, 3}));
+  EXPECT_EQ(body["choices"][0]["logprobs"], lp);
+  // A stream's chunks continue the offsets.
+  const Json chunk = StreamChunk(Endpoint::kCompletions, "c", 1, "m", 0, " word", {3}, "", false, false,
+                                 LogprobsJson(Endpoint::kCompletions, {SplitCharacterLogprobs()[2]}, &offset));
+  EXPECT_EQ(chunk["choices"][0]["logprobs"]["text_offset"], Json::array({7}));
+
+  // An echoed prompt's first token: nothing predicts it.
+  std::vector<TokenLogprobs> echoed = SplitCharacterLogprobs();
+  echoed[0].no_logprob = true;
+  offset = 0;
+  const Json with_prompt = LogprobsJson(Endpoint::kCompletions, echoed, &offset);
+  EXPECT_EQ(with_prompt["tokens"][0], "\xef\xbf\xbd");
+  EXPECT_TRUE(with_prompt["token_logprobs"][0].is_null());
+  EXPECT_TRUE(with_prompt["top_logprobs"][0].is_null());
+  EXPECT_EQ(with_prompt["token_logprobs"][1], -0.25);
+  EXPECT_EQ(with_prompt["text_offset"], Json::array({0, 1, 2}));
+}
+
+TEST(OpenAiFormat, ChatLogprobsCarryEachTokensBytes) {
+  int64_t offset = 0;
+  const Json lp = LogprobsJson(Endpoint::kChatCompletions, SplitCharacterLogprobs(), &offset);
+  EXPECT_TRUE(lp["refusal"].is_null());
+  ASSERT_EQ(lp["content"].size(), 3u);
+  const Json& first = lp["content"][0];
+  EXPECT_EQ(first["token"], "\xef\xbf\xbd");
+  EXPECT_EQ(first["bytes"], Json::array({0xc3}));
+  EXPECT_EQ(first["logprob"], -0.5);
+  ASSERT_EQ(first["top_logprobs"].size(), 2u);
+  EXPECT_EQ(first["top_logprobs"][1], (Json{{"token", "x"}, {"logprob", -1.5}, {"bytes", Json::array({120})}}));
+  EXPECT_EQ(lp["content"][2]["bytes"], Json::array({32, 119, 111, 114, 100}));
+  Choice with{0, "é word", {1, 2, 3}, "stop", true, SplitCharacterLogprobs()};
+  const Json body = Json::parse(CompletionBody(Endpoint::kChatCompletions, "c", 1, "m", {with}, {1, 3}));
+  EXPECT_EQ(body["choices"][0]["logprobs"], lp);
 }
 
 }  // namespace

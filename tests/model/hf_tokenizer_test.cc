@@ -211,6 +211,14 @@ TEST(HfTokenizerTest, AddedTokensAreMatchedInTheText) {
   EXPECT_EQ(t->Decode(std::vector<int32_t>{s.MergedId("ab"), 300, 301, 302}), "ab<|x|>y[L]");
   EXPECT_TRUE(t->IsSpecial(300));
   EXPECT_FALSE(t->IsSpecial(301));
+  // One token on its own (logprobs): its bytes, a special token's content too, nothing out of range.
+  EXPECT_EQ(t->TokenText(300), "<|x|>");
+  EXPECT_EQ(t->TokenText(301), "<|x|>y");
+  EXPECT_EQ(t->TokenText(s.MergedId("ab")), "ab");
+  EXPECT_EQ(t->TokenText(0xe2), "\xe2");  // part of a character
+  EXPECT_EQ(t->TokenText(' '), " ");
+  EXPECT_EQ(t->TokenText(-1), "");
+  EXPECT_EQ(t->TokenText(305), "");
 }
 
 TEST(HfTokenizerTest, BosAndEosFromTheConfigAndTemplateTokensAroundThePrompt) {

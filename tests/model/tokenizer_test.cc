@@ -718,6 +718,17 @@ TEST_F(TokenizerDecodeTest, LeadingSpaceOfTheFirstVisiblePieceIsDropped) {
   EXPECT_EQ(D({-1, sp_a_, tok_->vocab_size()}), "a");  // ids outside the vocabulary decode to nothing
 }
 
+TEST_F(TokenizerDecodeTest, TokenTextIsOnePieceWhereverItStands) {
+  EXPECT_EQ(tok_->TokenText(sp_a_), " a");  // the leading space stays
+  EXPECT_EQ(tok_->TokenText(sp_sp_), "  ");
+  EXPECT_EQ(tok_->TokenText(a_), "a");
+  EXPECT_EQ(tok_->TokenText(B(0xE2)), "\xE2");        // a byte piece: its byte
+  EXPECT_EQ(tok_->TokenText(1), tok_->IdToPiece(1));  // a control piece as written
+  EXPECT_EQ(tok_->TokenText(0), " \xE2\x81\x87 ");    // <unk>: its surface
+  EXPECT_EQ(tok_->TokenText(-1), "");
+  EXPECT_EQ(tok_->TokenText(tok_->vocab_size()), "");
+}
+
 TEST(TokenizerDecodeOptionsTest, LeadingSpaceRulesFollowTheNormalizer) {
   {
     ModelBuilder b = SpaceModel();

@@ -144,6 +144,25 @@ describe(`the OpenAI SDK against a cluster serving ${MODEL}`, { skip: haveModel 
     assert.equal(text, whole.choices[0].message.content);
   });
 
+  test("chat logprobs: the SDK's stream helper assembles the streamed ones into the whole answer's", async () => {
+    const params = {
+      model: MODEL, messages: [{ role: 'user', content: 'Who made light?' }], max_tokens: 8, temperature: 0,
+      logprobs: true, top_logprobs: 3,
+    };
+    const whole = await client.chat.completions.create(params);
+    const content = whole.choices[0].logprobs.content;
+    assert.equal(content.length, whole.usage.completion_tokens);
+    for (const t of content) {
+      assert.equal(typeof t.token, 'string');
+      assert.ok(t.logprob <= 0, String(t.logprob));
+      assert.ok(Array.isArray(t.bytes));
+      assert.equal(t.top_logprobs.length, 3);
+      assert.equal(t.top_logprobs[0].logprob, t.logprob, 'greedy picks the likeliest');
+    }
+    const streamed = await client.beta.chat.completions.stream(params).finalChatCompletion();
+    assert.deepEqual(streamed.choices[0].logprobs.content, content);
+  });
+
   test('a bad parameter is a BadRequestError', async () => {
     await assert.rejects(client.completions.create({ model: MODEL, prompt: 'x', n: 2 }), (err) => {
       assert.ok(err instanceof OpenAI.BadRequestError, String(err));
