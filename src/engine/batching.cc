@@ -152,7 +152,10 @@ std::vector<BatchRequest*> BatchRunner::Postprocess(const Plan& plan) {
     }
     if (plan.kind == ForwardKind::kPrefill) {
       if (!r->decoding()) continue;  // prompt left
-      if (r->options_.keep_last_logits) r->result_.last_logits = r->logits_;
+      if (r->options_.keep_last_logits) {
+        // TakeToken reads them too for the first token's logprobs.
+        r->result_.last_logits = r->options_.logprobs >= 0 ? r->logits_ : std::move(r->logits_);
+      }
       if (r->options_.max_new_tokens == 0) {
         r->Finish(absl::OkStatus());
         finished.push_back(r);

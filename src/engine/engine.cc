@@ -360,10 +360,13 @@ absl::Status Engine::ForwardOwn(std::span<const int32_t> ids, std::vector<Positi
       input.choice = choice;
       input.token = token;
     }
-    const RowLogitsFn chunk_rows = [row_logits, start](int64_t row, std::span<const float> l) {
-      (*row_logits)(static_cast<int64_t>(start) + row, l);
-    };
-    if (row_logits != nullptr) input.row_logits = &chunk_rows;
+    RowLogitsFn chunk_rows;  // row_logits with the rows counted from ids[0]
+    if (row_logits != nullptr) {
+      chunk_rows = [row_logits, start](int64_t row, std::span<const float> l) {
+        (*row_logits)(static_cast<int64_t>(start) + row, l);
+      };
+      input.row_logits = &chunk_rows;
+    }
     ODMOE_RETURN_IF_ERROR(ForwardBatch(std::span<const BatchInput>(&input, 1), kind));
   }
   return absl::OkStatus();

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <deque>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -280,9 +281,13 @@ struct MainNode::RequestRun {
 
   // The mailbox, filled by the loop.
   absl::Mutex mu;
-  std::deque<int32_t> tokens ABSL_GUARDED_BY(mu);             // generated, not yet streamed
-  std::deque<PositionLogprobs> logprobs ABSL_GUARDED_BY(mu);  // theirs, when the request asked
-  std::vector<PositionLogprobs> prompt_logprobs ABSL_GUARDED_BY(mu);  // posted with the first token, when asked
+  // A generated token with what its message carries besides the id, when the request asked.
+  struct PostedToken {
+    int32_t id = 0;
+    std::optional<PositionLogprobs> logprobs;
+    std::vector<PositionLogprobs> prompt_logprobs;  // the first token's: the prompt's
+  };
+  std::deque<PostedToken> tokens ABSL_GUARDED_BY(mu);  // generated, not yet streamed
   bool done ABSL_GUARDED_BY(mu) = false;
   absl::Status status ABSL_GUARDED_BY(mu);
 };
@@ -367,31 +372,24 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   absl::Status status;
   bool client_gone = false;
   for (;;) {
-    std::deque<int32_t> tokens;
-    std::deque<PositionLogprobs> logprobs;
-    std::vector<PositionLogprobs> prompt_logprobs;
+    std::deque<RequestRun::PostedToken> tokens;
     bool done = false;
     {
       absl::MutexLock lock(&run.mu);
       auto ready = [&run]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(run.mu) { return !run.tokens.empty() || run.done; };
       run.mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
       tokens.swap(run.tokens);
-      logprobs.swap(run.logprobs);
-      prompt_logprobs.swap(run.prompt_logprobs);
       done = run.done;
       status = run.status;
     }
-    for (size_t k = 0; k < tokens.size(); ++k) {
+    for (const RequestRun::PostedToken& token : tokens) {
       if (client_gone) break;
-      const int32_t id = tokens[k];
       v1::GenerateResponse chunk;
-      chunk.add_tokens(id);
-      if (k < logprobs.size()) rpc::LogprobsToProto(logprobs[k], chunk.add_logprobs());
-      if (k == 0) {
-        for (const PositionLogprobs& p : prompt_logprobs) rpc::LogprobsToProto(p, chunk.add_prompt_logprobs());
-      }
+      chunk.add_tokens(token.id);
+      if (token.logprobs) rpc::LogprobsToProto(*token.logprobs, chunk.add_logprobs());
+      for (const PositionLogprobs& p : token.prompt_logprobs) rpc::LogprobsToProto(p, chunk.add_prompt_logprobs());
       chunk.set_has_text(decoder != nullptr);
-      if (decoder != nullptr) chunk.set_text(decoder->Push(id));
+      if (decoder != nullptr) chunk.set_text(decoder->Push(token.id));
       if (!emit(chunk)) client_gone = true;
     }
     if (done) break;
@@ -589,9 +587,10 @@ void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
   const int64_t i = static_cast<int64_t>(result.tokens.size()) - 1;  // this token's index
   {
     absl::MutexLock lock(&run.mu);
-    run.tokens.push_back(id);
-    if (run.options.logprobs >= 0) run.logprobs.push_back(result.logprobs.back());
-    if (i == 0) run.prompt_logprobs = result.prompt_logprobs;  // the first token's message carries them
+    RequestRun::PostedToken& posted = run.tokens.emplace_back();
+    posted.id = id;
+    if (run.options.logprobs >= 0) posted.logprobs = result.logprobs.back();
+    if (i == 0) posted.prompt_logprobs = result.prompt_logprobs;  // the first token's message carries them
   }
   // Main now decodes the position of this token (unless it was the last one): the shadow learns where main is,
   // with the alignment due at this step.

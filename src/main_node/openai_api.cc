@@ -197,7 +197,7 @@ absl::Status ReadStop(const Json& body, ApiError* error, std::vector<std::string
 }
 
 // Options odmoe does not implement: refused only when set to a value that needs them.
-absl::Status RefuseUnsupported(const Json& body, Endpoint endpoint, ApiError* error) {
+absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
   auto unsupported = [&](const char* key, const std::string& why) {
     return Fail(error, key, StrCat("'", key, "' ", why, " is not supported"));
   };
@@ -206,11 +206,6 @@ absl::Status RefuseUnsupported(const Json& body, Endpoint endpoint, ApiError* er
     ODMOE_RETURN_IF_ERROR(ReadInt(body, key, error, &n));
     if (n && *n < 1) return Fail(error, key, StrCat("'", key, "' must be >= 1, got ", *n));
     if (n && *n > 1) return unsupported(key, StrCat("= ", *n, " (one choice per prompt)"));
-  }
-  if (endpoint == Endpoint::kChatCompletions) {  // completions read it (ParseCompletionRequest)
-    bool echo = false;
-    ODMOE_RETURN_IF_ERROR(ReadBool(body, "echo", error, &echo));
-    if (echo) return unsupported("echo", "= true (a completions option)");
   }
   if (const Json* v = Field(body, "suffix")) {
     if (!v->is_string()) return Fail(error, "suffix", TypeError("suffix", "a string", *v));
@@ -338,8 +333,11 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   } else {
     ODMOE_RETURN_IF_ERROR(ReadMessages(j, error, &r.messages));
   }
-  ODMOE_RETURN_IF_ERROR(RefuseUnsupported(j, endpoint, error));
-  if (endpoint == Endpoint::kCompletions) ODMOE_RETURN_IF_ERROR(ReadBool(j, "echo", error, &r.echo));
+  ODMOE_RETURN_IF_ERROR(RefuseUnsupported(j, error));
+  ODMOE_RETURN_IF_ERROR(ReadBool(j, "echo", error, &r.echo));
+  if (r.echo && endpoint == Endpoint::kChatCompletions) {
+    return Fail(error, "echo", "'echo' = true (a completions option) is not supported");
+  }
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     std::optional<int64_t> n;
     ODMOE_RETURN_IF_ERROR(ReadInt(j, key, error, &n));
@@ -620,18 +618,17 @@ Json LogprobsJson(Endpoint endpoint, const std::vector<TokenLogprobs>& tokens, i
       offsets.push_back(*text_offset);
       *text_offset += static_cast<int64_t>(Utf8CodePoints(text));
       if (t.no_logprob) {
-        texts.push_back(std::move(text));
         logprobs.push_back(nullptr);
         tops.push_back(nullptr);
-        continue;
+      } else {
+        Json top = Json::object();
+        // Two tokens of one text: the likelier's logprob.
+        for (const LogprobToken& alt : t.top) top.emplace(Utf8Lossy(alt.bytes), FloatJson(alt.logprob));
+        top.emplace(text, FloatJson(t.token.logprob));
+        logprobs.push_back(FloatJson(t.token.logprob));
+        tops.push_back(std::move(top));
       }
-      Json top = Json::object();
-      // Two tokens of one text: the likelier's logprob.
-      for (const LogprobToken& alt : t.top) top.emplace(Utf8Lossy(alt.bytes), FloatJson(alt.logprob));
-      top.emplace(text, FloatJson(t.token.logprob));
       texts.push_back(std::move(text));
-      logprobs.push_back(FloatJson(t.token.logprob));
-      tops.push_back(std::move(top));
     }
     return {{"tokens", std::move(texts)},
             {"token_logprobs", std::move(logprobs)},
