@@ -339,6 +339,16 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
       if (record.total_ms == 0) record.total_ms = absl::ToDoubleMilliseconds(absl::Now() - arrived);
     }
   } time_on_exit{*record, run.arrived};
+  // The place in the queue goes to the next request as this one ends, however it ends (a place taken beforehand
+  // too: left in the queue, it would hold back every later arrival), whoever owns the ticket.
+  std::optional<Admission::Ticket> arrived;
+  Admission::Ticket* ticket = record->admitted;
+  struct LeaveWhenDone {
+    Admission::Ticket*& ticket;
+    ~LeaveWhenDone() {
+      if (ticket != nullptr) ticket->Leave();
+    }
+  } leave{ticket};
   run.trace_id = record->request_id;
   ODMOE_ASSIGN_OR_RETURN(run.prompt, PromptOf(request));
   record->prompt_tokens = run.prompt_len();
@@ -346,18 +356,12 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   run.timeline = &timeline;
 
   // Admission: a place in the bounded queue or a busy refusal at once; then wait (first come, first served).
-  std::optional<Admission::Ticket> arrived;
-  if (record->admitted == nullptr) {
-    ODMOE_ASSIGN_OR_RETURN(Admission::Ticket ticket, admission_->Arrive());
-    arrived.emplace(std::move(ticket));
+  if (ticket == nullptr) {
+    ODMOE_ASSIGN_OR_RETURN(Admission::Ticket place, admission_->Arrive());
+    ticket = &arrived.emplace(std::move(place));
   }
-  Admission::Ticket& ticket = record->admitted != nullptr ? *record->admitted : *arrived;
-  struct LeaveWhenDone {  // the place goes to the next request as this one ends, whoever owns the ticket
-    Admission::Ticket& ticket;
-    ~LeaveWhenDone() { ticket.Leave(); }
-  } leave{ticket};
   timeline.Queued();
-  ODMOE_RETURN_IF_ERROR(ticket.WaitTurn([&] { return cancelled != nullptr && cancelled(); }, record->deadline));
+  ODMOE_RETURN_IF_ERROR(ticket->WaitTurn([&] { return cancelled != nullptr && cancelled(); }, record->deadline));
   run.queue_ms = absl::ToDoubleMilliseconds(absl::Now() - run.arrived);
   run.deadline = record->deadline;
   timeline.Started(run.prompt_len());

@@ -844,6 +844,20 @@ TEST(MainNodeTest, TextPromptOnMainWithoutTokenizerWithoutWorkers) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("prompt_ids"), absl::string_view::npos) << s;
   EXPECT_EQ((*main)->expert_tensors_opened(), 0);
+
+  // A place in the queue taken beforehand (as the HTTP API takes them) goes back when the request is refused: at
+  // the front of the queue, it would hold back every later arrival.
+  absl::StatusOr<Admission::Ticket> place = (*main)->Admit();
+  ASSERT_TRUE(place.ok()) << place.status();
+  MainNode::RequestRecord record;
+  record.admitted = &*place;
+  const absl::Status refused = (*main)->RunRequest(
+      req, [](const v1::GenerateResponse&) { return true; }, nullptr, &record);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  absl::StatusOr<Admission::Ticket> next = (*main)->Admit();
+  ASSERT_TRUE(next.ok()) << next.status();
+  const absl::Status turn = next->WaitTurn(nullptr, absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(turn.ok()) << turn;
 }
 
 // A tokenizer.json main cannot run stops main at startup, naming the field and the way to serve ids only.
