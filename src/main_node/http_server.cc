@@ -18,6 +18,7 @@
 #include "src/common/strings.h"
 #include "src/common/utf8.h"
 #include "src/engine/generator.h"
+#include "src/main_node/choices.h"
 #include "src/rpc/logprobs_proto.h"
 #include "src/rpc/metrics_server.h"
 #include "src/rpc/request_id.h"
@@ -75,7 +76,11 @@ std::string NewResponseId(Endpoint endpoint) {
 
 }  // namespace
 
-// One prompt, ready to run: the request MainNode gets.
+// A streamed request's events waiting to be written, at most (its choices wait beyond that).
+constexpr size_t kStreamEventsQueued = 64;
+
+// One prompt, ready to run: the request MainNode gets for its first choice (later ones add their number to its
+// seed).
 struct PreparedPrompt {
   v1::GenerateRequest request;
   int64_t prompt_tokens = 0;
@@ -100,20 +105,25 @@ struct HttpServer::Impl {
   absl::StatusOr<std::vector<int32_t>> IdsOf(const openai::Prompt& p, ApiError* error) const;
   absl::StatusOr<std::vector<int32_t>> ChatIds(const std::vector<openai::ChatMessage>& m, ApiError* error) const;
 
-  // Runs one prompt; `on_piece` gets each piece of text (stop strings removed) with the ids it came with and
-  // their logprobs (when the request asked), and returns false when the client has gone. The choice's text is
-  // the concatenation of the pieces, so streamed and whole answers are the same.
+  // Runs choice `index`, sample `sample` of prompt `p` (its seed is the prompt's plus `sample`); `on_piece` gets
+  // each piece of text (stop strings removed) with the ids it came with and their logprobs (when the request
+  // asked), and returns false when the client has gone. The choice's text is the concatenation of the pieces, so
+  // streamed and whole answers are the same.
   using OnPiece = std::function<bool(const std::string& text, const std::vector<int32_t>& ids,
                                      const std::vector<openai::TokenLogprobs>& logprobs)>;
-  // `admitted` (nullable): the request's place in main's queue, taken before the answer was committed.
-  absl::StatusOr<openai::Choice> Run(const PreparedPrompt& p, const std::vector<std::string>& stop, int64_t index,
-                                     const std::string& request_id, const OnPiece& on_piece,
+  // `admitted` (nullable): the choice's place in main's queue, taken before the answer was committed.
+  absl::StatusOr<openai::Choice> Run(const PreparedPrompt& p, int64_t sample, const std::vector<std::string>& stop,
+                                     int64_t index, const std::string& request_id, const OnPiece& on_piece,
                                      const std::function<bool()>& cancelled, bool* client_gone,
-                                     Admission::Ticket* admitted = nullptr) const;
+                                     Admission::Ticket* admitted) const;
+  // Places in main's queue for the first choices of a request of `count` (as many as may run at once: the
+  // window of ParallelChoices), all or none: ServerBusyError when the queue has no room for all of them.
+  absl::StatusOr<std::vector<Admission::Ticket>> AdmitWindow(int64_t count) const;
 
   void Completions(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) const;
   // A streamed answer, written to `sink` (the server's thread, after the 200 and its headers): the chunks of
-  // each prompt in turn, the usage chunk when asked for, data: [DONE]. False when the client went away.
+  // every choice as they come (the choices run side by side, so chunks of different indexes interleave), the
+  // usage chunk when asked for, data: [DONE]. False when the client went away.
   struct StreamJob {
     openai::CompletionRequest request;
     std::vector<PreparedPrompt> prompts;
@@ -121,11 +131,12 @@ struct HttpServer::Impl {
     int64_t created = 0;
     std::string request_id;
     const char* name = "";  // the endpoint, for logs
-    // The first prompt's place in main's queue, taken before the 200 (so a full queue is a 429, not an error
-    // event); later prompts of the request queue as they come.
-    std::shared_ptr<Admission::Ticket> admitted;
+    // The first choices' places in main's queue (AdmitWindow), taken before the 200, so a full queue is a 429 and
+    // not an error event; later choices queue as they start. Taken by Stream.
+    std::vector<Admission::Ticket> admitted;
+    bool started = false;
   };
-  bool Stream(const StreamJob& job, httplib::DataSink& sink) const;
+  bool Stream(StreamJob& job, httplib::DataSink& sink) const;
   void Count(std::string_view endpoint, int code) const {
     requests->With({std::string(endpoint), std::to_string(code)}).Add();
   }
@@ -235,10 +246,13 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
   return out;
 }
 
-absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, const std::vector<std::string>& stop,
-                                                     int64_t index, const std::string& request_id,
-                                                     const OnPiece& on_piece, const std::function<bool()>& cancelled,
-                                                     bool* client_gone, Admission::Ticket* admitted) const {
+absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, int64_t sample,
+                                                     const std::vector<std::string>& stop, int64_t index,
+                                                     const std::string& request_id, const OnPiece& on_piece,
+                                                     const std::function<bool()>& cancelled, bool* client_gone,
+                                                     Admission::Ticket* admitted) const {
+  v1::GenerateRequest request = p.request;
+  request.mutable_sampling()->set_seed(p.request.sampling().seed() + static_cast<uint64_t>(sample));
   openai::Choice choice;
   choice.index = index;
   choice.has_logprobs = p.request.logprobs();
@@ -291,7 +305,7 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, co
   record.emit_false_is_stop = true;
   record.admitted = admitted;
   const absl::Status status = node->RunRequest(
-      p.request, emit, [&] { return *client_gone || (cancelled != nullptr && cancelled()); }, &record);
+      request, emit, [&] { return *client_gone || (cancelled != nullptr && cancelled()); }, &record);
   if (!status.ok()) return status;
   if (*client_gone) return absl::CancelledError("the client went away");
   if (stop_matched) choice.finish_reason = "stop";
@@ -327,107 +341,148 @@ void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Respons
   }
   const std::string id = NewResponseId(endpoint);
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
-  spdlog::info("http {} from {}: {} prompt(s), max_tokens {}, stream {}", name, req.remote_addr, prompts->size(),
-               (*prompts)[0].request.max_new_tokens(), parsed->stream);
-
-  if (!parsed->stream) {
-    std::vector<openai::Choice> choices;
-    openai::Usage usage;
-    bool gone = false;
-    for (size_t i = 0; i < prompts->size(); ++i) {
-      absl::StatusOr<openai::Choice> c = Run((*prompts)[i], parsed->stop, static_cast<int64_t>(i), request_id,
-                                             [](const std::string&, const std::vector<int32_t>&,
-                                                const std::vector<openai::TokenLogprobs>&) { return true; },
-                                             [this] { return stopping.load(); }, &gone);
-      if (!c.ok()) {
-        spdlog::warn("http {} failed: {}", name, c.status().ToString());
-        const ApiError e = openai::ErrorOfStatus(c.status());
-        Count(name, e.http_status);
-        return SendError(res, e);
-      }
-      usage.prompt_tokens += (*prompts)[i].prompt_tokens;
-      usage.completion_tokens += static_cast<int64_t>(c->token_ids.size());
-      choices.push_back(std::move(c).value());
-    }
-    Count(name, 200);
-    res.set_content(openai::CompletionBody(endpoint, id, created, options.model_id, choices, usage), kJson);
-    return;
-  }
-
-  // Streamed: a place in main's queue first (a full queue is a 429 with Retry-After); then every check is done,
-  // so the answer is 200 and errors from here on are an error event.
-  absl::StatusOr<Admission::Ticket> admitted = node->Admit();
+  const int64_t n = parsed->n;
+  const int64_t count = static_cast<int64_t>(prompts->size()) * n;
+  spdlog::info("http {} from {}: {} prompt(s), n {}, max_tokens {}, stream {}", name, req.remote_addr, prompts->size(),
+               n, (*prompts)[0].request.max_new_tokens(), parsed->stream);
+  // The first choices' places in main's queue, all or none: a full queue is a 429 (with Retry-After) before any
+  // work, and for a stream before the 200, so that every error from there on is an error event.
+  absl::StatusOr<std::vector<Admission::Ticket>> admitted = AdmitWindow(count);
   if (!admitted.ok()) {
     spdlog::info("http {} from {}: refused: {}", name, req.remote_addr, std::string(admitted.status().message()));
     const ApiError e = openai::ErrorOfStatus(admitted.status());
     Count(name, e.http_status);
     return SendError(res, e);
   }
+
+  if (!parsed->stream) {
+    std::vector<openai::Choice> choices(count);
+    std::atomic<bool> failed{false};  // a choice failed: the others stop
+    ParallelChoices runner(count, std::move(admitted).value(), [&](int64_t c, Admission::Ticket* ticket) {
+      logging::ScopedRequestId choice_scope(request_id);
+      bool gone = false;
+      absl::StatusOr<openai::Choice> choice = Run((*prompts)[c / n], c % n, parsed->stop, c, request_id,
+                                                  [](const std::string&, const std::vector<int32_t>&,
+                                                     const std::vector<openai::TokenLogprobs>&) { return true; },
+                                                  [&] { return stopping.load() || failed.load(); }, &gone, ticket);
+      if (!choice.ok()) {
+        failed.store(true);
+        return choice.status();
+      }
+      choices[c] = std::move(choice).value();
+      return absl::OkStatus();
+    });
+    if (absl::Status status = runner.Wait(); !status.ok()) {
+      spdlog::warn("http {} failed: {}", name, status.ToString());
+      const ApiError e = openai::ErrorOfStatus(status);
+      Count(name, e.http_status);
+      return SendError(res, e);
+    }
+    openai::Usage usage;
+    for (const PreparedPrompt& p : *prompts) usage.prompt_tokens += p.prompt_tokens;
+    for (const openai::Choice& c : choices) usage.completion_tokens += static_cast<int64_t>(c.token_ids.size());
+    Count(name, 200);
+    res.set_content(openai::CompletionBody(endpoint, id, created, options.model_id, choices, usage), kJson);
+    return;
+  }
+
+  // Streamed: every check is done, so the answer is 200 and errors from here on are an error event.
   Count(name, 200);
   res.set_header("Cache-Control", "no-cache");
-  auto job = std::make_shared<StreamJob>(
-      StreamJob{std::move(parsed).value(), std::move(prompts).value(), id, created, request_id, name,
-                std::make_shared<Admission::Ticket>(std::move(admitted).value())});
+  auto job = std::make_shared<StreamJob>(StreamJob{std::move(parsed).value(), std::move(prompts).value(), id, created,
+                                                   request_id, name, std::move(admitted).value()});
   res.set_chunked_content_provider("text/event-stream",
                                    [this, job](size_t, httplib::DataSink& sink) { return Stream(*job, sink); });
 }
 
-bool HttpServer::Impl::Stream(const StreamJob& job, httplib::DataSink& sink) const {
+absl::StatusOr<std::vector<Admission::Ticket>> HttpServer::Impl::AdmitWindow(int64_t count) const {
+  const int64_t window = std::min<int64_t>(count, node->max_running());
+  std::vector<Admission::Ticket> tickets;
+  tickets.reserve(window);
+  while (static_cast<int64_t>(tickets.size()) < window) {
+    ODMOE_ASSIGN_OR_RETURN(Admission::Ticket ticket, node->Admit());  // those taken leave the queue on failure
+    tickets.push_back(std::move(ticket));
+  }
+  return tickets;
+}
+
+bool HttpServer::Impl::Stream(StreamJob& job, httplib::DataSink& sink) const {
+  if (job.started) return false;  // once per response
+  job.started = true;
   logging::ScopedRequestId scope(job.request_id);
   const Endpoint endpoint = job.request.endpoint;
   const bool usage_wanted = job.request.include_usage;
   const bool logprobs_wanted = job.request.logprobs >= 0;
-  int64_t text_offset = 0;  // of the choice streaming (completions' logprobs.text_offset)
-  auto chunk = [&](int64_t index, std::string_view text, const std::vector<int32_t>& ids, std::string_view finish,
-                   bool first, const std::vector<openai::TokenLogprobs>& logprobs = {}) {
-    // A piece of generated tokens, or the echoed prompt's.
-    Json lp = logprobs_wanted && (!ids.empty() || !logprobs.empty())
-                  ? openai::LogprobsJson(endpoint, logprobs, &text_offset)
-                  : Json(nullptr);
-    const std::string event = openai::SseEvent(openai::StreamChunk(
-        endpoint, job.id, job.created, options.model_id, index, text, ids, finish, first, usage_wanted, std::move(lp)));
-    return sink.write(event.data(), event.size());
-  };
-  openai::Usage usage;
-  bool gone = false;
-  for (size_t i = 0; i < job.prompts.size() && !gone; ++i) {
-    const int64_t index = static_cast<int64_t>(i);
-    text_offset = 0;
+  const int64_t n = job.request.n;
+  const int64_t count = static_cast<int64_t>(job.prompts.size()) * n;
+  EventQueue events(kStreamEventsQueued);
+  std::atomic<bool> client_gone{false};  // set by this thread, the writer
+  std::atomic<bool> failed{false};       // a choice failed: the others stop
+  std::vector<int64_t> completion_tokens(count, 0);
+  // Choice c, on a thread of `runner`: its chunks go to `events` as they come.
+  auto run_choice = [&](int64_t c, Admission::Ticket* ticket) -> absl::Status {
+    logging::ScopedRequestId choice_scope(job.request_id);
+    int64_t text_offset = 0;  // completions' logprobs.text_offset
+    auto chunk = [&](std::string_view text, const std::vector<int32_t>& ids, std::string_view finish, bool first,
+                     const std::vector<openai::TokenLogprobs>& logprobs = {}) {
+      // A piece of generated tokens, or the echoed prompt's.
+      Json lp = logprobs_wanted && (!ids.empty() || !logprobs.empty())
+                    ? openai::LogprobsJson(endpoint, logprobs, &text_offset)
+                    : Json(nullptr);
+      return events.Push(openai::SseEvent(openai::StreamChunk(endpoint, job.id, job.created, options.model_id, c, text,
+                                                              ids, finish, first, usage_wanted, std::move(lp))));
+    };
     // Chat opens each choice with the assistant's role; every piece goes out as it comes; a last chunk with no
     // text carries the finish reason.
-    if (endpoint == Endpoint::kChatCompletions && !chunk(index, "", {}, "", true)) {
-      gone = true;
-      break;
+    if (endpoint == Endpoint::kChatCompletions && !chunk("", {}, "", true)) {
+      return absl::CancelledError("the client went away");
     }
-    absl::StatusOr<openai::Choice> c = Run(
-        job.prompts[i], job.request.stop, index, job.request_id,
+    bool gone = false;
+    absl::StatusOr<openai::Choice> choice = Run(
+        job.prompts[c / n], c % n, job.request.stop, c, job.request_id,
         [&](const std::string& text, const std::vector<int32_t>& ids,
             const std::vector<openai::TokenLogprobs>& logprobs) {
           if (text.empty() && ids.empty() && logprobs.empty()) return true;  // main's last message, with nothing
-          return chunk(index, text, ids, "", false, logprobs);
+          return chunk(text, ids, "", false, logprobs);
         },
-        [this, &sink] { return stopping.load() || !sink.is_writable(); }, &gone,
-        i == 0 ? job.admitted.get() : nullptr);
-    if (!gone && !c.ok() && (stopping.load() || !sink.is_writable())) gone = true;
-    if (gone) break;
-    if (!c.ok()) {
-      spdlog::warn("http {} failed mid-stream: {}", job.name, c.status().ToString());
-      const std::string event = StrCat("data: ", openai::ErrorBody(openai::ErrorOfStatus(c.status())), "\n\n");
-      sink.write(event.data(), event.size());
-      sink.done();
-      return true;
+        [&] { return stopping.load() || client_gone.load() || failed.load(); }, &gone, ticket);
+    if (!choice.ok()) {
+      failed.store(true);
+      return choice.status();
     }
-    if (!chunk(index, "", {}, c->finish_reason, false)) gone = true;
-    usage.prompt_tokens += job.prompts[i].prompt_tokens;
-    usage.completion_tokens += static_cast<int64_t>(c->token_ids.size());
+    if (!chunk("", {}, choice->finish_reason, false)) return absl::CancelledError("the client went away");
+    completion_tokens[c] = static_cast<int64_t>(choice->token_ids.size());
+    return absl::OkStatus();
+  };
+  ParallelChoices runner(count, std::move(job.admitted), run_choice, [&events] { events.FinishWriting(); });
+  // The writer: every event as it comes, until the choices have ended; the client checked between events.
+  for (;;) {
+    EventQueue::Next next = events.Pop(absl::Milliseconds(20));
+    if (next.finished) break;
+    if (next.event && !client_gone.load() && !sink.write(next.event->data(), next.event->size())) {
+      client_gone.store(true);
+    }
+    if (!client_gone.load() && (stopping.load() || !sink.is_writable())) client_gone.store(true);
+    if (client_gone.load()) events.CloseReader();  // the choices' pushes fail from now on: they stop
   }
-  if (gone) {
+  const absl::Status status = runner.Wait();
+  if (client_gone.load()) {
     disconnects->Add();
     spdlog::info("http {}: the client closed the stream; request cancelled", job.name);
     return false;
   }
+  if (!status.ok()) {
+    spdlog::warn("http {} failed mid-stream: {}", job.name, status.ToString());
+    const std::string event = StrCat("data: ", openai::ErrorBody(openai::ErrorOfStatus(status)), "\n\n");
+    sink.write(event.data(), event.size());
+    sink.done();
+    return true;
+  }
   std::string tail;
   if (usage_wanted) {
+    openai::Usage usage;
+    for (const PreparedPrompt& p : job.prompts) usage.prompt_tokens += p.prompt_tokens;
+    for (const int64_t tokens : completion_tokens) usage.completion_tokens += tokens;
     tail = openai::SseEvent(openai::UsageChunk(endpoint, job.id, job.created, options.model_id, usage));
   }
   tail += openai::kSseDone;

@@ -4,17 +4,22 @@
 //   GET  /v1/models                                   (the one model: its folder's name)
 //   GET  /health                                      (503 until main is ready, 200 after, as llama.cpp's)
 //   GET  /metrics                                     (only when http_address is also the metrics_address)
-// Requests and responses are built by src/main_node/openai_api.h; each prompt runs through MainNode::RunRequest
-// (one request at a time, as gRPC's). Text prompts and chat are tokenized here with the model's tokenizer, so a
-// request is checked against the model (vocabulary, context length, sampling options) before any byte of a
+// Requests and responses are built by src/main_node/openai_api.h. Each choice of a request (its prompts times `n`)
+// is one MainNode::RunRequest, and they run side by side (src/main_node/choices.h: up to max_running at once, on
+// threads of the request's own), so main's batch loop decodes them together. The first of them take their places
+// in main's queue together before any work (a full queue is a 429 for the whole request); a choice that fails
+// fails the request and stops the others. Text prompts and chat are tokenized here with the model's tokenizer, so
+// a request is checked against the model (vocabulary, context length, sampling options) before any byte of a
 // stream is sent: a bad request is always a 400 with OpenAI's error object, never a broken stream.
 //
-// Cancellation: a streamed request polls its connection (before every sparse layer, through RunRequest's
-// `cancelled`), so a client that closes it cancels the request within one decode step; odmoe_http_client_-
-// disconnects_total counts these. Stopping the server cancels every request in flight the same way. A request
-// waiting for its turn holds one pool thread; it waits at most for the requests ahead of it, each bounded by
-// its max_tokens and the cluster's RPC deadlines, and a write to a client that stops reading fails after the
-// write timeout (which cancels the request). Non-streamed requests are not polled (their answer is one write).
+// Cancellation: a streamed request's writer (the pool thread) polls its connection every 20 ms and its choices
+// poll the writer's verdict (before every sparse layer, through RunRequest's `cancelled`), so a client that
+// closes it cancels the request within one decode step; odmoe_http_client_disconnects_total counts these.
+// Stopping the server cancels every request in flight the same way. A request waiting for its turn holds one pool
+// thread; it waits at most for the requests ahead of it, each bounded by its max_tokens and the cluster's RPC
+// deadlines, and a write to a client that stops reading fails after the write timeout (which cancels the
+// request); meanwhile its choices wait on a bounded queue of events. Non-streamed requests are not polled (their
+// answer is one write).
 //
 // Authorization hook: `authorize` (optional) sees every request before its handler; false answers 401 with
 // OpenAI's error object. OptionsFor sets it to the cluster's client token ([auth] token_file: the header

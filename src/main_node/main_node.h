@@ -117,6 +117,8 @@ class MainNode final : public v1::Inference::Service {
   // A place in main's queue for a request about to be run (RequestRecord::admitted), or ServerBusyError when
   // the queue is full (src/main_node/admission.h).
   absl::StatusOr<Admission::Ticket> Admit() { return admission_->Arrive(); }
+  // Requests main runs at once ([cluster] max_running).
+  int32_t max_running() const { return admission_->max_running(); }
 
   // Routed-expert tensors this node has read from its checkpoint (0 unless something is wrong).
   int64_t expert_tensors_opened() const {

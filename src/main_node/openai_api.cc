@@ -201,12 +201,10 @@ absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
   auto unsupported = [&](const char* key, const std::string& why) {
     return Fail(error, key, StrCat("'", key, "' ", why, " is not supported"));
   };
-  for (const char* key : {"n", "best_of"}) {
-    std::optional<int64_t> n;
-    ODMOE_RETURN_IF_ERROR(ReadInt(body, key, error, &n));
-    if (n && *n < 1) return Fail(error, key, StrCat("'", key, "' must be >= 1, got ", *n));
-    if (n && *n > 1) return unsupported(key, StrCat("= ", *n, " (one choice per prompt)"));
-  }
+  std::optional<int64_t> best_of;
+  ODMOE_RETURN_IF_ERROR(ReadInt(body, "best_of", error, &best_of));
+  if (best_of && *best_of < 1) return Fail(error, "best_of", StrCat("'best_of' must be >= 1, got ", *best_of));
+  if (best_of && *best_of > 1) return unsupported("best_of", StrCat("= ", *best_of, " (ranking candidates)"));
   if (const Json* v = Field(body, "suffix")) {
     if (!v->is_string()) return Fail(error, "suffix", TypeError("suffix", "a string", *v));
     if (!v->get<std::string>().empty()) return unsupported("suffix", "(insertion)");
@@ -334,6 +332,15 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
     ODMOE_RETURN_IF_ERROR(ReadMessages(j, error, &r.messages));
   }
   ODMOE_RETURN_IF_ERROR(RefuseUnsupported(j, error));
+  std::optional<int64_t> choices;
+  ODMOE_RETURN_IF_ERROR(ReadInt(j, "n", error, &choices));
+  if (choices && (*choices < 1 || *choices > kMaxChoicesPerPrompt)) {
+    return Fail(error, "n", StrCat("'n' must be in [1, ", kMaxChoicesPerPrompt, "], got ", *choices));
+  }
+  r.n = choices.value_or(1);
+  if (Field(j, "best_of") != nullptr && r.n > 1) {  // best_of is 1 here: fewer candidates than choices
+    return Fail(error, "best_of", StrCat("'best_of' must be >= 'n' (", r.n, "), got 1"));
+  }
   ODMOE_RETURN_IF_ERROR(ReadBool(j, "echo", error, &r.echo));
   if (r.echo && endpoint == Endpoint::kChatCompletions) {
     return Fail(error, "echo", "'echo' = true (a completions option) is not supported");

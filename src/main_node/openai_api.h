@@ -5,13 +5,13 @@
 // (fuzz/openai_request_fuzzer.cc).
 //
 // What is accepted (POST /v1/completions and /v1/chat/completions): `model`; `prompt` as a string, a list of
-// strings, a list of token ids or a list of such lists (one choice per prompt), or `messages` for chat;
-// `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop` (a string or a list of up to
-// 16), `stream`, `stream_options.include_usage`, `logprobs` (completions: the alternatives per token; chat: true,
-// with `top_logprobs`), `echo` (completions), and vLLM's extension `ignore_eos`. Unknown fields are ignored;
-// options odmoe does not implement are refused (400, `param` naming them) only when set to a value that needs
-// them: `n` > 1, `best_of` > 1, chat's `echo`, `suffix`, non-zero penalties, `logit_bias`, `tools`, `functions`,
-// a `response_format` other than text.
+// strings, a list of token ids or a list of such lists, or `messages` for chat; `n` (choices per prompt);
+// `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop` (a string or a list of up to 16),
+// `stream`, `stream_options.include_usage`, `logprobs` (completions: the alternatives per token; chat: true, with
+// `top_logprobs`), `echo` (completions), and vLLM's extension `ignore_eos`. Unknown fields are ignored; options
+// odmoe does not implement are refused (400, `param` naming them) only when set to a value that needs them:
+// `best_of` > 1, chat's `echo`, `suffix`, non-zero penalties, `logit_bias`, `tools`, `functions`, a
+// `response_format` other than text.
 #pragma once
 
 #include <cstdint>
@@ -64,6 +64,9 @@ struct CompletionRequest {
   std::string model;
   std::vector<Prompt> prompts;        // completions: at least one
   std::vector<ChatMessage> messages;  // chat: at least one
+  // Choices per prompt (1..kMaxChoicesPerPrompt): choice j of prompt p has index p * n + j and samples with the
+  // seed plus j, so that it is the answer of a request with n = 1 and that seed.
+  int64_t n = 1;
   std::optional<int64_t> max_tokens;  // absent: completions 16, chat the rest of the context
   double temperature = 1.0;           // OpenAI's default; 0: greedy
   double top_p = 1.0;
@@ -84,6 +87,8 @@ struct CompletionRequest {
 // JSON, a body that is not an object, a field of the wrong type or out of range, an unsupported option set.
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint, ApiError* error);
 
+// The largest `n` (OpenAI's limit).
+inline constexpr int64_t kMaxChoicesPerPrompt = 128;
 // The default max_tokens of OpenAI's completions endpoint.
 inline constexpr int64_t kDefaultCompletionMaxTokens = 16;
 // At most this many stop strings, each at most kMaxStopBytes bytes.

@@ -395,18 +395,18 @@ TEST(LifecycleTest, AHungWorkerCostsLatencyNotTheRequestAndRejoinsAfterSigcont) 
 
 // Admission control: with max_running = 1 and max_queued = 0, a request arriving while one runs is refused at
 // once, busy: gRPC RESOURCE_EXHAUSTED saying so (what `odmoe generate` exits 10 for), HTTP 429 with Retry-After,
-// streamed or not; the request running is untouched, and the next one after it is served. Its queue time is in
-// its stats.
+// streamed or not; the request running is untouched, and the next one after it is served (one of three choices
+// too, each in turn). Its queue time is in its stats.
 TEST(LifecycleTest, ABusyMainRefusesAtOnceAsBusyOverGrpcAndHttp) {
   ClusterFile c("max_running = 1\nmax_queued = 0\n");
   UpCluster cluster(c);
   ASSERT_EQ(cluster.up.exit_code, 0) << cluster.up.out << cluster.up.err;
   const std::string http = "http://" + c.Address(3);
   const std::string model = "tiny-mixtral-synthetic";  // a synthetic model's id: its config's folder, -synthetic
-  auto curl = [&](bool stream) {
+  auto curl = [&](bool stream, int n = 1) {
     return RunProgram({"/usr/bin/curl", "-s", "-i", "--max-time", "20", "-H", "Content-Type: application/json",
                        "--data-binary",
-                       StrCat("{\"model\": \"", model, "\", \"prompt\": [1, 2, 3], \"max_tokens\": 2", 
+                       StrCat("{\"model\": \"", model, "\", \"prompt\": [1, 2, 3], \"max_tokens\": 2, \"n\": ", n,
                               stream ? ", \"stream\": true" : "", "}"),
                        http + "/v1/completions"});
   };
@@ -448,6 +448,10 @@ TEST(LifecycleTest, ABusyMainRefusesAtOnceAsBusyOverGrpcAndHttp) {
   const Streamed after = StreamGenerate(c.Address(0), 4);
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_NE(curl(false).out.find("HTTP/1.1 200"), std::string::npos);
+  // Three choices with room for one at a time: each after the other, every one served.
+  const RunResult three = curl(false, 3);
+  EXPECT_NE(three.out.find("HTTP/1.1 200"), std::string::npos) << three.out;
+  EXPECT_NE(three.out.find("\"index\":2"), std::string::npos) << three.out;
   const RunResult cli = RunProgram({ProgramPath("odmoe"), "generate", "--endpoint", c.Address(0), "--prompt-ids",
                                     "1,2,3", "--max-new-tokens", "2", "--json"});
   ASSERT_EQ(cli.exit_code, 0) << cli.err;

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -91,17 +92,24 @@ struct Streamed {
   std::vector<int32_t> token_ids;
   Json logprobs;  // the chunks' logprobs joined: completions' four lists, chat's content (null when none)
 };
-Streamed Collect(const std::string& body, bool chat) {
+// `index` >= 0: that choice's chunks only (its first chat chunk must carry the assistant's role).
+Streamed Collect(const std::string& body, bool chat, int64_t index = -1) {
   Streamed s;
   const std::vector<std::string> events = SseEvents(body);
   EXPECT_FALSE(events.empty());
   if (events.empty()) return s;
   EXPECT_EQ(events.back(), "[DONE]");
+  bool seen_role = false;
   for (size_t i = 0; i + 1 < events.size(); ++i) {
     const Json chunk = ParseOrDie(events[i]);
     EXPECT_EQ(chunk["object"], chat ? "chat.completion.chunk" : "text_completion") << events[i];
     if (chunk.contains("usage") && !chunk["usage"].is_null()) s.usage = chunk["usage"];
     for (const Json& c : chunk["choices"]) {
+      if (index >= 0 && c["index"] != index) continue;
+      if (index >= 0 && chat && s.text.empty() && s.finish_reason.empty() && !seen_role) {
+        EXPECT_EQ(c["delta"].value("role", ""), "assistant") << "choice " << index << "'s first chunk: " << events[i];
+        seen_role = true;
+      }
       const Json& piece = chat ? c["delta"].value("content", Json("")) : c["text"];
       s.text += piece.get<std::string>();
       for (const Json& id : c["token_ids"]) s.token_ids.push_back(id.get<int32_t>());
@@ -301,6 +309,80 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   EXPECT_EQ(stopped_json["choices"][0]["text"], full.substr(0, full.find(stop))) << "stop " << stop;
   EXPECT_EQ(stopped_json["choices"][0]["finish_reason"], "stop");
 
+  // n choices of two prompts, run side by side (main decodes them in one batch): choice j of each prompt is the
+  // answer of a request of its own with the seed plus j, bit for bit; each prompt counts once in the usage.
+  {
+    const Json many = {{"model", kModel},
+                       {"prompt", {"And God said", "In the beginning"}},
+                       {"max_tokens", 16},
+                       {"temperature", 0.9},
+                       {"seed", 11},
+                       {"ignore_eos", true},
+                       {"n", 3}};
+    const double steps_before = MetricValue(base + "/metrics", "odmoe_batch_decode_steps_total");
+    const double rows_before = MetricValue(base + "/metrics", "odmoe_batch_decode_rows_total");
+    const HttpResult batch = Post(base + "/v1/completions", many);
+    ASSERT_EQ(batch.status, 200) << batch.body;
+    // Six choices of 16 tokens decoded together: 15 decode steps of 6 rows when they all start at once.
+    const double steps = MetricValue(base + "/metrics", "odmoe_batch_decode_steps_total") - steps_before;
+    const double rows = MetricValue(base + "/metrics", "odmoe_batch_decode_rows_total") - rows_before;
+    EXPECT_EQ(rows, 6 * 15);
+    EXPECT_GE(rows / steps, 2.0) << steps << " decode steps for " << rows << " rows: the choices ran one by one";
+    std::printf("n = 3 of 2 prompts: %.0f decode steps for %.0f rows\n", steps, rows);
+    const Json batch_json = ParseOrDie(batch.body);
+    ASSERT_EQ(batch_json["choices"].size(), 6u) << batch.body;
+    int64_t prompt_tokens = 0;
+    std::set<std::vector<int32_t>> distinct;
+    for (int p = 0; p < 2; ++p) {
+      for (int j = 0; j < 3; ++j) {
+        SCOPED_TRACE(StrCat("prompt ", p, ", choice ", j));
+        const Json& c = batch_json["choices"][p * 3 + j];
+        EXPECT_EQ(c["index"], p * 3 + j);
+        Json single = many;
+        single["prompt"] = many["prompt"][p];
+        single["n"] = 1;
+        single["seed"] = 11 + j;
+        const HttpResult alone = Post(base + "/v1/completions", single);
+        ASSERT_EQ(alone.status, 200) << alone.body;
+        const Json alone_json = ParseOrDie(alone.body);
+        EXPECT_EQ(c["token_ids"], alone_json["choices"][0]["token_ids"]);
+        EXPECT_EQ(c["text"], alone_json["choices"][0]["text"]);
+        EXPECT_EQ(c["finish_reason"], "length");
+        if (j == 0) prompt_tokens += alone_json["usage"]["prompt_tokens"].get<int64_t>();
+        if (p == 0) distinct.insert(c["token_ids"].get<std::vector<int32_t>>());
+      }
+    }
+    EXPECT_EQ(batch_json["usage"]["prompt_tokens"], prompt_tokens);
+    EXPECT_EQ(batch_json["usage"]["completion_tokens"], 6 * 16);
+    EXPECT_GE(distinct.size(), 2u) << "three seeds, one answer: " << batch.body;
+
+    // Streamed chat with n = 2: the chunks of both choices interleave; each index's, joined, is that choice's
+    // whole answer, opened by the assistant's role.
+    Json chat_n = {{"model", kModel},
+                   {"messages", {{{"role", "user"}, {"content", "Who made the heaven?"}}}},
+                   {"max_completion_tokens", 12},
+                   {"temperature", 0.9},
+                   {"seed", 5},
+                   {"n", 2},
+                   {"stream_options", {{"include_usage", true}}}};
+    Json chat_n_whole = chat_n;
+    chat_n_whole.erase("stream_options");
+    const HttpResult whole_n = Post(base + "/v1/chat/completions", chat_n_whole);
+    ASSERT_EQ(whole_n.status, 200) << whole_n.body;
+    const Json whole_n_json = ParseOrDie(whole_n.body);
+    ASSERT_EQ(whole_n_json["choices"].size(), 2u);
+    chat_n["stream"] = true;
+    const HttpResult stream_n = Post(base + "/v1/chat/completions", chat_n);
+    ASSERT_EQ(stream_n.status, 200) << stream_n.body;
+    for (int64_t index = 0; index < 2; ++index) {
+      const Streamed choice = Collect(stream_n.body, true, index);
+      EXPECT_EQ(choice.text, whole_n_json["choices"][index]["message"]["content"]) << "choice " << index;
+      EXPECT_EQ(choice.token_ids, whole_n_json["choices"][index]["token_ids"].get<std::vector<int32_t>>());
+      EXPECT_EQ(choice.finish_reason, whole_n_json["choices"][index]["finish_reason"]);
+    }
+    EXPECT_EQ(Collect(stream_n.body, true).usage, whole_n_json["usage"]);
+  }
+
   // Chat through the built-in Mixtral template, streamed and not.
   Json chat = {{"model", kModel},
                {"messages", {{{"role", "user"}, {"content", "Who made the heaven?"}}}},
@@ -341,9 +423,9 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   EXPECT_EQ(ParseOrDie(too_long.body)["error"]["code"], "context_length_exceeded") << too_long.body;
   const HttpResult bad_id = Post(base + "/v1/completions", {{"model", kModel}, {"prompt", {1, 999999}}});
   EXPECT_EQ(bad_id.status, 400) << bad_id.body;
-  const HttpResult n2 = Post(base + "/v1/completions", {{"model", kModel}, {"prompt", "x"}, {"n", 2}});
-  EXPECT_EQ(n2.status, 400);
-  EXPECT_EQ(ParseOrDie(n2.body)["error"]["param"], "n");
+  const HttpResult n_too_many = Post(base + "/v1/completions", {{"model", kModel}, {"prompt", "x"}, {"n", 129}});
+  EXPECT_EQ(n_too_many.status, 400);
+  EXPECT_EQ(ParseOrDie(n_too_many.body)["error"]["param"], "n");
 
   // A client that closes a long stream: the request is cancelled long before its max_tokens.
   const std::string metrics = base + "/metrics";

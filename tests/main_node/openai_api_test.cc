@@ -61,6 +61,11 @@ TEST(OpenAiParse, DefaultsAndOptions) {
   EXPECT_EQ(r->stop, (std::vector<std::string>{"\n", "And"}));
   EXPECT_TRUE(r->stream);
   EXPECT_TRUE(r->include_usage);
+  EXPECT_EQ(r->n, 1);
+
+  auto n = Parse(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"n":3})", Endpoint::kChatCompletions);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->n, 3);
 
   auto d = Parse(R"({"model":"m","prompt":"x"})");
   ASSERT_TRUE(d.ok());
@@ -148,7 +153,12 @@ TEST(OpenAiParse, ErrorsNameTheField) {
       {R"({"model":"m","prompt":"x","stream":"yes"})", Endpoint::kCompletions, "stream", "a boolean"},
       {R"({"model":"m","prompt":"x","stream_options":{"include_usage":true}})", Endpoint::kCompletions,
        "stream_options", "only allowed with 'stream': true"},
-      {R"({"model":"m","prompt":"x","n":2})", Endpoint::kCompletions, "n", "not supported"},
+      {R"({"model":"m","prompt":"x","n":0})", Endpoint::kCompletions, "n", "'n' must be in [1, 128], got 0"},
+      {R"({"model":"m","prompt":"x","n":129})", Endpoint::kCompletions, "n", "[1, 128], got 129"},
+      {R"({"model":"m","prompt":"x","n":"2"})", Endpoint::kCompletions, "n", "an integer"},
+      {R"({"model":"m","prompt":"x","n":2,"best_of":1})", Endpoint::kCompletions, "best_of",
+       "'best_of' must be >= 'n'"},
+      {R"({"model":"m","prompt":"x","best_of":0})", Endpoint::kCompletions, "best_of", "must be >= 1"},
       {R"({"model":"m","prompt":"x","best_of":3})", Endpoint::kCompletions, "best_of", "not supported"},
       {R"({"model":"m","prompt":"x","logprobs":21})", Endpoint::kCompletions, "logprobs", "[0, 20], got 21"},
       {R"({"model":"m","prompt":"x","logprobs":-1})", Endpoint::kCompletions, "logprobs", "[0, 20]"},

@@ -163,8 +163,25 @@ describe(`the OpenAI SDK against a cluster serving ${MODEL}`, { skip: haveModel 
     assert.deepEqual(streamed.choices[0].logprobs.content, content);
   });
 
+  test("n choices: the SDK's stream helper assembles the interleaved chunks into the whole answer's", async () => {
+    const params = {
+      model: MODEL, messages: [{ role: 'user', content: 'Tell of Noah.' }], max_tokens: 10, temperature: 0.9, seed: 3,
+      n: 3,
+    };
+    const whole = await client.chat.completions.create(params);
+    assert.equal(whole.choices.length, 3);
+    assert.deepEqual(whole.choices.map((c) => c.index), [0, 1, 2]);
+    const streamed = await client.beta.chat.completions.stream(params).finalChatCompletion();
+    assert.equal(streamed.choices.length, 3);
+    for (let i = 0; i < 3; i += 1) {
+      assert.equal(streamed.choices[i].index, i);
+      assert.equal(streamed.choices[i].message.content, whole.choices[i].message.content, `choice ${i}`);
+      assert.equal(streamed.choices[i].finish_reason, whole.choices[i].finish_reason, `choice ${i}`);
+    }
+  });
+
   test('a bad parameter is a BadRequestError', async () => {
-    await assert.rejects(client.completions.create({ model: MODEL, prompt: 'x', n: 2 }), (err) => {
+    await assert.rejects(client.completions.create({ model: MODEL, prompt: 'x', n: 0 }), (err) => {
       assert.ok(err instanceof OpenAI.BadRequestError, String(err));
       assert.equal(err.status, 400);
       assert.equal(err.param, 'n');
