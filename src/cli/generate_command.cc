@@ -1,5 +1,6 @@
 // odmoe generate: one request on a model in this process, or (--endpoint) through a cluster's main node.
 #include <cstdio>
+#include <limits>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -27,18 +28,21 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: odmoe generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
-    "           [--temperature T --top-k K --top-p P --seed S] [--ignore-eos] [--backend cpu|mock-gpu|cuda]\n"
+    "           [--temperature T --top-k K --top-p P --seed S] [--presence-penalty P] [--frequency-penalty F]\n"
+    "           [--ignore-eos] [--backend cpu|mock-gpu|cuda]\n"
     "           [--dump-logits] [--dump-routing] [--logprobs N [--prompt-logprobs]] [--json]\n"
     "       odmoe generate --synthetic CONFIG [--layers N] [--weights-seed S] --prompt-ids 1,2,3 --max-new-tokens N\n"
     "           [the same sampling, backend and output flags]\n"
     "       odmoe generate --endpoint HOST:PORT (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
     "           [the same sampling and output flags] [--timeout-ms MS] [--request-id ID]\n"
     "           [--token-file FILE] [--tls-ca FILE [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]]\n"
-    "  Greedy unless --temperature > 0. Without --json the text is printed as it is generated; with --json one\n"
-    "  JSON object: prompt_ids, tokens, text, stop_reason, last_logits (--dump-logits), routing (--dump-routing),\n"
-    "  logprobs (--logprobs N: per token {id, logprob, top: the N (0..20) likeliest [{id, logprob}]}, the\n"
-    "  model's log_softmax before temperature, top-k and top-p), prompt_logprobs (--prompt-logprobs: the same\n"
-    "  for each prompt token after the first), timings {ttft_ms, decode_tokens_per_s}.\n"
+    "  Greedy unless --temperature > 0. --presence-penalty and --frequency-penalty ([-2, 2], OpenAI's) lower the\n"
+    "  logits of tokens already generated, once and per time. Without --json the text is printed as it is\n"
+    "  generated; with --json one JSON object: prompt_ids, tokens, text, stop_reason, last_logits\n"
+    "  (--dump-logits), routing (--dump-routing), logprobs (--logprobs N: per token {id, logprob, top: the N\n"
+    "  (0..20) likeliest [{id, logprob}]}, the model's log_softmax before penalties, temperature, top-k and\n"
+    "  top-p), prompt_logprobs (--prompt-logprobs: the same for each prompt token after the first), timings\n"
+    "  {ttft_ms, decode_tokens_per_s}.\n"
     "  Models without a tokenizer need --prompt-ids.\n"
     "  --endpoint sends the request to a cluster's main node (which has the model: no --model, no --backend);\n"
     "  the JSON then also has `stats`: per worker the experts computed and on-demand loads, bytes loaded\n"
@@ -71,7 +75,7 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(
       Flags f, Flags::Parse(args,
                             {"model", "prompt", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
-                             "logprobs", "backend", "endpoint", "timeout-ms", "synthetic", "layers", "weights-seed",
+                             "presence-penalty", "frequency-penalty", "logprobs", "backend", "endpoint", "timeout-ms", "synthetic", "layers", "weights-seed",
                              "request-id", "tls-ca", "tls-cert", "tls-key", "token-file", "tls-server-name"},
                             {"ignore-eos", "dump-logits", "dump-routing", "prompt-logprobs", "json"}));
   Request r;
@@ -146,6 +150,8 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(r.options.sampling.top_p, f.Double("top-p", 1.0));
   ODMOE_ASSIGN_OR_RETURN(int64_t seed, f.Int("seed", 0));
   r.options.sampling.seed = static_cast<uint64_t>(seed);
+  ODMOE_ASSIGN_OR_RETURN(r.options.sampling.presence_penalty, f.Double("presence-penalty", 0.0));
+  ODMOE_ASSIGN_OR_RETURN(r.options.sampling.frequency_penalty, f.Double("frequency-penalty", 0.0));
   ODMOE_ASSIGN_OR_RETURN(int64_t logprobs, f.Int("logprobs", -1));
   if (f.Has("logprobs") && (logprobs < 0 || logprobs > kMaxTopLogprobs)) {
     return absl::InvalidArgumentError(
@@ -156,7 +162,8 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   if (r.options.prompt_logprobs && !f.Has("logprobs")) {
     return absl::InvalidArgumentError("--prompt-logprobs needs --logprobs N");
   }
-  ODMOE_RETURN_IF_ERROR(r.options.Validate());
+  // No logit_bias comes from the command line: nothing to check against a vocabulary not yet known.
+  ODMOE_RETURN_IF_ERROR(r.options.Validate(std::numeric_limits<int64_t>::max()));
   r.options.ignore_eos = f.Has("ignore-eos");
   r.options.keep_last_logits = f.Has("dump-logits");
   r.options.record_routing = f.Has("dump-routing");
@@ -198,6 +205,8 @@ absl::Status RunRemote(const Request& r) {
   req.mutable_sampling()->set_top_k(r.options.sampling.top_k);
   req.mutable_sampling()->set_top_p(r.options.sampling.top_p);
   req.mutable_sampling()->set_seed(r.options.sampling.seed);
+  req.mutable_sampling()->set_presence_penalty(r.options.sampling.presence_penalty);
+  req.mutable_sampling()->set_frequency_penalty(r.options.sampling.frequency_penalty);
   req.set_ignore_eos(r.options.ignore_eos);
   req.set_dump_logits(r.options.keep_last_logits);
   req.set_dump_routing(r.options.record_routing);
@@ -330,6 +339,8 @@ std::string FlagsForFields(std::string message) {
       {"sampling.temperature", "--temperature"},
       {"sampling.top_k", "--top-k"},
       {"sampling.top_p", "--top-p"},
+      {"sampling.presence_penalty", "--presence-penalty"},
+      {"sampling.frequency_penalty", "--frequency-penalty"},
   };
   for (const auto& [field, flag] : kFieldFlags) {
     for (size_t at = message.find(field); at != std::string::npos; at = message.find(field, at + flag.size())) {

@@ -35,6 +35,7 @@ BatchRequest::BatchRequest(uint64_t tag, std::vector<int32_t> prompt, GenerateOp
 void BatchRequest::TakeToken(int32_t next, const ModelConfig& config) {
   // Generate's loop, one step of it.
   if (result_.tokens.empty()) first_token_ = Clock::now();
+  sampler_.Record(next);
   if (options_.logprobs >= 0) result_.logprobs.push_back(LogprobsOf(logits_, next, options_.logprobs));
   result_.tokens.push_back(next);
   const bool stop_on_eos = StopsOnEos(config, options_, next);
@@ -124,7 +125,8 @@ absl::Status BatchRunner::Run(const Plan& plan) {
                               (picks && r->options_.logprobs >= 0);
     if (picks) r->choice_ = r->sampler_.NextChoice();
     inputs.push_back({r->sequence_.get(), plan.ids[i], routing, keeps_logits ? &r->logits_ : nullptr,
-                      picks ? &r->choice_ : nullptr, picks ? &r->token_ : nullptr});
+                      picks ? &r->choice_ : nullptr, picks ? &r->token_ : nullptr,
+                      picks ? r->sampler_.Deltas() : std::span<const LogitDelta>()});
     if (plan.kind == ForwardKind::kPrefill && r->options_.prompt_logprobs) {
       const int64_t first = r->prefilled_;  // the chunk's first prompt row
       prompt_rows.push_back([r, first](int64_t row, std::span<const float> logits) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "spdlog/spdlog.h"
 #include "src/backend/cpu_kernels.h"
@@ -148,6 +149,10 @@ absl::Status Engine::AllocateWorkspace() {
   ODMOE_RETURN_IF_ERROR(Alloc(d, iota_, F32Bytes(C), "row indices"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, zeros_, F32Bytes(C * c.hidden_size), "zeros"));
   const int64_t S = options_.max_sequences_per_forward;
+  if (S * c.vocab_size > std::numeric_limits<int32_t>::max()) {  // logit changes address logits_ with int32 rows
+    return absl::InvalidArgumentError(StrCat("max_sequences_per_forward (", S, ") x vocab_size (", c.vocab_size,
+                                             ") logits do not fit in int32 indexes"));
+  }
   ODMOE_RETURN_IF_ERROR(Alloc(d, last_, F32Bytes(S * c.hidden_size), "last hidden states"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, logits_, F32Bytes(S * c.vocab_size), "logits"));
   ODMOE_RETURN_IF_ERROR(Alloc(d, choices_, static_cast<size_t>(S) * sizeof(TokenChoice), "token choices"));
@@ -338,15 +343,16 @@ absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids,
 
 absl::StatusOr<int32_t> Engine::ForwardAndSelect(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
                                                  ForwardKind kind, const TokenChoice& choice,
-                                                 std::vector<float>* logits, const RowLogitsFn* row_logits) {
+                                                 std::vector<float>* logits, const RowLogitsFn* row_logits,
+                                                 std::span<const LogitDelta> deltas) {
   int32_t token = 0;
-  ODMOE_RETURN_IF_ERROR(ForwardOwn(ids, routing, kind, logits, &choice, &token, row_logits));
+  ODMOE_RETURN_IF_ERROR(ForwardOwn(ids, routing, kind, logits, &choice, &token, row_logits, deltas));
   return token;
 }
 
 absl::Status Engine::ForwardOwn(std::span<const int32_t> ids, std::vector<PositionRouting>* routing, ForwardKind kind,
                                 std::vector<float>* logits, const TokenChoice* choice, int32_t* token,
-                                const RowLogitsFn* row_logits) {
+                                const RowLogitsFn* row_logits, std::span<const LogitDelta> deltas) {
   if (own_ == nullptr) return absl::FailedPreconditionError("Forward before StartSequence");
   if (ids.empty()) return absl::InvalidArgumentError("Forward needs at least one token");
   // The whole of `ids` is checked before its first chunk runs: on error the sequence does not advance.
@@ -359,6 +365,7 @@ absl::Status Engine::ForwardOwn(std::span<const int32_t> ids, std::vector<Positi
       input.logits = logits;
       input.choice = choice;
       input.token = token;
+      input.deltas = deltas;
     }
     RowLogitsFn chunk_rows;  // row_logits with the rows counted from ids[0]
     if (row_logits != nullptr) {
@@ -405,6 +412,15 @@ absl::Status Engine::CheckBatch(std::span<const BatchInput> inputs, ForwardKind 
     }
     if ((in.choice == nullptr) != (in.token == nullptr)) {
       return absl::InvalidArgumentError(StrCat("input ", s, " has a token choice without a token or the reverse"));
+    }
+    if (!in.deltas.empty() && in.choice == nullptr) {
+      return absl::InvalidArgumentError(StrCat("input ", s, " has logit changes but picks no token"));
+    }
+    for (const LogitDelta& d : in.deltas) {
+      if (d.id < 0 || d.id >= config().vocab_size) {
+        return absl::OutOfRangeError(StrCat("input ", s, ": logit change of token ", d.id,
+                                            " outside the vocabulary [0, ", config().vocab_size, ")"));
+      }
     }
     for (size_t t = 0; t < s; ++t) {
       if (inputs[t].sequence == in.sequence) {
@@ -458,14 +474,38 @@ Engine::Chunk Engine::PlanChunk(std::span<const BatchInput> inputs, ForwardKind 
   // Output row j is input wanted[j]'s last row; its sampling choice goes up with the inputs (rows that want only
   // logits pick greedily, unread).
   TokenChoice* choices = host_choices_->as<TokenChoice>();
+  host_delta_rows_.clear();
+  host_delta_values_.clear();
+  const int64_t vocab = config().vocab_size;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i].logits == nullptr && inputs[i].token == nullptr) continue;
-    choices[chunk.wanted.size()] = inputs[i].choice != nullptr ? *inputs[i].choice : TokenChoice{};
+    const int64_t j = static_cast<int64_t>(chunk.wanted.size());
+    choices[j] = inputs[i].choice != nullptr ? *inputs[i].choice : TokenChoice{};
+    if (inputs[i].token != nullptr) {
+      for (const LogitDelta& d : inputs[i].deltas) {
+        host_delta_rows_.push_back(static_cast<int32_t>(j * vocab + d.id));  // < S * vocab: checked at Create
+        host_delta_values_.push_back(d.delta);
+      }
+    }
     chunk.wanted.push_back(i);
     chunk.any_token = chunk.any_token || inputs[i].token != nullptr;
     chunk.every_logits = chunk.every_logits && inputs[i].logits != nullptr;
   }
+  chunk.deltas = static_cast<int64_t>(host_delta_rows_.size());
   return chunk;
+}
+
+absl::Status Engine::ReserveDeltas(const Chunk& chunk) {
+  if (chunk.deltas <= delta_capacity_) return absl::OkStatus();
+  const int64_t capacity = std::max(chunk.deltas, 2 * delta_capacity_);
+  ODMOE_RETURN_IF_ERROR(Alloc(device_, delta_rows_, F32Bytes(capacity), "logit change rows"));
+  ODMOE_RETURN_IF_ERROR(Alloc(device_, delta_values_, F32Bytes(capacity), "logit changes"));
+  ODMOE_RETURN_IF_ERROR(Alloc(device_, delta_ones_, F32Bytes(capacity), "ones for the logit changes"));
+  const std::vector<float> ones(static_cast<size_t>(capacity), 1.0f);
+  device_.CopyToDevice(delta_ones_->data(), ones.data(), F32Bytes(capacity), stream_.get());
+  device_.Synchronize(stream_.get());  // `ones` goes out of scope
+  delta_capacity_ = capacity;
+  return absl::OkStatus();
 }
 
 std::optional<DecodeStepKey> Engine::GraphKey(const Chunk& chunk) const {
@@ -473,8 +513,8 @@ std::optional<DecodeStepKey> Engine::GraphKey(const Chunk& chunk) const {
   DecodeStepKey key;
   key.routing = chunk.wants_routing;
   for (const BatchInput& in : chunk.inputs) {
-    // The logits come back only on the op-by-op path.
-    if (in.logits != nullptr || in.row_logits != nullptr) return std::nullopt;
+    // The logits come back, and change before a pick, only on the op-by-op path.
+    if (in.logits != nullptr || in.row_logits != nullptr || !in.deltas.empty()) return std::nullopt;
     key.caches.push_back(in.sequence->cache_id_);
     key.tokens.push_back(in.token != nullptr);
   }
@@ -483,6 +523,7 @@ std::optional<DecodeStepKey> Engine::GraphKey(const Chunk& chunk) const {
 
 absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKind kind) {
   const Chunk chunk = PlanChunk(inputs, kind);
+  ODMOE_RETURN_IF_ERROR(ReserveDeltas(chunk));
   Device& d = device_;
   Stream* s = stream_.get();
   // A resident decode step replays its graph, or records it the second time in a row its key comes.
@@ -672,13 +713,8 @@ void Engine::EnqueueOutputs(const Chunk& chunk, const float* x) {
     d.CopyOnDevice(last_->as<float>() + j * hidden, x + last_row * hidden, F32Bytes(hidden), s);
   }
   EnqueueLmHead(b);
-  // The tokens are picked next to the logits; only the ids come back.
-  if (chunk.any_token) {
-    d.CopyToDevice(choices_->data(), host_choices_->data(), static_cast<size_t>(b) * sizeof(TokenChoice), s);
-    d.SelectTokens(logits_->as<float>(), b, vocab, choices_->as<TokenChoice>(), tokens_->as<int32_t>(), s);
-    d.CopyToHostAsync(host_tokens_->data(), tokens_->data(), F32Bytes(b), s);
-  }
-  // The logits only where asked for: all rows in one copy, or the rows one by one.
+  // The logits only where asked for: all rows in one copy, or the rows one by one; the model's own, before any
+  // change below (the stream's order keeps them so).
   if (chunk.every_logits) {
     d.CopyToHostAsync(host_logits_->data(), logits_->data(), F32Bytes(b * vocab), s);
   } else {
@@ -686,6 +722,19 @@ void Engine::EnqueueOutputs(const Chunk& chunk, const float* x) {
       if (chunk.inputs[chunk.wanted[static_cast<size_t>(j)]].logits == nullptr) continue;
       d.CopyToHostAsync(host_logits_->as<float>() + j * vocab, logits_->as<float>() + j * vocab, F32Bytes(vocab), s);
     }
+  }
+  // Logit bias and penalties: logits[row j, id] += delta, one fp32 add each (1.0f * delta is exact).
+  if (chunk.deltas > 0) {
+    d.CopyToDevice(delta_rows_->data(), host_delta_rows_.data(), host_delta_rows_.size() * sizeof(int32_t), s);
+    d.CopyToDevice(delta_values_->data(), host_delta_values_.data(), F32Bytes(chunk.deltas), s);
+    d.ScatterAddScaled(delta_ones_->as<float>(), delta_rows_->as<int32_t>(), delta_values_->as<float>(), chunk.deltas,
+                       /*dim=*/1, /*sigmoid_scale=*/false, logits_->as<float>(), s);
+  }
+  // The tokens are picked next to the logits; only the ids come back.
+  if (chunk.any_token) {
+    d.CopyToDevice(choices_->data(), host_choices_->data(), static_cast<size_t>(b) * sizeof(TokenChoice), s);
+    d.SelectTokens(logits_->as<float>(), b, vocab, choices_->as<TokenChoice>(), tokens_->as<int32_t>(), s);
+    d.CopyToHostAsync(host_tokens_->data(), tokens_->data(), F32Bytes(b), s);
   }
 }
 

@@ -23,6 +23,7 @@
 #include "src/engine/decode_graphs.h"
 #include "src/engine/model_weights.h"
 #include "src/engine/moe_units.h"
+#include "src/engine/sampler.h"
 #include "src/model/model_config.h"
 
 namespace odmoe {
@@ -153,6 +154,9 @@ struct BatchInput {
   // `logits` is given.
   const TokenChoice* choice = nullptr;
   int32_t* token = nullptr;
+  // With `choice`: added to the logits before the pick (Sampler::Deltas: logit bias, penalties), after `logits` is
+  // copied (which are the model's own). Distinct ids in [0, vocab). A step with any runs op by op.
+  std::span<const LogitDelta> deltas;
   // Optional: called with the logits of every row of `ids`, after the chunk's outputs. Each row's are bitwise the
   // logits it gives as the last row of an input; they go through the final norm and lm_head in groups of
   // max_sequences_per_forward rows, with one wait on the device per group.
@@ -195,11 +199,12 @@ class Engine {
   // (Device::SelectTokens): the host gets the id alone (a decode step's one wait, for 4 bytes), and the logits as
   // well when `logits` is given.
   // `row_logits` (optional) gets the logits of every one of `ids` (BatchInput::row_logits), rows counted from
-  // ids[0].
+  // ids[0]. `deltas` change the logits before the pick (BatchInput::deltas).
   absl::StatusOr<int32_t> ForwardAndSelect(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
                                            ForwardKind kind, const TokenChoice& choice,
                                            std::vector<float>* logits = nullptr,
-                                           const RowLogitsFn* row_logits = nullptr);
+                                           const RowLogitsFn* row_logits = nullptr,
+                                           std::span<const LogitDelta> deltas = {});
 
   // Drops every position from `position` on (the next Forward runs at `position`): the shadow's roll back to
   // an aligned token. OutOfRange unless 0 <= position <= position().
@@ -244,10 +249,10 @@ class Engine {
   // Forward and ForwardAndSelect on the engine's own sequence: `ids` in chunks, the last one with these outputs.
   absl::Status ForwardOwn(std::span<const int32_t> ids, std::vector<PositionRouting>* routing, ForwardKind kind,
                           std::vector<float>* logits, const TokenChoice* choice, int32_t* token,
-                          const RowLogitsFn* row_logits = nullptr);
+                          const RowLogitsFn* row_logits = nullptr, std::span<const LogitDelta> deltas = {});
   // One chunk of checked inputs, worked out on the host before any of its device work: its rows (their ids and
   // positions written to host_rows_), where each input's routing goes, and which rows give
-  // outputs (their sampling choices written to host_choices_).
+  // outputs (their sampling choices written to host_choices_, their logit changes to host_delta_*).
   struct Chunk {
     std::span<const BatchInput> inputs;
     ForwardKind kind = ForwardKind::kPrefill;
@@ -259,19 +264,22 @@ class Engine {
     std::vector<size_t> wanted;        // output row j is input wanted[j]'s last row (it wants logits or a token)
     bool any_token = false;            // some output row picks a token
     bool every_logits = true;          // every output row wants its logits
+    int64_t deltas = 0;                // logit changes before the picks, staged in host_delta_rows_ / _values_
   };
   Chunk PlanChunk(std::span<const BatchInput> inputs, ForwardKind kind);
   // Runs one chunk: its device work op by op, or a decode step's graph (graphs_), then the outputs.
   absl::Status ForwardChunk(std::span<const BatchInput> inputs, ForwardKind kind);
   // The key of the chunk's graph; nullopt when it runs op by op: not a resident decode step, an input wants its
-  // logits, or this engine has no graphs (attn_workspace_ absent).
+  // logits or has logit changes, or this engine has no graphs (attn_workspace_ absent).
   std::optional<DecodeStepKey> GraphKey(const Chunk& chunk) const;
   // Enqueues the chunk's device work on stream_: the inputs up, every layer, the outputs back (EnqueueOutputs). A
   // chunk that is not resident waits on the host for each sparse layer's router. positions_on_device: the cache
   // writes and attention take the position from device memory when they run (a graph's step).
   absl::Status EnqueueChunk(const Chunk& chunk, bool positions_on_device);
+  // Room on the device for the chunk's logit changes.
+  absl::Status ReserveDeltas(const Chunk& chunk);
   // After the chunk's layers (x: [rows, hidden] on the device): the final norm and lm_head of each output row, the
-  // tokens picked, and the copies back of what the host wants.
+  // copies back of the logits the host wants, the logit changes, the tokens picked and their copy back.
   void EnqueueOutputs(const Chunk& chunk, const float* x);
   // The final norm and lm_head of the first `rows` rows of last_ into logits_: the one way every output row
   // gets its logits.
@@ -315,6 +323,13 @@ class Engine {
   std::unique_ptr<Buffer> kv_row_;                    // [2, num_layers, kv_size]: ReadKv gathers here
   std::unique_ptr<Buffer> last_, logits_;             // [S, hidden], [S, vocab]: S = max_sequences_per_forward
   std::unique_ptr<Buffer> choices_, tokens_;          // [S] TokenChoice, [S] int32: SelectTokens' rows
+  // The logit changes of a chunk (BatchInput::deltas), added as ScatterAddScaled(ones, rows, values) over logits_
+  // seen as [S * vocab, 1]: rows j * vocab + id (int32), values, and as many 1.0f. Allocated by the first chunk
+  // that has any, grown when one has more (ReserveDeltas); host_delta_* is where they are copied from.
+  std::unique_ptr<Buffer> delta_rows_, delta_values_, delta_ones_;
+  int64_t delta_capacity_ = 0;
+  std::vector<int32_t> host_delta_rows_;
+  std::vector<float> host_delta_values_;
   std::unique_ptr<MlpWorkspace> mlp_ws_;
   // Where rows_ and choices_ are copied from, and topk_, logits_ and tokens_ back to (page-locked on
   // CUDA: one DMA each, and what a graph's copies read and write at every launch).

@@ -39,7 +39,7 @@ absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t>
   using Clock = std::chrono::steady_clock;
   const ModelConfig& c = engine.config();
   ODMOE_RETURN_IF_ERROR(ValidateRequest(c, prompt, options.max_new_tokens));
-  ODMOE_RETURN_IF_ERROR(options.Validate());
+  ODMOE_RETURN_IF_ERROR(options.Validate(c.vocab_size));
 
   GenerateResult result;
   Sampler sampler(options.sampling);
@@ -72,14 +72,16 @@ absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t>
     int32_t next = 0;
     if (step == 0) {
       ODMOE_ASSIGN_OR_RETURN(next, engine.ForwardAndSelect(prompt, routing, ForwardKind::kPrefill, sampler.NextChoice(),
-                                                           logits, row_logits));
+                                                           logits, row_logits, sampler.Deltas()));
       if (last_logits != nullptr && wants_logprobs) *last_logits = step_logits;
     } else {
       const int32_t fed = result.tokens.back();
-      ODMOE_ASSIGN_OR_RETURN(next, engine.ForwardAndSelect(std::span<const int32_t>(&fed, 1), routing,
-                                                           ForwardKind::kDecode, sampler.NextChoice(), logits));
+      ODMOE_ASSIGN_OR_RETURN(next,
+                             engine.ForwardAndSelect(std::span<const int32_t>(&fed, 1), routing, ForwardKind::kDecode,
+                                                     sampler.NextChoice(), logits, nullptr, sampler.Deltas()));
     }
     if (step == 0) first_token_time = Clock::now();
+    sampler.Record(next);
     if (wants_logprobs) result.logprobs.push_back(LogprobsOf(step_logits, next, options.logprobs));
     result.tokens.push_back(next);
     const bool stop_on_eos = StopsOnEos(c, options, next);
@@ -93,8 +95,8 @@ absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t>
   return result;
 }
 
-absl::Status GenerateOptions::Validate() const {
-  ODMOE_RETURN_IF_ERROR(sampling.Validate());
+absl::Status GenerateOptions::Validate(int64_t vocab_size) const {
+  ODMOE_RETURN_IF_ERROR(sampling.Validate(vocab_size));
   if (logprobs < -1 || logprobs > kMaxTopLogprobs) {
     return absl::InvalidArgumentError(
         StrCat("logprobs must be -1 (none) or 0..", kMaxTopLogprobs, " (top alternatives per token), got ", logprobs));

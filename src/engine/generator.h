@@ -40,8 +40,8 @@ struct GenerateOptions {
   bool prompt_logprobs = false;
 
   // InvalidArgument naming the option when a value is out of range (sampling, logprobs). max_new_tokens is
-  // checked against the prompt and the model by ValidateRequest.
-  absl::Status Validate() const;
+  // checked against the prompt and the model by ValidateRequest; logit_bias ids against `vocab_size`.
+  absl::Status Validate(int64_t vocab_size) const;
 };
 
 struct GenerateResult {

@@ -1,5 +1,6 @@
 #include "src/engine/sampler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -8,13 +9,39 @@
 
 namespace odmoe {
 
-absl::Status SamplingOptions::Validate() const {
+absl::Status SamplingOptions::Validate(int64_t vocab_size) const {
   if (!(temperature >= 0) || !std::isfinite(temperature)) {
     return absl::InvalidArgumentError(StrCat("sampling.temperature must be a number >= 0, got ", temperature));
   }
   if (top_k < 0) return absl::InvalidArgumentError(StrCat("sampling.top_k must be >= 0, got ", top_k));
   if (!(top_p > 0 && top_p <= 1)) {
     return absl::InvalidArgumentError(StrCat("sampling.top_p must be in (0, 1], got ", top_p));
+  }
+  for (const auto& [name, value] :
+       {std::pair{"presence_penalty", presence_penalty}, std::pair{"frequency_penalty", frequency_penalty}}) {
+    if (!(value >= -2 && value <= 2)) {
+      return absl::InvalidArgumentError(StrCat("sampling.", name, " must be in [-2, 2], got ", value));
+    }
+  }
+  if (logit_bias.size() > kMaxLogitBias) {
+    return absl::InvalidArgumentError(
+        StrCat("sampling.logit_bias has ", logit_bias.size(), " entries, at most ", kMaxLogitBias));
+  }
+  std::vector<int32_t> ids;
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::OutOfRangeError(
+          StrCat("sampling.logit_bias token id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    if (!(bias >= -100 && bias <= 100)) {
+      return absl::InvalidArgumentError(
+          StrCat("sampling.logit_bias of token ", id, " must be in [-100, 100], got ", bias));
+    }
+    ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  if (auto dup = std::adjacent_find(ids.begin(), ids.end()); dup != ids.end()) {
+    return absl::InvalidArgumentError(StrCat("sampling.logit_bias gives token ", *dup, " twice"));
   }
   return absl::OkStatus();
 }
@@ -32,6 +59,36 @@ int32_t ArgMax(std::span<const float> logits) {
   return cpu::ArgMax(logits.data(), static_cast<int64_t>(logits.size()));
 }
 
+Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {
+  std::vector<std::pair<int32_t, double>> bias = options.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  for (const auto& [id, b] : bias) {
+    deltas_.push_back({id, DeltaOf(b, 0)});
+    bias_.push_back(b);
+    counts_.push_back(0);
+  }
+}
+
+float Sampler::DeltaOf(double bias, int64_t count) const {
+  const double penalty =
+      count > 0 ? static_cast<double>(count) * options_.frequency_penalty + options_.presence_penalty : 0.0;
+  return static_cast<float>(bias - penalty);
+}
+
+void Sampler::Record(int32_t id) {
+  if (options_.presence_penalty == 0 && options_.frequency_penalty == 0) return;  // the bias alone never changes
+  auto it =
+      std::lower_bound(deltas_.begin(), deltas_.end(), id, [](const LogitDelta& d, int32_t v) { return d.id < v; });
+  const size_t at = static_cast<size_t>(it - deltas_.begin());
+  if (it == deltas_.end() || it->id != id) {
+    deltas_.insert(it, LogitDelta{id, 0.0f});
+    bias_.insert(bias_.begin() + static_cast<std::ptrdiff_t>(at), 0.0);
+    counts_.insert(counts_.begin() + static_cast<std::ptrdiff_t>(at), 0);
+  }
+  ++counts_[at];
+  deltas_[at].delta = DeltaOf(bias_[at], counts_[at]);
+}
+
 float Sampler::Uniform() { return static_cast<float>(rng_() >> 40) * 0x1.0p-24f; }
 
 TokenChoice Sampler::NextChoice() {
@@ -42,8 +99,15 @@ TokenChoice Sampler::NextChoice() {
 
 int32_t Sampler::Next(std::span<const float> logits) {
   const TokenChoice c = NextChoice();
+  std::vector<float> changed;
+  if (!deltas_.empty()) {
+    changed.assign(logits.begin(), logits.end());
+    for (const LogitDelta& d : deltas_) changed[static_cast<size_t>(d.id)] += d.delta;
+    logits = changed;
+  }
   int32_t id = 0;
   cpu::SelectTokens(logits.data(), 1, static_cast<int64_t>(logits.size()), &c, &id);
+  Record(id);
   return id;
 }
 

@@ -4,25 +4,51 @@
 // kernels/sampling_rule.h, made either next to the logits by Device::SelectTokens (a decode step then brings back
 // only the id) or on the host by Next, with the same result. Deterministic: the same seed and logits give the same
 // tokens on every machine and backend.
+//
+// Logit bias and the presence / frequency penalties (OpenAI's) change the logits before the pick: the Sampler keeps
+// the count of each token it was told was picked (Record) and gives, for the next pick, one change per token id
+// (Deltas): bias - (count * frequency_penalty + (count > 0 ? presence_penalty : 0)), computed in double on the host
+// and added to the logit in fp32 wherever the pick is made. So every backend still picks the same ids. Log-
+// probabilities are those of the logits before these changes.
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/sampling_rule.h"
 
 namespace odmoe {
 
+// The most logit_bias entries a request may give (OpenAI's limit).
+inline constexpr size_t kMaxLogitBias = 300;
+
 struct SamplingOptions {
   double temperature = 0.0;  // 0: greedy
   int64_t top_k = 0;         // 0: no top-k filter
   double top_p = 1.0;        // 1: no nucleus filter
   uint64_t seed = 0;
+  // Subtracted from a token's logit once it has been generated at least once (presence) and per time it has been
+  // (frequency): [-2, 2], as OpenAI's. Tokens of the prompt do not count.
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  // Added to the logits of these token ids at every pick: [-100, 100] each, at most kMaxLogitBias ids, each once.
+  std::vector<std::pair<int32_t, double>> logit_bias;
 
-  // InvalidArgument naming the option when a value is out of range.
-  absl::Status Validate() const;
+  // InvalidArgument naming the option when a value is out of range; OutOfRange for a logit_bias id outside
+  // [0, vocab_size).
+  absl::Status Validate(int64_t vocab_size) const;
+  // Whether the logits change before a pick (Sampler::Deltas may be non-empty).
+  bool ChangesLogits() const { return presence_penalty != 0 || frequency_penalty != 0 || !logit_bias.empty(); }
+};
+
+// One change to a row of logits before its pick: logits[id] += delta (fp32).
+struct LogitDelta {
+  int32_t id = 0;
+  float delta = 0.0f;
 };
 
 // The options as the rule reads them, in fp32 (a temperature that rounds to 0 is greedy, a top_p that rounds to 1
@@ -34,17 +60,31 @@ int32_t ArgMax(std::span<const float> logits);
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {}
+  // REQUIRES: options.Validate() is OK.
+  explicit Sampler(const SamplingOptions& options);
   // How the next token is to be picked: the options and, when they sample, the next draw of the seeded stream
   // (greedy draws none). Called once per token, by whoever makes the pick.
   TokenChoice NextChoice();
-  // The next token picked on the host from its logits ([vocab]): cpu::SelectTokens by NextChoice().
+  // The changes to the next pick's logits (see the file comment): one per token id with a bias or a count, in
+  // ascending id order; empty when the options change no logit. Valid until the next Record.
+  std::span<const LogitDelta> Deltas() const { return deltas_; }
+  // `id` was picked: it counts for the penalties of the picks after it. Called once per token by whoever makes the
+  // pick (Next does).
+  void Record(int32_t id);
+  // The next token picked on the host from its logits ([vocab]): the Deltas added, cpu::SelectTokens by
+  // NextChoice(), and the pick recorded.
   int32_t Next(std::span<const float> logits);
 
  private:
   float Uniform();  // [0, 1), a multiple of 2^-24 (exact in fp32)
+  // The delta of a token of bias `bias` picked `count` times.
+  float DeltaOf(double bias, int64_t count) const;
+
   SamplingOptions options_;
   std::mt19937_64 rng_;
+  std::vector<LogitDelta> deltas_;  // ascending ids
+  std::vector<double> bias_;        // per entry of deltas_
+  std::vector<int64_t> counts_;     // per entry of deltas_
 };
 
 }  // namespace odmoe

@@ -224,9 +224,16 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
       if (absl::IsOutOfRange(s)) error->code = "context_length_exceeded";
       return s;
     }
-    SamplingOptions sampling{.temperature = r.temperature, .top_k = 0, .top_p = r.top_p, .seed = seed};
-    if (absl::Status s = sampling.Validate(); !s.ok()) {
-      *error = BadRequest(std::string(s.message()));
+    SamplingOptions sampling{.temperature = r.temperature,
+                             .top_k = 0,
+                             .top_p = r.top_p,
+                             .seed = seed,
+                             .presence_penalty = r.presence_penalty,
+                             .frequency_penalty = r.frequency_penalty,
+                             .logit_bias = r.logit_bias};
+    if (absl::Status s = sampling.Validate(config.vocab_size); !s.ok()) {
+      const bool bias = s.message().find("logit_bias") != std::string_view::npos;
+      *error = BadRequest(std::string(s.message()), bias ? "logit_bias" : "");
       return s;
     }
     PreparedPrompt p;
@@ -237,6 +244,9 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
     p.request.mutable_sampling()->set_temperature(r.temperature);
     p.request.mutable_sampling()->set_top_p(r.top_p);
     p.request.mutable_sampling()->set_seed(seed);
+    p.request.mutable_sampling()->set_presence_penalty(r.presence_penalty);
+    p.request.mutable_sampling()->set_frequency_penalty(r.frequency_penalty);
+    for (const auto& [id, bias] : r.logit_bias) (*p.request.mutable_sampling()->mutable_logit_bias())[id] = bias;
     p.request.set_logprobs(r.logprobs >= 0);
     p.request.set_top_logprobs(std::max(r.logprobs, 0));
     p.request.set_prompt_logprobs(r.echo && r.logprobs >= 0);

@@ -301,12 +301,15 @@ absl::StatusOr<GenerateOptions> MainNode::OptionsOf(const v1::GenerateRequest& r
   options.sampling.top_k = request.sampling().top_k();
   options.sampling.top_p = request.sampling().top_p() == 0 ? 1.0 : request.sampling().top_p();
   options.sampling.seed = request.sampling().seed();
+  options.sampling.presence_penalty = request.sampling().presence_penalty();
+  options.sampling.frequency_penalty = request.sampling().frequency_penalty();
+  for (const auto& [id, bias] : request.sampling().logit_bias()) options.sampling.logit_bias.emplace_back(id, bias);
   if (!request.logprobs() && request.top_logprobs() != 0) {
     return absl::InvalidArgumentError(StrCat("top_logprobs (", request.top_logprobs(), ") needs logprobs set"));
   }
   options.logprobs = request.logprobs() ? request.top_logprobs() : -1;
   options.prompt_logprobs = request.prompt_logprobs();
-  ODMOE_RETURN_IF_ERROR(options.Validate());
+  ODMOE_RETURN_IF_ERROR(options.Validate(config_.vocab_size));
   options.ignore_eos = request.ignore_eos();
   options.keep_last_logits = request.dump_logits();
   options.record_routing = request.dump_routing();

@@ -209,15 +209,6 @@ absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
     if (!v->is_string()) return Fail(error, "suffix", TypeError("suffix", "a string", *v));
     if (!v->get<std::string>().empty()) return unsupported("suffix", "(insertion)");
   }
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    std::optional<double> p;
-    ODMOE_RETURN_IF_ERROR(ReadNumber(body, key, -2.0, 2.0, error, &p));
-    if (p && *p != 0) return unsupported(key, "other than 0");
-  }
-  if (const Json* v = Field(body, "logit_bias")) {
-    if (!v->is_object()) return Fail(error, "logit_bias", TypeError("logit_bias", "an object", *v));
-    if (!v->empty()) return unsupported("logit_bias", "(non-empty)");
-  }
   for (const char* key : {"tools", "functions"}) {
     if (const Json* v = Field(body, key)) {
       if (!v->is_array()) return Fail(error, key, TypeError(key, "a list", *v));
@@ -232,6 +223,32 @@ absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
     if (type->get<std::string>() != "text") {
       return unsupported("response_format", StrCat("of type '", type->get<std::string>(), "'"));
     }
+  }
+  return absl::OkStatus();
+}
+
+// `logit_bias`: {"token id": bias in [-100, 100]}, at most kMaxLogitBias entries (ids checked against the model
+// later, with the rest of the sampling options).
+absl::Status ReadLogitBias(const Json& body, ApiError* error, std::vector<std::pair<int32_t, double>>* out) {
+  const Json* v = Field(body, "logit_bias");
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_object()) return Fail(error, "logit_bias", TypeError("logit_bias", "an object", *v));
+  if (v->size() > kMaxLogitBias) {
+    return Fail(error, "logit_bias", StrCat("'logit_bias' has ", v->size(), " entries, at most ", kMaxLogitBias));
+  }
+  for (const auto& [key, bias] : v->items()) {
+    int64_t id = 0;
+    const bool digits = !key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos;
+    if (digits) id = std::stoll(key);
+    if (!digits || id > std::numeric_limits<int32_t>::max()) {
+      return Fail(error, "logit_bias", StrCat("'logit_bias' key '", key, "' is not a token id"));
+    }
+    if (!bias.is_number() || !std::isfinite(bias.get<double>()) || bias.get<double>() < -100 ||
+        bias.get<double>() > 100) {
+      return Fail(error, "logit_bias",
+                  StrCat("'logit_bias[\"", key, "\"]' must be a number in [-100, 100], got ", bias.dump()));
+    }
+    out->emplace_back(static_cast<int32_t>(id), bias.get<double>());
   }
   return absl::OkStatus();
 }
@@ -366,6 +383,12 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   std::optional<int64_t> seed;
   ODMOE_RETURN_IF_ERROR(ReadInt(j, "seed", error, &seed));
   if (seed) r.seed = static_cast<uint64_t>(*seed);
+  std::optional<double> presence, frequency;
+  ODMOE_RETURN_IF_ERROR(ReadNumber(j, "presence_penalty", -2.0, 2.0, error, &presence));
+  ODMOE_RETURN_IF_ERROR(ReadNumber(j, "frequency_penalty", -2.0, 2.0, error, &frequency));
+  r.presence_penalty = presence.value_or(0.0);
+  r.frequency_penalty = frequency.value_or(0.0);
+  ODMOE_RETURN_IF_ERROR(ReadLogitBias(j, error, &r.logit_bias));
   ODMOE_RETURN_IF_ERROR(ReadStop(j, error, &r.stop));
   ODMOE_RETURN_IF_ERROR(ReadBool(j, "stream", error, &r.stream));
   ODMOE_RETURN_IF_ERROR(ReadBool(j, "ignore_eos", error, &r.ignore_eos));

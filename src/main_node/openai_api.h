@@ -6,12 +6,12 @@
 //
 // What is accepted (POST /v1/completions and /v1/chat/completions): `model`; `prompt` as a string, a list of
 // strings, a list of token ids or a list of such lists, or `messages` for chat; `n` (choices per prompt);
-// `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop` (a string or a list of up to 16),
-// `stream`, `stream_options.include_usage`, `logprobs` (completions: the alternatives per token; chat: true, with
-// `top_logprobs`), `echo` (completions), and vLLM's extension `ignore_eos`. Unknown fields are ignored; options
-// odmoe does not implement are refused (400, `param` naming them) only when set to a value that needs them:
-// `best_of` > 1, chat's `echo`, `suffix`, non-zero penalties, `logit_bias`, `tools`, `functions`, a
-// `response_format` other than text.
+// `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `presence_penalty`, `frequency_penalty`,
+// `logit_bias`, `stop` (a string or a list of up to 16), `stream`, `stream_options.include_usage`, `logprobs`
+// (completions: the alternatives per token; chat: true, with `top_logprobs`), `echo` (completions), and vLLM's
+// extension `ignore_eos`. Unknown fields are ignored; options odmoe does not implement are refused (400, `param`
+// naming them) only when set to a value that needs them: `best_of` > 1, chat's `echo`, `suffix`, `tools`,
+// `functions`, a `response_format` other than text.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "src/common/json.h"
 #include "src/engine/logprobs.h"
+#include "src/engine/sampler.h"
 #include "src/model/tokenizer.h"
 
 namespace odmoe::openai {
@@ -71,6 +72,11 @@ struct CompletionRequest {
   double temperature = 1.0;           // OpenAI's default; 0: greedy
   double top_p = 1.0;
   std::optional<uint64_t> seed;  // absent: a random seed per request
+  // SamplingOptions' (src/engine/sampler.h): generated tokens' penalties, and biases by token id (keys of the
+  // JSON object `logit_bias`, ids not yet checked against the vocabulary).
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  std::vector<std::pair<int32_t, double>> logit_bias;
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

@@ -120,6 +120,8 @@ TEST_F(GenerateCliTest, BadRequestsExitWithOneLineAndASpecificCode) {
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--temperature", "-1"}, kExitUsage,
        "--temperature"},
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--backend", "tpu"}, kExitUsage, "tpu"},
+      {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--frequency-penalty", "3"}, kExitUsage,
+       "--frequency-penalty must be in [-2, 2], got 3"},
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--logprobs", "21"}, kExitUsage, "--logprobs"},
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--prompt-logprobs"}, kExitUsage, "--logprobs N"},
       {{"--model", qwen, "--prompt", "hello", "--max-new-tokens", "1"}, kExitInvalidModel, "--prompt-ids"},

@@ -9,6 +9,7 @@
 #include "src/backend/device_factory.h"
 #include "src/common/json.h"
 #include "src/engine/generator.h"
+#include "tests/engine/logit_changes_check.h"
 #include "tests/test_support.h"
 
 namespace odmoe {
@@ -72,6 +73,12 @@ std::vector<Case> EightCases(bool sampled) {
       c.options.sampling = kinds[i % 4];
       c.options.sampling.seed = 1000 + static_cast<uint64_t>(i);
     }
+    // Logit changes on some rows (penalties, a bias), beside rows without.
+    if (i % 3 == 1) {
+      c.options.sampling.presence_penalty = 0.4;
+      c.options.sampling.frequency_penalty = 0.8;
+    }
+    if (i == 3) c.options.sampling.logit_bias = {{c.prompt.back(), -5.0}, {13, 2.5}};
     c.join_at_step = join[i];
     cases.push_back(std::move(c));
   }
@@ -140,8 +147,8 @@ void ExpectBatchEqualsSolo(const std::string& device_spec, bool sampled, int64_t
         EXPECT_LE(lp.token.logprob, 0.0f);
         if (lp.top.empty()) continue;
         EXPECT_GE(lp.top[0].logprob, lp.token.logprob);
-        if (cases[i].options.sampling.temperature == 0) {
-          EXPECT_EQ(lp.top[0].id, lp.token.id);
+        if (cases[i].options.sampling.temperature == 0 && !cases[i].options.sampling.ChangesLogits()) {
+          EXPECT_EQ(lp.top[0].id, lp.token.id);  // greedy picks the likeliest (of the logits before any change)
         }
       }
     } else {
@@ -201,6 +208,11 @@ void ExpectPromptLogprobsOfEachPrefix(const std::string& device_spec) {
   ASSERT_TRUE(scored.status().ok()) << scored.status();
   EXPECT_EQ(scored.result().prompt_logprobs, whole->prompt_logprobs);
   EXPECT_EQ(scored.result().logprobs, whole->logprobs);
+}
+
+TEST(BatchingTest, LogitChangesPickAsTheHostRuleOnCpu) { testing::ExpectLogitChangesPickAsTheHostRule("cpu", 24); }
+TEST(BatchingTest, LogitChangesPickAsTheHostRuleOnTheMockGpu) {
+  testing::ExpectLogitChangesPickAsTheHostRule("mock-gpu", 24);
 }
 
 TEST(BatchingTest, PromptLogprobsAreThoseOfEachPrefixOnCpu) { ExpectPromptLogprobsOfEachPrefix("cpu"); }

@@ -184,14 +184,76 @@ TEST(SamplingRuleTest, MassAndFractionsAreExactIntegers) {
 TEST(SamplingOptionsTest, RejectsBadValuesNamingTheFlag) {
   SamplingOptions o;
   o.temperature = -1;
-  EXPECT_NE(o.Validate().message().find("sampling.temperature"), absl::string_view::npos);
+  EXPECT_NE(o.Validate(100).message().find("sampling.temperature"), absl::string_view::npos);
   o = {};
   o.top_p = 0;
-  EXPECT_NE(o.Validate().message().find("sampling.top_p"), absl::string_view::npos);
+  EXPECT_NE(o.Validate(100).message().find("sampling.top_p"), absl::string_view::npos);
   o = {};
   o.top_k = -3;
-  EXPECT_NE(o.Validate().message().find("sampling.top_k"), absl::string_view::npos);
-  EXPECT_TRUE(SamplingOptions{}.Validate().ok());
+  EXPECT_NE(o.Validate(100).message().find("sampling.top_k"), absl::string_view::npos);
+  o = {};
+  o.presence_penalty = 2.5;
+  EXPECT_EQ(o.Validate(100).message(), "sampling.presence_penalty must be in [-2, 2], got 2.5");
+  o = {};
+  o.frequency_penalty = -3;
+  EXPECT_NE(o.Validate(100).message().find("sampling.frequency_penalty"), absl::string_view::npos);
+  o = {};
+  o.logit_bias = {{100, 1.0}};
+  EXPECT_EQ(o.Validate(100),
+            absl::OutOfRangeError("sampling.logit_bias token id 100 is outside the vocabulary [0, 100)"));
+  o.logit_bias = {{5, 101.0}};
+  EXPECT_NE(o.Validate(100).message().find("[-100, 100], got 101"), absl::string_view::npos);
+  o.logit_bias = {{5, 1.0}, {7, 2.0}, {5, 3.0}};
+  EXPECT_EQ(o.Validate(100).message(), "sampling.logit_bias gives token 5 twice");
+  o.logit_bias.assign(kMaxLogitBias + 1, {1, 1.0});
+  EXPECT_NE(o.Validate(100).message().find("at most 300"), absl::string_view::npos);
+  EXPECT_TRUE(SamplingOptions{}.Validate(100).ok());
+}
+
+// Logit bias at every pick, presence and frequency penalties by the count of each picked token: one delta per id, in
+// id order, each computed in double and rounded once.
+TEST(SamplerTest, DeltasFollowTheBiasAndTheCountsOfThePickedTokens) {
+  SamplingOptions o;
+  o.presence_penalty = 0.5;
+  o.frequency_penalty = 0.25;
+  o.logit_bias = {{9, -100.0}, {2, 1.5}};
+  Sampler s(o);
+  auto deltas = [&s] {
+    std::vector<std::pair<int32_t, float>> out;
+    for (const LogitDelta& d : s.Deltas()) out.emplace_back(d.id, d.delta);
+    return out;
+  };
+  using V = std::vector<std::pair<int32_t, float>>;
+  EXPECT_EQ(deltas(), (V{{2, 1.5f}, {9, -100.0f}}));
+  s.Record(4);
+  s.Record(2);
+  s.Record(4);
+  EXPECT_EQ(deltas(), (V{{2, 1.5f - 0.75f}, {4, -1.0f}, {9, -100.0f}}));
+  // Bias alone: no counts kept, the same deltas at every pick.
+  SamplingOptions bias_only;
+  bias_only.logit_bias = {{3, 2.0}};
+  Sampler b(bias_only);
+  b.Record(3);
+  b.Record(1);
+  ASSERT_EQ(b.Deltas().size(), 1u);
+  EXPECT_EQ(b.Deltas()[0].delta, 2.0f);
+  EXPECT_TRUE(Sampler(SamplingOptions{}).Deltas().empty());
+}
+
+// The host pick adds the deltas: a bias of -100 on the best token makes greedy take the next; a frequency penalty
+// makes greedy leave a token once its count outweighs its lead.
+TEST(SamplerTest, HostPickAddsTheDeltasAndRecordsThePick) {
+  const std::vector<float> l = {0.0f, 3.0f, 2.0f};
+  SamplingOptions banned;
+  banned.logit_bias = {{1, -100.0}};
+  Sampler a(banned);
+  EXPECT_EQ(a.Next(l), 2);
+  SamplingOptions repeat;
+  repeat.frequency_penalty = 0.6;  // token 1 leads by 1: after two picks (-1.2) token 2 wins, then 1 again
+  Sampler r(repeat);
+  std::vector<int32_t> picks;
+  for (int i = 0; i < 4; ++i) picks.push_back(r.Next(l));
+  EXPECT_EQ(picks, (std::vector<int32_t>{1, 1, 2, 1}));
 }
 
 }  // namespace

@@ -233,6 +233,32 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
       EXPECT_EQ(lp["text_offset"][i].is_number_integer(), true);
     }
 
+    // Penalties and a logit bias through the cluster: the tokens of the engine in one process with the same options,
+    // the banned token never generated.
+    GenerateOptions penalized;
+    penalized.max_new_tokens = 12;
+    penalized.sampling.presence_penalty = 0.5;
+    penalized.sampling.frequency_penalty = 1.0;
+    penalized.sampling.logit_bias = {{solo->tokens[0], -100.0}};
+    auto penalized_solo = Generate((*local)->engine(), prompt, penalized);
+    ASSERT_TRUE(penalized_solo.ok()) << penalized_solo.status();
+    const HttpResult penalized_http =
+        Post(base + "/v1/completions", {{"model", kModel},
+                                        {"prompt", prompt},
+                                        {"max_tokens", 12},
+                                        {"temperature", 0},
+                                        {"presence_penalty", 0.5},
+                                        {"frequency_penalty", 1.0},
+                                        {"logit_bias", {{std::to_string(solo->tokens[0]), -100}}}});
+    ASSERT_EQ(penalized_http.status, 200) << penalized_http.body;
+    EXPECT_EQ(ParseOrDie(penalized_http.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+              penalized_solo->tokens);
+    EXPECT_NE(penalized_solo->tokens, solo->tokens);
+    const HttpResult outside =
+        Post(base + "/v1/completions", {{"model", kModel}, {"prompt", prompt}, {"logit_bias", {{"999999", 5}}}});
+    EXPECT_EQ(outside.status, 400) << outside.body;
+    EXPECT_EQ(ParseOrDie(outside.body)["error"]["param"], "logit_bias") << outside.body;
+
     // Scoring as lm-evaluation-harness does it (echo, logprobs 1, one new token; a batch of prompts), and with no
     // new token: the prompt's logprobs are the engine's, the first one null.
     options.max_new_tokens = 1;

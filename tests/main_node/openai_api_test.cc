@@ -2,6 +2,7 @@
 // templates, and the response / server-sent-event formats.
 #include "src/main_node/openai_api.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -66,6 +67,15 @@ TEST(OpenAiParse, DefaultsAndOptions) {
   auto n = Parse(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"n":3})", Endpoint::kChatCompletions);
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(n->n, 3);
+
+  auto penalties = Parse(
+      R"({"model":"m","prompt":"x","presence_penalty":-0.5,"frequency_penalty":1.25,"logit_bias":{"7":-100,"50256":2.5}})");
+  ASSERT_TRUE(penalties.ok()) << penalties.status();
+  EXPECT_EQ(penalties->presence_penalty, -0.5);
+  EXPECT_EQ(penalties->frequency_penalty, 1.25);
+  std::vector<std::pair<int32_t, double>> bias = penalties->logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<int32_t, double>>{{7, -100.0}, {50256, 2.5}}));
 
   auto d = Parse(R"({"model":"m","prompt":"x"})");
   ASSERT_TRUE(d.ok());
@@ -163,9 +173,18 @@ TEST(OpenAiParse, ErrorsNameTheField) {
       {R"({"model":"m","prompt":"x","logprobs":21})", Endpoint::kCompletions, "logprobs", "[0, 20], got 21"},
       {R"({"model":"m","prompt":"x","logprobs":-1})", Endpoint::kCompletions, "logprobs", "[0, 20]"},
       {R"({"model":"m","prompt":"x","logprobs":true})", Endpoint::kCompletions, "logprobs", "an integer"},
-      {R"({"model":"m","prompt":"x","frequency_penalty":0.5})", Endpoint::kCompletions, "frequency_penalty",
-       "not supported"},
-      {R"({"model":"m","prompt":"x","logit_bias":{"1":5}})", Endpoint::kCompletions, "logit_bias", "not supported"},
+      {R"({"model":"m","prompt":"x","frequency_penalty":2.5})", Endpoint::kCompletions, "frequency_penalty",
+       "'frequency_penalty' must be in [-2, 2], got 2.5"},
+      {R"({"model":"m","prompt":"x","presence_penalty":"1"})", Endpoint::kCompletions, "presence_penalty", "a number"},
+      {R"({"model":"m","prompt":"x","logit_bias":[1]})", Endpoint::kCompletions, "logit_bias", "an object"},
+      {R"({"model":"m","prompt":"x","logit_bias":{"x1":5}})", Endpoint::kCompletions, "logit_bias",
+       "'logit_bias' key 'x1' is not a token id"},
+      {R"({"model":"m","prompt":"x","logit_bias":{"-1":5}})", Endpoint::kCompletions, "logit_bias", "not a token id"},
+      {R"({"model":"m","prompt":"x","logit_bias":{"99999999999":5}})", Endpoint::kCompletions, "logit_bias",
+       "not a token id"},
+      {R"({"model":"m","prompt":"x","logit_bias":{"7":101}})", Endpoint::kCompletions, "logit_bias",
+       "'logit_bias[\"7\"]' must be a number in [-100, 100], got 101"},
+      {R"({"model":"m","prompt":"x","logit_bias":{"7":"5"}})", Endpoint::kCompletions, "logit_bias", "got \"5\""},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":3})", Endpoint::kChatCompletions,
        "logprobs", "a boolean"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2})", Endpoint::kChatCompletions,

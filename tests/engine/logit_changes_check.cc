@@ -1,0 +1,60 @@
+#include "tests/engine/logit_changes_check.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "src/backend/device_factory.h"
+#include "src/engine/generator.h"
+#include "src/engine/sampler.h"
+#include "tests/test_support.h"
+
+namespace odmoe::testing {
+
+void ExpectLogitChangesPickAsTheHostRule(const std::string& device_spec, int tokens) {
+  const std::string name = "tiny-mixtral-kjv";
+  if (!HaveSharedModel(name)) GTEST_SKIP() << "no " << SharedModel(name);
+  auto device = CreateDevice(device_spec);
+  ASSERT_TRUE(device.ok()) << device.status();
+  auto model = LocalModel::Open(SharedModel(name), std::move(device).value());
+  ASSERT_TRUE(model.ok()) << model.status();
+  Engine& engine = (*model)->engine();
+  const std::vector<int32_t> prompt = {1, 415, 2936, 302, 7, 1725, 3169};
+  for (const bool sampled : {false, true}) {
+    SCOPED_TRACE(sampled ? "sampled" : "greedy");
+    GenerateOptions plain;
+    plain.max_new_tokens = tokens;
+    plain.ignore_eos = true;
+    plain.keep_last_logits = true;
+    if (sampled) plain.sampling = {.temperature = 0.8, .top_k = 0, .top_p = 0.95, .seed = 7};
+    auto unchanged = Generate(engine, prompt, plain);
+    ASSERT_TRUE(unchanged.ok()) << unchanged.status();
+    GenerateOptions changed = plain;
+    const int32_t banned = unchanged->tokens[0];
+    changed.sampling.presence_penalty = 0.5;
+    changed.sampling.frequency_penalty = 1.0;
+    changed.sampling.logit_bias = {{banned, -100.0}, {13, 3.0}};
+    auto picked = Generate(engine, prompt, changed);
+    ASSERT_TRUE(picked.ok()) << picked.status();
+    EXPECT_EQ(picked->last_logits, unchanged->last_logits) << "the logits reported are the model's own";
+    EXPECT_NE(picked->tokens, unchanged->tokens);
+    EXPECT_EQ(std::count(picked->tokens.begin(), picked->tokens.end(), banned), 0);
+
+    // The host rule over the same logits, step by step.
+    ASSERT_TRUE(engine.StartSequence(static_cast<int64_t>(prompt.size()) + tokens).ok());
+    Sampler sampler(changed.sampling);
+    absl::StatusOr<std::vector<float>> logits = engine.Forward(prompt, nullptr);
+    std::vector<int32_t> host;
+    for (int t = 0; t < tokens; ++t) {
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      host.push_back(sampler.Next(*logits));
+      logits = engine.Forward(std::span<const int32_t>(&host.back(), 1), nullptr, ForwardKind::kDecode);
+    }
+    EXPECT_EQ(picked->tokens, host);
+  }
+}
+
+}  // namespace odmoe::testing
