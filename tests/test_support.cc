@@ -20,7 +20,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/sinks/base_sink.h"
 #include "spdlog/spdlog.h"
 
 namespace odmoe::testing {
@@ -209,12 +209,34 @@ bool Eventually(const std::function<bool()>& cond, std::chrono::seconds limit) {
   return true;
 }
 
-CapturedLog::CapturedLog() : previous_(spdlog::default_logger()) {
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
-  spdlog::set_default_logger(std::make_shared<spdlog::logger>("captured", sink));
+// The formatted lines in a string, written and read under base_sink's mutex (a test reads them while the threads
+// it started may still log).
+class CapturedLog::Sink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::string text() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return text_;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t formatted;
+    formatter_->format(msg, formatted);
+    text_.append(formatted.data(), formatted.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::string text_;
+};
+
+CapturedLog::CapturedLog() : previous_(spdlog::default_logger()), sink_(std::make_shared<Sink>()) {
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("captured", sink_));
 }
 
 CapturedLog::~CapturedLog() { spdlog::set_default_logger(previous_); }
+
+std::string CapturedLog::text() const { return sink_->text(); }
 
 int CapturedLog::Count(const std::string& needle) const {
   const std::string t = text();

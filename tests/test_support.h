@@ -74,20 +74,22 @@ bool Eventually(const std::function<bool()>& cond, std::chrono::seconds limit);
 
 // Collects what spdlog's default logger writes while it lives. Make it before starting anything that logs from
 // threads of its own and end it after they stop: swapping the default logger is not safe against a concurrent
-// log call.
+// log call. text() and Count() may be called while other threads log (they read under the sink's lock).
 class CapturedLog {
  public:
   CapturedLog();
   ~CapturedLog();
   CapturedLog(const CapturedLog&) = delete;
   CapturedLog& operator=(const CapturedLog&) = delete;
-  std::string text() const { return out_.str(); }
+  std::string text() const;
   // How many times `needle` occurs in the text.
   int Count(const std::string& needle) const;
 
+  class Sink;  // test_support.cc
+
  private:
   std::shared_ptr<spdlog::logger> previous_;
-  std::ostringstream out_;
+  std::shared_ptr<Sink> sink_;
 };
 
 }  // namespace odmoe::testing
