@@ -13,12 +13,6 @@ absl::Status ValidateRequest(const ModelConfig& config, std::span<const int32_t>
   if (max_new_tokens < 0) {
     return absl::InvalidArgumentError(StrCat("max_new_tokens must be >= 0, got ", max_new_tokens));
   }
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    if (prompt[i] < 0 || prompt[i] >= config.vocab_size) {
-      return absl::OutOfRangeError(StrCat("prompt token id ", prompt[i], " at index ", i,
-                                          " is outside the vocabulary [0, ", config.vocab_size, ")"));
-    }
-  }
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
   if (prompt_len > config.max_position_embeddings) {
     return absl::OutOfRangeError(StrCat("the prompt has ", prompt.size(), " tokens, more than the model's ",
@@ -31,7 +25,14 @@ absl::Status ValidateRequest(const ModelConfig& config, std::span<const int32_t>
                                         ") exceeds the model's ", config.max_position_embeddings,
                                         " positions (max_position_embeddings)"));
   }
-  return CheckSequenceLength(config, prompt_len + max_new_tokens);
+  ODMOE_RETURN_IF_ERROR(CheckSequenceLength(config, prompt_len + max_new_tokens));
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= config.vocab_size) {
+      return absl::OutOfRangeError(StrCat("prompt token id ", prompt[i], " at index ", i,
+                                          " is outside the vocabulary [0, ", config.vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t> prompt,

@@ -59,8 +59,9 @@ struct GenerateResult {
   double total_ms = 0;
 };
 
-// Checks a prompt against the model: non-empty, ids inside the vocabulary, and prompt + max_new_tokens within
-// the model's positions. OutOfRange / InvalidArgument with a message naming the value.
+// Checks a prompt against the model: non-empty, prompt + max_new_tokens within the model's positions, then ids
+// inside the vocabulary. InvalidArgument for an empty prompt or a negative max_new_tokens, else OutOfRange, with a
+// message naming the value: a request whose length fits the model is refused for its ids alone.
 absl::Status ValidateRequest(const ModelConfig& config, std::span<const int32_t> prompt, int64_t max_new_tokens);
 
 // The last position a request decodes at (feeds a generated token back at): prompt_len + max_new_tokens - 2,

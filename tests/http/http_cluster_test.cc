@@ -449,6 +449,8 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   EXPECT_EQ(ParseOrDie(too_long.body)["error"]["code"], "context_length_exceeded") << too_long.body;
   const HttpResult bad_id = Post(base + "/v1/completions", {{"model", kModel}, {"prompt", {1, 999999}}});
   EXPECT_EQ(bad_id.status, 400) << bad_id.body;
+  EXPECT_EQ(ParseOrDie(bad_id.body)["error"]["param"], "prompt") << bad_id.body;
+  EXPECT_EQ(ParseOrDie(bad_id.body)["error"]["code"], nullptr) << "an id outside the vocabulary is not a length";
   const HttpResult n_too_many = Post(base + "/v1/completions", {{"model", kModel}, {"prompt", "x"}, {"n", 129}});
   EXPECT_EQ(n_too_many.status, 400);
   EXPECT_EQ(ParseOrDie(n_too_many.body)["error"]["param"], "n");
