@@ -54,7 +54,7 @@ void Admission::Ticket::Leave() {
   admission_ = nullptr;
 }
 
-absl::Status Admission::Ticket::WaitTurn(const std::function<bool()>& cancelled, absl::Time deadline) {
+absl::Status Admission::Ticket::WaitTurn(const StopCheck& stop, absl::Time deadline) {
   ODMOE_CHECK(admission_ != nullptr);
   Admission& a = *admission_;
   for (;;) {
@@ -72,9 +72,9 @@ absl::Status Admission::Ticket::WaitTurn(const std::function<bool()>& cancelled,
         return absl::OkStatus();
       }
     }
-    if (cancelled && cancelled()) {
+    if (absl::Status why = stop ? stop() : absl::OkStatus(); !why.ok()) {
       Leave();
-      return absl::CancelledError("the client went away while the request was queued");
+      return absl::Status(why.code(), StrCat(why.message(), " while the request was queued"));
     }
     if (absl::Now() >= deadline) {
       Leave();

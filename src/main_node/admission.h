@@ -29,6 +29,11 @@
 
 namespace odmoe {
 
+// Polled while a request waits for its turn and while it runs: OK to go on, or why it stops now, which is then
+// the request's outcome (Cancelled when its client went away, Unavailable when the server shuts down, Aborted
+// when another choice of the same API request failed, ...). A null StopCheck never stops a request.
+using StopCheck = std::function<absl::Status()>;
+
 class Admission {
  public:
   class Ticket;
@@ -66,10 +71,11 @@ class Admission::Ticket {
   ~Ticket();
 
   // Waits until every request that arrived earlier is running or has left and fewer than max_running run, then
-  // holds a running place until the ticket is destroyed or leaves. Cancelled when `cancelled` (optional, polled
-  // every 20 ms) returns true, DeadlineExceeded at `deadline`; the ticket has left the queue then.
+  // holds a running place until the ticket is destroyed or leaves. `stop`'s status (polled every 20 ms) when it
+  // is not OK, "while the request was queued" added to its message; DeadlineExceeded at `deadline`. The ticket
+  // has left the queue then.
   // REQUIRES: the ticket has neither left nor been moved from, and WaitTurn has not succeeded before.
-  absl::Status WaitTurn(const std::function<bool()>& cancelled, absl::Time deadline);
+  absl::Status WaitTurn(const StopCheck& stop, absl::Time deadline);
   // Leaves the queue, or frees its running place for the next request, now (the destructor does it otherwise).
   void Leave();
 

@@ -7,7 +7,7 @@
 // queue taken beforehand, all or none (the HTTP API answers 429 before any work when the queue has no room for
 // them); a later job arrives in the queue when it starts, behind whatever arrived meanwhile, as a request of its
 // own would. The first job to fail stops the hand-out: no job starts after it (the jobs running are the caller's to
-// stop, through their RunRequest's `cancelled`).
+// stop, through their RunRequest's `stop`).
 //
 // EventQueue is bounded: a producer waits while `capacity` events wait to be written, so a client that reads slowly
 // slows its own choices and nothing else, and memory stays bounded; once the reader closes it (the client went away)

@@ -107,15 +107,18 @@ struct HttpServer::Impl {
 
   // Runs choice `index`, sample `sample` of prompt `p` (its seed is the prompt's plus `sample`); `on_piece` gets
   // each piece of text (stop strings removed) with the ids it came with and their logprobs (when the request
-  // asked), and returns false when the client has gone. The choice's text is the concatenation of the pieces, so
+  // asked), and returns false when the client has gone (the choice then stops: Cancelled, unless `halt` gives
+  // another reason); `halt` is the choice's StopCheck. The choice's text is the concatenation of the pieces, so
   // streamed and whole answers are the same.
   using OnPiece = std::function<bool(const std::string& text, const std::vector<int32_t>& ids,
                                      const std::vector<openai::TokenLogprobs>& logprobs)>;
   // `admitted` (nullable): the choice's place in main's queue, taken before the answer was committed.
   absl::StatusOr<openai::Choice> Run(const PreparedPrompt& p, int64_t sample, const std::vector<std::string>& stop,
                                      int64_t index, const std::string& request_id, const OnPiece& on_piece,
-                                     const std::function<bool()>& cancelled, bool* client_gone,
-                                     Admission::Ticket* admitted) const;
+                                     const StopCheck& halt, Admission::Ticket* admitted) const;
+  // Why a choice stops before its end, or OK: the client gone, the server stopping, another choice of the same
+  // request failed (in that order).
+  absl::Status StopReason(bool client_gone, bool sibling_failed) const;
   // Places in main's queue for the first choices of a request of `count` (as many as may run at once: the
   // window of ParallelChoices), all or none: ServerBusyError when the queue has no room for all of them.
   absl::StatusOr<std::vector<Admission::Ticket>> AdmitWindow(int64_t count) const;
@@ -218,10 +221,12 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
                                                    : std::max<int64_t>(1, config.max_position_embeddings - len));
     const std::string param = r.endpoint == Endpoint::kCompletions ? "prompt" : "messages";
     if (absl::Status s = ValidateRequest(config, ids, max_tokens); !s.ok()) {
-      *error = BadRequest(
-          std::string(s.message()),
-          r.max_tokens && absl::IsOutOfRange(s) && len <= config.max_position_embeddings ? "max_tokens" : param);
-      if (absl::IsOutOfRange(s)) error->code = "context_length_exceeded";
+      // ValidateRequest checks the length before the ids, so a request too long is refused as such.
+      const int64_t positions = config.max_position_embeddings;
+      const bool too_long = absl::IsOutOfRange(s) && (len > positions || max_tokens > positions - len);
+      *error =
+          BadRequest(std::string(s.message()), too_long && r.max_tokens && len <= positions ? "max_tokens" : param);
+      if (too_long) error->code = "context_length_exceeded";
       return s;
     }
     SamplingOptions sampling{.temperature = r.temperature,
@@ -259,8 +264,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
 absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, int64_t sample,
                                                      const std::vector<std::string>& stop, int64_t index,
                                                      const std::string& request_id, const OnPiece& on_piece,
-                                                     const std::function<bool()>& cancelled, bool* client_gone,
-                                                     Admission::Ticket* admitted) const {
+                                                     const StopCheck& halt, Admission::Ticket* admitted) const {
   v1::GenerateRequest request = p.request;
   request.mutable_sampling()->set_seed(p.request.sampling().seed() + static_cast<uint64_t>(sample));
   openai::Choice choice;
@@ -276,6 +280,12 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
       out.push_back(openai::LogprobsWithText(rpc::LogprobsFromProto(lp), tokenizer));
     }
     return out;
+  };
+  bool client_gone = false;  // on_piece said so
+  // The caller's reason first: a failed write may come from the server stopping, which the caller knows.
+  const StopCheck stopped = [&]() -> absl::Status {
+    if (absl::Status why = halt ? halt() : absl::OkStatus(); !why.ok()) return why;
+    return StopReason(client_gone, false);
   };
   bool echo_due = p.echo;
   auto emit = [&](const v1::GenerateResponse& r) {
@@ -293,7 +303,7 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
       }
       choice.text += text;
       choice.logprobs.insert(choice.logprobs.end(), logprobs.begin(), logprobs.end());
-      if (!on_piece(text, {}, logprobs)) *client_gone = true;
+      if (!on_piece(text, {}, logprobs)) client_gone = true;
     }
     const std::vector<int32_t> ids(r.tokens().begin(), r.tokens().end());
     const std::vector<openai::TokenLogprobs> logprobs = shown(r.logprobs());
@@ -305,8 +315,8 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
     choice.text += text;
     choice.token_ids.insert(choice.token_ids.end(), ids.begin(), ids.end());
     choice.logprobs.insert(choice.logprobs.end(), logprobs.begin(), logprobs.end());
-    // A client gone is seen by `cancelled` below (the request ends as cancelled); emit's false is a stop.
-    if (!on_piece(text, ids, logprobs)) *client_gone = true;
+    // A client gone is seen by `stopped` below (the request ends as cancelled); emit's false is a stop.
+    if (!on_piece(text, ids, logprobs)) client_gone = true;
     if (matcher.stopped()) stop_matched = true;
     return !stop_matched;
   };
@@ -314,10 +324,9 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
   record.request_id = request_id;
   record.emit_false_is_stop = true;
   record.admitted = admitted;
-  const absl::Status status = node->RunRequest(
-      request, emit, [&] { return *client_gone || (cancelled != nullptr && cancelled()); }, &record);
+  const absl::Status status = node->RunRequest(request, emit, stopped, &record);
   if (!status.ok()) return status;
-  if (*client_gone) return absl::CancelledError("the client went away");
+  if (client_gone) return stopped();
   if (stop_matched) choice.finish_reason = "stop";
   return choice;
 }
@@ -370,11 +379,10 @@ void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Respons
     std::atomic<bool> failed{false};  // a choice failed: the others stop
     ParallelChoices runner(count, std::move(admitted).value(), [&](int64_t c, Admission::Ticket* ticket) {
       logging::ScopedRequestId choice_scope(request_id);
-      bool gone = false;
       absl::StatusOr<openai::Choice> choice = Run((*prompts)[c / n], c % n, parsed->stop, c, request_id,
                                                   [](const std::string&, const std::vector<int32_t>&,
                                                      const std::vector<openai::TokenLogprobs>&) { return true; },
-                                                  [&] { return stopping.load() || failed.load(); }, &gone, ticket);
+                                                  [&] { return StopReason(false, failed.load()); }, ticket);
       if (!choice.ok()) {
         failed.store(true);
         return choice.status();
@@ -405,6 +413,13 @@ void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Respons
                                    [this, job](size_t, httplib::DataSink& sink) { return Stream(*job, sink); });
 }
 
+absl::Status HttpServer::Impl::StopReason(bool client_gone, bool sibling_failed) const {
+  if (client_gone) return absl::CancelledError("the client went away");
+  if (stopping.load()) return absl::UnavailableError("the HTTP server is shutting down");
+  if (sibling_failed) return absl::AbortedError("another choice of the same request failed");
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<Admission::Ticket>> HttpServer::Impl::AdmitWindow(int64_t count) const {
   const int64_t window = std::min<int64_t>(count, node->max_running());
   std::vector<Admission::Ticket> tickets;
@@ -428,6 +443,9 @@ bool HttpServer::Impl::Stream(StreamJob& job, httplib::DataSink& sink) const {
   EventQueue events(kStreamEventsQueued);
   std::atomic<bool> client_gone{false};  // set by this thread, the writer
   std::atomic<bool> failed{false};       // a choice failed: the others stop
+  // Why the choices stop early. The writer sets client_gone (or sees `stopping`) before it closes the queue, so a
+  // failed push always has a reason here.
+  const StopCheck stopped = [&] { return StopReason(client_gone.load(), failed.load()); };
   std::vector<int64_t> completion_tokens(count, 0);
   // Choice c, on a thread of `runner`: its chunks go to `events` as they come.
   auto run_choice = [&](int64_t c, Admission::Ticket* ticket) -> absl::Status {
@@ -444,10 +462,7 @@ bool HttpServer::Impl::Stream(StreamJob& job, httplib::DataSink& sink) const {
     };
     // Chat opens each choice with the assistant's role; every piece goes out as it comes; a last chunk with no
     // text carries the finish reason.
-    if (endpoint == Endpoint::kChatCompletions && !chunk("", {}, "", true)) {
-      return absl::CancelledError("the client went away");
-    }
-    bool gone = false;
+    if (endpoint == Endpoint::kChatCompletions && !chunk("", {}, "", true)) return stopped();
     absl::StatusOr<openai::Choice> choice = Run(
         job.prompts[c / n], c % n, job.request.stop, c, job.request_id,
         [&](const std::string& text, const std::vector<int32_t>& ids,
@@ -455,12 +470,12 @@ bool HttpServer::Impl::Stream(StreamJob& job, httplib::DataSink& sink) const {
           if (text.empty() && ids.empty() && logprobs.empty()) return true;  // main's last message, with nothing
           return chunk(text, ids, "", false, logprobs);
         },
-        [&] { return stopping.load() || client_gone.load() || failed.load(); }, &gone, ticket);
+        stopped, ticket);
     if (!choice.ok()) {
       failed.store(true);
       return choice.status();
     }
-    if (!chunk("", {}, choice->finish_reason, false)) return absl::CancelledError("the client went away");
+    if (!chunk("", {}, choice->finish_reason, false)) return stopped();
     completion_tokens[c] = static_cast<int64_t>(choice->token_ids.size());
     return absl::OkStatus();
   };
@@ -472,8 +487,9 @@ bool HttpServer::Impl::Stream(StreamJob& job, httplib::DataSink& sink) const {
     if (next.event && !client_gone.load() && !sink.write(next.event->data(), next.event->size())) {
       client_gone.store(true);
     }
-    if (!client_gone.load() && (stopping.load() || !sink.is_writable())) client_gone.store(true);
-    if (client_gone.load()) events.CloseReader();  // the choices' pushes fail from now on: they stop
+    if (!client_gone.load() && !sink.is_writable()) client_gone.store(true);
+    // The choices' pushes fail from now on: they stop (and the server's stop ends the stream with an error event).
+    if (client_gone.load() || stopping.load()) events.CloseReader();
   }
   const absl::Status status = runner.Wait();
   if (client_gone.load()) {

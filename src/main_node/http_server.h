@@ -13,9 +13,10 @@
 // stream is sent: a bad request is always a 400 with OpenAI's error object, never a broken stream.
 //
 // Cancellation: a streamed request's writer (the pool thread) polls its connection every 20 ms and its choices
-// poll the writer's verdict (before every sparse layer, through RunRequest's `cancelled`), so a client that
-// closes it cancels the request within one decode step; odmoe_http_client_disconnects_total counts these.
-// Stopping the server cancels every request in flight the same way. A request waiting for its turn holds one pool
+// poll the writer's verdict (between steps, through RunRequest's `stop`), so a client that closes it cancels the
+// request within one decode step; odmoe_http_client_disconnects_total counts these. Stopping the server ends every
+// request in flight the same way, as Unavailable (503, or an error event in a stream); a choice that fails ends
+// its siblings as Aborted, and main's log tells the three apart. A request waiting for its turn holds one pool
 // thread; it waits at most for the requests ahead of it, each bounded by its max_tokens and the cluster's RPC
 // deadlines, and a write to a client that stops reading fails after the write timeout (which cancels the
 // request); meanwhile its choices wait on a bounded queue of events. Non-streamed requests are not polled (their

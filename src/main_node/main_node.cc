@@ -276,7 +276,8 @@ struct MainNode::RequestRun {
   RecallSummary recall;
   AlignmentCounts alignment;
 
-  // Set by the request's thread when its client has gone or cancelled: the loop takes it out at the next step.
+  // Set by the request's thread when its client has gone or its StopCheck stopped it: the loop takes it out at
+  // the next step (with Cancelled, which the request's thread replaces with the reason).
   std::atomic<bool> stop{false};
 
   // The mailbox, filled by the loop.
@@ -317,21 +318,20 @@ absl::StatusOr<GenerateOptions> MainNode::OptionsOf(const v1::GenerateRequest& r
 }
 
 absl::Status MainNode::RunRequest(const v1::GenerateRequest& request,
-                                  const std::function<bool(const v1::GenerateResponse&)>& emit,
-                                  const std::function<bool()>& cancelled, RequestRecord* record) {
+                                  const std::function<bool(const v1::GenerateResponse&)>& emit, const StopCheck& stop,
+                                  RequestRecord* record) {
   RequestRecord own;
   if (record == nullptr) record = &own;
   MainMetrics::Request timeline = metrics_->Arrived();
-  const absl::Status status = ServeRequest(request, emit, cancelled, record, timeline);
+  const absl::Status status = ServeRequest(request, emit, stop, record, timeline);
   timeline.Finished(status);
   LogFinished(status, *record);
   return status;
 }
 
 absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
-                                    const std::function<bool(const v1::GenerateResponse&)>& emit,
-                                    const std::function<bool()>& cancelled, RequestRecord* record,
-                                    MainMetrics::Request& timeline) {
+                                    const std::function<bool(const v1::GenerateResponse&)>& emit, const StopCheck& stop,
+                                    RequestRecord* record, MainMetrics::Request& timeline) {
   // Validate before waiting for the engine: a bad request is answered at once.
   RequestRun run;
   run.arrived = absl::Now();
@@ -364,7 +364,7 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
     ticket = &arrived.emplace(std::move(place));
   }
   timeline.Queued();
-  ODMOE_RETURN_IF_ERROR(ticket->WaitTurn([&] { return cancelled != nullptr && cancelled(); }, record->deadline));
+  ODMOE_RETURN_IF_ERROR(ticket->WaitTurn(stop, record->deadline));
   run.queue_ms = absl::ToDoubleMilliseconds(absl::Now() - run.arrived);
   run.deadline = record->deadline;
   timeline.Started(run.prompt_len());
@@ -375,9 +375,11 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   if (tokenizer_ != nullptr) decoder = tokenizer_->NewDecoder(run.prompt);
   Submit(&run);
 
-  // Stream what the loop posts until it posts the end; it takes the request out when the client goes.
+  // Stream what the loop posts until it posts the end; it takes the request out when the client goes or `stop`
+  // says so.
   absl::Status status;
   bool client_gone = false;
+  absl::Status stopped;  // `stop`'s verdict once not OK
   for (;;) {
     std::deque<RequestRun::PostedToken> tokens;
     bool done = false;
@@ -400,7 +402,8 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
       if (!emit(chunk)) client_gone = true;
     }
     if (done) break;
-    if (client_gone || (cancelled != nullptr && cancelled())) run.stop.store(true);
+    if (stopped.ok() && stop) stopped = stop();
+    if (client_gone || !stopped.ok()) run.stop.store(true);
   }
   // The loop is done with `run`: the shadow's last predictions count for its recall.
   FinishPrediction(run, status.ok() && !client_gone);
@@ -414,9 +417,8 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   record->decode_tokens_per_s = result.decode_tokens_per_s;
   record->total_ms = result.total_ms;
   if (client_gone && record->emit_false_is_stop) return absl::OkStatus();
-  if (client_gone || (absl::IsCancelled(status) && cancelled != nullptr && cancelled())) {
-    return absl::CancelledError("the client went away");
-  }
+  if (client_gone) return absl::CancelledError("the client went away");
+  if (absl::IsCancelled(status) && !stopped.ok()) return stopped;  // the loop took it out: why
   ODMOE_RETURN_IF_ERROR(status);
 
   v1::GenerateResponse last = FinalResponse(run, result, decoder.get());
@@ -461,7 +463,7 @@ void MainNode::BatchLoop() {
     for (size_t i = 0; i < running_.size();) {
       RequestRun* run = running_[i];
       if (run->stop.load()) {
-        Leave(run, absl::CancelledError("the client went away"));
+        Leave(run, absl::CancelledError("stopped by the request's thread"));
       } else if (now >= run->deadline) {
         Leave(run, absl::DeadlineExceededError("the request's deadline passed"));
       } else {
@@ -828,7 +830,8 @@ grpc::Status MainNode::Generate(grpc::ServerContext* context, const v1::Generate
   record.deadline = rpc::RequestDeadline(*context);
   const absl::Status status = RunRequest(
       *request, [writer](const v1::GenerateResponse& r) { return writer->Write(r); },
-      [context]() { return context->IsCancelled(); }, &record);
+      [context]() { return context->IsCancelled() ? absl::CancelledError("the client went away") : absl::OkStatus(); },
+      &record);
   return rpc::ToGrpc(status);
 }
 

@@ -105,14 +105,15 @@ class MainNode final : public v1::Inference::Service {
   };
 
   // Generate without gRPC (the gRPC and HTTP APIs both serve through it). `emit` receives each message in order
-  // and returns false when the client has gone (the request then stops); `cancelled` (optional) is polled before
-  // every sparse layer. `record` (optional) carries the request id to every RPC made for the request and
-  // receives its figures. Logs the request's "finished:" line, whatever its outcome. Errors:
-  // InvalidArgument / OutOfRange / FailedPrecondition for a bad request (nothing emitted), a worker's status
-  // (Unavailable, DeadlineExceeded, ...) naming it, Cancelled when the client went away.
+  // and returns false when the client has gone (the request then stops); `stop` (optional) is polled while the
+  // request waits and between its steps, and its status, once not OK, is the request's. `record` (optional)
+  // carries the request id to every RPC made for the request and receives its figures. Logs the request's
+  // "finished:" line, whatever its outcome. Errors: InvalidArgument / OutOfRange / FailedPrecondition for a bad
+  // request (nothing emitted), a worker's status (Unavailable, DeadlineExceeded, ...) naming it, Cancelled when
+  // the client went away, `stop`'s status.
   absl::Status RunRequest(const v1::GenerateRequest& request,
-                          const std::function<bool(const v1::GenerateResponse&)>& emit,
-                          const std::function<bool()>& cancelled = nullptr, RequestRecord* record = nullptr);
+                          const std::function<bool(const v1::GenerateResponse&)>& emit, const StopCheck& stop = nullptr,
+                          RequestRecord* record = nullptr);
 
   // A place in main's queue for a request about to be run (RequestRecord::admitted), or ServerBusyError when
   // the queue is full (src/main_node/admission.h).
@@ -167,9 +168,8 @@ class MainNode final : public v1::Inference::Service {
   // RunRequest but for its metrics (`timeline`: the request's, which RunRequest finishes) and its log line;
   // `record` is never null.
   absl::Status ServeRequest(const v1::GenerateRequest& request,
-                            const std::function<bool(const v1::GenerateResponse&)>& emit,
-                            const std::function<bool()>& cancelled, RequestRecord* record,
-                            MainMetrics::Request& timeline);
+                            const std::function<bool(const v1::GenerateResponse&)>& emit, const StopCheck& stop,
+                            RequestRecord* record, MainMetrics::Request& timeline);
   // The request's one "finished:" line: its outcome, tokens and times (at warn, with the error, when not OK).
   static void LogFinished(const absl::Status& status, const RequestRecord& record);
   // Request setup: the request checked against the model and turned into Generate's options.

@@ -779,12 +779,13 @@ TEST(MainNodeTest, BadRequestsFailAndMainKeepsServing) {
 }
 
 // Main's one "finished:" line per request (RunRequest's, for the gRPC and HTTP APIs alike), with the figures as
-// far as the request got: here the client goes after its third token, and a bad request is refused at once.
+// far as the request got: here the client goes after its third token, a bad request is refused at once, and a
+// request is stopped by its StopCheck (another choice of its API request failed) with that reason as its outcome.
 TEST(MainNodeTest, EveryRequestLogsItsFiguresWhateverItsOutcome) {
   const std::string model = "qwen2moe-tiny";
   if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
   CapturedLog log;  // before the cluster, whose threads log, and ended after it
-  MainNode::RequestRecord gone, refused;
+  MainNode::RequestRecord gone, refused, aborted;
   {
     ClusterSpec spec;
     spec.model = model;
@@ -798,7 +799,19 @@ TEST(MainNodeTest, EveryRequestLogsItsFiguresWhateverItsOutcome) {
     const absl::Status bad = cluster.main().RunRequest(
         IdsRequest({}, 4), [](const v1::GenerateResponse&) { return true; }, nullptr, &refused);
     EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
+    std::atomic<int> tokens{0};
+    const absl::Status stopped = cluster.main().RunRequest(
+        IdsRequest({5, 6, 7}, 40),
+        [&](const v1::GenerateResponse& r) {
+          tokens += r.tokens_size();
+          return true;
+        },
+        [&] { return tokens.load() >= 2 ? absl::AbortedError("a sibling failed") : absl::OkStatus(); }, &aborted);
+    EXPECT_TRUE(absl::IsAborted(stopped)) << stopped;
+    EXPECT_EQ(stopped.message(), "a sibling failed");
   }
+  EXPECT_GE(aborted.generated_tokens, 2);
+  EXPECT_LT(aborted.generated_tokens, 40);
   EXPECT_EQ(gone.prompt_tokens, 3);
   EXPECT_GE(gone.generated_tokens, 3);
   EXPECT_GT(gone.ttft_ms, 0.0);
@@ -816,7 +829,9 @@ TEST(MainNodeTest, EveryRequestLogsItsFiguresWhateverItsOutcome) {
   EXPECT_GT(std::stod(m[2]), 0.0);
   EXPECT_GT(std::stod(m[3]), 0.0);
   EXPECT_EQ(log.Count("finished: outcome=invalid_argument prompt_tokens=0 generated_tokens=0 "), 1) << text;
-  EXPECT_EQ(log.Count("finished: "), 2) << text;
+  EXPECT_EQ(log.Count("finished: outcome=aborted prompt_tokens=3 "), 1) << text;
+  EXPECT_EQ(log.Count("error: a sibling failed"), 1) << text;
+  EXPECT_EQ(log.Count("finished: "), 3) << text;
 }
 
 // A cluster file for `model` whose four workers' addresses have nothing listening: for main alone, which starts

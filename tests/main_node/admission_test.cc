@@ -103,7 +103,12 @@ TEST(AdmissionTest, AWaiterLeavesOnCancellationOrDeadlineAndTheNextGetsItsPlace)
   ASSERT_TRUE(gone.ok());
   ASSERT_TRUE(late.ok());
   std::atomic<bool> client_gone{false};
-  std::thread t([&] { EXPECT_TRUE(absl::IsCancelled(gone->WaitTurn([&] { return client_gone.load(); }, kNever))); });
+  std::thread t([&] {
+    const absl::Status s = gone->WaitTurn(
+        [&] { return client_gone.load() ? absl::CancelledError("the client went away") : absl::OkStatus(); }, kNever);
+    EXPECT_TRUE(absl::IsCancelled(s)) << s;
+    EXPECT_EQ(s.message(), "the client went away while the request was queued");
+  });
   client_gone = true;
   t.join();
   EXPECT_TRUE(absl::IsDeadlineExceeded(late->WaitTurn(nullptr, absl::Now() + absl::Milliseconds(30))));
@@ -240,7 +245,10 @@ TEST(AdmissionTest, CancelledLateAndLeavingWaitersGiveTheirPlaceToTheNext) {
     next_runs = true;
   });
   std::atomic<bool> client_gone{false};
-  std::thread c([&] { EXPECT_TRUE(absl::IsCancelled(gone->WaitTurn([&] { return client_gone.load(); }, kNever))); });
+  std::thread c([&] {  // StopCheck's reason, whatever it is, is the wait's
+    EXPECT_TRUE(absl::IsAborted(
+        gone->WaitTurn([&] { return client_gone.load() ? absl::AbortedError("stopped") : absl::OkStatus(); }, kNever)));
+  });
   // Every place is taken: the late one's deadline passes in the queue, the other's client goes away.
   EXPECT_TRUE(absl::IsDeadlineExceeded(late->WaitTurn(nullptr, absl::Now() + absl::Milliseconds(30))));
   EXPECT_EQ(a.waiting(), 2);
