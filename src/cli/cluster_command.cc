@@ -393,8 +393,9 @@ absl::Status Down(const Flags& f, const ClusterConfig& c, const std::string& con
   // Stop every process at once (SIGTERM; SIGKILL after the grace period), then wait for all of them.
   const std::vector<NodeProcess> processes = FindNodeProcesses(c, config_path, run_dir);
   std::vector<std::thread> stoppers;
+  const std::chrono::milliseconds grace(c.shutdown_timeout_ms + 5000);  // their drain, then their exit
   for (const NodeProcess& p : processes) {
-    stoppers.emplace_back([pid = p.pid] { Stop(pid, std::chrono::milliseconds(10000)); });
+    stoppers.emplace_back([pid = p.pid, grace] { Stop(pid, grace); });
   }
   for (auto& t : stoppers) t.join();
   std::string still_running;

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -19,6 +20,7 @@
 #include "src/common/utf8.h"
 #include "src/engine/generator.h"
 #include "src/main_node/choices.h"
+#include "src/main_node/drain.h"
 #include "src/rpc/logprobs_proto.h"
 #include "src/rpc/metrics_server.h"
 #include "src/rpc/request_id.h"
@@ -94,7 +96,9 @@ struct HttpServer::Impl {
   std::string no_chat_reason = "it has no chat template odmoe can apply";  // when chat_template.format is kNone
   metrics::Family<metrics::Counter>* requests = nullptr;                   // {endpoint, code}
   metrics::Counter* disconnects = nullptr;
+  // Set by Shutdown at its deadline: the requests still in flight end now (Unavailable).
   std::atomic<bool> stopping{false};
+  mutable RequestDrain drain;  // the completions requests in flight, which Shutdown waits for
   mutable absl::Mutex ready_mu;
   bool ready ABSL_GUARDED_BY(ready_mu) = false;
   std::string ready_reason ABSL_GUARDED_BY(ready_mu) = "main has not judged its readiness yet";
@@ -137,6 +141,7 @@ struct HttpServer::Impl {
     // The first choices' places in main's queue (AdmitWindow), taken before the 200, so a full queue is a 429 and
     // not an error event; later choices queue as they start. Taken by Stream.
     std::vector<Admission::Ticket> admitted;
+    std::optional<RequestDrain::Pass> pass;  // the request's, held until the stream's last byte
     bool started = false;
   };
   bool Stream(StreamJob& job, httplib::DataSink& sink) const;
@@ -337,6 +342,12 @@ void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Respons
   if (request_id.empty() || !rpc::ValidateRequestId(request_id).ok()) request_id = rpc::NewRequestId();
   logging::ScopedRequestId scope(request_id);
   res.set_header("x-request-id", request_id);
+  std::optional<RequestDrain::Pass> pass = drain.Enter();
+  if (!pass) {  // a request that reached the server as its port closed
+    const ApiError e = openai::ErrorOfStatus(absl::UnavailableError("main is shutting down"));
+    Count(name, e.http_status);
+    return SendError(res, e);
+  }
   ApiError error;
   absl::StatusOr<openai::CompletionRequest> parsed = openai::ParseCompletionRequest(req.body, endpoint, &error);
   if (!parsed.ok()) {
@@ -408,7 +419,7 @@ void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Respons
   Count(name, 200);
   res.set_header("Cache-Control", "no-cache");
   auto job = std::make_shared<StreamJob>(StreamJob{std::move(parsed).value(), std::move(prompts).value(), id, created,
-                                                   request_id, name, std::move(admitted).value()});
+                                                   request_id, name, std::move(admitted).value(), std::move(pass)});
   res.set_chunked_content_provider("text/event-stream",
                                    [this, job](size_t, httplib::DataSink& sink) { return Stream(*job, sink); });
 }
@@ -678,10 +689,24 @@ void HttpServer::SetReady(bool ready, const std::string& reason) {
   impl_->ready_reason = reason;
 }
 
-HttpServer::~HttpServer() {
-  if (impl_ != nullptr) impl_->stopping.store(true);
-  if (http_ != nullptr) http_->stop();
-  if (thread_.joinable()) thread_.join();
+void HttpServer::StopAccepting() {
+  if (impl_ == nullptr || http_ == nullptr || !accepting_) return;
+  accepting_ = false;
+  impl_->drain.Close();
+  http_->stop();  // the listening socket only: requests in flight go on
 }
+
+void HttpServer::Shutdown(absl::Time deadline) {
+  if (impl_ == nullptr || !thread_.joinable()) return;
+  StopAccepting();
+  if (const int64_t left = impl_->drain.WaitIdle(deadline); left > 0) {
+    spdlog::warn("node {}: {} HTTP request(s) still running at the shutdown deadline; they end now",
+                 impl_->options.node, left);
+  }
+  impl_->stopping.store(true);
+  thread_.join();  // httplib's pool ends once every connection has
+}
+
+HttpServer::~HttpServer() { Shutdown(absl::Now()); }
 
 }  // namespace odmoe

@@ -28,8 +28,8 @@
 // certificate and key (the same files as its gRPC port), so the token never crosses the network in clear.
 //
 // Thread safety: handlers run on the server's threads; SetReady may be called from any thread. The MainNode and
-// the metrics registry must outlive the server, whose destructor cancels the requests in flight and joins its
-// threads.
+// the metrics registry must outlive the server, whose destructor ends the requests in flight (Shutdown at once)
+// and joins its threads.
 #pragma once
 
 #include <atomic>
@@ -40,6 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "src/common/metrics.h"
 #include "src/main_node/main_node.h"
 #include "src/main_node/openai_api.h"
@@ -79,6 +80,14 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
+  // Graceful stop, in two steps so that main can drain its gRPC calls meanwhile. StopAccepting: the port closes
+  // at once (new connections are refused; a request already on its way is answered 503). Shutdown: requests in
+  // flight get until `deadline` to finish, a stream until its last byte; those still running then end as
+  // Unavailable (503, or an error event in a stream). Returns when the server's threads have ended. Both are
+  // idempotent; the destructor calls Shutdown(now). REQUIRES: called from one thread at a time.
+  void StopAccepting();
+  void Shutdown(absl::Time deadline);
+
   // Main's readiness, for GET /health (`reason` explains a 503).
   void SetReady(bool ready, const std::string& reason);
   int port() const { return port_; }
@@ -92,6 +101,7 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<httplib::Server> http_;
   std::thread thread_;
+  bool accepting_ = true;  // until StopAccepting
   int port_ = 0;
   std::string url_;
 };

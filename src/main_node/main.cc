@@ -55,7 +55,15 @@ absl::Status Serve(const std::vector<std::string>& args) {
                                server->MarkReady(v.ready);
                                odmoe::rpc::systemd::NotifyStatus((v.ready ? "ready: " : "not ready: ") + v.reason);
                              }));
-  odmoe::rpc::ServeUntilSignal(*server, odmoe::rpc::Readiness::kReportedByDaemon, d.cluster.shutdown_timeout_ms);
+  // The HTTP API stops with the gRPC server: its port closes at the signal and its requests in flight get the
+  // same time to finish.
+  absl::Time drain_deadline = absl::InfinitePast();
+  odmoe::rpc::ServeUntilSignal(*server, odmoe::rpc::Readiness::kReportedByDaemon, d.cluster.shutdown_timeout_ms,
+                               [&http, &drain_deadline](absl::Time deadline) {
+                                 drain_deadline = deadline;
+                                 if (http != nullptr) http->StopAccepting();
+                               });
+  if (http != nullptr) http->Shutdown(drain_deadline);
   readiness.reset();
   spdlog::info("odmoe-main {}: shut down", d.self.name);
   return absl::OkStatus();

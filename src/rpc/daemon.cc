@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 #include "src/common/flags.h"
@@ -72,7 +73,8 @@ void BlockShutdownSignals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-void ServeUntilSignal(Server& server, Readiness readiness, int64_t shutdown_timeout_ms) {
+void ServeUntilSignal(Server& server, Readiness readiness, int64_t shutdown_timeout_ms,
+                      const std::function<void(absl::Time deadline)>& on_signal) {
   const sigset_t set = ShutdownSignals();
   server.MarkLive(true);
   if (readiness == Readiness::kWhenListening) server.MarkReady(true);
@@ -94,6 +96,7 @@ void ServeUntilSignal(Server& server, Readiness readiness, int64_t shutdown_time
   }
   systemd::NotifyStopping();
   spdlog::info("node {}: shutting down; calls in flight get {} ms to finish", server.node(), shutdown_timeout_ms);
+  if (on_signal) on_signal(absl::Now() + absl::Milliseconds(shutdown_timeout_ms));
   // NOT_SERVING for good and, right after, the port closed and new calls refused; then the drain.
   server.Shutdown(shutdown_timeout_ms);
 }

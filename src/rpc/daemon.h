@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "src/common/cluster_config.h"
 #include "src/rpc/rpc_util.h"
 
@@ -39,10 +40,14 @@ enum class Readiness {
 // its WatchdogSec while it waits for SIGINT or SIGTERM. Then, at once: readiness and liveness NOT_SERVING,
 // systemd STOPPING=1, the listening port closed and new calls refused (UNAVAILABLE, or CANCELLED by gRPC on a
 // connection opened before); calls in flight get `shutdown_timeout_ms` ([cluster] shutdown_timeout_ms) to
-// finish, after which they are cancelled. Returns when the server has stopped (the daemon then exits 0). Outside systemd the notifications do nothing.
+// finish, after which they are cancelled. `on_signal` (optional) runs first, with the drain's deadline, for what
+// else the daemon serves (main's HTTP API closes its port there and drains after this returns, to the same
+// deadline). Returns when the server has stopped (the daemon then exits 0). Outside systemd the notifications do
+// nothing.
 // REQUIRES: BlockShutdownSignals() was called before any thread was started.
 void ServeUntilSignal(Server& server, Readiness readiness = Readiness::kWhenListening,
-                      int64_t shutdown_timeout_ms = 10000);
+                      int64_t shutdown_timeout_ms = 10000,
+                      const std::function<void(absl::Time deadline)>& on_signal = nullptr);
 
 // Turns a failure into one log line "PROGRAM: message" (through the default logger, so in the daemon's log
 // format) and returns the exit code of the status (0 for OK).

@@ -1,14 +1,19 @@
 // Graceful shutdown and stalled peers, with the daemons as real processes (main and two workers on loopback,
 // synthetic weights of tests/data/tiny-mixtral): SIGTERM to main during a request lets the request finish,
-// refuses new ones (UNAVAILABLE, or CANCELLED on a connection opened before) and exits 0; a worker stopped with SIGSTOP
-// fails a call with DEADLINE_EXCEEDED within the call's deadline plus one second.
+// refuses new ones (UNAVAILABLE, or CANCELLED on a connection opened before) and exits 0, for a gRPC call and for
+// a stream of the HTTP API alike (whose port closes at the signal); a stream still running at the end of the drain
+// ends with an error event, not cut; a worker stopped with SIGSTOP fails a call with DEADLINE_EXCEEDED within the
+// call's deadline plus one second.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <functional>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -81,17 +86,21 @@ bool WaitReady(const std::string& address, std::chrono::seconds timeout) {
 class ShutdownTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::vector<int> ports = odmoe::testing::PickFreePorts(3);
+    const std::vector<int> ports = odmoe::testing::PickFreePorts(4);
     for (int p : ports) addresses_.push_back(StrCat("127.0.0.1:", p));
-    std::string toml = StrCat("[cluster]\nname = \"shutdown-", getpid(),
-                              "\"\ngroup_size = 2\nrpc_timeout_ms = 30000\nshutdown_timeout_ms = 20000\n",
-                              "share_host_experts = false\n[model]\nsynthetic = \"", odmoe::testing::SourceDir(),
-                              "/tests/data/tiny-mixtral/config.json\"\nlayers = 2\nseed = 1\n");
+    http_ = addresses_.back();
+    addresses_.pop_back();
+    std::string toml =
+        StrCat("[cluster]\nname = \"shutdown-", getpid(),
+               "\"\ngroup_size = 2\nrpc_timeout_ms = 30000\nshutdown_timeout_ms = ", shutdown_timeout_ms_, "\n",
+               "share_host_experts = false\n[model]\nsynthetic = \"", odmoe::testing::SourceDir(),
+               "/tests/data/tiny-mixtral/config.json\"\nlayers = 2\nseed = 1\n");
     const char* names[] = {"main", "worker0", "worker1"};
     for (size_t i = 0; i < 3; ++i) {
-      toml +=
-          StrCat("\n[[node]]\nname = \"", names[i], "\"\nrole = \"", i == 0 ? "main" : "worker", "\"\naddress = \"",
-                 addresses_[i], "\"\n", i == 0 ? "device = \"cpu\"\n" : "device = \"mock-gpu\"\ngpu_budget_mb = 64\n");
+      toml += StrCat("\n[[node]]\nname = \"", names[i], "\"\nrole = \"", i == 0 ? "main" : "worker", "\"\naddress = \"",
+                     addresses_[i], "\"\n",
+                     i == 0 ? StrCat("device = \"cpu\"\nhttp_address = \"", http_, "\"\n")
+                            : std::string("device = \"mock-gpu\"\ngpu_budget_mb = 64\n"));
     }
     config_ = dir_.File("cluster.toml");
     odmoe::testing::WriteFile(config_, toml);
@@ -109,11 +118,61 @@ class ShutdownTest : public ::testing::Test {
   }
   std::string Log(const std::string& node) const { return odmoe::testing::ReadFile(dir_.File(node + ".log")); }
 
+  // A streamed completion of `max_tokens` from main's HTTP API, read line by line through curl; `on_first_event`
+  // runs when the first event has come. The body as received.
+  std::string Stream(int max_tokens, const std::function<void()>& on_first_event) const {
+    const std::string body = StrCat(R"({"model":")", Model(), R"(","prompt":[1,5,9,13],"max_tokens":)", max_tokens,
+                                    R"(,"ignore_eos":true,"stream":true})");
+    const std::string command = StrCat("curl -sS -N -H 'Content-Type: application/json' --data-binary '", body,
+                                       "' http://", http_, "/v1/completions 2>&1");
+    FILE* pipe = popen(command.c_str(), "r");
+    EXPECT_NE(pipe, nullptr);
+    if (pipe == nullptr) return "";
+    std::string received;
+    bool first = true;
+    char line[4096];
+    while (std::fgets(line, sizeof(line), pipe) != nullptr) {
+      received += line;
+      if (first && received.find("data: {") != std::string::npos) {
+        first = false;
+        on_first_event();
+      }
+    }
+    pclose(pipe);
+    return received;
+  }
+  // The model id the HTTP API serves.
+  std::string Model() const {
+    const auto r = odmoe::testing::RunProgram({"/usr/bin/curl", "-sS", StrCat("http://", http_, "/v1/models")});
+    const size_t at = r.out.find(R"("id":")");
+    if (at == std::string::npos) return "";
+    return r.out.substr(at + 6, r.out.find('"', at + 6) - at - 6);
+  }
+  // A completions request on a new connection: curl's exit code and what it printed (7: connection refused).
+  odmoe::testing::RunResult NewRequest() const {
+    return odmoe::testing::RunProgram({"/usr/bin/curl", "-sS", "-H", "Content-Type: application/json", "--data-binary",
+                                       StrCat(R"({"model":"x","prompt":"a"})"),
+                                       StrCat("http://", http_, "/v1/completions")});
+  }
+
+  int64_t shutdown_timeout_ms_ = 20000;  // a derived fixture's constructor may change it
   odmoe::testing::TempDir dir_;
   std::string config_;
-  std::vector<std::string> addresses_;
+  std::vector<std::string> addresses_;  // gRPC: main, worker0, worker1
+  std::string http_;                    // main's HTTP API
   std::vector<std::unique_ptr<Daemon>> daemons_;
 };
+
+// Tokens in the chunks of a streamed completion.
+size_t StreamedTokens(const std::string& body) {
+  size_t tokens = 0;
+  for (size_t at = body.find("\"token_ids\":["); at != std::string::npos; at = body.find("\"token_ids\":[", at + 1)) {
+    const size_t end = body.find(']', at);
+    const std::string ids = body.substr(at + 13, end - at - 13);
+    if (!ids.empty()) tokens += 1 + static_cast<size_t>(std::count(ids.begin(), ids.end(), ','));
+  }
+  return tokens;
+}
 
 TEST_F(ShutdownTest, SigtermLetsTheRequestInFlightFinishRefusesNewOnesAndExitsZero) {
   v1::GenerateRequest req;
@@ -159,6 +218,45 @@ TEST_F(ShutdownTest, SigtermLetsTheRequestInFlightFinishRefusesNewOnesAndExitsZe
     ASSERT_EQ(kill(daemons_[w]->pid(), SIGTERM), 0);
     EXPECT_EQ(daemons_[w]->WaitExit(std::chrono::seconds(20)), 0) << Log(StrCat("worker", w - 1));
   }
+}
+
+TEST_F(ShutdownTest, SigtermLetsAnHttpStreamFinishAndClosesTheHttpPort) {
+  ASSERT_FALSE(Model().empty());
+  int refused_exit = -1;
+  const std::string body = Stream(400, [&] {
+    ASSERT_EQ(kill(daemons_[0]->pid(), SIGTERM), 0);
+    // The port closes at the signal: a new connection is refused within a moment.
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (Clock::now() < deadline) {
+      refused_exit = NewRequest().exit_code;
+      if (refused_exit == 7) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  EXPECT_EQ(refused_exit, 7) << "curl's 'failed to connect'";
+  EXPECT_EQ(StreamedTokens(body), 400u) << body.substr(0, 2000);
+  EXPECT_NE(body.find("data: [DONE]"), std::string::npos) << body.substr(body.size() > 2000 ? body.size() - 2000 : 0);
+  EXPECT_EQ(body.find("\"error\""), std::string::npos);
+  EXPECT_EQ(daemons_[0]->WaitExit(std::chrono::seconds(20)), 0) << Log("main");
+  EXPECT_EQ(Log("main").find("still running at the shutdown deadline"), std::string::npos) << Log("main");
+}
+
+// Main with no time to drain: a stream in flight at the signal ends with OpenAI's error event, not cut off.
+class NoDrainShutdownTest : public ShutdownTest {
+ protected:
+  NoDrainShutdownTest() { shutdown_timeout_ms_ = 0; }
+};
+
+TEST_F(NoDrainShutdownTest, AnHttpStreamStillRunningEndsWithAnErrorEvent) {
+  ASSERT_FALSE(Model().empty());
+  const std::string body = Stream(1000, [&] { ASSERT_EQ(kill(daemons_[0]->pid(), SIGTERM), 0); });
+  EXPECT_LT(StreamedTokens(body), 1000u);
+  EXPECT_NE(body.find(R"(data: {"error":{"code":null,"message":"the HTTP server is shutting down")"), std::string::npos)
+      << body.substr(body.size() > 2000 ? body.size() - 2000 : 0);
+  EXPECT_EQ(daemons_[0]->WaitExit(std::chrono::seconds(20)), 0) << Log("main");
+  const std::string log = Log("main");
+  EXPECT_NE(log.find("1 HTTP request(s) still running at the shutdown deadline"), std::string::npos) << log;
+  EXPECT_NE(log.find("finished: outcome=unavailable"), std::string::npos) << log;
 }
 
 TEST_F(ShutdownTest, AStalledWorkersCallFailsWithDeadlineExceededWithinItsDeadline) {
