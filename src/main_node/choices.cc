@@ -6,10 +6,15 @@
 
 namespace odmoe {
 
-ParallelChoices::ParallelChoices(int64_t count, std::vector<Admission::Ticket> tickets, Job job,
-                                 std::function<void()> on_finished)
-    : count_(count), job_(std::move(job)), on_finished_(std::move(on_finished)), tickets_(std::move(tickets)) {
+ParallelChoices::ParallelChoices(int64_t count, std::vector<Admission::Ticket> tickets)
+    : count_(count), tickets_(std::move(tickets)) {
   ODMOE_CHECK(!tickets_.empty() && static_cast<int64_t>(tickets_.size()) <= count_);
+}
+
+void ParallelChoices::Start(Job job, std::function<void()> on_finished) {
+  ODMOE_CHECK(threads_.empty() && job_ == nullptr);
+  job_ = std::move(job);
+  on_finished_ = std::move(on_finished);
   {
     absl::MutexLock lock(&mu_);
     working_ = static_cast<int64_t>(tickets_.size());
@@ -33,6 +38,7 @@ void ParallelChoices::Work() {
     if (!status.ok()) {
       absl::MutexLock lock(&mu_);
       if (first_error_.ok()) first_error_ = std::move(status);
+      failed_.store(true);
     }
   }
   bool last = false;

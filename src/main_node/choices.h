@@ -6,8 +6,9 @@
 // (so at most `window` run at once, in index order of their start). The first `window` jobs run on places in main's
 // queue taken beforehand, all or none (the HTTP API answers 429 before any work when the queue has no room for
 // them); a later job arrives in the queue when it starts, behind whatever arrived meanwhile, as a request of its
-// own would. The first job to fail stops the hand-out: no job starts after it (the jobs running are the caller's to
-// stop, through their RunRequest's `stop`).
+// own would. The first job to fail stops the hand-out: no job starts after it, and failed() turns true once its
+// error is recorded, so the jobs still running (the caller's to stop, through their RunRequest's `stop`) may stop
+// on it without their own error ever being taken for the request's.
 //
 // EventQueue is bounded: a producer waits while `capacity` events wait to be written, so a client that reads slowly
 // slows its own choices and nothing else, and memory stays bounded; once the reader closes it (the client went away)
@@ -16,6 +17,7 @@
 // Thread safety: every method may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -39,15 +41,19 @@ class ParallelChoices {
   // (it arrives when it runs).
   using Job = std::function<absl::Status(int64_t index, Admission::Ticket* admitted)>;
 
-  // Starts tickets.size() threads (the window) over jobs 0..count-1; job i < window gets tickets[i]. `on_finished`
-  // (optional) is called once, on the last thread to end, when every job has ended or will never start.
+  // Jobs 0..count-1, job i < tickets.size() (the window) on tickets[i]; Start runs them.
   // REQUIRES: 1 <= tickets.size() <= count.
-  ParallelChoices(int64_t count, std::vector<Admission::Ticket> tickets, Job job,
-                  std::function<void()> on_finished = nullptr);
+  ParallelChoices(int64_t count, std::vector<Admission::Ticket> tickets);
   ParallelChoices(const ParallelChoices&) = delete;
   ParallelChoices& operator=(const ParallelChoices&) = delete;
   ~ParallelChoices();  // Wait()s
 
+  // Starts the window's threads over the jobs (so a job may call failed() on this object). `on_finished`
+  // (optional) is called once, on the last thread to end, when every job has ended or will never start.
+  // REQUIRES: called once.
+  void Start(Job job, std::function<void()> on_finished = nullptr);
+  // True once a job has failed and its error is recorded (the one Wait returns).
+  bool failed() const { return failed_.load(); }
   // Blocks until every thread has ended: OK, or the error of the first job that failed.
   absl::Status Wait();
 
@@ -55,8 +61,9 @@ class ParallelChoices {
   void Work();
 
   const int64_t count_;
-  const Job job_;
-  const std::function<void()> on_finished_;
+  Job job_;                            // set by Start, before any thread
+  std::function<void()> on_finished_;  // set by Start, before any thread
+  std::atomic<bool> failed_{false};
   std::vector<Admission::Ticket> tickets_;  // job i < tickets_.size() runs on tickets_[i]; its pointer is stable
   std::vector<std::thread> threads_;
   absl::Mutex mu_;

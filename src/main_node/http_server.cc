@@ -387,17 +387,14 @@ void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Respons
 
   if (!parsed->stream) {
     std::vector<openai::Choice> choices(count);
-    std::atomic<bool> failed{false};  // a choice failed: the others stop
-    ParallelChoices runner(count, std::move(admitted).value(), [&](int64_t c, Admission::Ticket* ticket) {
+    ParallelChoices runner(count, std::move(admitted).value());
+    runner.Start([&](int64_t c, Admission::Ticket* ticket) {
       logging::ScopedRequestId choice_scope(request_id);
       absl::StatusOr<openai::Choice> choice = Run((*prompts)[c / n], c % n, parsed->stop, c, request_id,
                                                   [](const std::string&, const std::vector<int32_t>&,
                                                      const std::vector<openai::TokenLogprobs>&) { return true; },
-                                                  [&] { return StopReason(false, failed.load()); }, ticket);
-      if (!choice.ok()) {
-        failed.store(true);
-        return choice.status();
-      }
+                                                  [&] { return StopReason(false, runner.failed()); }, ticket);
+      if (!choice.ok()) return choice.status();
       choices[c] = std::move(choice).value();
       return absl::OkStatus();
     });
@@ -453,11 +450,12 @@ bool HttpServer::Impl::Stream(StreamJob& job, httplib::DataSink& sink) const {
   const int64_t count = static_cast<int64_t>(job.prompts.size()) * n;
   EventQueue events(kStreamEventsQueued);
   std::atomic<bool> client_gone{false};  // set by this thread, the writer
-  std::atomic<bool> failed{false};       // a choice failed: the others stop
+  std::vector<int64_t> completion_tokens(count, 0);
+  // Its jobs use what is declared after it too: runner.Wait() below ends them before any of it is destroyed.
+  ParallelChoices runner(count, std::move(job.admitted));
   // Why the choices stop early. The writer sets client_gone (or sees `stopping`) before it closes the queue, so a
   // failed push always has a reason here.
-  const StopCheck stopped = [&] { return StopReason(client_gone.load(), failed.load()); };
-  std::vector<int64_t> completion_tokens(count, 0);
+  const StopCheck stopped = [&] { return StopReason(client_gone.load(), runner.failed()); };
   // Choice c, on a thread of `runner`: its chunks go to `events` as they come.
   auto run_choice = [&](int64_t c, Admission::Ticket* ticket) -> absl::Status {
     logging::ScopedRequestId choice_scope(job.request_id);
@@ -482,15 +480,12 @@ bool HttpServer::Impl::Stream(StreamJob& job, httplib::DataSink& sink) const {
           return chunk(text, ids, "", false, logprobs);
         },
         stopped, ticket);
-    if (!choice.ok()) {
-      failed.store(true);
-      return choice.status();
-    }
+    if (!choice.ok()) return choice.status();
     if (!chunk("", {}, choice->finish_reason, false)) return stopped();
     completion_tokens[c] = static_cast<int64_t>(choice->token_ids.size());
     return absl::OkStatus();
   };
-  ParallelChoices runner(count, std::move(job.admitted), run_choice, [&events] { events.FinishWriting(); });
+  runner.Start(run_choice, [&events] { events.FinishWriting(); });
   // The writer: every event as it comes, until the choices have ended; the client checked between events.
   for (;;) {
     EventQueue::Next next = events.Pop(absl::Milliseconds(20));

@@ -36,8 +36,8 @@ TEST(ParallelChoicesTest, RunsEveryJobOnceAtMostTheWindowAtATime) {
   int running = 0, most_running = 0, finished_calls = 0;
   std::atomic<bool> all_ended_when_finished{false};
   {
-    ParallelChoices choices(
-        10, Tickets(admission, 3),
+    ParallelChoices choices(10, Tickets(admission, 3));
+    choices.Start(
         [&](int64_t index, Admission::Ticket* ticket) {
           absl::MutexLock lock(&mu);
           ++runs[index];
@@ -75,8 +75,8 @@ TEST(ParallelChoicesTest, TheFirstFailureStopsTheHandOutAndIsReturned) {
   Admission admission(8, 8);
   std::atomic<int> started{0};
   int finished_calls = 0;
-  ParallelChoices choices(
-      6, Tickets(admission, 1),
+  ParallelChoices choices(6, Tickets(admission, 1));
+  choices.Start(
       [&](int64_t index, Admission::Ticket*) -> absl::Status {
         started.fetch_add(1);
         if (index == 2) return absl::UnavailableError("worker w0 lost");
@@ -88,6 +88,28 @@ TEST(ParallelChoicesTest, TheFirstFailureStopsTheHandOutAndIsReturned) {
   EXPECT_EQ(status, absl::UnavailableError("worker w0 lost"));
   EXPECT_EQ(started.load(), 3);  // one thread: 0, 1, 2, then no more
   EXPECT_EQ(finished_calls, 1);
+}
+
+// The jobs running beside the one that failed stop on failed(), with errors of their own, which are never taken
+// for the request's: failed() turns true only once the first error is recorded.
+TEST(ParallelChoicesTest, JobsStoppedByFailedNeverReplaceTheFirstError) {
+  for (int round = 0; round < 20; ++round) {
+    Admission admission(8, 8);
+    std::atomic<int> waiting{0};
+    ParallelChoices choices(3, Tickets(admission, 3));
+    EXPECT_FALSE(choices.failed());
+    choices.Start([&](int64_t index, Admission::Ticket*) -> absl::Status {
+      if (index == 0) {
+        while (waiting.load() < 2) std::this_thread::yield();
+        return absl::UnavailableError("worker w0 lost");
+      }
+      waiting.fetch_add(1);
+      while (!choices.failed()) std::this_thread::yield();
+      return absl::AbortedError("another choice of the same request failed");
+    });
+    EXPECT_EQ(choices.Wait(), absl::UnavailableError("worker w0 lost"));
+    EXPECT_TRUE(choices.failed());
+  }
 }
 
 TEST(EventQueueTest, HandsEventsOverInOrderAndFinishesOnlyWhenDrained) {
