@@ -22,6 +22,7 @@
 #include "src/cli/client_security.h"
 #include "src/rpc/proto_json.h"
 #include "src/rpc/request_id.h"
+#include "src/rpc/sampling_proto.h"
 
 namespace odmoe::cli {
 namespace {
@@ -201,12 +202,7 @@ absl::Status RunRemote(const Request& r) {
     req.mutable_prompt_ids()->Add(r.prompt_ids.begin(), r.prompt_ids.end());
   }
   req.set_max_new_tokens(r.options.max_new_tokens);
-  req.mutable_sampling()->set_temperature(r.options.sampling.temperature);
-  req.mutable_sampling()->set_top_k(r.options.sampling.top_k);
-  req.mutable_sampling()->set_top_p(r.options.sampling.top_p);
-  req.mutable_sampling()->set_seed(r.options.sampling.seed);
-  req.mutable_sampling()->set_presence_penalty(r.options.sampling.presence_penalty);
-  req.mutable_sampling()->set_frequency_penalty(r.options.sampling.frequency_penalty);
+  rpc::SamplingToProto(r.options.sampling, req.mutable_sampling());
   req.set_ignore_eos(r.options.ignore_eos);
   req.set_dump_logits(r.options.keep_last_logits);
   req.set_dump_routing(r.options.record_routing);

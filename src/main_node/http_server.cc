@@ -24,6 +24,7 @@
 #include "src/rpc/logprobs_proto.h"
 #include "src/rpc/metrics_server.h"
 #include "src/rpc/request_id.h"
+#include "src/rpc/sampling_proto.h"
 #include "src/rpc/security.h"
 
 namespace odmoe {
@@ -235,7 +236,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
       return s;
     }
     SamplingOptions sampling{.temperature = r.temperature,
-                             .top_k = 0,
+                             .top_k = r.top_k,
                              .top_p = r.top_p,
                              .seed = seed,
                              .presence_penalty = r.presence_penalty,
@@ -251,12 +252,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
     p.request.mutable_prompt_ids()->Add(ids.begin(), ids.end());
     p.request.set_max_new_tokens(max_tokens);
     p.request.set_ignore_eos(r.ignore_eos);
-    p.request.mutable_sampling()->set_temperature(r.temperature);
-    p.request.mutable_sampling()->set_top_p(r.top_p);
-    p.request.mutable_sampling()->set_seed(seed);
-    p.request.mutable_sampling()->set_presence_penalty(r.presence_penalty);
-    p.request.mutable_sampling()->set_frequency_penalty(r.frequency_penalty);
-    for (const auto& [id, bias] : r.logit_bias) (*p.request.mutable_sampling()->mutable_logit_bias())[id] = bias;
+    rpc::SamplingToProto(sampling, p.request.mutable_sampling());
     p.request.set_logprobs(r.logprobs >= 0);
     p.request.set_top_logprobs(std::max(r.logprobs, 0));
     p.request.set_prompt_logprobs(r.echo && r.logprobs >= 0);

@@ -18,6 +18,7 @@
 #include "src/rpc/logprobs_proto.h"
 #include "src/rpc/metrics_server.h"
 #include "src/rpc/request_id.h"
+#include "src/rpc/sampling_proto.h"
 #include "src/rpc/security.h"
 
 namespace odmoe {
@@ -298,13 +299,7 @@ absl::StatusOr<GenerateOptions> MainNode::OptionsOf(const v1::GenerateRequest& r
   ODMOE_RETURN_IF_ERROR(ValidateRequest(config_, prompt, request.max_new_tokens()));
   GenerateOptions options;
   options.max_new_tokens = request.max_new_tokens();
-  options.sampling.temperature = request.sampling().temperature();
-  options.sampling.top_k = request.sampling().top_k();
-  options.sampling.top_p = request.sampling().top_p() == 0 ? 1.0 : request.sampling().top_p();
-  options.sampling.seed = request.sampling().seed();
-  options.sampling.presence_penalty = request.sampling().presence_penalty();
-  options.sampling.frequency_penalty = request.sampling().frequency_penalty();
-  for (const auto& [id, bias] : request.sampling().logit_bias()) options.sampling.logit_bias.emplace_back(id, bias);
+  options.sampling = rpc::SamplingFromProto(request.sampling());
   if (!request.logprobs() && request.top_logprobs() != 0) {
     return absl::InvalidArgumentError(StrCat("top_logprobs (", request.top_logprobs(), ") needs logprobs set"));
   }

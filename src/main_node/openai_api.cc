@@ -215,6 +215,24 @@ absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
       if (!v->empty()) return unsupported(key, "(tool calling)");
     }
   }
+  // vLLM's sampling extensions, at the values that change nothing.
+  std::optional<double> min_p, repetition_penalty;
+  ODMOE_RETURN_IF_ERROR(ReadNumber(body, "min_p", 0.0, 1.0, error, &min_p));
+  if (min_p && *min_p > 0) return unsupported("min_p", StrCat("= ", *min_p));
+  ODMOE_RETURN_IF_ERROR(ReadNumber(body, "repetition_penalty", 0.0, 1e9, error, &repetition_penalty));
+  if (repetition_penalty && *repetition_penalty != 1.0) {
+    return unsupported("repetition_penalty",
+                       StrCat("= ", *repetition_penalty, " (use presence_penalty or frequency_penalty)"));
+  }
+  std::optional<int64_t> min_tokens;
+  ODMOE_RETURN_IF_ERROR(ReadInt(body, "min_tokens", error, &min_tokens));
+  if (min_tokens && *min_tokens < 0) {
+    return Fail(error, "min_tokens", StrCat("'min_tokens' must be >= 0, got ", *min_tokens));
+  }
+  if (min_tokens && *min_tokens > 0) return unsupported("min_tokens", StrCat("= ", *min_tokens));
+  bool beam_search = false;
+  ODMOE_RETURN_IF_ERROR(ReadBool(body, "use_beam_search", error, &beam_search));
+  if (beam_search) return unsupported("use_beam_search", "= true");
   if (const Json* v = Field(body, "response_format")) {
     const Json* type = v->is_object() ? Field(*v, "type") : nullptr;
     if (type == nullptr || !type->is_string()) {
@@ -380,6 +398,10 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
     if (*top_p == 0) return Fail(error, "top_p", "'top_p' must be in (0, 1], got 0");
     r.top_p = *top_p;
   }
+  std::optional<int64_t> top_k;
+  ODMOE_RETURN_IF_ERROR(ReadInt(j, "top_k", error, &top_k));
+  if (top_k && *top_k < -1) return Fail(error, "top_k", StrCat("'top_k' must be -1, 0 (all) or >= 1, got ", *top_k));
+  r.top_k = top_k && *top_k > 0 ? *top_k : 0;
   std::optional<int64_t> seed;
   ODMOE_RETURN_IF_ERROR(ReadInt(j, "seed", error, &seed));
   if (seed) r.seed = static_cast<uint64_t>(*seed);

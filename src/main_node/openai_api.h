@@ -9,9 +9,11 @@
 // `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `presence_penalty`, `frequency_penalty`,
 // `logit_bias`, `stop` (a string or a list of up to 16), `stream`, `stream_options.include_usage`, `logprobs`
 // (completions: the alternatives per token; chat: true, with `top_logprobs`), `echo` (completions), and vLLM's
-// extension `ignore_eos`. Unknown fields are ignored; options odmoe does not implement are refused (400, `param`
-// naming them) only when set to a value that needs them: `best_of` > 1, chat's `echo`, `suffix`, `tools`,
-// `functions`, a `response_format` other than text.
+// extensions `ignore_eos` and `top_k`. Unknown fields are ignored; options odmoe does not implement are refused
+// (400, `param` naming them) only when set to a value that needs them: `best_of` > 1, chat's `echo`, `suffix`,
+// `tools`, `functions`, a `response_format` other than text, and vLLM's sampling extensions `min_p` > 0,
+// `repetition_penalty` other than 1, `min_tokens` > 0 and `use_beam_search`, so that no answer is sampled
+// otherwise than asked.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +73,7 @@ struct CompletionRequest {
   std::optional<int64_t> max_tokens;  // absent: completions 16, chat the rest of the context
   double temperature = 1.0;           // OpenAI's default; 0: greedy
   double top_p = 1.0;
+  int64_t top_k = 0;             // vLLM's extension: the k likeliest tokens only; 0 (or -1 in the request): all
   std::optional<uint64_t> seed;  // absent: a random seed per request
   // SamplingOptions' (src/engine/sampler.h): generated tokens' penalties, and biases by token id (keys of the
   // JSON object `logit_bias`, ids not yet checked against the vocabulary).

@@ -213,6 +213,12 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   EXPECT_EQ(answer["usage"]["prompt_tokens"], prompt.size());
   EXPECT_EQ(answer["usage"]["completion_tokens"], grpc->tokens.size());
   EXPECT_EQ(answer["choices"][0]["finish_reason"], grpc->stop_reason == "length" ? "length" : "stop");
+  // vLLM's top_k: with k = 1 a hot sampler picks what greedy picks.
+  const HttpResult top1 =
+      Post(base + "/v1/completions",
+           {{"model", kModel}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 2}, {"top_k", 1}, {"seed", 3}});
+  ASSERT_EQ(top1.status, 200) << top1.body;
+  EXPECT_EQ(ParseOrDie(top1.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), grpc->tokens);
   {
     auto device = CreateDevice("cpu");
     ASSERT_TRUE(device.ok()) << device.status();

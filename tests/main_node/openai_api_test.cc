@@ -77,8 +77,16 @@ TEST(OpenAiParse, DefaultsAndOptions) {
   std::sort(bias.begin(), bias.end());
   EXPECT_EQ(bias, (std::vector<std::pair<int32_t, double>>{{7, -100.0}, {50256, 2.5}}));
 
+  // vLLM's top_k: -1 and 0 cut nothing; its other sampling extensions at the values that change nothing.
+  auto top_k = Parse(R"({"model":"m","prompt":"x","top_k":40,"min_p":0,"repetition_penalty":1,"min_tokens":0,
+                         "use_beam_search":false})");
+  ASSERT_TRUE(top_k.ok()) << top_k.status();
+  EXPECT_EQ(top_k->top_k, 40);
+  EXPECT_EQ(Parse(R"({"model":"m","prompt":"x","top_k":-1})")->top_k, 0);
+
   auto d = Parse(R"({"model":"m","prompt":"x"})");
   ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->top_k, 0);
   EXPECT_FALSE(d->max_tokens.has_value());
   EXPECT_EQ(d->temperature, 1.0);
   EXPECT_EQ(d->top_p, 1.0);
@@ -159,6 +167,17 @@ TEST(OpenAiParse, ErrorsNameTheField) {
       {R"({"model":"m","prompt":"x","temperature":3})", Endpoint::kCompletions, "temperature", "[0, 2]"},
       {R"({"model":"m","prompt":"x","top_p":0})", Endpoint::kCompletions, "top_p", "(0, 1]"},
       {R"({"model":"m","prompt":"x","seed":1.5})", Endpoint::kCompletions, "seed", "an integer"},
+      {R"({"model":"m","prompt":"x","top_k":-2})", Endpoint::kCompletions, "top_k",
+       "'top_k' must be -1, 0 (all) or >= 1, got -2"},
+      {R"({"model":"m","prompt":"x","top_k":2.5})", Endpoint::kCompletions, "top_k", "an integer"},
+      {R"({"model":"m","prompt":"x","min_p":0.05})", Endpoint::kCompletions, "min_p",
+       "'min_p' = 0.05 is not supported"},
+      {R"({"model":"m","prompt":"x","repetition_penalty":1.1})", Endpoint::kCompletions, "repetition_penalty",
+       "'repetition_penalty' = 1.1 (use presence_penalty or frequency_penalty) is not supported"},
+      {R"({"model":"m","prompt":"x","min_tokens":4})", Endpoint::kCompletions, "min_tokens", "not supported"},
+      {R"({"model":"m","prompt":"x","min_tokens":-1})", Endpoint::kCompletions, "min_tokens", "must be >= 0"},
+      {R"({"model":"m","prompt":"x","use_beam_search":true})", Endpoint::kCompletions, "use_beam_search",
+       "not supported"},
       {R"({"model":"m","prompt":"x","stop":3})", Endpoint::kCompletions, "stop", "a string or a list"},
       {R"({"model":"m","prompt":"x","stream":"yes"})", Endpoint::kCompletions, "stream", "a boolean"},
       {R"({"model":"m","prompt":"x","stream_options":{"include_usage":true}})", Endpoint::kCompletions,
