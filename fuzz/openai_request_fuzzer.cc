@@ -3,7 +3,8 @@
 // /v1/chat/completions), the rest is the body. Checked: a refused body is a 400 whose error object is valid JSON
 // naming it; an accepted one respects the documented ranges; chat messages render (or are refused) without
 // crashing; stop strings give the same text whatever the split of the text into pieces; the responses and
-// stream chunks built from the request's text are valid JSON.
+// stream chunks built from the request's text are valid JSON. The same body as a /tokenize and a /detokenize
+// request: refused as a 400, or accepted with a prompt or messages (not both), ids >= 0 and a valid answer.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -28,6 +29,27 @@ void CheckStopSplit(const std::vector<std::string>& stops, const std::string& te
   Check(text.rfind(a, 0) == 0);  // always a prefix of the text
 }
 
+// The body as vLLM's /tokenize and /detokenize requests.
+void CheckTokenizeRequests(std::string_view body) {
+  using namespace odmoe::openai;
+  ApiError error;
+  absl::StatusOr<TokenizeRequest> t = ParseTokenizeRequest(body, &error);
+  if (t.ok()) {
+    Check(t->prompt.has_value() != !t->messages.empty());
+  } else {
+    Check(error.http_status == 400 && !error.message.empty());
+  }
+  ApiError derror;
+  absl::StatusOr<DetokenizeRequest> d = ParseDetokenizeRequest(body, &derror);
+  if (!d.ok()) {
+    Check(derror.http_status == 400 && !derror.message.empty());
+    return;
+  }
+  for (int32_t id : d->tokens) Check(id >= 0);
+  Check(odmoe::ParseJson(TokenizeBody(d->tokens, 2048), "tokenize").ok());
+  Check(odmoe::ParseJson(DetokenizeBody(std::string(body)), "detokenize").ok());
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -35,6 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const Endpoint endpoint = data[0] % 2 == 0 ? Endpoint::kCompletions : Endpoint::kChatCompletions;
   const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
+  CheckTokenizeRequests(body);
   ApiError error;
   absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(body, endpoint, &error);
   if (!r.ok()) {
@@ -42,7 +65,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(odmoe::ParseJson(ErrorBody(error), "error").ok());
     return 0;
   }
-  Check(r->temperature >= 0 && r->temperature <= 2 && r->top_p > 0 && r->top_p <= 1);
+  Check(r->temperature >= 0 && r->temperature <= 2 && r->top_p > 0 && r->top_p <= 1 && r->top_k >= 0);
   Check(!r->max_tokens || *r->max_tokens >= 1);
   Check(r->stop.size() <= kMaxStopStrings);
   std::string text;

@@ -106,8 +106,12 @@ struct HttpServer::Impl {
 
   // Parses, checks and tokenizes a request: every prompt ready to run, or the error to answer.
   absl::StatusOr<std::vector<PreparedPrompt>> Prepare(const openai::CompletionRequest& r, ApiError* error) const;
-  // The ids of one prompt: token ids as given, text through the tokenizer (BOS/EOS as the model asks).
-  absl::StatusOr<std::vector<int32_t>> IdsOf(const openai::Prompt& p, ApiError* error) const;
+  // The ids of one prompt: token ids as given, text through the tokenizer (with `special_tokens`, BOS/EOS as the
+  // model asks).
+  absl::StatusOr<std::vector<int32_t>> IdsOf(const openai::Prompt& p, ApiError* error,
+                                             bool special_tokens = true) const;
+  // NotFound (404 model_not_found in `error`) unless `model` is the one served.
+  absl::Status CheckModel(const std::string& model, ApiError* error) const;
   absl::StatusOr<std::vector<int32_t>> ChatIds(const std::vector<openai::ChatMessage>& m, ApiError* error) const;
 
   // Runs choice `index`, sample `sample` of prompt `p` (its seed is the prompt's plus `sample`); `on_piece` gets
@@ -129,6 +133,12 @@ struct HttpServer::Impl {
   absl::StatusOr<std::vector<Admission::Ticket>> AdmitWindow(int64_t count) const;
 
   void Completions(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) const;
+  // vLLM's /tokenize and /detokenize, through main's tokenizer and chat template.
+  void Tokenize(const httplib::Request& req, httplib::Response& res) const;
+  void Detokenize(const httplib::Request& req, httplib::Response& res) const;
+  // The answer: `body` (JSON), or `error` when `status` is not OK; counted under `endpoint`.
+  void Answer(const char* endpoint, const absl::Status& status, const ApiError& error, const std::string& body,
+              httplib::Response& res) const;
   // A streamed answer, written to `sink` (the server's thread, after the 200 and its headers): the chunks of
   // every choice as they come (the choices run side by side, so chunks of different indexes interleave), the
   // usage chunk when asked for, data: [DONE]. False when the client went away.
@@ -151,7 +161,8 @@ struct HttpServer::Impl {
   }
 };
 
-absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::IdsOf(const openai::Prompt& p, ApiError* error) const {
+absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::IdsOf(const openai::Prompt& p, ApiError* error,
+                                                             bool special_tokens) const {
   if (!p.is_text) return p.ids;
   const Tokenizer* tokenizer = node->tokenizer();
   if (tokenizer == nullptr) {
@@ -165,7 +176,16 @@ absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::IdsOf(const openai::Promp
     *error = BadRequest(std::string(s.message()), "prompt");
     return s;
   }
-  return tokenizer->EncodeForModel(p.text);
+  return special_tokens ? tokenizer->EncodeForModel(p.text) : tokenizer->Encode(p.text);
+}
+
+absl::Status HttpServer::Impl::CheckModel(const std::string& model, ApiError* error) const {
+  if (model == options.model_id) return absl::OkStatus();
+  *error = BadRequest(StrCat("The model '", model, "' does not exist; this server serves '", options.model_id, "'"),
+                      "model");
+  error->http_status = 404;
+  error->code = "model_not_found";
+  return absl::NotFoundError(error->message);
 }
 
 absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatIds(const std::vector<openai::ChatMessage>& messages,
@@ -351,12 +371,8 @@ void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Respons
     Count(name, error.http_status);
     return SendError(res, error);
   }
-  if (parsed->model != options.model_id) {
-    error = BadRequest(
-        StrCat("The model '", parsed->model, "' does not exist; this server serves '", options.model_id, "'"), "model");
-    error.http_status = 404;
-    error.code = "model_not_found";
-    Count(name, 404);
+  if (!CheckModel(parsed->model, &error).ok()) {
+    Count(name, error.http_status);
     return SendError(res, error);
   }
   absl::StatusOr<std::vector<PreparedPrompt>> prompts = Prepare(*parsed, &error);
@@ -422,6 +438,53 @@ absl::Status HttpServer::Impl::StopReason(bool client_gone, bool sibling_failed)
   if (stopping.load()) return absl::UnavailableError("the HTTP server is shutting down");
   if (sibling_failed) return absl::AbortedError("another choice of the same request failed");
   return absl::OkStatus();
+}
+
+void HttpServer::Impl::Tokenize(const httplib::Request& req, httplib::Response& res) const {
+  ApiError error;
+  absl::StatusOr<std::vector<int32_t>> ids = [&]() -> absl::StatusOr<std::vector<int32_t>> {
+    ODMOE_ASSIGN_OR_RETURN(openai::TokenizeRequest r, openai::ParseTokenizeRequest(req.body, &error));
+    ODMOE_RETURN_IF_ERROR(CheckModel(r.model, &error));
+    if (!r.prompt) return ChatIds(r.messages, &error);
+    return IdsOf(openai::Prompt{true, *r.prompt, {}}, &error, r.add_special_tokens);
+  }();
+  Answer("tokenize", ids.status(), error,
+         ids.ok() ? openai::TokenizeBody(*ids, node->config().max_position_embeddings) : "", res);
+}
+
+void HttpServer::Impl::Detokenize(const httplib::Request& req, httplib::Response& res) const {
+  ApiError error;
+  absl::StatusOr<std::string> text = [&]() -> absl::StatusOr<std::string> {
+    ODMOE_ASSIGN_OR_RETURN(openai::DetokenizeRequest r, openai::ParseDetokenizeRequest(req.body, &error));
+    ODMOE_RETURN_IF_ERROR(CheckModel(r.model, &error));
+    const Tokenizer* tokenizer = node->tokenizer();
+    if (tokenizer == nullptr) {
+      error = BadRequest(
+          StrCat("model '", options.model_id, "' has no tokenizer (neither tokenizer.model nor tokenizer.json)"),
+          "tokens");
+      return absl::InvalidArgumentError(error.message);
+    }
+    const int64_t vocab = node->config().vocab_size;
+    for (size_t i = 0; i < r.tokens.size(); ++i) {
+      if (r.tokens[i] >= vocab) {
+        error = BadRequest(StrCat("'tokens[", i, "]' = ", r.tokens[i], " is outside the vocabulary [0, ", vocab, ")"),
+                           "tokens");
+        return absl::InvalidArgumentError(error.message);
+      }
+    }
+    return tokenizer->Decode(r.tokens);
+  }();
+  Answer("detokenize", text.status(), error, text.ok() ? openai::DetokenizeBody(*text) : "", res);
+}
+
+void HttpServer::Impl::Answer(const char* endpoint, const absl::Status& status, const ApiError& error,
+                              const std::string& body, httplib::Response& res) const {
+  if (!status.ok()) {
+    Count(endpoint, error.http_status);
+    return SendError(res, error);
+  }
+  Count(endpoint, 200);
+  res.set_content(body, kJson);
 }
 
 absl::StatusOr<std::vector<Admission::Ticket>> HttpServer::Impl::AdmitWindow(int64_t count) const {
@@ -625,8 +688,17 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
   http.Post("/v1/chat/completions", guarded([&impl](const httplib::Request& req, httplib::Response& res) {
               impl.Completions(req, res, Endpoint::kChatCompletions);
             }));
+  http.Post("/tokenize",
+            guarded([&impl](const httplib::Request& req, httplib::Response& res) { impl.Tokenize(req, res); }));
+  http.Post("/detokenize",
+            guarded([&impl](const httplib::Request& req, httplib::Response& res) { impl.Detokenize(req, res); }));
   http.Get("/v1/models", guarded([&impl](const httplib::Request&, httplib::Response& res) {
              res.set_content(openai::ModelsBody(impl.options.model_id, 0), kJson);
+           }));
+  http.Get(R"(/v1/models/(.+))", guarded([&impl](const httplib::Request& req, httplib::Response& res) {
+             ApiError error;
+             if (!impl.CheckModel(req.matches[1], &error).ok()) return SendError(res, error);
+             res.set_content(openai::ModelBody(impl.options.model_id, 0), kJson);
            }));
   http.Get("/health", [&impl](const httplib::Request&, httplib::Response& res) {
     absl::MutexLock lock(&impl.ready_mu);

@@ -1,7 +1,8 @@
 // The main node's OpenAI-compatible HTTP API (cpp-httplib from Debian, on a thread pool of its own) at the main
 // node's `http_address`:
 //   POST /v1/completions, POST /v1/chat/completions  (stream: true -> server-sent events ending data: [DONE])
-//   GET  /v1/models                                   (the one model: its folder's name)
+//   POST /tokenize, POST /detokenize                  (vLLM's: main's tokenizer and chat template, no model run)
+//   GET  /v1/models, GET /v1/models/{id}              (the one model: its folder's name)
 //   GET  /health                                      (503 until main is ready, 200 after, as llama.cpp's)
 //   GET  /metrics                                     (only when http_address is also the metrics_address)
 // Requests and responses are built by src/main_node/openai_api.h. Each choice of a request (its prompts times `n`)

@@ -68,13 +68,15 @@ absl::Status ReadBool(const Json& body, const char* key, ApiError* error, bool* 
   return absl::OkStatus();
 }
 
-// A token id of a prompt: an integer in int32's range (the model's vocabulary is checked later).
-absl::Status ReadTokenId(const Json& v, const std::string& where, ApiError* error, std::vector<int32_t>* out) {
-  if (!v.is_number_integer()) return Fail(error, "prompt", TypeError(where, "a token id (integer)", v));
+// A token id of field `param` (`where`: the element, e.g. "prompt[3]"): an integer in int32's range (the model's
+// vocabulary is checked later).
+absl::Status ReadTokenId(const Json& v, const char* param, const std::string& where, ApiError* error,
+                         std::vector<int32_t>* out) {
+  if (!v.is_number_integer()) return Fail(error, param, TypeError(where, "a token id (integer)", v));
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(kMax)
                                                : v.get<int64_t>() >= 0 && v.get<int64_t>() <= kMax;
-  if (!in_range) return Fail(error, "prompt", StrCat("'", where, "' is not a token id: ", v.dump()));
+  if (!in_range) return Fail(error, param, StrCat("'", where, "' is not a token id: ", v.dump()));
   out->push_back(static_cast<int32_t>(v.get<int64_t>()));
   return absl::OkStatus();
 }
@@ -94,7 +96,7 @@ absl::Status ReadPrompts(const Json& body, ApiError* error, std::vector<Prompt>*
   if (first.is_number()) {  // one prompt of ids
     Prompt p;
     for (size_t i = 0; i < v->size(); ++i) {
-      ODMOE_RETURN_IF_ERROR(ReadTokenId((*v)[i], StrCat("prompt[", i, "]"), error, &p.ids));
+      ODMOE_RETURN_IF_ERROR(ReadTokenId((*v)[i], "prompt", StrCat("prompt[", i, "]"), error, &p.ids));
     }
     out->push_back(std::move(p));
     return absl::OkStatus();
@@ -111,7 +113,7 @@ absl::Status ReadPrompts(const Json& body, ApiError* error, std::vector<Prompt>*
       if (item.empty()) return Fail(error, "prompt", StrCat("'prompt[", i, "]' is an empty list"));
       Prompt p;
       for (size_t j = 0; j < item.size(); ++j) {
-        ODMOE_RETURN_IF_ERROR(ReadTokenId(item[j], StrCat("prompt[", i, "][", j, "]"), error, &p.ids));
+        ODMOE_RETURN_IF_ERROR(ReadTokenId(item[j], "prompt", StrCat("prompt[", i, "][", j, "]"), error, &p.ids));
       }
       out->push_back(std::move(p));
     } else {
@@ -350,17 +352,54 @@ ApiError ErrorOfStatus(const absl::Status& status) {
   return e;
 }
 
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint, ApiError* error) {
+namespace {
+
+// A request body: a JSON object with a string `model`.
+absl::StatusOr<Json> ReadBody(std::string_view body, ApiError* error, std::string* model_out) {
   absl::StatusOr<Json> parsed = ParseJson(body, "request body");
   if (!parsed.ok()) return Fail(error, "", std::string(parsed.status().message()));
-  const Json& j = *parsed;
-  if (!j.is_object()) return Fail(error, "", TypeError("the request body", "a JSON object", j));
-  CompletionRequest r;
-  r.endpoint = endpoint;
-  const Json* model = Field(j, "model");
+  if (!parsed->is_object()) return Fail(error, "", TypeError("the request body", "a JSON object", *parsed));
+  const Json* model = Field(*parsed, "model");
   if (model == nullptr) return Fail(error, "model", "'model' is required");
   if (!model->is_string()) return Fail(error, "model", TypeError("model", "a string", *model));
-  r.model = model->get<std::string>();
+  *model_out = model->get<std::string>();
+  return parsed;
+}
+
+}  // namespace
+
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(std::string_view body, ApiError* error) {
+  TokenizeRequest r;
+  ODMOE_ASSIGN_OR_RETURN(const Json j, ReadBody(body, error, &r.model));
+  const Json* prompt = Field(j, "prompt");
+  const bool has_messages = Field(j, "messages") != nullptr;
+  if ((prompt != nullptr) == has_messages) return Fail(error, "prompt", "give either 'prompt' or 'messages'");
+  if (prompt != nullptr) {
+    if (!prompt->is_string()) return Fail(error, "prompt", TypeError("prompt", "a string", *prompt));
+    r.prompt = prompt->get<std::string>();
+    ODMOE_RETURN_IF_ERROR(ReadBool(j, "add_special_tokens", error, &r.add_special_tokens));
+  } else {
+    ODMOE_RETURN_IF_ERROR(ReadMessages(j, error, &r.messages));
+  }
+  return r;
+}
+
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, ApiError* error) {
+  DetokenizeRequest r;
+  ODMOE_ASSIGN_OR_RETURN(const Json j, ReadBody(body, error, &r.model));
+  const Json* tokens = Field(j, "tokens");
+  if (tokens == nullptr) return Fail(error, "tokens", "'tokens' is required");
+  if (!tokens->is_array()) return Fail(error, "tokens", TypeError("tokens", "a list of token ids", *tokens));
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    ODMOE_RETURN_IF_ERROR(ReadTokenId((*tokens)[i], "tokens", StrCat("tokens[", i, "]"), error, &r.tokens));
+  }
+  return r;
+}
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint, ApiError* error) {
+  CompletionRequest r;
+  r.endpoint = endpoint;
+  ODMOE_ASSIGN_OR_RETURN(const Json j, ReadBody(body, error, &r.model));
   if (endpoint == Endpoint::kCompletions) {
     ODMOE_RETURN_IF_ERROR(ReadPrompts(j, error, &r.prompts));
   } else {
@@ -756,9 +795,22 @@ Json UsageChunk(Endpoint endpoint, const std::string& id, int64_t created, const
   return out;
 }
 
-std::string ModelsBody(const std::string& model, int64_t created) {
-  Json m = {{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "odmoe"}};
-  return DumpJson(Json{{"object", "list"}, {"data", Json::array({m})}});
+namespace {
+Json ModelJson(const std::string& model, int64_t created) {
+  return {{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "odmoe"}};
 }
+}  // namespace
+
+std::string ModelsBody(const std::string& model, int64_t created) {
+  return DumpJson(Json{{"object", "list"}, {"data", Json::array({ModelJson(model, created)})}});
+}
+
+std::string ModelBody(const std::string& model, int64_t created) { return DumpJson(ModelJson(model, created)); }
+
+std::string TokenizeBody(const std::vector<int32_t>& tokens, int64_t max_model_len) {
+  return DumpJson(Json{{"count", tokens.size()}, {"max_model_len", max_model_len}, {"tokens", tokens}});
+}
+
+std::string DetokenizeBody(const std::string& text) { return DumpJson(Json{{"prompt", Utf8Lossy(text)}}); }
 
 }  // namespace odmoe::openai

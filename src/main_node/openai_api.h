@@ -96,6 +96,22 @@ struct CompletionRequest {
 // JSON, a body that is not an object, a field of the wrong type or out of range, an unsupported option set.
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint, ApiError* error);
 
+// vLLM's POST /tokenize: `model` and either `prompt` (a string; `add_special_tokens`, default true, adds what a
+// completion's prompt gets, e.g. BOS) or `messages` (the prompt chat would make of them).
+struct TokenizeRequest {
+  std::string model;
+  std::optional<std::string> prompt;
+  std::vector<ChatMessage> messages;  // when there is no prompt: at least one
+  bool add_special_tokens = true;
+};
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(std::string_view body, ApiError* error);
+// vLLM's POST /detokenize: `model` and `tokens` (a list of token ids, possibly empty).
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, ApiError* error);
+
 // The largest `n` (OpenAI's limit).
 inline constexpr int64_t kMaxChoicesPerPrompt = 128;
 // The default max_tokens of OpenAI's completions endpoint.
@@ -232,5 +248,10 @@ Json UsageChunk(Endpoint endpoint, const std::string& id, int64_t created, const
                 const Usage& usage);
 // GET /v1/models.
 std::string ModelsBody(const std::string& model, int64_t created);
+// GET /v1/models/{model}: that model's object alone.
+std::string ModelBody(const std::string& model, int64_t created);
+// vLLM's answers: {"count", "max_model_len", "tokens"} and {"prompt"} (the text, invalid UTF-8 as U+FFFD).
+std::string TokenizeBody(const std::vector<int32_t>& tokens, int64_t max_model_len);
+std::string DetokenizeBody(const std::string& text);
 
 }  // namespace odmoe::openai

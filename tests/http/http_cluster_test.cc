@@ -195,6 +195,12 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   const HttpResult models = Curl(base + "/v1/models", {});
   ASSERT_EQ(models.status, 200) << models.body;
   EXPECT_EQ(ParseOrDie(models.body)["data"][0]["id"], kModel);
+  const HttpResult model = Curl(base + "/v1/models/" + kModel, {});
+  ASSERT_EQ(model.status, 200) << model.body;
+  EXPECT_EQ(ParseOrDie(model.body), ParseOrDie(models.body)["data"][0]);
+  const HttpResult unknown_model = Curl(base + "/v1/models/gpt-4", {});
+  EXPECT_EQ(unknown_model.status, 404);
+  EXPECT_EQ(ParseOrDie(unknown_model.body)["error"]["code"], "model_not_found");
 
   // A greedy completion from token ids: the same tokens as the gRPC API's, and the logprobs of the engine in one
   // process, bit for bit.
@@ -441,6 +447,30 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   const Streamed chat_streamed = Collect(chat_stream.body, true);
   EXPECT_EQ(chat_streamed.text, chat_json["choices"][0]["message"]["content"]);
   EXPECT_EQ(chat_streamed.logprobs["content"], chat_lp);
+
+  // vLLM's /tokenize and /detokenize: the ids a completion's or a chat's prompt is made of, and back.
+  const Json tokenized = ParseOrDie(Post(base + "/tokenize", {{"model", kModel}, {"prompt", "And God said"}}).body);
+  const std::vector<int32_t> ids = tokenized["tokens"].get<std::vector<int32_t>>();
+  ASSERT_GE(ids.size(), 2u) << tokenized.dump();
+  EXPECT_EQ(ids.front(), 1) << "BOS, as a completion's prompt gets";
+  EXPECT_EQ(tokenized["count"], ids.size());
+  EXPECT_EQ(tokenized["max_model_len"], 2048);
+  EXPECT_EQ(whole_json["usage"]["prompt_tokens"], ids.size()) << "the completion of 'And God said' above";
+  const Json bare = ParseOrDie(
+      Post(base + "/tokenize", {{"model", kModel}, {"prompt", "And God said"}, {"add_special_tokens", false}}).body);
+  EXPECT_EQ(bare["tokens"].get<std::vector<int32_t>>(), std::vector<int32_t>(ids.begin() + 1, ids.end()));
+  const Json chat_ids = ParseOrDie(Post(base + "/tokenize", {{"model", kModel}, {"messages", chat["messages"]}}).body);
+  EXPECT_EQ(chat_ids["count"], chat_json["usage"]["prompt_tokens"]);
+  const HttpResult detokenized = Post(base + "/detokenize", {{"model", kModel}, {"tokens", ids}});
+  ASSERT_EQ(detokenized.status, 200) << detokenized.body;
+  EXPECT_EQ(ParseOrDie(detokenized.body)["prompt"], "And God said");
+  const HttpResult bad_token = Post(base + "/detokenize", {{"model", kModel}, {"tokens", {1, 4096}}});
+  EXPECT_EQ(bad_token.status, 400);
+  EXPECT_EQ(ParseOrDie(bad_token.body)["error"]["param"], "tokens") << bad_token.body;
+  EXPECT_EQ(Post(base + "/tokenize", {{"model", "gpt-4"}, {"prompt", "x"}}).status, 404);
+  const HttpResult neither = Post(base + "/tokenize", {{"model", kModel}});
+  EXPECT_EQ(neither.status, 400);
+  EXPECT_NE(neither.body.find("either 'prompt' or 'messages'"), std::string::npos) << neither.body;
 
   // Errors in OpenAI's error object.
   const HttpResult unknown = Post(base + "/v1/completions", {{"model", "gpt-4"}, {"prompt", "x"}});

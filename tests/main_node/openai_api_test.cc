@@ -101,6 +101,53 @@ TEST(OpenAiParse, DefaultsAndOptions) {
   EXPECT_EQ(both->stop, (std::vector<std::string>{"x"}));
 }
 
+TEST(OpenAiParse, TokenizeAndDetokenize) {
+  ApiError error;
+  auto t = ParseTokenizeRequest(R"({"model":"m","prompt":"hi","add_special_tokens":false})", &error);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->model, "m");
+  EXPECT_EQ(*t->prompt, "hi");
+  EXPECT_FALSE(t->add_special_tokens);
+  auto chat = ParseTokenizeRequest(R"({"model":"m","messages":[{"role":"user","content":"hi"}]})", &error);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_FALSE(chat->prompt.has_value());
+  ASSERT_EQ(chat->messages.size(), 1u);
+  EXPECT_EQ(chat->messages[0].content, "hi");
+  auto d = ParseDetokenizeRequest(R"({"model":"m","tokens":[1,2,3]})", &error);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(ParseDetokenizeRequest(R"({"model":"m","tokens":[]})", &error).ok());
+
+  const struct {
+    const char* body;
+    bool detokenize;
+    const char* param;
+    const char* message;
+  } bad[] = {
+      {R"({"prompt":"x"})", false, "model", "'model' is required"},
+      {R"({"model":"m"})", false, "prompt", "give either 'prompt' or 'messages'"},
+      {R"({"model":"m","prompt":"x","messages":[]})", false, "prompt", "either"},
+      {R"({"model":"m","prompt":[1,2]})", false, "prompt", "must be a string"},
+      {R"({"model":"m","prompt":"x","add_special_tokens":1})", false, "add_special_tokens", "a boolean"},
+      {R"({"model":"m","messages":[]})", false, "messages", "empty list"},
+      {R"({"model":"m"})", true, "tokens", "'tokens' is required"},
+      {R"({"model":"m","tokens":"1 2"})", true, "tokens", "a list of token ids"},
+      {R"({"model":"m","tokens":[1,-1]})", true, "tokens", "'tokens[1]' is not a token id"},
+      {R"([1])", true, "", "a JSON object"},
+  };
+  for (const auto& c : bad) {
+    ApiError e;
+    const absl::Status s =
+        c.detokenize ? ParseDetokenizeRequest(c.body, &e).status() : ParseTokenizeRequest(c.body, &e).status();
+    EXPECT_FALSE(s.ok()) << c.body;
+    EXPECT_EQ(e.http_status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_NE(e.message.find(c.message), std::string::npos) << c.body << " -> " << e.message;
+  }
+  EXPECT_EQ(TokenizeBody({1, 5}, 2048), R"({"count":2,"max_model_len":2048,"tokens":[1,5]})");
+  EXPECT_EQ(DetokenizeBody("a\xff"), "{\"prompt\":\"a\xef\xbf\xbd\"}");
+}
+
 TEST(OpenAiParse, Logprobs) {
   EXPECT_EQ(Parse(R"({"model":"m","prompt":"x"})")->logprobs, -1);
   EXPECT_EQ(Parse(R"({"model":"m","prompt":"x","logprobs":0})")->logprobs, 0);
