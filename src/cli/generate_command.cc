@@ -8,6 +8,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "src/backend/device_factory.h"
 #include "src/cli/commands.h"
 #include "src/cluster/client.h"
@@ -30,6 +33,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: odmoe generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
     "           [--temperature T --top-k K --top-p P --seed S] [--presence-penalty P] [--frequency-penalty F]\n"
+    "           [--logit-bias ID:BIAS,...]\n"
     "           [--ignore-eos] [--backend cpu|mock-gpu|cuda]\n"
     "           [--dump-logits] [--dump-routing] [--logprobs N [--prompt-logprobs]] [--json]\n"
     "       odmoe generate --synthetic CONFIG [--layers N] [--weights-seed S] --prompt-ids 1,2,3 --max-new-tokens N\n"
@@ -38,7 +42,8 @@ constexpr char kUsage[] =
     "           [the same sampling and output flags] [--timeout-ms MS] [--request-id ID]\n"
     "           [--token-file FILE] [--tls-ca FILE [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]]\n"
     "  Greedy unless --temperature > 0. --presence-penalty and --frequency-penalty ([-2, 2], OpenAI's) lower the\n"
-    "  logits of tokens already generated, once and per time. Without --json the text is printed as it is\n"
+    "  logits of tokens already generated, once and per time; --logit-bias adds BIAS ([-100, 100]) to token ID's\n"
+    "  logit at every pick (-100 keeps it out). Without --json the text is printed as it is\n"
     "  generated; with --json one JSON object: prompt_ids, tokens, text, stop_reason, last_logits\n"
     "  (--dump-logits), routing (--dump-routing), logprobs (--logprobs N: per token {id, logprob, top: the N\n"
     "  (0..20) likeliest [{id, logprob}]}, the model's log_softmax before penalties, temperature, top-k and\n"
@@ -72,11 +77,32 @@ struct Request {
   bool json = false;
 };
 
+// --logit-bias ID:BIAS,ID:BIAS (spaces around items allowed).
+absl::StatusOr<std::vector<std::pair<int32_t, double>>> LogitBiasFlag(const Flags& f) {
+  std::vector<std::pair<int32_t, double>> out;
+  const std::optional<std::string> v = f.Get("logit-bias");
+  if (!v) return out;
+  for (absl::string_view item : absl::StrSplit(*v, ',')) {
+    item = absl::StripAsciiWhitespace(item);
+    const size_t colon = item.find(':');
+    int32_t id = 0;
+    double bias = 0;
+    if (colon == absl::string_view::npos || !absl::SimpleAtoi(item.substr(0, colon), &id) || id < 0 ||
+        !absl::SimpleAtod(item.substr(colon + 1), &bias)) {
+      return absl::InvalidArgumentError(
+          StrCat("--logit-bias: '", item, "' is not TOKEN_ID:BIAS (a token id >= 0, a colon, a number)"));
+    }
+    out.emplace_back(id, bias);
+  }
+  return out;
+}
+
 absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(
       Flags f, Flags::Parse(args,
                             {"model", "prompt", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
-                             "presence-penalty", "frequency-penalty", "logprobs", "backend", "endpoint", "timeout-ms", "synthetic", "layers", "weights-seed",
+                             "presence-penalty", "frequency-penalty", "logit-bias", "logprobs", "backend", "endpoint",
+                             "timeout-ms", "synthetic", "layers", "weights-seed",
                              "request-id", "tls-ca", "tls-cert", "tls-key", "token-file", "tls-server-name"},
                             {"ignore-eos", "dump-logits", "dump-routing", "prompt-logprobs", "json"}));
   Request r;
@@ -163,7 +189,8 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   if (r.options.prompt_logprobs && !f.Has("logprobs")) {
     return absl::InvalidArgumentError("--prompt-logprobs needs --logprobs N");
   }
-  // No logit_bias comes from the command line: nothing to check against a vocabulary not yet known.
+  ODMOE_ASSIGN_OR_RETURN(r.options.sampling.logit_bias, LogitBiasFlag(f));
+  // The ids are checked against the model's vocabulary where it is known: by Generate, or by main.
   ODMOE_RETURN_IF_ERROR(r.options.Validate(std::numeric_limits<int64_t>::max()));
   r.options.ignore_eos = f.Has("ignore-eos");
   r.options.keep_last_logits = f.Has("dump-logits");
@@ -337,6 +364,7 @@ std::string FlagsForFields(std::string message) {
       {"sampling.top_p", "--top-p"},
       {"sampling.presence_penalty", "--presence-penalty"},
       {"sampling.frequency_penalty", "--frequency-penalty"},
+      {"sampling.logit_bias", "--logit-bias"},
   };
   for (const auto& [field, flag] : kFieldFlags) {
     for (size_t at = message.find(field); at != std::string::npos; at = message.find(field, at + flag.size())) {

@@ -6,6 +6,7 @@
 #include "gtest/gtest.h"
 #include "src/common/json.h"
 #include "src/common/status.h"
+#include "src/common/strings.h"
 #include "src/model/tokenizer.h"
 #include "tests/engine/golden_support.h"
 #include "tests/test_support.h"
@@ -84,6 +85,27 @@ TEST_F(GenerateCliTest, JsonCarriesTokensTextLogitsRoutingLogprobsAndTimings) {
   EXPECT_GT((*j)["timings"]["decode_tokens_per_s"].get<double>(), 0.0);
 }
 
+// --logit-bias at every pick: +100 makes token 13 greedy's pick each time; -100 keeps the golden first token out.
+TEST_F(GenerateCliTest, LogitBiasSteersEveryPick) {
+  const std::string dir = SharedModel("tiny-mixtral-kjv");
+  auto golden = odmoe::testing::LoadGolden(dir);
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  const auto& gc = golden->cases.at(0);
+  std::string prompt_ids;
+  for (int32_t id : gc.prompt_ids) prompt_ids += StrCat(prompt_ids.empty() ? "" : ",", id);
+  auto tokens = [&](const std::string& bias) {
+    RunResult r = RunProgram({odmoe_, "generate", "--model", dir, "--prompt-ids", prompt_ids, "--max-new-tokens", "6",
+                              "--ignore-eos", "--logit-bias", bias, "--json"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    auto j = ParseJson(r.out, "stdout");
+    return j.ok() ? (*j)["tokens"].get<std::vector<int32_t>>() : std::vector<int32_t>{};
+  };
+  EXPECT_EQ(tokens("13:100"), std::vector<int32_t>(6, 13));
+  const std::vector<int32_t> banned = tokens(StrCat(gc.greedy[0].id, ":-100, 13:0"));
+  ASSERT_EQ(banned.size(), 6u);
+  EXPECT_NE(banned[0], gc.greedy[0].id);
+}
+
 TEST_F(GenerateCliTest, PromptIdsWorkAndSamplingIsSeeded) {
   const std::string dir = SharedModel("tiny-mixtral-kjv");
   auto run = [&](const std::string& seed) {
@@ -122,6 +144,12 @@ TEST_F(GenerateCliTest, BadRequestsExitWithOneLineAndASpecificCode) {
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--backend", "tpu"}, kExitUsage, "tpu"},
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--frequency-penalty", "3"}, kExitUsage,
        "--frequency-penalty must be in [-2, 2], got 3"},
+      {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--logit-bias", "7:101"}, kExitUsage,
+       "--logit-bias of token 7 must be in [-100, 100], got 101"},
+      {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--logit-bias", "7=1"}, kExitUsage,
+       "--logit-bias: '7=1' is not TOKEN_ID:BIAS"},
+      {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--logit-bias", "4096:1"}, kExitOutOfRange,
+       "--logit-bias token id 4096 is outside the vocabulary [0, 4096)"},
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--logprobs", "21"}, kExitUsage, "--logprobs"},
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--prompt-logprobs"}, kExitUsage, "--logprobs N"},
       {{"--model", qwen, "--prompt", "hello", "--max-new-tokens", "1"}, kExitInvalidModel, "--prompt-ids"},
