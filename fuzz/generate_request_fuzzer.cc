@@ -2,7 +2,7 @@
 // MainNode::RunRequest (what the gRPC handler calls) of a main node of the shared demo-mixtral-kjv model
 // (fuzz_nodes.h; it has a tokenizer, so text prompts are tokenized too). RunRequest validates the request
 // (prompt or ids, token limits, sampling options) before it runs anything; a request that passes runs on main
-// until the first sparse layer, where the `cancelled` hook stops it (no worker is running: nothing is dialed).
+// until the first sparse layer, where its StopCheck stops it (no worker is running: nothing is dialed).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -24,8 +24,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
   int emitted = 0;
   const absl::Status status = main_node->RunRequest(
-      request, [&](const odmoe::v1::GenerateResponse&) { return ++emitted, true; }, [] { return true; });
-  // A request either fails validation (nothing emitted) or is stopped by the hook before its first token.
+      request, [&](const odmoe::v1::GenerateResponse&) { return ++emitted, true; },
+      [] { return absl::CancelledError("the fuzzer stops every request"); });
+  // A request either fails validation (nothing emitted) or is stopped by its StopCheck before its first token.
   if (!status.ok() && emitted != 0) std::abort();
   return 0;
 }
