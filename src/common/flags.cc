@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
+#include "src/common/status.h"
 #include "src/common/strings.h"
 
 namespace odmoe {
@@ -82,23 +85,24 @@ absl::StatusOr<double> Flags::Double(const std::string& name, double fallback) c
   return d;
 }
 
-absl::StatusOr<std::vector<int64_t>> Flags::IntList(const std::string& name) const {
-  std::vector<int64_t> out;
-  auto v = Get(name);
+absl::StatusOr<std::vector<std::string>> Flags::List(const std::string& name) const {
+  std::vector<std::string> out;
+  const std::optional<std::string> v = Get(name);
   if (!v) return out;
-  size_t start = 0;
-  while (start <= v->size()) {
-    size_t comma = v->find(',', start);
-    if (comma == std::string::npos) comma = v->size();
-    std::string item = v->substr(start, comma - start);
-    // Allow spaces around items ("1, 2, 3").
-    item.erase(0, item.find_first_not_of(' '));
-    if (const size_t last = item.find_last_not_of(' '); last != std::string::npos) item.erase(last + 1);
+  for (absl::string_view item : absl::StrSplit(*v, ',')) {
+    item = absl::StripAsciiWhitespace(item);
     if (item.empty()) return absl::InvalidArgumentError(StrCat("--", name, ": empty item in '", *v, "'"));
-    auto parsed = ParseInt(name, item);
-    if (!parsed.ok()) return parsed.status();
-    out.push_back(*parsed);
-    start = comma + 1;
+    out.emplace_back(item);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int64_t>> Flags::IntList(const std::string& name) const {
+  ODMOE_ASSIGN_OR_RETURN(const std::vector<std::string> items, List(name));
+  std::vector<int64_t> out;
+  for (const std::string& item : items) {
+    ODMOE_ASSIGN_OR_RETURN(const int64_t parsed, ParseInt(name, item));
+    out.push_back(parsed);
   }
   return out;
 }

@@ -24,6 +24,9 @@ class Flags {
   absl::StatusOr<std::string> Required(const std::string& name) const;
   absl::StatusOr<int64_t> Int(const std::string& name, int64_t fallback) const;
   absl::StatusOr<double> Double(const std::string& name, double fallback) const;
+  // A comma-separated list ("a, b,c"): its items with the spaces around them stripped; none when the flag is
+  // absent. An empty item is an error.
+  absl::StatusOr<std::vector<std::string>> List(const std::string& name) const;
   // A comma-separated list of integers ("1,2,3").
   absl::StatusOr<std::vector<int64_t>> IntList(const std::string& name) const;
 
