@@ -1,17 +1,16 @@
 // odmoe generate: one request on a model in this process, or (--endpoint) through a cluster's main node.
 #include <cstdio>
-#include <limits>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "src/backend/device_factory.h"
+#include "src/cli/client_security.h"
 #include "src/cli/commands.h"
 #include "src/cluster/client.h"
 #include "src/common/flags.h"
@@ -22,7 +21,6 @@
 #include "src/common/utf8.h"
 #include "src/engine/generator.h"
 #include "src/model/tokenizer.h"
-#include "src/cli/client_security.h"
 #include "src/rpc/proto_json.h"
 #include "src/rpc/request_id.h"
 #include "src/rpc/sampling_proto.h"
@@ -34,7 +32,7 @@ constexpr char kUsage[] =
     "usage: odmoe generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
     "           [--temperature T --top-k K --top-p P --seed S] [--presence-penalty P] [--frequency-penalty F]\n"
     "           [--logit-bias ID:BIAS,...]\n"
-    "           [--ignore-eos] [--backend cpu|mock-gpu|cuda]\n"
+    "           [--ignore-eos] [--min-tokens N] [--backend cpu|mock-gpu|cuda]\n"
     "           [--dump-logits] [--dump-routing] [--logprobs N [--prompt-logprobs]] [--json]\n"
     "       odmoe generate --synthetic CONFIG [--layers N] [--weights-seed S] --prompt-ids 1,2,3 --max-new-tokens N\n"
     "           [the same sampling, backend and output flags]\n"
@@ -43,7 +41,8 @@ constexpr char kUsage[] =
     "           [--token-file FILE] [--tls-ca FILE [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]]\n"
     "  Greedy unless --temperature > 0. --presence-penalty and --frequency-penalty ([-2, 2], OpenAI's) lower the\n"
     "  logits of tokens already generated, once and per time; --logit-bias adds BIAS ([-100, 100]) to token ID's\n"
-    "  logit at every pick (-100 keeps it out). Without --json the text is printed as it is\n"
+    "  logit at every pick (-100 keeps it out). --min-tokens N keeps EOS out of the first N tokens (vLLM's\n"
+    "  min_tokens; at most --max-new-tokens). Without --json the text is printed as it is\n"
     "  generated; with --json one JSON object: prompt_ids, tokens, text, stop_reason, last_logits\n"
     "  (--dump-logits), routing (--dump-routing), logprobs (--logprobs N: per token {id, logprob, top: the N\n"
     "  (0..20) likeliest [{id, logprob}]}, the model's log_softmax before penalties, temperature, top-k and\n"
@@ -79,11 +78,9 @@ struct Request {
 
 // --logit-bias ID:BIAS,ID:BIAS (spaces around items allowed).
 absl::StatusOr<std::vector<std::pair<int32_t, double>>> LogitBiasFlag(const Flags& f) {
+  ODMOE_ASSIGN_OR_RETURN(const std::vector<std::string> items, f.List("logit-bias"));
   std::vector<std::pair<int32_t, double>> out;
-  const std::optional<std::string> v = f.Get("logit-bias");
-  if (!v) return out;
-  for (absl::string_view item : absl::StrSplit(*v, ',')) {
-    item = absl::StripAsciiWhitespace(item);
+  for (absl::string_view item : items) {
     const size_t colon = item.find(':');
     int32_t id = 0;
     double bias = 0;
@@ -99,11 +96,11 @@ absl::StatusOr<std::vector<std::pair<int32_t, double>>> LogitBiasFlag(const Flag
 
 absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(
-      Flags f, Flags::Parse(args,
-                            {"model", "prompt", "prompt-ids", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
-                             "presence-penalty", "frequency-penalty", "logit-bias", "logprobs", "backend", "endpoint",
-                             "timeout-ms", "synthetic", "layers", "weights-seed",
-                             "request-id", "tls-ca", "tls-cert", "tls-key", "token-file", "tls-server-name"},
+      Flags f, Flags::Parse(args, {"model",      "prompt",     "prompt-ids", "max-new-tokens",   "temperature",
+                                   "top-k",      "top-p",      "seed",       "presence-penalty", "frequency-penalty",
+                                   "logit-bias", "min-tokens", "logprobs",   "backend",          "endpoint",
+                                   "timeout-ms", "synthetic",  "layers",     "weights-seed",     "request-id",
+                                   "tls-ca",     "tls-cert",   "tls-key",    "token-file",       "tls-server-name"},
                             {"ignore-eos", "dump-logits", "dump-routing", "prompt-logprobs", "json"}));
   Request r;
   if (f.Has("endpoint")) {
@@ -190,6 +187,7 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
     return absl::InvalidArgumentError("--prompt-logprobs needs --logprobs N");
   }
   ODMOE_ASSIGN_OR_RETURN(r.options.sampling.logit_bias, LogitBiasFlag(f));
+  ODMOE_ASSIGN_OR_RETURN(r.options.min_tokens, f.Int("min-tokens", 0));
   // The ids are checked against the model's vocabulary where it is known: by Generate, or by main.
   ODMOE_RETURN_IF_ERROR(r.options.Validate(std::numeric_limits<int64_t>::max()));
   r.options.ignore_eos = f.Has("ignore-eos");
@@ -231,6 +229,7 @@ absl::Status RunRemote(const Request& r) {
   req.set_max_new_tokens(r.options.max_new_tokens);
   rpc::SamplingToProto(r.options.sampling, req.mutable_sampling());
   req.set_ignore_eos(r.options.ignore_eos);
+  req.set_min_tokens(r.options.min_tokens);
   req.set_dump_logits(r.options.keep_last_logits);
   req.set_dump_routing(r.options.record_routing);
   req.set_logprobs(r.options.logprobs >= 0);
@@ -267,8 +266,8 @@ absl::Status RunRemote(const Request& r) {
   if (r.options.logprobs >= 0) out["logprobs"] = LogprobsJson(result.logprobs);
   if (r.options.prompt_logprobs) out["prompt_logprobs"] = LogprobsJson(result.prompt_logprobs);
   const v1::RequestStats& st = result.stats;
-  out["timings"] = {{"ttft_ms", st.ttft_ms()}, {"decode_tokens_per_s", st.decode_tokens_per_s()},
-                    {"total_ms", st.total_ms()}};
+  out["timings"] = {
+      {"ttft_ms", st.ttft_ms()}, {"decode_tokens_per_s", st.decode_tokens_per_s()}, {"total_ms", st.total_ms()}};
   out["stats"] = ProtoToJson(st);  // every field of v1::RequestStats, by its .proto name
   out["endpoint"] = r.endpoint;
   out["request_id"] = result.request_id;
@@ -291,8 +290,9 @@ absl::Status Run(const std::vector<std::string>& args) {
   }
   if (r.have_text_prompt) {
     if (tokenizer == nullptr) {
-      return absl::FailedPreconditionError(StrCat(
-          r.model_dir, ": no tokenizer (neither tokenizer.model nor tokenizer.json); pass token ids with --prompt-ids"));
+      return absl::FailedPreconditionError(
+          StrCat(r.model_dir,
+                 ": no tokenizer (neither tokenizer.model nor tokenizer.json); pass token ids with --prompt-ids"));
     }
     r.prompt_ids = tokenizer->EncodeForModel(r.prompt_text);
   }
@@ -304,8 +304,7 @@ absl::Status Run(const std::vector<std::string>& args) {
   // Reject a bad request before loading any weights.
   ODMOE_RETURN_IF_ERROR(ValidateRequest(config, r.prompt_ids, r.options.max_new_tokens));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(r.backend));
-  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<LocalModel> model,
-                         LocalModel::Open(std::move(opened), std::move(device)));
+  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<LocalModel> model, LocalModel::Open(std::move(opened), std::move(device)));
 
   std::unique_ptr<IncrementalDecoder> stream_decoder;
   TokenCallback on_token;
@@ -344,8 +343,8 @@ absl::Status Run(const std::vector<std::string>& args) {
   if (r.options.record_routing) out["routing"] = result.routing;
   if (r.options.logprobs >= 0) out["logprobs"] = LogprobsJson(result.logprobs);
   if (r.options.prompt_logprobs) out["prompt_logprobs"] = LogprobsJson(result.prompt_logprobs);
-  out["timings"] = {{"ttft_ms", result.ttft_ms}, {"decode_tokens_per_s", result.decode_tokens_per_s},
-                    {"total_ms", result.total_ms}};
+  out["timings"] = {
+      {"ttft_ms", result.ttft_ms}, {"decode_tokens_per_s", result.decode_tokens_per_s}, {"total_ms", result.total_ms}};
   out["backend"] = r.backend;
   if (r.synthetic) {
     out["synthetic"] = {{"config", r.spec.config_path}, {"layers", config.num_layers}, {"seed", r.spec.seed}};
@@ -359,6 +358,7 @@ absl::Status Run(const std::vector<std::string>& args) {
 std::string FlagsForFields(std::string message) {
   static constexpr std::pair<std::string_view, std::string_view> kFieldFlags[] = {
       {"max_new_tokens", "--max-new-tokens"},
+      {"min_tokens", "--min-tokens"},
       {"sampling.temperature", "--temperature"},
       {"sampling.top_k", "--top-k"},
       {"sampling.top_p", "--top-p"},

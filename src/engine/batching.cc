@@ -4,7 +4,6 @@
 #include <string>
 
 #include "absl/strings/cord.h"
-
 #include "src/common/status.h"
 #include "src/common/strings.h"
 
@@ -23,12 +22,13 @@ absl::Status Unshared(const absl::Status& s) {
 
 }  // namespace
 
-BatchRequest::BatchRequest(uint64_t tag, std::vector<int32_t> prompt, GenerateOptions options, TokenCallback on_token)
+BatchRequest::BatchRequest(uint64_t tag, const ModelConfig& config, std::vector<int32_t> prompt,
+                           GenerateOptions options, TokenCallback on_token)
     : tag_(tag),
       prompt_(std::move(prompt)),
       options_(std::move(options)),
       on_token_(std::move(on_token)),
-      sampler_(options_.sampling) {
+      sampler_(RequestSampler(config, options_)) {
   result_.stop_reason = "length";
 }
 
@@ -90,8 +90,8 @@ BatchRunner::Plan BatchRunner::Schedule() {
     const int64_t chunk = std::min({left, most, engine_.max_tokens_per_forward()});
     plan.kind = ForwardKind::kPrefill;
     plan.requests.push_back(prefill);
-    plan.ids.push_back(std::span<const int32_t>(prefill->prompt_).subspan(static_cast<size_t>(prefill->prefilled_),
-                                                                          static_cast<size_t>(chunk)));
+    plan.ids.push_back(std::span<const int32_t>(prefill->prompt_)
+                           .subspan(static_cast<size_t>(prefill->prefilled_), static_cast<size_t>(chunk)));
     last_was_prefill_ = true;
     return plan;
   }

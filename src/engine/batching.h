@@ -37,10 +37,11 @@ struct BatchOptions {
 // sequence and what it has generated. Its owner makes it and keeps it alive while it is in a BatchRunner.
 class BatchRequest {
  public:
-  // `tag`: the sequence's tag (what the executor sees, ForwardSegment::tag). `on_token` (optional) is called
-  // with each generated token (result() already holds it), `last` true for the request's last one, as
-  // Generate's callback is.
-  BatchRequest(uint64_t tag, std::vector<int32_t> prompt, GenerateOptions options, TokenCallback on_token = nullptr);
+  // `tag`: the sequence's tag (what the executor sees, ForwardSegment::tag); `config`: the model's (its stop ids).
+  // `on_token` (optional) is called with each generated token (result() already holds it), `last` true for the
+  // request's last one, as Generate's callback is.
+  BatchRequest(uint64_t tag, const ModelConfig& config, std::vector<int32_t> prompt, GenerateOptions options,
+               TokenCallback on_token = nullptr);
 
   uint64_t tag() const { return tag_; }
   const std::vector<int32_t>& prompt() const { return prompt_; }

@@ -8,19 +8,23 @@
 
 namespace odmoe {
 
+bool FitsContext(const ModelConfig& config, int64_t prompt_len, int64_t max_new_tokens) {
+  // Compared without computing prompt_len + max_new_tokens, which overflows for a max_new_tokens near INT64_MAX
+  // (a request's int64 field; found by fuzz/generate_request_fuzzer).
+  return prompt_len <= config.max_position_embeddings && max_new_tokens <= config.max_position_embeddings - prompt_len;
+}
+
 absl::Status ValidateRequest(const ModelConfig& config, std::span<const int32_t> prompt, int64_t max_new_tokens) {
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty: give at least one token");
   if (max_new_tokens < 0) {
     return absl::InvalidArgumentError(StrCat("max_new_tokens must be >= 0, got ", max_new_tokens));
   }
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
-  if (prompt_len > config.max_position_embeddings) {
+  if (!FitsContext(config, prompt_len, 0)) {
     return absl::OutOfRangeError(StrCat("the prompt has ", prompt.size(), " tokens, more than the model's ",
                                         config.max_position_embeddings, " positions (max_position_embeddings)"));
   }
-  // Compared without computing prompt_len + max_new_tokens, which overflows for a max_new_tokens near INT64_MAX
-  // (a request's int64 field; found by fuzz/generate_request_fuzzer).
-  if (max_new_tokens > config.max_position_embeddings - prompt_len) {
+  if (!FitsContext(config, prompt_len, max_new_tokens)) {
     return absl::OutOfRangeError(StrCat("prompt (", prompt.size(), " tokens) + max_new_tokens (", max_new_tokens,
                                         ") exceeds the model's ", config.max_position_embeddings,
                                         " positions (max_position_embeddings)"));
@@ -35,20 +39,20 @@ absl::Status ValidateRequest(const ModelConfig& config, std::span<const int32_t>
   return absl::OkStatus();
 }
 
-absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t> prompt,
-                                        const GenerateOptions& options, const TokenCallback& on_token) {
+absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t> prompt, const GenerateOptions& options,
+                                        const TokenCallback& on_token) {
   using Clock = std::chrono::steady_clock;
   const ModelConfig& c = engine.config();
   ODMOE_RETURN_IF_ERROR(ValidateRequest(c, prompt, options.max_new_tokens));
   ODMOE_RETURN_IF_ERROR(options.Validate(c.vocab_size));
 
   GenerateResult result;
-  Sampler sampler(options.sampling);
+  Sampler sampler = RequestSampler(c, options);
   const auto start = Clock::now();
   // The cache needs the prompt's positions and every decode position.
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
-  ODMOE_RETURN_IF_ERROR(engine.StartSequence(
-      std::max(prompt_len, LastDecodePosition(prompt_len, options.max_new_tokens) + 1)));
+  ODMOE_RETURN_IF_ERROR(
+      engine.StartSequence(std::max(prompt_len, LastDecodePosition(prompt_len, options.max_new_tokens) + 1)));
   std::vector<PositionRouting>* routing = options.record_routing ? &result.routing : nullptr;
   std::vector<float>* last_logits = options.keep_last_logits ? &result.last_logits : nullptr;
   result.stop_reason = "length";
@@ -103,6 +107,10 @@ absl::Status GenerateOptions::Validate(int64_t vocab_size) const {
         StrCat("logprobs must be -1 (none) or 0..", kMaxTopLogprobs, " (top alternatives per token), got ", logprobs));
   }
   if (prompt_logprobs && logprobs < 0) return absl::InvalidArgumentError("prompt_logprobs needs logprobs");
+  if (min_tokens < 0 || min_tokens > max_new_tokens) {
+    return absl::InvalidArgumentError(
+        StrCat("min_tokens must be in [0, max_new_tokens = ", max_new_tokens, "], got ", min_tokens));
+  }
   return absl::OkStatus();
 }
 
@@ -115,6 +123,14 @@ void AppendPromptLogprobs(std::span<const int32_t> prompt, const GenerateOptions
 bool StopsOnEos(const ModelConfig& config, const GenerateOptions& options, int32_t id) {
   return !options.ignore_eos &&
          std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), id) != config.eos_token_ids.end();
+}
+
+Sampler RequestSampler(const ModelConfig& config, const GenerateOptions& options) {
+  TokenBan ban{.picks = options.min_tokens};
+  if (!options.ignore_eos) {
+    for (const int64_t id : config.eos_token_ids) ban.ids.push_back(static_cast<int32_t>(id));
+  }
+  return Sampler(options.sampling, std::move(ban));
 }
 
 void SetRequestTimes(std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point first_token,
@@ -134,8 +150,8 @@ absl::StatusOr<std::unique_ptr<LocalModel>> LocalModel::Open(OpenedModel model, 
   std::unique_ptr<LocalModel> m(new LocalModel());
   m->model_ = std::move(model);
   m->device_ = std::move(device);
-  ODMOE_ASSIGN_OR_RETURN(m->weights_, ModelWeights::Load(m->model_.config, *m->model_.source, *m->device_,
-                                                         WeightSelection::All()));
+  ODMOE_ASSIGN_OR_RETURN(m->weights_,
+                         ModelWeights::Load(m->model_.config, *m->model_.source, *m->device_, WeightSelection::All()));
   ODMOE_ASSIGN_OR_RETURN(m->experts_,
                          LocalExpertExecutor::Create(*m->device_, *m->weights_, options.max_tokens_per_forward));
   ODMOE_ASSIGN_OR_RETURN(m->engine_, Engine::Create(*m->weights_, *m->device_, m->experts_.get(), options));

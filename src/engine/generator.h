@@ -27,9 +27,12 @@ namespace odmoe {
 struct GenerateOptions {
   int64_t max_new_tokens = 64;
   SamplingOptions sampling;
-  bool ignore_eos = false;       // keep generating past EOS (benchmarks need fixed lengths)
-  bool record_routing = false;   // fill GenerateResult::routing
-  bool keep_last_logits = false; // fill GenerateResult::last_logits
+  bool ignore_eos = false;  // keep generating past EOS (benchmarks need fixed lengths)
+  // No token that would stop the request (StopsOnEos) is picked before this many tokens (vLLM's min_tokens):
+  // their logits are -inf for the first min_tokens picks (Sampler's TokenBan). 0..max_new_tokens.
+  int64_t min_tokens = 0;
+  bool record_routing = false;    // fill GenerateResult::routing
+  bool keep_last_logits = false;  // fill GenerateResult::last_logits
   // >= 0: fill GenerateResult::logprobs with each generated token's log-probability and the `logprobs` most likely
   // tokens of its position (src/engine/logprobs.h; at most kMaxTopLogprobs). The logits of every position that
   // picks a token then come back to the host. -1: none.
@@ -39,25 +42,30 @@ struct GenerateOptions {
   // come back to the host.
   bool prompt_logprobs = false;
 
-  // InvalidArgument naming the option when a value is out of range (sampling, logprobs). max_new_tokens is
+  // InvalidArgument naming the option when a value is out of range (sampling, logprobs, min_tokens). max_new_tokens is
   // checked against the prompt and the model by ValidateRequest; logit_bias ids against `vocab_size`.
   absl::Status Validate(int64_t vocab_size) const;
 };
 
 struct GenerateResult {
-  std::vector<int32_t> tokens;        // generated ids (an EOS that stopped generation included)
-  std::vector<float> last_logits;     // logits at the last prompt position
+  std::vector<int32_t> tokens;     // generated ids (an EOS that stopped generation included)
+  std::vector<float> last_logits;  // logits at the last prompt position
   // One per generated token, when options.logprobs >= 0.
   std::vector<PositionLogprobs> logprobs;
   // One per prompt token but the first (prompt[1..]), when options.prompt_logprobs.
   std::vector<PositionLogprobs> prompt_logprobs;
   // For every position processed (prompt, then each decode step's input token): [sparse layer][k].
   std::vector<PositionRouting> routing;
-  std::string stop_reason;            // "eos" or "length"
-  double ttft_ms = 0;                 // request start to the first generated token
-  double decode_tokens_per_s = 0;     // tokens after the first / time after the first (0 if fewer than 2)
+  std::string stop_reason;         // "eos" or "length"
+  double ttft_ms = 0;              // request start to the first generated token
+  double decode_tokens_per_s = 0;  // tokens after the first / time after the first (0 if fewer than 2)
   double total_ms = 0;
 };
+
+// Whether a prompt of prompt_len tokens plus max_new_tokens generated ones fits the model's positions
+// (max_position_embeddings). Never overflows, whatever max_new_tokens. The one rule of a request's length:
+// ValidateRequest refuses a request that does not fit, and the HTTP API tells such a refusal from others by it.
+bool FitsContext(const ModelConfig& config, int64_t prompt_len, int64_t max_new_tokens);
 
 // Checks a prompt against the model: non-empty, prompt + max_new_tokens within the model's positions, then ids
 // inside the vocabulary. InvalidArgument for an empty prompt or a negative max_new_tokens, else OutOfRange, with a
@@ -74,6 +82,9 @@ inline int64_t LastDecodePosition(int64_t prompt_len, int64_t max_new_tokens) {
 // The stop rule Generate and continuous batching (batching.h) share: whether generated token `id` ends the
 // request as an EOS (any of the model's EOS ids, unless options.ignore_eos). The token limit is the caller's.
 bool StopsOnEos(const ModelConfig& config, const GenerateOptions& options, int32_t id);
+// The sampler of a request, Generate's and continuous batching's: options.sampling, with the ids StopsOnEos stops
+// on banned for the first options.min_tokens picks.
+Sampler RequestSampler(const ModelConfig& config, const GenerateOptions& options);
 // Prompt logprobs (GenerateOptions::prompt_logprobs), the one rule Generate and batching share: the logits of
 // prompt row `row` give the logprobs of prompt[row + 1] (nothing for the last row, whose logits pick the first
 // generated token), appended to result->prompt_logprobs.
@@ -91,8 +102,8 @@ using TokenCallback = std::function<void(int32_t id, bool last)>;
 // Runs one request: the prompt as one kPrefill Forward, each later token as a kDecode Forward, each token picked on
 // the engine's device by the request's Sampler (Engine::ForwardAndSelect). `on_token` (optional) sees every
 // generated token.
-absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t> prompt,
-                                        const GenerateOptions& options, const TokenCallback& on_token = nullptr);
+absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t> prompt, const GenerateOptions& options,
+                                        const TokenCallback& on_token = nullptr);
 
 // A whole model in one process on one device.
 class LocalModel {
@@ -100,8 +111,8 @@ class LocalModel {
   // The model OpenModel opened (checkpoint or synthetic), every tensor uploaded to `device`.
   static absl::StatusOr<std::unique_ptr<LocalModel>> Open(OpenedModel model, std::unique_ptr<Device> device,
                                                           EngineOptions options = {});
-  static absl::StatusOr<std::unique_ptr<LocalModel>> Open(const std::string& model_dir,
-                                                          std::unique_ptr<Device> device, EngineOptions options = {});
+  static absl::StatusOr<std::unique_ptr<LocalModel>> Open(const std::string& model_dir, std::unique_ptr<Device> device,
+                                                          EngineOptions options = {});
   // The model of `spec` with synthetic weights (src/model/synthetic.h), generated on the host and uploaded.
   static absl::StatusOr<std::unique_ptr<LocalModel>> OpenSynthetic(const SyntheticSpec& spec,
                                                                    std::unique_ptr<Device> device,

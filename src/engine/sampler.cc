@@ -59,34 +59,59 @@ int32_t ArgMax(std::span<const float> logits) {
   return cpu::ArgMax(logits.data(), static_cast<int64_t>(logits.size()));
 }
 
-Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {
-  std::vector<std::pair<int32_t, double>> bias = options.logit_bias;
-  std::sort(bias.begin(), bias.end());
-  for (const auto& [id, b] : bias) {
-    deltas_.push_back({id, DeltaOf(b, 0)});
-    bias_.push_back(b);
-    counts_.push_back(0);
+Sampler::Sampler(const SamplingOptions& options, TokenBan ban)
+    : options_(options), rng_(options.seed), ban_picks_left_(ban.ids.empty() ? 0 : ban.picks) {
+  for (const auto& [id, b] : options.logit_bias) bias_[EntryOf(id)] = b;
+  if (ban_picks_left_ > 0) {
+    for (const int32_t id : ban.ids) banned_[EntryOf(id)] = true;
   }
+  for (size_t i = 0; i < deltas_.size(); ++i) deltas_[i].delta = DeltaOf(bias_[i], 0, banned_[i]);
 }
 
-float Sampler::DeltaOf(double bias, int64_t count) const {
+size_t Sampler::EntryOf(int32_t id) {
+  auto it =
+      std::lower_bound(deltas_.begin(), deltas_.end(), id, [](const LogitDelta& d, int32_t v) { return d.id < v; });
+  const size_t at = static_cast<size_t>(it - deltas_.begin());
+  if (it == deltas_.end() || it->id != id) {
+    const auto offset = static_cast<std::ptrdiff_t>(at);
+    deltas_.insert(it, LogitDelta{id, 0.0f});
+    bias_.insert(bias_.begin() + offset, 0.0);
+    counts_.insert(counts_.begin() + offset, 0);
+    banned_.insert(banned_.begin() + offset, false);
+  }
+  return at;
+}
+
+float Sampler::DeltaOf(double bias, int64_t count, bool banned) const {
+  if (banned) return -std::numeric_limits<float>::infinity();
   const double penalty =
       count > 0 ? static_cast<double>(count) * options_.frequency_penalty + options_.presence_penalty : 0.0;
   return static_cast<float>(bias - penalty);
 }
 
-void Sampler::Record(int32_t id) {
-  if (options_.presence_penalty == 0 && options_.frequency_penalty == 0) return;  // the bias alone never changes
-  auto it =
-      std::lower_bound(deltas_.begin(), deltas_.end(), id, [](const LogitDelta& d, int32_t v) { return d.id < v; });
-  const size_t at = static_cast<size_t>(it - deltas_.begin());
-  if (it == deltas_.end() || it->id != id) {
-    deltas_.insert(it, LogitDelta{id, 0.0f});
-    bias_.insert(bias_.begin() + static_cast<std::ptrdiff_t>(at), 0.0);
-    counts_.insert(counts_.begin() + static_cast<std::ptrdiff_t>(at), 0);
+void Sampler::LiftBan() {
+  size_t kept = 0;
+  for (size_t i = 0; i < deltas_.size(); ++i) {
+    if (banned_[i] && bias_[i] == 0 && counts_[i] == 0) continue;  // nothing but the ban changed it
+    deltas_[kept] = {deltas_[i].id, DeltaOf(bias_[i], counts_[i], false)};
+    bias_[kept] = bias_[i];
+    counts_[kept] = counts_[i];
+    banned_[kept] = false;
+    ++kept;
   }
-  ++counts_[at];
-  deltas_[at].delta = DeltaOf(bias_[at], counts_[at]);
+  deltas_.resize(kept);
+  bias_.resize(kept);
+  counts_.resize(kept);
+  banned_.resize(kept);
+}
+
+void Sampler::Record(int32_t id) {
+  if (options_.presence_penalty != 0 || options_.frequency_penalty != 0) {  // else the bias alone never changes
+    const size_t at = EntryOf(id);
+    ++counts_[at];
+    deltas_[at].delta = DeltaOf(bias_[at], counts_[at], banned_[at]);
+  }
+  if (ban_picks_left_ > 0 && --ban_picks_left_ == 0) LiftBan();
 }
 
 float Sampler::Uniform() { return static_cast<float>(rng_() >> 40) * 0x1.0p-24f; }

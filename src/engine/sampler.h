@@ -8,7 +8,8 @@
 // Logit bias and the presence / frequency penalties (OpenAI's) change the logits before the pick: the Sampler keeps
 // the count of each token it was told was picked (Record) and gives, for the next pick, one change per token id
 // (Deltas): bias - (count * frequency_penalty + (count > 0 ? presence_penalty : 0)), computed in double on the host
-// and added to the logit in fp32 wherever the pick is made. So every backend still picks the same ids. Log-
+// and added to the logit in fp32 wherever the pick is made. So every backend still picks the same ids. A TokenBan
+// (vLLM's min_tokens) makes the delta of its ids -inf for its first picks, whatever their bias or count. Log-
 // probabilities are those of the logits before these changes.
 #pragma once
 
@@ -45,6 +46,12 @@ struct SamplingOptions {
   bool ChangesLogits() const { return presence_penalty != 0 || frequency_penalty != 0 || !logit_bias.empty(); }
 };
 
+// Token ids that may not be picked (their delta is -inf) in the first `picks` picks of a request.
+struct TokenBan {
+  std::vector<int32_t> ids;
+  int64_t picks = 0;
+};
+
 // One change to a row of logits before its pick: logits[id] += delta (fp32).
 struct LogitDelta {
   int32_t id = 0;
@@ -61,12 +68,12 @@ int32_t ArgMax(std::span<const float> logits);
 class Sampler {
  public:
   // REQUIRES: options.Validate() is OK.
-  explicit Sampler(const SamplingOptions& options);
+  explicit Sampler(const SamplingOptions& options, TokenBan ban = {});
   // How the next token is to be picked: the options and, when they sample, the next draw of the seeded stream
   // (greedy draws none). Called once per token, by whoever makes the pick.
   TokenChoice NextChoice();
-  // The changes to the next pick's logits (see the file comment): one per token id with a bias or a count, in
-  // ascending id order; empty when the options change no logit. Valid until the next Record.
+  // The changes to the next pick's logits (see the file comment): one per token id with a bias, a count or a ban
+  // in force, in ascending id order; empty when nothing changes a logit. Valid until the next Record.
   std::span<const LogitDelta> Deltas() const { return deltas_; }
   // `id` was picked: it counts for the penalties of the picks after it. Called once per token by whoever makes the
   // pick (Next does).
@@ -77,14 +84,20 @@ class Sampler {
 
  private:
   float Uniform();  // [0, 1), a multiple of 2^-24 (exact in fp32)
-  // The delta of a token of bias `bias` picked `count` times.
-  float DeltaOf(double bias, int64_t count) const;
+  // The delta of a token of bias `bias` picked `count` times, banned or not.
+  float DeltaOf(double bias, int64_t count, bool banned) const;
+  // The entry of deltas_ (and bias_, counts_, banned_) for `id`, added with no bias, count or ban if missing.
+  size_t EntryOf(int32_t id);
+  // The ban is over: every entry's delta without it, and the entries that only the ban kept dropped.
+  void LiftBan();
 
   SamplingOptions options_;
   std::mt19937_64 rng_;
+  int64_t ban_picks_left_ = 0;      // picks the ban still covers
   std::vector<LogitDelta> deltas_;  // ascending ids
   std::vector<double> bias_;        // per entry of deltas_
   std::vector<int64_t> counts_;     // per entry of deltas_
+  std::vector<bool> banned_;        // per entry of deltas_: one of the ban's ids
 };
 
 }  // namespace odmoe

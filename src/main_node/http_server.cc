@@ -112,6 +112,10 @@ struct HttpServer::Impl {
                                              bool special_tokens = true) const;
   // NotFound (404 model_not_found in `error`) unless `model` is the one served.
   absl::Status CheckModel(const std::string& model, ApiError* error) const;
+  // The model's tokenizer, or InvalidArgument (a 400 naming `param` in `error`) saying the model has none;
+  // `instead`, when not empty, tells the client what to send instead.
+  absl::StatusOr<const Tokenizer*> NeedTokenizer(std::string_view param, std::string_view instead,
+                                                 ApiError* error) const;
   absl::StatusOr<std::vector<int32_t>> ChatIds(const std::vector<openai::ChatMessage>& m, ApiError* error) const;
 
   // Runs choice `index`, sample `sample` of prompt `p` (its seed is the prompt's plus `sample`); `on_piece` gets
@@ -164,19 +168,21 @@ struct HttpServer::Impl {
 absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::IdsOf(const openai::Prompt& p, ApiError* error,
                                                              bool special_tokens) const {
   if (!p.is_text) return p.ids;
-  const Tokenizer* tokenizer = node->tokenizer();
-  if (tokenizer == nullptr) {
-    *error = BadRequest(StrCat("model '", options.model_id,
-                               "' has no tokenizer (neither tokenizer.model nor tokenizer.json): send the prompt as "
-                               "token ids"),
-                        "prompt");
-    return absl::InvalidArgumentError(error->message);
-  }
+  ODMOE_ASSIGN_OR_RETURN(const Tokenizer* tokenizer, NeedTokenizer("prompt", "send the prompt as token ids", error));
   if (absl::Status s = CheckUtf8(p.text, "prompt"); !s.ok()) {
     *error = BadRequest(std::string(s.message()), "prompt");
     return s;
   }
   return special_tokens ? tokenizer->EncodeForModel(p.text) : tokenizer->Encode(p.text);
+}
+
+absl::StatusOr<const Tokenizer*> HttpServer::Impl::NeedTokenizer(std::string_view param, std::string_view instead,
+                                                                 ApiError* error) const {
+  if (const Tokenizer* tokenizer = node->tokenizer()) return tokenizer;
+  *error = BadRequest(StrCat("model '", options.model_id, "' has no tokenizer (neither tokenizer.model nor ",
+                             "tokenizer.json)", instead.empty() ? "" : ": ", instead),
+                      std::string(param));
+  return absl::InvalidArgumentError(error->message);
 }
 
 absl::Status HttpServer::Impl::CheckModel(const std::string& model, ApiError* error) const {
@@ -190,14 +196,11 @@ absl::Status HttpServer::Impl::CheckModel(const std::string& model, ApiError* er
 
 absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatIds(const std::vector<openai::ChatMessage>& messages,
                                                                ApiError* error) const {
-  const Tokenizer* tokenizer = node->tokenizer();
-  if (tokenizer == nullptr || chat_template.format == openai::ChatFormat::kNone) {
-    *error = BadRequest(
-        StrCat("model '", options.model_id, "' cannot chat: ",
-               tokenizer == nullptr ? "it has no tokenizer (neither tokenizer.model nor tokenizer.json); use "
-                                      "/v1/completions with token ids"
-                                    : StrCat(no_chat_reason, "; use /v1/completions")),
-        "messages");
+  ODMOE_ASSIGN_OR_RETURN(const Tokenizer* tokenizer,
+                         NeedTokenizer("messages", "use /v1/completions with token ids", error));
+  if (chat_template.format == openai::ChatFormat::kNone) {
+    *error = BadRequest(StrCat("model '", options.model_id, "' cannot chat: ", no_chat_reason, "; use /v1/completions"),
+                        "messages");
     return absl::InvalidArgumentError(error->message);
   }
   absl::StatusOr<std::vector<openai::PromptPiece>> pieces = openai::RenderChat(chat_template, messages);
@@ -247,24 +250,30 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
                                                    : std::max<int64_t>(1, config.max_position_embeddings - len));
     const std::string param = r.endpoint == Endpoint::kCompletions ? "prompt" : "messages";
     if (absl::Status s = ValidateRequest(config, ids, max_tokens); !s.ok()) {
-      // ValidateRequest checks the length before the ids, so a request too long is refused as such.
-      const int64_t positions = config.max_position_embeddings;
-      const bool too_long = absl::IsOutOfRange(s) && (len > positions || max_tokens > positions - len);
-      *error =
-          BadRequest(std::string(s.message()), too_long && r.max_tokens && len <= positions ? "max_tokens" : param);
+      // ValidateRequest checks the length before the ids, so a request too long is refused as such. The blame
+      // goes to max_tokens when the client set it and the prompt alone fits.
+      const bool too_long = !FitsContext(config, len, max_tokens);
+      const bool blame_max_tokens = too_long && r.max_tokens && FitsContext(config, len, 0);
+      *error = BadRequest(std::string(s.message()), blame_max_tokens ? "max_tokens" : param);
       if (too_long) error->code = "context_length_exceeded";
       return s;
     }
-    SamplingOptions sampling{.temperature = r.temperature,
-                             .top_k = r.top_k,
-                             .top_p = r.top_p,
-                             .seed = seed,
-                             .presence_penalty = r.presence_penalty,
-                             .frequency_penalty = r.frequency_penalty,
-                             .logit_bias = r.logit_bias};
-    if (absl::Status s = sampling.Validate(config.vocab_size); !s.ok()) {
-      const bool bias = s.message().find("logit_bias") != std::string_view::npos;
-      *error = BadRequest(std::string(s.message()), bias ? "logit_bias" : "");
+    GenerateOptions checked{.max_new_tokens = max_tokens,
+                            .sampling = {.temperature = r.temperature,
+                                         .top_k = r.top_k,
+                                         .top_p = r.top_p,
+                                         .seed = seed,
+                                         .presence_penalty = r.presence_penalty,
+                                         .frequency_penalty = r.frequency_penalty,
+                                         .logit_bias = r.logit_bias},
+                            .ignore_eos = r.ignore_eos,
+                            .min_tokens = r.min_tokens};
+    if (absl::Status s = checked.Validate(config.vocab_size); !s.ok()) {
+      std::string blamed;
+      for (const char* field : {"logit_bias", "min_tokens"}) {
+        if (s.message().find(field) != std::string_view::npos) blamed = field;
+      }
+      *error = BadRequest(std::string(s.message()), blamed);
       return s;
     }
     PreparedPrompt p;
@@ -272,7 +281,8 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
     p.request.mutable_prompt_ids()->Add(ids.begin(), ids.end());
     p.request.set_max_new_tokens(max_tokens);
     p.request.set_ignore_eos(r.ignore_eos);
-    rpc::SamplingToProto(sampling, p.request.mutable_sampling());
+    p.request.set_min_tokens(r.min_tokens);
+    rpc::SamplingToProto(checked.sampling, p.request.mutable_sampling());
     p.request.set_logprobs(r.logprobs >= 0);
     p.request.set_top_logprobs(std::max(r.logprobs, 0));
     p.request.set_prompt_logprobs(r.echo && r.logprobs >= 0);
@@ -328,7 +338,9 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
     }
     const std::vector<int32_t> ids(r.tokens().begin(), r.tokens().end());
     const std::vector<openai::TokenLogprobs> logprobs = shown(r.logprobs());
-    std::string text = matcher.Push(r.text());
+    // As vLLM: no stop string is looked for before min_tokens tokens; from the message that passes them on.
+    const bool past_min_tokens = choice.token_ids.size() + ids.size() > static_cast<size_t>(p.request.min_tokens());
+    std::string text = past_min_tokens ? matcher.Push(r.text()) : r.text();
     if (r.done()) {
       text += matcher.Finish();
       choice.finish_reason = openai::FinishReasonOf(r.stop_reason());
@@ -457,13 +469,7 @@ void HttpServer::Impl::Detokenize(const httplib::Request& req, httplib::Response
   absl::StatusOr<std::string> text = [&]() -> absl::StatusOr<std::string> {
     ODMOE_ASSIGN_OR_RETURN(openai::DetokenizeRequest r, openai::ParseDetokenizeRequest(req.body, &error));
     ODMOE_RETURN_IF_ERROR(CheckModel(r.model, &error));
-    const Tokenizer* tokenizer = node->tokenizer();
-    if (tokenizer == nullptr) {
-      error = BadRequest(
-          StrCat("model '", options.model_id, "' has no tokenizer (neither tokenizer.model nor tokenizer.json)"),
-          "tokens");
-      return absl::InvalidArgumentError(error.message);
-    }
+    ODMOE_ASSIGN_OR_RETURN(const Tokenizer* tokenizer, NeedTokenizer("tokens", "", &error));
     const int64_t vocab = node->config().vocab_size;
     for (size_t i = 0; i < r.tokens.size(); ++i) {
       if (r.tokens[i] >= vocab) {

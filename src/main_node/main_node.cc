@@ -305,6 +305,7 @@ absl::StatusOr<GenerateOptions> MainNode::OptionsOf(const v1::GenerateRequest& r
   }
   options.logprobs = request.logprobs() ? request.top_logprobs() : -1;
   options.prompt_logprobs = request.prompt_logprobs();
+  options.min_tokens = request.min_tokens();
   ODMOE_RETURN_IF_ERROR(options.Validate(config_.vocab_size));
   options.ignore_eos = request.ignore_eos();
   options.keep_last_logits = request.dump_logits();
@@ -364,7 +365,7 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   run.deadline = record->deadline;
   timeline.Started(run.prompt_len());
   run.id = next_request_id_.fetch_add(1);
-  run.batch = std::make_unique<BatchRequest>(run.id, run.prompt, run.options,
+  run.batch = std::make_unique<BatchRequest>(run.id, config_, run.prompt, run.options,
                                              [this, r = &run](int32_t id, bool last) { OnToken(*r, id, last); });
   std::unique_ptr<IncrementalDecoder> decoder;
   if (tokenizer_ != nullptr) decoder = tokenizer_->NewDecoder(run.prompt);

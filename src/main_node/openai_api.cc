@@ -226,12 +226,6 @@ absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
     return unsupported("repetition_penalty",
                        StrCat("= ", *repetition_penalty, " (use presence_penalty or frequency_penalty)"));
   }
-  std::optional<int64_t> min_tokens;
-  ODMOE_RETURN_IF_ERROR(ReadInt(body, "min_tokens", error, &min_tokens));
-  if (min_tokens && *min_tokens < 0) {
-    return Fail(error, "min_tokens", StrCat("'min_tokens' must be >= 0, got ", *min_tokens));
-  }
-  if (min_tokens && *min_tokens > 0) return unsupported("min_tokens", StrCat("= ", *min_tokens));
   bool beam_search = false;
   ODMOE_RETURN_IF_ERROR(ReadBool(body, "use_beam_search", error, &beam_search));
   if (beam_search) return unsupported("use_beam_search", "= true");
@@ -453,6 +447,12 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   ODMOE_RETURN_IF_ERROR(ReadStop(j, error, &r.stop));
   ODMOE_RETURN_IF_ERROR(ReadBool(j, "stream", error, &r.stream));
   ODMOE_RETURN_IF_ERROR(ReadBool(j, "ignore_eos", error, &r.ignore_eos));
+  std::optional<int64_t> min_tokens;
+  ODMOE_RETURN_IF_ERROR(ReadInt(j, "min_tokens", error, &min_tokens));
+  if (min_tokens && *min_tokens < 0) {
+    return Fail(error, "min_tokens", StrCat("'min_tokens' must be >= 0, got ", *min_tokens));
+  }
+  r.min_tokens = min_tokens.value_or(0);
   ODMOE_RETURN_IF_ERROR(ReadLogprobs(j, endpoint, error, &r.logprobs));
   if (const Json* so = Field(j, "stream_options")) {
     if (!so->is_object()) return Fail(error, "stream_options", TypeError("stream_options", "an object", *so));

@@ -7,6 +7,7 @@
 #include "src/common/json.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/model/model_config.h"
 #include "src/model/tokenizer.h"
 #include "tests/engine/golden_support.h"
 #include "tests/test_support.h"
@@ -106,6 +107,27 @@ TEST_F(GenerateCliTest, LogitBiasSteersEveryPick) {
   EXPECT_NE(banned[0], gc.greedy[0].id);
 }
 
+// --min-tokens keeps EOS out of the first picks, even when a bias makes it the likeliest token.
+TEST_F(GenerateCliTest, MinTokensKeepsEosOutOfTheFirstTokens) {
+  const std::string dir = SharedModel("tiny-mixtral-kjv");
+  auto config = LoadModelConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const int64_t eos = config->eos_token_ids.at(0);
+  auto tokens = [&](const std::string& min_tokens) {
+    RunResult r = RunProgram({odmoe_, "generate", "--model", dir, "--prompt-ids", "1,415,2043", "--max-new-tokens", "6",
+                              "--logit-bias", StrCat(eos, ":100"), "--min-tokens", min_tokens, "--json"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    auto j = ParseJson(r.out, "stdout");
+    return j.ok() ? (*j)["tokens"].get<std::vector<int64_t>>() : std::vector<int64_t>{};
+  };
+  EXPECT_EQ(tokens("0"), std::vector<int64_t>{eos});
+  const std::vector<int64_t> later = tokens("2");
+  ASSERT_EQ(later.size(), 3u);
+  EXPECT_NE(later[0], eos);
+  EXPECT_NE(later[1], eos);
+  EXPECT_EQ(later[2], eos);
+}
+
 TEST_F(GenerateCliTest, PromptIdsWorkAndSamplingIsSeeded) {
   const std::string dir = SharedModel("tiny-mixtral-kjv");
   auto run = [&](const std::string& seed) {
@@ -151,6 +173,8 @@ TEST_F(GenerateCliTest, BadRequestsExitWithOneLineAndASpecificCode) {
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--logit-bias", "4096:1"}, kExitOutOfRange,
        "--logit-bias token id 4096 is outside the vocabulary [0, 4096)"},
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--logprobs", "21"}, kExitUsage, "--logprobs"},
+      {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "2", "--min-tokens", "3"}, kExitUsage,
+       "--min-tokens must be in [0, --max-new-tokens = 2], got 3"},
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--prompt-logprobs"}, kExitUsage, "--logprobs N"},
       {{"--model", qwen, "--prompt", "hello", "--max-new-tokens", "1"}, kExitInvalidModel, "--prompt-ids"},
       {{"--model", "/nonexistent/model", "--prompt-ids", "1", "--max-new-tokens", "1"}, kExitNotFound,

@@ -55,6 +55,23 @@ void ExpectLogitChangesPickAsTheHostRule(const std::string& device_spec, int tok
     }
     EXPECT_EQ(picked->tokens, host);
   }
+
+  // min_tokens: EOS, made the greedy pick by a bias, is banned (-inf next to the logits) for the first picks.
+  ASSERT_FALSE(engine.config().eos_token_ids.empty());
+  const auto eos = static_cast<int32_t>(engine.config().eos_token_ids[0]);
+  GenerateOptions eos_first;
+  eos_first.max_new_tokens = tokens;
+  eos_first.sampling.logit_bias = {{eos, 100.0}};
+  auto at_once = Generate(engine, prompt, eos_first);
+  ASSERT_TRUE(at_once.ok()) << at_once.status();
+  EXPECT_EQ(at_once->tokens, std::vector<int32_t>{eos});
+  eos_first.min_tokens = 3;
+  auto later = Generate(engine, prompt, eos_first);
+  ASSERT_TRUE(later.ok()) << later.status();
+  ASSERT_EQ(later->tokens.size(), 4u);
+  EXPECT_EQ(std::count(later->tokens.begin(), later->tokens.begin() + 3, eos), 0);
+  EXPECT_EQ(later->tokens[3], eos);
+  EXPECT_EQ(later->stop_reason, "eos");
 }
 
 }  // namespace odmoe::testing

@@ -1,6 +1,7 @@
 #include "src/engine/sampler.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <vector>
@@ -254,6 +255,51 @@ TEST(SamplerTest, HostPickAddsTheDeltasAndRecordsThePick) {
   std::vector<int32_t> picks;
   for (int i = 0; i < 4; ++i) picks.push_back(r.Next(l));
   EXPECT_EQ(picks, (std::vector<int32_t>{1, 1, 2, 1}));
+}
+
+// A ban makes its ids' deltas -inf for its first picks, over any bias or count, and then goes: the ids it alone
+// changed drop out of the deltas, the others get their own delta back.
+TEST(SamplerTest, ATokenBanHoldsForItsPicksThenLeavesTheOtherChanges) {
+  SamplingOptions o;
+  o.frequency_penalty = 0.5;
+  o.logit_bias = {{7, 2.0}};
+  Sampler s(o, TokenBan{.ids = {7, 3}, .picks = 2});
+  auto deltas = [&s] {
+    std::vector<std::pair<int32_t, float>> out;
+    for (const LogitDelta& d : s.Deltas()) out.emplace_back(d.id, d.delta);
+    return out;
+  };
+  using V = std::vector<std::pair<int32_t, float>>;
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(deltas(), (V{{3, -inf}, {7, -inf}}));
+  s.Record(5);
+  EXPECT_EQ(deltas(), (V{{3, -inf}, {5, -0.5f}, {7, -inf}}));
+  s.Record(5);  // the second pick: the ban is over
+  EXPECT_EQ(deltas(), (V{{5, -1.0f}, {7, 2.0f}}));
+
+  // The host pick: greedy takes the best id outside the ban while it holds, then the best.
+  const std::vector<float> l = {0.0f, 1.0f, 4.0f, 3.0f};
+  Sampler greedy(SamplingOptions{}, TokenBan{.ids = {2}, .picks = 3});
+  std::vector<int32_t> picks;
+  for (int i = 0; i < 5; ++i) picks.push_back(greedy.Next(l));
+  EXPECT_EQ(picks, (std::vector<int32_t>{3, 3, 3, 2, 2}));
+  EXPECT_TRUE(greedy.Deltas().empty());
+  // No ids or no picks: no ban.
+  EXPECT_TRUE(Sampler(SamplingOptions{}, TokenBan{.ids = {2}, .picks = 0}).Deltas().empty());
+  EXPECT_TRUE(Sampler(SamplingOptions{}, TokenBan{.ids = {}, .picks = 4}).Deltas().empty());
+}
+
+// Sampled picks never draw a banned id, however likely.
+TEST(SamplerTest, SampledPicksNeverDrawABannedId) {
+  const std::vector<float> l = {0.0f, 1.0f, 9.0f, 0.5f};
+  SamplingOptions o;
+  o.temperature = 1.0;
+  o.seed = 3;
+  Sampler s(o, TokenBan{.ids = {2}, .picks = 200});
+  for (int i = 0; i < 200; ++i) EXPECT_NE(s.Next(l), 2) << "pick " << i;
+  int twos = 0;
+  for (int i = 0; i < 50; ++i) twos += s.Next(l) == 2;
+  EXPECT_GT(twos, 40);  // exp(9) outweighs the rest about 2000 to 1 once the ban is over
 }
 
 }  // namespace

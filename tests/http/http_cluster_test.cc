@@ -271,6 +271,37 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
     EXPECT_EQ(outside.status, 400) << outside.body;
     EXPECT_EQ(ParseOrDie(outside.body)["error"]["param"], "logit_bias") << outside.body;
 
+    // vLLM's min_tokens: EOS, made the greedy pick by a bias, comes only after min_tokens tokens; more than
+    // max_tokens is refused naming it.
+    const auto eos = static_cast<int32_t>((*local)->config().eos_token_ids.at(0));
+    Json eos_first = {{"model", kModel},  {"prompt", prompt}, {"max_tokens", 12},
+                      {"temperature", 0}, {"min_tokens", 3},  {"logit_bias", {{std::to_string(eos), 100}}}};
+    const HttpResult late_eos = Post(base + "/v1/completions", eos_first);
+    ASSERT_EQ(late_eos.status, 200) << late_eos.body;
+    const Json late = ParseOrDie(late_eos.body)["choices"][0];
+    const std::vector<int32_t> late_ids = late["token_ids"].get<std::vector<int32_t>>();
+    ASSERT_EQ(late_ids.size(), 4u) << late_eos.body;
+    EXPECT_EQ(std::count(late_ids.begin(), late_ids.end(), eos), 1) << late_eos.body;
+    EXPECT_EQ(late_ids.back(), eos);
+    EXPECT_EQ(late["finish_reason"], "stop");
+    eos_first["min_tokens"] = 13;
+    const HttpResult too_many = Post(base + "/v1/completions", eos_first);
+    EXPECT_EQ(too_many.status, 400) << too_many.body;
+    EXPECT_EQ(ParseOrDie(too_many.body)["error"]["param"], "min_tokens") << too_many.body;
+    // No stop string is looked for in the text of the first min_tokens tokens: with min_tokens = max_tokens, a stop
+    // string at the start of the greedy answer stops nothing.
+    ASSERT_EQ(grpc->stop_reason, "length");
+    const std::string greedy_text = answer["choices"][0]["text"];
+    Json stop_early = {{"model", kModel},  {"prompt", prompt}, {"max_tokens", 12},
+                       {"temperature", 0}, {"min_tokens", 12}, {"stop", {greedy_text.substr(0, 2)}}};
+    const Json kept = ParseOrDie(Post(base + "/v1/completions", stop_early).body);
+    EXPECT_EQ(kept["choices"][0]["text"], greedy_text) << kept.dump();
+    EXPECT_EQ(kept["choices"][0]["finish_reason"], "length");
+    stop_early.erase("min_tokens");
+    const Json cut = ParseOrDie(Post(base + "/v1/completions", stop_early).body);
+    EXPECT_EQ(cut["choices"][0]["text"], "") << cut.dump();
+    EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
+
     // Scoring as lm-evaluation-harness does it (echo, logprobs 1, one new token; a batch of prompts), and with no
     // new token: the prompt's logprobs are the engine's, the first one null.
     options.max_new_tokens = 1;

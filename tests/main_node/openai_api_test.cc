@@ -82,7 +82,10 @@ TEST(OpenAiParse, DefaultsAndOptions) {
                          "use_beam_search":false})");
   ASSERT_TRUE(top_k.ok()) << top_k.status();
   EXPECT_EQ(top_k->top_k, 40);
+  EXPECT_EQ(top_k->min_tokens, 0);
   EXPECT_EQ(Parse(R"({"model":"m","prompt":"x","top_k":-1})")->top_k, 0);
+  // vLLM's min_tokens (checked against max_tokens once that is known, when the request is prepared).
+  EXPECT_EQ(Parse(R"({"model":"m","prompt":"x","min_tokens":4})")->min_tokens, 4);
 
   auto d = Parse(R"({"model":"m","prompt":"x"})");
   ASSERT_TRUE(d.ok());
@@ -221,7 +224,7 @@ TEST(OpenAiParse, ErrorsNameTheField) {
        "'min_p' = 0.05 is not supported"},
       {R"({"model":"m","prompt":"x","repetition_penalty":1.1})", Endpoint::kCompletions, "repetition_penalty",
        "'repetition_penalty' = 1.1 (use presence_penalty or frequency_penalty) is not supported"},
-      {R"({"model":"m","prompt":"x","min_tokens":4})", Endpoint::kCompletions, "min_tokens", "not supported"},
+      {R"({"model":"m","prompt":"x","min_tokens":2.5})", Endpoint::kCompletions, "min_tokens", "an integer"},
       {R"({"model":"m","prompt":"x","min_tokens":-1})", Endpoint::kCompletions, "min_tokens", "must be >= 0"},
       {R"({"model":"m","prompt":"x","use_beam_search":true})", Endpoint::kCompletions, "use_beam_search",
        "not supported"},
