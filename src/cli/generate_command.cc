@@ -32,7 +32,7 @@ constexpr char kUsage[] =
     "usage: odmoe generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
     "           [--temperature T --top-k K --top-p P --seed S] [--presence-penalty P] [--frequency-penalty F]\n"
     "           [--logit-bias ID:BIAS,...]\n"
-    "           [--ignore-eos] [--min-tokens N] [--backend cpu|mock-gpu|cuda]\n"
+    "           [--ignore-eos] [--stop-token-ids 1,2] [--min-tokens N] [--backend cpu|mock-gpu|cuda]\n"
     "           [--dump-logits] [--dump-routing] [--logprobs N [--prompt-logprobs]] [--json]\n"
     "       odmoe generate --synthetic CONFIG [--layers N] [--weights-seed S] --prompt-ids 1,2,3 --max-new-tokens N\n"
     "           [the same sampling, backend and output flags]\n"
@@ -41,8 +41,9 @@ constexpr char kUsage[] =
     "           [--token-file FILE] [--tls-ca FILE [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]]\n"
     "  Greedy unless --temperature > 0. --presence-penalty and --frequency-penalty ([-2, 2], OpenAI's) lower the\n"
     "  logits of tokens already generated, once and per time; --logit-bias adds BIAS ([-100, 100]) to token ID's\n"
-    "  logit at every pick (-100 keeps it out). --min-tokens N keeps EOS out of the first N tokens (vLLM's\n"
-    "  min_tokens; at most --max-new-tokens). Without --json the text is printed as it is\n"
+    "  logit at every pick (-100 keeps it out). --stop-token-ids ends generation at any of these ids too (its\n"
+    "  text left out), --min-tokens N keeps EOS and them out of the first N tokens (vLLM's stop_token_ids and\n"
+    "  min_tokens; N at most --max-new-tokens). Without --json the text is printed as it is\n"
     "  generated; with --json one JSON object: prompt_ids, tokens, text, stop_reason, last_logits\n"
     "  (--dump-logits), routing (--dump-routing), logprobs (--logprobs N: per token {id, logprob, top: the N\n"
     "  (0..20) likeliest [{id, logprob}]}, the model's log_softmax before penalties, temperature, top-k and\n"
@@ -96,12 +97,14 @@ absl::StatusOr<std::vector<std::pair<int32_t, double>>> LogitBiasFlag(const Flag
 
 absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(
-      Flags f, Flags::Parse(args, {"model",      "prompt",     "prompt-ids", "max-new-tokens",   "temperature",
-                                   "top-k",      "top-p",      "seed",       "presence-penalty", "frequency-penalty",
-                                   "logit-bias", "min-tokens", "logprobs",   "backend",          "endpoint",
-                                   "timeout-ms", "synthetic",  "layers",     "weights-seed",     "request-id",
-                                   "tls-ca",     "tls-cert",   "tls-key",    "token-file",       "tls-server-name"},
-                            {"ignore-eos", "dump-logits", "dump-routing", "prompt-logprobs", "json"}));
+      Flags f,
+      Flags::Parse(args, {"model",          "prompt",         "prompt-ids", "max-new-tokens",   "temperature",
+                          "top-k",          "top-p",          "seed",       "presence-penalty", "frequency-penalty",
+                          "logit-bias",     "stop-token-ids", "min-tokens", "logprobs",         "backend",
+                          "endpoint",       "timeout-ms",     "synthetic",  "layers",           "weights-seed",
+                          "request-id",     "tls-ca",         "tls-cert",   "tls-key",          "token-file",
+                          "tls-server-name"},
+                   {"ignore-eos", "dump-logits", "dump-routing", "prompt-logprobs", "json"}));
   Request r;
   if (f.Has("endpoint")) {
     r.endpoint = *f.Get("endpoint");
@@ -187,6 +190,13 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
     return absl::InvalidArgumentError("--prompt-logprobs needs --logprobs N");
   }
   ODMOE_ASSIGN_OR_RETURN(r.options.sampling.logit_bias, LogitBiasFlag(f));
+  ODMOE_ASSIGN_OR_RETURN(const std::vector<int64_t> stop_ids, f.IntList("stop-token-ids"));
+  for (const int64_t id : stop_ids) {
+    if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(StrCat("--stop-token-ids: ", id, " is not a token id"));
+    }
+    r.options.stop_token_ids.push_back(static_cast<int32_t>(id));
+  }
   ODMOE_ASSIGN_OR_RETURN(r.options.min_tokens, f.Int("min-tokens", 0));
   // The ids are checked against the model's vocabulary where it is known: by Generate, or by main.
   ODMOE_RETURN_IF_ERROR(r.options.Validate(std::numeric_limits<int64_t>::max()));
@@ -230,6 +240,7 @@ absl::Status RunRemote(const Request& r) {
   rpc::SamplingToProto(r.options.sampling, req.mutable_sampling());
   req.set_ignore_eos(r.options.ignore_eos);
   req.set_min_tokens(r.options.min_tokens);
+  req.mutable_stop_token_ids()->Add(r.options.stop_token_ids.begin(), r.options.stop_token_ids.end());
   req.set_dump_logits(r.options.keep_last_logits);
   req.set_dump_routing(r.options.record_routing);
   req.set_logprobs(r.options.logprobs >= 0);
@@ -311,7 +322,8 @@ absl::Status Run(const std::vector<std::string>& args) {
   if (!r.json) {
     if (tokenizer != nullptr) {
       stream_decoder = tokenizer->NewDecoder(r.prompt_ids);
-      on_token = [&](int32_t id, bool /*last*/) {
+      on_token = [&](int32_t id, bool last) {
+        if (last && StopReasonOf(config, r.options, id) == "stop_token") return;  // its text is left out
         const std::string piece = stream_decoder->Push(id);
         std::fwrite(piece.data(), 1, piece.size(), stdout);
         std::fflush(stdout);
@@ -337,7 +349,7 @@ absl::Status Run(const std::vector<std::string>& args) {
   Json out = Json::object();
   out["prompt_ids"] = r.prompt_ids;
   out["tokens"] = result.tokens;
-  if (tokenizer != nullptr) out["text"] = tokenizer->Decode(result.tokens);
+  if (tokenizer != nullptr) out["text"] = tokenizer->Decode(ShownTokens(result));
   out["stop_reason"] = result.stop_reason;
   if (r.options.keep_last_logits) out["last_logits"] = result.last_logits;
   if (r.options.record_routing) out["routing"] = result.routing;
@@ -359,6 +371,7 @@ std::string FlagsForFields(std::string message) {
   static constexpr std::pair<std::string_view, std::string_view> kFieldFlags[] = {
       {"max_new_tokens", "--max-new-tokens"},
       {"min_tokens", "--min-tokens"},
+      {"stop_token_ids", "--stop-token-ids"},
       {"sampling.temperature", "--temperature"},
       {"sampling.top_k", "--top-k"},
       {"sampling.top_p", "--top-p"},

@@ -18,7 +18,7 @@ struct RemoteResult {
   std::vector<int32_t> tokens;     // every generated id (an EOS that stopped generation included)
   bool has_text = false;           // main has a tokenizer: `text` is meaningful
   std::string text;                // the generated text, decoded as a whole
-  std::string stop_reason;         // "eos" or "length"
+  std::string stop_reason;         // "eos", "stop_token" or "length"
   std::vector<float> last_logits;  // when the request set dump_logits
   // When the request set dump_routing: [position][sparse layer][k], best first.
   std::vector<std::vector<std::vector<int32_t>>> routing;

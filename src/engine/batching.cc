@@ -38,10 +38,10 @@ void BatchRequest::TakeToken(int32_t next, const ModelConfig& config) {
   sampler_.Record(next);
   if (options_.logprobs >= 0) result_.logprobs.push_back(LogprobsOf(logits_, next, options_.logprobs));
   result_.tokens.push_back(next);
-  const bool stop_on_eos = StopsOnEos(config, options_, next);
-  const bool last = stop_on_eos || static_cast<int64_t>(result_.tokens.size()) == options_.max_new_tokens;
+  const std::string_view stop = StopReasonOf(config, options_, next);
+  const bool last = !stop.empty() || static_cast<int64_t>(result_.tokens.size()) == options_.max_new_tokens;
   if (on_token_) on_token_(next, last);
-  if (stop_on_eos) result_.stop_reason = "eos";
+  if (!stop.empty()) result_.stop_reason = stop;
   if (last) Finish(absl::OkStatus());
 }
 

@@ -89,10 +89,10 @@ absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t>
     sampler.Record(next);
     if (wants_logprobs) result.logprobs.push_back(LogprobsOf(step_logits, next, options.logprobs));
     result.tokens.push_back(next);
-    const bool stop_on_eos = StopsOnEos(c, options, next);
-    if (on_token) on_token(next, stop_on_eos || step + 1 == options.max_new_tokens);
-    if (stop_on_eos) {
-      result.stop_reason = "eos";
+    const std::string_view stop = StopReasonOf(c, options, next);
+    if (on_token) on_token(next, !stop.empty() || step + 1 == options.max_new_tokens);
+    if (!stop.empty()) {
+      result.stop_reason = stop;
       break;
     }
   }
@@ -107,6 +107,16 @@ absl::Status GenerateOptions::Validate(int64_t vocab_size) const {
         StrCat("logprobs must be -1 (none) or 0..", kMaxTopLogprobs, " (top alternatives per token), got ", logprobs));
   }
   if (prompt_logprobs && logprobs < 0) return absl::InvalidArgumentError("prompt_logprobs needs logprobs");
+  if (stop_token_ids.size() > kMaxStopTokenIds) {
+    return absl::InvalidArgumentError(
+        StrCat("stop_token_ids has ", stop_token_ids.size(), " ids, at most ", kMaxStopTokenIds));
+  }
+  for (const int32_t id : stop_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::OutOfRangeError(
+          StrCat("stop_token_ids id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
   if (min_tokens < 0 || min_tokens > max_new_tokens) {
     return absl::InvalidArgumentError(
         StrCat("min_tokens must be in [0, max_new_tokens = ", max_new_tokens, "], got ", min_tokens));
@@ -120,17 +130,24 @@ void AppendPromptLogprobs(std::span<const int32_t> prompt, const GenerateOptions
   if (next < prompt.size()) result->prompt_logprobs.push_back(LogprobsOf(logits, prompt[next], options.logprobs));
 }
 
-bool StopsOnEos(const ModelConfig& config, const GenerateOptions& options, int32_t id) {
-  return !options.ignore_eos &&
-         std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), id) != config.eos_token_ids.end();
+std::string_view StopReasonOf(const ModelConfig& config, const GenerateOptions& options, int32_t id) {
+  auto has = [id](const auto& ids) { return std::find(ids.begin(), ids.end(), id) != ids.end(); };
+  if (!options.ignore_eos && has(config.eos_token_ids)) return "eos";
+  if (has(options.stop_token_ids)) return "stop_token";
+  return "";
 }
 
 Sampler RequestSampler(const ModelConfig& config, const GenerateOptions& options) {
-  TokenBan ban{.picks = options.min_tokens};
+  TokenBan ban{.ids = options.stop_token_ids, .picks = options.min_tokens};
   if (!options.ignore_eos) {
     for (const int64_t id : config.eos_token_ids) ban.ids.push_back(static_cast<int32_t>(id));
   }
   return Sampler(options.sampling, std::move(ban));
+}
+
+std::span<const int32_t> ShownTokens(const GenerateResult& result) {
+  std::span<const int32_t> tokens = result.tokens;
+  return result.stop_reason == "stop_token" ? tokens.first(tokens.size() - 1) : tokens;
 }
 
 void SetRequestTimes(std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point first_token,

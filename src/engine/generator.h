@@ -24,11 +24,18 @@
 
 namespace odmoe {
 
+// The most stop_token_ids a request may give.
+inline constexpr size_t kMaxStopTokenIds = 64;
+
 struct GenerateOptions {
   int64_t max_new_tokens = 64;
   SamplingOptions sampling;
   bool ignore_eos = false;  // keep generating past EOS (benchmarks need fixed lengths)
-  // No token that would stop the request (StopsOnEos) is picked before this many tokens (vLLM's min_tokens):
+  // Ids that end the request when generated, besides EOS and whatever ignore_eos (vLLM's stop_token_ids): the
+  // token stays in GenerateResult::tokens, its text is left out of the answer (ShownTokens). At most
+  // kMaxStopTokenIds, each inside the vocabulary.
+  std::vector<int32_t> stop_token_ids;
+  // No token that would stop the request (StopReasonOf) is picked before this many tokens (vLLM's min_tokens):
   // their logits are -inf for the first min_tokens picks (Sampler's TokenBan). 0..max_new_tokens.
   int64_t min_tokens = 0;
   bool record_routing = false;    // fill GenerateResult::routing
@@ -42,8 +49,9 @@ struct GenerateOptions {
   // come back to the host.
   bool prompt_logprobs = false;
 
-  // InvalidArgument naming the option when a value is out of range (sampling, logprobs, min_tokens). max_new_tokens is
-  // checked against the prompt and the model by ValidateRequest; logit_bias ids against `vocab_size`.
+  // InvalidArgument naming the option when a value is out of range (sampling, logprobs, stop_token_ids, min_tokens);
+  // OutOfRange for a logit_bias or stop_token_ids id outside [0, vocab_size). max_new_tokens is checked against the
+  // prompt and the model by ValidateRequest.
   absl::Status Validate(int64_t vocab_size) const;
 };
 
@@ -56,7 +64,7 @@ struct GenerateResult {
   std::vector<PositionLogprobs> prompt_logprobs;
   // For every position processed (prompt, then each decode step's input token): [sparse layer][k].
   std::vector<PositionRouting> routing;
-  std::string stop_reason;         // "eos" or "length"
+  std::string stop_reason;         // "eos", "stop_token" (one of options.stop_token_ids) or "length"
   double ttft_ms = 0;              // request start to the first generated token
   double decode_tokens_per_s = 0;  // tokens after the first / time after the first (0 if fewer than 2)
   double total_ms = 0;
@@ -79,12 +87,16 @@ inline int64_t LastDecodePosition(int64_t prompt_len, int64_t max_new_tokens) {
   return prompt_len + max_new_tokens - 2;
 }
 
-// The stop rule Generate and continuous batching (batching.h) share: whether generated token `id` ends the
-// request as an EOS (any of the model's EOS ids, unless options.ignore_eos). The token limit is the caller's.
-bool StopsOnEos(const ModelConfig& config, const GenerateOptions& options, int32_t id);
-// The sampler of a request, Generate's and continuous batching's: options.sampling, with the ids StopsOnEos stops
-// on banned for the first options.min_tokens picks.
+// The stop rule Generate, continuous batching (batching.h) and main share: why generated token `id` ends the
+// request, "eos" (one of the model's EOS ids, unless options.ignore_eos) or "stop_token" (one of
+// options.stop_token_ids), or "" when it does not. The token limit is the caller's.
+std::string_view StopReasonOf(const ModelConfig& config, const GenerateOptions& options, int32_t id);
+// The sampler of a request, Generate's and continuous batching's: options.sampling, with the ids StopReasonOf
+// stops on banned for the first options.min_tokens picks.
 Sampler RequestSampler(const ModelConfig& config, const GenerateOptions& options);
+// The generated tokens whose text an answer shows: all of them but a stop token that ended the request (vLLM
+// leaves its text out; an EOS is kept, its text is nothing).
+std::span<const int32_t> ShownTokens(const GenerateResult& result);
 // Prompt logprobs (GenerateOptions::prompt_logprobs), the one rule Generate and batching share: the logits of
 // prompt row `row` give the logprobs of prompt[row + 1] (nothing for the last row, whose logits pick the first
 // generated token), appended to result->prompt_logprobs.

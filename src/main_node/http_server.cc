@@ -267,10 +267,11 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
                                          .frequency_penalty = r.frequency_penalty,
                                          .logit_bias = r.logit_bias},
                             .ignore_eos = r.ignore_eos,
+                            .stop_token_ids = r.stop_token_ids,
                             .min_tokens = r.min_tokens};
     if (absl::Status s = checked.Validate(config.vocab_size); !s.ok()) {
       std::string blamed;
-      for (const char* field : {"logit_bias", "min_tokens"}) {
+      for (const char* field : {"logit_bias", "stop_token_ids", "min_tokens"}) {
         if (s.message().find(field) != std::string_view::npos) blamed = field;
       }
       *error = BadRequest(std::string(s.message()), blamed);
@@ -282,6 +283,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
     p.request.set_max_new_tokens(max_tokens);
     p.request.set_ignore_eos(r.ignore_eos);
     p.request.set_min_tokens(r.min_tokens);
+    p.request.mutable_stop_token_ids()->Add(r.stop_token_ids.begin(), r.stop_token_ids.end());
     rpc::SamplingToProto(checked.sampling, p.request.mutable_sampling());
     p.request.set_logprobs(r.logprobs >= 0);
     p.request.set_top_logprobs(std::max(r.logprobs, 0));

@@ -81,6 +81,15 @@ absl::Status ReadTokenId(const Json& v, const char* param, const std::string& wh
   return absl::OkStatus();
 }
 
+// A list of token ids of field `param`, each read by ReadTokenId.
+absl::Status ReadTokenIdList(const Json& list, const char* param, ApiError* error, std::vector<int32_t>* out) {
+  if (!list.is_array()) return Fail(error, param, TypeError(param, "a list of token ids", list));
+  for (size_t i = 0; i < list.size(); ++i) {
+    ODMOE_RETURN_IF_ERROR(ReadTokenId(list[i], param, StrCat(param, "[", i, "]"), error, out));
+  }
+  return absl::OkStatus();
+}
+
 // `prompt`: a string, a list of strings, a list of ids, or a list of lists of ids.
 absl::Status ReadPrompts(const Json& body, ApiError* error, std::vector<Prompt>* out) {
   const Json* v = Field(body, "prompt");
@@ -383,10 +392,7 @@ absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, 
   ODMOE_ASSIGN_OR_RETURN(const Json j, ReadBody(body, error, &r.model));
   const Json* tokens = Field(j, "tokens");
   if (tokens == nullptr) return Fail(error, "tokens", "'tokens' is required");
-  if (!tokens->is_array()) return Fail(error, "tokens", TypeError("tokens", "a list of token ids", *tokens));
-  for (size_t i = 0; i < tokens->size(); ++i) {
-    ODMOE_RETURN_IF_ERROR(ReadTokenId((*tokens)[i], "tokens", StrCat("tokens[", i, "]"), error, &r.tokens));
-  }
+  ODMOE_RETURN_IF_ERROR(ReadTokenIdList(*tokens, "tokens", error, &r.tokens));
   return r;
 }
 
@@ -453,6 +459,9 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
     return Fail(error, "min_tokens", StrCat("'min_tokens' must be >= 0, got ", *min_tokens));
   }
   r.min_tokens = min_tokens.value_or(0);
+  if (const Json* ids = Field(j, "stop_token_ids")) {
+    ODMOE_RETURN_IF_ERROR(ReadTokenIdList(*ids, "stop_token_ids", error, &r.stop_token_ids));
+  }
   ODMOE_RETURN_IF_ERROR(ReadLogprobs(j, endpoint, error, &r.logprobs));
   if (const Json* so = Field(j, "stream_options")) {
     if (!so->is_object()) return Fail(error, "stream_options", TypeError("stream_options", "an object", *so));

@@ -9,10 +9,11 @@
 // `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `presence_penalty`, `frequency_penalty`,
 // `logit_bias`, `stop` (a string or a list of up to 16), `stream`, `stream_options.include_usage`, `logprobs`
 // (completions: the alternatives per token; chat: true, with `top_logprobs`), `echo` (completions), and vLLM's
-// extensions `ignore_eos`, `top_k` and `min_tokens`. Unknown fields are ignored; options odmoe does not implement
-// are refused (400, `param` naming them) only when set to a value that needs them: `best_of` > 1, chat's `echo`,
-// `suffix`, `tools`, `functions`, a `response_format` other than text, and vLLM's sampling extensions `min_p` > 0,
-// `repetition_penalty` other than 1 and `use_beam_search`, so that no answer is sampled otherwise than asked.
+// extensions `ignore_eos`, `top_k`, `min_tokens` and `stop_token_ids`. Unknown fields are ignored; options odmoe
+// does not implement are refused (400, `param` naming them) only when set to a value that needs them: `best_of` > 1,
+// chat's `echo`, `suffix`, `tools`, `functions`, a `response_format` other than text, and vLLM's sampling extensions
+// `min_p` > 0, `repetition_penalty` other than 1 and `use_beam_search`, so that no answer is sampled otherwise than
+// asked.
 #pragma once
 
 #include <cstdint>
@@ -83,9 +84,12 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // odmoe's (and vLLM's) extension: generate max_tokens whatever the model says
-  // vLLM's extension: no EOS before this many tokens (GenerateOptions::min_tokens, at most max_tokens), and no
-  // stop string looked for in the text that comes with them.
+  // vLLM's extension: no EOS or stop_token_ids id before this many tokens (GenerateOptions::min_tokens, at most
+  // max_tokens), and no stop string looked for in the text that comes with them.
   int64_t min_tokens = 0;
+  // vLLM's extension: ids that end a choice too (GenerateOptions::stop_token_ids; finish_reason "stop", the token's
+  // text left out); checked against the vocabulary when the request is prepared.
+  std::vector<int32_t> stop_token_ids;
   // Completions: the answer starts with the prompt's text and, with logprobs, the prompt tokens' logprobs (the
   // first one null); max_tokens may then be 0.
   bool echo = false;

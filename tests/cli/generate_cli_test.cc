@@ -29,6 +29,16 @@ class GenerateCliTest : public ::testing::Test {
       GTEST_SKIP() << "needs " << SharedModel("tiny-mixtral-kjv");
     }
   }
+  // `odmoe generate ARGS --json` on tiny-mixtral-kjv: its JSON (null, with a test failure, if it did not exit 0).
+  Json GenerateJson(const std::vector<std::string>& args) const {
+    std::vector<std::string> argv = {odmoe_, "generate", "--model", SharedModel("tiny-mixtral-kjv"), "--json"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    RunResult r = RunProgram(argv);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    absl::StatusOr<Json> j = ParseJson(r.out, "stdout");
+    return r.exit_code == 0 && j.ok() ? *j : Json();
+  }
+
   std::string odmoe_ = ProgramPath("odmoe");
 };
 
@@ -109,16 +119,13 @@ TEST_F(GenerateCliTest, LogitBiasSteersEveryPick) {
 
 // --min-tokens keeps EOS out of the first picks, even when a bias makes it the likeliest token.
 TEST_F(GenerateCliTest, MinTokensKeepsEosOutOfTheFirstTokens) {
-  const std::string dir = SharedModel("tiny-mixtral-kjv");
-  auto config = LoadModelConfig(dir);
+  auto config = LoadModelConfig(SharedModel("tiny-mixtral-kjv"));
   ASSERT_TRUE(config.ok()) << config.status();
   const int64_t eos = config->eos_token_ids.at(0);
   auto tokens = [&](const std::string& min_tokens) {
-    RunResult r = RunProgram({odmoe_, "generate", "--model", dir, "--prompt-ids", "1,415,2043", "--max-new-tokens", "6",
-                              "--logit-bias", StrCat(eos, ":100"), "--min-tokens", min_tokens, "--json"});
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    auto j = ParseJson(r.out, "stdout");
-    return j.ok() ? (*j)["tokens"].get<std::vector<int64_t>>() : std::vector<int64_t>{};
+    const Json j = GenerateJson({"--prompt-ids", "1,415,2043", "--max-new-tokens", "6", "--logit-bias",
+                                 StrCat(eos, ":100"), "--min-tokens", min_tokens});
+    return j.is_null() ? std::vector<int64_t>{} : j["tokens"].get<std::vector<int64_t>>();
   };
   EXPECT_EQ(tokens("0"), std::vector<int64_t>{eos});
   const std::vector<int64_t> later = tokens("2");
@@ -126,6 +133,28 @@ TEST_F(GenerateCliTest, MinTokensKeepsEosOutOfTheFirstTokens) {
   EXPECT_NE(later[0], eos);
   EXPECT_NE(later[1], eos);
   EXPECT_EQ(later[2], eos);
+}
+
+// --stop-token-ids ends generation at the first of them: the id among the tokens, its text left out.
+TEST_F(GenerateCliTest, StopTokenIdsEndGenerationAndLeaveTheirTextOut) {
+  auto run = [&](int max_new_tokens, const std::string& stop_ids) {
+    std::vector<std::string> args = {"--prompt-ids", "1,415,2043", "--max-new-tokens", std::to_string(max_new_tokens),
+                                     "--ignore-eos"};
+    if (!stop_ids.empty()) args.insert(args.end(), {"--stop-token-ids", stop_ids});
+    return GenerateJson(args);
+  };
+  const Json free = run(6, "");
+  ASSERT_FALSE(free.is_null());
+  const std::vector<int32_t> all = free["tokens"].get<std::vector<int32_t>>();
+  ASSERT_EQ(all.size(), 6u);
+  const int32_t stop_id = all[2];
+  const auto before = std::find(all.begin(), all.end(), stop_id) - all.begin();
+  const Json stopped = run(6, StrCat("7, ", stop_id));
+  ASSERT_FALSE(stopped.is_null());
+  EXPECT_EQ(stopped["tokens"].get<std::vector<int32_t>>(), std::vector<int32_t>(all.begin(), all.begin() + before + 1));
+  EXPECT_EQ(stopped["stop_reason"], "stop_token");
+  const std::string text_before = before > 0 ? run(static_cast<int>(before), "")["text"].get<std::string>() : "";
+  EXPECT_EQ(stopped["text"], text_before);
 }
 
 TEST_F(GenerateCliTest, PromptIdsWorkAndSamplingIsSeeded) {
@@ -175,6 +204,10 @@ TEST_F(GenerateCliTest, BadRequestsExitWithOneLineAndASpecificCode) {
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--logprobs", "21"}, kExitUsage, "--logprobs"},
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "2", "--min-tokens", "3"}, kExitUsage,
        "--min-tokens must be in [0, --max-new-tokens = 2], got 3"},
+      {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "2", "--stop-token-ids", "1,-2"}, kExitUsage,
+       "--stop-token-ids: -2 is not a token id"},
+      {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "2", "--stop-token-ids", "4096"}, kExitOutOfRange,
+       "--stop-token-ids id 4096 is outside the vocabulary [0, 4096)"},
       {{"--model", kjv, "--prompt", "x", "--max-new-tokens", "1", "--prompt-logprobs"}, kExitUsage, "--logprobs N"},
       {{"--model", qwen, "--prompt", "hello", "--max-new-tokens", "1"}, kExitInvalidModel, "--prompt-ids"},
       {{"--model", "/nonexistent/model", "--prompt-ids", "1", "--max-new-tokens", "1"}, kExitNotFound,

@@ -79,7 +79,8 @@ std::vector<Case> EightCases(bool sampled) {
       c.options.sampling.frequency_penalty = 0.8;
     }
     if (i == 3) c.options.sampling.logit_bias = {{c.prompt.back(), -5.0}, {13, 2.5}};
-    if (i == 2) c.options.min_tokens = c.options.max_new_tokens / 2;  // EOS banned for its first picks
+    if (i == 2) c.options.min_tokens = c.options.max_new_tokens / 2;        // EOS banned for its first picks
+    if (i == 6) c.options.stop_token_ids = {c.prompt[1], c.prompt.back()};  // may end before its limit
     c.join_at_step = join[i];
     cases.push_back(std::move(c));
   }

@@ -72,6 +72,29 @@ void ExpectLogitChangesPickAsTheHostRule(const std::string& device_spec, int tok
   EXPECT_EQ(std::count(later->tokens.begin(), later->tokens.begin() + 3, eos), 0);
   EXPECT_EQ(later->tokens[3], eos);
   EXPECT_EQ(later->stop_reason, "eos");
+
+  // stop_token_ids: the request ends at the first of them, ignore_eos or not; its text is left out.
+  GenerateOptions free;
+  free.max_new_tokens = tokens;
+  free.ignore_eos = true;
+  auto free_run = Generate(engine, prompt, free);
+  ASSERT_TRUE(free_run.ok()) << free_run.status();
+  const int32_t stop_id = free_run->tokens[2];
+  const auto first = static_cast<size_t>(std::find(free_run->tokens.begin(), free_run->tokens.end(), stop_id) -
+                                         free_run->tokens.begin());
+  free.stop_token_ids = {stop_id};
+  auto stopped = Generate(engine, prompt, free);
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ(stopped->tokens, std::vector<int32_t>(free_run->tokens.begin(), free_run->tokens.begin() + first + 1));
+  EXPECT_EQ(stopped->stop_reason, "stop_token");
+  EXPECT_EQ(ShownTokens(*stopped).size(), first);
+  // With min_tokens past it, the stop id is banned like EOS: the answer runs to the limit without it.
+  free.min_tokens = tokens;
+  auto banned_stop = Generate(engine, prompt, free);
+  ASSERT_TRUE(banned_stop.ok()) << banned_stop.status();
+  EXPECT_EQ(banned_stop->tokens.size(), static_cast<size_t>(tokens));
+  EXPECT_EQ(std::count(banned_stop->tokens.begin(), banned_stop->tokens.end(), stop_id), 0);
+  EXPECT_EQ(banned_stop->stop_reason, "length");
 }
 
 }  // namespace odmoe::testing

@@ -300,6 +300,28 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
     stop_early.erase("min_tokens");
     const Json cut = ParseOrDie(Post(base + "/v1/completions", stop_early).body);
     EXPECT_EQ(cut["choices"][0]["text"], "") << cut.dump();
+    // vLLM's stop_token_ids: the choice ends at the first of them, with finish_reason stop; the id is in its
+    // token_ids, its text is not (the text is that of the tokens before it).
+    const int32_t stop_id = grpc->tokens[3];
+    const auto before =
+        static_cast<size_t>(std::find(grpc->tokens.begin(), grpc->tokens.end(), stop_id) - grpc->tokens.begin());
+    Json by_id = {{"model", kModel}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}};
+    by_id["stop_token_ids"] = {stop_id};
+    const Json ended = ParseOrDie(Post(base + "/v1/completions", by_id).body);
+    EXPECT_EQ(ended["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+              std::vector<int32_t>(grpc->tokens.begin(), grpc->tokens.begin() + before + 1));
+    EXPECT_EQ(ended["choices"][0]["finish_reason"], "stop");
+    std::string text_before;
+    if (before > 0) {
+      by_id.erase("stop_token_ids");
+      by_id["max_tokens"] = before;
+      text_before = ParseOrDie(Post(base + "/v1/completions", by_id).body)["choices"][0]["text"];
+    }
+    EXPECT_EQ(ended["choices"][0]["text"], text_before) << ended.dump();
+    by_id["stop_token_ids"] = {4096};
+    const HttpResult outside_vocab = Post(base + "/v1/completions", by_id);
+    EXPECT_EQ(outside_vocab.status, 400) << outside_vocab.body;
+    EXPECT_EQ(ParseOrDie(outside_vocab.body)["error"]["param"], "stop_token_ids") << outside_vocab.body;
     EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
 
     // Scoring as lm-evaluation-harness does it (echo, logprobs 1, one new token; a batch of prompts), and with no

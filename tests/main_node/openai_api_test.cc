@@ -86,6 +86,8 @@ TEST(OpenAiParse, DefaultsAndOptions) {
   EXPECT_EQ(Parse(R"({"model":"m","prompt":"x","top_k":-1})")->top_k, 0);
   // vLLM's min_tokens (checked against max_tokens once that is known, when the request is prepared).
   EXPECT_EQ(Parse(R"({"model":"m","prompt":"x","min_tokens":4})")->min_tokens, 4);
+  EXPECT_EQ(Parse(R"({"model":"m","prompt":"x","stop_token_ids":[13,2]})")->stop_token_ids,
+            (std::vector<int32_t>{13, 2}));
 
   auto d = Parse(R"({"model":"m","prompt":"x"})");
   ASSERT_TRUE(d.ok());
@@ -225,6 +227,10 @@ TEST(OpenAiParse, ErrorsNameTheField) {
       {R"({"model":"m","prompt":"x","repetition_penalty":1.1})", Endpoint::kCompletions, "repetition_penalty",
        "'repetition_penalty' = 1.1 (use presence_penalty or frequency_penalty) is not supported"},
       {R"({"model":"m","prompt":"x","min_tokens":2.5})", Endpoint::kCompletions, "min_tokens", "an integer"},
+      {R"({"model":"m","prompt":"x","stop_token_ids":13})", Endpoint::kCompletions, "stop_token_ids",
+       "a list of token ids"},
+      {R"({"model":"m","prompt":"x","stop_token_ids":[1,-2]})", Endpoint::kCompletions, "stop_token_ids",
+       "'stop_token_ids[1]' is not a token id: -2"},
       {R"({"model":"m","prompt":"x","min_tokens":-1})", Endpoint::kCompletions, "min_tokens", "must be >= 0"},
       {R"({"model":"m","prompt":"x","use_beam_search":true})", Endpoint::kCompletions, "use_beam_search",
        "not supported"},
