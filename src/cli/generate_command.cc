@@ -236,16 +236,7 @@ absl::Status RunRemote(const Request& r) {
   } else {
     req.mutable_prompt_ids()->Add(r.prompt_ids.begin(), r.prompt_ids.end());
   }
-  req.set_max_new_tokens(r.options.max_new_tokens);
-  rpc::SamplingToProto(r.options.sampling, req.mutable_sampling());
-  req.set_ignore_eos(r.options.ignore_eos);
-  req.set_min_tokens(r.options.min_tokens);
-  req.mutable_stop_token_ids()->Add(r.options.stop_token_ids.begin(), r.options.stop_token_ids.end());
-  req.set_dump_logits(r.options.keep_last_logits);
-  req.set_dump_routing(r.options.record_routing);
-  req.set_logprobs(r.options.logprobs >= 0);
-  req.set_top_logprobs(std::max(r.options.logprobs, 0));
-  req.set_prompt_logprobs(r.options.prompt_logprobs);
+  rpc::OptionsToProto(r.options, &req);
 
   std::function<void(const v1::GenerateResponse&)> on_chunk;
   bool first_id = true;

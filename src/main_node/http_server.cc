@@ -268,7 +268,9 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
                                          .logit_bias = r.logit_bias},
                             .ignore_eos = r.ignore_eos,
                             .stop_token_ids = r.stop_token_ids,
-                            .min_tokens = r.min_tokens};
+                            .min_tokens = r.min_tokens,
+                            .logprobs = r.logprobs,
+                            .prompt_logprobs = r.echo && r.logprobs >= 0};
     if (absl::Status s = checked.Validate(config.vocab_size); !s.ok()) {
       std::string blamed;
       for (const char* field : {"logit_bias", "stop_token_ids", "min_tokens"}) {
@@ -280,14 +282,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
     PreparedPrompt p;
     p.prompt_tokens = len;
     p.request.mutable_prompt_ids()->Add(ids.begin(), ids.end());
-    p.request.set_max_new_tokens(max_tokens);
-    p.request.set_ignore_eos(r.ignore_eos);
-    p.request.set_min_tokens(r.min_tokens);
-    p.request.mutable_stop_token_ids()->Add(r.stop_token_ids.begin(), r.stop_token_ids.end());
-    rpc::SamplingToProto(checked.sampling, p.request.mutable_sampling());
-    p.request.set_logprobs(r.logprobs >= 0);
-    p.request.set_top_logprobs(std::max(r.logprobs, 0));
-    p.request.set_prompt_logprobs(r.echo && r.logprobs >= 0);
+    rpc::OptionsToProto(checked, &p.request);
     p.echo = r.echo;
     out.push_back(std::move(p));
   }

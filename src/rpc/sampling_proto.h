@@ -1,9 +1,12 @@
-// Sampling options (src/engine/sampler.h) to and from main's API messages (GenerateRequest.sampling): the one
-// conversion the CLI, the HTTP API and main share, so that a request samples on main as its client asked.
-// Header-only: plain fields both ways; no checks here (SamplingOptions::Validate does them on main).
+// Sampling and generation options (src/engine/sampler.h, generator.h) to and from main's API messages
+// (GenerateRequest and its sampling): the one conversion the CLI, the HTTP API and main share, so that a request
+// runs on main as its client asked. Header-only: plain fields; no checks here (main's Validate calls do them).
 #pragma once
 
+#include <algorithm>
+
 #include "odmoe/v1/main.pb.h"
+#include "src/engine/generator.h"
 #include "src/engine/sampler.h"
 
 namespace odmoe::rpc {
@@ -29,6 +32,21 @@ inline SamplingOptions SamplingFromProto(const v1::SamplingParams& in) {
   out.frequency_penalty = in.frequency_penalty();
   for (const auto& [id, bias] : in.logit_bias()) out.logit_bias.emplace_back(id, bias);
   return out;
+}
+
+// A request's generation options into `out` (every GenerateRequest field but the prompt): the one conversion the
+// CLI's --endpoint and the HTTP API share; main reads them back, with its checks, in MainNode::OptionsOf.
+inline void OptionsToProto(const GenerateOptions& in, v1::GenerateRequest* out) {
+  out->set_max_new_tokens(in.max_new_tokens);
+  SamplingToProto(in.sampling, out->mutable_sampling());
+  out->set_ignore_eos(in.ignore_eos);
+  out->mutable_stop_token_ids()->Add(in.stop_token_ids.begin(), in.stop_token_ids.end());
+  out->set_min_tokens(in.min_tokens);
+  out->set_dump_logits(in.keep_last_logits);
+  out->set_dump_routing(in.record_routing);
+  out->set_logprobs(in.logprobs >= 0);
+  out->set_top_logprobs(std::max(in.logprobs, 0));
+  out->set_prompt_logprobs(in.prompt_logprobs);
 }
 
 }  // namespace odmoe::rpc
