@@ -16,8 +16,9 @@ absl::StatusOr<Admission::Ticket> Admission::Arrive() {
   absl::MutexLock lock(&mu_);
   // Every waiter ahead of the newcomer takes a free running place before it does, so the newcomer has a place
   // only when running + waiting < max_running; past that it must queue, and max_queued may.
+  // A yielded ticket counts as waiting: it queues again without this check.
   const int64_t running = static_cast<int64_t>(running_.size());
-  const int64_t waiting = static_cast<int64_t>(waiting_.size());
+  const int64_t waiting = static_cast<int64_t>(waiting_.size() + yielded_.size());
   if (running + waiting >= int64_t{max_running_} + max_queued_) {
     return ServerBusyError(StrCat("the server is busy: ", running, running == 1 ? " request" : " requests",
                                   " running (max_running = ", max_running_, ") and ", waiting,
@@ -38,13 +39,33 @@ int32_t Admission::waiting() const {
   return static_cast<int32_t>(waiting_.size());
 }
 
+int32_t Admission::yielded() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int32_t>(yielded_.size());
+}
+
+int32_t Admission::tickets() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int32_t>(running_.size() + waiting_.size() + yielded_.size());
+}
+
 void Admission::Leave(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  for (std::vector<uint64_t>* list : {&running_, &yielded_}) {
+    if (auto it = std::find(list->begin(), list->end(), id); it != list->end()) {
+      list->erase(it);
+      return;
+    }
+  }
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
+}
+
+void Admission::Yield(uint64_t id) {
   absl::MutexLock lock(&mu_);
   if (auto it = std::find(running_.begin(), running_.end(), id); it != running_.end()) {
     running_.erase(it);
-    return;
+    yielded_.push_back(id);
   }
-  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
 }
 
 Admission::Ticket::~Ticket() { Leave(); }
@@ -54,9 +75,21 @@ void Admission::Ticket::Leave() {
   admission_ = nullptr;
 }
 
+void Admission::Ticket::Yield() {
+  if (admission_ != nullptr) admission_->Yield(id_);
+}
+
 absl::Status Admission::Ticket::WaitTurn(const StopCheck& stop, absl::Time deadline) {
   ODMOE_CHECK(admission_ != nullptr);
   Admission& a = *admission_;
+  {
+    absl::MutexLock lock(&a.mu_);
+    ODMOE_CHECK(std::find(a.running_.begin(), a.running_.end(), id_) == a.running_.end());
+    if (auto it = std::find(a.yielded_.begin(), a.yielded_.end(), id_); it != a.yielded_.end()) {
+      a.yielded_.erase(it);
+      a.waiting_.push_back(id_);  // at the back: those that arrived meanwhile go first
+    }
+  }
   for (;;) {
     {
       absl::MutexLock lock(&a.mu_);

@@ -13,6 +13,11 @@
 // client goes away or its deadline passes (its place is given to the next one), and a Ticket leaves whatever it
 // holds (its place in the queue or its running place) when it is destroyed or Leave()s.
 //
+// One API request's choices run one after another on a ticket (ParallelChoices): a choice that ends Yield()s its
+// running place to the next in the queue and keeps the ticket's count, so the next choice on that ticket queues
+// again at the back (WaitTurn) without meeting a full queue. A yielded ticket blocks no one: it only counts
+// against max_running + max_queued, as it did while it ran.
+//
 // Thread safety: every method may be called from any thread.
 #pragma once
 
@@ -49,11 +54,14 @@ class Admission {
 
   int32_t running() const;  // tickets holding a running place: 0..max_running
   int32_t waiting() const;  // tickets in the queue (arrived, not yet running)
+  int32_t yielded() const;  // tickets that ran and Yield()ed, neither running nor queued
+  int32_t tickets() const;  // all three at once: at most max_running + max_queued
   int32_t max_queued() const { return max_queued_; }
   int32_t max_running() const { return max_running_; }
 
  private:
   void Leave(uint64_t id);
+  void Yield(uint64_t id);
 
   const int32_t max_queued_;   // constant after construction
   const int32_t max_running_;  // constant after construction
@@ -61,6 +69,7 @@ class Admission {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<uint64_t> waiting_ ABSL_GUARDED_BY(mu_);   // in arrival order
   std::vector<uint64_t> running_ ABSL_GUARDED_BY(mu_);  // the tickets holding a running place (<= max_running_)
+  std::vector<uint64_t> yielded_ ABSL_GUARDED_BY(mu_);  // counted, neither running nor waiting
 };
 
 class Admission::Ticket {
@@ -71,13 +80,18 @@ class Admission::Ticket {
   ~Ticket();
 
   // Waits until every request that arrived earlier is running or has left and fewer than max_running run, then
-  // holds a running place until the ticket is destroyed or leaves. `stop`'s status (polled every 20 ms) when it
-  // is not OK, "while the request was queued" added to its message; DeadlineExceeded at `deadline`. The ticket
-  // has left the queue then.
-  // REQUIRES: the ticket has neither left nor been moved from, and WaitTurn has not succeeded before.
+  // holds a running place until the ticket is destroyed, leaves or yields. A yielded ticket first queues again,
+  // at the back. `stop`'s status (polled every 20 ms) when it is not OK, "while the request was queued" added to
+  // its message; DeadlineExceeded at `deadline`. The ticket has left the queue then.
+  // REQUIRES: held(), and the ticket holds no running place (it has not had its turn, or it yielded since).
   absl::Status WaitTurn(const StopCheck& stop, absl::Time deadline);
+  // Gives its running place to the next in the queue and keeps its count (see the file comment); a ticket that
+  // waits or has left is unchanged.
+  void Yield();
   // Leaves the queue, or frees its running place for the next request, now (the destructor does it otherwise).
   void Leave();
+  // Not left and not moved from.
+  bool held() const { return admission_ != nullptr; }
 
  private:
   friend class Admission;

@@ -20,12 +20,12 @@ void ParallelChoices::Start(Job job, std::function<void()> on_finished) {
     working_ = static_cast<int64_t>(tickets_.size());
   }
   threads_.reserve(tickets_.size());
-  for (size_t i = 0; i < tickets_.size(); ++i) threads_.emplace_back([this] { Work(); });
+  for (Admission::Ticket& ticket : tickets_) threads_.emplace_back([this, t = &ticket] { Work(t); });
 }
 
 ParallelChoices::~ParallelChoices() { Wait().IgnoreError(); }
 
-void ParallelChoices::Work() {
+void ParallelChoices::Work(Admission::Ticket* ticket) {
   for (;;) {
     int64_t index = 0;
     {
@@ -33,14 +33,14 @@ void ParallelChoices::Work() {
       if (next_ >= count_ || !first_error_.ok()) break;
       index = next_++;
     }
-    Admission::Ticket* ticket = index < static_cast<int64_t>(tickets_.size()) ? &tickets_[index] : nullptr;
-    absl::Status status = job_(index, ticket);
+    absl::Status status = job_(index, ticket->held() ? ticket : nullptr);
     if (!status.ok()) {
       absl::MutexLock lock(&mu_);
       if (first_error_.ok()) first_error_ = std::move(status);
       failed_.store(true);
     }
   }
+  ticket->Leave();  // no job left for it: later arrivals need not wait behind it
   bool last = false;
   {
     absl::MutexLock lock(&mu_);

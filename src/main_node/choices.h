@@ -3,12 +3,14 @@
 // running its choices to the one thread that writes to the client.
 //
 // ParallelChoices runs jobs 0..count-1 on `window` threads of its own, each taking the next job as it finishes one
-// (so at most `window` run at once, in index order of their start). The first `window` jobs run on places in main's
-// queue taken beforehand, all or none (the HTTP API answers 429 before any work when the queue has no room for
-// them); a later job arrives in the queue when it starts, behind whatever arrived meanwhile, as a request of its
-// own would. The first job to fail stops the hand-out: no job starts after it, and failed() turns true once its
-// error is recorded, so the jobs still running (the caller's to stop, through their RunRequest's `stop`) may stop
-// on it without their own error ever being taken for the request's.
+// (so at most `window` run at once, in index order of their start). Each thread runs its jobs on one place in
+// main's queue, taken beforehand for the whole window, all or none (the HTTP API answers 429 before any work when
+// the queue has no room for them): a job that ends yields its running place (Admission::Ticket::Yield, done by
+// RunRequest) and the thread's next job queues again on the same ticket, behind whatever arrived meanwhile, so a
+// later choice is never refused for a full queue once the request is accepted. A thread leaves its place when it
+// has no job left. The first job to fail stops the hand-out: no job starts after it, and failed() turns true once
+// its error is recorded, so the jobs still running (the caller's to stop, through their RunRequest's `stop`) may
+// stop on it without their own error ever being taken for the request's.
 //
 // EventQueue is bounded: a producer waits while `capacity` events wait to be written, so a client that reads slowly
 // slows its own choices and nothing else, and memory stays bounded; once the reader closes it (the client went away)
@@ -37,11 +39,11 @@ namespace odmoe {
 
 class ParallelChoices {
  public:
-  // Runs choice `index`. `admitted`: its place in main's queue taken beforehand (the first window's), or nullptr
-  // (it arrives when it runs).
+  // Runs choice `index`. `admitted`: the thread's place in main's queue, or nullptr when it was left (the job
+  // then arrives in the queue when it runs).
   using Job = std::function<absl::Status(int64_t index, Admission::Ticket* admitted)>;
 
-  // Jobs 0..count-1, job i < tickets.size() (the window) on tickets[i]; Start runs them.
+  // Jobs 0..count-1 on tickets.size() (the window) threads, thread t on tickets[t]; Start runs them.
   // REQUIRES: 1 <= tickets.size() <= count.
   ParallelChoices(int64_t count, std::vector<Admission::Ticket> tickets);
   ParallelChoices(const ParallelChoices&) = delete;
@@ -58,13 +60,13 @@ class ParallelChoices {
   absl::Status Wait();
 
  private:
-  void Work();
+  void Work(Admission::Ticket* ticket);
 
   const int64_t count_;
   Job job_;                            // set by Start, before any thread
   std::function<void()> on_finished_;  // set by Start, before any thread
   std::atomic<bool> failed_{false};
-  std::vector<Admission::Ticket> tickets_;  // job i < tickets_.size() runs on tickets_[i]; its pointer is stable
+  std::vector<Admission::Ticket> tickets_;  // thread t's jobs run on tickets_[t]; the pointers are stable
   std::vector<std::thread> threads_;
   absl::Mutex mu_;
   int64_t next_ ABSL_GUARDED_BY(mu_) = 0;     // the next job to hand out

@@ -125,15 +125,17 @@ struct HttpServer::Impl {
   // streamed and whole answers are the same.
   using OnPiece = std::function<bool(const std::string& text, const std::vector<int32_t>& ids,
                                      const std::vector<openai::TokenLogprobs>& logprobs)>;
-  // `admitted` (nullable): the choice's place in main's queue, taken before the answer was committed.
+  // `admitted` (nullable): the choice's place in main's queue (its thread's in ParallelChoices), taken before the
+  // answer was committed.
   absl::StatusOr<openai::Choice> Run(const PreparedPrompt& p, int64_t sample, const std::vector<std::string>& stop,
                                      int64_t index, const std::string& request_id, const OnPiece& on_piece,
                                      const StopCheck& halt, Admission::Ticket* admitted) const;
   // Why a choice stops before its end, or OK: the client gone, the server stopping, another choice of the same
   // request failed (in that order).
   absl::Status StopReason(bool client_gone, bool sibling_failed) const;
-  // Places in main's queue for the first choices of a request of `count` (as many as may run at once: the
-  // window of ParallelChoices), all or none: ServerBusyError when the queue has no room for all of them.
+  // Places in main's queue for the choices of a request of `count` (as many as may run at once: the window of
+  // ParallelChoices, whose threads run every choice on them), all or none: ServerBusyError when the queue has no
+  // room for all of them.
   absl::StatusOr<std::vector<Admission::Ticket>> AdmitWindow(int64_t count) const;
 
   void Completions(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) const;
@@ -153,8 +155,8 @@ struct HttpServer::Impl {
     int64_t created = 0;
     std::string request_id;
     const char* name = "";  // the endpoint, for logs
-    // The first choices' places in main's queue (AdmitWindow), taken before the 200, so a full queue is a 429 and
-    // not an error event; later choices queue as they start. Taken by Stream.
+    // The choices' places in main's queue (AdmitWindow), taken before the 200, so a full queue is a 429 and not
+    // an error event, before or after the first choices. Taken by Stream.
     std::vector<Admission::Ticket> admitted;
     std::optional<RequestDrain::Pass> pass;  // the request's, held until the stream's last byte
     bool started = false;

@@ -340,15 +340,23 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
     }
   } time_on_exit{*record, run.arrived};
   // The place in the queue goes to the next request as this one ends, however it ends (a place taken beforehand
-  // too: left in the queue, it would hold back every later arrival), whoever owns the ticket.
+  // too: left in the queue, it would hold back every later arrival). The caller's ticket keeps its count once it
+  // ran (RequestRecord::admitted).
   std::optional<Admission::Ticket> arrived;
   Admission::Ticket* ticket = record->admitted;
+  bool yield = false;  // the caller's ticket had its turn
   struct LeaveWhenDone {
     Admission::Ticket*& ticket;
+    const bool& yield;
     ~LeaveWhenDone() {
-      if (ticket != nullptr) ticket->Leave();
+      if (ticket == nullptr) return;
+      if (yield) {
+        ticket->Yield();
+      } else {
+        ticket->Leave();
+      }
     }
-  } leave{ticket};
+  } leave{ticket, yield};
   run.trace_id = record->request_id;
   ODMOE_ASSIGN_OR_RETURN(run.prompt, PromptOf(request));
   record->prompt_tokens = run.prompt_len();
@@ -362,6 +370,7 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   }
   timeline.Queued();
   ODMOE_RETURN_IF_ERROR(ticket->WaitTurn(stop, record->deadline));
+  yield = record->admitted != nullptr;
   run.queue_ms = absl::ToDoubleMilliseconds(absl::Now() - run.arrived);
   run.deadline = record->deadline;
   timeline.Started(run.prompt_len());

@@ -95,7 +95,9 @@ class MainNode final : public v1::Inference::Service {
     bool emit_false_is_stop = false;
     absl::Time deadline = absl::InfiniteFuture();  // in: the client's deadline; no call to a peer outlives it
     // in: a place in the queue taken beforehand with Admit() (the HTTP API takes it before it answers 200 to a
-    // stream), used instead of arriving now; nullptr: the request arrives when RunRequest is called.
+    // stream), used instead of arriving now; nullptr: the request arrives when RunRequest is called. It stays the
+    // caller's: RunRequest waits its turn on it and, as the request ends, yields its running place (so another
+    // request may run on it later; Admission::Ticket::Yield), or leaves it when the request never ran.
     Admission::Ticket* admitted = nullptr;
     int64_t prompt_tokens = 0;  // out, as far as the request got
     int64_t generated_tokens = 0;

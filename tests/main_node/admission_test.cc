@@ -282,5 +282,46 @@ TEST(AdmissionTest, CancelledLateAndLeavingWaitersGiveTheirPlaceToTheNext) {
   EXPECT_EQ(a.waiting(), 0);
 }
 
+// A ticket that ran and yields (the next choice of the same API request will run on it): its running place goes to
+// the front waiter, its count stays (no newcomer takes it), and its next turn comes behind those already waiting.
+TEST(AdmissionTest, AYieldedTicketKeepsItsCountAndQueuesAgainAtTheBack) {
+  Admission a(/*max_queued=*/1, /*max_running=*/1);
+  Admission::Ticket mine = RunNow(a);
+  auto other = a.Arrive();
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE(IsServerBusy(a.Arrive().status()));
+  other->Yield();  // a waiting ticket does not yield: it keeps its place in the queue
+  EXPECT_EQ(a.waiting(), 1);
+  EXPECT_EQ(a.yielded(), 0);
+
+  mine.Yield();
+  EXPECT_EQ(a.running(), 0);
+  EXPECT_EQ(a.waiting(), 1);
+  EXPECT_EQ(a.yielded(), 1);
+  EXPECT_TRUE(IsServerBusy(a.Arrive().status())) << "a yielded ticket keeps its count";
+  ASSERT_TRUE(other->WaitTurn(nullptr, absl::Now() + absl::Seconds(10)).ok());  // the place went to the waiter
+
+  std::atomic<bool> mine_runs{false};
+  std::thread t([&] {
+    EXPECT_TRUE(mine.WaitTurn(nullptr, kNever).ok());
+    mine_runs = true;
+  });
+  EXPECT_TRUE(Eventually([&] { return a.waiting() == 1 && a.yielded() == 0; }));  // queued again
+  absl::SleepFor(absl::Milliseconds(30));
+  EXPECT_FALSE(mine_runs);
+  other->Leave();
+  EXPECT_TRUE(Eventually([&] { return mine_runs.load(); }));
+  t.join();
+  EXPECT_EQ(a.running(), 1);
+
+  // Leaving a yielded ticket frees its count.
+  mine.Yield();
+  EXPECT_EQ(a.yielded(), 1);
+  mine.Leave();
+  EXPECT_FALSE(mine.held());
+  EXPECT_EQ(a.tickets(), 0);
+  EXPECT_TRUE(a.Arrive().ok());
+}
+
 }  // namespace
 }  // namespace odmoe

@@ -1,18 +1,22 @@
-// The choices of one OpenAI API request run side by side: every job runs once, at most the window at a time, the
-// first ones on the places taken beforehand; the first failure stops the hand-out and is the one returned. A
-// streamed request's event queue is bounded, hands every event over in order and lets producers go once its
-// reader has closed.
+// The choices of one OpenAI API request run side by side: every job runs once, at most the window at a time, each
+// on its thread's place taken beforehand (queued again behind later arrivals, never refused); the first failure
+// stops the hand-out and is the one returned. A streamed request's event queue is bounded, hands every event over
+// in order and lets producers go once its reader has closed.
 #include "src/main_node/choices.h"
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
 #include "tests/test_support.h"
 
 namespace odmoe {
@@ -42,11 +46,9 @@ TEST(ParallelChoicesTest, RunsEveryJobOnceAtMostTheWindowAtATime) {
           absl::MutexLock lock(&mu);
           ++runs[index];
           most_running = std::max(most_running, ++running);
-          // The first window's jobs run on the places taken beforehand, each on its own; later ones on none.
-          EXPECT_EQ(ticket != nullptr, index < 3) << index;
-          if (ticket != nullptr) {
-            EXPECT_TRUE(tickets_seen.insert(ticket).second) << index;
-          }
+          // Every job runs on a place taken beforehand, its thread's.
+          EXPECT_NE(ticket, nullptr) << index;
+          tickets_seen.insert(ticket);
           // The first three run together: each waits for the other two.
           auto three = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return most_running == 3; };
           if (index < 3) {
@@ -64,11 +66,67 @@ TEST(ParallelChoicesTest, RunsEveryJobOnceAtMostTheWindowAtATime) {
   }
   EXPECT_EQ(runs, std::vector<int>(10, 1));
   EXPECT_EQ(most_running, 3);
+  EXPECT_EQ(tickets_seen.size(), 3u);
   EXPECT_EQ(finished_calls, 1);
   EXPECT_TRUE(all_ended_when_finished.load());
   // Every place was left: the queue is empty again.
   EXPECT_EQ(admission.running(), 0);
   EXPECT_EQ(admission.waiting(), 0);
+}
+
+// Jobs that use their place as RunRequest does (wait for the turn, run, yield): with the queue full, every job
+// runs, none is refused, and a request that arrived while the first ones ran gets its turn before any job that
+// queued again on a place that had run.
+TEST(ParallelChoicesTest, LaterJobsRunOnTheirThreadsPlaceBehindThoseThatArrivedMeanwhile) {
+  Admission admission(/*max_queued=*/1, /*max_running=*/2);
+  absl::Mutex mu;
+  std::map<Admission::Ticket*, int> jobs_on;  // per place, the jobs that had their turn on it
+  bool other_arrived = false;                 // the first job's to set
+  std::atomic<int> over_bound{0}, ran{0};
+  std::atomic<bool> other_runs{false};
+  std::optional<Admission::Ticket> other;
+  std::thread other_thread;
+  {
+    ParallelChoices choices(6, Tickets(admission, 2));
+    choices.Start([&](int64_t index, Admission::Ticket* ticket) -> absl::Status {
+      if (ticket == nullptr) return absl::InternalError(StrCat("job ", index, " has no place"));
+      ODMOE_RETURN_IF_ERROR(ticket->WaitTurn(nullptr, absl::Now() + absl::Seconds(10)));
+      ++ran;
+      if (admission.tickets() > 3) ++over_bound;
+      bool first_on_place = false, arrives_other = false;
+      {
+        absl::MutexLock lock(&mu);
+        first_on_place = jobs_on[ticket]++ == 0;
+        arrives_other = !other_arrived;
+        other_arrived = true;
+      }
+      if (arrives_other) {  // another client's request arrives while the first jobs run, and fills the queue
+        absl::StatusOr<Admission::Ticket> arrived = admission.Arrive();
+        EXPECT_TRUE(arrived.ok()) << arrived.status();
+        EXPECT_TRUE(IsServerBusy(admission.Arrive().status()));
+        if (arrived.ok()) {
+          other.emplace(std::move(arrived).value());
+          other_thread = std::thread([&] {
+            EXPECT_TRUE(other->WaitTurn(nullptr, absl::Now() + absl::Seconds(10)).ok());
+            other_runs = true;
+            other->Leave();
+          });
+        }
+      } else if (first_on_place) {  // the other first job holds its place until the other request has had one
+        EXPECT_TRUE(odmoe::testing::Eventually([&] { return other_runs.load(); }, std::chrono::seconds(10)));
+      } else {  // queued again on its place: behind the other request
+        EXPECT_TRUE(other_runs.load()) << "job " << index << " overtook a request that was waiting";
+      }
+      ticket->Yield();
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(choices.Wait().ok());
+  }
+  if (other_thread.joinable()) other_thread.join();
+  EXPECT_EQ(ran.load(), 6);
+  EXPECT_EQ(jobs_on.size(), 2u);
+  EXPECT_EQ(over_bound.load(), 0);
+  EXPECT_EQ(admission.tickets(), 0);  // every place was left
 }
 
 TEST(ParallelChoicesTest, TheFirstFailureStopsTheHandOutAndIsReturned) {
