@@ -19,14 +19,16 @@ void Check(bool ok) {
   if (!ok) std::abort();
 }
 
-// Stop matching over `text` split at `cut` equals matching it whole.
-void CheckStopSplit(const std::vector<std::string>& stops, const std::string& text, size_t cut) {
-  odmoe::openai::StopMatcher whole(stops), split(stops);
+// Stop matching over `text` split at `cut` equals matching it whole (the same text, the same stop string).
+void CheckStopSplit(const std::vector<std::string>& stops, bool include_stop, const std::string& text, size_t cut) {
+  odmoe::openai::StopMatcher whole(stops, include_stop), split(stops, include_stop);
   const std::string a = whole.Push(text) + whole.Finish();
   cut = std::min(cut, text.size());
   const std::string b = split.Push(text.substr(0, cut)) + split.Push(text.substr(cut)) + split.Finish();
   Check(a == b);
+  Check(whole.matched() == split.matched());
   Check(text.rfind(a, 0) == 0);  // always a prefix of the text
+  if (include_stop && whole.stopped()) Check(a.ends_with(whole.matched()));
 }
 
 // The body as vLLM's /tokenize and /detokenize requests.
@@ -92,9 +94,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     for (const ChatMessage& m : r->messages) text += m.content;
   }
-  CheckStopSplit(r->stop, text, text.size() / 2);
-  CheckStopSplit(r->stop, text, size % (text.size() + 1));
-  std::vector<Choice> choices = {{0, text, {1, 2}, "stop"}};
+  CheckStopSplit(r->stop, r->include_stop_str_in_output, text, text.size() / 2);
+  CheckStopSplit(r->stop, r->include_stop_str_in_output, text, size % (text.size() + 1));
+  std::vector<Choice> choices = {{0, text, {1, 2}, {"stop"}}};
   Check(r->logprobs >= -1 && r->logprobs <= odmoe::kMaxTopLogprobs);
   if (r->logprobs >= 0) {  // the text's bytes as tokens (any bytes: cut characters, invalid UTF-8)
     choices[0].has_logprobs = true;
@@ -111,8 +113,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const odmoe::Json& lp = (*parsed)["choices"][0]["logprobs"];
     Check((endpoint == Endpoint::kCompletions ? lp["tokens"] : lp["content"]).size() == choices[0].logprobs.size());
   }
-  const std::string event =
-      SseEvent(StreamChunk(endpoint, "id", 1, r->model, 0, text, {}, "", true, r->include_usage));
+  const std::string event = SseEvent(StreamChunk(endpoint, "id", 1, r->model, 0, text, {}, {}, true, r->include_usage));
   Check(event.rfind("data: ", 0) == 0 && event.size() >= 8 && event.substr(event.size() - 2) == "\n\n");
   Check(odmoe::ParseJson(std::string_view(event).substr(6), "chunk").ok());
   return 0;

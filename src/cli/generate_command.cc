@@ -32,7 +32,8 @@ constexpr char kUsage[] =
     "usage: odmoe generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
     "           [--temperature T --top-k K --top-p P --seed S] [--presence-penalty P] [--frequency-penalty F]\n"
     "           [--logit-bias ID:BIAS,...]\n"
-    "           [--ignore-eos] [--stop-token-ids 1,2] [--min-tokens N] [--backend cpu|mock-gpu|cuda]\n"
+    "           [--ignore-eos] [--stop-token-ids 1,2 [--include-stop-text]] [--min-tokens N]\n"
+    "           [--backend cpu|mock-gpu|cuda]\n"
     "           [--dump-logits] [--dump-routing] [--logprobs N [--prompt-logprobs]] [--json]\n"
     "       odmoe generate --synthetic CONFIG [--layers N] [--weights-seed S] --prompt-ids 1,2,3 --max-new-tokens N\n"
     "           [the same sampling, backend and output flags]\n"
@@ -42,8 +43,9 @@ constexpr char kUsage[] =
     "  Greedy unless --temperature > 0. --presence-penalty and --frequency-penalty ([-2, 2], OpenAI's) lower the\n"
     "  logits of tokens already generated, once and per time; --logit-bias adds BIAS ([-100, 100]) to token ID's\n"
     "  logit at every pick (-100 keeps it out). --stop-token-ids ends generation at any of these ids too (its\n"
-    "  text left out), --min-tokens N keeps EOS and them out of the first N tokens (vLLM's stop_token_ids and\n"
-    "  min_tokens; N at most --max-new-tokens). Without --json the text is printed as it is\n"
+    "  text left out, unless --include-stop-text), --min-tokens N keeps EOS and them out of the first N tokens\n"
+    "  (vLLM's stop_token_ids, include_stop_str_in_output and min_tokens; N at most --max-new-tokens).\n"
+    "  Without --json the text is printed as it is\n"
     "  generated; with --json one JSON object: prompt_ids, tokens, text, stop_reason, last_logits\n"
     "  (--dump-logits), routing (--dump-routing), logprobs (--logprobs N: per token {id, logprob, top: the N\n"
     "  (0..20) likeliest [{id, logprob}]}, the model's log_softmax before penalties, temperature, top-k and\n"
@@ -104,7 +106,7 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
                           "endpoint",       "timeout-ms",     "synthetic",  "layers",           "weights-seed",
                           "request-id",     "tls-ca",         "tls-cert",   "tls-key",          "token-file",
                           "tls-server-name"},
-                   {"ignore-eos", "dump-logits", "dump-routing", "prompt-logprobs", "json"}));
+                   {"ignore-eos", "include-stop-text", "dump-logits", "dump-routing", "prompt-logprobs", "json"}));
   Request r;
   if (f.Has("endpoint")) {
     r.endpoint = *f.Get("endpoint");
@@ -198,6 +200,7 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
     r.options.stop_token_ids.push_back(static_cast<int32_t>(id));
   }
   ODMOE_ASSIGN_OR_RETURN(r.options.min_tokens, f.Int("min-tokens", 0));
+  r.options.include_stop_str_in_output = f.Has("include-stop-text");
   // The ids are checked against the model's vocabulary where it is known: by Generate, or by main.
   ODMOE_RETURN_IF_ERROR(r.options.Validate(std::numeric_limits<int64_t>::max()));
   r.options.ignore_eos = f.Has("ignore-eos");
@@ -313,8 +316,8 @@ absl::Status Run(const std::vector<std::string>& args) {
   if (!r.json) {
     if (tokenizer != nullptr) {
       stream_decoder = tokenizer->NewDecoder(r.prompt_ids);
-      on_token = [&](int32_t id, bool last) {
-        if (last && StopReasonOf(config, r.options, id) == "stop_token") return;  // its text is left out
+      on_token = [&](int32_t id, bool /*last*/) {
+        if (!ShowsTokenText(config, r.options, id)) return;
         const std::string piece = stream_decoder->Push(id);
         std::fwrite(piece.data(), 1, piece.size(), stdout);
         std::fflush(stdout);
@@ -340,7 +343,7 @@ absl::Status Run(const std::vector<std::string>& args) {
   Json out = Json::object();
   out["prompt_ids"] = r.prompt_ids;
   out["tokens"] = result.tokens;
-  if (tokenizer != nullptr) out["text"] = tokenizer->Decode(ShownTokens(result));
+  if (tokenizer != nullptr) out["text"] = tokenizer->DecodeAfter(r.prompt_ids, ShownTokens(config, r.options, result));
   out["stop_reason"] = result.stop_reason;
   if (r.options.keep_last_logits) out["last_logits"] = result.last_logits;
   if (r.options.record_routing) out["routing"] = result.routing;

@@ -145,9 +145,15 @@ Sampler RequestSampler(const ModelConfig& config, const GenerateOptions& options
   return Sampler(options.sampling, std::move(ban));
 }
 
-std::span<const int32_t> ShownTokens(const GenerateResult& result) {
+bool ShowsTokenText(const ModelConfig& config, const GenerateOptions& options, int32_t id) {
+  return options.include_stop_str_in_output || StopReasonOf(config, options, id) != "stop_token";
+}
+
+std::span<const int32_t> ShownTokens(const ModelConfig& config, const GenerateOptions& options,
+                                     const GenerateResult& result) {
   std::span<const int32_t> tokens = result.tokens;
-  return result.stop_reason == "stop_token" ? tokens.first(tokens.size() - 1) : tokens;
+  const bool drop_last = !tokens.empty() && !ShowsTokenText(config, options, tokens.back());
+  return drop_last ? tokens.first(tokens.size() - 1) : tokens;
 }
 
 void SetRequestTimes(std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point first_token,

@@ -32,9 +32,12 @@ struct GenerateOptions {
   SamplingOptions sampling;
   bool ignore_eos = false;  // keep generating past EOS (benchmarks need fixed lengths)
   // Ids that end the request when generated, besides EOS and whatever ignore_eos (vLLM's stop_token_ids): the
-  // token stays in GenerateResult::tokens, its text is left out of the answer (ShownTokens). At most
-  // kMaxStopTokenIds, each inside the vocabulary.
+  // token stays in GenerateResult::tokens, its text is left out of the answer unless include_stop_str_in_output
+  // (ShowsTokenText). At most kMaxStopTokenIds, each inside the vocabulary.
   std::vector<int32_t> stop_token_ids;
+  // vLLM's include_stop_str_in_output: a stop token's text stays in the answer (the HTTP API keeps a stop string's
+  // too). The engine does not read it; it decides what an answer shows.
+  bool include_stop_str_in_output = false;
   // No token that would stop the request (StopReasonOf) is picked before this many tokens (vLLM's min_tokens):
   // their logits are -inf for the first min_tokens picks (Sampler's TokenBan). 0..max_new_tokens.
   int64_t min_tokens = 0;
@@ -94,9 +97,14 @@ std::string_view StopReasonOf(const ModelConfig& config, const GenerateOptions& 
 // The sampler of a request, Generate's and continuous batching's: options.sampling, with the ids StopReasonOf
 // stops on banned for the first options.min_tokens picks.
 Sampler RequestSampler(const ModelConfig& config, const GenerateOptions& options);
-// The generated tokens whose text an answer shows: all of them but a stop token that ended the request (vLLM
-// leaves its text out; an EOS is kept, its text is nothing).
-std::span<const int32_t> ShownTokens(const GenerateResult& result);
+// Whether an answer shows generated token `id`'s text: always, but for a stop_token_ids id (which ends the
+// request, so it is the last token) unless options.include_stop_str_in_output, as vLLM. An EOS is shown; its text
+// is nothing. The one rule of streamed text (main, the CLI) and of whole answers (ShownTokens).
+bool ShowsTokenText(const ModelConfig& config, const GenerateOptions& options, int32_t id);
+// The generated tokens whose text an answer shows (ShowsTokenText): all of them, or all but the stop token that
+// ended the request.
+std::span<const int32_t> ShownTokens(const ModelConfig& config, const GenerateOptions& options,
+                                     const GenerateResult& result);
 // Prompt logprobs (GenerateOptions::prompt_logprobs), the one rule Generate and batching share: the logits of
 // prompt row `row` give the logprobs of prompt[row + 1] (nothing for the last row, whose logits pick the first
 // generated token), appended to result->prompt_logprobs.

@@ -270,6 +270,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
                                          .logit_bias = r.logit_bias},
                             .ignore_eos = r.ignore_eos,
                             .stop_token_ids = r.stop_token_ids,
+                            .include_stop_str_in_output = r.include_stop_str_in_output,
                             .min_tokens = r.min_tokens,
                             .logprobs = r.logprobs,
                             .prompt_logprobs = r.echo && r.logprobs >= 0};
@@ -300,7 +301,7 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
   openai::Choice choice;
   choice.index = index;
   choice.has_logprobs = p.request.logprobs();
-  openai::StopMatcher matcher(stop);
+  openai::StopMatcher matcher(stop, p.request.include_stop_str_in_output());
   bool stop_matched = false;
   const Tokenizer* tokenizer = node->tokenizer();
   // A message's logprobs (or prompt_logprobs) as the API shows them, each token with its text.
@@ -337,15 +338,15 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
     }
     const std::vector<int32_t> ids(r.tokens().begin(), r.tokens().end());
     const std::vector<openai::TokenLogprobs> logprobs = shown(r.logprobs());
-    // As vLLM: no stop string is looked for before min_tokens tokens; from the message that passes them on.
+    // As vLLM: no stop string ends in the text of the first min_tokens tokens (one may start there).
     const bool past_min_tokens = choice.token_ids.size() + ids.size() > static_cast<size_t>(p.request.min_tokens());
-    std::string text = past_min_tokens ? matcher.Push(r.text()) : r.text();
+    std::string text = matcher.Push(r.text(), past_min_tokens);
+    choice.token_ids.insert(choice.token_ids.end(), ids.begin(), ids.end());
     if (r.done()) {
       text += matcher.Finish();
-      choice.finish_reason = openai::FinishReasonOf(r.stop_reason());
+      choice.end = openai::ChoiceEndOf(r.stop_reason(), choice.token_ids);
     }
     choice.text += text;
-    choice.token_ids.insert(choice.token_ids.end(), ids.begin(), ids.end());
     choice.logprobs.insert(choice.logprobs.end(), logprobs.begin(), logprobs.end());
     // A client gone is seen by `stopped` below (the request ends as cancelled); emit's false is a stop.
     if (!on_piece(text, ids, logprobs)) client_gone = true;
@@ -359,7 +360,7 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
   const absl::Status status = node->RunRequest(request, emit, stopped, &record);
   if (!status.ok()) return status;
   if (client_gone) return stopped();
-  if (stop_matched) choice.finish_reason = "stop";
+  if (stop_matched) choice.end = openai::StopStringEnd(matcher.matched());
   return choice;
 }
 
@@ -524,28 +525,28 @@ bool HttpServer::Impl::Stream(StreamJob& job, httplib::DataSink& sink) const {
   auto run_choice = [&](int64_t c, Admission::Ticket* ticket) -> absl::Status {
     logging::ScopedRequestId choice_scope(job.request_id);
     int64_t text_offset = 0;  // completions' logprobs.text_offset
-    auto chunk = [&](std::string_view text, const std::vector<int32_t>& ids, std::string_view finish, bool first,
+    auto chunk = [&](std::string_view text, const std::vector<int32_t>& ids, const openai::ChoiceEnd& end, bool first,
                      const std::vector<openai::TokenLogprobs>& logprobs = {}) {
       // A piece of generated tokens, or the echoed prompt's.
       Json lp = logprobs_wanted && (!ids.empty() || !logprobs.empty())
                     ? openai::LogprobsJson(endpoint, logprobs, &text_offset)
                     : Json(nullptr);
       return events.Push(openai::SseEvent(openai::StreamChunk(endpoint, job.id, job.created, options.model_id, c, text,
-                                                              ids, finish, first, usage_wanted, std::move(lp))));
+                                                              ids, end, first, usage_wanted, std::move(lp))));
     };
     // Chat opens each choice with the assistant's role; every piece goes out as it comes; a last chunk with no
     // text carries the finish reason.
-    if (endpoint == Endpoint::kChatCompletions && !chunk("", {}, "", true)) return stopped();
+    if (endpoint == Endpoint::kChatCompletions && !chunk("", {}, {}, true)) return stopped();
     absl::StatusOr<openai::Choice> choice = Run(
         job.prompts[c / n], c % n, job.request.stop, c, job.request_id,
         [&](const std::string& text, const std::vector<int32_t>& ids,
             const std::vector<openai::TokenLogprobs>& logprobs) {
           if (text.empty() && ids.empty() && logprobs.empty()) return true;  // main's last message, with nothing
-          return chunk(text, ids, "", false, logprobs);
+          return chunk(text, ids, {}, false, logprobs);
         },
         stopped, ticket);
     if (!choice.ok()) return choice.status();
-    if (!chunk("", {}, choice->finish_reason, false)) return stopped();
+    if (!chunk("", {}, choice->end, false)) return stopped();
     completion_tokens[c] = static_cast<int64_t>(choice->token_ids.size());
     return absl::OkStatus();
   };

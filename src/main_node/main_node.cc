@@ -307,6 +307,7 @@ absl::StatusOr<GenerateOptions> MainNode::OptionsOf(const v1::GenerateRequest& r
   options.prompt_logprobs = request.prompt_logprobs();
   options.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
   options.min_tokens = request.min_tokens();
+  options.include_stop_str_in_output = request.include_stop_str_in_output();
   ODMOE_RETURN_IF_ERROR(options.Validate(config_.vocab_size));
   options.ignore_eos = request.ignore_eos();
   options.keep_last_logits = request.dump_logits();
@@ -404,9 +405,9 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
       if (token.logprobs) rpc::LogprobsToProto(*token.logprobs, chunk.add_logprobs());
       for (const PositionLogprobs& p : token.prompt_logprobs) rpc::LogprobsToProto(p, chunk.add_prompt_logprobs());
       chunk.set_has_text(decoder != nullptr);
-      // A stop token's text is left out (ShownTokens); it is the request's last token.
-      const bool shown = StopReasonOf(config_, run.options, token.id) != "stop_token";
-      if (decoder != nullptr && shown) chunk.set_text(decoder->Push(token.id));
+      if (decoder != nullptr && ShowsTokenText(config_, run.options, token.id)) {
+        chunk.set_text(decoder->Push(token.id));
+      }
       if (!emit(chunk)) client_gone = true;
     }
     if (done) break;
@@ -641,7 +642,7 @@ v1::GenerateResponse MainNode::FinalResponse(RequestRun& run, const GenerateResu
   last.set_has_text(decoder != nullptr);
   if (decoder != nullptr) {
     last.set_text(decoder->Finish());
-    last.set_full_text(tokenizer_->Decode(ShownTokens(result)));
+    last.set_full_text(tokenizer_->DecodeAfter(run.prompt, ShownTokens(config_, run.options, result)));
   }
   last.mutable_prompt_ids()->Add(run.prompt.begin(), run.prompt.end());
   last.mutable_all_tokens()->Add(result.tokens.begin(), result.tokens.end());

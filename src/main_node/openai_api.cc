@@ -462,6 +462,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   if (const Json* ids = Field(j, "stop_token_ids")) {
     ODMOE_RETURN_IF_ERROR(ReadTokenIdList(*ids, "stop_token_ids", error, &r.stop_token_ids));
   }
+  ODMOE_RETURN_IF_ERROR(ReadBool(j, "include_stop_str_in_output", error, &r.include_stop_str_in_output));
   ODMOE_RETURN_IF_ERROR(ReadLogprobs(j, endpoint, error, &r.logprobs));
   if (const Json* so = Field(j, "stream_options")) {
     if (!so->is_object()) return Fail(error, "stream_options", TypeError("stream_options", "an object", *so));
@@ -639,48 +640,78 @@ absl::StatusOr<std::vector<PromptPiece>> RenderChat(const ChatTemplate& chat,
 
 // ---- stop strings ------------------------------------------------------------------------------------------
 
-StopMatcher::StopMatcher(std::vector<std::string> stops) {
+StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop) : include_stop_(include_stop) {
   for (std::string& s : stops) {
-    if (!s.empty()) stops_.push_back(std::move(s));
+    if (s.empty()) continue;
+    longest_ = std::max(longest_, s.size());
+    stops_.push_back(std::move(s));
   }
 }
 
-std::string StopMatcher::Push(std::string_view piece) {
-  if (stopped_) return "";
-  held_.append(piece);
-  // The earliest complete match ends the text there.
-  size_t match = std::string::npos;
-  for (const std::string& s : stops_) match = std::min(match, held_.find(s));
-  if (match != std::string::npos) {
-    stopped_ = true;
-    std::string out = held_.substr(0, match);
-    held_.clear();
-    return out;
+std::string StopMatcher::Push(std::string_view piece, bool match) {
+  if (stopped()) return "";
+  const size_t old = window_.size();
+  window_.append(piece);
+  if (match) {
+    // A match that ends in `piece`: it starts at most s.size() - 1 bytes before it. Of those found, the one that
+    // ends first.
+    size_t end = std::string::npos, start = 0;
+    const std::string* found = nullptr;
+    for (const std::string& s : stops_) {
+      const size_t at = window_.find(s, old - std::min(old, s.size() - 1));
+      if (at == std::string::npos) continue;
+      if (found == nullptr || at + s.size() < end || (at + s.size() == end && at < start)) {
+        found = &s;
+        start = at;
+        end = at + s.size();
+      }
+    }
+    if (found != nullptr) {
+      matched_ = *found;
+      // Without include_stop no byte of the match was released: what was held back covers its start.
+      const size_t cut = include_stop_ ? end : start;
+      std::string out = cut > released_ ? window_.substr(released_, cut - released_) : "";
+      window_.clear();
+      released_ = 0;
+      return out;
+    }
   }
-  // Hold back the longest suffix that is a proper prefix of some stop string.
+  // Hold back the longest suffix that is a proper prefix of some stop string (nothing with include_stop: the
+  // match is released anyway).
   size_t keep = 0;
   for (const std::string& s : stops_) {
-    for (size_t n = std::min(s.size() - 1, held_.size()); n > keep; --n) {
-      if (held_.compare(held_.size() - n, n, s, 0, n) == 0) {
+    if (include_stop_) break;
+    for (size_t n = std::min(s.size() - 1, window_.size() - released_); n > keep; --n) {
+      if (window_.compare(window_.size() - n, n, s, 0, n) == 0) {
         keep = n;
         break;
       }
     }
   }
-  std::string out = held_.substr(0, held_.size() - keep);
-  held_.erase(0, held_.size() - keep);
+  std::string out = window_.substr(released_, window_.size() - keep - released_);
+  released_ = window_.size() - keep;
+  // Keep the bytes a later match may start in: the last longest_ - 1 (none without stop strings).
+  const size_t tail = longest_ > 0 ? longest_ - 1 : 0;
+  const size_t drop = std::min(released_, window_.size() - std::min(window_.size(), tail));
+  window_.erase(0, drop);
+  released_ -= drop;
   return out;
 }
 
 std::string StopMatcher::Finish() {
-  std::string out = std::move(held_);
-  held_.clear();
-  return stopped_ ? "" : out;
+  std::string out = stopped() ? "" : window_.substr(released_);
+  window_.clear();
+  released_ = 0;
+  return out;
 }
 
 // ---- responses ---------------------------------------------------------------------------------------------
 
-std::string FinishReasonOf(std::string_view stop_reason) { return stop_reason == "length" ? "length" : "stop"; }
+ChoiceEnd ChoiceEndOf(std::string_view main_stop_reason, const std::vector<int32_t>& token_ids) {
+  if (main_stop_reason == "length") return {"length"};
+  if (main_stop_reason == "stop_token" && !token_ids.empty()) return {"stop", token_ids.back()};
+  return {"stop"};
+}
 
 namespace {
 
@@ -758,7 +789,8 @@ std::string CompletionBody(Endpoint endpoint, const std::string& id, int64_t cre
   for (const Choice& c : choices) {
     int64_t text_offset = 0;
     Json choice = {{"index", c.index},
-                   {"finish_reason", c.finish_reason},
+                   {"finish_reason", c.end.finish_reason},
+                   {"stop_reason", c.end.stop_reason},
                    {"logprobs", c.has_logprobs ? LogprobsJson(endpoint, c.logprobs, &text_offset) : Json(nullptr)},
                    {"token_ids", c.token_ids}};
     if (endpoint == Endpoint::kCompletions) {
@@ -776,11 +808,13 @@ std::string CompletionBody(Endpoint endpoint, const std::string& id, int64_t cre
 std::string SseEvent(const Json& data) { return StrCat("data: ", DumpJson(data), "\n\n"); }
 
 Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, int64_t index,
-                 std::string_view text, const std::vector<int32_t>& token_ids, std::string_view finish_reason,
-                 bool first, bool include_usage, Json logprobs) {
+                 std::string_view text, const std::vector<int32_t>& token_ids, const ChoiceEnd& end, bool first,
+                 bool include_usage, Json logprobs) {
+  const std::string& finish_reason = end.finish_reason;
   Json out = Header(endpoint, true, id, created, model);
   Json choice = {{"index", index},
-                 {"finish_reason", finish_reason.empty() ? Json(nullptr) : Json(std::string(finish_reason))},
+                 {"finish_reason", finish_reason.empty() ? Json(nullptr) : Json(finish_reason)},
+                 {"stop_reason", end.stop_reason},
                  {"logprobs", std::move(logprobs)},
                  {"token_ids", token_ids}};
   if (endpoint == Endpoint::kCompletions) {

@@ -9,7 +9,8 @@
 // `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `presence_penalty`, `frequency_penalty`,
 // `logit_bias`, `stop` (a string or a list of up to 16), `stream`, `stream_options.include_usage`, `logprobs`
 // (completions: the alternatives per token; chat: true, with `top_logprobs`), `echo` (completions), and vLLM's
-// extensions `ignore_eos`, `top_k`, `min_tokens` and `stop_token_ids`. Unknown fields are ignored; options odmoe
+// extensions `ignore_eos`, `top_k`, `min_tokens`, `stop_token_ids` and `include_stop_str_in_output`; a choice
+// carries vLLM's `stop_reason` and `token_ids` beside OpenAI's fields. Unknown fields are ignored; options odmoe
 // does not implement are refused (400, `param` naming them) only when set to a value that needs them: `best_of` > 1,
 // chat's `echo`, `suffix`, `tools`, `functions`, a `response_format` other than text, and vLLM's sampling extensions
 // `min_p` > 0, `repetition_penalty` other than 1 and `use_beam_search`, so that no answer is sampled otherwise than
@@ -90,6 +91,8 @@ struct CompletionRequest {
   // vLLM's extension: ids that end a choice too (GenerateOptions::stop_token_ids; finish_reason "stop", the token's
   // text left out); checked against the vocabulary when the request is prepared.
   std::vector<int32_t> stop_token_ids;
+  // vLLM's extension: the text of the stop string or stop token that ends a choice stays in its answer.
+  bool include_stop_str_in_output = false;
   // Completions: the answer starts with the prompt's text and, with logprobs, the prompt tokens' logprobs (the
   // first one null); max_tokens may then be 0.
   bool echo = false;
@@ -173,23 +176,32 @@ absl::StatusOr<std::vector<PromptPiece>> RenderChat(const ChatTemplate& chat, co
 // ---- stop strings ------------------------------------------------------------------------------------------
 
 // Finds stop strings in generated text that arrives in pieces (a stop string may span pieces, i.e. tokens).
-// Text that may still be the start of a stop string is held back; the text before a match is released and
-// the match and everything after it are dropped. Push(pieces...) + Finish() == the text up to the first match
-// (or all of it), whatever the split into pieces.
+// The text before the first match is released, the match (unless include_stop, vLLM's
+// include_stop_str_in_output) and everything after it are dropped: Push(pieces...) + Finish() is that text
+// whatever the split into pieces. Without include_stop, text that may still be the start of a stop string is held
+// back. The first match is the one that ends earliest (of two ending together, the one that starts first).
 class StopMatcher {
  public:
-  explicit StopMatcher(std::vector<std::string> stops);
-  // Appends `piece`; returns the text now safe to emit. After a match, returns the rest before it and
-  // stopped() turns true; later pushes return "".
-  std::string Push(std::string_view piece);
-  // The held-back text (no match can complete any more).
+  explicit StopMatcher(std::vector<std::string> stops, bool include_stop = false);
+  // Appends `piece`; returns the text now safe to emit. A match counts only where it ends inside a piece pushed
+  // with `match` (vLLM's min_tokens: no stop string ends in the text of the first min_tokens tokens, though one
+  // may start there). After a match, returns the rest up to it (or through it) and stopped() turns true; later
+  // pushes return "".
+  std::string Push(std::string_view piece, bool match = true);
+  // The held-back text (no match can complete any more); "" after a match.
   std::string Finish();
-  bool stopped() const { return stopped_; }
+  bool stopped() const { return !matched_.empty(); }
+  // The stop string that matched (vLLM's stop_reason); "" before a match.
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;  // non-empty strings
-  std::string held_;
-  bool stopped_ = false;
+  bool include_stop_;
+  size_t longest_ = 0;  // of stops_
+  // The text not yet released, after the last longest_ - 1 bytes already released (where a match may start).
+  std::string window_;
+  size_t released_ = 0;  // of window_'s bytes
+  std::string matched_;
 };
 
 // ---- responses ---------------------------------------------------------------------------------------------
@@ -219,22 +231,32 @@ TokenLogprobs LogprobsWithText(const PositionLogprobs& logprobs, const Tokenizer
 // Texts are shown with invalid UTF-8 as U+FFFD; chat's `bytes` are the token's own.
 Json LogprobsJson(Endpoint endpoint, const std::vector<TokenLogprobs>& tokens, int64_t* text_offset);
 
+// How a choice ended: OpenAI's finish_reason, "stop" (EOS, a stop string, a stop token) or "length" ("" while it
+// goes on), and vLLM's stop_reason, the stop string or the stop_token_ids id that ended it (null for EOS, the
+// token limit, or while it goes on).
+struct ChoiceEnd {
+  std::string finish_reason;
+  Json stop_reason = nullptr;
+};
+// The end of a choice that main ended: its stop_reason ("eos", "stop_token", "length"; GenerateResponse) and the
+// choice's generated ids (a stop token is the last).
+ChoiceEnd ChoiceEndOf(std::string_view main_stop_reason, const std::vector<int32_t>& token_ids);
+// The end of a choice that stop string `stop` ended.
+inline ChoiceEnd StopStringEnd(const std::string& stop) { return {"stop", stop}; }
+
 // The answer for one prompt.
 struct Choice {
   int64_t index = 0;
   std::string text;
   std::vector<int32_t> token_ids;  // the generated ids (odmoe's addition, as vLLM's token_ids)
-  std::string finish_reason;       // stop or length
-  bool has_logprobs = false;       // the request asked: `logprobs` (one per token id) is shown, else null
+  ChoiceEnd end;
+  bool has_logprobs = false;  // the request asked: `logprobs` (one per token id) is shown, else null
   std::vector<TokenLogprobs> logprobs;
 };
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
 };
-
-// "stop" for an EOS or a stop string, "length" for the token limit (MainNode's stop_reason "length").
-std::string FinishReasonOf(std::string_view stop_reason);
 
 // The whole (non-streamed) response body.
 std::string CompletionBody(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
@@ -244,11 +266,11 @@ std::string CompletionBody(Endpoint endpoint, const std::string& id, int64_t cre
 inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 std::string SseEvent(const Json& data);
 // A chunk of a streamed response for choice `index`: `text` (chat: delta.content; with `first` also
-// delta.role = assistant), `finish_reason` ("" -> null), `logprobs` (LogprobsJson of the chunk's tokens, or null).
-// With include_usage, every chunk has "usage": null.
+// delta.role = assistant), `end` (finish_reason "" -> null, and stop_reason; {} while the choice goes on),
+// `logprobs` (LogprobsJson of the chunk's tokens, or null). With include_usage, every chunk has "usage": null.
 Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, int64_t index,
-                 std::string_view text, const std::vector<int32_t>& token_ids, std::string_view finish_reason,
-                 bool first, bool include_usage, Json logprobs = nullptr);
+                 std::string_view text, const std::vector<int32_t>& token_ids, const ChoiceEnd& end, bool first,
+                 bool include_usage, Json logprobs = nullptr);
 // The last chunk when include_usage: no choices, the usage of every prompt.
 Json UsageChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
                 const Usage& usage);

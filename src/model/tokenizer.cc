@@ -25,4 +25,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& di
   return tokenizer;
 }
 
+std::string Tokenizer::DecodeAfter(std::span<const int32_t> context, std::span<const int32_t> ids) const {
+  std::unique_ptr<IncrementalDecoder> decoder = NewDecoder(context);
+  std::string text;
+  for (const int32_t id : ids) text += decoder->Push(id);
+  return text + decoder->Finish();
+}
+
 }  // namespace odmoe

@@ -49,6 +49,9 @@ class Tokenizer {
   virtual std::string Decode(std::span<const int32_t> ids) const = 0;
   // A decoder for the ids that follow `context` (ids already in the sequence, not emitted).
   virtual std::unique_ptr<IncrementalDecoder> NewDecoder(std::span<const int32_t> context) const = 0;
+  // The text of `ids` as it reads after `context`: what a NewDecoder(context) streams for them, whole. Decode(ids)
+  // alone may differ at the start (SentencePiece drops a leading space there).
+  std::string DecodeAfter(std::span<const int32_t> context, std::span<const int32_t> ids) const;
   // One token on its own, as logprobs show it: the bytes it stands for wherever it stands (a byte-level token's
   // bytes; a SentencePiece piece with "▁" as a space and a byte piece as its byte), and a special or control
   // token's own text ("</s>", "<|im_end|>"), which Decode leaves out. May be part of a UTF-8 character; "" for an

@@ -42,6 +42,7 @@ inline void OptionsToProto(const GenerateOptions& in, v1::GenerateRequest* out) 
   out->set_ignore_eos(in.ignore_eos);
   out->mutable_stop_token_ids()->Add(in.stop_token_ids.begin(), in.stop_token_ids.end());
   out->set_min_tokens(in.min_tokens);
+  out->set_include_stop_str_in_output(in.include_stop_str_in_output);
   out->set_dump_logits(in.keep_last_logits);
   out->set_dump_routing(in.record_routing);
   out->set_logprobs(in.logprobs >= 0);

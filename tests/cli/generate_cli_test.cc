@@ -58,6 +58,10 @@ TEST_F(GenerateCliTest, ReadmeCommandPrintsTheGoldenContinuation) {
   const std::string full = (*tok)->Decode(all), prompt_text = (*tok)->Decode(gc.prompt_ids);
   ASSERT_EQ(full.compare(0, prompt_text.size(), prompt_text), 0);
   EXPECT_EQ(r.out, full.substr(prompt_text.size()) + "\n");
+  // --json's text is the same text: the continuation as it reads after the prompt, its leading space kept.
+  const Json j = GenerateJson({"--prompt", gc.text, "--max-new-tokens", "64"});
+  ASSERT_TRUE(j.contains("text"));
+  EXPECT_EQ(j["text"].get<std::string>() + "\n", r.out);
 }
 
 TEST_F(GenerateCliTest, JsonCarriesTokensTextLogitsRoutingLogprobsAndTimings) {
@@ -155,6 +159,12 @@ TEST_F(GenerateCliTest, StopTokenIdsEndGenerationAndLeaveTheirTextOut) {
   EXPECT_EQ(stopped["stop_reason"], "stop_token");
   const std::string text_before = before > 0 ? run(static_cast<int>(before), "")["text"].get<std::string>() : "";
   EXPECT_EQ(stopped["text"], text_before);
+  // --include-stop-text keeps the stop token's text (vLLM's include_stop_str_in_output).
+  const Json kept = GenerateJson({"--prompt-ids", "1,415,2043", "--max-new-tokens", "6", "--ignore-eos",
+                                  "--stop-token-ids", StrCat(stop_id), "--include-stop-text"});
+  ASSERT_FALSE(kept.is_null());
+  EXPECT_EQ(kept["tokens"], stopped["tokens"]);
+  EXPECT_EQ(kept["text"], run(static_cast<int>(before) + 1, "")["text"]);
 }
 
 TEST_F(GenerateCliTest, PromptIdsWorkAndSamplingIsSeeded) {

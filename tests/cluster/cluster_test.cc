@@ -196,6 +196,11 @@ TEST_F(ClusterCliTest, GenerateThroughTheEndpointPrintsTheSameJsonAsLocally) {
   for (const char* key : {"prompt_ids", "tokens", "text", "routing", "stop_reason"}) {
     EXPECT_EQ((*rj)[key], (*lj)[key]) << key;
   }
+  // The text streamed (main's `text` pieces) is the JSON's text (its `full_text`), the leading space included.
+  RunResult streamed = RunProgram({ProgramPath("odmoe"), "generate", "--endpoint", cluster.endpoint(), "--prompt",
+                                   common[1], "--max-new-tokens", "16"});
+  ASSERT_EQ(streamed.exit_code, 0) << streamed.err;
+  EXPECT_EQ(streamed.out, (*rj)["text"].get<std::string>() + "\n");
   const Json& stats = (*rj)["stats"];
   EXPECT_EQ(stats["workers"].size(), 8u);
   EXPECT_GT(stats["bytes_loaded"].get<uint64_t>(), 0u);

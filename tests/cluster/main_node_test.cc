@@ -710,11 +710,13 @@ TEST(MainNodeTest, TextPromptStreamsTheSameText) {
   ExpectSameAsLocal(*remote, local, prompt);
   EXPECT_TRUE(remote->has_text);
   EXPECT_TRUE(every_chunk_has_text);
-  EXPECT_EQ(remote->text, (*tokenizer)->Decode(local.tokens));
-  // The streamed text continues the prompt's text (as the local command prints it).
+  // The streamed text continues the prompt's text (as the local command prints it), and the final message's
+  // full_text is that text too, its leading space kept (Decode of the tokens alone drops it).
   std::vector<int32_t> all = prompt;
   all.insert(all.end(), local.tokens.begin(), local.tokens.end());
   EXPECT_EQ((*tokenizer)->Decode(prompt) + streamed, (*tokenizer)->Decode(all));
+  EXPECT_EQ(remote->text, streamed);
+  EXPECT_EQ(remote->text, (*tokenizer)->DecodeAfter(prompt, local.tokens));
 }
 
 // ---- bad requests ------------------------------------------------------------------------------------------

@@ -87,7 +87,11 @@ void ExpectLogitChangesPickAsTheHostRule(const std::string& device_spec, int tok
   ASSERT_TRUE(stopped.ok()) << stopped.status();
   EXPECT_EQ(stopped->tokens, std::vector<int32_t>(free_run->tokens.begin(), free_run->tokens.begin() + first + 1));
   EXPECT_EQ(stopped->stop_reason, "stop_token");
-  EXPECT_EQ(ShownTokens(*stopped).size(), first);
+  EXPECT_EQ(ShownTokens(engine.config(), free, *stopped).size(), first);
+  GenerateOptions kept = free;
+  kept.include_stop_str_in_output = true;
+  EXPECT_EQ(ShownTokens(engine.config(), kept, *stopped).size(), first + 1);
+  EXPECT_EQ(ShownTokens(engine.config(), kept, *at_once).size(), 1u);  // an EOS counts as shown: its text is ""
   // With min_tokens past it, the stop id is banned like EOS: the answer runs to the limit without it.
   free.min_tokens = tokens;
   auto banned_stop = Generate(engine, prompt, free);

@@ -84,10 +84,11 @@ std::vector<std::string> SseEvents(const std::string& body) {
   return events;
 }
 
-// The text of a streamed answer (completions: choices[0].text; chat: delta.content) and its finish reason.
+// The text of a streamed answer (completions: choices[0].text; chat: delta.content) and how it ended.
 struct Streamed {
   std::string text;
   std::string finish_reason;
+  Json stop_reason;  // the last chunk's (vLLM's)
   Json usage;
   std::vector<int32_t> token_ids;
   Json logprobs;  // the chunks' logprobs joined: completions' four lists, chat's content (null when none)
@@ -120,6 +121,7 @@ Streamed Collect(const std::string& body, bool chat, int64_t index = -1) {
         }
       }
       if (!c["finish_reason"].is_null()) s.finish_reason = c["finish_reason"];
+      s.stop_reason = c.value("stop_reason", Json("absent"));
     }
   }
   return s;
@@ -300,6 +302,17 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
     stop_early.erase("min_tokens");
     const Json cut = ParseOrDie(Post(base + "/v1/completions", stop_early).body);
     EXPECT_EQ(cut["choices"][0]["text"], "") << cut.dump();
+    // ... but one that starts in that text and ends after it stops the choice (vLLM looks back a stop string's
+    // length into the text before).
+    const Json first_four = {{"model", kModel}, {"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}};
+    const std::string head = ParseOrDie(Post(base + "/v1/completions", first_four).body)["choices"][0]["text"];
+    ASSERT_TRUE(!head.empty() && greedy_text.size() > head.size() && greedy_text.starts_with(head)) << head;
+    const std::string straddling = greedy_text.substr(head.size() - 1, 2);
+    const Json across = {{"model", kModel},  {"prompt", prompt}, {"max_tokens", 12},
+                         {"temperature", 0}, {"min_tokens", 4},  {"stop", {straddling}}};
+    const Json across_answer = ParseOrDie(Post(base + "/v1/completions", across).body);
+    EXPECT_EQ(across_answer["choices"][0]["text"], greedy_text.substr(0, head.size() - 1)) << across_answer.dump();
+    EXPECT_EQ(across_answer["choices"][0]["stop_reason"], straddling);
     // vLLM's stop_token_ids: the choice ends at the first of them, with finish_reason stop; the id is in its
     // token_ids, its text is not (the text is that of the tokens before it).
     const int32_t stop_id = grpc->tokens[3];
@@ -311,9 +324,18 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
     EXPECT_EQ(ended["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
               std::vector<int32_t>(grpc->tokens.begin(), grpc->tokens.begin() + before + 1));
     EXPECT_EQ(ended["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(ended["choices"][0]["stop_reason"], stop_id);  // vLLM's: the id
+    // With include_stop_str_in_output the stop token's text stays: the text of the tokens through it.
+    by_id["include_stop_str_in_output"] = true;
+    const Json ended_with = ParseOrDie(Post(base + "/v1/completions", by_id).body);
+    EXPECT_EQ(ended_with["choices"][0]["token_ids"], ended["choices"][0]["token_ids"]);
+    by_id.erase("include_stop_str_in_output");
+    by_id.erase("stop_token_ids");
+    by_id["max_tokens"] = before + 1;
+    EXPECT_EQ(ended_with["choices"][0]["text"],
+              ParseOrDie(Post(base + "/v1/completions", by_id).body)["choices"][0]["text"]);
     std::string text_before;
     if (before > 0) {
-      by_id.erase("stop_token_ids");
       by_id["max_tokens"] = before;
       text_before = ParseOrDie(Post(base + "/v1/completions", by_id).body)["choices"][0]["text"];
     }
@@ -383,6 +405,7 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   EXPECT_EQ(streamed.text, whole_json["choices"][0]["text"]);
   EXPECT_EQ(streamed.token_ids, whole_json["choices"][0]["token_ids"].get<std::vector<int32_t>>());
   EXPECT_EQ(streamed.finish_reason, "length");
+  EXPECT_TRUE(streamed.stop_reason.is_null());
   EXPECT_EQ(streamed.usage["completion_tokens"], 24);
   EXPECT_EQ(streamed.usage, whole_json["usage"]);
   EXPECT_EQ(streamed.logprobs, whole_json["choices"][0]["logprobs"]);
@@ -399,6 +422,21 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   const Json stopped_json = ParseOrDie(stopped.body);
   EXPECT_EQ(stopped_json["choices"][0]["text"], full.substr(0, full.find(stop))) << "stop " << stop;
   EXPECT_EQ(stopped_json["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(stopped_json["choices"][0]["stop_reason"], stop);
+  EXPECT_TRUE(whole_json["choices"][0]["stop_reason"].is_null());
+  // vLLM's include_stop_str_in_output: the answer runs through the stop string.
+  sampled["include_stop_str_in_output"] = true;
+  const Json through = ParseOrDie(Post(base + "/v1/completions", sampled).body);
+  EXPECT_EQ(through["choices"][0]["text"], full.substr(0, full.find(stop) + stop.size())) << "stop " << stop;
+  EXPECT_EQ(through["choices"][0]["stop_reason"], stop);
+  // Streamed, the same text, and the stop string in the last chunk.
+  sampled["stream"] = true;
+  const Streamed through_streamed = Collect(Post(base + "/v1/completions", sampled).body, false);
+  EXPECT_EQ(through_streamed.text, through["choices"][0]["text"]);
+  EXPECT_EQ(through_streamed.finish_reason, "stop");
+  EXPECT_EQ(through_streamed.stop_reason, stop);
+  sampled.erase("stream");
+  sampled.erase("include_stop_str_in_output");
 
   // n choices of two prompts, run side by side (main decodes them in one batch): choice j of each prompt is the
   // answer of a request of its own with the seed plus j, bit for bit; each prompt counts once in the usage.

@@ -88,6 +88,8 @@ TEST(OpenAiParse, DefaultsAndOptions) {
   EXPECT_EQ(Parse(R"({"model":"m","prompt":"x","min_tokens":4})")->min_tokens, 4);
   EXPECT_EQ(Parse(R"({"model":"m","prompt":"x","stop_token_ids":[13,2]})")->stop_token_ids,
             (std::vector<int32_t>{13, 2}));
+  EXPECT_TRUE(Parse(R"({"model":"m","prompt":"x","include_stop_str_in_output":true})")->include_stop_str_in_output);
+  EXPECT_FALSE(Parse(R"({"model":"m","prompt":"x"})")->include_stop_str_in_output);
 
   auto d = Parse(R"({"model":"m","prompt":"x"})");
   ASSERT_TRUE(d.ok());
@@ -311,14 +313,17 @@ TEST(OpenAiErrors, ErrorObjectAndStatusMapping) {
   EXPECT_EQ(ErrorOfStatus(absl::UnavailableError("worker w1 down")).message, "worker w1 down");
 }
 
-// Feeds `pieces` and returns what the matcher releases.
+// Feeds `pieces` and returns what the matcher releases; the first `no_match` pieces are pushed without matching
+// (as the text of a request's first min_tokens tokens).
 std::string Matched(const std::vector<std::string>& stops, const std::vector<std::string>& pieces,
-                    bool* stopped = nullptr) {
-  StopMatcher m(stops);
+                    bool* stopped = nullptr, bool include_stop = false, size_t no_match = 0,
+                    std::string* matched = nullptr) {
+  StopMatcher m(stops, include_stop);
   std::string out;
-  for (const std::string& p : pieces) out += m.Push(p);
+  for (size_t i = 0; i < pieces.size(); ++i) out += m.Push(pieces[i], i >= no_match);
   out += m.Finish();
   if (stopped != nullptr) *stopped = m.stopped();
+  if (matched != nullptr) *matched = m.matched();
   return out;
 }
 
@@ -333,9 +338,11 @@ TEST(OpenAiStop, MatchesAcrossPiecesAndDropsTheMatch) {
   EXPECT_FALSE(stopped);
   // The earliest of several matches wins.
   EXPECT_EQ(Matched({"said", "God"}, {"And God said"}), "And ");
-  // No stops: everything passes through at once.
+  // No stops: everything passes through at once, and nothing is kept.
   StopMatcher none({});
   EXPECT_EQ(none.Push("abc"), "abc");
+  EXPECT_EQ(none.Push("def"), "def");
+  EXPECT_EQ(none.Finish(), "");
   // Held text is released as soon as it cannot start a match.
   StopMatcher m({"xyz"});
   EXPECT_EQ(m.Push("abx"), "ab");
@@ -343,8 +350,51 @@ TEST(OpenAiStop, MatchesAcrossPiecesAndDropsTheMatch) {
   EXPECT_EQ(m.Push("xy"), "");
   EXPECT_EQ(m.Push("z tail"), "");
   EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.matched(), "xyz");
   EXPECT_EQ(m.Push("more"), "");
   EXPECT_EQ(m.Finish(), "");
+}
+
+// The match that ends first wins, so the text does not depend on how it is split into pieces; of two ending
+// together, the longer.
+TEST(OpenAiStop, TheMatchThatEndsFirstWins) {
+  std::string matched;
+  EXPECT_EQ(Matched({"abc", "b"}, {"xabc"}, nullptr, false, 0, &matched), "xa");
+  EXPECT_EQ(matched, "b");
+  EXPECT_EQ(Matched({"abc", "b"}, {"xab", "c"}, nullptr, false, 0, &matched), "xa");
+  EXPECT_EQ(Matched({"bc", "abc"}, {"xabcd"}, nullptr, false, 0, &matched), "x");
+  EXPECT_EQ(matched, "abc");
+}
+
+// vLLM's include_stop_str_in_output: the text runs through the match, nothing after it; nothing is held back.
+TEST(OpenAiStop, IncludeStopKeepsTheMatch) {
+  bool stopped = false;
+  std::string matched;
+  EXPECT_EQ(Matched({"\n\n"}, {"In the", " beginning\n", "\nGod"}, &stopped, true, 0, &matched),
+            "In the beginning\n\n");
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(matched, "\n\n");
+  StopMatcher m({"God"}, true);
+  EXPECT_EQ(m.Push("And G"), "And G");  // released at once
+  EXPECT_EQ(m.Push("od said"), "od");
+  EXPECT_EQ(m.matched(), "God");
+  EXPECT_EQ(m.Finish(), "");
+  EXPECT_EQ(Matched({"Gods"}, {"And G", "o", "d said"}, &stopped, true), "And God said");
+  EXPECT_FALSE(stopped);
+}
+
+// vLLM's min_tokens: no match ends in the first pieces (the text of the first min_tokens tokens), but one that
+// starts there and ends later counts.
+TEST(OpenAiStop, NoMatchEndsBeforeMinTokens) {
+  bool stopped = false;
+  EXPECT_EQ(Matched({"God"}, {"And God", " said God", " saw"}, &stopped, false, 1), "And God said ");
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(Matched({"God"}, {"And Go", "d said"}, &stopped, false, 1), "And ");  // across the boundary
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(Matched({"God"}, {"And God", " said"}, &stopped, false, 1), "And God said");
+  EXPECT_FALSE(stopped);
+  EXPECT_EQ(Matched({"God"}, {"And Go", "d said"}, &stopped, true, 1), "And God");
+  EXPECT_TRUE(stopped);
 }
 
 TEST(OpenAiStop, AnySplitGivesTheSameText) {
@@ -352,8 +402,9 @@ TEST(OpenAiStop, AnySplitGivesTheSameText) {
   const std::vector<std::string> stops = {"light:", "xx"};
   for (size_t a = 0; a <= text.size(); ++a) {
     for (size_t b = a; b <= text.size(); b += 7) {
-      EXPECT_EQ(Matched(stops, {text.substr(0, a), text.substr(a, b - a), text.substr(b)}),
-                "And God said, Let there be ")
+      const std::vector<std::string> pieces = {text.substr(0, a), text.substr(a, b - a), text.substr(b)};
+      EXPECT_EQ(Matched(stops, pieces), "And God said, Let there be ") << a << " " << b;
+      EXPECT_EQ(Matched(stops, pieces, nullptr, /*include_stop=*/true), "And God said, Let there be light:")
           << a << " " << b;
     }
   }
@@ -501,11 +552,12 @@ TEST(ChatTemplateOracleTest, QwenTemplatesMatchJinja) {
 }
 
 TEST(OpenAiFormat, ResponsesAndChunks) {
-  const std::vector<Choice> choices = {{0, "In the beginning", {1, 2, 3}, "length"}};
+  const std::vector<Choice> choices = {{0, "In the beginning", {1, 2, 3}, {"length"}}};
   const Json c = Json::parse(CompletionBody(Endpoint::kCompletions, "cmpl-1", 42, "m", choices, {5, 3}));
   EXPECT_EQ(c["object"], "text_completion");
   EXPECT_EQ(c["choices"][0]["text"], "In the beginning");
   EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(c["choices"][0]["stop_reason"].is_null());
   EXPECT_EQ(c["usage"]["total_tokens"], 8);
   const Json chat = Json::parse(CompletionBody(Endpoint::kChatCompletions, "chatcmpl-1", 42, "m", choices, {5, 3}));
   EXPECT_EQ(chat["object"], "chat.completion");
@@ -513,23 +565,34 @@ TEST(OpenAiFormat, ResponsesAndChunks) {
   EXPECT_EQ(chat["choices"][0]["message"]["content"], "In the beginning");
 
   EXPECT_EQ(SseEvent(Json{{"a", 1}}), "data: {\"a\":1}\n\n");
-  const Json first = StreamChunk(Endpoint::kChatCompletions, "id", 1, "m", 0, "", {}, "", true, true);
+  const Json first = StreamChunk(Endpoint::kChatCompletions, "id", 1, "m", 0, "", {}, {}, true, true);
   EXPECT_EQ(first["object"], "chat.completion.chunk");
   EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
   EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
   EXPECT_TRUE(first.contains("usage") && first["usage"].is_null());
-  const Json last = StreamChunk(Endpoint::kChatCompletions, "id", 1, "m", 0, "", {}, "stop", false, false);
+  EXPECT_TRUE(first["choices"][0]["stop_reason"].is_null());
+  const Json last =
+      StreamChunk(Endpoint::kChatCompletions, "id", 1, "m", 0, "", {}, StopStringEnd("\n\n"), false, false);
   EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(last["choices"][0]["stop_reason"], "\n\n");
   EXPECT_FALSE(last["choices"][0]["delta"].contains("content"));
   EXPECT_FALSE(last.contains("usage"));
-  const Json text = StreamChunk(Endpoint::kCompletions, "id", 1, "m", 2, "abc", {7}, "", false, false);
+  const Json text = StreamChunk(Endpoint::kCompletions, "id", 1, "m", 2, "abc", {7}, {}, false, false);
   EXPECT_EQ(text["choices"][0]["text"], "abc");
   EXPECT_EQ(text["choices"][0]["index"], 2);
   const Json usage = UsageChunk(Endpoint::kCompletions, "id", 1, "m", {4, 6});
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 6);
-  EXPECT_EQ(FinishReasonOf("eos"), "stop");
-  EXPECT_EQ(FinishReasonOf("length"), "length");
+  // main's stop reasons as a choice's end: a stop token is named by its id, the choice's last.
+  EXPECT_EQ(ChoiceEndOf("eos", {5, 2}).finish_reason, "stop");
+  EXPECT_TRUE(ChoiceEndOf("eos", {5, 2}).stop_reason.is_null());
+  EXPECT_EQ(ChoiceEndOf("stop_token", {5, 13}).finish_reason, "stop");
+  EXPECT_EQ(ChoiceEndOf("stop_token", {5, 13}).stop_reason, 13);
+  EXPECT_EQ(ChoiceEndOf("length", {5}).finish_reason, "length");
+  EXPECT_TRUE(ChoiceEndOf("length", {5}).stop_reason.is_null());
+  Choice stopped{1, "x", {5, 13}, ChoiceEndOf("stop_token", {5, 13})};
+  const Json stopped_body = Json::parse(CompletionBody(Endpoint::kCompletions, "c", 1, "m", {stopped}, {1, 2}));
+  EXPECT_EQ(stopped_body["choices"][0]["stop_reason"], 13);
   const Json models = Json::parse(ModelsBody("tiny-mixtral-kjv", 0));
   EXPECT_EQ(models["data"][0]["id"], "tiny-mixtral-kjv");
   EXPECT_TRUE(c["choices"][0]["logprobs"].is_null());
@@ -553,11 +616,11 @@ TEST(OpenAiFormat, CompletionLogprobs) {
   EXPECT_EQ(lp["top_logprobs"][2], (Json{{" the", -1.0}, {" a", -2.0}, {" word", -3.0}}));
   EXPECT_EQ(lp["top_logprobs"][0], (Json{{"\xef\xbf\xbd", -0.5}, {"x", -1.5}}));
 
-  Choice with{0, "é word", {1, 2, 3}, "length", true, SplitCharacterLogprobs()};
+  Choice with{0, "é word", {1, 2, 3}, {"length"}, true, SplitCharacterLogprobs()};
   const Json body = Json::parse(CompletionBody(Endpoint::kCompletions, "c", 1, "m", {with}, {1, 3}));
   EXPECT_EQ(body["choices"][0]["logprobs"], lp);
   // A stream's chunks continue the offsets.
-  const Json chunk = StreamChunk(Endpoint::kCompletions, "c", 1, "m", 0, " word", {3}, "", false, false,
+  const Json chunk = StreamChunk(Endpoint::kCompletions, "c", 1, "m", 0, " word", {3}, {}, false, false,
                                  LogprobsJson(Endpoint::kCompletions, {SplitCharacterLogprobs()[2]}, &offset));
   EXPECT_EQ(chunk["choices"][0]["logprobs"]["text_offset"], Json::array({7}));
 
@@ -585,7 +648,7 @@ TEST(OpenAiFormat, ChatLogprobsCarryEachTokensBytes) {
   ASSERT_EQ(first["top_logprobs"].size(), 2u);
   EXPECT_EQ(first["top_logprobs"][1], (Json{{"token", "x"}, {"logprob", -1.5}, {"bytes", Json::array({120})}}));
   EXPECT_EQ(lp["content"][2]["bytes"], Json::array({32, 119, 111, 114, 100}));
-  Choice with{0, "é word", {1, 2, 3}, "stop", true, SplitCharacterLogprobs()};
+  Choice with{0, "é word", {1, 2, 3}, {"stop"}, true, SplitCharacterLogprobs()};
   const Json body = Json::parse(CompletionBody(Endpoint::kChatCompletions, "c", 1, "m", {with}, {1, 3}));
   EXPECT_EQ(body["choices"][0]["logprobs"], lp);
 }

@@ -784,6 +784,19 @@ TEST_F(TokenizerDecodeTest, IncrementalPlacesTheLeadingSpaceLikeDecode) {
   EXPECT_THAT(Stream(*tok_, std::vector<int32_t>{sp_}, {sp_a_}).pushes, ElementsAre(" a"));
 }
 
+// DecodeAfter: the continuation's text as it reads after its context, the leading space kept where Decode alone
+// drops it.
+TEST_F(TokenizerDecodeTest, DecodeAfterReadsTheIdsAsTheyFollowTheContext) {
+  const std::vector<int32_t> context = {1, sp_a_};
+  const std::vector<int32_t> ids = {sp_a_, a_};
+  EXPECT_EQ(D(ids), "aa");
+  EXPECT_EQ(tok_->DecodeAfter(context, ids), " aa");
+  EXPECT_EQ(tok_->DecodeAfter(context, ids), Stream(*tok_, context, ids).all);
+  EXPECT_EQ(tok_->DecodeAfter({}, ids), "aa");
+  EXPECT_EQ(tok_->DecodeAfter(context, {}), "");
+  EXPECT_EQ(tok_->DecodeAfter(context, std::vector<int32_t>{B(0xE2)}), kFffd);  // a held byte comes out at the end
+}
+
 TEST_F(TokenizerDecodeTest, IncrementalAfterAContextEndingInBytes) {
   // Decode(context) showed the held byte as U+FFFD; what follows keeps the contract (a string suffix).
   EXPECT_EQ(Stream(*tok_, std::vector<int32_t>{B(0xE2)}, {B('A')}).all, "A");
