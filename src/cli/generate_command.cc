@@ -316,8 +316,8 @@ absl::Status Run(const std::vector<std::string>& args) {
   if (!r.json) {
     if (tokenizer != nullptr) {
       stream_decoder = tokenizer->NewDecoder(r.prompt_ids);
-      on_token = [&](int32_t id, bool /*last*/) {
-        if (!ShowsTokenText(config, r.options, id)) return;
+      on_token = [&](int32_t id, bool last) {
+        if (last && !ShowsTokenText(config, r.options, id)) return;  // only the last token can be a stop token
         const std::string piece = stream_decoder->Push(id);
         std::fwrite(piece.data(), 1, piece.size(), stdout);
         std::fflush(stdout);

@@ -286,6 +286,7 @@ struct MainNode::RequestRun {
   // A generated token with what its message carries besides the id, when the request asked.
   struct PostedToken {
     int32_t id = 0;
+    bool shows_text = true;  // false for a last token whose text the answer leaves out (ShowsTokenText)
     std::optional<PositionLogprobs> logprobs;
     std::vector<PositionLogprobs> prompt_logprobs;  // the first token's: the prompt's
   };
@@ -345,10 +346,9 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   // ran (RequestRecord::admitted).
   std::optional<Admission::Ticket> arrived;
   Admission::Ticket* ticket = record->admitted;
-  bool yield = false;  // the caller's ticket had its turn
   struct LeaveWhenDone {
     Admission::Ticket*& ticket;
-    const bool& yield;
+    bool yield = false;  // the caller's ticket had its turn
     ~LeaveWhenDone() {
       if (ticket == nullptr) return;
       if (yield) {
@@ -357,7 +357,7 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
         ticket->Leave();
       }
     }
-  } leave{ticket, yield};
+  } leave{ticket};
   run.trace_id = record->request_id;
   ODMOE_ASSIGN_OR_RETURN(run.prompt, PromptOf(request));
   record->prompt_tokens = run.prompt_len();
@@ -371,7 +371,7 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   }
   timeline.Queued();
   ODMOE_RETURN_IF_ERROR(ticket->WaitTurn(stop, record->deadline));
-  yield = record->admitted != nullptr;
+  leave.yield = record->admitted != nullptr;
   run.queue_ms = absl::ToDoubleMilliseconds(absl::Now() - run.arrived);
   run.deadline = record->deadline;
   timeline.Started(run.prompt_len());
@@ -405,9 +405,7 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
       if (token.logprobs) rpc::LogprobsToProto(*token.logprobs, chunk.add_logprobs());
       for (const PositionLogprobs& p : token.prompt_logprobs) rpc::LogprobsToProto(p, chunk.add_prompt_logprobs());
       chunk.set_has_text(decoder != nullptr);
-      if (decoder != nullptr && ShowsTokenText(config_, run.options, token.id)) {
-        chunk.set_text(decoder->Push(token.id));
-      }
+      if (decoder != nullptr && token.shows_text) chunk.set_text(decoder->Push(token.id));
       if (!emit(chunk)) client_gone = true;
     }
     if (done) break;
@@ -607,6 +605,7 @@ void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
     absl::MutexLock lock(&run.mu);
     RequestRun::PostedToken& posted = run.tokens.emplace_back();
     posted.id = id;
+    posted.shows_text = !last || ShowsTokenText(config_, run.options, id);  // only the last can be a stop token
     if (run.options.logprobs >= 0) posted.logprobs = result.logprobs.back();
     if (i == 0) posted.prompt_logprobs = result.prompt_logprobs;  // the first token's message carries them
   }
