@@ -60,6 +60,9 @@ RunningFiber running_fiber;
 namespace {
 
 constexpr size_t kStackBytes = 256 * 1024;  // mapped lazily: untouched pages cost nothing
+// Fiber i's stack starts (i % kStaggerSlots) * kStaggerBytes below the top of its mapping (see InitialStack).
+constexpr size_t kStaggerBytes = 320;
+constexpr unsigned kStaggerSlots = 256;
 constexpr unsigned char kSharedPoison = 0xCB;
 constexpr size_t kDynamicSharedRedzone = 1024;  // past the dynamic shared memory, for the checker
 
@@ -119,6 +122,9 @@ void* AllocStack() {
 
 void Yield(Fiber* f);
 
+// One past the last lane of warp `warp` in the running block.
+unsigned WarpEnd(unsigned warp) { return std::min(static_cast<unsigned>(run->fibers.size()), (warp + 1) * 32); }
+
 // A fiber's first frame. Never returns: after the kernel body it yields for good.
 [[noreturn]] void FiberMain() {
   Fiber* f = run->current;
@@ -130,11 +136,12 @@ void Yield(Fiber* f);
 }
 
 // A new fiber's stack, laid out as simt_switch_context leaves a switched-out one: six callee-saved registers, then
-// FiberMain as the return address (entered with rsp = 8 mod 16, as after a call). Its top is set `linear` * 320
-// bytes (mod 80 KiB) below the mapping's end: the stacks are 256 KiB apart, and at the same offset the hot frames of
-// a warp's 32 lanes would share the same few cache sets (the emulated goldens ran 5% slower).
+// FiberMain as the return address (entered with rsp = 8 mod 16, as after a call). Its top is staggered by the
+// fiber's index: the stacks are 256 KiB apart, and at the same offset the hot frames of a warp's 32 lanes would
+// share the same few cache sets (the emulated goldens ran 5% slower).
 void* InitialStack(void* stack, unsigned linear) {
-  auto* top = reinterpret_cast<uint64_t*>(static_cast<char*>(stack) + kStackBytes - (linear % 256) * 320);
+  const size_t stagger = (linear % kStaggerSlots) * kStaggerBytes;
+  auto* top = reinterpret_cast<uint64_t*>(static_cast<char*>(stack) + kStackBytes - stagger);
   *--top = 0;  // FiberMain's return address: none
   *--top = reinterpret_cast<uint64_t>(&FiberMain);
   for (int i = 0; i < 6; ++i) *--top = 0;  // rbp rbx r12 r13 r14 r15
@@ -163,8 +170,7 @@ Fiber* SwitchTo(Fiber* f) {
 // scheduler would run next (RunBlock), else back to the scheduler. One switch per lane instead of two through the
 // scheduler: a warp collective costs each of its lanes a switch out and in, the emulator's largest cost.
 void Yield(Fiber* f) {
-  const unsigned end = std::min(static_cast<unsigned>(run->fibers.size()), (f->linear / 32 + 1) * 32);
-  for (unsigned i = f->linear + 1; i < end; ++i) {
+  for (unsigned i = f->linear + 1; i < WarpEnd(f->linear / 32); ++i) {
     Fiber* next = &run->fibers[i];
     if (next->state == State::kReady) {
       Enter(next);
@@ -251,9 +257,7 @@ std::string BlockName() {
 
 // Lane indices of warp `warp` that exist in this block.
 unsigned LanesPresent(unsigned warp) {
-  const unsigned n = static_cast<unsigned>(run->fibers.size());
-  const unsigned first = warp * 32;
-  const unsigned count = std::min(32u, n - first);
+  const unsigned count = WarpEnd(warp) - warp * 32;
   return count == 32 ? 0xffffffffu : ((1u << count) - 1);
 }
 
@@ -423,14 +427,14 @@ bool RunBlock(const std::function<void()>& body, dim3 block) {
         again = false;
         // In lane order: lane i runs until it stops, then hands on to the next ready lane (Yield); the scheduler
         // goes on after the last lane that ran.
-        for (unsigned i = w * 32; i < std::min(n, w * 32 + 32); ++i) {
+        for (unsigned i = w * 32; i < WarpEnd(w); ++i) {
           if (br.fibers[i].state == State::kReady) {
             i = SwitchTo(&br.fibers[i])->linear;
             again = progress = true;
           }
         }
         // A collective waiting on lanes that have since exited completes now (and is reported).
-        for (unsigned i = w * 32; i < std::min(n, w * 32 + 32) && !again && br.waiting[w] != 0; ++i) {
+        for (unsigned i = w * 32; i < WarpEnd(w) && !again && br.waiting[w] != 0; ++i) {
           if (br.fibers[i].state == State::kWarp) {
             TryCompleteCollective(&br.fibers[i]);
             if (br.fibers[i].state == State::kReady) again = true;
