@@ -49,6 +49,12 @@ void ParallelChoices::Work(Admission::Ticket* ticket) {
   if (last && on_finished_ != nullptr) on_finished_();
 }
 
+bool ParallelChoices::WaitFor(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return working_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
+}
+
 absl::Status ParallelChoices::Wait() {
   for (std::thread& t : threads_) {
     if (t.joinable()) t.join();

@@ -56,6 +56,9 @@ class ParallelChoices {
   void Start(Job job, std::function<void()> on_finished = nullptr);
   // True once a job has failed and its error is recorded (the one Wait returns).
   bool failed() const { return failed_.load(); }
+  // Waits at most `timeout` for every job to end (or never start): true when they have, so that Wait returns at
+  // once. REQUIRES: Start was called.
+  bool WaitFor(absl::Duration timeout);
   // Blocks until every thread has ended: OK, or the error of the first job that failed.
   absl::Status Wait();
 

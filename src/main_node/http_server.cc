@@ -20,6 +20,7 @@
 #include "src/common/utf8.h"
 #include "src/engine/generator.h"
 #include "src/main_node/choices.h"
+#include "src/main_node/client_connection.h"
 #include "src/main_node/drain.h"
 #include "src/rpc/logprobs_proto.h"
 #include "src/rpc/metrics_server.h"
@@ -81,6 +82,8 @@ std::string NewResponseId(Endpoint endpoint) {
 
 // A streamed request's events waiting to be written, at most (its choices wait beyond that).
 constexpr size_t kStreamEventsQueued = 64;
+// How often a request's client is checked while its choices run (a stream's, also between its events).
+constexpr absl::Duration kClientCheckInterval = absl::Milliseconds(20);
 
 // One prompt, ready to run: the request MainNode gets for its first choice (later ones add their number to its
 // seed).
@@ -97,6 +100,8 @@ struct HttpServer::Impl {
   std::string no_chat_reason = "it has no chat template odmoe can apply";  // when chat_template.format is kNone
   metrics::Family<metrics::Counter>* requests = nullptr;                   // {endpoint, code}
   metrics::Counter* disconnects = nullptr;
+  // Set by StopAccepting: /health answers 503 (the port stays open while it also serves /metrics).
+  std::atomic<bool> draining{false};
   // Set by Shutdown at its deadline: the requests still in flight end now (Unavailable).
   std::atomic<bool> stopping{false};
   mutable RequestDrain drain;  // the completions requests in flight, which Shutdown waits for
@@ -410,19 +415,37 @@ void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Respons
   }
 
   if (!parsed->stream) {
+    // This thread watches the client while the choices run; a client gone cancels them, as a stream's does.
+    const ClientConnection connection =
+        ClientConnection::Find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+    if (!connection.found()) spdlog::debug("http {}: its connection was not found; a client gone goes unseen", name);
+    std::atomic<bool> client_gone{false};
     std::vector<openai::Choice> choices(count);
     ParallelChoices runner(count, std::move(admitted).value());
     runner.Start([&](int64_t c, Admission::Ticket* ticket) {
       logging::ScopedRequestId choice_scope(request_id);
-      absl::StatusOr<openai::Choice> choice = Run((*prompts)[c / n], c % n, parsed->stop, c, request_id,
-                                                  [](const std::string&, const std::vector<int32_t>&,
-                                                     const std::vector<openai::TokenLogprobs>&) { return true; },
-                                                  [&] { return StopReason(false, runner.failed()); }, ticket);
+      absl::StatusOr<openai::Choice> choice =
+          Run((*prompts)[c / n], c % n, parsed->stop, c, request_id,
+              [](const std::string&, const std::vector<int32_t>&, const std::vector<openai::TokenLogprobs>&) {
+                return true;
+              },
+              [&] { return StopReason(client_gone.load(), runner.failed()); }, ticket);
       if (!choice.ok()) return choice.status();
       choices[c] = std::move(choice).value();
       return absl::OkStatus();
     });
-    if (absl::Status status = runner.Wait(); !status.ok()) {
+    while (!runner.WaitFor(kClientCheckInterval)) {
+      if (!client_gone.load() && connection.Gone()) client_gone.store(true);
+    }
+    const absl::Status status = runner.Wait();
+    if (client_gone.load()) {  // no one to answer: the 499 is for the log and the metrics
+      disconnects->Add();
+      spdlog::info("http {}: the client closed the connection; request cancelled", name);
+      const ApiError e = openai::ErrorOfStatus(StopReason(true, false));
+      Count(name, e.http_status);
+      return SendError(res, e);
+    }
+    if (!status.ok()) {
       spdlog::warn("http {} failed: {}", name, status.ToString());
       const ApiError e = openai::ErrorOfStatus(status);
       Count(name, e.http_status);
@@ -553,7 +576,7 @@ bool HttpServer::Impl::Stream(StreamJob& job, httplib::DataSink& sink) const {
   runner.Start(run_choice, [&events] { events.FinishWriting(); });
   // The writer: every event as it comes, until the choices have ended; the client checked between events.
   for (;;) {
-    EventQueue::Next next = events.Pop(absl::Milliseconds(20));
+    EventQueue::Next next = events.Pop(kClientCheckInterval);
     if (next.finished) break;
     if (next.event && !client_gone.load() && !sink.write(next.event->data(), next.event->size())) {
       client_gone.store(true);
@@ -648,8 +671,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
                             "OpenAI API requests answered, by endpoint and HTTP status code.", {"endpoint", "code"});
   impl.disconnects = &registry
                           ->AddCounter("odmoe_http_client_disconnects_total",
-                                       "Streamed OpenAI API requests cancelled because the client closed the "
-                                       "connection.")
+                                       "OpenAI API requests cancelled because the client closed the connection.")
                           .With({});
 
   if (options.tls_cert.empty() != options.tls_key.empty()) {
@@ -708,14 +730,14 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
            }));
   http.Get("/health", [&impl](const httplib::Request&, httplib::Response& res) {
     absl::MutexLock lock(&impl.ready_mu);
-    if (impl.ready) {
+    if (impl.ready && !impl.draining.load()) {
       res.set_content(R"({"status":"ok"})", kJson);
       return;
     }
     ApiError e;
     e.http_status = 503;
     e.type = "unavailable_error";
-    e.message = StrCat("main is not ready: ", impl.ready_reason);
+    e.message = impl.draining.load() ? "main is shutting down" : StrCat("main is not ready: ", impl.ready_reason);
     SendError(res, e);
   });
   if (options.metrics_to_serve != nullptr) {
@@ -762,7 +784,17 @@ void HttpServer::StopAccepting() {
   if (impl_ == nullptr || http_ == nullptr || !accepting_) return;
   accepting_ = false;
   impl_->drain.Close();
-  http_->stop();  // the listening socket only: requests in flight go on
+  impl_->draining.store(true);
+  // The listening socket only: requests in flight go on. A port that also serves /metrics stays open until
+  // Shutdown, so that the drain can be watched; completions that reach it meanwhile are refused (the drain is
+  // closed).
+  if (impl_->options.metrics_to_serve == nullptr) CloseListener();
+}
+
+void HttpServer::CloseListener() {
+  if (!listening_) return;  // httplib's stop() expects a listening socket: once
+  listening_ = false;
+  http_->stop();
 }
 
 void HttpServer::Shutdown(absl::Time deadline) {
@@ -773,6 +805,7 @@ void HttpServer::Shutdown(absl::Time deadline) {
                  impl_->options.node, left);
   }
   impl_->stopping.store(true);
+  CloseListener();  // when StopAccepting left the port open
   thread_.join();  // httplib's pool ends once every connection has
 }
 

@@ -13,15 +13,16 @@
 // a request is checked against the model (vocabulary, context length, sampling options) before any byte of a
 // stream is sent: a bad request is always a 400 with OpenAI's error object, never a broken stream.
 //
-// Cancellation: a streamed request's writer (the pool thread) polls its connection every 20 ms and its choices
-// poll the writer's verdict (between steps, through RunRequest's `stop`), so a client that closes it cancels the
-// request within one decode step; odmoe_http_client_disconnects_total counts these. Stopping the server ends every
-// request in flight the same way, as Unavailable (503, or an error event in a stream); a choice that fails ends
-// its siblings as Aborted, and main's log tells the three apart. A request waiting for its turn holds one pool
+// Cancellation: the pool thread of a request checks its client every 20 ms while the choices run (a stream's
+// writer through its DataSink, a whole answer's through src/main_node/client_connection.h) and the choices poll its
+// verdict (between steps, through RunRequest's `stop`), so a client that closes the connection cancels the request
+// within one decode step; odmoe_http_client_disconnects_total counts these (a whole answer's also counts as a 499
+// in odmoe_http_requests_total; a stream's was counted as its 200). Stopping the server ends every request in
+// flight the same way, as Unavailable (503, or an error event in a stream); a choice that fails ends its siblings
+// as Aborted, and main's log tells the three apart. A request waiting for its turn holds one pool
 // thread; it waits at most for the requests ahead of it, each bounded by its max_tokens and the cluster's RPC
 // deadlines, and a write to a client that stops reading fails after the write timeout (which cancels the
-// request); meanwhile its choices wait on a bounded queue of events. Non-streamed requests are not polled (their
-// answer is one write).
+// request); meanwhile its choices wait on a bounded queue of events.
 //
 // Authorization hook: `authorize` (optional) sees every request before its handler; false answers 401 with
 // OpenAI's error object. OptionsFor sets it to the cluster's client token ([auth] token_file: the header
@@ -82,10 +83,12 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   // Graceful stop, in two steps so that main can drain its gRPC calls meanwhile. StopAccepting: the port closes
-  // at once (new connections are refused; a request already on its way is answered 503). Shutdown: requests in
-  // flight get until `deadline` to finish, a stream until its last byte; those still running then end as
-  // Unavailable (503, or an error event in a stream). Returns when the server's threads have ended. Both are
-  // idempotent; the destructor calls Shutdown(now). REQUIRES: called from one thread at a time.
+  // at once (new connections are refused; a request already on its way is answered 503), unless it also serves
+  // /metrics: then it stays open until Shutdown, /health answers 503 and completions 503, so that the drain can be
+  // watched. Shutdown: requests in flight get until `deadline` to finish, a stream until its last byte; those
+  // still running then end as Unavailable (503, or an error event in a stream). Returns when the server's threads
+  // have ended. Both are idempotent; the destructor calls Shutdown(now). REQUIRES: called from one thread at a
+  // time.
   void StopAccepting();
   void Shutdown(absl::Time deadline);
 
@@ -99,10 +102,12 @@ class HttpServer {
 
  private:
   HttpServer() = default;
+  void CloseListener();  // the port, once
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<httplib::Server> http_;
   std::thread thread_;
   bool accepting_ = true;  // until StopAccepting
+  bool listening_ = true;  // until CloseListener
   int port_ = 0;
   std::string url_;
 };

@@ -261,6 +261,23 @@ TEST_F(ClusterCliTest, TlsAndTokenOnGiveTheSameTokens) {
   EXPECT_NE(http_code({"-H", "Authorization: Bearer cluster-test-token"},
                       StrCat("http://127.0.0.1:", cluster.http_port(), "/v1/models")),
             "200");
+  // A client that gives up on a whole answer cancels it over TLS too (main watches the connection under it).
+  const std::string long_request = R"({"model":"tiny-mixtral-kjv","prompt":"And","max_tokens":2000,"ignore_eos":true})";
+  EXPECT_EQ(http_code({"-H", "Authorization: Bearer cluster-test-token", "-H", "Content-Type: application/json",
+                       "--max-time", "1", "--data-binary", long_request},
+                      StrCat("https://main:", cluster.http_port(), "/v1/completions")),
+            "000")
+      << "curl gave up after its second";
+  std::smatch logs;
+  ASSERT_TRUE(std::regex_search(cluster.up().out, logs, std::regex("logs in ([^\\n]+)"))) << cluster.up().out;
+  const std::string main_log = StrCat(logs[1].str(), "/main.log");
+  EXPECT_TRUE(odmoe::testing::Eventually(
+      [&] {
+        return odmoe::testing::ReadFile(main_log).find("the client closed the connection; request cancelled") !=
+               std::string::npos;
+      },
+      std::chrono::seconds(10)))
+      << odmoe::testing::ReadFile(main_log);
 }
 
 TEST_F(ClusterCliTest, AWorkerThatCannotStartStopsTheStartUpCleanly) {

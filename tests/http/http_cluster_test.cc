@@ -609,6 +609,24 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   EXPECT_LE(generated, static_cast<double>(received) + 12) << "cancelled after " << cancel_s << " s";
   std::printf("disconnect: cancelled %.2f s after the stream started; %zu tokens received, %.0f generated of 1900\n",
               cancel_s, received, generated);
+  // The same for a whole answer, whose client is watched while its choices run: a client that gives up (curl's
+  // timeout here, as an SDK's) does not leave its request running to max_tokens.
+  long_req["stream"] = false;
+  const double generated_before_whole = MetricValue(metrics, "odmoe_generation_tokens_total");
+  const auto whole_start = Clock::now();
+  const HttpResult whole_cut =
+      Curl(base + "/v1/completions",
+           {"--max-time", "1", "-H", "Content-Type: application/json", "--data-binary", DumpJson(long_req)});
+  EXPECT_EQ(whole_cut.status, 0) << "no answer within curl's second: " << whole_cut.body;
+  EXPECT_TRUE(Eventually([&] { return MetricValue(metrics, "odmoe_http_client_disconnects_total") == 2; },
+                         std::chrono::seconds(10)));
+  const double whole_cancel_s = std::chrono::duration<double>(Clock::now() - whole_start).count();
+  EXPECT_EQ(MetricValue(metrics, "odmoe_requests_total", "outcome=\"cancelled\""), 2);
+  EXPECT_EQ(MetricValue(metrics, "odmoe_http_requests_total", "code=\"499\""), 1);
+  const double whole_generated = MetricValue(metrics, "odmoe_generation_tokens_total") - generated_before_whole;
+  EXPECT_LT(whole_generated, 1900);
+  std::printf("disconnect (whole answer): cancelled %.2f s after the request; %.0f tokens generated of 1900\n",
+              whole_cancel_s, whole_generated);
   // The server still serves.
   EXPECT_EQ(Post(base + "/v1/completions", req).status, 200);
 

@@ -148,6 +148,22 @@ TEST(ParallelChoicesTest, TheFirstFailureStopsTheHandOutAndIsReturned) {
   EXPECT_EQ(finished_calls, 1);
 }
 
+// WaitFor lets the caller do something else (watch its client) while the jobs run, and says when they have ended.
+TEST(ParallelChoicesTest, WaitForSaysWhetherEveryJobHasEnded) {
+  Admission admission(8, 8);
+  std::atomic<bool> release{false};
+  ParallelChoices choices(3, Tickets(admission, 2));
+  choices.Start([&](int64_t index, Admission::Ticket*) -> absl::Status {
+    while (index == 2 && !release.load()) std::this_thread::yield();
+    return absl::OkStatus();
+  });
+  EXPECT_FALSE(choices.WaitFor(absl::Milliseconds(20))) << "job 2 is still running";
+  release.store(true);
+  EXPECT_TRUE(choices.WaitFor(absl::Seconds(30)));
+  EXPECT_TRUE(choices.WaitFor(absl::ZeroDuration())) << "and stays ended";
+  EXPECT_TRUE(choices.Wait().ok());
+}
+
 // The jobs running beside the one that failed stop on failed(), with errors of their own, which are never taken
 // for the request's: failed() turns true only once the first error is recorded.
 TEST(ParallelChoicesTest, JobsStoppedByFailedNeverReplaceTheFirstError) {

@@ -102,7 +102,8 @@ class ShutdownTest : public ::testing::Test {
     for (size_t i = 0; i < 3; ++i) {
       toml += StrCat("\n[[node]]\nname = \"", names[i], "\"\nrole = \"", i == 0 ? "main" : "worker", "\"\naddress = \"",
                      addresses_[i], "\"\n",
-                     i == 0 ? StrCat("device = \"cpu\"\nhttp_address = \"", http_, "\"\n")
+                     i == 0 ? StrCat("device = \"cpu\"\nhttp_address = \"", http_, "\"\n",
+                                     metrics_on_http_ ? StrCat("metrics_address = \"", http_, "\"\n") : "")
                             : std::string("device = \"mock-gpu\"\ngpu_budget_mb = 64\n"));
     }
     config_ = dir_.File("cluster.toml");
@@ -158,7 +159,14 @@ class ShutdownTest : public ::testing::Test {
                                        StrCat("http://", http_, "/v1/completions")});
   }
 
-  int64_t shutdown_timeout_ms_ = 20000;  // a derived fixture's constructor may change it
+  // GET `path` from main's HTTP API on a new connection.
+  odmoe::testing::RunResult Get(const std::string& path) const {
+    return odmoe::testing::RunProgram({"/usr/bin/curl", "-sS", StrCat("http://", http_, path)});
+  }
+
+  // A derived fixture's constructor may change these.
+  int64_t shutdown_timeout_ms_ = 20000;
+  bool metrics_on_http_ = false;  // main's HTTP port serves /metrics too
   odmoe::testing::TempDir dir_;
   std::string config_;
   std::vector<std::string> addresses_;  // gRPC: main, worker0, worker1
@@ -274,6 +282,36 @@ TEST_F(NoDrainShutdownTest, AnHttpStreamStillRunningEndsWithAnErrorEvent) {
   const std::string log = Log("main");
   EXPECT_NE(log.find("1 HTTP request(s) still running at the shutdown deadline"), std::string::npos) << log;
   EXPECT_NE(log.find("finished: outcome=unavailable"), std::string::npos) << log;
+}
+
+// Main whose HTTP port also serves /metrics: the port stays open through the drain, so that it can be watched.
+class SharedMetricsShutdownTest : public ShutdownTest {
+ protected:
+  SharedMetricsShutdownTest() { metrics_on_http_ = true; }
+};
+
+TEST_F(SharedMetricsShutdownTest, TheHttpPortAnswersMetricsThroughTheDrainAndRefusesTheRest) {
+  ASSERT_FALSE(Model().empty());
+  odmoe::testing::RunResult health, metrics, refused;
+  const std::string body = Stream(1000, [&] {
+    ASSERT_EQ(kill(daemons_[0]->pid(), SIGTERM), 0);
+    // /health says so within a moment of the signal; meanwhile the stream goes on.
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (Clock::now() < deadline) {
+      health = Get("/health");
+      if (health.out.find("shutting down") != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    metrics = Get("/metrics");
+    refused = NewRequest();
+  });
+  EXPECT_NE(health.out.find("main is shutting down"), std::string::npos) << health.out;
+  EXPECT_NE(metrics.out.find("odmoe_http_requests_total{"), std::string::npos) << metrics.out.substr(0, 2000);
+  EXPECT_EQ(refused.exit_code, 0) << "connected: the port is open";
+  EXPECT_NE(refused.out.find("main is shutting down"), std::string::npos) << refused.out;
+  EXPECT_EQ(StreamedTokens(body), 1000u) << body.substr(0, 2000);
+  EXPECT_NE(body.find("data: [DONE]"), std::string::npos) << body.substr(body.size() > 2000 ? body.size() - 2000 : 0);
+  EXPECT_EQ(daemons_[0]->WaitExit(std::chrono::seconds(20)), 0) << Log("main");
 }
 
 TEST_F(ShutdownTest, AStalledWorkersCallFailsWithDeadlineExceededWithinItsDeadline) {
