@@ -5,13 +5,17 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -131,18 +135,55 @@ bool CanBind(int port) {
   return ok;
 }
 
+// The test processes of this machine claim the ports they draw here, one file per port.
+constexpr char kPortClaims[] = "/tmp/odmoe-test-ports";
+// A process keeps its newest claims only (a test binary run whole may draw thousands of ports over its life).
+constexpr size_t kPortClaimsKept = 256;
+constexpr int kTakenByAnother = -1;
+constexpr int kNoClaims = -2;  // the folder cannot be used: the bind check alone decides
+
+// An exclusive flock on `port`'s file: its descriptor (held until the process exits or drops the claim),
+// kTakenByAnother when another process holds it, or kNoClaims.
+int ClaimPort(int port) {
+  mkdir(kPortClaims, 0777);  // EEXIST when another process made it
+  char path[64];
+  std::snprintf(path, sizeof(path), "%s/%d", kPortClaims, port);
+  const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) return kNoClaims;
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const bool taken = errno == EWOULDBLOCK;
+    close(fd);
+    return taken ? kTakenByAnother : kNoClaims;
+  }
+  return fd;
+}
+
 }  // namespace
 
 std::vector<int> PickFreePorts(int n) {
   static std::mutex mu;
   static std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(getpid()));
+  static std::deque<int> claims;  // the descriptors of this process's newest claims
   std::lock_guard<std::mutex> lock(mu);
   std::uniform_int_distribution<int> draw(10000, EphemeralLow() - 1);
   std::vector<int> ports;
   for (int tries = 0; static_cast<int>(ports.size()) < n; ++tries) {
     if (tries > 10000) throw std::runtime_error("cannot find free ports below the ephemeral range");
     const int port = draw(rng);
-    if (std::find(ports.begin(), ports.end(), port) == ports.end() && CanBind(port)) ports.push_back(port);
+    if (std::find(ports.begin(), ports.end(), port) != ports.end()) continue;
+    const int claim = ClaimPort(port);
+    if (claim == kTakenByAnother) continue;  // another test process drew it, and may not have bound it yet
+    if (!CanBind(port)) {
+      if (claim >= 0) close(claim);
+      continue;
+    }
+    ports.push_back(port);
+    if (claim < 0) continue;
+    claims.push_back(claim);
+    if (claims.size() > kPortClaimsKept) {
+      close(claims.front());
+      claims.pop_front();
+    }
   }
   return ports;
 }

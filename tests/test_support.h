@@ -57,7 +57,9 @@ std::string ByteLevelChars(std::string_view bytes);
 // `n` distinct TCP ports on 127.0.0.1 that were free a moment ago, so tests that start servers can run in
 // parallel. They are drawn at random below the kernel's ephemeral range (net.ipv4.ip_local_port_range): a port
 // the kernel hands out for port 0 or for an outgoing connection may be taken by another test's client before
-// our server binds it ("Address already in use"), one below that range only by a test drawing the same number.
+// our server binds it ("Address already in use"). And each port drawn is claimed among the test processes (a
+// flock on /tmp/odmoe-test-ports/PORT, held while the process lives, for its newest 256 ports), so that two tests
+// running side by side never draw the same one between its draw and its server's bind.
 std::vector<int> PickFreePorts(int n);
 
 struct RunResult {
