@@ -550,7 +550,7 @@ bool ShadowNode::Pass(const std::vector<Session*>& sessions) {
       worked = true;
       absl::Status prefilled = session->last() < session->prompt_len() ? absl::OkStatus() : Prefill(*session);
       if (!prefilled.ok() || session->sequence == nullptr) {
-        Finish(*session, prefilled);  // failed, or nothing is decoded: no prediction to make
+        Finish(*session, std::move(prefilled));  // failed, or nothing is decoded: no prediction to make
         continue;
       }
     }
@@ -567,7 +567,7 @@ bool ShadowNode::Pass(const std::vector<Session*>& sessions) {
     absl::Status end;
     if (NextOf(*session, &next, &end)) {
       worked = true;
-      Finish(*session, end);
+      Finish(*session, std::move(end));
     } else if (next.has_value()) {
       ready.push_back({session, *next});
     }
@@ -621,7 +621,7 @@ bool ShadowNode::Pass(const std::vector<Session*>& sessions) {
   for (size_t i = 0; i < ready.size(); ++i) {
     Session& s = *ready[i].session;
     if (!ran.ok()) {
-      Finish(s, ran);
+      Finish(s, absl::Status(ran.code(), ran.message()));  // a status of its own (see Finish)
       continue;
     }
     s.guess = guesses[i];

@@ -156,6 +156,8 @@ class ShadowNode final : public v1::Shadow::Service {
   // OK, or why it failed); otherwise `next` is its next position's (runnable now or not).
   bool NextOf(Session& s, std::optional<Next>* next, absl::Status* end);
   // Unregisters the session and hands it back to its handler with `status` (the loop does not touch it after).
+  // `status` goes to the session's handler, on another thread: the caller keeps no copy of it, so that the last
+  // reference to its payload dies on the handler's thread, under or after the session's mutex.
   void Finish(Session& session, absl::Status status);
   // The executor's hook at each sparse layer of a decode forward of Pass (rows in batch_'s order).
   void OnPredicted(int64_t layer, std::span<const RowPrediction> rows);
