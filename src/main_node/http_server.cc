@@ -781,10 +781,8 @@ void HttpServer::SetReady(bool ready, const std::string& reason) {
 }
 
 void HttpServer::StopAccepting() {
-  if (impl_ == nullptr || http_ == nullptr || !accepting_) return;
-  accepting_ = false;
+  if (impl_ == nullptr || http_ == nullptr || impl_->draining.exchange(true)) return;
   impl_->drain.Close();
-  impl_->draining.store(true);
   // The listening socket only: requests in flight go on. A port that also serves /metrics stays open until
   // Shutdown, so that the drain can be watched; completions that reach it meanwhile are refused (the drain is
   // closed).

@@ -106,7 +106,6 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<httplib::Server> http_;
   std::thread thread_;
-  bool accepting_ = true;  // until StopAccepting
   bool listening_ = true;  // until CloseListener
   int port_ = 0;
   std::string url_;

@@ -100,7 +100,10 @@ bool GoneSoon(const ClientConnection& c) {
 
 void ExpectEachConnectionWatchedApart(int family) {
   Loopback loopback(family);
-  if (!loopback.ok()) GTEST_SKIP() << "no loopback for address family " << family;
+  if (!loopback.ok()) {
+    ASSERT_NE(family, AF_INET) << "every machine has 127.0.0.1";
+    GTEST_SKIP() << "no IPv6 loopback here";
+  }
   Loopback::Connection a = loopback.Connect(), b = loopback.Connect();
   const ClientConnection watch_a = loopback.Find(a), watch_b = loopback.Find(b);
   ASSERT_TRUE(watch_a.found());
