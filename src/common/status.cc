@@ -32,6 +32,7 @@ int ExitCodeFor(const absl::Status& status) {
 
 namespace {
 constexpr char kBusyPayload[] = "type.odmoe.dev/server-busy";
+constexpr char kFieldPayload[] = "type.odmoe.dev/field";
 }  // namespace
 
 absl::Status ServerBusyError(std::string_view message) {
@@ -42,6 +43,16 @@ absl::Status ServerBusyError(std::string_view message) {
 
 bool IsServerBusy(const absl::Status& status) {
   return absl::IsResourceExhausted(status) && status.GetPayload(kBusyPayload).has_value();
+}
+
+absl::Status WithField(absl::Status status, std::string_view field) {
+  if (!status.ok()) status.SetPayload(kFieldPayload, absl::Cord(std::string(field)));
+  return status;
+}
+
+std::string FieldOf(const absl::Status& status) {
+  const auto field = status.GetPayload(kFieldPayload);  // absl::optional<absl::Cord>
+  return field ? std::string(*field) : std::string();
 }
 
 absl::Status CorruptError(std::string_view msg) { return absl::DataLossError(std::string(msg)); }

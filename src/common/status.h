@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -41,6 +42,13 @@ int ExitCodeFor(const absl::Status& status);
 // memory budget exceeded; the mark crosses gRPC in the status details (rpc::ToGrpc / rpc::FromGrpc).
 absl::Status ServerBusyError(std::string_view message);
 bool IsServerBusy(const absl::Status& status);
+
+// The request field an error is about ("max_new_tokens", "sampling.logit_bias", ...: the path of the field in
+// GenerateRequest), as a payload, so that an API can name the field in its own words (the HTTP API's `param`)
+// without reading the message. Local to the process: it does not cross gRPC.
+absl::Status WithField(absl::Status status, std::string_view field);
+// The field WithField named, or "" when none.
+std::string FieldOf(const absl::Status& status);
 
 // Error constructors used across the loader so that each kind of failure maps to one exit code.
 absl::Status CorruptError(std::string_view msg);       // DataLoss

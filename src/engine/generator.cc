@@ -102,24 +102,27 @@ absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t>
 
 absl::Status GenerateOptions::Validate(int64_t vocab_size) const {
   ODMOE_RETURN_IF_ERROR(sampling.Validate(vocab_size));
+  // Each error names its field in the message and as the payload (WithField).
+  auto invalid = [](std::string_view field, auto&&... rest) {
+    return WithField(absl::InvalidArgumentError(StrCat(field, rest...)), field);
+  };
   if (logprobs < -1 || logprobs > kMaxTopLogprobs) {
-    return absl::InvalidArgumentError(
-        StrCat("logprobs must be -1 (none) or 0..", kMaxTopLogprobs, " (top alternatives per token), got ", logprobs));
+    return invalid("logprobs", " must be -1 (none) or 0..", kMaxTopLogprobs, " (top alternatives per token), got ",
+                   logprobs);
   }
-  if (prompt_logprobs && logprobs < 0) return absl::InvalidArgumentError("prompt_logprobs needs logprobs");
+  if (prompt_logprobs && logprobs < 0) return invalid("prompt_logprobs", " needs logprobs");
   if (stop_token_ids.size() > kMaxStopTokenIds) {
-    return absl::InvalidArgumentError(
-        StrCat("stop_token_ids has ", stop_token_ids.size(), " ids, at most ", kMaxStopTokenIds));
+    return invalid("stop_token_ids", " has ", stop_token_ids.size(), " ids, at most ", kMaxStopTokenIds);
   }
   for (const int32_t id : stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
-      return absl::OutOfRangeError(
-          StrCat("stop_token_ids id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+      return WithField(
+          absl::OutOfRangeError(StrCat("stop_token_ids id ", id, " is outside the vocabulary [0, ", vocab_size, ")")),
+          "stop_token_ids");
     }
   }
   if (min_tokens < 0 || min_tokens > max_new_tokens) {
-    return absl::InvalidArgumentError(
-        StrCat("min_tokens must be in [0, max_new_tokens = ", max_new_tokens, "], got ", min_tokens));
+    return invalid("min_tokens", " must be in [0, max_new_tokens = ", max_new_tokens, "], got ", min_tokens);
   }
   return absl::OkStatus();
 }

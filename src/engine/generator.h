@@ -54,7 +54,7 @@ struct GenerateOptions {
 
   // InvalidArgument naming the option when a value is out of range (sampling, logprobs, stop_token_ids, min_tokens);
   // OutOfRange for a logit_bias or stop_token_ids id outside [0, vocab_size). max_new_tokens is checked against the
-  // prompt and the model by ValidateRequest.
+  // prompt and the model by ValidateRequest. The option is named in the message and as its field (WithField).
   absl::Status Validate(int64_t vocab_size) const;
 };
 

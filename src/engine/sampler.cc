@@ -5,43 +5,42 @@
 #include <limits>
 
 #include "src/backend/cpu_kernels.h"
+#include "src/common/status.h"
 #include "src/common/strings.h"
 
 namespace odmoe {
 
 absl::Status SamplingOptions::Validate(int64_t vocab_size) const {
+  // Each error names its field twice: first in the message, then as the payload (WithField).
+  auto invalid = [](std::string_view field, auto&&... rest) {
+    return WithField(absl::InvalidArgumentError(StrCat(field, rest...)), field);
+  };
   if (!(temperature >= 0) || !std::isfinite(temperature)) {
-    return absl::InvalidArgumentError(StrCat("sampling.temperature must be a number >= 0, got ", temperature));
+    return invalid("sampling.temperature", " must be a number >= 0, got ", temperature);
   }
-  if (top_k < 0) return absl::InvalidArgumentError(StrCat("sampling.top_k must be >= 0, got ", top_k));
-  if (!(top_p > 0 && top_p <= 1)) {
-    return absl::InvalidArgumentError(StrCat("sampling.top_p must be in (0, 1], got ", top_p));
+  if (top_k < 0) return invalid("sampling.top_k", " must be >= 0, got ", top_k);
+  if (!(top_p > 0 && top_p <= 1)) return invalid("sampling.top_p", " must be in (0, 1], got ", top_p);
+  for (const auto& [field, value] : {std::pair{"sampling.presence_penalty", presence_penalty},
+                                     std::pair{"sampling.frequency_penalty", frequency_penalty}}) {
+    if (!(value >= -2 && value <= 2)) return invalid(field, " must be in [-2, 2], got ", value);
   }
-  for (const auto& [name, value] :
-       {std::pair{"presence_penalty", presence_penalty}, std::pair{"frequency_penalty", frequency_penalty}}) {
-    if (!(value >= -2 && value <= 2)) {
-      return absl::InvalidArgumentError(StrCat("sampling.", name, " must be in [-2, 2], got ", value));
-    }
-  }
+  constexpr std::string_view kBias = "sampling.logit_bias";
   if (logit_bias.size() > kMaxLogitBias) {
-    return absl::InvalidArgumentError(
-        StrCat("sampling.logit_bias has ", logit_bias.size(), " entries, at most ", kMaxLogitBias));
+    return invalid(kBias, " has ", logit_bias.size(), " entries, at most ", kMaxLogitBias);
   }
   std::vector<int32_t> ids;
   for (const auto& [id, bias] : logit_bias) {
     if (id < 0 || id >= vocab_size) {
-      return absl::OutOfRangeError(
-          StrCat("sampling.logit_bias token id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+      return WithField(
+          absl::OutOfRangeError(StrCat(kBias, " token id ", id, " is outside the vocabulary [0, ", vocab_size, ")")),
+          kBias);
     }
-    if (!(bias >= -100 && bias <= 100)) {
-      return absl::InvalidArgumentError(
-          StrCat("sampling.logit_bias of token ", id, " must be in [-100, 100], got ", bias));
-    }
+    if (!(bias >= -100 && bias <= 100)) return invalid(kBias, " of token ", id, " must be in [-100, 100], got ", bias);
     ids.push_back(id);
   }
   std::sort(ids.begin(), ids.end());
   if (auto dup = std::adjacent_find(ids.begin(), ids.end()); dup != ids.end()) {
-    return absl::InvalidArgumentError(StrCat("sampling.logit_bias gives token ", *dup, " twice"));
+    return invalid(kBias, " gives token ", *dup, " twice");
   }
   return absl::OkStatus();
 }

@@ -40,7 +40,7 @@ struct SamplingOptions {
   std::vector<std::pair<int32_t, double>> logit_bias;
 
   // InvalidArgument naming the option when a value is out of range; OutOfRange for a logit_bias id outside
-  // [0, vocab_size).
+  // [0, vocab_size). The option ("sampling.top_p", ...) is named in the message and as its field (WithField).
   absl::Status Validate(int64_t vocab_size) const;
   // Whether the logits change before a pick (Sampler::Deltas may be non-empty).
   bool ChangesLogits() const { return presence_penalty != 0 || frequency_penalty != 0 || !logit_bias.empty(); }

@@ -4,10 +4,13 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "src/backend/cpu_kernels.h"
+#include "src/common/status.h"
+#include "src/engine/generator.h"
 
 namespace odmoe {
 namespace {
@@ -182,33 +185,60 @@ TEST(SamplingRuleTest, MassAndFractionsAreExactIntegers) {
   EXPECT_EQ(MulFraction((uint64_t{1} << 24) + 3, 1u << 23), (uint64_t{1} << 23) + 1);
 }
 
-TEST(SamplingOptionsTest, RejectsBadValuesNamingTheFlag) {
+// Each refusal names its field in the message and as the payload the HTTP API reads (FieldOf).
+TEST(SamplingOptionsTest, RejectsBadValuesNamingTheField) {
+  // The message of o's refusal, which names `field` as its field too.
+  auto refused = [](const SamplingOptions& o, std::string_view field) {
+    const absl::Status s = o.Validate(100);
+    EXPECT_EQ(FieldOf(s), field) << s;
+    EXPECT_NE(std::string(s.message()).find(field), std::string::npos) << s;
+    return std::string(s.message());
+  };
   SamplingOptions o;
   o.temperature = -1;
-  EXPECT_NE(o.Validate(100).message().find("sampling.temperature"), absl::string_view::npos);
+  refused(o, "sampling.temperature");
   o = {};
   o.top_p = 0;
-  EXPECT_NE(o.Validate(100).message().find("sampling.top_p"), absl::string_view::npos);
+  refused(o, "sampling.top_p");
   o = {};
   o.top_k = -3;
-  EXPECT_NE(o.Validate(100).message().find("sampling.top_k"), absl::string_view::npos);
+  refused(o, "sampling.top_k");
   o = {};
   o.presence_penalty = 2.5;
-  EXPECT_EQ(o.Validate(100).message(), "sampling.presence_penalty must be in [-2, 2], got 2.5");
+  EXPECT_EQ(refused(o, "sampling.presence_penalty"), "sampling.presence_penalty must be in [-2, 2], got 2.5");
   o = {};
   o.frequency_penalty = -3;
-  EXPECT_NE(o.Validate(100).message().find("sampling.frequency_penalty"), absl::string_view::npos);
+  refused(o, "sampling.frequency_penalty");
   o = {};
   o.logit_bias = {{100, 1.0}};
-  EXPECT_EQ(o.Validate(100),
-            absl::OutOfRangeError("sampling.logit_bias token id 100 is outside the vocabulary [0, 100)"));
+  EXPECT_EQ(refused(o, "sampling.logit_bias"), "sampling.logit_bias token id 100 is outside the vocabulary [0, 100)");
+  EXPECT_EQ(o.Validate(100).code(), absl::StatusCode::kOutOfRange);
   o.logit_bias = {{5, 101.0}};
-  EXPECT_NE(o.Validate(100).message().find("[-100, 100], got 101"), absl::string_view::npos);
+  EXPECT_NE(refused(o, "sampling.logit_bias").find("[-100, 100], got 101"), std::string::npos);
   o.logit_bias = {{5, 1.0}, {7, 2.0}, {5, 3.0}};
-  EXPECT_EQ(o.Validate(100).message(), "sampling.logit_bias gives token 5 twice");
+  EXPECT_EQ(refused(o, "sampling.logit_bias"), "sampling.logit_bias gives token 5 twice");
   o.logit_bias.assign(kMaxLogitBias + 1, {1, 1.0});
-  EXPECT_NE(o.Validate(100).message().find("at most 300"), absl::string_view::npos);
+  EXPECT_NE(refused(o, "sampling.logit_bias").find("at most 300"), std::string::npos);
   EXPECT_TRUE(SamplingOptions{}.Validate(100).ok());
+  EXPECT_EQ(FieldOf(SamplingOptions{}.Validate(100)), "");
+}
+
+TEST(GenerateOptionsTest, RejectsBadValuesNamingTheField) {
+  auto field_of = [](const GenerateOptions& o) { return FieldOf(o.Validate(100)); };
+  GenerateOptions o{.max_new_tokens = 4};
+  EXPECT_TRUE(o.Validate(100).ok());
+  o.sampling.top_p = 2;
+  EXPECT_EQ(field_of(o), "sampling.top_p");
+  o = {.max_new_tokens = 4, .logprobs = kMaxTopLogprobs + 1};
+  EXPECT_EQ(field_of(o), "logprobs");
+  o = {.max_new_tokens = 4, .prompt_logprobs = true};
+  EXPECT_EQ(field_of(o), "prompt_logprobs");
+  o = {.max_new_tokens = 4, .stop_token_ids = {3, 100}};
+  EXPECT_EQ(o.Validate(100).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(field_of(o), "stop_token_ids");
+  o = {.max_new_tokens = 4, .min_tokens = 5};
+  EXPECT_EQ(o.Validate(100).message(), "min_tokens must be in [0, max_new_tokens = 4], got 5");
+  EXPECT_EQ(field_of(o), "min_tokens");
 }
 
 // Logit bias at every pick, presence and frequency penalties by the count of each picked token: one delta per id, in
