@@ -12,6 +12,8 @@
 #include <random>
 #include <sstream>
 
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "httplib.h"
 #include "spdlog/spdlog.h"
 #include "src/common/logging.h"
@@ -56,10 +58,19 @@ ApiError BadRequest(std::string message, std::string param = "") {
   return e;
 }
 
-// tokenizer_config.json of `dir` (null when absent).
-absl::StatusOr<Json> ReadTokenizerConfig(const std::string& dir) {
+// The request field of a GenerateOptions error (FieldOf: a GenerateRequest path such as "sampling.logit_bias")
+// as this API names it; "" for none.
+std::string ApiParamOf(std::string_view field, Endpoint endpoint) {
+  if (field.starts_with("sampling.")) field.remove_prefix(std::string_view("sampling.").size());
+  if (field == "max_new_tokens") return "max_tokens";
+  if (field == "logprobs" && endpoint == Endpoint::kChatCompletions) return "top_logprobs";
+  return std::string(field);
+}
+
+// The JSON file `name` of the checkpoint folder `dir` (null when absent); FailedPrecondition when it does not parse.
+absl::StatusOr<Json> ReadCheckpointJson(const std::string& dir, std::string_view name) {
   if (dir.empty()) return Json(nullptr);
-  const std::string path = (std::filesystem::path(dir) / "tokenizer_config.json").string();
+  const std::string path = (std::filesystem::path(dir) / name).string();
   std::ifstream in(path, std::ios::binary);
   if (!in) return Json(nullptr);
   std::stringstream text;
@@ -98,6 +109,7 @@ struct HttpServer::Impl {
   HttpServerOptions options;
   openai::ChatTemplate chat_template;
   std::string no_chat_reason = "it has no chat template odmoe can apply";  // when chat_template.format is kNone
+  openai::SamplingDefaults sampling_defaults;  // the checkpoint's generation_config.json's, else OpenAI's
   metrics::Family<metrics::Counter>* requests = nullptr;                   // {endpoint, code}
   metrics::Counter* disconnects = nullptr;
   // Set by StopAccepting: /health answers 503 (the port stays open while it also serves /metrics).
@@ -280,11 +292,11 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
                             .logprobs = r.logprobs,
                             .prompt_logprobs = r.echo && r.logprobs >= 0};
     if (absl::Status s = checked.Validate(config.vocab_size); !s.ok()) {
-      std::string blamed;
-      for (const char* field : {"logit_bias", "stop_token_ids", "min_tokens"}) {
-        if (s.message().find(field) != std::string_view::npos) blamed = field;
-      }
-      *error = BadRequest(std::string(s.message()), blamed);
+      const std::string field = FieldOf(s);
+      const std::string blamed = ApiParamOf(field, r.endpoint);
+      std::string message(s.message());
+      if (!field.empty()) message = absl::StrReplaceAll(message, {{field, blamed}});  // the client's words
+      *error = BadRequest(std::move(message), blamed);
       return s;
     }
     PreparedPrompt p;
@@ -382,7 +394,8 @@ void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Respons
     return SendError(res, e);
   }
   ApiError error;
-  absl::StatusOr<openai::CompletionRequest> parsed = openai::ParseCompletionRequest(req.body, endpoint, &error);
+  absl::StatusOr<openai::CompletionRequest> parsed =
+      openai::ParseCompletionRequest(req.body, endpoint, &error, sampling_defaults);
   if (!parsed.ok()) {
     spdlog::info("http {} from {}: refused: {}", name, req.remote_addr, error.message);
     Count(name, error.http_status);
@@ -593,7 +606,9 @@ bool HttpServer::Impl::Stream(StreamJob& job, httplib::DataSink& sink) const {
   }
   if (!status.ok()) {
     spdlog::warn("http {} failed mid-stream: {}", job.name, status.ToString());
-    const std::string event = StrCat("data: ", openai::ErrorBody(openai::ErrorOfStatus(status)), "\n\n");
+    // The error event, then [DONE] as after any stream (vLLM's too), so that a client reading to [DONE] ends.
+    const std::string event =
+        StrCat("data: ", openai::ErrorBody(openai::ErrorOfStatus(status)), "\n\n", openai::kSseDone);
     sink.write(event.data(), event.size());
     sink.done();
     return true;
@@ -657,13 +672,28 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
   Impl& impl = *server->impl_;
   impl.node = node;
   impl.options = options;
-  ODMOE_ASSIGN_OR_RETURN(const Json tokenizer_config, ReadTokenizerConfig(node->model_dir()));
+  ODMOE_ASSIGN_OR_RETURN(const Json tokenizer_config, ReadCheckpointJson(node->model_dir(), "tokenizer_config.json"));
   impl.chat_template = openai::ChooseChatTemplate(tokenizer_config, ArchitectureName(node->config().arch));
   if (node->tokenizer() != nullptr) {
     if (std::string why = openai::ChatTemplateMismatch(impl.chat_template, *node->tokenizer()); !why.empty()) {
       impl.chat_template = {};
       impl.no_chat_reason = std::move(why);
       spdlog::warn("node '{}': chat is off: {}", options.node, impl.no_chat_reason);
+    }
+  }
+  ODMOE_ASSIGN_OR_RETURN(const Json generation_config, ReadCheckpointJson(node->model_dir(), "generation_config.json"));
+  if (generation_config.is_object()) {
+    const std::string path = (std::filesystem::path(node->model_dir()) / "generation_config.json").string();
+    std::vector<std::string> ignored;
+    ODMOE_ASSIGN_OR_RETURN(impl.sampling_defaults, openai::ReadSamplingDefaults(generation_config, path, &ignored));
+    const openai::SamplingDefaults& d = impl.sampling_defaults;
+    if (d.temperature != 1 || d.top_p != 1 || d.top_k != 0) {
+      spdlog::info("node '{}': a request's sampling defaults are {}'s: temperature {}, top_p {}, top_k {}",
+                   options.node, path, d.temperature, d.top_p, d.top_k);
+    }
+    if (!ignored.empty()) {
+      spdlog::warn("node '{}': {} recommends {}, which odmoe does not implement: requests sample without it",
+                   options.node, path, absl::StrJoin(ignored, ", "));
     }
   }
   impl.requests =

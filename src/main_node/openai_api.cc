@@ -396,9 +396,33 @@ absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, 
   return r;
 }
 
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint, ApiError* error) {
+absl::StatusOr<SamplingDefaults> ReadSamplingDefaults(const Json& config, const std::string& path,
+                                                      std::vector<std::string>* ignored) {
+  const JsonFields f(config, path);
+  SamplingDefaults d;
+  ODMOE_ASSIGN_OR_RETURN(d.temperature, f.Number("temperature", d.temperature));
+  if (!(d.temperature >= 0 && d.temperature <= 2)) {
+    return f.FieldError("temperature", StrCat("must be in [0, 2] (as a request's), got ", d.temperature));
+  }
+  ODMOE_ASSIGN_OR_RETURN(d.top_p, f.Number("top_p", d.top_p));
+  if (!(d.top_p > 0 && d.top_p <= 1)) return f.FieldError("top_p", StrCat("must be in (0, 1], got ", d.top_p));
+  ODMOE_ASSIGN_OR_RETURN(d.top_k, f.Int("top_k", d.top_k));
+  if (d.top_k < -1) return f.FieldError("top_k", StrCat("must be -1, 0 (all) or >= 1, got ", d.top_k));
+  d.top_k = std::max<int64_t>(d.top_k, 0);
+  ODMOE_ASSIGN_OR_RETURN(const double min_p, f.Number("min_p", 0.0));
+  if (min_p != 0) ignored->push_back(StrCat("min_p = ", min_p));
+  ODMOE_ASSIGN_OR_RETURN(const double repetition_penalty, f.Number("repetition_penalty", 1.0));
+  if (repetition_penalty != 1) ignored->push_back(StrCat("repetition_penalty = ", repetition_penalty));
+  return d;
+}
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint, ApiError* error,
+                                                         const SamplingDefaults& defaults) {
   CompletionRequest r;
   r.endpoint = endpoint;
+  r.temperature = defaults.temperature;
+  r.top_p = defaults.top_p;
+  r.top_k = defaults.top_k;
   ODMOE_ASSIGN_OR_RETURN(const Json j, ReadBody(body, error, &r.model));
   if (endpoint == Endpoint::kCompletions) {
     ODMOE_RETURN_IF_ERROR(ReadPrompts(j, error, &r.prompts));
@@ -412,6 +436,11 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
     return Fail(error, "n", StrCat("'n' must be in [1, ", kMaxChoicesPerPrompt, "], got ", *choices));
   }
   r.n = choices.value_or(1);
+  if (const auto prompts = static_cast<int64_t>(r.prompts.size()); prompts * r.n > kMaxChoicesPerRequest) {
+    return Fail(error, "prompt",
+                StrCat("'prompt' has ", prompts, " prompts and 'n' is ", r.n, ": ", prompts * r.n,
+                       " choices, more than the ", kMaxChoicesPerRequest, " a request may ask for"));
+  }
   if (Field(j, "best_of") != nullptr && r.n > 1) {  // best_of is 1 here: fewer candidates than choices
     return Fail(error, "best_of", StrCat("'best_of' must be >= 'n' (", r.n, "), got 1"));
   }
@@ -440,7 +469,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   std::optional<int64_t> top_k;
   ODMOE_RETURN_IF_ERROR(ReadInt(j, "top_k", error, &top_k));
   if (top_k && *top_k < -1) return Fail(error, "top_k", StrCat("'top_k' must be -1, 0 (all) or >= 1, got ", *top_k));
-  r.top_k = top_k && *top_k > 0 ? *top_k : 0;
+  if (top_k) r.top_k = std::max<int64_t>(*top_k, 0);
   std::optional<int64_t> seed;
   ODMOE_RETURN_IF_ERROR(ReadInt(j, "seed", error, &seed));
   if (seed) r.seed = static_cast<uint64_t>(*seed);
@@ -628,7 +657,8 @@ absl::StatusOr<std::vector<PromptPiece>> RenderChat(const ChatTemplate& chat,
     } else {
       pieces.push_back({PromptPiece::kText, m.content});
       pieces.push_back({PromptPiece::kEos, ""});
-      pieces.push_back({PromptPiece::kBos, ""});
+      // Llama 2 opens every user turn with BOS; Mistral's template writes BOS once, at the start.
+      if (format == ChatFormat::kLlama2) pieces.push_back({PromptPiece::kBos, ""});
     }
   }
   if (messages.back().role != "user") {

@@ -72,7 +72,8 @@ struct CompletionRequest {
   // seed plus j, so that it is the answer of a request with n = 1 and that seed.
   int64_t n = 1;
   std::optional<int64_t> max_tokens;  // absent: completions 16, chat the rest of the context
-  double temperature = 1.0;           // OpenAI's default; 0: greedy
+  // Absent from the request: SamplingDefaults'.
+  double temperature = 1.0;  // 0: greedy
   double top_p = 1.0;
   int64_t top_k = 0;             // vLLM's extension: the k likeliest tokens only; 0 (or -1 in the request): all
   std::optional<uint64_t> seed;  // absent: a random seed per request
@@ -101,9 +102,27 @@ struct CompletionRequest {
   int32_t logprobs = -1;
 };
 
-// Parses and checks a request body for `endpoint`. Errors are 400 with `param` naming the field: malformed
-// JSON, a body that is not an object, a field of the wrong type or out of range, an unsupported option set.
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint, ApiError* error);
+// The sampling of a request that leaves these options out: OpenAI's defaults, or what the checkpoint's
+// generation_config.json recommends (ReadSamplingDefaults), as vLLM applies it unless told otherwise.
+struct SamplingDefaults {
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;  // 0: all tokens
+};
+
+// The defaults a checkpoint's generation_config.json (`config`, an object read from `path`) recommends: its
+// `temperature`, `top_p` and `top_k`, each where it has one. FailedPrecondition naming the file and key for a
+// value of the wrong type or outside what a request may ask for. `ignored` gets, as "key = value", the
+// recommendations odmoe does not follow: min_p > 0 and repetition_penalty other than 1, which a request may not
+// ask for either (do_sample is not read: vLLM does not read it).
+absl::StatusOr<SamplingDefaults> ReadSamplingDefaults(const Json& config, const std::string& path,
+                                                      std::vector<std::string>* ignored);
+
+// Parses and checks a request body for `endpoint`, with `defaults` for the sampling options it leaves out. Errors
+// are 400 with `param` naming the field: malformed JSON, a body that is not an object, a field of the wrong type
+// or out of range, an unsupported option set.
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint, ApiError* error,
+                                                         const SamplingDefaults& defaults = {});
 
 // vLLM's POST /tokenize: `model` and either `prompt` (a string; `add_special_tokens`, default true, adds what a
 // completion's prompt gets, e.g. BOS) or `messages` (the prompt chat would make of them).
@@ -123,6 +142,8 @@ absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, 
 
 // The largest `n` (OpenAI's limit).
 inline constexpr int64_t kMaxChoicesPerPrompt = 128;
+// prompts x n: so much as one request may ask for (each choice is a request to main, held in memory meanwhile).
+inline constexpr int64_t kMaxChoicesPerRequest = 4096;
 // The default max_tokens of OpenAI's completions endpoint.
 inline constexpr int64_t kDefaultCompletionMaxTokens = 16;
 // At most this many stop strings, each at most kMaxStopBytes bytes.
@@ -135,7 +156,7 @@ inline constexpr size_t kMaxStopBytes = 256;
 enum class ChatFormat {
   kNone,         // none known: chat is refused
   kMistralInst,  // <s>[INST] user [/INST] assistant</s>[INST] ... (Mistral / Mixtral instruct)
-  kLlama2,       // as kMistralInst, the system message in <<SYS>> ... <</SYS>> inside the first [INST]
+  kLlama2,       // as kMistralInst, but <s> before every [INST], the system message in <<SYS>> inside the first
   kChatMl,       // <|im_start|>role\ncontent<|im_end|>\n ... <|im_start|>assistant\n (Qwen)
 };
 std::string_view ChatFormatName(ChatFormat format);  // "none", "mistral-inst", "llama2", "chatml"

@@ -272,6 +272,8 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
         Post(base + "/v1/completions", {{"model", kModel}, {"prompt", prompt}, {"logit_bias", {{"999999", 5}}}});
     EXPECT_EQ(outside.status, 400) << outside.body;
     EXPECT_EQ(ParseOrDie(outside.body)["error"]["param"], "logit_bias") << outside.body;
+    EXPECT_EQ(ParseOrDie(outside.body)["error"]["message"],
+              StrCat("logit_bias token id 999999 is outside the vocabulary [0, ", (*local)->config().vocab_size, ")"));
 
     // vLLM's min_tokens: EOS, made the greedy pick by a bias, comes only after min_tokens tokens; more than
     // max_tokens is refused naming it.

@@ -287,6 +287,59 @@ TEST(OpenAiParse, ErrorsNameTheField) {
     EXPECT_EQ(error.param, c.param) << c.body;
     EXPECT_NE(error.message.find(c.message), std::string::npos) << c.body << " -> " << error.message;
   }
+  // prompts x n is bounded: 32 x 128 choices may be asked for, 33 x 128 not.
+  Json many = {{"model", "m"}, {"prompt", std::vector<std::string>(32, "x")}, {"n", kMaxChoicesPerPrompt}};
+  ApiError error;
+  EXPECT_TRUE(Parse(many.dump(), Endpoint::kCompletions, &error).ok()) << error.message;
+  many["prompt"].push_back("x");
+  EXPECT_FALSE(Parse(many.dump(), Endpoint::kCompletions, &error).ok());
+  EXPECT_EQ(error.param, "prompt");
+  EXPECT_EQ(error.message,
+            "'prompt' has 33 prompts and 'n' is 128: 4224 choices, more than the 4096 a request may ask for");
+}
+
+// A checkpoint's generation_config.json gives the sampling of requests that leave it out, as vLLM's default does.
+TEST(OpenAiRequests, SamplingDefaultsFromGenerationConfig) {
+  std::vector<std::string> ignored;
+  const Json qwen3 = {{"do_sample", true}, {"temperature", 0.6}, {"top_p", 0.95}, {"top_k", 20}, {"eos_token_id", 2}};
+  absl::StatusOr<SamplingDefaults> d = ReadSamplingDefaults(qwen3, "m/generation_config.json", &ignored);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->temperature, 0.6);
+  EXPECT_EQ(d->top_p, 0.95);
+  EXPECT_EQ(d->top_k, 20);
+  EXPECT_TRUE(ignored.empty());
+
+  ApiError error;
+  auto omitted = ParseCompletionRequest(R"({"model":"m","prompt":"x"})", Endpoint::kCompletions, &error, *d);
+  ASSERT_TRUE(omitted.ok()) << error.message;
+  EXPECT_EQ(omitted->temperature, 0.6);
+  EXPECT_EQ(omitted->top_p, 0.95);
+  EXPECT_EQ(omitted->top_k, 20);
+  auto given = ParseCompletionRequest(R"({"model":"m","prompt":"x","temperature":0,"top_p":1,"top_k":-1})",
+                                      Endpoint::kCompletions, &error, *d);
+  ASSERT_TRUE(given.ok()) << error.message;
+  EXPECT_EQ(given->temperature, 0.0);  // the request's own values win
+  EXPECT_EQ(given->top_p, 1.0);
+  EXPECT_EQ(given->top_k, 0);
+
+  // Nothing recommended: OpenAI's defaults. What odmoe cannot follow is reported, not applied.
+  d = ReadSamplingDefaults({{"repetition_penalty", 1.05}, {"min_p", 0}}, "g.json", &ignored);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->temperature, 1.0);
+  EXPECT_EQ(d->top_p, 1.0);
+  EXPECT_EQ(d->top_k, 0);
+  EXPECT_EQ(ignored, std::vector<std::string>{"repetition_penalty = 1.05"});
+
+  for (const auto& [bad, message] : std::vector<std::pair<Json, std::string>>{
+           {{{"temperature", -1}}, "g.json: field 'temperature': must be in [0, 2] (as a request's), got -1"},
+           {{{"top_p", 0}}, "g.json: field 'top_p': must be in (0, 1], got 0"},
+           {{{"top_k", -2}}, "g.json: field 'top_k': must be -1, 0 (all) or >= 1, got -2"},
+           {{{"temperature", "0.7"}}, "g.json: field 'temperature'"}}) {
+    d = ReadSamplingDefaults(bad, "g.json", &ignored);
+    ASSERT_FALSE(d.ok()) << bad;
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(d.status().message()), HasSubstr(message));
+  }
 }
 
 TEST(OpenAiErrors, ErrorObjectAndStatusMapping) {
@@ -438,10 +491,12 @@ TEST(OpenAiChat, TemplateChoiceAndRendering) {
   for (const PromptPiece& p : *pieces) {
     rendered += p.kind == PromptPiece::kBos ? "<s>" : p.kind == PromptPiece::kEos ? "</s>" : p.text;
   }
-  EXPECT_EQ(rendered, "<s>[INST] Be brief.\n\nWho? [/INST]Moses.</s><s>[INST] When? [/INST]");
-  auto llama = RenderChat({ChatFormat::kLlama2}, {{"system", "S"}, {"user", "U"}});
+  EXPECT_EQ(rendered, "<s>[INST] Be brief.\n\nWho? [/INST]Moses.</s>[INST] When? [/INST]");
+  auto llama = RenderChat({ChatFormat::kLlama2}, {{"system", "S"}, {"user", "U"}, {"assistant", "A"}, {"user", "V"}});
   ASSERT_TRUE(llama.ok());
   EXPECT_EQ((*llama)[1].text, "[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST]");
+  ASSERT_EQ(llama->size(), 6u);  // BOS, U, A, EOS, BOS, V: BOS before each user turn
+  EXPECT_EQ((*llama)[4].kind, PromptPiece::kBos);
 
   EXPECT_FALSE(RenderChat(inst, {{"system", "S"}}).ok());
   auto order = RenderChat(inst, {{"user", "a"}, {"user", "b"}});
