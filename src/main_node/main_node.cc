@@ -259,11 +259,12 @@ struct MainNode::RequestRun {
   absl::Time deadline = absl::InfiniteFuture();  // the client's
   MainMetrics::Request* timeline = nullptr;      // the request's metrics
   absl::Time arrived;                            // when main got it
-  double queue_ms = 0;                           // from arrival until it joined the batch
   int64_t prompt_len() const { return static_cast<int64_t>(prompt.size()); }
 
   // The batch loop's, from the hand-over until it posts the end.
   std::unique_ptr<BatchRequest> batch;
+  bool waited_for_memory = false;  // its KV cache did not fit at first (MainNode::JoinWaiting)
+  double queue_ms = 0;             // from arrival until it joined the batch: admission's queue, then waiting_
   std::vector<float> kv_k, kv_v;  // [num_layers, kv_size]: a position's K/V for the shadow
   // Its predictions and outcomes, and its stream to the shadow (nullptr without one); the request's thread
   // finishes both once the loop is done with it.
@@ -372,7 +373,6 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   timeline.Queued();
   ODMOE_RETURN_IF_ERROR(ticket->WaitTurn(stop, record->deadline));
   leave.yield = record->admitted != nullptr;
-  run.queue_ms = absl::ToDoubleMilliseconds(absl::Now() - run.arrived);
   run.deadline = record->deadline;
   timeline.Started(run.prompt_len());
   run.id = next_request_id_.fetch_add(1);
@@ -453,51 +453,83 @@ void MainNode::BatchLoop() {
     {
       absl::MutexLock lock(&inbox_mu_);
       auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(inbox_mu_) {
-        return stopping_ || !inbox_.empty() || !running_.empty();
+        return stopping_ || !inbox_.empty() || !running_.empty() || !waiting_.empty();
       };
-      if (running_.empty() && inbox_.empty()) fresh = true;
+      if (running_.empty() && waiting_.empty() && inbox_.empty()) fresh = true;
       inbox_mu_.Await(absl::Condition(&work));
       arrived.swap(inbox_);
       stopping = stopping_;
     }
-    for (RequestRun* run : arrived) Join(run);
+    waiting_.insert(waiting_.end(), arrived.begin(), arrived.end());
     if (stopping) {
       while (!running_.empty()) Leave(running_.front(), absl::UnavailableError("main is shutting down"));
+      for (RequestRun* run : waiting_) Finish(run, absl::UnavailableError("main is shutting down"));
+      waiting_.clear();
       return;
     }
-    // Requests whose client went away, or whose deadline passed, leave between steps.
+    // Requests whose client went away, or whose deadline passed, leave between steps, running or waiting.
     const absl::Time now = absl::Now();
+    auto why_out = [now](const RequestRun* run) -> absl::Status {
+      if (run->stop.load()) return absl::CancelledError("stopped by the request's thread");
+      if (now >= run->deadline) return absl::DeadlineExceededError("the request's deadline passed");
+      return absl::OkStatus();
+    };
     for (size_t i = 0; i < running_.size();) {
-      RequestRun* run = running_[i];
-      if (run->stop.load()) {
-        Leave(run, absl::CancelledError("stopped by the request's thread"));
-      } else if (now >= run->deadline) {
-        Leave(run, absl::DeadlineExceededError("the request's deadline passed"));
+      if (absl::Status out = why_out(running_[i]); !out.ok()) {
+        Leave(running_[i], std::move(out));
       } else {
         ++i;
       }
     }
+    std::erase_if(waiting_, [&](RequestRun* run) {
+      absl::Status out = why_out(run);
+      if (out.ok()) return false;
+      run->queue_ms = absl::ToDoubleMilliseconds(now - run->arrived);
+      Finish(run, std::move(out));
+      return true;
+    });
+    JoinWaiting();
     if (running_.empty()) continue;
     RunStep(fresh);
     fresh = false;
   }
 }
 
-void MainNode::Join(RequestRun* run) {
-  run->worker_stats.assign(experts_->workers().size(), WorkerCallStats());
-  if (absl::Status added = runner_->Add(run->batch.get()); !added.ok()) {
-    absl::MutexLock lock(&run->mu);
-    run->done = true;
-    run->status = std::move(added);
-    return;
+void MainNode::JoinWaiting() {
+  while (!waiting_.empty() && memory_freed_) {
+    RequestRun* run = waiting_.front();
+    absl::Status added = runner_->Add(run->batch.get());  // its KV cache allocated
+    if (absl::IsResourceExhausted(added) && !running_.empty()) {
+      // It may fit once a running request has left; those behind it wait their turn.
+      memory_freed_ = false;
+      if (!run->waited_for_memory) {
+        run->waited_for_memory = true;
+        spdlog::info("request {} waits for device memory beside {} running request(s): {}", run->trace_id,
+                     running_.size(), std::string(added.message()));
+      }
+      return;
+    }
+    waiting_.pop_front();
+    run->queue_ms = absl::ToDoubleMilliseconds(absl::Now() - run->arrived);
+    if (!added.ok()) {
+      Finish(run, std::move(added));  // a prompt that could never fit, or a failure of another kind
+      continue;
+    }
+    if (run->waited_for_memory) spdlog::info("request {} joins after {:.0f} ms", run->trace_id, run->queue_ms);
+    run->worker_stats.assign(experts_->workers().size(), WorkerCallStats());
+    running_.push_back(run);
+    StartPrediction(*run);
   }
-  running_.push_back(run);
-  StartPrediction(*run);
 }
 
 void MainNode::Leave(RequestRun* run, absl::Status status) {
   runner_->Remove(run->batch.get(), status);
   running_.erase(std::remove(running_.begin(), running_.end(), run), running_.end());
+  memory_freed_ = true;
+  Finish(run, std::move(status));
+}
+
+void MainNode::Finish(RequestRun* run, absl::Status status) {
   absl::MutexLock lock(&run->mu);
   run->done = true;
   run->status = std::move(status);

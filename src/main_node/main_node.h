@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -160,10 +161,15 @@ class MainNode final : public v1::Inference::Service {
   void BatchLoop();
   // Hands `run` to the batch loop; it posts the tokens and the end to `run`.
   void Submit(RequestRun* run);
-  // Loop side: a request joins the batch (its prediction starts); one leaves it with `status` (OK: it
-  // stopped); one step of the batch.
-  void Join(RequestRun* run);
+  // Loop side. The requests handed over join the batch in order (their KV caches allocated, their predictions
+  // started) while their caches fit in main's device memory; the first that does not waits in waiting_, and the
+  // rest behind it, until a running request leaves. One that does not fit with nothing else running fails
+  // (ResourceExhausted), as does one whose Add fails otherwise.
+  void JoinWaiting();
+  // A request leaves the batch with `status` (OK: it stopped); Finish posts a request's end to its thread.
   void Leave(RequestRun* run, absl::Status status);
+  static void Finish(RequestRun* run, absl::Status status);
+  // One step of the batch.
   void RunStep(bool fresh);
   // The running request whose batch request is `request` (it must be one).
   RequestRun* RunOf(const BatchRequest* request) const;
@@ -215,6 +221,10 @@ class MainNode final : public v1::Inference::Service {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<BatchRunner> runner_;
   std::vector<RequestRun*> running_;  // the requests in the batch, in arrival order
+  // Handed over, not yet in the batch (JoinWaiting), in arrival order. Bounded by admission's places, which every
+  // one of them holds.
+  std::deque<RequestRun*> waiting_;
+  bool memory_freed_ = true;  // a request left the batch since the head of waiting_ last failed to fit
   // The workers' view of main's steps: the request id every expert call carries, and the decode steps run
   // (the number of the last one).
   uint64_t batch_id_ = 0;

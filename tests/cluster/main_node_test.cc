@@ -630,6 +630,65 @@ TEST(MainNodeTest, EightConcurrentRequestsGiveTheirSoloTokensAndANinthIsRefusedB
   EXPECT_EQ(after->tokens, std::vector<int32_t>(solo[1].tokens.begin(), solo[1].tokens.begin() + 6));
 }
 
+// Main's KV caches are allocated whole when a request joins the batch. A request whose cache does not fit beside
+// the running requests' waits until one leaves, then runs, with its solo tokens; one that cannot fit even alone
+// fails with ResourceExhausted. (Such a request once failed at once, 503 on the HTTP API.)
+TEST(MainNodeTest, ARequestWhoseKvCacheDoesNotFitWaitsForTheRunningOnes) {
+  const std::string model = "tiny-mixtral-kjv";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  // `decoding` runs a while with a KV cache of 302 positions (over 1 MiB); `long_prompt`'s is larger (1003
+  // positions) and takes one prefill and 4 steps.
+  const std::vector<int32_t> decoding = {3, 4, 5};
+  constexpr int kDecodingTokens = 300;
+  const absl::StatusOr<ModelConfig> config = LoadModelConfig(SharedModel(model));
+  ASSERT_TRUE(config.ok()) << config.status();
+  const std::vector<int32_t> long_prompt = SpreadPrompt(*config, 1000);
+  // Main's memory idle, and what `long_prompt` adds to it, on a device with room for much more.
+  uint64_t idle = 0, long_prompt_needs = 0;
+  {
+    ClusterSpec spec;
+    spec.model = model;
+    spec.main_device = "mock-gpu";
+    TestCluster cluster(spec);
+    const absl::Status started = cluster.Start();
+    ASSERT_TRUE(started.ok()) << started;
+    idle = cluster.main().Stats(/*reset=*/false).memory().in_use_bytes();
+    auto r = GenerateRemote(cluster.endpoint(), IdsRequest(long_prompt, 4), kTimeoutMs, nullptr);
+    ASSERT_TRUE(r.ok()) << r.status();
+    long_prompt_needs = cluster.main().Stats(/*reset=*/false).memory().peak_bytes() - idle;
+    ASSERT_GT(long_prompt_needs, uint64_t{3} << 20);
+  }
+  // Room for either, less than a MiB to spare: not for both.
+  ClusterSpec spec;
+  spec.model = model;
+  spec.main_device = StrCat("mock-gpu:", (idle + long_prompt_needs + (uint64_t{1} << 20) - 1) >> 20);
+  TestCluster cluster(spec);
+  const absl::Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  CapturedLog log;
+  absl::Notification first_token;
+  absl::StatusOr<RemoteResult> a = absl::UnknownError("not run");
+  std::thread client([&] {
+    a = GenerateRemote(cluster.endpoint(), IdsRequest(decoding, kDecodingTokens), kTimeoutMs,
+                       [&](const v1::GenerateResponse& r) {
+                         if (r.tokens_size() > 0 && !first_token.HasBeenNotified()) first_token.Notify();
+                       });
+  });
+  ASSERT_TRUE(first_token.WaitForNotificationWithTimeout(absl::Seconds(120)));
+  auto b = GenerateRemote(cluster.endpoint(), IdsRequest(long_prompt, 4), kTimeoutMs, nullptr);
+  client.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(log.Count("waits for device memory beside 1 running request(s)"), 1) << log.text();
+  ExpectSameAsLocal(*a, LocalReference(model, "cpu", decoding, kDecodingTokens), decoding);
+  ExpectSameAsLocal(*b, LocalReference(model, "cpu", long_prompt, 4), long_prompt);
+  // A cache larger than the room left with nothing else running fails at once.
+  const int64_t all = cluster.main().config().max_position_embeddings - static_cast<int64_t>(decoding.size());
+  auto c = GenerateRemote(cluster.endpoint(), IdsRequest(decoding, all), kTimeoutMs, nullptr);
+  EXPECT_TRUE(absl::IsResourceExhausted(c.status())) << c.status();
+  EXPECT_FALSE(IsServerBusy(c.status()));
+}
+
 TEST(MainNodeTest, PrefillMiniBatchesKeepTheTokensAndLoadEachExpertOnce) {
   // The same prompt without mini-batches and in mini-batches of 3 rows: the same tokens, routing and logits as
   // the single-process engine; with mini-batches main has two calls in flight per worker and each worker
