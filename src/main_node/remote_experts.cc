@@ -35,6 +35,7 @@ struct LayerCalls {
     int32_t worker = 0;  // its index
     int64_t timeout_ms = 0;
     absl::Time request_deadline = absl::InfiniteFuture();  // the client's, for the whole request
+    bool client_deadline = false;  // the attempt in flight's deadline is request_deadline (set before it starts)
     std::string trace_id;                                  // the client's request id, sent as x-request-id metadata
     size_t queue = 0;                                      // index into `queues` (the worker's)
     v1::ComputeExpertsRequest request;
@@ -102,14 +103,16 @@ bool IsThreadpoolExhausted(const grpc::Status& status) {
 }
 
 // What a call's end says about its worker, for PeerHealth: an answer (whatever its status) shows it alive; a
-// transport failure or a missed deadline, that it did not answer; a cancellation (ours), nothing.
+// transport failure or a missed rpc_timeout, that it did not answer; a cancellation (ours) or the client's
+// deadline passing first (`client_deadline`: the call's deadline was the client's), nothing.
 enum class CallEvidence { kAlive, kFailed, kNone };
-CallEvidence EvidenceOf(const grpc::Status& status) {
+CallEvidence EvidenceOf(const grpc::Status& status, bool client_deadline) {
   switch (status.error_code()) {
     case grpc::StatusCode::CANCELLED:
       return CallEvidence::kNone;
-    case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return client_deadline ? CallEvidence::kNone : CallEvidence::kFailed;
+    case grpc::StatusCode::UNAVAILABLE:
       return CallEvidence::kFailed;
     default:
       return CallEvidence::kAlive;
@@ -133,12 +136,12 @@ void StartCall(LayerCalls* state, size_t i) {
     ++call->attempts;
     ++state->callbacks_running;
   }
-  rpc::SetDeadline(*ctx, call->timeout_ms, call->request_deadline);
+  call->client_deadline = rpc::SetDeadline(*ctx, call->timeout_ms, call->request_deadline);
   rpc::AttachRequestId(*ctx, call->trace_id);
   call->response.Clear();
   call->stub->async()->ComputeExperts(ctx, &call->request, &call->response, [state, i](grpc::Status status) {
     std::optional<size_t> next;
-    const CallEvidence evidence = EvidenceOf(status);
+    const CallEvidence evidence = EvidenceOf(status, state->calls[i]->client_deadline);
     const std::string message = status.error_message();
     int32_t worker = 0;
     {

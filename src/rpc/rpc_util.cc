@@ -83,9 +83,10 @@ void SetDeadline(grpc::ClientContext& ctx, int64_t timeout_ms) {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
 }
 
-void SetDeadline(grpc::ClientContext& ctx, int64_t timeout_ms, absl::Time request_deadline) {
+bool SetDeadline(grpc::ClientContext& ctx, int64_t timeout_ms, absl::Time request_deadline) {
   const absl::Time own = absl::Now() + absl::Milliseconds(timeout_ms);
   ctx.set_deadline(absl::ToChronoTime(std::min(own, request_deadline)));
+  return request_deadline < own;
 }
 
 absl::Time RequestDeadline(const grpc::ServerContext& ctx) {

@@ -76,8 +76,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Sec
 // Sets a deadline `timeout_ms` from now on `ctx`.
 void SetDeadline(grpc::ClientContext& ctx, int64_t timeout_ms);
 // Sets the earlier of `timeout_ms` from now and `request_deadline` (the client's deadline for the whole
-// request that this call serves; absl::InfiniteFuture() for none).
-void SetDeadline(grpc::ClientContext& ctx, int64_t timeout_ms, absl::Time request_deadline);
+// request that this call serves; absl::InfiniteFuture() for none). Returns whether `request_deadline` is the
+// earlier: the call's DEADLINE_EXCEEDED then says that the client's time ran out, not that the peer is slow.
+bool SetDeadline(grpc::ClientContext& ctx, int64_t timeout_ms, absl::Time request_deadline);
 // The deadline a server's client gave its call (absl::InfiniteFuture() when it gave none).
 absl::Time RequestDeadline(const grpc::ServerContext& ctx);
 

@@ -1016,6 +1016,32 @@ TEST(MainNodeTest, AHungWorkerIsLeftOutWithoutWaitingForTheDeadline) {
   EXPECT_GT(r->stats.calls_reissued(), 0u);
 }
 
+// A request whose client's deadline passes while a worker's call is out fails with DeadlineExceeded, and the
+// worker is not taken for down: the call's deadline was the client's, not rpc_timeout_ms. (Main once marked every
+// worker with a call out down, which failed the other requests running beside it.)
+TEST(MainNodeTest, AClientsDeadlinePassingSaysNothingAboutTheWorkers) {
+  const std::string model = "mixtral-tiny";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  ClusterSpec spec;
+  spec.model = model;
+  spec.workers = 2;
+  spec.group_size = 1;
+  spec.hung_worker = 0;  // answers health checks, never an expert call: the client's deadline passes first
+  spec.rpc_timeout_ms = kTimeoutMs;
+  TestCluster cluster(spec);
+  const absl::Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  CapturedLog log;
+  auto r = GenerateRemote(cluster.endpoint(), IdsRequest({3, 4, 5}, 1), /*timeout_ms=*/500, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  // Main ends the request on its side a moment later.
+  for (int i = 0; i < 500 && log.Count("finished: outcome=") == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(log.Count("finished: outcome=deadline"), 1) << log.text();
+  EXPECT_EQ(log.Count(" is down"), 0) << log.text();
+  EXPECT_EQ(log.Count(" left"), 0) << log.text();
+}
+
 // ---- the shadow (health, stats, membership only) -------------------------------------------------------------
 
 TEST(ShadowNodeTest, AnswersStatsAndMembership) {
