@@ -16,8 +16,13 @@ absl::Status Serve(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::MetricsServer> metrics,
                          odmoe::rpc::MetricsServer::StartFor(d.self, &node->metrics()));
   if (metrics != nullptr) spdlog::info("odmoe-shadow {}: metrics at {}", d.self.name, metrics->url());
+  // Each request main runs holds a Follow stream, and its handler's thread, for the request's whole life.
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::Server> server,
-                         odmoe::rpc::Server::Start({d.self.address, d.self.threads, d.self.name}, {node.get()}));
+                         odmoe::rpc::Server::Start({.address = d.self.address,
+                                                    .threads = d.self.threads,
+                                                    .node = d.self.name,
+                                                    .blocking_calls = d.cluster.max_running},
+                                                   {node.get()}));
   const odmoe::ShadowSettings& s = node->settings();
   spdlog::info(
       "odmoe-shadow {} serving {} on port {}: model {} (fingerprint {}, epoch {}); prediction {}, replica {} "
