@@ -692,8 +692,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
                    options.node, path, d.temperature, d.top_p, d.top_k);
     }
     if (!ignored.empty()) {
-      spdlog::warn("node '{}': {} recommends {}, which odmoe does not implement: requests sample without it",
-                   options.node, path, absl::StrJoin(ignored, ", "));
+      spdlog::warn("node '{}': {} recommends {}, which odmoe does not follow: requests sample without it", options.node,
+                   path, absl::StrJoin(ignored, ", "));
     }
   }
   impl.requests =

@@ -400,15 +400,25 @@ absl::StatusOr<SamplingDefaults> ReadSamplingDefaults(const Json& config, const 
                                                       std::vector<std::string>* ignored) {
   const JsonFields f(config, path);
   SamplingDefaults d;
-  ODMOE_ASSIGN_OR_RETURN(d.temperature, f.Number("temperature", d.temperature));
-  if (!(d.temperature >= 0 && d.temperature <= 2)) {
-    return f.FieldError("temperature", StrCat("must be in [0, 2] (as a request's), got ", d.temperature));
+  ODMOE_ASSIGN_OR_RETURN(const double temperature, f.Number("temperature", d.temperature));
+  ODMOE_ASSIGN_OR_RETURN(const double top_p, f.Number("top_p", d.top_p));
+  ODMOE_ASSIGN_OR_RETURN(const int64_t top_k, f.Int("top_k", d.top_k));
+  // A value no request may ask for is left out, as odmoe cannot follow it.
+  if (temperature >= 0 && temperature <= 2) {
+    d.temperature = temperature;
+  } else {
+    ignored->push_back(StrCat("temperature = ", temperature, " (outside [0, 2])"));
   }
-  ODMOE_ASSIGN_OR_RETURN(d.top_p, f.Number("top_p", d.top_p));
-  if (!(d.top_p > 0 && d.top_p <= 1)) return f.FieldError("top_p", StrCat("must be in (0, 1], got ", d.top_p));
-  ODMOE_ASSIGN_OR_RETURN(d.top_k, f.Int("top_k", d.top_k));
-  if (d.top_k < -1) return f.FieldError("top_k", StrCat("must be -1, 0 (all) or >= 1, got ", d.top_k));
-  d.top_k = std::max<int64_t>(d.top_k, 0);
+  if (top_p > 0 && top_p <= 1) {
+    d.top_p = top_p;
+  } else {
+    ignored->push_back(StrCat("top_p = ", top_p, " (outside (0, 1])"));
+  }
+  if (top_k >= -1) {
+    d.top_k = std::max<int64_t>(top_k, 0);
+  } else {
+    ignored->push_back(StrCat("top_k = ", top_k, " (below -1)"));
+  }
   ODMOE_ASSIGN_OR_RETURN(const double min_p, f.Number("min_p", 0.0));
   if (min_p != 0) ignored->push_back(StrCat("min_p = ", min_p));
   ODMOE_ASSIGN_OR_RETURN(const double repetition_penalty, f.Number("repetition_penalty", 1.0));

@@ -112,9 +112,9 @@ struct SamplingDefaults {
 
 // The defaults a checkpoint's generation_config.json (`config`, an object read from `path`) recommends: its
 // `temperature`, `top_p` and `top_k`, each where it has one. FailedPrecondition naming the file and key for a
-// value of the wrong type or outside what a request may ask for. `ignored` gets, as "key = value", the
-// recommendations odmoe does not follow: min_p > 0 and repetition_penalty other than 1, which a request may not
-// ask for either (do_sample is not read: vLLM does not read it).
+// value that is not a number. `ignored` gets, as "key = value ...", the recommendations odmoe does not follow: a
+// value outside what a request may ask for, min_p > 0 and repetition_penalty other than 1 (do_sample is not
+// read: vLLM does not read it).
 absl::StatusOr<SamplingDefaults> ReadSamplingDefaults(const Json& config, const std::string& path,
                                                       std::vector<std::string>* ignored);
 
