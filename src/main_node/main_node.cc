@@ -643,23 +643,30 @@ void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
   }
   // Main now decodes the position of this token (unless it was the last one): the shadow learns where main is,
   // with the alignment due at this step.
-  if (run.link == nullptr || last) return;
+  if (run.link == nullptr || !run.link->active() || last) return;  // (a broken link needs no K/V read)
   const ShadowSettings& ss = cluster_.shadow_settings;
   const int64_t prompt_len = run.prompt_len();
   const bool send_token = ss.align_token > 0 && i % ss.align_token == 0;
-  const bool send_kv = ss.align_kv > 0 && i % ss.align_kv == 0;
+  bool send_kv = ss.align_kv > 0 && i % ss.align_kv == 0;
+  // K/V that cannot be read is not sent (logged): the step still goes, so that the shadow keeps main's position.
+  auto read = [&run](const absl::Status& s) {
+    if (s.ok()) return true;
+    spdlog::warn("request {}: main's K/V for the shadow could not be read: {}", run.trace_id, s.ToString());
+    return false;
+  };
   if (i == 0 && ss.align_kv > 0 && prompt_len > 1) {
     // KV alignment starts from main's state: the prompt's K/V (but its last position, which the first step
     // carries) goes once, before the first step.
     const size_t row = static_cast<size_t>(config_.num_layers * config_.kv_size());
     std::vector<float> pk(row * static_cast<size_t>(prompt_len - 1)), pv(pk.size());
-    if (!engine_->ReadKvRange(*run.batch->sequence(), 0, prompt_len - 1, pk.data(), pv.data()).ok()) return;
-    run.link->SendKv(0, prompt_len - 1, pk.data(), pv.data());
+    if (read(engine_->ReadKvRange(*run.batch->sequence(), 0, prompt_len - 1, pk.data(), pv.data()))) {
+      run.link->SendKv(0, prompt_len - 1, pk.data(), pv.data());
+    }
   }
   if (send_kv) {
     run.kv_k.resize(static_cast<size_t>(config_.num_layers * config_.kv_size()));
     run.kv_v.resize(run.kv_k.size());
-    if (!engine_->ReadKv(*run.batch->sequence(), prompt_len + i - 1, run.kv_k.data(), run.kv_v.data()).ok()) return;
+    send_kv = read(engine_->ReadKv(*run.batch->sequence(), prompt_len + i - 1, run.kv_k.data(), run.kv_v.data()));
   }
   // The position is decoded in the next decode step: every decoding request is in every decode step.
   run.link->Step(prompt_len + i, decode_steps_ + 1, send_token ? std::optional<int32_t>(id) : std::nullopt,
