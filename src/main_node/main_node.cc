@@ -486,6 +486,7 @@ void MainNode::BatchLoop() {
       if (out.ok()) return false;
       run->queue_ms = absl::ToDoubleMilliseconds(now - run->arrived);
       Finish(run, std::move(out));
+      memory_freed_ = true;  // the new head of waiting_ may need less
       return true;
     });
     JoinWaiting();

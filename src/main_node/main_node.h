@@ -224,7 +224,8 @@ class MainNode final : public v1::Inference::Service {
   // Handed over, not yet in the batch (JoinWaiting), in arrival order. Bounded by admission's places, which every
   // one of them holds.
   std::deque<RequestRun*> waiting_;
-  bool memory_freed_ = true;  // a request left the batch since the head of waiting_ last failed to fit
+  // A request left the batch, or waiting_, since the head of waiting_ last failed to fit: it may fit now.
+  bool memory_freed_ = true;
   // The workers' view of main's steps: the request id every expert call carries, and the decode steps run
   // (the number of the last one).
   uint64_t batch_id_ = 0;
