@@ -43,7 +43,7 @@ int ExitCodeFor(const absl::Status& status);
 absl::Status ServerBusyError(std::string_view message);
 bool IsServerBusy(const absl::Status& status);
 
-// The request field an error is about ("max_new_tokens", "sampling.logit_bias", ...: the path of the field in
+// The request field an error is about ("min_tokens", "sampling.logit_bias", ...: the path of the field in
 // GenerateRequest), as a payload, so that an API can name the field in its own words (the HTTP API's `param`)
 // without reading the message. Local to the process: it does not cross gRPC.
 absl::Status WithField(absl::Status status, std::string_view field);

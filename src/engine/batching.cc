@@ -55,11 +55,13 @@ BatchRunner::BatchRunner(Engine& engine, BatchOptions options) : engine_(engine)
   ODMOE_CHECK(options_.prefill_chunk_tokens >= 1);
 }
 
+int64_t BatchRequest::cache_positions() const {
+  const int64_t prompt_len = static_cast<int64_t>(prompt_.size());
+  return std::max(prompt_len, LastDecodePosition(prompt_len, options_.max_new_tokens) + 1);
+}
+
 absl::Status BatchRunner::Add(BatchRequest* request) {
-  const int64_t prompt_len = static_cast<int64_t>(request->prompt_.size());
-  // Generate's room: the prompt's positions and every decode position.
-  const int64_t capacity = std::max(prompt_len, LastDecodePosition(prompt_len, request->options_.max_new_tokens) + 1);
-  ODMOE_ASSIGN_OR_RETURN(request->sequence_, engine_.NewSequence(capacity, request->tag_));
+  ODMOE_ASSIGN_OR_RETURN(request->sequence_, engine_.NewSequence(request->cache_positions(), request->tag_));
   request->start_ = BatchRequest::Clock::now();
   requests_.push_back(request);
   return absl::OkStatus();

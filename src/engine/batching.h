@@ -57,6 +57,8 @@ class BatchRequest {
   bool decoding() const { return prefilled_ == static_cast<int64_t>(prompt_.size()) && !finished_; }
   // Its KV cache (nullptr before BatchRunner::Add). Read by the caller between steps (KV alignment).
   const Sequence* sequence() const { return sequence_.get(); }
+  // The positions its KV cache holds (BatchRunner::Add allocates them): the prompt's and every decode position.
+  int64_t cache_positions() const;
 
  private:
   friend class BatchRunner;

@@ -184,6 +184,14 @@ absl::Status Engine::AllocateWorkspace() {
   return absl::OkStatus();
 }
 
+uint64_t Engine::KvCacheBytes(int64_t positions) const {
+  return 2 * static_cast<uint64_t>(config().num_layers) * LayerCacheBytes(positions);
+}
+
+size_t Engine::LayerCacheBytes(int64_t positions) const {
+  return static_cast<size_t>(positions * config().kv_size()) * DTypeSize(kv_dtype_);
+}
+
 absl::Status Engine::AllocateCache(Sequence& seq, int64_t capacity) {
   const ModelConfig& c = config();
   seq.k_cache_.clear();
@@ -191,7 +199,7 @@ absl::Status Engine::AllocateCache(Sequence& seq, int64_t capacity) {
   seq.capacity_ = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     std::unique_ptr<Buffer> kb, vb;
-    const size_t bytes = static_cast<size_t>(capacity * c.kv_size()) * DTypeSize(kv_dtype_);
+    const size_t bytes = LayerCacheBytes(capacity);
     ODMOE_RETURN_IF_ERROR(Alloc(device_, kb, bytes, StrCat("k cache, layer ", l)));
     ODMOE_RETURN_IF_ERROR(Alloc(device_, vb, bytes, StrCat("v cache, layer ", l)));
     seq.k_cache_.push_back(std::move(kb));

@@ -185,6 +185,8 @@ class Engine {
   absl::Status ForwardBatch(std::span<const BatchInput> inputs, ForwardKind kind);
 
   // The engine's own sequence (the single-request API below; tag 0).
+  // The device bytes of a KV cache of `positions` positions (what NewSequence and StartSequence allocate).
+  uint64_t KvCacheBytes(int64_t positions) const;
   // Starts a new sequence with room for `capacity` positions (allocates the KV cache). OutOfRange when the
   // capacity exceeds the model's positions.
   absl::Status StartSequence(int64_t capacity);
@@ -291,8 +293,9 @@ class Engine {
   void CollectRowLogits(const Chunk& chunk);
   // Appends one layer's ids ([rows, k] host memory) to the routing of the inputs that want it.
   void AppendRouting(const Chunk& chunk, const int32_t* layer_ids);
-  // Allocates the K and V caches of `seq` for `capacity` positions.
+  // Allocates the K and V caches of `seq` for `capacity` positions: 2 x num_layers buffers of LayerCacheBytes.
   absl::Status AllocateCache(Sequence& seq, int64_t capacity);
+  size_t LayerCacheBytes(int64_t positions) const;
   // Cache rows <-> fp32 rows, both in device memory: `count` values from / to element `at` of `cache`.
   void StoreKv(const float* src, int64_t count, Buffer& cache, int64_t at, Stream* stream);
   void LoadKv(const Buffer& cache, int64_t at, int64_t count, float* dst, Stream* stream);

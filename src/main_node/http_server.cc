@@ -62,7 +62,6 @@ ApiError BadRequest(std::string message, std::string param = "") {
 // as this API names it; "" for none.
 std::string ApiParamOf(std::string_view field, Endpoint endpoint) {
   if (field.starts_with("sampling.")) field.remove_prefix(std::string_view("sampling.").size());
-  if (field == "max_new_tokens") return "max_tokens";
   if (field == "logprobs" && endpoint == Endpoint::kChatCompletions) return "top_logprobs";
   return std::string(field);
 }
@@ -295,7 +294,9 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
       const std::string field = FieldOf(s);
       const std::string blamed = ApiParamOf(field, r.endpoint);
       std::string message(s.message());
-      if (!field.empty()) message = absl::StrReplaceAll(message, {{field, blamed}});  // the client's words
+      // In the client's words: the field as it sent it, and max_new_tokens (which min_tokens' bound names).
+      if (!field.empty()) message = absl::StrReplaceAll(message, {{field, blamed}});
+      message = absl::StrReplaceAll(message, {{"max_new_tokens", "max_tokens"}});
       *error = BadRequest(std::move(message), blamed);
       return s;
     }

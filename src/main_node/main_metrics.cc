@@ -47,13 +47,14 @@ MainMetrics::MainMetrics(metrics::Labels labels, std::vector<Peer> peers)
       prompt_tokens_(
           registry_.AddCounter("odmoe_prompt_tokens_total", "Prompt tokens of the requests served.").With({})),
       generation_tokens_(registry_.AddCounter("odmoe_generation_tokens_total", "Tokens generated.").With({})),
-      waiting_(registry_.AddGauge("odmoe_num_requests_waiting", "Requests waiting for the engine now.").With({})),
-      running_(registry_.AddGauge("odmoe_num_requests_running", "Requests being served now.").With({})),
-      queue_time_(registry_
-                      .AddHistogram("odmoe_request_queue_time_seconds",
-                                    "Time a request waited for the engine (requests run one at a time).",
-                                    metrics::LatencyBuckets())
-                      .With({})),
+      waiting_(registry_.AddGauge("odmoe_num_requests_waiting", "Requests waiting to join the batch now.").With({})),
+      running_(registry_.AddGauge("odmoe_num_requests_running", "Requests in the batch now.").With({})),
+      queue_time_(
+          registry_
+              .AddHistogram("odmoe_request_queue_time_seconds",
+                            "Time a request waited to join the batch: for a place, then for room for its KV cache.",
+                            metrics::LatencyBuckets())
+              .With({})),
       ttft_(registry_
                 .AddHistogram("odmoe_time_to_first_token_seconds",
                               "Time from a request's arrival to its first generated token.", metrics::LatencyBuckets())

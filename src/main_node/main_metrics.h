@@ -41,7 +41,8 @@ class MainMetrics {
   // `labels`: rpc::DaemonMetricLabels (model, node); `peers`: the nodes whose reachability is reported.
   MainMetrics(metrics::Labels labels, std::vector<Peer> peers);
 
-  // One request from arrival to answer: Arrived, then Queued (it waits for the engine), Started (it has it),
+  // One request from arrival to answer: Arrived, then Queued (it waits for admission, then for its KV cache to
+  // fit), Started (it joins the batch),
   // Token per generated token, and Finished once, whatever happened before.
   class Request {
    public:

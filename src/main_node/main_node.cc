@@ -374,7 +374,6 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
   ODMOE_RETURN_IF_ERROR(ticket->WaitTurn(stop, record->deadline));
   leave.yield = record->admitted != nullptr;
   run.deadline = record->deadline;
-  timeline.Started(run.prompt_len());
   run.id = next_request_id_.fetch_add(1);
   run.batch = std::make_unique<BatchRequest>(run.id, config_, run.prompt, run.options,
                                              [this, r = &run](int32_t id, bool last) { OnToken(*r, id, last); });
@@ -500,8 +499,8 @@ void MainNode::JoinWaiting() {
   while (!waiting_.empty() && memory_freed_) {
     RequestRun* run = waiting_.front();
     absl::Status added = runner_->Add(run->batch.get());  // its KV cache allocated
-    if (absl::IsResourceExhausted(added) && !running_.empty()) {
-      // It may fit once a running request has left; those behind it wait their turn.
+    if (absl::IsResourceExhausted(added) && !running_.empty() && FitsWithoutOthers(*run)) {
+      // It will fit once running requests have left; those behind it wait their turn.
       memory_freed_ = false;
       if (!run->waited_for_memory) {
         run->waited_for_memory = true;
@@ -517,10 +516,20 @@ void MainNode::JoinWaiting() {
       continue;
     }
     if (run->waited_for_memory) spdlog::info("request {} joins after {:.0f} ms", run->trace_id, run->queue_ms);
+    run->timeline->Started(run->prompt_len());
     run->worker_stats.assign(experts_->workers().size(), WorkerCallStats());
     running_.push_back(run);
     StartPrediction(*run);
   }
+}
+
+bool MainNode::FitsWithoutOthers(const RequestRun& run) const {
+  const MemoryInfo m = device_->memory_info();
+  if (m.capacity == 0) return true;  // no capacity known: only waiting tells
+  uint64_t caches = 0;
+  for (const RequestRun* r : running_) caches += engine_->KvCacheBytes(r->batch->sequence()->capacity());
+  const uint64_t rest = m.in_use - std::min(m.in_use, caches);  // the weights, workspaces and buffers
+  return engine_->KvCacheBytes(run.batch->cache_positions()) <= m.capacity - std::min(m.capacity, rest);
 }
 
 void MainNode::Leave(RequestRun* run, absl::Status status) {

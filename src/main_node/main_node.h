@@ -163,9 +163,13 @@ class MainNode final : public v1::Inference::Service {
   void Submit(RequestRun* run);
   // Loop side. The requests handed over join the batch in order (their KV caches allocated, their predictions
   // started) while their caches fit in main's device memory; the first that does not waits in waiting_, and the
-  // rest behind it, until a running request leaves. One that does not fit with nothing else running fails
-  // (ResourceExhausted), as does one whose Add fails otherwise.
+  // rest behind it, until a running request leaves. One that would not fit even with no other request's cache
+  // fails at once (ResourceExhausted), as does one whose Add fails otherwise. Its metrics' timeline starts as it
+  // joins.
   void JoinWaiting();
+  // Whether `run`'s KV cache fits in main's device capacity beside what main holds apart from the running
+  // requests' caches (true when the capacity is not known).
+  bool FitsWithoutOthers(const RequestRun& run) const;
   // A request leaves the batch with `status` (OK: it stopped); Finish posts a request's end to its thread.
   void Leave(RequestRun* run, absl::Status status);
   static void Finish(RequestRun* run, absl::Status status);

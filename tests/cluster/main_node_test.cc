@@ -24,6 +24,7 @@
 #include "src/backend/device_factory.h"
 #include "src/cluster/client.h"
 #include "src/common/json.h"
+#include "src/common/limits.h"
 #include "src/common/placement.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
@@ -675,18 +676,24 @@ TEST(MainNodeTest, ARequestWhoseKvCacheDoesNotFitWaitsForTheRunningOnes) {
                        });
   });
   ASSERT_TRUE(first_token.WaitForNotificationWithTimeout(absl::Seconds(120)));
+  // While `decoding` runs: a cache that would not fit even alone (the whole context) fails at once; one that
+  // waits leaves at its deadline; one that waits joins once `decoding` has left.
+  const int64_t all = cluster.main().config().max_position_embeddings - static_cast<int64_t>(decoding.size());
+  auto never = GenerateRemote(cluster.endpoint(), IdsRequest(decoding, all), kTimeoutMs, nullptr);
+  EXPECT_TRUE(absl::IsResourceExhausted(never.status())) << never.status();
+  EXPECT_FALSE(IsServerBusy(never.status()));
+  auto late = GenerateRemote(cluster.endpoint(), IdsRequest(long_prompt, 4), 500 * kBuildSlowdown, nullptr);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
   auto b = GenerateRemote(cluster.endpoint(), IdsRequest(long_prompt, 4), kTimeoutMs, nullptr);
   client.join();
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(log.Count("waits for device memory beside 1 running request(s)"), 1) << log.text();
+  // `late` waited, and `b` unless `decoding` had ended first.
+  EXPECT_GE(log.Count("waits for device memory beside 1 running request(s)"), 1) << log.text();
   ExpectSameAsLocal(*a, LocalReference(model, "cpu", decoding, kDecodingTokens), decoding);
   ExpectSameAsLocal(*b, LocalReference(model, "cpu", long_prompt, 4), long_prompt);
-  // A cache larger than the room left with nothing else running fails at once.
-  const int64_t all = cluster.main().config().max_position_embeddings - static_cast<int64_t>(decoding.size());
-  auto c = GenerateRemote(cluster.endpoint(), IdsRequest(decoding, all), kTimeoutMs, nullptr);
-  EXPECT_TRUE(absl::IsResourceExhausted(c.status())) << c.status();
-  EXPECT_FALSE(IsServerBusy(c.status()));
+  const v1::MainStats stats = cluster.main().Stats(/*reset=*/false);
+  EXPECT_EQ(stats.memory().in_use_bytes(), idle) << "every cache freed";
 }
 
 TEST(MainNodeTest, PrefillMiniBatchesKeepTheTokensAndLoadEachExpertOnce) {

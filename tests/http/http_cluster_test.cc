@@ -292,6 +292,7 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
     const HttpResult too_many = Post(base + "/v1/completions", eos_first);
     EXPECT_EQ(too_many.status, 400) << too_many.body;
     EXPECT_EQ(ParseOrDie(too_many.body)["error"]["param"], "min_tokens") << too_many.body;
+    EXPECT_EQ(ParseOrDie(too_many.body)["error"]["message"], "min_tokens must be in [0, max_tokens = 12], got 13");
     // No stop string is looked for in the text of the first min_tokens tokens: with min_tokens = max_tokens, a stop
     // string at the start of the greedy answer stops nothing.
     ASSERT_EQ(grpc->stop_reason, "length");
