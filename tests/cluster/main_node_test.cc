@@ -663,10 +663,10 @@ TEST(MainNodeTest, ARequestWhoseKvCacheDoesNotFitWaitsForTheRunningOnes) {
   ClusterSpec spec;
   spec.model = model;
   spec.main_device = StrCat("mock-gpu:", (idle + long_prompt_needs + (uint64_t{1} << 20) - 1) >> 20);
+  CapturedLog log;  // before the cluster, which joins the threads that log as it goes
   TestCluster cluster(spec);
   const absl::Status started = cluster.Start();
   ASSERT_TRUE(started.ok()) << started;
-  CapturedLog log;
   absl::Notification first_token;
   absl::StatusOr<RemoteResult> a = absl::UnknownError("not run");
   std::thread client([&] {
@@ -692,6 +692,10 @@ TEST(MainNodeTest, ARequestWhoseKvCacheDoesNotFitWaitsForTheRunningOnes) {
   EXPECT_GE(log.Count("waits for device memory beside 1 running request(s)"), 1) << log.text();
   ExpectSameAsLocal(*a, LocalReference(model, "cpu", decoding, kDecodingTokens), decoding);
   ExpectSameAsLocal(*b, LocalReference(model, "cpu", long_prompt, 4), long_prompt);
+  // Main ends `late` on its side when its loop next looks (or after the step it had joined): every request has
+  // finished, and logged so, before the log is let go.
+  for (int i = 0; i < 1000 && log.Count("finished: outcome=") < 4; ++i) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(log.Count("finished: outcome="), 4) << log.text();
   const v1::MainStats stats = cluster.main().Stats(/*reset=*/false);
   EXPECT_EQ(stats.memory().in_use_bytes(), idle) << "every cache freed";
 }
@@ -1035,10 +1039,10 @@ TEST(MainNodeTest, AClientsDeadlinePassingSaysNothingAboutTheWorkers) {
   spec.group_size = 1;
   spec.hung_worker = 0;  // answers health checks, never an expert call: the client's deadline passes first
   spec.rpc_timeout_ms = kTimeoutMs;
+  CapturedLog log;  // before the cluster, which joins the threads that log as it goes
   TestCluster cluster(spec);
   const absl::Status started = cluster.Start();
   ASSERT_TRUE(started.ok()) << started;
-  CapturedLog log;
   auto r = GenerateRemote(cluster.endpoint(), IdsRequest({3, 4, 5}, 1), /*timeout_ms=*/500, nullptr);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
