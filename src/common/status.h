@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "src/common/strings.h"
 
 namespace odmoe {
 
@@ -49,6 +50,11 @@ bool IsServerBusy(const absl::Status& status);
 absl::Status WithField(absl::Status status, std::string_view field);
 // The field WithField named, or "" when none.
 std::string FieldOf(const absl::Status& status);
+// An error of `code` whose message is `field` followed by `rest` (StrCat), naming `field` (WithField).
+template <typename... Rest>
+absl::Status RequestFieldError(absl::StatusCode code, std::string_view field, const Rest&... rest) {
+  return WithField(absl::Status(code, StrCat(field, rest...)), field);
+}
 
 // Error constructors used across the loader so that each kind of failure maps to one exit code.
 absl::Status CorruptError(std::string_view msg);       // DataLoss

@@ -102,9 +102,8 @@ absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t>
 
 absl::Status GenerateOptions::Validate(int64_t vocab_size) const {
   ODMOE_RETURN_IF_ERROR(sampling.Validate(vocab_size));
-  // Each error names its field in the message and as the payload (WithField).
-  auto invalid = [](std::string_view field, auto&&... rest) {
-    return WithField(absl::InvalidArgumentError(StrCat(field, rest...)), field);
+  auto invalid = [](std::string_view field, const auto&... rest) {
+    return RequestFieldError(absl::StatusCode::kInvalidArgument, field, rest...);
   };
   if (logprobs < -1 || logprobs > kMaxTopLogprobs) {
     return invalid("logprobs", " must be -1 (none) or 0..", kMaxTopLogprobs, " (top alternatives per token), got ",
@@ -116,9 +115,8 @@ absl::Status GenerateOptions::Validate(int64_t vocab_size) const {
   }
   for (const int32_t id : stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
-      return WithField(
-          absl::OutOfRangeError(StrCat("stop_token_ids id ", id, " is outside the vocabulary [0, ", vocab_size, ")")),
-          "stop_token_ids");
+      return RequestFieldError(absl::StatusCode::kOutOfRange, "stop_token_ids", " id ", id,
+                               " is outside the vocabulary [0, ", vocab_size, ")");
     }
   }
   if (min_tokens < 0 || min_tokens > max_new_tokens) {

@@ -11,9 +11,8 @@
 namespace odmoe {
 
 absl::Status SamplingOptions::Validate(int64_t vocab_size) const {
-  // Each error names its field twice: first in the message, then as the payload (WithField).
-  auto invalid = [](std::string_view field, auto&&... rest) {
-    return WithField(absl::InvalidArgumentError(StrCat(field, rest...)), field);
+  auto invalid = [](std::string_view field, const auto&... rest) {
+    return RequestFieldError(absl::StatusCode::kInvalidArgument, field, rest...);
   };
   if (!(temperature >= 0) || !std::isfinite(temperature)) {
     return invalid("sampling.temperature", " must be a number >= 0, got ", temperature);
@@ -31,9 +30,8 @@ absl::Status SamplingOptions::Validate(int64_t vocab_size) const {
   std::vector<int32_t> ids;
   for (const auto& [id, bias] : logit_bias) {
     if (id < 0 || id >= vocab_size) {
-      return WithField(
-          absl::OutOfRangeError(StrCat(kBias, " token id ", id, " is outside the vocabulary [0, ", vocab_size, ")")),
-          kBias);
+      return RequestFieldError(absl::StatusCode::kOutOfRange, kBias, " token id ", id,
+                               " is outside the vocabulary [0, ", vocab_size, ")");
     }
     if (!(bias >= -100 && bias <= 100)) return invalid(kBias, " of token ", id, " must be in [-100, 100], got ", bias);
     ids.push_back(id);

@@ -265,6 +265,8 @@ struct MainNode::RequestRun {
   std::unique_ptr<BatchRequest> batch;
   bool waited_for_memory = false;  // its KV cache did not fit at first (MainNode::JoinWaiting)
   double queue_ms = 0;             // from arrival until it joined the batch: admission's queue, then waiting_
+  // It leaves waiting_ at `now` (joining or not): its queue_ms.
+  void EndWait(absl::Time now) { queue_ms = absl::ToDoubleMilliseconds(now - arrived); }
   std::vector<float> kv_k, kv_v;  // [num_layers, kv_size]: a position's K/V for the shadow
   // Its predictions and outcomes, and its stream to the shadow (nullptr without one); the request's thread
   // finishes both once the loop is done with it.
@@ -483,7 +485,7 @@ void MainNode::BatchLoop() {
     std::erase_if(waiting_, [&](RequestRun* run) {
       absl::Status out = why_out(run);
       if (out.ok()) return false;
-      run->queue_ms = absl::ToDoubleMilliseconds(now - run->arrived);
+      run->EndWait(now);
       Finish(run, std::move(out));
       memory_freed_ = true;  // the new head of waiting_ may need less
       return true;
@@ -510,7 +512,7 @@ void MainNode::JoinWaiting() {
       return;
     }
     waiting_.pop_front();
-    run->queue_ms = absl::ToDoubleMilliseconds(absl::Now() - run->arrived);
+    run->EndWait(absl::Now());
     if (!added.ok()) {
       Finish(run, std::move(added));  // a prompt that could never fit, or a failure of another kind
       continue;

@@ -1014,16 +1014,21 @@ TEST(MainNodeTest, AWorkerDownIsLeftOutAndTheOutputIsTheEnginesBitForBit) {
 // A worker whose expert calls never return (its health checks still answer: a gray failure): each call to it
 // misses its deadline (rpc_timeout_ms), which main takes as the worker gone; the call is re-issued to the other
 // worker and the output is the engine's.
-TEST(MainNodeTest, AHungWorkerIsLeftOutWithoutWaitingForTheDeadline) {
-  const std::string model = "mixtral-tiny";
-  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+// Two workers of one group each on `model`, the first hung (it answers health checks, never an expert call).
+ClusterSpec HungWorkerSpec(const std::string& model, int64_t rpc_timeout_ms) {
   ClusterSpec spec;
   spec.model = model;
   spec.workers = 2;
   spec.group_size = 1;
   spec.hung_worker = 0;
-  spec.rpc_timeout_ms = 1000;
-  TestCluster cluster(spec);
+  spec.rpc_timeout_ms = rpc_timeout_ms;
+  return spec;
+}
+
+TEST(MainNodeTest, AHungWorkerIsLeftOutWithoutWaitingForTheDeadline) {
+  const std::string model = "mixtral-tiny";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  TestCluster cluster(HungWorkerSpec(model, /*rpc_timeout_ms=*/1000));
   const absl::Status started = cluster.Start();
   ASSERT_TRUE(started.ok()) << started;
   const std::vector<int32_t> prompt = {3, 4, 5};
@@ -1040,14 +1045,9 @@ TEST(MainNodeTest, AHungWorkerIsLeftOutWithoutWaitingForTheDeadline) {
 TEST(MainNodeTest, AClientsDeadlinePassingSaysNothingAboutTheWorkers) {
   const std::string model = "mixtral-tiny";
   if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
-  ClusterSpec spec;
-  spec.model = model;
-  spec.workers = 2;
-  spec.group_size = 1;
-  spec.hung_worker = 0;  // answers health checks, never an expert call: the client's deadline passes first
-  spec.rpc_timeout_ms = kTimeoutMs;
   CapturedLog log;  // before the cluster, which joins the threads that log as it goes
-  TestCluster cluster(spec);
+  // The hung worker's calls outlast the client's deadline, well before rpc_timeout_ms.
+  TestCluster cluster(HungWorkerSpec(model, kTimeoutMs));
   const absl::Status started = cluster.Start();
   ASSERT_TRUE(started.ok()) << started;
   auto r = GenerateRemote(cluster.endpoint(), IdsRequest({3, 4, 5}, 1), /*timeout_ms=*/500, nullptr);
