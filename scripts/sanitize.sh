@@ -8,7 +8,8 @@
 #                                           programs in TSAN_EXTRA_TESTS (default backend_test, worker_parts_test
 #                                           and ops_unit_test: residency and budget shared by handler threads;
 #                                           devices shared by threads, the mock GPU's loader thread; main's
-#                                           admission queue, prober and the HTTP API's parallel choices), run
+#                                           admission queue, prober, shadow link and the HTTP API's parallel
+#                                           choices), run
 #                                           directly, less the ctest
 #                                           names matching TSAN_EXCLUDE (default: the multi-process golden runs of
 #                                           the two *-kjv models, see below; "" runs every one)

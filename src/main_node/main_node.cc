@@ -660,25 +660,27 @@ void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
   const int64_t prompt_len = run.prompt_len();
   const bool send_token = ss.align_token > 0 && i % ss.align_token == 0;
   bool send_kv = ss.align_kv > 0 && i % ss.align_kv == 0;
-  // K/V that cannot be read is not sent (logged): the step still goes, so that the shadow keeps main's position.
+  // K/V that cannot be read (logged), or that the link has no room for, is not sent: the step still goes, so that
+  // the shadow keeps main's position.
   auto read = [&run](const absl::Status& s) {
     if (s.ok()) return true;
     spdlog::warn("request {}: main's K/V for the shadow could not be read: {}", run.trace_id, s.ToString());
     return false;
   };
-  if (i == 0 && ss.align_kv > 0 && prompt_len > 1) {
+  if (i == 0 && ss.align_kv > 0 && prompt_len > 1 && run.link->RoomForKv()) {
     // KV alignment starts from main's state: the prompt's K/V (but its last position, which the first step
     // carries) goes once, before the first step.
     const size_t row = static_cast<size_t>(config_.num_layers * config_.kv_size());
     std::vector<float> pk(row * static_cast<size_t>(prompt_len - 1)), pv(pk.size());
     if (read(engine_->ReadKvRange(*run.batch->sequence(), 0, prompt_len - 1, pk.data(), pv.data()))) {
-      run.link->SendKv(0, prompt_len - 1, pk.data(), pv.data());
+      run.link->SendKv(0, prompt_len - 1, std::move(pk), std::move(pv));
     }
   }
   if (send_kv) {
     run.kv_k.resize(static_cast<size_t>(config_.num_layers * config_.kv_size()));
     run.kv_v.resize(run.kv_k.size());
-    send_kv = read(engine_->ReadKv(*run.batch->sequence(), prompt_len + i - 1, run.kv_k.data(), run.kv_v.data()));
+    send_kv = run.link->RoomForKv() &&
+              read(engine_->ReadKv(*run.batch->sequence(), prompt_len + i - 1, run.kv_k.data(), run.kv_v.data()));
   }
   // The position is decoded in the next decode step: every decoding request is in every decode step.
   run.link->Step(prompt_len + i, decode_steps_ + 1, send_token ? std::optional<int32_t>(id) : std::nullopt,
@@ -734,6 +736,7 @@ void MainNode::FillRequestStats(const RequestRun& run, const GenerateResult& res
   stats->set_tokens_aligned(alignment.tokens);
   stats->set_kv_aligned(alignment.kv);
   stats->set_alignment_bytes(alignment.bytes);
+  stats->set_kv_alignments_skipped(alignment.kv_skipped);
   stats->set_queue_ms(run.queue_ms);
   stats->set_calls_reissued(run.calls_reissued);
   stats->set_membership_epoch(run.membership_epoch);
@@ -765,6 +768,7 @@ MainNode::Counters MainNode::Counters::OfRequest(const RecallSummary& r, const A
                   .tokens_aligned = a.tokens,
                   .kv_aligned = a.kv,
                   .alignment_bytes = a.bytes,
+                  .kv_alignments_skipped = a.kv_skipped,
                   .predictions_received = r.predictions_received,
                   .lead_layers_sum = r.lead_layers_mean * static_cast<double>(r.predictions_received),
                   .hedge_loads = r.hedge_loads,
@@ -782,6 +786,7 @@ void MainNode::Counters::Add(const Counters& o) {
   tokens_aligned += o.tokens_aligned;
   kv_aligned += o.kv_aligned;
   alignment_bytes += o.alignment_bytes;
+  kv_alignments_skipped += o.kv_alignments_skipped;
   predictions_received += o.predictions_received;
   lead_layers_sum += o.lead_layers_sum;
   timing.Add(o.timing);
@@ -826,6 +831,9 @@ void MainNode::Counters::AppendFamilies(int64_t top_k, std::vector<metrics::Metr
   counter("odmoe_alignment_kv_sent_total", "K/V alignments sent to the shadow.", static_cast<double>(kv_aligned));
   counter("odmoe_alignment_bytes_sent_total", "K/V alignment bytes sent to the shadow.",
           static_cast<double>(alignment_bytes));
+  counter("odmoe_alignment_kv_skipped_total",
+          "K/V alignments due but not sent: the link to the shadow already had its bound of K/V queued (16 MiB).",
+          static_cast<double>(kv_alignments_skipped));
   counter("odmoe_decode_main_seconds_total",
           "Main's own decode time per sparse layer, summed (t_M of OD-MoE eq. 1 = this / layers).",
           timing.main_ms / 1e3);
@@ -862,6 +870,7 @@ void MainNode::Counters::ToProto(int64_t top_k, int32_t groups, v1::MainStats* s
   s->set_tokens_aligned(tokens_aligned);
   s->set_kv_aligned(kv_aligned);
   s->set_alignment_bytes(alignment_bytes);
+  s->set_kv_alignments_skipped(kv_alignments_skipped);
   timing.ToProto(groups, s);
   s->set_hedge_loads(hedge_loads);
   s->set_hedges_used(hedges_used);

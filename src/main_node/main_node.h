@@ -250,7 +250,7 @@ class MainNode final : public v1::Inference::Service {
     uint64_t requests = 0;
     uint64_t decode_layers = 0, correct = 0, timely = 0, predictions_missing = 0, loads_on_demand = 0;
     double stall_ms = 0;
-    uint64_t tokens_aligned = 0, kv_aligned = 0, alignment_bytes = 0;
+    uint64_t tokens_aligned = 0, kv_aligned = 0, alignment_bytes = 0, kv_alignments_skipped = 0;
     uint64_t predictions_received = 0;
     double lead_layers_sum = 0;  // over the predictions received
     DecodeTiming timing;
