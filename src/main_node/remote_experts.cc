@@ -352,6 +352,24 @@ namespace {
 // A layer that failed for want of a worker (gone, hung, cut off): worth sending again under a new membership.
 bool WorkerWasLost(const absl::Status& s) { return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s); }
 
+// A worker's failed call, as the request's error. A refusal (the worker runs another cluster epoch or model, or
+// finds main's call malformed) is never the client's fault: main validated the request and made the call. So
+// only a lost worker, a cancellation and a busy worker keep their code; everything else is INTERNAL (HTTP 500),
+// with the worker's words and `what` (which worker, which layer).
+absl::Status WorkerCallError(const grpc::Status& status, std::string_view what) {
+  absl::Status s = rpc::FromGrpc(status, what);
+  switch (s.code()) {
+    case absl::StatusCode::kOk:
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kResourceExhausted:
+      return s;
+    default:
+      return absl::InternalError(StrCat(s.message(), " (", absl::StatusCodeToString(s.code()), " from the worker)"));
+  }
+}
+
 }  // namespace
 
 absl::Status RemoteExpertExecutor::Run(int64_t layer, const float* h, int64_t n, std::span<const int32_t> ids,
@@ -650,7 +668,7 @@ absl::Status RemoteExpertExecutor::Dispatch(Layer& work) {
       return absl::Status(state->aborted->code(),
                           StrCat(state->aborted->message(), "; layer ", work.layer, " was waiting for it"));
     }
-    return rpc::FromGrpc(state->calls[*failure]->status, Where(work, *failure));
+    return WorkerCallError(state->calls[*failure]->status, Where(work, *failure));
   }
   work.received = absl::Now();
   return absl::OkStatus();

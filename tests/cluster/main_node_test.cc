@@ -14,12 +14,14 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "src/backend/device_factory.h"
 #include "src/cluster/client.h"
@@ -110,6 +112,8 @@ struct ClusterSpec {
   int64_t rpc_timeout_ms = 60000;
   int down_worker = -1;  // this worker gets an address where nothing listens
   int hung_worker = -1;  // this worker never answers
+  int foreign_worker = -1;  // this worker runs another cluster epoch (started from another cluster file)
+  uint64_t epoch = kEpoch;
   int64_t prefill_minibatch_rows = -1;  // -1: the cluster file's default
   std::string cluster_extra;            // more lines of the [cluster] table
   bool record_calls = false;            // every worker behind a RecordingWorker
@@ -118,14 +122,14 @@ struct ClusterSpec {
 
 std::string ClusterToml(const ClusterSpec& spec, const std::string& main_address,
                         const std::vector<std::string>& worker_addresses) {
-  std::string t = StrCat("[cluster]\nname = \"test\"\nepoch = ", kEpoch, "\ngroup_size = ", spec.group_size,
-                         "\nrpc_timeout_ms = ", spec.rpc_timeout_ms,
-                         spec.prefill_minibatch_rows >= 0
-                             ? StrCat("\nprefill_minibatch_rows = ", spec.prefill_minibatch_rows)
-                             : std::string(),
-                         "\n", spec.cluster_extra, "\n[model]\npath = \"", SharedModel(spec.model),
-                         "\"\n[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"", main_address,
-                         "\"\ndevice = \"", spec.main_device, "\"\n");
+  std::string t =
+      StrCat("[cluster]\nname = \"test\"\nepoch = ", spec.epoch, "\ngroup_size = ", spec.group_size,
+             "\nrpc_timeout_ms = ", spec.rpc_timeout_ms,
+             spec.prefill_minibatch_rows >= 0 ? StrCat("\nprefill_minibatch_rows = ", spec.prefill_minibatch_rows)
+                                              : std::string(),
+             "\n", spec.cluster_extra, "\n[model]\npath = \"", SharedModel(spec.model),
+             "\"\n[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"", main_address, "\"\ndevice = \"",
+             spec.main_device, "\"\n");
   for (size_t i = 0; i < worker_addresses.size(); ++i) {
     t += StrCat("[[node]]\nname = \"w", i, "\"\nrole = \"worker\"\naddress = \"", worker_addresses[i],
                 "\"\ndevice = \"", spec.worker_device, "\"\n");
@@ -181,10 +185,16 @@ class TestCluster {
         ODMOE_ASSIGN_OR_RETURN(server, rpc::Server::Start({"127.0.0.1:0", 2}, {hung_.get()}));
         workers_.push_back(nullptr);
       } else {
-        const NodeConfig& self = *worker_view.workers()[static_cast<size_t>(i)];
+        ClusterSpec foreign = spec_;
+        foreign.epoch = spec_.epoch + 1;
+        const ClusterConfig& view =
+            i == spec_.foreign_worker
+                ? foreign_view_.emplace(ParseToml(ClusterToml(foreign, "127.0.0.1:1", placeholder)))
+                : worker_view;
+        const NodeConfig& self = *view.workers()[static_cast<size_t>(i)];
         ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(self.device, self.gpu_budget_bytes));
         ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<WorkerNode> w,
-                               WorkerNode::Create(worker_view, self, model_dir, std::move(device)));
+                               WorkerNode::Create(view, self, model_dir, std::move(device)));
         grpc::Service* service = w.get();
         if (spec_.record_calls) {
           recorders_.push_back(std::make_unique<RecordingWorker>(w.get()));
@@ -222,6 +232,7 @@ class TestCluster {
  private:
   ClusterSpec spec_;
   ClusterConfig cluster_;
+  std::optional<ClusterConfig> foreign_view_;  // the foreign worker's cluster file
   std::unique_ptr<HungWorker> hung_;
   std::vector<std::unique_ptr<WorkerNode>> workers_;  // nullptr for a down or hung worker
   std::vector<std::unique_ptr<RecordingWorker>> recorders_;
@@ -1058,6 +1069,29 @@ TEST(MainNodeTest, AClientsDeadlinePassingSaysNothingAboutTheWorkers) {
   EXPECT_EQ(log.Count("finished: outcome=deadline"), 1) << log.text();
   EXPECT_EQ(log.Count(" is down"), 0) << log.text();
   EXPECT_EQ(log.Count(" left"), 0) << log.text();
+}
+
+// A worker started from another cluster file (another epoch) refuses main's calls. That is the cluster's fault,
+// not the client's: the request fails INTERNAL (HTTP 500) naming the worker and the mismatch, not as invalid.
+TEST(MainNodeTest, AWorkerOfAnotherClusterFailsTheRequestAsAServerErrorNamingIt) {
+  const std::string model = "mixtral-tiny";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  ClusterSpec spec;
+  spec.model = model;
+  spec.workers = 2;
+  spec.group_size = 1;
+  spec.foreign_worker = 1;
+  TestCluster cluster(spec);
+  const absl::Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  auto r = GenerateRemote(cluster.endpoint(), IdsRequest({3, 4, 5}, 2), kTimeoutMs, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("worker w1 at 127.0.0.1:")) << r.status();
+  EXPECT_THAT(std::string(r.status().message()),
+              ::testing::HasSubstr(
+                  StrCat("membership epoch ", kEpoch, " of main does not match this node's epoch ", kEpoch + 1)))
+      << r.status();
 }
 
 // ---- the shadow (health, stats, membership only) -------------------------------------------------------------
