@@ -342,6 +342,17 @@ absl::Status Engine::WriteKv(Sequence& seq, int64_t position, const float* k, co
   return absl::OkStatus();
 }
 
+absl::Status Engine::AppendKv(Sequence& seq, const float* k, const float* v) {
+  if (seq.position_ >= seq.capacity_) {
+    return absl::OutOfRangeError(
+        StrCat("cannot append a position's K/V: the sequence holds all ", seq.capacity_, " positions it has room for"));
+  }
+  ++seq.position_;
+  const absl::Status written = WriteKv(seq, seq.position_ - 1, k, v);
+  if (!written.ok()) --seq.position_;
+  return written;
+}
+
 absl::StatusOr<std::vector<float>> Engine::Forward(std::span<const int32_t> ids, std::vector<PositionRouting>* routing,
                                                    ForwardKind kind, const RowLogitsFn* row_logits) {
   std::vector<float> logits;

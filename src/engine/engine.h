@@ -227,6 +227,9 @@ class Engine {
   // follows).
   absl::Status Truncate(Sequence& seq, int64_t position);
   absl::Status WriteKv(Sequence& seq, int64_t position, const float* k, const float* v);
+  // Appends position seq.position() with the K and V rows `k`, `v` ([num_layers, kv_size] fp32, as WriteKv)
+  // instead of running it: the shadow catching up with main on main's K/V. OutOfRange when the sequence is full.
+  absl::Status AppendKv(Sequence& seq, const float* k, const float* v);
 
   int64_t position() const { return own_ != nullptr ? own_->position_ : 0; }
   int64_t capacity() const { return own_ != nullptr ? own_->capacity_ : 0; }

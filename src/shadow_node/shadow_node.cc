@@ -511,6 +511,25 @@ bool ShadowNode::NextOf(Session& s, std::optional<Next>* next, absl::Status* end
       *end = absl::OkStatus();
       return true;
     }
+    // A replica far behind main: main has left positions [pos, main_position) behind, and predictions for them
+    // come too late to load anything. Where main's token of such a position and its K/V have come, and the next
+    // position's token (which the replica runs next), the replica takes main's K/V instead of running the
+    // position: a slower shadow catches up with main instead of predicting the past.
+    const bool far_behind = s.main_position - s.pos >= kCatchUpLag;
+    while (far_behind && s.pos < s.main_position && s.tokens.contains(s.pos) && s.tokens.contains(s.pos + 1)) {
+      auto kv = s.kv.find(s.pos);
+      if (kv == s.kv.end()) break;
+      if (absl::Status adopted = engine_->AppendKv(*s.sequence, kv->second.first.data(), kv->second.second.data());
+          !adopted.ok()) {
+        *end = adopted;
+        return true;
+      }
+      s.used.push_back(s.tokens.at(s.pos));
+      s.kv.erase(kv);
+      ++s.pos;
+      absl::MutexLock stats_lock(&stats_mu_);
+      ++counters_.positions_adopted;
+    }
     // Late departure: where a token alignment is due, main's token first. Early: the replica's guess at once (a
     // differing token rolls it back above).
     const bool token_due =
@@ -700,6 +719,7 @@ void ShadowNode::Counters::ToProto(v1::ShadowStats* s) const {
   s->set_requests(requests);
   s->set_predictions(predictions);
   s->set_positions_decoded(positions_decoded);
+  s->set_positions_adopted(positions_adopted);
   s->set_rollbacks(rollbacks);
   s->set_tokens_aligned(tokens_aligned);
   s->set_kv_aligned(kv_aligned);
@@ -734,6 +754,7 @@ void ShadowNode::Counters::Add(const Counters& o) {
   requests += o.requests;
   predictions += o.predictions;
   positions_decoded += o.positions_decoded;
+  positions_adopted += o.positions_adopted;
   rollbacks += o.rollbacks;
   tokens_aligned += o.tokens_aligned;
   kv_aligned += o.kv_aligned;
@@ -752,6 +773,9 @@ void ShadowNode::Counters::AppendFamilies(std::vector<metrics::MetricFamily>* ou
   counter("odmoe_shadow_predictions_sent_total",
           "Predictions sent (one per decode position and sparse layer, re-sent after a rollback).", predictions);
   counter("odmoe_shadow_positions_decoded_total", "Decode positions the shadow ran on its replica.", positions_decoded);
+  counter("odmoe_shadow_positions_adopted_total",
+          "Decode positions main had left behind that the shadow took main's K/V for instead of running (catch-up).",
+          positions_adopted);
   counter("odmoe_shadow_rollbacks_total", "Times an aligned token differed from the shadow's guess (it re-ran).",
           rollbacks);
   counter("odmoe_shadow_alignment_tokens_total", "Token alignments received from main.", tokens_aligned);

@@ -4,7 +4,9 @@
 // ../shared/models/tiny-mixtral-kjv.
 #include <algorithm>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -68,6 +70,7 @@ class ShadowCluster {
       s->MarkServing(true);
       shadow_address = StrCat("127.0.0.1:", s->port());
       servers_.push_back(std::move(s));
+      shadow_endpoint_ = shadow_address;
     }
     ODMOE_ASSIGN_OR_RETURN(cluster_, Parse(spec, "127.0.0.1:1", shadow_address, workers));
     ODMOE_ASSIGN_OR_RETURN(main_, MainNode::Create({cluster_, *cluster_.main(), model}));
@@ -90,6 +93,7 @@ class ShadowCluster {
   }
   MainNode& main() { return *main_; }
   ShadowNode* shadow() { return shadow_.get(); }
+  const std::string& shadow_endpoint() const { return shadow_endpoint_; }
   WorkerNode& worker(int i) { return *workers_[static_cast<size_t>(i)]; }
   const ClusterConfig& cluster() const { return cluster_; }
 
@@ -114,6 +118,7 @@ class ShadowCluster {
   std::unique_ptr<MainNode> main_;
   std::vector<std::unique_ptr<rpc::Server>> servers_;
   std::string endpoint_;
+  std::string shadow_endpoint_;
 };
 
 std::vector<std::vector<int32_t>> RecallPrompts(size_t count) {
@@ -260,8 +265,10 @@ TEST_F(ShadowTest, EarlyDepartureRunsAheadOnItsGuessAndRollsBackOnAMiss) {
             << ", timely " << early.timely << ", rollbacks " << early.shadow.rollbacks() << "\n";
   EXPECT_EQ(late.shadow.rollbacks(), 0u);  // it always waited for the token
   // How often the guess ran before main's token came depends on timing (a slow shadow finds the token there):
-  // every rolled-back position was run twice, so positions = one per decode position + the re-runs.
-  EXPECT_EQ(early.shadow.positions_decoded(), late.shadow.positions_decoded() + early.shadow.rollbacks());
+  // each decode position goes through the replica once, plus once per rollback (run, or taken on main's K/V
+  // by a shadow that fell far behind).
+  EXPECT_EQ(early.shadow.positions_decoded() + early.shadow.positions_adopted(),
+            late.shadow.positions_decoded() + late.shadow.positions_adopted() + early.shadow.rollbacks());
   EXPECT_GT(early.recall, 0.9);
   EXPECT_EQ(early.missing, 0u);
 }
@@ -310,6 +317,142 @@ TEST_F(ShadowTest, AlignmentPeriodsSendExactlyWhatTheySay) {
   EXPECT_EQ(none.shadow.tokens_aligned(), 0u);
   EXPECT_EQ(none.shadow.rollbacks(), 0u);
   EXPECT_GT(none.recall, 0.0);
+}
+
+// The test as main, on one Follow stream to the shadow: main's tokens and K/V of one request (from the engine),
+// sent as main sends them (token and KV alignment every step). Collects the shadow's last prediction per
+// (position, layer).
+class FollowAsMain {
+ public:
+  FollowAsMain(const std::string& shadow, const ClusterConfig& cluster, const std::string& fingerprint,
+               const std::vector<int32_t>& prompt, int64_t max_new_tokens)
+      : stub_(v1::Shadow::NewStub(rpc::MakeChannel(shadow))), prompt_(prompt), max_new_tokens_(max_new_tokens) {
+    // Main's run: the tokens fed at each decode position and the K/V of every position.
+    auto local = LocalModel::Open(SharedModel(kModel), *CreateDevice("cpu"));
+    EXPECT_TRUE(local.ok()) << local.status();
+    GenerateOptions o;
+    o.max_new_tokens = max_new_tokens;
+    o.ignore_eos = true;
+    auto r = odmoe::Generate((*local)->engine(), prompt, o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    tokens_ = r->tokens;
+    const ModelConfig& c = (*local)->engine().config();
+    row_ = static_cast<size_t>(c.num_layers * c.kv_size());
+    const int64_t positions = prompt_len() + max_new_tokens - 1;  // the last token is never fed back
+    k_.resize(row_ * static_cast<size_t>(positions));
+    v_.resize(k_.size());
+    for (int64_t p = 0; p < positions; ++p) {
+      const absl::Status read = (*local)->engine().ReadKv(p, k_.data() + p * row_, v_.data() + p * row_);
+      EXPECT_TRUE(read.ok()) << read;
+    }
+    stream_ = stub_->Follow(&context_);
+    v1::FollowMessage start;
+    rpc::FillHeader(start.mutable_start()->mutable_header(), cluster.epoch, fingerprint, "main", 1);
+    start.mutable_start()->mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
+    start.mutable_start()->set_max_new_tokens(max_new_tokens);
+    start.mutable_start()->set_align_token(1);
+    start.mutable_start()->set_align_kv(1);
+    start.mutable_start()->set_max_lead_tokens(1);
+    EXPECT_TRUE(stream_->Write(start));
+    v1::FollowMessage kv;  // the prompt's K/V but its last position's, which the first step carries
+    kv.mutable_kv()->set_first_position(0);
+    const int64_t shape[] = {prompt_len() - 1, c.num_layers, c.kv_size()};
+    const size_t n = row_ * static_cast<size_t>(prompt_len() - 1);
+    rpc::EncodeF32(std::span<const float>(k_.data(), n), shape, kv.mutable_kv()->mutable_k());
+    rpc::EncodeF32(std::span<const float>(v_.data(), n), shape, kv.mutable_kv()->mutable_v());
+    EXPECT_TRUE(stream_->Write(kv));
+    num_layers_ = c.num_layers;
+    kv_size_ = c.kv_size();
+  }
+
+  int64_t prompt_len() const { return static_cast<int64_t>(prompt_.size()); }
+  int64_t last() const { return LastDecodePosition(prompt_len(), max_new_tokens_); }
+
+  // Main starts decoding `p`: its token there and the K/V of p - 1.
+  void Step(int64_t p) {
+    v1::FollowMessage m;
+    v1::FollowStep* step = m.mutable_step();
+    step->set_position(p);
+    step->set_batch_step(p - prompt_len() + 1);
+    step->set_has_token(true);
+    step->set_token(tokens_[static_cast<size_t>(p - prompt_len())]);
+    const int64_t shape[] = {num_layers_, kv_size_};
+    const size_t at = row_ * static_cast<size_t>(p - 1);
+    rpc::EncodeF32(std::span<const float>(k_.data() + at, row_), shape, step->mutable_k());
+    rpc::EncodeF32(std::span<const float>(v_.data() + at, row_), shape, step->mutable_v());
+    EXPECT_TRUE(stream_->Write(m));
+  }
+  // Reads predictions until one for (position, layer) has come; false when the stream ended first.
+  bool ReadUntil(int64_t position, int32_t layer) {
+    v1::Prediction p;
+    while (stream_->Read(&p)) {
+      if (p.summary()) continue;
+      predictions_[{p.position(), p.layer()}] = std::vector<int32_t>(p.experts().begin(), p.experts().end());
+      if (p.position() == position && p.layer() == layer) return true;
+    }
+    return false;
+  }
+  // Closes main's side and reads the rest.
+  absl::Status End() {
+    stream_->WritesDone();
+    ReadUntil(-1, -1);
+    return rpc::FromGrpc(stream_->Finish(), "the shadow's stream");
+  }
+  const std::map<std::pair<int64_t, int32_t>, std::vector<int32_t>>& predictions() const { return predictions_; }
+
+ private:
+  std::unique_ptr<v1::Shadow::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::FollowMessage, v1::Prediction>> stream_;
+  std::vector<int32_t> prompt_, tokens_;
+  int64_t max_new_tokens_;
+  size_t row_ = 0;
+  int64_t num_layers_ = 0, kv_size_ = 0;
+  std::vector<float> k_, v_;
+  std::map<std::pair<int64_t, int32_t>, std::vector<int32_t>> predictions_;
+};
+
+// A shadow that has fallen far behind main catches up: the positions main has left behind, whose tokens and K/V
+// have come, it takes on main's K/V instead of running them, and predicts main's position as it does having run
+// every position in step with main (with KV alignment, its cache holds main's K/V either way).
+TEST_F(ShadowTest, ABehindShadowTakesMainsKvForThePositionsMainHasLeftAndPredictsTheSame) {
+  ShadowCluster c;
+  const absl::Status started = c.Start({"align_token = 1\nalign_kv = 1\n"});
+  ASSERT_TRUE(started.ok()) << started;
+  const std::vector<int32_t> prompt = RecallPrompts(1)[0];
+  constexpr int64_t kNew = 16;  // main 14 positions ahead in the second run: over ShadowNode::kCatchUpLag
+  const int32_t last_layer = static_cast<int32_t>(c.main().config().SparseLayers().back());
+
+  // In step: each position sent once the shadow has predicted the one before, as a shadow keeping up sees them.
+  FollowAsMain in_step(c.shadow_endpoint(), c.cluster(), c.shadow()->fingerprint(), prompt, kNew);
+  for (int64_t p = in_step.prompt_len(); p <= in_step.last(); ++p) {
+    in_step.Step(p);
+    ASSERT_TRUE(in_step.ReadUntil(p, last_layer)) << "position " << p;
+  }
+  ASSERT_TRUE(in_step.End().ok());
+  const v1::ShadowStats kept_up = c.shadow()->Stats(/*reset=*/true);
+  EXPECT_EQ(kept_up.positions_decoded(), static_cast<uint64_t>(kNew - 1));
+  EXPECT_EQ(kept_up.positions_adopted(), 0u);
+
+  // Behind: main is at its last position before the shadow can run its first (the steps come last first, and
+  // the first position waits for main's token).
+  FollowAsMain behind(c.shadow_endpoint(), c.cluster(), c.shadow()->fingerprint(), prompt, kNew);
+  for (int64_t p = behind.last(); p >= behind.prompt_len(); --p) behind.Step(p);
+  ASSERT_TRUE(behind.End().ok());
+  const v1::ShadowStats caught_up = c.shadow()->Stats(/*reset=*/true);
+  EXPECT_EQ(caught_up.positions_adopted(), static_cast<uint64_t>(kNew - 2));
+  EXPECT_EQ(caught_up.positions_decoded(), 1u);
+  // Its predictions: main's position only, each layer the same as the in-step shadow's.
+  const int64_t last = behind.last();
+  int64_t compared = 0;
+  for (const auto& [key, experts] : behind.predictions()) {
+    EXPECT_EQ(key.first, last) << "a prediction for a position main had left behind";
+    auto it = in_step.predictions().find(key);
+    ASSERT_NE(it, in_step.predictions().end());
+    EXPECT_EQ(experts, it->second) << "layer " << key.second;
+    ++compared;
+  }
+  EXPECT_EQ(compared, static_cast<int64_t>(c.main().config().SparseLayers().size()));
 }
 
 TEST_F(ShadowTest, WithoutTheShadowRequestsStillSucceed) {
