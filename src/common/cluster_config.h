@@ -18,6 +18,7 @@
 //   align_token = 1           # T_tok: main sends the shadow each new token every N decode steps (0: never)
 //   align_kv = 1              # T_kv: ... and that token's K/V of every layer every N steps (0: never)
 //   max_lead_tokens = 1       # how far (positions) the shadow may run ahead of main
+//   catch_up_lag = 0          # positions behind main at which the shadow catches up on main's K/V (0: never)
 //   [[node]]
 //   name = "main"  role = "main"  address = "127.0.0.1:7100"  device = "cpu"
 //   [[node]]
@@ -110,6 +111,10 @@ struct ShadowSettings {
   int64_t align_kv = 1;
   // How many positions the shadow may run ahead of the position main is decoding (>= 1).
   int64_t max_lead_tokens = 1;
+  // How many positions behind the position main is decoding the shadow must be before it takes main's token
+  // and K/V for the positions main has left behind instead of running them (catch-up; it needs token and KV
+  // alignment of those positions); 0: never, every position is run and its late predictions count for recall.
+  int64_t catch_up_lag = 0;
   // Where a token alignment is due, the shadow waits for main's token (false: OD-MoE's late departure), or runs
   // the position at once with its own guess and rolls back if main's token differs (true: early departure, so
   // that the first layers' predictions of a position are out before main has finished the one before).

@@ -511,11 +511,12 @@ bool ShadowNode::NextOf(Session& s, std::optional<Next>* next, absl::Status* end
       *end = absl::OkStatus();
       return true;
     }
-    // A replica far behind main: main has left positions [pos, main_position) behind, and predictions for them
-    // come too late to load anything. Where main's token of such a position and its K/V have come, and the next
-    // position's token (which the replica runs next), the replica takes main's K/V instead of running the
+    // A replica catch_up_lag positions behind main: main has left positions [pos, main_position) behind, and
+    // predictions for them come too late to load anything. Where main's token of such a position and its K/V have come,
+    // and the next position's token (which the replica runs next), the replica takes main's K/V instead of running the
     // position: a slower shadow catches up with main instead of predicting the past.
-    const bool far_behind = s.main_position - s.pos >= kCatchUpLag;
+    const int64_t lag = cluster_.shadow_settings.catch_up_lag;
+    const bool far_behind = lag > 0 && s.main_position - s.pos >= lag;
     while (far_behind && s.pos < s.main_position && s.tokens.contains(s.pos) && s.tokens.contains(s.pos + 1)) {
       auto kv = s.kv.find(s.pos);
       if (kv == s.kv.end()) break;

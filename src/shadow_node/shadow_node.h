@@ -21,9 +21,9 @@
 //  - when an aligned token differs from the one it used at that position, it rolls back there (drops its KV
 //    from that position on) and runs again, so predictions of the same (position, layer) are re-sent;
 //  - writes main's K/V into its own cache as it arrives (for positions it has computed; later ones wait);
-//  - when it has fallen kCatchUpLag positions behind main, takes main's token and K/V for the positions main has
-//    left behind instead of running them (where both have come, with the next position's token), so that a
-//    slower shadow catches up instead of predicting positions main no longer needs.
+//  - with [shadow] catch_up_lag, when it has fallen that many positions behind main, takes main's token and K/V
+//    for the positions main has left behind instead of running them (where both have come, with the next
+//    position's token), so that a slower shadow catches up instead of predicting positions main no longer needs.
 // One loop thread runs every request on the replica: each pass takes the requests that can run their next
 // position and runs, in one decode forward, those whose position main decodes in the earliest step (normally
 // all of them, in step with main; a request that rolled back catches up alone). At each sparse layer of it the
@@ -194,10 +194,6 @@ class ShadowNode final : public v1::Shadow::Service {
   std::map<std::tuple<uint64_t, int64_t, int64_t>, UnionEntry> unions_;
   // The step whose late requests the loop waits for, and until when.
   static constexpr absl::Duration kGatherWait = absl::Milliseconds(5);
-  // How many positions behind main the replica must be before it takes main's K/V instead of running them: a
-  // shadow a few positions behind (a scheduling hiccup) runs them, and its late predictions still count for
-  // recall; one this far behind catches up.
-  static constexpr int64_t kCatchUpLag = 8;
   std::optional<std::pair<StepKey, absl::Time>> gathering_;
   std::thread loop_;
 

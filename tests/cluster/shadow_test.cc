@@ -417,10 +417,10 @@ class FollowAsMain {
 // every position in step with main (with KV alignment, its cache holds main's K/V either way).
 TEST_F(ShadowTest, ABehindShadowTakesMainsKvForThePositionsMainHasLeftAndPredictsTheSame) {
   ShadowCluster c;
-  const absl::Status started = c.Start({"align_token = 1\nalign_kv = 1\n"});
+  const absl::Status started = c.Start({"align_token = 1\nalign_kv = 1\ncatch_up_lag = 8\n"});
   ASSERT_TRUE(started.ok()) << started;
   const std::vector<int32_t> prompt = RecallPrompts(1)[0];
-  constexpr int64_t kNew = 16;  // main 14 positions ahead in the second run: over ShadowNode::kCatchUpLag
+  constexpr int64_t kNew = 16;  // main 14 positions ahead in the second run: over catch_up_lag
   const int32_t last_layer = static_cast<int32_t>(c.main().config().SparseLayers().back());
 
   // In step: each position sent once the shadow has predicted the one before, as a shadow keeping up sees them.
