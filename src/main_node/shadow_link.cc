@@ -70,21 +70,21 @@ bool ShadowLink::Start(uint64_t request_id, const std::string& trace_id, std::sp
   trace_id_ = trace_id;
   reader_done_ = std::make_unique<absl::Notification>();
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
-  writer_ = std::thread(&ShadowLink::WriteLoop, this, trace_id, board, prompt_len,
-                        LastDecodePosition(prompt_len, max_new_tokens));
+  writer_ =
+      std::thread(&ShadowLink::WriteLoop, this, board, prompt_len, LastDecodePosition(prompt_len, max_new_tokens));
   return true;
 }
 
-void ShadowLink::WriteLoop(std::string trace_id, PredictionBoard* board, int64_t prompt_len, int64_t last) {
-  logging::ScopedRequestId scope(trace_id);  // its warnings are about this request
+void ShadowLink::WriteLoop(PredictionBoard* board, int64_t prompt_len, int64_t last) {
+  logging::ScopedRequestId scope(trace_id_);  // its warnings are about this request
   grpc::ClientContext* context = nullptr;
   {
     absl::MutexLock lock(&mu_);
     context = context_.get();  // stays until Finish, which joins this thread first
   }
   stream_ = stub_->Follow(context);
-  reader_ = std::thread([this, board, prompt_len, last, trace_id]() {
-    logging::ScopedRequestId reader_scope(trace_id);
+  reader_ = std::thread([this, board, prompt_len, last]() {
+    logging::ScopedRequestId reader_scope(trace_id_);
     ReadLoop(board, prompt_len, last);
   });
   bool first = true;
@@ -92,9 +92,9 @@ void ShadowLink::WriteLoop(std::string trace_id, PredictionBoard* board, int64_t
     Outgoing item;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || closing_ || broken_; };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || closing_; };
       mu_.Await(absl::Condition(&ready));
-      if (broken_ || queue_.empty()) break;  // broken, or closing with everything sent
+      if (queue_.empty()) break;  // closing, with everything sent
       item = std::move(queue_.front());
       queue_.pop_front();
     }
@@ -102,6 +102,9 @@ void ShadowLink::WriteLoop(std::string trace_id, PredictionBoard* board, int64_t
       bool closing = false;
       {
         absl::MutexLock lock(&mu_);
+        broken_ = true;  // nothing more goes out
+        queue_.clear();
+        pending_kv_bytes_ = 0;
         closing = closing_;
       }
       // While closing, Finish cancelled a late link (or the shadow ended the stream, which Finish logs).
@@ -109,20 +112,14 @@ void ShadowLink::WriteLoop(std::string trace_id, PredictionBoard* board, int64_t
         spdlog::warn(first ? "the shadow is unreachable: decoding without predictions (experts load on demand)"
                            : "the shadow's stream broke: decoding on without predictions");
       }
-      MarkBroken();
-      break;
+      return;
     }
     if (first && options_.warned->exchange(false)) spdlog::info("the shadow is following requests again");
     first = false;
     absl::MutexLock lock(&mu_);
     if (!kv_dropped_) pending_kv_bytes_ -= item.kv_bytes;  // (else Finish zeroed it)
   }
-  bool broken = false;
-  {
-    absl::MutexLock lock(&mu_);
-    broken = broken_;
-  }
-  if (!broken) stream_->WritesDone();
+  stream_->WritesDone();
 }
 
 void ShadowLink::ReadLoop(PredictionBoard* board, int64_t prompt_len, int64_t last) {
@@ -193,13 +190,6 @@ bool ShadowLink::Write(const Outgoing& item) {
   return true;
 }
 
-void ShadowLink::MarkBroken() {
-  absl::MutexLock lock(&mu_);
-  broken_ = true;
-  queue_.clear();
-  pending_kv_bytes_ = 0;
-}
-
 void ShadowLink::Queue(Outgoing item) {
   absl::MutexLock lock(&mu_);
   if (!started_ || broken_ || closing_) return;
@@ -209,8 +199,7 @@ void ShadowLink::Queue(Outgoing item) {
 
 void ShadowLink::Step(int64_t position, int64_t batch_step, std::optional<int32_t> token, const float* k,
                       const float* v) {
-  if (!active()) return;
-  Outgoing item;
+  Outgoing item;  // (Queue drops it when the link is not active)
   v1::FollowStep* step = item.message.mutable_step();
   step->set_position(position);
   step->set_batch_id(options_.batch_id);
@@ -233,7 +222,7 @@ void ShadowLink::Step(int64_t position, int64_t batch_step, std::optional<int32_
 }
 
 void ShadowLink::SendKv(int64_t first, int64_t count, std::vector<float> k, std::vector<float> v) {
-  if (count <= 0 || !active()) return;
+  if (count <= 0) return;
   Outgoing item;
   item.first = first;
   item.count = count;

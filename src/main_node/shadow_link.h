@@ -120,14 +120,13 @@ class ShadowLink {
   };
 
   void Queue(Outgoing item);
-  // The writer thread: opens the stream, starts the reader, sends the queue in order, then closes main's side.
-  void WriteLoop(std::string trace_id, PredictionBoard* board, int64_t prompt_len, int64_t last);
+  // The writer thread: opens the stream, starts the reader, sends the queue in order, then closes main's side;
+  // on a failed write it marks the link broken and stops.
+  void WriteLoop(PredictionBoard* board, int64_t prompt_len, int64_t last);
   // The reader thread: files the shadow's predictions for positions [prompt_len, last] into `board`.
   void ReadLoop(PredictionBoard* board, int64_t prompt_len, int64_t last);
   // Writes `item`; false when the stream broke.
   bool Write(const Outgoing& item);
-  // The stream broke (or was cancelled): nothing more goes out.
-  void MarkBroken();
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Shadow::Stub> stub_;
@@ -141,15 +140,15 @@ class ShadowLink {
   int64_t pending_kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;  // Finish: no more items; the writer closes once the queue is sent
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;   // a write failed (set by the writer): nothing more goes out
   bool kv_dropped_ ABSL_GUARDED_BY(mu_) = false;  // Finish dropped the K/V queued (the link was behind)
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool skip_logged_ ABSL_GUARDED_BY(mu_) = false;
   AlignmentCounts counts_ ABSL_GUARDED_BY(mu_);
 
   // Created by the writer before it starts the reader; read by the reader and, after joining the writer, Finish.
   std::unique_ptr<grpc::ClientReaderWriter<v1::FollowMessage, v1::Prediction>> stream_;
   std::unique_ptr<absl::Notification> reader_done_;  // the stream ended
-  std::string trace_id_;                             // the request's (Start's caller's thread only)
+  std::string trace_id_;  // the request's: set by Start before it starts the writer, read by the link's threads
   std::thread writer_;
   std::thread reader_;  // started by the writer
 };
