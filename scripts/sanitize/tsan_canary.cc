@@ -1,8 +1,12 @@
 // Checks that scripts/sanitize.sh's ThreadSanitizer setup can see races and sees through absl synchronization.
-//   tsan_canary race     two threads increment a counter with no synchronization: TSan must report it
+//   tsan_canary race     two threads increment a counter with no synchronization: TSan must report it. The second
+//                        starts its increments once the first has finished, told by a relaxed atomic (which gives
+//                        TSan no happens-before): TSan can miss a race whose two accesses are truly simultaneous
+//                        (CI's stop 55 saw a lost update go unreported), never one whose accesses are apart in time.
 //   tsan_canary locked   the same under absl::MutexLock, plus hand-offs through CondVar::Wait(WithTimeout),
 //                        Mutex::Await(WithTimeout), LockWhen and Notification: TSan must report nothing (needs
 //                        tsan_absl_shim preloaded; without it TSan reports the first of them)
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,10 +21,13 @@ namespace {
 int counter = 0;  // the raced-on value
 
 void Race() {
-  std::thread a([] {
+  std::atomic<bool> first_done{false};
+  std::thread a([&] {
     for (int i = 0; i < 1000; ++i) ++counter;
+    first_done.store(true, std::memory_order_relaxed);
   });
-  std::thread b([] {
+  std::thread b([&] {
+    while (!first_done.load(std::memory_order_relaxed)) std::this_thread::yield();
     for (int i = 0; i < 1000; ++i) ++counter;
   });
   a.join();
