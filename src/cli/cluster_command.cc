@@ -439,6 +439,7 @@ absl::Status Status(const Flags& f, const ClusterConfig& c, const std::string& c
     j["health"] = word(health.ok() && health->live);
     j["ready"] = word(health.ok() && health->ready);
     j["version"] = health.ok() && !health->version.empty() ? Json(health->version) : Json(nullptr);
+    j["cluster"] = health.ok() && !health->cluster.empty() ? Json(health->cluster) : Json(nullptr);
     all_serving = all_serving && health.ok() && health->live && health->ready;
     const v1::DeviceMemory* mem = nullptr;
     v1::WorkerStats ws;
@@ -458,6 +459,21 @@ absl::Status Status(const Flags& f, const ClusterConfig& c, const std::string& c
                          {"context_bytes", mem->context_bytes()}};
     }
     nodes.push_back(j);
+  }
+  // A node that serves another cluster than main (started from another cluster file, or with another model)
+  // refuses main's calls; main keeps it out of the placement.
+  std::string main_cluster;
+  for (const Json& j : nodes) {
+    if (j["role"] == "main" && !j["cluster"].is_null()) main_cluster = j["cluster"].get<std::string>();
+  }
+  std::vector<std::string> foreign;
+  for (Json& j : nodes) {
+    const bool other = !main_cluster.empty() && !j["cluster"].is_null() && j["cluster"] != main_cluster;
+    j["same_cluster_as_main"] = main_cluster.empty() || j["cluster"].is_null() ? Json(nullptr) : Json(!other);
+    if (other) {
+      foreign.push_back(StrCat("node ", j["node"].get<std::string>(), " serves ", j["cluster"].get<std::string>(),
+                               ", main ", main_cluster));
+    }
   }
   if (f.Has("json")) {
     std::printf("%s\n", DumpJson(Json{{"cluster", c.name}, {"nodes", nodes}}).c_str());
@@ -482,6 +498,12 @@ absl::Status Status(const Flags& f, const ClusterConfig& c, const std::string& c
                   j["version"].is_null() ? "-" : j["version"].get<std::string>().c_str(),
                   j["pid"].is_null() ? "-" : std::to_string(j["pid"].get<int64_t>()).c_str(), mem.c_str());
     }
+    for (const std::string& line : foreign) std::printf("another cluster: %s\n", line.c_str());
+  }
+  if (!foreign.empty()) {
+    return absl::FailedPreconditionError(StrCat(
+        foreign.size(), foreign.size() == 1 ? " node serves" : " nodes serve",
+        " another cluster than main (another cluster file or model): ", foreign[0], foreign.size() > 1 ? "; ..." : ""));
   }
   if (!all_serving) return absl::UnavailableError("not every node is live and ready");
   return absl::OkStatus();

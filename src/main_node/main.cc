@@ -12,6 +12,7 @@
 #include "src/main_node/readiness.h"
 #include "src/rpc/daemon.h"
 #include "src/rpc/metrics_server.h"
+#include "src/rpc/peer_version.h"
 #include "src/rpc/systemd_notify.h"
 
 namespace {
@@ -34,12 +35,14 @@ absl::Status Serve(const std::vector<std::string>& args) {
     spdlog::info("odmoe-main {}: OpenAI API at {}/v1{}", d.self.name, http->url(),
                  shared_http ? " (and /metrics)" : "");
   }
-  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::Server> server,
-                         odmoe::rpc::Server::Start({.address = d.self.address,
-                                                    .threads = d.self.threads,
-                                                    .node = d.self.name,
-                                                    .blocking_calls = d.cluster.max_running + d.cluster.max_queued},
-                                                   {node.get()}));
+  ODMOE_ASSIGN_OR_RETURN(
+      std::unique_ptr<odmoe::rpc::Server> server,
+      odmoe::rpc::Server::Start({.address = d.self.address,
+                                 .threads = d.self.threads,
+                                 .node = d.self.name,
+                                 .blocking_calls = d.cluster.max_running + d.cluster.max_queued,
+                                 .cluster = odmoe::rpc::ClusterIdentity(d.cluster.epoch, node->fingerprint())},
+                                {node.get()}));
   spdlog::info(
       "odmoe-main {} serving {} on port {}: model {} (fingerprint {}, epoch {}), device {}, {} workers, "
       "tokenizer {}",

@@ -17,6 +17,7 @@
 #include "src/common/utf8.h"
 #include "src/rpc/logprobs_proto.h"
 #include "src/rpc/metrics_server.h"
+#include "src/rpc/peer_version.h"
 #include "src/rpc/request_id.h"
 #include "src/rpc/sampling_proto.h"
 #include "src/rpc/security.h"
@@ -114,7 +115,8 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
                          Engine::Create(*node->weights_, *node->device_, node->experts_.get(), engine_options));
   node->runner_ = std::make_unique<BatchRunner>(*node->engine_, BatchOptions{});
   node->InitMetrics(args);
-  node->prober_ = std::make_unique<PeerProber>(*node->health_);
+  node->prober_ = std::make_unique<PeerProber>(
+      *node->health_, PeerProberOptions{.cluster = rpc::ClusterIdentity(args.cluster.epoch, node->fingerprint_)});
   node->prober_->Start();
   node->batch_thread_ = std::thread([n = node.get()] { n->BatchLoop(); });
   return node;
@@ -172,7 +174,9 @@ void MainNode::InitMetrics(const rpc::DaemonArgs& args) {
   }
   metrics_ = std::make_unique<MainMetrics>(rpc::DaemonMetricLabels(args.cluster, args.self, args.model_dir), peers);
   // Reachability as main judges it (PeerHealth), and its changes.
-  health_->Subscribe([m = metrics_.get()](const PeerEvent& e) { m->PeerChanged(e.name, e.to == PeerState::kUp); });
+  health_->Subscribe([m = metrics_.get()](const PeerEvent& e) {
+    if (e.from != e.to) m->PeerChanged(e.name, e.to == PeerState::kUp);  // not a down peer's new reason
+  });
   metrics_->registry().AddCollector([this](std::vector<metrics::MetricFamily>* out) {
     {
       absl::MutexLock lock(&stats_mu_);

@@ -67,7 +67,10 @@ void Membership::OnPeerEvent(const PeerEvent& event) {
   std::string line;
   {
     absl::MutexLock lock(&mu_);
-    if (placement_.member(event.peer) == up) return;  // no change: a first "up", or down while out already
+    if (placement_.member(event.peer) == up) {  // no change: a first "up", or down while out already
+      if (!up) why_absent_[w] = event.reason;   // a new reason for the same absence (PeerHealth::ReportForeign)
+      return;
+    }
     std::vector<int32_t> absent = placement_.absent();
     if (up) {
       absent.erase(std::find(absent.begin(), absent.end(), event.peer));

@@ -7,6 +7,7 @@
 #include "spdlog/spdlog.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/rpc/peer_version.h"
 #include "src/rpc/rpc_util.h"
 
 namespace odmoe {
@@ -39,9 +40,9 @@ PeerHealth::PeerHealth(std::vector<Peer> peers, PeerHealthOptions options, Clock
   records_.resize(peers_.size());
 }
 
-void PeerHealth::ChangeLocked(int32_t peer, PeerState to, std::string_view reason, absl::Time now) {
+void PeerHealth::ChangeLocked(int32_t peer, PeerState to, std::string_view reason, absl::Time now, bool new_reason) {
   PeerRecord& r = records_[static_cast<size_t>(peer)];
-  if (r.snapshot.state == to) return;
+  if (r.snapshot.state == to && (!new_reason || r.snapshot.reason == reason)) return;
   PeerEvent e;
   e.peer = peer;
   e.name = peers_[static_cast<size_t>(peer)].name;
@@ -71,6 +72,15 @@ void PeerHealth::ReportFailure(int32_t peer, std::string_view why) {
   {
     absl::MutexLock lock(&mu_);
     ChangeLocked(peer, PeerState::kDown, why, clock_());
+  }
+  Deliver();
+}
+
+void PeerHealth::ReportForeign(int32_t peer, std::string_view why) {
+  ODMOE_CHECK(peer >= 0 && static_cast<size_t>(peer) < peers_.size());
+  {
+    absl::MutexLock lock(&mu_);
+    ChangeLocked(peer, PeerState::kDown, why, clock_(), /*new_reason=*/true);
   }
   Deliver();
 }
@@ -217,6 +227,7 @@ void PeerProber::Stop() {
 void PeerProber::Loop() {
   Checks* const checks = checks_.get();
   PeerHealth* health = &health_;
+  const std::string* cluster = &options_.cluster;  // outlives the callbacks, as `checks` does
   while (true) {
     const absl::Time next = absl::Now() + options_.period;
     for (size_t i = 0; i < checks->slots.size(); ++i) {
@@ -236,26 +247,32 @@ void PeerProber::Loop() {
       }
       rpc::SetDeadline(*s.ctx, absl::ToInt64Milliseconds(options_.timeout));
       s.response.Clear();
-      s.stub->async()->Check(s.ctx.get(), &s.request, &s.response, [checks, health, peer, &s](grpc::Status st) {
-        bool stopped = false;
-        {
-          absl::MutexLock lock(&checks->mu);
-          stopped = checks->stopped;
-        }
-        if (!stopped) {
-          if (!st.ok()) {
-            health->ReportFailure(peer, StrCat("health check failed: ", st.error_message(), " (gRPC code ",
-                                               static_cast<int>(st.error_code()), ")"));
-          } else if (s.response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
-            health->ReportFailure(peer, "answers but is not ready");
-          } else {
-            health->ReportAlive(peer, "answers its health check and is ready");
-          }
-        }
-        absl::MutexLock lock(&checks->mu);
-        checks->in_flight[static_cast<size_t>(peer)] = false;
-        --checks->active;  // `checks` may be freed from here on
-      });
+      s.stub->async()->Check(
+          s.ctx.get(), &s.request, &s.response, [checks, health, cluster, peer, &s](grpc::Status st) {
+            bool stopped = false;
+            {
+              absl::MutexLock lock(&checks->mu);
+              stopped = checks->stopped;
+            }
+            if (!stopped) {
+              const std::string theirs =
+                  st.ok() ? rpc::ReceivedClusterIdentity(s.ctx->GetServerInitialMetadata()) : std::string();
+              if (!st.ok()) {
+                health->ReportFailure(peer, StrCat("health check failed: ", st.error_message(), " (gRPC code ",
+                                                   static_cast<int>(st.error_code()), ")"));
+              } else if (!cluster->empty() && !theirs.empty() && theirs != *cluster) {
+                health->ReportForeign(peer, StrCat("serves another cluster (", theirs, "; this cluster: ", *cluster,
+                                                   "): check its cluster file and model"));
+              } else if (s.response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+                health->ReportFailure(peer, "answers but is not ready");
+              } else {
+                health->ReportAlive(peer, "answers its health check and is ready");
+              }
+            }
+            absl::MutexLock lock(&checks->mu);
+            checks->in_flight[static_cast<size_t>(peer)] = false;
+            --checks->active;  // `checks` may be freed from here on
+          });
     }
     health->CheckSilence();
     absl::MutexLock lock(&mu_);

@@ -8,13 +8,16 @@
 //   - ReportAlive (an answer: a SERVING health check, a completed call) makes it kUp;
 //   - ReportFailure (no answer: connection refused or reset, a health check past its deadline, not ready, a call
 //     that failed in transport) makes it kDown at once;
+//   - ReportForeign (an answer from a node of another cluster) makes it kDown at once too, and a peer already
+//     down for another reason (a worker stopped, then restarted from another cluster file) gets the new reason;
 //   - CheckSilence makes a kUp peer kDown once nothing has shown it alive for `down_after` (a hung or
 //     partitioned peer answers nothing and refuses nothing).
 // With PeerProber's defaults (a health check every 250 ms, each with a 1.5 s deadline) a crash is seen within one
 // period and a hang (SIGSTOP) or a partition within about 1.75 s (sanitizer builds: deadlines x kBuildSlowdown).
 //
-// Every change (kUnknown -> kUp/kDown, kUp -> kDown, kDown -> kUp) is logged once ("peer NAME at ADDRESS is
-// down: REASON" / "... is up ...") and delivered to every subscriber as a PeerEvent. The next step (failover,
+// Every change (kUnknown -> kUp/kDown, kUp -> kDown, kDown -> kUp, and ReportForeign's kDown -> kDown) is logged
+// once ("peer NAME at ADDRESS is down: REASON" / "... is up ...") and delivered to every subscriber as a
+// PeerEvent. The next step (failover,
 // membership epochs) subscribes here.
 //
 // Thread safety: every method may be called from any thread. Listeners are called without PeerHealth's lock
@@ -50,7 +53,7 @@ struct PeerEvent {
   std::string name;
   std::string address;
   PeerState from = PeerState::kUnknown;
-  PeerState to = PeerState::kUnknown;
+  PeerState to = PeerState::kUnknown;  // equal to `from` (kDown) only when a down peer's reason changed
   std::string reason;     // what showed it: the failure, or what answered
   absl::Time at;          // when the change was made (PeerHealth's clock)
   absl::Duration silent;  // for a change to kDown: time since the last sign of life (zero if none was ever seen)
@@ -79,6 +82,9 @@ class PeerHealth {
   // Evidence about peer `peer` (REQUIRES: 0 <= peer < size()). `what` / `why` become the event's reason.
   void ReportAlive(int32_t peer, std::string_view what);
   void ReportFailure(int32_t peer, std::string_view why);
+  // An answer from a node of another cluster: as ReportFailure, and a peer already down with another reason gets
+  // an event (kDown -> kDown) with `why`. The same `why` again changes nothing.
+  void ReportForeign(int32_t peer, std::string_view why);
   // Marks kDown every kUp peer silent for more than down_after.
   void CheckSilence();
 
@@ -108,8 +114,9 @@ class PeerHealth {
     Snapshot snapshot;
     absl::Time last_alive = absl::InfinitePast();
   };
-  // Changes peer `peer` to `to` (no-op when it is already there) and queues the event.
-  void ChangeLocked(int32_t peer, PeerState to, std::string_view reason, absl::Time now)
+  // Changes peer `peer` to `to` and queues the event; a no-op when it is already there, unless `new_reason` and
+  // its reason differs.
+  void ChangeLocked(int32_t peer, PeerState to, std::string_view reason, absl::Time now, bool new_reason = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs and delivers the queued events (see the thread-safety note).
   void Deliver() ABSL_LOCKS_EXCLUDED(mu_);
@@ -130,10 +137,16 @@ class PeerHealth {
 struct PeerProberOptions {
   absl::Duration period = absl::Milliseconds(250);    // between the starts of two health checks of a peer
   absl::Duration timeout = absl::Milliseconds(1500) * kBuildSlowdown;  // each health check's deadline
+  // The cluster main serves (rpc::ClusterIdentity). A peer whose answer names another (started from another
+  // cluster file, or with another model: it would refuse every call) is down; one whose answer names none (a
+  // build before identities) is judged by its answer alone. Empty: not compared.
+  std::string cluster;
 };
 
 // Asks each peer's grpc.health.v1 "odmoe.ready" every period (at most one check in flight per peer, gRPC
-// callback calls) and watches its channel's state, reporting to a PeerHealth; then CheckSilence. The channels
+// callback calls) and watches its channel's state, reporting to a PeerHealth; then CheckSilence. An answer is
+// alive when it is SERVING and names no other cluster than options.cluster; a peer of another cluster stays down
+// ("serves another cluster (epoch E, model F; this cluster: ...)") for as long as it answers so. The channels
 // are rpc::MakeChannel's, so they share the connection (and its keepalive) with main's other calls to the peer.
 //
 // Thread safety: the prober owns one thread (Start .. Stop); the health checks' callbacks run on gRPC's threads

@@ -6,6 +6,7 @@
 
 #include "grpcpp/server_context.h"
 #include "spdlog/spdlog.h"
+#include "src/common/strings.h"
 #include "src/common/version.h"
 
 namespace odmoe::rpc {
@@ -24,6 +25,15 @@ bool PeerVersions::ShouldWarn(std::string_view peer, std::string_view version) {
 PeerVersions& ProcessPeerVersions() {
   static PeerVersions* const versions = new PeerVersions(std::string(BuildVersion()));
   return *versions;
+}
+
+std::string ClusterIdentity(uint64_t epoch, std::string_view fingerprint) {
+  return StrCat("epoch ", epoch, ", model ", fingerprint);
+}
+
+std::string ReceivedClusterIdentity(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) {
+  auto it = metadata.find(kClusterMetadataKey);
+  return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
 }
 
 std::string PeerHost(std::string_view grpc_peer) {
@@ -84,26 +94,33 @@ class ClientVersionFactory final : public grpc::experimental::ClientInterceptorF
 
 class ServerVersionInterceptor final : public grpc::experimental::Interceptor {
  public:
-  explicit ServerVersionInterceptor(grpc::experimental::ServerRpcInfo* info) : info_(info) {}
+  ServerVersionInterceptor(grpc::experimental::ServerRpcInfo* info, std::string cluster)
+      : info_(info), cluster_(std::move(cluster)) {}
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
       CheckPeerVersion(methods->GetRecvInitialMetadata(), PeerHost(info_->server_context()->peer()));
     }
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
       methods->GetSendInitialMetadata()->emplace(kVersionMetadataKey, std::string(BuildVersion()));
+      if (!cluster_.empty()) methods->GetSendInitialMetadata()->emplace(kClusterMetadataKey, cluster_);
     }
     methods->Proceed();
   }
 
  private:
   grpc::experimental::ServerRpcInfo* const info_;
+  const std::string cluster_;
 };
 
 class ServerVersionFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
+  explicit ServerVersionFactory(std::string cluster) : cluster_(std::move(cluster)) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
-    return new ServerVersionInterceptor(info);
+    return new ServerVersionInterceptor(info, cluster_);
   }
+
+ private:
+  const std::string cluster_;
 };
 
 }  // namespace
@@ -113,8 +130,9 @@ std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface> MakeVersi
   return std::make_unique<ClientVersionFactory>(std::move(target));
 }
 
-std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeVersionServerInterceptorFactory() {
-  return std::make_unique<ServerVersionFactory>();
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeVersionServerInterceptorFactory(
+    std::string cluster) {
+  return std::make_unique<ServerVersionFactory>(std::move(cluster));
 }
 
 }  // namespace odmoe::rpc

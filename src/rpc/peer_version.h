@@ -1,12 +1,17 @@
-// Build versions between nodes: every call a node makes carries its build version (src/common/version.h) as
-// gRPC metadata `odmoe-version`, and every answer carries the answering node's, so that a worker upgraded
-// alone is visible. A node logs one warning per peer and version when a peer's differs from its own.
+// Build versions and cluster identities between nodes: every call a node makes carries its build version
+// (src/common/version.h) as gRPC metadata `odmoe-version`, and every answer carries the answering node's, so that
+// a worker upgraded alone is visible. A node logs one warning per peer and version when a peer's differs from
+// its own. Every answer of a daemon's server also carries `odmoe-cluster`: which cluster (file epoch and model)
+// the node serves, so that main's health checks see a node started from another cluster file or with another
+// model (src/main_node/peer_health.h) before any of its calls fails.
 //
 // Both halves are gRPC interceptors, installed in the one place channels are made (rpc::MakeChannel) and the
 // one place servers are built (rpc::Server::Start), so no call site adds the metadata by hand.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -17,12 +22,23 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/support/client_interceptor.h"
 #include "grpcpp/support/server_interceptor.h"
+#include "grpcpp/support/string_ref.h"
 
 namespace odmoe::rpc {
 
 // The metadata key of the sender's build version (requests) and the answering node's (initial metadata of
 // every response).
 inline constexpr char kVersionMetadataKey[] = "odmoe-version";
+// The metadata key of the answering node's cluster identity (initial metadata of every response of a server
+// started with one, ServerOptions::cluster). Nodes of builds before it send none.
+inline constexpr char kClusterMetadataKey[] = "odmoe-cluster";
+
+// What a node serves, as its answers carry it and as messages about a mismatch show it:
+// "epoch 7, model 3fa2c0...": the cluster file's epoch and the model fingerprint, which every request header
+// between nodes must match (rpc::CheckHeader).
+std::string ClusterIdentity(uint64_t epoch, std::string_view fingerprint);
+// The cluster identity in an answer's initial metadata; empty when the answer carries none.
+std::string ReceivedClusterIdentity(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata);
 
 // Remembers which (peer, version) pairs differing from this node's version have been reported, so that each
 // is warned about once. Bounded: beyond kMaxPeers pairs it stops warning (and says so once).
@@ -55,7 +71,9 @@ std::string PeerHost(std::string_view grpc_peer);
 // in the answer's initial metadata.
 std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface> MakeVersionClientInterceptorFactory(
     std::string target);
-// Server half: checks the caller's version and sends this build's version with every answer.
-std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeVersionServerInterceptorFactory();
+// Server half: checks the caller's version and sends this build's version with every answer, and `cluster` (a
+// ClusterIdentity; empty: none) as kClusterMetadataKey.
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeVersionServerInterceptorFactory(
+    std::string cluster);
 
 }  // namespace odmoe::rpc

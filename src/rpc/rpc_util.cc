@@ -183,7 +183,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 1);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(MakeVersionServerInterceptorFactory());
+  interceptors.push_back(MakeVersionServerInterceptorFactory(options.cluster));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   for (grpc::Service* service : services) builder.RegisterService(service);
   s->server_ = builder.BuildAndStart();
@@ -234,18 +234,21 @@ void Server::Wait() {
 
 namespace {
 
-// One health check on `stub`; the answer's version goes to `version` when given.
+// One health check on `stub`; the answer's build version and cluster go to `health` when given.
 absl::StatusOr<bool> CheckOne(grpc::health::v1::Health::Stub& stub, const std::string& address,
-                              const std::string& service, int64_t timeout_ms, std::string* version) {
+                              const std::string& service, int64_t timeout_ms, NodeHealth* health) {
   grpc::ClientContext ctx;
   SetDeadline(ctx, timeout_ms);
   grpc::health::v1::HealthCheckRequest req;
   req.set_service(service);
   grpc::health::v1::HealthCheckResponse resp;
   grpc::Status st = stub.Check(&ctx, req, &resp);
-  if (version != nullptr) {
+  if (health != nullptr) {
     const auto& md = ctx.GetServerInitialMetadata();
-    if (auto it = md.find(kVersionMetadataKey); it != md.end()) version->assign(it->second.data(), it->second.size());
+    if (auto it = md.find(kVersionMetadataKey); it != md.end()) {
+      health->version.assign(it->second.data(), it->second.size());
+    }
+    health->cluster = ReceivedClusterIdentity(md);
   }
   if (st.error_code() == grpc::StatusCode::NOT_FOUND) return false;
   if (!st.ok()) return FromGrpc(st, StrCat("health check of ", address));
@@ -262,7 +265,7 @@ absl::StatusOr<bool> CheckServing(const std::string& address, int64_t timeout_ms
 absl::StatusOr<NodeHealth> CheckHealth(const std::string& address, int64_t timeout_ms) {
   auto stub = grpc::health::v1::Health::NewStub(MakeChannel(address));
   NodeHealth h;
-  ODMOE_ASSIGN_OR_RETURN(h.live, CheckOne(*stub, address, kLivenessService, timeout_ms, &h.version));
+  ODMOE_ASSIGN_OR_RETURN(h.live, CheckOne(*stub, address, kLivenessService, timeout_ms, &h));
   ODMOE_ASSIGN_OR_RETURN(h.ready, CheckOne(*stub, address, kReadinessService, timeout_ms, nullptr));
   return h;
 }

@@ -96,10 +96,15 @@ struct ServerOptions {
   // Calls that may block a thread each besides those (main: the running requests and the queue, so that the
   // admission queue, not gRPC's thread quota, turns requests away).
   int blocking_calls = 0;
+  // What the node serves (rpc::ClusterIdentity: the cluster file's epoch and the model fingerprint), sent with
+  // every answer (src/rpc/peer_version.h) so that main's health checks tell a node of another cluster from a
+  // member. Empty: none sent (tools, tests of one node).
+  std::string cluster;
 };
 // A started server: the given services plus grpc.health.v1, both services NOT_SERVING until marked. It listens
 // exclusively (SO_REUSEPORT off): a second daemon on a taken address fails to start instead of sharing it.
-// Every call it answers carries this build's version, and a caller's differing version is logged once.
+// Every call it answers carries this build's version (and options.cluster), and a caller's differing version is
+// logged once.
 // Thread safety: MarkLive/MarkReady/MarkServing may be called from any thread, also during or after Shutdown
 // (then they do nothing); Shutdown and Wait from the owner's thread.
 class Server {
@@ -142,6 +147,7 @@ struct NodeHealth {
   bool live = false;
   bool ready = false;
   std::string version;  // the node's build version from its answer; empty when it sent none
+  std::string cluster;  // the cluster it serves (rpc::ClusterIdentity) from its answer; empty when it sent none
 };
 // Liveness, readiness and build version of the node at `address`. Unavailable / DeadlineExceeded when nothing
 // answers within `timeout_ms`.

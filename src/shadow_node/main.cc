@@ -6,6 +6,7 @@
 #include "src/common/status.h"
 #include "src/rpc/daemon.h"
 #include "src/rpc/metrics_server.h"
+#include "src/rpc/peer_version.h"
 #include "src/shadow_node/shadow_node.h"
 
 namespace {
@@ -17,12 +18,14 @@ absl::Status Serve(const std::vector<std::string>& args) {
                          odmoe::rpc::MetricsServer::StartFor(d.self, &node->metrics()));
   if (metrics != nullptr) spdlog::info("odmoe-shadow {}: metrics at {}", d.self.name, metrics->url());
   // Each request main runs holds a Follow stream, and its handler's thread, for the request's whole life.
-  ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::Server> server,
-                         odmoe::rpc::Server::Start({.address = d.self.address,
-                                                    .threads = d.self.threads,
-                                                    .node = d.self.name,
-                                                    .blocking_calls = d.cluster.max_running},
-                                                   {node.get()}));
+  ODMOE_ASSIGN_OR_RETURN(
+      std::unique_ptr<odmoe::rpc::Server> server,
+      odmoe::rpc::Server::Start({.address = d.self.address,
+                                 .threads = d.self.threads,
+                                 .node = d.self.name,
+                                 .blocking_calls = d.cluster.max_running,
+                                 .cluster = odmoe::rpc::ClusterIdentity(d.cluster.epoch, node->fingerprint())},
+                                {node.get()}));
   const odmoe::ShadowSettings& s = node->settings();
   spdlog::info(
       "odmoe-shadow {} serving {} on port {}: model {} (fingerprint {}, epoch {}); prediction {}, replica {} "

@@ -14,6 +14,7 @@
 #include "src/common/strings.h"
 #include "src/rpc/daemon.h"
 #include "src/rpc/metrics_server.h"
+#include "src/rpc/peer_version.h"
 #include "src/worker_node/worker_node.h"
 
 namespace {
@@ -38,7 +39,11 @@ absl::Status Run(const std::vector<std::string>& args) {
   if (metrics != nullptr) spdlog::info("odmoe-worker {}: metrics at {}", daemon.self.name, metrics->url());
   ODMOE_ASSIGN_OR_RETURN(
       std::unique_ptr<odmoe::rpc::Server> server,
-      odmoe::rpc::Server::Start({daemon.self.address, daemon.self.threads, daemon.self.name}, {node.get()}));
+      odmoe::rpc::Server::Start({.address = daemon.self.address,
+                                 .threads = daemon.self.threads,
+                                 .node = daemon.self.name,
+                                 .cluster = odmoe::rpc::ClusterIdentity(node->epoch(), node->fingerprint())},
+                                {node.get()}));
   std::string layers;
   for (int64_t l : node->decode_layers()) layers += odmoe::StrCat(layers.empty() ? "" : ",", l);
   spdlog::info(

@@ -157,6 +157,14 @@ TEST_P(ClusterModelTest, IdenticalToTheSingleProcessEngineAndPassesTheGoldens) {
   RunResult status = RunProgram({ProgramPath("odmoe"), "cluster", "status", "--config", cluster.config(),
                                  "--run-dir", cluster.run_dir(), "--json"});
   EXPECT_EQ(status.exit_code, 0) << status.out << status.err;
+  // Every node's answers name one cluster: the file's epoch and the model.
+  auto sj = ParseJson(status.out, "status");
+  ASSERT_TRUE(sj.ok()) << status.out;
+  for (const Json& n : (*sj)["nodes"]) {
+    ASSERT_TRUE(n["cluster"].is_string()) << n.dump();
+    EXPECT_EQ(n["cluster"].get<std::string>().rfind("epoch 7, model ", 0), 0u) << n.dump();
+    EXPECT_EQ(n["same_cluster_as_main"], true) << n.dump();
+  }
   RunResult down = cluster.Down();
   EXPECT_EQ(down.exit_code, 0) << down.err;
   EXPECT_NE(down.out.find("stopped 10 nodes"), std::string::npos) << down.out;

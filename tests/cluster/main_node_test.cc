@@ -33,6 +33,7 @@
 #include "src/engine/generator.h"
 #include "src/main_node/remote_experts.h"
 #include "src/model/tokenizer.h"
+#include "src/rpc/peer_version.h"
 #include "src/rpc/rpc_util.h"
 #include "src/shadow_node/shadow_node.h"
 #include "src/worker_node/worker_node.h"
@@ -113,6 +114,7 @@ struct ClusterSpec {
   int down_worker = -1;  // this worker gets an address where nothing listens
   int hung_worker = -1;  // this worker never answers
   int foreign_worker = -1;  // this worker runs another cluster epoch (started from another cluster file)
+  bool identify = true;     // the workers' answers name their cluster (false: as builds before identities)
   uint64_t epoch = kEpoch;
   int64_t prefill_minibatch_rows = -1;  // -1: the cluster file's default
   std::string cluster_extra;            // more lines of the [cluster] table
@@ -200,7 +202,12 @@ class TestCluster {
           recorders_.push_back(std::make_unique<RecordingWorker>(w.get()));
           service = recorders_.back().get();
         }
-        ODMOE_ASSIGN_OR_RETURN(server, rpc::Server::Start({"127.0.0.1:0", 2}, {service}));
+        ODMOE_ASSIGN_OR_RETURN(
+            server, rpc::Server::Start({.address = "127.0.0.1:0",
+                                        .threads = 2,
+                                        .cluster = spec_.identify ? rpc::ClusterIdentity(w->epoch(), w->fingerprint())
+                                                                  : std::string()},
+                                       {service}));
         workers_.push_back(std::move(w));
       }
       server->MarkServing(true);
@@ -1071,9 +1078,44 @@ TEST(MainNodeTest, AClientsDeadlinePassingSaysNothingAboutTheWorkers) {
   EXPECT_EQ(log.Count(" left"), 0) << log.text();
 }
 
-// A worker started from another cluster file (another epoch) refuses main's calls. That is the cluster's fault,
-// not the client's: the request fails INTERNAL (HTTP 500) naming the worker and the mismatch, not as invalid.
-TEST(MainNodeTest, AWorkerOfAnotherClusterFailsTheRequestAsAServerErrorNamingIt) {
+// A worker started from another cluster file (another epoch) answers its health checks naming that cluster:
+// main takes it for down at once and leaves it out of the placement, so that the other worker serves every
+// request, bit for bit the engine's, and no call reaches the foreign worker.
+TEST(MainNodeTest, AWorkerOfAnotherClusterIsLeftOutAndTheOthersServe) {
+  const std::string model = "mixtral-tiny";
+  if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
+  CapturedLog log;  // before the cluster, which joins the threads that log as it goes
+  ClusterSpec spec;
+  spec.model = model;
+  spec.workers = 2;
+  spec.group_size = 1;
+  spec.foreign_worker = 1;
+  TestCluster cluster(spec);
+  const absl::Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  ASSERT_TRUE(odmoe::testing::Eventually([&] { return cluster.main().peer_health().state(1) == PeerState::kDown; },
+                                         std::chrono::seconds(10)));
+  const std::string fingerprint = cluster.main().fingerprint();
+  EXPECT_EQ(log.Count(StrCat("is down: serves another cluster (epoch ", kEpoch + 1, ", model ", fingerprint,
+                             "; this cluster: epoch ", kEpoch, ", model ", fingerprint,
+                             "): check its cluster file and model")),
+            1)
+      << log.text();
+  const std::vector<int32_t> prompt = SpreadPrompt(cluster.main().config(), 9);
+  const GenerateResult local = LocalReference(model, "cpu", prompt, 4);
+  auto r = GenerateRemote(cluster.endpoint(), IdsRequest(prompt, 4), kTimeoutMs, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExpectSameAsLocal(*r, local, prompt);
+  ASSERT_EQ(r->stats.workers_size(), 2);
+  EXPECT_EQ(r->stats.workers(1).calls(), 0u);
+  EXPECT_GT(r->stats.workers(0).calls(), 0u);
+  EXPECT_EQ(cluster.main().peer_health().state(1), PeerState::kDown);
+}
+
+// The same worker of a build before cluster identities (its answers name none) is judged by its answers alone
+// and refuses main's calls. That is the cluster's fault, not the client's: the request fails INTERNAL (HTTP 500)
+// naming the worker and the mismatch, not as invalid.
+TEST(MainNodeTest, AnUnidentifiedWorkerOfAnotherClusterFailsTheRequestAsAServerErrorNamingIt) {
   const std::string model = "mixtral-tiny";
   if (!HaveSharedModel(model)) GTEST_SKIP() << "needs " << SharedModel(model);
   ClusterSpec spec;
@@ -1081,6 +1123,7 @@ TEST(MainNodeTest, AWorkerOfAnotherClusterFailsTheRequestAsAServerErrorNamingIt)
   spec.workers = 2;
   spec.group_size = 1;
   spec.foreign_worker = 1;
+  spec.identify = false;
   TestCluster cluster(spec);
   const absl::Status started = cluster.Start();
   ASSERT_TRUE(started.ok()) << started;

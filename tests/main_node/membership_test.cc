@@ -52,12 +52,14 @@ TEST(MembershipTest, NoWorkerLeftIsNotServableNamingEveryWorker) {
   PeerHealth health = FourWorkersAndAShadow();
   Membership m(Placement::Create(4, 2).value(), {"w0", "w1", "w2", "w3"}, &health, 7);
   for (int32_t w = 0; w < 4; ++w) health.ReportFailure(w, "refused " + std::to_string(w));
+  // w2, down already, is found serving another cluster: its reason changes, the epoch does not.
+  health.ReportForeign(2, "serves another cluster");
   EXPECT_FALSE(m.Current().placement.servable());
   const absl::Status s = m.CheckServable("layer 3");
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(s.message(),
             "layer 3 cannot be served: every worker is out of the placement (membership epoch 11): w0 (refused 0); "
-            "w1 (refused 1); w2 (refused 2); w3 (refused 3)");
+            "w1 (refused 1); w2 (serves another cluster); w3 (refused 3)");
 }
 
 TEST(MembershipTest, AwaitNewerWakesOnAChangeOrAtTheDeadline) {

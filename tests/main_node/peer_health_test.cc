@@ -1,7 +1,9 @@
 // PeerHealth as bookkeeping on a fake clock: evidence to states, silence to down, one event per change in order,
-// subscriptions; and PeerProber against real servers on loopback (an answering one, a closed port).
+// subscriptions; and PeerProber against real servers on loopback (an answering one, a closed port, one of
+// another cluster).
 #include "src/main_node/peer_health.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -10,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "odmoe/v1/worker.grpc.pb.h"
 #include "src/common/strings.h"
+#include "src/rpc/peer_version.h"
 #include "src/rpc/rpc_util.h"
 #include "tests/test_support.h"
 
@@ -59,6 +62,32 @@ TEST(PeerHealthTest, EvidenceMakesStatesAndEachChangeIsOneEvent) {
   ASSERT_EQ(events.size(), 3u);
   EXPECT_EQ(events[2].to, PeerState::kUp);
   EXPECT_TRUE(h.CheckReachable(0).ok());
+}
+
+// A down peer found serving another cluster gets that reason (one event, kDown -> kDown); the same report again,
+// or a later plain failure, changes nothing; after it comes back up, a foreign answer is a change again.
+TEST(PeerHealthTest, AForeignAnswerGivesADownPeerItsReasonOnce) {
+  FakeClock clock;
+  PeerHealth h(TwoPeers(), {}, clock.Fn());
+  std::vector<PeerEvent> events;
+  h.Subscribe([&](const PeerEvent& e) { events.push_back(e); });
+  h.ReportFailure(0, "connection refused");
+  h.ReportForeign(0, "serves another cluster");
+  h.ReportForeign(0, "serves another cluster");
+  h.ReportFailure(0, "connection refused");
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[1].from, PeerState::kDown);
+  EXPECT_EQ(events[1].to, PeerState::kDown);
+  EXPECT_EQ(events[1].reason, "serves another cluster");
+  EXPECT_EQ(h.Get(0).reason, "serves another cluster");
+  h.ReportAlive(0, "answered");
+  h.ReportForeign(0, "serves another cluster");
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[3].from, PeerState::kUp);
+  EXPECT_EQ(events[3].to, PeerState::kDown);
+  h.ReportForeign(1, "serves another cluster");  // never seen before: down at once
+  ASSERT_EQ(events.size(), 5u);
+  EXPECT_EQ(events[4].from, PeerState::kUnknown);
 }
 
 TEST(PeerHealthTest, SilenceLongerThanDownAfterIsDown) {
@@ -159,6 +188,65 @@ TEST(PeerProberTest, AnAnsweringPeerIsUpAndAClosedPortDown) {
   EXPECT_EQ(h.Get(0).reason, "answers but is not ready");
   prober.Stop();
   prober.Stop();  // idempotent
+}
+
+// A peer whose answers name another cluster (another cluster file or model) is down, for as long as it answers
+// so; one whose answers name none (an older build) is up on its answer alone. w1 is first down (nothing
+// listens), then restarted from another cluster file: its reason becomes that, with one more event.
+TEST(PeerProberTest, APeerOfAnotherClusterIsDownForAsLongAsItSaysSo) {
+  v1::Worker::Service unimplemented;
+  const std::string ours = rpc::ClusterIdentity(7, "abc");
+  const std::vector<std::string> identities = {ours, rpc::ClusterIdentity(8, "abc"), ""};
+  const int w1_port = odmoe::testing::PickFreePorts(1)[0];
+  std::vector<std::unique_ptr<rpc::Server>> servers;
+  std::vector<PeerHealth::Peer> peers;
+  auto start = [&](size_t i, const std::string& address) -> rpc::Server* {
+    auto server = rpc::Server::Start(
+        {.address = address, .threads = 1, .node = StrCat("w", i), .cluster = identities[i]}, {&unimplemented});
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return nullptr;
+    (*server)->MarkServing(true);
+    servers.push_back(std::move(*server));
+    return servers.back().get();
+  };
+  for (size_t i = 0; i < identities.size(); ++i) {
+    if (i == 1) {
+      peers.push_back({"w1", StrCat("127.0.0.1:", w1_port)});
+      continue;
+    }
+    rpc::Server* s = start(i, "127.0.0.1:0");
+    ASSERT_NE(s, nullptr);
+    peers.push_back({StrCat("w", i), StrCat("127.0.0.1:", s->port())});
+  }
+  PeerHealth h(peers);
+  std::atomic<int> w1_events{0};
+  h.Subscribe([&](const PeerEvent& e) { w1_events += e.peer == 1; });
+  PeerProber prober(
+      h, PeerProberOptions{.period = absl::Milliseconds(20), .timeout = absl::Milliseconds(500), .cluster = ours});
+  prober.Start();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((h.state(0) != PeerState::kUp || h.state(1) != PeerState::kDown || h.state(2) != PeerState::kUp) &&
+         std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(h.state(0), PeerState::kUp) << h.Get(0).reason;
+  EXPECT_EQ(h.state(2), PeerState::kUp) << h.Get(2).reason;
+  ASSERT_EQ(h.state(1), PeerState::kDown);
+  EXPECT_EQ(w1_events.load(), 1);
+  const std::string foreign =
+      "serves another cluster (epoch 8, model abc; this cluster: epoch 7, model abc): check its cluster file and "
+      "model";
+  EXPECT_NE(h.Get(1).reason, foreign);
+  ASSERT_NE(start(1, peers[1].address), nullptr);
+  while (h.Get(1).reason != foreign && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(h.Get(1).reason, foreign);
+  // Ten more checks of each: w1 stays down, with no further event.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(h.state(1), PeerState::kDown);
+  EXPECT_EQ(w1_events.load(), 2);
+  prober.Stop();
 }
 
 }  // namespace

@@ -71,6 +71,7 @@ TEST(ServerHealthTest, LivenessAndReadinessAreSeparateAndCarryTheVersion) {
   EXPECT_FALSE(h->live);
   EXPECT_FALSE(h->ready);
   EXPECT_EQ(h->version, BuildVersion());
+  EXPECT_EQ(h->cluster, "");  // started without one
   (*server)->MarkLive(true);
   h = CheckHealth(address, 5000);
   ASSERT_TRUE(h.ok()) << h.status();
@@ -84,6 +85,17 @@ TEST(ServerHealthTest, LivenessAndReadinessAreSeparateAndCarryTheVersion) {
   (*server)->Shutdown();
   (*server)->MarkReady(true);  // after shutdown: nothing happens
   EXPECT_FALSE(CheckHealth(address, 500).ok());
+}
+
+TEST(ServerHealthTest, EveryAnswerNamesTheClusterTheServerWasStartedFor) {
+  EXPECT_EQ(ClusterIdentity(7, "3fa2"), "epoch 7, model 3fa2");
+  auto server =
+      Server::Start({.address = "127.0.0.1:0", .node = "n0", .cluster = ClusterIdentity(7, "3fa2")}, {AnyService()});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = StrCat("127.0.0.1:", (*server)->port());
+  auto h = CheckHealth(address, 5000);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->cluster, "epoch 7, model 3fa2");
 }
 
 TEST(ServerHealthTest, ATakenPortIsRefusedNamingNodeAndAddress) {
