@@ -32,6 +32,25 @@ thread_local const PeerHealth* tl_delivering = nullptr;
 
 std::string Seconds(absl::Duration d) { return absl::StrFormat("%.2f s", absl::ToDoubleSeconds(d)); }
 
+// Main's verdict on one finished health check of `peer`, given the cluster main serves (empty: not compared).
+void ReportCheck(PeerHealth& health, int32_t peer, const grpc::Status& st, const grpc::ClientContext& ctx,
+                 const grpc::health::v1::HealthCheckResponse& response, const std::string& cluster) {
+  if (!st.ok()) {
+    health.ReportFailure(peer, StrCat("health check failed: ", st.error_message(), " (gRPC code ",
+                                      static_cast<int>(st.error_code()), ")"));
+    return;
+  }
+  const std::string theirs = rpc::ReceivedMetadata(ctx.GetServerInitialMetadata(), rpc::kClusterMetadataKey);
+  if (!cluster.empty() && !theirs.empty() && theirs != cluster) {
+    health.ReportForeign(peer, StrCat("serves another cluster (", theirs, "; this cluster: ", cluster,
+                                      "): check its cluster file and model"));
+  } else if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    health.ReportFailure(peer, "answers but is not ready");
+  } else {
+    health.ReportAlive(peer, "answers its health check and is ready");
+  }
+}
+
 }  // namespace
 
 PeerHealth::PeerHealth(std::vector<Peer> peers, PeerHealthOptions options, Clock clock)
@@ -247,32 +266,18 @@ void PeerProber::Loop() {
       }
       rpc::SetDeadline(*s.ctx, absl::ToInt64Milliseconds(options_.timeout));
       s.response.Clear();
-      s.stub->async()->Check(
-          s.ctx.get(), &s.request, &s.response, [checks, health, cluster, peer, &s](grpc::Status st) {
-            bool stopped = false;
-            {
-              absl::MutexLock lock(&checks->mu);
-              stopped = checks->stopped;
-            }
-            if (!stopped) {
-              const std::string theirs =
-                  st.ok() ? rpc::ReceivedClusterIdentity(s.ctx->GetServerInitialMetadata()) : std::string();
-              if (!st.ok()) {
-                health->ReportFailure(peer, StrCat("health check failed: ", st.error_message(), " (gRPC code ",
-                                                   static_cast<int>(st.error_code()), ")"));
-              } else if (!cluster->empty() && !theirs.empty() && theirs != *cluster) {
-                health->ReportForeign(peer, StrCat("serves another cluster (", theirs, "; this cluster: ", *cluster,
-                                                   "): check its cluster file and model"));
-              } else if (s.response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
-                health->ReportFailure(peer, "answers but is not ready");
-              } else {
-                health->ReportAlive(peer, "answers its health check and is ready");
-              }
-            }
-            absl::MutexLock lock(&checks->mu);
-            checks->in_flight[static_cast<size_t>(peer)] = false;
-            --checks->active;  // `checks` may be freed from here on
-          });
+      s.stub->async()->Check(s.ctx.get(), &s.request, &s.response,
+                             [checks, health, cluster, peer, &s](grpc::Status st) {
+                               bool stopped = false;
+                               {
+                                 absl::MutexLock lock(&checks->mu);
+                                 stopped = checks->stopped;
+                               }
+                               if (!stopped) ReportCheck(*health, peer, st, *s.ctx, s.response, *cluster);
+                               absl::MutexLock lock(&checks->mu);
+                               checks->in_flight[static_cast<size_t>(peer)] = false;
+                               --checks->active;  // `checks` may be freed from here on
+                             });
     }
     health->CheckSilence();
     absl::MutexLock lock(&mu_);

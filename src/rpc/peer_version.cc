@@ -31,8 +31,8 @@ std::string ClusterIdentity(uint64_t epoch, std::string_view fingerprint) {
   return StrCat("epoch ", epoch, ", model ", fingerprint);
 }
 
-std::string ReceivedClusterIdentity(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) {
-  auto it = metadata.find(kClusterMetadataKey);
+std::string ReceivedMetadata(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata, std::string_view key) {
+  auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
   return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
 }
 

@@ -37,8 +37,9 @@ inline constexpr char kClusterMetadataKey[] = "odmoe-cluster";
 // "epoch 7, model 3fa2c0...": the cluster file's epoch and the model fingerprint, which every request header
 // between nodes must match (rpc::CheckHeader).
 std::string ClusterIdentity(uint64_t epoch, std::string_view fingerprint);
-// The cluster identity in an answer's initial metadata; empty when the answer carries none.
-std::string ReceivedClusterIdentity(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata);
+// The value of `key` in received metadata (e.g. an answer's initial metadata: the version, the cluster identity);
+// empty when absent.
+std::string ReceivedMetadata(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata, std::string_view key);
 
 // Remembers which (peer, version) pairs differing from this node's version have been reported, so that each
 // is warned about once. Bounded: beyond kMaxPeers pairs it stops warning (and says so once).

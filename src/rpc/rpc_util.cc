@@ -244,11 +244,8 @@ absl::StatusOr<bool> CheckOne(grpc::health::v1::Health::Stub& stub, const std::s
   grpc::health::v1::HealthCheckResponse resp;
   grpc::Status st = stub.Check(&ctx, req, &resp);
   if (health != nullptr) {
-    const auto& md = ctx.GetServerInitialMetadata();
-    if (auto it = md.find(kVersionMetadataKey); it != md.end()) {
-      health->version.assign(it->second.data(), it->second.size());
-    }
-    health->cluster = ReceivedClusterIdentity(md);
+    health->version = ReceivedMetadata(ctx.GetServerInitialMetadata(), kVersionMetadataKey);
+    health->cluster = ReceivedMetadata(ctx.GetServerInitialMetadata(), kClusterMetadataKey);
   }
   if (st.error_code() == grpc::StatusCode::NOT_FOUND) return false;
   if (!st.ok()) return FromGrpc(st, StrCat("health check of ", address));
