@@ -3,9 +3,10 @@
 // SelectTokensKernel, for a row that samples, passes over the row (each a strided loop with a block reduction):
 // the max of z; for top-k a radix select on the order-preserving key of z (8 passes of 4 bits, counting) and a
 // chunked scan that breaks ties at the threshold by id; the kept mass Z; for top-p the same radix select weighted by
-// the masses of the top-k set, and its tie scan; finally a chunked inclusive scan of the masses of the kept set in
-// id order that picks the token where it first exceeds the draw. Counts and masses are uint64 integers, so every
-// sum is exact whatever the order of its additions: the pick is the CPU reference's (cpu::SelectTokens).
+// the masses of the top-k set, and its tie scan; finally a chunked inclusive scan of the masses of the kept set
+// (less the tokens min-p drops) in id order that picks the token where it first exceeds the draw. Counts and masses
+// are uint64 integers, so every sum is exact whatever the order of its additions: the pick is the CPU reference's
+// (cpu::SelectTokens).
 #include "kernels/sampling.h"
 
 #include <algorithm>
@@ -301,13 +302,21 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t chunk = (vocab + kThreads - 1) / kThreads;
   const int64_t lo = min(vocab, threadIdx.x * chunk);
   const int64_t hi = min(vocab, lo + chunk);
+  const uint64_t least = MinPMass(c, row.zmax);  // step 5b
+  // Whether token i is kept (steps 3, 5 and 5b), with its mass in *mass when it is.
+  auto kept = [&](int64_t i, uint64_t* mass) {
+    const float z = row.Z(i);
+    const uint32_t key = OrderKey(z);
+    if (!top_k_set.Has(key, i) || !top_p_set.Has(key, i)) return false;
+    *mass = row.Mass(z);
+    return *mass >= least;
+  };
   uint64_t local = 0;
   int64_t my_last = -1;
   for (int64_t i = lo; i < hi; ++i) {
-    const float z = row.Z(i);
-    const uint32_t key = OrderKey(z);
-    if (top_k_set.Has(key, i) && top_p_set.Has(key, i)) {
-      local += row.Mass(z);
+    uint64_t m = 0;
+    if (kept(i, &m)) {
+      local += m;
       my_last = i;
     }
   }
@@ -323,14 +332,12 @@ __global__ void __launch_bounds__(kThreads)
     uint64_t run = excl;
     int64_t pick = my_last;
     for (int64_t i = lo; i < hi; ++i) {
-      const float z = row.Z(i);
-      const uint32_t key = OrderKey(z);
-      if (top_k_set.Has(key, i) && top_p_set.Has(key, i)) {
-        run += row.Mass(z);
-        if (run > need) {
-          pick = i;
-          break;
-        }
+      uint64_t m = 0;
+      if (!kept(i, &m)) continue;
+      run += m;
+      if (run > need) {
+        pick = i;
+        break;
       }
     }
     atomicMin(&chosen, static_cast<unsigned long long>(pick));

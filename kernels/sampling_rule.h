@@ -13,6 +13,8 @@
 //     expf, whose last bits differ between libm and the GPU), so it is the same integer wherever fp32 is IEEE.
 //  5. top-p (top_p < 1): keep the shortest non-empty prefix of the kept tokens, in that order, whose mass reaches
 //     MulFraction(Z, Fraction24(top_p)), Z the mass of the kept tokens.
+//  5b. min-p (min_p > 0, max z finite): keep only the kept tokens whose mass is at least MinPMass: the largest
+//     token's mass (2^39, always kept) times min_p, as HF's MinPLogitsWarper after top-k and top-p (vLLM's min_p).
 //  6. Pick the first kept token in ascending id order whose inclusive running mass exceeds
 //     MulFraction(M, Fraction24(uniform)), M the mass of the kept tokens; the last kept token in id order if none
 //     does (only when M is 0: a row whose largest z is +inf or -inf).
@@ -34,12 +36,13 @@
 namespace odmoe {
 
 // How one row's token is picked (Device::SelectTokens, kernels::LaunchSelectTokens), as the rule above reads it.
-// 16 bytes, the same layout on the host and the device.
+// 20 bytes, the same layout on the host and the device.
 struct TokenChoice {
   float temperature = 0.0f;  // <= 0: greedy
   int32_t top_k = 0;         // <= 0 (or >= vocab): no top-k cut
   float top_p = 1.0f;        // >= 1: no nucleus cut; <= 0: greedy
   float uniform = 0.0f;      // the draw, in [0, 1) (values outside are clamped)
+  float min_p = 0.0f;        // <= 0: no min-p cut
 };
 
 namespace kernels {
@@ -96,6 +99,13 @@ ODMOE_SAMPLING_HD uint32_t Fraction24(float x) {
 // floor(total * fraction / 2^24), exactly, for total <= 2^63 (no product overflows).
 ODMOE_SAMPLING_HD uint64_t MulFraction(uint64_t total, uint32_t fraction) {
   return (total >> 24) * fraction + (((total & 0xffffffu) * fraction) >> 24);
+}
+
+// Step 5b: the least mass a token keeps, MulFraction(kSampleMassOne, Fraction24(min_p)); 0 (no cut) when min_p <= 0
+// or the row's largest z is +-inf (every mass is then 0, and the cut would leave nothing).
+ODMOE_SAMPLING_HD uint64_t MinPMass(const TokenChoice& c, float zmax) {
+  if (!(c.min_p > 0.0f) || !(zmax > -INFINITY && zmax < INFINITY)) return 0;
+  return MulFraction(kSampleMassOne, Fraction24(c.min_p));
 }
 
 }  // namespace kernels

@@ -558,6 +558,10 @@ int32_t SelectToken(const float* l, int64_t vocab, const TokenChoice& c) {
     std::fill(kept, kept + v, 0);
     for (size_t j = 0; j < keep; ++j) kept[order[j]] = 1;
   }
+  // Step 5b: min-p.
+  if (const uint64_t least = kernels::MinPMass(c, zmax); least > 0) {
+    for (size_t i = 0; i < v; ++i) kept[i] = kept[i] && mass[i] >= least;
+  }
 
   // Step 6: the inverse CDF over the kept tokens in id order.
   uint64_t total = 0;

@@ -94,7 +94,7 @@ OpWork WorkOf(const OpShape& s) {
     case OpKind::kConvert:
       return {0, DenseBytes(s.weight, s.count) + DenseBytes(s.dst, s.count)};
     case OpKind::kSelectTokens:
-      return {D(s.n) * D(s.dim), Bytes4(s.n * s.dim) + 5 * Bytes4(s.n)};
+      return {D(s.n) * D(s.dim), Bytes4(s.n * s.dim) + 6 * Bytes4(s.n)};
   }
   return {};
 }

@@ -16,7 +16,7 @@
 //   GatherRows        0;                          2*n*dim*4 + n*4
 //   ScatterAddScaled  2*n*dim;                    3*n*dim*4 + n*8
 //   Convert           0;                          count*(size of src dtype + size of dst dtype)
-//   SelectTokens      n*dim;                      n*dim*4 + n*20 (the logits, each row's choice and id)
+//   SelectTokens      n*dim;                      n*dim*4 + n*24 (the logits, each row's choice and id)
 #pragma once
 
 #include <cstdint>

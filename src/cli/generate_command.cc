@@ -30,8 +30,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: odmoe generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
-    "           [--temperature T --top-k K --top-p P --seed S] [--presence-penalty P] [--frequency-penalty F]\n"
-    "           [--logit-bias ID:BIAS,...]\n"
+    "           [--temperature T --top-k K --top-p P --min-p M --seed S] [--presence-penalty P]\n"
+    "           [--frequency-penalty F] [--logit-bias ID:BIAS,...]\n"
     "           [--ignore-eos] [--stop-token-ids 1,2 [--include-stop-text]] [--min-tokens N]\n"
     "           [--backend cpu|mock-gpu|cuda]\n"
     "           [--dump-logits] [--dump-routing] [--logprobs N [--prompt-logprobs]] [--json]\n"
@@ -40,7 +40,8 @@ constexpr char kUsage[] =
     "       odmoe generate --endpoint HOST:PORT (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
     "           [the same sampling and output flags] [--timeout-ms MS] [--request-id ID]\n"
     "           [--token-file FILE] [--tls-ca FILE [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]]\n"
-    "  Greedy unless --temperature > 0. --presence-penalty and --frequency-penalty ([-2, 2], OpenAI's) lower the\n"
+    "  Greedy unless --temperature > 0; --min-p M ([0, 1], vLLM's min_p) keeps only the tokens at least M times as\n"
+    "  likely as the likeliest. --presence-penalty and --frequency-penalty ([-2, 2], OpenAI's) lower the\n"
     "  logits of tokens already generated, once and per time; --logit-bias adds BIAS ([-100, 100]) to token ID's\n"
     "  logit at every pick (-100 keeps it out). --stop-token-ids ends generation at any of these ids too (its\n"
     "  text left out, unless --include-stop-text), --min-tokens N keeps EOS and them out of the first N tokens\n"
@@ -100,12 +101,12 @@ absl::StatusOr<std::vector<std::pair<int32_t, double>>> LogitBiasFlag(const Flag
 absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(
       Flags f,
-      Flags::Parse(args, {"model",          "prompt",         "prompt-ids", "max-new-tokens",   "temperature",
-                          "top-k",          "top-p",          "seed",       "presence-penalty", "frequency-penalty",
-                          "logit-bias",     "stop-token-ids", "min-tokens", "logprobs",         "backend",
-                          "endpoint",       "timeout-ms",     "synthetic",  "layers",           "weights-seed",
-                          "request-id",     "tls-ca",         "tls-cert",   "tls-key",          "token-file",
-                          "tls-server-name"},
+      Flags::Parse(args, {"model",           "prompt",         "prompt-ids", "max-new-tokens",   "temperature",
+                          "top-k",           "top-p",          "seed",       "presence-penalty", "frequency-penalty",
+                          "logit-bias",      "stop-token-ids", "min-tokens", "logprobs",         "backend",
+                          "endpoint",        "timeout-ms",     "synthetic",  "layers",           "weights-seed",
+                          "request-id",      "tls-ca",         "tls-cert",   "tls-key",          "token-file",
+                          "tls-server-name", "min-p"},
                    {"ignore-eos", "include-stop-text", "dump-logits", "dump-routing", "prompt-logprobs", "json"}));
   Request r;
   if (f.Has("endpoint")) {
@@ -177,6 +178,7 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(r.options.sampling.temperature, f.Double("temperature", 0.0));
   ODMOE_ASSIGN_OR_RETURN(r.options.sampling.top_k, f.Int("top-k", 0));
   ODMOE_ASSIGN_OR_RETURN(r.options.sampling.top_p, f.Double("top-p", 1.0));
+  ODMOE_ASSIGN_OR_RETURN(r.options.sampling.min_p, f.Double("min-p", 0.0));
   ODMOE_ASSIGN_OR_RETURN(int64_t seed, f.Int("seed", 0));
   r.options.sampling.seed = static_cast<uint64_t>(seed);
   ODMOE_ASSIGN_OR_RETURN(r.options.sampling.presence_penalty, f.Double("presence-penalty", 0.0));
@@ -369,6 +371,7 @@ std::string FlagsForFields(std::string message) {
       {"sampling.temperature", "--temperature"},
       {"sampling.top_k", "--top-k"},
       {"sampling.top_p", "--top-p"},
+      {"sampling.min_p", "--min-p"},
       {"sampling.presence_penalty", "--presence-penalty"},
       {"sampling.frequency_penalty", "--frequency-penalty"},
       {"sampling.logit_bias", "--logit-bias"},

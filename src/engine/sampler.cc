@@ -19,6 +19,7 @@ absl::Status SamplingOptions::Validate(int64_t vocab_size) const {
   }
   if (top_k < 0) return invalid("sampling.top_k", " must be >= 0, got ", top_k);
   if (!(top_p > 0 && top_p <= 1)) return invalid("sampling.top_p", " must be in (0, 1], got ", top_p);
+  if (!(min_p >= 0 && min_p <= 1)) return invalid("sampling.min_p", " must be in [0, 1], got ", min_p);
   for (const auto& [field, value] : {std::pair{"sampling.presence_penalty", presence_penalty},
                                      std::pair{"sampling.frequency_penalty", frequency_penalty}}) {
     if (!(value >= -2 && value <= 2)) return invalid(field, " must be in [-2, 2], got ", value);
@@ -49,6 +50,7 @@ TokenChoice ToTokenChoice(const SamplingOptions& options, float uniform) {
   c.top_k = options.top_k > std::numeric_limits<int32_t>::max() ? 0 : static_cast<int32_t>(options.top_k);
   c.top_p = static_cast<float>(options.top_p);
   c.uniform = uniform;
+  c.min_p = static_cast<float>(options.min_p);
   return c;
 }
 

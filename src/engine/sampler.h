@@ -1,5 +1,5 @@
 // Picks the next token of a request: greedy (argmax, ties to the lowest id) or seeded sampling with temperature,
-// top-k and top-p. A Sampler owns the request's random stream (std::mt19937_64, whose output the standard fixes)
+// top-k, top-p and min-p. A Sampler owns the request's random stream (std::mt19937_64, whose output the standard fixes)
 // and turns its options into one TokenChoice per token (NextChoice); the pick itself follows the one rule of
 // kernels/sampling_rule.h, made either next to the logits by Device::SelectTokens (a decode step then brings back
 // only the id) or on the host by Next, with the same result. Deterministic: the same seed and logits give the same
@@ -31,6 +31,8 @@ struct SamplingOptions {
   double temperature = 0.0;  // 0: greedy
   int64_t top_k = 0;         // 0: no top-k filter
   double top_p = 1.0;        // 1: no nucleus filter
+  // [0, 1]: after top-k and top-p, drop the tokens less likely than min_p times the likeliest (vLLM's; 0: off).
+  double min_p = 0.0;
   uint64_t seed = 0;
   // Subtracted from a token's logit once it has been generated at least once (presence) and per time it has been
   // (frequency): [-2, 2], as OpenAI's. Tokens of the prompt do not count.

@@ -227,9 +227,7 @@ absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
     }
   }
   // vLLM's sampling extensions, at the values that change nothing.
-  std::optional<double> min_p, repetition_penalty;
-  ODMOE_RETURN_IF_ERROR(ReadNumber(body, "min_p", 0.0, 1.0, error, &min_p));
-  if (min_p && *min_p > 0) return unsupported("min_p", StrCat("= ", *min_p));
+  std::optional<double> repetition_penalty;
   ODMOE_RETURN_IF_ERROR(ReadNumber(body, "repetition_penalty", 0.0, 1e9, error, &repetition_penalty));
   if (repetition_penalty && *repetition_penalty != 1.0) {
     return unsupported("repetition_penalty",
@@ -419,8 +417,12 @@ absl::StatusOr<SamplingDefaults> ReadSamplingDefaults(const Json& config, const 
   } else {
     ignored->push_back(StrCat("top_k = ", top_k, " (below -1)"));
   }
-  ODMOE_ASSIGN_OR_RETURN(const double min_p, f.Number("min_p", 0.0));
-  if (min_p != 0) ignored->push_back(StrCat("min_p = ", min_p));
+  ODMOE_ASSIGN_OR_RETURN(const double min_p, f.Number("min_p", d.min_p));
+  if (min_p >= 0 && min_p <= 1) {
+    d.min_p = min_p;
+  } else {
+    ignored->push_back(StrCat("min_p = ", min_p, " (outside [0, 1])"));
+  }
   ODMOE_ASSIGN_OR_RETURN(const double repetition_penalty, f.Number("repetition_penalty", 1.0));
   if (repetition_penalty != 1) ignored->push_back(StrCat("repetition_penalty = ", repetition_penalty));
   return d;
@@ -433,6 +435,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   r.temperature = defaults.temperature;
   r.top_p = defaults.top_p;
   r.top_k = defaults.top_k;
+  r.min_p = defaults.min_p;
   ODMOE_ASSIGN_OR_RETURN(const Json j, ReadBody(body, error, &r.model));
   if (endpoint == Endpoint::kCompletions) {
     ODMOE_RETURN_IF_ERROR(ReadPrompts(j, error, &r.prompts));
@@ -480,6 +483,9 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   ODMOE_RETURN_IF_ERROR(ReadInt(j, "top_k", error, &top_k));
   if (top_k && *top_k < -1) return Fail(error, "top_k", StrCat("'top_k' must be -1, 0 (all) or >= 1, got ", *top_k));
   if (top_k) r.top_k = std::max<int64_t>(*top_k, 0);
+  std::optional<double> min_p;
+  ODMOE_RETURN_IF_ERROR(ReadNumber(j, "min_p", 0.0, 1.0, error, &min_p));
+  if (min_p) r.min_p = *min_p;
   std::optional<int64_t> seed;
   ODMOE_RETURN_IF_ERROR(ReadInt(j, "seed", error, &seed));
   if (seed) r.seed = static_cast<uint64_t>(*seed);

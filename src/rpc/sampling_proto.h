@@ -16,6 +16,7 @@ inline void SamplingToProto(const SamplingOptions& in, v1::SamplingParams* out) 
   out->set_top_k(in.top_k);
   out->set_top_p(in.top_p);
   out->set_seed(in.seed);
+  out->set_min_p(in.min_p);
   out->set_presence_penalty(in.presence_penalty);
   out->set_frequency_penalty(in.frequency_penalty);
   for (const auto& [id, bias] : in.logit_bias) (*out->mutable_logit_bias())[id] = bias;
@@ -28,6 +29,7 @@ inline SamplingOptions SamplingFromProto(const v1::SamplingParams& in) {
   out.top_k = in.top_k();
   out.top_p = in.top_p() == 0 ? 1.0 : in.top_p();
   out.seed = in.seed();
+  out.min_p = in.min_p();
   out.presence_penalty = in.presence_penalty();
   out.frequency_penalty = in.frequency_penalty();
   for (const auto& [id, bias] : in.logit_bias()) out.logit_bias.emplace_back(id, bias);

@@ -236,7 +236,7 @@ TEST(TimedDeviceTest, QuantizedWeightsKeepTheirDtypeAtTheTargetShape) {
   const OpShape select = shapes.Charge(OpShape{.kind = OpKind::kSelectTokens, .n = 3, .dim = 256});
   EXPECT_EQ(select.n, 3);
   EXPECT_EQ(select.dim, 32000);
-  EXPECT_EQ(WorkOf(select).bytes, uint64_t{3} * 32000 * 4 + 3 * 20);
+  EXPECT_EQ(WorkOf(select).bytes, uint64_t{3} * 32000 * 4 + 3 * 24);
 }
 
 TEST(TimedDeviceTest, ShapeMapNamesWhatItCannotMap) {

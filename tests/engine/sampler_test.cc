@@ -108,6 +108,25 @@ TEST(SamplerTest, TopPKeepsTheNucleusOnly) {
   EXPECT_NEAR(static_cast<double>(seen[0]) / n, 0.625, 0.02);
 }
 
+TEST(SamplerTest, MinPKeepsTheTokensNearTheBest) {
+  // p = [0.5, 0.3, 0.15, 0.05]: min_p 0.2 keeps what is at least 0.1 likely, the first three, renormalised to
+  // 10/19, 6/19 and 3/19; with top_p 0.7 first (HF's order) only the first two are left, 5/8 and 3/8.
+  std::vector<float> l = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+  SamplingOptions o;
+  o.temperature = 1.0;
+  o.min_p = 0.2;
+  o.seed = 5;
+  for (const double top_p : {1.0, 0.7}) {
+    o.top_p = top_p;
+    Sampler s(o);
+    std::map<int32_t, int> seen;
+    const int n = 20000;
+    for (int i = 0; i < n; ++i) ++seen[s.Next(l)];
+    EXPECT_EQ(seen.size(), top_p == 1.0 ? 3u : 2u) << top_p;
+    EXPECT_NEAR(static_cast<double>(seen[0]) / n, top_p == 1.0 ? 10.0 / 19 : 0.625, 0.02) << top_p;
+  }
+}
+
 // The choice a sampler hands to Device::SelectTokens: its options in fp32 and, when it samples, one draw per token
 // from the seeded stream (a multiple of 2^-24 in [0, 1)); greedy draws nothing.
 TEST(SamplerTest, NextChoiceCarriesTheOptionsAndOneDrawPerToken) {
@@ -115,6 +134,7 @@ TEST(SamplerTest, NextChoiceCarriesTheOptionsAndOneDrawPerToken) {
   o.temperature = 0.9;
   o.top_k = 40;
   o.top_p = 0.95;
+  o.min_p = 0.05;
   o.seed = 11;
   Sampler a(o), b(o);
   for (int i = 0; i < 1000; ++i) {
@@ -122,6 +142,7 @@ TEST(SamplerTest, NextChoiceCarriesTheOptionsAndOneDrawPerToken) {
     EXPECT_EQ(c.temperature, 0.9f);
     EXPECT_EQ(c.top_k, 40);
     EXPECT_EQ(c.top_p, 0.95f);
+    EXPECT_EQ(c.min_p, 0.05f);
     EXPECT_GE(c.uniform, 0.0f);
     EXPECT_LT(c.uniform, 1.0f);
     EXPECT_EQ(c.uniform * 0x1p24f, std::floor(c.uniform * 0x1p24f));
@@ -203,6 +224,9 @@ TEST(SamplingOptionsTest, RejectsBadValuesNamingTheField) {
   o = {};
   o.top_k = -3;
   refused(o, "sampling.top_k");
+  o = {};
+  o.min_p = 1.5;
+  EXPECT_EQ(refused(o, "sampling.min_p"), "sampling.min_p must be in [0, 1], got 1.5");
   o = {};
   o.presence_penalty = 2.5;
   EXPECT_EQ(refused(o, "sampling.presence_penalty"), "sampling.presence_penalty must be in [-2, 2], got 2.5");

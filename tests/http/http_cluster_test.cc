@@ -227,6 +227,12 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
            {{"model", kModel}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 2}, {"top_k", 1}, {"seed", 3}});
   ASSERT_EQ(top1.status, 200) << top1.body;
   EXPECT_EQ(ParseOrDie(top1.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), grpc->tokens);
+  // vLLM's min_p: at 1 only the likeliest token is left, so a hot sampler picks what greedy picks.
+  const HttpResult min_p1 =
+      Post(base + "/v1/completions",
+           {{"model", kModel}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 2}, {"min_p", 1}, {"seed", 3}});
+  ASSERT_EQ(min_p1.status, 200) << min_p1.body;
+  EXPECT_EQ(ParseOrDie(min_p1.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), grpc->tokens);
   {
     auto device = CreateDevice("cpu");
     ASSERT_TRUE(device.ok()) << device.status();
@@ -268,6 +274,19 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
     EXPECT_EQ(ParseOrDie(penalized_http.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
               penalized_solo->tokens);
     EXPECT_NE(penalized_solo->tokens, solo->tokens);
+    // A sampled answer with min_p: the tokens of the engine in one process with the same options and seed.
+    GenerateOptions min_p;
+    min_p.max_new_tokens = 12;
+    min_p.sampling.temperature = 1.5;
+    min_p.sampling.min_p = 0.1;
+    min_p.sampling.seed = 9;
+    auto min_p_solo = Generate((*local)->engine(), prompt, min_p);
+    ASSERT_TRUE(min_p_solo.ok()) << min_p_solo.status();
+    const HttpResult min_p_http = Post(
+        base + "/v1/completions",
+        {{"model", kModel}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 1.5}, {"min_p", 0.1}, {"seed", 9}});
+    ASSERT_EQ(min_p_http.status, 200) << min_p_http.body;
+    EXPECT_EQ(ParseOrDie(min_p_http.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), min_p_solo->tokens);
     const HttpResult outside =
         Post(base + "/v1/completions", {{"model", kModel}, {"prompt", prompt}, {"logit_bias", {{"999999", 5}}}});
     EXPECT_EQ(outside.status, 400) << outside.body;

@@ -559,7 +559,8 @@ TEST_F(CudaDeviceTest, SelectTokensPicksTheCpuDevicesIds) {
   for (size_t r = 0; r < choices.size(); ++r) {
     if (r % 3 == 0) continue;  // greedy
     choices[r] = TokenChoice{0.5f + 0.25f * static_cast<float>(r % 4), static_cast<int32_t>(r % 2 == 0 ? 40 : 0),
-                             r % 5 == 0 ? 1.0f : 0.9f, std::uniform_real_distribution<float>(0.0f, 1.0f)(rng)};
+                             r % 5 == 0 ? 1.0f : 0.9f, std::uniform_real_distribution<float>(0.0f, 1.0f)(rng),
+                             r % 4 == 1 ? 0.1f : 0.0f};
   }
   const Twin dev_choices = Make(choices, "choices");
   const Twin ids = Make(std::vector<int32_t>(static_cast<size_t>(rows), -1), "ids");

@@ -1,7 +1,8 @@
 // The token-selection kernels against the CPU reference (cpu::ArgMax, cpu::SelectTokens): the rule of
 // kernels/sampling_rule.h makes every sum an integer, so the ids must be equal, every draw compared (none skipped
-// near a boundary) — over random logits, uniforms and per-row options, exact ties, top-p targets met exactly, and
-// rows that mix greedy and sampling in one launch. Skipped without a GPU (and run under the CUDA emulation).
+// near a boundary) — over random logits, uniforms and per-row options (min-p among them), exact ties, top-p targets
+// met exactly, and rows that mix greedy and sampling in one launch. Skipped without a GPU (and run under the CUDA
+// emulation).
 #include "kernels/sampling.h"
 
 #include <algorithm>
@@ -44,7 +45,7 @@ class SamplingKernelTest : public GpuTest {
 
 std::string Describe(const TokenChoice& c) {
   return "T=" + std::to_string(c.temperature) + " top_k=" + std::to_string(c.top_k) +
-         " top_p=" + std::to_string(c.top_p) + " u=" + std::to_string(c.uniform);
+         " top_p=" + std::to_string(c.top_p) + " min_p=" + std::to_string(c.min_p) + " u=" + std::to_string(c.uniform);
 }
 
 TEST_F(SamplingKernelTest, ArgmaxTiesGoToTheLowestIdAndNanNeverWins) {
@@ -94,11 +95,13 @@ TEST_F(SamplingKernelTest, SelectTokensMatchesTheCpuReferenceExactly) {
       const float temperatures[] = {0.0f, 0.3f, 0.7f, 1.0f, 2.0f};
       const int32_t top_ks[] = {0, 1, 2, 5, 50, 2000};
       const float top_ps[] = {1.0f, 0.999f, 0.95f, 0.5f, 0.1f, 1e-6f};
+      const float min_ps[] = {0.0f, 0.0f, 1e-6f, 0.05f, 0.3f, 1.0f};
       std::uniform_real_distribution<float> uni(0.0f, 1.0f);
       for (TokenChoice& c : choices) {
         c.temperature = temperatures[rng() % 5];
         c.top_k = top_ks[rng() % 6];
         c.top_p = top_ps[rng() % 6];
+        c.min_p = min_ps[rng() % 6];
         c.uniform = rng() % 8 == 0 ? (rng() % 2 == 0 ? 0.0f : 0x1.fffffep-1f) : uni(rng);
         sampled += kernels::IsGreedy(c) ? 0 : 1;
       }
@@ -147,6 +150,17 @@ TEST_F(SamplingKernelTest, TopPAndTopKEdgesPickWhatTheRuleSays) {
       // A NaN logit is never kept ahead of a number, and weighs nothing.
       {{NAN, 0.0f, NAN}, {1.0f, 0, 1.0f, 0.9f}, 1},
       {{NAN, 0.0f, NAN}, {1.0f, 2, 1.0f, 0.9f}, 1},
+      // min_p of {1, 1, 0, -1}: 0.2 drops id 3 (0.14 of the best), 0.5 ids 2 and 3; 1 keeps the ties of the best.
+      {four, {1.0f, 0, 1.0f, 0x1.fffffep-1f, 0.2f}, 2},
+      {four, {1.0f, 0, 1.0f, 0x1.fffffep-1f, 0.5f}, 1},
+      {four, {1.0f, 0, 1.0f, 0x1.fffffep-1f, 1.0f}, 1},
+      {four, {1.0f, 0, 1.0f, 0.0f, 1.0f}, 0},
+      // ... after the temperature: at 2 id 2 weighs 0.61 and id 3 0.37 of the best, so 0.5 keeps id 2.
+      {four, {2.0f, 0, 1.0f, 0x1.fffffep-1f, 0.5f}, 2},
+      // ... and after top-k: top_k 3 has dropped id 3 already.
+      {four, {1.0f, 3, 1.0f, 0x1.fffffep-1f, 0.1f}, 2},
+      // A row whose best logit is +inf weighs nothing: min_p cuts nothing and the last kept id is picked.
+      {{INFINITY, 0.0f, 1.0f}, {1.0f, 0, 1.0f, 0.5f, 0.5f}, 2},
   };
   for (const Case& c : cases) {
     const int64_t vocab = static_cast<int64_t>(c.logits.size());
