@@ -195,7 +195,8 @@ def request_seeds():
     for name, text in [
         ("text_prompt", 'prompt: "In the beginning God created" max_new_tokens: 4'),
         ("ids_sampled", "prompt_ids: 1 prompt_ids: 400 prompt_ids: 33 max_new_tokens: 2 "
-                        "sampling { temperature: 0.8 top_k: 40 top_p: 0.9 seed: 7 } dump_logits: true dump_routing: true"),
+                        "sampling { temperature: 0.8 top_k: 40 top_p: 0.9 seed: 7 min_p: 0.05 repetition_penalty: 1.1 }"
+                        " dump_logits: true dump_routing: true"),
         ("both_prompts", 'prompt: "x" prompt_ids: 5 max_new_tokens: 1'),
         ("out_of_vocab", "prompt_ids: 4096 max_new_tokens: 1"),
     ]:
@@ -228,6 +229,8 @@ def openai_seeds():
         ("completion_defaults", "0", {"model": "m", "prompt": ["a", "b"], "n": 1, "logprobs": None, "echo": False,
                                       "presence_penalty": 0, "user": "x"}),
         ("completion_refused", "0", {"model": "m", "prompt": "x", "n": 2, "logit_bias": {"1": 3}}),
+        ("completion_vllm_sampling", "0", {"model": "m", "prompt": "x", "temperature": 0.8, "top_k": 20,
+                                           "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 2}),
         ("chat", "1", {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
                                                   {"role": "user", "content": "Who?"},
                                                   {"role": "assistant", "content": "Moses."},

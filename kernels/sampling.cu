@@ -346,6 +346,13 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) out[r] = static_cast<int32_t>(chosen != ~0ull ? chosen : last_kept);
 }
 
+__global__ void __launch_bounds__(256) ChangeLogitsKernel(float* logits, const LogitChange* changes, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const LogitChange c = changes[i];
+  logits[c.index] = ChangedLogit(logits[c.index], c.penalty, c.delta);
+}
+
 }  // namespace
 
 cudaError_t LaunchArgmax(const float* logits, int64_t rows, int64_t vocab, int32_t* out_ids, cudaStream_t stream) {
@@ -360,6 +367,14 @@ cudaError_t LaunchSelectTokens(const float* logits, int64_t rows, int64_t vocab,
   if (rows <= 0) return cudaSuccess;
   if (vocab <= 0 || vocab > kSampleMaxVocab || rows > 0x7fffffff) return cudaErrorInvalidValue;
   SelectTokensKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, choices, out_ids);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchChangeLogits(float* logits, const LogitChange* changes, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (n > 0x7fffffff) return cudaErrorInvalidValue;
+  constexpr int64_t kBlock = 256;
+  ChangeLogitsKernel<<<static_cast<unsigned>((n + kBlock - 1) / kBlock), kBlock, 0, stream>>>(logits, changes, n);
   return cudaGetLastError();
 }
 

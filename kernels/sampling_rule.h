@@ -18,6 +18,9 @@
 //  6. Pick the first kept token in ascending id order whose inclusive running mass exceeds
 //     MulFraction(M, Fraction24(uniform)), M the mass of the kept tokens; the last kept token in id order if none
 //     does (only when M is 0: a row whose largest z is +inf or -inf).
+// Before the rule, a row's logits may be changed one by one (LogitChange, ChangedLogit: Device::ChangeLogits on
+// every backend, Sampler::Next on the host), each by one fp32 multiply or divide and one fp32 add, rounded alike
+// everywhere.
 // Every sum is a sum of integers (at most 2^24 * 2^39 = 2^63, so vocab <= 2^24), which no order of additions
 // changes: a parallel reduction and a sequential loop give the same sums, hence the same token. The kept set is the
 // usual top-k / top-p nucleus; walking it in id order instead of probability order gives the same distribution.
@@ -43,6 +46,15 @@ struct TokenChoice {
   float top_p = 1.0f;        // >= 1: no nucleus cut; <= 0: greedy
   float uniform = 0.0f;      // the draw, in [0, 1) (values outside are clamped)
   float min_p = 0.0f;        // <= 0: no min-p cut
+};
+
+// A change to one logit before its row's pick: logits[index] = ChangedLogit(logits[index], penalty, delta).
+// `index` counts over the rows of a [rows, vocab] buffer (row * vocab + id). 12 bytes, the same layout on the host
+// and the device.
+struct LogitChange {
+  int32_t index = 0;
+  float penalty = 1.0f;  // the repetition penalty; 1: none
+  float delta = 0.0f;    // added after the penalty: a bias less the presence and frequency penalties, or -inf
 };
 
 namespace kernels {
@@ -99,6 +111,19 @@ ODMOE_SAMPLING_HD uint32_t Fraction24(float x) {
 // floor(total * fraction / 2^24), exactly, for total <= 2^63 (no product overflows).
 ODMOE_SAMPLING_HD uint64_t MulFraction(uint64_t total, uint32_t fraction) {
   return (total >> 24) * fraction + (((total & 0xffffffu) * fraction) >> 24);
+}
+
+// A logit after its LogitChange: HF's RepetitionPenaltyLogitsProcessor first (a negative logit times the penalty,
+// any other divided by it), then the delta added; each step one IEEE fp32 operation, never fused into an FMA. A
+// penalty of 1 and a delta of 0 give back l, bit for bit.
+ODMOE_SAMPLING_HD float ChangedLogit(float l, float penalty, float delta) {
+#if defined(__CUDA_ARCH__)
+  const float penalized = l < 0.0f ? __fmul_rn(l, penalty) : __fdiv_rn(l, penalty);
+  return __fadd_rn(penalized, delta);
+#else
+  volatile float penalized = l < 0.0f ? l * penalty : l / penalty;  // volatile: no contraction with the add
+  return penalized + delta;
+#endif
 }
 
 // Step 5b: the least mass a token keeps, MulFraction(kSampleMassOne, Fraction24(min_p)); 0 (no cut) when min_p <= 0

@@ -217,6 +217,11 @@ void CpuDevice::ScatterAddScaled(const float* src, const int32_t* rows, const fl
   cpu::ScatterAddScaled(src, rows, scale, n, dim, sigmoid_scale, dst);
 }
 
+void CpuDevice::ChangeLogits(float* logits, const LogitChange* changes, int64_t n, Stream*) {
+  CountOp("ChangeLogits");
+  cpu::ChangeLogits(logits, changes, n);
+}
+
 void CpuDevice::SelectTokens(const float* logits, int64_t rows, int64_t vocab, const TokenChoice* choices, int32_t* ids,
                              Stream*) {
   CountOp("SelectTokens");

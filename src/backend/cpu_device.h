@@ -63,6 +63,7 @@ class CpuDevice final : public Device {
   void GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* dst, Stream* stream) override;
   void ScatterAddScaled(const float* src, const int32_t* rows, const float* scale, int64_t n, int64_t dim,
                         bool sigmoid_scale, float* dst, Stream* stream) override;
+  void ChangeLogits(float* logits, const LogitChange* changes, int64_t n, Stream* stream) override;
   void SelectTokens(const float* logits, int64_t rows, int64_t vocab, const TokenChoice* choices, int32_t* ids,
                     Stream* stream) override;
 

@@ -580,6 +580,19 @@ int32_t SelectToken(const float* l, int64_t vocab, const TokenChoice& c) {
 
 }  // namespace
 
+void ChangeLogits(float* logits, const LogitChange* changes, int64_t n) {
+  ODMOE_CHECK(n >= 0);
+  if (n == 0) return;
+  ODMOE_CHECK(logits != nullptr && changes != nullptr);
+  Reads(changes, n);
+  for (int64_t i = 0; i < n; ++i) {
+    const LogitChange& c = changes[i];
+    ODMOE_CHECK(c.index >= 0);
+    Writes(logits + c.index, 1);
+    logits[c.index] = kernels::ChangedLogit(logits[c.index], c.penalty, c.delta);
+  }
+}
+
 void SelectTokens(const float* logits, int64_t rows, int64_t vocab, const TokenChoice* choices, int32_t* ids) {
   ODMOE_CHECK(rows >= 0 && vocab >= 1 && vocab <= kernels::kSampleMaxVocab);
   if (rows == 0) return;

@@ -11,7 +11,8 @@
 //    x[i+d/2]*cos + x[i]*sin.
 //  - Attention: softmax(q.k * scale) over the causal window, max-subtracted, then the weighted sum of v.
 //  - RouterTopK: fp32 softmax over all experts, top-k by probability (ties: lower id first), best first.
-//  - SelectTokens: the rule of kernels/sampling_rule.h, which the CUDA kernel follows too (the same ids).
+//  - SelectTokens and ChangeLogits: the rules of kernels/sampling_rule.h, which the CUDA kernels follow too (the same
+//    ids and bits).
 //
 // Shapes are in the comments as [rows, cols], row-major; the contracts are those of the Device op with the
 // same name (src/backend/device.h). Programming errors (null pointers, negative sizes, ids < 0) abort
@@ -84,6 +85,9 @@ void ScatterAddScaled(const float* src, const int32_t* rows, const float* scale,
 // The index of the largest of logits[0, vocab): the lowest among equal maxima; NaN never wins (all NaN: 0).
 // REQUIRES: vocab >= 1.
 int32_t ArgMax(const float* logits, int64_t vocab);
+
+// logits[c.index] = kernels::ChangedLogit(logits[c.index], c.penalty, c.delta) for each of changes[0, n).
+void ChangeLogits(float* logits, const LogitChange* changes, int64_t n);
 
 // ids[r] = the token kernels/sampling_rule.h picks from logits[r, :] by choices[r]. logits: [rows, vocab];
 // choices, ids: [rows]. REQUIRES: 1 <= vocab <= kernels::kSampleMaxVocab.

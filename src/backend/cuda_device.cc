@@ -1086,6 +1086,15 @@ class CudaDevice final : public Device {
     ODMOE_CUDA_LAUNCH(kernels::LaunchScatterAddScaled(src, rows, scale, n, dim, sigmoid_scale, dst, S(stream)->get()));
   }
 
+  void ChangeLogits(float* logits, const LogitChange* changes, int64_t n, Stream* stream) override {
+    CountOp("ChangeLogits");
+    ODMOE_CHECK(n >= 0);
+    if (n == 0) return;
+    ODMOE_CHECK(logits != nullptr && changes != nullptr);
+    UseDevice(ordinal_);
+    ODMOE_CUDA_LAUNCH(kernels::LaunchChangeLogits(logits, changes, n, S(stream)->get()));
+  }
+
   void SelectTokens(const float* logits, int64_t rows, int64_t vocab, const TokenChoice* choices, int32_t* ids,
                     Stream* stream) override {
     CountOp("SelectTokens");

@@ -333,6 +333,11 @@ class Device {
   // the factor is sigmoid(scale[i]) instead. src: [n, dim], rows, scale: [n] (device memory).
   virtual void ScatterAddScaled(const float* src, const int32_t* rows, const float* scale, int64_t n, int64_t dim,
                                 bool sigmoid_scale, float* dst, Stream* stream) = 0;
+  // logits[c.index] = ChangedLogit(logits[c.index], c.penalty, c.delta) for each of the n changes: a row's
+  // repetition penalty, bias and presence / frequency penalties before its pick, each logit rounded as
+  // kernels/sampling_rule.h says, so every backend gives the same bits. changes: [n] (device memory).
+  // REQUIRES: the indices are distinct and inside `logits`.
+  virtual void ChangeLogits(float* logits, const LogitChange* changes, int64_t n, Stream* stream) = 0;
   // ids[r] = the token picked from logits[r, :] by choices[r]: greedy (the argmax, ties to the lowest id, NaN never
   // wins) or sampled (temperature, top-k, top-p and the row's uniform draw), by the one rule of
   // kernels/sampling_rule.h, so every backend picks the same ids for the same logits and choices (its sums are of

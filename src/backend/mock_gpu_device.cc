@@ -702,6 +702,28 @@ void MockGpuDevice::ScatterAddScaled(const float* src, const int32_t* rows, cons
   cpu::ScatterAddScaled(src, rows, scale, n, dim, sigmoid_scale, dst);
 }
 
+void MockGpuDevice::ChangeLogits(float* logits, const LogitChange* changes, int64_t n, Stream* stream) {
+  ODMOE_CHECK(n >= 0);
+  {
+    absl::MutexLock lock(&state_->mu);
+    const int sid = state_->StreamIdLocked(stream);
+    if (n > 0) {
+      state_->CheckArgLocked("ChangeLogits", "changes", changes, static_cast<uint64_t>(n) * sizeof(LogitChange));
+      int64_t max_index = -1;
+      for (int64_t i = 0; i < n; ++i) {
+        if (changes[i].index < 0) {
+          Die(StrCat("mock-gpu ChangeLogits: changes[", i, "].index = ", changes[i].index, " is negative"));
+        }
+        max_index = std::max<int64_t>(max_index, changes[i].index);
+      }
+      state_->CheckArgLocked("ChangeLogits", "logits", logits, Bytes4(max_index + 1));
+    }
+    NoteLaunches(1);
+    state_->ScheduleOpLocked(OpShape{.kind = OpKind::kChangeLogits, .n = n}, sid);
+  }
+  cpu::ChangeLogits(logits, changes, n);
+}
+
 void MockGpuDevice::SelectTokens(const float* logits, int64_t rows, int64_t vocab, const TokenChoice* choices,
                                  int32_t* ids, Stream* stream) {
   ODMOE_CHECK(rows >= 0 && vocab >= 1);

@@ -50,6 +50,8 @@ std::string_view OpKindName(OpKind kind) {
       return "Convert";
     case OpKind::kSelectTokens:
       return "SelectTokens";
+    case OpKind::kChangeLogits:
+      return "ChangeLogits";
   }
   return "?";
 }
@@ -95,6 +97,8 @@ OpWork WorkOf(const OpShape& s) {
       return {0, DenseBytes(s.weight, s.count) + DenseBytes(s.dst, s.count)};
     case OpKind::kSelectTokens:
       return {D(s.n) * D(s.dim), Bytes4(s.n * s.dim) + 6 * Bytes4(s.n)};
+    case OpKind::kChangeLogits:
+      return {2.0 * D(s.n), 5 * Bytes4(s.n)};
   }
   return {};
 }

@@ -17,6 +17,7 @@
 //   ScatterAddScaled  2*n*dim;                    3*n*dim*4 + n*8
 //   Convert           0;                          count*(size of src dtype + size of dst dtype)
 //   SelectTokens      n*dim;                      n*dim*4 + n*24 (the logits, each row's choice and id)
+//   ChangeLogits      2*n;                        n*20 (each change, and its logit read and written)
 #pragma once
 
 #include <cstdint>
@@ -38,7 +39,8 @@ enum class OpKind {
   kGatherRows,
   kScatterAddScaled,
   kConvert,
-  kSelectTokens
+  kSelectTokens,
+  kChangeLogits
 };
 std::string_view OpKindName(OpKind kind);  // the Device method's name: "MatMul", ...
 
@@ -46,7 +48,8 @@ std::string_view OpKindName(OpKind kind);  // the Device method's name: "MatMul"
 // which of the Device method's arguments:
 //   Embedding(n, dim), RmsNorm(rows -> n, dim), MatMul(n, in_dim, out_dim, has_bias), Rope(n, heads, head_dim),
 //   Attention(n, past, heads, kv_heads, head_dim), RouterTopK(n, experts, k), SwiGlu(count), Add(count),
-//   GatherRows(n, dim), ScatterAddScaled(n, dim), Convert(count), SelectTokens(rows -> n, vocab -> dim).
+//   GatherRows(n, dim), ScatterAddScaled(n, dim), Convert(count), SelectTokens(rows -> n, vocab -> dim),
+//   ChangeLogits(n).
 // `weight` is the dtype of the op's weight (Embedding's table, RmsNorm's weight, MatMul's w) or Convert's source;
 // `bias` MatMul's bias; `dst` Convert's destination.
 struct OpShape {

@@ -132,6 +132,8 @@ OpShape ShapeMap::Charge(const OpShape& shape) const {
     case OpKind::kSelectTokens:
       c.dim = Width(shape.dim);
       break;
+    case OpKind::kChangeLogits:  // per change, whatever the vocabulary
+      break;
     case OpKind::kConvert:  // a K or V row of the cache
       c.count = Elements(shape.count, {{running_.kv_heads * running_.head_dim, target_.kv_heads * target_.head_dim}});
       break;

@@ -31,7 +31,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: odmoe generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-new-tokens N\n"
     "           [--temperature T --top-k K --top-p P --min-p M --seed S] [--presence-penalty P]\n"
-    "           [--frequency-penalty F] [--logit-bias ID:BIAS,...]\n"
+    "           [--frequency-penalty F] [--repetition-penalty R] [--logit-bias ID:BIAS,...]\n"
     "           [--ignore-eos] [--stop-token-ids 1,2 [--include-stop-text]] [--min-tokens N]\n"
     "           [--backend cpu|mock-gpu|cuda]\n"
     "           [--dump-logits] [--dump-routing] [--logprobs N [--prompt-logprobs]] [--json]\n"
@@ -42,10 +42,12 @@ constexpr char kUsage[] =
     "           [--token-file FILE] [--tls-ca FILE [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]]\n"
     "  Greedy unless --temperature > 0; --min-p M ([0, 1], vLLM's min_p) keeps only the tokens at least M times as\n"
     "  likely as the likeliest. --presence-penalty and --frequency-penalty ([-2, 2], OpenAI's) lower the\n"
-    "  logits of tokens already generated, once and per time; --logit-bias adds BIAS ([-100, 100]) to token ID's\n"
-    "  logit at every pick (-100 keeps it out). --stop-token-ids ends generation at any of these ids too (its\n"
-    "  text left out, unless --include-stop-text), --min-tokens N keeps EOS and them out of the first N tokens\n"
-    "  (vLLM's stop_token_ids, include_stop_str_in_output and min_tokens; N at most --max-new-tokens).\n"
+    "  logits of tokens already generated, once and per time; --repetition-penalty R ((0, 100], HF's) divides the\n"
+    "  positive logits of the prompt's and generated tokens by R and multiplies the negative ones; --logit-bias\n"
+    "  adds BIAS ([-100, 100]) to token ID's logit at every pick (-100 keeps it out). --stop-token-ids ends\n"
+    "  generation at any of these ids too (its text left out, unless --include-stop-text), --min-tokens N keeps\n"
+    "  EOS and them out of the first N tokens (vLLM's stop_token_ids, include_stop_str_in_output and min_tokens; N\n"
+    "  at most --max-new-tokens).\n"
     "  Without --json the text is printed as it is\n"
     "  generated; with --json one JSON object: prompt_ids, tokens, text, stop_reason, last_logits\n"
     "  (--dump-logits), routing (--dump-routing), logprobs (--logprobs N: per token {id, logprob, top: the N\n"
@@ -99,15 +101,18 @@ absl::StatusOr<std::vector<std::pair<int32_t, double>>> LogitBiasFlag(const Flag
 }
 
 absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
+  // clang-format off
   ODMOE_ASSIGN_OR_RETURN(
       Flags f,
-      Flags::Parse(args, {"model",           "prompt",         "prompt-ids", "max-new-tokens",   "temperature",
-                          "top-k",           "top-p",          "seed",       "presence-penalty", "frequency-penalty",
-                          "logit-bias",      "stop-token-ids", "min-tokens", "logprobs",         "backend",
-                          "endpoint",        "timeout-ms",     "synthetic",  "layers",           "weights-seed",
-                          "request-id",      "tls-ca",         "tls-cert",   "tls-key",          "token-file",
-                          "tls-server-name", "min-p"},
+      Flags::Parse(args, {"model",       "prompt",           "prompt-ids",        "max-new-tokens",
+                          "temperature", "top-k",            "top-p",             "min-p",
+                          "seed",        "presence-penalty", "frequency-penalty", "repetition-penalty",
+                          "logit-bias",  "stop-token-ids",   "min-tokens",        "logprobs",
+                          "backend",     "endpoint",         "timeout-ms",        "synthetic",
+                          "layers",      "weights-seed",     "request-id",        "tls-ca",
+                          "tls-cert",    "tls-key",          "token-file",        "tls-server-name"},
                    {"ignore-eos", "include-stop-text", "dump-logits", "dump-routing", "prompt-logprobs", "json"}));
+  // clang-format on
   Request r;
   if (f.Has("endpoint")) {
     r.endpoint = *f.Get("endpoint");
@@ -183,6 +188,7 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   r.options.sampling.seed = static_cast<uint64_t>(seed);
   ODMOE_ASSIGN_OR_RETURN(r.options.sampling.presence_penalty, f.Double("presence-penalty", 0.0));
   ODMOE_ASSIGN_OR_RETURN(r.options.sampling.frequency_penalty, f.Double("frequency-penalty", 0.0));
+  ODMOE_ASSIGN_OR_RETURN(r.options.sampling.repetition_penalty, f.Double("repetition-penalty", 1.0));
   ODMOE_ASSIGN_OR_RETURN(int64_t logprobs, f.Int("logprobs", -1));
   if (f.Has("logprobs") && (logprobs < 0 || logprobs > kMaxTopLogprobs)) {
     return absl::InvalidArgumentError(
@@ -374,6 +380,7 @@ std::string FlagsForFields(std::string message) {
       {"sampling.min_p", "--min-p"},
       {"sampling.presence_penalty", "--presence-penalty"},
       {"sampling.frequency_penalty", "--frequency-penalty"},
+      {"sampling.repetition_penalty", "--repetition-penalty"},
       {"sampling.logit_bias", "--logit-bias"},
   };
   for (const auto& [field, flag] : kFieldFlags) {

@@ -28,7 +28,7 @@ BatchRequest::BatchRequest(uint64_t tag, const ModelConfig& config, std::vector<
       prompt_(std::move(prompt)),
       options_(std::move(options)),
       on_token_(std::move(on_token)),
-      sampler_(RequestSampler(config, options_)) {
+      sampler_(RequestSampler(config, options_, prompt_)) {
   result_.stop_reason = "length";
 }
 

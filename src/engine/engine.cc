@@ -493,8 +493,7 @@ Engine::Chunk Engine::PlanChunk(std::span<const BatchInput> inputs, ForwardKind 
   // Output row j is input wanted[j]'s last row; its sampling choice goes up with the inputs (rows that want only
   // logits pick greedily, unread).
   TokenChoice* choices = host_choices_->as<TokenChoice>();
-  host_delta_rows_.clear();
-  host_delta_values_.clear();
+  host_changes_.clear();
   const int64_t vocab = config().vocab_size;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i].logits == nullptr && inputs[i].token == nullptr) continue;
@@ -502,28 +501,24 @@ Engine::Chunk Engine::PlanChunk(std::span<const BatchInput> inputs, ForwardKind 
     choices[j] = inputs[i].choice != nullptr ? *inputs[i].choice : TokenChoice{};
     if (inputs[i].token != nullptr) {
       for (const LogitDelta& d : inputs[i].deltas) {
-        host_delta_rows_.push_back(static_cast<int32_t>(j * vocab + d.id));  // < S * vocab: checked at Create
-        host_delta_values_.push_back(d.delta);
+        // j * vocab + id < S * vocab: checked at Create.
+        host_changes_.push_back(
+            {.index = static_cast<int32_t>(j * vocab + d.id), .penalty = d.penalty, .delta = d.delta});
       }
     }
     chunk.wanted.push_back(i);
     chunk.any_token = chunk.any_token || inputs[i].token != nullptr;
     chunk.every_logits = chunk.every_logits && inputs[i].logits != nullptr;
   }
-  chunk.deltas = static_cast<int64_t>(host_delta_rows_.size());
+  chunk.changes = static_cast<int64_t>(host_changes_.size());
   return chunk;
 }
 
-absl::Status Engine::ReserveDeltas(const Chunk& chunk) {
-  if (chunk.deltas <= delta_capacity_) return absl::OkStatus();
-  const int64_t capacity = std::max(chunk.deltas, 2 * delta_capacity_);
-  ODMOE_RETURN_IF_ERROR(Alloc(device_, delta_rows_, F32Bytes(capacity), "logit change rows"));
-  ODMOE_RETURN_IF_ERROR(Alloc(device_, delta_values_, F32Bytes(capacity), "logit changes"));
-  ODMOE_RETURN_IF_ERROR(Alloc(device_, delta_ones_, F32Bytes(capacity), "ones for the logit changes"));
-  const std::vector<float> ones(static_cast<size_t>(capacity), 1.0f);
-  device_.CopyToDevice(delta_ones_->data(), ones.data(), F32Bytes(capacity), stream_.get());
-  device_.Synchronize(stream_.get());  // `ones` goes out of scope
-  delta_capacity_ = capacity;
+absl::Status Engine::ReserveChanges(const Chunk& chunk) {
+  if (chunk.changes <= change_capacity_) return absl::OkStatus();
+  const int64_t capacity = std::max(chunk.changes, 2 * change_capacity_);
+  ODMOE_RETURN_IF_ERROR(Alloc(device_, changes_, static_cast<size_t>(capacity) * sizeof(LogitChange), "logit changes"));
+  change_capacity_ = capacity;
   return absl::OkStatus();
 }
 
@@ -542,7 +537,7 @@ std::optional<DecodeStepKey> Engine::GraphKey(const Chunk& chunk) const {
 
 absl::Status Engine::ForwardChunk(std::span<const BatchInput> inputs, ForwardKind kind) {
   const Chunk chunk = PlanChunk(inputs, kind);
-  ODMOE_RETURN_IF_ERROR(ReserveDeltas(chunk));
+  ODMOE_RETURN_IF_ERROR(ReserveChanges(chunk));
   Device& d = device_;
   Stream* s = stream_.get();
   // A resident decode step replays its graph, or records it the second time in a row its key comes.
@@ -742,12 +737,10 @@ void Engine::EnqueueOutputs(const Chunk& chunk, const float* x) {
       d.CopyToHostAsync(host_logits_->as<float>() + j * vocab, logits_->as<float>() + j * vocab, F32Bytes(vocab), s);
     }
   }
-  // Logit bias and penalties: logits[row j, id] += delta, one fp32 add each (1.0f * delta is exact).
-  if (chunk.deltas > 0) {
-    d.CopyToDevice(delta_rows_->data(), host_delta_rows_.data(), host_delta_rows_.size() * sizeof(int32_t), s);
-    d.CopyToDevice(delta_values_->data(), host_delta_values_.data(), F32Bytes(chunk.deltas), s);
-    d.ScatterAddScaled(delta_ones_->as<float>(), delta_rows_->as<int32_t>(), delta_values_->as<float>(), chunk.deltas,
-                       /*dim=*/1, /*sigmoid_scale=*/false, logits_->as<float>(), s);
+  // Repetition penalty, logit bias and penalties: logits[row j, id] changed as kernels::ChangedLogit says.
+  if (chunk.changes > 0) {
+    d.CopyToDevice(changes_->data(), host_changes_.data(), host_changes_.size() * sizeof(LogitChange), s);
+    d.ChangeLogits(logits_->as<float>(), changes_->as<LogitChange>(), chunk.changes, s);
   }
   // The tokens are picked next to the logits; only the ids come back.
   if (chunk.any_token) {

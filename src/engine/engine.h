@@ -154,8 +154,9 @@ struct BatchInput {
   // `logits` is given.
   const TokenChoice* choice = nullptr;
   int32_t* token = nullptr;
-  // With `choice`: added to the logits before the pick (Sampler::Deltas: logit bias, penalties), after `logits` is
-  // copied (which are the model's own). Distinct ids in [0, vocab). A step with any runs op by op.
+  // With `choice`: applied to the logits before the pick (Sampler::Deltas: repetition penalty, logit bias,
+  // penalties), after `logits` is copied (which are the model's own). Distinct ids in [0, vocab). A step with any
+  // runs op by op.
   std::span<const LogitDelta> deltas;
   // Optional: called with the logits of every row of `ids`, after the chunk's outputs. Each row's are bitwise the
   // logits it gives as the last row of an input; they go through the final norm and lm_head in groups of
@@ -257,7 +258,7 @@ class Engine {
                           const RowLogitsFn* row_logits = nullptr, std::span<const LogitDelta> deltas = {});
   // One chunk of checked inputs, worked out on the host before any of its device work: its rows (their ids and
   // positions written to host_rows_), where each input's routing goes, and which rows give
-  // outputs (their sampling choices written to host_choices_, their logit changes to host_delta_*).
+  // outputs (their sampling choices written to host_choices_, their logit changes to host_changes_).
   struct Chunk {
     std::span<const BatchInput> inputs;
     ForwardKind kind = ForwardKind::kPrefill;
@@ -269,7 +270,7 @@ class Engine {
     std::vector<size_t> wanted;        // output row j is input wanted[j]'s last row (it wants logits or a token)
     bool any_token = false;            // some output row picks a token
     bool every_logits = true;          // every output row wants its logits
-    int64_t deltas = 0;                // logit changes before the picks, staged in host_delta_rows_ / _values_
+    int64_t changes = 0;               // logit changes before the picks, staged in host_changes_
   };
   Chunk PlanChunk(std::span<const BatchInput> inputs, ForwardKind kind);
   // Runs one chunk: its device work op by op, or a decode step's graph (graphs_), then the outputs.
@@ -282,7 +283,7 @@ class Engine {
   // writes and attention take the position from device memory when they run (a graph's step).
   absl::Status EnqueueChunk(const Chunk& chunk, bool positions_on_device);
   // Room on the device for the chunk's logit changes.
-  absl::Status ReserveDeltas(const Chunk& chunk);
+  absl::Status ReserveChanges(const Chunk& chunk);
   // After the chunk's layers (x: [rows, hidden] on the device): the final norm and lm_head of each output row, the
   // copies back of the logits the host wants, the logit changes, the tokens picked and their copy back.
   void EnqueueOutputs(const Chunk& chunk, const float* x);
@@ -329,13 +330,12 @@ class Engine {
   std::unique_ptr<Buffer> kv_row_;                    // [2, num_layers, kv_size]: ReadKv gathers here
   std::unique_ptr<Buffer> last_, logits_;             // [S, hidden], [S, vocab]: S = max_sequences_per_forward
   std::unique_ptr<Buffer> choices_, tokens_;          // [S] TokenChoice, [S] int32: SelectTokens' rows
-  // The logit changes of a chunk (BatchInput::deltas), added as ScatterAddScaled(ones, rows, values) over logits_
-  // seen as [S * vocab, 1]: rows j * vocab + id (int32), values, and as many 1.0f. Allocated by the first chunk
-  // that has any, grown when one has more (ReserveDeltas); host_delta_* is where they are copied from.
-  std::unique_ptr<Buffer> delta_rows_, delta_values_, delta_ones_;
-  int64_t delta_capacity_ = 0;
-  std::vector<int32_t> host_delta_rows_;
-  std::vector<float> host_delta_values_;
+  // The logit changes of a chunk (BatchInput::deltas) for Device::ChangeLogits over logits_, indexed j * vocab + id
+  // (int32). Allocated by the first chunk that has any, grown when one has more (ReserveChanges); copied from
+  // host_changes_.
+  std::unique_ptr<Buffer> changes_;
+  int64_t change_capacity_ = 0;
+  std::vector<LogitChange> host_changes_;
   std::unique_ptr<MlpWorkspace> mlp_ws_;
   // Where rows_ and choices_ are copied from, and topk_, logits_ and tokens_ back to (page-locked on
   // CUDA: one DMA each, and what a graph's copies read and write at every launch).

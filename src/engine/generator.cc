@@ -47,7 +47,7 @@ absl::StatusOr<GenerateResult> Generate(Engine& engine, std::span<const int32_t>
   ODMOE_RETURN_IF_ERROR(options.Validate(c.vocab_size));
 
   GenerateResult result;
-  Sampler sampler = RequestSampler(c, options);
+  Sampler sampler = RequestSampler(c, options, prompt);
   const auto start = Clock::now();
   // The cache needs the prompt's positions and every decode position.
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
@@ -138,12 +138,12 @@ std::string_view StopReasonOf(const ModelConfig& config, const GenerateOptions& 
   return "";
 }
 
-Sampler RequestSampler(const ModelConfig& config, const GenerateOptions& options) {
+Sampler RequestSampler(const ModelConfig& config, const GenerateOptions& options, std::span<const int32_t> prompt) {
   TokenBan ban{.ids = options.stop_token_ids, .picks = options.min_tokens};
   if (!options.ignore_eos) {
     for (const int64_t id : config.eos_token_ids) ban.ids.push_back(static_cast<int32_t>(id));
   }
-  return Sampler(options.sampling, std::move(ban));
+  return Sampler(options.sampling, std::move(ban), prompt);
 }
 
 bool ShowsTokenText(const ModelConfig& config, const GenerateOptions& options, int32_t id) {

@@ -94,9 +94,10 @@ inline int64_t LastDecodePosition(int64_t prompt_len, int64_t max_new_tokens) {
 // request, "eos" (one of the model's EOS ids, unless options.ignore_eos) or "stop_token" (one of
 // options.stop_token_ids), or "" when it does not. The token limit is the caller's.
 std::string_view StopReasonOf(const ModelConfig& config, const GenerateOptions& options, int32_t id);
-// The sampler of a request, Generate's and continuous batching's: options.sampling, with the ids StopReasonOf
-// stops on banned for the first options.min_tokens picks.
-Sampler RequestSampler(const ModelConfig& config, const GenerateOptions& options);
+// The sampler of a request, Generate's and continuous batching's: options.sampling over the request's `prompt`
+// (which its repetition penalty covers), with the ids StopReasonOf stops on banned for the first
+// options.min_tokens picks.
+Sampler RequestSampler(const ModelConfig& config, const GenerateOptions& options, std::span<const int32_t> prompt);
 // Whether an answer shows generated token `id`'s text: always, but for a stop_token_ids id (which ends the
 // request, so it is the last token) unless options.include_stop_str_in_output, as vLLM. An EOS is shown; its text
 // is nothing. The one rule of streamed text (main, the CLI) and of whole answers (ShownTokens).

@@ -24,6 +24,10 @@ absl::Status SamplingOptions::Validate(int64_t vocab_size) const {
                                      std::pair{"sampling.frequency_penalty", frequency_penalty}}) {
     if (!(value >= -2 && value <= 2)) return invalid(field, " must be in [-2, 2], got ", value);
   }
+  if (!(repetition_penalty > 0 && repetition_penalty <= kMaxRepetitionPenalty)) {
+    return invalid("sampling.repetition_penalty", " must be in (0, ", kMaxRepetitionPenalty, "], got ",
+                   repetition_penalty);
+  }
   constexpr std::string_view kBias = "sampling.logit_bias";
   if (logit_bias.size() > kMaxLogitBias) {
     return invalid(kBias, " has ", logit_bias.size(), " entries, at most ", kMaxLogitBias);
@@ -58,13 +62,28 @@ int32_t ArgMax(std::span<const float> logits) {
   return cpu::ArgMax(logits.data(), static_cast<int64_t>(logits.size()));
 }
 
-Sampler::Sampler(const SamplingOptions& options, TokenBan ban)
+Sampler::Sampler(const SamplingOptions& options, TokenBan ban, std::span<const int32_t> prompt)
     : options_(options), rng_(options.seed), ban_picks_left_(ban.ids.empty() ? 0 : ban.picks) {
+  // Every id with a change, sorted once (a long prompt would make inserting them one by one quadratic).
+  std::vector<int32_t> ids;
+  for (const auto& [id, b] : options.logit_bias) ids.push_back(id);
+  if (ban_picks_left_ > 0) ids.insert(ids.end(), ban.ids.begin(), ban.ids.end());
+  if (options.repetition_penalty != 1) ids.insert(ids.end(), prompt.begin(), prompt.end());
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (const int32_t id : ids) deltas_.push_back(LogitDelta{.id = id});
+  bias_.assign(ids.size(), 0.0);
+  counts_.assign(ids.size(), 0);
+  banned_.assign(ids.size(), false);
+  in_prompt_.assign(ids.size(), false);
   for (const auto& [id, b] : options.logit_bias) bias_[EntryOf(id)] = b;
   if (ban_picks_left_ > 0) {
     for (const int32_t id : ban.ids) banned_[EntryOf(id)] = true;
   }
-  for (size_t i = 0; i < deltas_.size(); ++i) deltas_[i].delta = DeltaOf(bias_[i], 0, banned_[i]);
+  if (options.repetition_penalty != 1) {
+    for (const int32_t id : prompt) in_prompt_[EntryOf(id)] = true;
+  }
+  for (size_t i = 0; i < deltas_.size(); ++i) Refresh(i);
 }
 
 size_t Sampler::EntryOf(int32_t id) {
@@ -73,42 +92,54 @@ size_t Sampler::EntryOf(int32_t id) {
   const size_t at = static_cast<size_t>(it - deltas_.begin());
   if (it == deltas_.end() || it->id != id) {
     const auto offset = static_cast<std::ptrdiff_t>(at);
-    deltas_.insert(it, LogitDelta{id, 0.0f});
+    deltas_.insert(it, LogitDelta{.id = id});
     bias_.insert(bias_.begin() + offset, 0.0);
     counts_.insert(counts_.begin() + offset, 0);
     banned_.insert(banned_.begin() + offset, false);
+    in_prompt_.insert(in_prompt_.begin() + offset, false);
   }
   return at;
 }
 
-float Sampler::DeltaOf(double bias, int64_t count, bool banned) const {
-  if (banned) return -std::numeric_limits<float>::infinity();
+void Sampler::Refresh(size_t at) {
+  const int64_t count = counts_[at];
+  const bool seen = count > 0 || in_prompt_[at];
+  deltas_[at].penalty = seen ? static_cast<float>(options_.repetition_penalty) : 1.0f;
+  if (banned_[at]) {
+    deltas_[at].delta = -std::numeric_limits<float>::infinity();
+    return;
+  }
   const double penalty =
       count > 0 ? static_cast<double>(count) * options_.frequency_penalty + options_.presence_penalty : 0.0;
-  return static_cast<float>(bias - penalty);
+  deltas_[at].delta = static_cast<float>(bias_[at] - penalty);
 }
 
 void Sampler::LiftBan() {
   size_t kept = 0;
   for (size_t i = 0; i < deltas_.size(); ++i) {
-    if (banned_[i] && bias_[i] == 0 && counts_[i] == 0) continue;  // nothing but the ban changed it
-    deltas_[kept] = {deltas_[i].id, DeltaOf(bias_[i], counts_[i], false)};
+    // Nothing but the ban changed it.
+    if (banned_[i] && bias_[i] == 0 && counts_[i] == 0 && !in_prompt_[i]) continue;
+    deltas_[kept] = deltas_[i];
     bias_[kept] = bias_[i];
     counts_[kept] = counts_[i];
     banned_[kept] = false;
+    in_prompt_[kept] = in_prompt_[i];
+    Refresh(kept);
     ++kept;
   }
   deltas_.resize(kept);
   bias_.resize(kept);
   counts_.resize(kept);
   banned_.resize(kept);
+  in_prompt_.resize(kept);
 }
 
 void Sampler::Record(int32_t id) {
-  if (options_.presence_penalty != 0 || options_.frequency_penalty != 0) {  // else the bias alone never changes
+  // Without penalties on generated tokens, the bias alone never changes.
+  if (options_.presence_penalty != 0 || options_.frequency_penalty != 0 || options_.repetition_penalty != 1) {
     const size_t at = EntryOf(id);
     ++counts_[at];
-    deltas_[at].delta = DeltaOf(bias_[at], counts_[at], banned_[at]);
+    Refresh(at);
   }
   if (ban_picks_left_ > 0 && --ban_picks_left_ == 0) LiftBan();
 }
@@ -126,7 +157,10 @@ int32_t Sampler::Next(std::span<const float> logits) {
   std::vector<float> changed;
   if (!deltas_.empty()) {
     changed.assign(logits.begin(), logits.end());
-    for (const LogitDelta& d : deltas_) changed[static_cast<size_t>(d.id)] += d.delta;
+    for (const LogitDelta& d : deltas_) {
+      float& l = changed[static_cast<size_t>(d.id)];
+      l = kernels::ChangedLogit(l, d.penalty, d.delta);
+    }
     logits = changed;
   }
   int32_t id = 0;

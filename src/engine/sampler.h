@@ -5,12 +5,13 @@
 // only the id) or on the host by Next, with the same result. Deterministic: the same seed and logits give the same
 // tokens on every machine and backend.
 //
-// Logit bias and the presence / frequency penalties (OpenAI's) change the logits before the pick: the Sampler keeps
-// the count of each token it was told was picked (Record) and gives, for the next pick, one change per token id
-// (Deltas): bias - (count * frequency_penalty + (count > 0 ? presence_penalty : 0)), computed in double on the host
-// and added to the logit in fp32 wherever the pick is made. So every backend still picks the same ids. A TokenBan
-// (vLLM's min_tokens) makes the delta of its ids -inf for its first picks, whatever their bias or count. Log-
-// probabilities are those of the logits before these changes.
+// The repetition penalty (HF's and vLLM's), logit bias and the presence / frequency penalties (OpenAI's) change the
+// logits before the pick: the Sampler keeps the count of each token it was told was picked (Record) and gives, for
+// the next pick, one change per token id (Deltas): the repetition penalty for a token of the prompt or picked
+// before, then the delta bias - (count * frequency_penalty + (count > 0 ? presence_penalty : 0)), computed in double
+// on the host and applied in fp32 by kernels::ChangedLogit wherever the pick is made. So every backend still picks
+// the same ids. A TokenBan (vLLM's min_tokens) makes the delta of its ids -inf for its first picks, whatever their
+// bias or count. Log-probabilities are those of the logits before these changes.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,9 @@ namespace odmoe {
 
 // The most logit_bias entries a request may give (OpenAI's limit).
 inline constexpr size_t kMaxLogitBias = 300;
+// The largest repetition penalty a request may ask for (HF and vLLM set none; past this every seen logit is
+// already near 0 or far below it).
+inline constexpr double kMaxRepetitionPenalty = 100;
 
 struct SamplingOptions {
   double temperature = 0.0;  // 0: greedy
@@ -38,6 +42,9 @@ struct SamplingOptions {
   // (frequency): [-2, 2], as OpenAI's. Tokens of the prompt do not count.
   double presence_penalty = 0.0;
   double frequency_penalty = 0.0;
+  // (0, kMaxRepetitionPenalty] (1: none), HF's and vLLM's: the logit of a token of the prompt or generated before is
+  // divided by it when positive and multiplied by it when negative, before the other changes (HF's order).
+  double repetition_penalty = 1.0;
   // Added to the logits of these token ids at every pick: [-100, 100] each, at most kMaxLogitBias ids, each once.
   std::vector<std::pair<int32_t, double>> logit_bias;
 
@@ -45,7 +52,9 @@ struct SamplingOptions {
   // [0, vocab_size). The option ("sampling.top_p", ...) is named in the message and as its field (WithField).
   absl::Status Validate(int64_t vocab_size) const;
   // Whether the logits change before a pick (Sampler::Deltas may be non-empty).
-  bool ChangesLogits() const { return presence_penalty != 0 || frequency_penalty != 0 || !logit_bias.empty(); }
+  bool ChangesLogits() const {
+    return presence_penalty != 0 || frequency_penalty != 0 || repetition_penalty != 1 || !logit_bias.empty();
+  }
 };
 
 // Token ids that may not be picked (their delta is -inf) in the first `picks` picks of a request.
@@ -54,9 +63,10 @@ struct TokenBan {
   int64_t picks = 0;
 };
 
-// One change to a row of logits before its pick: logits[id] += delta (fp32).
+// One change to a row of logits before its pick: logits[id] = kernels::ChangedLogit(logits[id], penalty, delta).
 struct LogitDelta {
   int32_t id = 0;
+  float penalty = 1.0f;
   float delta = 0.0f;
 };
 
@@ -69,28 +79,30 @@ int32_t ArgMax(std::span<const float> logits);
 
 class Sampler {
  public:
-  // REQUIRES: options.Validate() is OK.
-  explicit Sampler(const SamplingOptions& options, TokenBan ban = {});
+  // `prompt`: the request's prompt ids, which the repetition penalty covers. REQUIRES: options.Validate() is OK and
+  // every prompt id is in the vocabulary.
+  explicit Sampler(const SamplingOptions& options, TokenBan ban = {}, std::span<const int32_t> prompt = {});
   // How the next token is to be picked: the options and, when they sample, the next draw of the seeded stream
   // (greedy draws none). Called once per token, by whoever makes the pick.
   TokenChoice NextChoice();
-  // The changes to the next pick's logits (see the file comment): one per token id with a bias, a count or a ban
-  // in force, in ascending id order; empty when nothing changes a logit. Valid until the next Record.
+  // The changes to the next pick's logits (see the file comment): one per token id with a bias, a count, a ban in
+  // force or (with a repetition penalty) a place in the prompt, in ascending id order; empty when nothing changes
+  // a logit. Valid until the next Record.
   std::span<const LogitDelta> Deltas() const { return deltas_; }
   // `id` was picked: it counts for the penalties of the picks after it. Called once per token by whoever makes the
   // pick (Next does).
   void Record(int32_t id);
-  // The next token picked on the host from its logits ([vocab]): the Deltas added, cpu::SelectTokens by
+  // The next token picked on the host from its logits ([vocab]): the Deltas applied, cpu::SelectTokens by
   // NextChoice(), and the pick recorded.
   int32_t Next(std::span<const float> logits);
 
  private:
   float Uniform();  // [0, 1), a multiple of 2^-24 (exact in fp32)
-  // The delta of a token of bias `bias` picked `count` times, banned or not.
-  float DeltaOf(double bias, int64_t count, bool banned) const;
-  // The entry of deltas_ (and bias_, counts_, banned_) for `id`, added with no bias, count or ban if missing.
+  // deltas_[at]'s penalty and delta from its entry's bias, count, ban and place in the prompt.
+  void Refresh(size_t at);
+  // The entry of deltas_ (and bias_, counts_, banned_, in_prompt_) for `id`, added with nothing if missing.
   size_t EntryOf(int32_t id);
-  // The ban is over: every entry's delta without it, and the entries that only the ban kept dropped.
+  // The ban is over: every entry's change without it, and the entries that only the ban kept dropped.
   void LiftBan();
 
   SamplingOptions options_;
@@ -100,6 +112,7 @@ class Sampler {
   std::vector<double> bias_;        // per entry of deltas_
   std::vector<int64_t> counts_;     // per entry of deltas_
   std::vector<bool> banned_;        // per entry of deltas_: one of the ban's ids
+  std::vector<bool> in_prompt_;     // per entry of deltas_: in the prompt (kept only with a repetition penalty)
 };
 
 }  // namespace odmoe

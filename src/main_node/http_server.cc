@@ -284,6 +284,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
                                          .seed = seed,
                                          .presence_penalty = r.presence_penalty,
                                          .frequency_penalty = r.frequency_penalty,
+                                         .repetition_penalty = r.repetition_penalty,
                                          .logit_bias = r.logit_bias},
                             .ignore_eos = r.ignore_eos,
                             .stop_token_ids = r.stop_token_ids,
@@ -689,9 +690,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
     std::vector<std::string> ignored;
     ODMOE_ASSIGN_OR_RETURN(impl.sampling_defaults, openai::ReadSamplingDefaults(generation_config, path, &ignored));
     const openai::SamplingDefaults& d = impl.sampling_defaults;
-    if (d.temperature != 1 || d.top_p != 1 || d.top_k != 0 || d.min_p != 0) {
-      spdlog::info("node '{}': a request's sampling defaults are {}'s: temperature {}, top_p {}, top_k {}, min_p {}",
-                   options.node, path, d.temperature, d.top_p, d.top_k, d.min_p);
+    if (d.temperature != 1 || d.top_p != 1 || d.top_k != 0 || d.min_p != 0 || d.repetition_penalty != 1) {
+      spdlog::info(
+          "node '{}': a request's sampling defaults are {}'s: temperature {}, top_p {}, top_k {}, min_p {}, "
+          "repetition_penalty {}",
+          options.node, path, d.temperature, d.top_p, d.top_k, d.min_p, d.repetition_penalty);
     }
     if (!ignored.empty()) {
       spdlog::warn("node '{}': {} recommends {}, which odmoe does not follow: requests sample without it", options.node,

@@ -226,13 +226,7 @@ absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
       if (!v->empty()) return unsupported(key, "(tool calling)");
     }
   }
-  // vLLM's sampling extensions, at the values that change nothing.
-  std::optional<double> repetition_penalty;
-  ODMOE_RETURN_IF_ERROR(ReadNumber(body, "repetition_penalty", 0.0, 1e9, error, &repetition_penalty));
-  if (repetition_penalty && *repetition_penalty != 1.0) {
-    return unsupported("repetition_penalty",
-                       StrCat("= ", *repetition_penalty, " (use presence_penalty or frequency_penalty)"));
-  }
+  // vLLM's sampling extension, at the value that changes nothing.
   bool beam_search = false;
   ODMOE_RETURN_IF_ERROR(ReadBool(body, "use_beam_search", error, &beam_search));
   if (beam_search) return unsupported("use_beam_search", "= true");
@@ -423,8 +417,13 @@ absl::StatusOr<SamplingDefaults> ReadSamplingDefaults(const Json& config, const 
   } else {
     ignored->push_back(StrCat("min_p = ", min_p, " (outside [0, 1])"));
   }
-  ODMOE_ASSIGN_OR_RETURN(const double repetition_penalty, f.Number("repetition_penalty", 1.0));
-  if (repetition_penalty != 1) ignored->push_back(StrCat("repetition_penalty = ", repetition_penalty));
+  ODMOE_ASSIGN_OR_RETURN(const double repetition_penalty, f.Number("repetition_penalty", d.repetition_penalty));
+  if (repetition_penalty > 0 && repetition_penalty <= kMaxRepetitionPenalty) {
+    d.repetition_penalty = repetition_penalty;
+  } else {
+    ignored->push_back(
+        StrCat("repetition_penalty = ", repetition_penalty, " (outside (0, ", kMaxRepetitionPenalty, "])"));
+  }
   return d;
 }
 
@@ -436,6 +435,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   r.top_p = defaults.top_p;
   r.top_k = defaults.top_k;
   r.min_p = defaults.min_p;
+  r.repetition_penalty = defaults.repetition_penalty;
   ODMOE_ASSIGN_OR_RETURN(const Json j, ReadBody(body, error, &r.model));
   if (endpoint == Endpoint::kCompletions) {
     ODMOE_RETURN_IF_ERROR(ReadPrompts(j, error, &r.prompts));
@@ -486,6 +486,15 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   std::optional<double> min_p;
   ODMOE_RETURN_IF_ERROR(ReadNumber(j, "min_p", 0.0, 1.0, error, &min_p));
   if (min_p) r.min_p = *min_p;
+  std::optional<double> repetition_penalty;
+  ODMOE_RETURN_IF_ERROR(ReadNumber(j, "repetition_penalty", 0.0, kMaxRepetitionPenalty, error, &repetition_penalty));
+  if (repetition_penalty) {
+    if (*repetition_penalty == 0) {
+      return Fail(error, "repetition_penalty",
+                  StrCat("'repetition_penalty' must be in (0, ", kMaxRepetitionPenalty, "], got 0"));
+    }
+    r.repetition_penalty = *repetition_penalty;
+  }
   std::optional<int64_t> seed;
   ODMOE_RETURN_IF_ERROR(ReadInt(j, "seed", error, &seed));
   if (seed) r.seed = static_cast<uint64_t>(*seed);

@@ -9,11 +9,11 @@
 // `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `presence_penalty`, `frequency_penalty`,
 // `logit_bias`, `stop` (a string or a list of up to 16), `stream`, `stream_options.include_usage`, `logprobs`
 // (completions: the alternatives per token; chat: true, with `top_logprobs`), `echo` (completions), and vLLM's
-// extensions `ignore_eos`, `top_k`, `min_p`, `min_tokens`, `stop_token_ids` and `include_stop_str_in_output`; a choice
-// carries vLLM's `stop_reason` and `token_ids` beside OpenAI's fields. Unknown fields are ignored; options odmoe
-// does not implement are refused (400, `param` naming them) only when set to a value that needs them: `best_of` > 1,
-// chat's `echo`, `suffix`, `tools`, `functions`, a `response_format` other than text, and vLLM's sampling extensions
-// `repetition_penalty` other than 1 and `use_beam_search`, so that no answer is sampled otherwise than asked.
+// extensions `ignore_eos`, `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids` and
+// `include_stop_str_in_output`; a choice carries vLLM's `stop_reason` and `token_ids` beside OpenAI's fields.
+// Unknown fields are ignored; options odmoe does not implement are refused (400, `param` naming them) only when set
+// to a value that needs them: `best_of` > 1, chat's `echo`, `suffix`, `tools`, `functions`, a `response_format`
+// other than text, and vLLM's `use_beam_search`, so that no answer is sampled otherwise than asked.
 #pragma once
 
 #include <cstdint>
@@ -76,6 +76,7 @@ struct CompletionRequest {
   double top_p = 1.0;
   int64_t top_k = 0;             // vLLM's extension: the k likeliest tokens only; 0 (or -1 in the request): all
   double min_p = 0.0;            // vLLM's extension: SamplingOptions::min_p, [0, 1]; 0: off
+  double repetition_penalty = 1.0;  // vLLM's extension: SamplingOptions::repetition_penalty, > 0; 1: none
   std::optional<uint64_t> seed;  // absent: a random seed per request
   // SamplingOptions' (src/engine/sampler.h): generated tokens' penalties, and biases by token id (keys of the
   // JSON object `logit_bias`, ids not yet checked against the vocabulary).
@@ -109,13 +110,14 @@ struct SamplingDefaults {
   double top_p = 1.0;
   int64_t top_k = 0;  // 0: all tokens
   double min_p = 0.0;
+  double repetition_penalty = 1.0;
 };
 
 // The defaults a checkpoint's generation_config.json (`config`, an object read from `path`) recommends: its
-// `temperature`, `top_p`, `top_k` and `min_p`, each where it has one. FailedPrecondition naming the file and key for
-// a value that is not a number. `ignored` gets, as "key = value ...", the recommendations odmoe does not follow: a
-// value outside what a request may ask for, and repetition_penalty other than 1 (do_sample is not read: vLLM does
-// not read it).
+// `temperature`, `top_p`, `top_k`, `min_p` and `repetition_penalty`, each where it has one (vLLM's list).
+// FailedPrecondition naming the file and key for a value that is not a number. `ignored` gets, as "key = value
+// (why)", the values outside what a request may ask for, which odmoe does not follow (do_sample is not read: vLLM
+// does not read it).
 absl::StatusOr<SamplingDefaults> ReadSamplingDefaults(const Json& config, const std::string& path,
                                                       std::vector<std::string>* ignored);
 

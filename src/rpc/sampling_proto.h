@@ -19,10 +19,11 @@ inline void SamplingToProto(const SamplingOptions& in, v1::SamplingParams* out) 
   out->set_min_p(in.min_p);
   out->set_presence_penalty(in.presence_penalty);
   out->set_frequency_penalty(in.frequency_penalty);
+  out->set_repetition_penalty(in.repetition_penalty);
   for (const auto& [id, bias] : in.logit_bias) (*out->mutable_logit_bias())[id] = bias;
 }
 
-// A top_p of 0 (the field unset) is 1: no cut.
+// A top_p or repetition_penalty of 0 (the field unset) is 1: no cut, no penalty.
 inline SamplingOptions SamplingFromProto(const v1::SamplingParams& in) {
   SamplingOptions out;
   out.temperature = in.temperature();
@@ -32,6 +33,7 @@ inline SamplingOptions SamplingFromProto(const v1::SamplingParams& in) {
   out.min_p = in.min_p();
   out.presence_penalty = in.presence_penalty();
   out.frequency_penalty = in.frequency_penalty();
+  out.repetition_penalty = in.repetition_penalty() == 0 ? 1.0 : in.repetition_penalty();
   for (const auto& [id, bias] : in.logit_bias()) out.logit_bias.emplace_back(id, bias);
   return out;
 }

@@ -336,7 +336,7 @@ TEST(MockGpuDeviceTest, ResultsEqualTheCpuDeviceBitForBit) {
     for (float v : as_float) ASSERT_TRUE(std::isfinite(v)) << "result " << i;
   }
   EXPECT_EQ(mock.op_counts(), cpu.op_counts());
-  EXPECT_EQ(mock.op_counts().size(), 11u);
+  EXPECT_EQ(mock.op_counts().size(), 12u);
   EXPECT_EQ(mock.transfer_stats().h2d_copies, cpu.transfer_stats().h2d_copies);
   EXPECT_EQ(mock.transfer_stats().h2d_bytes, cpu.transfer_stats().h2d_bytes);
   EXPECT_EQ(mock.transfer_stats().d2d_bytes, cpu.transfer_stats().d2d_bytes);

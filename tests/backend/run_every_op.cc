@@ -95,6 +95,13 @@ std::vector<std::vector<uint8_t>> RunEveryOp(Device& device) {
   keep(*h);
   // Greedy, sampled with top-k and with top-p: one row each, over `vocab` logits.
   auto token_logits = Upload(device, floats(3 * vocab, 2.0f));
+  // A repetition penalty and a bias on row 1, a penalty of both kinds on row 2 (results stay finite).
+  auto changes = Upload(
+      device, std::vector<LogitChange>{{.index = static_cast<int32_t>(vocab + 3), .penalty = 1.3f},
+                                       {.index = static_cast<int32_t>(vocab + 4), .delta = 0.5f},
+                                       {.index = static_cast<int32_t>(2 * vocab), .penalty = 0.8f, .delta = -2.0f}});
+  device.ChangeLogits(token_logits->as<float>(), changes->as<LogitChange>(), 3, nullptr);
+  keep(*token_logits);
   auto choices = Upload(device, std::vector<TokenChoice>{{}, {0.8f, 5, 1.0f, 0.6f}, {1.3f, 0, 0.7f, 0.2f}});
   auto tokens = Alloc(device, 3 * 4);
   device.SelectTokens(token_logits->as<float>(), 3, vocab, choices->as<TokenChoice>(), tokens->as<int32_t>(), nullptr);

@@ -73,12 +73,13 @@ std::vector<Case> EightCases(bool sampled) {
       c.options.sampling = kinds[i % 4];
       c.options.sampling.seed = 1000 + static_cast<uint64_t>(i);
     }
-    // Logit changes on some rows (penalties, a bias), beside rows without.
+    // Logit changes on some rows (penalties, a bias, a repetition penalty), beside rows without.
     if (i % 3 == 1) {
       c.options.sampling.presence_penalty = 0.4;
       c.options.sampling.frequency_penalty = 0.8;
     }
     if (i == 3) c.options.sampling.logit_bias = {{c.prompt.back(), -5.0}, {13, 2.5}};
+    if (i % 4 == 2) c.options.sampling.repetition_penalty = 1.2;  // over its prompt, beside other requests' prompts
     if (i == 2) c.options.min_tokens = c.options.max_new_tokens / 2;        // EOS banned for its first picks
     if (i == 6) c.options.stop_token_ids = {c.prompt[1], c.prompt.back()};  // may end before its limit
     c.join_at_step = join[i];

@@ -371,7 +371,7 @@ TEST(DecodeCountersCudaTest, ResidentPathGivesTheHostPathsLogitsAndRouting) {
 }
 
 // Generate picks each token on the device (only its id comes back); the host sampler, given every logits row and
-// the same seed, picks the same tokens: greedy, and sampling with and without top-k / top-p cuts.
+// the same seed, picks the same tokens: greedy, and sampling with and without top-k / top-p / min-p cuts.
 TEST(DecodeCountersCudaTest, TokensPickedOnTheDeviceAreTheHostSamplersOnTheSameLogits) {
   auto model = OpenOnCuda();
   ASSERT_TRUE(model.ok()) << model.status();
@@ -379,8 +379,11 @@ TEST(DecodeCountersCudaTest, TokensPickedOnTheDeviceAreTheHostSamplersOnTheSameL
   const std::vector<int32_t> prompt = {1, 415, 2936, 302};
   constexpr int kTokens = 8;
   std::vector<std::vector<int32_t>> picked;
-  for (const SamplingOptions& sampling : {SamplingOptions{}, SamplingOptions{0.9, 40, 0.95, 5},
-                                          SamplingOptions{1.5, 0, 0.7, 6}, SamplingOptions{1.2, 3, 1.0, 7}}) {
+  for (const SamplingOptions& sampling :
+       {SamplingOptions{}, SamplingOptions{.temperature = 0.9, .top_k = 40, .top_p = 0.95, .seed = 5},
+        SamplingOptions{.temperature = 1.5, .top_k = 0, .top_p = 0.7, .seed = 6},
+        SamplingOptions{.temperature = 1.2, .top_k = 3, .top_p = 1.0, .seed = 7},
+        SamplingOptions{.temperature = 1.5, .top_k = 0, .top_p = 1.0, .min_p = 0.1, .seed = 8}}) {
     GenerateOptions options;
     options.max_new_tokens = kTokens;
     options.ignore_eos = true;
@@ -398,7 +401,7 @@ TEST(DecodeCountersCudaTest, TokensPickedOnTheDeviceAreTheHostSamplersOnTheSameL
       host.push_back(sampler.Next(*logits));
     }
     EXPECT_EQ(generated->tokens, host) << "temperature " << sampling.temperature << " top_k " << sampling.top_k
-                                       << " top_p " << sampling.top_p;
+                                       << " top_p " << sampling.top_p << " min_p " << sampling.min_p;
     picked.push_back(host);
   }
   EXPECT_TRUE(picked[1] != picked[0] || picked[2] != picked[0] || picked[3] != picked[0])

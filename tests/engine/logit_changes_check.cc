@@ -32,28 +32,33 @@ void ExpectLogitChangesPickAsTheHostRule(const std::string& device_spec, int tok
     if (sampled) plain.sampling = {.temperature = 0.8, .top_k = 0, .top_p = 0.95, .seed = 7};
     auto unchanged = Generate(engine, prompt, plain);
     ASSERT_TRUE(unchanged.ok()) << unchanged.status();
-    GenerateOptions changed = plain;
-    const int32_t banned = unchanged->tokens[0];
-    changed.sampling.presence_penalty = 0.5;
-    changed.sampling.frequency_penalty = 1.0;
-    changed.sampling.logit_bias = {{banned, -100.0}, {13, 3.0}};
-    auto picked = Generate(engine, prompt, changed);
-    ASSERT_TRUE(picked.ok()) << picked.status();
-    EXPECT_EQ(picked->last_logits, unchanged->last_logits) << "the logits reported are the model's own";
-    EXPECT_NE(picked->tokens, unchanged->tokens);
-    EXPECT_EQ(std::count(picked->tokens.begin(), picked->tokens.end(), banned), 0);
+    // Bias and OpenAI's penalties, then the repetition penalty (over the prompt and the picks) as well.
+    for (const double repetition : {1.0, 1.3}) {
+      SCOPED_TRACE(repetition);
+      GenerateOptions changed = plain;
+      const int32_t banned = unchanged->tokens[0];
+      changed.sampling.presence_penalty = 0.5;
+      changed.sampling.frequency_penalty = 1.0;
+      changed.sampling.repetition_penalty = repetition;
+      changed.sampling.logit_bias = {{banned, -100.0}, {13, 3.0}};
+      auto picked = Generate(engine, prompt, changed);
+      ASSERT_TRUE(picked.ok()) << picked.status();
+      EXPECT_EQ(picked->last_logits, unchanged->last_logits) << "the logits reported are the model's own";
+      EXPECT_NE(picked->tokens, unchanged->tokens);
+      EXPECT_EQ(std::count(picked->tokens.begin(), picked->tokens.end(), banned), 0);
 
-    // The host rule over the same logits, step by step.
-    ASSERT_TRUE(engine.StartSequence(static_cast<int64_t>(prompt.size()) + tokens).ok());
-    Sampler sampler(changed.sampling);
-    absl::StatusOr<std::vector<float>> logits = engine.Forward(prompt, nullptr);
-    std::vector<int32_t> host;
-    for (int t = 0; t < tokens; ++t) {
-      ASSERT_TRUE(logits.ok()) << logits.status();
-      host.push_back(sampler.Next(*logits));
-      logits = engine.Forward(std::span<const int32_t>(&host.back(), 1), nullptr, ForwardKind::kDecode);
+      // The host rule over the same logits, step by step.
+      ASSERT_TRUE(engine.StartSequence(static_cast<int64_t>(prompt.size()) + tokens).ok());
+      Sampler sampler(changed.sampling, {}, prompt);
+      absl::StatusOr<std::vector<float>> logits = engine.Forward(prompt, nullptr);
+      std::vector<int32_t> host;
+      for (int t = 0; t < tokens; ++t) {
+        ASSERT_TRUE(logits.ok()) << logits.status();
+        host.push_back(sampler.Next(*logits));
+        logits = engine.Forward(std::span<const int32_t>(&host.back(), 1), nullptr, ForwardKind::kDecode);
+      }
+      EXPECT_EQ(picked->tokens, host);
     }
-    EXPECT_EQ(picked->tokens, host);
   }
 
   // min_tokens: EOS, made the greedy pick by a bias, is banned (-inf next to the logits) for the first picks.

@@ -5,6 +5,7 @@
 #include <map>
 #include <random>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -228,6 +229,11 @@ TEST(SamplingOptionsTest, RejectsBadValuesNamingTheField) {
   o.min_p = 1.5;
   EXPECT_EQ(refused(o, "sampling.min_p"), "sampling.min_p must be in [0, 1], got 1.5");
   o = {};
+  o.repetition_penalty = 0;
+  EXPECT_EQ(refused(o, "sampling.repetition_penalty"), "sampling.repetition_penalty must be in (0, 100], got 0");
+  o.repetition_penalty = 101;
+  refused(o, "sampling.repetition_penalty");
+  o = {};
   o.presence_penalty = 2.5;
   EXPECT_EQ(refused(o, "sampling.presence_penalty"), "sampling.presence_penalty must be in [-2, 2], got 2.5");
   o = {};
@@ -309,6 +315,53 @@ TEST(SamplerTest, HostPickAddsTheDeltasAndRecordsThePick) {
   std::vector<int32_t> picks;
   for (int i = 0; i < 4; ++i) picks.push_back(r.Next(l));
   EXPECT_EQ(picks, (std::vector<int32_t>{1, 1, 2, 1}));
+}
+
+// The repetition penalty covers the prompt's ids from the first pick and each picked id after it, in id order, with
+// the other changes of the same id; without a penalty the prompt adds nothing.
+TEST(SamplerTest, RepetitionPenaltyCoversThePromptAndThePicks) {
+  SamplingOptions o;
+  o.repetition_penalty = 1.25;
+  o.presence_penalty = 0.5;
+  o.logit_bias = {{6, 1.0}};
+  const std::vector<int32_t> prompt = {4, 2, 4, 9};
+  Sampler s(o, TokenBan{.ids = {9}, .picks = 1}, prompt);
+  auto changes = [&s] {
+    std::vector<std::tuple<int32_t, float, float>> out;
+    for (const LogitDelta& d : s.Deltas()) out.emplace_back(d.id, d.penalty, d.delta);
+    return out;
+  };
+  using V = std::vector<std::tuple<int32_t, float, float>>;
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(changes(), (V{{2, 1.25f, 0.0f}, {4, 1.25f, 0.0f}, {6, 1.0f, 1.0f}, {9, 1.25f, -inf}}));
+  s.Record(6);  // the ban ends; 9 stays, as a prompt id
+  EXPECT_EQ(changes(), (V{{2, 1.25f, 0.0f}, {4, 1.25f, 0.0f}, {6, 1.25f, 0.5f}, {9, 1.25f, 0.0f}}));
+  s.Record(7);
+  EXPECT_EQ(changes(), (V{{2, 1.25f, 0.0f}, {4, 1.25f, 0.0f}, {6, 1.25f, 0.5f}, {7, 1.25f, -0.5f}, {9, 1.25f, 0.0f}}));
+  SamplingOptions none;
+  EXPECT_TRUE(Sampler(none, {}, prompt).Deltas().empty());
+  none.repetition_penalty = 1.5;
+  EXPECT_EQ(Sampler(none, {}, prompt).Deltas().size(), 3u);
+
+  // The host pick: a positive logit is divided, a negative one multiplied (HF's rule), so greedy leaves a token of
+  // the prompt whose lead the penalty takes away.
+  const std::vector<float> l = {2.0f, 1.5f, -1.0f, -1.2f};
+  SamplingOptions p;
+  p.repetition_penalty = 1.5;
+  EXPECT_EQ(Sampler(p, {}, std::vector<int32_t>{0}).Next(l), 1);  // 2 / 1.5 < 1.5
+  EXPECT_EQ(Sampler(p, {}, std::vector<int32_t>{3}).Next(l), 0);
+  const std::vector<float> negative = {-1.0f, -1.2f};
+  EXPECT_EQ(Sampler(p, {}, std::vector<int32_t>{0}).Next(negative), 1);  // -1 * 1.5 < -1.2
+  // Each pick counts, once whatever its count: after 0 is picked (2.0 -> 1.33) 1 leads, and once 1 is picked too
+  // (1.5 -> 1.0) 0 leads again.
+  Sampler r(p);
+  std::vector<int32_t> picks;
+  for (int i = 0; i < 3; ++i) picks.push_back(r.Next(l));
+  EXPECT_EQ(picks, (std::vector<int32_t>{0, 1, 0}));
+  Sampler q(p, {}, std::vector<int32_t>{0});
+  picks.clear();
+  for (int i = 0; i < 3; ++i) picks.push_back(q.Next(l));
+  EXPECT_EQ(picks, (std::vector<int32_t>{1, 0, 0}));
 }
 
 // A ban makes its ids' deltas -inf for its first picks, over any bias or count, and then goes: the ids it alone

@@ -287,6 +287,18 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
         {{"model", kModel}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 1.5}, {"min_p", 0.1}, {"seed", 9}});
     ASSERT_EQ(min_p_http.status, 200) << min_p_http.body;
     EXPECT_EQ(ParseOrDie(min_p_http.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), min_p_solo->tokens);
+    // vLLM's repetition_penalty, over the prompt and the answer: greedy, the engine in one process's tokens.
+    GenerateOptions repeat;
+    repeat.max_new_tokens = 12;
+    repeat.sampling.repetition_penalty = 1.8;
+    auto repeat_solo = Generate((*local)->engine(), prompt, repeat);
+    ASSERT_TRUE(repeat_solo.ok()) << repeat_solo.status();
+    EXPECT_NE(repeat_solo->tokens, solo->tokens);
+    const HttpResult repeat_http = Post(
+        base + "/v1/completions",
+        {{"model", kModel}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}, {"repetition_penalty", 1.8}});
+    ASSERT_EQ(repeat_http.status, 200) << repeat_http.body;
+    EXPECT_EQ(ParseOrDie(repeat_http.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), repeat_solo->tokens);
     const HttpResult outside =
         Post(base + "/v1/completions", {{"model", kModel}, {"prompt", prompt}, {"logit_bias", {{"999999", 5}}}});
     EXPECT_EQ(outside.status, 400) << outside.body;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -168,6 +169,42 @@ TEST_F(SamplingKernelTest, TopPAndTopKEdgesPickWhatTheRuleSays) {
     EXPECT_EQ(Select(c.logits, vocab, one)[0], c.want) << Describe(c.choice);
     EXPECT_EQ(Reference(c.logits, vocab, one)[0], c.want) << Describe(c.choice);
   }
+}
+
+// ChangeLogits: the kernel's logits are the CPU reference's bit for bit, over logits of every sign (zeros, NaN and
+// infinities among them), penalties on both sides of 1 and deltas up to -inf; untouched logits stay as they were.
+TEST_F(SamplingKernelTest, ChangeLogitsGivesTheCpuReferencesBits) {
+  std::mt19937 rng(31);
+  const int64_t rows = 3, vocab = 5000;
+  std::normal_distribution<float> dist(0.0f, 4.0f);
+  std::vector<float> logits(static_cast<size_t>(rows * vocab));
+  for (float& v : logits) v = dist(rng);
+  logits[1] = 0.0f;
+  logits[2] = -0.0f;
+  logits[3] = NAN;
+  logits[4] = INFINITY;
+  logits[5] = -INFINITY;
+  const float penalties[] = {1.0f, 1.0f, 1.1f, 1.3f, 0.7f, 7.0f};
+  const float deltas[] = {0.0f, 0.0f, -0.5f, 2.25f, -1.0f / 3.0f, -INFINITY};
+  std::vector<LogitChange> changes;
+  for (int32_t index = 1; index < rows * vocab; index += 1 + static_cast<int32_t>(rng() % 5)) {
+    changes.push_back({.index = index, .penalty = penalties[rng() % 6], .delta = deltas[rng() % 6]});
+  }
+  std::vector<float> want = logits;
+  cpu::ChangeLogits(want.data(), changes.data(), static_cast<int64_t>(changes.size()));
+  DeviceArray<float> dl(logits);
+  DeviceArray<LogitChange> dc(changes);
+  ODMOE_ASSERT_CUDA(kernels::LaunchChangeLogits(dl.get(), dc.get(), static_cast<int64_t>(changes.size()), stream_));
+  Sync();
+  const std::vector<float> got = dl.Download();
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  // The rule by hand on a few: a positive logit divided, a negative one multiplied, then the delta added.
+  EXPECT_EQ(kernels::ChangedLogit(3.0f, 1.5f, 0.25f), 2.25f);
+  EXPECT_EQ(kernels::ChangedLogit(-3.0f, 1.5f, 0.25f), -4.25f);
+  EXPECT_EQ(kernels::ChangedLogit(0.7f, 1.0f, 0.0f), 0.7f);
+  EXPECT_EQ(kernels::ChangedLogit(2.0f, 1.0f, -INFINITY), -INFINITY);
+  EXPECT_EQ(want[0], logits[0]) << "no change at index 0";
 }
 
 TEST_F(SamplingKernelTest, RefusesAVocabularyItsSumsCannotHold) {

@@ -83,7 +83,9 @@ TEST(OpenAiParse, DefaultsAndOptions) {
   ASSERT_TRUE(top_k.ok()) << top_k.status();
   EXPECT_EQ(top_k->top_k, 40);
   EXPECT_EQ(top_k->min_p, 0.0);
+  EXPECT_EQ(top_k->repetition_penalty, 1.0);
   EXPECT_EQ(Parse(R"({"model":"m","prompt":"x","min_p":0.05})")->min_p, 0.05);
+  EXPECT_EQ(Parse(R"({"model":"m","prompt":"x","repetition_penalty":1.1})")->repetition_penalty, 1.1);
   EXPECT_EQ(top_k->min_tokens, 0);
   EXPECT_EQ(Parse(R"({"model":"m","prompt":"x","top_k":-1})")->top_k, 0);
   // vLLM's min_tokens (checked against max_tokens once that is known, when the request is prepared).
@@ -228,8 +230,10 @@ TEST(OpenAiParse, ErrorsNameTheField) {
       {R"({"model":"m","prompt":"x","top_k":2.5})", Endpoint::kCompletions, "top_k", "an integer"},
       {R"({"model":"m","prompt":"x","min_p":1.5})", Endpoint::kCompletions, "min_p",
        "'min_p' must be in [0, 1], got 1.5"},
-      {R"({"model":"m","prompt":"x","repetition_penalty":1.1})", Endpoint::kCompletions, "repetition_penalty",
-       "'repetition_penalty' = 1.1 (use presence_penalty or frequency_penalty) is not supported"},
+      {R"({"model":"m","prompt":"x","repetition_penalty":0})", Endpoint::kCompletions, "repetition_penalty",
+       "'repetition_penalty' must be in (0, 100], got 0"},
+      {R"({"model":"m","prompt":"x","repetition_penalty":-1})", Endpoint::kCompletions, "repetition_penalty",
+       "'repetition_penalty' must be in [0, 100], got -1"},
       {R"({"model":"m","prompt":"x","min_tokens":2.5})", Endpoint::kCompletions, "min_tokens", "an integer"},
       {R"({"model":"m","prompt":"x","stop_token_ids":13})", Endpoint::kCompletions, "stop_token_ids",
        "a list of token ids"},
@@ -303,14 +307,15 @@ TEST(OpenAiParse, ErrorsNameTheField) {
 // A checkpoint's generation_config.json gives the sampling of requests that leave it out, as vLLM's default does.
 TEST(OpenAiRequests, SamplingDefaultsFromGenerationConfig) {
   std::vector<std::string> ignored;
-  const Json qwen3 = {{"do_sample", true}, {"temperature", 0.6}, {"top_p", 0.95},
-                      {"top_k", 20},       {"min_p", 0.05},      {"eos_token_id", 2}};
+  const Json qwen3 = {{"do_sample", true}, {"temperature", 0.6},         {"top_p", 0.95},    {"top_k", 20},
+                      {"min_p", 0.05},     {"repetition_penalty", 1.05}, {"eos_token_id", 2}};
   absl::StatusOr<SamplingDefaults> d = ReadSamplingDefaults(qwen3, "m/generation_config.json", &ignored);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->temperature, 0.6);
   EXPECT_EQ(d->top_p, 0.95);
   EXPECT_EQ(d->top_k, 20);
   EXPECT_EQ(d->min_p, 0.05);
+  EXPECT_EQ(d->repetition_penalty, 1.05);
   EXPECT_TRUE(ignored.empty());
 
   ApiError error;
@@ -320,33 +325,40 @@ TEST(OpenAiRequests, SamplingDefaultsFromGenerationConfig) {
   EXPECT_EQ(omitted->top_p, 0.95);
   EXPECT_EQ(omitted->top_k, 20);
   EXPECT_EQ(omitted->min_p, 0.05);
-  auto given = ParseCompletionRequest(R"({"model":"m","prompt":"x","temperature":0,"top_p":1,"top_k":-1,"min_p":0})",
-                                      Endpoint::kCompletions, &error, *d);
+  EXPECT_EQ(omitted->repetition_penalty, 1.05);
+  auto given = ParseCompletionRequest(
+      R"({"model":"m","prompt":"x","temperature":0,"top_p":1,"top_k":-1,"min_p":0,"repetition_penalty":1})",
+      Endpoint::kCompletions, &error, *d);
   ASSERT_TRUE(given.ok()) << error.message;
   EXPECT_EQ(given->temperature, 0.0);  // the request's own values win
   EXPECT_EQ(given->top_p, 1.0);
   EXPECT_EQ(given->top_k, 0);
   EXPECT_EQ(given->min_p, 0.0);
+  EXPECT_EQ(given->repetition_penalty, 1.0);
 
-  // Nothing recommended: OpenAI's defaults. What odmoe cannot follow is reported, not applied.
-  d = ReadSamplingDefaults({{"repetition_penalty", 1.05}, {"min_p", 0}}, "g.json", &ignored);
+  // Nothing recommended: OpenAI's defaults.
+  d = ReadSamplingDefaults({{"min_p", 0}}, "g.json", &ignored);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->temperature, 1.0);
   EXPECT_EQ(d->top_p, 1.0);
   EXPECT_EQ(d->top_k, 0);
   EXPECT_EQ(d->min_p, 0.0);
-  EXPECT_EQ(ignored, std::vector<std::string>{"repetition_penalty = 1.05"});
+  EXPECT_EQ(d->repetition_penalty, 1.0);
+  EXPECT_TRUE(ignored.empty());
 
   // Values no request may ask for are left out (the default stands), and reported.
   ignored.clear();
-  d = ReadSamplingDefaults({{"temperature", 3}, {"top_p", 0}, {"top_k", -2}, {"min_p", 2}}, "g.json", &ignored);
+  d = ReadSamplingDefaults({{"temperature", 3}, {"top_p", 0}, {"top_k", -2}, {"min_p", 2}, {"repetition_penalty", 0}},
+                           "g.json", &ignored);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->temperature, 1.0);
   EXPECT_EQ(d->top_p, 1.0);
   EXPECT_EQ(d->top_k, 0);
   EXPECT_EQ(d->min_p, 0.0);
+  EXPECT_EQ(d->repetition_penalty, 1.0);
   EXPECT_EQ(ignored, (std::vector<std::string>{"temperature = 3 (outside [0, 2])", "top_p = 0 (outside (0, 1])",
-                                               "top_k = -2 (below -1)", "min_p = 2 (outside [0, 1])"}));
+                                               "top_k = -2 (below -1)", "min_p = 2 (outside [0, 1])",
+                                               "repetition_penalty = 0 (outside (0, 100])"}));
   // One that is not a number stops main, naming the file and key.
   d = ReadSamplingDefaults({{"temperature", "0.7"}}, "g.json", &ignored);
   ASSERT_FALSE(d.ok());
