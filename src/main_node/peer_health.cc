@@ -80,7 +80,9 @@ void PeerHealth::ReportAlive(int32_t peer, std::string_view what) {
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = clock_();
-    records_[static_cast<size_t>(peer)].last_alive = now;
+    PeerRecord& r = records_[static_cast<size_t>(peer)];
+    r.last_alive = now;
+    r.foreign = false;
     ChangeLocked(peer, PeerState::kUp, what, now);
   }
   Deliver();
@@ -90,7 +92,9 @@ void PeerHealth::ReportFailure(int32_t peer, std::string_view why) {
   ODMOE_CHECK(peer >= 0 && static_cast<size_t>(peer) < peers_.size());
   {
     absl::MutexLock lock(&mu_);
-    ChangeLocked(peer, PeerState::kDown, why, clock_());
+    PeerRecord& r = records_[static_cast<size_t>(peer)];
+    ChangeLocked(peer, PeerState::kDown, why, clock_(), /*new_reason=*/r.foreign);
+    r.foreign = false;
   }
   Deliver();
 }
@@ -99,7 +103,11 @@ void PeerHealth::ReportForeign(int32_t peer, std::string_view why) {
   ODMOE_CHECK(peer >= 0 && static_cast<size_t>(peer) < peers_.size());
   {
     absl::MutexLock lock(&mu_);
-    ChangeLocked(peer, PeerState::kDown, why, clock_(), /*new_reason=*/true);
+    const absl::Time now = clock_();
+    PeerRecord& r = records_[static_cast<size_t>(peer)];
+    r.last_alive = now;  // it answers, for another cluster
+    r.foreign = true;
+    ChangeLocked(peer, PeerState::kDown, why, now, /*new_reason=*/true);
   }
   Deliver();
 }

@@ -10,12 +10,14 @@
 //     that failed in transport) makes it kDown at once;
 //   - ReportForeign (an answer from a node of another cluster) makes it kDown at once too, and a peer already
 //     down for another reason (a worker stopped, then restarted from another cluster file) gets the new reason;
+//     a ReportFailure after it (that node stopped in turn) gives its own reason back;
 //   - CheckSilence makes a kUp peer kDown once nothing has shown it alive for `down_after` (a hung or
 //     partitioned peer answers nothing and refuses nothing).
 // With PeerProber's defaults (a health check every 250 ms, each with a 1.5 s deadline) a crash is seen within one
 // period and a hang (SIGSTOP) or a partition within about 1.75 s (sanitizer builds: deadlines x kBuildSlowdown).
 //
-// Every change (kUnknown -> kUp/kDown, kUp -> kDown, kDown -> kUp, and ReportForeign's kDown -> kDown) is logged
+// Every change (kUnknown -> kUp/kDown, kUp -> kDown, kDown -> kUp, and the kDown -> kDown of a reason that changes
+// between another cluster and no answer) is logged
 // once ("peer NAME at ADDRESS is down: REASON" / "... is up ...") and delivered to every subscriber as a
 // PeerEvent. The next step (failover,
 // membership epochs) subscribes here.
@@ -83,7 +85,8 @@ class PeerHealth {
   void ReportAlive(int32_t peer, std::string_view what);
   void ReportFailure(int32_t peer, std::string_view why);
   // An answer from a node of another cluster: as ReportFailure, and a peer already down with another reason gets
-  // an event (kDown -> kDown) with `why`. The same `why` again changes nothing.
+  // an event (kDown -> kDown) with `why`. The same `why` again changes nothing. The event's `silent` is 0: the
+  // node answers. ReportFailure of a peer down as foreign gives it the failure's reason (one kDown -> kDown).
   void ReportForeign(int32_t peer, std::string_view why);
   // Marks kDown every kUp peer silent for more than down_after.
   void CheckSilence();
@@ -112,7 +115,8 @@ class PeerHealth {
  private:
   struct PeerRecord {
     Snapshot snapshot;
-    absl::Time last_alive = absl::InfinitePast();
+    absl::Time last_alive = absl::InfinitePast();  // the last answer, a foreign one included
+    bool foreign = false;                          // down by ReportForeign, not since given another reason
   };
   // Changes peer `peer` to `to` and queues the event; a no-op when it is already there, unless `new_reason` and
   // its reason differs.

@@ -72,22 +72,31 @@ TEST(PeerHealthTest, AForeignAnswerGivesADownPeerItsReasonOnce) {
   std::vector<PeerEvent> events;
   h.Subscribe([&](const PeerEvent& e) { events.push_back(e); });
   h.ReportFailure(0, "connection refused");
+  clock.now += absl::Seconds(3);
   h.ReportForeign(0, "serves another cluster");
   h.ReportForeign(0, "serves another cluster");
-  h.ReportFailure(0, "connection refused");
   ASSERT_EQ(events.size(), 2u);
   EXPECT_EQ(events[1].from, PeerState::kDown);
   EXPECT_EQ(events[1].to, PeerState::kDown);
   EXPECT_EQ(events[1].reason, "serves another cluster");
   EXPECT_EQ(h.Get(0).reason, "serves another cluster");
+  // That node stops in turn: the failure's reason comes back, once.
+  h.ReportFailure(0, "connection refused");
+  h.ReportFailure(0, "connection refused");
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[2].from, PeerState::kDown);
+  EXPECT_EQ(events[2].reason, "connection refused");
+  EXPECT_EQ(h.Get(0).reason, "connection refused");
   h.ReportAlive(0, "answered");
+  clock.now += absl::Seconds(3);
   h.ReportForeign(0, "serves another cluster");
-  ASSERT_EQ(events.size(), 4u);
-  EXPECT_EQ(events[3].from, PeerState::kUp);
-  EXPECT_EQ(events[3].to, PeerState::kDown);
-  h.ReportForeign(1, "serves another cluster");  // never seen before: down at once
   ASSERT_EQ(events.size(), 5u);
-  EXPECT_EQ(events[4].from, PeerState::kUnknown);
+  EXPECT_EQ(events[4].from, PeerState::kUp);
+  EXPECT_EQ(events[4].to, PeerState::kDown);
+  EXPECT_EQ(events[4].silent, absl::ZeroDuration()) << "it answers, for another cluster";
+  h.ReportForeign(1, "serves another cluster");  // never seen before: down at once
+  ASSERT_EQ(events.size(), 6u);
+  EXPECT_EQ(events[5].from, PeerState::kUnknown);
 }
 
 TEST(PeerHealthTest, SilenceLongerThanDownAfterIsDown) {
