@@ -46,6 +46,20 @@ class Fields {
     if (!n->is_boolean()) return FieldError(where_, scope_, key, "expected true or false");
     return std::optional<bool>{n->value<bool>().value()};
   }
+  // A string or a list of strings (a string alone: a list of one).
+  absl::StatusOr<std::optional<std::vector<std::string>>> Strings(std::string_view key) const {
+    const toml::node* n = t_.get(key);
+    if (n == nullptr) return std::optional<std::vector<std::string>>{};
+    if (n->is_string()) return std::optional<std::vector<std::string>>{{n->value<std::string>().value()}};
+    const toml::array* a = n->as_array();
+    if (a == nullptr) return FieldError(where_, scope_, key, "expected a string or a list of strings");
+    std::vector<std::string> out;
+    for (const toml::node& item : *a) {
+      if (!item.is_string()) return FieldError(where_, scope_, key, "expected a string or a list of strings");
+      out.push_back(item.value<std::string>().value());
+    }
+    return std::optional<std::vector<std::string>>{std::move(out)};
+  }
   // A TOML float or integer.
   absl::StatusOr<std::optional<double>> Number(std::string_view key) const {
     const toml::node* n = t_.get(key);
@@ -511,7 +525,7 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
   if (const toml::node* mn = root.get("model")) {
     if (!mn->is_table()) return FieldError(where, "", "model", "expected a table");
     Fields f(*mn->as_table(), where, "[model]");
-    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"path", "synthetic", "layers", "seed"}));
+    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"path", "synthetic", "layers", "seed", "served_model_name"}));
     auto resolve = [&](const std::string& relative) {
       std::filesystem::path p(relative);
       if (p.is_relative()) p = std::filesystem::path(base_dir) / p;
@@ -536,6 +550,22 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     if (seed) {
       if (*seed < 0) return FieldError(where, "[model]", "seed", "must be >= 0");
       c.model.seed = static_cast<uint64_t>(*seed);
+    }
+    ODMOE_ASSIGN_OR_RETURN(auto served, f.Strings("served_model_name"));
+    if (served) {
+      if (served->empty()) return FieldError(where, "[model]", "served_model_name", "expected at least one name");
+      for (size_t i = 0; i < served->size(); ++i) {
+        const std::string& name = (*served)[i];
+        if (name.empty() || name.find_first_of(" \t\r\n") != std::string::npos) {
+          return FieldError(where, "[model]", "served_model_name",
+                            StrCat("'", name, "' is not a name (empty, or with white space)"));
+        }
+        if (std::find(served->begin(), served->begin() + static_cast<std::ptrdiff_t>(i), name) !=
+            served->begin() + static_cast<std::ptrdiff_t>(i)) {
+          return FieldError(where, "[model]", "served_model_name", StrCat("'", name, "' is given twice"));
+        }
+      }
+      c.model.served_names = *std::move(served);
     }
   }
   std::optional<std::string> mode_text;

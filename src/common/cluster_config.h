@@ -12,6 +12,7 @@
 //   [model]
 //   path = "../models/demo-mixtral-kjv"   # relative to this file
 //   # or synthetic weights instead of path: synthetic = "config.json"  layers = 2  seed = 1
+//   served_model_name = ["mixtral", "demo"]  # optional: the names the HTTP API answers to (default: the folder's)
 //   [shadow]
 //   mode = "shadow"           # shadow | random | none (default: shadow when a shadow node exists, else none)
 //   quant = "int8"            # fp16 | int8 | nf4 | none: the shadow's replica
@@ -85,6 +86,9 @@ struct ModelSource {
   std::string synthetic;  // a config.json (or a folder holding one) for synthetic weights (absolute after loading)
   int64_t layers = 0;     // synthetic: > 0 replaces num_hidden_layers; 0: the config's
   uint64_t seed = 0;      // synthetic: the weights' seed
+  // served_model_name (vLLM's --served-model-name): the names the HTTP API answers to, a string or a list; the
+  // first is the one answers and metrics carry. Empty: the checkpoint folder's name. Distinct, no white space.
+  std::vector<std::string> served_names;
   bool is_synthetic() const { return !synthetic.empty(); }
 };
 

@@ -205,8 +205,16 @@ absl::StatusOr<const Tokenizer*> HttpServer::Impl::NeedTokenizer(std::string_vie
 
 absl::Status HttpServer::Impl::CheckModel(const std::string& model, ApiError* error) const {
   if (model == options.model_id) return absl::OkStatus();
-  *error = BadRequest(StrCat("The model '", model, "' does not exist; this server serves '", options.model_id, "'"),
-                      "model");
+  for (const std::string& alias : options.model_aliases) {
+    if (model == alias) return absl::OkStatus();
+  }
+  std::string aliases;
+  for (const std::string& alias : options.model_aliases) {
+    aliases += StrCat(aliases.empty() ? " (also named '" : ", '", alias, "'");
+  }
+  if (!aliases.empty()) aliases += ")";
+  *error = BadRequest(
+      StrCat("The model '", model, "' does not exist; this server serves '", options.model_id, "'", aliases), "model");
   error->http_status = 404;
   error->code = "model_not_found";
   return absl::NotFoundError(error->message);
@@ -637,6 +645,8 @@ HttpServerOptions HttpServer::OptionsFor(const rpc::DaemonArgs& args, const metr
   for (const auto& [k, v] : labels) {
     if (k == "model") o.model_id = v;
   }
+  const std::vector<std::string>& served = args.cluster.model.served_names;
+  if (served.size() > 1) o.model_aliases.assign(served.begin() + 1, served.end());
   // A thread per request main runs or queues (each blocks for its whole answer), and some for the rest
   // (/health, /metrics, /v1/models, refusals): so admission control, not the pool's queue, turns requests away.
   o.threads = std::max(8, 2 * args.self.threads) + args.cluster.max_running + args.cluster.max_queued;
@@ -756,12 +766,14 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
   http.Post("/detokenize",
             guarded([&impl](const httplib::Request& req, httplib::Response& res) { impl.Detokenize(req, res); }));
   http.Get("/v1/models", guarded([&impl](const httplib::Request&, httplib::Response& res) {
-             res.set_content(openai::ModelsBody(impl.options.model_id, 0), kJson);
+             std::vector<std::string> names = {impl.options.model_id};
+             names.insert(names.end(), impl.options.model_aliases.begin(), impl.options.model_aliases.end());
+             res.set_content(openai::ModelsBody(names, 0), kJson);
            }));
   http.Get(R"(/v1/models/(.+))", guarded([&impl](const httplib::Request& req, httplib::Response& res) {
              ApiError error;
              if (!impl.CheckModel(req.matches[1], &error).ok()) return SendError(res, error);
-             res.set_content(openai::ModelBody(impl.options.model_id, 0), kJson);
+             res.set_content(openai::ModelBody(req.matches[1], 0), kJson);
            }));
   http.Get("/health", [&impl](const httplib::Request&, httplib::Response& res) {
     absl::MutexLock lock(&impl.ready_mu);

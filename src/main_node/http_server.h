@@ -39,6 +39,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -58,6 +59,8 @@ struct HttpServerOptions {
   std::string node;      // for messages
   std::string address;   // host:port; port 0 picks a free one
   std::string model_id;  // the model's name in the API (rpc::DaemonMetricLabels' model)
+  // Other names a request may give for it ([model] served_model_name after the first); /v1/models lists them too.
+  std::vector<std::string> model_aliases;
   int threads = 8;       // the server's pool: requests served (or waiting for their turn) at once
   // Also serve GET /metrics from this registry (http_address == metrics_address); nullptr: no /metrics.
   const metrics::Registry* metrics_to_serve = nullptr;

@@ -899,8 +899,10 @@ Json ModelJson(const std::string& model, int64_t created) {
 }
 }  // namespace
 
-std::string ModelsBody(const std::string& model, int64_t created) {
-  return DumpJson(Json{{"object", "list"}, {"data", Json::array({ModelJson(model, created)})}});
+std::string ModelsBody(const std::vector<std::string>& models, int64_t created) {
+  Json data = Json::array();
+  for (const std::string& model : models) data.push_back(ModelJson(model, created));
+  return DumpJson(Json{{"object", "list"}, {"data", std::move(data)}});
 }
 
 std::string ModelBody(const std::string& model, int64_t created) { return DumpJson(ModelJson(model, created)); }

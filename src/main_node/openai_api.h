@@ -298,8 +298,8 @@ Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, cons
 // The last chunk when include_usage: no choices, the usage of every prompt.
 Json UsageChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
                 const Usage& usage);
-// GET /v1/models.
-std::string ModelsBody(const std::string& model, int64_t created);
+// GET /v1/models: one model object per name (the model's name first, then its aliases).
+std::string ModelsBody(const std::vector<std::string>& models, int64_t created);
 // GET /v1/models/{model}: that model's object alone.
 std::string ModelBody(const std::string& model, int64_t created);
 // vLLM's answers: {"count", "max_model_len", "tokens"} and {"prompt"} (the text, invalid UTF-8 as U+FFFD).

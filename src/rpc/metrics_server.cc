@@ -77,7 +77,9 @@ metrics::Labels DaemonMetricLabels(const ClusterConfig& cluster, const NodeConfi
     return p.filename().string();
   };
   std::string model;
-  if (!model_dir.empty()) {
+  if (!cluster.model.served_names.empty()) {
+    model = cluster.model.served_names.front();
+  } else if (!model_dir.empty()) {
     model = folder_name(model_dir);
   } else if (cluster.model.is_synthetic()) {
     fs::path config(cluster.model.synthetic);

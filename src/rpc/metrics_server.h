@@ -48,8 +48,9 @@ class MetricsServer {
   std::string url_;
 };
 
-// The constant labels of a daemon's metrics: model (the checkpoint folder's name, or the synthetic config's
-// folder name followed by "-synthetic") and node (its name in the cluster file).
+// The constant labels of a daemon's metrics: model (the first [model] served_model_name; else the checkpoint
+// folder's name, or the synthetic config's folder name followed by "-synthetic") and node (its name in the cluster
+// file). Main's HTTP API names the model the same way.
 metrics::Labels DaemonMetricLabels(const ClusterConfig& cluster, const NodeConfig& self, const std::string& model_dir);
 
 // The device-memory families every daemon exposes: odmoe_gpu_memory_used_bytes and _peak_bytes (the device's

@@ -141,6 +141,16 @@ TEST(ClusterConfigTest, BadFilesNameTheFieldAtFault) {
       {"gpu_budget_mb = 1024", "gpu_budget_mb = 0", "'gpu_budget_mb'"},
       {"gpu_budget_mb = 1024", "gpu_budgte_mb = 1024", "'gpu_budgte_mb': unknown field"},
       {"[model]", "[modle]", "'modle'"},
+      {"path = \"../models/demo\"", "path = \"../models/demo\"\nserved_model_name = []",
+       "[model]: field 'served_model_name': expected at least one name"},
+      {"path = \"../models/demo\"", "path = \"../models/demo\"\nserved_model_name = 3",
+       "field 'served_model_name': expected a string or a list of strings"},
+      {"path = \"../models/demo\"", "path = \"../models/demo\"\nserved_model_name = [\"a\", 1]",
+       "field 'served_model_name': expected a string or a list of strings"},
+      {"path = \"../models/demo\"", "path = \"../models/demo\"\nserved_model_name = \"my model\"",
+       "field 'served_model_name': 'my model' is not a name (empty, or with white space)"},
+      {"path = \"../models/demo\"", "path = \"../models/demo\"\nserved_model_name = [\"a\", \"b\", \"a\"]",
+       "field 'served_model_name': 'a' is given twice"},
       {"name = \"lab\"", "name = \"lab", "invalid TOML"},
       {"metrics_address = \"10.0.0.4:7190\"", "metrics_address = \"10.0.0.4\"",
        "node 'w1': field 'metrics_address': expected host:port, got '10.0.0.4'"},
@@ -166,6 +176,23 @@ TEST(ClusterConfigTest, BadFilesNameTheFieldAtFault) {
     EXPECT_FALSE(c.ok()) << b.to;
     EXPECT_NE(c.status().message().find(b.needle), absl::string_view::npos) << c.status();
     EXPECT_NE(c.status().message().find("lab.toml"), absl::string_view::npos) << c.status();
+  }
+}
+
+// vLLM's --served-model-name: one name or a list of them; none given, none set.
+TEST(ClusterConfigTest, ServedModelNames) {
+  auto plain = ParseClusterConfig(kGood, "lab.toml", "/etc/odmoe");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->model.served_names.empty());
+  for (const auto& [line, want] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"served_model_name = \"mixtral\"", {"mixtral"}},
+           {"served_model_name = [\"mixtral\", \"Mixtral-8x7B-v0.1\"]", {"mixtral", "Mixtral-8x7B-v0.1"}}}) {
+    std::string text = kGood;
+    const std::string path = "path = \"../models/demo\"";
+    text.replace(text.find(path), path.size(), path + "\n" + line);
+    auto c = ParseClusterConfig(text, "lab.toml", "/etc/odmoe");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->model.served_names, want) << line;
   }
 }
 

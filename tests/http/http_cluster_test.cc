@@ -149,16 +149,19 @@ pid_t PidOf(const std::string& run_dir, const std::string& node) {
 }
 
 // `odmoe cluster up` on loopback with the model at `model_dir`: main (gRPC, and HTTP with metrics on one
-// address), two mock-GPU workers, no shadow. Brought down when it goes out of scope.
+// address), two mock-GPU workers, no shadow. `model_extra`: more lines for the [model] section. Brought down when it
+// goes out of scope.
 class LoopbackCluster {
  public:
-  explicit LoopbackCluster(const std::string& model_dir) : ports_(odmoe::testing::PickFreePorts(4)) {
+  explicit LoopbackCluster(const std::string& model_dir, const std::string& model_extra = "")
+      : ports_(odmoe::testing::PickFreePorts(4)) {
     http_ = StrCat("127.0.0.1:", ports_[3]);
     config_ = dir_.File("cluster.toml");
     run_dir_ = dir_.File("run");
     odmoe::testing::WriteFile(
         config_, StrCat("[cluster]\nname = \"http-test\"\ngroup_size = 2\nrpc_timeout_ms = 20000\n",
-                        "startup_timeout_ms = 60000\n[model]\npath = \"", model_dir, "\"\n[shadow]\nmode = \"none\"\n",
+                        "startup_timeout_ms = 60000\n[model]\npath = \"", model_dir, "\"\n", model_extra,
+                        "\n[shadow]\nmode = \"none\"\n",
                         "[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"127.0.0.1:", ports_[0],
                         "\"\ndevice = \"cpu\"\nhttp_address = \"", http_, "\"\nmetrics_address = \"", http_, "\"\n",
                         "[[node]]\nname = \"w0\"\nrole = \"worker\"\naddress = \"127.0.0.1:", ports_[1],
@@ -712,10 +715,26 @@ TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
   auto hf = Tokenizer::Load(model.path());
   ASSERT_TRUE(hf.ok()) << hf.status();
 
-  LoopbackCluster cluster(model.path());
+  // Served under names of its own (vLLM's --served-model-name): the first is the one answers carry.
+  LoopbackCluster cluster(model.path(), R"(served_model_name = ["qwen3-chat", "qwen"])");
   ASSERT_EQ(cluster.up().exit_code, 0) << cluster.up().err;
   const std::string base = cluster.base();
-  const std::string name = std::filesystem::path(model.path()).filename().string();
+  const std::string name = "qwen3-chat";
+  const HttpResult models = Curl(base + "/v1/models", {});
+  ASSERT_EQ(models.status, 200) << models.body;
+  const Json listed = ParseOrDie(models.body)["data"];
+  ASSERT_EQ(listed.size(), 2u) << models.body;
+  EXPECT_EQ(listed[0]["id"], "qwen3-chat");
+  EXPECT_EQ(listed[1]["id"], "qwen");
+  EXPECT_EQ(ParseOrDie(Curl(base + "/v1/models/qwen", {}).body)["id"], "qwen");
+  const std::string folder = std::filesystem::path(model.path()).filename().string();
+  const HttpResult by_folder = Curl(base + "/v1/models/" + folder, {});
+  EXPECT_EQ(by_folder.status, 404) << "the folder's name is not one of them";
+  EXPECT_EQ(ParseOrDie(by_folder.body)["error"]["message"],
+            StrCat("The model '", folder, "' does not exist; this server serves 'qwen3-chat' (also named 'qwen')"));
+  const HttpResult aliased = Post(base + "/v1/completions", {{"model", "qwen"}, {"prompt", {1, 2}}, {"max_tokens", 1}});
+  ASSERT_EQ(aliased.status, 200) << aliased.body;
+  EXPECT_EQ(ParseOrDie(aliased.body)["model"], "qwen3-chat");
 
   // Chat: the prompt is the rendered conversation, tokenized with ChatML's markers as single tokens.
   const std::vector<openai::ChatMessage> messages = {{"system", "Be brief."},

@@ -91,6 +91,10 @@ TEST(MetricsServerTest, DaemonLabelsNameTheModelFolderAndTheNode) {
   cluster.model.synthetic = "/src/configs/models/mixtral-8x7b/config.json";
   EXPECT_EQ(DaemonMetricLabels(cluster, self, ""),
             (metrics::Labels{{"model", "mixtral-8x7b-synthetic"}, {"node", "worker3"}}));
+  // The first served name, as main's HTTP API calls the model.
+  cluster.model.served_names = {"mixtral", "mx"};
+  EXPECT_EQ(DaemonMetricLabels(cluster, self, "/models/Mixtral-8x7B-v0.1/"),
+            (metrics::Labels{{"model", "mixtral"}, {"node", "worker3"}}));
 }
 
 }  // namespace
