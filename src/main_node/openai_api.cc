@@ -395,35 +395,27 @@ absl::StatusOr<SamplingDefaults> ReadSamplingDefaults(const Json& config, const 
   ODMOE_ASSIGN_OR_RETURN(const double temperature, f.Number("temperature", d.temperature));
   ODMOE_ASSIGN_OR_RETURN(const double top_p, f.Number("top_p", d.top_p));
   ODMOE_ASSIGN_OR_RETURN(const int64_t top_k, f.Int("top_k", d.top_k));
+  ODMOE_ASSIGN_OR_RETURN(const double min_p, f.Number("min_p", d.min_p));
+  ODMOE_ASSIGN_OR_RETURN(const double repetition_penalty, f.Number("repetition_penalty", d.repetition_penalty));
   // A value no request may ask for is left out, as odmoe cannot follow it.
-  if (temperature >= 0 && temperature <= 2) {
-    d.temperature = temperature;
-  } else {
-    ignored->push_back(StrCat("temperature = ", temperature, " (outside [0, 2])"));
-  }
-  if (top_p > 0 && top_p <= 1) {
-    d.top_p = top_p;
-  } else {
-    ignored->push_back(StrCat("top_p = ", top_p, " (outside (0, 1])"));
-  }
+  auto follow = [ignored](const char* key, double value, bool in_range, std::string_view range, double* out) {
+    if (in_range) {
+      *out = value;
+    } else {
+      ignored->push_back(StrCat(key, " = ", value, " (outside ", range, ")"));
+    }
+  };
+  follow("temperature", temperature, temperature >= 0 && temperature <= 2, "[0, 2]", &d.temperature);
+  follow("top_p", top_p, top_p > 0 && top_p <= 1, "(0, 1]", &d.top_p);
   if (top_k >= -1) {
     d.top_k = std::max<int64_t>(top_k, 0);
   } else {
     ignored->push_back(StrCat("top_k = ", top_k, " (below -1)"));
   }
-  ODMOE_ASSIGN_OR_RETURN(const double min_p, f.Number("min_p", d.min_p));
-  if (min_p >= 0 && min_p <= 1) {
-    d.min_p = min_p;
-  } else {
-    ignored->push_back(StrCat("min_p = ", min_p, " (outside [0, 1])"));
-  }
-  ODMOE_ASSIGN_OR_RETURN(const double repetition_penalty, f.Number("repetition_penalty", d.repetition_penalty));
-  if (repetition_penalty > 0 && repetition_penalty <= kMaxRepetitionPenalty) {
-    d.repetition_penalty = repetition_penalty;
-  } else {
-    ignored->push_back(
-        StrCat("repetition_penalty = ", repetition_penalty, " (outside (0, ", kMaxRepetitionPenalty, "])"));
-  }
+  follow("min_p", min_p, min_p >= 0 && min_p <= 1, "[0, 1]", &d.min_p);
+  follow("repetition_penalty", repetition_penalty,
+         repetition_penalty > 0 && repetition_penalty <= kMaxRepetitionPenalty,
+         StrCat("(0, ", kMaxRepetitionPenalty, "]"), &d.repetition_penalty);
   return d;
 }
 

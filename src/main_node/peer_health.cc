@@ -274,18 +274,18 @@ void PeerProber::Loop() {
       }
       rpc::SetDeadline(*s.ctx, absl::ToInt64Milliseconds(options_.timeout));
       s.response.Clear();
-      s.stub->async()->Check(s.ctx.get(), &s.request, &s.response,
-                             [checks, health, cluster, peer, &s](grpc::Status st) {
-                               bool stopped = false;
-                               {
-                                 absl::MutexLock lock(&checks->mu);
-                                 stopped = checks->stopped;
-                               }
-                               if (!stopped) ReportCheck(*health, peer, st, *s.ctx, s.response, *cluster);
-                               absl::MutexLock lock(&checks->mu);
-                               checks->in_flight[static_cast<size_t>(peer)] = false;
-                               --checks->active;  // `checks` may be freed from here on
-                             });
+      auto done = [checks, health, cluster, peer, &s](grpc::Status st) {
+        bool stopped = false;
+        {
+          absl::MutexLock lock(&checks->mu);
+          stopped = checks->stopped;
+        }
+        if (!stopped) ReportCheck(*health, peer, st, *s.ctx, s.response, *cluster);
+        absl::MutexLock lock(&checks->mu);
+        checks->in_flight[static_cast<size_t>(peer)] = false;
+        --checks->active;  // `checks` may be freed from here on
+      };
+      s.stub->async()->Check(s.ctx.get(), &s.request, &s.response, std::move(done));
     }
     health->CheckSilence();
     absl::MutexLock lock(&mu_);
