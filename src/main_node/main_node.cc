@@ -417,7 +417,10 @@ absl::Status MainNode::ServeRequest(const v1::GenerateRequest& request,
     if (stopped.ok() && stop) stopped = stop();
     if (client_gone || !stopped.ok()) run.stop.store(true);
   }
-  // The loop is done with `run`: the shadow's last predictions count for its recall.
+  // The loop is done with `run`: its running place goes to the next request in the queue now, not after the wait
+  // for the shadow's last predictions (the ticket keeps its count until this request returns, so the queue's
+  // bound still holds this thread). Those predictions count for its recall.
+  ticket->Yield();
   FinishPrediction(run, status.ok() && !client_gone);
   // The figures as far as the request got, whatever its outcome. Times count from arrival: the queue is part of
   // what the client waited.

@@ -22,7 +22,8 @@
 // Thread safety: the gRPC handlers may be called concurrently from the server's threads; each hands its
 // request to the batch loop and streams what the loop posts back. The engine and the executor are used only by
 // the batch loop thread; a request's shadow link by the loop while it runs, then by its own thread, which waits
-// for the shadow's last predictions (FinishPrediction) without holding up the batch.
+// for the shadow's last predictions (FinishPrediction) without holding up the batch or the queue (its running
+// place has gone to the next request by then).
 #pragma once
 
 #include <atomic>

@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "src/backend/device_factory.h"
 #include "src/cluster/client.h"
@@ -39,6 +41,28 @@ struct ShadowSpec {
   std::string shadow_toml;   // the [shadow] section's body
   bool start_shadow = true;  // false: the shadow's address has nothing behind it
   int workers = 4;
+  // The shadow's address serves HungShadow instead of a shadow (start_shadow is then not read).
+  bool hung_shadow = false;
+  std::string cluster_extra;  // more lines of the [cluster] table
+};
+
+// A Shadow service that takes main's Follow messages and never predicts: it keeps each stream open until main
+// cancels it (as a shadow far behind main would).
+class HungShadow final : public v1::Shadow::Service {
+ public:
+  grpc::Status Follow(grpc::ServerContext* context,
+                      grpc::ServerReaderWriter<v1::Prediction, v1::FollowMessage>* stream) override {
+    v1::FollowMessage message;
+    while (stream->Read(&message)) {
+    }
+    while (!context->IsCancelled() && !stop_.WaitForNotificationWithTimeout(absl::Milliseconds(10))) {
+    }
+    return grpc::Status(grpc::StatusCode::CANCELLED, "gave up");
+  }
+  void Stop() { stop_.Notify(); }
+
+ private:
+  absl::Notification stop_;
 };
 
 // main + shadow + workers, in this process.
@@ -63,7 +87,14 @@ class ShadowCluster {
       servers_.push_back(std::move(s));
     }
     std::string shadow_address = StrCat("127.0.0.1:", testing::PickFreePorts(1)[0]);
-    if (spec.start_shadow) {
+    if (spec.hung_shadow) {
+      hung_shadow_ = std::make_unique<HungShadow>();
+      ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<rpc::Server> s,
+                             rpc::Server::Start({"127.0.0.1:0", 4}, {hung_shadow_.get()}));
+      s->MarkServing(true);
+      shadow_address = StrCat("127.0.0.1:", s->port());
+      servers_.push_back(std::move(s));
+    } else if (spec.start_shadow) {
       ODMOE_ASSIGN_OR_RETURN(ClusterConfig sc, Parse(spec, "127.0.0.1:1", shadow_address, workers));
       ODMOE_ASSIGN_OR_RETURN(shadow_, ShadowNode::Create({sc, *sc.shadow(), model}));
       ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<rpc::Server> s, rpc::Server::Start({"127.0.0.1:0", 2}, {shadow_.get()}));
@@ -81,6 +112,7 @@ class ShadowCluster {
     return absl::OkStatus();
   }
   ~ShadowCluster() {
+    if (hung_shadow_ != nullptr) hung_shadow_->Stop();
     for (auto it = servers_.rbegin(); it != servers_.rend(); ++it) (*it)->Shutdown(0);
   }
 
@@ -92,6 +124,7 @@ class ShadowCluster {
     return GenerateRemote(endpoint_, r, kTimeoutMs);
   }
   MainNode& main() { return *main_; }
+  const std::string& endpoint() const { return endpoint_; }
   ShadowNode* shadow() { return shadow_.get(); }
   const std::string& shadow_endpoint() const { return shadow_endpoint_; }
   WorkerNode& worker(int i) { return *workers_[static_cast<size_t>(i)]; }
@@ -101,10 +134,10 @@ class ShadowCluster {
   static absl::StatusOr<ClusterConfig> Parse(const ShadowSpec& spec, const std::string& main_address,
                                              const std::string& shadow_address,
                                              const std::vector<std::string>& workers) {
-    std::string t =
-        StrCat("[cluster]\nname = \"shadowtest\"\nepoch = 3\ngroup_size = 2\nrpc_timeout_ms = 60000\n", "[shadow]\n",
-               spec.shadow_toml, "\n[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"", main_address,
-               "\"\n[[node]]\nname = \"shadow\"\nrole = \"shadow\"\naddress = \"", shadow_address, "\"\n");
+    std::string t = StrCat("[cluster]\nname = \"shadowtest\"\nepoch = 3\ngroup_size = 2\nrpc_timeout_ms = 60000\n",
+                           spec.cluster_extra, "\n[shadow]\n", spec.shadow_toml,
+                           "\n[[node]]\nname = \"main\"\nrole = \"main\"\naddress = \"", main_address,
+                           "\"\n[[node]]\nname = \"shadow\"\nrole = \"shadow\"\naddress = \"", shadow_address, "\"\n");
     for (size_t i = 0; i < workers.size(); ++i) {
       t += StrCat("[[node]]\nname = \"w", i, "\"\nrole = \"worker\"\naddress = \"", workers[i],
                   "\"\ndevice = \"mock-gpu\"\ngpu_budget_mb = 64\n");
@@ -115,6 +148,7 @@ class ShadowCluster {
   ClusterConfig cluster_;
   std::vector<std::unique_ptr<WorkerNode>> workers_;
   std::unique_ptr<ShadowNode> shadow_;
+  std::unique_ptr<HungShadow> hung_shadow_;
   std::unique_ptr<MainNode> main_;
   std::vector<std::unique_ptr<rpc::Server>> servers_;
   std::string endpoint_;
@@ -467,6 +501,55 @@ TEST_F(ShadowTest, WithoutTheShadowRequestsStillSucceed) {
   EXPECT_EQ(r->stats.recall(), 0.0);
   EXPECT_EQ(r->stats.predictions_received(), 0u);
   EXPECT_EQ(r->stats.predictions_missing(), static_cast<uint64_t>(7 * c.main().config().SparseLayers().size()));
+}
+
+// A request that has its tokens waits a while for the shadow's last predictions (they count for its recall), but
+// the next request in the queue runs meanwhile: the running place is given back as the batch loop lets the request
+// go. (It was held through the wait, so a shadow that lagged held up every request behind each one by 2 s.)
+TEST_F(ShadowTest, TheNextRequestRunsWhileOneWaitsForTheShadowsLastPredictions) {
+  ShadowCluster c;
+  ShadowSpec spec{"quant = \"int8\"\n"};
+  spec.hung_shadow = true;
+  spec.cluster_extra = "max_running = 1\nmax_queued = 1";
+  ASSERT_TRUE(c.Start(spec).ok());
+  const std::vector<std::vector<int32_t>> prompts = RecallPrompts(2);
+  absl::Mutex mu;
+  std::vector<std::string> events;  // in the order the clients saw them
+  auto generate = [&](const std::string& name, const std::vector<int32_t>& prompt) {
+    v1::GenerateRequest r;
+    r.mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
+    r.set_max_new_tokens(3);
+    r.set_ignore_eos(true);
+    bool first = true;
+    absl::StatusOr<RemoteResult> result =
+        GenerateRemote(c.endpoint(), r, kTimeoutMs, [&](const v1::GenerateResponse& m) {
+          if (m.tokens_size() == 0 || !first) return;
+          first = false;
+          absl::MutexLock lock(&mu);
+          events.push_back(name + " token");
+        });
+    absl::MutexLock lock(&mu);
+    events.push_back(name + " answered");
+    return result;
+  };
+  absl::StatusOr<RemoteResult> a = absl::UnknownError("not run"), b = absl::UnknownError("not run");
+  std::thread first([&] { a = generate("A", prompts[0]); });
+  {
+    absl::MutexLock lock(&mu);  // B arrives while A runs: it queues behind it
+    auto a_runs = [&events]() { return !events.empty(); };
+    mu.Await(absl::Condition(&a_runs));
+  }
+  std::thread second([&] { b = generate("B", prompts[1]); });
+  first.join();
+  second.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->tokens, LocalTokens(prompts[0], 3));
+  EXPECT_EQ(b->tokens, LocalTokens(prompts[1], 3));
+  // A's link was up (it aligned the shadow) and no prediction came back.
+  EXPECT_GT(a->stats.tokens_aligned(), 0u);
+  EXPECT_EQ(a->stats.predictions_received(), 0u);
+  EXPECT_EQ(events, (std::vector<std::string>{"A token", "B token", "A answered", "B answered"}));
 }
 
 TEST_F(ShadowTest, RandomPredictionHitsAboutKOfE) {
