@@ -22,6 +22,32 @@ absl::Status FieldError(const std::string& where, std::string_view scope, std::s
       StrCat(where, ": ", scope, scope.empty() ? "" : ": ", "field '", field, "': ", problem));
 }
 
+// http_allowed_origins: "*" alone, or distinct origins as a browser sends them in its Origin header:
+// http:// or https://, a host, an optional :port, nothing after (no path, no trailing '/').
+absl::Status CheckOrigins(const std::string& where, std::string_view scope, const std::vector<std::string>& origins) {
+  constexpr std::string_view kField = "http_allowed_origins";
+  if (origins.empty()) return FieldError(where, scope, kField, "expected at least one origin (or \"*\" for any)");
+  for (size_t i = 0; i < origins.size(); ++i) {
+    const std::string_view o = origins[i];
+    if (o == "*") {
+      if (origins.size() > 1) return FieldError(where, scope, kField, "\"*\" (any origin) must be listed alone");
+      continue;
+    }
+    const size_t host = o.starts_with("https://") ? 8 : o.starts_with("http://") ? 7 : 0;
+    if (host == 0 || host == o.size() || o.find_first_of("/ \t\r\n?#", host) != std::string_view::npos) {
+      return FieldError(where, scope, kField,
+                        StrCat("'", o,
+                               "' is not an origin (expected http:// or https://, a host and an optional "
+                               ":port, nothing after)"));
+    }
+    if (std::find(origins.begin(), origins.begin() + static_cast<std::ptrdiff_t>(i), o) !=
+        origins.begin() + static_cast<std::ptrdiff_t>(i)) {
+      return FieldError(where, scope, kField, StrCat("'", o, "' is given twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Typed reads of a TOML table that name the field on error.
 class Fields {
  public:
@@ -634,7 +660,7 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     if (!names.insert(node.name).second) return FieldError(where, scope, "name", "used by two nodes");
     Fields f(t, where, scope);
     ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"name", "role", "address", "device", "gpu_budget_mb", "threads",
-                                       "metrics_address", "http_address", "cert", "key"}));
+                                       "metrics_address", "http_address", "http_allowed_origins", "cert", "key"}));
     ODMOE_ASSIGN_OR_RETURN(auto role, f.String("role"));
     if (!role) return FieldError(where, scope, "role", "missing (main, shadow or worker)");
     if (*role == "main") {
@@ -697,6 +723,14 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
         return FieldError(where, scope, "http_address", "only the main node serves the HTTP API");
       }
       node.http_address = *http_address;
+    }
+    ODMOE_ASSIGN_OR_RETURN(auto origins, f.Strings("http_allowed_origins"));
+    if (origins) {
+      if (node.http_address.empty()) {
+        return FieldError(where, scope, "http_allowed_origins", "needs http_address (the HTTP API it opens)");
+      }
+      ODMOE_RETURN_IF_ERROR(CheckOrigins(where, scope, *origins));
+      node.http_allowed_origins = *std::move(origins);
     }
     c.nodes.push_back(std::move(node));
   }

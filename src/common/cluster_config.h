@@ -26,6 +26,7 @@
 //   name = "w0"  role = "worker"  address = "127.0.0.1:7110"  device = "mock-gpu"  gpu_budget_mb = 1024
 //   metrics_address = "127.0.0.1:7210"   # optional: Prometheus text at http://HOST:PORT/metrics
 //   http_address = "127.0.0.1:7300"      # main only, optional: the OpenAI-compatible HTTP API
+//   http_allowed_origins = ["https://app.example.com"]  # main only, optional: browser pages that may call it (CORS)
 //   cert = "tls/w0.crt"  key = "tls/w0.key"  # with [tls]: this node's certificate and key
 //   [tls]                     # optional: mutual TLS between nodes (src/rpc/security.h); every node needs cert+key
 //   ca = "tls/ca.crt"
@@ -77,6 +78,9 @@ struct NodeConfig {
   // main only: host:port of the OpenAI-compatible HTTP API (src/main_node/http_server.h); empty: none. Unique
   // like metrics_address, except that it may equal main's own metrics_address (one server answers both).
   std::string http_address;
+  // main only, with http_address: the origins ("https://app.example.com", scheme://host[:port]) whose web pages may
+  // call the HTTP API from a browser (CORS), or just "*" for any; empty: none (vLLM's --allowed-origins).
+  std::vector<std::string> http_allowed_origins;
 };
 
 // [model]: a checkpoint (`path`), or synthetic weights (`synthetic`, `layers`, `seed`; src/model/synthetic.h),

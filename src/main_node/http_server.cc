@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -49,6 +50,43 @@ void SendError(httplib::Response& res, const ApiError& e) {
   res.status = e.http_status;
   if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
   res.set_content(openai::ErrorBody(e), kJson);
+}
+
+// Cross-origin requests (CORS; HttpServerOptions::allowed_origins). A request with an Origin the list allows gets
+// the headers that let its page read the answer (a 401 or 429 too); one from another origin is served as any other,
+// without them, so that the browser keeps the answer from the page. A browser's preflight (OPTIONS with
+// Access-Control-Request-Method) is answered here, before the authorization hook: it never carries the API key.
+httplib::Server::HandlerResponse CrossOrigin(const HttpServerOptions& options, const httplib::Request& req,
+                                             httplib::Response& res) {
+  const std::string origin = req.get_header_value("Origin");
+  if (origin.empty()) return httplib::Server::HandlerResponse::Unhandled;  // not a browser's cross-origin call
+  const std::vector<std::string>& allowed = options.allowed_origins;
+  const bool any = allowed.size() == 1 && allowed.front() == "*";
+  const bool ok = any || std::find(allowed.begin(), allowed.end(), origin) != allowed.end();
+  if (ok) {
+    res.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
+    if (!any) res.set_header("Vary", "Origin");
+    res.set_header("Access-Control-Expose-Headers", "Retry-After, x-request-id");
+  }
+  if (req.method != "OPTIONS" || !req.has_header("Access-Control-Request-Method")) {
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
+  if (!ok) {
+    ApiError e;
+    e.http_status = 403;
+    e.code = "origin_not_allowed";
+    e.message = allowed.empty()
+                    ? StrCat("cross-origin requests are off: node '", options.node, "' has no http_allowed_origins")
+                    : StrCat("origin '", origin, "' is not in node '", options.node, "' http_allowed_origins");
+    SendError(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  res.status = 204;
+  res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+  const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+  res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
+  res.set_header("Access-Control-Max-Age", "600");
+  return httplib::Server::HandlerResponse::Handled;
 }
 
 ApiError BadRequest(std::string message, std::string param = "") {
@@ -653,6 +691,7 @@ HttpServerOptions HttpServer::OptionsFor(const rpc::DaemonArgs& args, const metr
   if (!args.self.metrics_address.empty() && args.self.metrics_address == args.self.http_address) {
     o.metrics_to_serve = registry;
   }
+  o.allowed_origins = args.self.http_allowed_origins;
   if (!args.cluster.tls_ca.empty()) {
     o.tls_cert = args.self.tls_cert;
     o.tls_key = args.self.tls_key;
@@ -741,6 +780,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
   http.set_write_timeout(10);
   http.set_payload_max_length(kMaxBodyBytes);
 
+  http.set_pre_routing_handler(
+      [&impl](const httplib::Request& req, httplib::Response& res) { return CrossOrigin(impl.options, req, res); });
   // Every route goes through here: the authorization hook, then the handler.
   auto guarded = [&impl](auto handler) {
     return [&impl, handler](const httplib::Request& req, httplib::Response& res) {

@@ -24,6 +24,9 @@
 // deadlines, and a write to a client that stops reading fails after the write timeout (which cancels the
 // request); meanwhile its choices wait on a bounded queue of events.
 //
+// Browsers: pages of the origins in `allowed_origins` may call the API (CORS: the response headers that let them
+// read an answer, and 204 to their preflights, which need no API key); other origins' preflights are answered 403.
+//
 // Authorization hook: `authorize` (optional) sees every request before its handler; false answers 401 with
 // OpenAI's error object. OptionsFor sets it to the cluster's client token ([auth] token_file: the header
 // `Authorization: Bearer TOKEN`, as the gRPC API takes it). With [tls] the API is served over HTTPS with main's
@@ -66,6 +69,9 @@ struct HttpServerOptions {
   const metrics::Registry* metrics_to_serve = nullptr;
   // The authorization hook (see the file comment); empty: every request is let through.
   std::function<bool(const httplib::Request&)> authorize;
+  // The origins whose browser pages may call the API (CORS: NodeConfig::http_allowed_origins), or just "*" for
+  // any; empty: none (a browser's preflight is answered 403).
+  std::vector<std::string> allowed_origins;
   // PEM certificate and key: serve HTTPS; both empty: plain HTTP.
   std::string tls_cert, tls_key;
 };

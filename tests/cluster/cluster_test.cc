@@ -48,7 +48,9 @@ class LocalCluster {
                      "\"\nthreads = 2\n", extra);
       if (secure) toml += StrCat("cert = \"tls/", name, ".crt\"\nkey = \"tls/", name, ".key\"\n");
     };
-    node("main", "main", ports[0], StrCat("device = \"cpu\"\nhttp_address = \"127.0.0.1:", http_port_, "\"\n"));
+    node("main", "main", ports[0],
+         StrCat("device = \"cpu\"\nhttp_address = \"127.0.0.1:", http_port_, "\"\n",
+                secure ? "http_allowed_origins = [\"https://app.example.com\"]\n" : ""));
     node("shadow", "shadow", ports[1], "device = \"cpu\"\n");
     for (int w = 0; w < workers; ++w) {
       node(StrCat("worker", w), "worker", ports[static_cast<size_t>(w + 2)],
@@ -265,6 +267,45 @@ TEST_F(ClusterCliTest, TlsAndTokenOnGiveTheSameTokens) {
   EXPECT_EQ(http_code({"-H", "Authorization: Bearer cluster-test-token"}, models), "200");
   EXPECT_EQ(http_code({}, models), "401");
   EXPECT_EQ(http_code({"-H", "Authorization: Bearer wrong-token"}, models), "401");
+  // A page of the allowed origin may call it from a browser: its preflight needs no token, and the answers (a 401
+  // too) let it read them; another origin's preflight is refused, and its answers come without those headers.
+  auto headers = [&](std::vector<std::string> extra, const std::string& url) {
+    std::vector<std::string> argv = curl;
+    argv.erase(argv.begin() + 4, argv.begin() + 6);  // -w %{http_code}: the status line comes with the headers
+    argv.insert(argv.end(), {"-D", "-"});
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.push_back(url);
+    return RunProgram(argv).out;
+  };
+  const std::string completions = StrCat("https://main:", cluster.http_port(), "/v1/completions");
+  const std::vector<std::string> preflight = {"-X", "OPTIONS",
+                                              "-H", "Access-Control-Request-Method: POST",
+                                              "-H", "Access-Control-Request-Headers: authorization, content-type"};
+  std::vector<std::string> from_app = preflight;
+  from_app.insert(from_app.end(), {"-H", "Origin: https://app.example.com"});
+  const std::string allowed = headers(from_app, completions);
+  EXPECT_NE(allowed.find("HTTP/1.1 204"), std::string::npos) << allowed;
+  EXPECT_NE(allowed.find("Access-Control-Allow-Origin: https://app.example.com\r\n"), std::string::npos) << allowed;
+  EXPECT_NE(allowed.find("Access-Control-Allow-Methods: GET, POST, OPTIONS\r\n"), std::string::npos) << allowed;
+  EXPECT_NE(allowed.find("Access-Control-Allow-Headers: authorization, content-type\r\n"), std::string::npos)
+      << allowed;
+  std::vector<std::string> from_other = preflight;
+  from_other.insert(from_other.end(), {"-H", "Origin: https://other.example.com"});
+  const std::string refused_origin = headers(from_other, completions);
+  EXPECT_NE(refused_origin.find("HTTP/1.1 403"), std::string::npos) << refused_origin;
+  EXPECT_EQ(refused_origin.find("Access-Control-Allow-Origin"), std::string::npos) << refused_origin;
+  const std::string listed =
+      headers({"-H", "Origin: https://app.example.com", "-H", "Authorization: Bearer cluster-test-token"}, models);
+  EXPECT_NE(listed.find("HTTP/1.1 200"), std::string::npos) << listed;
+  EXPECT_NE(listed.find("Access-Control-Allow-Origin: https://app.example.com\r\n"), std::string::npos) << listed;
+  const std::string unauthorized = headers({"-H", "Origin: https://app.example.com"}, models);
+  EXPECT_NE(unauthorized.find("HTTP/1.1 401"), std::string::npos) << unauthorized;
+  EXPECT_NE(unauthorized.find("Access-Control-Allow-Origin: https://app.example.com\r\n"), std::string::npos)
+      << unauthorized;
+  const std::string other =
+      headers({"-H", "Origin: https://other.example.com", "-H", "Authorization: Bearer cluster-test-token"}, models);
+  EXPECT_NE(other.find("HTTP/1.1 200"), std::string::npos) << other;
+  EXPECT_EQ(other.find("Access-Control-Allow-Origin"), std::string::npos) << other;
   // Plain HTTP gets no answer from the HTTPS port.
   EXPECT_NE(http_code({"-H", "Authorization: Bearer cluster-test-token"},
                       StrCat("http://127.0.0.1:", cluster.http_port(), "/v1/models")),

@@ -53,9 +53,27 @@ TEST(ClusterConfigTest, HttpAddressOfMainMayShareItsMetricsAddress) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->main()->http_address, "10.0.0.1:8000");
   EXPECT_EQ(c->main()->metrics_address, "10.0.0.1:8000");
+  EXPECT_TRUE(c->main()->http_allowed_origins.empty());  // no browser page may call it unless listed
   auto plain = ParseClusterConfig(kGood, "lab.toml", "/etc/odmoe");
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ(plain->main()->http_address, "");  // optional: no HTTP API
+}
+
+TEST(ClusterConfigTest, AllowedOriginsAreAListOrAnyOrOne) {
+  const std::string main_address = "address = \"10.0.0.1:7100\"";
+  auto parse = [&](const std::string& origins) {
+    std::string text = kGood;
+    text.replace(text.find(main_address), main_address.size(),
+                 main_address + "\nhttp_address = \"10.0.0.1:8000\"\nhttp_allowed_origins = " + origins);
+    return ParseClusterConfig(text, "lab.toml", "/etc/odmoe");
+  };
+  auto list = parse(R"(["https://app.example.com", "http://10.0.0.9:3000"])");
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->main()->http_allowed_origins,
+            (std::vector<std::string>{"https://app.example.com", "http://10.0.0.9:3000"}));
+  auto any = parse(R"("*")");
+  ASSERT_TRUE(any.ok()) << any.status();
+  EXPECT_EQ(any->main()->http_allowed_origins, std::vector<std::string>{"*"});
 }
 
 TEST(ClusterConfigTest, ParsesEveryField) {
@@ -166,6 +184,27 @@ TEST(ClusterConfigTest, BadFilesNameTheFieldAtFault) {
        "node 'main': field 'http_address': expected host:port"},
       {"address = \"10.0.0.1:7100\"", "address = \"10.0.0.1:7100\"\nhttp_address = \"10.0.0.4:7190\"",
        "node 'main': field 'http_address': '10.0.0.4:7190' is also node 'w1' metrics_address"},
+      // Browser origins (CORS): with an HTTP API, as a browser sends them, "*" alone.
+      {"address = \"10.0.0.1:7100\"", "address = \"10.0.0.1:7100\"\nhttp_allowed_origins = \"*\"",
+       "node 'main': field 'http_allowed_origins': needs http_address"},
+      {"address = \"10.0.0.1:7100\"",
+       "address = \"10.0.0.1:7100\"\nhttp_address = \"10.0.0.1:8000\"\nhttp_allowed_origins = []",
+       "node 'main': field 'http_allowed_origins': expected at least one origin"},
+      {"address = \"10.0.0.1:7100\"",
+       "address = \"10.0.0.1:7100\"\nhttp_address = \"10.0.0.1:8000\"\nhttp_allowed_origins = \"https://a.example/\"",
+       "field 'http_allowed_origins': 'https://a.example/' is not an origin"},
+      {"address = \"10.0.0.1:7100\"",
+       "address = \"10.0.0.1:7100\"\nhttp_address = \"10.0.0.1:8000\"\nhttp_allowed_origins = \"a.example\"",
+       "field 'http_allowed_origins': 'a.example' is not an origin"},
+      {"address = \"10.0.0.1:7100\"",
+       "address = \"10.0.0.1:7100\"\nhttp_address = \"10.0.0.1:8000\"\nhttp_allowed_origins = [\"*\", \"http://a\"]",
+       "field 'http_allowed_origins': \"*\" (any origin) must be listed alone"},
+      {"address = \"10.0.0.1:7100\"",
+       "address = \"10.0.0.1:7100\"\nhttp_address = \"10.0.0.1:8000\"\nhttp_allowed_origins = [\"http://a\", "
+       "\"http://a\"]",
+       "field 'http_allowed_origins': 'http://a' is given twice"},
+      {"metrics_address = \"10.0.0.4:7190\"", "http_allowed_origins = 3",
+       "node 'w1': field 'http_allowed_origins': expected a string or a list of strings"},
   };
   for (const Bad& b : cases) {
     std::string text = kGood;
