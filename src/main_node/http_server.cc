@@ -147,6 +147,7 @@ struct HttpServer::Impl {
   openai::ChatTemplate chat_template;
   std::string no_chat_reason = "it has no chat template odmoe can apply";  // when chat_template.format is kNone
   openai::SamplingDefaults sampling_defaults;  // the checkpoint's generation_config.json's, else OpenAI's
+  int64_t started = 0;                         // when the server started (Unix seconds): the model objects' `created`
   metrics::Family<metrics::Counter>* requests = nullptr;                   // {endpoint, code}
   metrics::Counter* disconnects = nullptr;
   // Set by StopAccepting: /health answers 503 (the port stays open while it also serves /metrics).
@@ -724,6 +725,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
   Impl& impl = *server->impl_;
   impl.node = node;
   impl.options = options;
+  impl.started = absl::ToUnixSeconds(absl::Now());
   ODMOE_ASSIGN_OR_RETURN(const Json tokenizer_config, ReadCheckpointJson(node->model_dir(), "tokenizer_config.json"));
   impl.chat_template = openai::ChooseChatTemplate(tokenizer_config, ArchitectureName(node->config().arch));
   if (node->tokenizer() != nullptr) {
@@ -809,12 +811,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
   http.Get("/v1/models", guarded([&impl](const httplib::Request&, httplib::Response& res) {
              std::vector<std::string> names = {impl.options.model_id};
              names.insert(names.end(), impl.options.model_aliases.begin(), impl.options.model_aliases.end());
-             res.set_content(openai::ModelsBody(names, 0), kJson);
+             res.set_content(openai::ModelsBody(names, impl.started, impl.node->config().max_position_embeddings),
+                             kJson);
            }));
   http.Get(R"(/v1/models/(.+))", guarded([&impl](const httplib::Request& req, httplib::Response& res) {
              ApiError error;
              if (!impl.CheckModel(req.matches[1], &error).ok()) return SendError(res, error);
-             res.set_content(openai::ModelBody(req.matches[1], 0), kJson);
+             res.set_content(openai::ModelBody(req.matches[1], impl.options.model_id, impl.started,
+                                               impl.node->config().max_position_embeddings),
+                             kJson);
            }));
   http.Get("/health", [&impl](const httplib::Request&, httplib::Response& res) {
     absl::MutexLock lock(&impl.ready_mu);

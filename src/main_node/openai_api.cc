@@ -886,18 +886,27 @@ Json UsageChunk(Endpoint endpoint, const std::string& id, int64_t created, const
 }
 
 namespace {
-Json ModelJson(const std::string& model, int64_t created) {
-  return {{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "odmoe"}};
+Json ModelJson(const std::string& model, const std::string& root, int64_t created, int64_t max_model_len) {
+  return {{"id", model},
+          {"object", "model"},
+          {"created", created},
+          {"owned_by", "odmoe"},
+          {"root", root},
+          {"parent", nullptr},
+          {"max_model_len", max_model_len}};
 }
 }  // namespace
 
-std::string ModelsBody(const std::vector<std::string>& models, int64_t created) {
+std::string ModelsBody(const std::vector<std::string>& models, int64_t created, int64_t max_model_len) {
+  ODMOE_CHECK(!models.empty());
   Json data = Json::array();
-  for (const std::string& model : models) data.push_back(ModelJson(model, created));
+  for (const std::string& model : models) data.push_back(ModelJson(model, models.front(), created, max_model_len));
   return DumpJson(Json{{"object", "list"}, {"data", std::move(data)}});
 }
 
-std::string ModelBody(const std::string& model, int64_t created) { return DumpJson(ModelJson(model, created)); }
+std::string ModelBody(const std::string& model, const std::string& root, int64_t created, int64_t max_model_len) {
+  return DumpJson(ModelJson(model, root, created, max_model_len));
+}
 
 std::string TokenizeBody(const std::vector<int32_t>& tokens, int64_t max_model_len) {
   return DumpJson(Json{{"count", tokens.size()}, {"max_model_len", max_model_len}, {"tokens", tokens}});

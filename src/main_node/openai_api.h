@@ -298,10 +298,12 @@ Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, cons
 // The last chunk when include_usage: no choices, the usage of every prompt.
 Json UsageChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
                 const Usage& usage);
-// GET /v1/models: one model object per name (the model's name first, then its aliases).
-std::string ModelsBody(const std::vector<std::string>& models, int64_t created);
-// GET /v1/models/{model}: that model's object alone.
-std::string ModelBody(const std::string& model, int64_t created);
+// GET /v1/models: one model object per name (the model's name first, then its aliases), each with vLLM's
+// `max_model_len` (the longest prompt plus answer, in tokens) and `root` (the first name).
+// REQUIRES: models is not empty.
+std::string ModelsBody(const std::vector<std::string>& models, int64_t created, int64_t max_model_len);
+// GET /v1/models/{model}: that name's object alone (`root` the model's first name).
+std::string ModelBody(const std::string& model, const std::string& root, int64_t created, int64_t max_model_len);
 // vLLM's answers: {"count", "max_model_len", "tokens"} and {"prompt"} (the text, invalid UTF-8 as U+FFFD).
 std::string TokenizeBody(const std::vector<int32_t>& tokens, int64_t max_model_len);
 std::string DetokenizeBody(const std::string& text);

@@ -200,6 +200,9 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   const HttpResult models = Curl(base + "/v1/models", {});
   ASSERT_EQ(models.status, 200) << models.body;
   EXPECT_EQ(ParseOrDie(models.body)["data"][0]["id"], kModel);
+  // vLLM's context length (the checkpoint's max_position_embeddings), and when main started.
+  EXPECT_EQ(ParseOrDie(models.body)["data"][0]["max_model_len"], 2048);
+  EXPECT_GT(ParseOrDie(models.body)["data"][0]["created"].get<int64_t>(), 1700000000);
   const HttpResult model = Curl(base + "/v1/models/" + kModel, {});
   ASSERT_EQ(model.status, 200) << model.body;
   EXPECT_EQ(ParseOrDie(model.body), ParseOrDie(models.body)["data"][0]);

@@ -672,12 +672,16 @@ TEST(OpenAiFormat, ResponsesAndChunks) {
   Choice stopped{1, "x", {5, 13}, ChoiceEndOf("stop_token", {5, 13})};
   const Json stopped_body = Json::parse(CompletionBody(Endpoint::kCompletions, "c", 1, "m", {stopped}, {1, 2}));
   EXPECT_EQ(stopped_body["choices"][0]["stop_reason"], 13);
-  const Json models = Json::parse(ModelsBody({"tiny-mixtral-kjv"}, 0));
+  const Json models = Json::parse(ModelsBody({"tiny-mixtral-kjv"}, 1700000000, 2048));
   ASSERT_EQ(models["data"].size(), 1u);
-  EXPECT_EQ(models["data"][0]["id"], "tiny-mixtral-kjv");
-  const Json aliased = Json::parse(ModelsBody({"mixtral", "kjv"}, 0));
+  EXPECT_EQ(models["data"][0], Json::parse(R"({"id": "tiny-mixtral-kjv", "object": "model", "created": 1700000000,
+      "owned_by": "odmoe", "root": "tiny-mixtral-kjv", "parent": null, "max_model_len": 2048})"));
+  const Json aliased = Json::parse(ModelsBody({"mixtral", "kjv"}, 0, 4096));
   ASSERT_EQ(aliased["data"].size(), 2u);
   EXPECT_EQ(aliased["data"][1]["id"], "kjv");
+  EXPECT_EQ(aliased["data"][1]["root"], "mixtral");
+  EXPECT_EQ(aliased["data"][1]["max_model_len"], 4096);
+  EXPECT_EQ(Json::parse(ModelBody("kjv", "mixtral", 0, 4096)), aliased["data"][1]);
   EXPECT_TRUE(c["choices"][0]["logprobs"].is_null());
 }
 
