@@ -63,9 +63,10 @@ httplib::Server::HandlerResponse CrossOrigin(const HttpServerOptions& options, c
   const std::vector<std::string>& allowed = options.allowed_origins;
   const bool any = allowed.size() == 1 && allowed.front() == "*";
   const bool ok = any || std::find(allowed.begin(), allowed.end(), origin) != allowed.end();
+  // The answer depends on the origin (a cache must not give one origin's answer to another) unless any may read it.
+  if (!any && !allowed.empty()) res.set_header("Vary", "Origin");
   if (ok) {
     res.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
-    if (!any) res.set_header("Vary", "Origin");
     res.set_header("Access-Control-Expose-Headers", "Retry-After, x-request-id");
   }
   if (req.method != "OPTIONS" || !req.has_header("Access-Control-Request-Method")) {
