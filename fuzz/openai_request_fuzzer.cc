@@ -113,7 +113,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const odmoe::Json& lp = (*parsed)["choices"][0]["logprobs"];
     Check((endpoint == Endpoint::kCompletions ? lp["tokens"] : lp["content"]).size() == choices[0].logprobs.size());
   }
-  const std::string event = SseEvent(StreamChunk(endpoint, "id", 1, r->model, 0, text, {}, {}, true, r->include_usage));
+  const odmoe::openai::Usage so_far{3, 2};
+  const std::string event = SseEvent(StreamChunk(endpoint, "id", 1, r->model, 0, text, {}, {}, true, r->include_usage,
+                                                 nullptr, r->continuous_usage ? &so_far : nullptr));
   Check(event.rfind("data: ", 0) == 0 && event.size() >= 8 && event.substr(event.size() - 2) == "\n\n");
   Check(odmoe::ParseJson(std::string_view(event).substr(6), "chunk").ok());
   return 0;

@@ -612,14 +612,17 @@ bool HttpServer::Impl::Stream(StreamJob& job, httplib::DataSink& sink) const {
   auto run_choice = [&](int64_t c, Admission::Ticket* ticket) -> absl::Status {
     logging::ScopedRequestId choice_scope(job.request_id);
     int64_t text_offset = 0;  // completions' logprobs.text_offset
+    openai::Usage so_far{.prompt_tokens = job.prompts[c / n].prompt_tokens};  // continuous usage
     auto chunk = [&](std::string_view text, const std::vector<int32_t>& ids, const openai::ChoiceEnd& end, bool first,
                      const std::vector<openai::TokenLogprobs>& logprobs = {}) {
-      // A piece of generated tokens, or the echoed prompt's.
+      // A piece of generated tokens (their ids), or the echoed prompt's (none).
       Json lp = logprobs_wanted && (!ids.empty() || !logprobs.empty())
                     ? openai::LogprobsJson(endpoint, logprobs, &text_offset)
                     : Json(nullptr);
+      so_far.completion_tokens += static_cast<int64_t>(ids.size());
       return events.Push(openai::SseEvent(openai::StreamChunk(endpoint, job.id, job.created, options.model_id, c, text,
-                                                              ids, end, first, usage_wanted, std::move(lp))));
+                                                              ids, end, first, usage_wanted, std::move(lp),
+                                                              job.request.continuous_usage ? &so_far : nullptr)));
     };
     // Chat opens each choice with the assistant's role; every piece goes out as it comes; a last chunk with no
     // text carries the finish reason.

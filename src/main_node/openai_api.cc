@@ -513,6 +513,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   if (const Json* so = Field(j, "stream_options")) {
     if (!so->is_object()) return Fail(error, "stream_options", TypeError("stream_options", "an object", *so));
     ODMOE_RETURN_IF_ERROR(ReadBool(*so, "include_usage", error, &r.include_usage));
+    ODMOE_RETURN_IF_ERROR(ReadBool(*so, "continuous_usage_stats", error, &r.continuous_usage));
     if (!r.stream) return Fail(error, "stream_options", "'stream_options' is only allowed with 'stream': true");
   }
   return r;
@@ -856,7 +857,7 @@ std::string SseEvent(const Json& data) { return StrCat("data: ", DumpJson(data),
 
 Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, int64_t index,
                  std::string_view text, const std::vector<int32_t>& token_ids, const ChoiceEnd& end, bool first,
-                 bool include_usage, Json logprobs) {
+                 bool include_usage, Json logprobs, const Usage* usage_so_far) {
   const std::string& finish_reason = end.finish_reason;
   Json out = Header(endpoint, true, id, created, model);
   Json choice = {{"index", index},
@@ -873,7 +874,7 @@ Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, cons
     choice["delta"] = std::move(delta);
   }
   out["choices"] = Json::array({std::move(choice)});
-  if (include_usage) out["usage"] = nullptr;
+  if (include_usage) out["usage"] = usage_so_far != nullptr ? UsageJson(*usage_so_far) : Json(nullptr);
   return out;
 }
 

@@ -9,11 +9,12 @@
 // `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `presence_penalty`, `frequency_penalty`,
 // `logit_bias`, `stop` (a string or a list of up to 16), `stream`, `stream_options.include_usage`, `logprobs`
 // (completions: the alternatives per token; chat: true, with `top_logprobs`), `echo` (completions), and vLLM's
-// extensions `ignore_eos`, `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids` and
-// `include_stop_str_in_output`; a choice carries vLLM's `stop_reason` and `token_ids` beside OpenAI's fields.
-// Unknown fields are ignored; options odmoe does not implement are refused (400, `param` naming them) only when set
-// to a value that needs them: `best_of` > 1, chat's `echo`, `suffix`, `tools`, `functions`, a `response_format`
-// other than text, and vLLM's `use_beam_search`, so that no answer is sampled otherwise than asked.
+// extensions `ignore_eos`, `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
+// `include_stop_str_in_output` and `stream_options.continuous_usage_stats`; a choice carries vLLM's `stop_reason` and
+// `token_ids` beside OpenAI's fields. Unknown fields are ignored; options odmoe does not implement are refused (400,
+// `param` naming them) only when set to a value that needs them: `best_of` > 1, chat's `echo`, `suffix`, `tools`,
+// `functions`, a `response_format` other than text, and vLLM's `use_beam_search`, so that no answer is sampled
+// otherwise than asked.
 #pragma once
 
 #include <cstdint>
@@ -86,6 +87,9 @@ struct CompletionRequest {
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // vLLM's stream_options.continuous_usage_stats: with include_usage, every chunk's `usage` is its choice's so far
+  // (its prompt's tokens, the tokens it has generated up to and with that chunk) instead of null.
+  bool continuous_usage = false;
   bool ignore_eos = false;     // odmoe's (and vLLM's) extension: generate max_tokens whatever the model says
   // vLLM's extension: no EOS or stop_token_ids id before this many tokens (GenerateOptions::min_tokens, at most
   // max_tokens), and no stop string looked for in the text that comes with them.
@@ -291,10 +295,11 @@ inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 std::string SseEvent(const Json& data);
 // A chunk of a streamed response for choice `index`: `text` (chat: delta.content; with `first` also
 // delta.role = assistant), `end` (finish_reason "" -> null, and stop_reason; {} while the choice goes on),
-// `logprobs` (LogprobsJson of the chunk's tokens, or null). With include_usage, every chunk has "usage": null.
+// `logprobs` (LogprobsJson of the chunk's tokens, or null). With include_usage, every chunk has a "usage":
+// `usage_so_far` (CompletionRequest::continuous_usage), or null when that is nullptr.
 Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, int64_t index,
                  std::string_view text, const std::vector<int32_t>& token_ids, const ChoiceEnd& end, bool first,
-                 bool include_usage, Json logprobs = nullptr);
+                 bool include_usage, Json logprobs = nullptr, const Usage* usage_so_far = nullptr);
 // The last chunk when include_usage: no choices, the usage of every prompt.
 Json UsageChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
                 const Usage& usage);

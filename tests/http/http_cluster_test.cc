@@ -438,10 +438,21 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   const Json whole_json = ParseOrDie(whole.body);
   EXPECT_EQ(whole_json["choices"][0]["logprobs"]["tokens"].size(), 24u);
   sampled["stream"] = true;
-  sampled["stream_options"] = {{"include_usage", true}};
+  sampled["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
   const HttpResult stream = Post(base + "/v1/completions", sampled);
   ASSERT_EQ(stream.status, 200) << stream.body;
   const Streamed streamed = Collect(stream.body, false);
+  // vLLM's continuous usage: each chunk counts the tokens so far, its own with them.
+  int64_t counted = 0;
+  for (const std::string& event : SseEvents(stream.body)) {
+    if (event == "[DONE]") continue;
+    const Json chunk = ParseOrDie(event);
+    if (chunk["choices"].empty()) continue;  // the usage chunk
+    counted += static_cast<int64_t>(chunk["choices"][0]["token_ids"].size());
+    EXPECT_EQ(chunk["usage"]["completion_tokens"], counted) << event;
+    EXPECT_EQ(chunk["usage"]["prompt_tokens"], whole_json["usage"]["prompt_tokens"]) << event;
+  }
+  EXPECT_EQ(counted, 24);
   EXPECT_EQ(streamed.text, whole_json["choices"][0]["text"]);
   EXPECT_EQ(streamed.token_ids, whole_json["choices"][0]["token_ids"].get<std::vector<int32_t>>());
   EXPECT_EQ(streamed.finish_reason, "length");

@@ -62,7 +62,12 @@ TEST(OpenAiParse, DefaultsAndOptions) {
   EXPECT_EQ(r->stop, (std::vector<std::string>{"\n", "And"}));
   EXPECT_TRUE(r->stream);
   EXPECT_TRUE(r->include_usage);
+  EXPECT_FALSE(r->continuous_usage);
   EXPECT_EQ(r->n, 1);
+  auto continuous =
+      Parse(R"({"model":"m","prompt":"x","stream":true,"stream_options":{"continuous_usage_stats":true}})");
+  ASSERT_TRUE(continuous.ok()) << continuous.status();
+  EXPECT_TRUE(continuous->continuous_usage);
 
   auto n = Parse(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"n":3})", Endpoint::kChatCompletions);
   ASSERT_TRUE(n.ok()) << n.status();
@@ -659,6 +664,10 @@ TEST(OpenAiFormat, ResponsesAndChunks) {
   const Json text = StreamChunk(Endpoint::kCompletions, "id", 1, "m", 2, "abc", {7}, {}, false, false);
   EXPECT_EQ(text["choices"][0]["text"], "abc");
   EXPECT_EQ(text["choices"][0]["index"], 2);
+  const Usage so_far{4, 3};  // vLLM's continuous usage: the choice's so far
+  const Json counted =
+      StreamChunk(Endpoint::kCompletions, "id", 1, "m", 0, "abc", {7}, {}, false, true, nullptr, &so_far);
+  EXPECT_EQ(counted["usage"], Json::parse(R"({"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7})"));
   const Json usage = UsageChunk(Endpoint::kCompletions, "id", 1, "m", {4, 6});
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 6);
