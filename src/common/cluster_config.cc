@@ -22,13 +22,22 @@ absl::Status FieldError(const std::string& where, std::string_view scope, std::s
       StrCat(where, ": ", scope, scope.empty() ? "" : ": ", "field '", field, "': ", problem));
 }
 
+// The first entry of `list` that repeats an earlier one, as "'x' is given twice".
+absl::Status CheckDistinct(const std::string& where, std::string_view scope, std::string_view field,
+                           const std::vector<std::string>& list) {
+  for (auto it = list.begin(); it != list.end(); ++it) {
+    if (std::find(list.begin(), it, *it) != it)
+      return FieldError(where, scope, field, StrCat("'", *it, "' is given twice"));
+  }
+  return absl::OkStatus();
+}
+
 // http_allowed_origins: "*" alone, or distinct origins as a browser sends them in its Origin header:
 // http:// or https://, a host, an optional :port, nothing after (no path, no trailing '/').
 absl::Status CheckOrigins(const std::string& where, std::string_view scope, const std::vector<std::string>& origins) {
   constexpr std::string_view kField = "http_allowed_origins";
   if (origins.empty()) return FieldError(where, scope, kField, "expected at least one origin (or \"*\" for any)");
-  for (size_t i = 0; i < origins.size(); ++i) {
-    const std::string_view o = origins[i];
+  for (const std::string_view o : origins) {
     if (o == "*") {
       if (origins.size() > 1) return FieldError(where, scope, kField, "\"*\" (any origin) must be listed alone");
       continue;
@@ -40,12 +49,8 @@ absl::Status CheckOrigins(const std::string& where, std::string_view scope, cons
                                "' is not an origin (expected http:// or https://, a host and an optional "
                                ":port, nothing after)"));
     }
-    if (std::find(origins.begin(), origins.begin() + static_cast<std::ptrdiff_t>(i), o) !=
-        origins.begin() + static_cast<std::ptrdiff_t>(i)) {
-      return FieldError(where, scope, kField, StrCat("'", o, "' is given twice"));
-    }
   }
-  return absl::OkStatus();
+  return CheckDistinct(where, scope, kField, origins);
 }
 
 // Typed reads of a TOML table that name the field on error.
@@ -580,17 +585,13 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     ODMOE_ASSIGN_OR_RETURN(auto served, f.Strings("served_model_name"));
     if (served) {
       if (served->empty()) return FieldError(where, "[model]", "served_model_name", "expected at least one name");
-      for (size_t i = 0; i < served->size(); ++i) {
-        const std::string& name = (*served)[i];
+      for (const std::string& name : *served) {
         if (name.empty() || name.find_first_of(" \t\r\n") != std::string::npos) {
           return FieldError(where, "[model]", "served_model_name",
                             StrCat("'", name, "' is not a name (empty, or with white space)"));
         }
-        if (std::find(served->begin(), served->begin() + static_cast<std::ptrdiff_t>(i), name) !=
-            served->begin() + static_cast<std::ptrdiff_t>(i)) {
-          return FieldError(where, "[model]", "served_model_name", StrCat("'", name, "' is given twice"));
-        }
       }
+      ODMOE_RETURN_IF_ERROR(CheckDistinct(where, "[model]", "served_model_name", *served));
       c.model.served_names = *std::move(served);
     }
   }
