@@ -90,6 +90,17 @@ httplib::Server::HandlerResponse CrossOrigin(const HttpServerOptions& options, c
   return httplib::Server::HandlerResponse::Handled;
 }
 
+// The `endpoint` label of odmoe_http_requests_total for an answer to `path`, where no handler names it (a refusal
+// before the handler: 401, httplib's own): the route's, or "other" for a path that is none.
+std::string_view EndpointOf(std::string_view path) {
+  if (path == "/v1/completions") return "completions";
+  if (path == "/v1/chat/completions") return "chat_completions";
+  if (path == "/tokenize") return "tokenize";
+  if (path == "/detokenize") return "detokenize";
+  if (path == "/v1/models" || path.starts_with("/v1/models/")) return "models";
+  return "other";
+}
+
 ApiError BadRequest(std::string message, std::string param = "") {
   ApiError e;
   e.message = std::move(message);
@@ -758,7 +769,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
   }
   impl.requests =
       &registry->AddCounter("odmoe_http_requests_total",
-                            "OpenAI API requests answered, by endpoint and HTTP status code.", {"endpoint", "code"});
+                            "HTTP API answers (refusals included; not /health or /metrics), by endpoint (completions, "
+                            "chat_completions, tokenize, detokenize, models, preflight: a browser's CORS preflight, "
+                            "other: no such route) and HTTP status code.",
+                            {"endpoint", "code"});
   impl.disconnects = &registry
                           ->AddCounter("odmoe_http_client_disconnects_total",
                                        "OpenAI API requests cancelled because the client closed the connection.")
@@ -786,8 +800,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
   http.set_write_timeout(10);
   http.set_payload_max_length(kMaxBodyBytes);
 
-  http.set_pre_routing_handler(
-      [&impl](const httplib::Request& req, httplib::Response& res) { return CrossOrigin(impl.options, req, res); });
+  http.set_pre_routing_handler([&impl](const httplib::Request& req, httplib::Response& res) {
+    const httplib::Server::HandlerResponse answered = CrossOrigin(impl.options, req, res);
+    if (answered == httplib::Server::HandlerResponse::Handled) impl.Count("preflight", res.status);
+    return answered;
+  });
   // Every route goes through here: the authorization hook, then the handler.
   auto guarded = [&impl](auto handler) {
     return [&impl, handler](const httplib::Request& req, httplib::Response& res) {
@@ -797,6 +814,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
         e.type = "authentication_error";
         e.code = "invalid_api_key";
         e.message = "missing or wrong API key";
+        impl.Count(EndpointOf(req.path), e.http_status);
         return SendError(res, e);
       }
       handler(req, res);
@@ -815,12 +833,17 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
   http.Get("/v1/models", guarded([&impl](const httplib::Request&, httplib::Response& res) {
              std::vector<std::string> names = {impl.options.model_id};
              names.insert(names.end(), impl.options.model_aliases.begin(), impl.options.model_aliases.end());
+             impl.Count("models", 200);
              res.set_content(openai::ModelsBody(names, impl.started, impl.node->config().max_position_embeddings),
                              kJson);
            }));
   http.Get(R"(/v1/models/(.+))", guarded([&impl](const httplib::Request& req, httplib::Response& res) {
              ApiError error;
-             if (!impl.CheckModel(req.matches[1], &error).ok()) return SendError(res, error);
+             if (!impl.CheckModel(req.matches[1], &error).ok()) {
+               impl.Count("models", error.http_status);
+               return SendError(res, error);
+             }
+             impl.Count("models", 200);
              res.set_content(openai::ModelBody(req.matches[1], impl.options.model_id, impl.started,
                                                impl.node->config().max_position_embeddings),
                              kJson);
@@ -844,8 +867,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
     });
   }
   // Unknown routes and httplib's own refusals (a body too large, ...) in OpenAI's error object too.
-  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+  http.set_error_handler(httplib::Server::HandlerWithResponse([&impl](const httplib::Request& req,
+                                                                      httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // ours, counted where it was made
+    impl.Count(EndpointOf(req.path), res.status);
     ApiError e;
     e.http_status = res.status;
     e.message = res.status == 404 ? StrCat("no route ", req.method, " ", req.path)

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <numeric>
 #include <regex>
+#include <sstream>
 
 #include "gtest/gtest.h"
 #include "src/backend/device_factory.h"
@@ -49,8 +50,8 @@ class LocalCluster {
       if (secure) toml += StrCat("cert = \"tls/", name, ".crt\"\nkey = \"tls/", name, ".key\"\n");
     };
     node("main", "main", ports[0],
-         StrCat("device = \"cpu\"\nhttp_address = \"127.0.0.1:", http_port_, "\"\n",
-                secure ? "http_allowed_origins = [\"https://app.example.com\"]\n" : ""));
+         StrCat("device = \"cpu\"\nhttp_address = \"127.0.0.1:", http_port_, "\"\nmetrics_address = \"127.0.0.1:",
+                http_port_, "\"\n", secure ? "http_allowed_origins = [\"https://app.example.com\"]\n" : ""));
     node("shadow", "shadow", ports[1], "device = \"cpu\"\n");
     for (int w = 0; w < workers; ++w) {
       node(StrCat("worker", w), "worker", ports[static_cast<size_t>(w + 2)],
@@ -306,6 +307,30 @@ TEST_F(ClusterCliTest, TlsAndTokenOnGiveTheSameTokens) {
       headers({"-H", "Origin: https://other.example.com", "-H", "Authorization: Bearer cluster-test-token"}, models);
   EXPECT_NE(other.find("HTTP/1.1 200"), std::string::npos) << other;
   EXPECT_EQ(other.find("Access-Control-Allow-Origin"), std::string::npos) << other;
+  EXPECT_EQ(http_code({"-H", "Authorization: Bearer cluster-test-token"},
+                      StrCat("https://main:", cluster.http_port(), "/v1/nothing")),
+            "404");
+  // Each of those answers is counted (main's metrics share the HTTP API's address here): the refusals too.
+  std::vector<std::string> scrape = curl;
+  scrape.erase(scrape.begin() + 2, scrape.begin() + 6);  // the body, not the code
+  scrape.push_back(StrCat("https://main:", cluster.http_port(), "/metrics"));
+  const std::string metrics = RunProgram(scrape).out;
+  auto answers = [&](const std::string& endpoint, int code) {  // the sample's value; "" when there is none
+    std::istringstream lines(metrics);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.starts_with("odmoe_http_requests_total{") &&
+          line.find(StrCat("endpoint=\"", endpoint, "\"")) != std::string::npos &&
+          line.find(StrCat("code=\"", code, "\"")) != std::string::npos) {
+        return line.substr(line.rfind(' ') + 1);
+      }
+    }
+    return std::string();
+  };
+  EXPECT_EQ(answers("models", 200), "3") << metrics;
+  EXPECT_EQ(answers("models", 401), "3");
+  EXPECT_EQ(answers("preflight", 204), "1");
+  EXPECT_EQ(answers("preflight", 403), "1");
+  EXPECT_EQ(answers("other", 404), "1");
   // Plain HTTP gets no answer from the HTTPS port.
   EXPECT_NE(http_code({"-H", "Authorization: Bearer cluster-test-token"},
                       StrCat("http://127.0.0.1:", cluster.http_port(), "/v1/models")),
