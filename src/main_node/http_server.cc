@@ -320,11 +320,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
   std::vector<PreparedPrompt> out;
   for (std::vector<int32_t>& ids : prompts) {
     const int64_t len = static_cast<int64_t>(ids.size());
-    // Chat's default: the rest of the context (at least one token, so that a full prompt is refused).
-    const int64_t max_tokens = r.max_tokens ? *r.max_tokens
-                                            : (r.endpoint == Endpoint::kCompletions
-                                                   ? openai::kDefaultCompletionMaxTokens
-                                                   : std::max<int64_t>(1, config.max_position_embeddings - len));
+    const int64_t max_tokens = openai::MaxTokens(r, len, config.max_position_embeddings);
     const std::string param = r.endpoint == Endpoint::kCompletions ? "prompt" : "messages";
     if (absl::Status s = ValidateRequest(config, ids, max_tokens); !s.ok()) {
       // ValidateRequest checks the length before the ids, so a request too long is refused as such. The blame
@@ -756,11 +752,13 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
     std::vector<std::string> ignored;
     ODMOE_ASSIGN_OR_RETURN(impl.sampling_defaults, openai::ReadSamplingDefaults(generation_config, path, &ignored));
     const openai::SamplingDefaults& d = impl.sampling_defaults;
-    if (d.temperature != 1 || d.top_p != 1 || d.top_k != 0 || d.min_p != 0 || d.repetition_penalty != 1) {
+    if (d.temperature != 1 || d.top_p != 1 || d.top_k != 0 || d.min_p != 0 || d.repetition_penalty != 1 ||
+        d.max_tokens) {
       spdlog::info(
           "node '{}': a request's sampling defaults are {}'s: temperature {}, top_p {}, top_k {}, min_p {}, "
-          "repetition_penalty {}",
-          options.node, path, d.temperature, d.top_p, d.top_k, d.min_p, d.repetition_penalty);
+          "repetition_penalty {}, chat's max_tokens {}",
+          options.node, path, d.temperature, d.top_p, d.top_k, d.min_p, d.repetition_penalty,
+          d.max_tokens ? StrCat(*d.max_tokens) : "the rest of the context");
     }
     if (!ignored.empty()) {
       spdlog::warn("node '{}': {} recommends {}, which odmoe does not follow: requests sample without it", options.node,

@@ -397,6 +397,7 @@ absl::StatusOr<SamplingDefaults> ReadSamplingDefaults(const Json& config, const 
   ODMOE_ASSIGN_OR_RETURN(const int64_t top_k, f.Int("top_k", d.top_k));
   ODMOE_ASSIGN_OR_RETURN(const double min_p, f.Number("min_p", d.min_p));
   ODMOE_ASSIGN_OR_RETURN(const double repetition_penalty, f.Number("repetition_penalty", d.repetition_penalty));
+  ODMOE_ASSIGN_OR_RETURN(const int64_t max_new_tokens, f.Int("max_new_tokens", 0));
   // A value no request may ask for is left out, as odmoe cannot follow it.
   auto follow = [ignored](const char* key, double value, bool in_range, std::string_view range, double* out) {
     if (in_range) {
@@ -416,6 +417,11 @@ absl::StatusOr<SamplingDefaults> ReadSamplingDefaults(const Json& config, const 
   follow("repetition_penalty", repetition_penalty,
          repetition_penalty > 0 && repetition_penalty <= kMaxRepetitionPenalty,
          StrCat("(0, ", kMaxRepetitionPenalty, "]"), &d.repetition_penalty);
+  if (max_new_tokens >= 1) {
+    d.max_tokens = max_new_tokens;
+  } else if (f.Has("max_new_tokens")) {
+    ignored->push_back(StrCat("max_new_tokens = ", max_new_tokens, " (below 1)"));
+  }
   return d;
 }
 
@@ -428,6 +434,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   r.top_k = defaults.top_k;
   r.min_p = defaults.min_p;
   r.repetition_penalty = defaults.repetition_penalty;
+  if (endpoint == Endpoint::kChatCompletions) r.default_max_tokens = defaults.max_tokens;
   ODMOE_ASSIGN_OR_RETURN(const Json j, ReadBody(body, error, &r.model));
   if (endpoint == Endpoint::kCompletions) {
     ODMOE_RETURN_IF_ERROR(ReadPrompts(j, error, &r.prompts));
@@ -517,6 +524,13 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
     if (!r.stream) return Fail(error, "stream_options", "'stream_options' is only allowed with 'stream': true");
   }
   return r;
+}
+
+int64_t MaxTokens(const CompletionRequest& r, int64_t prompt_len, int64_t max_positions) {
+  if (r.max_tokens) return *r.max_tokens;
+  if (r.endpoint == Endpoint::kCompletions) return kDefaultCompletionMaxTokens;
+  const int64_t rest = std::max<int64_t>(1, max_positions - prompt_len);
+  return r.default_max_tokens ? std::min(rest, *r.default_max_tokens) : rest;
 }
 
 // ---- chat templates ----------------------------------------------------------------------------------------

@@ -71,7 +71,9 @@ struct CompletionRequest {
   // Choices per prompt (1..kMaxChoicesPerPrompt): choice j of prompt p has index p * n + j and samples with the
   // seed plus j, so that it is the answer of a request with n = 1 and that seed.
   int64_t n = 1;
-  std::optional<int64_t> max_tokens;  // absent: completions 16, chat the rest of the context
+  std::optional<int64_t> max_tokens;  // the client's; absent: see MaxTokens
+  // Chat's max_tokens when the client gives none: SamplingDefaults::max_tokens (vLLM's default).
+  std::optional<int64_t> default_max_tokens;
   // Absent from the request: SamplingDefaults'.
   double temperature = 1.0;  // 0: greedy
   double top_p = 1.0;
@@ -115,10 +117,14 @@ struct SamplingDefaults {
   int64_t top_k = 0;  // 0: all tokens
   double min_p = 0.0;
   double repetition_penalty = 1.0;
+  // generation_config.json's max_new_tokens: chat's max_tokens when a request gives none (vLLM's fallback; the
+  // completions endpoint keeps its default of 16, and a request's own max_tokens wins, also above it).
+  std::optional<int64_t> max_tokens;
 };
 
 // The defaults a checkpoint's generation_config.json (`config`, an object read from `path`) recommends: its
-// `temperature`, `top_p`, `top_k`, `min_p` and `repetition_penalty`, each where it has one (vLLM's list).
+// `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty` and `max_new_tokens`, each where it has one
+// (vLLM's list).
 // FailedPrecondition naming the file and key for a value that is not a number. `ignored` gets, as "key = value
 // (why)", the values outside what a request may ask for, which odmoe does not follow (do_sample is not read: vLLM
 // does not read it).
@@ -153,6 +159,11 @@ inline constexpr int64_t kMaxChoicesPerPrompt = 128;
 inline constexpr int64_t kMaxChoicesPerRequest = 4096;
 // The default max_tokens of OpenAI's completions endpoint.
 inline constexpr int64_t kDefaultCompletionMaxTokens = 16;
+// The number of tokens a choice of `r` may generate after a prompt of prompt_len tokens, in a context of
+// max_positions: the client's max_tokens; else completions kDefaultCompletionMaxTokens, chat the rest of the context
+// (at least 1, so that a full prompt is refused), at most r.default_max_tokens. The request is checked against the
+// context afterwards (ValidateRequest): only the client's own value can make it too long.
+int64_t MaxTokens(const CompletionRequest& r, int64_t prompt_len, int64_t max_positions);
 // At most this many stop strings, each at most kMaxStopBytes bytes.
 inline constexpr size_t kMaxStopStrings = 16;
 inline constexpr size_t kMaxStopBytes = 256;

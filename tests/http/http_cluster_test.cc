@@ -698,9 +698,13 @@ TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
   const std::string shared_model = odmoe::testing::SharedModel("qwen3moe-tiny");
   if (!odmoe::testing::HaveSharedModel("qwen3moe-tiny")) GTEST_SKIP() << "needs " << shared_model;
   odmoe::testing::TempDir model;
-  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"}) {
+  for (const char* f : {"config.json", "model.safetensors"}) {
     std::filesystem::create_symlink(shared_model + "/" + f, model.File(f));
   }
+  // The checkpoint's generation config, recommending a length: chat's max_tokens where a request has none.
+  Json generation = ParseOrDie(odmoe::testing::ReadFile(shared_model + "/generation_config.json"));
+  generation["max_new_tokens"] = 12;
+  odmoe::testing::WriteFile(model.File("generation_config.json"), generation.dump());
   // The model's 512 ids: the 256 byte characters, merges of common English pairs, ChatML's markers last.
   Json vocab = Json::object(), merges = Json::array();
   for (int b = 0; b < 256; ++b) vocab[odmoe::testing::ByteLevelChar(static_cast<uint8_t>(b))] = b;
@@ -767,6 +771,18 @@ TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
   const std::vector<int32_t> answer_ids = chat_json["choices"][0]["token_ids"].get<std::vector<int32_t>>();
   ASSERT_EQ(answer_ids.size(), 12u);
   EXPECT_EQ(chat_json["choices"][0]["message"]["content"], (*hf)->Decode(answer_ids));
+
+  // Without max_tokens the checkpoint's max_new_tokens applies: the same 12 tokens; a request's own value wins.
+  Json unbounded = chat;
+  unbounded.erase("max_tokens");
+  const HttpResult by_default = Post(base + "/v1/chat/completions", unbounded);
+  ASSERT_EQ(by_default.status, 200) << by_default.body;
+  EXPECT_EQ(ParseOrDie(by_default.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), answer_ids);
+  EXPECT_EQ(ParseOrDie(by_default.body)["choices"][0]["finish_reason"], "length");
+  unbounded["max_completion_tokens"] = 14;
+  const HttpResult longer = Post(base + "/v1/chat/completions", unbounded);
+  ASSERT_EQ(longer.status, 200) << longer.body;
+  EXPECT_EQ(ParseOrDie(longer.body)["usage"]["completion_tokens"], 14);
 
   // The same prompt as token ids and as text through /v1/completions: the same answer, the same text.
   Json by_ids = {{"model", name}, {"prompt", prompt_ids}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};

@@ -371,6 +371,52 @@ TEST(OpenAiRequests, SamplingDefaultsFromGenerationConfig) {
   EXPECT_THAT(std::string(d.status().message()), HasSubstr("g.json: field 'temperature'"));
 }
 
+// generation_config.json's max_new_tokens is chat's max_tokens where the request gives none (vLLM's fallback),
+// within the rest of the context; completions keep OpenAI's 16, and a request's own value wins, also above it.
+TEST(OpenAiRequests, MaxNewTokensFromGenerationConfigIsChatsDefault) {
+  std::vector<std::string> ignored;
+  absl::StatusOr<SamplingDefaults> d = ReadSamplingDefaults({{"max_new_tokens", 50}}, "g.json", &ignored);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->max_tokens, 50);
+  EXPECT_TRUE(ignored.empty());
+
+  ApiError error;
+  const std::string chat_body = R"({"model":"m","messages":[{"role":"user","content":"x"}]})";
+  auto chat = ParseCompletionRequest(chat_body, Endpoint::kChatCompletions, &error, *d);
+  ASSERT_TRUE(chat.ok()) << error.message;
+  EXPECT_FALSE(chat->max_tokens.has_value());
+  EXPECT_EQ(MaxTokens(*chat, 10, 1000), 50);
+  EXPECT_EQ(MaxTokens(*chat, 980, 1000), 20) << "the rest of the context when that is less";
+  EXPECT_EQ(MaxTokens(*chat, 1000, 1000), 1) << "a full prompt still asks for one token, and is refused";
+  auto chat_given =
+      ParseCompletionRequest(R"({"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":70})",
+                             Endpoint::kChatCompletions, &error, *d);
+  ASSERT_TRUE(chat_given.ok()) << error.message;
+  EXPECT_EQ(MaxTokens(*chat_given, 10, 1000), 70);
+  auto completion = ParseCompletionRequest(R"({"model":"m","prompt":"x"})", Endpoint::kCompletions, &error, *d);
+  ASSERT_TRUE(completion.ok()) << error.message;
+  EXPECT_EQ(MaxTokens(*completion, 10, 1000), kDefaultCompletionMaxTokens);
+
+  // Without a recommendation chat's default is the rest of the context.
+  auto plain = ParseCompletionRequest(chat_body, Endpoint::kChatCompletions, &error);
+  ASSERT_TRUE(plain.ok()) << error.message;
+  EXPECT_EQ(MaxTokens(*plain, 10, 1000), 990);
+
+  // A value below 1 is left out and reported; null is no value; one that is not an integer stops main.
+  d = ReadSamplingDefaults({{"max_new_tokens", 0}}, "g.json", &ignored);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->max_tokens.has_value());
+  EXPECT_EQ(ignored, (std::vector<std::string>{"max_new_tokens = 0 (below 1)"}));
+  ignored.clear();
+  d = ReadSamplingDefaults({{"max_new_tokens", nullptr}}, "g.json", &ignored);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->max_tokens.has_value());
+  EXPECT_TRUE(ignored.empty());
+  d = ReadSamplingDefaults({{"max_new_tokens", 2.5}}, "g.json", &ignored);
+  ASSERT_FALSE(d.ok());
+  EXPECT_THAT(std::string(d.status().message()), HasSubstr("g.json: field 'max_new_tokens'"));
+}
+
 TEST(OpenAiErrors, ErrorObjectAndStatusMapping) {
   ApiError e;
   e.http_status = 404;
