@@ -21,6 +21,7 @@
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/common/utf8.h"
+#include "src/common/version.h"
 #include "src/engine/generator.h"
 #include "src/main_node/choices.h"
 #include "src/main_node/client_connection.h"
@@ -765,12 +766,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
                    path, absl::StrJoin(ignored, ", "));
     }
   }
-  impl.requests =
-      &registry->AddCounter("odmoe_http_requests_total",
-                            "HTTP API answers (refusals included; not /health or /metrics), by endpoint (completions, "
-                            "chat_completions, tokenize, detokenize, models, preflight: a browser's CORS preflight, "
-                            "other: no such route) and HTTP status code.",
-                            {"endpoint", "code"});
+  impl.requests = &registry->AddCounter(
+      "odmoe_http_requests_total",
+      "HTTP API answers (refusals included; not /health, /version or /metrics), by endpoint (completions, "
+      "chat_completions, tokenize, detokenize, models, preflight: a browser's CORS preflight, "
+      "other: no such route) and HTTP status code.",
+      {"endpoint", "code"});
   impl.disconnects = &registry
                           ->AddCounter("odmoe_http_client_disconnects_total",
                                        "OpenAI API requests cancelled because the client closed the connection.")
@@ -857,6 +858,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
     e.type = "unavailable_error";
     e.message = impl.draining.load() ? "main is shutting down" : StrCat("main is not ready: ", impl.ready_reason);
     SendError(res, e);
+  });
+  // vLLM's: the build main runs (BuildVersion), for a deployment check; no API key, as /health.
+  http.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(Json{{"version", BuildVersion()}}.dump(), kJson);
   });
   if (options.metrics_to_serve != nullptr) {
     const metrics::Registry* served = options.metrics_to_serve;

@@ -22,6 +22,7 @@
 #include "src/cluster/client.h"
 #include "src/common/json.h"
 #include "src/common/strings.h"
+#include "src/common/version.h"
 #include "src/engine/generator.h"
 #include "src/main_node/openai_api.h"
 #include "src/model/tokenizer.h"
@@ -197,6 +198,9 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
 
   // Ready (cluster up waited for it), and the one model.
   EXPECT_EQ(Curl(base + "/health", {}).status, 200);
+  const HttpResult version = Curl(base + "/version", {});
+  ASSERT_EQ(version.status, 200) << version.body;
+  EXPECT_EQ(ParseOrDie(version.body), Json({{"version", BuildVersion()}}));
   const HttpResult models = Curl(base + "/v1/models", {});
   ASSERT_EQ(models.status, 200) << models.body;
   EXPECT_EQ(ParseOrDie(models.body)["data"][0]["id"], kModel);
