@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "src/common/status.h"
+#include "src/rpc/metrics_server.h"
 #include "src/rpc/rpc_util.h"
 
 namespace odmoe {
@@ -90,6 +91,7 @@ MainMetrics::MainMetrics(metrics::Labels labels, std::vector<Peer> peers)
   for (const char* outcome : {"ok", "cancelled", "invalid", "error"}) requests_.With({outcome});
   for (const Peer& p : peers_) channels_.push_back(rpc::MakeChannel(p.address));
   registry_.AddCollector([this](std::vector<metrics::MetricFamily>* out) { AppendReachability(out); });
+  rpc::AddBuildInfo(registry_);
 }
 
 void MainMetrics::Request::Queued() {

@@ -9,6 +9,7 @@
 
 #include "httplib.h"
 #include "src/common/strings.h"
+#include "src/common/version.h"
 
 namespace odmoe::rpc {
 namespace {
@@ -67,6 +68,12 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::StartFor(const Nod
 MetricsServer::~MetricsServer() {
   if (http_ != nullptr) http_->stop();
   if (thread_.joinable()) thread_.join();
+}
+
+void AddBuildInfo(metrics::Registry& registry) {
+  registry.AddGauge("odmoe_build_info", "1, labelled with the build this daemon runs.", {"version"})
+      .With({std::string(BuildVersion())})
+      .Set(1);
 }
 
 metrics::Labels DaemonMetricLabels(const ClusterConfig& cluster, const NodeConfig& self, const std::string& model_dir) {

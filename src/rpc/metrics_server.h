@@ -53,6 +53,10 @@ class MetricsServer {
 // file). Main's HTTP API names the model the same way.
 metrics::Labels DaemonMetricLabels(const ClusterConfig& cluster, const NodeConfig& self, const std::string& model_dir);
 
+// odmoe_build_info{version} 1, with the daemon's BuildVersion: every daemon's, so that a dashboard shows a cluster
+// running mixed builds (Prometheus' *_build_info convention).
+void AddBuildInfo(metrics::Registry& registry);
+
 // The device-memory families every daemon exposes: odmoe_gpu_memory_used_bytes and _peak_bytes (the device's
 // allocations now and at most since start or the last reset) and _budget_bytes (`budget_bytes`: a worker's
 // GPU budget, else the device's capacity; 0: no limit known).

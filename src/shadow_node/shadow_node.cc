@@ -792,6 +792,7 @@ void ShadowNode::Counters::AppendFamilies(std::vector<metrics::MetricFamily>* ou
 
 void ShadowNode::InitMetrics(metrics::Labels labels) {
   metrics_ = std::make_unique<metrics::Registry>(std::move(labels));
+  rpc::AddBuildInfo(*metrics_);
   lead_layers_ = &metrics_
                       ->AddHistogram("odmoe_shadow_prediction_lead_layers",
                                      "How many sparse layers ahead of main each prediction was made (negative: "

@@ -32,6 +32,7 @@ WorkerMetrics::WorkerMetrics(metrics::Labels const_labels)
   for (LoadReason r : {LoadReason::kPrefetch, LoadReason::kOnDemand}) {
     load_seconds_[static_cast<int>(r)] = &load_seconds.With({ReasonName(r)});
   }
+  rpc::AddBuildInfo(registry_);
 }
 
 void WorkerMetrics::Load(int64_t layer, LoadReason reason, std::optional<double> ms) {

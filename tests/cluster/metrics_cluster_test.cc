@@ -14,6 +14,7 @@
 #include "src/cluster/client.h"
 #include "src/common/json.h"
 #include "src/common/strings.h"
+#include "src/common/version.h"
 #include "tests/test_support.h"
 
 namespace odmoe {
@@ -116,7 +117,12 @@ TEST(MetricsClusterTest, EveryDaemonServesMetricsThatCountTheRequestServed) {
   ASSERT_EQ(scraped.exit_code, 0) << scraped.err;
   auto parsed = ParseJson(scraped.out, "scrape_metrics.py output");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  for (const auto& [node, url] : urls) Scrape((*parsed)[url]).ExpectConstantLabels(node);
+  for (const auto& [node, url] : urls) {
+    const Scrape daemon((*parsed)[url]);
+    daemon.ExpectConstantLabels(node);
+    EXPECT_EQ(daemon.Type("odmoe_build_info"), "gauge") << node;
+    EXPECT_EQ(daemon.Value("odmoe_build_info", {{"version", std::string(BuildVersion())}}), 1) << node;
+  }
 
   const Scrape main((*parsed)[urls["main"]]);
   EXPECT_EQ(main.Type("odmoe_requests_total"), "counter");
