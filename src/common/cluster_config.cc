@@ -26,8 +26,9 @@ absl::Status FieldError(const std::string& where, std::string_view scope, std::s
 absl::Status CheckDistinct(const std::string& where, std::string_view scope, std::string_view field,
                            const std::vector<std::string>& list) {
   for (auto it = list.begin(); it != list.end(); ++it) {
-    if (std::find(list.begin(), it, *it) != it)
+    if (std::find(list.begin(), it, *it) != it) {
       return FieldError(where, scope, field, StrCat("'", *it, "' is given twice"));
+    }
   }
   return absl::OkStatus();
 }
