@@ -434,7 +434,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   r.top_k = defaults.top_k;
   r.min_p = defaults.min_p;
   r.repetition_penalty = defaults.repetition_penalty;
-  if (endpoint == Endpoint::kChatCompletions) r.default_max_tokens = defaults.max_tokens;
+  r.default_max_tokens = defaults.max_tokens;
   ODMOE_ASSIGN_OR_RETURN(const Json j, ReadBody(body, error, &r.model));
   if (endpoint == Endpoint::kCompletions) {
     ODMOE_RETURN_IF_ERROR(ReadPrompts(j, error, &r.prompts));

@@ -72,7 +72,8 @@ struct CompletionRequest {
   // seed plus j, so that it is the answer of a request with n = 1 and that seed.
   int64_t n = 1;
   std::optional<int64_t> max_tokens;  // the client's; absent: see MaxTokens
-  // Chat's max_tokens when the client gives none: SamplingDefaults::max_tokens (vLLM's default).
+  // SamplingDefaults::max_tokens, the checkpoint's max_new_tokens: chat's max_tokens when the client gives none
+  // (MaxTokens, which owns the rule).
   std::optional<int64_t> default_max_tokens;
   // Absent from the request: SamplingDefaults'.
   double temperature = 1.0;  // 0: greedy
