@@ -62,8 +62,9 @@ absl::Status Serve(const std::vector<std::string>& args) {
   // same time to finish.
   absl::Time drain_deadline = absl::InfinitePast();
   odmoe::rpc::ServeUntilSignal(*server, odmoe::rpc::Readiness::kReportedByDaemon, d.cluster.shutdown_timeout_ms,
-                               [&http, &drain_deadline](absl::Time deadline) {
+                               [&http, &node, &drain_deadline](absl::Time deadline) {
                                  drain_deadline = deadline;
+                                 node->StopAccepting();
                                  if (http != nullptr) http->StopAccepting();
                                });
   if (http != nullptr) http->Shutdown(drain_deadline);

@@ -888,6 +888,7 @@ void MainNode::Counters::ToProto(int64_t top_k, int32_t groups, v1::MainStats* s
 grpc::Status MainNode::Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                                 grpc::ServerWriter<v1::GenerateResponse>* writer) {
   if (grpc::Status admitted = rpc::AdmitClient(context); !admitted.ok()) return admitted;
+  if (refusing_calls_.load()) return rpc::ToGrpc(absl::UnavailableError("main is shutting down"));
   absl::StatusOr<std::string> request_id = rpc::TakeOrMakeRequestId(*context);
   if (!request_id.ok()) {
     spdlog::warn("request from {} refused: {}", context->peer(), request_id.status().ToString());

@@ -143,6 +143,9 @@ class MainNode final : public v1::Inference::Service {
   const metrics::Registry& metrics() const { return metrics_->registry(); }
   // Readiness as main's prober judged it, for /metrics (odmoe_ready).
   void SetReady(bool ready) { metrics_->Ready(ready); }
+  // Shutdown's first step, before the server goes NOT_SERVING and closes its port: from here on a Generate call
+  // is refused with UNAVAILABLE, so that none accepted in between runs. Calls already running are not affected.
+  void StopAccepting() { refusing_calls_.store(true); }
   // Main's verdict on its peers: the workers (peer i = worker i of the cluster file), then the shadow when
   // predictions come from it. Probed from Create on (PeerProber); requests fail at once on a down worker.
   PeerHealth& peer_health() { return *health_; }
@@ -212,6 +215,7 @@ class MainNode final : public v1::Inference::Service {
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<Tokenizer> tokenizer_;  // nullptr when the model ships no tokenizer
   std::atomic<uint64_t> next_request_id_{1};
+  std::atomic<bool> refusing_calls_{false};  // StopAccepting
   // Before experts_ and metrics_, which subscribe to it; the prober stops first (~MainNode).
   std::unique_ptr<PeerHealth> health_;
   std::unique_ptr<PeerProber> prober_;
