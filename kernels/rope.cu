@@ -46,10 +46,13 @@ __device__ __forceinline__ void CosSin(float pos, int i, int head_dim, float the
   *sin_out = sinf(angle);
 }
 
-// The rotation of one (x1, x2) pair: the one expression of both kernels.
+// The rotation of one (x1, x2) pair: the one expression of both kernels, spelled with __fmul_rn / __fadd_rn so
+// that nvcc cannot contract it into an FMA: which of the two products it fused depended on the kernel around it,
+// and the fused kernel's bits then differed from RopeKernel's (seen on an H200; the emulator never contracts). Each
+// product and sum rounded once is also what the CPU's cpu::Rope computes.
 __device__ __forceinline__ void RotatePair(float x1, float x2, float c, float s, float* y1, float* y2) {
-  *y1 = x1 * c - x2 * s;
-  *y2 = x2 * c + x1 * s;
+  *y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+  *y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
 }
 
 // Where a RoPE kernel also puts a token's K and V (KV = void: nowhere): k's rotated rows and v's rows ([n, kv_heads
