@@ -5,7 +5,7 @@
 #   usage: bench/device_check.sh PACK OUTDIR
 #
 # PACK is a tar.xz made here from `../shared/tools/bundle.sh DIR build/tests/kernels_test build/bin/odmoe-bench`
-# plus DIR/shared/models/<the small checkpoints>; it is unpacked to /tmp/odmoe-dev. Every step has its own
+# (and build/bin/gemv_sweep, from `ninja -C build gemv_sweep`) plus DIR/shared/models/<the small checkpoints>; it is unpacked to /tmp/odmoe-dev. Every step has its own
 # time limit, so one that hangs leaves the others' figures. Logs and JSON lines go to OUTDIR.
 set -u
 pack=${1:?usage: device_check.sh PACK OUTDIR}
@@ -32,6 +32,11 @@ step kernels_test 150 "$dev/bin/kernels_test" --gtest_brief=1
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|actual|error" "$out/kernels_test.log" | head -60
 step bench_kernels 100 "$dev/bin/odmoe-bench" kernels --backend cuda --json "$out/kernels.json"
 tail -12 "$out/bench_kernels.log"
+# Every one-token GEMV variant (rows per warp, ring depth) on a decode's shapes, where the pack has the sweep.
+if [ -x "$dev/bin/gemv_sweep" ]; then
+  step gemv_sweep 120 "$dev/bin/gemv_sweep"
+  cat "$out/gemv_sweep.log"
+fi
 step bench_engine 180 "$dev/bin/odmoe-bench" engine --synthetic "$repo/configs/models/mixtral-8x7b" --layers 16 \
   --backend cuda --pairs 16x64,128x256 --repeat 3 --json "$out/engine.json"
 tail -8 "$out/bench_engine.log"
@@ -41,14 +46,17 @@ step bench_engine_nographs 180 "$dev/bin/odmoe-bench" engine --synthetic "$repo/
 tail -4 "$out/bench_engine_nographs.log"
 
 # Nsight Compute, where the machine has it: why the NF4 GEMV runs where it does, and the GPU time of each kernel
-# of one decode token of the engine run above (403 launches, taken well inside the decode) against its wall time.
+# of one decode token of the engine run above (taken well inside the decode) against its wall time.
+# One decode token's launches, as the engine bench counted them (graph kernels included), unless NCU_LAUNCHES says.
+ncu_launches=${NCU_LAUNCHES:-$(python3 -c 'import json,sys; print(next(round(r["launches_per_token"]) for r in map(json.loads, open(sys.argv[1])) if "launches_per_token" in r))' \
+  "$out/engine.json" 2>/dev/null || echo 403)}
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$ncu" ]; then
   step ncu_nf4 90 "$ncu" --kernel-name regex:GemvNf4Kernel --launch-skip 4 --launch-count 1 --section SpeedOfLight \
     --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
     "$dev/bin/odmoe-bench" kernels --backend cuda --contexts 1024 --iters 20
   grep -E "Duration|Throughput|Occupancy|Registers|Stall|Cycles Per|Block Limit|Waves|L1|L2 Hit" "$out/ncu_nf4.log" | head -40
-  step ncu_engine 150 "$ncu" --launch-skip 1500 --launch-count "${NCU_LAUNCHES:-403}" --metrics gpu__time_duration.sum \
+  step ncu_engine 150 "$ncu" --launch-skip 1500 --launch-count "$ncu_launches" --metrics gpu__time_duration.sum \
     --csv --print-units base "$dev/bin/odmoe-bench" engine --synthetic "$repo/configs/models/mixtral-8x7b" \
     --layers 16 --backend cuda --pairs 16x64 --repeat 1
   python3 - "$out/ncu_engine.log" <<'PY'
