@@ -1,7 +1,7 @@
 // Dense GEMV for a few tokens: GemvKernel<W, kTokens>, 8 warps per 256-thread block, each warp kRows output rows.
-//  - kTokens = 1 (decode of one sequence): one accumulator per row and, for outputs of kTwoRowsFrom rows or more,
-//    two rows per warp, so each lane has both rows' weights of 4 steps in flight (the 4x unroll) and the
-//    activations it loads for a step serve both rows; one row per warp below that (twice the warps).
+//  - kTokens = 1 (decode of one sequence): one accumulator per row and, for outputs of kFourRowsFrom rows or more,
+//    four rows per warp, so each lane has the rows' weights of 4 steps in flight (the 4x unroll) and the
+//    activations it loads for a step serve all four; one row per warp below that (four times the warps).
 //  - kTokens = kGemvMaxTokens: up to that many tokens (n at run time), one row per warp, the weights read once
 //    for all of them.
 // With aligned rows each lane streams 4 fp32 or 8 fp16/bf16 weights of the row per step in loads of 4 weights, and
@@ -29,11 +29,13 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxN = static_cast<int>(kGemvMaxTokens);
 
-// Output rows per warp: for one token two (x reused, more loads in flight) where the rows are many, one where
-// they are few (below kTwoRowsFrom: the k / v projections' 1024 rows make 128 blocks instead of 64, the q / o
-// projections' 4096 make 512: twice the warps, each streaming its row); one for several tokens (their
-// accumulators take the registers). The number does not change a row's order of additions.
-constexpr int64_t kTwoRowsFrom = 8192;
+// Output rows per warp: for one token four (x reused, more loads in flight) where the rows are many, one where
+// they are few (below kFourRowsFrom: the k / v projections' 1024 rows make 128 blocks, the q / o projections' 4096
+// make 512, each warp streaming its row); one for several tokens (their accumulators take the registers). The
+// number does not change a row's order of additions. On an H200 (bench/gemv_sweep, 2026-12-04), of the copy
+// bandwidth at 1 / 2 / 4 rows per warp: 14336x4096 76.9 / 72.3 / 89.9%, 32000x4096 95.6 / 96.4 / 98.4%, but
+// 4096x14336 77.6 / 63.3 / 70.6% and 6144x4096 73.6 / 66.8 / 70.2%.
+constexpr int64_t kFourRowsFrom = 8192;
 
 template <typename W, int kTokens, int kRows>
 __global__ void __launch_bounds__(kThreads)
@@ -91,8 +93,8 @@ cudaError_t LaunchGemv(const float* x, const W* w, const W* bias, int64_t n, int
     float* yc = y + t0 * out_dim;
     if (cnt > 1) {
       LaunchGemvTokens<W, kMaxN, 1>(xc, w, bias, cnt, in_dim, out_dim, yc, vec, stream);
-    } else if (out_dim >= kTwoRowsFrom) {
-      LaunchGemvTokens<W, 1, 2>(xc, w, bias, cnt, in_dim, out_dim, yc, vec, stream);
+    } else if (out_dim >= kFourRowsFrom) {
+      LaunchGemvTokens<W, 1, 4>(xc, w, bias, cnt, in_dim, out_dim, yc, vec, stream);
     } else {
       LaunchGemvTokens<W, 1, 1>(xc, w, bias, cnt, in_dim, out_dim, yc, vec, stream);
     }

@@ -2,9 +2,9 @@
 //
 // A warp reads its output rows once, 4 weights per lane and load (16 bytes fp32, 8 fp16/bf16), the warp's loads
 // of weights and of x contiguous (kernels/gemv_row.cuh), and accumulates in fp32, x coming from L1/L2: one token
-// runs a kernel of its own (two rows per warp, one accumulator each, x loaded once for both), 2..kGemvMaxTokens
-// tokens one row per warp for all of them. Rows whose start is not 16-byte aligned (in_dim not a multiple of 8, or
-// unaligned pointers) take a scalar path.
+// runs a kernel of its own (four rows per warp for outputs of 8192 rows or more, else one; one accumulator each,
+// x loaded once for the warp's rows), 2..kGemvMaxTokens tokens one row per warp for all of them. Rows whose start
+// is not 16-byte aligned (in_dim not a multiple of 8, or unaligned pointers) take a scalar path.
 // Meant for n <= kGemvMaxTokens (larger n loops over groups of tokens, reading the weights once per group).
 // Every row is summed in the same order whatever n (explicit FMAs), so y's row t is bitwise what a call with
 // token t alone gives: batching never changes a token's result.

@@ -51,7 +51,7 @@ __device__ __forceinline__ void RowDot(const float* __restrict__ x, const W* con
 #pragma unroll
         for (int p = 0; p < kSlices; ++p) {
           if (inside[p]) {
-            Load4(rows[r] + col0 + p * kSlice, wv[r] + 4 * p);
+            Load4Streaming(rows[r] + col0 + p * kSlice, wv[r] + 4 * p);
           } else {
 #pragma unroll
             for (int e = 0; e < 4; ++e) wv[r][4 * p + e] = 0.0f;

@@ -1,6 +1,6 @@
 // Dequantizing products with INT8 / NF4 weights (layouts in quant.h), fp32 activations and accumulation.
 //  - GemvInt8Kernel / GemvNf4Kernel<kTokens, kRows, kDepth, kVec>: one body (QuantGemvRows over a format: Int8Format,
-//    Nf4Format), 4 warps per 128-thread block, kRows output rows per warp (one token: 4, 2 or 1 by the row count, the
+//    Nf4Format), 4 warps per 128-thread block, kRows output rows per warp (one token: 4 or 1 by the row count, the
 //    activations a lane loads serving every row; up to kGemvMaxTokens tokens: 1). A row is walked in steps of 256
 //    columns, a lane taking two pieces of 4 columns in each (INT8: lane l at 4l of both halves of the step, the
 //    dense GEMV's walk, RowDot in gemv_row.cuh; NF4: 8 lanes per 64-column block, so that a lane's 8 weights share
@@ -109,8 +109,8 @@ struct Int8Format {
     const Code* p0 = row + col0;
     const Code* p1 = p0 + kPiece1;
     if (vec) {  // cols % 8 == 0: each piece wholly inside the row or past it
-      return make_uint2(__ldg(reinterpret_cast<const uint32_t*>(p0)),
-                        col0 + kPiece1 < width ? __ldg(reinterpret_cast<const uint32_t*>(p1)) : 0u);
+      return make_uint2(__ldcs(reinterpret_cast<const unsigned int*>(p0)),  // evict-first: see Load4Streaming
+                        col0 + kPiece1 < width ? __ldcs(reinterpret_cast<const unsigned int*>(p1)) : 0u);
     }
     return make_uint2(LoadWordBytes(p0, width - col0), LoadWordBytes(p1, width - col0 - kPiece1));
   }
@@ -138,8 +138,8 @@ struct Nf4Format {
     const Code* p0 = row + col0 / 2;
     const Code* p1 = p0 + kPiece1 / 2;
     if (vec) {
-      return static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(p0))) |
-             static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(p1))) << 16;
+      return static_cast<uint32_t>(__ldcs(reinterpret_cast<const unsigned short*>(p0))) |  // evict-first
+             static_cast<uint32_t>(__ldcs(reinterpret_cast<const unsigned short*>(p1))) << 16;
     }
     return LoadWordBytes(p0, 2) | LoadWordBytes(p1, 2) << 16;
   }
@@ -381,15 +381,12 @@ cudaError_t LaunchDequantGemm(const float* x, Tile tile, int64_t n, int64_t cols
 
 // Rows per warp of the one-token GEMVs, from the row count only (never from n: a row's summation order does not
 // depend on them anyway). Four rows per warp when there are rows enough to fill the GPU with warps (the x a lane
-// loads for a unit serves four rows: for NF4 the x traffic through L1 would otherwise be 8 times the codes'), two
-// (with a deeper ring: as many bytes in flight per SM from half the warps) when there are fewer, one for small
-// matrices.
-enum class GemvShape { kRows4, kRows2, kRows1 };
-GemvShape OneTokenShape(int64_t rows) {
-  if (rows >= 8192) return GemvShape::kRows4;
-  if (rows >= 1024) return GemvShape::kRows2;
-  return GemvShape::kRows1;
-}
+// loads for a unit serves four rows: for NF4 the x traffic through L1 would otherwise be 8 times the codes'), one
+// when there are fewer. On an H200 (bench/gemv_sweep, 2026-12-04), 4096x14336 at 1 / 2 / 4 rows per warp (best
+// depth of each) gave INT8 40.1 / 25.2 / 36.0% of the copy bandwidth and NF4 19.3 / 14.2 / 15.0%; 14336x4096
+// INT8 44.3 / 45.0 / 65.8% and NF4 23.3 / 25.6 / 23.8%.
+enum class GemvShape { kRows4, kRows1 };
+GemvShape OneTokenShape(int64_t rows) { return rows >= 8192 ? GemvShape::kRows4 : GemvShape::kRows1; }
 
 // The blocks of a GEMV over `rows` with kRows rows per warp.
 template <int kRows>
@@ -398,12 +395,14 @@ unsigned GemvBlocks(int64_t rows) {
 }
 
 // The INT8 and NF4 GEMVs, for QuantGemv's dispatch: Launch<kTokens, kRows, kDepth, kVec> launches the format's
-// kernel of those parameters over `rows`; kDepth* are its ring depths for one aligned token at 4, 2 and 1 rows per
-// warp, and for several tokens.
+// kernel of those parameters over `rows`; kDepth* are its ring depths for one aligned token at 4 and 1 rows per warp,
+// and for several tokens.
 struct Int8Gemv {
   using Code = int8_t;
-  // 8 bytes of codes a step: 128 in flight per lane at 4 and 2 rows, 32 at 1 row.
-  static constexpr int kDepthRows4 = 4, kDepthRows2 = 8, kDepthRows1 = 4, kDepthTokens = 4;
+  // 8 bytes of codes a step: 64 in flight per lane at 4 rows, 128 at 1. On an H200 with evict-first code loads:
+  // 14336x4096 at 4 rows 67.3% of the copy bandwidth at depth 2, 64.7% at 4; 4096x14336 at 1 row 58.4% at depth
+  // 16, 44.7% at 4, 45.2% at 8, 29.7% at 24.
+  static constexpr int kDepthRows4 = 2, kDepthRows1 = 16, kDepthTokens = 4;
   template <int kTokens, int kRows, int kDepth, bool kVec>
   static void Launch(const float* x, const Code* q, const float* absmax, int n, int64_t cols, int64_t rows, float* y,
                      cudaStream_t stream) {
@@ -413,9 +412,10 @@ struct Int8Gemv {
 };
 struct Nf4Gemv {
   using Code = uint8_t;
-  // 4 bytes of codes a step (and a block scale, mostly an L1 hit): 64 in flight per lane at every rows per warp.
-  // (At 1 row a depth of 8 made ptxas spill at 48 registers; 16 takes 72, without.)
-  static constexpr int kDepthRows4 = 4, kDepthRows2 = 8, kDepthRows1 = 16, kDepthTokens = 4;
+  // 4 bytes of codes a step (and a block scale, mostly an L1 hit): 64 in flight per lane at 4 rows, 16 at 1 (deeper
+  // rings at 1 row ran slower on an H200: 4096x14336 19.3% of the copy bandwidth at depth 4, 14.9% at 8, 9.2% at
+  // 16).
+  static constexpr int kDepthRows4 = 4, kDepthRows1 = 4, kDepthTokens = 4;
   template <int kTokens, int kRows, int kDepth, bool kVec>
   static void Launch(const float* x, const Code* q, const float* absmax, int n, int64_t cols, int64_t rows, float* y,
                      cudaStream_t stream) {
@@ -449,9 +449,6 @@ cudaError_t QuantGemv(const float* x, const typename Format::Code* q, const floa
       switch (OneTokenShape(rows)) {
         case GemvShape::kRows4:
           Format::template Launch<1, 4, Format::kDepthRows4, true>(xc, q, absmax, cnt, cols, rows, yc, stream);
-          break;
-        case GemvShape::kRows2:
-          Format::template Launch<1, 2, Format::kDepthRows2, true>(xc, q, absmax, cnt, cols, rows, yc, stream);
           break;
         case GemvShape::kRows1:
           Format::template Launch<1, 1, Format::kDepthRows1, true>(xc, q, absmax, cnt, cols, rows, yc, stream);

@@ -8,8 +8,8 @@
 // bytes a lane) and its block scales broadcast, so it may touch up to 1.25 lines per 128 bytes. Per weight, the
 // quantized GEMVs touch no more lines than the bf16 GEMV. With a lane's 8 consecutive columns per step, each
 // activation load spread a warp over 8 lines instead of 4: 48 lines per 1024 weights (bf16, one token, 2 rows per
-// warp) and 24 (INT8 and NF4, 4 rows per warp), against 32, 16 and 20 now; with 16 bytes of codes a lane, NF4
-// took 5.4 lines per 128 bytes, and on the H200 ran at 14% of DRAM bandwidth with L1 81% busy.
+// warp then) and 24 (INT8 and NF4, 4 rows per warp), against 24 (bf16, 4 rows per warp now), 16 and 20; with 16 bytes
+// of codes a lane, NF4 took 5.4 lines per 128 bytes, and on the H200 ran at 14% of DRAM bandwidth with L1 81% busy.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -55,7 +55,7 @@ simt::LoadRequests LoadsOf(const std::string& name, int64_t weights, Launch laun
 
 TEST(GemvLoadPatternsTest, RequestsAreCoalescedAndQuantizedGemvsTouchNoMoreLinesPerWeightThanBf16) {
   ASSERT_TRUE(simt::CountsKernelAccesses()) << "needs the emulator's checked build";
-  // 8192 rows: the one-token kernels' 4-rows-per-warp path (2 for bf16); 512 columns: 2 steps of 256 a lane.
+  // 8192 rows: the one-token kernels' 4-rows-per-warp path; 512 columns: 2 steps of 256 a lane.
   constexpr int64_t kRows = 8192;
   constexpr int64_t kCols = 512;
   constexpr int64_t kWeights = kRows * kCols;

@@ -373,11 +373,11 @@ TEST_F(QuantKernelTest, GemvRowsPerWarpShapesMatchCpuAndAreBitwiseTheSameWhateve
   }
 }
 
-// The one-token kernels' rings wrap at every rows-per-warp shape: 4 rows per warp (depth 4 for both formats) over
-// 1096 columns is 5 steps of 256; 2 rows per warp (depth 8) over 2312 columns is 10 steps; 1 row per warp (INT8
-// depth 4, NF4 16) over 4200 columns is 17 steps. So each ring is refilled and its last pass is partial, the last
-// step is partly past the row (and NF4's last block partly past it too: none of the widths is a multiple of 64),
-// and the row counts leave the last warp partly used. The one-token result is within tolerance of the CPU product
+// The one-token kernels' rings wrap at every rows-per-warp shape: 4 rows per warp (INT8 depth 2, NF4 4) over
+// 1096 columns is 5 steps of 256; 1 row per warp (INT8 depth 16, NF4 4) over 2312 columns is 10 steps (NF4's ring
+// wraps, INT8's is never full) and over 4200 columns 17 steps. So each ring is refilled and its last pass is partial,
+// the last step is partly past the row (and NF4's last block partly past it too: none of the widths is a multiple of
+// 64), and the row counts leave the last warp partly used. The one-token result is within tolerance of the CPU product
 // of the dequantized weights and bitwise the first row of a two-token product (one row per warp, depth 4).
 TEST_F(QuantKernelTest, OneTokenGemvRingsWrapAtEveryRowsPerWarp) {
   std::mt19937 rng(26);

@@ -25,9 +25,9 @@
 //    loaded from / stored to device allocations, each access once per thread that made it (shared memory, the
 //    stack and host memory are not counted).
 // Per launch site (the kernel's name and the file:line of its <<< >>>): launches and, checked mode, the bytes
-// read and written by those launches, and their read-only loads (__ldg) as warp requests (LoadRequests). Per device
-// allocation (by base address): bytes written into it by cudaMemcpy(Async) and cudaMemset(Async) and, checked mode, by
-// kernels.
+// read and written by those launches, and their read-only and evict-first loads (__ldg, __ldcs) as warp requests
+// (LoadRequests). Per device allocation (by base address): bytes written into it by cudaMemcpy(Async) and
+// cudaMemset(Async) and, checked mode, by kernels.
 //
 // Thread safety: any host thread may read or reset; counts of a launch are added when it ends.
 #pragma once
@@ -40,9 +40,9 @@
 namespace simt {
 
 // How scattered a kernel's loads are, as a GPU's L1 sees them (checked mode; the figures Nsight Compute gives as
-// sectors and requests). A request is one load instruction of a warp: here the n-th execution of one __ldg call
-// site by each lane of the warp (lanes of a warp run a site's loads in the same order; a lane that skips a load,
-// e.g. past the end of a row, leaves its later loads paired with the next ones of the others, so a kernel that
+// sectors and requests). A request is one load instruction of a warp: here the n-th execution of one __ldg (or
+// __ldcs) call site by each lane of the warp (lanes of a warp run a site's loads in the same order; a lane that skips
+// a load, e.g. past the end of a row, leaves its later loads paired with the next ones of the others, so a kernel that
 // skips loads other than its last ones is counted approximately). Each request touches some 32-byte sectors and
 // 128-byte lines: a coalesced request of 16 bytes per lane touches 16 sectors in 4 lines; lanes 128 bytes apart,
 // 32 sectors in 32 lines. Lines per 128 bytes requested is 1 for a coalesced kernel.

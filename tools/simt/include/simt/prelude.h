@@ -92,6 +92,9 @@ __attribute__((no_sanitize("thread"))) T AtomicAdd(T* p, U v, const char* file, 
 // narrow a 16-byte vector load to the fields used (the hardware loads all 16 bytes and faults when misaligned).
 // Noted whole (sizeof(T) bytes, this call site) for the counts of warp load requests, for the same reason.
 #define __ldg(p) ::simt::detail::Ldg(p, __FILE__, __LINE__)
+// The evict-first load (ld.global.cs): the hint changes only what the caches keep, so it is the same load here,
+// counted with the read-only ones.
+#define __ldcs(p) ::simt::detail::Ldg(p, __FILE__, __LINE__)
 namespace simt::detail {
 template <typename T>
 inline T Ldg(const T* p, const char* file, int line) {
