@@ -5,6 +5,9 @@
 //    [inter, hidden] and the down shape [hidden, inter]; on CUDA builds with --backend cuda also the INT8 and NF4
 //    dequantizing GEMVs of kernels/quant.h (called directly: the Device interface has no quantized op). Bytes
 //    counted: the weights (codes + scales for INT8/NF4) + x + y.
+//  - routed experts on CUDA: the resident decode's grouped launches (kernels/moe_grouped.h), one token's gate and up
+//    of its k = 2 experts in one launch and their down projections in another, bf16, experts chosen from 8 so that
+//    successive calls read other weights. Bytes counted: the two experts' weights + x + the outputs.
 //  - decode attention: Device::Attention for one new token against `context` cached positions (fp32 K/V),
 //    bytes = K + V read (+ q and out).
 // Every figure rotates over as many copies of its operands as make up --rotate-mb (at least 2), so that with
@@ -28,6 +31,7 @@
 #ifdef ODMOE_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "kernels/moe_grouped.h"
 #include "kernels/quant.h"
 #endif
 
@@ -136,6 +140,105 @@ absl::Status CudaOk(cudaError_t e, const char* what) {
   return absl::InternalError(StrCat(what, ": ", cudaGetErrorString(e)));
 }
 
+// CUDA memory outside the Device's accounting, freed with the object.
+class CudaMemory {
+ public:
+  CudaMemory() = default;
+  CudaMemory(const CudaMemory&) = delete;
+  CudaMemory& operator=(const CudaMemory&) = delete;
+  ~CudaMemory() {
+    for (void* p : blocks_) cudaFree(p);
+  }
+  // `bytes` of device memory, uninitialized.
+  absl::StatusOr<void*> Allocate(size_t bytes) {
+    void* p = nullptr;
+    ODMOE_RETURN_IF_ERROR(CudaOk(cudaMalloc(&p, bytes), "cudaMalloc"));
+    blocks_.push_back(p);
+    return p;
+  }
+  // Device memory holding a copy of the `bytes` at `host`.
+  absl::StatusOr<void*> Upload(const void* host, size_t bytes) {
+    ODMOE_ASSIGN_OR_RETURN(void* p, Allocate(bytes));
+    ODMOE_RETURN_IF_ERROR(CudaOk(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy"));
+    return p;
+  }
+  template <typename T>
+  absl::StatusOr<void*> Upload(const std::vector<T>& host) {
+    return Upload(host.data(), host.size() * sizeof(T));
+  }
+
+ private:
+  std::vector<void*> blocks_;
+};
+
+// Times `iters` launches by `launch(i)`, which returns the launch's error; the first error fails the figure.
+template <typename Launch>
+absl::StatusOr<Result> TimeCuda(const std::string& kernel, const std::string& shape, double bytes, int64_t iters,
+                                size_t copies, Launch launch) {
+  cudaError_t error = cudaSuccess;
+  Result r = Time(
+      kernel, shape, bytes, iters, copies,
+      [&](size_t i) {
+        const cudaError_t e = launch(i);
+        if (error == cudaSuccess) error = e;
+      },
+      [&] {
+        const cudaError_t e = cudaDeviceSynchronize();
+        if (error == cudaSuccess) error = e;
+      });
+  ODMOE_RETURN_IF_ERROR(CudaOk(error, kernel.c_str()));
+  return r;
+}
+
+// The routed experts of one decode token as the resident engine launches them: k = 2 of 8 bf16 experts, call i
+// taking experts 2 (i % 4) and 2 (i % 4) + 1. Appends the gate-and-up figure, then the down projection's.
+absl::Status BenchRoutedExperts(int64_t hidden, int64_t inter, int64_t iters, std::vector<Result>* results) {
+  constexpr int kExperts = 8, kTopK = 2;
+  const int64_t per_matrix = inter * hidden;
+  const size_t matrix_bytes = static_cast<size_t>(per_matrix) * 2;
+  std::vector<uint8_t> host(matrix_bytes);
+  TensorSpec spec{"bench.experts.weight", {inter, hidden}, TensorRole::kExpertGate};
+  GenerateSyntheticTensor(1, spec, DType::kBF16, 0, static_cast<uint64_t>(per_matrix), host.data());
+  CudaMemory mem;
+  std::vector<kernels::ExpertPointers> table(kExperts);
+  for (kernels::ExpertPointers& e : table) {
+    ODMOE_ASSIGN_OR_RETURN(void* gate, mem.Upload(host.data(), matrix_bytes));
+    ODMOE_ASSIGN_OR_RETURN(void* up, mem.Upload(host.data(), matrix_bytes));
+    ODMOE_ASSIGN_OR_RETURN(void* down, mem.Upload(host.data(), matrix_bytes));  // as [hidden, inter]
+    e = {gate, up, down};
+  }
+  ODMOE_ASSIGN_OR_RETURN(void* experts, mem.Upload(table));
+  std::vector<int32_t> ids;
+  for (int32_t pair = 0; pair < kExperts / kTopK; ++pair) ids.insert(ids.end(), {2 * pair, 2 * pair + 1});
+  ODMOE_ASSIGN_OR_RETURN(void* ids_dev, mem.Upload(ids));
+  std::vector<float> xh(static_cast<size_t>(hidden));
+  for (size_t i = 0; i < xh.size(); ++i) xh[i] = SyntheticValue(3, 0, false, i);
+  ODMOE_ASSIGN_OR_RETURN(void* x, mem.Upload(xh));
+  ODMOE_ASSIGN_OR_RETURN(void* act, mem.Allocate(static_cast<size_t>(kTopK * inter) * 4));
+  ODMOE_ASSIGN_OR_RETURN(void* y, mem.Allocate(static_cast<size_t>(kTopK * hidden) * 4));
+  const auto* experts_dev = static_cast<const kernels::ExpertPointers*>(experts);
+  auto pair_ids = [&](size_t i) { return static_cast<const int32_t*>(ids_dev) + kTopK * (i % (kExperts / kTopK)); };
+  const double weights = static_cast<double>(kTopK * matrix_bytes);
+  const std::string shape = StrCat("2 of 8, ", inter, "x", hidden);
+  ODMOE_ASSIGN_OR_RETURN(Result gate_up, TimeCuda("experts_gate_up", shape,
+                                                  2 * weights + 4.0 * static_cast<double>(hidden + kTopK * inter),
+                                                  iters, kExperts / kTopK, [&](size_t i) {
+                                                    return kernels::LaunchGroupedGateUp<__nv_bfloat16>(
+                                                        static_cast<const float*>(x), experts_dev, pair_ids(i), 1,
+                                                        kTopK, hidden, inter, static_cast<float*>(act), nullptr);
+                                                  }));
+  ODMOE_ASSIGN_OR_RETURN(
+      Result down, TimeCuda("experts_down", shape, weights + 4.0 * static_cast<double>(kTopK * (inter + hidden)), iters,
+                            kExperts / kTopK, [&](size_t i) {
+                              return kernels::LaunchGroupedDown<__nv_bfloat16>(static_cast<const float*>(act),
+                                                                               experts_dev, pair_ids(i), kTopK, inter,
+                                                                               hidden, static_cast<float*>(y), nullptr);
+                            }));
+  results->push_back(gate_up);
+  results->push_back(down);
+  return absl::OkStatus();
+}
+
 // INT8 (nf4 = false) or NF4 GEMV straight through kernels/quant.h on CUDA memory outside the Device's accounting.
 absl::StatusOr<Result> BenchGemvQuant(bool nf4, int64_t rows, int64_t cols, double rotate_bytes, int64_t iters) {
   const size_t code_bytes =
@@ -151,48 +254,21 @@ absl::StatusOr<Result> BenchGemvQuant(bool nf4, int64_t rows, int64_t cols, doub
     b = static_cast<uint8_t>(h >> 56);
   }
   std::vector<float> scales(scale_floats, 0.05f);
+  CudaMemory mem;
   std::vector<void*> q(copies, nullptr), s(copies, nullptr);
-  void *x = nullptr, *y = nullptr;
-  absl::Status st;
-  auto free_all = [&] {
-    for (void* p : q) cudaFree(p);
-    for (void* p : s) cudaFree(p);
-    cudaFree(x);
-    cudaFree(y);
-  };
-  for (size_t i = 0; i < copies && st.ok(); ++i) {
-    st = CudaOk(cudaMalloc(&q[i], code_bytes), "cudaMalloc");
-    if (st.ok()) st = CudaOk(cudaMalloc(&s[i], scale_floats * 4), "cudaMalloc");
-    if (st.ok()) st = CudaOk(cudaMemcpy(q[i], codes.data(), code_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-    if (st.ok()) st = CudaOk(cudaMemcpy(s[i], scales.data(), scale_floats * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+  for (size_t i = 0; i < copies; ++i) {
+    ODMOE_ASSIGN_OR_RETURN(q[i], mem.Upload(codes));
+    ODMOE_ASSIGN_OR_RETURN(s[i], mem.Upload(scales));
   }
-  std::vector<float> xh(static_cast<size_t>(cols), 0.5f);
-  if (st.ok()) st = CudaOk(cudaMalloc(&x, xh.size() * 4), "cudaMalloc");
-  if (st.ok()) st = CudaOk(cudaMalloc(&y, static_cast<size_t>(rows) * 4), "cudaMalloc");
-  if (st.ok()) st = CudaOk(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
-  if (!st.ok()) {
-    free_all();
-    return st;
-  }
-  cudaError_t launch = cudaSuccess;
+  ODMOE_ASSIGN_OR_RETURN(void* x, mem.Upload(std::vector<float>(static_cast<size_t>(cols), 0.5f)));
+  ODMOE_ASSIGN_OR_RETURN(void* y, mem.Allocate(static_cast<size_t>(rows) * 4));
   const double bytes = static_cast<double>(each) + 4.0 * static_cast<double>(rows + cols);
-  Result r = Time(
-      nf4 ? "gemv_nf4" : "gemv_int8", StrCat(rows, "x", cols), bytes, iters, copies,
-      [&](size_t i) {
-        cudaError_t e =
-            nf4 ? kernels::LaunchGemvNf4(static_cast<const float*>(x), static_cast<const uint8_t*>(q[i]),
-                                         static_cast<const float*>(s[i]), 1, cols, rows, static_cast<float*>(y), 0)
-                : kernels::LaunchGemvInt8(static_cast<const float*>(x), static_cast<const int8_t*>(q[i]),
-                                          static_cast<const float*>(s[i]), 1, cols, rows, static_cast<float*>(y), 0);
-        if (e != cudaSuccess) launch = e;
-      },
-      [&] {
-        cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) launch = e;
-      });
-  free_all();
-  ODMOE_RETURN_IF_ERROR(CudaOk(launch, nf4 ? "GEMV NF4" : "GEMV INT8"));
-  return r;
+  return TimeCuda(nf4 ? "gemv_nf4" : "gemv_int8", StrCat(rows, "x", cols), bytes, iters, copies, [&](size_t i) {
+    return nf4 ? kernels::LaunchGemvNf4(static_cast<const float*>(x), static_cast<const uint8_t*>(q[i]),
+                                        static_cast<const float*>(s[i]), 1, cols, rows, static_cast<float*>(y), 0)
+               : kernels::LaunchGemvInt8(static_cast<const float*>(x), static_cast<const int8_t*>(q[i]),
+                                         static_cast<const float*>(s[i]), 1, cols, rows, static_cast<float*>(y), 0);
+  });
 }
 #endif
 
@@ -251,6 +327,7 @@ absl::Status RunKernels(const std::vector<std::string>& args) {
         results.push_back(r);
       }
     }
+    ODMOE_RETURN_IF_ERROR(BenchRoutedExperts(hidden, inter, iters, &results));
   }
 #endif
   for (int64_t ctx : contexts) {
@@ -268,7 +345,7 @@ absl::Status RunKernels(const std::vector<std::string>& args) {
                    {"fraction_of_copy", copy_gbs > 0 ? r.gb_per_s / copy_gbs : 0}});
   }
   std::printf("\n%s (%s): copy %.1f GB/s (read + write)%s\n", backend.c_str(), dev->name().c_str(), copy_gbs,
-              quant ? "" : "; INT8/NF4 GEMVs only with --backend cuda");
+              quant ? "" : "; INT8/NF4 GEMVs and routed experts only with --backend cuda");
   std::printf("%-18s %-22s %12s %12s %10s %10s\n", "kernel", "shape", "MB/call", "us/call", "GB/s", "of_copy");
   for (const Result& r : results) {
     std::printf("%-18s %-22s %12.2f %12.1f %10.1f %9.1f%%\n", r.kernel.c_str(), r.shape.c_str(), r.bytes_per_call / 1e6,
