@@ -1,7 +1,7 @@
 // The build version every odmoe program reports: the CMake project version, then `+` and `git describe` of the
 // source tree when it was configured from a git checkout (e.g. "0.1.0+3f7383a" or "0.1.0+3f7383a.dirty"),
-// else the project version alone. Generated at configure time (src/common/version.cc.in): reconfigure
-// (`cmake -S . -B build`) to refresh it after new commits.
+// else the project version alone. Generated from src/common/version.cc.in at configure time and checked at every
+// build (src/common/version.cmake), so it names the tree the program was built from.
 #pragma once
 
 #include <string_view>
