@@ -33,37 +33,38 @@ __device__ __forceinline__ void Unpack2(uint32_t word, float* out, const __half*
   out[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(word >> 16)));
 }
 
-// The 4 elements of type W at p as floats, in one load through the read-only cache (16 bytes for float, 8 for the
-// 16-bit types). REQUIRES: p aligned to 4 * sizeof(W).
-__device__ __forceinline__ void Load4(const float* p, float* out) {
-  const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+// The 4 elements of type W of one load (float4 for float, uint2 for the 16-bit types) as floats.
+__device__ __forceinline__ void Unpack4(const float4& v, float* out) {
   out[0] = v.x;
   out[1] = v.y;
   out[2] = v.z;
   out[3] = v.w;
 }
 template <typename W>
+__device__ __forceinline__ void Unpack4(const uint2& raw, float* out, const W* tag) {
+  Unpack2(raw.x, out, tag);
+  Unpack2(raw.y, out + 2, tag);
+}
+
+// The 4 elements of type W at p as floats, in one load through the read-only cache (16 bytes for float, 8 for the
+// 16-bit types). REQUIRES: p aligned to 4 * sizeof(W).
+__device__ __forceinline__ void Load4(const float* p, float* out) {
+  Unpack4(__ldg(reinterpret_cast<const float4*>(p)), out);
+}
+template <typename W>
 __device__ __forceinline__ void Load4(const W* p, float* out) {
-  const uint2 raw = __ldg(reinterpret_cast<const uint2*>(p));
-  Unpack2(raw.x, out, p);
-  Unpack2(raw.y, out + 2, p);
+  Unpack4(__ldg(reinterpret_cast<const uint2*>(p)), out, p);
 }
 
 // Load4 of weights that a launch reads once, with the evict-first hint (__ldcs): the stream of weights then leaves
 // in L1 the activations every warp re-reads. On an H200 (bench/gemv_sweep, 2026-12-04) this took the bf16 GEMV
 // 4096x14336 from 77.6% to 86.7% of the copy bandwidth and the INT8 one (codes, QuantGemvRows) from 40.4% to 58.4%.
 __device__ __forceinline__ void Load4Streaming(const float* p, float* out) {
-  const float4 v = __ldcs(reinterpret_cast<const float4*>(p));
-  out[0] = v.x;
-  out[1] = v.y;
-  out[2] = v.z;
-  out[3] = v.w;
+  Unpack4(__ldcs(reinterpret_cast<const float4*>(p)), out);
 }
 template <typename W>
 __device__ __forceinline__ void Load4Streaming(const W* p, float* out) {
-  const uint2 raw = __ldcs(reinterpret_cast<const uint2*>(p));
-  Unpack2(raw.x, out, p);
-  Unpack2(raw.y, out + 2, p);
+  Unpack4(__ldcs(reinterpret_cast<const uint2*>(p)), out, p);
 }
 
 // 16-byte vector loads through the read-only cache: Vec16<W>::kElems elements of type W, as floats.
