@@ -5,8 +5,9 @@
 #   usage: bench/device_check.sh PACK OUTDIR
 #
 # PACK is a tar.xz made here from `../shared/tools/bundle.sh DIR build/tests/kernels_test build/bin/odmoe-bench`
-# (and build/bin/gemv_sweep, from `ninja -C build gemv_sweep`) plus DIR/shared/models/<the small checkpoints>; it is unpacked to /tmp/odmoe-dev. Every step has its own
-# time limit, so one that hangs leaves the others' figures. Logs and JSON lines go to OUTDIR.
+# (and build/bin/gemv_sweep, from `ninja -C build gemv_sweep`) plus DIR/shared/models/<the small checkpoints>; it
+# is unpacked to /tmp/odmoe-dev. Every step has its own time limit, so one that hangs leaves the others' figures.
+# Logs and JSON lines go to OUTDIR.
 set -u
 pack=${1:?usage: device_check.sh PACK OUTDIR}
 out=${2:?usage: device_check.sh PACK OUTDIR}
@@ -46,10 +47,11 @@ step bench_engine_nographs 180 "$dev/bin/odmoe-bench" engine --synthetic "$repo/
 tail -4 "$out/bench_engine_nographs.log"
 
 # Nsight Compute, where the machine has it: why the NF4 GEMV runs where it does, and the GPU time of each kernel
-# of one decode token of the engine run above (taken well inside the decode) against its wall time.
-# One decode token's launches, as the engine bench counted them (graph kernels included), unless NCU_LAUNCHES says.
-ncu_launches=${NCU_LAUNCHES:-$(python3 -c 'import json,sys; print(next(round(r["launches_per_token"]) for r in map(json.loads, open(sys.argv[1])) if "launches_per_token" in r))' \
-  "$out/engine.json" 2>/dev/null || echo 403)}
+# of one decode token of the engine run above (taken well inside the decode) against its wall time. A token's
+# launches are the engine bench's count (graph kernels included), unless NCU_LAUNCHES says.
+launches_per_token='import json, sys
+print(next(round(r["launches_per_token"]) for r in map(json.loads, open(sys.argv[1])) if "launches_per_token" in r))'
+ncu_launches=${NCU_LAUNCHES:-$(python3 -c "$launches_per_token" "$out/engine.json" 2>/dev/null || echo 403)}
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$ncu" ]; then
   step ncu_nf4 90 "$ncu" --kernel-name regex:GemvNf4Kernel --launch-skip 4 --launch-count 1 --section SpeedOfLight \
