@@ -6,8 +6,6 @@
 namespace odmoe::sweep {
 namespace {
 
-using kernels::internal::CeilDiv;
-
 struct Shape {
   int64_t out, in;
 };
@@ -19,8 +17,8 @@ struct Sizes {
 };
 Sizes Int8Sizes(const Shape& s) { return {static_cast<size_t>(s.out * s.in), static_cast<size_t>(s.out) * 4}; }
 Sizes Nf4Sizes(const Shape& s) {
-  const int64_t blocks = CeilDiv(s.in, kernels::kNf4BlockSize);
-  return {static_cast<size_t>(s.out * blocks * kernels::kHalfBlock), static_cast<size_t>(s.out * blocks) * 4};
+  return {static_cast<size_t>(s.out * kernels::Nf4RowBytes(s.in)),
+          static_cast<size_t>(s.out * kernels::Nf4BlocksPerRow(s.in)) * 4};
 }
 
 template <bool kNf4, int kRows, int kDepth>
