@@ -91,14 +91,27 @@ httplib::Server::HandlerResponse CrossOrigin(const HttpServerOptions& options, c
   return httplib::Server::HandlerResponse::Handled;
 }
 
-// The `endpoint` label of odmoe_http_requests_total for an answer to `path`, where no handler names it (a refusal
-// before the handler: 401, httplib's own): the route's, or "other" for a path that is none.
+// The API's routes, each with the `endpoint` label of odmoe_http_requests_total that its answers are counted
+// under: the one place that names them.
+struct Route {
+  const char* path;
+  const char* label;
+};
+constexpr Route kCompletionsRoute{"/v1/completions", "completions"};
+constexpr Route kChatCompletionsRoute{"/v1/chat/completions", "chat_completions"};
+constexpr Route kTokenizeRoute{"/tokenize", "tokenize"};
+constexpr Route kDetokenizeRoute{"/detokenize", "detokenize"};
+constexpr Route kModelsRoute{"/v1/models", "models"};  // and /v1/models/ID, under the same label
+constexpr char kModelRoutePrefix[] = "/v1/models/";
+
+// The label for an answer to `path` where no handler names it (a refusal before the handler: 401, httplib's own):
+// the route's, or "other" for a path that is none.
 std::string_view EndpointOf(std::string_view path) {
-  if (path == "/v1/completions") return "completions";
-  if (path == "/v1/chat/completions") return "chat_completions";
-  if (path == "/tokenize") return "tokenize";
-  if (path == "/detokenize") return "detokenize";
-  if (path == "/v1/models" || path.starts_with("/v1/models/")) return "models";
+  for (const Route& route :
+       {kCompletionsRoute, kChatCompletionsRoute, kTokenizeRoute, kDetokenizeRoute, kModelsRoute}) {
+    if (path == route.path) return route.label;
+  }
+  if (path.starts_with(kModelRoutePrefix)) return kModelsRoute.label;
   return "other";
 }
 
@@ -441,7 +454,7 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
 }
 
 void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) const {
-  const char* name = endpoint == Endpoint::kCompletions ? "completions" : "chat_completions";
+  const char* name = (endpoint == Endpoint::kCompletions ? kCompletionsRoute : kChatCompletionsRoute).label;
   std::string request_id = req.get_header_value("x-request-id");
   if (request_id.empty() || !rpc::ValidateRequestId(request_id).ok()) request_id = rpc::NewRequestId();
   logging::ScopedRequestId scope(request_id);
@@ -555,7 +568,7 @@ void HttpServer::Impl::Tokenize(const httplib::Request& req, httplib::Response& 
     if (!r.prompt) return ChatIds(r.messages, &error);
     return IdsOf(openai::Prompt{true, *r.prompt, {}}, &error, r.add_special_tokens);
   }();
-  Answer("tokenize", ids.status(), error,
+  Answer(kTokenizeRoute.label, ids.status(), error,
          ids.ok() ? openai::TokenizeBody(*ids, node->config().max_position_embeddings) : "", res);
 }
 
@@ -575,7 +588,7 @@ void HttpServer::Impl::Detokenize(const httplib::Request& req, httplib::Response
     }
     return tokenizer->Decode(r.tokens);
   }();
-  Answer("detokenize", text.status(), error, text.ok() ? openai::DetokenizeBody(*text) : "", res);
+  Answer(kDetokenizeRoute.label, text.status(), error, text.ok() ? openai::DetokenizeBody(*text) : "", res);
 }
 
 void HttpServer::Impl::Answer(const char* endpoint, const absl::Status& status, const ApiError& error,
@@ -819,30 +832,30 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
       handler(req, res);
     };
   };
-  http.Post("/v1/completions", guarded([&impl](const httplib::Request& req, httplib::Response& res) {
+  http.Post(kCompletionsRoute.path, guarded([&impl](const httplib::Request& req, httplib::Response& res) {
               impl.Completions(req, res, Endpoint::kCompletions);
             }));
-  http.Post("/v1/chat/completions", guarded([&impl](const httplib::Request& req, httplib::Response& res) {
+  http.Post(kChatCompletionsRoute.path, guarded([&impl](const httplib::Request& req, httplib::Response& res) {
               impl.Completions(req, res, Endpoint::kChatCompletions);
             }));
-  http.Post("/tokenize",
+  http.Post(kTokenizeRoute.path,
             guarded([&impl](const httplib::Request& req, httplib::Response& res) { impl.Tokenize(req, res); }));
-  http.Post("/detokenize",
+  http.Post(kDetokenizeRoute.path,
             guarded([&impl](const httplib::Request& req, httplib::Response& res) { impl.Detokenize(req, res); }));
-  http.Get("/v1/models", guarded([&impl](const httplib::Request&, httplib::Response& res) {
+  http.Get(kModelsRoute.path, guarded([&impl](const httplib::Request&, httplib::Response& res) {
              std::vector<std::string> names = {impl.options.model_id};
              names.insert(names.end(), impl.options.model_aliases.begin(), impl.options.model_aliases.end());
-             impl.Count("models", 200);
+             impl.Count(kModelsRoute.label, 200);
              res.set_content(openai::ModelsBody(names, impl.started, impl.node->config().max_position_embeddings),
                              kJson);
            }));
-  http.Get(R"(/v1/models/(.+))", guarded([&impl](const httplib::Request& req, httplib::Response& res) {
+  http.Get(StrCat(kModelRoutePrefix, "(.+)"), guarded([&impl](const httplib::Request& req, httplib::Response& res) {
              ApiError error;
              if (!impl.CheckModel(req.matches[1], &error).ok()) {
-               impl.Count("models", error.http_status);
+               impl.Count(kModelsRoute.label, error.http_status);
                return SendError(res, error);
              }
-             impl.Count("models", 200);
+             impl.Count(kModelsRoute.label, 200);
              res.set_content(openai::ModelBody(req.matches[1], impl.options.model_id, impl.started,
                                                impl.node->config().max_position_embeddings),
                              kJson);
