@@ -241,6 +241,20 @@ RunResult RunProgram(const std::vector<std::string>& argv) {
   return r;
 }
 
+double MetricSum(std::string_view metrics, std::string_view name, const std::vector<std::string>& filters) {
+  double sum = -1;
+  std::istringstream lines{std::string(metrics)};
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.starts_with(name) || line.size() == name.size()) continue;
+    if (line[name.size()] != '{' && line[name.size()] != ' ') continue;  // another metric whose name begins so
+    if (!std::ranges::all_of(filters, [&](const std::string& f) { return line.find(f) != std::string::npos; })) {
+      continue;
+    }
+    sum = std::max(sum, 0.0) + std::atof(line.c_str() + line.rfind(' ') + 1);
+  }
+  return sum;
+}
+
 bool Eventually(const std::function<bool()>& cond, std::chrono::seconds limit) {
   const auto give_up = std::chrono::steady_clock::now() + limit;
   while (!cond()) {

@@ -71,6 +71,10 @@ struct RunResult {
 // Runs `argv` (argv[0] a path) to completion with no stdin, capturing stdout and stderr.
 RunResult RunProgram(const std::vector<std::string>& argv);
 
+// The sum of the samples of metric `name` in `metrics` (Prometheus text, as a /metrics page serves it) whose line
+// contains every one of `filters` (label pairs such as `code="200"`); -1 when there is none.
+double MetricSum(std::string_view metrics, std::string_view name, const std::vector<std::string>& filters = {});
+
 // Polls `cond` every 50 ms until it holds (true) or `limit` has passed (false).
 bool Eventually(const std::function<bool()>& cond, std::chrono::seconds limit);
 

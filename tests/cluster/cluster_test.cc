@@ -7,7 +7,6 @@
 #include <fstream>
 #include <numeric>
 #include <regex>
-#include <sstream>
 
 #include "gtest/gtest.h"
 #include "src/backend/device_factory.h"
@@ -21,6 +20,7 @@
 namespace odmoe {
 namespace {
 
+using odmoe::testing::MetricSum;
 using odmoe::testing::ProgramPath;
 using odmoe::testing::RunProgram;
 using odmoe::testing::RunResult;
@@ -315,22 +315,15 @@ TEST_F(ClusterCliTest, TlsAndTokenOnGiveTheSameTokens) {
   scrape.erase(scrape.begin() + 2, scrape.begin() + 6);  // the body, not the code
   scrape.push_back(StrCat("https://main:", cluster.http_port(), "/metrics"));
   const std::string metrics = RunProgram(scrape).out;
-  auto answers = [&](const std::string& endpoint, int code) {  // the sample's value; "" when there is none
-    std::istringstream lines(metrics);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.starts_with("odmoe_http_requests_total{") &&
-          line.find(StrCat("endpoint=\"", endpoint, "\"")) != std::string::npos &&
-          line.find(StrCat("code=\"", code, "\"")) != std::string::npos) {
-        return line.substr(line.rfind(' ') + 1);
-      }
-    }
-    return std::string();
+  auto answers = [&](const std::string& endpoint, int code) {  // -1 when there is no such sample
+    return MetricSum(metrics, "odmoe_http_requests_total",
+                     {StrCat("endpoint=\"", endpoint, "\""), StrCat("code=\"", code, "\"")});
   };
-  EXPECT_EQ(answers("models", 200), "3") << metrics;
-  EXPECT_EQ(answers("models", 401), "3");
-  EXPECT_EQ(answers("preflight", 204), "1");
-  EXPECT_EQ(answers("preflight", 403), "1");
-  EXPECT_EQ(answers("other", 404), "1");
+  EXPECT_EQ(answers("models", 200), 3) << metrics;
+  EXPECT_EQ(answers("models", 401), 3);
+  EXPECT_EQ(answers("preflight", 204), 1);
+  EXPECT_EQ(answers("preflight", 403), 1);
+  EXPECT_EQ(answers("other", 404), 1);
   // Plain HTTP gets no answer from the HTTPS port.
   EXPECT_NE(http_code({"-H", "Authorization: Bearer cluster-test-token"},
                       StrCat("http://127.0.0.1:", cluster.http_port(), "/v1/models")),

@@ -32,6 +32,7 @@ namespace odmoe {
 namespace {
 
 using odmoe::testing::Eventually;
+using odmoe::testing::MetricSum;
 using odmoe::testing::ProgramPath;
 using odmoe::testing::RunProgram;
 using odmoe::testing::RunResult;
@@ -130,15 +131,7 @@ Streamed Collect(const std::string& body, bool chat, int64_t index = -1) {
 
 // main's /metrics value of `name` (the sum over samples whose line contains `filter`); -1 when absent.
 double MetricValue(const std::string& metrics_url, const std::string& name, const std::string& filter = "") {
-  const HttpResult r = Curl(metrics_url, {});
-  double sum = -1;
-  std::istringstream lines(r.body);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind(name + "{", 0) != 0 && line.rfind(name + " ", 0) != 0) continue;
-    if (!filter.empty() && line.find(filter) == std::string::npos) continue;
-    sum = (sum < 0 ? 0 : sum) + std::atof(line.c_str() + line.rfind(' ') + 1);
-  }
-  return sum;
+  return MetricSum(Curl(metrics_url, {}).body, name, filter.empty() ? std::vector<std::string>{} : std::vector{filter});
 }
 
 pid_t PidOf(const std::string& run_dir, const std::string& node) {
