@@ -33,7 +33,8 @@ step kernels_test 150 "$dev/bin/kernels_test" --gtest_brief=1
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is|actual|error" "$out/kernels_test.log" | head -60
 step bench_kernels 100 "$dev/bin/odmoe-bench" kernels --backend cuda --json "$out/kernels.json"
 tail -12 "$out/bench_kernels.log"
-# Every one-token GEMV variant (rows per warp, ring depth) on a decode's shapes, where the pack has the sweep.
+# Every one-token GEMV variant (rows per warp, ring depth; INT8 / NF4 candidates with 16-byte code loads too) on a
+# decode's shapes, where the pack has the sweep.
 if [ -x "$dev/bin/gemv_sweep" ]; then
   step gemv_sweep 120 "$dev/bin/gemv_sweep"
   cat "$out/gemv_sweep.log"

@@ -54,6 +54,16 @@ cudaError_t LaunchGemvInt8(const float* x, const int8_t* q, const float* absmax,
                            float* y, cudaStream_t stream);
 cudaError_t LaunchGemvNf4(const float* x, const uint8_t* codes, const float* absmax, int64_t n, int64_t cols,
                           int64_t rows, float* y, cudaStream_t stream);
+// Candidate one-token GEMVs (y[rows] = x[cols] * dequant(w)^T) that bench/gemv_sweep times against LaunchGemvInt8's
+// and LaunchGemvNf4's: codes in 16-byte loads (16 INT8 / 32 NF4 columns a lane), x staged in shared memory. They sum
+// a row in another order than those, so the backend must not mix the two kinds; it uses LaunchGemvInt8 /
+// LaunchGemvNf4 until a GPU's figures say otherwise. InvalidValue unless x and the codes are 16-byte aligned and
+// cols % 16 == 0 (INT8) / cols % 4 == 0 (NF4), or when the shared memory of x (5 / 4.5 bytes a column) is more than
+// the GPU gives a block.
+cudaError_t LaunchGemvInt8Wide(const float* x, const int8_t* q, const float* absmax, int64_t cols, int64_t rows,
+                               float* y, cudaStream_t stream);
+cudaError_t LaunchGemvNf4Wide(const float* x, const uint8_t* codes, const float* absmax, int64_t cols, int64_t rows,
+                              float* y, cudaStream_t stream);
 cudaError_t LaunchGemmInt8(const float* x, const int8_t* q, const float* absmax, int64_t n, int64_t cols, int64_t rows,
                            float* y, cudaStream_t stream);
 cudaError_t LaunchGemmNf4(const float* x, const uint8_t* codes, const float* absmax, int64_t n, int64_t cols,

@@ -11,6 +11,8 @@
 //    partial sum takes its block absmax. Every variant sums a row in the same order (explicit FMAs in column order
 //    per step, steps in ascending order, the butterfly WarpSum), so a row's result is bitwise the same whatever the
 //    number of tokens, kRows or kDepth. Shapes that break 16-byte alignment take scalar loads (kVec = false).
+//  - GemvWideKernel<Format, kRows, kDepth>: candidates for one token (LaunchGemvInt8Wide / LaunchGemvNf4Wide, timed
+//    by bench/gemv_sweep, not used by the backend): a lane loads 16 bytes of codes a step, x staged in shared memory.
 //  - DequantGemmKernel<Tile>: C tile of 64 tokens x 64 output rows per 256-thread block, k in steps of 32; the
 //    activation tile and the weight tile (dequantized on the fly by Tile::Value) are staged in shared memory
 //    and each thread accumulates a 4x4 sub-tile with fp32 FMA.
@@ -29,6 +31,7 @@ using internal::Aligned16;
 using internal::CeilDiv;
 using internal::ChunkDot;
 using internal::Load4;
+using internal::Unpack4;
 using internal::WarpSum;
 
 constexpr int kThreads = 256;  // the GEMM's block
@@ -99,7 +102,7 @@ struct Int8Format {
   // Lane l at 4l of both halves of the step: a warp's codes of a piece are 128 contiguous bytes.
   static constexpr int64_t kPiece1 = kStepCols / 2;
   __device__ static int64_t LaneCol(int lane) { return 4 * lane; }
-  __device__ static int64_t Width(int64_t cols) { return cols; }
+  __host__ __device__ static int64_t Width(int64_t cols) { return cols; }
   __device__ static int64_t RowBytes(int64_t cols) { return cols; }
   __device__ static int64_t ScalesPerRow(int64_t) { return 1; }
   __device__ static float Book(int) { return 0.0f; }
@@ -115,6 +118,11 @@ struct Int8Format {
     return make_uint2(LoadWordBytes(p0, width - col0), LoadWordBytes(p1, width - col0 - kPiece1));
   }
   __device__ static void Decode(const Unit& raw, float, float (&w)[8]) { DecodeInt8x8(raw, w); }
+  // GemvWideKernel's: 16 bytes of codes are 16 columns; group g (0, 1) of 8 weights is bytes 8g..8g+7.
+  static constexpr int64_t kWideChunk = 16;
+  __device__ static void DecodeWide(const uint4& raw, int g, float, float (&w)[8]) {
+    DecodeInt8x8(g == 0 ? make_uint2(raw.x, raw.y) : make_uint2(raw.z, raw.w), w);
+  }
   __device__ static float Finish(float sum, const float* row_scales) { return sum * (row_scales[0] / 127.0f); }
 };
 
@@ -128,8 +136,8 @@ struct Nf4Format {
   __device__ static int64_t LaneCol(int lane) { return (lane >> 3) * kNf4BlockSize + 4 * (lane & 7); }
   // Every column of the row's blocks: a last block's columns past `cols` hold code 7 (0.0). Both pieces of a lane
   // are in one block, so both are inside the width or past it.
-  __device__ static int64_t Width(int64_t cols) { return Blocks(cols) * kNf4BlockSize; }
-  __device__ static int64_t Blocks(int64_t cols) { return (cols + kNf4BlockSize - 1) / kNf4BlockSize; }
+  __host__ __device__ static int64_t Width(int64_t cols) { return Blocks(cols) * kNf4BlockSize; }
+  __host__ __device__ static int64_t Blocks(int64_t cols) { return (cols + kNf4BlockSize - 1) / kNf4BlockSize; }
   __device__ static int64_t RowBytes(int64_t cols) { return Blocks(cols) * kHalfBlock; }
   __device__ static int64_t ScalesPerRow(int64_t cols) { return Blocks(cols); }
   __device__ static float Book(int lane) { return kCodeBookDevice[lane & 15]; }
@@ -148,6 +156,12 @@ struct Nf4Format {
   }
   // REQUIRES: the whole warp (DecodeNf4x8).
   __device__ static void Decode(const Unit& raw, float book, float (&w)[8]) { DecodeNf4x8(raw, book, w); }
+  // GemvWideKernel's: 16 bytes of codes are 32 columns (half a block); group g (0..3) of 8 weights is word g.
+  // REQUIRES: the whole warp.
+  static constexpr int64_t kWideChunk = 32;
+  __device__ static void DecodeWide(const uint4& raw, int g, float book, float (&w)[8]) {
+    DecodeNf4x8(g == 0 ? raw.x : g == 1 ? raw.y : g == 2 ? raw.z : raw.w, book, w);
+  }
   __device__ static float Finish(float sum, const float*) { return sum; }
 };
 
@@ -459,6 +473,153 @@ cudaError_t QuantGemv(const float* x, const typename Format::Code* q, const floa
   return cudaGetLastError();
 }
 
+// ---- one-token GEMVs with 16-byte code loads (candidates: LaunchGemvInt8Wide, LaunchGemvNf4Wide) ---------------
+// A lane takes the Format::kWideChunk consecutive columns of 16 bytes of codes (one load; NF4: half a block, so one
+// block scale) in each step of 32 such chunks, so that a warp's code loads of a row are 512 contiguous bytes (the
+// GEMVs above load 8 (INT8) or 4 (NF4) bytes a lane in two loads). x (one token) is staged once per block in shared
+// memory, each chunk at a pitch of kWideChunk + 4 floats: a lane reads its chunk in 16-byte reads, and the 8 lanes of
+// a quarter warp then hit 8 different groups of 4 banks (read from global memory, each such warp read touched 32
+// cache lines).
+template <class Format>
+constexpr int64_t kWidePitch = Format::kWideChunk + 4;
+
+// The shared memory of x for rows of `cols` columns: every chunk of the row's width, padded.
+template <class Format>
+size_t WideSharedBytes(int64_t cols) {
+  return static_cast<size_t>(Format::Width(cols) / Format::kWideChunk * kWidePitch<Format>) * sizeof(float);
+}
+
+// A warp takes kRows consecutive rows from row0 (a row past the end reads the last row; its result is not stored).
+// The codes (and NF4's block scales) of the next kDepth - 1 steps are in flight while one is summed. A lane sums its
+// chunk of a step 8 columns at a time (ChunkDot, column order): onto the row's accumulator (INT8), or from zero and
+// then added times the block scale (NF4); steps in ascending order; the warp sums its lanes with WarpSum.
+// REQUIRES: x and q 16-byte aligned, Format::Width(cols) % Format::kWideChunk == 0 (INT8: cols % 16 == 0; NF4:
+// cols % 4 == 0 for x's loads), launched with kGemvThreads threads and WideSharedBytes<Format>(cols) of dynamic
+// shared memory.
+template <class Format, int kRows, int kDepth>
+__global__ void __launch_bounds__(kGemvThreads)
+    GemvWideKernel(const float* __restrict__ x, const typename Format::Code* __restrict__ q,
+                   const float* __restrict__ absmax, int64_t cols, int64_t rows, float* __restrict__ y) {
+  extern __shared__ float4 xs[];  // chunk c's float4 f at xs[c * kPitch4 + f]
+  constexpr int64_t kChunk = Format::kWideChunk;
+  constexpr int64_t kPitch4 = kWidePitch<Format> / 4;
+  constexpr int kGroups = static_cast<int>(kChunk / 8);  // of 8 weights
+  const int64_t chunks = Format::Width(cols) / kChunk;
+  for (int64_t i = threadIdx.x; i < chunks * (kChunk / 4); i += kGemvThreads) {
+    float v[4];
+    LoadX4<true>(x, 4 * i, cols, v);  // 0 past cols
+    xs[i / (kChunk / 4) * kPitch4 + i % (kChunk / 4)] = make_float4(v[0], v[1], v[2], v[3]);
+  }
+  __syncthreads();
+  const int64_t row0 = WarpRow0<kRows>();
+  if (row0 >= rows) return;  // the same for the whole warp, after the block's barrier
+  const int lane = threadIdx.x & 31;
+  const float book = Format::Book(lane);
+  const int64_t steps = (chunks + 31) / 32;
+  const typename Format::Code* qr[kRows];
+  const float* ar[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = min(row0 + r, rows - 1);
+    qr[r] = q + row * Format::RowBytes(cols);
+    ar[r] = absmax + row * Format::ScalesPerRow(cols);
+  }
+  struct WideStep {
+    uint4 raw[kRows];
+    float scale[kRows];
+  };
+  // A lane whose chunk is past the row (a step past the last, too) loads nothing.
+  auto load = [&](int64_t step, WideStep& dst) {
+    const int64_t chunk = step * 32 + lane;
+    const bool inside = chunk < chunks;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      // evict-first: see Load4Streaming
+      dst.raw[r] = inside ? __ldcs(reinterpret_cast<const uint4*>(qr[r]) + chunk) : make_uint4(0, 0, 0, 0);
+      if constexpr (Format::kBlockScales) dst.scale[r] = inside ? Format::Scale(ar[r], chunk * kChunk) : 0.0f;
+    }
+  };
+  float acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+  WideStep ring[kDepth];
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d) load(d, ring[d]);
+  for (int64_t s0 = 0; s0 < steps; s0 += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      if (s0 + d >= steps) break;  // the same for the whole warp
+      const int64_t chunk = (s0 + d) * 32 + lane;
+      const bool inside = chunk < chunks;
+      float part[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) part[r] = Format::kBlockScales ? 0.0f : acc[r];
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        float xv[8];
+        if (inside) {
+          Unpack4(xs[chunk * kPitch4 + 2 * g], xv);
+          Unpack4(xs[chunk * kPitch4 + 2 * g + 1], xv + 4);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) xv[e] = 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          float wv[8];
+          Format::DecodeWide(ring[d].raw[r], g, book, wv);  // NF4: the whole warp
+          part[r] = ChunkDot<8>(wv, xv, part[r]);
+        }
+      }
+      if (inside) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          acc[r] = Format::kBlockScales ? fmaf(part[r], ring[d].scale[r], acc[r]) : part[r];
+        }
+      }
+      load(s0 + d + kDepth, ring[d]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = row0 + r;
+    if (row >= rows) break;  // the same for the whole warp
+    const float sum = WarpSum(acc[r]);
+    if (lane == 0) y[row] = Format::Finish(sum, ar[r]);
+  }
+}
+
+// A candidate's launch: kRows rows per warp, kDepth steps in flight, as GemvWideKernel REQUIRES.
+template <class Format, int kRows, int kDepth>
+cudaError_t LaunchWide(const float* x, const typename Format::Code* q, const float* absmax, int64_t cols, int64_t rows,
+                       float* y, cudaStream_t stream) {
+  const size_t smem = WideSharedBytes<Format>(cols);
+  if (smem > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(GemvWideKernel<Format, kRows, kDepth>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+  }
+  GemvWideKernel<Format, kRows, kDepth>
+      <<<GemvBlocks<kRows>(rows), kGemvThreads, smem, stream>>>(x, q, absmax, cols, rows, y);
+  return cudaGetLastError();
+}
+
+// The candidates' one choice: rows per warp by OneTokenShape, ring depths kDepthRows4 / kDepthRows1. `valid`: the
+// format's REQUIRES of GemvWideKernel, decided by the caller.
+template <class Format, int kDepthRows4, int kDepthRows1>
+cudaError_t QuantGemvWide(const float* x, const typename Format::Code* q, const float* absmax, int64_t cols,
+                          int64_t rows, bool valid, float* y, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (cols <= 0 || !valid || CeilDiv(rows, kGemvWarps) > 0x7fffffff) return cudaErrorInvalidValue;
+  switch (OneTokenShape(rows)) {
+    case GemvShape::kRows4:
+      return LaunchWide<Format, 4, kDepthRows4>(x, q, absmax, cols, rows, y, stream);
+    case GemvShape::kRows1:
+      return LaunchWide<Format, 1, kDepthRows1>(x, q, absmax, cols, rows, y, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
 }  // namespace
 
 cudaError_t LaunchGemvInt8(const float* x, const int8_t* q, const float* absmax, int64_t n, int64_t cols, int64_t rows,
@@ -472,6 +633,18 @@ cudaError_t LaunchGemvNf4(const float* x, const uint8_t* codes, const float* abs
   // Rows are 32-byte multiples: aligned codes keep every row aligned.
   const bool vec = Aligned16(codes) && cols % 4 == 0 && Aligned16(x);
   return QuantGemv<Nf4Gemv>(x, codes, absmax, n, cols, rows, vec, y, stream);
+}
+
+cudaError_t LaunchGemvInt8Wide(const float* x, const int8_t* q, const float* absmax, int64_t cols, int64_t rows,
+                               float* y, cudaStream_t stream) {
+  const bool valid = cols % 16 == 0 && Aligned16(x) && Aligned16(q);
+  return QuantGemvWide<Int8Format, 2, 8>(x, q, absmax, cols, rows, valid, y, stream);
+}
+
+cudaError_t LaunchGemvNf4Wide(const float* x, const uint8_t* codes, const float* absmax, int64_t cols, int64_t rows,
+                              float* y, cudaStream_t stream) {
+  const bool valid = cols % 4 == 0 && Aligned16(x) && Aligned16(codes);
+  return QuantGemvWide<Nf4Format, 2, 4>(x, codes, absmax, cols, rows, valid, y, stream);
 }
 
 cudaError_t LaunchGemmInt8(const float* x, const int8_t* q, const float* absmax, int64_t n, int64_t cols, int64_t rows,

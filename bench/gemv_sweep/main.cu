@@ -28,16 +28,16 @@ void* RandomDeviceBytes(size_t bytes, uint32_t seed) {
 }
 
 void Report(const Variant& v, double copy_gbs) {
+  for (int i = 0; i < v.copies; ++i) v.launch(i);  // warm-up (and a launcher's shared memory attribute)
+  SWEEP_CHECK(cudaGetLastError());
   cudaFuncAttributes attr{};
   SWEEP_CHECK(cudaFuncGetAttributes(&attr, v.func));
   int blocks_per_sm = 0;
-  SWEEP_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, v.func, v.threads, 0));
+  SWEEP_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, v.func, v.threads, v.shared_bytes));
   cudaEvent_t start, stop;
   SWEEP_CHECK(cudaEventCreate(&start));
   SWEEP_CHECK(cudaEventCreate(&stop));
   constexpr int kIters = 20, kRuns = 7;
-  for (int i = 0; i < v.copies; ++i) v.launch(i);  // warm-up
-  SWEEP_CHECK(cudaGetLastError());
   std::vector<float> ms;
   for (int run = 0; run < kRuns; ++run) {
     SWEEP_CHECK(cudaEventRecord(start));

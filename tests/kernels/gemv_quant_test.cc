@@ -411,5 +411,44 @@ TEST_F(QuantKernelTest, OneTokenGemvRingsWrapAtEveryRowsPerWarp) {
   }
 }
 
+// The candidate one-token GEMVs (codes in 16-byte loads, x in shared memory; bench/gemv_sweep times them) are within
+// tolerance of the CPU product of the dequantized weights at both of their rows-per-warp shapes: where their rings
+// wrap (1 row per warp over 4208 columns: INT8 9 steps of 512 columns at depth 8, NF4 5 steps of 1024 at depth 4),
+// where the last step is partly past the row, NF4's last block too (no width is a multiple of 64), and where the
+// last warp is partly used. They refuse what they REQUIRE.
+TEST_F(QuantKernelTest, WideGemvsMatchCpu) {
+  std::mt19937 rng(27);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1104, 8195}, {4208, 100}, {2320, 1027}};
+  for (const auto& [cols, rows] : shapes) {
+    const std::string what = "in=" + std::to_string(cols) + " out=" + std::to_string(rows);
+    const std::vector<float> w = QuantTestWeights(rows, cols, rng);
+    const CpuQuantized cq(w, rows, cols);
+    const std::vector<float> x = RandomFloats(static_cast<size_t>(cols), rng);
+    const auto [want8, want4] = cq.Products(x, 1);
+    const DeviceQuantized dev(cq);
+    DeviceArray<float> dx(x);
+    DeviceArray<float> got8(want8.size()), got4(want4.size());
+    ODMOE_ASSERT_CUDA(
+        kernels::LaunchGemvInt8Wide(dx.get(), dev.q.get(), dev.a8.get(), cols, rows, got8.get(), stream_));
+    ODMOE_ASSERT_CUDA(
+        kernels::LaunchGemvNf4Wide(dx.get(), dev.codes.get(), dev.a4.get(), cols, rows, got4.get(), stream_));
+    Sync();
+    ExpectWithin(got8.Download(), want8, gpu_test::MatMulTolerances(x, cq.w8, 1, cols, rows), "int8 wide " + what);
+    ExpectWithin(got4.Download(), want4, gpu_test::MatMulTolerances(x, cq.w4, 1, cols, rows), "nf4 wide " + what);
+  }
+  const std::vector<float> w = QuantTestWeights(8, 68, rng);
+  const CpuQuantized cq(w, 8, 68);
+  const DeviceQuantized dev(cq);
+  DeviceArray<float> dx(RandomFloats(72, rng));
+  DeviceArray<float> y(8);
+  EXPECT_EQ(kernels::LaunchGemvInt8Wide(dx.get(), dev.q.get(), dev.a8.get(), 68, 8, y.get(), stream_),
+            cudaErrorInvalidValue);  // cols % 16 != 0
+  EXPECT_EQ(kernels::LaunchGemvNf4Wide(dx.get(), dev.codes.get(), dev.a4.get(), 66, 8, y.get(), stream_),
+            cudaErrorInvalidValue);  // cols % 4 != 0
+  EXPECT_EQ(kernels::LaunchGemvNf4Wide(dx.get() + 1, dev.codes.get(), dev.a4.get(), 68, 8, y.get(), stream_),
+            cudaErrorInvalidValue);  // x not 16-byte aligned
+  EXPECT_EQ(kernels::LaunchGemvNf4Wide(dx.get(), dev.codes.get(), dev.a4.get(), 68, 0, y.get(), stream_), cudaSuccess);
+}
+
 }  // namespace
 }  // namespace odmoe
