@@ -189,6 +189,20 @@ __device__ __forceinline__ void LoadX4(const float* xt, int64_t col, int64_t col
   }
 }
 
+// The codes and scales of a warp's kRows rows from row0; a row past the end gets the last row's (read, its result
+// not stored).
+template <class Format, int kRows>
+__device__ __forceinline__ void WarpRowStarts(const typename Format::Code* q, const float* absmax, int64_t cols,
+                                              int64_t rows, int64_t row0, const typename Format::Code* (&qr)[kRows],
+                                              const float* (&ar)[kRows]) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = min(row0 + r, rows - 1);
+    qr[r] = q + row * Format::RowBytes(cols);
+    ar[r] = absmax + row * Format::ScalesPerRow(cols);
+  }
+}
+
 // The body of both formats' GEMV kernels. A warp takes kRows consecutive output rows from row0 (a row past the end
 // reads the last row; its result is not stored) and walks them in steps of kStepCols columns, a lane taking its
 // two pieces of each (see kStepCols). The codes of the next kDepth - 1 steps are loaded before a step is computed
@@ -209,12 +223,7 @@ __device__ __forceinline__ void QuantGemvRows(const float* __restrict__ x, const
   const int64_t lane_col = Format::LaneCol(lane);
   const typename Format::Code* qr[kRows];
   const float* ar[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int64_t row = min(row0 + r, rows - 1);
-    qr[r] = q + row * Format::RowBytes(cols);
-    ar[r] = absmax + row * Format::ScalesPerRow(cols);
-  }
+  WarpRowStarts<Format>(q, absmax, cols, rows, row0, qr, ar);
   float acc[kRows][kTokens];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -518,12 +527,7 @@ __global__ void __launch_bounds__(kGemvThreads)
   const int64_t steps = (chunks + 31) / 32;
   const typename Format::Code* qr[kRows];
   const float* ar[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int64_t row = min(row0 + r, rows - 1);
-    qr[r] = q + row * Format::RowBytes(cols);
-    ar[r] = absmax + row * Format::ScalesPerRow(cols);
-  }
+  WarpRowStarts<Format>(q, absmax, cols, rows, row0, qr, ar);
   struct WideStep {
     uint4 raw[kRows];
     float scale[kRows];
