@@ -5,7 +5,7 @@
 #   usage: bench/device_check.sh PACK OUTDIR
 #
 # PACK is a tar.xz made here from `../shared/tools/bundle.sh DIR build/tests/kernels_test build/bin/odmoe-bench`
-# (and build/bin/gemv_sweep, from `ninja -C build gemv_sweep`) plus DIR/shared/models/<the small checkpoints>; it
+# (and build/bin/gemv_sweep, built for sm_90) plus DIR/shared/models/<the small checkpoints>; it
 # is unpacked to /tmp/odmoe-dev. Every step has its own time limit, so one that hangs leaves the others' figures.
 # Logs and JSON lines go to OUTDIR.
 set -u

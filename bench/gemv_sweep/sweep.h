@@ -1,7 +1,7 @@
 // gemv_sweep: times every variant of the one-token GEMV kernels (rows per warp, ring depth) on the shapes of a
 // decode, and the INT8 / NF4 candidates with 16-byte code loads (kernels/quant.h: LaunchGemvInt8Wide,
 // LaunchGemvNf4Wide) likewise, so that one GPU run says which variant each shape should take. A tool for a machine with
-// a GPU, built only on request (`ninja -C build gemv_sweep`, sm_90 only) and run by bench/device_check.sh; each
+// a GPU, built for sm_90 only (with the rest of the build, so CI compiles it) and run by bench/device_check.sh; each
 // variant's kernel is the library's own template (dense.cu and quant.cu include the kernels' .cu files), launched as
 // the library's dispatch would launch it.
 #pragma once
