@@ -37,6 +37,7 @@
 namespace odmoe::kernels {
 namespace {
 
+using internal::AllowDynamicShared;
 using internal::CeilDiv;
 using internal::StoreAs;
 using internal::ToFloat;
@@ -722,11 +723,7 @@ cudaError_t LaunchAttentionPrefill(const float* q, const KV* k_cache, const KV* 
   if (n == 0) return cudaSuccess;
   if (!ValidShapes(n, past, heads, kv_heads, head_dim)) return cudaErrorInvalidValue;
   const size_t smem = PrefillSharedBytes(static_cast<int>(head_dim));
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(AttentionPrefillKernel<KV>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-  }
+  if (const cudaError_t err = AllowDynamicShared(AttentionPrefillKernel<KV>, smem); err != cudaSuccess) return err;
   const AttentionArgs<KV> a = MakeArgs(q, k_cache, v_cache, n, past, heads, kv_heads, head_dim, scale, out);
   const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>(CeilDiv(n, kPreQueries)));
   AttentionPrefillKernel<KV><<<grid, kPreThreads, smem, stream>>>(a);

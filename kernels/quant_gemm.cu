@@ -28,6 +28,7 @@ namespace odmoe::kernels {
 namespace {
 
 using internal::Aligned16;
+using internal::AllowDynamicShared;
 using internal::CeilDiv;
 using internal::ChunkDot;
 using internal::Load4;
@@ -598,10 +599,8 @@ template <class Format, int kRows, int kDepth>
 cudaError_t LaunchWide(const float* x, const typename Format::Code* q, const float* absmax, int64_t cols, int64_t rows,
                        float* y, cudaStream_t stream) {
   const size_t smem = WideSharedBytes<Format>(cols);
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(GemvWideKernel<Format, kRows, kDepth>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
+  if (const cudaError_t err = AllowDynamicShared(GemvWideKernel<Format, kRows, kDepth>, smem); err != cudaSuccess) {
+    return err;
   }
   GemvWideKernel<Format, kRows, kDepth>
       <<<GemvBlocks<kRows>(rows), kGemvThreads, smem, stream>>>(x, q, absmax, cols, rows, y);
