@@ -22,7 +22,7 @@ struct PrefetchSender::Call {
 
 PrefetchSender::PrefetchSender(const std::vector<std::string>& workers, Placement placement,
                                PrefetchSenderOptions options)
-    : base_(placement), options_(std::move(options)), placement_(placement) {
+    : base_(placement), options_(std::move(options)), placement_(placement), queues_(workers.size()) {
   for (const std::string& address : workers) stubs_.push_back(v1::Worker::NewStub(MakeChannel(address)));
 }
 
@@ -67,7 +67,7 @@ void PrefetchSender::Send(uint64_t request_id, int64_t position, int64_t layer, 
     for (auto& [worker, lists] : by_worker) {
       const std::vector<int32_t>& list = hedge ? lists.second : lists.first;
       if (list.empty() || worker < 0 || worker >= static_cast<int32_t>(stubs_.size())) continue;
-      auto* call = new Call();
+      auto call = std::make_unique<Call>();
       call->worker = worker;
       FillHeader(call->request.mutable_header(), options_.epoch, options_.fingerprint, options_.sender, request_id,
                  view.epoch != 0 ? &view : nullptr);
@@ -75,32 +75,88 @@ void PrefetchSender::Send(uint64_t request_id, int64_t position, int64_t layer, 
       call->request.set_position(position);
       call->request.set_hedge(hedge);
       for (int32_t e : list) call->request.add_experts(e);
-      SetDeadline(call->context, options_.rpc_timeout_ms);
       AttachRequestId(call->context, trace_id);
+      Call* start = nullptr;
       {
         absl::MutexLock lock(&mu_);
         call->sequence = next_sequence_++;
         in_flight_.insert(call->sequence);
-        ++stats_.calls;
-        if (hedge) ++stats_.hedge_calls;
+        WorkerQueue& queue = queues_[static_cast<size_t>(worker)];
+        if (queue.in_flight < std::max(1, options_.max_in_flight)) {
+          ++queue.in_flight;
+          start = call.release();
+        } else {
+          queue.waiting.push_back(std::move(call));
+          if (queue.waiting.size() > static_cast<size_t>(std::max(0, options_.max_queued))) {
+            std::unique_ptr<Call> oldest = std::move(queue.waiting.front());
+            queue.waiting.pop_front();
+            spdlog::debug("prefetch queue of worker {} full: dropped the prediction of layer {} position {}", worker,
+                          oldest->request.layer(), oldest->request.position());
+            Drop(std::move(oldest));
+          }
+        }
       }
-      stubs_[static_cast<size_t>(worker)]->async()->Prefetch(
-          &call->context, &call->request, &call->response, [this, call](grpc::Status status) {
-            if (!status.ok()) {
-              spdlog::debug("prefetch to worker {} failed: {}", call->worker, status.error_message());
-            }
-            absl::MutexLock lock(&mu_);
-            if (!status.ok()) ++stats_.failures;
-            if (status.ok() && call->response.late()) ++stats_.late;
-            if (status.ok() && call->request.hedge()) {
-              stats_.hedge_loads += static_cast<uint64_t>(std::max(0, call->response.accepted()));
-            }
-            in_flight_.erase(call->sequence);
-            // Freed under the lock: Drain cannot return (and the sender die) before this call is gone.
-            delete call;
-          });
+      if (start != nullptr) Start(start);
     }
   }
+}
+
+void PrefetchSender::Start(Call* call) {
+  // The deadline runs from the start, not from the queueing.
+  SetDeadline(call->context, options_.rpc_timeout_ms);
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.calls;
+    if (call->request.hedge()) ++stats_.hedge_calls;
+  }
+  stubs_[static_cast<size_t>(call->worker)]->async()->Prefetch(&call->context, &call->request, &call->response,
+                                                               [this, call](grpc::Status status) {
+                                                                 Call* next = nullptr;
+                                                                 {
+                                                                   absl::MutexLock lock(&mu_);
+                                                                   next = Complete(call, status);
+                                                                 }
+                                                                 // `next` is still in in_flight_, so Drain (and the
+                                                                 // destructor) wait for it to be started and complete.
+                                                                 if (next != nullptr) Start(next);
+                                                               });
+}
+
+PrefetchSender::Call* PrefetchSender::Complete(Call* call, const grpc::Status& status) {
+  if (!status.ok()) {
+    spdlog::debug("prefetch to worker {} failed: {}", call->worker, status.error_message());
+    ++stats_.failures;
+  }
+  if (status.ok() && call->response.late()) ++stats_.late;
+  if (status.ok() && call->request.hedge()) {
+    stats_.hedge_loads += static_cast<uint64_t>(std::max(0, call->response.accepted()));
+  }
+  WorkerQueue& queue = queues_[static_cast<size_t>(call->worker)];
+  --queue.in_flight;
+  // A worker that is gone or did not answer in time would keep each queued call until its deadline; one that
+  // refused this call (no room, an older epoch) may take the next.
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    while (!queue.waiting.empty()) {
+      Drop(std::move(queue.waiting.front()));
+      queue.waiting.pop_front();
+    }
+  }
+  Call* next = nullptr;
+  if (!queue.waiting.empty()) {
+    next = queue.waiting.front().release();
+    queue.waiting.pop_front();
+    ++queue.in_flight;
+  }
+  in_flight_.erase(call->sequence);
+  // Freed under the lock: Drain cannot return (and the sender die) before this call is gone.
+  delete call;
+  return next;
+}
+
+void PrefetchSender::Drop(std::unique_ptr<Call> call) {
+  ++stats_.dropped;
+  in_flight_.erase(call->sequence);
 }
 
 void PrefetchSender::Drain() {

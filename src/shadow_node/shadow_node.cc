@@ -740,6 +740,7 @@ v1::ShadowStats ShadowNode::Stats(bool reset) {
     const rpc::PrefetchSenderStats ps = sender_->stats();
     s.set_prefetch_calls(ps.calls);
     s.set_prefetch_failures(ps.failures);
+    s.set_prefetch_dropped(ps.dropped);
     s.set_hedge_loads(ps.hedge_loads);
   }
   absl::MutexLock lock(&stats_mu_);
@@ -813,6 +814,10 @@ void ShadowNode::InitMetrics(metrics::Labels labels) {
       out->push_back(metrics::SingleSample("odmoe_shadow_prefetch_failures_total",
                                            "Prefetch calls that failed (the worker refused or did not answer).",
                                            metrics::MetricType::kCounter, static_cast<double>(ps.failures)));
+      out->push_back(metrics::SingleSample(
+          "odmoe_shadow_prefetch_dropped_total",
+          "Prefetch calls never sent: dropped from a worker's full queue, or queued behind a failed call.",
+          metrics::MetricType::kCounter, static_cast<double>(ps.dropped)));
     }
     if (device_ != nullptr) {
       const MemoryInfo m = device_->memory_info();
