@@ -120,8 +120,9 @@ struct ShadowSettings {
   // How many positions the shadow may run ahead of the position main is decoding (>= 1).
   int64_t max_lead_tokens = 1;
   // How many positions behind the position main is decoding the shadow must be before it takes main's token
-  // and K/V for the positions main has left behind instead of running them (catch-up; it needs token and KV
-  // alignment of those positions); 0: never, every position is run and its late predictions count for recall.
+  // and K/V for the positions main has left behind instead of running them (catch-up); main then sends both at
+  // every step, whatever align_token and align_kv (ShadowLink::AlignmentDue). 0: never, every position is run
+  // and its late predictions count for recall.
   int64_t catch_up_lag = 0;
   // Where a token alignment is due, the shadow waits for main's token (false: OD-MoE's late departure), or runs
   // the position at once with its own guess and rolls back if main's token differs (true: early departure, so

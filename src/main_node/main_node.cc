@@ -665,8 +665,9 @@ void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
   if (run.link == nullptr || !run.link->active() || last) return;  // (a broken link needs no K/V read)
   const ShadowSettings& ss = cluster_.shadow_settings;
   const int64_t prompt_len = run.prompt_len();
-  const bool send_token = ss.align_token > 0 && i % ss.align_token == 0;
-  bool send_kv = ss.align_kv > 0 && i % ss.align_kv == 0;
+  const StepAlignment due = run.link->AlignmentDue(prompt_len + i);
+  const bool send_token = due.token;
+  bool send_kv = due.kv;
   // K/V that cannot be read (logged), or that the link has no room for, is not sent: the step still goes, so that
   // the shadow keeps main's position.
   auto read = [&run](const absl::Status& s) {

@@ -70,6 +70,9 @@ bool ShadowLink::Start(uint64_t request_id, const std::string& trace_id, std::sp
   trace_id_ = trace_id;
   reader_done_ = std::make_unique<absl::Notification>();
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  settings_ = settings;
+  prompt_len_ = prompt_len;
+  shadow_position_.store(prompt_len - 1, std::memory_order_relaxed);
   writer_ =
       std::thread(&ShadowLink::WriteLoop, this, board, prompt_len, LastDecodePosition(prompt_len, max_new_tokens));
   return true;
@@ -148,8 +151,20 @@ void ShadowLink::ReadLoop(PredictionBoard* board, int64_t prompt_len, int64_t la
       continue;
     }
     board->Put(p.position(), sparse_index, std::move(experts), std::move(hedges));
+    if (p.position() > shadow_position_.load(std::memory_order_relaxed)) {
+      shadow_position_.store(p.position(), std::memory_order_relaxed);  // the one writer
+    }
   }
   reader_done_->Notify();
+}
+
+StepAlignment ShadowLink::AlignmentDue(int64_t position) const {
+  const int64_t i = position - prompt_len_;
+  // The shadow runs the position after the last it predicted for next (ShadowNode: far behind when
+  // main's position - its next >= catch_up_lag).
+  if (settings_.catch_up_lag > 0 && position - (shadow_position() + 1) >= settings_.catch_up_lag) return {true, true};
+  return {settings_.align_token > 0 && i % settings_.align_token == 0,
+          settings_.align_kv > 0 && i % settings_.align_kv == 0};
 }
 
 bool ShadowLink::Write(const Outgoing& item) {

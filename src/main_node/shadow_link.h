@@ -1,7 +1,8 @@
 // Main's side of the shadow's Follow stream (shadow.proto) for one request: it sends the prompt, then a step
 // per decode position (with the batch step that decodes it) and the alignment due at that step (the token every T_tok
-// steps, the K/V of the last decoded position every T_kv steps), and a reader thread files the shadow's predictions
-// into the request's PredictionBoard.
+// steps, the K/V of the last decoded position every T_kv steps; both at every step while the shadow is
+// catch_up_lag behind: AlignmentDue), and a reader thread files the shadow's predictions into the request's
+// PredictionBoard.
 //
 // The shadow is an optimisation, never a dependency: if the stream cannot be opened or breaks, main logs it
 // once and goes on without predictions (workers then load after routing); tokens never depend on it. Each
@@ -63,6 +64,13 @@ struct ShadowLinkOptions {
   std::shared_ptr<std::atomic<bool>> warned = std::make_shared<std::atomic<bool>>(false);
 };
 
+// What main's step of one position (FollowStep) carries: main's token at the position, and the K/V of the one
+// before it.
+struct StepAlignment {
+  bool token = false;
+  bool kv = false;
+};
+
 struct AlignmentCounts {
   uint64_t tokens = 0;            // token alignments sent
   uint64_t kv = 0;                // KV alignments sent
@@ -89,6 +97,14 @@ class ShadowLink {
   // (token alignment) and `k`/`v` ([num_layers, kv_size] of position - 1, copied; both null for none). No-op
   // when the link is not active.
   void Step(int64_t position, int64_t batch_step, std::optional<int32_t> token, const float* k, const float* v);
+  // The alignment due with main's step at `position`, the (position - prompt length)-th of the request started
+  // last: the token every align_token steps and the K/V every align_kv steps (0: never). With catch_up_lag > 0,
+  // both at every step while the shadow is catch_up_lag or more positions behind `position` (as far as its
+  // predictions show): it then takes main's token and K/V for the positions main has left behind instead of
+  // running them (ShadowNode's catch-up), whatever the periods. Main reads the K/V only where it is due.
+  StepAlignment AlignmentDue(int64_t position) const;
+  // The latest position the shadow has sent a prediction for (prompt length - 1 before its first).
+  int64_t shadow_position() const { return shadow_position_.load(std::memory_order_relaxed); }
   // KV alignment of positions [first, first + count): rows of [count, num_layers, kv_size] each, queued whole and
   // sent by the writer in messages of at most ~4 MiB. No-op when the link is not active.
   void SendKv(int64_t first, int64_t count, std::vector<float> k, std::vector<float> v);
@@ -149,6 +165,10 @@ class ShadowLink {
   std::unique_ptr<grpc::ClientReaderWriter<v1::FollowMessage, v1::Prediction>> stream_;
   std::unique_ptr<absl::Notification> reader_done_;  // the stream ended
   std::string trace_id_;  // the request's: set by Start before it starts the writer, read by the link's threads
+  // The request's, set by Start (read by the caller's thread only).
+  ShadowSettings settings_;
+  int64_t prompt_len_ = 0;
+  std::atomic<int64_t> shadow_position_{-1};  // written by the reader (Start before it starts)
   std::thread writer_;
   std::thread reader_;  // started by the writer
 };

@@ -358,8 +358,10 @@ TEST_F(ShadowTest, AlignmentPeriodsSendExactlyWhatTheySay) {
 // (position, layer).
 class FollowAsMain {
  public:
+  // `align`: the periods FollowStart gives (T_tok = T_kv); every step carries its token and K/V regardless, as
+  // main's steps do while the shadow is catch_up_lag behind (ShadowLink::AlignmentDue).
   FollowAsMain(const std::string& shadow, const ClusterConfig& cluster, const std::string& fingerprint,
-               const std::vector<int32_t>& prompt, int64_t max_new_tokens)
+               const std::vector<int32_t>& prompt, int64_t max_new_tokens, int64_t align = 1)
       : stub_(v1::Shadow::NewStub(rpc::MakeChannel(shadow))), prompt_(prompt), max_new_tokens_(max_new_tokens) {
     // Main's run: the tokens fed at each decode position and the K/V of every position.
     auto local = LocalModel::Open(SharedModel(kModel), *CreateDevice("cpu"));
@@ -384,8 +386,8 @@ class FollowAsMain {
     rpc::FillHeader(start.mutable_start()->mutable_header(), cluster.epoch, fingerprint, "main", 1);
     start.mutable_start()->mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
     start.mutable_start()->set_max_new_tokens(max_new_tokens);
-    start.mutable_start()->set_align_token(1);
-    start.mutable_start()->set_align_kv(1);
+    start.mutable_start()->set_align_token(align);
+    start.mutable_start()->set_align_kv(align);
     start.mutable_start()->set_max_lead_tokens(1);
     EXPECT_TRUE(stream_->Write(start));
     v1::FollowMessage kv;  // the prompt's K/V but its last position's, which the first step carries
@@ -448,7 +450,8 @@ class FollowAsMain {
 
 // A shadow that has fallen far behind main catches up: the positions main has left behind, whose tokens and K/V
 // have come, it takes on main's K/V instead of running them, and predicts main's position as it does having run
-// every position in step with main (with KV alignment, its cache holds main's K/V either way).
+// every position in step with main (with KV alignment, its cache holds main's K/V either way). Main sends them
+// at every step while the shadow is that far behind, whatever the alignment periods: the behind request's are 4.
 TEST_F(ShadowTest, ABehindShadowTakesMainsKvForThePositionsMainHasLeftAndPredictsTheSame) {
   ShadowCluster c;
   const absl::Status started = c.Start({"align_token = 1\nalign_kv = 1\ncatch_up_lag = 8\n"});
@@ -470,7 +473,7 @@ TEST_F(ShadowTest, ABehindShadowTakesMainsKvForThePositionsMainHasLeftAndPredict
 
   // Behind: main is at its last position before the shadow can run its first (the steps come last first, and
   // the first position waits for main's token).
-  FollowAsMain behind(c.shadow_endpoint(), c.cluster(), c.shadow()->fingerprint(), prompt, kNew);
+  FollowAsMain behind(c.shadow_endpoint(), c.cluster(), c.shadow()->fingerprint(), prompt, kNew, /*align=*/4);
   for (int64_t p = behind.last(); p >= behind.prompt_len(); --p) behind.Step(p);
   ASSERT_TRUE(behind.End().ok());
   const v1::ShadowStats caught_up = c.shadow()->Stats(/*reset=*/true);

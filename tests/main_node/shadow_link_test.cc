@@ -1,12 +1,16 @@
 // ShadowLink against a fake shadow on loopback that stops reading its stream (a slow or stalled link): main's
 // calls (Start, Step, SendKv, RoomForKv) never wait on it, the K/V queued for it stays bounded while K/V
 // alignment pauses, every step still reaches the shadow in order once it reads again, and Finish gives up on a
-// stalled shadow after its wait.
+// stalled shadow after its wait. And the alignment due at each step, against a shadow keeping up and one far
+// behind.
 #include "src/main_node/shadow_link.h"
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -213,6 +217,74 @@ TEST_F(ShadowLinkTest, FinishDropsTheKvStillQueuedButSendsEveryStep) {
   const AlignmentCounts counts = link.counts();
   EXPECT_LT(counts.kv, static_cast<uint64_t>(kSteps));
   EXPECT_EQ(static_cast<uint64_t>(shadow_.kv_steps()), counts.kv);
+}
+
+// Reads every message; while `predict` is set, answers each step at once with a prediction for its position
+// (layer 0), as a shadow keeping up with main does.
+class EchoShadow final : public v1::Shadow::Service {
+ public:
+  grpc::Status Follow(grpc::ServerContext*,
+                      grpc::ServerReaderWriter<v1::Prediction, v1::FollowMessage>* stream) override {
+    v1::FollowMessage m;
+    while (stream->Read(&m)) {
+      if (!m.has_step() || !predict) continue;
+      v1::Prediction p;
+      p.set_position(m.step().position());
+      p.set_layer(0);
+      p.add_experts(0);
+      p.add_experts(1);
+      if (!stream->Write(p)) break;
+    }
+    return grpc::Status::OK;
+  }
+  std::atomic<bool> predict{true};
+};
+
+// The alignment each of main's steps carries: the periods' while the shadow keeps up; with catch_up_lag, token
+// and K/V at every step once the shadow's predictions are that far behind (a shadow that predicts nothing here).
+TEST_F(ShadowLinkTest, AShadowFarBehindGetsEveryStepsTokenAndKv) {
+  constexpr int64_t kPrompt = 8, kSteps = 10;
+  ShadowSettings settings;
+  settings.align_token = 4;
+  settings.align_kv = 2;
+  settings.catch_up_lag = 3;
+  std::vector<int32_t> prompt(kPrompt, 7);
+  EchoShadow shadow;
+  auto server = rpc::Server::Start({"127.0.0.1:0", 2}, {&shadow});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::shared_ptr<grpc::Channel> channel = rpc::MakeChannel(StrCat("127.0.0.1:", (*server)->port()));
+  // The alignment due at each step of a request, against a shadow that predicts each position at once (before
+  // main's next step) or not at all.
+  auto due_at = [&](const ShadowSettings& s, bool keep_up) {
+    shadow.predict = keep_up;
+    ShadowLink link(channel, config_, ShadowLinkOptions{});
+    PredictionBoard board;
+    EXPECT_TRUE(link.Start(1, "req-4", prompt, kSteps + 1, s, &board));
+    EXPECT_EQ(link.shadow_position(), kPrompt - 1);
+    std::vector<std::pair<bool, bool>> due;
+    for (int64_t i = 0; i < kSteps; ++i) {
+      const StepAlignment a = link.AlignmentDue(kPrompt + i);
+      due.emplace_back(a.token, a.kv);
+      link.Step(kPrompt + i, i + 1, std::nullopt, nullptr, nullptr);
+      // A shadow keeping up has predicted the position before main's next step.
+      for (int w = 0; keep_up && w < 1000 && link.shadow_position() < kPrompt + i; ++w) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      EXPECT_EQ(link.shadow_position(), keep_up ? kPrompt + i : kPrompt - 1);
+    }
+    link.Finish(/*wait_ms=*/10000);
+    return due;
+  };
+  std::vector<std::pair<bool, bool>> periodic, behind;
+  for (int64_t i = 0; i < kSteps; ++i) {
+    periodic.emplace_back(i % 4 == 0, i % 2 == 0);
+    behind.emplace_back(i >= 3 || i % 4 == 0, i >= 3 || i % 2 == 0);  // main's position - (shadow's + 1) >= 3
+  }
+  EXPECT_EQ(due_at(settings, /*keep_up=*/true), periodic);
+  EXPECT_EQ(due_at(settings, /*keep_up=*/false), behind);
+  settings.catch_up_lag = 0;  // off: the periods only, however far behind
+  EXPECT_EQ(due_at(settings, /*keep_up=*/false), periodic);
+  (*server)->Shutdown(0);
 }
 
 }  // namespace
