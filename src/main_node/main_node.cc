@@ -666,7 +666,6 @@ void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
   const ShadowSettings& ss = cluster_.shadow_settings;
   const int64_t prompt_len = run.prompt_len();
   const StepAlignment due = run.link->AlignmentDue(prompt_len + i);
-  const bool send_token = due.token;
   bool send_kv = due.kv;
   // K/V that cannot be read (logged), or that the link has no room for, is not sent: the step still goes, so that
   // the shadow keeps main's position.
@@ -691,7 +690,7 @@ void MainNode::OnToken(RequestRun& run, int32_t id, bool last) {
               read(engine_->ReadKv(*run.batch->sequence(), prompt_len + i - 1, run.kv_k.data(), run.kv_v.data()));
   }
   // The position is decoded in the next decode step: every decoding request is in every decode step.
-  run.link->Step(prompt_len + i, decode_steps_ + 1, send_token ? std::optional<int32_t>(id) : std::nullopt,
+  run.link->Step(prompt_len + i, decode_steps_ + 1, due.token ? std::optional<int32_t>(id) : std::nullopt,
                  send_kv ? run.kv_k.data() : nullptr, send_kv ? run.kv_v.data() : nullptr);
 }
 

@@ -83,8 +83,7 @@ void PrefetchSender::Send(uint64_t request_id, int64_t position, int64_t layer, 
         in_flight_.insert(call->sequence);
         WorkerQueue& queue = queues_[static_cast<size_t>(worker)];
         if (queue.in_flight < std::max(1, options_.max_in_flight)) {
-          ++queue.in_flight;
-          start = call.release();
+          start = TakeSlot(queue, std::move(call));
         } else {
           queue.waiting.push_back(std::move(call));
           if (queue.waiting.size() > static_cast<size_t>(std::max(0, options_.max_queued))) {
@@ -101,25 +100,27 @@ void PrefetchSender::Send(uint64_t request_id, int64_t position, int64_t layer, 
   }
 }
 
+PrefetchSender::Call* PrefetchSender::TakeSlot(WorkerQueue& queue, std::unique_ptr<Call> call) {
+  ++queue.in_flight;
+  ++stats_.calls;
+  if (call->request.hedge()) ++stats_.hedge_calls;
+  return call.release();
+}
+
 void PrefetchSender::Start(Call* call) {
   // The deadline runs from the start, not from the queueing.
   SetDeadline(call->context, options_.rpc_timeout_ms);
-  {
-    absl::MutexLock lock(&mu_);
-    ++stats_.calls;
-    if (call->request.hedge()) ++stats_.hedge_calls;
-  }
+  auto done = [this, call](grpc::Status status) {
+    Call* next = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      next = Complete(call, status);
+    }
+    // `next` is still in in_flight_, so Drain (and the destructor) wait for it to be started and complete.
+    if (next != nullptr) Start(next);
+  };
   stubs_[static_cast<size_t>(call->worker)]->async()->Prefetch(&call->context, &call->request, &call->response,
-                                                               [this, call](grpc::Status status) {
-                                                                 Call* next = nullptr;
-                                                                 {
-                                                                   absl::MutexLock lock(&mu_);
-                                                                   next = Complete(call, status);
-                                                                 }
-                                                                 // `next` is still in in_flight_, so Drain (and the
-                                                                 // destructor) wait for it to be started and complete.
-                                                                 if (next != nullptr) Start(next);
-                                                               });
+                                                               std::move(done));
 }
 
 PrefetchSender::Call* PrefetchSender::Complete(Call* call, const grpc::Status& status) {
@@ -144,9 +145,8 @@ PrefetchSender::Call* PrefetchSender::Complete(Call* call, const grpc::Status& s
   }
   Call* next = nullptr;
   if (!queue.waiting.empty()) {
-    next = queue.waiting.front().release();
+    next = TakeSlot(queue, std::move(queue.waiting.front()));
     queue.waiting.pop_front();
-    ++queue.in_flight;
   }
   in_flight_.erase(call->sequence);
   // Freed under the lock: Drain cannot return (and the sender die) before this call is gone.

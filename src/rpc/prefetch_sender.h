@@ -84,7 +84,9 @@ class PrefetchSender {
     std::deque<std::unique_ptr<Call>> waiting;  // calls not yet started, in order of sending
   };
 
-  // Issues `call` (taken over; freed when it completes).
+  // `call` takes one of its worker's slots (counted as sent); the caller starts it once mu_ is released.
+  Call* TakeSlot(WorkerQueue& queue, std::unique_ptr<Call> call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Issues `call`, which holds a slot (taken over; freed when it completes).
   void Start(Call* call);
   // The completion of `call`: its stats, then the worker's next queued call (returned, to be started by the
   // caller once mu_ is released), or, when the worker did not answer, the queued calls dropped.

@@ -816,7 +816,7 @@ void ShadowNode::InitMetrics(metrics::Labels labels) {
                                            metrics::MetricType::kCounter, static_cast<double>(ps.failures)));
       out->push_back(metrics::SingleSample(
           "odmoe_shadow_prefetch_dropped_total",
-          "Prefetch calls never sent: dropped from a worker's full queue, or queued behind a failed call.",
+          "Prefetch calls never sent: dropped from a worker's full queue, or queued behind a call it did not answer.",
           metrics::MetricType::kCounter, static_cast<double>(ps.dropped)));
     }
     if (device_ != nullptr) {
