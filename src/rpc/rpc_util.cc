@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "grpc/grpc.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "src/common/status.h"
@@ -22,6 +23,14 @@ namespace {
 // The status details (grpc-status-details-bin) of a busy refusal (ServerBusyError).
 constexpr char kBusyDetails[] = "odmoe:server-busy";
 }  // namespace
+
+void KeepGrpcInitialized() {
+  static const bool initialized = [] {
+    grpc_init();  // never undone
+    return true;
+  }();
+  (void)initialized;
+}
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -70,6 +79,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security) {
+  KeepGrpcInitialized();
   grpc::ChannelArguments args = ChannelArgs();
   security.ConfigureChannel(address, &args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
@@ -153,6 +163,7 @@ std::string CannotListen(const ServerOptions& options, const std::string& reason
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
                                                       const std::vector<grpc::Service*>& services) {
+  KeepGrpcInitialized();
   // A taken port is refused here, with one line, before gRPC (which would also refuse it, SO_REUSEPORT being
   // off below, but after logging its own error).
   const int wanted = PortOf(options.address);
