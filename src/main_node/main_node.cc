@@ -615,7 +615,7 @@ void MainNode::StartPrediction(RequestRun& run) {
   run.board.Reset(static_cast<int64_t>(config_.SparseLayers().size()), config_.top_k);
   if (shadow_channel_ == nullptr) return;  // random predictions are made per step; none: recall 0, misses recorded
   run.link = std::make_unique<ShadowLink>(shadow_channel_, config_, shadow_options_);
-  run.link->Start(run.id, run.trace_id, run.prompt, run.options.max_new_tokens, cluster_.shadow_settings, &run.board);
+  run.link->Start(run.id, run.trace_id, run.prompt, run.options, cluster_.shadow_settings, &run.board);
 }
 
 void MainNode::FinishPrediction(RequestRun& run, bool request_ok) {

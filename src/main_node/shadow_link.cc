@@ -11,6 +11,7 @@
 #include "src/engine/generator.h"
 #include "src/rpc/request_id.h"
 #include "src/rpc/rpc_util.h"
+#include "src/rpc/sampling_proto.h"
 
 namespace odmoe {
 
@@ -34,7 +35,8 @@ ShadowLink::~ShadowLink() {
 }
 
 bool ShadowLink::Start(uint64_t request_id, const std::string& trace_id, std::span<const int32_t> prompt,
-                       int64_t max_new_tokens, const ShadowSettings& settings, PredictionBoard* board) {
+                       const GenerateOptions& options, const ShadowSettings& settings, PredictionBoard* board) {
+  const int64_t max_new_tokens = options.max_new_tokens;
   Finish(0);  // a stream left open by a failed request
   if (options_.health != nullptr && options_.health->state(options_.health_peer) == PeerState::kDown) {
     if (!options_.warned->exchange(true)) {
@@ -52,6 +54,7 @@ bool ShadowLink::Start(uint64_t request_id, const std::string& trace_id, std::sp
   }
   start->mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
   start->set_max_new_tokens(max_new_tokens);
+  rpc::PickRuleToProto(options, start->mutable_pick());
   start->set_align_token(settings.align_token);
   start->set_align_kv(settings.align_kv);
   start->set_max_lead_tokens(settings.max_lead_tokens);

@@ -33,6 +33,7 @@
 #include "absl/synchronization/notification.h"
 #include "odmoe/v1/shadow.grpc.pb.h"
 #include "src/common/cluster_config.h"
+#include "src/engine/generator.h"
 #include "src/main_node/membership.h"
 #include "src/main_node/peer_health.h"
 #include "src/main_node/prediction.h"
@@ -88,11 +89,13 @@ class ShadowLink {
   ShadowLink& operator=(const ShadowLink&) = delete;
 
   // Queues FollowStart for request `request_id` (with `trace_id`, the client's request id, as x-request-id
-  // metadata) and starts the writer, which opens the stream and starts the reader. Predictions go to `board`
-  // (which must outlive Finish). Returns false, and the request goes on without predictions, when PeerHealth
-  // has the shadow down; a shadow that cannot be reached shows later, as a link no longer active (logged).
-  bool Start(uint64_t request_id, const std::string& trace_id, std::span<const int32_t> prompt, int64_t max_new_tokens,
-             const ShadowSettings& settings, PredictionBoard* board);
+  // metadata) and starts the writer, which opens the stream and starts the reader. The start carries the request's
+  // max_new_tokens and how main picks its tokens (`options`' pick rule, which the shadow's guesses replay).
+  // Predictions go to `board` (which must outlive Finish). Returns false, and the request goes on without
+  // predictions, when PeerHealth has the shadow down; a shadow that cannot be reached shows later, as a link no
+  // longer active (logged).
+  bool Start(uint64_t request_id, const std::string& trace_id, std::span<const int32_t> prompt,
+             const GenerateOptions& options, const ShadowSettings& settings, PredictionBoard* board);
   // Main starts decoding `position`, in its decode step `batch_step` (FollowStep): queues the step with `token`
   // (token alignment) and `k`/`v` ([num_layers, kv_size] of position - 1, copied; both null for none). No-op
   // when the link is not active.

@@ -1,11 +1,13 @@
 // Sampling and generation options (src/engine/sampler.h, generator.h) to and from main's API messages
-// (GenerateRequest and its sampling): the one conversion the CLI, the HTTP API and main share, so that a request
-// runs on main as its client asked. Header-only: plain fields; no checks here (main's Validate calls do them).
+// (GenerateRequest and its sampling) and the shadow's PickRule: the one conversion the CLI, the HTTP API, main and
+// the shadow share, so that a request runs on main as its client asked and the shadow replays main's picks.
+// Header-only: plain fields; no checks here (the receivers' Validate calls do them).
 #pragma once
 
 #include <algorithm>
 
 #include "odmoe/v1/main.pb.h"
+#include "odmoe/v1/shadow.pb.h"
 #include "src/engine/generator.h"
 #include "src/engine/sampler.h"
 
@@ -52,6 +54,25 @@ inline void OptionsToProto(const GenerateOptions& in, v1::GenerateRequest* out) 
   out->set_logprobs(in.logprobs >= 0);
   out->set_top_logprobs(std::max(in.logprobs, 0));
   out->set_prompt_logprobs(in.prompt_logprobs);
+}
+
+// The fields of `in` that decide how main picks each token (sampling, ignore_eos, min_tokens, stop_token_ids).
+inline void PickRuleToProto(const GenerateOptions& in, v1::PickRule* out) {
+  SamplingToProto(in.sampling, out->mutable_sampling());
+  out->set_ignore_eos(in.ignore_eos);
+  out->set_min_tokens(in.min_tokens);
+  out->mutable_stop_token_ids()->Add(in.stop_token_ids.begin(), in.stop_token_ids.end());
+}
+
+// Options with `in`'s pick rule and `max_new_tokens`, the rest at their defaults.
+inline GenerateOptions PickRuleFromProto(const v1::PickRule& in, int64_t max_new_tokens) {
+  GenerateOptions out;
+  out.max_new_tokens = max_new_tokens;
+  out.sampling = SamplingFromProto(in.sampling());
+  out.ignore_eos = in.ignore_eos();
+  out.min_tokens = in.min_tokens();
+  out.stop_token_ids.assign(in.stop_token_ids().begin(), in.stop_token_ids().end());
+  return out;
 }
 
 }  // namespace odmoe::rpc

@@ -17,8 +17,10 @@
 #include "src/rpc/metrics_server.h"
 #include "src/rpc/request_id.h"
 #include "src/rpc/rpc_util.h"
+#include "src/rpc/sampling_proto.h"
 #include "src/rpc/security.h"
 #include "src/shadow_node/hedge.h"
+#include "src/shadow_node/pick_replay.h"
 
 namespace odmoe {
 
@@ -135,7 +137,9 @@ struct ShadowNode::Session {
   // The loop's.
   std::unique_ptr<Sequence> sequence;  // nullptr until prefilled
   int32_t guess = 0;                   // the replica's own next token
-  std::vector<int32_t> used;           // the token the replica ran at each decode position (index pos - prompt)
+  // Main's pick rule over the token the replica ran at each decode position (picks->tokens(), index pos -
+  // prompt): how the guess of the next one is picked. Set by BeginSession once the start is valid.
+  std::optional<PickReplay> picks;
   int64_t pos = 0;                     // the next position to run
   int64_t main_position_seen = 0;      // for the lead statistics
   bool stream_ok = true;
@@ -219,6 +223,12 @@ absl::Status ShadowNode::BeginSession(const v1::FollowMessage& first, Session& s
     session.align_token = start.align_token();
     session.max_lead = start.max_lead_tokens();
     if (bad.ok()) bad = ValidateRequest(config_, session.prompt, session.max_new_tokens);
+    const GenerateOptions pick = rpc::PickRuleFromProto(start.pick(), session.max_new_tokens);
+    if (bad.ok()) {
+      if (absl::Status checked = pick.Validate(config_.vocab_size); !checked.ok()) {
+        bad = absl::Status(checked.code(), StrCat("FollowStart.pick: ", checked.message()));
+      }
+    }
     if (bad.ok() && (session.align_token < 0 || start.align_kv() < 0)) {
       bad = absl::InvalidArgumentError(
           StrCat("align_token and align_kv must be >= 0, got ", session.align_token, " and ", start.align_kv()));
@@ -231,6 +241,7 @@ absl::Status ShadowNode::BeginSession(const v1::FollowMessage& first, Session& s
                                                  PredictionModeName(cluster_.shadow_settings.mode),
                                                  "' and holds no replica"));
     }
+    if (bad.ok()) session.picks.emplace(config_, pick, session.prompt);
   }
   return bad;
 }
@@ -460,15 +471,15 @@ absl::Status ShadowNode::Prefill(Session& session) {
                          engine_->NewSequence(session.last() + 1, session.request_id));
   const std::span<const int32_t> prompt(session.prompt);
   const size_t chunk = static_cast<size_t>(engine_->max_tokens_per_forward());
-  // The guess is greedy, picked on the replica's device (only its id comes back).
-  const TokenChoice greedy;
+  // The guess is picked by main's rule on the replica's device (only its id comes back).
   int32_t guess = 0;
   for (size_t start = 0; start < prompt.size(); start += chunk) {
     const size_t len = std::min(chunk, prompt.size() - start);
     BatchInput input{sequence.get(), prompt.subspan(start, len)};
     if (start + len == prompt.size()) {
-      input.choice = &greedy;
+      input.choice = &session.picks->choice();
       input.token = &guess;
+      input.deltas = session.picks->deltas();
     }
     ODMOE_RETURN_IF_ERROR(engine_->ForwardBatch(std::span<const BatchInput>(&input, 1), ForwardKind::kPrefill));
   }
@@ -485,9 +496,9 @@ bool ShadowNode::NextOf(Session& s, std::optional<Next>* next, absl::Status* end
     // Roll back to the first aligned token that differs from what the replica ran.
     for (auto it = s.tokens.begin(); it != s.tokens.end() && it->first < s.pos; ++it) {
       const size_t i = static_cast<size_t>(it->first - s.prompt_len());
-      if (i < s.used.size() && s.used[i] != it->second) {
+      if (i < s.picks->tokens().size() && s.picks->tokens()[i] != it->second) {
         s.pos = it->first;
-        s.used.resize(i);
+        s.picks->Truncate(i);
         if (absl::Status truncated = engine_->Truncate(*s.sequence, s.pos); !truncated.ok()) {
           *end = truncated;
           return true;
@@ -525,7 +536,7 @@ bool ShadowNode::NextOf(Session& s, std::optional<Next>* next, absl::Status* end
         *end = adopted;
         return true;
       }
-      s.used.push_back(s.tokens.at(s.pos));
+      s.picks->Push(s.tokens.at(s.pos));
       s.kv.erase(kv);
       ++s.pos;
       absl::MutexLock stats_lock(&stats_mu_);
@@ -623,13 +634,18 @@ bool ShadowNode::Pass(const std::vector<Session*>& sessions) {
   }
   batch_.clear();
   std::vector<BatchInput> inputs;
-  const TokenChoice greedy;  // each row's guess, picked on the replica's device
+  // Each row's guess is picked on the replica's device by main's rule: after the token it runs, which the row's
+  // PickReplay takes first.
   std::vector<int32_t> guesses(ready.size());
   for (size_t i = 0; i < ready.size(); ++i) {
     Session& s = *ready[i].session;
     batch_.push_back({&s, s.pos, step});
-    inputs.push_back(
-        {s.sequence.get(), std::span<const int32_t>(&ready[i].next.token, 1), nullptr, nullptr, &greedy, &guesses[i]});
+    s.picks->Push(ready[i].next.token);
+    inputs.push_back({.sequence = s.sequence.get(),
+                      .ids = std::span<const int32_t>(&ready[i].next.token, 1),
+                      .choice = &s.picks->choice(),
+                      .token = &guesses[i],
+                      .deltas = s.picks->deltas()});
   }
   const absl::Status ran = engine_->ForwardBatch(inputs, ForwardKind::kDecode);
   batch_.clear();
@@ -645,7 +661,6 @@ bool ShadowNode::Pass(const std::vector<Session*>& sessions) {
       continue;
     }
     s.guess = guesses[i];
-    s.used.push_back(ready[i].next.token);
     ++s.pos;
     absl::MutexLock lock(&stats_mu_);
     ++counters_.positions_decoded;

@@ -12,7 +12,8 @@
 // position, saying in which of its decode steps it decodes it (batch_id, batch_step: every running request
 // advances one position per step), carrying the aligned token every T_tok steps and the K/V of the position it
 // decoded last every T_kv steps. The shadow, for each request:
-//  - prefills the prompt on its replica and guesses each next token itself (greedy on its own logits);
+//  - prefills the prompt on its replica and guesses each next token itself, picked from its own logits by main's
+//    rule for the request (FollowStart.pick: greedy, or main's seeded sampling and penalties; pick_replay.h);
 //  - at a position where a token alignment is due, waits for main's token (late departure; with [shadow]
 //    early_departure it runs the position at once with its guess, and rolls back if main's token differs);
 //    elsewhere it runs on with its own guess, at most max_lead_tokens positions ahead of the position main is

@@ -24,6 +24,7 @@
 #include "src/main_node/main_node.h"
 #include "src/model/synthetic.h"
 #include "src/rpc/rpc_util.h"
+#include "src/rpc/sampling_proto.h"
 #include "src/shadow_node/shadow_node.h"
 #include "src/worker_node/worker_node.h"
 #include "tests/test_support.h"
@@ -116,12 +117,18 @@ class ShadowCluster {
     for (auto it = servers_.rbegin(); it != servers_.rend(); ++it) (*it)->Shutdown(0);
   }
 
-  absl::StatusOr<RemoteResult> Generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens) {
+  absl::StatusOr<RemoteResult> Generate(const std::vector<int32_t>& prompt, const GenerateOptions& options) {
     v1::GenerateRequest r;
     r.mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
-    r.set_max_new_tokens(max_new_tokens);
-    r.set_ignore_eos(true);
+    rpc::OptionsToProto(options, &r);
     return GenerateRemote(endpoint_, r, kTimeoutMs);
+  }
+  // Greedy, past EOS.
+  absl::StatusOr<RemoteResult> Generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens) {
+    GenerateOptions o;
+    o.max_new_tokens = max_new_tokens;
+    o.ignore_eos = true;
+    return Generate(prompt, o);
   }
   MainNode& main() { return *main_; }
   const std::string& endpoint() const { return endpoint_; }
@@ -167,18 +174,26 @@ std::vector<std::vector<int32_t>> RecallPrompts(size_t count) {
   return out;
 }
 
-std::vector<int32_t> LocalTokens(const std::vector<int32_t>& prompt, int64_t max_new_tokens) {
+// A greedy request of max_new_tokens tokens, past EOS.
+GenerateOptions Greedy(int64_t max_new_tokens) {
+  GenerateOptions o;
+  o.max_new_tokens = max_new_tokens;
+  o.ignore_eos = true;
+  return o;
+}
+
+std::vector<int32_t> LocalTokens(const std::vector<int32_t>& prompt, const GenerateOptions& options) {
   static std::unique_ptr<LocalModel> local = [] {
     auto m = LocalModel::Open(SharedModel(kModel), *CreateDevice("cpu"));
     EXPECT_TRUE(m.ok()) << m.status();
     return std::move(m).value();
   }();
-  GenerateOptions o;
-  o.max_new_tokens = max_new_tokens;
-  o.ignore_eos = true;
-  auto r = odmoe::Generate(local->engine(), prompt, o);
+  auto r = odmoe::Generate(local->engine(), prompt, options);
   EXPECT_TRUE(r.ok()) << r.status();
-  return r->tokens;
+  return r.ok() ? r->tokens : std::vector<int32_t>{};
+}
+std::vector<int32_t> LocalTokens(const std::vector<int32_t>& prompt, int64_t max_new_tokens) {
+  return LocalTokens(prompt, Greedy(max_new_tokens));
 }
 
 class ShadowTest : public ::testing::Test {
@@ -305,6 +320,49 @@ TEST_F(ShadowTest, EarlyDepartureRunsAheadOnItsGuessAndRollsBackOnAMiss) {
             late.shadow.positions_decoded() + late.shadow.positions_adopted() + early.shadow.rollbacks());
   EXPECT_GT(early.recall, 0.9);
   EXPECT_EQ(early.missing, 0u);
+}
+
+TEST_F(ShadowTest, AnUnalignedShadowReplaysMainsPicksOfASampledPenalizedRequest) {
+  // With no alignment the shadow runs on its own guesses from the prompt on. Unquantized, its logits are main's,
+  // and it picks each guess by main's rule for the request (FollowStart.pick: the seeded draws, penalties and
+  // bias), so it runs main's very tokens and every prediction is right. A greedy guess would leave the request's
+  // path at the first token main drew other than the likeliest.
+  ShadowCluster c;
+  ASSERT_TRUE(c.Start({"quant = \"none\"\nalign_token = 0\nalign_kv = 0\n"}).ok());
+  GenerateOptions o = Greedy(24);
+  o.sampling.temperature = 1.0;
+  o.sampling.top_p = 0.95;
+  o.sampling.repetition_penalty = 1.2;
+  o.sampling.frequency_penalty = 0.5;
+  o.sampling.logit_bias = {{262, -2.0}};
+  for (const std::vector<int32_t>& prompt : RecallPrompts(2)) {
+    o.sampling.seed += 7;
+    absl::StatusOr<RemoteResult> r = c.Generate(prompt, o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->tokens, LocalTokens(prompt, o)) << "the shadow must never change main's tokens";
+    EXPECT_NE(r->tokens, LocalTokens(prompt, o.max_new_tokens)) << "the request never left the greedy path";
+    EXPECT_EQ(r->stats.recall(), 1.0);
+    EXPECT_EQ(r->stats.predictions_missing(), 0u);
+    EXPECT_EQ(r->stats.tokens_aligned(), 0u);
+  }
+  EXPECT_EQ(c.shadow()->Stats(false).rollbacks(), 0u);
+
+  // A rule main would refuse is refused by the shadow too, naming the field.
+  auto stub = v1::Shadow::NewStub(rpc::MakeChannel(c.shadow_endpoint()));
+  grpc::ClientContext context;
+  auto stream = stub->Follow(&context);
+  v1::FollowMessage start;
+  rpc::FillHeader(start.mutable_start()->mutable_header(), c.cluster().epoch, c.shadow()->fingerprint(), "main", 9);
+  start.mutable_start()->add_prompt_ids(1);
+  start.mutable_start()->set_max_new_tokens(4);
+  start.mutable_start()->set_max_lead_tokens(1);
+  start.mutable_start()->mutable_pick()->mutable_sampling()->set_temperature(-1);
+  EXPECT_TRUE(stream->Write(start));
+  stream->WritesDone();
+  const grpc::Status refused = stream->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("FollowStart.pick: "), std::string::npos) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("temperature"), std::string::npos) << refused.error_message();
 }
 
 TEST_F(ShadowTest, QuantizationMovesRecall) {

@@ -83,6 +83,12 @@ ModelConfig MixtralShape() {
   return c;
 }
 
+GenerateOptions Options(int64_t max_new_tokens) {
+  GenerateOptions o;
+  o.max_new_tokens = max_new_tokens;
+  return o;
+}
+
 class ShadowLinkTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -131,7 +137,7 @@ TEST_F(ShadowLinkTest, AStalledShadowNeverHoldsUpMainAndItsKvBacklogStaysBounded
   std::vector<float> k(row, 0.5f), v(row, -0.5f);
   int64_t kv_sent = 0;
   ExpectReturnsWhileStalled([&] {
-    ASSERT_TRUE(link.Start(1, "req-1", prompt, kSteps, settings, &board));
+    ASSERT_TRUE(link.Start(1, "req-1", prompt, Options(kSteps), settings, &board));
     shadow_.WaitStarted();
     // The prompt's K/V (16 MiB, over the bound) goes whole: the queue holds no K/V yet.
     ASSERT_TRUE(link.RoomForKv());
@@ -179,7 +185,7 @@ TEST_F(ShadowLinkTest, FinishGivesUpOnAStalledShadowAfterItsWait) {
   ShadowSettings settings;
   std::vector<int32_t> prompt(8, 7);
   std::vector<float> k(row, 0.5f), v(row, -0.5f);
-  ASSERT_TRUE(link.Start(1, "req-2", prompt, 400, settings, &board));
+  ASSERT_TRUE(link.Start(1, "req-2", prompt, Options(400), settings, &board));
   shadow_.WaitStarted();
   for (int64_t i = 0; i < 400; ++i) link.Step(8 + i, i + 1, std::nullopt, k.data(), v.data());  // 100 MiB
   // The shadow never reads again: Finish cancels the stream after its wait, with the writer mid-write.
@@ -199,7 +205,7 @@ TEST_F(ShadowLinkTest, FinishDropsTheKvStillQueuedButSendsEveryStep) {
   PredictionBoard board;
   std::vector<int32_t> prompt(8, 7);
   std::vector<float> k(row, 0.5f), v(row, -0.5f);
-  ASSERT_TRUE(link.Start(1, "req-3", prompt, kSteps, ShadowSettings{}, &board));
+  ASSERT_TRUE(link.Start(1, "req-3", prompt, Options(kSteps), ShadowSettings{}, &board));
   shadow_.WaitStarted();
   // 100 MiB of K/V queued, without asking RoomForKv.
   for (int64_t i = 0; i < kSteps; ++i) link.Step(8 + i, i + 1, std::nullopt, k.data(), v.data());
@@ -259,7 +265,7 @@ TEST_F(ShadowLinkTest, AShadowFarBehindGetsEveryStepsTokenAndKv) {
     shadow.predict = keep_up;
     ShadowLink link(channel, config_, ShadowLinkOptions{});
     PredictionBoard board;
-    EXPECT_TRUE(link.Start(1, "req-4", prompt, kSteps + 1, s, &board));
+    EXPECT_TRUE(link.Start(1, "req-4", prompt, Options(kSteps + 1), s, &board));
     EXPECT_EQ(link.shadow_position(), kPrompt - 1);
     std::vector<std::pair<bool, bool>> due;
     for (int64_t i = 0; i < kSteps; ++i) {
