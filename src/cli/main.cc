@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "src/cli/commands.h"
+#include "src/common/logging.h"
 #include "src/common/status.h"
 
 namespace {
@@ -20,6 +21,9 @@ constexpr std::string_view kUsage =
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Logs go to stderr: stdout is the commands' output (generate's text or --json object, tokenize's ids), which
+  // scripts read whole; a warning from a library (a peer of another build) must not land in it.
+  odmoe::logging::Setup("odmoe", odmoe::logging::LogFormat::kText);
   if (argc < 2) {
     std::fputs(kUsage.data(), stderr);
     return odmoe::kExitUsage;
