@@ -60,12 +60,6 @@ grpc::ChannelArguments ChannelArgs();
 // the server to detect vanished clients.
 void ApplyServerArgs(grpc::ServerBuilder& builder);
 
-// Takes a reference on gRPC's library that is never given back, so that it stays up from the first server or
-// channel to the process's exit; MakeChannel and Server::Start call it. Otherwise the last gRPC object to go
-// runs grpc_shutdown, which joins gRPC's executor threads, and one of them may be blocked polling until its
-// next timer (seen in tests: a channel's destructor waited 9.5 s there).
-void KeepGrpcInitialized();
-
 // A channel to `address` with ChannelArgs(). Every call on it carries this build's version
 // (src/rpc/peer_version.h). Channels to one address with the same arguments share one connection (gRPC's global
 // subchannel pool), so a second channel costs no second TCP connection. Its credentials come from `security`

@@ -12,11 +12,6 @@ PickReplay::PickReplay(const ModelConfig& config, GenerateOptions options, std::
   choice_ = sampler_.NextChoice();
 }
 
-void PickReplay::Restart() {
-  sampler_ = RequestSampler(config_, options_, prompt_);
-  choice_ = sampler_.NextChoice();
-}
-
 void PickReplay::Push(int32_t id) {
   tokens_.push_back(id);
   sampler_.Record(id);
@@ -25,10 +20,9 @@ void PickReplay::Push(int32_t id) {
 
 void PickReplay::Truncate(size_t n) {
   if (n >= tokens_.size()) return;
-  std::vector<int32_t> kept(tokens_.begin(), tokens_.begin() + static_cast<std::ptrdiff_t>(n));
-  tokens_.clear();
-  Restart();
-  for (const int32_t id : kept) Push(id);
+  PickReplay replayed(config_, options_, prompt_);
+  for (size_t i = 0; i < n; ++i) replayed.Push(tokens_[i]);
+  *this = std::move(replayed);
 }
 
 }  // namespace odmoe

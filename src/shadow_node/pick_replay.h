@@ -41,8 +41,6 @@ class PickReplay {
   const std::vector<int32_t>& tokens() const { return tokens_; }
 
  private:
-  void Restart();  // a fresh sampler, before its first pick
-
   ModelConfig config_;
   GenerateOptions options_;
   std::vector<int32_t> prompt_;

@@ -224,11 +224,8 @@ absl::Status ShadowNode::BeginSession(const v1::FollowMessage& first, Session& s
     session.max_lead = start.max_lead_tokens();
     if (bad.ok()) bad = ValidateRequest(config_, session.prompt, session.max_new_tokens);
     const GenerateOptions pick = rpc::PickRuleFromProto(start.pick(), session.max_new_tokens);
-    if (bad.ok()) {
-      if (absl::Status checked = pick.Validate(config_.vocab_size); !checked.ok()) {
-        bad = absl::Status(checked.code(), StrCat("FollowStart.pick: ", checked.message()));
-      }
-    }
+    const absl::Status checked = bad.ok() ? pick.Validate(config_.vocab_size) : absl::OkStatus();
+    if (!checked.ok()) bad = absl::Status(checked.code(), StrCat("FollowStart.pick: ", checked.message()));
     if (bad.ok() && (session.align_token < 0 || start.align_kv() < 0)) {
       bad = absl::InvalidArgumentError(
           StrCat("align_token and align_kv must be >= 0, got ", session.align_token, " and ", start.align_kv()));

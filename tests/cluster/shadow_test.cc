@@ -47,6 +47,14 @@ struct ShadowSpec {
   std::string cluster_extra;  // more lines of the [cluster] table
 };
 
+// A greedy request of max_new_tokens tokens, past EOS.
+GenerateOptions Greedy(int64_t max_new_tokens) {
+  GenerateOptions o;
+  o.max_new_tokens = max_new_tokens;
+  o.ignore_eos = true;
+  return o;
+}
+
 // A Shadow service that takes main's Follow messages and never predicts: it keeps each stream open until main
 // cancels it (as a shadow far behind main would).
 class HungShadow final : public v1::Shadow::Service {
@@ -123,12 +131,8 @@ class ShadowCluster {
     rpc::OptionsToProto(options, &r);
     return GenerateRemote(endpoint_, r, kTimeoutMs);
   }
-  // Greedy, past EOS.
   absl::StatusOr<RemoteResult> Generate(const std::vector<int32_t>& prompt, int64_t max_new_tokens) {
-    GenerateOptions o;
-    o.max_new_tokens = max_new_tokens;
-    o.ignore_eos = true;
-    return Generate(prompt, o);
+    return Generate(prompt, Greedy(max_new_tokens));
   }
   MainNode& main() { return *main_; }
   const std::string& endpoint() const { return endpoint_; }
@@ -172,14 +176,6 @@ std::vector<std::vector<int32_t>> RecallPrompts(size_t count) {
     out.push_back(p.get<std::vector<int32_t>>());
   }
   return out;
-}
-
-// A greedy request of max_new_tokens tokens, past EOS.
-GenerateOptions Greedy(int64_t max_new_tokens) {
-  GenerateOptions o;
-  o.max_new_tokens = max_new_tokens;
-  o.ignore_eos = true;
-  return o;
 }
 
 std::vector<int32_t> LocalTokens(const std::vector<int32_t>& prompt, const GenerateOptions& options) {
@@ -346,11 +342,14 @@ TEST_F(ShadowTest, AnUnalignedShadowReplaysMainsPicksOfASampledPenalizedRequest)
     EXPECT_EQ(r->stats.tokens_aligned(), 0u);
   }
   EXPECT_EQ(c.shadow()->Stats(false).rollbacks(), 0u);
+}
 
-  // A rule main would refuse is refused by the shadow too, naming the field.
-  auto stub = v1::Shadow::NewStub(rpc::MakeChannel(c.shadow_endpoint()));
+TEST_F(ShadowTest, APickRuleMainWouldRefuseIsRefusedNamingTheField) {
+  ShadowCluster c;
+  ASSERT_TRUE(c.Start({"quant = \"none\"\n"}).ok());
+  const std::unique_ptr<v1::Shadow::Stub> stub = v1::Shadow::NewStub(rpc::MakeChannel(c.shadow_endpoint()));
   grpc::ClientContext context;
-  auto stream = stub->Follow(&context);
+  const std::unique_ptr<grpc::ClientReaderWriter<v1::FollowMessage, v1::Prediction>> stream = stub->Follow(&context);
   v1::FollowMessage start;
   rpc::FillHeader(start.mutable_start()->mutable_header(), c.cluster().epoch, c.shadow()->fingerprint(), "main", 9);
   start.mutable_start()->add_prompt_ids(1);
@@ -424,10 +423,7 @@ class FollowAsMain {
     // Main's run: the tokens fed at each decode position and the K/V of every position.
     auto local = LocalModel::Open(SharedModel(kModel), *CreateDevice("cpu"));
     EXPECT_TRUE(local.ok()) << local.status();
-    GenerateOptions o;
-    o.max_new_tokens = max_new_tokens;
-    o.ignore_eos = true;
-    auto r = odmoe::Generate((*local)->engine(), prompt, o);
+    auto r = odmoe::Generate((*local)->engine(), prompt, Greedy(max_new_tokens));
     EXPECT_TRUE(r.ok()) << r.status();
     tokens_ = r->tokens;
     const ModelConfig& c = (*local)->engine().config();
