@@ -600,8 +600,9 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
   if (const toml::node* sn = root.get("shadow")) {
     if (!sn->is_table()) return FieldError(where, "", "shadow", "expected a table");
     Fields f(*sn->as_table(), where, "[shadow]");
-    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"mode", "quant", "align_token", "align_kv", "max_lead_tokens", "catch_up_lag",
-                                       "seed", "keep_router", "keep_attention", "hedge_margin", "early_departure"}));
+    ODMOE_RETURN_IF_ERROR(
+        f.OnlyKnown({"mode", "quant", "align_token", "align_kv", "max_lead_tokens", "catch_up_lag", "finish_wait_ms",
+                     "seed", "keep_router", "keep_attention", "hedge_margin", "early_departure"}));
     ShadowSettings& ss = c.shadow_settings;
     ODMOE_ASSIGN_OR_RETURN(mode_text, f.String("mode"));
     ODMOE_ASSIGN_OR_RETURN(auto quant, f.String("quant"));
@@ -617,7 +618,8 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     };
     for (const IntField& field :
          {IntField{"align_token", &ss.align_token, 0}, IntField{"align_kv", &ss.align_kv, 0},
-          IntField{"max_lead_tokens", &ss.max_lead_tokens, 1}, IntField{"catch_up_lag", &ss.catch_up_lag, 0}}) {
+          IntField{"max_lead_tokens", &ss.max_lead_tokens, 1}, IntField{"catch_up_lag", &ss.catch_up_lag, 0},
+          IntField{"finish_wait_ms", &ss.finish_wait_ms, 0}}) {
       ODMOE_ASSIGN_OR_RETURN(auto v, f.Int(field.key));
       if (!v) continue;
       if (*v < field.min || *v > 1000000) {

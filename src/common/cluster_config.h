@@ -20,6 +20,7 @@
 //   align_kv = 1              # T_kv: ... and that token's K/V of every layer every N steps (0: never)
 //   max_lead_tokens = 1       # how far (positions) the shadow may run ahead of main
 //   catch_up_lag = 0          # positions behind main at which the shadow catches up on main's K/V (0: never)
+//   finish_wait_ms = 2000     # after a request's last token, how long main waits for the shadow's last predictions
 //   [[node]]
 //   name = "main"  role = "main"  address = "127.0.0.1:7100"  device = "cpu"
 //   [[node]]
@@ -124,6 +125,10 @@ struct ShadowSettings {
   // every step, whatever align_token and align_kv (ShadowLink::AlignmentDue). 0: never, every position is run
   // and its late predictions count for recall.
   int64_t catch_up_lag = 0;
+  // After a request's last token, how long main waits for the shadow's last predictions (they count for recall)
+  // before it answers; a shadow later than that has the rest counted missing. The request's running place goes
+  // to the next one meanwhile. 0: answer at once.
+  int64_t finish_wait_ms = 2000;
   // Where a token alignment is due, the shadow waits for main's token (false: OD-MoE's late departure), or runs
   // the position at once with its own guess and rolls back if main's token differs (true: early departure, so
   // that the first layers' predictions of a position are out before main has finished the one before).

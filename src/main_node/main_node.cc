@@ -622,7 +622,7 @@ void MainNode::FinishPrediction(RequestRun& run, bool request_ok) {
   if (run.link != nullptr) {
     // The shadow's predictions for the last positions may still be on their way: they count for recall. A
     // failed request has no recall to complete: its error goes out at once.
-    run.link->Finish(/*wait_ms=*/request_ok ? 2000 : 0);
+    run.link->Finish(/*wait_ms=*/request_ok ? cluster_.shadow_settings.finish_wait_ms : 0);
     run.alignment = run.link->counts();
   }
   if (random_sender_ != nullptr) random_sender_->Drain();

@@ -56,7 +56,7 @@ GenerateOptions Greedy(int64_t max_new_tokens) {
 }
 
 // A Shadow service that takes main's Follow messages and never predicts: it keeps each stream open until main
-// cancels it (as a shadow far behind main would).
+// cancels it (as a shadow far behind main would) or Stop ends it, and every later one.
 class HungShadow final : public v1::Shadow::Service {
  public:
   grpc::Status Follow(grpc::ServerContext* context,
@@ -68,7 +68,9 @@ class HungShadow final : public v1::Shadow::Service {
     }
     return grpc::Status(grpc::StatusCode::CANCELLED, "gave up");
   }
-  void Stop() { stop_.Notify(); }
+  void Stop() {  // from the test's thread only
+    if (!stop_.HasBeenNotified()) stop_.Notify();
+  }
 
  private:
   absl::Notification stop_;
@@ -137,6 +139,8 @@ class ShadowCluster {
   MainNode& main() { return *main_; }
   const std::string& endpoint() const { return endpoint_; }
   ShadowNode* shadow() { return shadow_.get(); }
+  // With ShadowSpec::hung_shadow: its streams end now, with no prediction.
+  void EndHungShadowStreams() { hung_shadow_->Stop(); }
   const std::string& shadow_endpoint() const { return shadow_endpoint_; }
   WorkerNode& worker(int i) { return *workers_[static_cast<size_t>(i)]; }
   const ClusterConfig& cluster() const { return cluster_; }
@@ -565,7 +569,10 @@ TEST_F(ShadowTest, WithoutTheShadowRequestsStillSucceed) {
 // go. (It was held through the wait, so a shadow that lagged held up every request behind each one by 2 s.)
 TEST_F(ShadowTest, TheNextRequestRunsWhileOneWaitsForTheShadowsLastPredictions) {
   ShadowCluster c;
-  ShadowSpec spec{"quant = \"int8\"\n"};
+  // A's wait for the hung shadow ends when the test ends its streams, once B has its first token (or after a
+  // minute, when B's token does not come while A waits): the order below does not hang on how fast B's prefill
+  // is (under TSan it has taken longer than the default wait).
+  ShadowSpec spec{"quant = \"int8\"\nfinish_wait_ms = 600000\n"};
   spec.hung_shadow = true;
   spec.cluster_extra = "max_running = 1\nmax_queued = 1";
   ASSERT_TRUE(c.Start(spec).ok());
@@ -597,6 +604,12 @@ TEST_F(ShadowTest, TheNextRequestRunsWhileOneWaitsForTheShadowsLastPredictions) 
     mu.Await(absl::Condition(&a_runs));
   }
   std::thread second([&] { b = generate("B", prompts[1]); });
+  {
+    absl::MutexLock lock(&mu);
+    auto b_has_a_token = [&events]() { return std::ranges::find(events, "B token") != events.end(); };
+    mu.AwaitWithTimeout(absl::Condition(&b_has_a_token), absl::Minutes(1));
+  }
+  c.EndHungShadowStreams();
   first.join();
   second.join();
   ASSERT_TRUE(a.ok()) << a.status();

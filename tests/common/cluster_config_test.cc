@@ -244,9 +244,10 @@ TEST(ClusterConfigTest, ShadowSectionAndOverrides) {
   EXPECT_EQ(c->shadow_settings.align_token, 1);
   EXPECT_EQ(c->shadow_settings.align_kv, 1);
   EXPECT_EQ(c->shadow_settings.catch_up_lag, 0);
+  EXPECT_EQ(c->shadow_settings.finish_wait_ms, 2000);
   const std::string with = std::string(kGood) +
                            "\n[shadow]\nmode = \"shadow\"\nquant = \"nf4\"\nalign_token = 4\nalign_kv = 0\n"
-                           "max_lead_tokens = 2\ncatch_up_lag = 8\n";
+                           "max_lead_tokens = 2\ncatch_up_lag = 8\nfinish_wait_ms = 0\n";
   c = ParseClusterConfig(with, "lab.toml", "/");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->shadow_settings.quant, ShadowQuant::kNf4);
@@ -254,11 +255,13 @@ TEST(ClusterConfigTest, ShadowSectionAndOverrides) {
   EXPECT_EQ(c->shadow_settings.align_kv, 0);
   EXPECT_EQ(c->shadow_settings.max_lead_tokens, 2);
   EXPECT_EQ(c->shadow_settings.catch_up_lag, 8);
+  EXPECT_EQ(c->shadow_settings.finish_wait_ms, 0);
   for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
            {"quant = \"int4\"", "'quant'"},
            {"align_kv = -1", "'align_kv'"},
            {"max_lead_tokens = 0", "'max_lead_tokens'"},
            {"catch_up_lag = -1", "'catch_up_lag'"},
+           {"finish_wait_ms = -5", "'finish_wait_ms'"},
            {"mode = \"oracle\"", "'mode'"},
            {"period = 2", "'period'"}}) {
     auto bad = ParseClusterConfig(std::string(kGood) + "\n[shadow]\n" + body + "\n", "lab.toml", "/");
