@@ -192,7 +192,8 @@ class MainNode final : public v1::Inference::Service {
   absl::StatusOr<GenerateOptions> OptionsOf(const v1::GenerateRequest& request, std::span<const int32_t> prompt) const;
   // The prediction source of a request joining the batch (its shadow stream, or none: main's random
   // predictions are made per step in RunStep), and its end, on the request's thread once the loop is done with
-  // it (the shadow's last predictions awaited unless the request failed; its recall and alignment counts kept).
+  // it (the shadow's last predictions awaited, up to [shadow] finish_wait_ms, unless the request failed; its
+  // recall and alignment counts kept).
   void StartPrediction(RequestRun& run);
   void FinishPrediction(RequestRun& run, bool request_ok);
   // Random prediction (ablation case 5) for a decode step of `runs` at step number `step`: k random experts per
