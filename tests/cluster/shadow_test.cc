@@ -139,9 +139,9 @@ class ShadowCluster {
   MainNode& main() { return *main_; }
   const std::string& endpoint() const { return endpoint_; }
   ShadowNode* shadow() { return shadow_.get(); }
+  const std::string& shadow_endpoint() const { return shadow_endpoint_; }
   // With ShadowSpec::hung_shadow: its streams end now, with no prediction.
   void EndHungShadowStreams() { hung_shadow_->Stop(); }
-  const std::string& shadow_endpoint() const { return shadow_endpoint_; }
   WorkerNode& worker(int i) { return *workers_[static_cast<size_t>(i)]; }
   const ClusterConfig& cluster() const { return cluster_; }
 
@@ -351,9 +351,9 @@ TEST_F(ShadowTest, AnUnalignedShadowReplaysMainsPicksOfASampledPenalizedRequest)
 TEST_F(ShadowTest, APickRuleMainWouldRefuseIsRefusedNamingTheField) {
   ShadowCluster c;
   ASSERT_TRUE(c.Start({"quant = \"none\"\n"}).ok());
-  const std::unique_ptr<v1::Shadow::Stub> stub = v1::Shadow::NewStub(rpc::MakeChannel(c.shadow_endpoint()));
+  const auto stub = v1::Shadow::NewStub(rpc::MakeChannel(c.shadow_endpoint()));
   grpc::ClientContext context;
-  const std::unique_ptr<grpc::ClientReaderWriter<v1::FollowMessage, v1::Prediction>> stream = stub->Follow(&context);
+  const auto stream = stub->Follow(&context);
   v1::FollowMessage start;
   rpc::FillHeader(start.mutable_start()->mutable_header(), c.cluster().epoch, c.shadow()->fingerprint(), "main", 9);
   start.mutable_start()->add_prompt_ids(1);
