@@ -101,26 +101,31 @@ struct Int8Format {
   using Unit = uint2;                          // piece 0's 4 bytes, piece 1's
   static constexpr bool kBlockScales = false;  // one scale per row, applied to the row's sum
   // Lane l at 4l of both halves of the step: a warp's codes of a piece are 128 contiguous bytes.
-  static constexpr int64_t kPiece1 = kStepCols / 2;
-  __device__ static int64_t LaneCol(int lane) { return 4 * lane; }
+  static constexpr int kPiece1 = kStepCols / 2;
+  static constexpr int kStepBytes = kStepCols;  // of codes, per row
+  __device__ static int LaneCol(int lane) { return 4 * lane; }
+  __device__ static int LaneByte(int lane) { return 4 * lane; }  // of piece 0's codes within the step
   __host__ __device__ static int64_t Width(int64_t cols) { return cols; }
   __device__ static int64_t RowBytes(int64_t cols) { return cols; }
   __device__ static int64_t ScalesPerRow(int64_t) { return 1; }
+  static constexpr int kStepScales = 0;  // no block scales
+  __device__ static int LaneScale(int) { return 0; }
   __device__ static float Book(int) { return 0.0f; }
-  // The pieces from col0 (< width) of a row of `width` (= cols) codes; piece 1 may lie past the row, and !vec the
-  // last bytes of piece 0: bytes past the row read as code 0, i.e. 0.0.
-  __device__ static Unit Load(const Code* row, int64_t col0, int64_t width, bool vec) {
-    const Code* p0 = row + col0;
+  // The pieces whose piece 0 starts at p0, inside the width (= cols); `piece1`: piece 1 is inside it too. !vec: the
+  // row has `left` columns from piece 0 on, and bytes past them read as code 0, i.e. 0.0 (vec ignores it).
+  __device__ static Unit Load(const Code* p0, bool piece1, int64_t left, bool vec) {
     const Code* p1 = p0 + kPiece1;
     if (vec) {  // cols % 8 == 0: each piece wholly inside the row or past it
       return make_uint2(__ldcs(reinterpret_cast<const unsigned int*>(p0)),  // evict-first: see Load4Streaming
-                        col0 + kPiece1 < width ? __ldcs(reinterpret_cast<const unsigned int*>(p1)) : 0u);
+                        piece1 ? __ldcs(reinterpret_cast<const unsigned int*>(p1)) : 0u);
     }
-    return make_uint2(LoadWordBytes(p0, width - col0), LoadWordBytes(p1, width - col0 - kPiece1));
+    return make_uint2(LoadWordBytes(p0, left), LoadWordBytes(p1, left - kPiece1));
   }
   __device__ static void Decode(const Unit& raw, float, float (&w)[8]) { DecodeInt8x8(raw, w); }
   // GemvWideKernel's: 16 bytes of codes are 16 columns; group g (0, 1) of 8 weights is bytes 8g..8g+7.
   static constexpr int64_t kWideChunk = 16;
+  static constexpr int kWideStepScales = 0;
+  __device__ static int WideLaneScale(int) { return 0; }
   __device__ static void DecodeWide(const uint4& raw, int g, float, float (&w)[8]) {
     DecodeInt8x8(g == 0 ? make_uint2(raw.x, raw.y) : make_uint2(raw.z, raw.w), w);
   }
@@ -133,18 +138,22 @@ struct Nf4Format {
   static constexpr bool kBlockScales = true;  // each step's 8-weight partial sum takes its block's absmax
   // Block g of the step's 4 to lanes 8g..8g+7, lane 8g + j at 4j of both 32-column halves of the block: a lane's 8
   // columns share one block scale, and a warp's codes of a piece lie in 4 runs of 16 bytes within 128.
-  static constexpr int64_t kPiece1 = kNf4BlockSize / 2;
-  __device__ static int64_t LaneCol(int lane) { return (lane >> 3) * kNf4BlockSize + 4 * (lane & 7); }
+  static constexpr int kPiece1 = kNf4BlockSize / 2;
+  static constexpr int kStepBytes = kStepCols / 2;
+  __device__ static int LaneCol(int lane) { return (lane >> 3) * kNf4BlockSize + 4 * (lane & 7); }
+  __device__ static int LaneByte(int lane) { return LaneCol(lane) / 2; }
   // Every column of the row's blocks: a last block's columns past `cols` hold code 7 (0.0). Both pieces of a lane
   // are in one block, so both are inside the width or past it.
   __host__ __device__ static int64_t Width(int64_t cols) { return Blocks(cols) * kNf4BlockSize; }
   __host__ __device__ static int64_t Blocks(int64_t cols) { return (cols + kNf4BlockSize - 1) / kNf4BlockSize; }
   __device__ static int64_t RowBytes(int64_t cols) { return Blocks(cols) * kHalfBlock; }
   __device__ static int64_t ScalesPerRow(int64_t cols) { return Blocks(cols); }
+  // A lane's block of a step: the step's (lane / 8)-th.
+  static constexpr int kStepScales = kStepCols / kNf4BlockSize;
+  __device__ static int LaneScale(int lane) { return lane >> 3; }
   __device__ static float Book(int lane) { return kCodeBookDevice[lane & 15]; }
-  // The pieces from col0 (< the width: then both are inside it).
-  __device__ static Unit Load(const Code* row, int64_t col0, int64_t, bool vec) {
-    const Code* p0 = row + col0 / 2;
+  // The pieces whose piece 0 starts at p0, inside the width (then both are inside it).
+  __device__ static Unit Load(const Code* p0, bool, int64_t, bool vec) {
     const Code* p1 = p0 + kPiece1 / 2;
     if (vec) {
       return static_cast<uint32_t>(__ldcs(reinterpret_cast<const unsigned short*>(p0))) |  // evict-first
@@ -152,14 +161,16 @@ struct Nf4Format {
     }
     return LoadWordBytes(p0, 2) | LoadWordBytes(p1, 2) << 16;
   }
-  __device__ static float Scale(const float* row_scales, int64_t col0) {
-    return __ldg(row_scales + col0 / kNf4BlockSize);
-  }
   // REQUIRES: the whole warp (DecodeNf4x8).
   __device__ static void Decode(const Unit& raw, float book, float (&w)[8]) { DecodeNf4x8(raw, book, w); }
   // GemvWideKernel's: 16 bytes of codes are 32 columns (half a block); group g (0..3) of 8 weights is word g.
   // REQUIRES: the whole warp.
   static constexpr int64_t kWideChunk = 32;
+  // Chunk c's block is c / 2: lane l's, l / 2 in each step of 32 chunks, 16 blocks on.
+  static constexpr int kWideStepScales = 32 * kWideChunk / kNf4BlockSize;
+  __device__ static int WideLaneScale(int lane) {
+    return lane * static_cast<int>(kWideChunk) / static_cast<int>(kNf4BlockSize);
+  }
   __device__ static void DecodeWide(const uint4& raw, int g, float book, float (&w)[8]) {
     DecodeNf4x8(g == 0 ? raw.x : g == 1 ? raw.y : g == 2 ? raw.z : raw.w, book, w);
   }
@@ -190,18 +201,38 @@ __device__ __forceinline__ void LoadX4(const float* xt, int64_t col, int64_t col
   }
 }
 
-// The codes and scales of a warp's kRows rows from row0; a row past the end gets the last row's (read, its result
-// not stored).
+// The 4 activations at p (16-byte aligned) when `inside`, else 0 (p is not read).
+__device__ __forceinline__ void LoadX4If(const float* p, bool inside, float* xv) {
+  if (inside) {
+    Load4(p, xv);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) xv[e] = 0.0f;
+  }
+}
+
+// A lane's cursors into a warp's kRows rows from row0 (a row past the end gets the last row's: read, its result not
+// stored): its first codes of each row (`lane_byte` bytes in) and its first block scale (`lane_scale` scales in).
 template <class Format, int kRows>
-__device__ __forceinline__ void WarpRowStarts(const typename Format::Code* q, const float* absmax, int64_t cols,
-                                              int64_t rows, int64_t row0, const typename Format::Code* (&qr)[kRows],
-                                              const float* (&ar)[kRows]) {
+__device__ __forceinline__ void WarpRowCursors(const typename Format::Code* q, const float* absmax, int64_t cols,
+                                               int64_t rows, int64_t row0, int lane_byte, int lane_scale,
+                                               const typename Format::Code* (&qc)[kRows], const float* (&sc)[kRows]) {
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int64_t row = min(row0 + r, rows - 1);
-    qr[r] = q + row * Format::RowBytes(cols);
-    ar[r] = absmax + row * Format::ScalesPerRow(cols);
+    qc[r] = q + row * Format::RowBytes(cols) + lane_byte;
+    sc[r] = absmax + row * Format::ScalesPerRow(cols) + lane_scale;
   }
+}
+
+// The GEMVs' rows have fewer than 2^30 columns (their launchers refuse more), so that step and column counts within
+// a row fit an int and the kernels' per-step index math is 32-bit (their pointers advance by constants).
+constexpr int64_t kQuantGemvMaxCols = int64_t{1} << 30;
+
+// The steps s >= 0 of `step` columns whose column s * step + col is below `limit` (0 when col >= limit).
+// REQUIRES: limit < kQuantGemvMaxCols.
+__device__ __forceinline__ int StepsBelow(int64_t limit, int64_t col, int64_t step) {
+  return limit > col ? static_cast<int>((limit - col + step - 1) / step) : 0;
 }
 
 // The body of both formats' GEMV kernels. A warp takes kRows consecutive output rows from row0 (a row past the end
@@ -213,65 +244,115 @@ __device__ __forceinline__ void WarpRowStarts(const typename Format::Code* q, co
 // onto the row's accumulator (INT8), or from zero and then added times the block scale (NF4); a lane sums its steps
 // in ascending order and the warp its lanes with WarpSum. So a row's result depends neither on kRows, kDepth nor
 // the number of tokens (kTokens = 1: exactly one token; otherwise n <= kTokens).
+// Index math: each lane counts once how many steps its pieces' codes and activations are inside the row, and keeps
+// cursors (codes and block scales per row, activations) that advance by kDepth steps per pass of the ring, the ring's
+// loads at constant offsets from them: a one-token step's index math is a few 32-bit compares. Every lane decodes
+// (the shuffles) and multiplies every step; a lane past the width keeps its accumulators. REQUIRES: cols <
+// kQuantGemvMaxCols.
 template <class Format, int kTokens, int kRows, int kDepth, bool kVec>
 __device__ __forceinline__ void QuantGemvRows(const float* __restrict__ x, const typename Format::Code* __restrict__ q,
                                               const float* __restrict__ absmax, int n, int64_t cols, int64_t rows,
                                               int64_t row0, float* __restrict__ y) {
+  static_assert(kTokens == 1 || kRows == 1, "several tokens take one row per warp");
   const int lane = threadIdx.x & 31;
   const float book = Format::Book(lane);
   const int64_t width = Format::Width(cols);
-  const int64_t steps = (width + kStepCols - 1) / kStepCols;
-  const int64_t lane_col = Format::LaneCol(lane);
-  const typename Format::Code* qr[kRows];
-  const float* ar[kRows];
-  WarpRowStarts<Format>(q, absmax, cols, rows, row0, qr, ar);
+  const int steps = StepsBelow(width, 0, kStepCols);
+  const int lane_col = Format::LaneCol(lane);
+  // This lane's steps with codes (piece 0 inside the width), with piece 1's codes, with piece 0's and piece 1's
+  // activations (inside cols).
+  const int code_steps = StepsBelow(width, lane_col, kStepCols);
+  const int code1_steps = StepsBelow(width, lane_col + Format::kPiece1, kStepCols);
+  const int x0_steps = StepsBelow(cols, lane_col, kStepCols);
+  const int x1_steps = StepsBelow(cols, lane_col + Format::kPiece1, kStepCols);
+  // The cursors, at step s0 of the loop below.
+  const typename Format::Code* qc[kRows];
+  const float* sc[kRows];
+  WarpRowCursors<Format>(q, absmax, cols, rows, row0, Format::LaneByte(lane), Format::LaneScale(lane), qc, sc);
+  const float* xc = x + lane_col;
   float acc[kRows][kTokens];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
   }
-  // A lane whose piece 0 is past the width (a step past the last, too) loads nothing.
-  auto load = [&](int64_t step, Step<Format, kRows>& dst) {
-    const int64_t col0 = step * kStepCols + lane_col;
-    const bool inside = col0 < width;
+  // Step s, `ahead` steps past the cursors' (a constant once unrolled). A lane whose piece 0 is past the width (a
+  // step past the last, too) loads nothing.
+  auto load = [&](int s, int ahead, Step<Format, kRows>& dst) {
+    const bool inside = s < code_steps;
+    const bool piece1 = s < code1_steps;
+    const int64_t left = kVec ? 0 : width - (static_cast<int64_t>(s) * kStepCols + lane_col);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      dst.raw[r] = inside ? Format::Load(qr[r], col0, width, kVec) : typename Format::Unit{};
-      if constexpr (Format::kBlockScales) dst.scale[r] = inside ? Format::Scale(ar[r], col0) : 0.0f;
+      dst.raw[r] = inside ? Format::Load(qc[r] + ahead * Format::kStepBytes, piece1, left, kVec)
+                          : typename Format::Unit{};
+      if constexpr (Format::kBlockScales) {
+        dst.scale[r] = inside ? __ldg(sc[r] + ahead * Format::kStepScales) : 0.0f;
+      }
     }
   };
   Step<Format, kRows> ring[kDepth];
 #pragma unroll
-  for (int d = 0; d < kDepth; ++d) load(d, ring[d]);
-  for (int64_t s0 = 0; s0 < steps; s0 += kDepth) {
+  for (int d = 0; d < kDepth; ++d) load(d, d, ring[d]);
+  for (int s0 = 0; s0 < steps; s0 += kDepth) {
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
-      if (s0 + d >= steps) break;  // the same for the whole warp
-      const int64_t col0 = (s0 + d) * kStepCols + lane_col;
-      float wv[kRows][8];
+      const int s = s0 + d;
+      if (s >= steps) break;  // the same for the whole warp
+      // This step's activations of token t (0 past the row; lanes past the width read none).
+      auto load_x = [&](int t, float (&xv)[8]) {
+        if constexpr (kVec) {
+          const float* xt = xc + t * cols + d * kStepCols;
+          LoadX4If(xt, s < x0_steps, xv);
+          LoadX4If(xt + Format::kPiece1, s < x1_steps, xv + 4);
+        } else {
+          const int64_t col0 = static_cast<int64_t>(s) * kStepCols + lane_col;
+          LoadX4<false>(x + t * cols, col0, cols, xv);
+          LoadX4<false>(x + t * cols, col0 + Format::kPiece1, cols, xv + 4);
+        }
+      };
+      // The step's 8 products of row r and token t onto the row's accumulator (only where the lane has codes).
+      const bool inside = s < code_steps;
+      auto accumulate = [&](int r, int t, const float (&wv)[8], const float (&xv)[8]) {
+        if constexpr (Format::kBlockScales) {
+          const float part = ChunkDot<8>(wv, xv, 0.0f);
+          if (inside) acc[r][t] = fmaf(part, ring[d].scale[r], acc[r][t]);
+        } else {
+          const float next = ChunkDot<8>(wv, xv, acc[r][t]);
+          if (inside) acc[r][t] = next;
+        }
+      };
+      if constexpr (kTokens == 1) {
+        // One token: its activations serve every row, each row's weights decoded just before its products.
+        float xv[8];
+        load_x(0, xv);
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) Format::Decode(ring[d].raw[r], book, wv[r]);
-      if (col0 < width) {
+        for (int r = 0; r < kRows; ++r) {
+          float wv[8];
+          Format::Decode(ring[d].raw[r], book, wv);
+          accumulate(r, 0, wv, xv);
+        }
+      } else {
+        // Several tokens, one row (static_assert above): its weights decoded once serve every token.
+        float wv[8];
+        Format::Decode(ring[d].raw[0], book, wv);
 #pragma unroll
         for (int t = 0; t < kTokens; ++t) {
-          if (kTokens == 1 || t < n) {
+          if (t < n) {
             float xv[8];
-            LoadX4<kVec>(x + t * cols, col0, cols, xv);
-            LoadX4<kVec>(x + t * cols, col0 + Format::kPiece1, cols, xv + 4);
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) {
-              if constexpr (Format::kBlockScales) {
-                acc[r][t] = fmaf(ChunkDot<8>(wv[r], xv, 0.0f), ring[d].scale[r], acc[r][t]);
-              } else {
-                acc[r][t] = ChunkDot<8>(wv[r], xv, acc[r][t]);
-              }
-            }
+            load_x(t, xv);
+            accumulate(0, t, wv, xv);
           }
         }
       }
-      load(s0 + d + kDepth, ring[d]);
+      load(s + kDepth, d + kDepth, ring[d]);
     }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      qc[r] += kDepth * Format::kStepBytes;
+      sc[r] += kDepth * Format::kStepScales;
+    }
+    xc += kDepth * kStepCols;
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -281,7 +362,7 @@ __device__ __forceinline__ void QuantGemvRows(const float* __restrict__ x, const
     for (int t = 0; t < kTokens; ++t) {
       if (kTokens == 1 || t < n) {
         const float sum = WarpSum(acc[r][t]);
-        if (lane == 0) y[t * rows + row] = Format::Finish(sum, ar[r]);
+        if (lane == 0) y[t * rows + row] = Format::Finish(sum, absmax + row * Format::ScalesPerRow(cols));
       }
     }
   }
@@ -455,7 +536,7 @@ template <class Format>
 cudaError_t QuantGemv(const float* x, const typename Format::Code* q, const float* absmax, int64_t n, int64_t cols,
                       int64_t rows, bool vec, float* y, cudaStream_t stream) {
   if (n <= 0 || rows <= 0) return cudaSuccess;
-  if (cols <= 0) return cudaErrorInvalidValue;
+  if (cols <= 0 || cols >= kQuantGemvMaxCols) return cudaErrorInvalidValue;
   if (CeilDiv(rows, kGemvWarps) > 0x7fffffff) return cudaErrorInvalidValue;
   for (int64_t t0 = 0; t0 < n; t0 += kMaxN) {
     const int cnt = static_cast<int>(std::min<int64_t>(kMaxN, n - t0));
@@ -514,8 +595,8 @@ __global__ void __launch_bounds__(kGemvThreads)
   constexpr int64_t kChunk = Format::kWideChunk;
   constexpr int64_t kPitch4 = kWidePitch<Format> / 4;
   constexpr int kGroups = static_cast<int>(kChunk / 8);  // of 8 weights
-  const int64_t chunks = Format::Width(cols) / kChunk;
-  for (int64_t i = threadIdx.x; i < chunks * (kChunk / 4); i += kGemvThreads) {
+  const int chunks = static_cast<int>(Format::Width(cols) / kChunk);
+  for (int i = static_cast<int>(threadIdx.x); i < chunks * static_cast<int>(kChunk / 4); i += kGemvThreads) {
     float v[4];
     LoadX4<true>(x, 4 * i, cols, v);  // 0 past cols
     xs[i / (kChunk / 4) * kPitch4 + i % (kChunk / 4)] = make_float4(v[0], v[1], v[2], v[3]);
@@ -525,23 +606,27 @@ __global__ void __launch_bounds__(kGemvThreads)
   if (row0 >= rows) return;  // the same for the whole warp, after the block's barrier
   const int lane = threadIdx.x & 31;
   const float book = Format::Book(lane);
-  const int64_t steps = (chunks + 31) / 32;
-  const typename Format::Code* qr[kRows];
-  const float* ar[kRows];
-  WarpRowStarts<Format>(q, absmax, cols, rows, row0, qr, ar);
+  const int steps = StepsBelow(chunks, 0, 32);
+  const int lane_steps = StepsBelow(chunks, lane, 32);  // with this lane's chunk inside the row
+  // Cursors at step s0 of the loop below: this lane's chunk of each row, and its block scale.
+  const typename Format::Code* qc[kRows];
+  const float* sc[kRows];
+  WarpRowCursors<Format>(q, absmax, cols, rows, row0, lane * 16, Format::WideLaneScale(lane), qc, sc);
   struct WideStep {
     uint4 raw[kRows];
     float scale[kRows];
   };
-  // A lane whose chunk is past the row (a step past the last, too) loads nothing.
-  auto load = [&](int64_t step, WideStep& dst) {
-    const int64_t chunk = step * 32 + lane;
-    const bool inside = chunk < chunks;
+  // Step s, `ahead` steps past the cursors' (a constant once unrolled). A lane whose chunk is past the row (a step
+  // past the last, too) loads nothing.
+  auto load = [&](int s, int ahead, WideStep& dst) {
+    const bool inside = s < lane_steps;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       // evict-first: see Load4Streaming
-      dst.raw[r] = inside ? __ldcs(reinterpret_cast<const uint4*>(qr[r]) + chunk) : make_uint4(0, 0, 0, 0);
-      if constexpr (Format::kBlockScales) dst.scale[r] = inside ? Format::Scale(ar[r], chunk * kChunk) : 0.0f;
+      dst.raw[r] = inside ? __ldcs(reinterpret_cast<const uint4*>(qc[r]) + 32 * ahead) : make_uint4(0, 0, 0, 0);
+      if constexpr (Format::kBlockScales) {
+        dst.scale[r] = inside ? __ldg(sc[r] + ahead * Format::kWideStepScales) : 0.0f;
+      }
     }
   };
   float acc[kRows];
@@ -549,13 +634,14 @@ __global__ void __launch_bounds__(kGemvThreads)
   for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
   WideStep ring[kDepth];
 #pragma unroll
-  for (int d = 0; d < kDepth; ++d) load(d, ring[d]);
-  for (int64_t s0 = 0; s0 < steps; s0 += kDepth) {
+  for (int d = 0; d < kDepth; ++d) load(d, d, ring[d]);
+  for (int s0 = 0; s0 < steps; s0 += kDepth) {
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
-      if (s0 + d >= steps) break;  // the same for the whole warp
-      const int64_t chunk = (s0 + d) * 32 + lane;
-      const bool inside = chunk < chunks;
+      const int s = s0 + d;
+      if (s >= steps) break;  // the same for the whole warp
+      const int chunk = s * 32 + lane;
+      const bool inside = s < lane_steps;
       float part[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) part[r] = Format::kBlockScales ? 0.0f : acc[r];
@@ -582,7 +668,12 @@ __global__ void __launch_bounds__(kGemvThreads)
           acc[r] = Format::kBlockScales ? fmaf(part[r], ring[d].scale[r], acc[r]) : part[r];
         }
       }
-      load(s0 + d + kDepth, ring[d]);
+      load(s + kDepth, d + kDepth, ring[d]);
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      qc[r] += 32 * 16 * kDepth;
+      sc[r] += kDepth * Format::kWideStepScales;
     }
   }
 #pragma unroll
@@ -590,7 +681,7 @@ __global__ void __launch_bounds__(kGemvThreads)
     const int64_t row = row0 + r;
     if (row >= rows) break;  // the same for the whole warp
     const float sum = WarpSum(acc[r]);
-    if (lane == 0) y[row] = Format::Finish(sum, ar[r]);
+    if (lane == 0) y[row] = Format::Finish(sum, absmax + row * Format::ScalesPerRow(cols));
   }
 }
 
@@ -613,7 +704,9 @@ template <class Format, int kDepthRows4, int kDepthRows1>
 cudaError_t QuantGemvWide(const float* x, const typename Format::Code* q, const float* absmax, int64_t cols,
                           int64_t rows, bool valid, float* y, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  if (cols <= 0 || !valid || CeilDiv(rows, kGemvWarps) > 0x7fffffff) return cudaErrorInvalidValue;
+  if (cols <= 0 || cols >= kQuantGemvMaxCols || !valid || CeilDiv(rows, kGemvWarps) > 0x7fffffff) {
+    return cudaErrorInvalidValue;
+  }
   switch (OneTokenShape(rows)) {
     case GemvShape::kRows4:
       return LaunchWide<Format, 4, kDepthRows4>(x, q, absmax, cols, rows, y, stream);

@@ -415,7 +415,7 @@ TEST_F(QuantKernelTest, OneTokenGemvRingsWrapAtEveryRowsPerWarp) {
 // tolerance of the CPU product of the dequantized weights at both of their rows-per-warp shapes: where their rings
 // wrap (1 row per warp over 4208 columns: INT8 9 steps of 512 columns at depth 8, NF4 5 steps of 1024 at depth 4),
 // where the last step is partly past the row, NF4's last block too (no width is a multiple of 64), and where the
-// last warp is partly used. They refuse what they REQUIRE.
+// last warp is partly used. They refuse what they REQUIRE, and every quantized GEMV rows of 2^30 columns or more.
 TEST_F(QuantKernelTest, WideGemvsMatchCpu) {
   std::mt19937 rng(27);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1104, 8195}, {4208, 100}, {2320, 1027}};
@@ -448,6 +448,14 @@ TEST_F(QuantKernelTest, WideGemvsMatchCpu) {
   EXPECT_EQ(kernels::LaunchGemvNf4Wide(dx.get() + 1, dev.codes.get(), dev.a4.get(), 68, 8, y.get(), stream_),
             cudaErrorInvalidValue);  // x not 16-byte aligned
   EXPECT_EQ(kernels::LaunchGemvNf4Wide(dx.get(), dev.codes.get(), dev.a4.get(), 68, 0, y.get(), stream_), cudaSuccess);
+  // Rows of 2^30 columns or more (the kernels count a row's steps in an int): refused before anything is read.
+  constexpr int64_t kHuge = int64_t{1} << 30;
+  EXPECT_EQ(kernels::LaunchGemvInt8(dx.get(), dev.q.get(), dev.a8.get(), 1, kHuge, 8, y.get(), stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchGemvNf4(dx.get(), dev.codes.get(), dev.a4.get(), 1, kHuge, 8, y.get(), stream_),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchGemvNf4Wide(dx.get(), dev.codes.get(), dev.a4.get(), kHuge, 8, y.get(), stream_),
+            cudaErrorInvalidValue);
 }
 
 }  // namespace
