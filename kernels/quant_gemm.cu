@@ -608,10 +608,12 @@ __global__ void __launch_bounds__(kGemvThreads)
   const float book = Format::Book(lane);
   const int steps = StepsBelow(chunks, 0, 32);
   const int lane_steps = StepsBelow(chunks, lane, 32);  // with this lane's chunk inside the row
-  // Cursors at step s0 of the loop below: this lane's chunk of each row, and its block scale.
+  // Cursors at step s0 of the loop below: this lane's chunk of each row (16 bytes of codes a chunk), and its block
+  // scale.
+  constexpr int kChunkBytes = static_cast<int>(sizeof(uint4));
   const typename Format::Code* qc[kRows];
   const float* sc[kRows];
-  WarpRowCursors<Format>(q, absmax, cols, rows, row0, lane * 16, Format::WideLaneScale(lane), qc, sc);
+  WarpRowCursors<Format>(q, absmax, cols, rows, row0, lane * kChunkBytes, Format::WideLaneScale(lane), qc, sc);
   struct WideStep {
     uint4 raw[kRows];
     float scale[kRows];
@@ -672,7 +674,7 @@ __global__ void __launch_bounds__(kGemvThreads)
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      qc[r] += 32 * 16 * kDepth;
+      qc[r] += kDepth * 32 * kChunkBytes;
       sc[r] += kDepth * Format::kWideStepScales;
     }
   }
