@@ -184,23 +184,6 @@ struct Step {
   float scale[kRows];
 };
 
-// The 4 activations of token row `xt` from column `col` (a multiple of 4), 0 past `cols`. kVec: one float4 load,
-// wholly inside or wholly past the row (REQUIRES cols % 4 == 0 and xt 16-byte aligned); otherwise one float at a time.
-template <bool kVec>
-__device__ __forceinline__ void LoadX4(const float* xt, int64_t col, int64_t cols, float* xv) {
-  if (kVec) {
-    if (col < cols) {
-      Load4(xt + col, xv);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) xv[e] = 0.0f;
-    }
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) xv[e] = col + e < cols ? xt[col + e] : 0.0f;
-  }
-}
-
 // The 4 activations at p (16-byte aligned) when `inside`, else 0 (p is not read).
 __device__ __forceinline__ void LoadX4If(const float* p, bool inside, float* xv) {
   if (inside) {
@@ -208,6 +191,18 @@ __device__ __forceinline__ void LoadX4If(const float* p, bool inside, float* xv)
   } else {
 #pragma unroll
     for (int e = 0; e < 4; ++e) xv[e] = 0.0f;
+  }
+}
+
+// The 4 activations of token row `xt` from column `col` (a multiple of 4), 0 past `cols`. kVec: one float4 load,
+// wholly inside or wholly past the row (REQUIRES cols % 4 == 0 and xt 16-byte aligned); otherwise one float at a time.
+template <bool kVec>
+__device__ __forceinline__ void LoadX4(const float* xt, int64_t col, int64_t cols, float* xv) {
+  if (kVec) {
+    LoadX4If(xt + col, col < cols, xv);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) xv[e] = col + e < cols ? xt[col + e] : 0.0f;
   }
 }
 
