@@ -11,7 +11,7 @@
 // odmoe daemon whose --config is the same cluster file (a node restarted by hand): SIGTERM, then SIGKILL after a
 // grace period. Then it removes what they leave: the pid files and the workers' shared expert segments in
 // /dev/shm that no process holds any more. `status` asks each node for its liveness, readiness, build version and
-// memory.
+// memory, and shows the pid of its process on this machine, found as `down` finds it.
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -426,12 +426,19 @@ absl::Status Down(const Flags& f, const ClusterConfig& c, const std::string& con
 
 absl::Status Status(const Flags& f, const ClusterConfig& c, const std::string& config_path) {
   const std::string run_dir = RunDir(f, c, config_path);
+  // Each node's process on this machine: the one of its pid file, else one started by hand (or by systemd) from
+  // this cluster file, the lowest pid where there are several.
+  std::map<std::string, pid_t> local;
+  for (const NodeProcess& p : FindNodeProcesses(c, config_path, run_dir)) local.emplace(p.node, p.pid);
+  for (const NodeConfig& n : c.nodes) {
+    if (auto pid = LivePid(run_dir, n)) local[n.name] = *pid;
+  }
   Json nodes = Json::array();
   bool all_serving = true;
   for (const NodeConfig& n : c.nodes) {
     Json j = {{"node", n.name}, {"role", NodeRoleName(n.role)}, {"address", n.address}, {"device", n.device}};
-    auto pid = LivePid(run_dir, n);
-    j["pid"] = pid ? Json(*pid) : Json(nullptr);
+    const auto pid = local.find(n.name);
+    j["pid"] = pid != local.end() ? Json(pid->second) : Json(nullptr);
     // Liveness (the process serves), readiness (it can do its part: main reaches an owner of every sparse layer)
     // and the node's build version.
     auto health = rpc::CheckHealth(n.address, 3000);

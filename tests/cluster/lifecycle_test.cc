@@ -296,6 +296,7 @@ TEST(LifecycleTest, AKilledWorkerCostsNoRequestAndMainIsNotReadyOnlyWithNoWorker
     EXPECT_EQ(status[node]["health"], "SERVING") << status.dump();
     EXPECT_EQ(status[node]["ready"], "SERVING") << status.dump();
     EXPECT_EQ(status[node]["version"], std::string(BuildVersion())) << status.dump();
+    EXPECT_EQ(status[node]["pid"], cluster.Pid(node)) << status.dump();
   }
   constexpr int64_t kTokens = 400;  // long enough (the tiny model decodes fast) for the fault to land mid-request
   const Streamed fault_free = StreamGenerate(c.Address(0), kTokens);
@@ -345,6 +346,9 @@ TEST(LifecycleTest, AKilledWorkerCostsNoRequestAndMainIsNotReadyOnlyWithNoWorker
   EXPECT_TRUE(Eventually([&] { return Serving(c.Address(0), rpc::kReadinessService); }, std::chrono::seconds(20)))
       << ReadFile(log) << ReadFile(main_log);
   EXPECT_NE(ReadFile(main_log).find("worker w1 rejoined"), std::string::npos) << ReadFile(main_log);
+  status = Status(c, run_dir, &code);
+  EXPECT_EQ(status["w1"]["pid"], again.pid()) << status.dump();  // not in the pid file: found by its --config
+  EXPECT_TRUE(status["w0"]["pid"].is_null()) << status.dump();
   const Streamed back = StreamGenerate(c.Address(0), kTokens);
   ASSERT_TRUE(back.status.ok()) << back.status.error_message();
   EXPECT_EQ(back.tokens, fault_free.tokens);
