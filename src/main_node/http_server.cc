@@ -191,8 +191,8 @@ struct HttpServer::Impl {
   // model asks).
   absl::StatusOr<std::vector<int32_t>> IdsOf(const openai::Prompt& p, ApiError* error,
                                              bool special_tokens = true) const;
-  // NotFound (404 model_not_found in `error`) unless `model` is the one served.
-  absl::Status CheckModel(const std::string& model, ApiError* error) const;
+  // NotFound (404 model_not_found in `error`) unless `model` is a name of the one served or none.
+  absl::Status CheckModel(const std::optional<std::string>& model, ApiError* error) const;
   // The model's tokenizer, or InvalidArgument (a 400 naming `param` in `error`) saying the model has none;
   // `instead`, when not empty, tells the client what to send instead.
   absl::StatusOr<const Tokenizer*> NeedTokenizer(std::string_view param, std::string_view instead,
@@ -268,10 +268,10 @@ absl::StatusOr<const Tokenizer*> HttpServer::Impl::NeedTokenizer(std::string_vie
   return absl::InvalidArgumentError(error->message);
 }
 
-absl::Status HttpServer::Impl::CheckModel(const std::string& model, ApiError* error) const {
-  if (model == options.model_id) return absl::OkStatus();
+absl::Status HttpServer::Impl::CheckModel(const std::optional<std::string>& model, ApiError* error) const {
+  if (!model.has_value() || *model == options.model_id) return absl::OkStatus();
   for (const std::string& alias : options.model_aliases) {
-    if (model == alias) return absl::OkStatus();
+    if (*model == alias) return absl::OkStatus();
   }
   std::string aliases;
   for (const std::string& alias : options.model_aliases) {
@@ -279,7 +279,7 @@ absl::Status HttpServer::Impl::CheckModel(const std::string& model, ApiError* er
   }
   if (!aliases.empty()) aliases += ")";
   *error = BadRequest(
-      StrCat("The model '", model, "' does not exist; this server serves '", options.model_id, "'", aliases), "model");
+      StrCat("The model '", *model, "' does not exist; this server serves '", options.model_id, "'", aliases), "model");
   error->http_status = 404;
   error->code = "model_not_found";
   return absl::NotFoundError(error->message);
@@ -851,7 +851,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
            }));
   http.Get(StrCat(kModelRoutePrefix, "(.+)"), guarded([&impl](const httplib::Request& req, httplib::Response& res) {
              ApiError error;
-             if (!impl.CheckModel(req.matches[1], &error).ok()) {
+             if (!impl.CheckModel(req.matches[1].str(), &error).ok()) {
                impl.Count(kModelsRoute.label, error.http_status);
                return SendError(res, error);
              }

@@ -349,13 +349,13 @@ ApiError ErrorOfStatus(const absl::Status& status) {
 
 namespace {
 
-// A request body: a JSON object with a string `model`.
-absl::StatusOr<Json> ReadBody(std::string_view body, ApiError* error, std::string* model_out) {
+// A request body: a JSON object whose `model`, where given and not null, is a string.
+absl::StatusOr<Json> ReadBody(std::string_view body, ApiError* error, std::optional<std::string>* model_out) {
   absl::StatusOr<Json> parsed = ParseJson(body, "request body");
   if (!parsed.ok()) return Fail(error, "", std::string(parsed.status().message()));
   if (!parsed->is_object()) return Fail(error, "", TypeError("the request body", "a JSON object", *parsed));
   const Json* model = Field(*parsed, "model");
-  if (model == nullptr) return Fail(error, "model", "'model' is required");
+  if (model == nullptr || model->is_null()) return parsed;
   if (!model->is_string()) return Fail(error, "model", TypeError("model", "a string", *model));
   *model_out = model->get<std::string>();
   return parsed;

@@ -4,8 +4,9 @@
 // (src/main_node/http_server.h wires these to cpp-httplib and MainNode), so all of it is unit-tested and fuzzed
 // (fuzz/openai_request_fuzzer.cc).
 //
-// What is accepted (POST /v1/completions and /v1/chat/completions): `model`; `prompt` as a string, a list of
-// strings, a list of token ids or a list of such lists, or `messages` for chat; `n` (choices per prompt);
+// What is accepted (POST /v1/completions and /v1/chat/completions): `model` (optional, as in vLLM: left out or
+// null, the served model); `prompt` as a string, a list of strings, a list of token ids or a list of such lists,
+// or `messages` for chat; `n` (choices per prompt);
 // `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `presence_penalty`, `frequency_penalty`,
 // `logit_bias`, `stop` (a string or a list of up to 16), `stream`, `stream_options.include_usage`, `logprobs`
 // (completions: the alternatives per token; chat: true, with `top_logprobs`), `echo` (completions), and vLLM's
@@ -65,7 +66,7 @@ struct Prompt {
 // A request body, checked for types and ranges (not yet against the model: see CheckAgainstModel).
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kCompletions;
-  std::string model;
+  std::optional<std::string> model;   // none: the request names no model (vLLM's default, the served one)
   std::vector<Prompt> prompts;        // completions: at least one
   std::vector<ChatMessage> messages;  // chat: at least one
   // Choices per prompt (1..kMaxChoicesPerPrompt): choice j of prompt p has index p * n + j and samples with the
@@ -141,7 +142,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
 // vLLM's POST /tokenize: `model` and either `prompt` (a string; `add_special_tokens`, default true, adds what a
 // completion's prompt gets, e.g. BOS) or `messages` (the prompt chat would make of them).
 struct TokenizeRequest {
-  std::string model;
+  std::optional<std::string> model;  // as CompletionRequest::model
   std::optional<std::string> prompt;
   std::vector<ChatMessage> messages;  // when there is no prompt: at least one
   bool add_special_tokens = true;
@@ -149,7 +150,7 @@ struct TokenizeRequest {
 absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(std::string_view body, ApiError* error);
 // vLLM's POST /detokenize: `model` and `tokens` (a list of token ids, possibly empty).
 struct DetokenizeRequest {
-  std::string model;
+  std::optional<std::string> model;  // as CompletionRequest::model
   std::vector<int32_t> tokens;
 };
 absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, ApiError* error);

@@ -224,6 +224,12 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   EXPECT_EQ(answer["usage"]["prompt_tokens"], prompt.size());
   EXPECT_EQ(answer["usage"]["completion_tokens"], grpc->tokens.size());
   EXPECT_EQ(answer["choices"][0]["finish_reason"], grpc->stop_reason == "length" ? "length" : "stop");
+  // No model named (vLLM's and llama.cpp's servers allow it): the served one, named in the answer.
+  const HttpResult unnamed =
+      Post(base + "/v1/completions", {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}});
+  ASSERT_EQ(unnamed.status, 200) << unnamed.body;
+  EXPECT_EQ(ParseOrDie(unnamed.body)["model"], kModel);
+  EXPECT_EQ(ParseOrDie(unnamed.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), grpc->tokens);
   // vLLM's top_k: with k = 1 a hot sampler picks what greedy picks.
   const HttpResult top1 =
       Post(base + "/v1/completions",

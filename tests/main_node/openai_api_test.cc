@@ -49,6 +49,25 @@ TEST(OpenAiParse, PromptForms) {
   EXPECT_EQ(lists->prompts[1].ids, (std::vector<int32_t>{3}));
 }
 
+// As vLLM (and llama.cpp's server): a request may leave `model` out, or send null, for the served model.
+TEST(OpenAiParse, ModelIsOptional) {
+  auto named = Parse(R"({"model":"m","prompt":"x"})");
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->model, "m");
+  for (const char* body : {R"({"prompt":"x"})", R"({"model":null,"prompt":"x"})"}) {
+    auto r = Parse(body);
+    ASSERT_TRUE(r.ok()) << body << ": " << r.status();
+    EXPECT_FALSE(r->model.has_value()) << body;
+  }
+  ApiError error;
+  auto t = ParseTokenizeRequest(R"({"prompt":"hi"})", &error);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_FALSE(t->model.has_value());
+  auto d = ParseDetokenizeRequest(R"({"model":null,"tokens":[1]})", &error);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->model.has_value());
+}
+
 TEST(OpenAiParse, DefaultsAndOptions) {
   auto r = Parse(
       R"({"model":"m","prompt":"x","max_tokens":5,"temperature":0,"top_p":0.5,"seed":7,"stop":["\n","And"],
@@ -140,7 +159,7 @@ TEST(OpenAiParse, TokenizeAndDetokenize) {
     const char* param;
     const char* message;
   } bad[] = {
-      {R"({"prompt":"x"})", false, "model", "'model' is required"},
+      {R"({"model":1,"prompt":"x"})", false, "model", "'model' must be a string"},
       {R"({"model":"m"})", false, "prompt", "give either 'prompt' or 'messages'"},
       {R"({"model":"m","prompt":"x","messages":[]})", false, "prompt", "either"},
       {R"({"model":"m","prompt":[1,2]})", false, "prompt", "must be a string"},
@@ -215,7 +234,6 @@ TEST(OpenAiParse, ErrorsNameTheField) {
   } cases[] = {
       {R"({"model":"m","prompt":"x")", Endpoint::kCompletions, "", "invalid JSON"},
       {R"([1,2])", Endpoint::kCompletions, "", "must be a JSON object"},
-      {R"({"prompt":"x"})", Endpoint::kCompletions, "model", "'model' is required"},
       {R"({"model":3,"prompt":"x"})", Endpoint::kCompletions, "model", "'model' must be a string, got integer"},
       {R"({"model":"m"})", Endpoint::kCompletions, "prompt", "'prompt' is required"},
       {R"({"model":"m","prompt":[]})", Endpoint::kCompletions, "prompt", "empty list"},
