@@ -55,6 +55,15 @@ absl::Status ReadInt(const Json& body, const char* key, ApiError* error, std::op
     *out = static_cast<int64_t>(v->get<uint64_t>());
     return absl::OkStatus();
   }
+  if (v->is_number_float()) {
+    // A whole number written as a float (16.0, from Python's division) is taken, as vLLM's pydantic models do.
+    const double d = v->get<double>();
+    if (std::trunc(d) != d || !(std::fabs(d) < 0x1p63)) {
+      return Fail(error, key, StrCat("'", key, "' must be an integer, got ", v->dump()));
+    }
+    *out = static_cast<int64_t>(d);
+    return absl::OkStatus();
+  }
   if (!v->is_number_integer()) return Fail(error, key, TypeError(key, "an integer", *v));
   *out = v->get<int64_t>();
   return absl::OkStatus();

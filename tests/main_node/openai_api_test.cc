@@ -49,6 +49,23 @@ TEST(OpenAiParse, PromptForms) {
   EXPECT_EQ(lists->prompts[1].ids, (std::vector<int32_t>{3}));
 }
 
+// As vLLM's pydantic models: an integer field takes a whole number written as a float (Python's 2048 / 2).
+TEST(OpenAiParse, WholeFloatsAreIntegers) {
+  auto r = Parse(R"({"model":"m","prompt":"x","max_tokens":1024.0,"n":2.0,"seed":-3.0,"top_k":1e1})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r->max_tokens, 1024);
+  EXPECT_EQ(r->n, 2);
+  EXPECT_EQ(*r->seed, static_cast<uint64_t>(int64_t{-3}));  // as the integer -3 is taken
+  EXPECT_EQ(r->top_k, 10);
+  for (const char* body :
+       {R"({"model":"m","prompt":"x","max_tokens":16.5})", R"({"model":"m","prompt":"x","max_tokens":1e30})"}) {
+    ApiError error;
+    EXPECT_FALSE(ParseCompletionRequest(body, Endpoint::kCompletions, &error).ok()) << body;
+    EXPECT_EQ(error.param, "max_tokens") << body;
+    EXPECT_NE(error.message.find("'max_tokens' must be an integer, got 1"), std::string::npos) << error.message;
+  }
+}
+
 // As vLLM (and llama.cpp's server): a request may leave `model` out, or send null, for the served model.
 TEST(OpenAiParse, ModelIsOptional) {
   auto named = Parse(R"({"model":"m","prompt":"x"})");
