@@ -6,11 +6,11 @@
 #   scripts/sanitize.sh tsan [ctest args]   ThreadSanitizer, the tests whose code runs threads: every ctest labelled
 #                                           cluster (daemons, gRPC handlers, fan-out to workers) and the test
 #                                           programs in TSAN_EXTRA_TESTS (default backend_test, worker_parts_test,
-#                                           ops_unit_test and prefetch_sender_test: residency and budget shared by
-#                                           handler threads; the prefetch queues shared by gRPC's callback threads;
-#                                           devices shared by threads, the mock GPU's loader thread; main's
-#                                           admission queue, prober, shadow link and the HTTP API's parallel
-#                                           choices), run
+#                                           ops_unit_test, prefetch_sender_test and metrics_server_test: residency
+#                                           and budget shared by handler threads; the prefetch queues shared by
+#                                           gRPC's callback threads; devices shared by threads, the mock GPU's
+#                                           loader thread; main's admission queue, prober, shadow link and the HTTP
+#                                           API's parallel choices; the HTTP servers' connection pool), run
 #                                           directly, less the ctest
 #                                           names matching TSAN_EXCLUDE (default: the multi-process golden runs of
 #                                           the two *-kjv models, see below; "" runs every one)
@@ -67,7 +67,7 @@ shift
 build=${BUILD_DIR:-build-$mode}
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 tsan_labels=${TSAN_LABELS:-cluster}
-tsan_extra=${TSAN_EXTRA_TESTS:-backend_test worker_parts_test ops_unit_test prefetch_sender_test}
+tsan_extra=${TSAN_EXTRA_TESTS:-backend_test worker_parts_test ops_unit_test prefetch_sender_test metrics_server_test}
 # ClusterModelTest starts a whole cluster (main, shadow, 8 workers) and runs every golden prompt through it and
 # through a local engine. Under TSan that is 10-15x slower than a normal build: tiny-mixtral-kjv alone ran past
 # ctest's 900 s timeout on a loaded 2-core machine (and a request can pass its 120 s deadline). The four tiny

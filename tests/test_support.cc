@@ -160,6 +160,35 @@ int ClaimPort(int port) {
 
 }  // namespace
 
+IdleConnections::IdleConnections(int port, int n) {
+  for (int i = 0; i < n; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      if (fd >= 0) close(fd);
+      continue;
+    }
+    fds_.push_back(fd);
+  }
+}
+
+IdleConnections::~IdleConnections() {
+  for (int fd : fds_) close(fd);
+}
+
+int IdleConnections::ClosedByServer() const {
+  int closed = 0;
+  for (int fd : fds_) {
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    // Nothing was sent to these connections, so anything to read is the server's end of it.
+    if (poll(&p, 1, 0) != 0) ++closed;
+  }
+  return closed;
+}
+
 std::vector<int> PickFreePorts(int n) {
   static std::mutex mu;
   static std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(getpid()));

@@ -62,6 +62,23 @@ std::string ByteLevelChars(std::string_view bytes);
 // running side by side never draw the same one between its draw and its server's bind.
 std::vector<int> PickFreePorts(int n);
 
+// `n` TCP connections to 127.0.0.1:`port` that send nothing, as a client's idle keep-alive connections; closed
+// when it goes.
+class IdleConnections {
+ public:
+  IdleConnections(int port, int n);
+  ~IdleConnections();
+  IdleConnections(const IdleConnections&) = delete;
+  IdleConnections& operator=(const IdleConnections&) = delete;
+
+  size_t connected() const { return fds_.size(); }
+  // How many the server has closed (or reset) so far.
+  int ClosedByServer() const;
+
+ private:
+  std::vector<int> fds_;
+};
+
 struct RunResult {
   int exit_code = -1;  // the program's exit status; -1 if it did not exit normally (signal)
   int signal = 0;      // the signal that ended it, if any

@@ -1,11 +1,6 @@
 #include "src/main_node/http_server.h"
 
-#include <sys/socket.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +21,7 @@
 #include "src/main_node/choices.h"
 #include "src/main_node/client_connection.h"
 #include "src/main_node/drain.h"
+#include "src/rpc/http_serving.h"
 #include "src/rpc/logprobs_proto.h"
 #include "src/rpc/metrics_server.h"
 #include "src/rpc/request_id.h"
@@ -40,12 +36,9 @@ using openai::Endpoint;
 
 constexpr char kJson[] = "application/json";
 constexpr size_t kMaxBodyBytes = 8 << 20;
-
-// httplib's default also sets SO_REUSEPORT, which lets a second process bind a port already listened on.
-void ReuseAddressOnly(int sock) {
-  int yes = 1;
-  setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-}
+// Idle keep-alive connections served beside the requests (OptionsFor): a client's connection pool may keep tens
+// of them open (aiohttp's default limit is 100).
+constexpr int kIdleConnections = 256;
 
 void SendError(httplib::Response& res, const ApiError& e) {
   res.status = e.http_status;
@@ -711,9 +704,12 @@ HttpServerOptions HttpServer::OptionsFor(const rpc::DaemonArgs& args, const metr
   }
   const std::vector<std::string>& served = args.cluster.model.served_names;
   if (served.size() > 1) o.model_aliases.assign(served.begin() + 1, served.end());
-  // A thread per request main runs or queues (each blocks for its whole answer), and some for the rest
-  // (/health, /metrics, /v1/models, refusals): so admission control, not the pool's queue, turns requests away.
-  o.threads = std::max(8, 2 * args.self.threads) + args.cluster.max_running + args.cluster.max_queued;
+  // A connection per request main runs or queues (each holds its thread for its whole answer), some for the rest
+  // (/health, /metrics, /v1/models, refusals), so that admission control, not the listen backlog, turns requests
+  // away; and room for the idle keep-alive connections of clients' pools (each held up to the keep-alive
+  // timeout), so that they do not keep a new request waiting.
+  o.max_connections =
+      kIdleConnections + std::max(8, 2 * args.self.threads) + args.cluster.max_running + args.cluster.max_queued;
   if (!args.self.metrics_address.empty() && args.self.metrics_address == args.self.http_address) {
     o.metrics_to_serve = registry;
   }
@@ -804,9 +800,6 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
     }
   }
   httplib::Server& http = *server->http_;
-  const int threads = std::max(1, options.threads);
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  http.set_socket_options(ReuseAddressOnly);
   http.set_keep_alive_timeout(5);
   http.set_read_timeout(30);
   http.set_write_timeout(10);
@@ -896,19 +889,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
     return httplib::Server::HandlerResponse::Handled;
   }));
 
-  errno = 0;
-  const int port = want_port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, want_port) ? want_port : -1);
-  if (port <= 0) {
-    const int err = errno;
+  const absl::StatusOr<int> port = rpc::StartHttpServer(
+      http, host, want_port, static_cast<size_t>(std::max(1, options.max_connections)), &server->thread_);
+  if (!port.ok()) {
     return absl::UnavailableError(StrCat("node '", options.node, "': cannot serve the HTTP API at http_address '",
-                                         options.address, "': ", err != 0 ? std::strerror(err) : "bind failed",
-                                         " (is another process listening there?)"));
+                                         options.address, "': ", port.status().message()));
   }
-  server->port_ = port;
-  server->url_ = StrCat(options.tls_cert.empty() ? "http://" : "https://", options.address.substr(0, colon), ":", port);
-  server->thread_ = std::thread([&http] { http.listen_after_bind(); });
-  // stop() only stops a server that is running: wait for it, so that the destructor never misses it.
-  while (!http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  server->port_ = *port;
+  server->url_ =
+      StrCat(options.tls_cert.empty() ? "http://" : "https://", options.address.substr(0, colon), ":", *port);
   return server;
 }
 

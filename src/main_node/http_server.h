@@ -1,4 +1,4 @@
-// The main node's OpenAI-compatible HTTP API (cpp-httplib from Debian, on a thread pool of its own) at the main
+// The main node's OpenAI-compatible HTTP API (cpp-httplib from Debian, a thread per connection) at the main
 // node's `http_address`:
 //   POST /v1/completions, POST /v1/chat/completions  (stream: true -> server-sent events ending data: [DONE])
 //   POST /tokenize, POST /detokenize                  (vLLM's: main's tokenizer and chat template, no model run)
@@ -64,7 +64,10 @@ struct HttpServerOptions {
   std::string model_id;  // the model's name in the API (rpc::DaemonMetricLabels' model)
   // Other names a request may give for it ([model] served_model_name after the first); /v1/models lists them too.
   std::vector<std::string> model_aliases;
-  int threads = 8;       // the server's pool: requests served (or waiting for their turn) at once
+  // Connections served at once, each on a thread of its own (one kept spare: rpc::StartHttpServer),
+  // requests running or waiting for their turn and idle keep-alive connections alike; more wait in the kernel's
+  // listen backlog.
+  int max_connections = 8;
   // Also serve GET /metrics from this registry (http_address == metrics_address); nullptr: no /metrics.
   const metrics::Registry* metrics_to_serve = nullptr;
   // The authorization hook (see the file comment); empty: every request is let through.

@@ -1,26 +1,19 @@
 #include "src/rpc/metrics_server.h"
 
-#include <sys/socket.h>
-
-#include <cerrno>
-#include <chrono>
-#include <cstring>
 #include <filesystem>
 
 #include "httplib.h"
 #include "src/common/strings.h"
 #include "src/common/version.h"
+#include "src/rpc/http_serving.h"
 
 namespace odmoe::rpc {
 namespace {
 
 constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
-
-// httplib's default also sets SO_REUSEPORT, which lets a second process bind a port already listened on.
-void ReuseAddressOnly(int sock) {
-  int yes = 1;
-  setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-}
+// Connections served at once: scrapers (Prometheus keeps its connection alive between scrapes, an HA pair keeps
+// two), `odmoe cluster status`, curl. More wait in the listen backlog.
+constexpr size_t kMaxConnections = 64;
 
 }  // namespace
 
@@ -37,25 +30,17 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->http_ = std::make_unique<httplib::Server>();
   httplib::Server& http = *server->http_;
-  http.new_task_queue = [] { return new httplib::ThreadPool(2); };
-  http.set_socket_options(ReuseAddressOnly);
   http.set_keep_alive_timeout(10);
   http.Get("/metrics", [registry](const httplib::Request&, httplib::Response& response) {
     response.set_content(registry->Render(), kContentType);
   });
-  errno = 0;
-  const int port = want_port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, want_port) ? want_port : -1);
-  if (port <= 0) {
-    const int err = errno;
+  const absl::StatusOr<int> port = StartHttpServer(http, host, want_port, kMaxConnections, &server->thread_);
+  if (!port.ok()) {
     return absl::UnavailableError(StrCat("node '", node, "': cannot serve metrics at metrics_address '", address,
-                                         "': ", err != 0 ? std::strerror(err) : "bind failed",
-                                         " (is another process listening there?)"));
+                                         "': ", port.status().message()));
   }
-  server->port_ = port;
-  server->url_ = StrCat("http://", address.substr(0, colon), ":", port, "/metrics");
-  server->thread_ = std::thread([&http] { http.listen_after_bind(); });
-  // stop() only stops a server that is running: wait for it, so that the destructor never misses it.
-  while (!http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  server->port_ = *port;
+  server->url_ = StrCat("http://", address.substr(0, colon), ":", *port, "/metrics");
   return server;
 }
 

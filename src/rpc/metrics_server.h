@@ -1,7 +1,7 @@
 // The HTTP endpoint every daemon serves its metrics on: GET /metrics at the node's `metrics_address` (the
 // cluster file), answering with the node's metrics::Registry in the Prometheus text format (Content-Type
-// "text/plain; version=0.0.4"). Built on cpp-httplib (Debian's libcpp-httplib-dev), header-only, on two threads
-// of its own.
+// "text/plain; version=0.0.4"). Built on cpp-httplib (Debian's libcpp-httplib-dev), with a thread per
+// connection (rpc::StartHttpServer: up to 64 at once).
 //
 // The listening socket is bound without SO_REUSEPORT, so a port another process listens on is an error at
 // start, not a silently shared port.

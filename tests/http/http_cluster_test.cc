@@ -191,6 +191,14 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
 
   // Ready (cluster up waited for it), and the one model.
   EXPECT_EQ(Curl(base + "/health", {}).status, 200);
+  {
+    // Idle connections (clients' keep-alive pools, port checks), more than main admits requests, hold a thread
+    // each for the keep-alive timeout (5 s): a request is answered beside them, while all are still open.
+    odmoe::testing::IdleConnections idle(std::stoi(http.substr(http.rfind(':') + 1)), 100);
+    ASSERT_EQ(idle.connected(), 100u);
+    EXPECT_EQ(Curl(base + "/health", {}).status, 200);
+    EXPECT_EQ(idle.ClosedByServer(), 0);
+  }
   const HttpResult version = Curl(base + "/version", {});
   ASSERT_EQ(version.status, 200) << version.body;
   EXPECT_EQ(ParseOrDie(version.body), Json({{"version", BuildVersion()}}));

@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "src/common/strings.h"
+#include "tests/test_support.h"
 
 namespace odmoe::rpc {
 namespace {
@@ -55,6 +56,20 @@ TEST(MetricsServerTest, ServesTheRegistryAsPrometheusText) {
   registry.AddCounter("odmoe_more_total", "More.").With({}).Add(1);
   EXPECT_NE(HttpGet((*server)->port(), "/metrics").find("odmoe_more_total{node=\"w0\"} 1\n"), std::string::npos);
   EXPECT_NE(HttpGet((*server)->port(), "/other").find("404"), std::string::npos);
+}
+
+// Idle connections (the kept-alive connections of scrapers between scrapes, port checks) hold a thread each for
+// the keep-alive timeout (10 s): a scrape is answered beside them, while every one of them is still open.
+TEST(MetricsServerTest, IdleConnectionsDoNotKeepAScrapeWaiting) {
+  metrics::Registry registry(metrics::Labels{{"node", "w0"}});
+  registry.AddCounter("odmoe_things_total", "Things.").With({}).Add(3);
+  auto server = MetricsServer::Start("w0", "127.0.0.1:0", &registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  odmoe::testing::IdleConnections idle((*server)->port(), 6);
+  ASSERT_EQ(idle.connected(), 6u);
+  const std::string response = HttpGet((*server)->port(), "/metrics");
+  EXPECT_NE(response.find("odmoe_things_total{node=\"w0\"} 3\n"), std::string::npos) << response;
+  EXPECT_EQ(idle.ClosedByServer(), 0);
 }
 
 TEST(MetricsServerTest, APortAlreadyServedIsRefusedNamingTheNodeAndAddress) {

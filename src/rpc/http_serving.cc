@@ -1,0 +1,118 @@
+#include "src/rpc/http_serving.h"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <system_error>
+#include <utility>
+
+#include "spdlog/spdlog.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+namespace odmoe::rpc {
+
+HttpConnectionPool::HttpConnectionPool(size_t max_threads) : max_threads_(max_threads) {
+  ODMOE_CHECK(max_threads >= 1);
+  absl::MutexLock lock(&mu_);
+  StartThread();
+}
+
+HttpConnectionPool::~HttpConnectionPool() { shutdown(); }
+
+bool HttpConnectionPool::StartThread() {
+  try {
+    threads_.emplace_back([this] { Work(); });
+    return true;
+  } catch (const std::system_error& e) {
+    spdlog::warn("HTTP server: cannot start a thread for connections ({}) beside {} running", e.what(),
+                 threads_.size());
+    return false;
+  }
+}
+
+void HttpConnectionPool::enqueue(std::function<void()> fn) {
+  mu_.Lock();
+  const auto has_room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return busy_ + jobs_.size() < max_threads_ || shutdown_;
+  };
+  mu_.Await(absl::Condition(&has_room));
+  // After shutdown (httplib does not enqueue then) or with no thread at all (the system refused every one),
+  // nothing would run it: it runs here.
+  if (shutdown_ || (threads_.empty() && !StartThread())) {
+    mu_.Unlock();
+    fn();
+    return;
+  }
+  jobs_.push_back(std::move(fn));
+  mu_.Unlock();
+}
+
+void HttpConnectionPool::Work() {
+  mu_.Lock();
+  for (;;) {
+    ++idle_;
+    const auto has_job = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !jobs_.empty() || shutdown_; };
+    mu_.Await(absl::Condition(&has_job));
+    --idle_;
+    if (jobs_.empty()) break;  // shut down, nothing left
+    std::function<void()> job = std::move(jobs_.front());
+    jobs_.pop_front();
+    ++busy_;
+    // Keep one thread spare, so that the next connection is taken at once.
+    if (idle_ == 0 && threads_.size() < max_threads_ && !shutdown_) StartThread();
+    mu_.Unlock();
+    job();
+    job = nullptr;  // the connection's state goes before the thread counts as free
+    mu_.Lock();
+    --busy_;
+  }
+  mu_.Unlock();
+}
+
+void HttpConnectionPool::shutdown() {
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = true;
+    threads.swap(threads_);
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+size_t HttpConnectionPool::threads() const {
+  absl::MutexLock lock(&mu_);
+  return threads_.size();
+}
+
+absl::StatusOr<int> StartHttpServer(httplib::Server& http, const std::string& host, int port, size_t max_connections,
+                                    std::thread* listener) {
+  http.new_task_queue = [max_connections] { return new HttpConnectionPool(max_connections); };
+  auto listening = std::make_shared<int>(-1);  // httplib's listening socket, as it is bound
+  http.set_socket_options([listening](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    *listening = sock;
+  });
+  errno = 0;
+  const int bound = port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
+  if (bound <= 0) {
+    const int err = errno;
+    return absl::UnavailableError(
+        StrCat(err != 0 ? std::strerror(err) : "bind failed", " (is another process listening there?)"));
+  }
+  // listen() again on a listening socket sets its backlog anew.
+  if (*listening < 0 || listen(*listening, SOMAXCONN) != 0) {
+    spdlog::warn("HTTP server at {}:{}: listen backlog left at httplib's 5 ({})", host, bound,
+                 *listening < 0 ? "socket not seen" : std::strerror(errno));
+  }
+  *listener = std::thread([&http] { http.listen_after_bind(); });
+  // stop() only stops a server that is running: wait for it, so that the caller's stop() never misses it.
+  while (!http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return bound;
+}
+
+}  // namespace odmoe::rpc

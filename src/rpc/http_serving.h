@@ -1,0 +1,73 @@
+// What odmoe's HTTP servers (main's OpenAI API, every daemon's /metrics; both cpp-httplib from Debian) share:
+// how connections get threads, and how the listening socket is bound.
+//
+// cpp-httplib serves each connection on one thread for the connection's whole life, keep-alive waits included,
+// so a connection that says nothing (a client pool's or Prometheus's connection between requests, a port check)
+// holds a thread for the server's keep-alive timeout. httplib's own ThreadPool has a fixed number of threads and
+// queues the other connections, without bound, behind the idle ones: a few idle connections made new requests
+// wait seconds while the server had nothing to do. HttpConnectionPool keeps one thread spare instead: a thread
+// that takes a connection and leaves none idle starts the next, up to `max_threads`, so httplib's accept loop
+// only hands connections over (it never waits for a thread to start). Threads stay for later connections until
+// shutdown. At `max_threads` connections served or waiting, enqueue waits for one to end, so the accept loop
+// pauses and further connections wait in the kernel's listen backlog: nothing queues here beyond what a thread
+// will take.
+//
+// Thread safety: enqueue is called from httplib's one accept thread, shutdown once after the last enqueue (as
+// httplib does); the pool's threads run the connections.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "httplib.h"
+
+namespace odmoe::rpc {
+
+class HttpConnectionPool final : public httplib::TaskQueue {
+ public:
+  // Starts the first thread. REQUIRES: max_threads >= 1.
+  explicit HttpConnectionPool(size_t max_threads);
+  ~HttpConnectionPool() override;  // shutdown(), when httplib has not called it
+
+  // Queues `fn` for a thread: at once while fewer than max_threads connections are served or waiting, else
+  // once one of them ends.
+  void enqueue(std::function<void()> fn) override;
+  // Runs what is queued, then joins every thread. Idempotent.
+  void shutdown() override;
+
+  // Threads running (serving a connection or idle), at most max_threads; 0 after shutdown.
+  size_t threads() const;
+
+ private:
+  void Work();
+  // Starts one more thread; false (logged) when the system refuses one.
+  bool StartThread() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const size_t max_threads_;
+  mutable absl::Mutex mu_;
+  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+  size_t idle_ ABSL_GUARDED_BY(mu_) = 0;  // threads waiting for a job
+  size_t busy_ ABSL_GUARDED_BY(mu_) = 0;  // threads running one
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+};
+
+// Serves `http` (its routes and options set, not yet bound) at `host`:`port` (port 0 picks a free one) on
+// `*listener`, returning once it runs (its stop() then ends the listener). Each connection runs on a thread of
+// an HttpConnectionPool of `max_connections`. The listening socket is bound without SO_REUSEPORT (httplib's
+// default sets it, which lets a second process bind a port already listened on: here a taken port is an error
+// at start, not a shared port) and listens with a backlog of SOMAXCONN (httplib's is 5: a burst of clients had
+// their connections dropped and sent again a second later). Returns the port bound, or Unavailable with why the
+// bind failed ("Address already in use (is another process listening there?)") for the caller to put in its
+// context.
+absl::StatusOr<int> StartHttpServer(httplib::Server& http, const std::string& host, int port, size_t max_connections,
+                                    std::thread* listener);
+
+}  // namespace odmoe::rpc
