@@ -14,8 +14,15 @@
 #include "src/common/strings.h"
 
 namespace odmoe::rpc {
+namespace {
 
-HttpConnectionPool::HttpConnectionPool(size_t max_threads) : max_threads_(max_threads) {
+// How often at most a full pool is told in the log: a pool near its cap fills and frees many times a second.
+constexpr absl::Duration kFullWarningInterval = absl::Minutes(1);
+
+}  // namespace
+
+HttpConnectionPool::HttpConnectionPool(size_t max_threads, std::string name)
+    : max_threads_(max_threads), name_(std::move(name)) {
   ODMOE_CHECK(max_threads >= 1);
   absl::MutexLock lock(&mu_);
   StartThread();
@@ -28,7 +35,7 @@ bool HttpConnectionPool::StartThread() {
     threads_.emplace_back([this] { Work(); });
     return true;
   } catch (const std::system_error& e) {
-    spdlog::warn("HTTP server: cannot start a thread for connections ({}) beside {} running", e.what(),
+    spdlog::warn("HTTP server at {}: cannot start a thread for connections ({}) beside {} running", name_, e.what(),
                  threads_.size());
     return false;
   }
@@ -39,6 +46,13 @@ void HttpConnectionPool::enqueue(std::function<void()> fn) {
   const auto has_room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return busy_ + jobs_.size() < max_threads_ || shutdown_;
   };
+  if (!has_room() && absl::Now() - last_full_warning_ >= kFullWarningInterval) {
+    last_full_warning_ = absl::Now();
+    spdlog::warn(
+        "HTTP server at {}: all {} connections are taken (requests and idle keep-alive connections); "
+        "new ones wait in the listen backlog",
+        name_, max_threads_);
+  }
   mu_.Await(absl::Condition(&has_room));
   // After shutdown (httplib does not enqueue then) or with no thread at all (the system refused every one),
   // nothing would run it: it runs here.
@@ -90,7 +104,6 @@ size_t HttpConnectionPool::threads() const {
 
 absl::StatusOr<int> StartHttpServer(httplib::Server& http, const std::string& host, int port, size_t max_connections,
                                     std::thread* listener) {
-  http.new_task_queue = [max_connections] { return new HttpConnectionPool(max_connections); };
   auto listening = std::make_shared<int>(-1);  // httplib's listening socket, as it is bound
   http.set_socket_options([listening](int sock) {
     int yes = 1;
@@ -109,7 +122,10 @@ absl::StatusOr<int> StartHttpServer(httplib::Server& http, const std::string& ho
     spdlog::warn("HTTP server at {}:{}: listen backlog left at httplib's 5 ({})", host, bound,
                  *listening < 0 ? "socket not seen" : std::strerror(errno));
   }
-  *listener = std::thread([&http] { http.listen_after_bind(); });
+  http.new_task_queue = [max_connections, name = StrCat(host, ":", bound)] {
+    return new HttpConnectionPool(max_connections, name);
+  };
+  *listener = std::thread([&http] { http.listen_after_bind(); });  // it makes the task queue
   // stop() only stops a server that is running: wait for it, so that the caller's stop() never misses it.
   while (!http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return bound;

@@ -26,18 +26,19 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "httplib.h"
 
 namespace odmoe::rpc {
 
 class HttpConnectionPool final : public httplib::TaskQueue {
  public:
-  // Starts the first thread. REQUIRES: max_threads >= 1.
-  explicit HttpConnectionPool(size_t max_threads);
+  // Starts the first thread. `name` (host:port) is the server's in log lines. REQUIRES: max_threads >= 1.
+  HttpConnectionPool(size_t max_threads, std::string name);
   ~HttpConnectionPool() override;  // shutdown(), when httplib has not called it
 
   // Queues `fn` for a thread: at once while fewer than max_threads connections are served or waiting, else
-  // once one of them ends.
+  // once one of them ends (a warning in the log, at most once a minute).
   void enqueue(std::function<void()> fn) override;
   // Runs what is queued, then joins every thread. Idempotent.
   void shutdown() override;
@@ -51,11 +52,13 @@ class HttpConnectionPool final : public httplib::TaskQueue {
   bool StartThread() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t max_threads_;
+  const std::string name_;
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
   size_t idle_ ABSL_GUARDED_BY(mu_) = 0;  // threads waiting for a job
   size_t busy_ ABSL_GUARDED_BY(mu_) = 0;  // threads running one
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_full_warning_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -8,6 +8,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "tests/test_support.h"
 
 namespace odmoe::rpc {
 namespace {
@@ -38,7 +39,7 @@ bool Eventually(const std::function<bool()>& done) {
 }
 
 TEST(HttpConnectionPoolTest, HeldConnectionsDoNotKeepTheNextWaiting) {
-  HttpConnectionPool pool(64);
+  HttpConnectionPool pool(64, "test");
   HeldJobs held;
   for (int i = 0; i < 40; ++i) pool.enqueue(held.Job());
   // Each held connection got a thread of its own, and the next one runs while they are all still held.
@@ -61,7 +62,8 @@ TEST(HttpConnectionPoolTest, HeldConnectionsDoNotKeepTheNextWaiting) {
 }
 
 TEST(HttpConnectionPoolTest, AtTheLimitEnqueueWaitsForAThreadToFree) {
-  HttpConnectionPool pool(2);
+  odmoe::testing::CapturedLog log;
+  HttpConnectionPool pool(2, "test");
   HeldJobs held;
   pool.enqueue(held.Job());
   pool.enqueue(held.Job());
@@ -83,12 +85,14 @@ TEST(HttpConnectionPoolTest, AtTheLimitEnqueueWaitsForAThreadToFree) {
   EXPECT_EQ(pool.threads(), 2u);
   pool.shutdown();
   EXPECT_EQ(held.finished.load(), 2);
+  // Ops are told (at most once a minute).
+  EXPECT_EQ(log.Count("HTTP server at test: all 2 connections are taken"), 1) << log.text();
 }
 
 TEST(HttpConnectionPoolTest, ShutdownRunsWhatIsQueuedAndJoins) {
   std::atomic<int> ran{0};
   {
-    HttpConnectionPool pool(1);
+    HttpConnectionPool pool(1, "test");
     HeldJobs held;
     pool.enqueue(held.Job());
     ASSERT_TRUE(Eventually([&] { return held.started.load() == 1; }));
@@ -106,7 +110,7 @@ TEST(HttpConnectionPoolTest, ShutdownRunsWhatIsQueuedAndJoins) {
   }
   // A pool that httplib never shut down joins its threads when it goes.
   {
-    HttpConnectionPool pool(4);
+    HttpConnectionPool pool(4, "test");
     pool.enqueue([&ran] { ran.fetch_add(1); });
   }
   EXPECT_EQ(ran.load(), 2);
