@@ -106,7 +106,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       choices[0].logprobs.push_back(std::move(t));
     }
   }
-  const std::string answer = CompletionBody(endpoint, "id", 1, r->model, choices, {3, 2});
+  const std::string model = r->model.value_or("served");  // main answers with the served model's name
+  const std::string answer = CompletionBody(endpoint, "id", 1, model, choices, {3, 2});
   absl::StatusOr<odmoe::Json> parsed = odmoe::ParseJson(answer, "body");
   Check(parsed.ok());
   if (r->logprobs >= 0) {
@@ -114,7 +115,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check((endpoint == Endpoint::kCompletions ? lp["tokens"] : lp["content"]).size() == choices[0].logprobs.size());
   }
   const odmoe::openai::Usage so_far{3, 2};
-  const std::string event = SseEvent(StreamChunk(endpoint, "id", 1, r->model, 0, text, {}, {}, true, r->include_usage,
+  const std::string event = SseEvent(StreamChunk(endpoint, "id", 1, model, 0, text, {}, {}, true, r->include_usage,
                                                  nullptr, r->continuous_usage ? &so_far : nullptr));
   Check(event.rfind("data: ", 0) == 0 && event.size() >= 8 && event.substr(event.size() - 2) == "\n\n");
   Check(odmoe::ParseJson(std::string_view(event).substr(6), "chunk").ok());
