@@ -12,8 +12,8 @@
 // pauses and further connections wait in the kernel's listen backlog: nothing queues here beyond what a thread
 // will take.
 //
-// Thread safety: enqueue is called from httplib's one accept thread, shutdown once after the last enqueue (as
-// httplib does); the pool's threads run the connections.
+// Thread safety: enqueue and shutdown may be called from any thread (httplib calls enqueue from its one accept
+// thread, then shutdown once); the pool's threads run the connections.
 #pragma once
 
 #include <cstddef>
