@@ -235,6 +235,30 @@ absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
       if (!v->empty()) return unsupported(key, "(tool calling)");
     }
   }
+  // "none" and "auto" leave the answer to the model (text, with no tools); "required" or a named function would
+  // demand a call.
+  for (const char* key : {"tool_choice", "function_call"}) {
+    if (const Json* v = Field(body, key)) {
+      if (!v->is_string() || (*v != "none" && *v != "auto")) {
+        return unsupported(key, StrCat("= ", v->dump(), " (tool calling)"));
+      }
+    }
+  }
+  if (Field(body, "audio") != nullptr) return unsupported("audio", "(audio output)");
+  if (const Json* v = Field(body, "modalities")) {
+    if (!v->is_array()) return Fail(error, "modalities", TypeError("modalities", "a list", *v));
+    for (const Json& m : *v) {
+      if (m != "text") return unsupported("modalities", StrCat("with ", m.dump(), " (only text)"));
+    }
+  }
+  // vLLM's structured output: ignored, it would leave the answer unconstrained.
+  for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
+    if (Field(body, key) != nullptr) return unsupported(key, "(structured output)");
+  }
+  // vLLM's prompt logprobs: odmoe answers them to `echo` with `logprobs`.
+  if (Field(body, "prompt_logprobs") != nullptr) {
+    return unsupported("prompt_logprobs", "(vLLM's; /v1/completions gives them with echo and logprobs)");
+  }
   // vLLM's sampling extension, at the value that changes nothing.
   bool beam_search = false;
   ODMOE_RETURN_IF_ERROR(ReadBool(body, "use_beam_search", error, &beam_search));

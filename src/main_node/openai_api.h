@@ -14,8 +14,9 @@
 // `include_stop_str_in_output` and `stream_options.continuous_usage_stats`; a choice carries vLLM's `stop_reason` and
 // `token_ids` beside OpenAI's fields. Unknown fields are ignored; options odmoe does not implement are refused (400,
 // `param` naming them) only when set to a value that needs them: `best_of` > 1, chat's `echo`, `suffix`, `tools`,
-// `functions`, a `response_format` other than text, and vLLM's `use_beam_search`, so that no answer is sampled
-// otherwise than asked.
+// `functions`, a `tool_choice` / `function_call` that demands a call, `audio`, `modalities` other than text, a
+// `response_format` other than text, and vLLM's `use_beam_search`, `guided_*` / `structured_outputs` and
+// `prompt_logprobs`, so that no answer is sampled otherwise than asked.
 #pragma once
 
 #include <cstdint>

@@ -118,6 +118,13 @@ TEST(OpenAiParse, DefaultsAndOptions) {
   std::sort(bias.begin(), bias.end());
   EXPECT_EQ(bias, (std::vector<std::pair<int32_t, double>>{{7, -100.0}, {50256, 2.5}}));
 
+  // What a client sends that needs nothing odmoe lacks: no tool call demanded, text only, nulls for the rest.
+  auto plain = Parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":"auto",
+                         "function_call":"none","modalities":["text"],"audio":null,"guided_json":null,
+                         "prompt_logprobs":null,"reasoning_effort":"low","store":false})",
+                     Endpoint::kChatCompletions);
+  EXPECT_TRUE(plain.ok()) << plain.status();
+
   // vLLM's top_k: -1 and 0 cut nothing; its other sampling extensions at the values that change nothing.
   auto top_k = Parse(R"({"model":"m","prompt":"x","top_k":40,"min_p":0,"repetition_penalty":1,"min_tokens":0,
                          "use_beam_search":false})");
@@ -318,6 +325,22 @@ TEST(OpenAiParse, ErrorsNameTheField) {
        Endpoint::kChatCompletions, "tools", "not supported"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
        Endpoint::kChatCompletions, "response_format", "not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":"required"})",
+       Endpoint::kChatCompletions, "tool_choice", "'tool_choice' = \"required\" (tool calling) is not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function"}})",
+       Endpoint::kChatCompletions, "tool_choice", "not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"function_call":{"name":"f"}})",
+       Endpoint::kChatCompletions, "function_call", "not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"audio":{"voice":"alloy"}})",
+       Endpoint::kChatCompletions, "audio", "'audio' (audio output) is not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"modalities":["text","audio"]})",
+       Endpoint::kChatCompletions, "modalities", "with \"audio\""},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"guided_choice":["a","b"]})",
+       Endpoint::kChatCompletions, "guided_choice", "(structured output) is not supported"},
+      {R"({"model":"m","prompt":"x","guided_json":{"type":"object"}})", Endpoint::kCompletions, "guided_json",
+       "not supported"},
+      {R"({"model":"m","prompt":"x","prompt_logprobs":1})", Endpoint::kCompletions, "prompt_logprobs",
+       "echo and logprobs"},
       {R"({"model":"m","messages":[]})", Endpoint::kChatCompletions, "messages", "empty list"},
       {R"({"model":"m","messages":[{"role":"tool","content":"x"}]})", Endpoint::kChatCompletions, "messages",
        "supported roles"},
