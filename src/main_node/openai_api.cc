@@ -388,7 +388,7 @@ absl::StatusOr<Json> ReadBody(std::string_view body, ApiError* error, std::optio
   if (!parsed.ok()) return Fail(error, "", std::string(parsed.status().message()));
   if (!parsed->is_object()) return Fail(error, "", TypeError("the request body", "a JSON object", *parsed));
   const Json* model = Field(*parsed, "model");
-  if (model == nullptr || model->is_null()) return parsed;
+  if (model == nullptr) return parsed;  // absent or null
   if (!model->is_string()) return Fail(error, "model", TypeError("model", "a string", *model));
   *model_out = model->get<std::string>();
   return parsed;
