@@ -192,8 +192,9 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   // Ready (cluster up waited for it), and the one model.
   EXPECT_EQ(Curl(base + "/health", {}).status, 200);
   {
-    // Idle connections (clients' keep-alive pools, port checks), more than main admits requests, hold a thread
-    // each for the keep-alive timeout (5 s): a request is answered beside them, while all are still open.
+    // 100 idle connections (clients' keep-alive pools, port checks), each holding a thread for the keep-alive
+    // timeout (5 s): a request is answered beside them, while all are still open. (httplib's fixed pool of 48
+    // threads made it wait for them to time out.)
     odmoe::testing::IdleConnections idle(std::stoi(http.substr(http.rfind(':') + 1)), 100);
     ASSERT_EQ(idle.connected(), 100u);
     EXPECT_EQ(Curl(base + "/health", {}).status, 200);
