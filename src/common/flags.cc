@@ -1,8 +1,11 @@
 #include "src/common/flags.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
@@ -20,6 +23,46 @@ absl::StatusOr<int64_t> ParseInt(const std::string& flag, const std::string& tex
     return absl::InvalidArgumentError(StrCat("--", flag, ": expected an integer, got '", text, "'"));
   }
   return static_cast<int64_t>(v);
+}
+
+// Levenshtein distance between `a` and `b`.
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t substituted = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+      diagonal = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substituted});
+    }
+  }
+  return row[b.size()];
+}
+
+// The known flag `name` most likely meant, "" when none is close: the closest flag with every word of it
+// (--max-tokens: --max-new-tokens, not --min-tokens), else the closest within two edits of it (a typo).
+std::string Suggestion(const std::string& name, const std::set<std::string>& with_value,
+                       const std::set<std::string>& booleans) {
+  if (name.size() > 64) return "";  // no flag is that long; and the distance costs its length times theirs
+  const std::vector<std::string> words = absl::StrSplit(name, '-', absl::SkipEmpty());
+  std::string best;
+  std::pair<bool, size_t> best_rank;  // (lacks a word, edit distance): lower is likelier
+  for (const std::set<std::string>* known : {&with_value, &booleans}) {
+    for (const std::string& flag : *known) {
+      const std::vector<std::string> flag_words = absl::StrSplit(flag, '-', absl::SkipEmpty());
+      const bool has_every_word = !words.empty() && std::all_of(words.begin(), words.end(), [&](const std::string& w) {
+        return std::find(flag_words.begin(), flag_words.end(), w) != flag_words.end();
+      });
+      const std::pair<bool, size_t> rank{!has_every_word, EditDistance(name, flag)};
+      if ((has_every_word || rank.second <= 2) && (best.empty() || rank < best_rank)) {
+        best = flag;
+        best_rank = rank;
+      }
+    }
+  }
+  return best;
 }
 
 }  // namespace
@@ -49,7 +92,9 @@ absl::StatusOr<Flags> Flags::Parse(const std::vector<std::string>& args, const s
       }
       flags.values_[name] = value;
     } else {
-      return absl::InvalidArgumentError(StrCat("unknown flag --", name));
+      const std::string meant = Suggestion(name, with_value, booleans);
+      return absl::InvalidArgumentError(
+          StrCat("unknown flag --", name, meant.empty() ? "" : StrCat(" (did you mean --", meant, "?)")));
     }
   }
   return flags;
