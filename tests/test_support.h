@@ -62,6 +62,9 @@ std::string ByteLevelChars(std::string_view bytes);
 // running side by side never draw the same one between its draw and its server's bind.
 std::vector<int> PickFreePorts(int n);
 
+// A TCP connection to 127.0.0.1:`port`: its socket (the caller closes it), or -1 when it is refused.
+int ConnectLoopback(int port);
+
 // `n` TCP connections to 127.0.0.1:`port` that send nothing, as a client's idle keep-alive connections; closed
 // when it goes.
 class IdleConnections {

@@ -2,9 +2,6 @@
 // SO_REUSEPORT sharing), and the daemons' constant labels.
 #include "src/rpc/metrics_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "gtest/gtest.h"
@@ -16,15 +13,8 @@ namespace {
 
 // One HTTP/1.0 request to 127.0.0.1:`port`; the whole response (headers and body).
 std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
+  const int fd = odmoe::testing::ConnectLoopback(port);
+  if (fd < 0) return "";
   const std::string request = StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
   if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
     close(fd);
