@@ -7,6 +7,7 @@
 #include <set>
 #include <tuple>
 
+#include "src/common/host_port.h"
 #include "src/common/limits.h"
 #include "src/common/mapped_file.h"
 #include "src/common/status.h"
@@ -118,14 +119,9 @@ class Fields {
 // `field` ("address" or "metrics_address") of node `scope` must be host:port with a port in 1..65535.
 absl::Status CheckAddress(const std::string& where, const std::string& scope, const std::string& address,
                           std::string_view field = "address") {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
-    return FieldError(where, scope, field, StrCat("expected host:port, got '", address, "'"));
-  }
-  const std::string port = address.substr(colon + 1);
-  if (port.find_first_not_of("0123456789") != std::string::npos || port.size() > 5 || std::stoi(port) > 65535 ||
-      std::stoi(port) == 0) {
-    return FieldError(where, scope, field, StrCat("port must be 1..65535, got '", port, "' in '", address, "'"));
+  const absl::StatusOr<HostPort> parsed = ParseHostPort(address);
+  if (!parsed.ok() || parsed->host.empty() || parsed->port == 0) {
+    return FieldError(where, scope, field, StrCat("expected host:port with a port in 1..65535, got '", address, "'"));
   }
   return absl::OkStatus();
 }

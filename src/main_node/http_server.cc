@@ -12,6 +12,7 @@
 #include "absl/strings/str_replace.h"
 #include "httplib.h"
 #include "spdlog/spdlog.h"
+#include "src/common/host_port.h"
 #include "src/common/logging.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
@@ -732,14 +733,10 @@ HttpServerOptions HttpServer::OptionsFor(const rpc::DaemonArgs& args, const metr
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, HttpServerOptions options,
                                                               metrics::Registry* registry) {
-  const size_t colon = options.address.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(
-        StrCat("node '", options.node, "': http_address '", options.address, "': expected host:port"));
+  const absl::StatusOr<HostPort> where = ParseHostPort(options.address);
+  if (!where.ok()) {
+    return absl::InvalidArgumentError(StrCat("node '", options.node, "': http_address: ", where.status().message()));
   }
-  std::string host = options.address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  const int want_port = std::atoi(options.address.c_str() + colon + 1);
 
   std::unique_ptr<HttpServer> server(new HttpServer());
   server->impl_ = std::make_unique<Impl>();
@@ -890,14 +887,13 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
   }));
 
   const absl::StatusOr<int> port = rpc::StartHttpServer(
-      http, host, want_port, static_cast<size_t>(std::max(1, options.max_connections)), &server->thread_);
+      http, where->host, where->port, static_cast<size_t>(std::max(1, options.max_connections)), &server->thread_);
   if (!port.ok()) {
     return absl::UnavailableError(StrCat("node '", options.node, "': cannot serve the HTTP API at http_address '",
                                          options.address, "': ", port.status().message()));
   }
   server->port_ = *port;
-  server->url_ =
-      StrCat(options.tls_cert.empty() ? "http://" : "https://", options.address.substr(0, colon), ":", *port);
+  server->url_ = StrCat(options.tls_cert.empty() ? "http://" : "https://", JoinHostPort(where->host, *port));
   return server;
 }
 

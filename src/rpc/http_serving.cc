@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "spdlog/spdlog.h"
+#include "src/common/host_port.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 
@@ -119,10 +120,10 @@ absl::StatusOr<int> StartHttpServer(httplib::Server& http, const std::string& ho
   }
   // listen() again on a listening socket sets its backlog anew.
   if (*listening < 0 || listen(*listening, SOMAXCONN) != 0) {
-    spdlog::warn("HTTP server at {}:{}: listen backlog left at httplib's 5 ({})", host, bound,
+    spdlog::warn("HTTP server at {}: listen backlog left at httplib's 5 ({})", JoinHostPort(host, bound),
                  *listening < 0 ? "socket not seen" : std::strerror(errno));
   }
-  http.new_task_queue = [max_connections, name = StrCat(host, ":", bound)] {
+  http.new_task_queue = [max_connections, name = JoinHostPort(host, bound)] {
     return new HttpConnectionPool(max_connections, name);
   };
   *listener = std::thread([&http] { http.listen_after_bind(); });  // it makes the task queue

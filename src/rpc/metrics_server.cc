@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "httplib.h"
+#include "src/common/host_port.h"
 #include "src/common/strings.h"
 #include "src/common/version.h"
 #include "src/rpc/http_serving.h"
@@ -19,13 +20,10 @@ constexpr size_t kMaxConnections = 64;
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& node, const std::string& address,
                                                                     const metrics::Registry* registry) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(StrCat("node '", node, "': metrics_address '", address, "': expected host:port"));
+  const absl::StatusOr<HostPort> where = ParseHostPort(address);
+  if (!where.ok()) {
+    return absl::InvalidArgumentError(StrCat("node '", node, "': metrics_address: ", where.status().message()));
   }
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  const int want_port = std::atoi(address.c_str() + colon + 1);
 
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->http_ = std::make_unique<httplib::Server>();
@@ -34,13 +32,13 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   http.Get("/metrics", [registry](const httplib::Request&, httplib::Response& response) {
     response.set_content(registry->Render(), kContentType);
   });
-  const absl::StatusOr<int> port = StartHttpServer(http, host, want_port, kMaxConnections, &server->thread_);
+  const absl::StatusOr<int> port = StartHttpServer(http, where->host, where->port, kMaxConnections, &server->thread_);
   if (!port.ok()) {
     return absl::UnavailableError(StrCat("node '", node, "': cannot serve metrics at metrics_address '", address,
                                          "': ", port.status().message()));
   }
   server->port_ = *port;
-  server->url_ = StrCat("http://", address.substr(0, colon), ":", *port, "/metrics");
+  server->url_ = StrCat("http://", JoinHostPort(where->host, *port), "/metrics");
   return server;
 }
 

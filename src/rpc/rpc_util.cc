@@ -13,6 +13,7 @@
 #include "grpc/grpc.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "src/common/host_port.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/rpc/peer_version.h"
@@ -112,32 +113,17 @@ absl::Time RequestDeadline(const grpc::ServerContext& ctx) {
 
 namespace {
 
-// The port of "host:port" ("[v6]:port"), or -1 when there is none.
-int PortOf(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon + 1 == address.size()) return -1;
-  int port = 0;
-  for (size_t i = colon + 1; i < address.size(); ++i) {
-    if (address[i] < '0' || address[i] > '9' || port > 65535) return -1;
-    port = port * 10 + (address[i] - '0');
-  }
-  return port;
-}
-
-// Why `address` cannot be listened on, as a plain exclusive bind(2) of it tells (e.g. "Address already in use"),
+// Why `where` cannot be listened on, as a plain exclusive bind(2) of it tells (e.g. "Address already in use"),
 // or "" when at least one of the addresses it resolves to can be bound (as gRPC needs).
-std::string BindError(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return "no port";
-  std::string host = address.substr(0, colon);
-  const std::string port = address.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+std::string BindError(const HostPort& where) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
-  if (const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+  const std::string port = std::to_string(where.port);
+  if (const int rc = getaddrinfo(where.host.empty() ? nullptr : where.host.c_str(), port.c_str(), &hints, &found);
+      rc != 0) {
     return gai_strerror(rc);
   }
   std::string error;
@@ -170,9 +156,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   KeepGrpcInitialized();
   // A taken port is refused here, with one line, before gRPC (which would also refuse it, SO_REUSEPORT being
   // off below, but after logging its own error).
-  const int wanted = PortOf(options.address);
+  // An address that is not host:port (e.g. "unix:path") is gRPC's to read.
+  const absl::StatusOr<HostPort> where = ParseHostPort(options.address);
+  const int wanted = where.ok() ? where->port : -1;
   if (wanted > 0) {
-    if (std::string reason = BindError(options.address); !reason.empty()) {
+    if (std::string reason = BindError(*where); !reason.empty()) {
       return absl::UnavailableError(CannotListen(options, reason));
     }
   }
@@ -203,7 +191,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   for (grpc::Service* service : services) builder.RegisterService(service);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0 || (wanted > 0 && s->port_ != wanted)) {
-    std::string reason = BindError(options.address);
+    std::string reason = where.ok() ? BindError(*where) : "";
     if (reason.empty()) reason = "in use, or not a local address?";
     if (s->server_ != nullptr) s->server_->Shutdown();
     s->server_.reset();

@@ -6,6 +6,7 @@
 #include "spdlog/spdlog.h"
 #include "src/backend/device_factory.h"
 #include "src/backend/mock_gpu_device.h"
+#include "src/common/host_port.h"
 #include "src/common/logging.h"
 #include "src/common/placement.h"
 #include "src/common/status.h"
@@ -128,7 +129,10 @@ absl::Status WorkerNode::OpenStore(const Placement& placement) {
   served_by(self_.worker_index, &store_options.served);
   // The shared segment holds what the workers of this host serve together (all of them on a one-host cluster,
   // this worker's own on a LAN testbed with one worker per host); every one of them computes the same set.
-  const auto host_of = [](const std::string& address) { return address.substr(0, address.rfind(':')); };
+  const auto host_of = [](const std::string& address) {
+    const absl::StatusOr<HostPort> parsed = ParseHostPort(address);  // the cluster file's addresses parse
+    return parsed.ok() ? parsed->host : address;
+  };
   for (const NodeConfig* w : cluster_.workers()) {
     if (host_of(w->address) == host_of(self_.address)) served_by(w->worker_index, &store_options.shared_keys);
   }
