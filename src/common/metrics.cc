@@ -230,13 +230,20 @@ Registry::Registry(Labels const_labels) : const_labels_(std::move(const_labels))
 
 template <typename Metric>
 Family<Metric>& Registry::Add(const std::string& name, const std::string& help, MetricType type,
-                              std::vector<std::string> label_names, std::function<std::unique_ptr<Metric>()> make) {
+                              std::vector<std::string> label_names, std::function<std::unique_ptr<Metric>()> make,
+                              bool shared) {
   const bool unlabelled = label_names.empty();
-  auto family = std::make_unique<Family<Metric>>(name, help, type, std::move(label_names), std::move(make));
+  auto family = std::make_unique<Family<Metric>>(name, help, type, label_names, std::move(make));
   Family<Metric>& ref = *family;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& f : families_) Require(f->name() != name, name, "added twice");
+    for (const auto& f : families_) {
+      if (f->name() != name) continue;
+      Require(shared && shared_names_.contains(name), name, "added twice");
+      Require(f->Matches(help, type, label_names), name, "shared with another help, type or labels");
+      return static_cast<Family<Metric>&>(*f);  // the same type, so the same Metric
+    }
+    if (shared) shared_names_.insert(name);
     families_.push_back(std::move(family));
   }
   if (unlabelled) ref.With({});
@@ -252,6 +259,20 @@ Family<Counter>& Registry::AddCounter(const std::string& name, const std::string
 Family<Gauge>& Registry::AddGauge(const std::string& name, const std::string& help,
                                   std::vector<std::string> label_names) {
   return Add<Gauge>(name, help, MetricType::kGauge, std::move(label_names), [] { return std::make_unique<Gauge>(); });
+}
+
+Family<Counter>& Registry::SharedCounter(const std::string& name, const std::string& help,
+                                         std::vector<std::string> label_names) {
+  return Add<Counter>(
+      name, help, MetricType::kCounter, std::move(label_names), [] { return std::make_unique<Counter>(); },
+      /*shared=*/true);
+}
+
+Family<Gauge>& Registry::SharedGauge(const std::string& name, const std::string& help,
+                                     std::vector<std::string> label_names) {
+  return Add<Gauge>(
+      name, help, MetricType::kGauge, std::move(label_names), [] { return std::make_unique<Gauge>(); },
+      /*shared=*/true);
 }
 
 Family<Histogram>& Registry::AddHistogram(const std::string& name, const std::string& help, std::vector<double> bounds,

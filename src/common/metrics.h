@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -114,6 +115,10 @@ class FamilyBase {
   FamilyBase(std::string name, std::string help, MetricType type, std::vector<std::string> label_names);
   virtual ~FamilyBase() = default;
   const std::string& name() const { return name_; }
+  // Whether it was added with this help, type and label names (what a shared family must match).
+  bool Matches(std::string_view help, MetricType type, const std::vector<std::string>& label_names) const {
+    return help == help_ && type == type_ && label_names == label_names_;
+  }
   // The family with every child's sample, children in label-value order.
   virtual MetricFamily Collect() const = 0;
 
@@ -180,6 +185,12 @@ class Registry {
   Family<Gauge>& AddGauge(const std::string& name, const std::string& help, std::vector<std::string> label_names = {});
   Family<Histogram>& AddHistogram(const std::string& name, const std::string& help, std::vector<double> bounds,
                                   std::vector<std::string> label_names = {});
+  // The family that an earlier call with the same arguments added, else a new one: for series that several
+  // owners of one registry fill under one name, each with its own label values (e.g. each HTTP server of a
+  // daemon, labelled by server). REQUIRES: `name` unused by any other family.
+  Family<Counter>& SharedCounter(const std::string& name, const std::string& help,
+                                 std::vector<std::string> label_names);
+  Family<Gauge>& SharedGauge(const std::string& name, const std::string& help, std::vector<std::string> label_names);
   // `collect` appends families (read at scrape time) to its argument; their names must not clash with
   // another family's.
   void AddCollector(std::function<void(std::vector<MetricFamily>*)> collect);
@@ -191,13 +202,16 @@ class Registry {
   const Labels& const_labels() const { return const_labels_; }
 
  private:
+  // `shared`: return a matching family of that name added before (SharedCounter, SharedGauge).
   template <typename Metric>
   Family<Metric>& Add(const std::string& name, const std::string& help, MetricType type,
-                      std::vector<std::string> label_names, std::function<std::unique_ptr<Metric>()> make);
+                      std::vector<std::string> label_names, std::function<std::unique_ptr<Metric>()> make,
+                      bool shared = false);
 
   const Labels const_labels_;
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<FamilyBase>> families_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> shared_names_ ABSL_GUARDED_BY(mu_);  // families added by SharedCounter/SharedGauge
   std::vector<std::function<void(std::vector<MetricFamily>*)>> collectors_ ABSL_GUARDED_BY(mu_);
 };
 

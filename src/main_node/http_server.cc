@@ -886,8 +886,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
     return httplib::Server::HandlerResponse::Handled;
   }));
 
-  const absl::StatusOr<int> port = rpc::StartHttpServer(
-      http, where->host, where->port, static_cast<size_t>(std::max(1, options.max_connections)), &server->thread_);
+  const size_t max_connections = static_cast<size_t>(std::max(1, options.max_connections));
+  const absl::StatusOr<int> port =
+      rpc::StartHttpServer(http, where->host, where->port, max_connections,
+                           rpc::HttpConnectionMetrics::In(*registry, "api", max_connections), &server->thread_);
   if (!port.ok()) {
     return absl::UnavailableError(StrCat("node '", options.node, "': cannot serve the HTTP API at http_address '",
                                          options.address, "': ", port.status().message()));

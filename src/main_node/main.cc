@@ -24,7 +24,7 @@ absl::Status Serve(const std::vector<std::string>& args) {
   const bool shared_http = !d.self.http_address.empty() && d.self.http_address == d.self.metrics_address;
   std::unique_ptr<odmoe::rpc::MetricsServer> metrics;
   if (!shared_http) {
-    ODMOE_ASSIGN_OR_RETURN(metrics, odmoe::rpc::MetricsServer::StartFor(d.self, &node->metrics()));
+    ODMOE_ASSIGN_OR_RETURN(metrics, odmoe::rpc::MetricsServer::StartFor(d.self, &node->mutable_metrics()));
     if (metrics != nullptr) spdlog::info("odmoe-main {}: metrics at {}", d.self.name, metrics->url());
   }
   std::unique_ptr<odmoe::HttpServer> http;

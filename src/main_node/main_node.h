@@ -137,7 +137,8 @@ class MainNode final : public v1::Inference::Service {
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   // The checkpoint folder ("" with synthetic weights).
   const std::string& model_dir() const { return model_dir_; }
-  // The registry behind metrics(), for servers of the node that add their own families (the HTTP API).
+  // The registry behind metrics(), for servers of the node that add their own families (the HTTP API's requests,
+  // every HTTP server's connections).
   metrics::Registry& mutable_metrics() { return metrics_->registry(); }
   // The node's metrics (served by rpc::MetricsServer, which must stop before the node is destroyed).
   const metrics::Registry& metrics() const { return metrics_->registry(); }

@@ -22,8 +22,28 @@ constexpr absl::Duration kFullWarningInterval = absl::Minutes(1);
 
 }  // namespace
 
-HttpConnectionPool::HttpConnectionPool(size_t max_threads, std::string name)
-    : max_threads_(max_threads), name_(std::move(name)) {
+HttpConnectionMetrics HttpConnectionMetrics::In(metrics::Registry& registry, const std::string& server,
+                                                size_t max_connections) {
+  registry
+      .SharedGauge("odmoe_http_max_connections",
+                   "Connections an HTTP server serves at once; more wait in the listen backlog.", {"server"})
+      .With({server})
+      .Set(static_cast<double>(max_connections));
+  return {
+      .open = &registry
+                   .SharedGauge("odmoe_http_connections",
+                                "Connections an HTTP server serves now, idle keep-alive ones included.", {"server"})
+                   .With({server}),
+      .waits = &registry
+                    .SharedCounter("odmoe_http_connection_waits_total",
+                                   "Connections that found odmoe_http_max_connections taken and waited for one to end.",
+                                   {"server"})
+                    .With({server}),
+  };
+}
+
+HttpConnectionPool::HttpConnectionPool(size_t max_threads, std::string name, HttpConnectionMetrics metrics)
+    : max_threads_(max_threads), name_(std::move(name)), metrics_(metrics) {
   ODMOE_CHECK(max_threads >= 1);
   absl::MutexLock lock(&mu_);
   StartThread();
@@ -47,6 +67,7 @@ void HttpConnectionPool::enqueue(std::function<void()> fn) {
   const auto has_room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return busy_ + jobs_.size() < max_threads_ || shutdown_;
   };
+  if (!has_room() && metrics_.waits != nullptr) metrics_.waits->Add();
   if (!has_room() && absl::Now() - last_full_warning_ >= kFullWarningInterval) {
     last_full_warning_ = absl::Now();
     spdlog::warn(
@@ -77,6 +98,7 @@ void HttpConnectionPool::Work() {
     std::function<void()> job = std::move(jobs_.front());
     jobs_.pop_front();
     ++busy_;
+    if (metrics_.open != nullptr) metrics_.open->Add(1);  // under mu_, so that it counts the jobs in the order taken
     // Keep one thread spare, so that the next connection is taken at once.
     if (idle_ == 0 && threads_.size() < max_threads_ && !shutdown_) StartThread();
     mu_.Unlock();
@@ -84,6 +106,7 @@ void HttpConnectionPool::Work() {
     job = nullptr;  // the connection's state goes before the thread counts as free
     mu_.Lock();
     --busy_;
+    if (metrics_.open != nullptr) metrics_.open->Add(-1);
   }
   mu_.Unlock();
 }
@@ -104,7 +127,7 @@ size_t HttpConnectionPool::threads() const {
 }
 
 absl::StatusOr<int> StartHttpServer(httplib::Server& http, const std::string& host, int port, size_t max_connections,
-                                    std::thread* listener) {
+                                    HttpConnectionMetrics metrics, std::thread* listener) {
   auto listening = std::make_shared<int>(-1);  // httplib's listening socket, as it is bound
   http.set_socket_options([listening](int sock) {
     int yes = 1;
@@ -123,8 +146,8 @@ absl::StatusOr<int> StartHttpServer(httplib::Server& http, const std::string& ho
     spdlog::warn("HTTP server at {}: listen backlog left at httplib's 5 ({})", JoinHostPort(host, bound),
                  *listening < 0 ? "socket not seen" : std::strerror(errno));
   }
-  http.new_task_queue = [max_connections, name = JoinHostPort(host, bound)] {
-    return new HttpConnectionPool(max_connections, name);
+  http.new_task_queue = [max_connections, name = JoinHostPort(host, bound), metrics] {
+    return new HttpConnectionPool(max_connections, name, metrics);
   };
   *listener = std::thread([&http] { http.listen_after_bind(); });  // it makes the task queue
   // stop() only stops a server that is running: wait for it, so that the caller's stop() never misses it.

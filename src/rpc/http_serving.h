@@ -28,13 +28,28 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "httplib.h"
+#include "src/common/metrics.h"
 
 namespace odmoe::rpc {
+
+// The series an HttpConnectionPool keeps in its daemon's registry, labelled server="api" (main's OpenAI API, with
+// its /metrics when both share an address) or "metrics" (a daemon's metrics_address):
+//   odmoe_http_connections{server}            connections a thread serves now, idle keep-alive ones included
+//   odmoe_http_max_connections{server}        the cap; past it, new connections wait in the listen backlog
+//   odmoe_http_connection_waits_total{server} connections that found every thread taken and waited for one
+// A default-constructed one keeps none.
+struct HttpConnectionMetrics {
+  metrics::Gauge* open = nullptr;
+  metrics::Counter* waits = nullptr;
+
+  // The series of `server` in `registry` (every HTTP server of a daemon shares the families), the cap set.
+  static HttpConnectionMetrics In(metrics::Registry& registry, const std::string& server, size_t max_connections);
+};
 
 class HttpConnectionPool final : public httplib::TaskQueue {
  public:
   // Starts the first thread. `name` (host:port) is the server's in log lines. REQUIRES: max_threads >= 1.
-  HttpConnectionPool(size_t max_threads, std::string name);
+  HttpConnectionPool(size_t max_threads, std::string name, HttpConnectionMetrics metrics = {});
   ~HttpConnectionPool() override;  // shutdown(), when httplib has not called it
 
   // Queues `fn` for a thread: at once while fewer than max_threads connections are served or waiting, else
@@ -53,6 +68,7 @@ class HttpConnectionPool final : public httplib::TaskQueue {
 
   const size_t max_threads_;
   const std::string name_;
+  const HttpConnectionMetrics metrics_;
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
   size_t idle_ ABSL_GUARDED_BY(mu_) = 0;  // threads waiting for a job
@@ -64,13 +80,13 @@ class HttpConnectionPool final : public httplib::TaskQueue {
 
 // Serves `http` (its routes and options set, not yet bound) at `host`:`port` (port 0 picks a free one) on
 // `*listener`, returning once it runs (its stop() then ends the listener). Each connection runs on a thread of
-// an HttpConnectionPool of `max_connections`. The listening socket is bound without SO_REUSEPORT (httplib's
-// default sets it, which lets a second process bind a port already listened on: here a taken port is an error
-// at start, not a shared port) and listens with a backlog of SOMAXCONN (httplib's is 5: a burst of clients had
+// an HttpConnectionPool of `max_connections`, counted in `metrics`. The listening socket is bound without SO_REUSEPORT
+// (httplib's default sets it, which lets a second process bind a port already listened on: here a taken port is an
+// error at start, not a shared port) and listens with a backlog of SOMAXCONN (httplib's is 5: a burst of clients had
 // their connections dropped and sent again a second later). Returns the port bound, or Unavailable with why the
 // bind failed ("Address already in use (is another process listening there?)") for the caller to put in its
 // context.
 absl::StatusOr<int> StartHttpServer(httplib::Server& http, const std::string& host, int port, size_t max_connections,
-                                    std::thread* listener);
+                                    HttpConnectionMetrics metrics, std::thread* listener);
 
 }  // namespace odmoe::rpc

@@ -19,7 +19,7 @@ constexpr size_t kMaxConnections = 64;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& node, const std::string& address,
-                                                                    const metrics::Registry* registry) {
+                                                                    metrics::Registry* registry) {
   const absl::StatusOr<HostPort> where = ParseHostPort(address);
   if (!where.ok()) {
     return absl::InvalidArgumentError(StrCat("node '", node, "': metrics_address: ", where.status().message()));
@@ -32,7 +32,9 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   http.Get("/metrics", [registry](const httplib::Request&, httplib::Response& response) {
     response.set_content(registry->Render(), kContentType);
   });
-  const absl::StatusOr<int> port = StartHttpServer(http, where->host, where->port, kMaxConnections, &server->thread_);
+  const absl::StatusOr<int> port =
+      StartHttpServer(http, where->host, where->port, kMaxConnections,
+                      HttpConnectionMetrics::In(*registry, "metrics", kMaxConnections), &server->thread_);
   if (!port.ok()) {
     return absl::UnavailableError(StrCat("node '", node, "': cannot serve metrics at metrics_address '", address,
                                          "': ", port.status().message()));
@@ -43,7 +45,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::StartFor(const NodeConfig& node,
-                                                                       const metrics::Registry* registry) {
+                                                                       metrics::Registry* registry) {
   if (node.metrics_address.empty()) return std::unique_ptr<MetricsServer>();
   return Start(node.name, node.metrics_address, registry);
 }

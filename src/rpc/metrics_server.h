@@ -27,13 +27,13 @@ namespace odmoe::rpc {
 
 class MetricsServer {
  public:
-  // Serves `registry` at `address` (host:port; port 0 picks a free one). Unavailable, naming `node` and the
-  // address, when it cannot be bound (the port is taken, or the host is not this machine's).
+  // Serves `registry` at `address` (host:port; port 0 picks a free one), counting its connections there
+  // (HttpConnectionMetrics, server="metrics"). InvalidArgument when `address` is not host:port; Unavailable,
+  // naming `node` and the address, when it cannot be bound (the port is taken, or the host is not this machine's).
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& node, const std::string& address,
-                                                              const metrics::Registry* registry);
+                                                              metrics::Registry* registry);
   // The node's server when it has a metrics_address, else nullptr (no metrics server).
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> StartFor(const NodeConfig& node,
-                                                                 const metrics::Registry* registry);
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> StartFor(const NodeConfig& node, metrics::Registry* registry);
   ~MetricsServer();
 
   int port() const { return port_; }

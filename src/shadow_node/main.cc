@@ -15,7 +15,7 @@ absl::Status Serve(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(odmoe::rpc::DaemonArgs d, odmoe::rpc::ParseDaemonArgs(args, odmoe::NodeRole::kShadow));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::ShadowNode> node, odmoe::ShadowNode::Create(d));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::MetricsServer> metrics,
-                         odmoe::rpc::MetricsServer::StartFor(d.self, &node->metrics()));
+                         odmoe::rpc::MetricsServer::StartFor(d.self, &node->mutable_metrics()));
   if (metrics != nullptr) spdlog::info("odmoe-shadow {}: metrics at {}", d.self.name, metrics->url());
   // Each request main runs holds a Follow stream, and its handler's thread, for the request's whole life.
   ODMOE_ASSIGN_OR_RETURN(

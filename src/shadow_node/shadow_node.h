@@ -102,6 +102,7 @@ class ShadowNode final : public v1::Shadow::Service {
   v1::ShadowStats Stats(bool reset);
   // The shadow's metrics (served by rpc::MetricsServer, which must stop before the node is destroyed).
   const metrics::Registry& metrics() const { return *metrics_; }
+  metrics::Registry& mutable_metrics() { return *metrics_; }  // the metrics server adds its connections
   // Checks a Follow stream's messages as the handler does, without a stream or a run: `first` must be a valid
   // FollowStart, then each of `rest` is applied to the session in order (the fuzz target's entry point).
   absl::Status CheckFollowMessages(const v1::FollowMessage& first, const std::vector<v1::FollowMessage>& rest);

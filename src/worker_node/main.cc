@@ -35,7 +35,7 @@ absl::Status Run(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::WorkerNode> node,
                          odmoe::WorkerNode::Create(daemon.cluster, daemon.self, daemon.model_dir, std::move(device)));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<odmoe::rpc::MetricsServer> metrics,
-                         odmoe::rpc::MetricsServer::StartFor(daemon.self, &node->metrics()));
+                         odmoe::rpc::MetricsServer::StartFor(daemon.self, &node->mutable_metrics()));
   if (metrics != nullptr) spdlog::info("odmoe-worker {}: metrics at {}", daemon.self.name, metrics->url());
   ODMOE_ASSIGN_OR_RETURN(
       std::unique_ptr<odmoe::rpc::Server> server,

@@ -177,6 +177,7 @@ class WorkerNode final : public v1::Worker::Service {
   int64_t ResidentExperts() const { return residency_.size(); }
   // The worker's metrics (served by rpc::MetricsServer, which must stop before the node is destroyed).
   const metrics::Registry& metrics() const { return metrics_->registry(); }
+  metrics::Registry& mutable_metrics() { return metrics_->registry(); }  // the metrics server adds its connections
 
  private:
   WorkerNode(const ClusterConfig& cluster, const NodeConfig& self, std::unique_ptr<Device> device,

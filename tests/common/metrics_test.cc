@@ -172,6 +172,27 @@ TEST(MetricsDeathTest, RejectsNamesThatBreakTheConventions) {
   r.AddGauge("g", "x", {"a"});
   EXPECT_DEATH(r.AddGauge("g", "x"), "added twice");
   EXPECT_DEATH(r.AddGauge("g3", "x", {"a"}).With({"1", "2"}), "wrong number of label values");
+  // A shared family is shared only with the same help, type and labels, and never with one added alone.
+  r.SharedGauge("s", "x", {"a"});
+  EXPECT_DEATH(r.SharedGauge("s", "y", {"a"}), "shared with another");
+  EXPECT_DEATH(r.SharedGauge("s", "x", {"b"}), "shared with another");
+  r.SharedGauge("t_total", "x", {"a"});
+  EXPECT_DEATH(r.SharedCounter("t_total", "x", {"a"}), "shared with another");
+  EXPECT_DEATH(r.SharedGauge("g", "x", {"a"}), "added twice");
+  EXPECT_DEATH(r.AddGauge("s", "x", {"a"}), "added twice");
+}
+
+TEST(MetricsTest, SharedFamiliesRenderOnceWithEveryOwnersSeries) {
+  Registry r(Labels{{"node", "main"}});
+  r.SharedGauge("odmoe_http_connections", "Connections.", {"server"}).With({"api"}).Set(3);
+  r.SharedGauge("odmoe_http_connections", "Connections.", {"server"}).With({"metrics"}).Set(1);
+  r.SharedCounter("c_total", "C.", {"server"}).With({"api"}).Add(2);
+  Family<Counter>& again = r.SharedCounter("c_total", "C.", {"server"});
+  EXPECT_EQ(again.With({"api"}).value(), 2);
+  const std::string text = r.Render();
+  EXPECT_EQ(text.find("# TYPE odmoe_http_connections gauge"), text.rfind("# TYPE odmoe_http_connections gauge"));
+  EXPECT_NE(text.find("odmoe_http_connections{node=\"main\",server=\"api\"} 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("odmoe_http_connections{node=\"main\",server=\"metrics\"} 1"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -198,6 +198,8 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
     odmoe::testing::IdleConnections idle(std::stoi(http.substr(http.rfind(':') + 1)), 100);
     ASSERT_EQ(idle.connected(), 100u);
     EXPECT_EQ(Curl(base + "/health", {}).status, 200);
+    // Ops see them: /metrics (on the API's address here) counts them and the scrape itself.
+    EXPECT_GE(MetricValue(base + "/metrics", "odmoe_http_connections", "server=\"api\""), 101);
     EXPECT_EQ(idle.ClosedByServer(), 0);
   }
   const HttpResult version = Curl(base + "/version", {});

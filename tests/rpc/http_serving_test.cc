@@ -1,5 +1,5 @@
 // The HTTP servers' task queue: a thread per connection, one kept spare, up to the limit; at the limit enqueue
-// waits for a connection to end; shutdown runs what is queued and joins.
+// waits for a connection to end (counted for ops); shutdown runs what is queued and joins.
 #include "src/rpc/http_serving.h"
 
 #include <atomic>
@@ -63,7 +63,9 @@ TEST(HttpConnectionPoolTest, HeldConnectionsDoNotKeepTheNextWaiting) {
 
 TEST(HttpConnectionPoolTest, AtTheLimitEnqueueWaitsForAThreadToFree) {
   odmoe::testing::CapturedLog log;
-  HttpConnectionPool pool(2, "test");
+  metrics::Registry registry;
+  const HttpConnectionMetrics counted = HttpConnectionMetrics::In(registry, "api", 2);
+  HttpConnectionPool pool(2, "test", counted);
   HeldJobs held;
   pool.enqueue(held.Job());
   pool.enqueue(held.Job());
@@ -78,6 +80,10 @@ TEST(HttpConnectionPoolTest, AtTheLimitEnqueueWaitsForAThreadToFree) {
   EXPECT_FALSE(third_ran.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
   EXPECT_FALSE(enqueued.load());
   EXPECT_EQ(pool.threads(), 2u);
+  // Ops see it: both connections open, the cap, and the one that waited.
+  EXPECT_EQ(counted.open->value(), 2);
+  EXPECT_EQ(counted.waits->value(), 1);
+  EXPECT_NE(registry.Render().find("odmoe_http_max_connections{server=\"api\"} 2\n"), std::string::npos);
   held.release.Notify();
   EXPECT_TRUE(third_ran.WaitForNotificationWithTimeout(kPatience));
   accept.join();
@@ -85,6 +91,8 @@ TEST(HttpConnectionPoolTest, AtTheLimitEnqueueWaitsForAThreadToFree) {
   EXPECT_EQ(pool.threads(), 2u);
   pool.shutdown();
   EXPECT_EQ(held.finished.load(), 2);
+  EXPECT_EQ(counted.open->value(), 0);
+  EXPECT_EQ(counted.waits->value(), 1);
   // Ops are told (at most once a minute).
   EXPECT_EQ(log.Count("HTTP server at test: all 2 connections are taken"), 1) << log.text();
 }

@@ -59,6 +59,9 @@ TEST(MetricsServerTest, IdleConnectionsDoNotKeepAScrapeWaiting) {
   ASSERT_EQ(idle.connected(), 6u);
   const std::string response = HttpGet((*server)->port(), "/metrics");
   EXPECT_NE(response.find("odmoe_things_total{node=\"w0\"} 3\n"), std::string::npos) << response;
+  // The scrape counts the idle connections and itself, taken in the order they came.
+  EXPECT_NE(response.find("odmoe_http_connections{node=\"w0\",server=\"metrics\"} 7\n"), std::string::npos) << response;
+  EXPECT_NE(response.find("odmoe_http_max_connections{node=\"w0\",server=\"metrics\"} 64\n"), std::string::npos);
   EXPECT_EQ(idle.ClosedByServer(), 0);
 }
 
