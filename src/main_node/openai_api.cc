@@ -45,27 +45,31 @@ absl::Status ReadNumber(const Json& body, const char* key, double lo, double hi,
   return absl::OkStatus();
 }
 
+// A JSON number that is a whole number in int64's range, written as an integer or as a float (16.0, from Python's
+// division: vLLM's pydantic models take it too); nullopt for anything else (16.5, 1e30, 2^63, a string).
+std::optional<int64_t> WholeNumber(const Json& v) {
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return std::nullopt;
+    return static_cast<int64_t>(v.get<uint64_t>());
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::trunc(d) != d || !(std::fabs(d) < 0x1p63)) return std::nullopt;
+    return static_cast<int64_t>(d);
+  }
+  return std::nullopt;
+}
+
 absl::Status ReadInt(const Json& body, const char* key, ApiError* error, std::optional<int64_t>* out) {
   const Json* v = Field(body, key);
   if (v == nullptr) return absl::OkStatus();
-  if (v->is_number_unsigned()) {
-    if (v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return Fail(error, key, StrCat("'", key, "' is too large"));
-    }
-    *out = static_cast<int64_t>(v->get<uint64_t>());
-    return absl::OkStatus();
+  if (!v->is_number()) return Fail(error, key, TypeError(key, "an integer", *v));
+  *out = WholeNumber(*v);
+  if (!out->has_value()) {
+    if (v->is_number_unsigned()) return Fail(error, key, StrCat("'", key, "' is too large"));
+    return Fail(error, key, StrCat("'", key, "' must be an integer, got ", v->dump()));
   }
-  if (v->is_number_float()) {
-    // A whole number written as a float (16.0, from Python's division) is taken, as vLLM's pydantic models do.
-    const double d = v->get<double>();
-    if (std::trunc(d) != d || !(std::fabs(d) < 0x1p63)) {
-      return Fail(error, key, StrCat("'", key, "' must be an integer, got ", v->dump()));
-    }
-    *out = static_cast<int64_t>(d);
-    return absl::OkStatus();
-  }
-  if (!v->is_number_integer()) return Fail(error, key, TypeError(key, "an integer", *v));
-  *out = v->get<int64_t>();
   return absl::OkStatus();
 }
 
@@ -77,16 +81,16 @@ absl::Status ReadBool(const Json& body, const char* key, ApiError* error, bool* 
   return absl::OkStatus();
 }
 
-// A token id of field `param` (`where`: the element, e.g. "prompt[3]"): an integer in int32's range (the model's
-// vocabulary is checked later).
+// A token id of field `param` (`where`: the element, e.g. "prompt[3]"): a whole number (WholeNumber) in int32's
+// range (the model's vocabulary is checked later).
 absl::Status ReadTokenId(const Json& v, const char* param, const std::string& where, ApiError* error,
                          std::vector<int32_t>* out) {
-  if (!v.is_number_integer()) return Fail(error, param, TypeError(where, "a token id (integer)", v));
-  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(kMax)
-                                               : v.get<int64_t>() >= 0 && v.get<int64_t>() <= kMax;
-  if (!in_range) return Fail(error, param, StrCat("'", where, "' is not a token id: ", v.dump()));
-  out->push_back(static_cast<int32_t>(v.get<int64_t>()));
+  if (!v.is_number()) return Fail(error, param, TypeError(where, "a token id (integer)", v));
+  const std::optional<int64_t> id = WholeNumber(v);
+  if (!id.has_value() || *id < 0 || *id > std::numeric_limits<int32_t>::max()) {
+    return Fail(error, param, StrCat("'", where, "' is not a token id: ", v.dump()));
+  }
+  out->push_back(static_cast<int32_t>(*id));
   return absl::OkStatus();
 }
 

@@ -64,6 +64,13 @@ TEST(OpenAiParse, WholeFloatsAreIntegers) {
     EXPECT_EQ(error.param, "max_tokens") << body;
     EXPECT_NE(error.message.find("'max_tokens' must be an integer, got 1"), std::string::npos) << error.message;
   }
+  // Token ids too (a prompt of ids built by numpy or JavaScript arithmetic).
+  r = Parse(R"({"model":"m","prompt":[[1,2.0],[3e0]],"stop_token_ids":[7.0]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->prompts.size(), 2u);
+  EXPECT_EQ(r->prompts[0].ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(r->prompts[1].ids, (std::vector<int32_t>{3}));
+  EXPECT_EQ(r->stop_token_ids, (std::vector<int32_t>{7}));
 }
 
 // As vLLM (and llama.cpp's server): a request may leave `model` out, or send null, for the served model.
@@ -264,7 +271,8 @@ TEST(OpenAiParse, ErrorsNameTheField) {
       {R"({"model":"m","prompt":["a",2]})", Endpoint::kCompletions, "prompt", "'prompt[1]' must be a string"},
       {R"({"model":"m","prompt":[1,-2]})", Endpoint::kCompletions, "prompt", "'prompt[1]' is not a token id"},
       {R"({"model":"m","prompt":[1,4294967296]})", Endpoint::kCompletions, "prompt", "not a token id"},
-      {R"({"model":"m","prompt":[1,2.5]})", Endpoint::kCompletions, "prompt", "must be a token id"},
+      {R"({"model":"m","prompt":[1,2.5]})", Endpoint::kCompletions, "prompt", "'prompt[1]' is not a token id: 2.5"},
+      {R"({"model":"m","prompt":[1,"2"]})", Endpoint::kCompletions, "prompt", "must be a token id"},
       {R"({"model":"m","prompt":{"a":1}})", Endpoint::kCompletions, "prompt", "got object"},
       {R"({"model":"m","prompt":"x","max_tokens":"5"})", Endpoint::kCompletions, "max_tokens",
        "'max_tokens' must be an integer, got string"},
