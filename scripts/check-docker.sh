@@ -8,7 +8,8 @@
 #  - the programs the build stage installs are targets of the CMake build, and the programs CMD, ENTRYPOINT and
 #    every compose service run are among them;
 #  - each compose service runs the daemon of its node's role with a --config the image holds, and its name is the
-#    host of that node's address in the cluster file (Docker's network resolves service names).
+#    host of that node's address in the cluster file (Docker's network resolves service names); its healthcheck
+#    asks `odmoe cluster status` about that node of that file.
 # Usage: scripts/check-docker.sh [--self-test]
 #   --self-test also breaks copies of the files in the ways above and checks that each is caught.
 # Exit 0: all good; 1: a problem (each printed on stderr); 77: docker-compose or apt-cache is not installed.
@@ -241,6 +242,12 @@ for name, s in services.items():
     if cfg not in copied_to:
         bad(f"{compose}: service {name}: --config {cfg} is not a file the Dockerfile COPYs into the image")
         continue
+    check_argv = (s.get("healthcheck") or {}).get("test") or []
+    if check_argv[:1] == ["CMD"]:
+        check_argv = check_argv[1:]
+    if check_argv != ["odmoe", "cluster", "status", "--config", cfg, "--node", node]:
+        bad(f"{compose}: service {name}: its healthcheck must be odmoe cluster status --config {cfg} --node {node}, "
+            f"not {check_argv}")
     # The image's cluster file is the repository file COPYed to that path.
     source = None
     for line in lines:
@@ -308,10 +315,11 @@ if [ "${1:-}" = "--self-test" ]; then
   reset; sed -i 's|^CMD \["odmoe",|CMD ["odmoe-nothing",|' "$tmp/Dockerfile"; expect_failure "a CMD program the build does not install" "CMD runs \['odmoe-nothing'\]"
   reset; sed -i 's|"--node", "worker3"|"--node", "worker9"|' "$tmp/compose.yaml"; expect_failure "a service for an unknown node" "node worker3 of docker/cluster.toml has no service"
   reset; sed -i 's|^services:|services:\n  broken: {image: odmoe:latest, ports: ["not a port"]}|' "$tmp/compose.yaml"; expect_failure "an invalid compose file" "docker-compose config failed"
-  n=5
+  reset; sed -i 's|"--node", "worker3"\]}|"--node", "worker2"]}|' "$tmp/compose.yaml"; expect_failure "a healthcheck of another node" "service worker3: its healthcheck must be"
+  n=6
   if [ -x "$root/build/bin/odmoe-main" ] || [ -n "${ODMOE_BIN:-}" ]; then
     reset; sed -i 's| libtomlplusplus3 | |' "$tmp/Dockerfile"; expect_failure "a runtime library missing" "package libtomlplusplus3, which the runtime stage does not install"
-    n=6
+    n=7
   fi
   echo "check-docker: self-test: $n broken variants caught"
 fi

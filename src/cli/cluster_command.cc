@@ -61,7 +61,8 @@ constexpr char kUsage[] =
     "         (the [shadow] overrides are passed on to every daemon; --ablation-case: OD-MoE section 4.2,\n"
     "          1 token+KV alignment, 2 token only, 3 KV only, 4 none, 5 random prefetch, 6 load after routing)\n"
     "       odmoe cluster down --config FILE [--run-dir DIR]\n"
-    "       odmoe cluster status --config FILE [--run-dir DIR] [--json]\n"
+    "       odmoe cluster status --config FILE [--run-dir DIR] [--node NAME[,NAME...]] [--json]\n"
+    "         (exit 0 when every node, or every one named, is live and ready: a health check)\n"
     "  up and status take --token-file FILE --tls-ca FILE --tls-cert FILE --tls-key FILE; by default the\n"
     "  cluster file's [auth] token_file, [tls] ca and its main node's cert and key.\n";
 
@@ -424,7 +425,35 @@ absl::Status Down(const Flags& f, const ClusterConfig& c, const std::string& con
   return absl::OkStatus();
 }
 
+// The nodes `--node` names (comma-separated), in the cluster file's order; every node without it. InvalidArgument
+// naming a name the file does not have.
+absl::StatusOr<std::vector<const NodeConfig*>> ChosenNodes(const Flags& f, const ClusterConfig& c,
+                                                           const std::string& config_path) {
+  std::vector<const NodeConfig*> out;
+  const std::optional<std::string> names = f.Get("node");
+  if (!names.has_value()) {
+    for (const NodeConfig& n : c.nodes) out.push_back(&n);
+    return out;
+  }
+  std::set<std::string> wanted;
+  std::istringstream list(*names);
+  for (std::string name; std::getline(list, name, ',');) {
+    if (c.Find(name) == nullptr) {
+      std::string all;
+      for (const NodeConfig& n : c.nodes) all += StrCat(all.empty() ? "" : ", ", n.name);
+      return absl::InvalidArgumentError(StrCat("--node: no node '", name, "' in ", config_path, " (it has ", all, ")"));
+    }
+    wanted.insert(name);
+  }
+  if (wanted.empty()) return absl::InvalidArgumentError("--node: expected one or more node names, comma-separated");
+  for (const NodeConfig& n : c.nodes) {
+    if (wanted.contains(n.name)) out.push_back(&n);
+  }
+  return out;
+}
+
 absl::Status Status(const Flags& f, const ClusterConfig& c, const std::string& config_path) {
+  ODMOE_ASSIGN_OR_RETURN(const std::vector<const NodeConfig*> chosen, ChosenNodes(f, c, config_path));
   const std::string run_dir = RunDir(f, c, config_path);
   // Each node's process on this machine: the one of its pid file, else one started by hand (or by systemd) from
   // this cluster file, the lowest pid where there are several.
@@ -435,7 +464,8 @@ absl::Status Status(const Flags& f, const ClusterConfig& c, const std::string& c
   }
   Json nodes = Json::array();
   bool all_serving = true;
-  for (const NodeConfig& n : c.nodes) {
+  for (const NodeConfig* chosen_node : chosen) {
+    const NodeConfig& n = *chosen_node;
     Json j = {{"node", n.name}, {"role", NodeRoleName(n.role)}, {"address", n.address}, {"device", n.device}};
     const auto pid = local.find(n.name);
     j["pid"] = pid != local.end() ? Json(pid->second) : Json(nullptr);
@@ -512,7 +542,10 @@ absl::Status Status(const Flags& f, const ClusterConfig& c, const std::string& c
         foreign.size(), foreign.size() == 1 ? " node serves" : " nodes serve",
         " another cluster than main (another cluster file or model): ", foreign[0], foreign.size() > 1 ? "; ..." : ""));
   }
-  if (!all_serving) return absl::UnavailableError("not every node is live and ready");
+  if (!all_serving) {
+    return absl::UnavailableError(chosen.size() == c.nodes.size() ? "not every node is live and ready"
+                                                                  : "not every node named is live and ready");
+  }
   return absl::OkStatus();
 }
 
@@ -531,6 +564,7 @@ int RunCluster(const std::vector<std::string>& args) {
       with_value.insert(std::begin(kShadowFlags), std::end(kShadowFlags));
       with_value.insert("log-format");
     }
+    if (verb == "status") with_value.insert("node");
     ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(rest, with_value, {"json"}));
     ODMOE_ASSIGN_OR_RETURN(std::string config_path, f.Required("config"));
     ODMOE_ASSIGN_OR_RETURN(ClusterConfig c, LoadClusterConfig(config_path));

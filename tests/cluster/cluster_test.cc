@@ -379,5 +379,18 @@ TEST_F(ClusterCliTest, BadClusterFileIsOneLineNamingTheField) {
   EXPECT_EQ(std::count(up.err.begin(), up.err.end(), '\n'), 1) << up.err;
 }
 
+TEST_F(ClusterCliTest, StatusOfANodeTheFileDoesNotHaveNamesTheNodes) {
+  odmoe::testing::TempDir tmp;
+  odmoe::testing::WriteFile(tmp.File("c.toml"),
+                            "[[node]]\nname = \"m\"\nrole = \"main\"\naddress = \"127.0.0.1:1\"\n"
+                            "[[node]]\nname = \"w\"\nrole = \"worker\"\naddress = \"127.0.0.1:2\"\n");
+  RunResult status =
+      RunProgram({ProgramPath("odmoe"), "cluster", "status", "--config", tmp.File("c.toml"), "--node", "w9"});
+  EXPECT_EQ(status.exit_code, 2) << status.err;
+  EXPECT_NE(status.err.find("--node: no node 'w9' in " + tmp.File("c.toml") + " (it has m, w)"), std::string::npos)
+      << status.err;
+  EXPECT_TRUE(status.out.empty()) << status.out;
+}
+
 }  // namespace
 }  // namespace odmoe

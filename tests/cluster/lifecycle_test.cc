@@ -213,9 +213,13 @@ TEST(LifecycleTest, MainTellsSystemdReadyWhenItListensPingsTheWatchdogAndSaysSto
       << ReadFile(log);
 }
 
-Json Status(const ClusterFile& c, const std::string& run_dir, int* exit_code) {
-  const RunResult r =
-      RunProgram({ProgramPath("odmoe"), "cluster", "status", "--config", c.path, "--run-dir", run_dir, "--json"});
+// `odmoe cluster status --json` (with `extra` flags) by node; its exit code in `exit_code`.
+Json Status(const ClusterFile& c, const std::string& run_dir, int* exit_code,
+            const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {ProgramPath("odmoe"), "cluster", "status", "--config", c.path,
+                                   "--run-dir",          run_dir,   "--json"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const RunResult r = RunProgram(args);
   *exit_code = r.exit_code;
   auto j = ParseJson(r.out, "cluster status");
   EXPECT_TRUE(j.ok()) << r.out << r.err;
@@ -323,6 +327,13 @@ TEST(LifecycleTest, AKilledWorkerCostsNoRequestAndMainIsNotReadyOnlyWithNoWorker
   EXPECT_EQ(status["w1"]["health"], "UNREACHABLE") << status.dump();
   EXPECT_TRUE(status["w1"]["version"].is_null()) << status.dump();
   EXPECT_NE(ReadFile(main_log).find("1 unreachable: w1"), std::string::npos) << ReadFile(main_log);
+  // A health check of some nodes (a container's): the others do not count.
+  status = Status(c, run_dir, &code, {"--node", "w0,main"});
+  EXPECT_EQ(code, 0) << status.dump();
+  EXPECT_EQ(status.size(), 2u) << status.dump();
+  EXPECT_EQ(status["w0"]["ready"], "SERVING") << status.dump();
+  Status(c, run_dir, &code, {"--node", "w1"});
+  EXPECT_NE(code, 0);
 
   // No worker left: not ready, and a request fails fast naming the layer and the workers.
   ASSERT_EQ(kill(cluster.Pid("w0"), SIGKILL), 0);
