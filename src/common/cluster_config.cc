@@ -553,7 +553,7 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
   if (const toml::node* mn = root.get("model")) {
     if (!mn->is_table()) return FieldError(where, "", "model", "expected a table");
     Fields f(*mn->as_table(), where, "[model]");
-    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"path", "synthetic", "layers", "seed", "served_model_name"}));
+    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"path", "synthetic", "layers", "seed", "served_model_name", "max_model_len"}));
     auto resolve = [&](const std::string& relative) {
       std::filesystem::path p(relative);
       if (p.is_relative()) p = std::filesystem::path(base_dir) / p;
@@ -578,6 +578,15 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
     if (seed) {
       if (*seed < 0) return FieldError(where, "[model]", "seed", "must be >= 0");
       c.model.seed = static_cast<uint64_t>(*seed);
+    }
+    ODMOE_ASSIGN_OR_RETURN(auto max_model_len, f.Int("max_model_len"));
+    if (max_model_len) {
+      if (*max_model_len < 1) {
+        return FieldError(
+            where, "[model]", "max_model_len",
+            StrCat("must be >= 1 (leave it out for the model's max_position_embeddings), got ", *max_model_len));
+      }
+      c.model.max_model_len = *max_model_len;
     }
     ODMOE_ASSIGN_OR_RETURN(auto served, f.Strings("served_model_name"));
     if (served) {

@@ -94,6 +94,10 @@ struct ModelSource {
   // served_model_name (vLLM's --served-model-name): the names the HTTP API answers to, a string or a list; the
   // first is the one answers and metrics carry. Empty: the checkpoint folder's name. Distinct, no white space.
   std::vector<std::string> served_names;
+  // max_model_len (vLLM's --max-model-len): the longest sequence (prompt plus answer) served, at most the model's
+  // max_position_embeddings; 0: that. A request's KV cache is sized for its sequence, and a chat request without
+  // max_tokens asks for the rest of the context, so a lower cap bounds each request's device memory.
+  int64_t max_model_len = 0;
   bool is_synthetic() const { return !synthetic.empty(); }
 };
 

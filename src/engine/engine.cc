@@ -176,9 +176,9 @@ absl::Status Engine::AllocateWorkspace() {
     ODMOE_ASSIGN_OR_RETURN(host_layer_ids_, d.AllocateHost(F32Bytes(c.num_layers * experts_->DeviceIdsMaxTokens() * k),
                                                            "top-k ids of every layer"));
   }
-  // Decode steps as graphs: AttentionAt's workspace for a single new token at any position of the model.
+  // Decode steps as graphs: AttentionAt's workspace for a single new token at any position a sequence may have.
   if (options_.decode_graphs && d.SupportsGraphs() && experts_->DeviceIdsMaxTokens() > 0) {
-    const size_t bytes = d.AttentionAtWorkspaceBytes(1, c.max_position_embeddings - 1, c.num_heads, c.head_dim);
+    const size_t bytes = d.AttentionAtWorkspaceBytes(1, c.context_length() - 1, c.num_heads, c.head_dim);
     ODMOE_RETURN_IF_ERROR(Alloc(d, attn_workspace_, bytes, "decode attention workspace"));
   }
   return absl::OkStatus();

@@ -11,7 +11,7 @@ namespace odmoe {
 bool FitsContext(const ModelConfig& config, int64_t prompt_len, int64_t max_new_tokens) {
   // Compared without computing prompt_len + max_new_tokens, which overflows for a max_new_tokens near INT64_MAX
   // (a request's int64 field; found by fuzz/generate_request_fuzzer).
-  return prompt_len <= config.max_position_embeddings && max_new_tokens <= config.max_position_embeddings - prompt_len;
+  return prompt_len <= config.context_length() && max_new_tokens <= config.context_length() - prompt_len;
 }
 
 absl::Status ValidateRequest(const ModelConfig& config, std::span<const int32_t> prompt, int64_t max_new_tokens) {
@@ -21,13 +21,12 @@ absl::Status ValidateRequest(const ModelConfig& config, std::span<const int32_t>
   }
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
   if (!FitsContext(config, prompt_len, 0)) {
-    return absl::OutOfRangeError(StrCat("the prompt has ", prompt.size(), " tokens, more than the model's ",
-                                        config.max_position_embeddings, " positions (max_position_embeddings)"));
+    return absl::OutOfRangeError(
+        StrCat("the prompt has ", prompt.size(), " tokens, more than ", config.ContextLengthText()));
   }
   if (!FitsContext(config, prompt_len, max_new_tokens)) {
     return absl::OutOfRangeError(StrCat("prompt (", prompt.size(), " tokens) + max_new_tokens (", max_new_tokens,
-                                        ") exceeds the model's ", config.max_position_embeddings,
-                                        " positions (max_position_embeddings)"));
+                                        ") exceeds ", config.ContextLengthText()));
   }
   ODMOE_RETURN_IF_ERROR(CheckSequenceLength(config, prompt_len + max_new_tokens));
   for (size_t i = 0; i < prompt.size(); ++i) {

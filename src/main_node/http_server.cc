@@ -328,7 +328,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
   std::vector<PreparedPrompt> out;
   for (std::vector<int32_t>& ids : prompts) {
     const int64_t len = static_cast<int64_t>(ids.size());
-    const int64_t max_tokens = openai::MaxTokens(r, len, config.max_position_embeddings);
+    const int64_t max_tokens = openai::MaxTokens(r, len, config.context_length());
     const std::string param = r.endpoint == Endpoint::kCompletions ? "prompt" : "messages";
     if (absl::Status s = ValidateRequest(config, ids, max_tokens); !s.ok()) {
       // ValidateRequest checks the length before the ids, so a request too long is refused as such. The blame
@@ -563,7 +563,7 @@ void HttpServer::Impl::Tokenize(const httplib::Request& req, httplib::Response& 
     return IdsOf(openai::Prompt{true, *r.prompt, {}}, &error, r.add_special_tokens);
   }();
   Answer(kTokenizeRoute.label, ids.status(), error,
-         ids.ok() ? openai::TokenizeBody(*ids, node->config().max_position_embeddings) : "", res);
+         ids.ok() ? openai::TokenizeBody(*ids, node->config().context_length()) : "", res);
 }
 
 void HttpServer::Impl::Detokenize(const httplib::Request& req, httplib::Response& res) const {
@@ -836,8 +836,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
              std::vector<std::string> names = {impl.options.model_id};
              names.insert(names.end(), impl.options.model_aliases.begin(), impl.options.model_aliases.end());
              impl.Count(kModelsRoute.label, 200);
-             res.set_content(openai::ModelsBody(names, impl.started, impl.node->config().max_position_embeddings),
-                             kJson);
+             res.set_content(openai::ModelsBody(names, impl.started, impl.node->config().context_length()), kJson);
            }));
   http.Get(StrCat(kModelRoutePrefix, "(.+)"), guarded([&impl](const httplib::Request& req, httplib::Response& res) {
              ApiError error;
@@ -847,7 +846,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(MainNode* node, Ht
              }
              impl.Count(kModelsRoute.label, 200);
              res.set_content(openai::ModelBody(req.matches[1], impl.options.model_id, impl.started,
-                                               impl.node->config().max_position_embeddings),
+                                               impl.node->config().context_length()),
                              kJson);
            }));
   http.Get("/health", [&impl](const httplib::Request&, httplib::Response& res) {

@@ -409,11 +409,15 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
   return config;
 }
 
+std::string ModelConfig::ContextLengthText() const {
+  return max_model_len > 0 ? StrCat("the ", max_model_len, " positions served ([model] max_model_len)")
+                           : StrCat("the model's ", max_position_embeddings, " positions (max_position_embeddings)");
+}
+
 absl::Status CheckSequenceLength(const ModelConfig& config, int64_t total_tokens) {
-  if (total_tokens > config.max_position_embeddings) {
-    return absl::OutOfRangeError(StrCat("sequence of ", total_tokens,
-                                        " tokens exceeds the model's max_position_embeddings (",
-                                        config.max_position_embeddings, ")"));
+  if (total_tokens > config.context_length()) {
+    return absl::OutOfRangeError(
+        StrCat("a sequence of ", total_tokens, " tokens exceeds ", config.ContextLengthText()));
   }
   if (config.sliding_window && total_tokens > *config.sliding_window) {
     return absl::UnimplementedError(StrCat("config.json: field 'sliding_window': a sequence of ", total_tokens,

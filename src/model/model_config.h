@@ -31,6 +31,9 @@ struct ModelConfig {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   int64_t max_position_embeddings = 0;
+  // The longest sequence (prompt plus answer) served, when the cluster file's [model] max_model_len caps
+  // max_position_embeddings (OpenModel sets it); 0: not capped. Read it through context_length().
+  int64_t max_model_len = 0;
   double rope_theta = 0;
   double rms_norm_eps = 0;
 
@@ -67,6 +70,11 @@ struct ModelConfig {
   int64_t SparseIndex(int64_t layer) const;
   int64_t q_size() const { return num_heads * head_dim; }
   int64_t kv_size() const { return num_kv_heads * head_dim; }
+  // The most positions a sequence may have: max_model_len when set, else max_position_embeddings.
+  int64_t context_length() const { return max_model_len > 0 ? max_model_len : max_position_embeddings; }
+  // context_length() for messages: "the model's 2048 positions (max_position_embeddings)", or "the 512 positions
+  // served ([model] max_model_len)".
+  std::string ContextLengthText() const;
 };
 
 // Parses a config.json object. `where` names the file in messages.
@@ -75,8 +83,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const Json& config, const std::stri
 // Reads DIR/config.json and, when present, DIR/generation_config.json (whose eos_token_id is merged in).
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
 
-// Checks that a request of `total_tokens` positions fits the model: max_position_embeddings, and a sliding
-// window (which odmoe does not implement) only matters when the sequence is longer than it.
+// Checks that a request of `total_tokens` positions fits the model: context_length(), and a sliding window (which
+// odmoe does not implement) only matters when the sequence is longer than it.
 absl::Status CheckSequenceLength(const ModelConfig& config, int64_t total_tokens);
 
 }  // namespace odmoe

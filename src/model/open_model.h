@@ -29,7 +29,9 @@ struct OpenedModel {
 };
 
 // Synthetic weights when `model_dir` is empty and `model` names a synthetic config (model.synthetic,
-// model.layers, model.seed); else the checkpoint in `model_dir`. Errors name the file or field at fault.
+// model.layers, model.seed); else the checkpoint in `model_dir`. The config's context is capped at
+// model.max_model_len (ModelConfig::context_length; InvalidArgument when it exceeds max_position_embeddings).
+// Errors name the file or field at fault.
 absl::StatusOr<OpenedModel> OpenModel(const ModelSource& model, const std::string& model_dir);
 
 // The synthetic spec of a cluster file's [model] section.

@@ -169,6 +169,10 @@ TEST(ClusterConfigTest, BadFilesNameTheFieldAtFault) {
        "field 'served_model_name': 'my model' is not a name (empty, or with white space)"},
       {"path = \"../models/demo\"", "path = \"../models/demo\"\nserved_model_name = [\"a\", \"b\", \"a\"]",
        "field 'served_model_name': 'a' is given twice"},
+      {"path = \"../models/demo\"", "path = \"../models/demo\"\nmax_model_len = 0",
+       "[model]: field 'max_model_len': must be >= 1 (leave it out for the model's max_position_embeddings), got 0"},
+      {"path = \"../models/demo\"", "path = \"../models/demo\"\nmax_model_len = \"4k\"",
+       "field 'max_model_len': expected an integer"},
       {"name = \"lab\"", "name = \"lab", "invalid TOML"},
       {"metrics_address = \"10.0.0.4:7190\"", "metrics_address = \"10.0.0.4\"",
        "node 'w1': field 'metrics_address': expected host:port with a port in 1..65535, got '10.0.0.4'"},
@@ -218,7 +222,7 @@ TEST(ClusterConfigTest, BadFilesNameTheFieldAtFault) {
   }
 }
 
-// vLLM's --served-model-name: one name or a list of them; none given, none set.
+// vLLM's --served-model-name: one name or a list of them; none given, none set. And its --max-model-len.
 TEST(ClusterConfigTest, ServedModelNames) {
   auto plain = ParseClusterConfig(kGood, "lab.toml", "/etc/odmoe");
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -233,6 +237,12 @@ TEST(ClusterConfigTest, ServedModelNames) {
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_EQ(c->model.served_names, want) << line;
   }
+  EXPECT_EQ(plain->model.max_model_len, 0);  // the model's max_position_embeddings
+  std::string text = kGood;
+  text.replace(text.find("path = \"../models/demo\""), 23, "path = \"../models/demo\"\nmax_model_len = 4096");
+  auto capped = ParseClusterConfig(text, "lab.toml", "/etc/odmoe");
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(capped->model.max_model_len, 4096);
 }
 
 TEST(ClusterConfigTest, ShadowSectionAndOverrides) {

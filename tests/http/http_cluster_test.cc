@@ -747,8 +747,9 @@ TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
   auto hf = Tokenizer::Load(model.path());
   ASSERT_TRUE(hf.ok()) << hf.status();
 
-  // Served under names of its own (vLLM's --served-model-name): the first is the one answers carry.
-  LoopbackCluster cluster(model.path(), R"(served_model_name = ["qwen3-chat", "qwen"])");
+  // Served under names of its own (vLLM's --served-model-name): the first is the one answers carry. The context
+  // capped at 128 of the model's positions (vLLM's --max-model-len).
+  LoopbackCluster cluster(model.path(), "served_model_name = [\"qwen3-chat\", \"qwen\"]\nmax_model_len = 128");
   ASSERT_EQ(cluster.up().exit_code, 0) << cluster.up().err;
   const std::string base = cluster.base();
   const std::string name = "qwen3-chat";
@@ -816,6 +817,25 @@ TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
   const HttpResult chat_stream = Post(base + "/v1/chat/completions", chat);
   ASSERT_EQ(chat_stream.status, 200);
   EXPECT_EQ(Collect(chat_stream.body, true).text, chat_json["choices"][0]["message"]["content"]);
+
+  // The capped context: reported, and what does not fit in it is refused naming the cap.
+  EXPECT_EQ(listed[0]["max_model_len"], 128);
+  ASSERT_LT(prompt_ids.size() + 14, 128u);  // the requests above fit
+  const HttpResult fits =
+      Post(base + "/v1/completions", {{"prompt", std::vector<int32_t>(100, 1)}, {"max_tokens", 28}});
+  EXPECT_EQ(fits.status, 200) << fits.body;
+  for (const auto& [prompt_len, param] :
+       std::vector<std::pair<size_t, std::string>>{{129, "prompt"}, {100, "max_tokens"}}) {
+    const HttpResult refused =
+        Post(base + "/v1/completions", {{"prompt", std::vector<int32_t>(prompt_len, 1)}, {"max_tokens", 29}});
+    EXPECT_EQ(refused.status, 400) << refused.body;
+    const Json e = ParseOrDie(refused.body)["error"];
+    EXPECT_EQ(e["code"], "context_length_exceeded") << refused.body;
+    EXPECT_EQ(e["param"], param) << refused.body;
+    EXPECT_NE(e["message"].get<std::string>().find("the 128 positions served ([model] max_model_len)"),
+              std::string::npos)
+        << refused.body;
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Synthetic weights: a pure function of (seed, tensor name, index), so any subset generated anywhere equals the
-// same tensors of the whole model; values finite, of the intended scale; configs with --layers.
+// same tensors of the whole model; values finite, of the intended scale; configs with --layers; OpenModel's
+// max_model_len.
 #include "src/model/synthetic.h"
 
 #include <cmath>
@@ -8,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "src/model/model_layout.h"
+#include "src/model/open_model.h"
 #include "tests/test_support.h"
 
 namespace odmoe {
@@ -25,6 +27,33 @@ std::vector<uint8_t> Bytes(SyntheticSource& source, const TensorSpec& spec) {
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return {};
   return std::vector<uint8_t>(t->data, t->data + t->nbytes);
+}
+
+// [model] max_model_len caps the context every length check reads (context_length), never above the model's.
+TEST(SyntheticTest, OpenModelCapsTheContextAtMaxModelLen) {
+  ModelSource source;
+  source.synthetic = odmoe::testing::SourceDir() + "/tests/data/tiny-mixtral/config.json";
+  auto whole = OpenModel(source, "");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->config.context_length(), 1024);
+  EXPECT_TRUE(CheckSequenceLength(whole->config, 1024).ok());
+
+  source.max_model_len = 100;
+  auto capped = OpenModel(source, "");
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(capped->config.max_position_embeddings, 1024);  // the model's own, as inspect shows it
+  EXPECT_EQ(capped->config.context_length(), 100);
+  EXPECT_TRUE(CheckSequenceLength(capped->config, 100).ok());
+  const absl::Status too_long = CheckSequenceLength(capped->config, 101);
+  EXPECT_EQ(too_long.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(too_long.message(), "a sequence of 101 tokens exceeds the 100 positions served ([model] max_model_len)");
+  EXPECT_EQ(capped->fingerprint, whole->fingerprint);  // the same model: nodes with either still agree
+
+  source.max_model_len = 1025;
+  auto beyond = OpenModel(source, "");
+  ASSERT_FALSE(beyond.ok());
+  EXPECT_EQ(beyond.status().message(),
+            "[model] max_model_len 1025 exceeds " + source.synthetic + "'s max_position_embeddings (1024)");
 }
 
 TEST(SyntheticTest, ConfigLayersOverride) {
