@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -42,8 +43,9 @@ HttpConnectionMetrics HttpConnectionMetrics::In(metrics::Registry& registry, con
   };
 }
 
-HttpConnectionPool::HttpConnectionPool(size_t max_threads, std::string name, HttpConnectionMetrics metrics)
-    : max_threads_(max_threads), name_(std::move(name)), metrics_(metrics) {
+HttpConnectionPool::HttpConnectionPool(size_t max_threads, std::string name, HttpConnectionMetrics metrics,
+                                       absl::Duration idle_lifetime)
+    : max_threads_(max_threads), name_(std::move(name)), metrics_(metrics), idle_lifetime_(idle_lifetime) {
   ODMOE_CHECK(max_threads >= 1);
   absl::MutexLock lock(&mu_);
   StartThread();
@@ -62,7 +64,17 @@ bool HttpConnectionPool::StartThread() {
   }
 }
 
+void HttpConnectionPool::JoinRetired() {
+  std::vector<std::thread> retired;
+  {
+    absl::MutexLock lock(&mu_);
+    retired.swap(retired_);
+  }
+  for (std::thread& t : retired) t.join();  // each has left Work(): nothing to wait for
+}
+
 void HttpConnectionPool::enqueue(std::function<void()> fn) {
+  JoinRetired();
   mu_.Lock();
   const auto has_room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return busy_ + jobs_.size() < max_threads_ || shutdown_;
@@ -92,8 +104,19 @@ void HttpConnectionPool::Work() {
   for (;;) {
     ++idle_;
     const auto has_job = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !jobs_.empty() || shutdown_; };
-    mu_.Await(absl::Condition(&has_job));
+    const bool woken = mu_.AwaitWithTimeout(absl::Condition(&has_job), idle_lifetime_);
     --idle_;
+    if (!woken) {
+      if (idle_ == 0) continue;  // the spare stays
+      // Idle beside another idle thread: this one ends, its handle left for the next enqueue (or shutdown) to join.
+      const auto self = std::find_if(threads_.begin(), threads_.end(),
+                                     [](const std::thread& t) { return t.get_id() == std::this_thread::get_id(); });
+      if (self != threads_.end()) {  // not yet taken by shutdown
+        retired_.push_back(std::move(*self));
+        threads_.erase(self);
+      }
+      break;
+    }
     if (jobs_.empty()) break;  // shut down, nothing left
     std::function<void()> job = std::move(jobs_.front());
     jobs_.pop_front();
@@ -119,6 +142,7 @@ void HttpConnectionPool::shutdown() {
     threads.swap(threads_);
   }
   for (std::thread& t : threads) t.join();
+  JoinRetired();  // after the joins: a thread may retire until shutdown_ is seen
 }
 
 size_t HttpConnectionPool::threads() const {

@@ -7,8 +7,9 @@
 // queues the other connections, without bound, behind the idle ones: a few idle connections made new requests
 // wait seconds while the server had nothing to do. HttpConnectionPool keeps one thread spare instead: a thread
 // that takes a connection and leaves none idle starts the next, up to `max_threads`, so httplib's accept loop
-// only hands connections over (it never waits for a thread to start). Threads stay for later connections until
-// shutdown. At `max_threads` connections served or waiting, enqueue waits for one to end, so the accept loop
+// only hands connections over (it never waits for a thread to start). A thread idle for `idle_lifetime` while
+// another is idle too ends, so a burst's threads do not stay for the server's life; one spare always stays.
+// At `max_threads` connections served or waiting, enqueue waits for one to end, so the accept loop
 // pauses and further connections wait in the kernel's listen backlog: nothing queues here beyond what a thread
 // will take.
 //
@@ -49,7 +50,8 @@ struct HttpConnectionMetrics {
 class HttpConnectionPool final : public httplib::TaskQueue {
  public:
   // Starts the first thread. `name` (host:port) is the server's in log lines. REQUIRES: max_threads >= 1.
-  HttpConnectionPool(size_t max_threads, std::string name, HttpConnectionMetrics metrics = {});
+  HttpConnectionPool(size_t max_threads, std::string name, HttpConnectionMetrics metrics = {},
+                     absl::Duration idle_lifetime = absl::Minutes(1));
   ~HttpConnectionPool() override;  // shutdown(), when httplib has not called it
 
   // Queues `fn` for a thread: at once while fewer than max_threads connections are served or waiting, else
@@ -65,10 +67,13 @@ class HttpConnectionPool final : public httplib::TaskQueue {
   void Work();
   // Starts one more thread; false (logged) when the system refuses one.
   bool StartThread() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Joins the threads that ended for being idle.
+  void JoinRetired() ABSL_LOCKS_EXCLUDED(mu_);
 
   const size_t max_threads_;
   const std::string name_;
   const HttpConnectionMetrics metrics_;
+  const absl::Duration idle_lifetime_;
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
   size_t idle_ ABSL_GUARDED_BY(mu_) = 0;  // threads waiting for a job
@@ -76,6 +81,7 @@ class HttpConnectionPool final : public httplib::TaskQueue {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_full_warning_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> retired_ ABSL_GUARDED_BY(mu_);  // ended for being idle, not yet joined
 };
 
 // Serves `http` (its routes and options set, not yet bound) at `host`:`port` (port 0 picks a free one) on

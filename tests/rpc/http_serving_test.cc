@@ -1,5 +1,5 @@
-// The HTTP servers' task queue: a thread per connection, one kept spare, up to the limit; at the limit enqueue
-// waits for a connection to end (counted for ops); shutdown runs what is queued and joins.
+// The HTTP servers' task queue: a thread per connection, one kept spare, up to the limit, idle ones ending; at the
+// limit enqueue waits for a connection to end (counted for ops); shutdown runs what is queued and joins.
 #include "src/rpc/http_serving.h"
 
 #include <atomic>
@@ -59,6 +59,29 @@ TEST(HttpConnectionPoolTest, HeldConnectionsDoNotKeepTheNextWaiting) {
   }
   EXPECT_EQ(pool.threads(), 42u);
   pool.shutdown();
+}
+
+TEST(HttpConnectionPoolTest, ABurstsThreadsEndWhenIdleButTheSpare) {
+  HttpConnectionPool pool(64, "test", {}, absl::Milliseconds(20));
+  HeldJobs held;
+  for (int i = 0; i < 10; ++i) pool.enqueue(held.Job());
+  ASSERT_TRUE(Eventually([&] { return held.started.load() == 10; }));
+  EXPECT_EQ(pool.threads(), 11u);
+  held.release.Notify();
+  // Idle, all but one end; that one takes the next connection at once, and threads come back for a burst.
+  EXPECT_TRUE(Eventually([&] { return pool.threads() == 1; }));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(pool.threads(), 1u);
+  absl::Notification ran;
+  pool.enqueue([&ran] { ran.Notify(); });
+  EXPECT_TRUE(ran.WaitForNotificationWithTimeout(kPatience));
+  HeldJobs again;
+  for (int i = 0; i < 5; ++i) pool.enqueue(again.Job());
+  EXPECT_TRUE(Eventually([&] { return again.started.load() == 5; }));
+  again.release.Notify();
+  pool.shutdown();
+  EXPECT_EQ(again.finished.load(), 5);
+  EXPECT_EQ(pool.threads(), 0u);
 }
 
 TEST(HttpConnectionPoolTest, AtTheLimitEnqueueWaitsForAThreadToFree) {
