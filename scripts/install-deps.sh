@@ -28,21 +28,37 @@ if ! command -v node >/dev/null; then
   packages+=(nodejs npm)
 fi
 
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
   fi
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-log=$(mktemp)
-if ! { $sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
-  cat "$log" >&2
-  echo "install-deps: failed to install: ${missing[*]}" >&2
+if [ ${#missing[@]} -gt 0 ]; then
+  log=$(mktemp)
+  if ! { $sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "install-deps: failed to install: ${missing[*]}" >&2
+    rm -f "$log"
+    exit 1
+  fi
   rm -f "$log"
-  exit 1
 fi
-rm -f "$log"
+
+# promtool, Prometheus's rule checker and rule unit tester (tests/ops/prometheus_rules.sh), from Debian's
+# prometheus package unpacked into .tools/bin: installing the package would also start a Prometheus server.
+root=$(cd "$(dirname "$0")/.." && pwd)
+if [ ! -x "$root/.tools/bin/promtool" ]; then
+  tmp=$(mktemp -d)
+  fetch() { (cd "$tmp" && apt-get download -q prometheus) >"$tmp/log" 2>&1; }
+  if { fetch || { $sudo apt-get update -q >/dev/null 2>&1 && fetch; }; } && dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x"; then
+    install -D -m 0755 "$tmp/x/usr/bin/promtool" "$root/.tools/bin/promtool"
+  else
+    # Not fatal: the build does not need it, and the test that does says it is missing.
+    echo "install-deps: could not fetch Debian's prometheus package for promtool: $(tail -1 "$tmp/log")" >&2
+  fi
+  rm -rf "$tmp"
+fi

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Checks configs/prometheus/ statically (no promtool here): both files parse as YAML and have the shape
-Prometheus expects; every alert has an expression, a duration, a severity and a summary; every odmoe_ metric an
-expression names is one the daemons export (a name found in src/); prometheus.yml scrapes exactly the
-metrics addresses of configs/local.toml.
+"""Checks configs/prometheus/ against odmoe itself: both files parse as YAML and have the shape Prometheus
+expects; every alert has an expression, a duration, a severity and a summary; every odmoe_ metric an expression
+names is one the daemons export (a name found in src/); prometheus.yml scrapes exactly the metrics addresses of
+configs/local.toml. (tests/ops/prometheus_rules.sh has promtool parse and evaluate the rules.)
 
 usage: check_prometheus_configs.py PROJECT_ROOT
 """

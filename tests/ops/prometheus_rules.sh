@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Checks configs/prometheus/ with promtool, Prometheus's own checker: `promtool check config` (prometheus.yml and
+# the rule files it loads: PromQL parsed, templates too), then `promtool test rules` on tests/ops/odmoe-alerts.test.yml
+# (every alert evaluated against series that show its fault: the alerts it fires, their labels and their text).
+# Fails when an alert of the rule file has no test in which it fires. promtool: $PROMTOOL, else .tools/bin/promtool
+# (scripts/install-deps.sh fetches it), else the PATH's; exit 77 (skipped) without one.
+# usage: prometheus_rules.sh SOURCE_DIR
+set -euo pipefail
+src=$1
+promtool=${PROMTOOL:-}
+[ -n "$promtool" ] || { [ -x "$src/.tools/bin/promtool" ] && promtool=$src/.tools/bin/promtool; } || promtool=$(command -v promtool || true)
+if [ -z "$promtool" ]; then
+  echo "prometheus_rules: no promtool (scripts/install-deps.sh fetches it into .tools/bin)"
+  exit 77
+fi
+"$promtool" check config "$src/configs/prometheus/prometheus.yml"
+(cd "$src/tests/ops" && "$promtool" test rules odmoe-alerts.test.yml)
+python3 - "$src" <<'PY'
+import pathlib, sys
+import yaml
+src = pathlib.Path(sys.argv[1])
+rules = yaml.safe_load((src / "configs/prometheus/odmoe-alerts.yml").read_text())
+alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
+tests = yaml.safe_load((src / "tests/ops/odmoe-alerts.test.yml").read_text())
+fired = {t["alertname"] for case in tests["tests"] for t in case.get("alert_rule_test", []) if t.get("exp_alerts")}
+untested = sorted(alerts - fired)
+if untested:
+    print("prometheus_rules: no test in tests/ops/odmoe-alerts.test.yml fires " + ", ".join(untested))
+    sys.exit(1)
+print(f"prometheus_rules: each of the {len(alerts)} alerts fires in a test")
+PY
