@@ -48,17 +48,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   rm -f "$log"
 fi
 
-# promtool, Prometheus's rule checker and rule unit tester (tests/ops/prometheus_rules.sh), from Debian's
-# prometheus package unpacked into .tools/bin: installing the package would also start a Prometheus server.
+# Prometheus and promtool, its rule checker and rule unit tester (tests/ops/prometheus_rules.sh, prometheus_live.py),
+# from Debian's prometheus package unpacked into .tools/bin: installing the package would also start a server.
 root=$(cd "$(dirname "$0")/.." && pwd)
-if [ ! -x "$root/.tools/bin/promtool" ]; then
+if [ ! -x "$root/.tools/bin/promtool" ] || [ ! -x "$root/.tools/bin/prometheus" ]; then
   tmp=$(mktemp -d)
   fetch() { (cd "$tmp" && apt-get download -q prometheus) >"$tmp/log" 2>&1; }
   if { fetch || { $sudo apt-get update -q >/dev/null 2>&1 && fetch; }; } && dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x"; then
     install -D -m 0755 "$tmp/x/usr/bin/promtool" "$root/.tools/bin/promtool"
+    install -D -m 0755 "$tmp/x/usr/bin/prometheus" "$root/.tools/bin/prometheus"
   else
     # Not fatal: the build does not need it, and the test that does says it is missing.
-    echo "install-deps: could not fetch Debian's prometheus package for promtool: $(tail -1 "$tmp/log")" >&2
+    echo "install-deps: could not fetch Debian's prometheus package: $(tail -1 "$tmp/log")" >&2
   fi
   rm -rf "$tmp"
 fi

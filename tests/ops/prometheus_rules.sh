@@ -2,7 +2,8 @@
 # Checks configs/prometheus/ with promtool, Prometheus's own checker: `promtool check config` (prometheus.yml and
 # the rule files it loads: PromQL parsed, templates too), then `promtool test rules` on tests/ops/odmoe-alerts.test.yml
 # (every alert evaluated against series that show its fault: the alerts it fires, their labels and their text).
-# Fails when an alert of the rule file has no test in which it fires. promtool: $PROMTOOL, else .tools/bin/promtool
+# Fails when an alert of the rule file has no test in which it fires. The queries of configs/grafana/odmoe.json are
+# parsed by promtool too. promtool: $PROMTOOL, else .tools/bin/promtool
 # (scripts/install-deps.sh fetches it), else the PATH's; exit 77 (skipped) without one.
 # usage: prometheus_rules.sh SOURCE_DIR
 set -euo pipefail
@@ -15,6 +16,21 @@ if [ -z "$promtool" ]; then
 fi
 "$promtool" check config "$src/configs/prometheus/prometheus.yml"
 (cd "$src/tests/ops" && "$promtool" test rules odmoe-alerts.test.yml)
+# The Grafana dashboard's queries, as recording rules (Grafana's variables given values), parsed by promtool.
+queries=$(mktemp --suffix=.yml)
+trap 'rm -f "$queries"' EXIT
+python3 - "$src" "$queries" <<'PY'
+import json, pathlib, sys
+import yaml
+src, out = pathlib.Path(sys.argv[1]), sys.argv[2]
+rules = []
+for p in json.loads((src / "configs/grafana/odmoe.json").read_text())["panels"]:
+    for t in p.get("targets", []):
+        expr = t["expr"].replace("$__rate_interval", "1m").replace("${model}", ".*").replace("$model", ".*")
+        rules.append({"record": f"dashboard_panel_{p['id']}_{t['refId']}", "expr": expr})
+pathlib.Path(out).write_text(yaml.safe_dump({"groups": [{"name": "configs/grafana/odmoe.json", "rules": rules}]}))
+PY
+"$promtool" check rules "$queries"
 python3 - "$src" <<'PY'
 import pathlib, sys
 import yaml

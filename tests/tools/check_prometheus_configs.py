@@ -2,10 +2,14 @@
 """Checks configs/prometheus/ against odmoe itself: both files parse as YAML and have the shape Prometheus
 expects; every alert has an expression, a duration, a severity and a summary; every odmoe_ metric an expression
 names is one the daemons export (a name found in src/); prometheus.yml scrapes exactly the metrics addresses of
-configs/local.toml. (tests/ops/prometheus_rules.sh has promtool parse and evaluate the rules.)
+configs/local.toml; the Grafana dashboard configs/grafana/odmoe.json is well formed (distinct panel ids, panels
+within the 24-column grid, every query on the ${datasource} variable) and its queries name only exported metrics
+and defined variables. (tests/ops/prometheus_rules.sh has promtool parse and evaluate the rules and parse the
+dashboard's queries.)
 
 usage: check_prometheus_configs.py PROJECT_ROOT
 """
+import json
 import pathlib
 import re
 import sys
@@ -23,6 +27,53 @@ def exported_names(root):
     for path in (root / "src").rglob("*.cc"):
         names.update(re.findall(r'"(odmoe_[a-z0-9_]+)"', path.read_text()))
     return names
+
+
+def check_names(where, expr, exported, errors):
+    for name in re.findall(r"\b(odmoe_[a-z0-9_]+)", expr):
+        family = re.sub(r"_(bucket|sum|count)$", "", name)
+        if name not in exported and family not in exported:
+            errors.append(f"{where}: expr names {name}, which no daemon exports")
+
+
+# Grafana's own variables a query may use beside the dashboard's.
+GRAFANA_VARIABLES = {"__rate_interval", "__interval", "__range"}
+
+
+def dashboard_queries(path):
+    """(panel title, expr) of every query of the dashboard."""
+    doc = json.loads(path.read_text())
+    return [(p.get("title"), t.get("expr", "")) for p in doc.get("panels", []) for t in p.get("targets", [])]
+
+
+def check_dashboard(path, exported, errors):
+    doc = json.loads(path.read_text())
+    variables = {v["name"] for v in doc.get("templating", {}).get("list", [])}
+    if "datasource" not in variables:
+        errors.append(f"{path}: no 'datasource' variable")
+    ids = set()
+    for p in doc.get("panels", []):
+        where = f"{path}: panel {p.get('id')} ({p.get('title')})"
+        if p.get("id") in ids:
+            errors.append(f"{where}: id used twice")
+        ids.add(p.get("id"))
+        g = p.get("gridPos", {})
+        if not all(isinstance(g.get(k), int) for k in "hwxy") or g["x"] + g["w"] > 24:
+            errors.append(f"{where}: gridPos {g} is not within the 24 columns")
+        if p.get("type") == "row":
+            continue
+        if not p.get("targets"):
+            errors.append(f"{where}: no query")
+        for t in p.get("targets", []):
+            if (t.get("datasource") or p.get("datasource") or {}).get("uid") != "${datasource}":
+                errors.append(f"{where}: query {t.get('refId')} is not on the ${{datasource}} variable")
+            expr = t.get("expr", "")
+            if not expr.strip():
+                errors.append(f"{where}: query {t.get('refId')} is empty")
+            check_names(where, expr, exported, errors)
+            for v in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expr):
+                if v not in variables and v not in GRAFANA_VARIABLES:
+                    errors.append(f"{where}: query {t.get('refId')} uses ${v}, which the dashboard does not define")
 
 
 def check_rules(path, exported, errors):
@@ -47,10 +98,7 @@ def check_rules(path, exported, errors):
                 errors.append(f"{where}: labels.severity must be one of {sorted(SEVERITIES)}")
             if not (rule.get("annotations") or {}).get("summary"):
                 errors.append(f"{where}: annotations.summary missing")
-            for name in re.findall(r"\b(odmoe_[a-z0-9_]+)", rule.get("expr", "")):
-                family = re.sub(r"_(bucket|sum|count)$", "", name)
-                if name not in exported and family not in exported:
-                    errors.append(f"{where}: expr names {name}, which no daemon exports")
+            check_names(where, rule.get("expr", ""), exported, errors)
 
 
 def check_scrape(path, root, errors):
@@ -79,12 +127,15 @@ def main(argv):
     try:
         check_rules(root / "configs" / "prometheus" / "odmoe-alerts.yml", exported, errors)
         check_scrape(root / "configs" / "prometheus" / "prometheus.yml", root, errors)
+        check_dashboard(root / "configs" / "grafana" / "odmoe.json", exported, errors)
     except yaml.YAMLError as e:
         errors.append(f"invalid YAML: {e}")
+    except json.JSONDecodeError as e:
+        errors.append(f"configs/grafana/odmoe.json: invalid JSON: {e}")
     for e in errors:
         print(e, file=sys.stderr)
     if not errors:
-        print(f"configs/prometheus: ok ({len(exported)} metric names exported)")
+        print(f"configs/prometheus, configs/grafana: ok ({len(exported)} metric names exported)")
     return 1 if errors else 0
 
 
