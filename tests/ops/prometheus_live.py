@@ -103,8 +103,8 @@ def main(argv):
         tmp = pathlib.Path(tmp)
         p = free_ports(9)
         (tmp / "cluster.toml").write_text(cluster_file(src / "models/demo-mixtral-kjv", p))
-        up = subprocess.run([odmoe, "cluster", "up", "--config", str(tmp / "cluster.toml"), "--run-dir", str(tmp / "run")],
-                            capture_output=True, text=True)
+        cluster = ["--config", str(tmp / "cluster.toml"), "--run-dir", str(tmp / "run")]
+        up = subprocess.run([odmoe, "cluster", "up", *cluster], capture_output=True, text=True)
         if up.returncode != 0:
             print(f"prometheus_live: cluster up failed ({up.returncode}):\n{up.stdout}{up.stderr}")
             return 1
@@ -159,8 +159,7 @@ def main(argv):
             if server is not None:
                 server.terminate()
                 server.wait(timeout=30)
-            subprocess.run([odmoe, "cluster", "down", "--config", str(tmp / "cluster.toml"), "--run-dir",
-                            str(tmp / "run")], capture_output=True)
+            subprocess.run([odmoe, "cluster", "down", *cluster], capture_output=True)
             if failures and (tmp / "prometheus.log").exists():
                 print((tmp / "prometheus.log").read_text()[-3000:])
     for f in failures:
