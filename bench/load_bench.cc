@@ -17,9 +17,14 @@
 // summed over the workers before and after the run) per generated token. --per-request adds one JSON line per
 // request. At the end, the ratio of total tokens/s at the largest N to N = 1 when both ran.
 //
+// --api http sends the same requests through main's OpenAI API instead (/v1/completions, "stream": true, greedy):
+// TTFT at the first event that carries a token, the tokens from the events' token_ids. Its answers hold none of
+// main's stats, so queue time and recall are n/a; the workers' loads are still read.
+//
 // The cluster: --config FILE alone starts it (`odmoe cluster up`, once for the whole run) and stops it at the
-// end; --endpoint HOST:PORT uses a running main (with --config too, the file only gives the workers'
-// addresses; without, the expert loads are n/a). One unrecorded warm-up request runs first.
+// end; --endpoint HOST:PORT uses a running main (its gRPC address, or with --api http its http_address; with
+// --config too, the file only gives the workers' addresses; without, the expert loads are n/a). One unrecorded
+// warm-up request runs first.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -31,6 +36,7 @@
 
 #include "bench/bench_util.h"
 #include "bench/benchmarks.h"
+#include "httplib.h"
 #include "src/cluster/client.h"
 #include "src/common/cluster_config.h"
 #include "src/common/flags.h"
@@ -46,9 +52,12 @@ constexpr int64_t kMaxRequestsPerClient = 1000;
 constexpr int64_t kRequestTimeoutMs = 3600 * 1000;
 constexpr int64_t kWarmUpTokens = 4;
 
+enum class Api { kGrpc, kHttp };
+
 // What every request of the run shares; constant while clients run.
 struct LoadOptions {
-  std::string endpoint;
+  Api api = Api::kGrpc;
+  std::string endpoint;                    // main's gRPC address, or its http_address with Api::kHttp
   const ClusterConfig* cluster = nullptr;  // the workers' counters are read when set
   std::vector<Prompt> prompts;
   int64_t requests_per_client = 1;
@@ -65,7 +74,7 @@ struct RequestRecord {
   double total_ms = 0;
   uint64_t tokens = 0;
   absl::Status status;
-  v1::RequestStats stats;  // when status is ok
+  std::optional<v1::RequestStats> stats;  // main's, when status is ok (gRPC only)
 };
 
 // The workers' load counters, summed over the workers.
@@ -80,10 +89,11 @@ struct RunFigures {
   uint64_t tokens = 0;
   double wall_s = 0, tokens_per_s = 0, client_tps_mean = 0, client_tps_min = 0;
   std::optional<double> ttft_p50, ttft_p99;
-  double queue_ms_mean = 0, queue_ms_max = 0;
-  // Prediction over the completed requests (each request's recall weighted by its decode positions).
+  // Main's stats over the completed requests that carry them (none over HTTP: n/a); recall weighted by each
+  // request's decode positions.
+  std::optional<double> queue_ms_mean, queue_ms_max;
   uint64_t decode_positions = 0;
-  double recall = 0, timely_recall = 0;
+  std::optional<double> recall, timely_recall;
   std::optional<Loads> loads;  // during the run; none: not read
 };
 
@@ -101,26 +111,100 @@ v1::GenerateRequest MakeRequest(const Prompt& prompt, int64_t max_new_tokens, bo
   return req;
 }
 
+// Sends one request through main's gRPC API into `rec` (its sent time to its done time, the tokens and stats).
+void SendGrpc(const LoadOptions& o, const Prompt& prompt, int64_t max_new_tokens, bool ignore_eos, RequestRecord* rec) {
+  const v1::GenerateRequest req = MakeRequest(prompt, max_new_tokens, ignore_eos);
+  rec->sent = Clock::now();
+  absl::StatusOr<RemoteResult> r =
+      GenerateRemote(o.endpoint, req, kRequestTimeoutMs, [&](const v1::GenerateResponse& chunk) {
+        if (!rec->ttft_ms && (chunk.tokens_size() > 0 || (chunk.done() && chunk.all_tokens_size() > 0))) {
+          rec->ttft_ms = Ms(Clock::now() - rec->sent);
+        }
+      });
+  rec->done = Clock::now();
+  if (r.ok()) {
+    rec->tokens = r->tokens.size();
+    rec->stats = r->stats;
+  } else {
+    rec->status = r.status();
+  }
+}
+
+// The error of an HTTP answer: OpenAI's error object's message (429 as the busy refusal gRPC gives).
+absl::Status HttpError(int status, const std::string& body) {
+  const Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  const std::string message =
+      j.is_object() && j.contains("error") && j["error"].contains("message") && j["error"]["message"].is_string()
+          ? j["error"]["message"].get<std::string>()
+          : body.substr(0, 200);
+  if (status == 429) return ServerBusyError(message);
+  return absl::UnknownError(StrCat("HTTP ", status, ": ", message));
+}
+
+// Sends one request through main's OpenAI API (a streamed /v1/completions) into `rec`, as SendGrpc.
+void SendHttp(const LoadOptions& o, const Prompt& prompt, int64_t max_new_tokens, bool ignore_eos, RequestRecord* rec) {
+  Json body = {{"max_tokens", max_new_tokens},
+               {"temperature", 0},
+               {"ignore_eos", ignore_eos},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}}};
+  body["prompt"] = prompt.ids.empty() ? Json(prompt.text) : Json(prompt.ids);
+  httplib::Client client(StrCat("http://", o.endpoint));
+  client.set_read_timeout(kRequestTimeoutMs / 1000);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.set_header("Content-Type", "application/json");
+  req.body = DumpJson(body);
+  std::string pending, whole;  // unparsed event text; the whole body, for an error
+  bool done = false;
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+    whole.append(data, std::min(len, size_t{4096} - std::min(whole.size(), size_t{4096})));
+    pending.append(data, len);
+    for (size_t end; (end = pending.find("\n\n")) != std::string::npos; pending.erase(0, end + 2)) {
+      const std::string event = pending.substr(0, end);
+      if (!event.starts_with("data: ")) continue;
+      if (event == "data: [DONE]") {
+        done = true;
+        continue;
+      }
+      const Json j = Json::parse(event.substr(6), nullptr, /*allow_exceptions=*/false);
+      if (j.contains("error")) {
+        rec->status = HttpError(500, event.substr(6));
+        continue;
+      }
+      if (!j.contains("choices") || j["choices"].empty()) continue;  // the usage event
+      const size_t tokens = j["choices"][0].value("token_ids", Json::array()).size();
+      if (tokens > 0 && !rec->ttft_ms) rec->ttft_ms = Ms(Clock::now() - rec->sent);
+      rec->tokens += tokens;
+    }
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error error = httplib::Error::Success;
+  rec->sent = Clock::now();
+  const bool sent = client.send(req, res, error);
+  rec->done = Clock::now();
+  if (!sent) {
+    rec->status = absl::UnavailableError(
+        StrCat("HTTP to ", o.endpoint, ": ",
+               error == httplib::Error::Connection ? "cannot connect" : httplib::to_string(error)));
+  } else if (res.status != 200) {
+    rec->status = HttpError(res.status, whole);
+  } else if (rec->status.ok() && !done) {
+    rec->status = absl::UnknownError("the event stream ended without [DONE]");
+  }
+}
+
 RequestRecord SendOne(const LoadOptions& o, int64_t clients, int64_t client, int64_t round) {
   RequestRecord rec;
   rec.client = client;
   rec.round = round;
   rec.prompt = static_cast<size_t>(client + round * clients) % o.prompts.size();
-  const v1::GenerateRequest req = MakeRequest(o.prompts[rec.prompt], o.max_new_tokens, o.ignore_eos);
-  rec.sent = Clock::now();
-  absl::StatusOr<RemoteResult> r =
-      GenerateRemote(o.endpoint, req, kRequestTimeoutMs, [&](const v1::GenerateResponse& chunk) {
-        if (!rec.ttft_ms && (chunk.tokens_size() > 0 || (chunk.done() && chunk.all_tokens_size() > 0))) {
-          rec.ttft_ms = Ms(Clock::now() - rec.sent);
-        }
-      });
-  rec.done = Clock::now();
+  (o.api == Api::kHttp ? SendHttp : SendGrpc)(o, o.prompts[rec.prompt], o.max_new_tokens, o.ignore_eos, &rec);
   rec.total_ms = Ms(rec.done - rec.sent);
-  if (r.ok()) {
-    rec.tokens = r->tokens.size();
-    rec.stats = r->stats;
-  } else {
-    rec.status = r.status();
+  if (!rec.status.ok()) {
+    rec.tokens = 0;
     rec.ttft_ms.reset();
   }
   return rec;
@@ -182,7 +266,8 @@ RunFigures Summarize(const std::vector<RequestRecord>& records, int64_t clients)
   std::vector<Clock::time_point> client_first(static_cast<size_t>(clients), Clock::time_point::max());
   std::vector<Clock::time_point> client_last(static_cast<size_t>(clients), Clock::time_point::min());
   std::vector<uint64_t> client_tokens(static_cast<size_t>(clients), 0);
-  double queue_sum = 0;
+  double queue_sum = 0, queue_max = 0, recall = 0, timely = 0;
+  int64_t with_stats = 0;
   for (const RequestRecord& r : records) {
     first = std::min(first, r.sent);
     last = std::max(last, r.done);
@@ -201,16 +286,21 @@ RunFigures Summarize(const std::vector<RequestRecord>& records, int64_t clients)
     f.tokens += r.tokens;
     client_tokens[c] += r.tokens;
     if (r.ttft_ms) ttft.push_back(*r.ttft_ms);
-    queue_sum += r.stats.queue_ms();
-    f.queue_ms_max = std::max(f.queue_ms_max, r.stats.queue_ms());
-    const int positions = r.stats.recall_per_token_size();
-    f.recall += r.stats.recall() * positions;
-    f.timely_recall += r.stats.timely_recall() * positions;
+    if (!r.stats) continue;
+    ++with_stats;
+    queue_sum += r.stats->queue_ms();
+    queue_max = std::max(queue_max, r.stats->queue_ms());
+    const int positions = r.stats->recall_per_token_size();
+    recall += r.stats->recall() * positions;
+    timely += r.stats->timely_recall() * positions;
     f.decode_positions += static_cast<uint64_t>(positions);
   }
-  if (f.decode_positions > 0) {
-    f.recall /= static_cast<double>(f.decode_positions);
-    f.timely_recall /= static_cast<double>(f.decode_positions);
+  if (with_stats > 0) {
+    f.queue_ms_mean = queue_sum / static_cast<double>(with_stats);
+    f.queue_ms_max = queue_max;
+    const double positions = static_cast<double>(std::max<uint64_t>(f.decode_positions, 1));
+    f.recall = recall / positions;
+    f.timely_recall = timely / positions;
   }
   f.wall_s = Ms(last - first) / 1000;
   f.tokens_per_s = f.wall_s > 0 ? static_cast<double>(f.tokens) / f.wall_s : 0;
@@ -225,7 +315,6 @@ RunFigures Summarize(const std::vector<RequestRecord>& records, int64_t clients)
     f.ttft_p50 = Percentile(ttft, 50);
     f.ttft_p99 = Percentile(ttft, 99);
   }
-  if (f.completed > 0) f.queue_ms_mean = queue_sum / static_cast<double>(f.completed);
   return f;
 }
 
@@ -248,10 +337,10 @@ void PrintRequestLines(const std::vector<RequestRecord>& records, int64_t client
                    {"ok", r.status.ok()},
                    {"busy", IsServerBusy(r.status)},
                    {"error", std::string(r.status.message())},
-                   {"queue_ms", r.stats.queue_ms()},
-                   {"server_ttft_ms", r.stats.ttft_ms()},
-                   {"server_total_ms", r.stats.total_ms()},
-                   {"server_decode_tokens_per_s", r.stats.decode_tokens_per_s()}});
+                   {"queue_ms", r.stats ? Json(r.stats->queue_ms()) : Json(nullptr)},
+                   {"server_ttft_ms", r.stats ? Json(r.stats->ttft_ms()) : Json(nullptr)},
+                   {"server_total_ms", r.stats ? Json(r.stats->total_ms()) : Json(nullptr)},
+                   {"server_decode_tokens_per_s", r.stats ? Json(r.stats->decode_tokens_per_s()) : Json(nullptr)}});
   }
 }
 
@@ -266,6 +355,7 @@ void PrintRunLine(const RunFigures& f, const LoadOptions& o) {
   }
   PrintJsonLine({{"bench", "load"},
                  {"kind", "run"},
+                 {"api", o.api == Api::kHttp ? "http" : "grpc"},
                  {"endpoint", o.endpoint},
                  {"prompts", o.prompts.size()},
                  {"max_new_tokens", o.max_new_tokens},
@@ -284,10 +374,10 @@ void PrintRunLine(const RunFigures& f, const LoadOptions& o) {
                  {"failures", f.failures},
                  {"first_error", f.first_error},
                  {"busy", f.busy},
-                 {"queue_ms_mean", f.queue_ms_mean},
-                 {"queue_ms_max", f.queue_ms_max},
-                 {"recall", f.recall},
-                 {"timely_recall", f.timely_recall},
+                 {"queue_ms_mean", OrNull(f.queue_ms_mean)},
+                 {"queue_ms_max", OrNull(f.queue_ms_max)},
+                 {"recall", OrNull(f.recall)},
+                 {"timely_recall", OrNull(f.timely_recall)},
                  {"expert_loads", loads},
                  {"expert_loads_per_token", loads_per_token},
                  {"loads_on_demand_per_token", on_demand_per_token}});
@@ -307,12 +397,13 @@ void PrintTable(const std::vector<RunFigures>& runs) {
   for (const RunFigures& f : runs) {
     std::optional<double> loads;
     if (f.loads && f.tokens > 0) loads = static_cast<double>(f.loads->loads) / static_cast<double>(f.tokens);
-    std::printf("%7lld %6lld %5lld %5lld %5lld %8llu %8.2f %10.1f %12.1f %11.1f %10s %10s %10.1f %10s %7.4f %7.4f\n",
+    std::printf("%7lld %6lld %5lld %5lld %5lld %8llu %8.2f %10.1f %12.1f %11.1f %10s %10s %10s %10s %7s %7s\n",
                 static_cast<long long>(f.clients), static_cast<long long>(f.requests),
                 static_cast<long long>(f.completed), static_cast<long long>(f.failures), static_cast<long long>(f.busy),
                 static_cast<unsigned long long>(f.tokens), f.wall_s, f.tokens_per_s, f.client_tps_mean,
-                f.client_tps_min, Cell(f.ttft_p50, "%.1f").c_str(), Cell(f.ttft_p99, "%.1f").c_str(), f.queue_ms_mean,
-                Cell(loads, "%.2f").c_str(), f.recall, f.timely_recall);
+                f.client_tps_min, Cell(f.ttft_p50, "%.1f").c_str(), Cell(f.ttft_p99, "%.1f").c_str(),
+                Cell(f.queue_ms_mean, "%.1f").c_str(), Cell(loads, "%.2f").c_str(), Cell(f.recall, "%.4f").c_str(),
+                Cell(f.timely_recall, "%.4f").c_str());
   }
   for (const RunFigures& f : runs) {
     if (f.failures > 0) {
@@ -343,10 +434,10 @@ void PrintTable(const std::vector<RunFigures>& runs) {
 // The warm-up request, then every N; the cluster is up.
 absl::StatusOr<std::vector<RunFigures>> RunAll(const LoadOptions& o, const std::vector<int64_t>& client_counts,
                                                bool per_request) {
-  const v1::GenerateRequest warm = MakeRequest(o.prompts[0], std::min(kWarmUpTokens, o.max_new_tokens), true);
-  absl::StatusOr<RemoteResult> warmed = GenerateRemote(o.endpoint, warm, kRequestTimeoutMs);
-  if (!warmed.ok()) {
-    return absl::Status(warmed.status().code(), StrCat("the warm-up request: ", warmed.status().message()));
+  RequestRecord warm;
+  (o.api == Api::kHttp ? SendHttp : SendGrpc)(o, o.prompts[0], std::min(kWarmUpTokens, o.max_new_tokens), true, &warm);
+  if (!warm.status.ok()) {
+    return absl::Status(warm.status.code(), StrCat("the warm-up request: ", warm.status.message()));
   }
   std::vector<RunFigures> runs;
   for (int64_t n : client_counts) {
@@ -365,10 +456,11 @@ absl::StatusOr<std::vector<RunFigures>> RunAll(const LoadOptions& o, const std::
 }  // namespace
 
 absl::Status RunLoad(const std::vector<std::string>& args) {
-  ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
-                                               {"config", "endpoint", "model", "clients", "prompts", "prompt-text",
-                                                "max-new-tokens", "requests-per-client", "ignore-eos", "run-dir"},
-                                               {"per-request"}));
+  ODMOE_ASSIGN_OR_RETURN(
+      Flags f, Flags::Parse(args,
+                            {"config", "endpoint", "model", "clients", "prompts", "prompt-text", "max-new-tokens",
+                             "requests-per-client", "ignore-eos", "run-dir", "api"},
+                            {"per-request"}));
   if (!f.Has("config") && !f.Has("endpoint")) {
     return absl::InvalidArgumentError("give --config FILE (the bench starts the cluster) or --endpoint HOST:PORT");
   }
@@ -387,6 +479,11 @@ absl::Status RunLoad(const std::vector<std::string>& args) {
     }
   }
   LoadOptions o;
+  if (const std::string api = f.Get("api").value_or("grpc"); api == "http") {
+    o.api = Api::kHttp;
+  } else if (api != "grpc") {
+    return absl::InvalidArgumentError(StrCat("--api must be grpc or http, got '", api, "'"));
+  }
   ODMOE_ASSIGN_OR_RETURN(o.requests_per_client, f.Int("requests-per-client", 1));
   ODMOE_ASSIGN_OR_RETURN(o.max_new_tokens, f.Int("max-new-tokens", 64));
   if (o.requests_per_client < 1 || o.requests_per_client > kMaxRequestsPerClient) {
@@ -411,7 +508,14 @@ absl::Status RunLoad(const std::vector<std::string>& args) {
     ODMOE_ASSIGN_OR_RETURN(cluster, LoadClusterConfig(*f.Get("config")));
     o.cluster = &cluster;
   }
-  o.endpoint = f.Get("endpoint").value_or(o.cluster != nullptr ? cluster.main()->address : "");
+  if (!f.Has("endpoint") && o.api == Api::kHttp && cluster.main()->http_address.empty()) {
+    return absl::InvalidArgumentError(
+        StrCat("--api http: main has no http_address in ", *f.Get("config"), " (or give --endpoint HOST:PORT)"));
+  }
+  o.endpoint = f.Get("endpoint")
+                   .value_or(o.cluster == nullptr
+                                 ? ""
+                                 : (o.api == Api::kHttp ? cluster.main()->http_address : cluster.main()->address));
 
   const std::string config_path = f.Get("config").value_or("");
   const std::string run_dir = f.Get("run-dir").value_or(DefaultRunDir("load"));

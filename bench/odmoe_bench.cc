@@ -33,10 +33,11 @@
 //
 //   odmoe-bench load (--config FILE [--model DIR] [--run-dir DIR] | --endpoint HOST:PORT [--config FILE])
 //       (--prompts FILE | --prompt-text FILE) [--clients 1,2,4,8] [--requests-per-client 1]
-//       [--max-new-tokens 64] [--ignore-eos true] [--per-request]
-//     A bounded load test of main's streaming API: N concurrent clients (N <= 256, one N after another), each
-//     sending R streaming requests (R <= 1000); total and per-client tokens/s, client-side TTFT p50 / p99,
-//     failures and busy refusals, expert loads per generated token, one JSON line per N (load_bench.cc).
+//       [--max-new-tokens 64] [--ignore-eos true] [--per-request] [--api grpc|http]
+//     A bounded load test of main's streaming API (gRPC, or the OpenAI API's streamed /v1/completions): N
+//     concurrent clients (N <= 256, one N after another), each sending R streaming requests (R <= 1000); total and
+//     per-client tokens/s, client-side TTFT p50 / p99, failures and busy refusals, expert loads per generated
+//     token, one JSON line per N (load_bench.cc).
 //
 // Every benchmark takes --json FILE: its JSON lines also go to FILE (the table stays on stdout).
 #include <algorithm>
@@ -127,7 +128,7 @@ int main(int argc, char** argv) {
       "           [--write-prompts FILE]\n"
       "       odmoe-bench load (--config FILE [--model DIR] [--run-dir DIR] | --endpoint HOST:PORT [--config FILE])\n"
       "           (--prompts FILE | --prompt-text FILE) [--clients 1,2,4,8] [--requests-per-client 1]\n"
-      "           [--max-new-tokens 64] [--ignore-eos true] [--per-request]\n"
+      "           [--max-new-tokens 64] [--ignore-eos true] [--per-request] [--api grpc|http]\n"
       "       every benchmark: [--json FILE] (its JSON lines also go to FILE)\n";
   if (argc < 2) {
     std::fputs(usage.c_str(), stderr);
