@@ -15,6 +15,7 @@
 #include <functional>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -694,6 +695,30 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
               whole_cancel_s, whole_generated);
   // The server still serves.
   EXPECT_EQ(Post(base + "/v1/completions", req).status, 200);
+
+  // The load bench through the OpenAI API (odmoe-bench load --api http): every request streams all its tokens.
+  {
+    odmoe::testing::TempDir tmp;
+    odmoe::testing::WriteFile(tmp.File("prompts.txt"), "And God said\nIn the beginning\n");
+    const RunResult bench =
+        RunProgram({ProgramPath("odmoe-bench"), "load", "--endpoint", http, "--api", "http", "--prompt-text",
+                    tmp.File("prompts.txt"), "--clients", "1,2", "--max-new-tokens", "5"});
+    ASSERT_EQ(bench.exit_code, 0) << bench.out << bench.err;
+    int runs = 0;
+    std::istringstream lines(bench.out);
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.starts_with("{")) continue;
+      const Json j = ParseOrDie(line);
+      if (j["kind"] != "run") continue;
+      ++runs;
+      EXPECT_EQ(j["api"], "http") << line;
+      EXPECT_EQ(j["completed"], j["requests"]) << line;
+      EXPECT_EQ(j["generated_tokens"], 5 * j["requests"].get<int>()) << line;
+      EXPECT_TRUE(j["ttft_ms_p50"].is_number()) << line;
+      EXPECT_TRUE(j["recall"].is_null()) << line;  // main's stats are not in HTTP answers
+    }
+    EXPECT_EQ(runs, 2) << bench.out;
+  }
 
   // Workers lost: main serves on while one is left (failover); with none, /health says 503 with the reason.
   ASSERT_EQ(kill(PidOf(run_dir, "w1"), SIGKILL), 0);
