@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Checks configs/prometheus/ with promtool, Prometheus's own checker: `promtool check config` (prometheus.yml and
-# the rule files it loads: PromQL parsed, templates too), then `promtool test rules` on tests/ops/odmoe-alerts.test.yml
+# Checks configs/prometheus/ with promtool, Prometheus's own checker: `promtool check config` (prometheus.yml,
+# testbed.yml and the rule files they load: PromQL parsed, templates too), then `promtool test rules` on tests/ops/odmoe-alerts.test.yml
 # (every alert evaluated against series that show its fault: the alerts it fires, their labels and their text).
 # Fails when an alert of the rule file has no test in which it fires. The queries of configs/grafana/odmoe.json are
 # parsed by promtool too. promtool: $PROMTOOL, else .tools/bin/promtool
@@ -14,7 +14,7 @@ if [ -z "$promtool" ]; then
   echo "prometheus_rules: no promtool (scripts/install-deps.sh fetches it into .tools/bin)"
   exit 77
 fi
-"$promtool" check config "$src/configs/prometheus/prometheus.yml"
+"$promtool" check config "$src/configs/prometheus/prometheus.yml" "$src/configs/prometheus/testbed.yml"
 (cd "$src/tests/ops" && "$promtool" test rules odmoe-alerts.test.yml)
 # The Grafana dashboard's queries, as recording rules (Grafana's variables given values), parsed by promtool.
 queries=$(mktemp --suffix=.yml)

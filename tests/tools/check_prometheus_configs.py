@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Checks configs/prometheus/ against odmoe itself: both files parse as YAML and have the shape Prometheus
-expects; every alert has an expression, a duration, a severity and a summary; every odmoe_ metric an expression
-names is one the daemons export (a name found in src/); prometheus.yml scrapes exactly the metrics addresses of
-configs/local.toml; the Grafana dashboard configs/grafana/odmoe.json is well formed (distinct panel ids, panels
-within the 24-column grid, every query on the ${datasource} variable) and its queries name only exported metrics
-and defined variables. (tests/ops/prometheus_rules.sh has promtool parse and evaluate the rules and parse the
-dashboard's queries.)
+"""Checks configs/prometheus/ and configs/grafana/ against odmoe itself: the files parse as YAML and have the shape
+Prometheus expects; every alert has an expression, a duration, a severity and a summary; every odmoe_ metric an
+expression names is one the daemons export (a name found in src/); prometheus.yml and testbed.yml scrape exactly
+the metrics addresses of configs/local.toml and configs/testbed.toml, each in the job of its role; the Grafana
+dashboard configs/grafana/odmoe.json is well formed (distinct panel ids, panels within the 24-column grid, every
+query on the ${datasource} variable) and its queries name only exported metrics and defined variables.
+(tests/ops/prometheus_rules.sh has promtool parse and evaluate the rules and parse the dashboard's queries.)
 
 usage: check_prometheus_configs.py PROJECT_ROOT
 """
@@ -101,19 +101,20 @@ def check_rules(path, exported, errors):
             check_names(where, rule.get("expr", ""), exported, errors)
 
 
-def check_scrape(path, root, errors):
+def check_scrape(path, cluster_file, errors):
+    """`path` scrapes exactly the metrics addresses of `cluster_file`, each in the job of its node's role."""
     doc = yaml.safe_load(path.read_text())
     targets = set()
     for job in doc.get("scrape_configs") or []:
         for sc in job.get("static_configs") or []:
-            targets.update(sc.get("targets") or [])
+            targets.update((job.get("job_name"), t) for t in sc.get("targets") or [])
     for rule_file in doc.get("rule_files") or []:
         if not (path.parent / rule_file).exists():
             errors.append(f"{path}: rule file {rule_file} does not exist")
-    local = tomllib.loads((root / "configs" / "local.toml").read_text())
-    wanted = {n["metrics_address"] for n in local["node"] if "metrics_address" in n}
+    cluster = tomllib.loads(cluster_file.read_text())
+    wanted = {(f"odmoe-{n['role']}", n["metrics_address"]) for n in cluster["node"] if "metrics_address" in n}
     if targets != wanted:
-        errors.append(f"{path}: targets {sorted(targets)} differ from configs/local.toml's metrics addresses "
+        errors.append(f"{path}: (job, target)s {sorted(targets)} differ from {cluster_file.name}'s metrics addresses "
                       f"{sorted(wanted)}")
 
 
@@ -126,7 +127,8 @@ def main(argv):
     exported = exported_names(root)
     try:
         check_rules(root / "configs" / "prometheus" / "odmoe-alerts.yml", exported, errors)
-        check_scrape(root / "configs" / "prometheus" / "prometheus.yml", root, errors)
+        check_scrape(root / "configs" / "prometheus" / "prometheus.yml", root / "configs" / "local.toml", errors)
+        check_scrape(root / "configs" / "prometheus" / "testbed.yml", root / "configs" / "testbed.toml", errors)
         check_dashboard(root / "configs" / "grafana" / "odmoe.json", exported, errors)
     except yaml.YAMLError as e:
         errors.append(f"invalid YAML: {e}")
