@@ -81,6 +81,18 @@ TEST(MetricsServerTest, APortAlreadyServedIsRefusedNamingTheNodeAndAddress) {
   EXPECT_NE(HttpGet((*first)->port(), "/metrics").find("200 OK"), std::string::npos);
 }
 
+TEST(MetricsServerTest, AnAddressWithoutAPortIsRefusedNamingIt) {
+  metrics::Registry registry;
+  for (const char* address : {"127.0.0.1", "127.0.0.1:http", "127.0.0.1:70000"}) {
+    auto server = MetricsServer::Start("w2", address, &registry);
+    ASSERT_FALSE(server.ok()) << address << " served at port " << (*server)->port();
+    EXPECT_TRUE(absl::IsInvalidArgument(server.status())) << server.status();
+    EXPECT_NE(server.status().message().find(StrCat("node 'w2': metrics_address: ")), std::string::npos)
+        << server.status();
+    EXPECT_NE(server.status().message().find(StrCat("'", address, "'")), std::string::npos) << server.status();
+  }
+}
+
 TEST(MetricsServerTest, NoMetricsAddressNoServer) {
   metrics::Registry registry;
   NodeConfig node;
