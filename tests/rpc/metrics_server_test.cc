@@ -87,8 +87,7 @@ TEST(MetricsServerTest, AnAddressWithoutAPortIsRefusedNamingIt) {
     auto server = MetricsServer::Start("w2", address, &registry);
     ASSERT_FALSE(server.ok()) << address << " served at port " << (*server)->port();
     EXPECT_TRUE(absl::IsInvalidArgument(server.status())) << server.status();
-    EXPECT_NE(server.status().message().find(StrCat("node 'w2': metrics_address: ")), std::string::npos)
-        << server.status();
+    EXPECT_NE(server.status().message().find("node 'w2': metrics_address: "), std::string::npos) << server.status();
     EXPECT_NE(server.status().message().find(StrCat("'", address, "'")), std::string::npos) << server.status();
   }
 }
