@@ -156,7 +156,7 @@ void SendHttp(const LoadOptions& o, const Prompt& prompt, int64_t max_new_tokens
   req.path = "/v1/completions";
   req.set_header("Content-Type", "application/json");
   req.body = DumpJson(body);
-  std::string pending, whole;  // unparsed event text; the whole body, for an error
+  std::string pending, whole;  // event text not yet parsed; the first 4 KiB of the body, for an error
   bool done = false;
   req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
     whole.append(data, std::min(len, size_t{4096} - std::min(whole.size(), size_t{4096})));
