@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Checks configs/prometheus/ with promtool, Prometheus's own checker: `promtool check config` (prometheus.yml,
-# testbed.yml and the rule files they load: PromQL parsed, templates too), then `promtool test rules` on tests/ops/odmoe-alerts.test.yml
-# (every alert evaluated against series that show its fault: the alerts it fires, their labels and their text).
-# Fails when an alert of the rule file has no test in which it fires. The queries of configs/grafana/odmoe.json are
-# parsed by promtool too. promtool: $PROMTOOL, else .tools/bin/promtool
-# (scripts/install-deps.sh fetches it), else the PATH's; exit 77 (skipped) without one.
+# Checks configs/prometheus/ with promtool, Prometheus's own checker:
+#  - `promtool check config` on prometheus.yml and testbed.yml, and the rule file they load (PromQL parsed,
+#    templates too);
+#  - `promtool test rules` on tests/ops/odmoe-alerts.test.yml: every alert evaluated against series that show its
+#    fault (the alerts it fires, their labels and their text); fails when an alert has no test in which it fires;
+#  - the queries of configs/grafana/odmoe.json, parsed as recording rules.
+# promtool: $PROMTOOL, else .tools/bin/promtool (scripts/install-deps.sh fetches it), else the PATH's; exit 77
+# (skipped) without one.
 # usage: prometheus_rules.sh SOURCE_DIR
 set -euo pipefail
 src=$1
