@@ -79,13 +79,15 @@ void HttpConnectionPool::enqueue(std::function<void()> fn) {
   const auto has_room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return busy_ + jobs_.size() < max_threads_ || shutdown_;
   };
-  if (!has_room() && metrics_.waits != nullptr) metrics_.waits->Add();
-  if (!has_room() && absl::Now() - last_full_warning_ >= kFullWarningInterval) {
-    last_full_warning_ = absl::Now();
-    spdlog::warn(
-        "HTTP server at {}: all {} connections are taken (requests and idle keep-alive connections); "
-        "new ones wait in the listen backlog",
-        name_, max_threads_);
+  if (!has_room()) {
+    if (metrics_.waits != nullptr) metrics_.waits->Add();
+    if (absl::Now() - last_full_warning_ >= kFullWarningInterval) {
+      last_full_warning_ = absl::Now();
+      spdlog::warn(
+          "HTTP server at {}: all {} connections are taken (requests and idle keep-alive connections); "
+          "new ones wait in the listen backlog",
+          name_, max_threads_);
+    }
   }
   mu_.Await(absl::Condition(&has_room));
   // After shutdown (httplib does not enqueue then) or with no thread at all (the system refused every one),

@@ -22,6 +22,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
+from check_prometheus_configs import dashboard_queries  # noqa: E402
+
 # Panels a healthy cluster serving a few requests leaves empty, and why. None: even "Membership changes" shows the
 # workers joining as main first reaches them.
 QUIET = {}
@@ -97,7 +100,6 @@ def main(argv):
         print("prometheus_live: no prometheus binary (scripts/install-deps.sh unpacks one into .tools/bin)")
         return 77
     odmoe = str(build / "bin" / "odmoe")
-    dashboard = json.loads((src / "configs/grafana/odmoe.json").read_text())
     failures = []
     with tempfile.TemporaryDirectory(prefix="odmoe-prometheus-") as tmp:
         tmp = pathlib.Path(tmp)
@@ -127,22 +129,20 @@ def main(argv):
                 float(r["value"][1]) for r in query(base, 'up{job=~"odmoe-.*"}')["data"]["result"]) == 4, 30)
             time.sleep(3)  # the last requests' counters scraped twice
 
-            for panel in dashboard["panels"]:
-                if panel.get("type") == "row":
+            shown = {}  # series per panel title, in the dashboard's order (rows have no queries)
+            for panel, t, expr in dashboard_queries(src / "configs/grafana/odmoe.json", RATE_WINDOW):
+                shown.setdefault(panel["title"], 0)
+                answer = query(base, expr)
+                if answer.get("status") != "success":
+                    failures.append(f"panel '{panel['title']}' query {t['refId']}: {answer.get('error')}")
                     continue
-                shown = 0
-                for t in panel["targets"]:
-                    expr = t["expr"].replace("$__rate_interval", RATE_WINDOW).replace("$model", ".*")
-                    answer = query(base, expr)
-                    if answer.get("status") != "success":
-                        failures.append(f"panel '{panel['title']}' query {t['refId']}: {answer.get('error')}")
-                        continue
-                    shown += len(answer["data"]["result"])
-                print(f"panel '{panel['title']}': {shown} series")
-                if shown == 0 and panel["title"] not in QUIET:
-                    failures.append(f"panel '{panel['title']}' shows nothing on a cluster serving requests")
-                if shown > 0 and panel["title"] in QUIET:
-                    failures.append(f"panel '{panel['title']}' is listed as quiet but shows {shown} series")
+                shown[panel["title"]] += len(answer["data"]["result"])
+            for title, series in shown.items():
+                print(f"panel '{title}': {series} series")
+                if series == 0 and title not in QUIET:
+                    failures.append(f"panel '{title}' shows nothing on a cluster serving requests")
+                if series > 0 and title in QUIET:
+                    failures.append(f"panel '{title}' is listed as quiet but shows {series} series")
 
             def rules_evaluated():
                 groups = json.loads(http(f"{base}/api/v1/rules")[1])["data"]["groups"]

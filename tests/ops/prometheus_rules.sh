@@ -22,14 +22,13 @@ fi
 queries=$(mktemp --suffix=.yml)
 trap 'rm -f "$queries"' EXIT
 python3 - "$src" "$queries" <<'PY'
-import json, pathlib, sys
+import pathlib, sys
 import yaml
 src, out = pathlib.Path(sys.argv[1]), sys.argv[2]
-rules = []
-for p in json.loads((src / "configs/grafana/odmoe.json").read_text())["panels"]:
-    for t in p.get("targets", []):
-        expr = t["expr"].replace("$__rate_interval", "1m").replace("${model}", ".*").replace("$model", ".*")
-        rules.append({"record": f"dashboard_panel_{p['id']}_{t['refId']}", "expr": expr})
+sys.path.insert(0, str(src / "tests/tools"))
+from check_prometheus_configs import dashboard_queries
+rules = [{"record": f"dashboard_panel_{p['id']}_{t['refId']}", "expr": expr}
+         for p, t, expr in dashboard_queries(src / "configs/grafana/odmoe.json", "1m")]
 pathlib.Path(out).write_text(yaml.safe_dump({"groups": [{"name": "configs/grafana/odmoe.json", "rules": rules}]}))
 PY
 "$promtool" check rules "$queries"

@@ -40,10 +40,17 @@ def check_names(where, expr, exported, errors):
 GRAFANA_VARIABLES = {"__rate_interval", "__interval", "__range"}
 
 
-def dashboard_queries(path):
-    """(panel title, expr) of every query of the dashboard."""
+def dashboard_queries(path, rate_interval):
+    """(panel, target, expr) of every query of the dashboard, with Grafana's variables given values Prometheus
+    takes: $__rate_interval the range `rate_interval` ("1m"), $model every model. (prometheus_rules.sh and
+    prometheus_live.py run them.)"""
     doc = json.loads(path.read_text())
-    return [(p.get("title"), t.get("expr", "")) for p in doc.get("panels", []) for t in p.get("targets", [])]
+    out = []
+    for p in doc.get("panels", []):
+        for t in p.get("targets", []):
+            expr = t.get("expr", "").replace("$__rate_interval", rate_interval)
+            out.append((p, t, expr.replace("${model}", ".*").replace("$model", ".*")))
+    return out
 
 
 def check_dashboard(path, exported, errors):
