@@ -121,6 +121,15 @@ absl::Status GenerateOptions::Validate(int64_t vocab_size) const {
   if (min_tokens < 0 || min_tokens > max_new_tokens) {
     return invalid("min_tokens", " must be in [0, max_new_tokens = ", max_new_tokens, "], got ", min_tokens);
   }
+  ODMOE_RETURN_IF_ERROR(constraint.Validate());
+  if (constraint.active()) {
+    if (ignore_eos) return invalid("ignore_eos", " cannot be set with a structured output, which stops where it ends");
+    if (min_tokens > 0) return invalid("min_tokens", " must be 0 with a structured output, got ", min_tokens);
+    if (vocabulary == nullptr) {
+      return RequestFieldError(absl::StatusCode::kFailedPrecondition, "constraint",
+                               " (structured output) needs the model's tokenizer, and this model has none");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -142,7 +151,11 @@ Sampler RequestSampler(const ModelConfig& config, const GenerateOptions& options
   if (!options.ignore_eos) {
     for (const int64_t id : config.eos_token_ids) ban.ids.push_back(static_cast<int32_t>(id));
   }
-  return Sampler(options.sampling, std::move(ban), prompt);
+  std::optional<TokenConstraint> constraint;
+  if (options.constraint.active()) {
+    constraint.emplace(MakeGrammar(options.constraint), options.vocabulary, ban.ids);
+  }
+  return Sampler(options.sampling, std::move(ban), prompt, std::move(constraint));
 }
 
 bool ShowsTokenText(const ModelConfig& config, const GenerateOptions& options, int32_t id) {

@@ -16,6 +16,7 @@
 #include "src/engine/engine.h"
 #include "src/engine/logprobs.h"
 #include "src/engine/model_weights.h"
+#include "src/engine/output_grammar.h"
 #include "src/engine/sampler.h"
 #include "src/model/checkpoint.h"
 #include "src/model/model_config.h"
@@ -51,10 +52,18 @@ struct GenerateOptions {
   // first (what the model gives it after the tokens before it; OpenAI's `echo`). Every prompt row's logits then
   // come back to the host.
   bool prompt_logprobs = false;
+  // Structured output (src/engine/output_grammar.h): the generated text is held to this grammar, and the request
+  // stops (at an EOS or stop token, the only ids then allowed) once the text is whole. Needs `vocabulary`, and
+  // neither ignore_eos nor min_tokens (an answer must be able to stop where its grammar does).
+  OutputConstraint constraint;
+  // The model's tokens as bytes (TokenVocabulary::FromTokenizer); needed with a constraint.
+  std::shared_ptr<const TokenVocabulary> vocabulary;
 
-  // InvalidArgument naming the option when a value is out of range (sampling, logprobs, stop_token_ids, min_tokens);
-  // OutOfRange for a logit_bias or stop_token_ids id outside [0, vocab_size). max_new_tokens is checked against the
-  // prompt and the model by ValidateRequest. The option is named in the message and as its field (WithField).
+  // InvalidArgument naming the option when a value is out of range (sampling, logprobs, stop_token_ids, min_tokens,
+  // constraint) or a constraint meets ignore_eos or min_tokens; OutOfRange for a logit_bias or stop_token_ids id
+  // outside [0, vocab_size); FailedPrecondition for a constraint without a vocabulary. max_new_tokens is checked
+  // against the prompt and the model by ValidateRequest. The option is named in the message and as its field
+  // (WithField).
   absl::Status Validate(int64_t vocab_size) const;
 };
 
@@ -96,7 +105,7 @@ inline int64_t LastDecodePosition(int64_t prompt_len, int64_t max_new_tokens) {
 std::string_view StopReasonOf(const ModelConfig& config, const GenerateOptions& options, int32_t id);
 // The sampler of a request, Generate's and continuous batching's: options.sampling over the request's `prompt`
 // (which its repetition penalty covers), with the ids StopReasonOf stops on banned for the first
-// options.min_tokens picks.
+// options.min_tokens picks, and options.constraint's bans (its stop ids: those StopReasonOf stops on).
 Sampler RequestSampler(const ModelConfig& config, const GenerateOptions& options, std::span<const int32_t> prompt);
 // Whether an answer shows generated token `id`'s text: always, but for a stop_token_ids id (which ends the
 // request, so it is the last token) unless options.include_stop_str_in_output, as vLLM. An EOS is shown; its text

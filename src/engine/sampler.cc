@@ -62,8 +62,12 @@ int32_t ArgMax(std::span<const float> logits) {
   return cpu::ArgMax(logits.data(), static_cast<int64_t>(logits.size()));
 }
 
-Sampler::Sampler(const SamplingOptions& options, TokenBan ban, std::span<const int32_t> prompt)
-    : options_(options), rng_(options.seed), ban_picks_left_(ban.ids.empty() ? 0 : ban.picks) {
+Sampler::Sampler(const SamplingOptions& options, TokenBan ban, std::span<const int32_t> prompt,
+                 std::optional<TokenConstraint> constraint)
+    : options_(options),
+      rng_(options.seed),
+      ban_picks_left_(ban.ids.empty() ? 0 : ban.picks),
+      constraint_(std::move(constraint)) {
   // Every id with a change, sorted once (a long prompt would make inserting them one by one quadratic).
   std::vector<int32_t> ids;
   for (const auto& [id, b] : options.logit_bias) ids.push_back(id);
@@ -84,6 +88,7 @@ Sampler::Sampler(const SamplingOptions& options, TokenBan ban, std::span<const i
     for (const int32_t id : prompt) in_prompt_[EntryOf(id)] = true;
   }
   for (size_t i = 0; i < deltas_.size(); ++i) Refresh(i);
+  Constrain();
 }
 
 size_t Sampler::EntryOf(int32_t id) {
@@ -142,6 +147,25 @@ void Sampler::Record(int32_t id) {
     Refresh(at);
   }
   if (ban_picks_left_ > 0 && --ban_picks_left_ == 0) LiftBan();
+  if (constraint_) {
+    constraint_->Record(id);
+    Constrain();
+  }
+}
+
+void Sampler::Constrain() {
+  if (!constraint_) return;
+  constexpr float kBanned = -std::numeric_limits<float>::infinity();
+  const std::span<const int32_t> banned = constraint_->banned();
+  constrained_.clear();
+  size_t b = 0;
+  for (const LogitDelta& d : deltas_) {
+    for (; b < banned.size() && banned[b] < d.id; ++b) constrained_.push_back({.id = banned[b], .delta = kBanned});
+    const bool ban = b < banned.size() && banned[b] == d.id;
+    if (ban) ++b;
+    constrained_.push_back(ban ? LogitDelta{.id = d.id, .penalty = d.penalty, .delta = kBanned} : d);
+  }
+  for (; b < banned.size(); ++b) constrained_.push_back({.id = banned[b], .delta = kBanned});
 }
 
 float Sampler::Uniform() { return static_cast<float>(rng_() >> 40) * 0x1.0p-24f; }
@@ -155,9 +179,9 @@ TokenChoice Sampler::NextChoice() {
 int32_t Sampler::Next(std::span<const float> logits) {
   const TokenChoice c = NextChoice();
   std::vector<float> changed;
-  if (!deltas_.empty()) {
+  if (!Deltas().empty()) {
     changed.assign(logits.begin(), logits.end());
-    for (const LogitDelta& d : deltas_) {
+    for (const LogitDelta& d : Deltas()) {
       float& l = changed[static_cast<size_t>(d.id)];
       l = kernels::ChangedLogit(l, d.penalty, d.delta);
     }

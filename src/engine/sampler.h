@@ -11,10 +11,12 @@
 // before, then the delta bias - (count * frequency_penalty + (count > 0 ? presence_penalty : 0)), computed in double
 // on the host and applied in fp32 by kernels::ChangedLogit wherever the pick is made. So every backend still picks
 // the same ids. A TokenBan (vLLM's min_tokens) makes the delta of its ids -inf for its first picks, whatever their
-// bias or count. Log-probabilities are those of the logits before these changes.
+// bias or count. A TokenConstraint (structured output, output_grammar.h) makes the delta of every id it bans for the
+// next pick -inf too. Log-probabilities are those of the logits before these changes.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <utility>
@@ -22,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/sampling_rule.h"
+#include "src/engine/output_grammar.h"
 
 namespace odmoe {
 
@@ -81,14 +84,16 @@ class Sampler {
  public:
   // `prompt`: the request's prompt ids, which the repetition penalty covers. REQUIRES: options.Validate() is OK and
   // every prompt id is in the vocabulary.
-  explicit Sampler(const SamplingOptions& options, TokenBan ban = {}, std::span<const int32_t> prompt = {});
+  // `constraint`: the request's structured output, if any.
+  explicit Sampler(const SamplingOptions& options, TokenBan ban = {}, std::span<const int32_t> prompt = {},
+                   std::optional<TokenConstraint> constraint = std::nullopt);
   // How the next token is to be picked: the options and, when they sample, the next draw of the seeded stream
   // (greedy draws none). Called once per token, by whoever makes the pick.
   TokenChoice NextChoice();
   // The changes to the next pick's logits (see the file comment): one per token id with a bias, a count, a ban in
-  // force or (with a repetition penalty) a place in the prompt, in ascending id order; empty when nothing changes
-  // a logit. Valid until the next Record.
-  std::span<const LogitDelta> Deltas() const { return deltas_; }
+  // force, a ban of the constraint or (with a repetition penalty) a place in the prompt, in ascending id order;
+  // empty when nothing changes a logit. Valid until the next Record.
+  std::span<const LogitDelta> Deltas() const { return constraint_ ? constrained_ : deltas_; }
   // `id` was picked: it counts for the penalties of the picks after it. Called once per token by whoever makes the
   // pick (Next does).
   void Record(int32_t id);
@@ -104,6 +109,8 @@ class Sampler {
   size_t EntryOf(int32_t id);
   // The ban is over: every entry's change without it, and the entries that only the ban kept dropped.
   void LiftBan();
+  // constrained_: deltas_ with the constraint's bans.
+  void Constrain();
 
   SamplingOptions options_;
   std::mt19937_64 rng_;
@@ -113,6 +120,8 @@ class Sampler {
   std::vector<int64_t> counts_;     // per entry of deltas_
   std::vector<bool> banned_;        // per entry of deltas_: one of the ban's ids
   std::vector<bool> in_prompt_;     // per entry of deltas_: in the prompt (kept only with a repetition penalty)
+  std::optional<TokenConstraint> constraint_;
+  std::vector<LogitDelta> constrained_;  // with a constraint: what Deltas gives (ascending ids)
 };
 
 }  // namespace odmoe

@@ -65,7 +65,7 @@ class HfTokenizer final : public Tokenizer {
 
   // The bytes `id` stands for ("" for a special token or an id out of range), and whether it is special.
   std::string_view TokenBytes(int32_t id) const;
-  bool IsSpecial(int32_t id) const;
+  bool IsSpecial(int32_t id) const override;
 
   struct Impl;
 

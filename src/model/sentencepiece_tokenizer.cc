@@ -591,6 +591,9 @@ std::string_view SentencePieceTokenizer::IdToPiece(int32_t id) const {
 bool SentencePieceTokenizer::IsControl(int32_t id) const {
   return impl_->Is(id, spm::ModelProto::SentencePiece::CONTROL);
 }
+bool SentencePieceTokenizer::IsSpecial(int32_t id) const {
+  return IsControl(id) || impl_->Is(id, spm::ModelProto::SentencePiece::UNKNOWN);
+}
 bool SentencePieceTokenizer::IsByte(int32_t id) const { return impl_->Is(id, spm::ModelProto::SentencePiece::BYTE); }
 
 std::unique_ptr<IncrementalDecoder> SentencePieceTokenizer::NewDecoder(std::span<const int32_t> context) const {

@@ -53,6 +53,8 @@ class SentencePieceTokenizer final : public Tokenizer {
   // The piece with "▁" as a space (the unknown piece as its surface, " ⁇ "), a byte piece's byte, and a control
   // piece as written ("</s>").
   std::string TokenText(int32_t id) const override;
+  // A control piece ("<s>", "</s>") or the unknown piece.
+  bool IsSpecial(int32_t id) const override;
 
   int32_t unk_id() const;
   bool add_bos() const;

@@ -57,6 +57,9 @@ class Tokenizer {
   // token's own text ("</s>", "<|im_end|>"), which Decode leaves out. May be part of a UTF-8 character; "" for an
   // id outside [0, vocab_size()).
   virtual std::string TokenText(int32_t id) const = 0;
+  // Whether `id` stands for no text of its own: a special or control token (TokenText gives its name), or
+  // SentencePiece's unknown piece.
+  virtual bool IsSpecial(int32_t id) const = 0;
 
   // The file of the checkpoint folder it reads: "tokenizer.model" or "tokenizer.json".
   virtual std::string_view file_name() const = 0;
