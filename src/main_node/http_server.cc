@@ -117,10 +117,13 @@ ApiError BadRequest(std::string message, std::string param = "") {
 }
 
 // The request field of a GenerateOptions error (FieldOf: a GenerateRequest path such as "sampling.logit_bias")
-// as this API names it; "" for none.
-std::string ApiParamOf(std::string_view field, Endpoint endpoint) {
+// as request `r` names it (a constraint's: the option that asked for it); "" for none.
+std::string ApiParamOf(std::string_view field, const openai::CompletionRequest& r) {
+  if (field.starts_with("constraint")) {
+    return r.constraint.kind == OutputConstraint::Kind::kChoice ? "guided_choice" : "response_format";
+  }
   if (field.starts_with("sampling.")) field.remove_prefix(std::string_view("sampling.").size());
-  if (field == "logprobs" && endpoint == Endpoint::kChatCompletions) return "top_logprobs";
+  if (field == "logprobs" && r.endpoint == Endpoint::kChatCompletions) return "top_logprobs";
   return std::string(field);
 }
 
@@ -354,10 +357,12 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
                             .include_stop_str_in_output = r.include_stop_str_in_output,
                             .min_tokens = r.min_tokens,
                             .logprobs = r.logprobs,
-                            .prompt_logprobs = r.echo && r.logprobs >= 0};
+                            .prompt_logprobs = r.echo && r.logprobs >= 0,
+                            .constraint = r.constraint,
+                            .vocabulary = node->vocabulary()};
     if (absl::Status s = checked.Validate(config.vocab_size); !s.ok()) {
       const std::string field = FieldOf(s);
-      const std::string blamed = ApiParamOf(field, r.endpoint);
+      const std::string blamed = ApiParamOf(field, r);
       std::string message(s.message());
       // In the client's words: the field as it sent it, and max_new_tokens (which min_tokens' bound names).
       if (!field.empty()) message = absl::StrReplaceAll(message, {{field, blamed}});

@@ -39,6 +39,7 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
     auto tokenizer = Tokenizer::Load(args.model_dir);
     if (tokenizer.ok()) {
       node->tokenizer_ = std::move(tokenizer).value();
+      node->vocabulary_ = TokenVocabulary::FromTokenizer(*node->tokenizer_, node->config_.vocab_size);
     } else if (!absl::IsNotFound(tokenizer.status())) {
       return tokenizer.status();
     }
@@ -316,6 +317,8 @@ absl::StatusOr<GenerateOptions> MainNode::OptionsOf(const v1::GenerateRequest& r
   options.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
   options.min_tokens = request.min_tokens();
   options.include_stop_str_in_output = request.include_stop_str_in_output();
+  options.constraint = rpc::ConstraintFromProto(request.constraint());
+  options.vocabulary = vocabulary_;
   ODMOE_RETURN_IF_ERROR(options.Validate(config_.vocab_size));
   options.ignore_eos = request.ignore_eos();
   options.keep_last_logits = request.dump_logits();

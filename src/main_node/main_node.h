@@ -135,6 +135,8 @@ class MainNode final : public v1::Inference::Service {
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
   // The model's tokenizer (nullptr when it has none); Encode/Decode are const and thread-safe.
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  // Its tokens as bytes, for structured output (nullptr without a tokenizer).
+  std::shared_ptr<const TokenVocabulary> vocabulary() const { return vocabulary_; }
   // The checkpoint folder ("" with synthetic weights).
   const std::string& model_dir() const { return model_dir_; }
   // The registry behind metrics(), for servers of the node that add their own families (the HTTP API's requests,
@@ -216,6 +218,7 @@ class MainNode final : public v1::Inference::Service {
   std::unique_ptr<Device> device_;
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<Tokenizer> tokenizer_;  // nullptr when the model ships no tokenizer
+  std::shared_ptr<const TokenVocabulary> vocabulary_;  // tokenizer_'s, constant after construction
   std::atomic<uint64_t> next_request_id_{1};
   std::atomic<bool> refusing_calls_{false};  // StopAccepting
   // Before experts_ and metrics_, which subscribe to it; the prober stops first (~MainNode).

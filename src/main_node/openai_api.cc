@@ -255,9 +255,10 @@ absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
       if (m != "text") return unsupported("modalities", StrCat("with ", m.dump(), " (only text)"));
     }
   }
-  // vLLM's structured output: ignored, it would leave the answer unconstrained.
-  for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
-    if (Field(body, key) != nullptr) return unsupported(key, "(structured output)");
+  // vLLM's structured output beyond guided_choice (ReadConstraint): ignored, it would leave the answer
+  // unconstrained.
+  for (const char* key : {"guided_json", "guided_regex", "guided_grammar", "structured_outputs"}) {
+    if (Field(body, key) != nullptr) return unsupported(key, "(structured output other than guided_choice)");
   }
   // vLLM's prompt logprobs: odmoe answers them to `echo` with `logprobs`.
   if (Field(body, "prompt_logprobs") != nullptr) {
@@ -267,13 +268,45 @@ absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
   bool beam_search = false;
   ODMOE_RETURN_IF_ERROR(ReadBool(body, "use_beam_search", error, &beam_search));
   if (beam_search) return unsupported("use_beam_search", "= true");
+  return absl::OkStatus();
+}
+
+// Structured output: OpenAI's `response_format` ({"type": "text"} or {"type": "json_object"}; "json_schema" is
+// refused) and vLLM's `guided_choice` (a list of strings), at most one of them.
+absl::Status ReadConstraint(const Json& body, ApiError* error, OutputConstraint* out) {
   if (const Json* v = Field(body, "response_format")) {
     const Json* type = v->is_object() ? Field(*v, "type") : nullptr;
     if (type == nullptr || !type->is_string()) {
       return Fail(error, "response_format", "'response_format' must be an object with a string 'type'");
     }
-    if (type->get<std::string>() != "text") {
-      return unsupported("response_format", StrCat("of type '", type->get<std::string>(), "'"));
+    const std::string name = type->get<std::string>();
+    if (name == "json_object") {
+      out->kind = OutputConstraint::Kind::kJsonObject;
+    } else if (name != "text") {
+      return Fail(error, "response_format",
+                  StrCat("'response_format' of type '", name, "' is not supported (only 'text' and 'json_object')"));
+    }
+  }
+  if (const Json* v = Field(body, "guided_choice")) {
+    if (out->active()) {
+      return Fail(error, "guided_choice", "'guided_choice' cannot be combined with 'response_format' json_object");
+    }
+    if (!v->is_array()) return Fail(error, "guided_choice", TypeError("guided_choice", "a list of strings", *v));
+    if (v->empty() || v->size() > kMaxChoices) {
+      return Fail(error, "guided_choice",
+                  StrCat("'guided_choice' must list 1..", kMaxChoices, " strings, got ", v->size()));
+    }
+    out->kind = OutputConstraint::Kind::kChoice;
+    for (size_t i = 0; i < v->size(); ++i) {
+      const Json& c = (*v)[i];
+      const std::string where = StrCat("guided_choice[", i, "]");
+      if (!c.is_string()) return Fail(error, "guided_choice", TypeError(where, "a string", c));
+      const std::string& text = c.get_ref<const std::string&>();
+      if (text.empty() || text.size() > kMaxChoiceBytes) {
+        return Fail(error, "guided_choice",
+                    StrCat("'", where, "' must have 1..", kMaxChoiceBytes, " bytes, got ", text.size()));
+      }
+      out->choices.push_back(text);
     }
   }
   return absl::OkStatus();
@@ -479,6 +512,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
     ODMOE_RETURN_IF_ERROR(ReadMessages(j, error, &r.messages));
   }
   ODMOE_RETURN_IF_ERROR(RefuseUnsupported(j, error));
+  ODMOE_RETURN_IF_ERROR(ReadConstraint(j, error, &r.constraint));
   std::optional<int64_t> choices;
   ODMOE_RETURN_IF_ERROR(ReadInt(j, "n", error, &choices));
   if (choices && (*choices < 1 || *choices > kMaxChoicesPerPrompt)) {

@@ -12,11 +12,13 @@
 // (completions: the alternatives per token; chat: true, with `top_logprobs`), `echo` (completions), and vLLM's
 // extensions `ignore_eos`, `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
 // `include_stop_str_in_output` and `stream_options.continuous_usage_stats`; a choice carries vLLM's `stop_reason` and
-// `token_ids` beside OpenAI's fields. Unknown fields are ignored; options odmoe does not implement are refused (400,
-// `param` naming them) only when set to a value that needs them: `best_of` > 1, chat's `echo`, `suffix`, `tools`,
-// `functions`, a `tool_choice` / `function_call` that demands a call, `audio`, `modalities` other than text, a
-// `response_format` other than text, and vLLM's `use_beam_search`, `guided_*` / `structured_outputs` and
-// `prompt_logprobs`, so that no answer is sampled otherwise than asked.
+// `token_ids` beside OpenAI's fields. Structured output: `response_format` {"type": "json_object"} (the answer is
+// one JSON object) and vLLM's `guided_choice` (exactly one of a list of strings); src/engine/output_grammar.h.
+// Unknown fields are ignored; options odmoe does not implement are refused (400, `param` naming them) only when set
+// to a value that needs them: `best_of` > 1, chat's `echo`, `suffix`, `tools`, `functions`, a `tool_choice` /
+// `function_call` that demands a call, `audio`, `modalities` other than text, a `response_format` of type
+// json_schema, and vLLM's `use_beam_search`, `guided_json` / `guided_regex` / `guided_grammar` /
+// `structured_outputs` and `prompt_logprobs`, so that no answer is sampled otherwise than asked.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "src/common/json.h"
 #include "src/engine/logprobs.h"
+#include "src/engine/output_grammar.h"
 #include "src/engine/sampler.h"
 #include "src/model/tokenizer.h"
 
@@ -110,6 +113,8 @@ struct CompletionRequest {
   // Each token's logprob and this many alternatives (0..kMaxTopLogprobs); -1: no logprobs. Completions'
   // `logprobs`; chat's `top_logprobs` when `logprobs` is true.
   int32_t logprobs = -1;
+  // Structured output: `response_format` json_object, or `guided_choice`.
+  OutputConstraint constraint;
 };
 
 // The sampling of a request that leaves these options out: OpenAI's defaults, or what the checkpoint's

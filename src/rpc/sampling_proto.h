@@ -40,6 +40,30 @@ inline SamplingOptions SamplingFromProto(const v1::SamplingParams& in) {
   return out;
 }
 
+inline void ConstraintToProto(const OutputConstraint& in, v1::OutputConstraint* out) {
+  switch (in.kind) {
+    case OutputConstraint::Kind::kJsonObject:
+      out->set_json_object(true);
+      break;
+    case OutputConstraint::Kind::kChoice:
+      for (const std::string& c : in.choices) out->mutable_choice()->add_choices(c);
+      break;
+    case OutputConstraint::Kind::kNone:
+      break;
+  }
+}
+
+inline OutputConstraint ConstraintFromProto(const v1::OutputConstraint& in) {
+  OutputConstraint out;
+  if (in.kind_case() == v1::OutputConstraint::kJsonObject && in.json_object()) {
+    out.kind = OutputConstraint::Kind::kJsonObject;
+  } else if (in.kind_case() == v1::OutputConstraint::kChoice) {
+    out.kind = OutputConstraint::Kind::kChoice;
+    out.choices.assign(in.choice().choices().begin(), in.choice().choices().end());
+  }
+  return out;
+}
+
 // A request's generation options into `out` (every GenerateRequest field but the prompt): the one conversion the
 // CLI's --endpoint and the HTTP API share; main reads them back, with its checks, in MainNode::OptionsOf.
 inline void OptionsToProto(const GenerateOptions& in, v1::GenerateRequest* out) {
@@ -54,6 +78,7 @@ inline void OptionsToProto(const GenerateOptions& in, v1::GenerateRequest* out) 
   out->set_logprobs(in.logprobs >= 0);
   out->set_top_logprobs(std::max(in.logprobs, 0));
   out->set_prompt_logprobs(in.prompt_logprobs);
+  if (in.constraint.active()) ConstraintToProto(in.constraint, out->mutable_constraint());
 }
 
 // The fields of `in` that decide how main picks each token (sampling, ignore_eos, min_tokens, stop_token_ids).

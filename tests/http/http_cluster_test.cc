@@ -25,6 +25,7 @@
 #include "src/common/strings.h"
 #include "src/common/version.h"
 #include "src/engine/generator.h"
+#include "src/engine/output_grammar.h"
 #include "src/main_node/openai_api.h"
 #include "src/model/tokenizer.h"
 #include "tests/test_support.h"
@@ -605,6 +606,60 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   EXPECT_EQ(chat_streamed.text, chat_json["choices"][0]["message"]["content"]);
   EXPECT_EQ(chat_streamed.logprobs["content"], chat_lp);
 
+  // Structured output, guided_choice: each of n sampled choices is one of the strings, and ends there.
+  const std::vector<std::string> options = {"Yes", "No", "Let there be light"};
+  const HttpResult chosen = Post(base + "/v1/completions", {{"prompt", "And God said"},
+                                                            {"max_tokens", 16},
+                                                            {"temperature", 1},
+                                                            {"seed", 3},
+                                                            {"n", 6},
+                                                            {"guided_choice", options}});
+  ASSERT_EQ(chosen.status, 200) << chosen.body;
+  for (const Json& c : ParseOrDie(chosen.body)["choices"]) {
+    EXPECT_NE(std::find(options.begin(), options.end(), c["text"].get<std::string>()), options.end()) << c.dump();
+    EXPECT_EQ(c["finish_reason"], "stop") << c.dump();
+  }
+  // response_format json_object: one JSON object. With the token "}" pushed up, it closes as soon as it may.
+  auto tokenizer = Tokenizer::Load(StrCat(odmoe::testing::SourceDir(), "/models/", kModel));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  int32_t close_id = -1;
+  for (int32_t id = 0; id < (*tokenizer)->vocab_size() && close_id < 0; ++id) {
+    if ((*tokenizer)->TokenText(id) == "}") close_id = id;
+  }
+  ASSERT_GE(close_id, 0);
+  Json object_chat = {{"messages", {{{"role", "user"}, {"content", "Describe the firmament as JSON."}}}},
+                      {"max_completion_tokens", 64},
+                      {"temperature", 0},
+                      {"response_format", {{"type", "json_object"}}},
+                      {"logit_bias", {{std::to_string(close_id), 100}}}};
+  const HttpResult closed = Post(base + "/v1/chat/completions", object_chat);
+  ASSERT_EQ(closed.status, 200) << closed.body;
+  const Json closed_choice = ParseOrDie(closed.body)["choices"][0];
+  EXPECT_EQ(ParseOrDie(closed_choice["message"]["content"].get<std::string>()), Json::object()) << closed.body;
+  EXPECT_EQ(closed_choice["finish_reason"], "stop");
+  // Sampled freely: streamed and whole alike, and the text so far always one the grammar takes; whole once it
+  // stopped.
+  object_chat.erase("logit_bias");
+  object_chat["temperature"] = 0.8;
+  object_chat["seed"] = 5;
+  const Json object_json = ParseOrDie(Post(base + "/v1/chat/completions", object_chat).body);
+  const std::string object_text = object_json["choices"][0]["message"]["content"];
+  GrammarState object_state = JsonObjectGrammar().Start();
+  for (const char c : object_text)
+    ASSERT_TRUE(JsonObjectGrammar().Advance(object_state, static_cast<uint8_t>(c))) << object_text;
+  if (object_json["choices"][0]["finish_reason"] == "stop") {
+    EXPECT_TRUE(ParseOrDie(object_text).is_object()) << object_text;
+  } else {
+    EXPECT_EQ(object_json["usage"]["completion_tokens"], 64) << object_json.dump();
+  }
+  object_chat["stream"] = true;
+  EXPECT_EQ(Collect(Post(base + "/v1/chat/completions", object_chat).body, true).text, object_text);
+  const HttpResult endless =
+      Post(base + "/v1/completions",
+           {{"prompt", "x"}, {"ignore_eos", true}, {"response_format", {{"type", "json_object"}}}});
+  EXPECT_EQ(endless.status, 400);
+  EXPECT_EQ(ParseOrDie(endless.body)["error"]["param"], "ignore_eos") << endless.body;
+
   // vLLM's /tokenize and /detokenize: the ids a completion's or a chat's prompt is made of, and back.
   const Json tokenized = ParseOrDie(Post(base + "/tokenize", {{"model", kModel}, {"prompt", "And God said"}}).body);
   const std::vector<int32_t> ids = tokenized["tokens"].get<std::vector<int32_t>>();
@@ -811,6 +866,18 @@ TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
   const std::vector<int32_t> answer_ids = chat_json["choices"][0]["token_ids"].get<std::vector<int32_t>>();
   ASSERT_EQ(answer_ids.size(), 12u);
   EXPECT_EQ(chat_json["choices"][0]["message"]["content"], (*hf)->Decode(answer_ids));
+
+  // guided_choice over byte-level tokens: each sampled answer is one of the strings, ended by the model's EOS.
+  Json choose = {{"model", name}, {"max_tokens", 24}, {"temperature", 1.5}, {"n", 4}, {"seed", 11}};
+  choose["messages"] = chat["messages"];
+  choose["guided_choice"] = {"the author", "an unknown hand", "Moses"};
+  const HttpResult chosen = Post(base + "/v1/chat/completions", choose);
+  ASSERT_EQ(chosen.status, 200) << chosen.body;
+  for (const Json& c : ParseOrDie(chosen.body)["choices"]) {
+    const std::string text = c["message"]["content"];
+    EXPECT_TRUE(text == "the author" || text == "an unknown hand" || text == "Moses") << c.dump();
+    EXPECT_EQ(c["finish_reason"], "stop") << c.dump();
+  }
 
   // Without max_tokens the checkpoint's max_new_tokens applies: the same 12 tokens; a request's own value wins.
   Json unbounded = chat;

@@ -131,6 +131,20 @@ TEST(OpenAiParse, DefaultsAndOptions) {
                          "prompt_logprobs":null,"reasoning_effort":"low","store":false})",
                      Endpoint::kChatCompletions);
   EXPECT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->constraint.active());
+
+  // Structured output: one JSON object, or one of the choices.
+  auto json_object = Parse(R"({"model":"m","prompt":"x","response_format":{"type":"json_object"}})");
+  ASSERT_TRUE(json_object.ok()) << json_object.status();
+  EXPECT_EQ(json_object->constraint.kind, OutputConstraint::Kind::kJsonObject);
+  auto text = Parse(R"({"model":"m","prompt":"x","response_format":{"type":"text"}})");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_FALSE(text->constraint.active());
+  auto choice = Parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"guided_choice":["yes","no"]})",
+                      Endpoint::kChatCompletions);
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_EQ(choice->constraint.kind, OutputConstraint::Kind::kChoice);
+  EXPECT_EQ(choice->constraint.choices, (std::vector<std::string>{"yes", "no"}));
 
   // vLLM's top_k: -1 and 0 cut nothing; its other sampling extensions at the values that change nothing.
   auto top_k = Parse(R"({"model":"m","prompt":"x","top_k":40,"min_p":0,"repetition_penalty":1,"min_tokens":0,
@@ -331,8 +345,21 @@ TEST(OpenAiParse, ErrorsNameTheField) {
        Endpoint::kChatCompletions, "top_logprobs", "[0, 20], got 30"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})",
        Endpoint::kChatCompletions, "tools", "not supported"},
-      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
-       Endpoint::kChatCompletions, "response_format", "not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})",
+       Endpoint::kChatCompletions, "response_format",
+       "'response_format' of type 'json_schema' is not supported (only 'text' and 'json_object')"},
+      {R"({"model":"m","prompt":"x","response_format":"json"})", Endpoint::kCompletions, "response_format",
+       "an object with a string 'type'"},
+      {R"({"model":"m","prompt":"x","response_format":{"type":"json_object"},"guided_choice":["a"]})",
+       Endpoint::kCompletions, "guided_choice", "cannot be combined"},
+      {R"({"model":"m","prompt":"x","guided_choice":"a"})", Endpoint::kCompletions, "guided_choice",
+       "'guided_choice' must be a list of strings"},
+      {R"({"model":"m","prompt":"x","guided_choice":[]})", Endpoint::kCompletions, "guided_choice",
+       "'guided_choice' must list 1..256 strings, got 0"},
+      {R"({"model":"m","prompt":"x","guided_choice":["a",""]})", Endpoint::kCompletions, "guided_choice",
+       "'guided_choice[1]' must have 1..1024 bytes, got 0"},
+      {R"({"model":"m","prompt":"x","guided_choice":["a",2]})", Endpoint::kCompletions, "guided_choice",
+       "'guided_choice[1]' must be a string, got integer"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":"required"})",
        Endpoint::kChatCompletions, "tool_choice", "'tool_choice' = \"required\" (tool calling) is not supported"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function"}})",
@@ -343,8 +370,8 @@ TEST(OpenAiParse, ErrorsNameTheField) {
        Endpoint::kChatCompletions, "audio", "'audio' (audio output) is not supported"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"modalities":["text","audio"]})",
        Endpoint::kChatCompletions, "modalities", "with \"audio\""},
-      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"guided_choice":["a","b"]})",
-       Endpoint::kChatCompletions, "guided_choice", "(structured output) is not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"guided_regex":"a+"})", Endpoint::kChatCompletions,
+       "guided_regex", "(structured output other than guided_choice) is not supported"},
       {R"({"model":"m","prompt":"x","guided_json":{"type":"object"}})", Endpoint::kCompletions, "guided_json",
        "not supported"},
       {R"({"model":"m","prompt":"x","prompt_logprobs":1})", Endpoint::kCompletions, "prompt_logprobs",

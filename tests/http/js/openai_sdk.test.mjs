@@ -1,7 +1,7 @@
 // odmoe's OpenAI-compatible HTTP API through the official `openai` JavaScript SDK (the version pinned in
 // package-lock.json, maxRetries: 0): a loopback cluster (`odmoe cluster up`: main with http_address and two
 // workers) serving ../shared/models/tiny-mixtral-kjv; a completion, a chat, streaming (the streamed text equals
-// the whole answer for the same seed), the model list, and a 400 and a 404 surfaced as the SDK's
+// the whole answer for the same seed), JSON mode, the model list, and a 400 and a 404 surfaced as the SDK's
 // BadRequestError and NotFoundError. Run by tests/http/run_js_tests.sh (ctest http_openai_sdk), which sets
 // ODMOE_BINARY_DIR and ODMOE_SHARED_DIR.
 import { after, before, describe, test } from 'node:test';
@@ -178,6 +178,26 @@ describe(`the OpenAI SDK against a cluster serving ${MODEL}`, { skip: haveModel 
       assert.equal(streamed.choices[i].message.content, whole.choices[i].message.content, `choice ${i}`);
       assert.equal(streamed.choices[i].finish_reason, whole.choices[i].finish_reason, `choice ${i}`);
     }
+  });
+
+  test("response_format json_object: the answer is one JSON object, closed at once with '}' pushed up", async () => {
+    // The id of the token '}' (the last of its ids: SentencePiece puts a bare space before it).
+    const tokenized = await (await fetch(new URL('/tokenize', client.baseURL), {
+      method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ prompt: '}', add_special_tokens: false }),
+    })).json();
+    const close = tokenized.tokens.at(-1);
+    const params = {
+      model: MODEL, messages: [{ role: 'user', content: 'The ark, as JSON.' }], max_tokens: 48, temperature: 0,
+      response_format: { type: 'json_object' },
+    };
+    const closed = await client.chat.completions.create({ ...params, logit_bias: { [close]: 100 } });
+    assert.equal(closed.choices[0].finish_reason, 'stop');
+    assert.deepEqual(JSON.parse(closed.choices[0].message.content), {});
+    const free = await client.chat.completions.create({ ...params, temperature: 0.8, seed: 2 });
+    const text = free.choices[0].message.content;
+    assert.match(text, /^\s*\{/);
+    if (free.choices[0].finish_reason === 'stop') assert.equal(typeof JSON.parse(text), 'object', text);
   });
 
   test('a bad parameter is a BadRequestError', async () => {
