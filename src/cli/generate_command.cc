@@ -33,7 +33,7 @@ constexpr char kUsage[] =
     "           [--temperature T --top-k K --top-p P --min-p M --seed S] [--presence-penalty P]\n"
     "           [--frequency-penalty F] [--repetition-penalty R] [--logit-bias ID:BIAS,...]\n"
     "           [--ignore-eos] [--stop-token-ids 1,2 [--include-stop-text]] [--min-tokens N]\n"
-    "           [--backend cpu|mock-gpu|cuda]\n"
+    "           [--json-object | --choice TEXT,TEXT,...] [--backend cpu|mock-gpu|cuda]\n"
     "           [--dump-logits] [--dump-routing] [--logprobs N [--prompt-logprobs]] [--json]\n"
     "       odmoe generate --synthetic CONFIG [--layers N] [--weights-seed S] --prompt-ids 1,2,3 --max-new-tokens N\n"
     "           [the same sampling, backend and output flags]\n"
@@ -47,7 +47,9 @@ constexpr char kUsage[] =
     "  adds BIAS ([-100, 100]) to token ID's logit at every pick (-100 keeps it out). --stop-token-ids ends\n"
     "  generation at any of these ids too (its text left out, unless --include-stop-text), --min-tokens N keeps\n"
     "  EOS and them out of the first N tokens (vLLM's stop_token_ids, include_stop_str_in_output and min_tokens; N\n"
-    "  at most --max-new-tokens).\n"
+    "  at most --max-new-tokens). Structured output: --json-object makes the answer one JSON object, --choice\n"
+    "  exactly one of the comma-separated texts; generation stops once it is whole (not with --ignore-eos or\n"
+    "  --min-tokens; needs the model's tokenizer).\n"
     "  Without --json the text is printed as it is\n"
     "  generated; with --json one JSON object: prompt_ids, tokens, text, stop_reason, last_logits\n"
     "  (--dump-logits), routing (--dump-routing), logprobs (--logprobs N: per token {id, logprob, top: the N\n"
@@ -110,8 +112,10 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
                           "logit-bias",  "stop-token-ids",   "min-tokens",        "logprobs",
                           "backend",     "endpoint",         "timeout-ms",        "synthetic",
                           "layers",      "weights-seed",     "request-id",        "tls-ca",
-                          "tls-cert",    "tls-key",          "token-file",        "tls-server-name"},
-                   {"ignore-eos", "include-stop-text", "dump-logits", "dump-routing", "prompt-logprobs", "json"}));
+                          "tls-cert",    "tls-key",          "token-file",        "tls-server-name",
+                          "choice"},
+                   {"ignore-eos", "include-stop-text", "dump-logits", "dump-routing", "prompt-logprobs", "json",
+                    "json-object"}));
   // clang-format on
   Request r;
   if (f.Has("endpoint")) {
@@ -212,6 +216,16 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   // The ids are checked against the model's vocabulary where it is known: by Generate, or by main.
   ODMOE_RETURN_IF_ERROR(r.options.Validate(std::numeric_limits<int64_t>::max()));
   r.options.ignore_eos = f.Has("ignore-eos");
+  // The constraint's vocabulary comes with the tokenizer (Run), or main's (--endpoint): checked with it there.
+  if (f.Has("json-object") && f.Has("choice")) {
+    return absl::InvalidArgumentError("--json-object and --choice ask for two answers: give one of them");
+  }
+  if (f.Has("json-object")) r.options.constraint.kind = OutputConstraint::Kind::kJsonObject;
+  if (f.Has("choice")) {
+    r.options.constraint.kind = OutputConstraint::Kind::kChoice;
+    ODMOE_ASSIGN_OR_RETURN(r.options.constraint.choices, f.List("choice"));
+  }
+  ODMOE_RETURN_IF_ERROR(r.options.constraint.Validate());
   r.options.keep_last_logits = f.Has("dump-logits");
   r.options.record_routing = f.Has("dump-routing");
   r.json = f.Has("json");
@@ -314,8 +328,10 @@ absl::Status Run(const std::vector<std::string>& args) {
   if (r.synthetic) source = ModelSource{"", r.spec.config_path, r.spec.layers, r.spec.seed};
   ODMOE_ASSIGN_OR_RETURN(OpenedModel opened, OpenModel(source, r.synthetic ? std::string() : r.model_dir));
   const ModelConfig config = opened.config;
+  if (tokenizer != nullptr) r.options.vocabulary = TokenVocabulary::FromTokenizer(*tokenizer, config.vocab_size);
   // Reject a bad request before loading any weights.
   ODMOE_RETURN_IF_ERROR(ValidateRequest(config, r.prompt_ids, r.options.max_new_tokens));
+  ODMOE_RETURN_IF_ERROR(r.options.Validate(config.vocab_size));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(r.backend));
   ODMOE_ASSIGN_OR_RETURN(std::unique_ptr<LocalModel> model, LocalModel::Open(std::move(opened), std::move(device)));
 
@@ -382,6 +398,9 @@ std::string FlagsForFields(std::string message) {
       {"sampling.frequency_penalty", "--frequency-penalty"},
       {"sampling.repetition_penalty", "--repetition-penalty"},
       {"sampling.logit_bias", "--logit-bias"},
+      {"constraint.choices", "--choice"},
+      {"constraint", "--json-object/--choice"},
+      {"ignore_eos", "--ignore-eos"},
   };
   for (const auto& [field, flag] : kFieldFlags) {
     for (size_t at = message.find(field); at != std::string::npos; at = message.find(field, at + flag.size())) {

@@ -68,6 +68,19 @@ bool IsJsonSpace(uint8_t b) { return b == ' ' || b == '\t' || b == '\n' || b == 
 bool IsDigit(uint8_t b) { return b >= '0' && b <= '9'; }
 bool IsHex(uint8_t b) { return IsDigit(b) || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F'); }
 
+// A whitespace byte between JSON's tokens: one space, or a newline and then up to kMaxJsonIndent spaces or tabs.
+bool Whitespace(GrammarState& s, uint8_t b) {
+  if (s.spaces == 0 && (b == ' ' || b == '\n')) {
+    s.spaces = b == ' ' ? 1 : 2;
+    return true;
+  }
+  if (s.spaces >= 2 && (b == ' ' || b == '\t') && s.spaces < 2 + kMaxJsonIndent) {
+    ++s.spaces;
+    return true;
+  }
+  return false;
+}
+
 bool InObject(const GrammarState& s) { return s.depth > 0 && ((s.nesting >> (s.depth - 1)) & 1) != 0; }
 
 bool Open(GrammarState& s, bool object) {
@@ -227,7 +240,7 @@ bool JsonObjectGrammar::Advance(GrammarState& s, uint8_t b) const {
       break;
   }
   if (s.mode == kDone) return false;
-  if (IsJsonSpace(b)) return ++s.spaces <= kMaxJsonWhitespaceRun;
+  if (IsJsonSpace(b)) return Whitespace(s, b);
   s.spaces = 0;
   switch (s.mode) {
     case kTop:

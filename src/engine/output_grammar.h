@@ -32,10 +32,11 @@ namespace odmoe {
 // The most strings a choice constraint may list, and the most bytes of each.
 inline constexpr size_t kMaxChoices = 256;
 inline constexpr size_t kMaxChoiceBytes = 1024;
-// JSON: the deepest nesting of objects and arrays, and the longest run of whitespace between tokens (a model
-// that would emit whitespace forever must go on with the value).
+// JSON: the deepest nesting of objects and arrays, and the most spaces or tabs after a newline between tokens
+// (llama.cpp's json.gbnf rule: whitespace is nothing, one space, or a newline and an indent of at most 20), so
+// that a model cannot pad an answer with whitespace forever.
 inline constexpr int kMaxJsonDepth = 64;
-inline constexpr int kMaxJsonWhitespaceRun = 64;
+inline constexpr int kMaxJsonIndent = 20;
 
 struct OutputConstraint {
   enum class Kind { kNone, kJsonObject, kChoice };
@@ -58,7 +59,7 @@ struct GrammarState {
   uint8_t sub = 0;      // JSON: the step inside a string escape, number or literal
   uint8_t aux = 0;      // JSON: which literal
   uint8_t depth = 0;    // JSON: open containers
-  uint8_t spaces = 0;   // JSON: whitespace bytes in a row
+  uint8_t spaces = 0;   // JSON: 0 outside whitespace, 1 after a space, 2 + indent after a newline
   bool dead = false;    // a byte the grammar refused was taken (TokenConstraint::Record of a banned id)
 
   bool operator==(const GrammarState&) const = default;
@@ -74,9 +75,8 @@ class ByteGrammar {
   virtual bool Complete(const GrammarState& state) const = 0;
 };
 
-// One JSON object (RFC 8259), whitespace around it and between its tokens allowed (at most
-// kMaxJsonWhitespaceRun bytes in a row), nesting at most kMaxJsonDepth deep; complete at its closing brace, after
-// which no byte is allowed.
+// One JSON object (RFC 8259), with whitespace before it and between its tokens as kMaxJsonIndent says, nesting
+// at most kMaxJsonDepth deep; complete at its closing brace, after which no byte is allowed.
 class JsonObjectGrammar final : public ByteGrammar {
  public:
   GrammarState Start() const override;

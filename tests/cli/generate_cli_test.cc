@@ -139,6 +139,37 @@ TEST_F(GenerateCliTest, MinTokensKeepsEosOutOfTheFirstTokens) {
   EXPECT_EQ(later[2], eos);
 }
 
+// Structured output: --choice answers one of the texts, --json-object one JSON object, each ended by EOS; the
+// greedy answer of the local engine, which the cluster's HTTP tests check the same way.
+TEST_F(GenerateCliTest, StructuredOutputEndsWhereItsGrammarDoes) {
+  auto config = LoadModelConfig(SharedModel("tiny-mixtral-kjv"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  const Json chosen = GenerateJson({"--prompt", "And God said", "--max-new-tokens", "20", "--choice",
+                                    "Let there be light,Yes,No", "--temperature", "1", "--seed", "5"});
+  ASSERT_FALSE(chosen.is_null());
+  const std::string text = chosen["text"];
+  EXPECT_TRUE(text == "Let there be light" || text == "Yes" || text == "No") << chosen.dump();
+  EXPECT_EQ(chosen["stop_reason"], "eos");
+  EXPECT_EQ(chosen["tokens"].back(), config->eos_token_ids.at(0));
+  const Json object = GenerateJson({"--prompt", "The ark, as JSON:", "--max-new-tokens", "48", "--json-object"});
+  ASSERT_FALSE(object.is_null());
+  const std::string json_text = object["text"];
+  ASSERT_NE(json_text.find('{'), std::string::npos) << object.dump();
+  if (object["stop_reason"] == "eos") {
+    auto parsed = ParseJson(json_text, "the answer");
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_TRUE(parsed->is_object()) << json_text;
+  } else {
+    EXPECT_EQ(object["tokens"].size(), 48u) << object.dump();
+  }
+  // Refused before any weight is read: with --ignore-eos the answer could not stop at its end.
+  const RunResult endless = RunProgram({odmoe_, "generate", "--model", SharedModel("tiny-mixtral-kjv"), "--prompt",
+                                        "x", "--max-new-tokens", "4", "--json-object", "--ignore-eos"});
+  EXPECT_EQ(endless.exit_code, 2) << endless.err;
+  EXPECT_NE(endless.err.find("--ignore-eos cannot be set with a structured output"), std::string::npos)
+      << endless.err;
+}
+
 // --stop-token-ids ends generation at the first of them: the id among the tokens, its text left out.
 TEST_F(GenerateCliTest, StopTokenIdsEndGenerationAndLeaveTheirTextOut) {
   auto run = [&](int max_new_tokens, const std::string& stop_ids) {
