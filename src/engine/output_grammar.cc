@@ -1,7 +1,7 @@
 #include "src/engine/output_grammar.h"
 
 #include <algorithm>
-#include <numeric>
+#include <cstdint>
 #include <utility>
 
 #include "src/common/status.h"
@@ -85,10 +85,8 @@ bool InObject(const GrammarState& s) { return s.depth > 0 && ((s.nesting >> (s.d
 
 bool Open(GrammarState& s, bool object) {
   if (s.depth >= kMaxJsonDepth) return false;
-  if (object)
-    s.nesting |= uint64_t{1} << s.depth;
-  else
-    s.nesting &= ~(uint64_t{1} << s.depth);
+  const uint64_t bit = uint64_t{1} << s.depth;
+  s.nesting = object ? s.nesting | bit : s.nesting & ~bit;
   ++s.depth;
   s.mode = object ? kObjectFirst : kArrayFirst;
   return true;
@@ -142,10 +140,11 @@ bool StringByte(GrammarState& s, uint8_t b, bool key) {
   switch (s.sub) {
     case kPlain:
       if (b == '"') {
-        if (key)
+        if (key) {
           s.mode = kColon;
-        else
+        } else {
           ValueDone(s);
+        }
         return true;
       }
       if (b == '\\') s.sub = kBackslash;
@@ -377,7 +376,6 @@ TokenConstraint::TokenConstraint(std::shared_ptr<const ByteGrammar> grammar,
     : grammar_(std::move(grammar)), vocabulary_(std::move(vocabulary)), stop_ids_(std::move(stop_ids)) {
   ODMOE_CHECK(grammar_ != nullptr && vocabulary_ != nullptr);
   state_ = grammar_->Start();
-  Refresh();
 }
 
 void TokenConstraint::Record(int32_t id) {
@@ -390,11 +388,10 @@ void TokenConstraint::Record(int32_t id) {
       if (!state_.dead && !grammar_->Advance(state_, static_cast<uint8_t>(c))) state_.dead = true;
     }
   }
-  Refresh();
 }
 
-void TokenConstraint::Refresh() {
-  if (banned_for_ == state_) return;
+std::span<const int32_t> TokenConstraint::banned() const {
+  if (banned_for_ == state_) return banned_;
   banned_for_ = state_;
   std::vector<char> allowed(static_cast<size_t>(vocabulary_->size()), 0);
   if (!state_.dead) vocabulary_->MarkAllowed(*grammar_, state_, &allowed);
@@ -408,6 +405,7 @@ void TokenConstraint::Refresh() {
   for (size_t id = 0; id < allowed.size(); ++id) {
     if (allowed[id] == 0) banned_.push_back(static_cast<int32_t>(id));
   }
+  return banned_;
 }
 
 }  // namespace odmoe

@@ -135,22 +135,20 @@ class TokenConstraint {
   // non-null.
   TokenConstraint(std::shared_ptr<const ByteGrammar> grammar, std::shared_ptr<const TokenVocabulary> vocabulary,
                   std::vector<int32_t> stop_ids);
-  // The ids the next pick may not take, ascending.
-  std::span<const int32_t> banned() const { return banned_; }
+  // The ids the next pick may not take, ascending. Valid until the next Record. Worked out when asked, and only
+  // when the state differs from the one they were last worked out for (inside a JSON string the state stays the
+  // same token after token), so that recording many tokens (a replay) walks the vocabulary once.
+  std::span<const int32_t> banned() const;
   // `id` was picked.
   void Record(int32_t id);
 
  private:
-  // banned_ from state_, unless state_ is the state it was last made for (inside a JSON string, token after
-  // token: the walk over the whole vocabulary is then not made again).
-  void Refresh();
-
   std::shared_ptr<const ByteGrammar> grammar_;
   std::shared_ptr<const TokenVocabulary> vocabulary_;
   std::vector<int32_t> stop_ids_;
   GrammarState state_;
-  std::optional<GrammarState> banned_for_;  // the state banned_ was made for
-  std::vector<int32_t> banned_;
+  mutable std::optional<GrammarState> banned_for_;  // the state banned_ was worked out for
+  mutable std::vector<int32_t> banned_;
 };
 
 }  // namespace odmoe

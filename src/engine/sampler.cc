@@ -88,7 +88,6 @@ Sampler::Sampler(const SamplingOptions& options, TokenBan ban, std::span<const i
     for (const int32_t id : prompt) in_prompt_[EntryOf(id)] = true;
   }
   for (size_t i = 0; i < deltas_.size(); ++i) Refresh(i);
-  Constrain();
 }
 
 size_t Sampler::EntryOf(int32_t id) {
@@ -147,14 +146,18 @@ void Sampler::Record(int32_t id) {
     Refresh(at);
   }
   if (ban_picks_left_ > 0 && --ban_picks_left_ == 0) LiftBan();
-  if (constraint_) {
-    constraint_->Record(id);
-    Constrain();
-  }
+  if (constraint_) constraint_->Record(id);
+  constrained_stale_ = true;
 }
 
-void Sampler::Constrain() {
-  if (!constraint_) return;
+std::span<const LogitDelta> Sampler::Deltas() const {
+  if (!constraint_) return deltas_;
+  if (constrained_stale_) Constrain();
+  return constrained_;
+}
+
+void Sampler::Constrain() const {
+  constrained_stale_ = false;
   constexpr float kBanned = -std::numeric_limits<float>::infinity();
   const std::span<const int32_t> banned = constraint_->banned();
   constrained_.clear();

@@ -13,6 +13,8 @@
 // the same ids. A TokenBan (vLLM's min_tokens) makes the delta of its ids -inf for its first picks, whatever their
 // bias or count. A TokenConstraint (structured output, output_grammar.h) makes the delta of every id it bans for the
 // next pick -inf too. Log-probabilities are those of the logits before these changes.
+//
+// Thread safety: none; a Sampler is one request's (Deltas works out a constraint's bans when first asked).
 #pragma once
 
 #include <cstdint>
@@ -93,7 +95,7 @@ class Sampler {
   // The changes to the next pick's logits (see the file comment): one per token id with a bias, a count, a ban in
   // force, a ban of the constraint or (with a repetition penalty) a place in the prompt, in ascending id order;
   // empty when nothing changes a logit. Valid until the next Record.
-  std::span<const LogitDelta> Deltas() const { return constraint_ ? constrained_ : deltas_; }
+  std::span<const LogitDelta> Deltas() const;
   // `id` was picked: it counts for the penalties of the picks after it. Called once per token by whoever makes the
   // pick (Next does).
   void Record(int32_t id);
@@ -109,8 +111,8 @@ class Sampler {
   size_t EntryOf(int32_t id);
   // The ban is over: every entry's change without it, and the entries that only the ban kept dropped.
   void LiftBan();
-  // constrained_: deltas_ with the constraint's bans.
-  void Constrain();
+  // constrained_: deltas_ with the constraint's bans (worked out by Deltas, when asked).
+  void Constrain() const;
 
   SamplingOptions options_;
   std::mt19937_64 rng_;
@@ -121,7 +123,9 @@ class Sampler {
   std::vector<bool> banned_;        // per entry of deltas_: one of the ban's ids
   std::vector<bool> in_prompt_;     // per entry of deltas_: in the prompt (kept only with a repetition penalty)
   std::optional<TokenConstraint> constraint_;
-  std::vector<LogitDelta> constrained_;  // with a constraint: what Deltas gives (ascending ids)
+  // With a constraint: what Deltas gives (ascending ids), unless stale (a Record since it was worked out).
+  mutable std::vector<LogitDelta> constrained_;
+  mutable bool constrained_stale_ = true;
 };
 
 }  // namespace odmoe
