@@ -14,5 +14,6 @@ absl::Status RunPrediction(const std::vector<std::string>& args);  // prediction
 absl::Status RunCluster(const std::vector<std::string>& args);     // cluster_bench.cc
 absl::Status RunWorkload(const std::vector<std::string>& args);    // workload_bench.cc
 absl::Status RunLoad(const std::vector<std::string>& args);        // load_bench.cc
+absl::Status RunGrammar(const std::vector<std::string>& args);     // grammar_bench.cc
 
 }  // namespace odmoe::bench

@@ -39,6 +39,10 @@
 //     per-client tokens/s, client-side TTFT p50 / p99, failures and busy refusals, expert loads per generated
 //     token, one JSON line per N (load_bench.cc).
 //
+//   odmoe-bench grammar (--model DIR | --synthetic-vocab N [--seed S]) [--repeat 20]
+//     Structured output's cost per pick: the vocabulary sorted once, then the walk that finds the tokens a grammar
+//     state allows, at states along a JSON object and a choice list (grammar_bench.cc).
+//
 // Every benchmark takes --json FILE: its JSON lines also go to FILE (the table stays on stdout).
 #include <algorithm>
 #include <cstdio>
@@ -129,6 +133,7 @@ int main(int argc, char** argv) {
       "       odmoe-bench load (--config FILE [--model DIR] [--run-dir DIR] | --endpoint HOST:PORT [--config FILE])\n"
       "           (--prompts FILE | --prompt-text FILE) [--clients 1,2,4,8] [--requests-per-client 1]\n"
       "           [--max-new-tokens 64] [--ignore-eos true] [--per-request] [--api grpc|http]\n"
+      "       odmoe-bench grammar (--model DIR | --synthetic-vocab N [--seed S]) [--repeat 20]\n"
       "       every benchmark: [--json FILE] (its JSON lines also go to FILE)\n";
   if (argc < 2) {
     std::fputs(usage.c_str(), stderr);
@@ -173,6 +178,8 @@ int main(int argc, char** argv) {
     status = odmoe::bench::RunWorkload(args);
   } else if (cmd == "load") {
     status = odmoe::bench::RunLoad(args);
+  } else if (cmd == "grammar") {
+    status = odmoe::bench::RunGrammar(args);
   } else {
     std::fprintf(stderr, "odmoe-bench: unknown benchmark '%s'\n%s", cmd.c_str(), usage.c_str());
     return odmoe::kExitUsage;

@@ -1,0 +1,126 @@
+// odmoe-bench grammar: what structured output costs per pick (src/engine/output_grammar.h). For a vocabulary (a
+// model's tokenizer, or N synthetic word-like tokens) it times the vocabulary's sorting once, then, at states
+// along a JSON object and a choice list, the walk that finds the tokens a state allows (the work of one pick
+// whose grammar state changed; a pick inside a JSON string keeps the state and walks nothing). One JSON line per
+// state, then a table.
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "bench/benchmarks.h"
+#include "src/common/flags.h"
+#include "src/common/json.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+#include "src/engine/output_grammar.h"
+#include "src/model/model_config.h"
+#include "src/model/tokenizer.h"
+
+namespace odmoe::bench {
+namespace {
+
+// `n` tokens shaped like a BPE vocabulary's: half with a leading space, 1 to 8 letters, about one byte in six
+// punctuation or a digit. Seeded: the same vocabulary for the same seed.
+std::vector<std::string> SyntheticVocabulary(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::string letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+  const std::string other = "{}[]:,\" \n0123456789-.\\/'!?";
+  std::vector<std::string> bytes(static_cast<size_t>(n));
+  for (std::string& b : bytes) {
+    if (rng() % 2 == 0) b += ' ';
+    for (int i = 1 + static_cast<int>(rng() % 8); i > 0; --i) {
+      b += rng() % 6 == 0 ? other[rng() % other.size()] : letters[rng() % letters.size()];
+    }
+  }
+  return bytes;
+}
+
+struct Row {
+  std::string grammar, text;
+  double walk_ms = 0;
+  int64_t allowed = 0;
+};
+
+}  // namespace
+
+absl::Status RunGrammar(const std::vector<std::string>& args) {
+  ODMOE_ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, {"model", "synthetic-vocab", "seed", "repeat"}, {}));
+  if (f.Has("model") == f.Has("synthetic-vocab")) {
+    return absl::InvalidArgumentError("give one of --model DIR and --synthetic-vocab N");
+  }
+  ODMOE_ASSIGN_OR_RETURN(const int64_t repeat, f.Int("repeat", 20));
+  ODMOE_ASSIGN_OR_RETURN(const int64_t seed, f.Int("seed", 1));
+  if (repeat < 1) return absl::InvalidArgumentError(StrCat("--repeat must be >= 1, got ", repeat));
+  std::string source;
+  std::vector<std::string> bytes;
+  if (auto dir = f.Get("model")) {
+    ODMOE_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(*dir));
+    ODMOE_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer, Tokenizer::Load(*dir));
+    const std::shared_ptr<const TokenVocabulary> v = TokenVocabulary::FromTokenizer(*tokenizer, config.vocab_size);
+    for (int32_t id = 0; id < v->size(); ++id) bytes.push_back(v->bytes(id));
+    source = *dir;
+  } else {
+    ODMOE_ASSIGN_OR_RETURN(const int64_t n, f.Int("synthetic-vocab", 0));
+    if (n < 1 || n > (int64_t{1} << 22)) {
+      return absl::InvalidArgumentError(StrCat("--synthetic-vocab must be in [1, 4194304], got ", n));
+    }
+    bytes = SyntheticVocabulary(n, static_cast<uint64_t>(seed));
+    source = StrCat("synthetic:", n);
+  }
+  const Clock::time_point start = Clock::now();
+  const TokenVocabulary vocabulary(bytes);
+  const double sort_ms = SecondsSince(start) * 1e3;
+  PrintJsonLine({{"bench", "grammar"}, {"vocabulary", source}, {"tokens", vocabulary.size()}, {"sort_ms", sort_ms}});
+
+  const JsonObjectGrammar json;
+  const ChoiceGrammar choice({"Yes", "No", "Let there be light"});
+  const std::vector<std::pair<const ByteGrammar*, std::string>> states = {
+      {&json, ""},
+      {&json, "{"},
+      {&json, "{\"ke"},
+      {&json, "{\"key\": "},
+      {&json, "{\"key\": 12"},
+      {&json, "{\"key\": \"some text"},
+      {&json, "{\"key\": [true,\n  "},
+      {&choice, ""},
+      {&choice, "Let th"},
+  };
+  std::vector<Row> rows;
+  for (const auto& [grammar, text] : states) {
+    GrammarState state = grammar->Start();
+    for (const char c : text) {
+      if (!grammar->Advance(state, static_cast<uint8_t>(c))) {
+        return absl::InternalError(StrCat("the grammar refused its own example '", text, "'"));
+      }
+    }
+    std::vector<char> allowed(bytes.size());
+    std::vector<double> times;
+    for (int64_t r = 0; r < repeat; ++r) {
+      std::fill(allowed.begin(), allowed.end(), 0);
+      const Clock::time_point t = Clock::now();
+      vocabulary.MarkAllowed(*grammar, state, &allowed);
+      times.push_back(SecondsSince(t) * 1e3);
+    }
+    Row row{grammar == &json ? "json_object" : "choice", text, Median(times),
+            static_cast<int64_t>(std::count(allowed.begin(), allowed.end(), 1))};
+    PrintJsonLine({{"bench", "grammar"},
+                   {"vocabulary", source},
+                   {"grammar", row.grammar},
+                   {"text", row.text},
+                   {"repeat", repeat},
+                   {"walk_ms", row.walk_ms},
+                   {"allowed", row.allowed}});
+    rows.push_back(std::move(row));
+  }
+  std::printf("\n%s: %lld tokens, sorted in %.1f ms\n%-12s %-24s %10s %10s\n", source.c_str(),
+              static_cast<long long>(vocabulary.size()), sort_ms, "grammar", "after", "walk_ms", "allowed");
+  for (const Row& r : rows) {
+    std::string shown = Json(r.text).dump();
+    std::printf("%-12s %-24s %10.3f %10lld\n", r.grammar.c_str(), shown.c_str(), r.walk_ms,
+                static_cast<long long>(r.allowed));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace odmoe::bench
