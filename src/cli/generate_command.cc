@@ -306,15 +306,11 @@ absl::Status Run(const std::vector<std::string>& args) {
   ODMOE_ASSIGN_OR_RETURN(Request r, ParseRequest(args));
   if (!r.endpoint.empty()) return RunRemote(r);
 
-  std::unique_ptr<Tokenizer> tokenizer;
-  if (!r.synthetic) {
-    auto tok = Tokenizer::Load(r.model_dir);
-    if (tok.ok()) {
-      tokenizer = std::move(tok).value();
-    } else if (!absl::IsNotFound(tok.status())) {
-      return tok.status();
-    }
-  }
+  ModelSource source;
+  if (r.synthetic) source = ModelSource{"", r.spec.config_path, r.spec.layers, r.spec.seed};
+  ODMOE_ASSIGN_OR_RETURN(OpenedModel opened, OpenModel(source, r.synthetic ? std::string() : r.model_dir));
+  const ModelConfig config = opened.config;
+  ODMOE_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer, OpenTokenizer(opened, r.model_dir));
   if (r.have_text_prompt) {
     if (tokenizer == nullptr) {
       return absl::FailedPreconditionError(
@@ -323,11 +319,6 @@ absl::Status Run(const std::vector<std::string>& args) {
     }
     r.prompt_ids = tokenizer->EncodeForModel(r.prompt_text);
   }
-
-  ModelSource source;
-  if (r.synthetic) source = ModelSource{"", r.spec.config_path, r.spec.layers, r.spec.seed};
-  ODMOE_ASSIGN_OR_RETURN(OpenedModel opened, OpenModel(source, r.synthetic ? std::string() : r.model_dir));
-  const ModelConfig config = opened.config;
   if (tokenizer != nullptr) r.options.vocabulary = TokenVocabulary::FromTokenizer(*tokenizer, config.vocab_size);
   // Reject a bad request before loading any weights.
   ODMOE_RETURN_IF_ERROR(ValidateRequest(config, r.prompt_ids, r.options.max_new_tokens));

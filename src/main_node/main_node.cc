@@ -35,14 +35,9 @@ absl::StatusOr<std::unique_ptr<MainNode>> MainNode::Create(const rpc::DaemonArgs
   node->config_ = model.config;
   node->fingerprint_ = model.fingerprint;
   const uint64_t expert_bytes = model.ExpertBytes();
-  if (!model.synthetic()) {
-    auto tokenizer = Tokenizer::Load(args.model_dir);
-    if (tokenizer.ok()) {
-      node->tokenizer_ = std::move(tokenizer).value();
-      node->vocabulary_ = TokenVocabulary::FromTokenizer(*node->tokenizer_, node->config_.vocab_size);
-    } else if (!absl::IsNotFound(tokenizer.status())) {
-      return tokenizer.status();
-    }
+  ODMOE_ASSIGN_OR_RETURN(node->tokenizer_, OpenTokenizer(model, args.model_dir));
+  if (node->tokenizer_ != nullptr) {
+    node->vocabulary_ = TokenVocabulary::FromTokenizer(*node->tokenizer_, node->config_.vocab_size);
   }
   ODMOE_ASSIGN_OR_RETURN(node->device_, CreateNodeDevice(args.cluster, args.self, args.model_dir));
   ODMOE_ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(node->config_, *model.source, *node->device_,
@@ -319,8 +314,8 @@ absl::StatusOr<GenerateOptions> MainNode::OptionsOf(const v1::GenerateRequest& r
   options.include_stop_str_in_output = request.include_stop_str_in_output();
   options.constraint = rpc::ConstraintFromProto(request.constraint());
   options.vocabulary = vocabulary_;
-  ODMOE_RETURN_IF_ERROR(options.Validate(config_.vocab_size));
   options.ignore_eos = request.ignore_eos();
+  ODMOE_RETURN_IF_ERROR(options.Validate(config_.vocab_size));
   options.keep_last_logits = request.dump_logits();
   options.record_routing = request.dump_routing();
   return options;

@@ -59,4 +59,11 @@ uint64_t OpenedModel::ExpertBytes() const {
   return bytes;
 }
 
+absl::StatusOr<std::unique_ptr<Tokenizer>> OpenTokenizer(const OpenedModel& model, const std::string& model_dir) {
+  if (model.synthetic()) return nullptr;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Load(model_dir);
+  if (!tokenizer.ok() && absl::IsNotFound(tokenizer.status())) return nullptr;
+  return tokenizer;
+}
+
 }  // namespace odmoe

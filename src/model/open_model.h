@@ -13,6 +13,7 @@
 #include "src/model/model_config.h"
 #include "src/model/synthetic.h"
 #include "src/model/tensor_source.h"
+#include "src/model/tokenizer.h"
 
 namespace odmoe {
 
@@ -33,6 +34,10 @@ struct OpenedModel {
 // model.max_model_len (ModelConfig::context_length; InvalidArgument when it exceeds max_position_embeddings).
 // Errors name the file or field at fault.
 absl::StatusOr<OpenedModel> OpenModel(const ModelSource& model, const std::string& model_dir);
+
+// The tokenizer of `model` opened from `model_dir`: nullptr for synthetic weights or a folder that ships none;
+// an error (naming the file) for one that is there but cannot be read.
+absl::StatusOr<std::unique_ptr<Tokenizer>> OpenTokenizer(const OpenedModel& model, const std::string& model_dir);
 
 // The synthetic spec of a cluster file's [model] section.
 inline SyntheticSpec SyntheticSpecOf(const ModelSource& model) {

@@ -81,12 +81,14 @@ inline void OptionsToProto(const GenerateOptions& in, v1::GenerateRequest* out) 
   if (in.constraint.active()) ConstraintToProto(in.constraint, out->mutable_constraint());
 }
 
-// The fields of `in` that decide how main picks each token (sampling, ignore_eos, min_tokens, stop_token_ids).
+// The fields of `in` that decide how main picks each token (sampling, ignore_eos, min_tokens, stop_token_ids,
+// constraint).
 inline void PickRuleToProto(const GenerateOptions& in, v1::PickRule* out) {
   SamplingToProto(in.sampling, out->mutable_sampling());
   out->set_ignore_eos(in.ignore_eos);
   out->set_min_tokens(in.min_tokens);
   out->mutable_stop_token_ids()->Add(in.stop_token_ids.begin(), in.stop_token_ids.end());
+  if (in.constraint.active()) ConstraintToProto(in.constraint, out->mutable_constraint());
 }
 
 // Options with `in`'s pick rule and `max_new_tokens`, the rest at their defaults.
@@ -97,6 +99,7 @@ inline GenerateOptions PickRuleFromProto(const v1::PickRule& in, int64_t max_new
   out.ignore_eos = in.ignore_eos();
   out.min_tokens = in.min_tokens();
   out.stop_token_ids.assign(in.stop_token_ids().begin(), in.stop_token_ids().end());
+  out.constraint = ConstraintFromProto(in.constraint());
   return out;
 }
 

@@ -1,9 +1,9 @@
 // Main's pick rule for one request, replayed over the tokens the shadow's replica runs, so that the replica's
 // guess of each next token is picked as main picks it: the same temperature, top-k, top-p and min-p, the same
 // seeded draw for the same generated token, and the same logit changes (repetition, presence and frequency
-// penalties, logit bias, min_tokens' ban) over the same tokens. Where the replica's logits are close to main's,
-// its guess is then main's token for a sampled or penalized request too; a greedy guess would match only where
-// main's pick happens to be the likeliest token.
+// penalties, logit bias, min_tokens' ban, a structured output's grammar) over the same tokens. Where the replica's
+// logits are close to main's, its guess is then main's token for a sampled or penalized request too; a greedy guess
+// would match only where main's pick happens to be the likeliest token.
 //
 // The state is that of main's Sampler (RequestSampler) after the generated tokens given so far: choice() and
 // deltas() are for the pick of the token that follows them, as main makes it.

@@ -155,6 +155,8 @@ absl::StatusOr<std::unique_ptr<ShadowNode>> ShadowNode::Create(const rpc::Daemon
   ODMOE_ASSIGN_OR_RETURN(OpenedModel model, OpenModel(args.cluster.model, args.model_dir));
   node->config_ = model.config;
   node->fingerprint_ = model.fingerprint;
+  ODMOE_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer, OpenTokenizer(model, args.model_dir));
+  if (tokenizer != nullptr) node->vocabulary_ = TokenVocabulary::FromTokenizer(*tokenizer, node->config_.vocab_size);
   ODMOE_ASSIGN_OR_RETURN(node->device_, CreateNodeDevice(args.cluster, args.self, args.model_dir));
   if (args.cluster.shadow_settings.mode != PredictionMode::kShadow) {
     node->model_ = std::move(model);
@@ -223,7 +225,10 @@ absl::Status ShadowNode::BeginSession(const v1::FollowMessage& first, Session& s
     session.align_token = start.align_token();
     session.max_lead = start.max_lead_tokens();
     if (bad.ok()) bad = ValidateRequest(config_, session.prompt, session.max_new_tokens);
-    const GenerateOptions pick = rpc::PickRuleFromProto(start.pick(), session.max_new_tokens);
+    GenerateOptions pick = rpc::PickRuleFromProto(start.pick(), session.max_new_tokens);
+    // Main's grammar, where this node has the tokens to follow it; without, its guesses ignore it.
+    if (vocabulary_ == nullptr) pick.constraint = {};
+    pick.vocabulary = vocabulary_;
     const absl::Status checked = bad.ok() ? pick.Validate(config_.vocab_size) : absl::OkStatus();
     if (!checked.ok()) bad = absl::Status(checked.code(), StrCat("FollowStart.pick: ", checked.message()));
     if (bad.ok() && (session.align_token < 0 || start.align_kv() < 0)) {

@@ -13,7 +13,8 @@
 // advances one position per step), carrying the aligned token every T_tok steps and the K/V of the position it
 // decoded last every T_kv steps. The shadow, for each request:
 //  - prefills the prompt on its replica and guesses each next token itself, picked from its own logits by main's
-//    rule for the request (FollowStart.pick: greedy, or main's seeded sampling and penalties; pick_replay.h);
+//    rule for the request (FollowStart.pick: greedy, or main's seeded sampling and penalties, and a structured
+//    output's grammar where the shadow has the model's tokenizer; pick_replay.h);
 //  - at a position where a token alignment is due, waits for main's token (late departure; with [shadow]
 //    early_departure it runs the position at once with its guess, and rolls back if main's token differs);
 //    elsewhere it runs on with its own guess, at most max_lead_tokens positions ahead of the position main is
@@ -174,6 +175,9 @@ class ShadowNode final : public v1::Shadow::Service {
   std::string model_dir_;
   std::string fingerprint_;
   ModelConfig config_;
+  // The model's tokens as bytes, for requests with structured output (nullptr without a tokenizer); constant
+  // after construction.
+  std::shared_ptr<const TokenVocabulary> vocabulary_;
   OpenedModel model_;  // keeps the checkpoint mapped (nullptr with synthetic weights)
   std::unique_ptr<Device> device_;
   std::unique_ptr<ModelWeights> weights_;  // nullptr unless prediction mode is "shadow"

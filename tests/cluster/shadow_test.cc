@@ -22,7 +22,9 @@
 #include "src/common/strings.h"
 #include "src/engine/generator.h"
 #include "src/main_node/main_node.h"
+#include "src/model/model_config.h"
 #include "src/model/synthetic.h"
+#include "src/model/tokenizer.h"
 #include "src/rpc/rpc_util.h"
 #include "src/rpc/sampling_proto.h"
 #include "src/shadow_node/shadow_node.h"
@@ -344,6 +346,36 @@ TEST_F(ShadowTest, AnUnalignedShadowReplaysMainsPicksOfASampledPenalizedRequest)
     EXPECT_EQ(r->stats.recall(), 1.0);
     EXPECT_EQ(r->stats.predictions_missing(), 0u);
     EXPECT_EQ(r->stats.tokens_aligned(), 0u);
+  }
+  EXPECT_EQ(c.shadow()->Stats(false).rollbacks(), 0u);
+}
+
+TEST_F(ShadowTest, AnUnalignedShadowHoldsItsGuessesToTheRequestsGrammar) {
+  // Structured output: the shadow has the model's tokens too and bans what main bans (FollowStart.pick carries
+  // the constraint), so an unquantized replica with no alignment still runs main's very tokens. A shadow that
+  // guessed without the grammar would leave the request's path where the model would rather not write JSON.
+  ShadowCluster c;
+  ASSERT_TRUE(c.Start({"quant = \"none\"\nalign_token = 0\nalign_kv = 0\n"}).ok());
+  auto tokenizer = Tokenizer::Load(SharedModel(kModel));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  GenerateOptions o = Greedy(24);
+  o.ignore_eos = false;  // an answer held to a grammar stops where it ends
+  o.sampling.temperature = 0.9;
+  o.constraint.kind = OutputConstraint::Kind::kJsonObject;
+  auto config = LoadModelConfig(SharedModel(kModel));
+  ASSERT_TRUE(config.ok()) << config.status();
+  o.vocabulary = TokenVocabulary::FromTokenizer(**tokenizer, config->vocab_size);
+  for (const std::vector<int32_t>& prompt : RecallPrompts(2)) {
+    o.sampling.seed += 3;
+    absl::StatusOr<RemoteResult> r = c.Generate(prompt, o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const std::vector<int32_t> local = LocalTokens(prompt, o);
+    EXPECT_EQ(r->tokens, local) << "the shadow must never change main's tokens";
+    std::string text;
+    for (const int32_t id : local) text += o.vocabulary->bytes(id);
+    EXPECT_NE(text.find('{'), std::string::npos) << "the request's answer never reached its object: " << text;
+    EXPECT_EQ(r->stats.recall(), 1.0);
+    EXPECT_EQ(r->stats.predictions_missing(), 0u);
   }
   EXPECT_EQ(c.shadow()->Stats(false).rollbacks(), 0u);
 }

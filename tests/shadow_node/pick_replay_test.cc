@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -112,6 +113,41 @@ TEST(PickReplayTest, ARollBackReplaysTheKeptTokensAndTheirDraws) {
   replay.Truncate(100);
   ExpectSameChoice(replay.choice(), before, after.size());
   EXPECT_EQ(replay.tokens(), after);
+}
+
+// Structured output: the replay bans what main's grammar bans after the same tokens, also after a roll back.
+TEST(PickReplayTest, AConstrainedRuleBansWhatMainsGrammarBans) {
+  const ModelConfig config = SmallVocab();
+  std::vector<std::string> bytes(64);
+  const std::vector<std::string> texts = {"{", "}", "\"", "a", ":", " ", "1", "{\"", "\":", "true", "b", "]"};
+  for (size_t i = 0; i < texts.size(); ++i) bytes[i + 3] = texts[i];  // 0..2 special (2: EOS)
+  for (size_t id = 3 + texts.size(); id < bytes.size(); ++id)
+    bytes[id] = std::string(1, static_cast<char>('c' + id % 20));
+  GenerateOptions options = SampledAndPenalized();
+  options.min_tokens = 0;
+  options.constraint.kind = OutputConstraint::Kind::kJsonObject;
+  options.vocabulary = std::make_shared<const TokenVocabulary>(bytes);
+  ASSERT_TRUE(options.Validate(config.vocab_size).ok());
+  auto id = [&](const std::string& t) {
+    return static_cast<int32_t>(std::find(bytes.begin(), bytes.end(), t) - bytes.begin());
+  };
+  const std::vector<int32_t> prompt = {1, 5};
+  const std::vector<int32_t> tokens = {id("{\""), id("a"), id("\":"), id(" "), id("true"), id("}"), 2};
+  const MainPicks main = MainsPicks(config, options, prompt, tokens);
+  EXPECT_GT(main.deltas[0].size(), 50u) << "before the object only '{', '{\"' and ' ' may come";
+  PickReplay replay(config, options, prompt);
+  // A wrong guess first, rolled back: the replay is main's again from there.
+  for (int32_t t : {id("{\""), id("b"), id("b")}) replay.Push(t);
+  replay.Truncate(1);
+  for (size_t i = 1; i <= tokens.size(); ++i) {
+    ExpectSameChoice(replay.choice(), main.choices[i], i);
+    ExpectSameDeltas(replay.deltas(), main.deltas[i], i);
+    if (i < tokens.size()) replay.Push(tokens[i]);
+  }
+  // The rule travels with its constraint.
+  v1::PickRule proto;
+  rpc::PickRuleToProto(options, &proto);
+  EXPECT_EQ(rpc::PickRuleFromProto(proto, 16).constraint.kind, OutputConstraint::Kind::kJsonObject);
 }
 
 TEST(PickReplayTest, GreedyHasNoDrawAndNoChanges) {
