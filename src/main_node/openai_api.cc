@@ -255,9 +255,9 @@ absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
       if (m != "text") return unsupported("modalities", StrCat("with ", m.dump(), " (only text)"));
     }
   }
-  // vLLM's structured output beyond guided_choice (ReadConstraint): ignored, it would leave the answer
+  // vLLM's structured output beyond a choice and a JSON object (ReadConstraint): ignored, it would leave the answer
   // unconstrained.
-  for (const char* key : {"guided_json", "guided_regex", "guided_grammar", "structured_outputs"}) {
+  for (const char* key : {"guided_json", "guided_regex", "guided_grammar"}) {
     if (Field(body, key) != nullptr) return unsupported(key, "(structured output other than guided_choice)");
   }
   // vLLM's prompt logprobs: odmoe answers them to `echo` with `logprobs`.
@@ -271,9 +271,38 @@ absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
   return absl::OkStatus();
 }
 
-// Structured output: OpenAI's `response_format` ({"type": "text"} or {"type": "json_object"}; "json_schema" is
-// refused) and vLLM's `guided_choice` (a list of strings), at most one of them.
+// A choice constraint's list of strings, `param` naming it in errors ("guided_choice", "structured_outputs").
+absl::Status ReadChoices(const Json& list, const std::string& where, const char* param, ApiError* error,
+                         OutputConstraint* out) {
+  if (!list.is_array()) return Fail(error, param, TypeError(where, "a list of strings", list));
+  if (list.empty() || list.size() > kMaxChoices) {
+    return Fail(error, param, StrCat("'", where, "' must list 1..", kMaxChoices, " strings, got ", list.size()));
+  }
+  out->kind = OutputConstraint::Kind::kChoice;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Json& c = list[i];
+    const std::string item = StrCat(where, "[", i, "]");
+    if (!c.is_string()) return Fail(error, param, TypeError(item, "a string", c));
+    const std::string& text = c.get_ref<const std::string&>();
+    if (text.empty() || text.size() > kMaxChoiceBytes) {
+      return Fail(error, param, StrCat("'", item, "' must have 1..", kMaxChoiceBytes, " bytes, got ", text.size()));
+    }
+    out->choices.push_back(text);
+  }
+  return absl::OkStatus();
+}
+
+// Structured output, at most one of: OpenAI's `response_format` ({"type": "text"} or {"type": "json_object"};
+// "json_schema" is refused), vLLM's `guided_choice` (a list of strings) and vLLM's `structured_outputs` with
+// `choice` or `json_object: true` (its json, regex, grammar and structural_tag are refused; its whitespace and
+// fallback options are left to odmoe's grammar).
 absl::Status ReadConstraint(const Json& body, ApiError* error, OutputConstraint* out) {
+  const char* asked = nullptr;  // the field that asked for a constraint
+  auto one = [&](const char* param) -> absl::Status {
+    if (asked != nullptr) return Fail(error, param, StrCat("'", param, "' cannot be combined with '", asked, "'"));
+    asked = param;
+    return absl::OkStatus();
+  };
   if (const Json* v = Field(body, "response_format")) {
     const Json* type = v->is_object() ? Field(*v, "type") : nullptr;
     if (type == nullptr || !type->is_string()) {
@@ -281,6 +310,7 @@ absl::Status ReadConstraint(const Json& body, ApiError* error, OutputConstraint*
     }
     const std::string name = type->get<std::string>();
     if (name == "json_object") {
+      ODMOE_RETURN_IF_ERROR(one("response_format"));
       out->kind = OutputConstraint::Kind::kJsonObject;
     } else if (name != "text") {
       return Fail(error, "response_format",
@@ -288,25 +318,35 @@ absl::Status ReadConstraint(const Json& body, ApiError* error, OutputConstraint*
     }
   }
   if (const Json* v = Field(body, "guided_choice")) {
-    if (out->active()) {
-      return Fail(error, "guided_choice", "'guided_choice' cannot be combined with 'response_format' json_object");
-    }
-    if (!v->is_array()) return Fail(error, "guided_choice", TypeError("guided_choice", "a list of strings", *v));
-    if (v->empty() || v->size() > kMaxChoices) {
-      return Fail(error, "guided_choice",
-                  StrCat("'guided_choice' must list 1..", kMaxChoices, " strings, got ", v->size()));
-    }
-    out->kind = OutputConstraint::Kind::kChoice;
-    for (size_t i = 0; i < v->size(); ++i) {
-      const Json& c = (*v)[i];
-      const std::string where = StrCat("guided_choice[", i, "]");
-      if (!c.is_string()) return Fail(error, "guided_choice", TypeError(where, "a string", c));
-      const std::string& text = c.get_ref<const std::string&>();
-      if (text.empty() || text.size() > kMaxChoiceBytes) {
-        return Fail(error, "guided_choice",
-                    StrCat("'", where, "' must have 1..", kMaxChoiceBytes, " bytes, got ", text.size()));
+    ODMOE_RETURN_IF_ERROR(one("guided_choice"));
+    ODMOE_RETURN_IF_ERROR(ReadChoices(*v, "guided_choice", "guided_choice", error, out));
+  }
+  if (const Json* v = Field(body, "structured_outputs")) {
+    constexpr char kParam[] = "structured_outputs";
+    if (!v->is_object()) return Fail(error, kParam, TypeError(kParam, "an object", *v));
+    for (const char* key : {"json", "regex", "grammar", "structural_tag"}) {
+      if (Field(*v, key) != nullptr) {
+        return Fail(error, kParam,
+                    StrCat("'structured_outputs.", key,
+                           "' is not supported (only 'choice' and "
+                           "'json_object')"));
       }
-      out->choices.push_back(text);
+    }
+    const Json* flag = Field(*v, "json_object");
+    if (flag != nullptr && !flag->is_boolean()) {
+      return Fail(error, kParam, TypeError("structured_outputs.json_object", "a boolean", *flag));
+    }
+    const bool json_object = flag != nullptr && flag->get<bool>();
+    const Json* choice = Field(*v, "choice");
+    if (json_object && choice != nullptr) {
+      return Fail(error, kParam, "'structured_outputs' asks for both 'choice' and 'json_object'");
+    }
+    if (json_object) {
+      ODMOE_RETURN_IF_ERROR(one(kParam));
+      out->kind = OutputConstraint::Kind::kJsonObject;
+    } else if (choice != nullptr) {
+      ODMOE_RETURN_IF_ERROR(one(kParam));
+      ODMOE_RETURN_IF_ERROR(ReadChoices(*choice, "structured_outputs.choice", kParam, error, out));
     }
   }
   return absl::OkStatus();

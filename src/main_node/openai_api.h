@@ -13,12 +13,13 @@
 // extensions `ignore_eos`, `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
 // `include_stop_str_in_output` and `stream_options.continuous_usage_stats`; a choice carries vLLM's `stop_reason` and
 // `token_ids` beside OpenAI's fields. Structured output: `response_format` {"type": "json_object"} (the answer is
-// one JSON object) and vLLM's `guided_choice` (exactly one of a list of strings); src/engine/output_grammar.h.
-// Unknown fields are ignored; options odmoe does not implement are refused (400, `param` naming them) only when set
-// to a value that needs them: `best_of` > 1, chat's `echo`, `suffix`, `tools`, `functions`, a `tool_choice` /
-// `function_call` that demands a call, `audio`, `modalities` other than text, a `response_format` of type
-// json_schema, and vLLM's `use_beam_search`, `guided_json` / `guided_regex` / `guided_grammar` /
-// `structured_outputs` and `prompt_logprobs`, so that no answer is sampled otherwise than asked.
+// one JSON object), vLLM's `guided_choice` (exactly one of a list of strings) and vLLM's `structured_outputs` with
+// `choice` or `json_object`; src/engine/output_grammar.h. Unknown fields are ignored; options odmoe does not
+// implement are refused (400, `param` naming them) only when set to a value that needs them: `best_of` > 1, chat's
+// `echo`, `suffix`, `tools`, `functions`, a `tool_choice` / `function_call` that demands a call, `audio`,
+// `modalities` other than text, a `response_format` of type json_schema, and vLLM's `use_beam_search`,
+// `guided_json` / `guided_regex` / `guided_grammar`, `structured_outputs`' json / regex / grammar /
+// structural_tag and `prompt_logprobs`, so that no answer is sampled otherwise than asked.
 #pragma once
 
 #include <cstdint>

@@ -145,6 +145,18 @@ TEST(OpenAiParse, DefaultsAndOptions) {
   ASSERT_TRUE(choice.ok()) << choice.status();
   EXPECT_EQ(choice->constraint.kind, OutputConstraint::Kind::kChoice);
   EXPECT_EQ(choice->constraint.choices, (std::vector<std::string>{"yes", "no"}));
+  // vLLM's newer form of both.
+  auto so_choice = Parse(R"({"model":"m","prompt":"x","structured_outputs":{"choice":["a","b"],"json":null}})");
+  ASSERT_TRUE(so_choice.ok()) << so_choice.status();
+  EXPECT_EQ(so_choice->constraint.kind, OutputConstraint::Kind::kChoice);
+  EXPECT_EQ(so_choice->constraint.choices, (std::vector<std::string>{"a", "b"}));
+  auto so_json = Parse(R"({"model":"m","prompt":"x","structured_outputs":{"json_object":true,
+                           "disable_any_whitespace":true}})");
+  ASSERT_TRUE(so_json.ok()) << so_json.status();
+  EXPECT_EQ(so_json->constraint.kind, OutputConstraint::Kind::kJsonObject);
+  auto so_none = Parse(R"({"model":"m","prompt":"x","structured_outputs":{"json_object":false}})");
+  ASSERT_TRUE(so_none.ok()) << so_none.status();
+  EXPECT_FALSE(so_none->constraint.active());
 
   // vLLM's top_k: -1 and 0 cut nothing; its other sampling extensions at the values that change nothing.
   auto top_k = Parse(R"({"model":"m","prompt":"x","top_k":40,"min_p":0,"repetition_penalty":1,"min_tokens":0,
@@ -351,7 +363,21 @@ TEST(OpenAiParse, ErrorsNameTheField) {
       {R"({"model":"m","prompt":"x","response_format":"json"})", Endpoint::kCompletions, "response_format",
        "an object with a string 'type'"},
       {R"({"model":"m","prompt":"x","response_format":{"type":"json_object"},"guided_choice":["a"]})",
-       Endpoint::kCompletions, "guided_choice", "cannot be combined"},
+       Endpoint::kCompletions, "guided_choice", "'guided_choice' cannot be combined with 'response_format'"},
+      {R"({"model":"m","prompt":"x","guided_choice":["a"],"structured_outputs":{"json_object":true}})",
+       Endpoint::kCompletions, "structured_outputs", "cannot be combined with 'guided_choice'"},
+      {R"({"model":"m","prompt":"x","structured_outputs":{"json":{"type":"object"}}})", Endpoint::kCompletions,
+       "structured_outputs", "'structured_outputs.json' is not supported (only 'choice' and 'json_object')"},
+      {R"({"model":"m","prompt":"x","structured_outputs":{"regex":"a+"}})", Endpoint::kCompletions,
+       "structured_outputs", "'structured_outputs.regex' is not supported"},
+      {R"({"model":"m","prompt":"x","structured_outputs":{"choice":["a"],"json_object":true}})", Endpoint::kCompletions,
+       "structured_outputs", "both 'choice' and 'json_object'"},
+      {R"({"model":"m","prompt":"x","structured_outputs":{"json_object":1}})", Endpoint::kCompletions,
+       "structured_outputs", "'structured_outputs.json_object' must be a boolean"},
+      {R"({"model":"m","prompt":"x","structured_outputs":{"choice":[]}})", Endpoint::kCompletions, "structured_outputs",
+       "'structured_outputs.choice' must list 1..256 strings, got 0"},
+      {R"({"model":"m","prompt":"x","structured_outputs":["a"]})", Endpoint::kCompletions, "structured_outputs",
+       "'structured_outputs' must be an object"},
       {R"({"model":"m","prompt":"x","guided_choice":"a"})", Endpoint::kCompletions, "guided_choice",
        "'guided_choice' must be a list of strings"},
       {R"({"model":"m","prompt":"x","guided_choice":[]})", Endpoint::kCompletions, "guided_choice",
