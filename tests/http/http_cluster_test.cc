@@ -15,6 +15,7 @@
 #include <functional>
 #include <regex>
 #include <set>
+#include <span>
 #include <sstream>
 #include <thread>
 
@@ -615,7 +616,8 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
                                                             {"n", 6},
                                                             {"guided_choice", options}});
   ASSERT_EQ(chosen.status, 200) << chosen.body;
-  for (const Json& c : ParseOrDie(chosen.body)["choices"]) {
+  const Json chosen_json = ParseOrDie(chosen.body);  // kept: the loop runs over a part of it
+  for (const Json& c : chosen_json["choices"]) {
     EXPECT_NE(std::find(options.begin(), options.end(), c["text"].get<std::string>()), options.end()) << c.dump();
     EXPECT_EQ(c["finish_reason"], "stop") << c.dump();
   }
@@ -867,17 +869,25 @@ TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
   ASSERT_EQ(answer_ids.size(), 12u);
   EXPECT_EQ(chat_json["choices"][0]["message"]["content"], (*hf)->Decode(answer_ids));
 
-  // guided_choice over byte-level tokens: each sampled answer is one of the strings, ended by the model's EOS.
+  // guided_choice over byte-level tokens: each sampled answer is one of the strings, ended by the model's EOS
+  // (config.json's id 2, here the byte token 0x02, whose text the answer shows after the choice).
   Json choose = {{"model", name}, {"max_tokens", 24}, {"temperature", 1.5}, {"n", 4}, {"seed", 11}};
   choose["messages"] = chat["messages"];
   choose["guided_choice"] = {"the author", "an unknown hand", "Moses"};
   const HttpResult chosen = Post(base + "/v1/chat/completions", choose);
   ASSERT_EQ(chosen.status, 200) << chosen.body;
-  for (const Json& c : ParseOrDie(chosen.body)["choices"]) {
-    const std::string text = c["message"]["content"];
+  const Json chosen_json = ParseOrDie(chosen.body);  // kept: the loop runs over a part of it
+  std::set<std::string> answers;
+  for (const Json& c : chosen_json["choices"]) {
+    const std::vector<int32_t> ids = c["token_ids"].get<std::vector<int32_t>>();
+    ASSERT_FALSE(ids.empty()) << c.dump();
+    EXPECT_EQ(ids.back(), 2) << c.dump();
+    const std::string text = (*hf)->Decode(std::span<const int32_t>(ids).first(ids.size() - 1));
     EXPECT_TRUE(text == "the author" || text == "an unknown hand" || text == "Moses") << c.dump();
     EXPECT_EQ(c["finish_reason"], "stop") << c.dump();
+    answers.insert(text);
   }
+  EXPECT_GE(answers.size(), 2u) << "sampled at 1.5, the four answers were one string: " << chosen_json.dump();
 
   // Without max_tokens the checkpoint's max_new_tokens applies: the same 12 tokens; a request's own value wins.
   Json unbounded = chat;
