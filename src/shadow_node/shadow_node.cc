@@ -155,13 +155,14 @@ absl::StatusOr<std::unique_ptr<ShadowNode>> ShadowNode::Create(const rpc::Daemon
   ODMOE_ASSIGN_OR_RETURN(OpenedModel model, OpenModel(args.cluster.model, args.model_dir));
   node->config_ = model.config;
   node->fingerprint_ = model.fingerprint;
-  ODMOE_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer, OpenTokenizer(model, args.model_dir));
-  if (tokenizer != nullptr) node->vocabulary_ = TokenVocabulary::FromTokenizer(*tokenizer, node->config_.vocab_size);
   ODMOE_ASSIGN_OR_RETURN(node->device_, CreateNodeDevice(args.cluster, args.self, args.model_dir));
   if (args.cluster.shadow_settings.mode != PredictionMode::kShadow) {
     node->model_ = std::move(model);
     return node;
   }
+  // Only a replica follows requests, so only it needs the tokens for their grammars.
+  ODMOE_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer, OpenTokenizer(model, args.model_dir));
+  if (tokenizer != nullptr) node->vocabulary_ = TokenVocabulary::FromTokenizer(*tokenizer, node->config_.vocab_size);
   WeightSelection selection = WeightSelection::Quantized(WeightQuantOf(args.cluster.shadow_settings.quant));
   selection.keep_router = args.cluster.shadow_settings.keep_router;
   selection.keep_attention = args.cluster.shadow_settings.keep_attention;

@@ -175,8 +175,8 @@ class ShadowNode final : public v1::Shadow::Service {
   std::string model_dir_;
   std::string fingerprint_;
   ModelConfig config_;
-  // The model's tokens as bytes, for requests with structured output (nullptr without a tokenizer); constant
-  // after construction.
+  // The model's tokens as bytes, for requests with structured output (nullptr without a tokenizer or a replica);
+  // constant after construction.
   std::shared_ptr<const TokenVocabulary> vocabulary_;
   OpenedModel model_;  // keeps the checkpoint mapped (nullptr with synthetic weights)
   std::unique_ptr<Device> device_;
