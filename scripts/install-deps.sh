@@ -16,6 +16,7 @@ packages=(
   libcpp-httplib-dev
   python3-prometheus-client
   python3-yaml
+  python3-jsonschema
   docker-compose
   python3-matplotlib
   curl

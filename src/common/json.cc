@@ -17,7 +17,18 @@ absl::StatusOr<Json> ParseJson(std::string_view text, std::string_view where) {
   }
 }
 
+absl::StatusOr<OrderedJson> ParseOrderedJson(std::string_view text, std::string_view where) {
+  try {
+    return OrderedJson::parse(text.begin(), text.end());
+  } catch (const OrderedJson::exception& e) {
+    return absl::DataLossError(StrCat(where, ": invalid JSON: ", e.what()));
+  }
+}
+
 std::string DumpJson(const Json& value) { return value.dump(-1, ' ', false, Json::error_handler_t::replace); }
+std::string DumpOrderedJson(const OrderedJson& value) {
+  return value.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
+}
 
 Json FloatJson(float f) {
   char text[32];
@@ -27,8 +38,9 @@ Json FloatJson(float f) {
   return shortest;
 }
 
-std::string_view JsonTypeName(const Json& v) {
-  switch (v.type()) {
+namespace {
+std::string_view TypeName(Json::value_t type) {
+  switch (type) {
     case Json::value_t::null:
       return "null";
     case Json::value_t::object:
@@ -48,6 +60,10 @@ std::string_view JsonTypeName(const Json& v) {
       return "value";
   }
 }
+}  // namespace
+
+std::string_view JsonTypeName(const Json& v) { return TypeName(v.type()); }
+std::string_view JsonTypeName(const OrderedJson& v) { return TypeName(v.type()); }
 
 JsonFields::JsonFields(const Json& object, std::string where) : object_(object), where_(std::move(where)) {}
 

@@ -14,12 +14,16 @@
 namespace odmoe {
 
 using Json = nlohmann::json;
+// Keeps objects' keys in the order of the text (where that order means something: a JSON Schema's properties).
+using OrderedJson = nlohmann::ordered_json;
 
 // Parses `text`. On failure: DataLoss "<where>: invalid JSON: <parser message>".
 absl::StatusOr<Json> ParseJson(std::string_view text, std::string_view where);
+absl::StatusOr<OrderedJson> ParseOrderedJson(std::string_view text, std::string_view where);
 
 // Serialises compactly; invalid UTF-8 in strings is replaced by U+FFFD rather than failing.
 std::string DumpJson(const Json& value);
+std::string DumpOrderedJson(const OrderedJson& value);
 
 // `f` as a JSON number that is written with the fewest digits that read back as the same float ("-0.16076528",
 // not its double's "-0.16076527535915375"): read as a float, it is `f` exactly.
@@ -60,5 +64,6 @@ class JsonFields {
 
 // A short description of a JSON value's type for messages ("string", "array", ...).
 std::string_view JsonTypeName(const Json& v);
+std::string_view JsonTypeName(const OrderedJson& v);
 
 }  // namespace odmoe

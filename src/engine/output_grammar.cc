@@ -6,10 +6,22 @@
 
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/engine/json_schema.h"
 
 namespace odmoe {
 
 absl::Status OutputConstraint::Validate() const {
+  if (kind != Kind::kJsonSchema && !schema.empty()) {
+    return RequestFieldError(absl::StatusCode::kInvalidArgument, "constraint.schema",
+                             " is given, but the constraint is not a JSON schema");
+  }
+  if (kind == Kind::kJsonSchema) {
+    const absl::StatusOr<GrammarProgram> program = CompileJsonSchema(schema);
+    if (!program.ok()) {
+      return RequestFieldError(absl::StatusCode::kInvalidArgument, "constraint.schema", " ",
+                               program.status().message());
+    }
+  }
   auto bad = [](const auto&... rest) {
     return RequestFieldError(absl::StatusCode::kInvalidArgument, "constraint.choices", rest...);
   };
@@ -28,23 +40,29 @@ absl::Status OutputConstraint::Validate() const {
   return absl::OkStatus();
 }
 
-// ---- JSON -------------------------------------------------------------------------------------------------------
+// ---- reading a grammar program ---------------------------------------------------------------------------------
 
 namespace {
 
+using Kind = GrammarNode::Kind;
+
+// Where a value stands; 0 (kStart) before its first byte, for every kind.
+constexpr uint8_t kStart = 0;
+
+// Any JSON value (GrammarNode::Kind::kJson): the frame's phase, sub, count (its literal in the low byte, its open
+// containers in the next) and bits (its containers' kinds).
 enum JsonMode : uint8_t {
-  kTop,          // before the object: whitespace or '{'
-  kObjectFirst,  // after '{': whitespace, a key or '}'
-  kObjectKey,    // after ',' in an object: whitespace or a key
-  kColon,        // after a key: whitespace or ':'
-  kValue,        // after ':', or ',' in an array: whitespace or a value
-  kArrayFirst,   // after '[': whitespace, a value or ']'
-  kAfterValue,   // whitespace, ',' or the innermost container's closing bracket
-  kKeyString,    // inside a key (sub: JsonEscape)
-  kValueString,  // inside a string value (sub: JsonEscape)
-  kNumber,       // sub: JsonNumber
-  kLiteral,      // aux: the literal, sub: its bytes matched
-  kDone,         // the object closed
+  kObjectFirst = 1,  // after '{': whitespace, a key or '}'
+  kObjectKey,        // after ',' in an object: whitespace or a key
+  kColon,            // after a key: whitespace or ':'
+  kValue,            // after ':', or ',' in an array: whitespace or a value
+  kArrayFirst,       // after '[': whitespace, a value or ']'
+  kAfterValue,       // whitespace, ',' or the innermost container's closing bracket
+  kKeyString,        // inside a key (sub: JsonEscape)
+  kValueString,      // inside a string value (sub: JsonEscape)
+  kNumber,           // sub: JsonNumber
+  kLiteral,          // count's low byte: the literal, sub: its bytes matched
+  kJsonDone,         // the value ended
 };
 
 // Inside a string: plain, after a backslash, or 4..1 hex digits of a \u escape still to come (kHex4 - n + 1).
@@ -61,6 +79,8 @@ enum JsonNumber : uint8_t {
   kExpSign,    // its '+' or '-'
   kExpDigits,  // its digits (end)
 };
+
+bool NumberCanEnd(uint8_t sub) { return sub == kZero || sub == kInteger || sub == kFraction || sub == kExpDigits; }
 
 constexpr const char* kLiterals[] = {"true", "false", "null"};
 
@@ -81,118 +101,127 @@ bool Whitespace(GrammarState& s, uint8_t b) {
   return false;
 }
 
-bool InObject(const GrammarState& s) { return s.depth > 0 && ((s.nesting >> (s.depth - 1)) & 1) != 0; }
+uint32_t JsonDepth(const GrammarFrame& f) { return (f.count >> 8) & 0xff; }
+void SetJsonDepth(GrammarFrame& f, uint32_t depth) { f.count = (f.count & 0xff) | (depth << 8); }
+uint32_t JsonLiteral(const GrammarFrame& f) { return f.count & 0xff; }
 
-bool Open(GrammarState& s, bool object) {
-  if (s.depth >= kMaxJsonDepth) return false;
-  const uint64_t bit = uint64_t{1} << s.depth;
-  s.nesting = object ? s.nesting | bit : s.nesting & ~bit;
-  ++s.depth;
-  s.mode = object ? kObjectFirst : kArrayFirst;
+bool InObject(const GrammarFrame& f) {
+  const uint32_t depth = JsonDepth(f);
+  return depth > 0 && ((f.bits >> (depth - 1)) & 1) != 0;
+}
+
+bool Open(GrammarFrame& f, bool object) {
+  const uint32_t depth = JsonDepth(f);
+  if (depth >= kMaxJsonDepth) return false;
+  const uint64_t bit = uint64_t{1} << depth;
+  f.bits = object ? f.bits | bit : f.bits & ~bit;
+  SetJsonDepth(f, depth + 1);
+  f.phase = object ? kObjectFirst : kArrayFirst;
   return true;
 }
 
 // After a container closed or a value ended: the next mode at this depth.
-void ValueDone(GrammarState& s) { s.mode = s.depth == 0 ? kDone : kAfterValue; }
+void ValueDone(GrammarFrame& f) { f.phase = JsonDepth(f) == 0 ? kJsonDone : kAfterValue; }
 
-bool Close(GrammarState& s, uint8_t b) {
-  if (s.depth == 0 || (b == '}') != InObject(s)) return false;
-  --s.depth;
-  ValueDone(s);
+bool Close(GrammarFrame& f, uint8_t b) {
+  if (JsonDepth(f) == 0 || (b == '}') != InObject(f)) return false;
+  SetJsonDepth(f, JsonDepth(f) - 1);
+  ValueDone(f);
   return true;
 }
 
 // The first byte of a value (a string, number, literal, object or array).
-bool StartValue(GrammarState& s, uint8_t b) {
+bool StartValue(GrammarFrame& f, uint8_t b) {
   switch (b) {
     case '{':
-      return Open(s, true);
+      return Open(f, true);
     case '[':
-      return Open(s, false);
+      return Open(f, false);
     case '"':
-      s.mode = kValueString;
-      s.sub = kPlain;
+      f.phase = kValueString;
+      f.sub = kPlain;
       return true;
     case '-':
-      s.mode = kNumber;
-      s.sub = kMinus;
+      f.phase = kNumber;
+      f.sub = kMinus;
       return true;
     default:
       break;
   }
   if (IsDigit(b)) {
-    s.mode = kNumber;
-    s.sub = b == '0' ? kZero : kInteger;
+    f.phase = kNumber;
+    f.sub = b == '0' ? kZero : kInteger;
     return true;
   }
-  for (uint8_t i = 0; i < 3; ++i) {
+  for (uint32_t i = 0; i < 3; ++i) {
     if (b == static_cast<uint8_t>(kLiterals[i][0])) {
-      s.mode = kLiteral;
-      s.aux = i;
-      s.sub = 1;
+      f.phase = kLiteral;
+      f.count = (f.count & ~0xffu) | i;
+      f.sub = 1;
       return true;
     }
   }
   return false;
 }
 
-bool StringByte(GrammarState& s, uint8_t b, bool key) {
-  switch (s.sub) {
+// A byte inside a string whose opening quote was taken, escapes at `escape`; *closed when it is the closing quote,
+// *starts_char when it begins a character (a byte that is not a UTF-8 continuation, or an escape's backslash).
+bool StringByte(uint8_t& escape, uint8_t b, bool* closed, bool* starts_char) {
+  *closed = false;
+  *starts_char = false;
+  switch (escape) {
     case kPlain:
       if (b == '"') {
-        if (key) {
-          s.mode = kColon;
-        } else {
-          ValueDone(s);
-        }
+        *closed = true;
         return true;
       }
-      if (b == '\\') s.sub = kBackslash;
+      if (b == '\\') escape = kBackslash;
+      *starts_char = (b & 0xc0) != 0x80;
       return b >= 0x20;
     case kBackslash:
       if (b == 'u') {
-        s.sub = kHex4;
+        escape = kHex4;
         return true;
       }
-      s.sub = kPlain;
+      escape = kPlain;
       return b == '"' || b == '\\' || b == '/' || b == 'b' || b == 'f' || b == 'n' || b == 'r' || b == 't';
     default:  // a hex digit of \u
-      s.sub = s.sub == kHex1 ? uint8_t{kPlain} : static_cast<uint8_t>(s.sub + 1);
+      escape = escape == kHex1 ? uint8_t{kPlain} : static_cast<uint8_t>(escape + 1);
       return IsHex(b);
   }
 }
 
 // A byte in a number; `ends` is set when the byte is not the number's but may follow it.
-bool NumberByte(GrammarState& s, uint8_t b, bool* ends) {
+bool NumberByte(uint8_t& sub, uint8_t b, bool* ends) {
   *ends = false;
   const bool digit = IsDigit(b);
-  switch (s.sub) {
+  switch (sub) {
     case kMinus:
-      s.sub = b == '0' ? kZero : kInteger;
+      sub = b == '0' ? kZero : kInteger;
       return digit;
     case kZero:
     case kInteger:
-      if (digit && s.sub == kInteger) return true;
+      if (digit && sub == kInteger) return true;
       if (b == '.') {
-        s.sub = kPoint;
+        sub = kPoint;
         return true;
       }
       break;
     case kPoint:
-      s.sub = kFraction;
+      sub = kFraction;
       return digit;
     case kFraction:
       if (digit) return true;
       break;
     case kExponent:
       if (b == '+' || b == '-') {
-        s.sub = kExpSign;
+        sub = kExpSign;
         return true;
       }
-      s.sub = kExpDigits;
+      sub = kExpDigits;
       return digit;
     case kExpSign:
-      s.sub = kExpDigits;
+      sub = kExpDigits;
       return digit;
     case kExpDigits:
       if (digit) return true;
@@ -203,104 +232,448 @@ bool NumberByte(GrammarState& s, uint8_t b, bool* ends) {
   }
   // After a whole integer or fraction: an exponent, or the number's end.
   if (b == 'e' || b == 'E') {
-    s.sub = kExponent;
+    sub = kExponent;
     return true;
   }
   *ends = true;
   return true;
 }
 
+// Objects and maps: after '{', after ',', inside a key, before ':', before a value, after a value. An object's
+// count holds the index of its next property (low 16 bits) and the bytes of the key matched (high 16 bits), its
+// bits the properties whose key still matches.
+enum ObjectPhase : uint8_t { kFirstKey = 1, kNextKey, kInKey, kBeforeColon, kBeforeValue, kAfterMember };
+// Arrays: after '[', after ',', after an item; count holds the items begun.
+enum ArrayPhase : uint8_t { kFirstItem = 1, kNextItem, kAfterItem };
+// Strings, numbers and literals: after their first byte.
+constexpr uint8_t kInside = 1;
+// Integers: after '-', after a leading 0, after a digit 1-9 and more digits; count holds the digits, bits the
+// magnitude, sub 1 when negative.
+enum IntegerPhase : uint8_t { kIntMinus = 1, kIntZero, kIntDigits };
+
+uint32_t NextProperty(const GrammarFrame& f) { return f.count & 0xffff; }
+uint32_t KeyMatched(const GrammarFrame& f) { return f.count >> 16; }
+
+// Whether a property at or after `from` must still come.
+bool RequiredFrom(const GrammarNode& n, size_t from) {
+  for (size_t i = from; i < n.properties.size(); ++i) {
+    if (n.properties[i].required) return true;
+  }
+  return false;
+}
+
+// The properties whose key may begin at `from`: the optional ones up to the next required one, and it.
+uint64_t KeyCandidates(const GrammarNode& n, size_t from) {
+  uint64_t mask = 0;
+  for (size_t i = from; i < n.properties.size(); ++i) {
+    mask |= uint64_t{1} << i;
+    if (n.properties[i].required) break;
+  }
+  return mask;
+}
+
+// Whether an integer whose sign is `negative` and whose digits so far read `magnitude` (`digits` of them) can
+// still become one in [n.minimum, n.maximum] by more digits (none: itself), within kMaxIntegerDigits.
+bool IntegerReachable(const GrammarNode& n, bool negative, int64_t magnitude, int digits) {
+  const int extra = magnitude == 0 ? 0 : GrammarNode::kMaxIntegerDigits - digits;  // a leading 0 ends the number
+  __int128 scale = 1;
+  for (int m = 0; m <= extra; ++m, scale *= 10) {
+    const __int128 lo = magnitude * scale;
+    const __int128 hi = lo + scale - 1;
+    const __int128 low = negative ? -hi : lo;
+    const __int128 high = negative ? -lo : hi;
+    if (high >= n.minimum && low <= n.maximum) return true;
+  }
+  return false;
+}
+
+bool IntegerInRange(const GrammarNode& n, const GrammarFrame& f) {
+  const int64_t v = f.sub != 0 ? -static_cast<int64_t>(f.bits) : static_cast<int64_t>(f.bits);
+  return v >= n.minimum && v <= n.maximum;
+}
+
 }  // namespace
 
-GrammarState JsonObjectGrammar::Start() const { return GrammarState{.mode = kTop}; }
+enum class StructuredGrammar::Step : uint8_t {
+  kTaken,    // the byte is the frame's; the frame stays open
+  kDone,     // the byte is the frame's last: the frame closes
+  kEnded,    // the frame's value ended before the byte: the frame closes, and its parent reads the byte
+  kRefused,  // the byte cannot come next
+};
 
-bool JsonObjectGrammar::Complete(const GrammarState& s) const { return !s.dead && s.mode == kDone; }
+StructuredGrammar::StructuredGrammar(GrammarProgram program) : program_(std::move(program)) {
+  ODMOE_CHECK(!program_.nodes.empty() && program_.nodes.size() <= GrammarProgram::kMaxNodes);
+}
 
-bool JsonObjectGrammar::Advance(GrammarState& s, uint8_t b) const {
-  if (s.dead) return false;
-  switch (s.mode) {
-    case kKeyString:
-    case kValueString:
-      return StringByte(s, b, s.mode == kKeyString);
-    case kLiteral: {
-      const char* literal = kLiterals[s.aux];
-      if (b != static_cast<uint8_t>(literal[s.sub])) return false;
-      if (literal[++s.sub] == '\0') ValueDone(s);
-      return true;
+GrammarState StructuredGrammar::Start() const {
+  GrammarState s;
+  s.depth = 1;
+  s.frames[0] = GrammarFrame{.node = static_cast<uint16_t>(program_.root)};
+  return s;
+}
+
+bool StructuredGrammar::Complete(const GrammarState& s) const {
+  return !s.dead && (s.depth == 0 || (s.depth == 1 && CanEnd(s.frames[0])));
+}
+
+bool StructuredGrammar::CanEnd(const GrammarFrame& f) const {
+  const GrammarNode& n = program_.nodes[f.node];
+  switch (n.kind) {
+    case Kind::kJson:
+      return f.phase == kNumber && JsonDepth(f) == 0 && NumberCanEnd(f.sub);
+    case Kind::kNumber:
+      return f.phase == kInside && NumberCanEnd(f.sub);
+    case Kind::kInteger:
+      return (f.phase == kIntZero || f.phase == kIntDigits) && IntegerInRange(n, f);
+    case Kind::kLiterals: {
+      const uint32_t first = f.count & 0xffff;
+      const uint32_t last = f.count >> 16;
+      return f.phase == kInside && first < last && n.literals[first].size() == f.bits;
     }
-    case kNumber: {
-      bool ends = false;
-      if (!NumberByte(s, b, &ends)) return false;
-      if (!ends) return true;
-      ValueDone(s);  // a number is never the whole answer: it ends inside a container, and `b` comes after it
-      break;
-    }
-    default:
-      break;
-  }
-  if (s.mode == kDone) return false;
-  if (IsJsonSpace(b)) return Whitespace(s, b);
-  s.spaces = 0;
-  switch (s.mode) {
-    case kTop:
-      return b == '{' && Open(s, true);
-    case kObjectFirst:
-    case kObjectKey:
-      if (b == '"') {
-        s.mode = kKeyString;
-        s.sub = kPlain;
-        return true;
-      }
-      return s.mode == kObjectFirst && b == '}' && Close(s, b);
-    case kColon:
-      s.mode = kValue;
-      return b == ':';
-    case kValue:
-      return StartValue(s, b);
-    case kArrayFirst:
-      return b == ']' ? Close(s, b) : StartValue(s, b);
-    case kAfterValue:
-      if (b == ',') {
-        s.mode = InObject(s) ? kObjectKey : kValue;
-        return true;
-      }
-      return (b == '}' || b == ']') && Close(s, b);
     default:
       return false;
   }
 }
 
-// ---- choices ----------------------------------------------------------------------------------------------------
-
-ChoiceGrammar::ChoiceGrammar(std::vector<std::string> choices) : choices_(std::move(choices)) {
-  ODMOE_CHECK(!choices_.empty());
-  std::sort(choices_.begin(), choices_.end());
-  choices_.erase(std::unique(choices_.begin(), choices_.end()), choices_.end());
-}
-
-GrammarState ChoiceGrammar::Start() const {
-  return GrammarState{.first = 0, .last = static_cast<int32_t>(choices_.size()), .matched = 0};
-}
-
-bool ChoiceGrammar::Complete(const GrammarState& s) const {
-  return !s.dead && s.first < s.last && static_cast<int32_t>(choices_[s.first].size()) == s.matched;
-}
-
-bool ChoiceGrammar::Advance(GrammarState& s, uint8_t b) const {
+bool StructuredGrammar::Advance(GrammarState& s, uint8_t b) const {
   if (s.dead) return false;
-  // The choices in [first, last) share their first `matched` bytes and are sorted, so those whose next byte is
-  // `b` stand together (a choice that ends here sorts first, as -1).
-  const size_t at = static_cast<size_t>(s.matched);
-  auto next = [at](const std::string& c) { return c.size() > at ? static_cast<int>(static_cast<uint8_t>(c[at])) : -1; };
-  const auto begin = choices_.begin() + s.first;
-  const auto end = choices_.begin() + s.last;
-  const auto lo = std::partition_point(begin, end, [&](const std::string& c) { return next(c) < b; });
-  const auto hi = std::partition_point(lo, end, [&](const std::string& c) { return next(c) <= b; });
-  if (lo == hi) return false;
-  s.first = static_cast<int32_t>(lo - choices_.begin());
-  s.last = static_cast<int32_t>(hi - choices_.begin());
-  ++s.matched;
-  return true;
+  if (!IsJsonSpace(b)) s.spaces = 0;  // inside a string or literal it is 0 already
+  for (;;) {
+    if (s.depth == 0) return false;  // the answer is whole
+    switch (Take(s, b)) {
+      case Step::kTaken:
+        return true;
+      case Step::kDone:
+        Pop(s);
+        return true;
+      case Step::kEnded:
+        Pop(s);
+        break;
+      case Step::kRefused:
+        return false;
+    }
+  }
+}
+
+void StructuredGrammar::Pop(GrammarState& s) const {
+  s.frames[--s.depth] = GrammarFrame{};
+  if (s.depth == 0) return;
+  GrammarFrame& parent = s.frames[s.depth - 1];
+  switch (program_.nodes[parent.node].kind) {
+    case Kind::kObject:
+      parent.count = NextProperty(parent) + 1;
+      parent.phase = kAfterMember;
+      break;
+    case Kind::kMap:
+      parent.phase = kAfterMember;
+      break;
+    case Kind::kArray:
+      parent.phase = kAfterItem;
+      break;
+    default:
+      ODMOE_CHECK(false);  // only containers hold a frame above them
+  }
+}
+
+StructuredGrammar::Step StructuredGrammar::Enter(GrammarState& s, int32_t node, uint8_t b) const {
+  if (s.depth >= kMaxGrammarDepth) return Step::kRefused;
+  s.frames[s.depth++] = GrammarFrame{.node = static_cast<uint16_t>(node)};
+  return Take(s, b);
+}
+
+StructuredGrammar::Step StructuredGrammar::Take(GrammarState& s, uint8_t b) const {
+  GrammarFrame& f = s.frames[s.depth - 1];
+  auto taken = [](bool ok) { return ok ? Step::kTaken : Step::kRefused; };
+  auto space = [&] { return taken(Whitespace(s, b)); };
+  if (f.phase == kStart) {
+    if (s.depth == 1 && program_.leading_whitespace && IsJsonSpace(b)) return space();
+    if (program_.nodes[f.node].kind == Kind::kAnyOf) {
+      const int32_t alternative = program_.nodes[f.node].by_first_byte[b];
+      if (alternative < 0) return Step::kRefused;
+      f.node = static_cast<uint16_t>(alternative);
+    }
+  }
+  const GrammarNode& n = program_.nodes[f.node];
+  switch (n.kind) {
+    case Kind::kJson: {
+      bool ends = false;
+      bool closed = false;
+      bool starts_char = false;
+      switch (f.phase) {
+        case kStart:
+          if ((n.json == GrammarNode::JsonValues::kObjects && b != '{') ||
+              (n.json == GrammarNode::JsonValues::kArrays && b != '[')) {
+            return Step::kRefused;
+          }
+          return taken(StartValue(f, b));
+        case kKeyString:
+        case kValueString:
+          if (!StringByte(f.sub, b, &closed, &starts_char)) return Step::kRefused;
+          if (closed && f.phase == kKeyString) {
+            f.phase = kColon;
+          } else if (closed) {
+            ValueDone(f);
+          }
+          return f.phase == kJsonDone ? Step::kDone : Step::kTaken;
+        case kLiteral: {
+          const char* literal = kLiterals[JsonLiteral(f)];
+          if (b != static_cast<uint8_t>(literal[f.sub])) return Step::kRefused;
+          if (literal[++f.sub] == '\0') ValueDone(f);
+          return f.phase == kJsonDone ? Step::kDone : Step::kTaken;
+        }
+        case kNumber:
+          if (!NumberByte(f.sub, b, &ends)) return Step::kRefused;
+          if (!ends) return Step::kTaken;
+          if (JsonDepth(f) == 0) return Step::kEnded;
+          ValueDone(f);  // `b` comes after the number, in its container
+          break;
+        default:
+          break;
+      }
+      if (IsJsonSpace(b)) return space();
+      switch (f.phase) {
+        case kObjectFirst:
+        case kObjectKey:
+          if (b == '"') {
+            f.phase = kKeyString;
+            f.sub = kPlain;
+            return Step::kTaken;
+          }
+          if (f.phase != kObjectFirst || b != '}' || !Close(f, b)) return Step::kRefused;
+          break;
+        case kColon:
+          f.phase = kValue;
+          return taken(b == ':');
+        case kValue:
+          return taken(StartValue(f, b));
+        case kArrayFirst:
+          if (b != ']') return taken(StartValue(f, b));
+          if (!Close(f, b)) return Step::kRefused;
+          break;
+        case kAfterValue:
+          if (b == ',') {
+            f.phase = InObject(f) ? kObjectKey : kValue;
+            return Step::kTaken;
+          }
+          if ((b != '}' && b != ']') || !Close(f, b)) return Step::kRefused;
+          break;
+        default:
+          return Step::kRefused;
+      }
+      return f.phase == kJsonDone ? Step::kDone : Step::kTaken;
+    }
+
+    case Kind::kObject:
+    case Kind::kMap: {
+      const bool map = n.kind == Kind::kMap;
+      if (f.phase == kStart) {
+        f.phase = kFirstKey;
+        return taken(b == '{');
+      }
+      if (f.phase == kInKey) {
+        if (map) {
+          bool closed = false;
+          bool starts_char = false;
+          if (!StringByte(f.sub, b, &closed, &starts_char)) return Step::kRefused;
+          if (closed) f.phase = kBeforeColon;
+          return Step::kTaken;
+        }
+        const uint32_t at = KeyMatched(f);
+        uint64_t still = 0;
+        int32_t whole = -1;
+        for (uint64_t m = f.bits; m != 0; m &= m - 1) {
+          const int i = __builtin_ctzll(m);
+          const std::string& key = n.properties[static_cast<size_t>(i)].key;
+          if (key.size() <= at || static_cast<uint8_t>(key[at]) != b) continue;
+          still |= uint64_t{1} << i;
+          if (key.size() == at + 1) whole = i;  // a key ends at its unescaped closing quote: no other goes on
+        }
+        if (still == 0) return Step::kRefused;
+        f.bits = still;
+        f.count = NextProperty(f) | ((at + 1) << 16);
+        if (whole >= 0) {
+          f.bits = 0;
+          f.count = static_cast<uint32_t>(whole);
+          f.phase = kBeforeColon;
+        }
+        return Step::kTaken;
+      }
+      if (IsJsonSpace(b)) return space();
+      const size_t next = NextProperty(f);
+      switch (f.phase) {
+        case kFirstKey:
+        case kNextKey:
+          if (b == '"' && (map || next < n.properties.size())) {
+            f.phase = kInKey;
+            f.sub = kPlain;
+            if (!map) {
+              f.bits = KeyCandidates(n, next);
+              f.count = static_cast<uint32_t>(next) | (1u << 16);
+            }
+            return Step::kTaken;
+          }
+          if (f.phase == kFirstKey && b == '}' && (map || !RequiredFrom(n, next))) return Step::kDone;
+          return Step::kRefused;
+        case kBeforeColon:
+          f.phase = kBeforeValue;
+          return taken(b == ':');
+        case kBeforeValue:
+          return Enter(s, map ? n.item : n.properties[next].node, b);
+        case kAfterMember:
+          if (b == ',' && (map || next < n.properties.size())) {
+            f.phase = kNextKey;
+            return Step::kTaken;
+          }
+          if (b == '}' && (map || !RequiredFrom(n, next))) return Step::kDone;
+          return Step::kRefused;
+        default:
+          return Step::kRefused;
+      }
+    }
+
+    case Kind::kArray:
+      if (f.phase == kStart) {
+        f.phase = kFirstItem;
+        return taken(b == '[');
+      }
+      if (IsJsonSpace(b)) return space();
+      switch (f.phase) {
+        case kFirstItem:
+          if (b == ']') return n.min_count == 0 ? Step::kDone : Step::kRefused;
+          [[fallthrough]];
+        case kNextItem:
+          if (f.count >= n.max_count) return Step::kRefused;
+          ++f.count;
+          return Enter(s, n.item, b);
+        case kAfterItem:
+          if (b == ',' && f.count < n.max_count) {
+            f.phase = kNextItem;
+            return Step::kTaken;
+          }
+          return b == ']' && f.count >= n.min_count ? Step::kDone : Step::kRefused;
+        default:
+          return Step::kRefused;
+      }
+
+    case Kind::kString: {
+      if (f.phase == kStart) {
+        f.phase = kInside;
+        f.sub = kPlain;
+        return taken(b == '"');
+      }
+      bool closed = false;
+      bool starts_char = false;
+      if (!StringByte(f.sub, b, &closed, &starts_char)) return Step::kRefused;
+      const bool counted = n.min_count > 0 || n.max_count != GrammarNode::kUnbounded;
+      if (closed) return f.count >= n.min_count ? Step::kDone : Step::kRefused;
+      if (starts_char && counted) {
+        if (f.count >= n.max_count) return Step::kRefused;
+        ++f.count;
+      }
+      return Step::kTaken;
+    }
+
+    case Kind::kNumber:
+      if (f.phase == kStart) {
+        f.phase = kInside;
+        if (b == '-') {
+          f.sub = kMinus;
+          return Step::kTaken;
+        }
+        f.sub = b == '0' ? kZero : kInteger;
+        return taken(IsDigit(b));
+      } else {
+        bool ends = false;
+        if (!NumberByte(f.sub, b, &ends)) return Step::kRefused;
+        return ends ? Step::kEnded : Step::kTaken;
+      }
+
+    case Kind::kInteger: {
+      const bool digit = IsDigit(b);
+      const int64_t d = b - '0';
+      switch (f.phase) {
+        case kStart:
+          if (b == '-') {
+            for (int64_t first = 0; first <= 9; ++first) {
+              if (IntegerReachable(n, true, first, 1)) {
+                f.phase = kIntMinus;
+                f.sub = 1;
+                return Step::kTaken;
+              }
+            }
+            return Step::kRefused;
+          }
+          [[fallthrough]];
+        case kIntMinus:
+          if (!digit || !IntegerReachable(n, f.sub != 0, d, 1)) return Step::kRefused;
+          f.phase = d == 0 ? kIntZero : kIntDigits;
+          f.bits = static_cast<uint64_t>(d);
+          f.count = 1;
+          return Step::kTaken;
+        case kIntDigits:
+          if (digit) {
+            const int64_t grown = static_cast<int64_t>(f.bits) * 10 + d;
+            const int digits = static_cast<int>(f.count) + 1;
+            if (digits > GrammarNode::kMaxIntegerDigits || !IntegerReachable(n, f.sub != 0, grown, digits)) {
+              return Step::kRefused;
+            }
+            f.bits = static_cast<uint64_t>(grown);
+            f.count = static_cast<uint32_t>(digits);
+            return Step::kTaken;
+          }
+          [[fallthrough]];
+        case kIntZero:
+          return !digit && IntegerInRange(n, f) ? Step::kEnded : Step::kRefused;
+        default:
+          return Step::kRefused;
+      }
+    }
+
+    case Kind::kLiterals: {
+      // The literals in [first, last) share their first `bits` bytes and are sorted, so those whose next byte is
+      // `b` stand together (a literal that ends here sorts first, as -1).
+      const size_t at = static_cast<size_t>(f.bits);
+      const uint32_t first = f.phase == kStart ? 0 : f.count & 0xffff;
+      const uint32_t last = f.phase == kStart ? static_cast<uint32_t>(n.literals.size()) : f.count >> 16;
+      auto next = [at](const std::string& c) {
+        return c.size() > at ? static_cast<int>(static_cast<uint8_t>(c[at])) : -1;
+      };
+      const auto begin = n.literals.begin() + first;
+      const auto end = n.literals.begin() + last;
+      const auto lo = std::partition_point(begin, end, [&](const std::string& c) { return next(c) < b; });
+      const auto hi = std::partition_point(lo, end, [&](const std::string& c) { return next(c) <= b; });
+      if (lo == hi) return f.phase != kStart && n.literals[first].size() == at ? Step::kEnded : Step::kRefused;
+      f.phase = kInside;
+      f.count = static_cast<uint32_t>(lo - n.literals.begin()) | (static_cast<uint32_t>(hi - n.literals.begin()) << 16);
+      f.bits = at + 1;
+      return hi - lo == 1 && lo->size() == at + 1 ? Step::kDone : Step::kTaken;
+    }
+
+    case Kind::kAnyOf:
+      break;  // resolved above, before the first byte
+  }
+  return Step::kRefused;
+}
+
+JsonObjectGrammar::JsonObjectGrammar() : StructuredGrammar(GrammarProgram::AnyJsonObject()) {}
+
+ChoiceGrammar::ChoiceGrammar(std::vector<std::string> choices)
+    : StructuredGrammar(GrammarProgram::Literals(std::move(choices))) {}
+
+GrammarProgram GrammarProgram::AnyJsonObject() {
+  GrammarProgram p;
+  p.nodes.push_back(GrammarNode{.kind = GrammarNode::Kind::kJson, .json = GrammarNode::JsonValues::kObjects});
+  return p;
+}
+
+GrammarProgram GrammarProgram::Literals(std::vector<std::string> texts) {
+  ODMOE_CHECK(!texts.empty());
+  std::sort(texts.begin(), texts.end());
+  texts.erase(std::unique(texts.begin(), texts.end()), texts.end());
+  GrammarProgram p;
+  p.nodes.push_back(GrammarNode{.kind = GrammarNode::Kind::kLiterals, .literals = std::move(texts)});
+  p.leading_whitespace = false;
+  return p;
 }
 
 std::shared_ptr<const ByteGrammar> MakeGrammar(const OutputConstraint& constraint) {
@@ -309,6 +682,11 @@ std::shared_ptr<const ByteGrammar> MakeGrammar(const OutputConstraint& constrain
       return std::make_shared<JsonObjectGrammar>();
     case OutputConstraint::Kind::kChoice:
       return std::make_shared<ChoiceGrammar>(constraint.choices);
+    case OutputConstraint::Kind::kJsonSchema: {
+      absl::StatusOr<GrammarProgram> program = CompileJsonSchema(constraint.schema);
+      ODMOE_CHECK(program.ok());  // Validate compiled it
+      return std::make_shared<StructuredGrammar>(*std::move(program));
+    }
     case OutputConstraint::Kind::kNone:
       break;
   }

@@ -1,12 +1,15 @@
 // Structured output: a request's generated text held to a grammar, token by token. A request asks for one JSON
-// object (OpenAI's response_format {"type": "json_object"}) or for exactly one of a list of strings (vLLM's
-// guided_choice). Before each pick, every token whose bytes cannot continue the text so far is banned (its logit
-// -inf, a Sampler delta); once the text is a whole answer, only the tokens that stop the request remain.
+// object (OpenAI's response_format {"type": "json_object"}), for one JSON value a JSON Schema describes (OpenAI's
+// {"type": "json_schema"}, vLLM's guided_json; src/engine/json_schema.h says which schemas) or for exactly one of
+// a list of strings (vLLM's guided_choice). Before each pick, every token whose bytes cannot continue the text so
+// far is banned (its logit -inf, a Sampler delta); once the text is a whole answer, only the tokens that stop the
+// request remain.
 //
 // Parts:
 //  - OutputConstraint: what a request asks for; plain data, carried by GenerateOptions and GenerateRequest.
-//  - ByteGrammar: a byte-level automaton over a small fixed-size state (GrammarState); JsonObjectGrammar and
-//    ChoiceGrammar (MakeGrammar picks the one a constraint asks for).
+//  - ByteGrammar: a byte-level automaton over a small state (GrammarState). StructuredGrammar runs a
+//    GrammarProgram (src/engine/grammar_program.h): JsonObjectGrammar, ChoiceGrammar and a compiled JSON Schema
+//    are each one (MakeGrammar picks the one a constraint asks for).
 //  - TokenVocabulary: the bytes of each token id, sorted once per model so that the tokens a state allows are
 //    found in one walk that shares the work of common prefixes.
 //  - TokenConstraint: one request's state, and the ids banned for its next pick.
@@ -17,6 +20,8 @@
 // JSON strings let bytes >= 0x80 through unchecked: an invalid UTF-8 sequence shows as U+FFFD, still valid JSON.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -25,44 +30,68 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "src/engine/grammar_program.h"
 #include "src/model/tokenizer.h"
 
 namespace odmoe {
 
-// The most strings a choice constraint may list, and the most bytes of each.
-inline constexpr size_t kMaxChoices = 256;
-inline constexpr size_t kMaxChoiceBytes = 1024;
 // JSON: the deepest nesting of objects and arrays, and the most spaces or tabs after a newline between tokens
 // (llama.cpp's json.gbnf rule: whitespace is nothing, one space, or a newline and an indent of at most 20), so
 // that a model cannot pad an answer with whitespace forever.
 inline constexpr int kMaxJsonDepth = 64;
 inline constexpr int kMaxJsonIndent = 20;
+// The deepest nesting of a JSON Schema's objects and arrays (those an "any value" schema holds count once,
+// whatever their own nesting up to kMaxJsonDepth).
+inline constexpr int kMaxGrammarDepth = 24;
 
 struct OutputConstraint {
-  enum class Kind { kNone, kJsonObject, kChoice };
+  enum class Kind { kNone, kJsonObject, kChoice, kJsonSchema };
   Kind kind = Kind::kNone;
   std::vector<std::string> choices;  // kChoice: 1..kMaxChoices non-empty strings of at most kMaxChoiceBytes
+  // kJsonSchema: the schema as JSON text, its objects' keys in the order the client wrote them (properties are
+  // generated in that order); at most kMaxSchemaBytes.
+  std::string schema;
 
   bool active() const { return kind != Kind::kNone; }
-  // InvalidArgument naming the field ("constraint.choices") when the choices are missing, empty, too many or too
-  // long, or given without kChoice.
+  // InvalidArgument naming the field when the choices are missing, empty, too many or too long, or given without
+  // kChoice ("constraint.choices"); when a schema is given without kJsonSchema, or does not compile
+  // ("constraint.schema", with CompileJsonSchema's message).
   absl::Status Validate() const;
 };
 
-// A grammar's state: what each grammar makes of these fields is its own (plain data, copied freely).
+// One value being read: what a GrammarProgram node makes of these fields is its own (output_grammar.cc).
+struct GrammarFrame {
+  uint64_t bits = 0;   // JSON: bit d set when container d is an object; an object: the keys still matching; an
+                       // integer: its magnitude; literals: the bytes matched
+  uint32_t count = 0;  // items, characters, properties, digits, a literal range, or JSON's literal and depth
+  uint16_t node = 0;   // GrammarProgram::nodes index
+  uint8_t phase = 0;   // where in the value the text stands
+  uint8_t sub = 0;     // the step inside a string escape, number or literal
+
+  bool operator==(const GrammarFrame&) const = default;
+};
+
+// A grammar's state: the values open, outermost first. Copying and comparing look at the open frames only, so
+// that a state is as cheap to copy as it is deep.
 struct GrammarState {
-  uint64_t nesting = 0;  // JSON: bit d set when container d (0 outermost) is an object, clear for an array
-  int32_t first = 0;     // choices: the range [first, last) of the sorted choices the text is a prefix of
-  int32_t last = 0;
-  int32_t matched = 0;  // choices: the bytes matched so far
-  uint8_t mode = 0;     // JSON: where in the grammar the text stands
-  uint8_t sub = 0;      // JSON: the step inside a string escape, number or literal
-  uint8_t aux = 0;      // JSON: which literal
-  uint8_t depth = 0;    // JSON: open containers
-  uint8_t spaces = 0;   // JSON: 0 outside whitespace, 1 after a space, 2 + indent after a newline
+  std::array<GrammarFrame, kMaxGrammarDepth> frames;
+  uint8_t depth = 0;    // frames open; 0 once the answer is whole
+  uint8_t spaces = 0;   // 0 outside whitespace, 1 after a space, 2 + indent after a newline
   bool dead = false;    // a byte the grammar refused was taken (TokenConstraint::Record of a banned id)
 
-  bool operator==(const GrammarState&) const = default;
+  GrammarState() = default;
+  GrammarState(const GrammarState& other) { *this = other; }
+  GrammarState& operator=(const GrammarState& other) {
+    depth = other.depth;
+    spaces = other.spaces;
+    dead = other.dead;
+    std::copy_n(other.frames.begin(), depth, frames.begin());
+    return *this;
+  }
+  bool operator==(const GrammarState& other) const {
+    return depth == other.depth && spaces == other.spaces && dead == other.dead &&
+           std::equal(frames.begin(), frames.begin() + depth, other.frames.begin());
+  }
 };
 
 class ByteGrammar {
@@ -75,27 +104,39 @@ class ByteGrammar {
   virtual bool Complete(const GrammarState& state) const = 0;
 };
 
-// One JSON object (RFC 8259), with whitespace before it and between its tokens as kMaxJsonIndent says, nesting
-// at most kMaxJsonDepth deep; complete at its closing brace, after which no byte is allowed.
-class JsonObjectGrammar final : public ByteGrammar {
+// Runs a GrammarProgram: the text is one value of the program's root node, with whitespace before it when the
+// program allows it and, inside JSON, between its tokens as kMaxJsonIndent says; complete when that value is,
+// after which no byte is allowed (a number or literal that another byte could still continue is complete, too).
+class StructuredGrammar : public ByteGrammar {
  public:
-  GrammarState Start() const override;
-  bool Advance(GrammarState& state, uint8_t byte) const override;
-  bool Complete(const GrammarState& state) const override;
-};
-
-// Exactly one of `choices` (as bytes); complete when the text is one of them, which a longer choice may still
-// continue.
-class ChoiceGrammar final : public ByteGrammar {
- public:
-  // REQUIRES: choices non-empty.
-  explicit ChoiceGrammar(std::vector<std::string> choices);
+  // REQUIRES: program is one CompileJsonSchema or GrammarProgram's factories made.
+  explicit StructuredGrammar(GrammarProgram program);
   GrammarState Start() const override;
   bool Advance(GrammarState& state, uint8_t byte) const override;
   bool Complete(const GrammarState& state) const override;
 
  private:
-  std::vector<std::string> choices_;  // sorted, each once
+  enum class Step : uint8_t;
+  Step Enter(GrammarState& s, int32_t node, uint8_t b) const;
+  Step Take(GrammarState& s, uint8_t b) const;
+  bool CanEnd(const GrammarFrame& f) const;
+  void Pop(GrammarState& s) const;
+
+  GrammarProgram program_;
+};
+
+// One JSON object (RFC 8259), nesting at most kMaxJsonDepth deep.
+class JsonObjectGrammar final : public StructuredGrammar {
+ public:
+  JsonObjectGrammar();
+};
+
+// Exactly one of `choices` (as bytes); complete when the text is one of them, which a longer choice may still
+// continue.
+class ChoiceGrammar final : public StructuredGrammar {
+ public:
+  // REQUIRES: choices non-empty.
+  explicit ChoiceGrammar(std::vector<std::string> choices);
 };
 
 // The grammar `constraint` asks for; nullptr for none. REQUIRES: constraint.Validate() is OK.

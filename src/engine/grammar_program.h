@@ -1,0 +1,76 @@
+// A grammar program: the values a structured answer may take, as a graph of nodes that StructuredGrammar
+// (src/engine/output_grammar.h) runs byte by byte. CompileJsonSchema (src/engine/json_schema.h) writes one from a
+// JSON Schema; AnyJsonObject and Literals write the fixed ones of response_format json_object and guided_choice.
+//
+// Every node's values are told apart from the other alternatives of an anyOf by their first byte, and every
+// choice inside a value (which property comes next, whether an array goes on) by the next byte, so the program is
+// read with one frame per open value and no backtracking.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace odmoe {
+
+// The most strings a choice constraint (or a schema's enum) may list, and the most bytes of each.
+inline constexpr size_t kMaxChoices = 256;
+inline constexpr size_t kMaxChoiceBytes = 1024;
+
+struct GrammarNode {
+  enum class Kind : uint8_t {
+    kJson,      // any JSON value `json` allows (RFC 8259)
+    kObject,    // an object with `properties`, in their order; the optional ones may be left out
+    kMap,       // an object with any keys, each value an `item`
+    kArray,     // an array of min_count..max_count `item`s
+    kString,    // a JSON string of min_count..max_count characters (code points; an escape is one)
+    kInteger,   // a JSON integer in [minimum, maximum], without a fraction or exponent
+    kNumber,    // any JSON number
+    kLiterals,  // exactly one of `literals` (JSON texts, or a guided_choice's strings)
+    kAnyOf,     // one of `alternatives`, told apart by the first byte (`by_first_byte`)
+  };
+  enum class JsonValues : uint8_t { kAny, kObjects, kArrays };
+  struct Property {
+    std::string key;  // as written in the answer: the name as a JSON string, quotes included
+    int32_t node = -1;
+    bool required = false;
+  };
+  static constexpr uint32_t kUnbounded = std::numeric_limits<uint32_t>::max();
+
+  Kind kind = Kind::kJson;
+  std::string path;  // where the node comes from (a JSON pointer into the schema), for messages
+  JsonValues json = JsonValues::kAny;
+  std::vector<Property> properties;  // kObject: at most kMaxProperties
+  int32_t item = -1;                 // kMap, kArray
+  uint32_t min_count = 0;            // kArray: items; kString: characters
+  uint32_t max_count = kUnbounded;
+  int64_t minimum = -kMaxIntegerMagnitude;  // kInteger, inclusive
+  int64_t maximum = kMaxIntegerMagnitude;
+  std::vector<std::string> literals;         // kLiterals: sorted, each once, none empty
+  std::vector<int32_t> alternatives;         // kAnyOf: none a kAnyOf itself
+  std::array<int32_t, 256> by_first_byte{};  // kAnyOf: the alternative a value starting with the byte is, or -1
+
+  // An object's properties fit a 64-bit mask of the keys still matching.
+  static constexpr size_t kMaxProperties = 64;
+  // Integers have at most 18 digits, so that every one fits an int64 with room to add a digit.
+  static constexpr int kMaxIntegerDigits = 18;
+  static constexpr int64_t kMaxIntegerMagnitude = 999'999'999'999'999'999;
+};
+
+struct GrammarProgram {
+  std::vector<GrammarNode> nodes;  // at most kMaxNodes
+  int32_t root = 0;
+  bool leading_whitespace = true;  // whitespace may come before the root value (JSON), or not (choices)
+
+  static constexpr size_t kMaxNodes = 4096;
+
+  // One JSON object of any content (response_format json_object).
+  static GrammarProgram AnyJsonObject();
+  // Exactly one of `texts` as bytes (guided_choice). REQUIRES: texts non-empty, none empty.
+  static GrammarProgram Literals(std::vector<std::string> texts);
+};
+
+}  // namespace odmoe

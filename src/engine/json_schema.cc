@@ -1,0 +1,596 @@
+#include "src/engine/json_schema.h"
+
+#include <algorithm>
+#include <bitset>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/common/json.h"
+#include "src/common/status.h"
+#include "src/common/strings.h"
+
+namespace odmoe {
+namespace {
+
+using Kind = GrammarNode::Kind;
+using JsonValues = GrammarNode::JsonValues;
+
+// Keywords that assert something of a value that the program cannot hold the model to.
+constexpr const char* kRefusedKeywords[] = {
+    "pattern",
+    "patternProperties",
+    "propertyNames",
+    "minProperties",
+    "maxProperties",
+    "multipleOf",
+    "not",
+    "if",
+    "then",
+    "else",
+    "prefixItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "$dynamicRef",
+    "$recursiveRef",
+};
+
+// Keywords that say what a value is; a $ref, anyOf or allOf beside one of them is refused rather than combined.
+constexpr const char* kValueKeywords[] = {
+    "type",
+    "enum",
+    "const",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "minItems",
+    "maxItems",
+    "minLength",
+    "maxLength",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "$ref",
+};
+
+constexpr const char* kTypes[] = {"object", "array", "string", "integer", "number", "boolean", "null"};
+
+std::string PointerToken(std::string_view key) {
+  std::string out;
+  for (const char c : key) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string Printable(uint8_t b) {
+  if (b >= 0x20 && b < 0x7f) return std::string(1, static_cast<char>(b));
+  constexpr char kHex[] = "0123456789abcdef";
+  return std::string{'\\', 'x', kHex[b >> 4], kHex[b & 15]};
+}
+
+class SchemaCompiler {
+ public:
+  explicit SchemaCompiler(const OrderedJson& root) : root_(root) {}
+
+  absl::StatusOr<GrammarProgram> Run() {
+    ODMOE_ASSIGN_OR_RETURN(const int32_t root, Compile(root_, "", 0));
+    ODMOE_RETURN_IF_ERROR(ResolveAnyOf());
+    program_.root = root;
+    return std::move(program_);
+  }
+
+ private:
+  // A JSON pointer as messages show it: the root is "/".
+  static std::string Where(const std::string& path) { return path.empty() ? "/" : path; }
+
+  template <typename... Rest>
+  static absl::Status Error(const std::string& path, const Rest&... rest) {
+    return absl::InvalidArgumentError(StrCat("at '", Where(path), "': ", rest...));
+  }
+
+  absl::StatusOr<int32_t> Add(GrammarNode node) {
+    if (program_.nodes.size() >= GrammarProgram::kMaxNodes) {
+      return Error(node.path, "the schema needs more than ", GrammarProgram::kMaxNodes, " parts");
+    }
+    program_.nodes.push_back(std::move(node));
+    return static_cast<int32_t>(program_.nodes.size() - 1);
+  }
+
+  // The node for `s`: a $ref's target, or a new one.
+  absl::StatusOr<int32_t> Compile(const OrderedJson& s, const std::string& path, int nesting) {
+    if (nesting > kMaxSchemaNesting) return Error(path, "schemas nest deeper than ", kMaxSchemaNesting);
+    if (s.is_object() && s.contains("$ref")) {
+      ODMOE_RETURN_IF_ERROR(RefuseBeside(s, "$ref", path));
+      return Ref(s["$ref"], path, nesting);
+    }
+    ODMOE_ASSIGN_OR_RETURN(const int32_t slot, Add(GrammarNode{.path = path}));
+    ODMOE_RETURN_IF_ERROR(CompileInto(s, path, nesting, slot));
+    return slot;
+  }
+
+  absl::StatusOr<int32_t> Ref(const OrderedJson& ref, const std::string& path, int nesting) {
+    if (!ref.is_string()) return Error(path, "'$ref' must be a string, got ", JsonTypeName(ref));
+    const std::string& text = ref.get_ref<const std::string&>();
+    if (!text.starts_with("#"))
+      return Error(path, "'$ref' '", text, "' is outside the schema; only '#...' refs are taken");
+    const std::string pointer = text.substr(1);
+    if (const auto it = refs_.find(pointer); it != refs_.end()) return it->second;
+    ODMOE_ASSIGN_OR_RETURN(const OrderedJson* target, Resolve(pointer, path));
+    ODMOE_ASSIGN_OR_RETURN(const int32_t slot, Add(GrammarNode{.path = pointer}));
+    refs_[pointer] = slot;
+    ODMOE_RETURN_IF_ERROR(CompileInto(*target, pointer, nesting + 1, slot));
+    return slot;
+  }
+
+  absl::StatusOr<const OrderedJson*> Resolve(const std::string& pointer, const std::string& path) const {
+    const OrderedJson* at = &root_;
+    if (pointer.empty()) return at;
+    if (pointer[0] != '/') return Error(path, "'$ref' '#", pointer, "' is not a JSON pointer");
+    size_t begin = 1;
+    while (true) {
+      const size_t end = std::min(pointer.find('/', begin), pointer.size());
+      std::string token;
+      for (size_t i = begin; i < end; ++i) {
+        if (pointer[i] == '~' && i + 1 < end && (pointer[i + 1] == '0' || pointer[i + 1] == '1')) {
+          token += pointer[++i] == '0' ? '~' : '/';
+        } else {
+          token += pointer[i];
+        }
+      }
+      const OrderedJson* next = nullptr;
+      if (at->is_object()) {
+        const auto it = at->find(token);
+        if (it != at->end()) next = &*it;
+      } else if (at->is_array() && !token.empty() && token.size() < 8 &&
+                 token.find_first_not_of("0123456789") == std::string::npos) {
+        const size_t i = std::stoul(token);
+        if (i < at->size()) next = &(*at)[i];
+      }
+      if (next == nullptr) return Error(path, "'$ref' '#", pointer, "' names nothing in the schema");
+      at = next;
+      if (end == pointer.size()) return at;
+      begin = end + 1;
+    }
+  }
+
+  // A $ref, anyOf, oneOf or allOf (`keyword`) may stand beside annotations only.
+  static absl::Status RefuseBeside(const OrderedJson& s, const char* keyword, const std::string& path) {
+    for (const char* other : kValueKeywords) {
+      if (std::string_view(other) != keyword && s.contains(other)) {
+        return Error(path, "'", keyword, "' beside '", other, "' is not supported; put them in one schema");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CompileInto(const OrderedJson& s, const std::string& path, int nesting, int32_t slot) {
+    if (nesting > kMaxSchemaNesting) return Error(path, "schemas nest deeper than ", kMaxSchemaNesting);
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) return Error(path, "the schema false allows no value");
+      program_.nodes[slot].kind = Kind::kJson;
+      return absl::OkStatus();
+    }
+    if (!s.is_object()) return Error(path, "a schema must be an object or a boolean, got ", JsonTypeName(s));
+    for (const char* keyword : kRefusedKeywords) {
+      if (s.contains(keyword)) return Error(path, "'", keyword, "' is not supported");
+    }
+    if (const auto it = s.find("uniqueItems"); it != s.end() && !(it->is_boolean() && !it->get<bool>())) {
+      return Error(path, "'uniqueItems' is not supported");
+    }
+    if (s.contains("$ref")) {
+      ODMOE_RETURN_IF_ERROR(RefuseBeside(s, "$ref", path));
+      ODMOE_ASSIGN_OR_RETURN(const int32_t target, Ref(s["$ref"], path, nesting));
+      SetAnyOf(slot, {target});
+      return absl::OkStatus();
+    }
+    if (s.contains("allOf")) {
+      ODMOE_RETURN_IF_ERROR(RefuseBeside(s, "allOf", path));
+      const OrderedJson& all = s["allOf"];
+      if (!all.is_array() || all.size() != 1) return Error(path, "'allOf' is supported with one schema only");
+      return CompileInto(all[0], path + "/allOf/0", nesting + 1, slot);
+    }
+    if (s.contains("anyOf") || s.contains("oneOf")) {
+      const char* keyword = s.contains("anyOf") ? "anyOf" : "oneOf";
+      ODMOE_RETURN_IF_ERROR(RefuseBeside(s, keyword, path));
+      const OrderedJson& list = s[keyword];
+      if (!list.is_array() || list.empty()) return Error(path, "'", keyword, "' must be a non-empty array");
+      std::vector<int32_t> alternatives;
+      for (size_t i = 0; i < list.size(); ++i) {
+        ODMOE_ASSIGN_OR_RETURN(const int32_t alt, Compile(list[i], StrCat(path, "/", keyword, "/", i), nesting + 1));
+        alternatives.push_back(alt);
+      }
+      SetAnyOf(slot, std::move(alternatives));
+      return absl::OkStatus();
+    }
+
+    std::vector<std::string> types;
+    if (const auto it = s.find("type"); it != s.end()) {
+      if (it->is_string()) {
+        types.push_back(it->get<std::string>());
+      } else if (it->is_array() && !it->empty()) {
+        for (const OrderedJson& t : *it) {
+          if (!t.is_string()) return Error(path, "'type' must be a string or a list of strings");
+          types.push_back(t.get<std::string>());
+        }
+      } else {
+        return Error(path, "'type' must be a string or a non-empty list of strings");
+      }
+      for (const std::string& t : types) {
+        if (std::find(std::begin(kTypes), std::end(kTypes), t) == std::end(kTypes)) {
+          return Error(path, "'type' '", t, "' is not a JSON Schema type");
+        }
+      }
+    }
+    if (s.contains("const") || s.contains("enum")) return CompileLiterals(s, types, path, slot);
+    if (types.empty()) types.push_back(InferredType(s));
+    if (types.size() == 1) return CompileTyped(s, types[0], path, nesting, slot);
+    std::vector<int32_t> alternatives;
+    for (const std::string& t : types) {
+      ODMOE_ASSIGN_OR_RETURN(const int32_t alt, Add(GrammarNode{.path = path}));
+      ODMOE_RETURN_IF_ERROR(CompileTyped(s, t, path, nesting, alt));
+      alternatives.push_back(alt);
+    }
+    SetAnyOf(slot, std::move(alternatives));
+    return absl::OkStatus();
+  }
+
+  void SetAnyOf(int32_t slot, std::vector<int32_t> alternatives) {
+    GrammarNode& n = program_.nodes[slot];
+    n.kind = Kind::kAnyOf;
+    n.alternatives = std::move(alternatives);
+  }
+
+  // The type a schema without "type" describes by its keywords; "" (any value) when none tells.
+  static std::string InferredType(const OrderedJson& s) {
+    for (const char* k : {"properties", "required", "additionalProperties"}) {
+      if (s.contains(k)) return "object";
+    }
+    for (const char* k : {"items", "minItems", "maxItems"}) {
+      if (s.contains(k)) return "array";
+    }
+    for (const char* k : {"minLength", "maxLength"}) {
+      if (s.contains(k)) return "string";
+    }
+    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      if (s.contains(k)) return "number";
+    }
+    return "";
+  }
+
+  static bool OfType(const OrderedJson& v, const std::vector<std::string>& types) {
+    if (types.empty()) return true;
+    for (const std::string& t : types) {
+      if ((t == "object" && v.is_object()) || (t == "array" && v.is_array()) || (t == "string" && v.is_string()) ||
+          (t == "integer" &&
+           (v.is_number_integer() || (v.is_number_float() && std::trunc(v.get<double>()) == v.get<double>()))) ||
+          (t == "number" && v.is_number()) || (t == "boolean" && v.is_boolean()) || (t == "null" && v.is_null())) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  absl::Status CompileLiterals(const OrderedJson& s, const std::vector<std::string>& types, const std::string& path,
+                               int32_t slot) {
+    if (s.contains("const") && s.contains("enum")) return Error(path, "both 'const' and 'enum' are given");
+    std::vector<OrderedJson> values;
+    if (s.contains("const")) {
+      values.push_back(s["const"]);
+    } else {
+      const OrderedJson& list = s["enum"];
+      if (!list.is_array() || list.empty()) return Error(path, "'enum' must be a non-empty array");
+      if (list.size() > kMaxChoices) return Error(path, "'enum' lists ", list.size(), " values, at most ", kMaxChoices);
+      values.assign(list.begin(), list.end());
+    }
+    std::vector<std::string> texts;
+    for (const OrderedJson& v : values) {
+      if (!OfType(v, types)) continue;  // a value its own schema's type refuses is no answer
+      std::string text = DumpOrderedJson(v);
+      if (text.size() > kMaxChoiceBytes) {
+        return Error(path, "a value of 'enum' or 'const' has ", text.size(), " bytes as JSON, at most ",
+                     kMaxChoiceBytes);
+      }
+      texts.push_back(std::move(text));
+    }
+    if (texts.empty()) return Error(path, "no value of 'enum' or 'const' is of the schema's 'type'");
+    std::sort(texts.begin(), texts.end());
+    texts.erase(std::unique(texts.begin(), texts.end()), texts.end());
+    GrammarNode& n = program_.nodes[slot];
+    n.kind = Kind::kLiterals;
+    n.literals = std::move(texts);
+    return absl::OkStatus();
+  }
+
+  // A keyword that must be a count (a non-negative integer); `fallback` when absent.
+  static absl::StatusOr<uint32_t> Count(const OrderedJson& s, const char* key, uint32_t fallback,
+                                        const std::string& path) {
+    const auto it = s.find(key);
+    if (it == s.end()) return fallback;
+    if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<int64_t>() >= 0)) {
+      return Error(path, "'", key, "' must be a non-negative integer, got ", it->dump());
+    }
+    return static_cast<uint32_t>(std::min<uint64_t>(it->get<uint64_t>(), GrammarNode::kUnbounded - 1));
+  }
+
+  absl::Status CompileCounts(const OrderedJson& s, const char* min_key, const char* max_key, const std::string& path,
+                             GrammarNode* n) {
+    ODMOE_ASSIGN_OR_RETURN(n->min_count, Count(s, min_key, 0, path));
+    ODMOE_ASSIGN_OR_RETURN(n->max_count, Count(s, max_key, GrammarNode::kUnbounded, path));
+    if (n->min_count > n->max_count) {
+      return Error(path, "'", min_key, "' ", n->min_count, " is more than '", max_key, "' ", n->max_count);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CompileTyped(const OrderedJson& s, const std::string& type, const std::string& path, int nesting,
+                            int32_t slot) {
+    GrammarNode n{.path = path};
+    if (type.empty()) {
+      n.kind = Kind::kJson;
+    } else if (type == "object") {
+      ODMOE_RETURN_IF_ERROR(CompileObject(s, path, nesting, &n));
+    } else if (type == "array") {
+      ODMOE_RETURN_IF_ERROR(CompileCounts(s, "minItems", "maxItems", path, &n));
+      const auto items = s.find("items");
+      const bool any_item = items == s.end() || (items->is_boolean() && items->get<bool>());
+      if (any_item && n.min_count == 0 && n.max_count == GrammarNode::kUnbounded) {
+        n.kind = Kind::kJson;
+        n.json = JsonValues::kArrays;
+      } else {
+        n.kind = Kind::kArray;
+        if (items != s.end() && items->is_array()) return Error(path, "'items' as a list (a tuple) is not supported");
+        ODMOE_ASSIGN_OR_RETURN(n.item, any_item ? Add(GrammarNode{.path = path + "/items"})
+                                                : Compile(*items, path + "/items", nesting + 1));
+      }
+    } else if (type == "string") {
+      n.kind = Kind::kString;
+      ODMOE_RETURN_IF_ERROR(CompileCounts(s, "minLength", "maxLength", path, &n));
+    } else if (type == "integer") {
+      n.kind = Kind::kInteger;
+      ODMOE_RETURN_IF_ERROR(CompileIntegerBounds(s, path, &n));
+    } else if (type == "number") {
+      for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+        if (s.contains(k)) return Error(path, "'", k, "' on a number is not supported (it is on an integer)");
+      }
+      n.kind = Kind::kNumber;
+    } else if (type == "boolean") {
+      n.kind = Kind::kLiterals;
+      n.literals = {"false", "true"};
+    } else {  // "null"
+      n.kind = Kind::kLiterals;
+      n.literals = {"null"};
+    }
+    program_.nodes[slot] = std::move(n);
+    return absl::OkStatus();
+  }
+
+  absl::Status CompileObject(const OrderedJson& s, const std::string& path, int nesting, GrammarNode* n) {
+    const auto props = s.find("properties");
+    if (props != s.end() && !props->is_object()) return Error(path, "'properties' must be an object");
+    std::set<std::string> required;
+    if (const auto it = s.find("required"); it != s.end()) {
+      if (!it->is_array()) return Error(path, "'required' must be a list of strings");
+      for (const OrderedJson& name : *it) {
+        if (!name.is_string()) return Error(path, "'required' must be a list of strings");
+        if (props == s.end() || !props->contains(name.get<std::string>())) {
+          return Error(path, "'required' names '", name.get<std::string>(), "', which 'properties' does not list");
+        }
+        required.insert(name.get<std::string>());
+      }
+    }
+    const auto extra = s.find("additionalProperties");
+    const bool extra_false = extra != s.end() && extra->is_boolean() && !extra->get<bool>();
+    const bool extra_any = extra == s.end() || (extra->is_boolean() && extra->get<bool>());
+    if (props == s.end() || props->empty()) {
+      if (extra_false) {
+        n->kind = Kind::kObject;  // {} only
+      } else if (extra_any) {
+        n->kind = Kind::kJson;
+        n->json = JsonValues::kObjects;
+      } else {
+        n->kind = Kind::kMap;
+        ODMOE_ASSIGN_OR_RETURN(n->item, Compile(*extra, path + "/additionalProperties", nesting + 1));
+      }
+      return absl::OkStatus();
+    }
+    if (extra != s.end() && !extra_false) {
+      return Error(path, "'additionalProperties' beside 'properties' is supported only as false (or left out)");
+    }
+    if (props->size() > GrammarNode::kMaxProperties) {
+      return Error(path, "'properties' lists ", props->size(), ", at most ", GrammarNode::kMaxProperties);
+    }
+    n->kind = Kind::kObject;
+    for (const auto& [name, sub] : props->items()) {
+      GrammarNode::Property p{.key = DumpOrderedJson(OrderedJson(name)), .required = required.contains(name)};
+      ODMOE_ASSIGN_OR_RETURN(p.node, Compile(sub, StrCat(path, "/properties/", PointerToken(name)), nesting + 1));
+      n->properties.push_back(std::move(p));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CompileIntegerBounds(const OrderedJson& s, const std::string& path, GrammarNode* n) {
+    auto bound = [&](const char* key, std::optional<double>* out) -> absl::Status {
+      const auto it = s.find(key);
+      if (it == s.end() || it->is_boolean()) return absl::OkStatus();  // draft 4's exclusive flags: below
+      if (!it->is_number() || !std::isfinite(it->get<double>())) {
+        return Error(path, "'", key, "' must be a number, got ", it->dump());
+      }
+      *out = it->get<double>();
+      return absl::OkStatus();
+    };
+    std::optional<double> minimum, maximum, exclusive_minimum, exclusive_maximum;
+    ODMOE_RETURN_IF_ERROR(bound("minimum", &minimum));
+    ODMOE_RETURN_IF_ERROR(bound("maximum", &maximum));
+    ODMOE_RETURN_IF_ERROR(bound("exclusiveMinimum", &exclusive_minimum));
+    ODMOE_RETURN_IF_ERROR(bound("exclusiveMaximum", &exclusive_maximum));
+    auto flag = [&](const char* key) {
+      const auto it = s.find(key);
+      return it != s.end() && it->is_boolean() && it->get<bool>();
+    };
+    if (flag("exclusiveMinimum") && minimum) std::swap(minimum, exclusive_minimum);
+    if (flag("exclusiveMaximum") && maximum) std::swap(maximum, exclusive_maximum);
+    const double limit = static_cast<double>(GrammarNode::kMaxIntegerMagnitude);
+    double lo = -limit, hi = limit;
+    if (minimum) lo = std::max(lo, std::ceil(*minimum));
+    if (exclusive_minimum) lo = std::max(lo, std::floor(*exclusive_minimum) + 1);
+    if (maximum) hi = std::min(hi, std::floor(*maximum));
+    if (exclusive_maximum) hi = std::min(hi, std::ceil(*exclusive_maximum) - 1);
+    if (lo > hi) return Error(path, "no integer of at most 18 digits meets its bounds");
+    n->minimum = static_cast<int64_t>(lo);
+    n->maximum = static_cast<int64_t>(hi);
+    return absl::OkStatus();
+  }
+
+  // ---- anyOf: each alternative told apart by its first byte --------------------------------------------------
+
+  // The alternatives of `node`, nested anyOfs expanded. `seen` guards a cycle of anyOfs, which no byte would end.
+  absl::Status Flatten(int32_t node, std::vector<int32_t>* seen, std::vector<int32_t>* out) const {
+    const GrammarNode& n = program_.nodes[node];
+    if (n.kind != Kind::kAnyOf) {
+      if (std::find(out->begin(), out->end(), node) == out->end()) out->push_back(node);
+      return absl::OkStatus();
+    }
+    if (std::find(seen->begin(), seen->end(), node) != seen->end()) {
+      return Error(n.path, "the schema refers to itself before any byte of its value");
+    }
+    seen->push_back(node);
+    for (const int32_t alt : n.alternatives) ODMOE_RETURN_IF_ERROR(Flatten(alt, seen, out));
+    seen->pop_back();
+    return absl::OkStatus();
+  }
+
+  std::bitset<256> FirstBytes(const GrammarNode& n) const {
+    std::bitset<256> bytes;
+    auto digits = [&] {
+      for (char c = '0'; c <= '9'; ++c) bytes.set(static_cast<uint8_t>(c));
+    };
+    switch (n.kind) {
+      case Kind::kJson:
+        if (n.json != JsonValues::kArrays) bytes.set('{');
+        if (n.json != JsonValues::kObjects) bytes.set('[');
+        if (n.json == JsonValues::kAny) {
+          for (const char c : std::string_view("\"-tfn")) bytes.set(static_cast<uint8_t>(c));
+          digits();
+        }
+        break;
+      case Kind::kObject:
+      case Kind::kMap:
+        bytes.set('{');
+        break;
+      case Kind::kArray:
+        bytes.set('[');
+        break;
+      case Kind::kString:
+        bytes.set('"');
+        break;
+      case Kind::kNumber:
+        bytes.set('-');
+        digits();
+        break;
+      case Kind::kInteger:
+        if (n.minimum <= 0) bytes.set('-');
+        digits();
+        break;
+      case Kind::kLiterals:
+        for (const std::string& l : n.literals) bytes.set(static_cast<uint8_t>(l[0]));
+        break;
+      case Kind::kAnyOf:
+        break;
+    }
+    return bytes;
+  }
+
+  absl::Status ResolveAnyOf() {
+    for (size_t i = 0; i < program_.nodes.size(); ++i) {
+      if (program_.nodes[i].kind != Kind::kAnyOf) continue;
+      std::vector<int32_t> seen, flat;
+      ODMOE_RETURN_IF_ERROR(Flatten(static_cast<int32_t>(i), &seen, &flat));
+      // Any value takes in every other; literals merge into one node; an integer beside a number is a number.
+      std::vector<int32_t> kept;
+      std::vector<int32_t> literal_nodes;
+      std::vector<std::string> literals;
+      bool number = false;
+      for (const int32_t alt : flat) number = number || program_.nodes[alt].kind == Kind::kNumber;
+      for (const int32_t alt : flat) {
+        const GrammarNode& n = program_.nodes[alt];
+        if (n.kind == Kind::kJson && n.json == JsonValues::kAny) {
+          kept = {alt};
+          literal_nodes.clear();
+          break;
+        }
+        if (n.kind == Kind::kLiterals) {
+          literal_nodes.push_back(alt);
+          literals.insert(literals.end(), n.literals.begin(), n.literals.end());
+        } else if (!(number && n.kind == Kind::kInteger)) {
+          kept.push_back(alt);
+        }
+      }
+      if (literal_nodes.size() == 1) {
+        kept.push_back(literal_nodes[0]);
+      } else if (literal_nodes.size() > 1) {  // one node, named after the first of them
+        std::sort(literals.begin(), literals.end());
+        literals.erase(std::unique(literals.begin(), literals.end()), literals.end());
+        ODMOE_ASSIGN_OR_RETURN(const int32_t merged, Add(GrammarNode{.kind = Kind::kLiterals,
+                                                                     .path = program_.nodes[literal_nodes[0]].path,
+                                                                     .literals = std::move(literals)}));
+        kept.push_back(merged);
+      }
+      GrammarNode& any = program_.nodes[i];
+      any.alternatives = kept;
+      any.by_first_byte.fill(-1);
+      for (const int32_t alt : kept) {
+        const std::bitset<256> bytes = FirstBytes(program_.nodes[alt]);
+        for (int b = 0; b < 256; ++b) {
+          if (!bytes.test(static_cast<size_t>(b))) continue;
+          const int32_t other = any.by_first_byte[static_cast<size_t>(b)];
+          if (other >= 0) {
+            return Error(any.path, "its alternatives at '", Where(program_.nodes[other].path), "' and '",
+                         Where(program_.nodes[alt].path), "' can both begin with '", Printable(static_cast<uint8_t>(b)),
+                         "'; odmoe tells alternatives apart by their first byte");
+          }
+          program_.nodes[i].by_first_byte[static_cast<size_t>(b)] = alt;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  const OrderedJson& root_;
+  GrammarProgram program_;
+  std::map<std::string, int32_t> refs_;  // a $ref's JSON pointer: its node
+};
+
+}  // namespace
+
+absl::StatusOr<GrammarProgram> CompileJsonSchema(std::string_view schema) {
+  if (schema.size() > kMaxSchemaBytes) {
+    return absl::InvalidArgumentError(StrCat("the schema has ", schema.size(), " bytes, at most ", kMaxSchemaBytes));
+  }
+  absl::StatusOr<OrderedJson> parsed = ParseOrderedJson(schema, "the schema");
+  if (!parsed.ok()) return absl::InvalidArgumentError(parsed.status().message());
+  return SchemaCompiler(*parsed).Run();
+}
+
+}  // namespace odmoe

@@ -1,0 +1,40 @@
+// A JSON Schema (draft 2020-12 and the drafts before it, as OpenAI's structured outputs and Pydantic write them)
+// compiled into the GrammarProgram that generates exactly the values it describes, or refused with a message
+// that says where and why.
+//
+// What is taken:
+//  - type (one or a list), enum, const, anyOf / oneOf (alternatives that begin with different bytes; consts and
+//    enums among them merge, and integer beside number is number), allOf of one schema, $ref within the document
+//    ("#/$defs/...", "#/definitions/...", "#", recursion included), true and {} (any JSON value).
+//  - objects: properties, generated in the order written, the required ones always and the others where the
+//    model writes them; required; additionalProperties false, or left out, which is taken as false when
+//    properties are given (as OpenAI's strict mode and llama.cpp do); an object without properties is any object,
+//    or with additionalProperties a schema, an object of any keys with values of that schema.
+//  - arrays: items, minItems, maxItems. Strings: minLength, maxLength (in code points; an escape counts one).
+//    Integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum, at most 18 digits. Numbers: no bounds.
+//  - annotations (title, description, default, examples, format, ...) and unknown keywords are left alone;
+//    format is an annotation by default in draft 2020-12, and is not checked.
+// What is refused (InvalidArgument "at '<JSON pointer>': ..."): the keywords that assert what cannot be
+// generated this way (pattern, multipleOf, not, if/then/else, prefixItems, uniqueItems, contains, min/max
+// properties, patternProperties, propertyNames, dependent*, unevaluated*), bounds on a number, anyOf alternatives
+// that can begin with the same byte, additionalProperties true or a schema beside properties, $ref outside the
+// document, and schemas past the limits below.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "src/engine/grammar_program.h"
+
+namespace odmoe {
+
+// The longest schema text a request may carry, and the deepest nesting of schemas inside it.
+inline constexpr size_t kMaxSchemaBytes = 64 * 1024;
+inline constexpr int kMaxSchemaNesting = 64;
+
+// `schema`: JSON text; its objects' keys are read in the order written. InvalidArgument when it is not JSON, not
+// a schema, or not one odmoe can generate (see above).
+absl::StatusOr<GrammarProgram> CompileJsonSchema(std::string_view schema);
+
+}  // namespace odmoe

@@ -1,0 +1,356 @@
+// JSON Schemas compiled into grammars: what each keyword lets through and what it refuses, the messages of the
+// schemas refused, and random answers that python3-jsonschema (Debian's) reads as valid for their schema.
+#include "src/engine/json_schema.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "src/common/json.h"
+#include "src/common/status.h"
+#include "src/engine/output_grammar.h"
+
+namespace odmoe {
+namespace {
+
+std::shared_ptr<const StructuredGrammar> Grammar(std::string_view schema) {
+  absl::StatusOr<GrammarProgram> program = CompileJsonSchema(schema);
+  EXPECT_TRUE(program.ok()) << program.status() << "\n" << schema;
+  if (!program.ok()) return nullptr;
+  return std::make_shared<StructuredGrammar>(*std::move(program));
+}
+
+// "complete", "prefix" (taken, not whole) or "refused at N" (the byte at N refused).
+std::string Read(const ByteGrammar& g, std::string_view text) {
+  GrammarState s = g.Start();
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (!g.Advance(s, static_cast<uint8_t>(text[i]))) return "refused at " + std::to_string(i);
+  }
+  return g.Complete(s) ? "complete" : "prefix";
+}
+
+std::string CompileError(std::string_view schema) {
+  absl::StatusOr<GrammarProgram> program = CompileJsonSchema(schema);
+  return program.ok() ? "compiled" : std::string(program.status().message());
+}
+
+TEST(JsonSchemaTest, PropertiesComeInTheirOrderAndTheRequiredOnesAlways) {
+  auto g = Grammar(R"({"type": "object", "properties": {
+      "name": {"type": "string"}, "nick": {"type": "string"}, "age": {"type": "integer"},
+      "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["name", "age"]})");
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(Read(*g, R"({"name": "Ann", "age": 30})"), "complete");
+  EXPECT_EQ(Read(*g, R"({"name":"Ann","nick":"A","age":-3,"tags":["x", "y"]})"), "complete");
+  EXPECT_EQ(Read(*g, "{\n  \"name\": \"Ann\",\n  \"age\": 30\n}"), "complete");
+  EXPECT_EQ(Read(*g, R"( {"name": "Ann", "age": 30, "tags": []})"), "complete");
+  EXPECT_EQ(Read(*g, R"({"name": "Ann")"), "prefix");
+  EXPECT_EQ(Read(*g, R"({"name": "Ann"})"), "refused at 14");                        // age is required
+  EXPECT_EQ(Read(*g, R"({"age": 30})"), "refused at 2");                             // name comes first
+  EXPECT_EQ(Read(*g, R"({"name": "Ann", "tags": [], "age": 1})"), "refused at 17");  // past the required age
+  EXPECT_EQ(Read(*g, R"({"name": "Ann", "age": 30, "x": 1})"), "refused at 28");     // not a property
+  EXPECT_EQ(Read(*g, R"({"name": "Ann", "age": 3.5})"), "refused at 24");
+  EXPECT_EQ(Read(*g, R"({"name": "Ann", "age": 30} )"), "refused at 26");  // nothing after the answer
+  EXPECT_EQ(Read(*g, R"({"name": 5)"), "refused at 9");
+  EXPECT_EQ(Read(*g, R"({"name": "Ann", "age": 1, "tags": [1]})"), "refused at 35");
+}
+
+TEST(JsonSchemaTest, IntegersKeepTheirBoundsDigitByDigit) {
+  auto g = Grammar(R"({"type": "integer", "minimum": 10, "exclusiveMaximum": 50})");
+  ASSERT_NE(g, nullptr);
+  for (const char* ok : {"10", "49", "25", " 33"}) EXPECT_EQ(Read(*g, ok), "complete") << ok;
+  EXPECT_EQ(Read(*g, "5"), "refused at 0");
+  EXPECT_EQ(Read(*g, "1"), "prefix");         // 10..19 may follow
+  EXPECT_EQ(Read(*g, "50"), "refused at 0");  // no number in bounds begins with 5
+  EXPECT_EQ(Read(*g, "4"), "prefix");
+  EXPECT_EQ(Read(*g, "100"), "refused at 2");
+  EXPECT_EQ(Read(*g, "-1"), "refused at 0");
+  EXPECT_EQ(Read(*g, "012"), "refused at 0");
+
+  auto neg = Grammar(R"({"type": "integer", "minimum": -120, "maximum": -7})");
+  ASSERT_NE(neg, nullptr);
+  for (const char* ok : {"-7", "-99", "-120", "-8"}) EXPECT_EQ(Read(*neg, ok), "complete") << ok;
+  EXPECT_EQ(Read(*neg, "-1"), "prefix");
+  EXPECT_EQ(Read(*neg, "-121"), "refused at 3");
+  EXPECT_EQ(Read(*neg, "-0"), "refused at 1");
+  EXPECT_EQ(Read(*neg, "7"), "refused at 0");
+
+  // Without bounds: at most 18 digits; -0 and 0 are both zero.
+  auto any = Grammar(R"({"type": "integer"})");
+  ASSERT_NE(any, nullptr);
+  EXPECT_EQ(Read(*any, "-0"), "complete");
+  EXPECT_EQ(Read(*any, std::string(18, '9')), "complete");
+  EXPECT_EQ(Read(*any, std::string(19, '9')), "refused at 18");
+  EXPECT_EQ(Read(*any, "1e3"), "refused at 1");
+}
+
+TEST(JsonSchemaTest, StringsCountCharactersNotBytes) {
+  auto g = Grammar(R"({"type": "string", "minLength": 2, "maxLength": 3})");
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(Read(*g, R"("ab")"), "complete");
+  EXPECT_EQ(Read(*g, "\"\xc3\xa9\xc3\xa9\xc3\xa9\""), "complete");  // three two-byte characters
+  EXPECT_EQ(Read(*g, R"("a\u00e9\n")"), "complete");                // escapes count one each
+  EXPECT_EQ(Read(*g, R"("a")"), "refused at 2");
+  EXPECT_EQ(Read(*g, R"("abcd")"), "refused at 4");
+  EXPECT_EQ(Read(*g, "\"a\x01\""), "refused at 2");
+}
+
+TEST(JsonSchemaTest, ArraysCountTheirItems) {
+  auto g = Grammar(R"({"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 2})");
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(Read(*g, "[true]"), "complete");
+  EXPECT_EQ(Read(*g, "[ false, true ]"), "complete");
+  EXPECT_EQ(Read(*g, "[]"), "refused at 1");
+  EXPECT_EQ(Read(*g, "[true, true, true]"), "refused at 11");
+  EXPECT_EQ(Read(*g, "[null]"), "refused at 1");
+  // Any array, and items of any value, when nothing bounds them.
+  auto any = Grammar(R"({"type": "array"})");
+  ASSERT_NE(any, nullptr);
+  EXPECT_EQ(Read(*any, R"([1, "a", {"b": [null]}])"), "complete");
+  EXPECT_EQ(Read(*any, "{}"), "refused at 0");
+}
+
+TEST(JsonSchemaTest, EnumsConstsAndAlternatives) {
+  auto e = Grammar(R"({"enum": ["red", "green", 1, 12, null, {"a": [1]}]})");
+  ASSERT_NE(e, nullptr);
+  for (const char* ok : {R"("red")", R"("green")", "1", "12", "null", R"({"a":[1]})"}) {
+    EXPECT_EQ(Read(*e, ok), "complete") << ok;
+  }
+  EXPECT_EQ(Read(*e, R"("blue")"), "refused at 1");
+  EXPECT_EQ(Read(*e, "2"), "refused at 0");
+  // The values of another type than the schema's are left out.
+  auto typed = Grammar(R"({"type": "string", "enum": ["a", 1]})");
+  ASSERT_NE(typed, nullptr);
+  EXPECT_EQ(Read(*typed, "1"), "refused at 0");
+  // Optional[str], a type list, and consts merged with an enum and null.
+  auto optional = Grammar(R"({"anyOf": [{"type": "string", "maxLength": 1}, {"type": "null"}]})");
+  ASSERT_NE(optional, nullptr);
+  EXPECT_EQ(Read(*optional, R"("x")"), "complete");
+  EXPECT_EQ(Read(*optional, "null"), "complete");
+  EXPECT_EQ(Read(*optional, R"("xy")"), "refused at 2");
+  auto list = Grammar(R"({"type": ["integer", "boolean"], "maximum": 3})");
+  ASSERT_NE(list, nullptr);
+  EXPECT_EQ(Read(*list, "true"), "complete");
+  EXPECT_EQ(Read(*list, "3"), "complete");
+  EXPECT_EQ(Read(*list, "4"), "refused at 0");
+  auto merged = Grammar(R"({"oneOf": [{"const": "a"}, {"enum": ["b", "a"]}, {"type": "null"}, {"type": "number"},
+                                     {"type": "integer"}]})");
+  ASSERT_NE(merged, nullptr);
+  EXPECT_EQ(Read(*merged, R"("b")"), "complete");
+  EXPECT_EQ(Read(*merged, "null"), "complete");
+  EXPECT_EQ(Read(*merged, "-2.5e1"), "complete");
+}
+
+TEST(JsonSchemaTest, RefsRecurseAndMapsTakeAnyKey) {
+  auto tree = Grammar(R"({"$defs": {"node": {"type": "object",
+      "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+      "required": ["v"]}}, "$ref": "#/$defs/node"})");
+  ASSERT_NE(tree, nullptr);
+  EXPECT_EQ(Read(*tree, R"({"v": 1, "kids": [{"v": 2}, {"v": 3, "kids": [{"v": 4, "kids": []}]}]})"), "complete");
+  EXPECT_EQ(Read(*tree, R"({"v": 1, "kids": [{"kids": []}]})"), "refused at 20");
+  // Deeper than kMaxGrammarDepth frames, the answer cannot open another.
+  std::string deep = "{\"v\": 0";
+  int depth = 1;
+  for (; depth < kMaxGrammarDepth + 2; depth += 2) deep += ", \"kids\": [{\"v\": 0";
+  EXPECT_NE(Read(*tree, deep), "prefix");
+
+  auto map = Grammar(R"({"type": "object", "additionalProperties": {"type": "number"}})");
+  ASSERT_NE(map, nullptr);
+  EXPECT_EQ(Read(*map, R"({"x\"y": 1, "x\"y": 2.5, "": -1})"), "complete");
+  EXPECT_EQ(Read(*map, "{}"), "complete");
+  EXPECT_EQ(Read(*map, R"({"a": "b"})"), "refused at 6");
+  auto empty = Grammar(R"({"type": "object", "additionalProperties": false})");
+  ASSERT_NE(empty, nullptr);
+  EXPECT_EQ(Read(*empty, "{ }"), "complete");
+  EXPECT_EQ(Read(*empty, R"({"a": 1})"), "refused at 1");
+  auto anything = Grammar("true");
+  ASSERT_NE(anything, nullptr);
+  EXPECT_EQ(Read(*anything, "[1, {}]"), "complete");
+  EXPECT_EQ(Read(*anything, " 7"), "complete");
+}
+
+TEST(JsonSchemaTest, RefusedSchemasSayWhereAndWhy) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"type": "string", "pattern": "^a+$"})", "at '/': 'pattern' is not supported"},
+      {R"({"properties": {"a/b": {"type": "number", "minimum": 0}}})",
+       "at '/properties/a~1b': 'minimum' on a number is not supported (it is on an integer)"},
+      {R"({"anyOf": [{"type": "object"}, {"type": "object", "properties": {"a": {}}}]})",
+       "at '/': its alternatives at '/anyOf/0' and '/anyOf/1' can both begin with '{'; odmoe tells alternatives "
+       "apart by their first byte"},
+      {R"({"$ref": "other.json#/a"})",
+       "at '/': '$ref' 'other.json#/a' is outside the schema; only '#...' refs are taken"},
+      {R"({"$ref": "#/$defs/missing"})", "at '/': '$ref' '#/$defs/missing' names nothing in the schema"},
+      {R"({"properties": {"a": {}}, "required": ["b"]})",
+       "at '/': 'required' names 'b', which 'properties' does not list"},
+      {R"({"properties": {"a": {}}, "additionalProperties": true})",
+       "at '/': 'additionalProperties' beside 'properties' is supported only as false (or left out)"},
+      {R"({"items": false})", "at '/items': the schema false allows no value"},
+      {R"({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"})",
+       "at '/$defs/a': the schema refers to itself before any byte of its value"},
+      {R"({"type": "integer", "minimum": 5, "maximum": 4.5})",
+       "at '/': no integer of at most 18 digits meets its bounds"},
+      {R"({"type": "strin"})", "at '/': 'type' 'strin' is not a JSON Schema type"},
+      {R"({"type": "array", "minItems": 3, "maxItems": 2})", "at '/': 'minItems' 3 is more than 'maxItems' 2"},
+      {R"({"type": "string", "maxLength": -1})", "at '/': 'maxLength' must be a non-negative integer, got -1"},
+      {R"({"enum": [1], "type": "string"})", "at '/': no value of 'enum' or 'const' is of the schema's 'type'"},
+      {R"({"$ref": "#/$defs/a", "type": "object", "$defs": {"a": {}}})",
+       "at '/': '$ref' beside 'type' is not supported; put them in one schema"},
+      {R"({"allOf": [{}, {}]})", "at '/': 'allOf' is supported with one schema only"},
+      {"[1]", "at '/': a schema must be an object or a boolean, got array"},
+      {"{", "the schema: invalid JSON: "},
+  };
+  for (const auto& [schema, message] : cases) {
+    EXPECT_TRUE(CompileError(schema).starts_with(message)) << schema << "\n" << CompileError(schema);
+  }
+  std::string deep = "{}";
+  for (int i = 0; i <= kMaxSchemaNesting; ++i) deep = R"({"items": )" + deep + "}";
+  EXPECT_EQ(CompileError(deep).substr(0, 6), "at '/i");
+  EXPECT_EQ(CompileError(std::string(kMaxSchemaBytes + 1, ' ')), "the schema has 65537 bytes, at most 65536");
+  // Annotations, format among them, are left alone.
+  EXPECT_EQ(CompileError(R"({"title": "t", "description": "d", "type": "string", "format": "date-time",
+                             "default": "x", "examples": ["y"], "x-vendor": 1})"),
+            "compiled");
+
+  OutputConstraint c{.kind = OutputConstraint::Kind::kJsonSchema, .schema = R"({"type": "string", "pattern": "a"})"};
+  EXPECT_EQ(c.Validate().message(), "constraint.schema at '/': 'pattern' is not supported");
+  EXPECT_EQ(FieldOf(c.Validate()), "constraint.schema");
+  c.kind = OutputConstraint::Kind::kJsonObject;
+  EXPECT_EQ(c.Validate().message(), "constraint.schema is given, but the constraint is not a JSON schema");
+}
+
+// Random answers, each byte picked among those the grammar takes (ASCII only, so that every answer is UTF-8),
+// ending where the grammar is complete: python3-jsonschema reads every one as valid for its schema.
+TEST(JsonSchemaTest, RandomAnswersAreValidForTheirSchemaAsJsonschemaReadsThem) {
+  const std::vector<std::string> schemas = {
+      R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+          "age": {"type": "integer", "minimum": 0, "maximum": 130}, "email": {"type": "string"},
+          "tags": {"type": "array", "items": {"enum": ["a", "b", 3]}, "maxItems": 3}},
+          "required": ["name", "age"], "additionalProperties": false})",
+      R"({"$defs": {"n": {"type": "object", "properties": {"v": {"type": "integer", "exclusiveMinimum": -5,
+          "maximum": 5}, "next": {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}}, "required": ["v", "next"]}},
+          "$ref": "#/$defs/n"})",
+      R"({"type": "array", "items": {"type": ["number", "string", "null"], "minLength": 1}, "minItems": 2})",
+      R"({"type": "object", "additionalProperties": {"type": "array", "items": {"type": "boolean"}}})",
+      R"({"type": "object", "properties": {"any": {}, "obj": {"type": "object"}, "c": {"const": {"k": [1, "x"]}}},
+          "required": ["c"]})",
+      R"({"type": "integer", "minimum": -1000000, "maximum": 999})",
+      R"({"type": "string", "minLength": 3, "maxLength": 5})",
+  };
+  std::mt19937 rng(7);
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "json_schema_oracle";
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path cases = dir / "answers.jsonl";
+  std::ofstream out(cases);
+  int answers = 0;
+  for (size_t k = 0; k < schemas.size(); ++k) {
+    auto g = Grammar(schemas[k]);
+    ASSERT_NE(g, nullptr);
+    int complete = 0;
+    for (int walk = 0; walk < 150; ++walk) {
+      GrammarState s = g->Start();
+      std::string text;
+      bool ended = false;
+      for (int step = 0; step < 300 && !ended; ++step) {
+        std::vector<uint8_t> next;
+        for (int b = 1; b < 128; ++b) {
+          GrammarState t = s;
+          if (g->Advance(t, static_cast<uint8_t>(b))) next.push_back(static_cast<uint8_t>(b));
+        }
+        if (g->Complete(s) && (next.empty() || rng() % 4 == 0)) {
+          ended = true;
+          break;
+        }
+        ASSERT_FALSE(next.empty()) << "stuck after '" << text << "'";
+        // Favour the bytes that close something, so that most walks end.
+        uint8_t b = next[rng() % next.size()];
+        for (const uint8_t closing : {'"', '}', ']', 'n'}) {
+          if (std::find(next.begin(), next.end(), closing) != next.end() && rng() % 3 == 0) b = closing;
+        }
+        ASSERT_TRUE(g->Advance(s, b));
+        text += static_cast<char>(b);
+      }
+      if (!ended) continue;
+      ++complete;
+      out << DumpJson(Json{{"schema", k}, {"text", text}}) << "\n";
+    }
+    EXPECT_GE(complete, 40) << schemas[k];
+    answers += complete;
+  }
+  out.close();
+  const std::filesystem::path schema_file = dir / "schemas.json";
+  std::ofstream(schema_file) << "[" << [&] {
+    std::string joined;
+    for (const std::string& s : schemas) joined += (joined.empty() ? "" : ",") + s;
+    return joined;
+  }() << "]";
+  const std::string script = R"(
+import json, sys
+import jsonschema
+schemas = json.load(open(sys.argv[1]))
+bad = 0
+n = 0
+for line in open(sys.argv[2]):
+    case = json.loads(line)
+    n += 1
+    try:
+        value = json.loads(case["text"])
+        jsonschema.validate(value, schemas[case["schema"]], cls=jsonschema.Draft202012Validator)
+    except Exception as e:
+        bad += 1
+        print("INVALID", case["schema"], repr(case["text"]), str(e).splitlines()[0])
+print("checked", n, "invalid", bad)
+)";
+  const std::filesystem::path script_file = dir / "check.py";
+  std::ofstream(script_file) << script;
+  const std::string command =
+      "/usr/bin/python3 " + script_file.string() + " " + schema_file.string() + " " + cases.string() + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string report;
+  char buffer[4096];
+  while (fgets(buffer, sizeof(buffer), pipe) != nullptr) report += buffer;
+  const int rc = pclose(pipe);
+  EXPECT_EQ(rc, 0) << report;
+  EXPECT_NE(report.find("checked " + std::to_string(answers) + " invalid 0"), std::string::npos) << report;
+  EXPECT_GE(answers, 7 * 40);
+}
+
+// The states of a schema grammar copy their open frames only: MarkAllowed's sorted walk, which copies a state per
+// byte, finds what feeding each token alone finds.
+TEST(JsonSchemaTest, MarkAllowedIsFeedingEachTokenAloneUnderASchema) {
+  std::mt19937 rng(11);
+  const std::string alphabet = "{}[]:,\" \n0159-.etrufalsn\\abgv";
+  std::vector<std::string> bytes(500);
+  for (std::string& b : bytes) {
+    for (int n = 1 + static_cast<int>(rng() % 5); n > 0; --n) b += alphabet[rng() % alphabet.size()];
+  }
+  const TokenVocabulary vocabulary(bytes);
+  auto g = Grammar(R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "object",
+      "properties": {"b": {"type": "integer", "minimum": -9, "maximum": 15}, "g": {"enum": ["ab", "abv"]}}}}},
+      "required": ["a"]})");
+  ASSERT_NE(g, nullptr);
+  const std::string text = R"({"a": [{"b": 15, "g": "abv"}, {}, {"g": "ab"}, {"b": -9}]})";
+  GrammarState state = g->Start();
+  for (size_t n = 0; n <= text.size(); ++n) {
+    std::vector<char> allowed(bytes.size(), 0);
+    vocabulary.MarkAllowed(*g, state, &allowed);
+    for (size_t id = 0; id < bytes.size(); ++id) {
+      GrammarState s = state;
+      bool taken = true;
+      for (const char c : bytes[id]) taken = taken && g->Advance(s, static_cast<uint8_t>(c));
+      ASSERT_EQ(allowed[id] != 0, taken) << "token '" << bytes[id] << "' after '" << text.substr(0, n) << "'";
+    }
+    if (n < text.size()) {
+      ASSERT_TRUE(g->Advance(state, static_cast<uint8_t>(text[n]))) << text.substr(0, n + 1);
+    }
+  }
+  EXPECT_TRUE(g->Complete(state));
+}
+
+}  // namespace
+}  // namespace odmoe
