@@ -33,7 +33,7 @@ constexpr char kUsage[] =
     "           [--temperature T --top-k K --top-p P --min-p M --seed S] [--presence-penalty P]\n"
     "           [--frequency-penalty F] [--repetition-penalty R] [--logit-bias ID:BIAS,...]\n"
     "           [--ignore-eos] [--stop-token-ids 1,2 [--include-stop-text]] [--min-tokens N]\n"
-    "           [--json-object | --choice TEXT,TEXT,...] [--backend cpu|mock-gpu|cuda]\n"
+    "           [--json-object | --json-schema FILE | --choice TEXT,TEXT,...] [--backend cpu|mock-gpu|cuda]\n"
     "           [--dump-logits] [--dump-routing] [--logprobs N [--prompt-logprobs]] [--json]\n"
     "       odmoe generate --synthetic CONFIG [--layers N] [--weights-seed S] --prompt-ids 1,2,3 --max-new-tokens N\n"
     "           [the same sampling, backend and output flags]\n"
@@ -47,9 +47,10 @@ constexpr char kUsage[] =
     "  adds BIAS ([-100, 100]) to token ID's logit at every pick (-100 keeps it out). --stop-token-ids ends\n"
     "  generation at any of these ids too (its text left out, unless --include-stop-text), --min-tokens N keeps\n"
     "  EOS and them out of the first N tokens (vLLM's stop_token_ids, include_stop_str_in_output and min_tokens; N\n"
-    "  at most --max-new-tokens). Structured output: --json-object makes the answer one JSON object, --choice\n"
-    "  exactly one of the comma-separated texts; generation stops once it is whole (not with --ignore-eos or\n"
-    "  --min-tokens; needs the model's tokenizer).\n"
+    "  at most --max-new-tokens). Structured output: --json-object makes the answer one JSON object,\n"
+    "  --json-schema one JSON value the JSON Schema in FILE describes (src/engine/json_schema.h says which),\n"
+    "  --choice exactly one of the comma-separated texts; generation stops once it is whole (not with\n"
+    "  --ignore-eos or --min-tokens; needs the model's tokenizer).\n"
     "  Without --json the text is printed as it is\n"
     "  generated; with --json one JSON object: prompt_ids, tokens, text, stop_reason, last_logits\n"
     "  (--dump-logits), routing (--dump-routing), logprobs (--logprobs N: per token {id, logprob, top: the N\n"
@@ -102,6 +103,16 @@ absl::StatusOr<std::vector<std::pair<int32_t, double>>> LogitBiasFlag(const Flag
   return out;
 }
 
+// The JSON Schema in the file `path`, as JSON text with its keys in the file's order (properties are generated in
+// that order). InvalidArgument naming the file when it cannot be read or is not JSON.
+absl::StatusOr<std::string> ReadSchemaFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return absl::InvalidArgumentError(StrCat("--json-schema: ", text.status().message()));
+  absl::StatusOr<OrderedJson> schema = ParseOrderedJson(*text, StrCat("--json-schema ", path));
+  if (!schema.ok()) return absl::InvalidArgumentError(schema.status().message());
+  return DumpOrderedJson(*schema);
+}
+
 absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   // clang-format off
   ODMOE_ASSIGN_OR_RETURN(
@@ -113,7 +124,7 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
                           "backend",     "endpoint",         "timeout-ms",        "synthetic",
                           "layers",      "weights-seed",     "request-id",        "tls-ca",
                           "tls-cert",    "tls-key",          "token-file",        "tls-server-name",
-                          "choice"},
+                          "choice",      "json-schema"},
                    {"ignore-eos", "include-stop-text", "dump-logits", "dump-routing", "prompt-logprobs", "json",
                     "json-object"}));
   // clang-format on
@@ -217,10 +228,17 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   ODMOE_RETURN_IF_ERROR(r.options.Validate(std::numeric_limits<int64_t>::max()));
   r.options.ignore_eos = f.Has("ignore-eos");
   // The constraint's vocabulary comes with the tokenizer (Run), or main's (--endpoint): checked with it there.
-  if (f.Has("json-object") && f.Has("choice")) {
-    return absl::InvalidArgumentError("--json-object and --choice ask for two answers: give one of them");
+  if (static_cast<int>(f.Has("json-object")) + static_cast<int>(f.Has("choice")) +
+          static_cast<int>(f.Has("json-schema")) >
+      1) {
+    return absl::InvalidArgumentError(
+        "--json-object, --json-schema and --choice each ask for an answer of their own: give one of them");
   }
   if (f.Has("json-object")) r.options.constraint.kind = OutputConstraint::Kind::kJsonObject;
+  if (auto path = f.Get("json-schema")) {
+    r.options.constraint.kind = OutputConstraint::Kind::kJsonSchema;
+    ODMOE_ASSIGN_OR_RETURN(r.options.constraint.schema, ReadSchemaFile(*path));
+  }
   if (f.Has("choice")) {
     r.options.constraint.kind = OutputConstraint::Kind::kChoice;
     ODMOE_ASSIGN_OR_RETURN(r.options.constraint.choices, f.List("choice"));
@@ -390,7 +408,8 @@ std::string FlagsForFields(std::string message) {
       {"sampling.repetition_penalty", "--repetition-penalty"},
       {"sampling.logit_bias", "--logit-bias"},
       {"constraint.choices", "--choice"},
-      {"constraint", "--json-object/--choice"},
+      {"constraint.schema", "--json-schema"},
+      {"constraint", "--json-object/--json-schema/--choice"},
       {"ignore_eos", "--ignore-eos"},
   };
   for (const auto& [field, flag] : kFieldFlags) {

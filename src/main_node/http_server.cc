@@ -119,9 +119,7 @@ ApiError BadRequest(std::string message, std::string param = "") {
 // The request field of a GenerateOptions error (FieldOf: a GenerateRequest path such as "sampling.logit_bias")
 // as request `r` names it (a constraint's: the option that asked for it); "" for none.
 std::string ApiParamOf(std::string_view field, const openai::CompletionRequest& r) {
-  if (field.starts_with("constraint")) {
-    return r.constraint.kind == OutputConstraint::Kind::kChoice ? "guided_choice" : "response_format";
-  }
+  if (field.starts_with("constraint")) return r.constraint_param;
   if (field.starts_with("sampling.")) field.remove_prefix(std::string_view("sampling.").size());
   if (field == "logprobs" && r.endpoint == Endpoint::kChatCompletions) return "top_logprobs";
   return std::string(field);

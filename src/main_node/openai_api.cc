@@ -1,12 +1,14 @@
 #include "src/main_node/openai_api.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <utility>
 
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/common/utf8.h"
+#include "src/engine/json_schema.h"
 
 namespace odmoe::openai {
 namespace {
@@ -255,10 +257,12 @@ absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
       if (m != "text") return unsupported("modalities", StrCat("with ", m.dump(), " (only text)"));
     }
   }
-  // vLLM's structured output beyond a choice and a JSON object (ReadConstraint): ignored, it would leave the answer
-  // unconstrained.
-  for (const char* key : {"guided_json", "guided_regex", "guided_grammar"}) {
-    if (Field(body, key) != nullptr) return unsupported(key, "(structured output other than guided_choice)");
+  // vLLM's structured output beyond a choice and a JSON schema (ReadConstraint): ignored, it would leave the
+  // answer unconstrained.
+  for (const char* key : {"guided_regex", "guided_grammar"}) {
+    if (Field(body, key) != nullptr) {
+      return unsupported(key, "(structured output other than guided_choice and guided_json)");
+    }
   }
   // vLLM's prompt logprobs: odmoe answers them to `echo` with `logprobs`.
   if (Field(body, "prompt_logprobs") != nullptr) {
@@ -292,15 +296,51 @@ absl::Status ReadChoices(const Json& list, const std::string& where, const char*
   return absl::OkStatus();
 }
 
-// Structured output, at most one of: OpenAI's `response_format` ({"type": "text"} or {"type": "json_object"};
-// "json_schema" is refused), vLLM's `guided_choice` (a list of strings) and vLLM's `structured_outputs` with
-// `choice` or `json_object: true` (its json, regex, grammar and structural_tag are refused; its whitespace and
-// fallback options are left to odmoe's grammar).
-absl::Status ReadConstraint(const Json& body, ApiError* error, OutputConstraint* out) {
+// The JSON Schema at `path` in the request `body` (its text), into `out`: an object or boolean, or a string that
+// holds one (vLLM's guided_json takes both). The body is read again keeping its objects' keys in the order the
+// client wrote them (Json sorts them), since properties are generated in that order. `param` names the request
+// field in errors, and the schema's own faults are told with CompileJsonSchema's message.
+absl::Status ReadSchema(std::string_view body, std::initializer_list<const char*> path, const char* param,
+                        ApiError* error, OutputConstraint* out) {
+  std::string where;
+  for (const char* key : path) where += StrCat(where.empty() ? "" : ".", key);
+  absl::StatusOr<OrderedJson> ordered = ParseOrderedJson(body, "request body");
+  if (!ordered.ok()) return Fail(error, param, std::string(ordered.status().message()));
+  const OrderedJson* v = &*ordered;
+  for (const char* key : path) {
+    const auto it = v->find(key);
+    if (it == v->end() || it->is_null()) return Fail(error, param, StrCat("'", where, "' is missing"));
+    v = &*it;
+  }
+  std::string text;
+  if (v->is_string()) {
+    text = v->get<std::string>();
+  } else if (v->is_object() || v->is_boolean()) {
+    text = DumpOrderedJson(*v);
+  } else {
+    return Fail(error, param, StrCat("'", where, "' must be a JSON Schema (an object), got ", JsonTypeName(*v)));
+  }
+  if (absl::StatusOr<GrammarProgram> program = CompileJsonSchema(text); !program.ok()) {
+    return Fail(error, param, StrCat("'", where, "' ", program.status().message()));
+  }
+  out->kind = OutputConstraint::Kind::kJsonSchema;
+  out->schema = std::move(text);
+  return absl::OkStatus();
+}
+
+// Structured output, at most one of: OpenAI's `response_format` ({"type": "text"}, {"type": "json_object"} or
+// {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}; the schema is held to
+// whatever `strict` says), vLLM's `guided_choice` (a list of strings), `guided_json` (a schema) and
+// `structured_outputs` with `choice`, `json` or `json_object: true` (its regex, grammar and structural_tag are
+// refused; its whitespace and fallback options are left to odmoe's grammar). `text` is the body `body` was read
+// from.
+absl::Status ReadConstraint(const Json& body, std::string_view text, ApiError* error, CompletionRequest* r) {
+  OutputConstraint* out = &r->constraint;
   const char* asked = nullptr;  // the field that asked for a constraint
   auto one = [&](const char* param) -> absl::Status {
     if (asked != nullptr) return Fail(error, param, StrCat("'", param, "' cannot be combined with '", asked, "'"));
     asked = param;
+    r->constraint_param = param;
     return absl::OkStatus();
   };
   if (const Json* v = Field(body, "response_format")) {
@@ -312,24 +352,36 @@ absl::Status ReadConstraint(const Json& body, ApiError* error, OutputConstraint*
     if (name == "json_object") {
       ODMOE_RETURN_IF_ERROR(one("response_format"));
       out->kind = OutputConstraint::Kind::kJsonObject;
+    } else if (name == "json_schema") {
+      ODMOE_RETURN_IF_ERROR(one("response_format"));
+      const Json* spec = Field(*v, "json_schema");
+      if (spec == nullptr || !spec->is_object()) {
+        return Fail(error, "response_format", "'response_format.json_schema' must be an object with a 'schema'");
+      }
+      ODMOE_RETURN_IF_ERROR(
+          ReadSchema(text, {"response_format", "json_schema", "schema"}, "response_format", error, out));
     } else if (name != "text") {
       return Fail(error, "response_format",
-                  StrCat("'response_format' of type '", name, "' is not supported (only 'text' and 'json_object')"));
+                  StrCat("'response_format' of type '", name,
+                         "' is not supported (only 'text', 'json_object' and 'json_schema')"));
     }
   }
   if (const Json* v = Field(body, "guided_choice")) {
     ODMOE_RETURN_IF_ERROR(one("guided_choice"));
     ODMOE_RETURN_IF_ERROR(ReadChoices(*v, "guided_choice", "guided_choice", error, out));
   }
+  if (Field(body, "guided_json") != nullptr) {
+    ODMOE_RETURN_IF_ERROR(one("guided_json"));
+    ODMOE_RETURN_IF_ERROR(ReadSchema(text, {"guided_json"}, "guided_json", error, out));
+  }
   if (const Json* v = Field(body, "structured_outputs")) {
     constexpr char kParam[] = "structured_outputs";
     if (!v->is_object()) return Fail(error, kParam, TypeError(kParam, "an object", *v));
-    for (const char* key : {"json", "regex", "grammar", "structural_tag"}) {
+    for (const char* key : {"regex", "grammar", "structural_tag"}) {
       if (Field(*v, key) != nullptr) {
-        return Fail(error, kParam,
-                    StrCat("'structured_outputs.", key,
-                           "' is not supported (only 'choice' and "
-                           "'json_object')"));
+        return Fail(
+            error, kParam,
+            StrCat("'structured_outputs.", key, "' is not supported (only 'choice', 'json' and 'json_object')"));
       }
     }
     const Json* flag = Field(*v, "json_object");
@@ -338,8 +390,9 @@ absl::Status ReadConstraint(const Json& body, ApiError* error, OutputConstraint*
     }
     const bool json_object = flag != nullptr && flag->get<bool>();
     const Json* choice = Field(*v, "choice");
-    if (json_object && choice != nullptr) {
-      return Fail(error, kParam, "'structured_outputs' asks for both 'choice' and 'json_object'");
+    const Json* schema = Field(*v, "json");
+    if (static_cast<int>(json_object) + static_cast<int>(choice != nullptr) + static_cast<int>(schema != nullptr) > 1) {
+      return Fail(error, kParam, "'structured_outputs' asks for more than one of 'choice', 'json' and 'json_object'");
     }
     if (json_object) {
       ODMOE_RETURN_IF_ERROR(one(kParam));
@@ -347,6 +400,9 @@ absl::Status ReadConstraint(const Json& body, ApiError* error, OutputConstraint*
     } else if (choice != nullptr) {
       ODMOE_RETURN_IF_ERROR(one(kParam));
       ODMOE_RETURN_IF_ERROR(ReadChoices(*choice, "structured_outputs.choice", kParam, error, out));
+    } else if (schema != nullptr) {
+      ODMOE_RETURN_IF_ERROR(one(kParam));
+      ODMOE_RETURN_IF_ERROR(ReadSchema(text, {"structured_outputs", "json"}, kParam, error, out));
     }
   }
   return absl::OkStatus();
@@ -552,7 +608,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
     ODMOE_RETURN_IF_ERROR(ReadMessages(j, error, &r.messages));
   }
   ODMOE_RETURN_IF_ERROR(RefuseUnsupported(j, error));
-  ODMOE_RETURN_IF_ERROR(ReadConstraint(j, error, &r.constraint));
+  ODMOE_RETURN_IF_ERROR(ReadConstraint(j, body, error, &r));
   std::optional<int64_t> choices;
   ODMOE_RETURN_IF_ERROR(ReadInt(j, "n", error, &choices));
   if (choices && (*choices < 1 || *choices > kMaxChoicesPerPrompt)) {

@@ -114,8 +114,10 @@ struct CompletionRequest {
   // Each token's logprob and this many alternatives (0..kMaxTopLogprobs); -1: no logprobs. Completions'
   // `logprobs`; chat's `top_logprobs` when `logprobs` is true.
   int32_t logprobs = -1;
-  // Structured output: `response_format` json_object, or `guided_choice`.
+  // Structured output: `response_format` json_object or json_schema, `guided_choice`, `guided_json` or
+  // `structured_outputs`; `constraint_param` is the one that asked (errors about the constraint name it).
   OutputConstraint constraint;
+  std::string constraint_param;
 };
 
 // The sampling of a request that leaves these options out: OpenAI's defaults, or what the checkpoint's

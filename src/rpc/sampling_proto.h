@@ -48,6 +48,9 @@ inline void ConstraintToProto(const OutputConstraint& in, v1::OutputConstraint* 
     case OutputConstraint::Kind::kChoice:
       for (const std::string& c : in.choices) out->mutable_choice()->add_choices(c);
       break;
+    case OutputConstraint::Kind::kJsonSchema:
+      out->set_json_schema(in.schema);
+      break;
     case OutputConstraint::Kind::kNone:
       break;
   }
@@ -60,6 +63,9 @@ inline OutputConstraint ConstraintFromProto(const v1::OutputConstraint& in) {
   } else if (in.kind_case() == v1::OutputConstraint::kChoice) {
     out.kind = OutputConstraint::Kind::kChoice;
     out.choices.assign(in.choice().choices().begin(), in.choice().choices().end());
+  } else if (in.kind_case() == v1::OutputConstraint::kJsonSchema) {
+    out.kind = OutputConstraint::Kind::kJsonSchema;
+    out.schema = in.json_schema();
   }
   return out;
 }

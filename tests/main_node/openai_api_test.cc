@@ -157,6 +157,23 @@ TEST(OpenAiParse, DefaultsAndOptions) {
   auto so_none = Parse(R"({"model":"m","prompt":"x","structured_outputs":{"json_object":false}})");
   ASSERT_TRUE(so_none.ok()) << so_none.status();
   EXPECT_FALSE(so_none->constraint.active());
+  // A JSON Schema, its keys kept in the order the client wrote them (the generated properties' order), from
+  // OpenAI's response_format, vLLM's guided_json (an object or a string) and structured_outputs.json.
+  const std::string schema =
+      R"({"type":"object","properties":{"zeta":{"type":"string"},"alpha":{"type":"integer"}},"required":["zeta","alpha"],"additionalProperties":false})";
+  for (const std::string& body :
+       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
+            "json_schema":{"name":"pair","strict":true,"schema":)" +
+            schema + "}}}",
+        R"({"model":"m","messages":[{"role":"user","content":"x"}],"guided_json":)" + schema + "}",
+        R"({"model":"m","messages":[{"role":"user","content":"x"}],"guided_json":)" + Json(schema).dump() + "}",
+        R"({"model":"m","messages":[{"role":"user","content":"x"}],"structured_outputs":{"json":)" + schema + "}}"}) {
+    auto parsed = Parse(body, Endpoint::kChatCompletions);
+    ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << body;
+    EXPECT_EQ(parsed->constraint.kind, OutputConstraint::Kind::kJsonSchema);
+    EXPECT_EQ(parsed->constraint.schema, schema) << body;
+    EXPECT_TRUE(parsed->constraint.Validate().ok());
+  }
 
   // vLLM's top_k: -1 and 0 cut nothing; its other sampling extensions at the values that change nothing.
   auto top_k = Parse(R"({"model":"m","prompt":"x","top_k":40,"min_p":0,"repetition_penalty":1,"min_tokens":0,
@@ -359,19 +376,36 @@ TEST(OpenAiParse, ErrorsNameTheField) {
        Endpoint::kChatCompletions, "tools", "not supported"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})",
        Endpoint::kChatCompletions, "response_format",
-       "'response_format' of type 'json_schema' is not supported (only 'text' and 'json_object')"},
+       "'response_format.json_schema' must be an object with a 'schema'"},
+      {R"({"model":"m","prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n"}}})",
+       Endpoint::kCompletions, "response_format", "'response_format.json_schema.schema' is missing"},
+      {R"({"model":"m","prompt":"x","response_format":{"type":"json_schema","json_schema":{"schema":
+          {"properties":{"a":{"type":"string","pattern":"^a"}}}}}})",
+       Endpoint::kCompletions, "response_format",
+       "'response_format.json_schema.schema' at '/properties/a': 'pattern' is not supported"},
+      {R"({"model":"m","prompt":"x","response_format":{"type":"grammar"}})", Endpoint::kCompletions, "response_format",
+       "'response_format' of type 'grammar' is not supported (only 'text', 'json_object' and "
+       "'json_schema')"},
+      {R"({"model":"m","prompt":"x","guided_json":"{\"type\": "})", Endpoint::kCompletions, "guided_json",
+       "'guided_json' the schema: invalid JSON"},
+      {R"({"model":"m","prompt":"x","guided_json":3})", Endpoint::kCompletions, "guided_json",
+       "'guided_json' must be a JSON Schema (an object), got integer"},
+      {R"({"model":"m","prompt":"x","guided_json":{},"response_format":{"type":"json_object"}})",
+       Endpoint::kCompletions, "guided_json", "'guided_json' cannot be combined with 'response_format'"},
+      {R"({"model":"m","prompt":"x","structured_outputs":{"json":{"anyOf":[{"type":"integer"},{"enum":[1]}]}}})",
+       Endpoint::kCompletions, "structured_outputs",
+       "'structured_outputs.json' at '/': its alternatives at '/anyOf/0' and '/anyOf/1' can both begin with '1'"},
       {R"({"model":"m","prompt":"x","response_format":"json"})", Endpoint::kCompletions, "response_format",
        "an object with a string 'type'"},
       {R"({"model":"m","prompt":"x","response_format":{"type":"json_object"},"guided_choice":["a"]})",
        Endpoint::kCompletions, "guided_choice", "'guided_choice' cannot be combined with 'response_format'"},
       {R"({"model":"m","prompt":"x","guided_choice":["a"],"structured_outputs":{"json_object":true}})",
        Endpoint::kCompletions, "structured_outputs", "cannot be combined with 'guided_choice'"},
-      {R"({"model":"m","prompt":"x","structured_outputs":{"json":{"type":"object"}}})", Endpoint::kCompletions,
-       "structured_outputs", "'structured_outputs.json' is not supported (only 'choice' and 'json_object')"},
+
       {R"({"model":"m","prompt":"x","structured_outputs":{"regex":"a+"}})", Endpoint::kCompletions,
        "structured_outputs", "'structured_outputs.regex' is not supported"},
       {R"({"model":"m","prompt":"x","structured_outputs":{"choice":["a"],"json_object":true}})", Endpoint::kCompletions,
-       "structured_outputs", "both 'choice' and 'json_object'"},
+       "structured_outputs", "more than one of 'choice', 'json' and 'json_object'"},
       {R"({"model":"m","prompt":"x","structured_outputs":{"json_object":1}})", Endpoint::kCompletions,
        "structured_outputs", "'structured_outputs.json_object' must be a boolean"},
       {R"({"model":"m","prompt":"x","structured_outputs":{"choice":[]}})", Endpoint::kCompletions, "structured_outputs",
@@ -397,9 +431,7 @@ TEST(OpenAiParse, ErrorsNameTheField) {
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"modalities":["text","audio"]})",
        Endpoint::kChatCompletions, "modalities", "with \"audio\""},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"guided_regex":"a+"})", Endpoint::kChatCompletions,
-       "guided_regex", "(structured output other than guided_choice) is not supported"},
-      {R"({"model":"m","prompt":"x","guided_json":{"type":"object"}})", Endpoint::kCompletions, "guided_json",
-       "not supported"},
+       "guided_regex", "(structured output other than guided_choice and guided_json) is not supported"},
       {R"({"model":"m","prompt":"x","prompt_logprobs":1})", Endpoint::kCompletions, "prompt_logprobs",
        "echo and logprobs"},
       {R"({"model":"m","messages":[]})", Endpoint::kChatCompletions, "messages", "empty list"},
