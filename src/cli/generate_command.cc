@@ -33,7 +33,8 @@ constexpr char kUsage[] =
     "           [--temperature T --top-k K --top-p P --min-p M --seed S] [--presence-penalty P]\n"
     "           [--frequency-penalty F] [--repetition-penalty R] [--logit-bias ID:BIAS,...]\n"
     "           [--ignore-eos] [--stop-token-ids 1,2 [--include-stop-text]] [--min-tokens N]\n"
-    "           [--json-object | --json-schema FILE | --choice TEXT,TEXT,...] [--backend cpu|mock-gpu|cuda]\n"
+    "           [--json-object | --json-schema FILE | --choice TEXT,TEXT,...] [--compact-json]\n"
+    "           [--backend cpu|mock-gpu|cuda]\n"
     "           [--dump-logits] [--dump-routing] [--logprobs N [--prompt-logprobs]] [--json]\n"
     "       odmoe generate --synthetic CONFIG [--layers N] [--weights-seed S] --prompt-ids 1,2,3 --max-new-tokens N\n"
     "           [the same sampling, backend and output flags]\n"
@@ -50,7 +51,7 @@ constexpr char kUsage[] =
     "  at most --max-new-tokens). Structured output: --json-object makes the answer one JSON object,\n"
     "  --json-schema one JSON value the JSON Schema in FILE describes (src/engine/json_schema.h says which),\n"
     "  --choice exactly one of the comma-separated texts; generation stops once it is whole (not with\n"
-    "  --ignore-eos or --min-tokens; needs the model's tokenizer).\n"
+    "  --ignore-eos or --min-tokens; needs the model's tokenizer). --compact-json: no whitespace in the JSON.\n"
     "  Without --json the text is printed as it is\n"
     "  generated; with --json one JSON object: prompt_ids, tokens, text, stop_reason, last_logits\n"
     "  (--dump-logits), routing (--dump-routing), logprobs (--logprobs N: per token {id, logprob, top: the N\n"
@@ -126,7 +127,7 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
                           "tls-cert",    "tls-key",          "token-file",        "tls-server-name",
                           "choice",      "json-schema"},
                    {"ignore-eos", "include-stop-text", "dump-logits", "dump-routing", "prompt-logprobs", "json",
-                    "json-object"}));
+                    "json-object", "compact-json"}));
   // clang-format on
   Request r;
   if (f.Has("endpoint")) {
@@ -243,6 +244,7 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
     r.options.constraint.kind = OutputConstraint::Kind::kChoice;
     ODMOE_ASSIGN_OR_RETURN(r.options.constraint.choices, f.List("choice"));
   }
+  r.options.constraint.compact = f.Has("compact-json");
   ODMOE_RETURN_IF_ERROR(r.options.constraint.Validate());
   r.options.keep_last_logits = f.Has("dump-logits");
   r.options.record_routing = f.Has("dump-routing");

@@ -63,7 +63,9 @@ struct GrammarNode {
 struct GrammarProgram {
   std::vector<GrammarNode> nodes;  // at most kMaxNodes
   int32_t root = 0;
-  bool leading_whitespace = true;  // whitespace may come before the root value (JSON), or not (choices)
+  // JSON whitespace (as kMaxJsonIndent says) before the root value and between JSON's tokens; none for choices,
+  // or for JSON asked to be compact.
+  bool whitespace = true;
 
   static constexpr size_t kMaxNodes = 4096;
 

@@ -65,8 +65,37 @@ enum JsonMode : uint8_t {
   kJsonDone,         // the value ended
 };
 
-// Inside a string: plain, after a backslash, or 4..1 hex digits of a \u escape still to come (kHex4 - n + 1).
-enum JsonEscape : uint8_t { kPlain, kBackslash, kHex4, kHex3, kHex2, kHex1 };
+// Inside a string: plain, after a backslash, 4..1 hex digits of a \u escape still to come (kHex4 - n + 1), or
+// inside a UTF-8 sequence (RFC 3629): 1..3 continuation bytes to come (kCont1..3), or the second byte of a lead
+// byte whose second byte is narrower (E0: A0-BF, no overlong form; ED: 80-9F, no surrogate; F0: 90-BF; F4: 80-8F,
+// nothing past U+10FFFF).
+enum JsonEscape : uint8_t {
+  kPlain,
+  kBackslash,
+  kHex4,
+  kHex3,
+  kHex2,
+  kHex1,
+  kCont1,
+  kCont2,
+  kCont3,
+  kE0,
+  kED,
+  kF0,
+  kF4
+};
+
+// The escape state after UTF-8 lead byte `b` (>= 0x80), or kPlain when `b` cannot lead a sequence.
+uint8_t Utf8Lead(uint8_t b) {
+  if (b >= 0xc2 && b <= 0xdf) return kCont1;
+  if (b == 0xe0) return kE0;
+  if (b == 0xed) return kED;
+  if (b >= 0xe1 && b <= 0xef) return kCont2;
+  if (b == 0xf0) return kF0;
+  if (b >= 0xf1 && b <= 0xf3) return kCont3;
+  if (b == 0xf4) return kF4;
+  return kPlain;
+}
 
 // Inside a number: after the part named. Those marked (end) may end the number.
 enum JsonNumber : uint8_t {
@@ -165,19 +194,42 @@ bool StartValue(GrammarFrame& f, uint8_t b) {
 }
 
 // A byte inside a string whose opening quote was taken, escapes at `escape`; *closed when it is the closing quote,
-// *starts_char when it begins a character (a byte that is not a UTF-8 continuation, or an escape's backslash).
+// *starts_char when it begins a character (an ASCII byte, a UTF-8 lead byte, or an escape's backslash). The
+// string's bytes are valid UTF-8.
 bool StringByte(uint8_t& escape, uint8_t b, bool* closed, bool* starts_char) {
   *closed = false;
   *starts_char = false;
+  const bool continuation = (b & 0xc0) == 0x80;
   switch (escape) {
     case kPlain:
       if (b == '"') {
         *closed = true;
         return true;
       }
+      *starts_char = true;
       if (b == '\\') escape = kBackslash;
-      *starts_char = (b & 0xc0) != 0x80;
+      if (b >= 0x80) {
+        escape = Utf8Lead(b);
+        return escape != kPlain;
+      }
       return b >= 0x20;
+    case kCont1:
+    case kCont2:
+    case kCont3:
+      escape = escape == kCont1 ? uint8_t{kPlain} : static_cast<uint8_t>(escape - 1);
+      return continuation;
+    case kE0:
+      escape = kCont1;
+      return b >= 0xa0 && b <= 0xbf;
+    case kED:
+      escape = kCont1;
+      return b >= 0x80 && b <= 0x9f;
+    case kF0:
+      escape = kCont2;
+      return b >= 0x90 && b <= 0xbf;
+    case kF4:
+      escape = kCont2;
+      return b >= 0x80 && b <= 0x8f;
     case kBackslash:
       if (b == 'u') {
         escape = kHex4;
@@ -384,9 +436,9 @@ StructuredGrammar::Step StructuredGrammar::Enter(GrammarState& s, int32_t node, 
 StructuredGrammar::Step StructuredGrammar::Take(GrammarState& s, uint8_t b) const {
   GrammarFrame& f = s.frames[s.depth - 1];
   auto taken = [](bool ok) { return ok ? Step::kTaken : Step::kRefused; };
-  auto space = [&] { return taken(Whitespace(s, b)); };
+  auto space = [&] { return taken(program_.whitespace && Whitespace(s, b)); };
   if (f.phase == kStart) {
-    if (s.depth == 1 && program_.leading_whitespace && IsJsonSpace(b)) return space();
+    if (s.depth == 1 && program_.whitespace && IsJsonSpace(b)) return space();
     if (program_.nodes[f.node].kind == Kind::kAnyOf) {
       const int32_t alternative = program_.nodes[f.node].by_first_byte[b];
       if (alternative < 0) return Step::kRefused;
@@ -672,25 +724,29 @@ GrammarProgram GrammarProgram::Literals(std::vector<std::string> texts) {
   texts.erase(std::unique(texts.begin(), texts.end()), texts.end());
   GrammarProgram p;
   p.nodes.push_back(GrammarNode{.kind = GrammarNode::Kind::kLiterals, .literals = std::move(texts)});
-  p.leading_whitespace = false;
+  p.whitespace = false;
   return p;
 }
 
 std::shared_ptr<const ByteGrammar> MakeGrammar(const OutputConstraint& constraint) {
+  GrammarProgram program;
   switch (constraint.kind) {
     case OutputConstraint::Kind::kJsonObject:
-      return std::make_shared<JsonObjectGrammar>();
+      program = GrammarProgram::AnyJsonObject();
+      break;
     case OutputConstraint::Kind::kChoice:
       return std::make_shared<ChoiceGrammar>(constraint.choices);
     case OutputConstraint::Kind::kJsonSchema: {
-      absl::StatusOr<GrammarProgram> program = CompileJsonSchema(constraint.schema);
-      ODMOE_CHECK(program.ok());  // Validate compiled it
-      return std::make_shared<StructuredGrammar>(*std::move(program));
+      absl::StatusOr<GrammarProgram> compiled = CompileJsonSchema(constraint.schema);
+      ODMOE_CHECK(compiled.ok());  // Validate compiled it
+      program = *std::move(compiled);
+      break;
     }
     case OutputConstraint::Kind::kNone:
-      break;
+      return nullptr;
   }
-  return nullptr;
+  program.whitespace = !constraint.compact;
+  return std::make_shared<StructuredGrammar>(std::move(program));
 }
 
 // ---- the vocabulary ---------------------------------------------------------------------------------------------

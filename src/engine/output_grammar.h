@@ -17,7 +17,7 @@
 // The text a grammar reads is the concatenation of the generated tokens' bytes (Tokenizer::TokenText: a
 // SentencePiece "▁" is a space, a byte piece its byte), which is what the answer shows after the prompt.
 // Special tokens stand for no text: a grammar never allows them, apart from the stop ids once complete.
-// JSON strings let bytes >= 0x80 through unchecked: an invalid UTF-8 sequence shows as U+FFFD, still valid JSON.
+// JSON strings hold valid UTF-8 only (a token may end inside a sequence; the next must finish it).
 #pragma once
 
 #include <algorithm>
@@ -51,6 +51,8 @@ struct OutputConstraint {
   // kJsonSchema: the schema as JSON text, its objects' keys in the order the client wrote them (properties are
   // generated in that order); at most kMaxSchemaBytes.
   std::string schema;
+  // JSON: no whitespace before the value or between its tokens (vLLM's disable_any_whitespace); choices have none.
+  bool compact = false;
 
   bool active() const { return kind != Kind::kNone; }
   // InvalidArgument naming the field when the choices are missing, empty, too many or too long, or given without

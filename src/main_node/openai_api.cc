@@ -332,8 +332,8 @@ absl::Status ReadSchema(std::string_view body, std::initializer_list<const char*
 // {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}; the schema is held to
 // whatever `strict` says), vLLM's `guided_choice` (a list of strings), `guided_json` (a schema) and
 // `structured_outputs` with `choice`, `json` or `json_object: true` (its regex, grammar and structural_tag are
-// refused; its whitespace and fallback options are left to odmoe's grammar). `text` is the body `body` was read
-// from.
+// refused; `disable_any_whitespace` makes the JSON compact; its whitespace_pattern and fallback options are left
+// to odmoe's grammar). `text` is the body `body` was read from.
 absl::Status ReadConstraint(const Json& body, std::string_view text, ApiError* error, CompletionRequest* r) {
   OutputConstraint* out = &r->constraint;
   const char* asked = nullptr;  // the field that asked for a constraint
@@ -384,11 +384,17 @@ absl::Status ReadConstraint(const Json& body, std::string_view text, ApiError* e
             StrCat("'structured_outputs.", key, "' is not supported (only 'choice', 'json' and 'json_object')"));
       }
     }
-    const Json* flag = Field(*v, "json_object");
-    if (flag != nullptr && !flag->is_boolean()) {
-      return Fail(error, kParam, TypeError("structured_outputs.json_object", "a boolean", *flag));
-    }
-    const bool json_object = flag != nullptr && flag->get<bool>();
+    auto flag = [&](const char* key, bool* value) -> absl::Status {
+      const Json* f = Field(*v, key);
+      if (f != nullptr && !f->is_boolean()) {
+        return Fail(error, kParam, TypeError(StrCat("structured_outputs.", key), "a boolean", *f));
+      }
+      *value = f != nullptr && f->get<bool>();
+      return absl::OkStatus();
+    };
+    bool json_object = false;
+    ODMOE_RETURN_IF_ERROR(flag("json_object", &json_object));
+    ODMOE_RETURN_IF_ERROR(flag("disable_any_whitespace", &out->compact));
     const Json* choice = Field(*v, "choice");
     const Json* schema = Field(*v, "json");
     if (static_cast<int>(json_object) + static_cast<int>(choice != nullptr) + static_cast<int>(schema != nullptr) > 1) {

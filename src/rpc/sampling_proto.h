@@ -41,6 +41,7 @@ inline SamplingOptions SamplingFromProto(const v1::SamplingParams& in) {
 }
 
 inline void ConstraintToProto(const OutputConstraint& in, v1::OutputConstraint* out) {
+  out->set_compact(in.compact);
   switch (in.kind) {
     case OutputConstraint::Kind::kJsonObject:
       out->set_json_object(true);
@@ -67,6 +68,7 @@ inline OutputConstraint ConstraintFromProto(const v1::OutputConstraint& in) {
     out.kind = OutputConstraint::Kind::kJsonSchema;
     out.schema = in.json_schema();
   }
+  out.compact = in.compact();
   return out;
 }
 

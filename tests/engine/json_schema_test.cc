@@ -100,6 +100,26 @@ TEST(JsonSchemaTest, StringsCountCharactersNotBytes) {
   EXPECT_EQ(Read(*g, "\"a\x01\""), "refused at 2");
 }
 
+// Strings hold valid UTF-8 (RFC 3629), a sequence whole before the closing quote, in any JSON string.
+TEST(JsonSchemaTest, StringsHoldValidUtf8) {
+  auto g = Grammar(R"({"type": "object", "additionalProperties": {"type": "string"}})");
+  ASSERT_NE(g, nullptr);
+  for (const char* ok : {"{\"\xe2\x82\xac\": \"\xf0\x9f\x98\x80\xc3\xa9\xed\x9f\xbf\xf4\x8f\xbf\xbf\"}"}) {
+    EXPECT_EQ(Read(*g, ok), "complete") << ok;
+  }
+  const std::pair<const char*, const char*> refused[] = {
+      {"{\"a\": \"\xc3\"}", "refused at 8"},              // a sequence cut short by the quote
+      {"{\"a\": \"\x80\"}", "refused at 7"},              // a lone continuation byte
+      {"{\"a\": \"\xc0\xaf\"}", "refused at 7"},          // an overlong lead
+      {"{\"a\": \"\xe0\x80\x80\"}", "refused at 8"},      // an overlong three-byte form
+      {"{\"a\": \"\xed\xa0\x80\"}", "refused at 8"},      // a surrogate
+      {"{\"a\": \"\xf4\x90\x80\x80\"}", "refused at 8"},  // past U+10FFFF
+      {"{\"\xff\": \"a\"}", "refused at 2"},              // in a key
+  };
+  for (const auto& [text, where] : refused) EXPECT_EQ(Read(*g, text), where) << text;
+  EXPECT_EQ(Read(JsonObjectGrammar(), "{\"a\": \"\xe2\x82\"}"), "refused at 9");
+}
+
 TEST(JsonSchemaTest, ArraysCountTheirItems) {
   auto g = Grammar(R"({"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 2})");
   ASSERT_NE(g, nullptr);
