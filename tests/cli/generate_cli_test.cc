@@ -2,6 +2,8 @@
 // continuation, --json carries what later tools parse, and bad requests exit with one stderr line and a
 // specific code.
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 #include "gtest/gtest.h"
 #include "src/common/json.h"
@@ -168,6 +170,42 @@ TEST_F(GenerateCliTest, StructuredOutputEndsWhereItsGrammarDoes) {
   EXPECT_EQ(endless.exit_code, 2) << endless.err;
   EXPECT_NE(endless.err.find("--ignore-eos cannot be set with a structured output"), std::string::npos)
       << endless.err;
+}
+
+// --json-schema: the answer is one object of the schema, properties in its order; --compact-json leaves
+// whitespace out. A schema odmoe cannot generate is refused naming the flag and where in the schema.
+TEST_F(GenerateCliTest, JsonSchemaAnswersHoldToTheSchema) {
+  const std::string dir = ::testing::TempDir() + "/generate_json_schema";
+  std::filesystem::create_directories(dir);
+  const std::string schema = dir + "/person.json";
+  std::ofstream(schema) << R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+      "city": {"enum": ["Jerusalem", "Babylon", "Egypt"]}}, "required": ["name", "age", "city"],
+      "additionalProperties": false})";
+  for (const char* temperature : {"0", "1"}) {
+    const Json answer = GenerateJson({"--prompt", "The ark, as JSON:", "--max-new-tokens", "64", "--json-schema",
+                                      schema, "--compact-json", "--temperature", temperature, "--seed", "4"});
+    ASSERT_FALSE(answer.is_null());
+    EXPECT_EQ(answer["stop_reason"], "eos") << answer.dump();
+    absl::StatusOr<OrderedJson> parsed = ParseOrderedJson(answer["text"].get<std::string>(), "the answer");
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    ASSERT_EQ(parsed->size(), 3u) << answer.dump();
+    EXPECT_EQ(parsed->begin().key(), "name");
+    EXPECT_LE((*parsed)["name"].get<std::string>().size(), 20u * 4);
+    EXPECT_TRUE((*parsed)["age"].is_number_integer());
+    EXPECT_GE((*parsed)["age"].get<int>(), 0);
+    EXPECT_LE((*parsed)["age"].get<int>(), 120);
+    const std::string city = (*parsed)["city"];
+    EXPECT_TRUE(city == "Jerusalem" || city == "Babylon" || city == "Egypt") << city;
+    EXPECT_EQ(DumpOrderedJson(*parsed).size(), answer["text"].get<std::string>().size()) << "compact";
+  }
+  const std::string bad = dir + "/bad.json";
+  std::ofstream(bad) << R"({"properties": {"a": {"type": "string", "pattern": "^x"}}})";
+  const RunResult refused = RunProgram({odmoe_, "generate", "--model", SharedModel("tiny-mixtral-kjv"), "--prompt", "x",
+                                        "--max-new-tokens", "4", "--json-schema", bad});
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_NE(refused.err.find("--json-schema at '/properties/a': 'pattern' is not supported"), std::string::npos)
+      << refused.err;
 }
 
 // --stop-token-ids ends generation at the first of them: the id among the tokens, its text left out.

@@ -656,6 +656,43 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   }
   object_chat["stream"] = true;
   EXPECT_EQ(Collect(Post(base + "/v1/chat/completions", object_chat).body, true).text, object_text);
+  // A JSON Schema (vLLM's structured_outputs.json, compact): each sampled answer is an object of the schema,
+  // its properties in the order sent (Json sorts this test's keys: age, name, tribe), and streamed alike.
+  const Json person = ParseOrDie(R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+      "tribe": {"enum": ["Judah", "Levi", "Dan"]}}, "required": ["name", "age", "tribe"]})");
+  Json people = {{"prompt", "And the man said"},
+                 {"max_tokens", 64},
+                 {"temperature", 1},
+                 {"seed", 9},
+                 {"n", 4},
+                 {"structured_outputs", {{"json", person}, {"disable_any_whitespace", true}}}};
+  const HttpResult people_whole = Post(base + "/v1/completions", people);
+  ASSERT_EQ(people_whole.status, 200) << people_whole.body;
+  const Json people_json = ParseOrDie(people_whole.body);  // kept: the loop runs over a part of it
+  for (const Json& c : people_json["choices"]) {
+    ASSERT_EQ(c["finish_reason"], "stop") << c.dump();
+    const std::string text = c["text"];
+    const Json p = ParseOrDie(text);
+    EXPECT_EQ(DumpJson(p).size(), text.size()) << "compact: " << text;
+    EXPECT_EQ(text.substr(0, 7), "{\"age\":") << text;
+    EXPECT_TRUE(p["age"].is_number_integer() && p["age"] >= 0 && p["age"] <= 120) << text;
+    EXPECT_TRUE(p["tribe"] == "Judah" || p["tribe"] == "Levi" || p["tribe"] == "Dan") << text;
+  }
+  people["stream"] = true;
+  const std::string people_stream = Post(base + "/v1/completions", people).body;
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(Collect(people_stream, false, i).text, people_json["choices"][i]["text"]) << i;
+  }
+  const HttpResult unsupported =
+      Post(base + "/v1/chat/completions",
+           {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+            {"response_format",
+             {{"type", "json_schema"},
+              {"json_schema", {{"name", "n"}, {"schema", {{"type", "number"}, {"minimum", 0}}}}}}}});
+  EXPECT_EQ(unsupported.status, 400);
+  EXPECT_EQ(ParseOrDie(unsupported.body)["error"]["param"], "response_format") << unsupported.body;
+  EXPECT_NE(unsupported.body.find("'minimum' on a number is not supported"), std::string::npos) << unsupported.body;
   const HttpResult endless =
       Post(base + "/v1/completions",
            {{"prompt", "x"}, {"ignore_eos", true}, {"response_format", {{"type", "json_object"}}}});
@@ -888,6 +925,33 @@ TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
     answers.insert(text);
   }
   EXPECT_GE(answers.size(), 2u) << "sampled at 1.5, the four answers were one string: " << chosen_json.dump();
+
+  // guided_json over byte-level tokens, many of which hold part of a UTF-8 character: each answer is valid UTF-8
+  // (the JSON parser reads it) with 1..6 characters in the string; structured_outputs' disable_any_whitespace
+  // (asking for nothing else) makes it compact.
+  Json guided = choose;
+  guided.erase("guided_choice");
+  guided["guided_json"] = ParseOrDie(R"({"type": "object", "properties": {"who": {"type": "string",
+      "minLength": 1, "maxLength": 6}, "sure": {"type": "boolean"}}, "required": ["who", "sure"]})");
+  guided["structured_outputs"] = {{"disable_any_whitespace", true}};
+  guided["max_tokens"] = 40;
+  const HttpResult guided_whole = Post(base + "/v1/chat/completions", guided);
+  ASSERT_EQ(guided_whole.status, 200) << guided_whole.body;
+  const Json guided_json = ParseOrDie(guided_whole.body);  // kept: the loop runs over a part of it
+  int whole = 0;
+  for (const Json& c : guided_json["choices"]) {
+    const std::vector<int32_t> ids = c["token_ids"].get<std::vector<int32_t>>();
+    if (c["finish_reason"] != "stop") continue;  // whitespace may fill 40 tokens
+    ++whole;
+    const std::string text = (*hf)->Decode(std::span<const int32_t>(ids).first(ids.size() - 1));
+    const Json v = ParseOrDie(text);
+    EXPECT_EQ(DumpJson(v).size(), text.size()) << "compact: " << text;
+    const std::string who = v["who"];
+    const auto characters = std::count_if(who.begin(), who.end(), [](char ch) { return (ch & 0xc0) != 0x80; });
+    EXPECT_TRUE(characters >= 1 && characters <= 6) << who;
+    EXPECT_TRUE(v["sure"].is_boolean()) << v.dump();
+  }
+  EXPECT_GE(whole, 2) << guided_json.dump();
 
   // Without max_tokens the checkpoint's max_new_tokens applies: the same 12 tokens; a request's own value wins.
   Json unbounded = chat;

@@ -115,8 +115,11 @@ TEST(PickReplayTest, ARollBackReplaysTheKeptTokensAndTheirDraws) {
   EXPECT_EQ(replay.tokens(), after);
 }
 
-// Structured output: the replay bans what main's grammar bans after the same tokens, also after a roll back.
-TEST(PickReplayTest, AConstrainedRuleBansWhatMainsGrammarBans) {
+// Structured output (a JSON object, and a JSON Schema): the replay bans what main's grammar bans after the same
+// tokens, also after a roll back.
+class ConstrainedPickReplayTest : public ::testing::TestWithParam<OutputConstraint> {};
+
+TEST_P(ConstrainedPickReplayTest, BansWhatMainsGrammarBans) {
   const ModelConfig config = SmallVocab();
   std::vector<std::string> bytes(64);
   const std::vector<std::string> texts = {"{", "}", "\"", "a", ":", " ", "1", "{\"", "\":", "true", "b", "]"};
@@ -125,7 +128,7 @@ TEST(PickReplayTest, AConstrainedRuleBansWhatMainsGrammarBans) {
     bytes[id] = std::string(1, static_cast<char>('c' + id % 20));
   GenerateOptions options = SampledAndPenalized();
   options.min_tokens = 0;
-  options.constraint.kind = OutputConstraint::Kind::kJsonObject;
+  options.constraint = GetParam();
   options.vocabulary = std::make_shared<const TokenVocabulary>(bytes);
   ASSERT_TRUE(options.Validate(config.vocab_size).ok());
   auto id = [&](const std::string& t) {
@@ -147,8 +150,17 @@ TEST(PickReplayTest, AConstrainedRuleBansWhatMainsGrammarBans) {
   // The rule travels with its constraint.
   v1::PickRule proto;
   rpc::PickRuleToProto(options, &proto);
-  EXPECT_EQ(rpc::PickRuleFromProto(proto, 16).constraint.kind, OutputConstraint::Kind::kJsonObject);
+  const OutputConstraint travelled = rpc::PickRuleFromProto(proto, 16).constraint;
+  EXPECT_EQ(travelled.kind, GetParam().kind);
+  EXPECT_EQ(travelled.schema, GetParam().schema);
+  EXPECT_EQ(travelled.compact, GetParam().compact);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Constraints, ConstrainedPickReplayTest,
+    ::testing::Values(OutputConstraint{.kind = OutputConstraint::Kind::kJsonObject},
+                      OutputConstraint{.kind = OutputConstraint::Kind::kJsonSchema,
+                                       .schema = R"({"properties": {"a": {"type": "boolean"}}, "required": ["a"]})"}));
 
 TEST(PickReplayTest, GreedyHasNoDrawAndNoChanges) {
   GenerateOptions options;

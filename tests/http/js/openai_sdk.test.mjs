@@ -1,9 +1,9 @@
 // odmoe's OpenAI-compatible HTTP API through the official `openai` JavaScript SDK (the version pinned in
 // package-lock.json, maxRetries: 0): a loopback cluster (`odmoe cluster up`: main with http_address and two
 // workers) serving ../shared/models/tiny-mixtral-kjv; a completion, a chat, streaming (the streamed text equals
-// the whole answer for the same seed), JSON mode, the model list, and a 400 and a 404 surfaced as the SDK's
-// BadRequestError and NotFoundError. Run by tests/http/run_js_tests.sh (ctest http_openai_sdk), which sets
-// ODMOE_BINARY_DIR and ODMOE_SHARED_DIR.
+// the whole answer for the same seed), JSON mode, a JSON Schema read back by beta.chat.completions.parse, the
+// model list, and a 400 and a 404 surfaced as the SDK's BadRequestError and NotFoundError. Run by
+// tests/http/run_js_tests.sh (ctest http_openai_sdk), which sets ODMOE_BINARY_DIR and ODMOE_SHARED_DIR.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -199,6 +199,44 @@ describe(`the OpenAI SDK against a cluster serving ${MODEL}`, { skip: haveModel 
     assert.match(text, /^\s*\{/);
     if (free.choices[0].finish_reason === 'stop') assert.equal(typeof JSON.parse(text), 'object', text);
   });
+
+  test('response_format json_schema: beta.chat.completions.parse reads the answer as an object of the schema',
+    async () => {
+      const cities = ['Jerusalem', 'Babylon', 'Egypt'];
+      const schema = {
+        type: 'object',
+        properties: {
+          name: { type: 'string', maxLength: 20 },
+          age: { type: 'integer', minimum: 0, maximum: 120 },
+          city: { enum: cities },
+        },
+        required: ['name', 'age', 'city'],
+        additionalProperties: false,
+      };
+      for (const temperature of [0, 1]) {
+        const completion = await client.beta.chat.completions.parse({
+          model: MODEL, messages: [{ role: 'user', content: 'A man of the ark, as JSON.' }], max_tokens: 400,
+          temperature, seed: 4, response_format: { type: 'json_schema', json_schema: { name: 'person', strict: true, schema } },
+        });
+        const choice = completion.choices[0];
+        assert.equal(choice.finish_reason, 'stop', choice.message.content);
+        const person = choice.message.parsed;
+        assert.deepEqual(Object.keys(person), ['name', 'age', 'city'], choice.message.content);
+        assert.ok(Number.isInteger(person.age) && person.age >= 0 && person.age <= 120, choice.message.content);
+        assert.ok(cities.includes(person.city), choice.message.content);
+        assert.ok([...person.name].length <= 20, choice.message.content);
+      }
+      const unsupported = { type: 'object', properties: { code: { type: 'string', pattern: '^[A-Z]+$' } } };
+      await assert.rejects(client.chat.completions.create({
+        model: MODEL, messages: [{ role: 'user', content: 'x' }],
+        response_format: { type: 'json_schema', json_schema: { name: 'code', schema: unsupported } },
+      }), (err) => {
+        assert.ok(err instanceof OpenAI.BadRequestError, String(err));
+        assert.equal(err.param, 'response_format');
+        assert.match(err.message, /at '\/properties\/code': 'pattern' is not supported/);
+        return true;
+      });
+    });
 
   test('a bad parameter is a BadRequestError', async () => {
     await assert.rejects(client.completions.create({ model: MODEL, prompt: 'x', n: 0 }), (err) => {
