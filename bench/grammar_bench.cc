@@ -1,8 +1,11 @@
 // odmoe-bench grammar: what structured output costs per pick (src/engine/output_grammar.h). For a vocabulary (a
-// model's tokenizer, or N synthetic word-like tokens) it times the vocabulary's sorting once, then, at states
-// along a JSON object and a choice list, the walk that finds the tokens a state allows (the work of one pick
-// whose grammar state changed; a pick inside a JSON string keeps the state and walks nothing). One JSON line per
-// state, then a table.
+// model's tokenizer, or N synthetic word-like tokens) it times the vocabulary's sorting once and the compiling
+// of a JSON Schema, then, at states along a JSON object, the schema's answer and a choice list, the walk that
+// finds the tokens a state allows (the work of one pick whose grammar state changed; a pick inside a JSON string
+// keeps the state and walks nothing, unless the string's length is bounded). One JSON line per state, then a
+// table.
+#include <algorithm>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +16,7 @@
 #include "src/common/json.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
+#include "src/engine/json_schema.h"
 #include "src/engine/output_grammar.h"
 #include "src/model/model_config.h"
 #include "src/model/tokenizer.h"
@@ -73,7 +77,28 @@ absl::Status RunGrammar(const std::vector<std::string>& args) {
   const double sort_ms = SecondsSince(start) * 1e3;
   PrintJsonLine({{"bench", "grammar"}, {"vocabulary", source}, {"tokens", vocabulary.size()}, {"sort_ms", sort_ms}});
 
+  // A schema of the kind a client sends: bounded strings and integers, an enum, an array of objects, an optional
+  // property.
+  constexpr char kSchema[] = R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
+      "nick": {"type": "string"}, "tags": {"type": "array", "maxItems": 8, "items": {"type": "object",
+      "properties": {"k": {"enum": ["colour", "size", "shape"]}, "v": {"type": "number"}}, "required": ["k", "v"]}}},
+      "required": ["name", "age", "tags"], "additionalProperties": false})";
+  std::vector<double> compile_times;
+  std::optional<GrammarProgram> program;
+  for (int64_t r = 0; r < repeat; ++r) {
+    const Clock::time_point t = Clock::now();
+    absl::StatusOr<GrammarProgram> compiled = CompileJsonSchema(kSchema);
+    compile_times.push_back(SecondsSince(t) * 1e3);
+    if (!compiled.ok()) return compiled.status();
+    program = *std::move(compiled);
+  }
+  const double compile_ms = Median(compile_times);
+  const size_t schema_nodes = program->nodes.size();
+  PrintJsonLine({{"bench", "grammar"}, {"schema_nodes", schema_nodes}, {"compile_ms", compile_ms}});
+
   const JsonObjectGrammar json;
+  const StructuredGrammar schema(*std::move(program));
   const ChoiceGrammar choice({"Yes", "No", "Let there be light"});
   const std::vector<std::pair<const ByteGrammar*, std::string>> states = {
       {&json, ""},
@@ -83,6 +108,11 @@ absl::Status RunGrammar(const std::vector<std::string>& args) {
       {&json, "{\"key\": 12"},
       {&json, "{\"key\": \"some text"},
       {&json, "{\"key\": [true,\n  "},
+      {&schema, ""},
+      {&schema, "{\"name\": \"Ann"},
+      {&schema, "{\"name\": \"Ann\", "},
+      {&schema, "{\"name\": \"Ann\", \"age\": 4"},
+      {&schema, "{\"name\": \"Ann\", \"age\": 42, \"tags\": [{\"k\": \"size\", \"v\": "},
       {&choice, ""},
       {&choice, "Let th"},
   };
@@ -102,7 +132,7 @@ absl::Status RunGrammar(const std::vector<std::string>& args) {
       vocabulary.MarkAllowed(*grammar, state, &allowed);
       times.push_back(SecondsSince(t) * 1e3);
     }
-    Row row{grammar == &json ? "json_object" : "choice", text, Median(times),
+    Row row{grammar == &json ? "json_object" : grammar == &schema ? "json_schema" : "choice", text, Median(times),
             static_cast<int64_t>(std::count(allowed.begin(), allowed.end(), 1))};
     PrintJsonLine({{"bench", "grammar"},
                    {"vocabulary", source},
@@ -113,11 +143,14 @@ absl::Status RunGrammar(const std::vector<std::string>& args) {
                    {"allowed", row.allowed}});
     rows.push_back(std::move(row));
   }
-  std::printf("\n%s: %lld tokens, sorted in %.1f ms\n%-12s %-24s %10s %10s\n", source.c_str(),
-              static_cast<long long>(vocabulary.size()), sort_ms, "grammar", "after", "walk_ms", "allowed");
+  int width = 5;
+  for (const Row& r : rows) width = std::max(width, static_cast<int>(Json(r.text).dump().size()));
+  std::printf("\n%s: %lld tokens, sorted in %.1f ms; a schema of %zu nodes compiled in %.3f ms\n%-12s %-*s %10s %10s\n",
+              source.c_str(), static_cast<long long>(vocabulary.size()), sort_ms, schema_nodes, compile_ms, "grammar",
+              width, "after", "walk_ms", "allowed");
   for (const Row& r : rows) {
     std::string shown = Json(r.text).dump();
-    std::printf("%-12s %-24s %10.3f %10lld\n", r.grammar.c_str(), shown.c_str(), r.walk_ms,
+    std::printf("%-12s %-*s %10.3f %10lld\n", r.grammar.c_str(), width, shown.c_str(), r.walk_ms,
                 static_cast<long long>(r.allowed));
   }
   return absl::OkStatus();

@@ -766,11 +766,16 @@ TokenVocabulary::TokenVocabulary(std::vector<std::string> bytes) : bytes_(std::m
   }
   std::sort(sorted_.begin(), sorted_.end(), [&](int32_t a, int32_t b) { return bytes_[a] < bytes_[b]; });
   shared_.assign(sorted_.size(), 0);
-  for (size_t i = 1; i < sorted_.size(); ++i) {
-    const std::string& a = bytes_[sorted_[i - 1]];
+  offsets_.assign(1, 0);
+  for (size_t i = 0; i < sorted_.size(); ++i) {
     const std::string& b = bytes_[sorted_[i]];
-    const auto diff = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
-    shared_[i] = static_cast<uint32_t>(diff.first - a.begin());
+    if (i > 0) {
+      const std::string& a = bytes_[sorted_[i - 1]];
+      const auto diff = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+      shared_[i] = static_cast<uint32_t>(diff.first - a.begin());
+    }
+    sorted_bytes_ += b;
+    offsets_.push_back(static_cast<uint32_t>(sorted_bytes_.size()));
   }
 }
 
@@ -784,7 +789,7 @@ void TokenVocabulary::MarkAllowed(const ByteGrammar& grammar, const GrammarState
   size_t valid = 0;
   size_t refused_at = SIZE_MAX;
   for (size_t i = 0; i < sorted_.size(); ++i) {
-    const std::string& token = bytes_[sorted_[i]];
+    const std::string_view token(sorted_bytes_.data() + offsets_[i], offsets_[i + 1] - offsets_[i]);
     const size_t shared = shared_[i];
     if (refused_at != SIZE_MAX && shared > refused_at) continue;  // shares the refused prefix
     refused_at = SIZE_MAX;

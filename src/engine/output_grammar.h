@@ -87,7 +87,10 @@ struct GrammarState {
     depth = other.depth;
     spaces = other.spaces;
     dead = other.dead;
-    std::copy_n(other.frames.begin(), depth, frames.begin());
+    // The first two frames always (two moves; most states are no deeper), the rest one by one.
+    frames[0] = other.frames[0];
+    frames[1] = other.frames[1];
+    for (size_t i = 2; i < depth; ++i) frames[i] = other.frames[i];
     return *this;
   }
   bool operator==(const GrammarState& other) const {
@@ -165,6 +168,10 @@ class TokenVocabulary {
   std::vector<std::string> bytes_;  // by id
   std::vector<int32_t> sorted_;     // the ids with bytes, ordered by their bytes
   std::vector<uint32_t> shared_;    // shared_[i]: the leading bytes sorted_[i] has in common with sorted_[i - 1]
+  // The bytes of sorted_[i] at [offsets_[i], offsets_[i + 1]) of sorted_bytes_: one walk reads them in order
+  // rather than each token's string wherever it lies.
+  std::string sorted_bytes_;
+  std::vector<uint32_t> offsets_;
 };
 
 // One request's constraint: the grammar's state after the tokens recorded so far, and the ids its next pick may
