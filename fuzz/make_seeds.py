@@ -218,6 +218,35 @@ def request_seeds():
         out("follow_message_fuzzer", f"{name}.pb", encode("odmoe.v1.FollowMessage", proto, text))
 
 
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 20},
+        "age": {"type": "integer", "minimum": -5, "exclusiveMaximum": 130},
+        "tags": {"type": "array", "items": {"enum": ["a", 1, None, {"k": [True]}]}, "maxItems": 3},
+        "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]},
+        "extra": {"type": "object", "additionalProperties": {"type": ["number", "boolean"]}},
+        "any": {},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def schema_seeds():
+    # A schema, a NUL byte, then a text to read with its grammar.
+    for name, schema, text in [
+        ("person", PERSON_SCHEMA, '{"name": "Ann \u00e9Ã©", "age": 42, "tags": ["a", {"k":[true]}], '
+                                  '"next": {"name": "B", "age": -5, "next": null}, "extra": {"x": 1.5e3}, "any": [{}]}'),
+        ("choice_like", {"enum": ["yes", "no", 12, 1.5]}, "12"),
+        ("defs", {"$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}, "minItems": 0}},
+                  "$ref": "#/$defs/t"}, "[[], [[]], [[[]]]]"),
+        ("refused", {"type": "string", "pattern": "a+"}, '"a"'),
+        ("json_object", True, '\n  {"a": [1, -0.5e+3, "â¬"]}'),
+    ]:
+        out("json_schema_fuzzer", f"{name}.bin", json.dumps(schema).encode() + b"\0" + text.encode("latin-1"))
+
+
 def openai_seeds():
     # The first byte picks the endpoint: "0" /v1/completions, "1" /v1/chat/completions; the rest is the body.
     for name, endpoint, body in [
@@ -238,6 +267,11 @@ def openai_seeds():
                        "max_completion_tokens": 16, "temperature": 0.7, "stream": True}),
         ("chat_tools", "1", {"model": "m", "messages": [{"role": "user", "content": "x"}],
                              "tools": [{"type": "function", "function": {"name": "f"}}]}),
+        ("chat_json_schema", "1", {"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                   "response_format": {"type": "json_schema", "json_schema": {
+                                       "name": "p", "strict": True, "schema": PERSON_SCHEMA}}}),
+        ("completion_guided_json", "0", {"model": "m", "prompt": "x", "guided_json": json.dumps(PERSON_SCHEMA),
+                                         "structured_outputs": {"disable_any_whitespace": True}}),
     ]:
         out("openai_request_fuzzer", f"{name}.json", endpoint + json.dumps(body))
     out("openai_request_fuzzer", "malformed.json", '0{"model": "m", "prompt": ')
@@ -251,4 +285,5 @@ if __name__ == "__main__":
     rpc_seeds()
     request_seeds()
     openai_seeds()
+    schema_seeds()
     print("seeds written under", CORPUS, file=sys.stderr)

@@ -19,7 +19,7 @@ seed=${FUZZ_SEED:-1}
 
 all_targets=(safetensors_fuzzer model_config_fuzzer cluster_config_fuzzer tokenizer_fuzzer hf_tokenizer_fuzzer rpc_tensor_fuzzer
   worker_request_fuzzer prefetch_request_fuzzer generate_request_fuzzer follow_message_fuzzer
-  openai_request_fuzzer)
+  openai_request_fuzzer json_schema_fuzzer)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all_targets[@]}")
 
