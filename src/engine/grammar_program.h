@@ -19,6 +19,9 @@ namespace odmoe {
 // The most strings a choice constraint (or a schema's enum) may list, and the most bytes of each.
 inline constexpr size_t kMaxChoices = 256;
 inline constexpr size_t kMaxChoiceBytes = 1024;
+// The most values open at once in an answer (GrammarState's frames): a JSON Schema's objects and arrays nest at
+// most this deep (an "any value" node's own JSON counts once, whatever its nesting up to kMaxJsonDepth).
+inline constexpr int kMaxGrammarDepth = 24;
 
 struct GrammarNode {
   enum class Kind : uint8_t {
@@ -52,6 +55,10 @@ struct GrammarNode {
   std::vector<std::string> literals;         // kLiterals: sorted, each once, none empty
   std::vector<int32_t> alternatives;         // kAnyOf: none a kAnyOf itself
   std::array<int32_t, 256> by_first_byte{};  // kAnyOf: the alternative a value starting with the byte is, or -1
+  // The fewest values open at once that a whole value of this node needs, itself included (an anyOf: its
+  // shallowest alternative's). A value is begun only where it can be finished within kMaxGrammarDepth, so an
+  // answer never reaches a state with no way to end.
+  int32_t min_depth = 1;
 
   // An object's properties fit a 64-bit mask of the keys still matching.
   static constexpr size_t kMaxProperties = 64;

@@ -97,6 +97,11 @@ class SchemaCompiler {
   absl::StatusOr<GrammarProgram> Run() {
     ODMOE_ASSIGN_OR_RETURN(const int32_t root, Compile(root_, "", 0));
     ODMOE_RETURN_IF_ERROR(ResolveAnyOf());
+    SetMinDepths();
+    if (program_.nodes[root].min_depth > kMaxGrammarDepth) {
+      return Error("", "no value of the schema nests at most ", kMaxGrammarDepth,
+                   " objects and arrays deep (required properties or minItems recurse without end, or nest deeper)");
+    }
     program_.root = root;
     return std::move(program_);
   }
@@ -575,6 +580,41 @@ class SchemaCompiler {
       }
     }
     return absl::OkStatus();
+  }
+
+  // GrammarNode::min_depth of every node: the least fixed point, from "no value" down (a node that needs itself
+  // again, through required properties or minItems, keeps "no value": more than kMaxGrammarDepth).
+  void SetMinDepths() {
+    constexpr int32_t kNone = kMaxGrammarDepth + 1;
+    std::vector<GrammarNode>& nodes = program_.nodes;
+    for (GrammarNode& n : nodes) n.min_depth = kNone;
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (GrammarNode& n : nodes) {
+        int32_t d = 1;
+        switch (n.kind) {
+          case Kind::kArray:
+            if (n.min_count > 0) d = 1 + nodes[n.item].min_depth;
+            break;
+          case Kind::kObject:
+            for (const GrammarNode::Property& p : n.properties) {
+              if (p.required) d = std::max(d, 1 + nodes[p.node].min_depth);
+            }
+            break;
+          case Kind::kAnyOf:
+            d = kNone;
+            for (const int32_t alt : n.alternatives) d = std::min(d, nodes[alt].min_depth);
+            break;
+          default:
+            break;
+        }
+        d = std::min(d, kNone);
+        if (d < n.min_depth) {
+          n.min_depth = d;
+          changed = true;
+        }
+      }
+    }
   }
 
   const OrderedJson& root_;

@@ -18,7 +18,8 @@
 // generated this way (pattern, multipleOf, not, if/then/else, prefixItems, uniqueItems, contains, min/max
 // properties, patternProperties, propertyNames, dependent*, unevaluated*), bounds on a number, anyOf alternatives
 // that can begin with the same byte, additionalProperties true or a schema beside properties, $ref outside the
-// document, and schemas past the limits below.
+// document, schemas past the limits below, and schemas none of whose values nests at most kMaxGrammarDepth
+// objects and arrays deep (a required property that recurses without end).
 #pragma once
 
 #include <cstddef>

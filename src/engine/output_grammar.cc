@@ -428,7 +428,7 @@ void StructuredGrammar::Pop(GrammarState& s) const {
 }
 
 StructuredGrammar::Step StructuredGrammar::Enter(GrammarState& s, int32_t node, uint8_t b) const {
-  if (s.depth >= kMaxGrammarDepth) return Step::kRefused;
+  if (s.depth + program_.nodes[node].min_depth > kMaxGrammarDepth) return Step::kRefused;
   s.frames[s.depth++] = GrammarFrame{.node = static_cast<uint16_t>(node)};
   return Take(s, b);
 }
@@ -441,7 +441,9 @@ StructuredGrammar::Step StructuredGrammar::Take(GrammarState& s, uint8_t b) cons
     if (s.depth == 1 && program_.whitespace && IsJsonSpace(b)) return space();
     if (program_.nodes[f.node].kind == Kind::kAnyOf) {
       const int32_t alternative = program_.nodes[f.node].by_first_byte[b];
-      if (alternative < 0) return Step::kRefused;
+      if (alternative < 0 || s.depth - 1 + program_.nodes[alternative].min_depth > kMaxGrammarDepth) {
+        return Step::kRefused;
+      }
       f.node = static_cast<uint16_t>(alternative);
     }
   }

@@ -40,9 +40,6 @@ namespace odmoe {
 // that a model cannot pad an answer with whitespace forever.
 inline constexpr int kMaxJsonDepth = 64;
 inline constexpr int kMaxJsonIndent = 20;
-// The deepest nesting of a JSON Schema's objects and arrays (those an "any value" schema holds count once,
-// whatever their own nesting up to kMaxJsonDepth).
-inline constexpr int kMaxGrammarDepth = 24;
 
 struct OutputConstraint {
   enum class Kind { kNone, kJsonObject, kChoice, kJsonSchema };

@@ -173,11 +173,26 @@ TEST(JsonSchemaTest, RefsRecurseAndMapsTakeAnyKey) {
   ASSERT_NE(tree, nullptr);
   EXPECT_EQ(Read(*tree, R"({"v": 1, "kids": [{"v": 2}, {"v": 3, "kids": [{"v": 4, "kids": []}]}]})"), "complete");
   EXPECT_EQ(Read(*tree, R"({"v": 1, "kids": [{"kids": []}]})"), "refused at 20");
-  // Deeper than kMaxGrammarDepth frames, the answer cannot open another.
-  std::string deep = "{\"v\": 0";
-  int depth = 1;
-  for (; depth < kMaxGrammarDepth + 2; depth += 2) deep += ", \"kids\": [{\"v\": 0";
-  EXPECT_NE(Read(*tree, deep), "prefix");
+  // An answer goes as deep as kMaxGrammarDepth lets it, and then no deeper: the last kids array it may open is
+  // one whose node it could still finish there ("v" is required), and from there it can always end.
+  GrammarState s = tree->Start();
+  for (const char c : std::string("{\"v\": 0")) ASSERT_TRUE(tree->Advance(s, static_cast<uint8_t>(c)));
+  int levels = 0;
+  for (;; ++levels) {
+    GrammarState t = s;
+    bool taken = true;
+    for (const char c : std::string(", \"kids\": [{\"v\": 0"))
+      taken = taken && tree->Advance(t, static_cast<uint8_t>(c));
+    if (!taken) break;
+    s = t;
+  }
+  // Level L's object is frame 2L + 1 (the root, then an array and an object per level), its "v" frame 2L + 2.
+  EXPECT_EQ(levels, (kMaxGrammarDepth - 2) / 2);
+  for (int i = 0; i < levels; ++i) {
+    for (const char c : std::string("}]")) ASSERT_TRUE(tree->Advance(s, static_cast<uint8_t>(c)));
+  }
+  ASSERT_TRUE(tree->Advance(s, '}'));
+  EXPECT_TRUE(tree->Complete(s));
 
   auto map = Grammar(R"({"type": "object", "additionalProperties": {"type": "number"}})");
   ASSERT_NE(map, nullptr);
@@ -221,6 +236,11 @@ TEST(JsonSchemaTest, RefusedSchemasSayWhereAndWhy) {
       {R"({"$ref": "#/$defs/a", "type": "object", "$defs": {"a": {}}})",
        "at '/': '$ref' beside 'type' is not supported; put them in one schema"},
       {R"({"allOf": [{}, {}]})", "at '/': 'allOf' is supported with one schema only"},
+      {R"({"properties": {"next": {"$ref": "#"}}, "required": ["next"]})",
+       "at '/': no value of the schema nests at most 24 objects and arrays deep (required properties or minItems "
+       "recurse without end, or nest deeper)"},
+      {R"({"$defs": {"a": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/a"}}}, "$ref": "#/$defs/a"})",
+       "at '/': no value of the schema nests at most 24"},
       {"[1]", "at '/': a schema must be an object or a boolean, got array"},
       {"{", "the schema: invalid JSON: "},
   };
