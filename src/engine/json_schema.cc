@@ -626,10 +626,15 @@ class SchemaCompiler {
 
 absl::StatusOr<GrammarProgram> CompileJsonSchema(std::string_view schema) {
   if (schema.size() > kMaxSchemaBytes) {
-    return absl::InvalidArgumentError(StrCat("the schema has ", schema.size(), " bytes, at most ", kMaxSchemaBytes));
+    return absl::InvalidArgumentError(StrCat("has ", schema.size(), " bytes, at most ", kMaxSchemaBytes));
   }
-  absl::StatusOr<OrderedJson> parsed = ParseOrderedJson(schema, "the schema");
-  if (!parsed.ok()) return absl::InvalidArgumentError(parsed.status().message());
+  absl::StatusOr<OrderedJson> parsed = ParseOrderedJson(schema, "schema");
+  if (!parsed.ok()) {  // "schema: invalid JSON: <the parser's words>"
+    const std::string message(parsed.status().message());
+    const size_t words = message.find("invalid JSON: ");
+    return absl::InvalidArgumentError(
+        StrCat("is not JSON: ", words == std::string::npos ? message : message.substr(words + 14)));
+  }
   return SchemaCompiler(*parsed).Run();
 }
 

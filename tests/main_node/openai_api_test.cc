@@ -387,7 +387,7 @@ TEST(OpenAiParse, ErrorsNameTheField) {
        "'response_format' of type 'grammar' is not supported (only 'text', 'json_object' and "
        "'json_schema')"},
       {R"({"model":"m","prompt":"x","guided_json":"{\"type\": "})", Endpoint::kCompletions, "guided_json",
-       "'guided_json' the schema: invalid JSON"},
+       "'guided_json' is not JSON: [json.exception.parse_error.101]"},
       {R"({"model":"m","prompt":"x","guided_json":3})", Endpoint::kCompletions, "guided_json",
        "'guided_json' must be a JSON Schema (an object), got integer"},
       {R"({"model":"m","prompt":"x","guided_json":{},"response_format":{"type":"json_object"}})",
