@@ -62,7 +62,7 @@ struct GrammarNode {
 
   // An object's properties fit a 64-bit mask of the keys still matching.
   static constexpr size_t kMaxProperties = 64;
-  // Integers have at most 18 digits, so that every one fits an int64 with room to add a digit.
+  // Integers have at most 18 digits, so that every one fits an int64.
   static constexpr int kMaxIntegerDigits = 18;
   static constexpr int64_t kMaxIntegerMagnitude = 999'999'999'999'999'999;
 };

@@ -557,6 +557,9 @@ class SchemaCompiler {
       } else if (literal_nodes.size() > 1) {  // one node, named after the first of them
         std::sort(literals.begin(), literals.end());
         literals.erase(std::unique(literals.begin(), literals.end()), literals.end());
+        if (literals.size() > 0xffff) {  // a literal frame's range holds 16-bit indices
+          return Error(program_.nodes[i].path, "its consts and enums hold ", literals.size(), " values, at most 65535");
+        }
         ODMOE_ASSIGN_OR_RETURN(const int32_t merged, Add(GrammarNode{.kind = Kind::kLiterals,
                                                                      .path = program_.nodes[literal_nodes[0]].path,
                                                                      .literals = std::move(literals)}));

@@ -666,11 +666,10 @@ StructuredGrammar::Step StructuredGrammar::Take(GrammarState& s, uint8_t b) cons
           return Step::kTaken;
         case kIntDigits:
           if (digit) {
-            const int64_t grown = static_cast<int64_t>(f.bits) * 10 + d;
             const int digits = static_cast<int>(f.count) + 1;
-            if (digits > GrammarNode::kMaxIntegerDigits || !IntegerReachable(n, f.sub != 0, grown, digits)) {
-              return Step::kRefused;
-            }
+            if (digits > GrammarNode::kMaxIntegerDigits) return Step::kRefused;
+            const int64_t grown = static_cast<int64_t>(f.bits) * 10 + d;
+            if (!IntegerReachable(n, f.sub != 0, grown, digits)) return Step::kRefused;
             f.bits = static_cast<uint64_t>(grown);
             f.count = static_cast<uint32_t>(digits);
             return Step::kTaken;

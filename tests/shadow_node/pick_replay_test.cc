@@ -160,7 +160,11 @@ INSTANTIATE_TEST_SUITE_P(
     Constraints, ConstrainedPickReplayTest,
     ::testing::Values(OutputConstraint{.kind = OutputConstraint::Kind::kJsonObject},
                       OutputConstraint{.kind = OutputConstraint::Kind::kJsonSchema,
-                                       .schema = R"({"properties": {"a": {"type": "boolean"}}, "required": ["a"]})"}));
+                                       .schema = R"({"properties": {"a": {"type": "boolean"}}, "required": ["a"]})"}),
+    [](const ::testing::TestParamInfo<OutputConstraint>& param_info) {
+      return param_info.param.kind == OutputConstraint::Kind::kJsonObject ? std::string("JsonObject")
+                                                                          : std::string("JsonSchema");
+    });
 
 TEST(PickReplayTest, GreedyHasNoDrawAndNoChanges) {
   GenerateOptions options;
