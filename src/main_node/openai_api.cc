@@ -329,8 +329,8 @@ absl::Status ReadSchema(std::string_view body, std::initializer_list<const char*
 }
 
 // Structured output, at most one of: OpenAI's `response_format` ({"type": "text"}, {"type": "json_object"} or
-// {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}; the schema is held to
-// whatever `strict` says), vLLM's `guided_choice` (a list of strings), `guided_json` (a schema) and
+// {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}; the answer is held to
+// the schema whatever `strict` says), vLLM's `guided_choice` (a list of strings), `guided_json` (a schema) and
 // `structured_outputs` with `choice`, `json` or `json_object: true` (its regex, grammar and structural_tag are
 // refused; `disable_any_whitespace` makes the JSON compact; its whitespace_pattern and fallback options are left
 // to odmoe's grammar). `text` is the body `body` was read from.

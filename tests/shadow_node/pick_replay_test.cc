@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <ostream>
 #include <span>
 #include <string>
 #include <utility>
@@ -14,6 +15,12 @@
 #include "src/rpc/sampling_proto.h"
 
 namespace odmoe {
+
+// How gtest shows a constraint parameter (its kind and schema), rather than a dump of its bytes.
+static void PrintTo(const OutputConstraint& c, std::ostream* os) {
+  *os << "constraint kind " << static_cast<int>(c.kind) << (c.schema.empty() ? "" : " schema ") << c.schema;
+}
+
 namespace {
 
 ModelConfig SmallVocab() {
