@@ -236,13 +236,14 @@ PERSON_SCHEMA = {
 def schema_seeds():
     # A schema, a NUL byte, then a text to read with its grammar.
     for name, schema, text in [
-        ("person", PERSON_SCHEMA, '{"name": "Ann \u00e9Ã©", "age": 42, "tags": ["a", {"k":[true]}], '
+        ("person", PERSON_SCHEMA, '{"name": "Ann \\u00e9\xc3\xa9", "age": 42, "tags": ["a", {"k":[true]}], '
                                   '"next": {"name": "B", "age": -5, "next": null}, "extra": {"x": 1.5e3}, "any": [{}]}'),
         ("choice_like", {"enum": ["yes", "no", 12, 1.5]}, "12"),
         ("defs", {"$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}, "minItems": 0}},
                   "$ref": "#/$defs/t"}, "[[], [[]], [[[]]]]"),
         ("refused", {"type": "string", "pattern": "a+"}, '"a"'),
-        ("json_object", True, '\n  {"a": [1, -0.5e+3, "â¬"]}'),
+        ("json_object", True, '\n  {"a": [1, -0.5e+3, "\xe2\x82\xac"]}'),
+        ("surrogates", {"type": "string", "maxLength": 2}, '"\\ud83d\\ude00\\ud800"'),
     ]:
         out("json_schema_fuzzer", f"{name}.bin", json.dumps(schema).encode() + b"\0" + text.encode("latin-1"))
 

@@ -68,7 +68,10 @@ enum JsonMode : uint8_t {
 // Inside a string: plain, after a backslash, 4..1 hex digits of a \u escape still to come (kHex4 - n + 1), or
 // inside a UTF-8 sequence (RFC 3629): 1..3 continuation bytes to come (kCont1..3), or the second byte of a lead
 // byte whose second byte is narrower (E0: A0-BF, no overlong form; ED: 80-9F, no surrogate; F0: 90-BF; F4: 80-8F,
-// nothing past U+10FFFF).
+// nothing past U+10FFFF). A \u escape of a UTF-16 surrogate comes in a pair, high (D800-DBFF) then low
+// (DC00-DFFF), as strict parsers (nlohmann's, serde's) demand: after a first hex digit D (kHexD), after a high
+// surrogate's third and fourth digits to come (kHigh2, kHigh1), and its low half's '\\', 'u', 'D' and C-F
+// (kLowBackslash .. kLowC).
 enum JsonEscape : uint8_t {
   kPlain,
   kBackslash,
@@ -76,6 +79,13 @@ enum JsonEscape : uint8_t {
   kHex3,
   kHex2,
   kHex1,
+  kHexD,
+  kHigh2,
+  kHigh1,
+  kLowBackslash,
+  kLowU,
+  kLowD,
+  kLowC,
   kCont1,
   kCont2,
   kCont3,
@@ -194,8 +204,8 @@ bool StartValue(GrammarFrame& f, uint8_t b) {
 }
 
 // A byte inside a string whose opening quote was taken, escapes at `escape`; *closed when it is the closing quote,
-// *starts_char when it begins a character (an ASCII byte, a UTF-8 lead byte, or an escape's backslash). The
-// string's bytes are valid UTF-8.
+// *starts_char when it begins a character (an ASCII byte, a UTF-8 lead byte, or an escape's backslash, the low
+// half of a surrogate pair's apart). The string's bytes are valid UTF-8, and its escapes name Unicode scalars.
 bool StringByte(uint8_t& escape, uint8_t b, bool* closed, bool* starts_char) {
   *closed = false;
   *starts_char = false;
@@ -237,9 +247,37 @@ bool StringByte(uint8_t& escape, uint8_t b, bool* closed, bool* starts_char) {
       }
       escape = kPlain;
       return b == '"' || b == '\\' || b == '/' || b == 'b' || b == 'f' || b == 'n' || b == 'r' || b == 't';
-    default:  // a hex digit of \u
-      escape = escape == kHex1 ? uint8_t{kPlain} : static_cast<uint8_t>(escape + 1);
+    case kHex4:
+      escape = b == 'd' || b == 'D' ? kHexD : kHex3;
       return IsHex(b);
+    case kHexD:  // 0-7: below the surrogates; 8-B: a high surrogate; C-F: a low one with no high before it
+      escape = b <= '7' ? kHex2 : kHigh2;
+      return (b >= '0' && b <= '9') || (b >= 'a' && b <= 'b') || (b >= 'A' && b <= 'B');
+    case kHex3:
+    case kHex2:
+    case kHigh2:
+      ++escape;
+      return IsHex(b);
+    case kHex1:
+      escape = kPlain;
+      return IsHex(b);
+    case kHigh1:
+      escape = kLowBackslash;
+      return IsHex(b);
+    case kLowBackslash:
+      escape = kLowU;
+      return b == '\\';
+    case kLowU:
+      escape = kLowD;
+      return b == 'u';
+    case kLowD:
+      escape = kLowC;
+      return b == 'd' || b == 'D';
+    case kLowC:
+      escape = kHex2;
+      return (b >= 'c' && b <= 'f') || (b >= 'C' && b <= 'F');
+    default:
+      return false;
   }
 }
 

@@ -120,6 +120,24 @@ TEST(JsonSchemaTest, StringsHoldValidUtf8) {
   EXPECT_EQ(Read(JsonObjectGrammar(), "{\"a\": \"\xe2\x82\"}"), "refused at 9");
 }
 
+// A \u escape of a UTF-16 surrogate comes in a pair, high then low, and the pair is one character.
+TEST(JsonSchemaTest, SurrogateEscapesComeInPairs) {
+  auto g = Grammar(R"({"type": "string", "maxLength": 1})");
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(Read(*g, R"("\ud83d\ude00")"), "complete");
+  EXPECT_EQ(Read(*g, R"("\uD83D\uDE00")"), "complete");
+  EXPECT_EQ(Read(*g, R"("\ud7ff")"), "complete");
+  EXPECT_EQ(Read(*g, R"("\ue000")"), "complete");
+  EXPECT_EQ(Read(*g, R"("\ud800")"), "refused at 7");          // a high surrogate alone
+  EXPECT_EQ(Read(*g, R"("\ud800\u0041")"), "refused at 9");    // followed by no low one
+  EXPECT_EQ(Read(*g, R"("\udc00")"), "refused at 4");          // a low surrogate alone
+  EXPECT_EQ(Read(*g, R"("\ud83d\ude00a")"), "refused at 13");  // two characters
+  for (const std::string text : {R"({"a": "\ud83d\ude00"})", R"({"a": "\ud800"})", R"({"a": "\udfff"})"}) {
+    const bool parses = ParseJson(text, "text").ok();
+    EXPECT_EQ(Read(JsonObjectGrammar(), text) == "complete", parses) << text;
+  }
+}
+
 TEST(JsonSchemaTest, ArraysCountTheirItems) {
   auto g = Grammar(R"({"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 2})");
   ASSERT_NE(g, nullptr);
