@@ -1,8 +1,9 @@
 // Fuzzes structured output's JSON Schema compiler and the grammar it gives (src/engine/json_schema.h,
 // src/engine/output_grammar.h): the input up to its first NUL byte is a schema, the rest a text to read with it.
 // Checked: a refused schema is InvalidArgument with a message; the grammar of an accepted one reads the text byte
-// by byte without crashing; a text it takes whole is JSON (valid UTF-8 included) or, for json_object's grammar,
-// an object; MarkAllowed over a small vocabulary, at the state the text reached, equals feeding each token alone.
+// by byte without crashing; a text it takes whole is JSON (valid UTF-8 included; a number past a double, which
+// nlohmann's parser refuses, apart) or, for json_object's grammar, an object; MarkAllowed over a small
+// vocabulary, at the state the text reached, equals feeding each token alone.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -31,9 +32,11 @@ void Read(const odmoe::ByteGrammar& g, std::string_view text, bool object) {
     s = next;
   }
   if (g.Complete(s)) {
+    // JSON (RFC 8259) puts no bound on a number's size; nlohmann's parser refuses one past a double
+    // (out_of_range.406), and that alone.
     absl::StatusOr<odmoe::Json> parsed = odmoe::ParseJson(text.substr(0, taken), "answer");
-    Check(parsed.ok());
-    if (object) Check(parsed->is_object());
+    Check(parsed.ok() || parsed.status().message().find("out_of_range.406") != std::string_view::npos);
+    if (object && parsed.ok()) Check(parsed->is_object());
   }
   static const odmoe::TokenVocabulary vocabulary(std::vector<std::string>{
       "{", "}", "[", "]", ":", ",", "\"", " ", "\n", "\t", "0", "1", "-", ".", "e", "true", "false", "null", "{\"",
