@@ -24,6 +24,7 @@
 #include "src/cluster/client.h"
 #include "src/common/json.h"
 #include "src/common/strings.h"
+#include "src/common/utf8.h"
 #include "src/common/version.h"
 #include "src/engine/generator.h"
 #include "src/engine/output_grammar.h"
@@ -947,7 +948,7 @@ TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
     const Json v = ParseOrDie(text);
     EXPECT_EQ(DumpJson(v).size(), text.size()) << "compact: " << text;
     const std::string who = v["who"];
-    const auto characters = std::count_if(who.begin(), who.end(), [](char ch) { return (ch & 0xc0) != 0x80; });
+    const size_t characters = Utf8CodePoints(who);
     EXPECT_TRUE(characters >= 1 && characters <= 6) << who;
     EXPECT_TRUE(v["sure"].is_boolean()) << v.dump();
   }
