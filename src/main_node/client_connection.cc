@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 
 #include <array>
 #include <cerrno>
@@ -33,10 +32,10 @@ bool AddressOf(const sockaddr_storage& addr, socklen_t len, std::string* ip, int
   return true;
 }
 
-// Whether `fd` is a connected socket between exactly these two ends.
+// Whether `fd` is a connected socket between exactly these two ends. Only getpeername and getsockname touch it:
+// they fail on a descriptor that is no socket (ENOTSOCK) or no longer open (EBADF), and read nothing another
+// thread closing it could change under them (an fstat would be, for ThreadSanitizer, a race with that close).
 bool Connects(int fd, const std::string& local_addr, int local_port, const std::string& remote_addr, int remote_port) {
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
   std::string ip;

@@ -5,6 +5,7 @@
 // its socket. ClientConnection finds the socket among the process's open descriptors (/proc/self/fd) by the
 // request's four addresses: while the connection is open no other socket has them, and httplib closes it only
 // after the handler has returned, so the descriptor found stays this connection's for the handler's whole life.
+// The descriptors of other threads, which they may close meanwhile, are asked only their sockets' addresses.
 //
 // Gone() polls the socket without reading from it (httplib's reader keeps what is buffered): the client has gone
 // once it has closed its side of the connection (or reset it), as httplib's DataSink judges a stream's client.

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -140,6 +141,37 @@ TEST(ClientConnectionTest, NoSocketWithTheAddressesIsNeverGone) {
     EXPECT_FALSE(none.found());
     EXPECT_FALSE(none.Gone());
   }
+  close(c.client);
+  close(c.server);
+}
+
+// Find reads every descriptor of the process, most of them other threads' (gRPC's sockets, files being read), which
+// those threads may close at any moment. It asks only the socket calls that read nothing of the descriptor's state
+// (getpeername, getsockname): ThreadSanitizer reports an fstat of a descriptor another thread closes as a race, and
+// halts the daemon it runs in (a CI run of http_openai_sdk stopped so).
+TEST(ClientConnectionTest, FindLeavesDescriptorsOtherThreadsCloseAlone) {
+  Loopback loopback(AF_INET);
+  ASSERT_TRUE(loopback.ok());
+  Loopback::Connection c = loopback.Connect();
+  std::atomic<bool> stop{false};
+  std::atomic<int> closed{0};
+  std::thread churn([&stop, &closed] {
+    while (!stop.load()) {
+      int pair[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0) continue;
+      close(pair[0]);
+      close(pair[1]);
+      ++closed;
+    }
+  });
+  // Until the other thread has closed 500 pairs, so that the two overlap on any machine.
+  for (int i = 0; i < 200 || closed.load() < 500; ++i) {
+    ASSERT_TRUE(loopback.Find(c).found());
+    // A connection no socket has: Find reads every descriptor, the churning ones too.
+    ASSERT_FALSE(ClientConnection::Find("127.0.0.1", PortOf(c.server, false), "127.0.0.1", 1).found());
+  }
+  stop = true;
+  churn.join();
   close(c.client);
   close(c.server);
 }
