@@ -2,9 +2,10 @@
 // (src/engine/output_grammar.h) runs byte by byte. CompileJsonSchema (src/engine/json_schema.h) writes one from a
 // JSON Schema; AnyJsonObject and Literals write the fixed ones of response_format json_object and guided_choice.
 //
-// Every node's values are told apart from the other alternatives of an anyOf by their first byte, and every
-// choice inside a value (which property comes next, whether an array goes on) by the next byte, so the program is
-// read with one frame per open value and no backtracking.
+// Every node's values are told apart from the other alternatives of an anyOf by their first byte, objects among
+// them by their first property (its key, or where several share the key, its value), and every choice inside a
+// value (which property comes next, whether an array goes on) by the next byte, so the program is read with one
+// frame per open value and no backtracking.
 #pragma once
 
 #include <array>
@@ -34,6 +35,11 @@ struct GrammarNode {
     kNumber,    // any JSON number
     kLiterals,  // exactly one of `literals` (JSON texts, or a guided_choice's strings)
     kAnyOf,     // one of `alternatives`, told apart by the first byte (`by_first_byte`)
+    // An object of one of several kObject nodes, each beginning with a required property: `properties[i]` is a
+    // first key (required), `alternatives[i]` the object it begins, or -1 where several objects begin with it;
+    // that key's node is then a kLiterals whose `literal_objects` name the object each of its values begins. Its
+    // frame reads the first key (and value) and then becomes the chosen object's, as after its first property.
+    kObjectUnion,
   };
   enum class JsonValues : uint8_t { kAny, kObjects, kArrays };
   struct Property {
@@ -53,11 +59,13 @@ struct GrammarNode {
   int64_t minimum = -kMaxIntegerMagnitude;  // kInteger, inclusive
   int64_t maximum = kMaxIntegerMagnitude;
   std::vector<std::string> literals;         // kLiterals: sorted, each once, none empty
-  std::vector<int32_t> alternatives;         // kAnyOf: none a kAnyOf itself
+  std::vector<int32_t> alternatives;         // kAnyOf: none a kAnyOf itself; kObjectUnion: as said above
+  std::vector<int32_t> literal_objects;      // kLiterals under a kObjectUnion's shared key: parallel to `literals`
   std::array<int32_t, 256> by_first_byte{};  // kAnyOf: the alternative a value starting with the byte is, or -1
   // The fewest values open at once that a whole value of this node needs, itself included (an anyOf: its
-  // shallowest alternative's). A value is begun only where it can be finished within kMaxGrammarDepth, so an
-  // answer never reaches a state with no way to end.
+  // shallowest alternative's; an object union: its deepest object's, since its first property picks the object). A
+  // value is begun only where it can be finished within kMaxGrammarDepth, so an answer never reaches a state with no
+  // way to end.
   int32_t min_depth = 1;
 
   // An object's properties fit a 64-bit mask of the keys still matching.

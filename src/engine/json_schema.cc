@@ -502,6 +502,7 @@ class SchemaCompiler {
         break;
       case Kind::kObject:
       case Kind::kMap:
+      case Kind::kObjectUnion:
         bytes.set('{');
         break;
       case Kind::kArray:
@@ -565,6 +566,7 @@ class SchemaCompiler {
                                                                      .literals = std::move(literals)}));
         kept.push_back(merged);
       }
+      ODMOE_RETURN_IF_ERROR(MergeObjects(program_.nodes[i].path, &kept));
       GrammarNode& any = program_.nodes[i];
       any.alternatives = kept;
       any.by_first_byte.fill(-1);
@@ -582,6 +584,120 @@ class SchemaCompiler {
         }
       }
     }
+    return absl::OkStatus();
+  }
+
+  // The objects an object union chooses among.
+  std::vector<int32_t> UnionObjects(const GrammarNode& u) const {
+    std::vector<int32_t> objects;
+    for (size_t k = 0; k < u.properties.size(); ++k) {
+      if (u.alternatives[k] >= 0) {
+        objects.push_back(u.alternatives[k]);
+      } else {
+        const std::vector<int32_t>& by_value = program_.nodes[u.properties[k].node].literal_objects;
+        for (const int32_t o : by_value) {
+          if (std::find(objects.begin(), objects.end(), o) == objects.end()) objects.push_back(o);
+        }
+      }
+    }
+    return objects;
+  }
+
+  // The const/enum node a property's schema is, through $refs; -1 when it is something else.
+  int32_t LiteralsOf(int32_t node) const {
+    for (size_t hops = 0; hops < program_.nodes.size(); ++hops) {
+      const GrammarNode& n = program_.nodes[node];
+      if (n.kind == Kind::kLiterals) return node;
+      if (n.kind != Kind::kAnyOf || n.alternatives.size() != 1) return -1;
+      node = n.alternatives[0];
+    }
+    return -1;
+  }
+
+  // Where an anyOf's alternatives (`kept`) hold two or more objects (kObject, or an object union of an anyOf
+  // within), they become one kObjectUnion, told apart by their first property: its key, or where several objects
+  // begin with the same key, its value, which must then be a const or enum in each, no value in two.
+  absl::Status MergeObjects(const std::string& path, std::vector<int32_t>* kept) {
+    std::vector<int32_t> objects, rest;
+    auto add_object = [&objects](int32_t o) {
+      if (std::find(objects.begin(), objects.end(), o) == objects.end()) objects.push_back(o);
+    };
+    for (const int32_t alt : *kept) {
+      const GrammarNode& n = program_.nodes[alt];
+      if (n.kind == Kind::kObject) {
+        add_object(alt);
+      } else if (n.kind == Kind::kObjectUnion) {
+        for (const int32_t o : UnionObjects(n)) add_object(o);
+      } else {
+        rest.push_back(alt);
+      }
+    }
+    if (objects.size() < 2) return absl::OkStatus();
+    std::vector<std::string> keys;  // in the order the objects come
+    std::vector<std::vector<int32_t>> by_key;
+    for (const int32_t o : objects) {
+      const GrammarNode& n = program_.nodes[o];
+      if (n.properties.empty() || !n.properties[0].required) {
+        return Error(n.path, "an object that is one of several in an anyOf must begin with a required property: ",
+                     "odmoe tells the objects apart by it (its key, or its const or enum value)");
+      }
+      const auto at = std::find(keys.begin(), keys.end(), n.properties[0].key);
+      if (at == keys.end()) {
+        keys.push_back(n.properties[0].key);
+        by_key.push_back({o});
+      } else {
+        by_key[static_cast<size_t>(at - keys.begin())].push_back(o);
+      }
+    }
+    if (keys.size() > GrammarNode::kMaxProperties) {
+      return Error(path, "its objects begin with ", keys.size(), " different keys, at most ",
+                   GrammarNode::kMaxProperties);
+    }
+    GrammarNode u{.kind = Kind::kObjectUnion, .path = path};
+    for (size_t k = 0; k < keys.size(); ++k) {
+      GrammarNode::Property first{.key = keys[k], .required = true};
+      const std::vector<int32_t>& group = by_key[k];
+      if (group.size() == 1) {
+        first.node = program_.nodes[group[0]].properties[0].node;
+        u.alternatives.push_back(group[0]);
+        u.properties.push_back(std::move(first));
+        continue;
+      }
+      std::vector<std::pair<std::string, int32_t>> values;  // each literal and the object it begins
+      for (const int32_t o : group) {
+        const int32_t value = program_.nodes[o].properties[0].node;
+        const int32_t literals = LiteralsOf(value);
+        if (literals < 0) {
+          return Error(program_.nodes[value].path, "objects of an anyOf that begin with the same property ", keys[k],
+                       " are told apart by its value, which must be a 'const' or an 'enum'");
+        }
+        for (const std::string& l : program_.nodes[literals].literals) values.emplace_back(l, o);
+      }
+      std::sort(values.begin(), values.end());
+      for (size_t v = 1; v < values.size(); ++v) {
+        if (values[v].first == values[v - 1].first) {
+          return Error(path, "its objects at '", Where(program_.nodes[values[v - 1].second].path), "' and '",
+                       Where(program_.nodes[values[v].second].path), "' both begin with ", keys[k], ": ",
+                       values[v].first, "; odmoe tells objects apart by their first property");
+        }
+      }
+      if (values.size() > 0xffff) {  // a literal frame's range holds 16-bit indices
+        return Error(path, "the values of its objects' first property ", keys[k], " are ", values.size(),
+                     ", at most 65535");
+      }
+      GrammarNode chooser{.kind = Kind::kLiterals,
+                          .path = program_.nodes[program_.nodes[group[0]].properties[0].node].path};
+      for (auto& [literal, object] : values) {
+        chooser.literals.push_back(std::move(literal));
+        chooser.literal_objects.push_back(object);
+      }
+      ODMOE_ASSIGN_OR_RETURN(first.node, Add(std::move(chooser)));
+      u.alternatives.push_back(-1);
+      u.properties.push_back(std::move(first));
+    }
+    ODMOE_ASSIGN_OR_RETURN(const int32_t merged, Add(std::move(u)));
+    rest.push_back(merged);
+    *kept = std::move(rest);
     return absl::OkStatus();
   }
 
@@ -607,6 +723,9 @@ class SchemaCompiler {
           case Kind::kAnyOf:
             d = kNone;
             for (const int32_t alt : n.alternatives) d = std::min(d, nodes[alt].min_depth);
+            break;
+          case Kind::kObjectUnion:
+            for (const int32_t o : UnionObjects(n)) d = std::max(d, nodes[o].min_depth);
             break;
           default:
             break;

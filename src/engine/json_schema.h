@@ -4,7 +4,9 @@
 //
 // What is taken:
 //  - type (one or a list), enum, const, anyOf / oneOf (alternatives that begin with different bytes; consts and
-//    enums among them merge, and integer beside number is number), allOf of one schema, $ref within the document
+//    enums among them merge, and integer beside number is number; objects among them, a union of object models,
+//    are told apart by their first property, which each must begin with and require: its key, or where several
+//    share the key, its const or enum value, no value in two), allOf of one schema, $ref within the document
 //    ("#/$defs/...", "#/definitions/...", "#", recursion included), true and {} (any JSON value).
 //  - objects: properties, generated in the order written, the required ones always and the others where the
 //    model writes them; required; additionalProperties false, or left out, which is taken as false when
@@ -17,7 +19,8 @@
 // What is refused (InvalidArgument "at '<JSON pointer>': ..."): the keywords that assert what cannot be
 // generated this way (pattern, multipleOf, not, if/then/else, prefixItems, uniqueItems, contains, min/max
 // properties, patternProperties, propertyNames, dependent*, unevaluated*), bounds on a number, anyOf alternatives
-// that can begin with the same byte, additionalProperties true or a schema beside properties, $ref outside the
+// that can begin with the same byte (objects apart: above) and objects of a union that cannot be told apart by
+// their first property, additionalProperties true or a schema beside properties, $ref outside the
 // document, schemas past the limits below, and schemas none of whose values nests at most kMaxGrammarDepth
 // objects and arrays deep (a required property that recurses without end).
 #pragma once

@@ -329,9 +329,10 @@ bool NumberByte(uint8_t& sub, uint8_t b, bool* ends) {
   return true;
 }
 
-// Objects and maps: after '{', after ',', inside a key, before ':', before a value, after a value. An object's
-// count holds the index of its next property (low 16 bits) and the bytes of the key matched (high 16 bits), its
-// bits the properties whose key still matches.
+// Objects, maps and object unions: after '{', after ',', inside a key, before ':', before a value, after a value.
+// An object's count holds the index of its next property (low 16 bits) and the bytes of the key matched (high 16
+// bits), its bits the properties whose key still matches. An object union reads its first key so, every first key
+// a candidate, and its frame becomes the chosen object's at that key's end or, for a shared key, its value's.
 enum ObjectPhase : uint8_t { kFirstKey = 1, kNextKey, kInKey, kBeforeColon, kBeforeValue, kAfterMember };
 // Arrays: after '[', after ',', after an item; count holds the items begun.
 enum ArrayPhase : uint8_t { kFirstItem = 1, kNextItem, kAfterItem };
@@ -360,6 +361,11 @@ uint64_t KeyCandidates(const GrammarNode& n, size_t from) {
     if (n.properties[i].required) break;
   }
   return mask;
+}
+
+// Every property's key: an object union's first keys, one of which begins its value.
+uint64_t EveryKey(const GrammarNode& n) {
+  return n.properties.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.properties.size()) - 1;
 }
 
 // Whether an integer whose sign is `negative` and whose digits so far read `magnitude` (`digits` of them) can
@@ -446,10 +452,20 @@ bool StructuredGrammar::Advance(GrammarState& s, uint8_t b) const {
 }
 
 void StructuredGrammar::Pop(GrammarState& s) const {
+  const GrammarFrame child = s.frames[s.depth - 1];
   s.frames[--s.depth] = GrammarFrame{};
   if (s.depth == 0) return;
   GrammarFrame& parent = s.frames[s.depth - 1];
   switch (program_.nodes[parent.node].kind) {
+    case Kind::kObjectUnion: {
+      // The shared first key's value picks the object (the literal that ended is the first of its frame's range);
+      // the frame goes on as that object's, after its first property.
+      const GrammarNode& value = program_.nodes[program_.nodes[parent.node].properties[NextProperty(parent)].node];
+      parent.node = static_cast<uint16_t>(value.literal_objects[child.count & 0xffff]);
+      parent.count = 1;
+      parent.phase = kAfterMember;
+      break;
+    }
     case Kind::kObject:
       parent.count = NextProperty(parent) + 1;
       parent.phase = kAfterMember;
@@ -556,8 +572,10 @@ StructuredGrammar::Step StructuredGrammar::Take(GrammarState& s, uint8_t b) cons
     }
 
     case Kind::kObject:
-    case Kind::kMap: {
+    case Kind::kMap:
+    case Kind::kObjectUnion: {
       const bool map = n.kind == Kind::kMap;
+      const bool union_of_objects = n.kind == Kind::kObjectUnion;
       if (f.phase == kStart) {
         f.phase = kFirstKey;
         return taken(b == '{');
@@ -587,6 +605,10 @@ StructuredGrammar::Step StructuredGrammar::Take(GrammarState& s, uint8_t b) cons
           f.bits = 0;
           f.count = static_cast<uint32_t>(whole);
           f.phase = kBeforeColon;
+          if (union_of_objects && n.alternatives[static_cast<size_t>(whole)] >= 0) {
+            f.node = static_cast<uint16_t>(n.alternatives[static_cast<size_t>(whole)]);  // its first property
+            f.count = 0;
+          }
         }
         return Step::kTaken;
       }
@@ -599,7 +621,7 @@ StructuredGrammar::Step StructuredGrammar::Take(GrammarState& s, uint8_t b) cons
             f.phase = kInKey;
             f.sub = kPlain;
             if (!map) {
-              f.bits = KeyCandidates(n, next);
+              f.bits = union_of_objects ? EveryKey(n) : KeyCandidates(n, next);
               f.count = static_cast<uint32_t>(next) | (1u << 16);
             }
             return Step::kTaken;
