@@ -244,6 +244,12 @@ def schema_seeds():
         ("refused", {"type": "string", "pattern": "a+"}, '"a"'),
         ("json_object", True, '\n  {"a": [1, -0.5e+3, "\xe2\x82\xac"]}'),
         ("surrogates", {"type": "string", "maxLength": 2}, '"\\ud83d\\ude00\\ud800"'),
+        ("object_union", {"$defs": {"e": {"oneOf": [
+            {"properties": {"op": {"enum": ["+", "*"]}, "args": {"type": "array", "items": {"$ref": "#/$defs/e"}}},
+             "required": ["op", "args"]},
+            {"properties": {"op": {"const": "neg"}, "arg": {"$ref": "#/$defs/e"}}, "required": ["op", "arg"]},
+            {"properties": {"num": {"type": "integer"}}, "required": ["num"]}, {"type": "null"}]}},
+            "$ref": "#/$defs/e"}, '{"op": "+", "args": [{"num": 1}, {"op": "neg", "arg": null}]}'),
     ]:
         out("json_schema_fuzzer", f"{name}.bin", json.dumps(schema).encode() + b"\0" + text.encode("latin-1"))
 
