@@ -603,15 +603,20 @@ class SchemaCompiler {
     return objects;
   }
 
-  // The const/enum node a property's schema is, through $refs; -1 when it is something else.
-  int32_t LiteralsOf(int32_t node) const {
-    for (size_t hops = 0; hops < program_.nodes.size(); ++hops) {
-      const GrammarNode& n = program_.nodes[node];
-      if (n.kind == Kind::kLiterals) return node;
-      if (n.kind != Kind::kAnyOf || n.alternatives.size() != 1) return -1;
-      node = n.alternatives[0];
+  // The JSON texts a schema allows when it is consts and enums only (through $refs and anyOfs, resolved yet or
+  // not), each once; none when it allows anything else.
+  std::vector<std::string> LiteralsOf(int32_t node) const {
+    std::vector<int32_t> seen, flat;
+    if (!Flatten(node, &seen, &flat).ok()) return {};
+    std::vector<std::string> texts;
+    for (const int32_t alt : flat) {
+      const GrammarNode& n = program_.nodes[alt];
+      if (n.kind != Kind::kLiterals) return {};
+      texts.insert(texts.end(), n.literals.begin(), n.literals.end());
     }
-    return -1;
+    std::sort(texts.begin(), texts.end());
+    texts.erase(std::unique(texts.begin(), texts.end()), texts.end());
+    return texts;
   }
 
   // Where an anyOf's alternatives (`kept`) hold two or more objects (kObject, or an object union of an anyOf
@@ -666,12 +671,12 @@ class SchemaCompiler {
       std::vector<std::pair<std::string, int32_t>> values;  // each literal and the object it begins
       for (const int32_t o : group) {
         const int32_t value = program_.nodes[o].properties[0].node;
-        const int32_t literals = LiteralsOf(value);
-        if (literals < 0) {
+        std::vector<std::string> literals = LiteralsOf(value);
+        if (literals.empty()) {
           return Error(program_.nodes[value].path, "objects of an anyOf that begin with the same property ", keys[k],
                        " are told apart by its value, which must be a 'const' or an 'enum'");
         }
-        for (const std::string& l : program_.nodes[literals].literals) values.emplace_back(l, o);
+        for (std::string& l : literals) values.emplace_back(std::move(l), o);
       }
       std::sort(values.begin(), values.end());
       for (size_t v = 1; v < values.size(); ++v) {

@@ -220,6 +220,15 @@ TEST(JsonSchemaTest, ObjectsOfAnAnyOfAreToldApartByTheirFirstProperty) {
   }
   EXPECT_EQ(Read(*keyed, R"({"a": "x"})"), "refused at 6");
   EXPECT_EQ(Read(*keyed, R"({"c": 1})"), "refused at 2");
+  // A discriminator's values through a $ref and an anyOf of consts, whichever anyOf the compiler resolves first.
+  auto tagged = Grammar(R"({"$defs": {"kind": {"anyOf": [{"const": "a"}, {"const": "b"}]}}, "anyOf": [
+      {"properties": {"t": {"$ref": "#/$defs/kind"}, "x": {"type": "integer"}}, "required": ["t", "x"]},
+      {"properties": {"t": {"anyOf": [{"const": "c"}, {"enum": ["d", "c"]}]}, "y": {"type": "null"}},
+       "required": ["t", "y"]}]})");
+  ASSERT_NE(tagged, nullptr);
+  EXPECT_EQ(Read(*tagged, R"({"t": "b", "x": 1})"), "complete");
+  EXPECT_EQ(Read(*tagged, R"({"t": "c", "y": null})"), "complete");
+  EXPECT_EQ(Read(*tagged, R"({"t": "d", "x": 1})"), "refused at 12");  // "d" begins the second
 
   const std::pair<const char*, const char*> refused[] = {
       {R"({"anyOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}, "required": ["b"]}]})",
