@@ -26,13 +26,16 @@ inline constexpr int kMaxGrammarDepth = 24;
 
 struct GrammarNode {
   enum class Kind : uint8_t {
-    kJson,      // any JSON value `json` allows (RFC 8259)
-    kObject,    // an object with `properties`, in their order; the optional ones may be left out
-    kMap,       // an object with any keys, each value an `item`
-    kArray,     // an array of min_count..max_count `item`s
-    kString,    // a JSON string of min_count..max_count characters (code points; an escape is one)
-    kInteger,   // a JSON integer in [minimum, maximum], without a fraction or exponent
-    kNumber,    // any JSON number
+    kJson,     // any JSON value `json` allows (RFC 8259)
+    kObject,   // an object with `properties`, in their order; the optional ones may be left out
+    kMap,      // an object with any keys, each value an `item`
+    kArray,    // an array of min_count..max_count `item`s
+    kString,   // a JSON string of min_count..max_count characters (code points; an escape is one)
+    kInteger,  // a JSON integer in [minimum, maximum], without a fraction or exponent
+    kNumber,   // any JSON number
+    // A JSON number in [number_minimum, number_maximum], written without an exponent in at most
+    // kMaxNumberDigits digits.
+    kBoundedNumber,
     kLiterals,  // exactly one of `literals` (JSON texts, or a guided_choice's strings)
     kAnyOf,     // one of `alternatives`, told apart by the first byte (`by_first_byte`)
     // An object of one of several kObject nodes, each beginning with a required property: `properties[i]` is a
@@ -58,6 +61,9 @@ struct GrammarNode {
   uint32_t max_count = kUnbounded;
   int64_t minimum = -kMaxIntegerMagnitude;  // kInteger, inclusive
   int64_t maximum = kMaxIntegerMagnitude;
+  // kBoundedNumber, in units of 10^-kNumberScale, inclusive (an exclusive bound is one unit in).
+  __int128 number_minimum = 0;
+  __int128 number_maximum = 0;
   std::vector<std::string> literals;         // kLiterals: sorted, each once, none empty
   std::vector<int32_t> alternatives;         // kAnyOf: none a kAnyOf itself; kObjectUnion: as said above
   std::vector<int32_t> literal_objects;      // kLiterals under a kObjectUnion's shared key: parallel to `literals`
@@ -73,7 +79,16 @@ struct GrammarNode {
   // Integers have at most 18 digits, so that every one fits an int64.
   static constexpr int kMaxIntegerDigits = 18;
   static constexpr int64_t kMaxIntegerMagnitude = 999'999'999'999'999'999;
+  // A bounded number has at most 15 digits in all, so that two of them are two doubles (DBL_DIG): a bound that
+  // excludes one value excludes it for a validator that reads both as doubles too. Its value in units of 10^-18
+  // then fits an __int128 (below 10^33).
+  static constexpr int kMaxNumberDigits = 15;
+  static constexpr int kNumberScale = 18;
 };
+
+// Whether a kBoundedNumber's value can begin with byte `b` and still end within its bounds. A node none of whose
+// first bytes can is refused by the compiler.
+bool BoundedNumberCanBegin(const GrammarNode& n, uint8_t b);
 
 struct GrammarProgram {
   std::vector<GrammarNode> nodes;  // at most kMaxNodes

@@ -376,10 +376,7 @@ class SchemaCompiler {
       n.kind = Kind::kInteger;
       ODMOE_RETURN_IF_ERROR(CompileIntegerBounds(s, path, &n));
     } else if (type == "number") {
-      for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
-        if (s.contains(k)) return Error(path, "'", k, "' on a number is not supported (it is on an integer)");
-      }
-      n.kind = Kind::kNumber;
+      ODMOE_RETURN_IF_ERROR(CompileNumber(s, path, &n));
     } else if (type == "boolean") {
       n.kind = Kind::kLiterals;
       n.literals = {"false", "true"};
@@ -435,7 +432,12 @@ class SchemaCompiler {
     return absl::OkStatus();
   }
 
-  absl::Status CompileIntegerBounds(const OrderedJson& s, const std::string& path, GrammarNode* n) {
+  // A schema's numeric bounds; draft 4's boolean exclusiveMinimum / exclusiveMaximum read as the later drafts'.
+  struct Bounds {
+    std::optional<double> minimum, maximum, exclusive_minimum, exclusive_maximum;
+  };
+
+  static absl::StatusOr<Bounds> ReadBounds(const OrderedJson& s, const std::string& path) {
     auto bound = [&](const char* key, std::optional<double>* out) -> absl::Status {
       const auto it = s.find(key);
       if (it == s.end() || it->is_boolean()) return absl::OkStatus();  // draft 4's exclusive flags: below
@@ -445,28 +447,96 @@ class SchemaCompiler {
       *out = it->get<double>();
       return absl::OkStatus();
     };
-    std::optional<double> minimum, maximum, exclusive_minimum, exclusive_maximum;
-    ODMOE_RETURN_IF_ERROR(bound("minimum", &minimum));
-    ODMOE_RETURN_IF_ERROR(bound("maximum", &maximum));
-    ODMOE_RETURN_IF_ERROR(bound("exclusiveMinimum", &exclusive_minimum));
-    ODMOE_RETURN_IF_ERROR(bound("exclusiveMaximum", &exclusive_maximum));
+    Bounds b;
+    ODMOE_RETURN_IF_ERROR(bound("minimum", &b.minimum));
+    ODMOE_RETURN_IF_ERROR(bound("maximum", &b.maximum));
+    ODMOE_RETURN_IF_ERROR(bound("exclusiveMinimum", &b.exclusive_minimum));
+    ODMOE_RETURN_IF_ERROR(bound("exclusiveMaximum", &b.exclusive_maximum));
     auto flag = [&](const char* key) {
       const auto it = s.find(key);
       return it != s.end() && it->is_boolean() && it->get<bool>();
     };
-    if (flag("exclusiveMinimum") && minimum) std::swap(minimum, exclusive_minimum);
-    if (flag("exclusiveMaximum") && maximum) std::swap(maximum, exclusive_maximum);
+    if (flag("exclusiveMinimum") && b.minimum) std::swap(b.minimum, b.exclusive_minimum);
+    if (flag("exclusiveMaximum") && b.maximum) std::swap(b.maximum, b.exclusive_maximum);
+    return b;
+  }
+
+  absl::Status CompileIntegerBounds(const OrderedJson& s, const std::string& path, GrammarNode* n) {
+    ODMOE_ASSIGN_OR_RETURN(const Bounds b, ReadBounds(s, path));
     const double limit = static_cast<double>(GrammarNode::kMaxIntegerMagnitude);
     double lo = -limit, hi = limit;
-    if (minimum) lo = std::max(lo, std::ceil(*minimum));
-    if (exclusive_minimum) lo = std::max(lo, std::floor(*exclusive_minimum) + 1);
-    if (maximum) hi = std::min(hi, std::floor(*maximum));
-    if (exclusive_maximum) hi = std::min(hi, std::ceil(*exclusive_maximum) - 1);
+    if (b.minimum) lo = std::max(lo, std::ceil(*b.minimum));
+    if (b.exclusive_minimum) lo = std::max(lo, std::floor(*b.exclusive_minimum) + 1);
+    if (b.maximum) hi = std::min(hi, std::floor(*b.maximum));
+    if (b.exclusive_maximum) hi = std::min(hi, std::ceil(*b.exclusive_maximum) - 1);
     if (lo > hi) return Error(path, "no integer of at most 18 digits meets its bounds");
     n->minimum = static_cast<int64_t>(lo);
     n->maximum = static_cast<int64_t>(hi);
     return absl::OkStatus();
   }
+
+  // A number (kNumber), or with bounds a kBoundedNumber.
+  absl::Status CompileNumber(const OrderedJson& s, const std::string& path, GrammarNode* n) {
+    ODMOE_ASSIGN_OR_RETURN(const Bounds b, ReadBounds(s, path));
+    if (!b.minimum && !b.maximum && !b.exclusive_minimum && !b.exclusive_maximum) {
+      n->kind = Kind::kNumber;
+      return absl::OkStatus();
+    }
+    n->kind = Kind::kBoundedNumber;
+    n->number_minimum = -kFarScaled;
+    n->number_maximum = kFarScaled;
+    if (b.minimum) n->number_minimum = std::max(n->number_minimum, Scaled(*b.minimum, true));
+    if (b.exclusive_minimum) n->number_minimum = std::max(n->number_minimum, Scaled(*b.exclusive_minimum, false) + 1);
+    if (b.maximum) n->number_maximum = std::min(n->number_maximum, Scaled(*b.maximum, false));
+    if (b.exclusive_maximum) n->number_maximum = std::min(n->number_maximum, Scaled(*b.exclusive_maximum, true) - 1);
+    for (const char c : std::string_view("-0123456789")) {
+      if (BoundedNumberCanBegin(*n, static_cast<uint8_t>(c))) return absl::OkStatus();
+    }
+    return Error(path, "no number of at most ", GrammarNode::kMaxNumberDigits,
+                 " digits, written without an exponent, meets its bounds");
+  }
+
+  // Past every bounded number's value (below 10^33 units).
+  static constexpr __int128 kFarScaled = static_cast<__int128>(1'000'000'000'000'000'000) * 10'000'000'000'000'000;
+
+  static __int128 Pow10(int e) {
+    __int128 p = 1;
+    for (int i = 0; i < e; ++i) p *= 10;
+    return p;
+  }
+
+  // `v` in units of 10^-kNumberScale, rounded up (toward +infinity) or down; ±kFarScaled beyond it. Read exactly
+  // from the shortest decimal text that is `v` (as nlohmann writes it), the text a client wrote in most schemas.
+  static __int128 Scaled(double v, bool up) {
+    const std::string text = DumpOrderedJson(OrderedJson(v));
+    const bool negative = text[0] == '-';
+    std::string digits;
+    int exponent = 0;  // the digits' value is digits * 10^exponent
+    bool point = false;
+    size_t i = negative ? 1 : 0;
+    for (; i < text.size() && (IsAsciiDigit(text[i]) || text[i] == '.'); ++i) {
+      if (text[i] == '.') {
+        point = true;
+        continue;
+      }
+      if (!digits.empty() || text[i] != '0') digits += text[i];
+      if (point) --exponent;
+    }
+    if (i < text.size()) exponent += std::stoi(text.substr(i + 1));  // after 'e': "+20", "-05"
+    if (digits.empty()) return 0;
+    const int power = exponent + GrammarNode::kNumberScale;
+    if (static_cast<int>(digits.size()) + power > 34) return negative ? -kFarScaled : kFarScaled;
+    __int128 mantissa = 0;
+    for (const char c : digits) mantissa = mantissa * 10 + (c - '0');
+    if (power >= 0) return (negative ? -mantissa : mantissa) * Pow10(power);
+    const __int128 divisor = -power > 38 ? 0 : Pow10(-power);
+    const __int128 whole = divisor == 0 ? 0 : mantissa / divisor;
+    const bool inexact = divisor == 0 || mantissa % divisor != 0;
+    if (!negative) return whole + (up && inexact ? 1 : 0);
+    return -whole - (!up && inexact ? 1 : 0);
+  }
+
+  static bool IsAsciiDigit(char c) { return c >= '0' && c <= '9'; }
 
   // ---- anyOf: each alternative told apart by its first byte --------------------------------------------------
 
@@ -519,6 +589,11 @@ class SchemaCompiler {
         if (n.minimum <= 0) bytes.set('-');
         digits();
         break;
+      case Kind::kBoundedNumber:
+        for (const char c : std::string_view("-0123456789")) {
+          if (BoundedNumberCanBegin(n, static_cast<uint8_t>(c))) bytes.set(static_cast<uint8_t>(c));
+        }
+        break;
       case Kind::kLiterals:
         for (const std::string& l : n.literals) bytes.set(static_cast<uint8_t>(l[0]));
         break;
@@ -537,8 +612,20 @@ class SchemaCompiler {
       std::vector<int32_t> kept;
       std::vector<int32_t> literal_nodes;
       std::vector<std::string> literals;
-      bool number = false;
-      for (const int32_t alt : flat) number = number || program_.nodes[alt].kind == Kind::kNumber;
+      // An integer is left out beside a number that takes all its values (a bounded one: its bounds hold the
+      // integer's; an integer of more digits than a bounded number's is then not written).
+      auto covered = [&](const GrammarNode& integer) {
+        const __int128 unit = Pow10(GrammarNode::kNumberScale);
+        for (const int32_t alt : flat) {
+          const GrammarNode& n = program_.nodes[alt];
+          if (n.kind == Kind::kNumber) return true;
+          if (n.kind == Kind::kBoundedNumber && integer.minimum * unit >= n.number_minimum &&
+              integer.maximum * unit <= n.number_maximum) {
+            return true;
+          }
+        }
+        return false;
+      };
       for (const int32_t alt : flat) {
         const GrammarNode& n = program_.nodes[alt];
         if (n.kind == Kind::kJson && n.json == JsonValues::kAny) {
@@ -549,7 +636,7 @@ class SchemaCompiler {
         if (n.kind == Kind::kLiterals) {
           literal_nodes.push_back(alt);
           literals.insert(literals.end(), n.literals.begin(), n.literals.end());
-        } else if (!(number && n.kind == Kind::kInteger)) {
+        } else if (!(n.kind == Kind::kInteger && covered(n))) {
           kept.push_back(alt);
         }
       }

@@ -388,6 +388,78 @@ bool IntegerInRange(const GrammarNode& n, const GrammarFrame& f) {
   return v >= n.minimum && v <= n.maximum;
 }
 
+// Bounded numbers: the phase is the sign (after the first byte), sub the JsonNumber step (kMinus: no digit yet),
+// bits every digit written as one integer, count the digits before the point (low 8 bits) and after it (next 8).
+enum DecimalPhase : uint8_t { kDecimalPositive = 1, kDecimalNegative };
+
+// A bounded number's text so far.
+struct DecimalPrefix {
+  bool negative = false;
+  uint64_t digits = 0;  // all of them, as one integer
+  int whole = 0;        // digits before the point
+  int fraction = 0;     // digits after it
+  bool point = false;
+};
+
+DecimalPrefix PrefixOf(const GrammarFrame& f) {
+  return DecimalPrefix{.negative = f.phase == kDecimalNegative,
+                       .digits = f.bits,
+                       .whole = static_cast<int>(f.count & 0xff),
+                       .fraction = static_cast<int>((f.count >> 8) & 0xff),
+                       .point = f.sub == kPoint || f.sub == kFraction};
+}
+
+__int128 Pow10(int e) {
+  __int128 p = 1;
+  for (int i = 0; i < e; ++i) p *= 10;
+  return p;
+}
+
+// Whether the number written so far (`p`, at least one digit) can still end within n's bounds, with more digits
+// (at most kMaxNumberDigits in all) or none. Its values form, for each count of whole digits still to come, an
+// interval of multiples of the unit its last fraction digit would have; one must fall within the bounds.
+bool DecimalReachable(const GrammarNode& n, const DecimalPrefix& p) {
+  constexpr int kScale = GrammarNode::kNumberScale;
+  const int left = GrammarNode::kMaxNumberDigits - p.whole - p.fraction;
+  if (left < 0 || (p.point && p.fraction == 0 && left == 0)) return false;
+  // Whether a multiple of `unit` in [a, b] (magnitudes, in units of 10^-18) lies within the bounds.
+  auto meets = [&](__int128 a, __int128 b, __int128 unit) {
+    const __int128 lo = std::max(p.negative ? -b : a, n.number_minimum);
+    const __int128 hi = std::min(p.negative ? -a : b, n.number_maximum);
+    if (lo > hi) return false;
+    __int128 first = lo / unit * unit;  // rounded toward zero
+    if (first < lo) first += unit;
+    return first <= hi;
+  };
+  const auto digits = static_cast<__int128>(p.digits);
+  if (!p.point && p.digits != 0) {  // 1-9 and more: k more whole digits, then up to left - k fraction digits
+    for (int k = 0; k <= left; ++k) {
+      const __int128 unit = Pow10(kScale - (left - k));
+      const __int128 start = digits * Pow10(k) * Pow10(kScale);
+      if (meets(start, start + Pow10(k) * Pow10(kScale) - unit, unit)) return true;
+    }
+    return false;
+  }
+  // A leading 0, or after the point: only fraction digits to come.
+  const __int128 unit = Pow10(kScale - p.fraction - left);
+  const __int128 start = digits * Pow10(kScale - p.fraction);
+  return meets(start, start + Pow10(kScale - p.fraction) - unit, unit);
+}
+
+bool DecimalInRange(const GrammarNode& n, const DecimalPrefix& p) {
+  const __int128 magnitude = static_cast<__int128>(p.digits) * Pow10(GrammarNode::kNumberScale - p.fraction);
+  const __int128 v = p.negative ? -magnitude : magnitude;
+  return v >= n.number_minimum && v <= n.number_maximum;
+}
+
+bool DecimalCanEnd(uint8_t sub) { return sub == kZero || sub == kInteger || sub == kFraction; }
+
+// Whether a bounded number whose sign is `negative` can go on to a value within bounds from its first digit.
+bool DecimalCanBeginWith(const GrammarNode& n, bool negative, uint8_t b) {
+  return IsDigit(b) &&
+         DecimalReachable(n, DecimalPrefix{.negative = negative, .digits = static_cast<uint64_t>(b - '0'), .whole = 1});
+}
+
 }  // namespace
 
 enum class StructuredGrammar::Step : uint8_t {
@@ -421,6 +493,8 @@ bool StructuredGrammar::CanEnd(const GrammarFrame& f) const {
       return f.phase == kInside && NumberCanEnd(f.sub);
     case Kind::kInteger:
       return (f.phase == kIntZero || f.phase == kIntDigits) && IntegerInRange(n, f);
+    case Kind::kBoundedNumber:
+      return f.phase != kStart && DecimalCanEnd(f.sub) && DecimalInRange(n, PrefixOf(f));
     case Kind::kLiterals: {
       const uint32_t first = f.count & 0xffff;
       const uint32_t last = f.count >> 16;
@@ -742,6 +816,35 @@ StructuredGrammar::Step StructuredGrammar::Take(GrammarState& s, uint8_t b) cons
       }
     }
 
+    case Kind::kBoundedNumber: {
+      if (f.phase == kStart) {
+        f.phase = b == '-' ? kDecimalNegative : kDecimalPositive;
+        f.sub = kMinus;  // no digit yet
+        if (b == '-') return taken(BoundedNumberCanBegin(n, b));
+      }
+      DecimalPrefix p = PrefixOf(f);
+      const bool digit = IsDigit(b);
+      if (digit && f.sub != kZero) {
+        p.digits = p.digits * 10 + static_cast<uint64_t>(b - '0');
+        (p.point ? p.fraction : p.whole) += 1;
+        if (!DecimalReachable(n, p)) return Step::kRefused;
+        if (p.point) {
+          f.sub = kFraction;
+        } else if (f.sub == kMinus) {
+          f.sub = b == '0' ? kZero : kInteger;
+        }
+        f.bits = p.digits;
+        f.count = static_cast<uint32_t>(p.whole) | (static_cast<uint32_t>(p.fraction) << 8);
+        return Step::kTaken;
+      }
+      if (b == '.' && (f.sub == kZero || f.sub == kInteger)) {
+        p.point = true;
+        f.sub = kPoint;
+        return taken(DecimalReachable(n, p));
+      }
+      return !digit && DecimalCanEnd(f.sub) && DecimalInRange(n, p) ? Step::kEnded : Step::kRefused;
+    }
+
     case Kind::kLiterals: {
       // The literals in [first, last) share their first `bits` bytes and are sorted, so those whose next byte is
       // `b` stand together (a literal that ends here sorts first, as -1).
@@ -766,6 +869,14 @@ StructuredGrammar::Step StructuredGrammar::Take(GrammarState& s, uint8_t b) cons
       break;  // resolved above, before the first byte
   }
   return Step::kRefused;
+}
+
+bool BoundedNumberCanBegin(const GrammarNode& n, uint8_t b) {
+  if (b != '-') return DecimalCanBeginWith(n, false, b);
+  for (uint8_t d = '0'; d <= '9'; ++d) {
+    if (DecimalCanBeginWith(n, true, d)) return true;
+  }
+  return false;
 }
 
 JsonObjectGrammar::JsonObjectGrammar() : StructuredGrammar(GrammarProgram::AnyJsonObject()) {}

@@ -89,6 +89,108 @@ TEST(JsonSchemaTest, IntegersKeepTheirBoundsDigitByDigit) {
   EXPECT_EQ(Read(*any, "1e3"), "refused at 1");
 }
 
+// Bounds on a number (Pydantic's confloat, PositiveFloat): such a number is written without an exponent in at most
+// 15 digits, and kept within its bounds digit by digit, compared exactly as decimals.
+TEST(JsonSchemaTest, NumbersKeepTheirBoundsDigitByDigit) {
+  auto unit = Grammar(R"({"type": "number", "minimum": 0, "maximum": 1})");
+  ASSERT_NE(unit, nullptr);
+  for (const char* ok : {"0", "1", "0.5", "1.000", "0.999", "-0", "-0.0", "0.00000000000001"}) {
+    EXPECT_EQ(Read(*unit, ok), "complete") << ok;
+  }
+  EXPECT_EQ(Read(*unit, "1.5"), "refused at 2");
+  EXPECT_EQ(Read(*unit, "-0.5"), "refused at 3");
+  EXPECT_EQ(Read(*unit, "2"), "refused at 0");
+  EXPECT_EQ(Read(*unit, "10"), "refused at 1");
+  EXPECT_EQ(Read(*unit, "0.5e1"), "refused at 3");               // no exponent
+  EXPECT_EQ(Read(*unit, "0.000000000000001"), "refused at 16");  // a 16th digit
+  EXPECT_EQ(Read(*unit, "01"), "refused at 1");
+
+  auto positive = Grammar(R"({"type": "number", "exclusiveMinimum": 0})");
+  ASSERT_NE(positive, nullptr);
+  EXPECT_EQ(Read(*positive, "0"), "prefix");  // 0 is not above 0, but 0.1 is
+  EXPECT_EQ(Read(*positive, "0.1"), "complete");
+  EXPECT_EQ(Read(*positive, "123456789012345"), "complete");
+  EXPECT_EQ(Read(*positive, "-"), "refused at 0");
+  EXPECT_EQ(Read(*positive, "0.00000000000000"), "refused at 15");  // 15 digits, all 0: nothing left above 0
+
+  auto below = Grammar(R"({"type": "number", "minimum": -2.5, "exclusiveMaximum": -1})");
+  ASSERT_NE(below, nullptr);
+  EXPECT_EQ(Read(*below, "-2.5"), "complete");
+  EXPECT_EQ(Read(*below, "-1.0001"), "complete");
+  EXPECT_EQ(Read(*below, "-1"), "prefix");
+  EXPECT_EQ(Read(*below, "-2.51"), "refused at 4");
+  EXPECT_EQ(Read(*below, "-3"), "refused at 1");
+  EXPECT_EQ(Read(*below, "0"), "refused at 0");
+
+  auto point = Grammar(R"({"type": "number", "minimum": 0.1, "maximum": 0.1})");
+  ASSERT_NE(point, nullptr);
+  EXPECT_EQ(Read(*point, "0.10"), "complete");
+  EXPECT_EQ(Read(*point, "0.2"), "refused at 2");
+  // Draft 4's boolean exclusive flags, and an integer beside a number that holds it.
+  auto draft4 = Grammar(R"({"type": "number", "minimum": 0, "exclusiveMinimum": true, "maximum": 1e3})");
+  ASSERT_NE(draft4, nullptr);
+  EXPECT_EQ(Read(*draft4, "0"), "prefix");
+  EXPECT_EQ(Read(*draft4, "1000"), "complete");
+  EXPECT_EQ(Read(*draft4, "1000.1"), "refused at 5");
+  auto either = Grammar(R"({"type": ["integer", "number"], "minimum": 0, "maximum": 10})");
+  ASSERT_NE(either, nullptr);
+  EXPECT_EQ(Read(*either, "5.5"), "complete");
+  EXPECT_EQ(Read(*either, "10"), "complete");
+  EXPECT_EQ(Read(*either, "11"), "refused at 1");
+
+  EXPECT_EQ(CompileError(R"({"type": "number", "minimum": 1e20})"),
+            "at '/': no number of at most 15 digits, written without an exponent, meets its bounds");
+  EXPECT_EQ(CompileError(R"({"type": "number", "exclusiveMinimum": 1, "exclusiveMaximum": 1.0000000000000002})"),
+            "at '/': no number of at most 15 digits, written without an exponent, meets its bounds");
+}
+
+// Random bounds and random digit-by-digit walks: a walk never reaches a state it cannot finish, and every number it
+// ends with, read as a double (as validators read it), meets the bounds as doubles.
+TEST(JsonSchemaTest, BoundedNumbersNeverStickAndEndWithinTheirBounds) {
+  const std::vector<std::string> values = {"-1e3", "-273.15", "-2.5",  "-1",         "-0.001",
+                                           "0",    "1e-9",    "0.1",   "0.3",        "0.30000000000000004",
+                                           "1",    "1.5",     "99.99", "123456.789", "1e14"};
+  std::mt19937 rng(5);
+  int walks = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const std::string& a = values[rng() % values.size()];
+    const std::string& b = values[rng() % values.size()];
+    const bool exclusive_lo = rng() % 2 == 0, exclusive_hi = rng() % 2 == 0;
+    const std::string schema = std::string(R"({"type": "number", ")") +
+                               (exclusive_lo ? "exclusiveMinimum" : "minimum") + "\": " + a + ", \"" +
+                               (exclusive_hi ? "exclusiveMaximum" : "maximum") + "\": " + b + "}";
+    absl::StatusOr<GrammarProgram> program = CompileJsonSchema(schema);
+    const double lo = std::stod(a), hi = std::stod(b);
+    if (!program.ok()) {
+      // Refused only where no number meets the bounds (or none of 15 digits does, between two close doubles).
+      EXPECT_TRUE(lo > hi || (lo == hi && (exclusive_lo || exclusive_hi)) || b == "0.30000000000000004")
+          << schema << ": " << program.status();
+      continue;
+    }
+    const StructuredGrammar g(*std::move(program));
+    for (int walk = 0; walk < 20; ++walk, ++walks) {
+      GrammarState s = g.Start();
+      std::string text;
+      for (;;) {
+        std::vector<uint8_t> next;
+        for (const char c : std::string_view("-0123456789.")) {
+          GrammarState t = s;
+          if (g.Advance(t, static_cast<uint8_t>(c))) next.push_back(static_cast<uint8_t>(c));
+        }
+        if (g.Complete(s) && (next.empty() || rng() % 5 == 0)) break;
+        ASSERT_FALSE(next.empty()) << schema << " stuck after '" << text << "'";
+        const uint8_t c = next[rng() % next.size()];
+        ASSERT_TRUE(g.Advance(s, c));
+        text += static_cast<char>(c);
+      }
+      const double v = std::stod(text);
+      EXPECT_TRUE(exclusive_lo ? v > lo : v >= lo) << schema << ": " << text;
+      EXPECT_TRUE(exclusive_hi ? v < hi : v <= hi) << schema << ": " << text;
+    }
+  }
+  EXPECT_GE(walks, 1000);
+}
+
 TEST(JsonSchemaTest, StringsCountCharactersNotBytes) {
   auto g = Grammar(R"({"type": "string", "minLength": 2, "maxLength": 3})");
   ASSERT_NE(g, nullptr);
@@ -297,8 +399,8 @@ TEST(JsonSchemaTest, RefsRecurseAndMapsTakeAnyKey) {
 TEST(JsonSchemaTest, RefusedSchemasSayWhereAndWhy) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({"type": "string", "pattern": "^a+$"})", "at '/': 'pattern' is not supported"},
-      {R"({"properties": {"a/b": {"type": "number", "minimum": 0}}})",
-       "at '/properties/a~1b': 'minimum' on a number is not supported (it is on an integer)"},
+      {R"({"properties": {"a/b": {"type": "number", "multipleOf": 0.5}}})",
+       "at '/properties/a~1b': 'multipleOf' is not supported"},
       {R"({"anyOf": [{"type": "object"}, {"type": "object", "properties": {"a": {}}}]})",
        "at '/': its alternatives at '/anyOf/0' and '/anyOf/1' can both begin with '{'; odmoe tells alternatives "
        "apart by their first byte"},
@@ -365,6 +467,9 @@ TEST(JsonSchemaTest, RandomAnswersAreValidForTheirSchemaAsJsonschemaReadsThem) {
           "required": ["c"]})",
       R"({"type": "integer", "minimum": -1000000, "maximum": 999})",
       R"({"type": "string", "minLength": 3, "maxLength": 5})",
+      R"({"type": "object", "properties": {"p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+          "t": {"type": "number", "minimum": -273.15, "exclusiveMaximum": 1e4},
+          "n": {"type": "number", "minimum": -0.001, "maximum": 0.001}}, "required": ["p", "t", "n"]})",
       R"({"$defs": {"expr": {"oneOf": [
           {"type": "object", "properties": {"op": {"enum": ["+", "*"]}, "args": {"type": "array",
            "items": {"$ref": "#/$defs/expr"}, "maxItems": 3}}, "required": ["op", "args"],
