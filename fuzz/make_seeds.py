@@ -250,6 +250,8 @@ def schema_seeds():
             {"properties": {"op": {"const": "neg"}, "arg": {"$ref": "#/$defs/e"}}, "required": ["op", "arg"]},
             {"properties": {"num": {"type": "integer"}}, "required": ["num"]}, {"type": "null"}]}},
             "$ref": "#/$defs/e"}, '{"op": "+", "args": [{"num": 1}, {"op": "neg", "arg": null}]}'),
+        ("number_bounds", {"type": "array", "items": {"type": "number", "exclusiveMinimum": -0.5, "maximum": 1e3}},
+         "[-0.49, 0, 999.999999, 1000, 12.5]"),
     ]:
         out("json_schema_fuzzer", f"{name}.bin", json.dumps(schema).encode() + b"\0" + text.encode("latin-1"))
 
