@@ -77,12 +77,15 @@ absl::Status RunGrammar(const std::vector<std::string>& args) {
   const double sort_ms = SecondsSince(start) * 1e3;
   PrintJsonLine({{"bench", "grammar"}, {"vocabulary", source}, {"tokens", vocabulary.size()}, {"sort_ms", sort_ms}});
 
-  // A schema of the kind a client sends: bounded strings, integers and numbers, an enum, an array of objects, an
-  // optional property.
+  // A schema of the kind a client sends: bounded strings, integers and numbers, a date pattern, an enum, an array
+  // of objects, optional properties.
   constexpr char kSchema[] = R"({"type": "object", "properties": {
       "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
-      "nick": {"type": "string"}, "tags": {"type": "array", "maxItems": 8, "items": {"type": "object",
-      "properties": {"k": {"enum": ["colour", "size", "shape"]}, "v": {"type": "number", "minimum": -1000, "exclusiveMaximum": 1000}},
+      "nick": {"type": "string"},
+      "born": {"type": "string", "pattern": "^\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])$"},
+      "tags": {"type": "array", "maxItems": 8, "items": {"type": "object",
+      "properties": {"k": {"enum": ["colour", "size", "shape"]},
+                     "v": {"type": "number", "minimum": -1000, "exclusiveMaximum": 1000}},
       "required": ["k", "v"]}}},
       "required": ["name", "age", "tags"], "additionalProperties": false})";
   std::vector<double> compile_times;
@@ -113,6 +116,7 @@ absl::Status RunGrammar(const std::vector<std::string>& args) {
       {&schema, "{\"name\": \"Ann"},
       {&schema, "{\"name\": \"Ann\", "},
       {&schema, "{\"name\": \"Ann\", \"age\": 4"},
+      {&schema, "{\"name\": \"Ann\", \"age\": 42, \"born\": \"1983-1"},
       {&schema, "{\"name\": \"Ann\", \"age\": 42, \"tags\": [{\"k\": \"size\", \"v\": "},
       {&schema, "{\"name\": \"Ann\", \"age\": 42, \"tags\": [{\"k\": \"size\", \"v\": -12.5"},
       {&choice, ""},

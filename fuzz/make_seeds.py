@@ -252,6 +252,10 @@ def schema_seeds():
             "$ref": "#/$defs/e"}, '{"op": "+", "args": [{"num": 1}, {"op": "neg", "arg": null}]}'),
         ("number_bounds", {"type": "array", "items": {"type": "number", "exclusiveMinimum": -0.5, "maximum": 1e3}},
          "[-0.49, 0, 999.999999, 1000, 12.5]"),
+        ("pattern", {"type": "object", "properties": {
+            "date": {"pattern": "^\\d{4}-(0[1-9]|1[0-2])-(?:0[1-9]|[12]\\d|3[01])$"},
+            "q": {"type": "string", "pattern": "\"[^\"\\\\]*\"|\u00e9{2,}|[\\w.-]+@[a-z]+\\.com"}}},
+         '{"date": "2024-02-29", "q": "x \\"hi\\" \\u00e9"}'),
     ]:
         out("json_schema_fuzzer", f"{name}.bin", json.dumps(schema).encode() + b"\0" + text.encode("latin-1"))
 

@@ -40,6 +40,39 @@ size_t Utf8SequenceLength(std::string_view s, size_t at) {
   return unit.kind == Utf8Unit::kChar ? unit.length : 0;
 }
 
+std::string EncodeUtf8(uint32_t code_point) {
+  std::string out;
+  if (code_point < 0x80) {
+    out += static_cast<char>(code_point);
+  } else if (code_point < 0x800) {
+    out += static_cast<char>(0xC0 | (code_point >> 6));
+    out += static_cast<char>(0x80 | (code_point & 0x3F));
+  } else if (code_point < 0x10000) {
+    out += static_cast<char>(0xE0 | (code_point >> 12));
+    out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (code_point & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (code_point >> 18));
+    out += static_cast<char>(0x80 | ((code_point >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (code_point & 0x3F));
+  }
+  return out;
+}
+
+bool DecodeUtf8(std::string_view s, std::vector<uint32_t>* out) {
+  for (size_t at = 0; at < s.size();) {
+    const size_t length = Utf8SequenceLength(s, at);
+    if (length == 0) return false;
+    const auto byte = [&](size_t i) { return static_cast<uint32_t>(static_cast<uint8_t>(s[at + i])); };
+    uint32_t cp = length == 1 ? byte(0) : byte(0) & (0x7Fu >> length);
+    for (size_t i = 1; i < length; ++i) cp = (cp << 6) | (byte(i) & 0x3F);
+    out->push_back(cp);
+    at += length;
+  }
+  return true;
+}
+
 size_t Utf8CodePoints(std::string_view s) {
   size_t n = 0;
   for (const char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -38,6 +40,12 @@ size_t Utf8SequenceLength(std::string_view s, size_t at);
 // The byte offset of the first byte of `s` that does not start a well-formed UTF-8 sequence; nullopt when all
 // of `s` is valid UTF-8.
 std::optional<size_t> FirstInvalidUtf8(std::string_view s);
+
+// The UTF-8 encoding of `code_point`. REQUIRES: code_point <= 0x10FFFF (a surrogate is encoded as CESU would).
+std::string EncodeUtf8(uint32_t code_point);
+
+// The code points of `s` appended to `out`; false (with `out` partly filled) when `s` is not valid UTF-8.
+bool DecodeUtf8(std::string_view s, std::vector<uint32_t>* out);
 
 // OK for valid UTF-8; otherwise InvalidArgument "WHAT is not valid UTF-8: byte 0xNN at offset N ..." (`what`
 // names the flag or field).

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "src/engine/pattern_dfa.h"
+
 namespace odmoe {
 
 // The most strings a choice constraint (or a schema's enum) may list, and the most bytes of each.
@@ -31,6 +33,7 @@ struct GrammarNode {
     kMap,      // an object with any keys, each value an `item`
     kArray,    // an array of min_count..max_count `item`s
     kString,   // a JSON string of min_count..max_count characters (code points; an escape is one)
+    kPattern,  // a JSON string that `pattern` matches (its short escapes read as the bytes they stand for)
     kInteger,  // a JSON integer in [minimum, maximum], without a fraction or exponent
     kNumber,   // any JSON number
     // A JSON number in [number_minimum, number_maximum], written without an exponent in at most
@@ -64,6 +67,7 @@ struct GrammarNode {
   // kBoundedNumber, in units of 10^-kNumberScale, inclusive (an exclusive bound is one unit in).
   __int128 number_minimum = 0;
   __int128 number_maximum = 0;
+  PatternDfa pattern;                        // kPattern
   std::vector<std::string> literals;         // kLiterals: sorted, each once, none empty
   std::vector<int32_t> alternatives;         // kAnyOf: none a kAnyOf itself; kObjectUnion: as said above
   std::vector<int32_t> literal_objects;      // kLiterals under a kObjectUnion's shared key: parallel to `literals`

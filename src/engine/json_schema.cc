@@ -22,7 +22,6 @@ using JsonValues = GrammarNode::JsonValues;
 
 // Keywords that assert something of a value that the program cannot hold the model to.
 constexpr const char* kRefusedKeywords[] = {
-    "pattern",
     "patternProperties",
     "propertyNames",
     "minProperties",
@@ -275,7 +274,7 @@ class SchemaCompiler {
     for (const char* k : {"items", "minItems", "maxItems"}) {
       if (s.contains(k)) return "array";
     }
-    for (const char* k : {"minLength", "maxLength"}) {
+    for (const char* k : {"minLength", "maxLength", "pattern"}) {
       if (s.contains(k)) return "string";
     }
     for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
@@ -372,6 +371,7 @@ class SchemaCompiler {
     } else if (type == "string") {
       n.kind = Kind::kString;
       ODMOE_RETURN_IF_ERROR(CompileCounts(s, "minLength", "maxLength", path, &n));
+      ODMOE_RETURN_IF_ERROR(CompilePatternInto(s, path, &n));
     } else if (type == "integer") {
       n.kind = Kind::kInteger;
       ODMOE_RETURN_IF_ERROR(CompileIntegerBounds(s, path, &n));
@@ -429,6 +429,23 @@ class SchemaCompiler {
       ODMOE_ASSIGN_OR_RETURN(p.node, Compile(sub, StrCat(path, "/properties/", PointerToken(name)), nesting + 1));
       n->properties.push_back(std::move(p));
     }
+    return absl::OkStatus();
+  }
+
+  // A string's `pattern`, where it has one: a kPattern node. Its length bounds are refused beside it (the
+  // pattern can say them).
+  static absl::Status CompilePatternInto(const OrderedJson& s, const std::string& path, GrammarNode* n) {
+    const auto it = s.find("pattern");
+    if (it == s.end()) return absl::OkStatus();
+    if (!it->is_string()) return Error(path, "'pattern' must be a string, got ", JsonTypeName(*it));
+    if (n->min_count > 0 || n->max_count != GrammarNode::kUnbounded) {
+      return Error(path, "'minLength' and 'maxLength' beside 'pattern' are not supported; put the length in the ",
+                   "pattern (as {1,20})");
+    }
+    absl::StatusOr<PatternDfa> dfa = CompilePattern(it->get<std::string>());
+    if (!dfa.ok()) return Error(path, "'pattern' ", dfa.status().message());
+    n->kind = Kind::kPattern;
+    n->pattern = *std::move(dfa);
     return absl::OkStatus();
   }
 
@@ -579,6 +596,7 @@ class SchemaCompiler {
         bytes.set('[');
         break;
       case Kind::kString:
+      case Kind::kPattern:
         bytes.set('"');
         break;
       case Kind::kNumber:

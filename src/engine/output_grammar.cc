@@ -452,6 +452,28 @@ bool DecimalInRange(const GrammarNode& n, const DecimalPrefix& p) {
   return v >= n.number_minimum && v <= n.number_maximum;
 }
 
+// The byte a JSON short escape (after its backslash) stands for, or -1 for none (\u is not one).
+int ShortEscape(uint8_t b) {
+  switch (b) {
+    case '"':
+    case '\\':
+    case '/':
+      return b;
+    case 'b':
+      return '\b';
+    case 'f':
+      return '\f';
+    case 'n':
+      return '\n';
+    case 'r':
+      return '\r';
+    case 't':
+      return '\t';
+    default:
+      return -1;
+  }
+}
+
 bool DecimalCanEnd(uint8_t sub) { return sub == kZero || sub == kInteger || sub == kFraction; }
 
 // Whether a bounded number whose sign is `negative` can go on to a value within bounds from its first digit.
@@ -759,6 +781,37 @@ StructuredGrammar::Step StructuredGrammar::Take(GrammarState& s, uint8_t b) cons
         ++f.count;
       }
       return Step::kTaken;
+    }
+
+    case Kind::kPattern: {
+      const PatternDfa& dfa = n.pattern;
+      if (f.phase == kStart) {
+        f.phase = kInside;
+        f.bits = dfa.start;
+        return taken(b == '"');
+      }
+      const auto state = static_cast<uint16_t>(f.bits);
+      auto move = [&](uint8_t decoded) {
+        const uint16_t to = dfa.Step(state, decoded);
+        f.bits = to;
+        return taken(to != PatternDfa::kNone);
+      };
+      if (f.sub == kBackslash) {
+        f.sub = kPlain;
+        const int decoded = ShortEscape(b);
+        return decoded < 0 ? Step::kRefused : move(static_cast<uint8_t>(decoded));
+      }
+      if (b == '"') return dfa.accepting[state] != 0 ? Step::kDone : Step::kRefused;
+      if (b == '\\') {
+        f.sub = kBackslash;
+        for (const char e : std::string_view("\"\\/bfnrt")) {
+          if (dfa.Step(state, static_cast<uint8_t>(ShortEscape(static_cast<uint8_t>(e)))) != PatternDfa::kNone) {
+            return Step::kTaken;
+          }
+        }
+        return Step::kRefused;
+      }
+      return b < 0x20 ? Step::kRefused : move(b);
     }
 
     case Kind::kNumber:

@@ -119,5 +119,21 @@ TEST(Utf8Test, FindsTheFirstInvalidByte) {
   EXPECT_TRUE(CheckUtf8("fine", "--prompt").ok());
 }
 
+TEST(Utf8Test, EncodesAndDecodesCodePoints) {
+  for (const uint32_t cp : {0x0u, 0x41u, 0x7fu, 0x80u, 0xe9u, 0x7ffu, 0x800u, 0x20acu, 0xd7ffu, 0xe000u, 0xffffu,
+                            0x10000u, 0x1f600u, 0x10ffffu}) {
+    const std::string text = EncodeUtf8(cp);
+    EXPECT_EQ(FirstInvalidUtf8(text), std::nullopt) << cp;
+    std::vector<uint32_t> decoded;
+    ASSERT_TRUE(DecodeUtf8(text, &decoded)) << cp;
+    EXPECT_EQ(decoded, std::vector<uint32_t>{cp});
+  }
+  EXPECT_EQ(EncodeUtf8(0x20ac), "\xe2\x82\xac");
+  std::vector<uint32_t> decoded;
+  EXPECT_TRUE(DecodeUtf8("a\xc3\xa9\xf0\x9f\x98\x80", &decoded));
+  EXPECT_EQ(decoded, (std::vector<uint32_t>{'a', 0xe9, 0x1f600}));
+  EXPECT_FALSE(DecodeUtf8("ok\xed\xa0\x80", &decoded));  // a surrogate
+}
+
 }  // namespace
 }  // namespace odmoe::logging

@@ -191,6 +191,63 @@ TEST(JsonSchemaTest, BoundedNumbersNeverStickAndEndWithinTheirBounds) {
   EXPECT_GE(walks, 1000);
 }
 
+// Patterns (ECMA-262, as JSON Schema reads them: matched anywhere unless anchored), through a DFA over the string's
+// bytes; a JSON escape feeds the byte it stands for.
+TEST(JsonSchemaTest, StringsMatchTheirPattern) {
+  auto phone = Grammar(R"({"type": "string", "pattern": "^\\d{3}-\\d{4}$"})");
+  ASSERT_NE(phone, nullptr);
+  EXPECT_EQ(Read(*phone, R"("555-1234")"), "complete");
+  EXPECT_EQ(Read(*phone, R"("55-1234")"), "refused at 3");
+  EXPECT_EQ(Read(*phone, R"("555-12345")"), "refused at 9");
+  EXPECT_EQ(Read(*phone, R"("555-123")"), "refused at 8");
+  auto anywhere = Grammar(R"({"pattern": "cat"})");
+  ASSERT_NE(anywhere, nullptr);
+  EXPECT_EQ(Read(*anywhere, R"("a cat!")"), "complete");
+  EXPECT_EQ(Read(*anywhere, R"("dog)"), "prefix");
+  EXPECT_EQ(Read(*anywhere, R"("")"), "refused at 1");
+  auto words = Grammar(R"js({"type": "string", "pattern": "^(?:[A-Z][a-z]+ ?)+$|^é{2,3}$"})js");
+  ASSERT_NE(words, nullptr);
+  EXPECT_EQ(Read(*words, R"("Hello World")"), "complete");
+  EXPECT_EQ(Read(*words, "\"\xc3\xa9\xc3\xa9\""), "complete");
+  EXPECT_EQ(Read(*words, "\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"), "refused at 7");
+  EXPECT_EQ(Read(*words, R"("hello")"), "refused at 1");
+  EXPECT_EQ(Read(*words, R"("Hello  World")"), "refused at 7");
+  // Characters a JSON string holds only escaped: a quote, a backslash, a newline.
+  auto quoted = Grammar(R"({"pattern": "^say \"[^\"\\\\]*\"\\n?$"})");
+  ASSERT_NE(quoted, nullptr);
+  EXPECT_EQ(Read(*quoted, R"("say \"hi\"")"), "complete");
+  EXPECT_EQ(Read(*quoted, R"("say \"hi\"\n")"), "complete");
+  EXPECT_EQ(Read(*quoted, R"("say \"h\\")"), "refused at 9");        // no backslash inside the quotes
+  EXPECT_EQ(Read(*quoted, R"("say \"h\u0069\"")"), "refused at 9");  // \u escapes are not written
+
+  const std::pair<const char*, const char*> refused[] = {
+      {R"js({"type": "string", "pattern": "^(?=a)"})js",
+       "at '/': 'pattern' at character 3: lookarounds are not supported"},
+      {R"js({"pattern": "(a)\\1"})js", "at '/': 'pattern' at character 4: backreferences are not supported"},
+      {R"({"pattern": "\\bword"})", "at '/': 'pattern' at character 1: word boundaries (\\b, \\B) are not supported"},
+      {R"({"pattern": "a^b"})",
+       "at '/': 'pattern' at character 1: '^' and '$' are supported only at the ends of the pattern or of its "
+       "top-level alternatives"},
+      {R"({"pattern": "[z-a]"})", "at '/': 'pattern' at character 4: a class range is out of order"},
+      {R"({"pattern": "a{3,2}"})", "at '/': 'pattern' at character 6: the quantifier {3,2} is out of order"},
+      {R"({"pattern": "(ab"})", "at '/': 'pattern' at character 3: a group is not closed"},
+      {R"({"pattern": "*a"})", "at '/': 'pattern' at character 0: a quantifier has nothing to repeat"},
+      {R"({"pattern": "\\p{L}"})",
+       "at '/': 'pattern' at character 2: Unicode property escapes (\\p, \\P) are not supported"},
+      {R"({"pattern": "^\\x01$"})", "at '/': 'pattern' matches no string that JSON can hold"},
+      {R"js({"pattern": "^(a|b|c|d){1000}x{1000}$"})js", "at '/': 'pattern' needs more than 1024 automaton states"},
+      {R"js({"pattern": "(a?){1000}a{1000}"})js",
+       "at '/': 'pattern' is too complex: its automaton takes too long to build"},
+      {R"({"type": "string", "pattern": "^a+$", "maxLength": 3})",
+       "at '/': 'minLength' and 'maxLength' beside 'pattern' are not supported; put the length in the pattern (as "
+       "{1,20})"},
+      {R"({"pattern": 5})", "at '/': 'pattern' must be a string, got integer"},
+  };
+  for (const auto& [schema, message] : refused) {
+    EXPECT_EQ(CompileError(schema), message) << schema;
+  }
+}
+
 TEST(JsonSchemaTest, StringsCountCharactersNotBytes) {
   auto g = Grammar(R"({"type": "string", "minLength": 2, "maxLength": 3})");
   ASSERT_NE(g, nullptr);
@@ -398,7 +455,7 @@ TEST(JsonSchemaTest, RefsRecurseAndMapsTakeAnyKey) {
 
 TEST(JsonSchemaTest, RefusedSchemasSayWhereAndWhy) {
   const std::pair<const char*, const char*> cases[] = {
-      {R"({"type": "string", "pattern": "^a+$"})", "at '/': 'pattern' is not supported"},
+      {R"js({"type": "string", "pattern": "^(?!a)"})js", "at '/': 'pattern' at character 3: lookarounds are not"},
       {R"({"properties": {"a/b": {"type": "number", "multipleOf": 0.5}}})",
        "at '/properties/a~1b': 'multipleOf' is not supported"},
       {R"({"anyOf": [{"type": "object"}, {"type": "object", "properties": {"a": {}}}]})",
@@ -443,8 +500,9 @@ TEST(JsonSchemaTest, RefusedSchemasSayWhereAndWhy) {
                              "default": "x", "examples": ["y"], "x-vendor": 1})"),
             "compiled");
 
-  OutputConstraint c{.kind = OutputConstraint::Kind::kJsonSchema, .schema = R"({"type": "string", "pattern": "a"})"};
-  EXPECT_EQ(c.Validate().message(), "constraint.schema at '/': 'pattern' is not supported");
+  OutputConstraint c{.kind = OutputConstraint::Kind::kJsonSchema, .schema = R"({"type": "string", "format": 1,
+                                                                                "not": {}})"};
+  EXPECT_EQ(c.Validate().message(), "constraint.schema at '/': 'not' is not supported");
   EXPECT_EQ(FieldOf(c.Validate()), "constraint.schema");
   c.kind = OutputConstraint::Kind::kJsonObject;
   EXPECT_EQ(c.Validate().message(), "constraint.schema is given, but the constraint is not a JSON schema");
@@ -467,6 +525,9 @@ TEST(JsonSchemaTest, RandomAnswersAreValidForTheirSchemaAsJsonschemaReadsThem) {
           "required": ["c"]})",
       R"({"type": "integer", "minimum": -1000000, "maximum": 999})",
       R"({"type": "string", "minLength": 3, "maxLength": 5})",
+      R"js({"type": "object", "properties": {"code": {"pattern": "^[A-Z]{2}-\\d{2,4}$"},
+          "tag": {"type": "string", "pattern": "[0-9]z?"}, "q": {"pattern": "^\"?[a\\\\/]+(!|\\?)?$"}},
+          "required": ["code", "tag", "q"]})js",
       R"({"type": "object", "properties": {"p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
           "t": {"type": "number", "minimum": -273.15, "exclusiveMaximum": 1e4},
           "n": {"type": "number", "minimum": -0.001, "maximum": 0.001}}, "required": ["p", "t", "n"]})",

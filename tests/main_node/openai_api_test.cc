@@ -380,9 +380,10 @@ TEST(OpenAiParse, ErrorsNameTheField) {
       {R"({"model":"m","prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n"}}})",
        Endpoint::kCompletions, "response_format", "'response_format.json_schema.schema' is missing"},
       {R"({"model":"m","prompt":"x","response_format":{"type":"json_schema","json_schema":{"schema":
-          {"properties":{"a":{"type":"string","pattern":"^a"}}}}}})",
+          {"properties":{"a":{"type":"string","pattern":"^a\\b"}}}}}})",
        Endpoint::kCompletions, "response_format",
-       "'response_format.json_schema.schema' at '/properties/a': 'pattern' is not supported"},
+       "'response_format.json_schema.schema' at '/properties/a': 'pattern' at character 3: word boundaries (\\b, "
+       "\\B) are not supported"},
       {R"({"model":"m","prompt":"x","response_format":{"type":"grammar"}})", Endpoint::kCompletions, "response_format",
        "'response_format' of type 'grammar' is not supported (only 'text', 'json_object' and "
        "'json_schema')"},
