@@ -585,19 +585,34 @@ absl::StatusOr<PatternDfa> CompilePattern(std::string_view pattern) {
     }
   }
 
-  // Only states from which a string can still end: a transition to any other is none.
+  // Only states from which a string can still end (a search back from the accepting ones): a transition to any
+  // other is none.
   const size_t n = sets.size();
-  std::vector<char> live(n, 0);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t d = 0; d < n; ++d) {
-      if (live[d]) continue;
-      bool ok = dfa.accepting[d] != 0;
-      for (size_t b = 0; b < 256 && !ok; ++b) {
-        const uint16_t to = dfa.next[d * 256 + b];
-        ok = to != PatternDfa::kNone && live[to];
+  std::vector<std::vector<uint16_t>> from(n);
+  for (size_t d = 0; d < n; ++d) {
+    for (size_t b = 0; b < 256; ++b) {
+      const uint16_t to = dfa.next[d * 256 + b];
+      if (to != PatternDfa::kNone && (from[to].empty() || from[to].back() != d)) {
+        from[to].push_back(static_cast<uint16_t>(d));
       }
-      if (ok) live[d] = changed = true;
+    }
+  }
+  std::vector<char> live(n, 0);
+  std::vector<uint16_t> todo;
+  for (size_t d = 0; d < n; ++d) {
+    if (dfa.accepting[d] != 0) {
+      live[d] = 1;
+      todo.push_back(static_cast<uint16_t>(d));
+    }
+  }
+  while (!todo.empty()) {
+    const uint16_t d = todo.back();
+    todo.pop_back();
+    for (const uint16_t f : from[d]) {
+      if (!live[f]) {
+        live[f] = 1;
+        todo.push_back(f);
+      }
     }
   }
   if (!live[dfa.start]) return absl::InvalidArgumentError("matches no string that JSON can hold");
