@@ -42,7 +42,7 @@ inline constexpr int kMaxSchemaNesting = 64;
 
 // `schema`: JSON text; its objects' keys are read in the order written. InvalidArgument when it is not JSON, not
 // a schema, or not one odmoe can generate (see above); the message reads after the schema's name: "is not JSON:
-// ...", "has N bytes, at most ...", "at '/properties/a': 'pattern' is not supported".
+// ...", "has N bytes, at most ...", "at '/properties/a': 'multipleOf' is not supported".
 absl::StatusOr<GrammarProgram> CompileJsonSchema(std::string_view schema);
 
 }  // namespace odmoe

@@ -685,15 +685,26 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   for (int64_t i = 0; i < 4; ++i) {
     EXPECT_EQ(Collect(people_stream, false, i).text, people_json["choices"][i]["text"]) << i;
   }
+  // A bounded number (written without an exponent, within its bounds), then a keyword odmoe cannot generate.
+  const HttpResult bounded =
+      Post(base + "/v1/chat/completions",
+           {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+            {"response_format",
+             {{"type", "json_schema"},
+              {"json_schema", {{"name", "n"}, {"schema", {{"type", "number"}, {"exclusiveMinimum", 0}}}}}}}});
+  ASSERT_EQ(bounded.status, 200) << bounded.body;
+  const std::string number = ParseOrDie(bounded.body)["choices"][0]["message"]["content"].get<std::string>();
+  EXPECT_EQ(number.find_first_of("eE"), std::string::npos) << number;
+  EXPECT_GT(std::stod(number), 0.0) << number;
   const HttpResult unsupported =
       Post(base + "/v1/chat/completions",
            {{"messages", {{{"role", "user"}, {"content", "x"}}}},
             {"response_format",
              {{"type", "json_schema"},
-              {"json_schema", {{"name", "n"}, {"schema", {{"type", "number"}, {"minimum", 0}}}}}}}});
+              {"json_schema", {{"name", "n"}, {"schema", {{"type", "number"}, {"multipleOf", 0.5}}}}}}}});
   EXPECT_EQ(unsupported.status, 400);
   EXPECT_EQ(ParseOrDie(unsupported.body)["error"]["param"], "response_format") << unsupported.body;
-  EXPECT_NE(unsupported.body.find("'minimum' on a number is not supported"), std::string::npos) << unsupported.body;
+  EXPECT_NE(unsupported.body.find("at '/': 'multipleOf' is not supported"), std::string::npos) << unsupported.body;
   const HttpResult endless =
       Post(base + "/v1/completions",
            {{"prompt", "x"}, {"ignore_eos", true}, {"response_format", {{"type", "json_object"}}}});
