@@ -90,6 +90,17 @@ struct GrammarNode {
   static constexpr int kNumberScale = 18;
 };
 
+// 10^e as an __int128, for bounded numbers' arithmetic in units of 10^-kNumberScale. REQUIRES: 0 <= e <= 38.
+inline __int128 Pow10(int e) {
+  static constexpr auto kPowers = [] {
+    std::array<__int128, 39> p{};
+    p[0] = 1;
+    for (size_t i = 1; i < p.size(); ++i) p[i] = p[i - 1] * 10;
+    return p;
+  }();
+  return kPowers[static_cast<size_t>(e)];
+}
+
 // Whether a kBoundedNumber's value can begin with byte `b` and still end within its bounds. A node none of whose
 // first bytes can is refused by the compiler.
 bool BoundedNumberCanBegin(const GrammarNode& n, uint8_t b);

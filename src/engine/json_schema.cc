@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "src/common/json.h"
 #include "src/common/status.h"
 #include "src/common/strings.h"
@@ -516,12 +517,6 @@ class SchemaCompiler {
   // Past every bounded number's value (below 10^33 units).
   static constexpr __int128 kFarScaled = static_cast<__int128>(1'000'000'000'000'000'000) * 10'000'000'000'000'000;
 
-  static __int128 Pow10(int e) {
-    __int128 p = 1;
-    for (int i = 0; i < e; ++i) p *= 10;
-    return p;
-  }
-
   // `v` in units of 10^-kNumberScale, rounded up (toward +infinity) or down; ±kFarScaled beyond it. Read exactly
   // from the shortest decimal text that is `v` (as nlohmann writes it), the text a client wrote in most schemas.
   static __int128 Scaled(double v, bool up) {
@@ -531,7 +526,7 @@ class SchemaCompiler {
     int exponent = 0;  // the digits' value is digits * 10^exponent
     bool point = false;
     size_t i = negative ? 1 : 0;
-    for (; i < text.size() && (IsAsciiDigit(text[i]) || text[i] == '.'); ++i) {
+    for (; i < text.size() && (absl::ascii_isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'); ++i) {
       if (text[i] == '.') {
         point = true;
         continue;
@@ -552,8 +547,6 @@ class SchemaCompiler {
     if (!negative) return whole + (up && inexact ? 1 : 0);
     return -whole - (!up && inexact ? 1 : 0);
   }
-
-  static bool IsAsciiDigit(char c) { return c >= '0' && c <= '9'; }
 
   // ---- anyOf: each alternative told apart by its first byte --------------------------------------------------
 

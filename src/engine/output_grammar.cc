@@ -409,12 +409,6 @@ DecimalPrefix PrefixOf(const GrammarFrame& f) {
                        .point = f.sub == kPoint || f.sub == kFraction};
 }
 
-__int128 Pow10(int e) {
-  __int128 p = 1;
-  for (int i = 0; i < e; ++i) p *= 10;
-  return p;
-}
-
 // Whether the number written so far (`p`, at least one digit) can still end within n's bounds, with more digits
 // (at most kMaxNumberDigits in all) or none. Its values form, for each count of whole digits still to come, an
 // interval of multiples of the unit its last fraction digit would have; one must fall within the bounds.

@@ -505,25 +505,37 @@ class NfaBuilder {
   std::vector<NfaState> states_;
 };
 
-// The states reachable from `set` by epsilon moves, `set` included: the range and match states among them,
-// sorted (a DFA state's identity).
-std::vector<int> Closure(const std::vector<NfaState>& nfa, const std::vector<int>& set, size_t* work) {
-  std::vector<char> seen(nfa.size(), 0);
-  std::vector<int> todo = set, out;
-  *work += nfa.size() / 64 + 1;  // the `seen` vector
-  while (!todo.empty()) {
-    const int s = todo.back();
-    todo.pop_back();
-    if (seen[static_cast<size_t>(s)]) continue;
-    seen[static_cast<size_t>(s)] = 1;
-    ++*work;
-    const NfaState& st = nfa[static_cast<size_t>(s)];
-    if (st.range || st.match) out.push_back(s);
-    for (const int e : st.eps) todo.push_back(e);
+// The states reachable from sets of states by epsilon moves, each set's range and match states sorted (a DFA
+// state's identity). One mark array serves every closure: a state counts as seen when its mark is the current
+// closure's number, so no closure clears it. `work` counts the states visited.
+class Closures {
+ public:
+  explicit Closures(const std::vector<NfaState>& nfa) : nfa_(nfa), mark_(nfa.size(), 0) {}
+
+  std::vector<int> Of(const std::vector<int>& set) {
+    ++round_;
+    std::vector<int> todo = set, out;
+    while (!todo.empty()) {
+      const int s = todo.back();
+      todo.pop_back();
+      if (mark_[static_cast<size_t>(s)] == round_) continue;
+      mark_[static_cast<size_t>(s)] = round_;
+      ++work_;
+      const NfaState& st = nfa_[static_cast<size_t>(s)];
+      if (st.range || st.match) out.push_back(s);
+      for (const int e : st.eps) todo.push_back(e);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
   }
-  std::sort(out.begin(), out.end());
-  return out;
-}
+  size_t work() const { return work_; }
+
+ private:
+  const std::vector<NfaState>& nfa_;
+  std::vector<uint32_t> mark_;
+  uint32_t round_ = 0;
+  size_t work_ = 0;
+};
 
 }  // namespace
 
@@ -543,9 +555,9 @@ absl::StatusOr<PatternDfa> CompilePattern(std::string_view pattern) {
   PatternDfa dfa;
   std::map<std::vector<int>, uint16_t> ids;
   std::vector<std::vector<int>> sets;
-  size_t work = 0;  // NFA states visited by the closures, bounded so that no pattern takes long to compile
+  Closures closures(nfa);  // its work is bounded, so that no pattern takes long to compile
   auto id_of = [&](std::vector<int> set) -> absl::StatusOr<uint16_t> {
-    if (work > PatternDfa::kMaxCompileWork) {
+    if (closures.work() > PatternDfa::kMaxCompileWork) {
       return absl::InvalidArgumentError("is too complex: its automaton takes too long to build");
     }
     const auto it = ids.find(set);
@@ -560,7 +572,7 @@ absl::StatusOr<PatternDfa> CompilePattern(std::string_view pattern) {
     dfa.accepting.push_back(0);
     return id;
   };
-  ODMOE_ASSIGN_OR_RETURN(dfa.start, id_of(Closure(nfa, {start}, &work)));
+  ODMOE_ASSIGN_OR_RETURN(dfa.start, id_of(closures.Of({start})));
   for (size_t d = 0; d < sets.size(); ++d) {
     std::vector<int> cuts = {0, 256};
     for (const int s : sets[d]) {
@@ -580,7 +592,7 @@ absl::StatusOr<PatternDfa> CompilePattern(std::string_view pattern) {
         if (st.range && st.lo <= cuts[k] && cuts[k] <= st.hi) targets.push_back(st.out);
       }
       if (targets.empty()) continue;
-      ODMOE_ASSIGN_OR_RETURN(const uint16_t to, id_of(Closure(nfa, targets, &work)));
+      ODMOE_ASSIGN_OR_RETURN(const uint16_t to, id_of(closures.Of(targets)));
       for (int b = cuts[k]; b < cuts[k + 1]; ++b) dfa.next[d * 256 + static_cast<size_t>(b)] = to;
     }
   }
