@@ -443,7 +443,7 @@ class SchemaCompiler {
       return Error(path, "'minLength' and 'maxLength' beside 'pattern' are not supported; put the length in the ",
                    "pattern (as {1,20})");
     }
-    absl::StatusOr<PatternDfa> dfa = CompilePattern(it->get<std::string>());
+    absl::StatusOr<PatternDfa> dfa = CompilePattern(it->get<std::string>(), PatternScope::kJsonString);
     if (!dfa.ok()) return Error(path, "'pattern' ", dfa.status().message());
     n->kind = Kind::kPattern;
     n->pattern = *std::move(dfa);

@@ -1,8 +1,10 @@
 #include "src/engine/pattern_dfa.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -55,11 +57,12 @@ CharSet Intersect(const CharSet& a, const CharSet& b) {
   return Normalized(std::move(out));
 }
 
-// What a JSON string can hold: the characters it may hold raw, and the control characters of the short escapes
-// (\b \t \n \f \r); no UTF-16 surrogate.
-const CharSet& Writable() {
-  static const CharSet set = {{0x08, 0x0a}, {0x0c, 0x0d}, {0x20, 0xd7ff}, {0xe000, kMaxCodePoint}};
-  return set;
+// The characters a text of `scope` may hold: in a JSON string, those it may hold raw and the control characters of
+// the short escapes (\b \t \n \f \r); no UTF-16 surrogate in either.
+const CharSet& Writable(PatternScope scope) {
+  static const CharSet json = {{0x08, 0x0a}, {0x0c, 0x0d}, {0x20, 0xd7ff}, {0xe000, kMaxCodePoint}};
+  static const CharSet text = {{0, 0xd7ff}, {0xe000, kMaxCodePoint}};
+  return scope == PatternScope::kJsonString ? json : text;
 }
 
 const CharSet kDigits = {{'0', '9'}};
@@ -84,9 +87,10 @@ constexpr int kMaxGroupNesting = 64;
 
 class Parser {
  public:
-  explicit Parser(std::vector<uint32_t> text) : text_(std::move(text)) {}
+  Parser(std::vector<uint32_t> text, PatternScope scope) : text_(std::move(text)), scope_(scope) {}
 
-  // The whole pattern, with the any-string loops its unanchored ends stand for (JSON Schema matches anywhere).
+  // The whole pattern; in a JSON string, with the any-string loops its unanchored ends stand for (JSON Schema
+  // matches anywhere), while a whole text is anchored at both ends anyway.
   absl::StatusOr<int> Run() {
     std::vector<int> alternatives;
     for (;;) {
@@ -95,9 +99,10 @@ class Parser {
       const bool end_anchor = Eat('$');
       if (!AtEnd() && Peek() != '|') return Unexpected();
       std::vector<int> parts;
-      if (!start_anchor) parts.push_back(AnyString());
+      const bool search = scope_ == PatternScope::kJsonString;
+      if (search && !start_anchor) parts.push_back(AnyString());
       parts.push_back(seq);
-      if (!end_anchor) parts.push_back(AnyString());
+      if (search && !end_anchor) parts.push_back(AnyString());
       alternatives.push_back(Add(Node{.kind = Node::Kind::kConcat, .kids = std::move(parts)}));
       if (AtEnd()) break;
       Eat('|');
@@ -168,6 +173,17 @@ class Parser {
     return true;
   }
 
+  // Whether a braced quantifier ({n}, {n,} or {n,m}) begins here.
+  bool AtBracedQuantifier() {
+    const size_t at = pos_;
+    int n = 0;
+    bool quantifier = Eat('{') && Count(&n);
+    if (quantifier && Eat(',')) Count(&n);  // {n,} or {n,m}
+    quantifier = quantifier && Eat('}');
+    pos_ = at;
+    return quantifier;
+  }
+
   absl::StatusOr<int> Quantified(int atom) {
     int min = 0, max = -1;
     if (Eat('*')) {
@@ -196,7 +212,9 @@ class Parser {
       return atom;
     }
     Eat('?');  // lazy: the same strings
-    if (Peek() == '*' || Peek() == '+' || Peek() == '?') return Error("a quantifier follows a quantifier");
+    if (Peek() == '*' || Peek() == '+' || Peek() == '?' || AtBracedQuantifier()) {
+      return Error("a quantifier follows a quantifier");
+    }
     return Add(Node{.kind = Node::Kind::kRepeat, .kids = {atom}, .min = min, .max = max});
   }
 
@@ -207,7 +225,7 @@ class Parser {
         if (nesting >= kMaxGroupNesting) return Error(StrCat("groups nest deeper than ", kMaxGroupNesting));
         if (Eat('?')) {
           if (Eat(':')) {
-          } else if (Peek() == '<' && Peek(1) != '=' && Peek(1) != '!') {
+          } else if ((Peek() == '<' && Peek(1) != '=' && Peek(1) != '!') || (Peek() == 'P' && Peek(1) == '<')) {
             while (!AtEnd() && Peek() != '>') ++pos_;  // a named group
             if (!Eat('>')) return Error("a group name is not closed");
           } else {
@@ -229,6 +247,11 @@ class Parser {
       case '?':
         --pos_;
         return Error("a quantifier has nothing to repeat");
+      case '{':
+        --pos_;
+        if (AtBracedQuantifier()) return Error("a quantifier has nothing to repeat");
+        ++pos_;
+        return Add(Node{.kind = Node::Kind::kSet, .set = {{c, c}}});
       case '^':
       case '$':
         --pos_;
@@ -366,6 +389,7 @@ class Parser {
   }
 
   std::vector<uint32_t> text_;
+  PatternScope scope_;
   size_t pos_ = 0;
   std::vector<Node> nodes_;
 };
@@ -419,7 +443,7 @@ void Utf8Sequences(uint32_t lo, uint32_t hi, std::vector<std::vector<std::pair<u
 
 class NfaBuilder {
  public:
-  explicit NfaBuilder(const std::vector<Node>& nodes) : nodes_(nodes) {}
+  NfaBuilder(const std::vector<Node>& nodes, PatternScope scope) : nodes_(nodes), writable_(Writable(scope)) {}
 
   absl::StatusOr<int> Run(int root) {
     const int match = NewState();
@@ -445,18 +469,27 @@ class NfaBuilder {
     switch (node.kind) {
       case Node::Kind::kSet: {
         const int split = NewState();
-        for (const auto& [lo, hi] : Intersect(node.set, Writable())) {
+        // One state per byte range and continuation: sequences that end alike share their tails (every lead byte
+        // of a 2-byte character, and the second byte of a 3-byte one, go on to one "a continuation byte, then
+        // `next`"), so that the DFA too has one state for each and a counted class stays small.
+        std::map<std::tuple<uint8_t, uint8_t, int>, int> made;
+        for (const auto& [lo, hi] : Intersect(node.set, writable_)) {
           std::vector<std::vector<std::pair<uint8_t, uint8_t>>> sequences;
           Utf8Sequences(lo, hi, &sequences);
           for (const auto& seq : sequences) {
             int to = next;
+            bool fresh = false;
             for (size_t k = seq.size(); k-- > 0;) {
-              const int s = NewState();
-              states_[static_cast<size_t>(s)] =
-                  NfaState{.range = true, .lo = seq[k].first, .hi = seq[k].second, .out = to};
-              to = s;
+              const auto [it, inserted] = made.try_emplace({seq[k].first, seq[k].second, to}, -1);
+              if (inserted) {
+                it->second = NewState();
+                states_[static_cast<size_t>(it->second)] =
+                    NfaState{.range = true, .lo = seq[k].first, .hi = seq[k].second, .out = to};
+              }
+              fresh = inserted;
+              to = it->second;
             }
-            states_[static_cast<size_t>(split)].eps.push_back(to);
+            if (fresh) states_[static_cast<size_t>(split)].eps.push_back(to);
           }
         }
         return split;
@@ -502,6 +535,7 @@ class NfaBuilder {
   }
 
   const std::vector<Node>& nodes_;
+  const CharSet& writable_;
   std::vector<NfaState> states_;
 };
 
@@ -537,22 +571,53 @@ class Closures {
   size_t work_ = 0;
 };
 
+// Sets `dfa`'s byte classes and its table of them from `table` (states x 256): bytes whose columns are equal share
+// a class, numbered in the order of their first byte.
+void SplitByteClasses(const std::vector<uint16_t>& table, PatternDfa* dfa) {
+  const size_t states = table.size() / 256;
+  auto same = [&](size_t a, size_t b) {
+    for (size_t d = 0; d < states; ++d) {
+      if (table[d * 256 + a] != table[d * 256 + b]) return false;
+    }
+    return true;
+  };
+  std::array<uint64_t, 256> hash{};
+  for (size_t b = 0; b < 256; ++b) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the column
+    for (size_t d = 0; d < states; ++d) h = (h ^ table[d * 256 + b]) * 1099511628211ull;
+    hash[b] = h;
+  }
+  std::vector<size_t> first;  // per class: its first byte
+  for (size_t b = 0; b < 256; ++b) {
+    size_t c = 0;
+    while (c < first.size() && !(hash[first[c]] == hash[b] && same(first[c], b))) ++c;
+    if (c == first.size()) first.push_back(b);
+    dfa->byte_class[b] = static_cast<uint8_t>(c);
+  }
+  dfa->classes = first.size();
+  dfa->next.resize(states * first.size());
+  for (size_t d = 0; d < states; ++d) {
+    for (size_t c = 0; c < first.size(); ++c) dfa->next[d * first.size() + c] = table[d * 256 + first[c]];
+  }
+}
+
 }  // namespace
 
-absl::StatusOr<PatternDfa> CompilePattern(std::string_view pattern) {
+absl::StatusOr<PatternDfa> CompilePattern(std::string_view pattern, PatternScope scope) {
   if (pattern.size() > PatternDfa::kMaxPatternBytes) {
     return absl::InvalidArgumentError(StrCat("has ", pattern.size(), " bytes, at most ", PatternDfa::kMaxPatternBytes));
   }
   std::vector<uint32_t> text;
   if (!DecodeUtf8(pattern, &text)) return absl::InvalidArgumentError("is not valid UTF-8");
-  Parser parser(std::move(text));
+  Parser parser(std::move(text), scope);
   ODMOE_ASSIGN_OR_RETURN(const int root, parser.Run());
-  NfaBuilder builder(parser.nodes());
+  NfaBuilder builder(parser.nodes(), scope);
   ODMOE_ASSIGN_OR_RETURN(const int start, builder.Run(root));
   const std::vector<NfaState>& nfa = builder.states();
 
   // Subset construction, byte by byte over the elementary intervals of each state's ranges.
   PatternDfa dfa;
+  std::vector<uint16_t> table;  // states x 256
   std::map<std::vector<int>, uint16_t> ids;
   std::vector<std::vector<int>> sets;
   Closures closures(nfa);  // its work is bounded, so that no pattern takes long to compile
@@ -568,7 +633,7 @@ absl::StatusOr<PatternDfa> CompilePattern(std::string_view pattern) {
     const auto id = static_cast<uint16_t>(sets.size());
     ids.emplace(set, id);
     sets.push_back(std::move(set));
-    dfa.next.resize(sets.size() * 256, PatternDfa::kNone);
+    table.resize(sets.size() * 256, PatternDfa::kNone);
     dfa.accepting.push_back(0);
     return id;
   };
@@ -593,7 +658,7 @@ absl::StatusOr<PatternDfa> CompilePattern(std::string_view pattern) {
       }
       if (targets.empty()) continue;
       ODMOE_ASSIGN_OR_RETURN(const uint16_t to, id_of(closures.Of(targets)));
-      for (int b = cuts[k]; b < cuts[k + 1]; ++b) dfa.next[d * 256 + static_cast<size_t>(b)] = to;
+      for (int b = cuts[k]; b < cuts[k + 1]; ++b) table[d * 256 + static_cast<size_t>(b)] = to;
     }
   }
 
@@ -603,7 +668,7 @@ absl::StatusOr<PatternDfa> CompilePattern(std::string_view pattern) {
   std::vector<std::vector<uint16_t>> from(n);
   for (size_t d = 0; d < n; ++d) {
     for (size_t b = 0; b < 256; ++b) {
-      const uint16_t to = dfa.next[d * 256 + b];
+      const uint16_t to = table[d * 256 + b];
       if (to != PatternDfa::kNone && (from[to].empty() || from[to].back() != d)) {
         from[to].push_back(static_cast<uint16_t>(d));
       }
@@ -627,10 +692,14 @@ absl::StatusOr<PatternDfa> CompilePattern(std::string_view pattern) {
       }
     }
   }
-  if (!live[dfa.start]) return absl::InvalidArgumentError("matches no string that JSON can hold");
-  for (uint16_t& to : dfa.next) {
+  if (!live[dfa.start]) {
+    return absl::InvalidArgumentError(scope == PatternScope::kJsonString ? "matches no string that JSON can hold"
+                                                                         : "matches no text");
+  }
+  for (uint16_t& to : table) {
     if (to != PatternDfa::kNone && !live[to]) to = PatternDfa::kNone;
   }
+  SplitByteClasses(table, &dfa);
   return dfa;
 }
 

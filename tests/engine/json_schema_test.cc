@@ -235,7 +235,7 @@ TEST(JsonSchemaTest, StringsMatchTheirPattern) {
       {R"({"pattern": "\\p{L}"})",
        "at '/': 'pattern' at character 2: Unicode property escapes (\\p, \\P) are not supported"},
       {R"({"pattern": "^\\x01$"})", "at '/': 'pattern' matches no string that JSON can hold"},
-      {R"js({"pattern": "^(a|b|c|d){1000}x{1000}$"})js", "at '/': 'pattern' needs more than 1024 automaton states"},
+      {R"js({"pattern": "^(a|b)*a(a|b){13}$"})js", "at '/': 'pattern' needs more than 8192 automaton states"},
       {R"js({"pattern": "(a?){1000}a{1000}"})js",
        "at '/': 'pattern' is too complex: its automaton takes too long to build"},
       {R"({"type": "string", "pattern": "^a+$", "maxLength": 3})",
