@@ -33,7 +33,7 @@ constexpr char kUsage[] =
     "           [--temperature T --top-k K --top-p P --min-p M --seed S] [--presence-penalty P]\n"
     "           [--frequency-penalty F] [--repetition-penalty R] [--logit-bias ID:BIAS,...]\n"
     "           [--ignore-eos] [--stop-token-ids 1,2 [--include-stop-text]] [--min-tokens N]\n"
-    "           [--json-object | --json-schema FILE | --choice TEXT,TEXT,...] [--compact-json]\n"
+    "           [--json-object | --json-schema FILE | --choice TEXT,TEXT,... | --regex REGEX] [--compact-json]\n"
     "           [--backend cpu|mock-gpu|cuda]\n"
     "           [--dump-logits] [--dump-routing] [--logprobs N [--prompt-logprobs]] [--json]\n"
     "       odmoe generate --synthetic CONFIG [--layers N] [--weights-seed S] --prompt-ids 1,2,3 --max-new-tokens N\n"
@@ -50,8 +50,9 @@ constexpr char kUsage[] =
     "  EOS and them out of the first N tokens (vLLM's stop_token_ids, include_stop_str_in_output and min_tokens; N\n"
     "  at most --max-new-tokens). Structured output: --json-object makes the answer one JSON object,\n"
     "  --json-schema one JSON value the JSON Schema in FILE describes (src/engine/json_schema.h says which),\n"
-    "  --choice exactly one of the comma-separated texts; generation stops once it is whole (not with\n"
-    "  --ignore-eos or --min-tokens; needs the model's tokenizer). --compact-json: no whitespace in the JSON.\n"
+    "  --choice exactly one of the comma-separated texts, --regex a text REGEX matches whole\n"
+    "  (src/engine/pattern_dfa.h says which); generation stops once it is whole (not with --ignore-eos or\n"
+    "  --min-tokens; needs the model's tokenizer). --compact-json: no whitespace in the JSON.\n"
     "  Without --json the text is printed as it is\n"
     "  generated; with --json one JSON object: prompt_ids, tokens, text, stop_reason, last_logits\n"
     "  (--dump-logits), routing (--dump-routing), logprobs (--logprobs N: per token {id, logprob, top: the N\n"
@@ -125,7 +126,7 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
                           "backend",     "endpoint",         "timeout-ms",        "synthetic",
                           "layers",      "weights-seed",     "request-id",        "tls-ca",
                           "tls-cert",    "tls-key",          "token-file",        "tls-server-name",
-                          "choice",      "json-schema"},
+                          "choice",      "json-schema",      "regex"},
                    {"ignore-eos", "include-stop-text", "dump-logits", "dump-routing", "prompt-logprobs", "json",
                     "json-object", "compact-json"}));
   // clang-format on
@@ -230,10 +231,10 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   r.options.ignore_eos = f.Has("ignore-eos");
   // The constraint's vocabulary comes with the tokenizer (Run), or main's (--endpoint): checked with it there.
   if (static_cast<int>(f.Has("json-object")) + static_cast<int>(f.Has("choice")) +
-          static_cast<int>(f.Has("json-schema")) >
+          static_cast<int>(f.Has("json-schema")) + static_cast<int>(f.Has("regex")) >
       1) {
     return absl::InvalidArgumentError(
-        "--json-object, --json-schema and --choice each ask for an answer of their own: give one of them");
+        "--json-object, --json-schema, --choice and --regex each ask for an answer of their own: give one of them");
   }
   if (f.Has("json-object")) r.options.constraint.kind = OutputConstraint::Kind::kJsonObject;
   if (auto path = f.Get("json-schema")) {
@@ -243,6 +244,10 @@ absl::StatusOr<Request> ParseRequest(const std::vector<std::string>& args) {
   if (f.Has("choice")) {
     r.options.constraint.kind = OutputConstraint::Kind::kChoice;
     ODMOE_ASSIGN_OR_RETURN(r.options.constraint.choices, f.List("choice"));
+  }
+  if (auto regex = f.Get("regex")) {
+    r.options.constraint.kind = OutputConstraint::Kind::kRegex;
+    r.options.constraint.regex = *regex;
   }
   r.options.constraint.compact = f.Has("compact-json");
   ODMOE_RETURN_IF_ERROR(r.options.constraint.Validate());
@@ -411,7 +416,8 @@ std::string FlagsForFields(std::string message) {
       {"sampling.logit_bias", "--logit-bias"},
       {"constraint.choices", "--choice"},
       {"constraint.schema", "--json-schema"},
-      {"constraint", "--json-object/--json-schema/--choice"},
+      {"constraint.regex", "--regex"},
+      {"constraint", "--json-object/--json-schema/--choice/--regex"},
       {"ignore_eos", "--ignore-eos"},
   };
   for (const auto& [field, flag] : kFieldFlags) {

@@ -1,6 +1,7 @@
 // A grammar program: the values a structured answer may take, as a graph of nodes that StructuredGrammar
 // (src/engine/output_grammar.h) runs byte by byte. CompileJsonSchema (src/engine/json_schema.h) writes one from a
-// JSON Schema; AnyJsonObject and Literals write the fixed ones of response_format json_object and guided_choice.
+// JSON Schema; AnyJsonObject, Literals and Text write those of response_format json_object, guided_choice and
+// guided_regex.
 //
 // Every node's values are told apart from the other alternatives of an anyOf by their first byte, objects among
 // them by their first property (its key, or where several share the key, its value), and every choice inside a
@@ -34,6 +35,7 @@ struct GrammarNode {
     kArray,    // an array of min_count..max_count `item`s
     kString,   // a JSON string of min_count..max_count characters (code points; an escape is one)
     kPattern,  // a JSON string that `pattern` matches (its short escapes read as the bytes they stand for)
+    kText,     // text that `pattern` (PatternScope::kWholeText) matches whole, unquoted: a whole answer only
     kInteger,  // a JSON integer in [minimum, maximum], without a fraction or exponent
     kNumber,   // any JSON number
     // A JSON number in [number_minimum, number_maximum], written without an exponent in at most
@@ -67,7 +69,7 @@ struct GrammarNode {
   // kBoundedNumber, in units of 10^-kNumberScale, inclusive (an exclusive bound is one unit in).
   __int128 number_minimum = 0;
   __int128 number_maximum = 0;
-  PatternDfa pattern;                        // kPattern
+  PatternDfa pattern;                        // kPattern, kText
   std::vector<std::string> literals;         // kLiterals: sorted, each once, none empty
   std::vector<int32_t> alternatives;         // kAnyOf: none a kAnyOf itself; kObjectUnion: as said above
   std::vector<int32_t> literal_objects;      // kLiterals under a kObjectUnion's shared key: parallel to `literals`
@@ -118,6 +120,8 @@ struct GrammarProgram {
   static GrammarProgram AnyJsonObject();
   // Exactly one of `texts` as bytes (guided_choice). REQUIRES: texts non-empty, none empty.
   static GrammarProgram Literals(std::vector<std::string> texts);
+  // Text that `regex` matches whole (guided_regex). REQUIRES: regex compiled with PatternScope::kWholeText.
+  static GrammarProgram Text(PatternDfa regex);
 };
 
 }  // namespace odmoe

@@ -608,6 +608,11 @@ class SchemaCompiler {
       case Kind::kLiterals:
         for (const std::string& l : n.literals) bytes.set(static_cast<uint8_t>(l[0]));
         break;
+      case Kind::kText:
+        for (size_t b = 0; b < bytes.size(); ++b) {
+          if (n.pattern.Step(n.pattern.start, static_cast<uint8_t>(b)) != PatternDfa::kNone) bytes.set(b);
+        }
+        break;
       case Kind::kAnyOf:
         break;
     }

@@ -22,6 +22,16 @@ absl::Status OutputConstraint::Validate() const {
                                program.status().message());
     }
   }
+  if (kind != Kind::kRegex && !regex.empty()) {
+    return RequestFieldError(absl::StatusCode::kInvalidArgument, "constraint.regex",
+                             " is given, but the constraint is not a regular expression");
+  }
+  if (kind == Kind::kRegex) {
+    const absl::StatusOr<PatternDfa> dfa = CompilePattern(regex, PatternScope::kWholeText);
+    if (!dfa.ok()) {
+      return RequestFieldError(absl::StatusCode::kInvalidArgument, "constraint.regex", " ", dfa.status().message());
+    }
+  }
   auto bad = [](const auto&... rest) {
     return RequestFieldError(absl::StatusCode::kInvalidArgument, "constraint.choices", rest...);
   };
@@ -511,6 +521,8 @@ bool StructuredGrammar::CanEnd(const GrammarFrame& f) const {
       return (f.phase == kIntZero || f.phase == kIntDigits) && IntegerInRange(n, f);
     case Kind::kBoundedNumber:
       return f.phase != kStart && DecimalCanEnd(f.sub) && DecimalInRange(n, PrefixOf(f));
+    case Kind::kText:
+      return n.pattern.accepting[f.phase == kStart ? n.pattern.start : static_cast<uint16_t>(f.bits)] != 0;
     case Kind::kLiterals: {
       const uint32_t first = f.count & 0xffff;
       const uint32_t last = f.count >> 16;
@@ -808,6 +820,15 @@ StructuredGrammar::Step StructuredGrammar::Take(GrammarState& s, uint8_t b) cons
       return b < 0x20 ? Step::kRefused : move(b);
     }
 
+    case Kind::kText: {
+      // The whole answer: every byte a step of the DFA, none a quote or escape.
+      const uint16_t from = f.phase == kStart ? n.pattern.start : static_cast<uint16_t>(f.bits);
+      const uint16_t to = n.pattern.Step(from, b);
+      f.phase = kInside;
+      f.bits = to;
+      return taken(to != PatternDfa::kNone);
+    }
+
     case Kind::kNumber:
       if (f.phase == kStart) {
         f.phase = kInside;
@@ -947,6 +968,13 @@ GrammarProgram GrammarProgram::Literals(std::vector<std::string> texts) {
   return p;
 }
 
+GrammarProgram GrammarProgram::Text(PatternDfa regex) {
+  GrammarProgram p;
+  p.nodes.push_back(GrammarNode{.kind = GrammarNode::Kind::kText, .pattern = std::move(regex)});
+  p.whitespace = false;
+  return p;
+}
+
 std::shared_ptr<const ByteGrammar> MakeGrammar(const OutputConstraint& constraint) {
   GrammarProgram program;
   switch (constraint.kind) {
@@ -960,6 +988,11 @@ std::shared_ptr<const ByteGrammar> MakeGrammar(const OutputConstraint& constrain
       ODMOE_CHECK(compiled.ok());  // Validate compiled it
       program = *std::move(compiled);
       break;
+    }
+    case OutputConstraint::Kind::kRegex: {
+      absl::StatusOr<PatternDfa> compiled = CompilePattern(constraint.regex, PatternScope::kWholeText);
+      ODMOE_CHECK(compiled.ok());  // Validate compiled it
+      return std::make_shared<StructuredGrammar>(GrammarProgram::Text(*std::move(compiled)));
     }
     case OutputConstraint::Kind::kNone:
       return nullptr;

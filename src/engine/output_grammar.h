@@ -1,15 +1,16 @@
 // Structured output: a request's generated text held to a grammar, token by token. A request asks for one JSON
 // object (OpenAI's response_format {"type": "json_object"}), for one JSON value a JSON Schema describes (OpenAI's
-// {"type": "json_schema"}, vLLM's guided_json; src/engine/json_schema.h says which schemas) or for exactly one of
-// a list of strings (vLLM's guided_choice). Before each pick, every token whose bytes cannot continue the text so
-// far is banned (its logit -inf, a Sampler delta); once the text is a whole answer, only the tokens that stop the
+// {"type": "json_schema"}, vLLM's guided_json; src/engine/json_schema.h says which schemas), for exactly one of
+// a list of strings (vLLM's guided_choice) or for a text a regular expression matches whole (vLLM's guided_regex;
+// src/engine/pattern_dfa.h says which expressions). Before each pick, every token whose bytes cannot continue the text
+// so far is banned (its logit -inf, a Sampler delta); once the text is a whole answer, only the tokens that stop the
 // request remain.
 //
 // Parts:
 //  - OutputConstraint: what a request asks for; plain data, carried by GenerateOptions and GenerateRequest.
 //  - ByteGrammar: a byte-level automaton over a small state (GrammarState). StructuredGrammar runs a
-//    GrammarProgram (src/engine/grammar_program.h): JsonObjectGrammar, ChoiceGrammar and a compiled JSON Schema
-//    are each one (MakeGrammar picks the one a constraint asks for).
+//    GrammarProgram (src/engine/grammar_program.h): JsonObjectGrammar, ChoiceGrammar, a compiled JSON Schema and
+//    a compiled regular expression are each one (MakeGrammar picks the one a constraint asks for).
 //  - TokenVocabulary: the bytes of each token id, sorted once per model so that the tokens a state allows are
 //    found in one walk that shares the work of common prefixes.
 //  - TokenConstraint: one request's state, and the ids banned for its next pick.
@@ -42,19 +43,23 @@ inline constexpr int kMaxJsonDepth = 64;
 inline constexpr int kMaxJsonIndent = 20;
 
 struct OutputConstraint {
-  enum class Kind { kNone, kJsonObject, kChoice, kJsonSchema };
+  enum class Kind { kNone, kJsonObject, kChoice, kJsonSchema, kRegex };
   Kind kind = Kind::kNone;
   std::vector<std::string> choices;  // kChoice: 1..kMaxChoices non-empty strings of at most kMaxChoiceBytes
   // kJsonSchema: the schema as JSON text, its objects' keys in the order the client wrote them (properties are
   // generated in that order); at most kMaxSchemaBytes.
   std::string schema;
-  // JSON: no whitespace before the value or between its tokens (vLLM's disable_any_whitespace); choices have none.
+  // kRegex: the regular expression, the whole answer to match it; at most PatternDfa::kMaxPatternBytes.
+  std::string regex;
+  // JSON: no whitespace before the value or between its tokens (vLLM's disable_any_whitespace); choices and regex
+  // answers have none but their own.
   bool compact = false;
 
   bool active() const { return kind != Kind::kNone; }
   // InvalidArgument naming the field when the choices are missing, empty, too many or too long, or given without
   // kChoice ("constraint.choices"); when a schema is given without kJsonSchema, or does not compile
-  // ("constraint.schema", with CompileJsonSchema's message).
+  // ("constraint.schema", with CompileJsonSchema's message); when a regex is given without kRegex, or does not
+  // compile ("constraint.regex", with CompilePattern's message).
   absl::Status Validate() const;
 };
 

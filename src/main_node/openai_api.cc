@@ -9,6 +9,7 @@
 #include "src/common/strings.h"
 #include "src/common/utf8.h"
 #include "src/engine/json_schema.h"
+#include "src/engine/pattern_dfa.h"
 
 namespace odmoe::openai {
 namespace {
@@ -257,12 +258,10 @@ absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
       if (m != "text") return unsupported("modalities", StrCat("with ", m.dump(), " (only text)"));
     }
   }
-  // vLLM's structured output beyond a choice and a JSON schema (ReadConstraint): ignored, it would leave the
-  // answer unconstrained.
-  for (const char* key : {"guided_regex", "guided_grammar"}) {
-    if (Field(body, key) != nullptr) {
-      return unsupported(key, "(structured output other than guided_choice and guided_json)");
-    }
+  // vLLM's structured output by a grammar (ReadConstraint takes the rest): ignored, it would leave the answer
+  // unconstrained.
+  if (Field(body, "guided_grammar") != nullptr) {
+    return unsupported("guided_grammar", "(structured output other than guided_choice, guided_json and guided_regex)");
   }
   // vLLM's prompt logprobs: odmoe answers them to `echo` with `logprobs`.
   if (Field(body, "prompt_logprobs") != nullptr) {
@@ -293,6 +292,20 @@ absl::Status ReadChoices(const Json& list, const std::string& where, const char*
     }
     out->choices.push_back(text);
   }
+  return absl::OkStatus();
+}
+
+// A regular expression the whole answer must match, `value` at `where` in the request, into `out`; `param` names the
+// request field in errors, and the expression's own faults are told with CompilePattern's message.
+absl::Status ReadRegex(const Json& value, const std::string& where, const char* param, ApiError* error,
+                       OutputConstraint* out) {
+  if (!value.is_string()) return Fail(error, param, TypeError(where, "a string", value));
+  std::string regex = value.get<std::string>();
+  if (absl::StatusOr<PatternDfa> dfa = CompilePattern(regex, PatternScope::kWholeText); !dfa.ok()) {
+    return Fail(error, param, StrCat("'", where, "' ", dfa.status().message()));
+  }
+  out->kind = OutputConstraint::Kind::kRegex;
+  out->regex = std::move(regex);
   return absl::OkStatus();
 }
 
@@ -330,10 +343,11 @@ absl::Status ReadSchema(std::string_view body, std::initializer_list<const char*
 
 // Structured output, at most one of: OpenAI's `response_format` ({"type": "text"}, {"type": "json_object"} or
 // {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}; the answer is held to
-// the schema whatever `strict` says), vLLM's `guided_choice` (a list of strings), `guided_json` (a schema) and
-// `structured_outputs` with `choice`, `json` or `json_object: true` (its regex, grammar and structural_tag are
-// refused; `disable_any_whitespace` makes the JSON compact; its whitespace_pattern and fallback options are left
-// to odmoe's grammar). `text` is the body `body` was read from.
+// the schema whatever `strict` says), vLLM's `guided_choice` (a list of strings), `guided_json` (a schema),
+// `guided_regex` (a regular expression the whole answer matches) and `structured_outputs` with `choice`, `json`,
+// `regex` or `json_object: true` (its grammar and structural_tag are refused; `disable_any_whitespace` makes the
+// JSON compact; its whitespace_pattern and fallback options are left to odmoe's grammar). `text` is the body `body`
+// was read from.
 absl::Status ReadConstraint(const Json& body, std::string_view text, ApiError* error, CompletionRequest* r) {
   OutputConstraint* out = &r->constraint;
   const char* asked = nullptr;  // the field that asked for a constraint
@@ -374,14 +388,18 @@ absl::Status ReadConstraint(const Json& body, std::string_view text, ApiError* e
     ODMOE_RETURN_IF_ERROR(one("guided_json"));
     ODMOE_RETURN_IF_ERROR(ReadSchema(text, {"guided_json"}, "guided_json", error, out));
   }
+  if (const Json* v = Field(body, "guided_regex")) {
+    ODMOE_RETURN_IF_ERROR(one("guided_regex"));
+    ODMOE_RETURN_IF_ERROR(ReadRegex(*v, "guided_regex", "guided_regex", error, out));
+  }
   if (const Json* v = Field(body, "structured_outputs")) {
     constexpr char kParam[] = "structured_outputs";
     if (!v->is_object()) return Fail(error, kParam, TypeError(kParam, "an object", *v));
-    for (const char* key : {"regex", "grammar", "structural_tag"}) {
+    for (const char* key : {"grammar", "structural_tag"}) {
       if (Field(*v, key) != nullptr) {
-        return Fail(
-            error, kParam,
-            StrCat("'structured_outputs.", key, "' is not supported (only 'choice', 'json' and 'json_object')"));
+        return Fail(error, kParam,
+                    StrCat("'structured_outputs.", key,
+                           "' is not supported (only 'choice', 'json', 'regex' and 'json_object')"));
       }
     }
     auto flag = [&](const char* key, bool* value) -> absl::Status {
@@ -397,8 +415,12 @@ absl::Status ReadConstraint(const Json& body, std::string_view text, ApiError* e
     ODMOE_RETURN_IF_ERROR(flag("disable_any_whitespace", &out->compact));
     const Json* choice = Field(*v, "choice");
     const Json* schema = Field(*v, "json");
-    if (static_cast<int>(json_object) + static_cast<int>(choice != nullptr) + static_cast<int>(schema != nullptr) > 1) {
-      return Fail(error, kParam, "'structured_outputs' asks for more than one of 'choice', 'json' and 'json_object'");
+    const Json* regex = Field(*v, "regex");
+    if (static_cast<int>(json_object) + static_cast<int>(choice != nullptr) + static_cast<int>(schema != nullptr) +
+            static_cast<int>(regex != nullptr) >
+        1) {
+      return Fail(error, kParam,
+                  "'structured_outputs' asks for more than one of 'choice', 'json', 'regex' and 'json_object'");
     }
     if (json_object) {
       ODMOE_RETURN_IF_ERROR(one(kParam));
@@ -409,6 +431,9 @@ absl::Status ReadConstraint(const Json& body, std::string_view text, ApiError* e
     } else if (schema != nullptr) {
       ODMOE_RETURN_IF_ERROR(one(kParam));
       ODMOE_RETURN_IF_ERROR(ReadSchema(text, {"structured_outputs", "json"}, kParam, error, out));
+    } else if (regex != nullptr) {
+      ODMOE_RETURN_IF_ERROR(one(kParam));
+      ODMOE_RETURN_IF_ERROR(ReadRegex(*regex, "structured_outputs.regex", kParam, error, out));
     }
   }
   return absl::OkStatus();

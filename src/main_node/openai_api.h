@@ -13,13 +13,14 @@
 // extensions `ignore_eos`, `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
 // `include_stop_str_in_output` and `stream_options.continuous_usage_stats`; a choice carries vLLM's `stop_reason` and
 // `token_ids` beside OpenAI's fields. Structured output: `response_format` {"type": "json_object"} (the answer is
-// one JSON object), vLLM's `guided_choice` (exactly one of a list of strings) and vLLM's `structured_outputs` with
-// `choice` or `json_object`; src/engine/output_grammar.h. Unknown fields are ignored; options odmoe does not
-// implement are refused (400, `param` naming them) only when set to a value that needs them: `best_of` > 1, chat's
-// `echo`, `suffix`, `tools`, `functions`, a `tool_choice` / `function_call` that demands a call, `audio`,
-// `modalities` other than text, a `response_format` of type json_schema, and vLLM's `use_beam_search`,
-// `guided_json` / `guided_regex` / `guided_grammar`, `structured_outputs`' json / regex / grammar /
-// structural_tag and `prompt_logprobs`, so that no answer is sampled otherwise than asked.
+// one JSON object) or {"type": "json_schema"} (one value of the schema), vLLM's `guided_choice` (exactly one of a
+// list of strings), `guided_json` (a schema), `guided_regex` (a text the expression matches whole) and vLLM's
+// `structured_outputs` with `choice`, `json`, `regex` or `json_object`; src/engine/output_grammar.h. Unknown fields
+// are ignored; options odmoe does not implement are refused (400, `param` naming them) only when set to a value that
+// needs them: `best_of` > 1, chat's `echo`, `suffix`, `tools`, `functions`, a `tool_choice` / `function_call` that
+// demands a call, `audio`, `modalities` other than text, and vLLM's `use_beam_search`, `guided_grammar`,
+// `structured_outputs`' grammar / structural_tag and `prompt_logprobs`, so that no answer is sampled otherwise than
+// asked.
 #pragma once
 
 #include <cstdint>
@@ -114,8 +115,9 @@ struct CompletionRequest {
   // Each token's logprob and this many alternatives (0..kMaxTopLogprobs); -1: no logprobs. Completions'
   // `logprobs`; chat's `top_logprobs` when `logprobs` is true.
   int32_t logprobs = -1;
-  // Structured output: `response_format` json_object or json_schema, `guided_choice`, `guided_json` or
-  // `structured_outputs`; `constraint_param` is the one that asked (errors about the constraint name it).
+  // Structured output: `response_format` json_object or json_schema, `guided_choice`, `guided_json`,
+  // `guided_regex` or `structured_outputs`; `constraint_param` is the one that asked (errors about the constraint name
+  // it).
   OutputConstraint constraint;
   std::string constraint_param;
 };

@@ -52,6 +52,9 @@ inline void ConstraintToProto(const OutputConstraint& in, v1::OutputConstraint* 
     case OutputConstraint::Kind::kJsonSchema:
       out->set_json_schema(in.schema);
       break;
+    case OutputConstraint::Kind::kRegex:
+      out->set_regex(in.regex);
+      break;
     case OutputConstraint::Kind::kNone:
       break;
   }
@@ -67,6 +70,9 @@ inline OutputConstraint ConstraintFromProto(const v1::OutputConstraint& in) {
   } else if (in.kind_case() == v1::OutputConstraint::kJsonSchema) {
     out.kind = OutputConstraint::Kind::kJsonSchema;
     out.schema = in.json_schema();
+  } else if (in.kind_case() == v1::OutputConstraint::kRegex) {
+    out.kind = OutputConstraint::Kind::kRegex;
+    out.regex = in.regex();
   }
   out.compact = in.compact();
   return out;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "gtest/gtest.h"
 #include "src/common/json.h"
@@ -205,6 +206,25 @@ TEST_F(GenerateCliTest, JsonSchemaAnswersHoldToTheSchema) {
                                         "--max-new-tokens", "4", "--json-schema", bad});
   EXPECT_EQ(refused.exit_code, 2) << refused.err;
   EXPECT_NE(refused.err.find("--json-schema at '/properties/a': 'multipleOf' is not supported"), std::string::npos)
+      << refused.err;
+}
+
+// --regex: the whole answer matches the expression, and ends (EOS) once nothing can follow; a refused expression
+// is named with the flag.
+TEST_F(GenerateCliTest, RegexAnswersMatchWhole) {
+  const std::regex reference(R"([A-Z][a-z]+ (said|spake) unto [A-Z][a-z]+\.)");
+  for (const char* temperature : {"0", "1"}) {
+    const Json answer =
+        GenerateJson({"--prompt", "And the man said", "--max-new-tokens", "40", "--regex",
+                      R"([A-Z][a-z]+ (said|spake) unto [A-Z][a-z]+\.)", "--temperature", temperature, "--seed", "2"});
+    ASSERT_FALSE(answer.is_null());
+    EXPECT_EQ(answer["stop_reason"], "eos") << answer.dump();
+    EXPECT_TRUE(std::regex_match(answer["text"].get<std::string>(), reference)) << answer.dump();
+  }
+  const RunResult refused = RunProgram({odmoe_, "generate", "--model", SharedModel("tiny-mixtral-kjv"), "--prompt", "x",
+                                        "--max-new-tokens", "4", "--regex", "a(?=b)"});
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_NE(refused.err.find("--regex at character 3: lookarounds are not supported"), std::string::npos)
       << refused.err;
 }
 

@@ -696,6 +696,30 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   const std::string number = ParseOrDie(bounded.body)["choices"][0]["message"]["content"].get<std::string>();
   EXPECT_EQ(number.find_first_of("eE"), std::string::npos) << number;
   EXPECT_GT(std::stod(number), 0.0) << number;
+  // guided_regex: each sampled answer matches the expression whole, ends (EOS) once nothing can follow, and
+  // streams alike.
+  const std::string verse =
+      R"((?P<who>[A-Z][a-z]{1,8}) (said|spake) unto [A-Z][a-z]{1,8}, [a-z]{1,8}( [a-z]{1,8}){0,3}\.)";
+  Json said = {{"prompt", "And the man said"}, {"max_tokens", 96}, {"temperature", 1}, {"seed", 2}, {"n", 4},
+               {"guided_regex", verse}};
+  const HttpResult said_whole = Post(base + "/v1/completions", said);
+  ASSERT_EQ(said_whole.status, 200) << said_whole.body;
+  const Json said_json = ParseOrDie(said_whole.body);  // kept: the loop runs over a part of it
+  const std::regex verse_regex(R"([A-Z][a-z]{1,8} (said|spake) unto [A-Z][a-z]{1,8}, [a-z]{1,8}( [a-z]{1,8}){0,3}\.)");
+  for (const Json& c : said_json["choices"]) {
+    EXPECT_EQ(c["finish_reason"], "stop") << c.dump();
+    EXPECT_TRUE(std::regex_match(c["text"].get<std::string>(), verse_regex)) << c.dump();
+  }
+  said["stream"] = true;
+  const std::string said_stream = Post(base + "/v1/completions", said).body;
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(Collect(said_stream, false, i).text, said_json["choices"][i]["text"]);
+  const HttpResult lookahead =
+      Post(base + "/v1/completions", {{"prompt", "x"}, {"structured_outputs", {{"regex", "a(?!b)"}}}});
+  EXPECT_EQ(lookahead.status, 400);
+  EXPECT_EQ(ParseOrDie(lookahead.body)["error"]["param"], "structured_outputs") << lookahead.body;
+  EXPECT_NE(lookahead.body.find("'structured_outputs.regex' at character 3: lookarounds are not supported"),
+            std::string::npos)
+      << lookahead.body;
   const HttpResult unsupported =
       Post(base + "/v1/chat/completions",
            {{"messages", {{{"role", "user"}, {"content", "x"}}}},
@@ -964,6 +988,30 @@ TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
     EXPECT_TRUE(v["sure"].is_boolean()) << v.dump();
   }
   EXPECT_GE(whole, 2) << guided_json.dump();
+
+  // guided_regex over byte-level tokens: non-ASCII characters whole (a token may end inside one), and a count of
+  // them that the answer holds to.
+  Json accented = choose;
+  accented.erase("guided_choice");
+  accented["guided_regex"] = "[à-ÿ]{2,4}( [a-z]{1,8})?";
+  const HttpResult accented_whole = Post(base + "/v1/chat/completions", accented);
+  ASSERT_EQ(accented_whole.status, 200) << accented_whole.body;
+  const Json accented_json = ParseOrDie(accented_whole.body);  // kept: the loop runs over a part of it
+  for (const Json& c : accented_json["choices"]) {
+    const std::vector<int32_t> ids = c["token_ids"].get<std::vector<int32_t>>();
+    ASSERT_EQ(c["finish_reason"], "stop") << c.dump();
+    const std::string text = (*hf)->Decode(std::span<const int32_t>(ids).first(ids.size() - 1));
+    const size_t space = text.find(' ');
+    const std::string letters = text.substr(0, space);
+    const size_t characters = Utf8CodePoints(letters);
+    EXPECT_TRUE(characters >= 2 && characters <= 4 && letters.size() == 2 * characters) << c.dump();
+    for (size_t i = 0; i < letters.size(); i += 2) {
+      EXPECT_TRUE(letters[i] == '\xc3' && static_cast<uint8_t>(letters[i + 1]) >= 0xa0) << c.dump();
+    }
+    if (space != std::string::npos) {
+      EXPECT_TRUE(std::regex_match(text.substr(space), std::regex(" [a-z]{1,8}"))) << c.dump();
+    }
+  }
 
   // Without max_tokens the checkpoint's max_new_tokens applies: the same 12 tokens; a request's own value wins.
   Json unbounded = chat;

@@ -174,6 +174,17 @@ TEST(OpenAiParse, DefaultsAndOptions) {
     EXPECT_EQ(parsed->constraint.schema, schema) << body;
     EXPECT_TRUE(parsed->constraint.Validate().ok());
   }
+  // A regular expression the whole answer matches: vLLM's guided_regex and structured_outputs.regex.
+  for (const std::string& body : {std::string(R"({"model":"m","prompt":"x","guided_regex":"(?P<area>\\d{3})-\\d{4}"})"),
+                                  std::string(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+                       "structured_outputs":{"regex":"(?P<area>\\d{3})-\\d{4}","json":null}})")}) {
+    auto parsed =
+        Parse(body, body.find("messages") != std::string::npos ? Endpoint::kChatCompletions : Endpoint::kCompletions);
+    ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << body;
+    EXPECT_EQ(parsed->constraint.kind, OutputConstraint::Kind::kRegex);
+    EXPECT_EQ(parsed->constraint.regex, R"((?P<area>\d{3})-\d{4})");
+    EXPECT_TRUE(parsed->constraint.Validate().ok());
+  }
 
   // vLLM's top_k: -1 and 0 cut nothing; its other sampling extensions at the values that change nothing.
   auto top_k = Parse(R"({"model":"m","prompt":"x","top_k":40,"min_p":0,"repetition_penalty":1,"min_tokens":0,
@@ -403,10 +414,20 @@ TEST(OpenAiParse, ErrorsNameTheField) {
       {R"({"model":"m","prompt":"x","guided_choice":["a"],"structured_outputs":{"json_object":true}})",
        Endpoint::kCompletions, "structured_outputs", "cannot be combined with 'guided_choice'"},
 
-      {R"({"model":"m","prompt":"x","structured_outputs":{"regex":"a+"}})", Endpoint::kCompletions,
-       "structured_outputs", "'structured_outputs.regex' is not supported"},
+      {R"({"model":"m","prompt":"x","structured_outputs":{"grammar":"root ::= x"}})", Endpoint::kCompletions,
+       "structured_outputs", "'structured_outputs.grammar' is not supported"},
       {R"({"model":"m","prompt":"x","structured_outputs":{"choice":["a"],"json_object":true}})", Endpoint::kCompletions,
-       "structured_outputs", "more than one of 'choice', 'json' and 'json_object'"},
+       "structured_outputs", "more than one of 'choice', 'json', 'regex' and 'json_object'"},
+      {R"({"model":"m","prompt":"x","structured_outputs":{"regex":"a+","json":{}}})", Endpoint::kCompletions,
+       "structured_outputs", "more than one of 'choice', 'json', 'regex' and 'json_object'"},
+      {R"({"model":"m","prompt":"x","structured_outputs":{"regex":"(a|b"}})", Endpoint::kCompletions,
+       "structured_outputs", "'structured_outputs.regex' at character 4: a group is not closed"},
+      {R"({"model":"m","prompt":"x","guided_regex":["a+"]})", Endpoint::kCompletions, "guided_regex",
+       "'guided_regex' must be a string"},
+      {R"({"model":"m","prompt":"x","guided_regex":"(?<=a)b"})", Endpoint::kCompletions, "guided_regex",
+       "'guided_regex' at character 2: lookarounds are not supported"},
+      {R"({"model":"m","prompt":"x","guided_regex":"a","guided_choice":["a"]})", Endpoint::kCompletions, "guided_regex",
+       "'guided_regex' cannot be combined with 'guided_choice'"},
       {R"({"model":"m","prompt":"x","structured_outputs":{"json_object":1}})", Endpoint::kCompletions,
        "structured_outputs", "'structured_outputs.json_object' must be a boolean"},
       {R"({"model":"m","prompt":"x","structured_outputs":{"choice":[]}})", Endpoint::kCompletions, "structured_outputs",
@@ -431,8 +452,9 @@ TEST(OpenAiParse, ErrorsNameTheField) {
        Endpoint::kChatCompletions, "audio", "'audio' (audio output) is not supported"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"modalities":["text","audio"]})",
        Endpoint::kChatCompletions, "modalities", "with \"audio\""},
-      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"guided_regex":"a+"})", Endpoint::kChatCompletions,
-       "guided_regex", "(structured output other than guided_choice and guided_json) is not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"guided_grammar":"root ::= x"})",
+       Endpoint::kChatCompletions, "guided_grammar",
+       "(structured output other than guided_choice, guided_json and guided_regex) is not supported"},
       {R"({"model":"m","prompt":"x","prompt_logprobs":1})", Endpoint::kCompletions, "prompt_logprobs",
        "echo and logprobs"},
       {R"({"model":"m","messages":[]})", Endpoint::kChatCompletions, "messages", "empty list"},
