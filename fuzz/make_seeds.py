@@ -258,6 +258,12 @@ def schema_seeds():
          '{"date": "2024-02-29", "q": "x \\"hi\\" \\u00e9"}'),
     ]:
         out("json_schema_fuzzer", f"{name}.bin", json.dumps(schema).encode() + b"\0" + text.encode("latin-1"))
+    # Regular expressions (the fuzzer reads every input's first part as one too), with a text each matches whole.
+    for name, regex, text in [
+        ("regex_phone", "(?P<area>\\d{3})-\\d{4}( ext\\.? ?\\d{1,5})?", "555-0123 ext. 42"),
+        ("regex_lines", "([A-Z][a-z]*( [a-z]+)*[.!?]\n){1,3}[^\\x00-\\x1f]*", "Go forth.\nAnd lo!\n\u00e9\u20ac"),
+    ]:
+        out("json_schema_fuzzer", f"{name}.bin", regex.encode() + b"\0" + text.encode())
 
 
 def openai_seeds():
@@ -285,6 +291,9 @@ def openai_seeds():
                                        "name": "p", "strict": True, "schema": PERSON_SCHEMA}}}),
         ("completion_guided_json", "0", {"model": "m", "prompt": "x", "guided_json": json.dumps(PERSON_SCHEMA),
                                          "structured_outputs": {"disable_any_whitespace": True}}),
+        ("completion_guided_regex", "0", {"model": "m", "prompt": "x", "guided_regex": "(yes|no)[.!]?"}),
+        ("chat_structured_regex", "1", {"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                        "structured_outputs": {"regex": "\\d{4}-\\d{2}-\\d{2}"}}),
     ]:
         out("openai_request_fuzzer", f"{name}.json", endpoint + json.dumps(body))
     out("openai_request_fuzzer", "malformed.json", '0{"model": "m", "prompt": ')
