@@ -18,6 +18,7 @@
 #include "src/common/strings.h"
 #include "src/engine/json_schema.h"
 #include "src/engine/output_grammar.h"
+#include "src/engine/pattern_dfa.h"
 #include "src/model/model_config.h"
 #include "src/model/tokenizer.h"
 
@@ -101,9 +102,28 @@ absl::Status RunGrammar(const std::vector<std::string>& args) {
   const size_t schema_nodes = program->nodes.size();
   PrintJsonLine({{"bench", "grammar"}, {"schema_nodes", schema_nodes}, {"compile_ms", compile_ms}});
 
+  // guided_regex: a sentence of a given shape, and a line of free text (the walk's worst case: most tokens go on).
+  constexpr char kSentence[] = R"([A-Z][a-z]{1,8} (said|spake) unto [A-Z][a-z]{1,8}, "[^"\n]{1,60}"\.)";
+  std::vector<double> regex_times;
+  std::optional<PatternDfa> sentence_dfa;
+  for (int64_t r = 0; r < repeat; ++r) {
+    const Clock::time_point t = Clock::now();
+    absl::StatusOr<PatternDfa> compiled = CompilePattern(kSentence, PatternScope::kWholeText);
+    regex_times.push_back(SecondsSince(t) * 1e3);
+    if (!compiled.ok()) return compiled.status();
+    sentence_dfa = *std::move(compiled);
+  }
+  const double regex_compile_ms = Median(regex_times);
+  PrintJsonLine(
+      {{"bench", "grammar"}, {"regex_states", sentence_dfa->states()}, {"regex_compile_ms", regex_compile_ms}});
+  absl::StatusOr<PatternDfa> line_dfa = CompilePattern("[^\n]{1,200}", PatternScope::kWholeText);
+  if (!line_dfa.ok()) return line_dfa.status();
+
   const JsonObjectGrammar json;
   const StructuredGrammar schema(*std::move(program));
   const ChoiceGrammar choice({"Yes", "No", "Let there be light"});
+  const StructuredGrammar sentence(GrammarProgram::Text(*std::move(sentence_dfa)));
+  const StructuredGrammar line(GrammarProgram::Text(*std::move(line_dfa)));
   const std::vector<std::pair<const ByteGrammar*, std::string>> states = {
       {&json, ""},
       {&json, "{"},
@@ -121,6 +141,10 @@ absl::Status RunGrammar(const std::vector<std::string>& args) {
       {&schema, "{\"name\": \"Ann\", \"age\": 42, \"tags\": [{\"k\": \"size\", \"v\": -12.5"},
       {&choice, ""},
       {&choice, "Let th"},
+      {&sentence, ""},
+      {&sentence, "Moses spake unto Aar"},
+      {&sentence, "Moses spake unto Aaron, \"Go"},
+      {&line, "And "},
   };
   std::vector<Row> rows;
   for (const auto& [grammar, text] : states) {
@@ -138,8 +162,11 @@ absl::Status RunGrammar(const std::vector<std::string>& args) {
       vocabulary.MarkAllowed(*grammar, state, &allowed);
       times.push_back(SecondsSince(t) * 1e3);
     }
-    Row row{grammar == &json ? "json_object" : grammar == &schema ? "json_schema" : "choice", text, Median(times),
-            static_cast<int64_t>(std::count(allowed.begin(), allowed.end(), 1))};
+    const char* name = grammar == &json     ? "json_object"
+                       : grammar == &schema ? "json_schema"
+                       : grammar == &choice ? "choice"
+                                            : "regex";
+    Row row{name, text, Median(times), static_cast<int64_t>(std::count(allowed.begin(), allowed.end(), 1))};
     PrintJsonLine({{"bench", "grammar"},
                    {"vocabulary", source},
                    {"grammar", row.grammar},
@@ -151,9 +178,11 @@ absl::Status RunGrammar(const std::vector<std::string>& args) {
   }
   int width = 5;
   for (const Row& r : rows) width = std::max(width, static_cast<int>(Json(r.text).dump().size()));
-  std::printf("\n%s: %lld tokens, sorted in %.1f ms; a schema of %zu nodes compiled in %.3f ms\n%-12s %-*s %10s %10s\n",
-              source.c_str(), static_cast<long long>(vocabulary.size()), sort_ms, schema_nodes, compile_ms, "grammar",
-              width, "after", "walk_ms", "allowed");
+  std::printf(
+      "\n%s: %lld tokens, sorted in %.1f ms; a schema of %zu nodes compiled in %.3f ms, a regex in %.3f ms\n"
+      "%-12s %-*s %10s %10s\n",
+      source.c_str(), static_cast<long long>(vocabulary.size()), sort_ms, schema_nodes, compile_ms, regex_compile_ms,
+      "grammar", width, "after", "walk_ms", "allowed");
   for (const Row& r : rows) {
     std::string shown = Json(r.text).dump();
     std::printf("%-12s %-*s %10.3f %10lld\n", r.grammar.c_str(), width, shown.c_str(), r.walk_ms,
