@@ -15,21 +15,15 @@ absl::Status OutputConstraint::Validate() const {
     return RequestFieldError(absl::StatusCode::kInvalidArgument, "constraint.schema",
                              " is given, but the constraint is not a JSON schema");
   }
-  if (kind == Kind::kJsonSchema) {
-    const absl::StatusOr<GrammarProgram> program = CompileJsonSchema(schema);
-    if (!program.ok()) {
-      return RequestFieldError(absl::StatusCode::kInvalidArgument, "constraint.schema", " ",
-                               program.status().message());
-    }
-  }
   if (kind != Kind::kRegex && !regex.empty()) {
     return RequestFieldError(absl::StatusCode::kInvalidArgument, "constraint.regex",
                              " is given, but the constraint is not a regular expression");
   }
-  if (kind == Kind::kRegex) {
-    const absl::StatusOr<PatternDfa> dfa = CompilePattern(regex, PatternScope::kWholeText);
-    if (!dfa.ok()) {
-      return RequestFieldError(absl::StatusCode::kInvalidArgument, "constraint.regex", " ", dfa.status().message());
+  if (kind == Kind::kJsonSchema || kind == Kind::kRegex) {
+    if (const auto grammar = CompileGrammar(*this); !grammar.ok()) {
+      return RequestFieldError(absl::StatusCode::kInvalidArgument,
+                               kind == Kind::kRegex ? "constraint.regex" : "constraint.schema", " ",
+                               grammar.status().message());
     }
   }
   auto bad = [](const auto&... rest) {
@@ -975,30 +969,105 @@ GrammarProgram GrammarProgram::Text(PatternDfa regex) {
   return p;
 }
 
-std::shared_ptr<const ByteGrammar> MakeGrammar(const OutputConstraint& constraint) {
+namespace {
+
+// About the bytes a compiled program holds: its nodes, their DFAs and literals.
+size_t ProgramBytes(const GrammarProgram& program) {
+  size_t bytes = sizeof(program) + program.nodes.size() * sizeof(GrammarNode);
+  for (const GrammarNode& n : program.nodes) {
+    bytes += n.pattern.next.size() * sizeof(uint16_t) + n.pattern.accepting.size() + n.path.size();
+    for (const std::string& l : n.literals) bytes += sizeof(l) + l.size();
+    for (const GrammarNode::Property& p : n.properties) bytes += sizeof(p) + p.key.size();
+    bytes += (n.alternatives.size() + n.literal_objects.size()) * sizeof(int32_t);
+  }
+  return bytes;
+}
+
+// What a compiled grammar is kept by: its kind, text and, for a schema, whitespace (a regex has its own).
+std::string CacheKey(const OutputConstraint& c) {
+  if (c.kind == OutputConstraint::Kind::kRegex) return StrCat("regex:", c.regex);
+  return StrCat(c.compact ? "compact schema:" : "schema:", c.schema);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const ByteGrammar>> CompileGrammar(const OutputConstraint& constraint) {
   GrammarProgram program;
   switch (constraint.kind) {
-    case OutputConstraint::Kind::kJsonObject:
-      program = GrammarProgram::AnyJsonObject();
-      break;
-    case OutputConstraint::Kind::kChoice:
-      return std::make_shared<ChoiceGrammar>(constraint.choices);
-    case OutputConstraint::Kind::kJsonSchema: {
-      absl::StatusOr<GrammarProgram> compiled = CompileJsonSchema(constraint.schema);
-      ODMOE_CHECK(compiled.ok());  // Validate compiled it
-      program = *std::move(compiled);
-      break;
-    }
-    case OutputConstraint::Kind::kRegex: {
-      absl::StatusOr<PatternDfa> compiled = CompilePattern(constraint.regex, PatternScope::kWholeText);
-      ODMOE_CHECK(compiled.ok());  // Validate compiled it
-      return std::make_shared<StructuredGrammar>(GrammarProgram::Text(*std::move(compiled)));
-    }
     case OutputConstraint::Kind::kNone:
       return nullptr;
+    case OutputConstraint::Kind::kJsonObject:
+      program = GrammarProgram::AnyJsonObject();
+      program.whitespace = !constraint.compact;
+      return std::make_shared<StructuredGrammar>(std::move(program));
+    case OutputConstraint::Kind::kChoice:
+      return std::make_shared<ChoiceGrammar>(constraint.choices);
+    case OutputConstraint::Kind::kJsonSchema:
+    case OutputConstraint::Kind::kRegex:
+      break;
   }
-  program.whitespace = !constraint.compact;
-  return std::make_shared<StructuredGrammar>(std::move(program));
+  GrammarCache& cache = GrammarCache::Shared();
+  const std::string key = CacheKey(constraint);
+  if (std::shared_ptr<const ByteGrammar> found = cache.Find(key)) return found;
+  if (constraint.kind == OutputConstraint::Kind::kRegex) {
+    ODMOE_ASSIGN_OR_RETURN(PatternDfa dfa, CompilePattern(constraint.regex, PatternScope::kWholeText));
+    program = GrammarProgram::Text(std::move(dfa));
+  } else {
+    ODMOE_ASSIGN_OR_RETURN(program, CompileJsonSchema(constraint.schema));
+    program.whitespace = !constraint.compact;
+  }
+  const size_t bytes = ProgramBytes(program);
+  auto grammar = std::make_shared<const StructuredGrammar>(std::move(program));
+  cache.Insert(key, grammar, bytes);
+  return grammar;
+}
+
+std::shared_ptr<const ByteGrammar> MakeGrammar(const OutputConstraint& constraint) {
+  absl::StatusOr<std::shared_ptr<const ByteGrammar>> grammar = CompileGrammar(constraint);
+  ODMOE_CHECK(grammar.ok());  // Validate compiled it
+  return *std::move(grammar);
+}
+
+GrammarCache& GrammarCache::Shared() {
+  static GrammarCache* const cache = new GrammarCache(kMaxEntries, kMaxBytes);
+  return *cache;
+}
+
+std::shared_ptr<const ByteGrammar> GrammarCache::Find(const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  const auto it = index_.find(key);
+  if (it == index_.end()) {
+    counts_.misses += 1;
+    return nullptr;
+  }
+  counts_.hits += 1;
+  entries_.splice(entries_.begin(), entries_, it->second);
+  return it->second->grammar;
+}
+
+void GrammarCache::Insert(const std::string& key, std::shared_ptr<const ByteGrammar> grammar, size_t bytes) {
+  if (bytes > max_bytes_ || max_entries_ == 0) return;
+  absl::MutexLock lock(&mu_);
+  if (const auto it = index_.find(key); it != index_.end()) {
+    counts_.bytes -= it->second->bytes;
+    entries_.erase(it->second);
+    index_.erase(it);
+  }
+  while (!entries_.empty() && (entries_.size() >= max_entries_ || counts_.bytes + bytes > max_bytes_)) {
+    counts_.bytes -= entries_.back().bytes;
+    index_.erase(entries_.back().key);
+    entries_.pop_back();
+  }
+  entries_.push_front(Entry{.key = key, .grammar = std::move(grammar), .bytes = bytes});
+  index_.emplace(key, entries_.begin());
+  counts_.bytes += bytes;
+}
+
+GrammarCache::Counts GrammarCache::counts() const {
+  absl::MutexLock lock(&mu_);
+  Counts c = counts_;
+  c.entries = entries_.size();
+  return c;
 }
 
 // ---- the vocabulary ---------------------------------------------------------------------------------------------

@@ -24,13 +24,18 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "src/engine/grammar_program.h"
 #include "src/model/tokenizer.h"
 
@@ -146,8 +151,58 @@ class ChoiceGrammar final : public StructuredGrammar {
   explicit ChoiceGrammar(std::vector<std::string> choices);
 };
 
-// The grammar `constraint` asks for; nullptr for none. REQUIRES: constraint.Validate() is OK.
+// The grammar `constraint` asks for, compiled, or found in GrammarCache::Shared() when a schema or expression was
+// compiled lately; nullptr for none. InvalidArgument with the compiler's message (CompileJsonSchema's, or
+// CompilePattern's with PatternScope::kWholeText) when the schema or expression does not compile. The choices are
+// not checked here (Validate checks them).
+absl::StatusOr<std::shared_ptr<const ByteGrammar>> CompileGrammar(const OutputConstraint& constraint);
+
+// CompileGrammar's grammar. REQUIRES: constraint.Validate() is OK.
 std::shared_ptr<const ByteGrammar> MakeGrammar(const OutputConstraint& constraint);
+
+// Grammars compiled from a JSON Schema or a regular expression, by what they were compiled from, so that a schema
+// a client sends with every request, and the same request's validation, sampling on main and replays on the
+// shadow, compile it once. Bounded by a count and by bytes (a large expression's DFA is megabytes): past either,
+// the least recently used go first.
+//
+// Thread safety: thread-safe; the grammars are immutable and shared.
+class GrammarCache {
+ public:
+  static constexpr size_t kMaxEntries = 64;
+  static constexpr size_t kMaxBytes = size_t{64} << 20;
+
+  GrammarCache(size_t max_entries, size_t max_bytes) : max_entries_(max_entries), max_bytes_(max_bytes) {}
+  // The process's cache, kMaxEntries and kMaxBytes.
+  static GrammarCache& Shared();
+
+  // The grammar kept for `key`, or nullptr; one found becomes the most recently used.
+  std::shared_ptr<const ByteGrammar> Find(const std::string& key);
+  // Keeps `grammar` (of about `bytes`) for `key`, in place of one kept already; nothing when `bytes` alone is over
+  // the bound.
+  void Insert(const std::string& key, std::shared_ptr<const ByteGrammar> grammar, size_t bytes);
+
+  struct Counts {
+    uint64_t hits = 0;
+    uint64_t misses = 0;
+    size_t entries = 0;
+    size_t bytes = 0;
+  };
+  Counts counts() const;
+
+ private:
+  struct Entry {
+    std::string key;
+    std::shared_ptr<const ByteGrammar> grammar;
+    size_t bytes = 0;
+  };
+
+  const size_t max_entries_;
+  const size_t max_bytes_;
+  mutable absl::Mutex mu_;
+  std::list<Entry> entries_ ABSL_GUARDED_BY(mu_);  // the most recently used first
+  absl::flat_hash_map<std::string, std::list<Entry>::iterator> index_ ABSL_GUARDED_BY(mu_);
+  Counts counts_ ABSL_GUARDED_BY(mu_);
+};
 
 // The bytes of each token id of a model, as a grammar reads them.
 //

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "src/common/status.h"
+#include "src/engine/output_grammar.h"
 #include "src/rpc/metrics_server.h"
 #include "src/rpc/rpc_util.h"
 
@@ -91,6 +92,7 @@ MainMetrics::MainMetrics(metrics::Labels labels, std::vector<Peer> peers)
   for (const char* outcome : {"ok", "cancelled", "invalid", "error"}) requests_.With({outcome});
   for (const Peer& p : peers_) channels_.push_back(rpc::MakeChannel(p.address));
   registry_.AddCollector([this](std::vector<metrics::MetricFamily>* out) { AppendReachability(out); });
+  registry_.AddCollector(AppendGrammarCache);
   rpc::AddBuildInfo(registry_);
 }
 
@@ -134,6 +136,24 @@ void MainMetrics::PeerChanged(const std::string& name, bool up) {
   peer_changes_.With({name, up ? "up" : "down"}).Add();
   absl::MutexLock lock(&verdict_mu_);
   verdicts_[name] = up;
+}
+
+void MainMetrics::AppendGrammarCache(std::vector<metrics::MetricFamily>* out) {
+  const GrammarCache::Counts c = GrammarCache::Shared().counts();
+  auto family = [&](const char* name, const char* help, metrics::MetricType type, double value) {
+    out->push_back(
+        metrics::MetricFamily{.name = name, .help = help, .type = type, .samples = {metrics::Sample{.value = value}}});
+  };
+  family("odmoe_grammar_cache_hits_total",
+         "Structured-output grammars (a JSON Schema's, a regex's) found compiled: the request's validation and "
+         "sampling after the API compiled it, and schemas sent before.",
+         metrics::MetricType::kCounter, static_cast<double>(c.hits));
+  family("odmoe_grammar_cache_misses_total", "Structured-output grammars compiled (or refused): not found compiled.",
+         metrics::MetricType::kCounter, static_cast<double>(c.misses));
+  family("odmoe_grammar_cache_entries", "Compiled structured-output grammars kept now.", metrics::MetricType::kGauge,
+         static_cast<double>(c.entries));
+  family("odmoe_grammar_cache_bytes", "About the bytes the kept grammars hold.", metrics::MetricType::kGauge,
+         static_cast<double>(c.bytes));
 }
 
 void MainMetrics::AppendReachability(std::vector<metrics::MetricFamily>* out) const {

@@ -4,8 +4,8 @@
 // Per request, as it happens (a Request timeline, one call per event): the outcome, queue time, time to first
 // token, inter-token latency, end-to-end latency, prompt and generated tokens, the number of requests waiting
 // and running. At scrape time: whether main can reach each worker and the shadow (the state of a gRPC channel
-// to each), plus the node's own counters, which MainNode adds as a collector (recall, on-demand loads, stalls,
-// alignment: counted once, where GetStats counts them).
+// to each), the structured-output grammar cache's counts (GrammarCache::Shared), plus the node's own counters, which
+// MainNode adds as a collector (recall, on-demand loads, stalls, alignment: counted once, where GetStats counts them).
 //
 // Thread safety: every method may be called from any thread; a Request belongs to one thread.
 #pragma once
@@ -80,6 +80,8 @@ class MainMetrics {
   // odmoe_worker_reachable / odmoe_shadow_reachable: 1 when the channel to the peer is connected. A channel
   // that is idle or connecting is given a short while to settle (all peers at once).
   void AppendReachability(std::vector<metrics::MetricFamily>* out) const;
+  // odmoe_grammar_cache_*: GrammarCache::Shared()'s counts.
+  static void AppendGrammarCache(std::vector<metrics::MetricFamily>* out);
 
   metrics::Registry registry_;
   metrics::Family<metrics::Counter>& requests_;  // {outcome}

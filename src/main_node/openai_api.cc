@@ -8,8 +8,7 @@
 #include "src/common/status.h"
 #include "src/common/strings.h"
 #include "src/common/utf8.h"
-#include "src/engine/json_schema.h"
-#include "src/engine/pattern_dfa.h"
+#include "src/engine/output_grammar.h"
 
 namespace odmoe::openai {
 namespace {
@@ -296,26 +295,23 @@ absl::Status ReadChoices(const Json& list, const std::string& where, const char*
 }
 
 // A regular expression the whole answer must match, `value` at `where` in the request, into `out`; `param` names the
-// request field in errors, and the expression's own faults are told with CompilePattern's message.
+// request field in errors. ReadConstraint compiles it.
 absl::Status ReadRegex(const Json& value, const std::string& where, const char* param, ApiError* error,
                        OutputConstraint* out) {
   if (!value.is_string()) return Fail(error, param, TypeError(where, "a string", value));
-  std::string regex = value.get<std::string>();
-  if (absl::StatusOr<PatternDfa> dfa = CompilePattern(regex, PatternScope::kWholeText); !dfa.ok()) {
-    return Fail(error, param, StrCat("'", where, "' ", dfa.status().message()));
-  }
   out->kind = OutputConstraint::Kind::kRegex;
-  out->regex = std::move(regex);
+  out->regex = value.get<std::string>();
   return absl::OkStatus();
 }
 
 // The JSON Schema at `path` in the request `body` (its text), into `out`: an object or boolean, or a string that
 // holds one (vLLM's guided_json takes both). The body is read again keeping its objects' keys in the order the
 // client wrote them (Json sorts them), since properties are generated in that order. `param` names the request
-// field in errors, and the schema's own faults are told with CompileJsonSchema's message.
+// field in errors; `where_out` is set to the path, dotted, for ReadConstraint's message when it does not compile.
 absl::Status ReadSchema(std::string_view body, std::initializer_list<const char*> path, const char* param,
-                        ApiError* error, OutputConstraint* out) {
-  std::string where;
+                        ApiError* error, OutputConstraint* out, std::string* where_out) {
+  std::string& where = *where_out;
+  where.clear();
   for (const char* key : path) where += StrCat(where.empty() ? "" : ".", key);
   absl::StatusOr<OrderedJson> ordered = ParseOrderedJson(body, "request body");
   if (!ordered.ok()) return Fail(error, param, std::string(ordered.status().message()));
@@ -333,9 +329,6 @@ absl::Status ReadSchema(std::string_view body, std::initializer_list<const char*
   } else {
     return Fail(error, param, StrCat("'", where, "' must be a JSON Schema (an object), got ", JsonTypeName(*v)));
   }
-  if (absl::StatusOr<GrammarProgram> program = CompileJsonSchema(text); !program.ok()) {
-    return Fail(error, param, StrCat("'", where, "' ", program.status().message()));
-  }
   out->kind = OutputConstraint::Kind::kJsonSchema;
   out->schema = std::move(text);
   return absl::OkStatus();
@@ -351,6 +344,7 @@ absl::Status ReadSchema(std::string_view body, std::initializer_list<const char*
 absl::Status ReadConstraint(const Json& body, std::string_view text, ApiError* error, CompletionRequest* r) {
   OutputConstraint* out = &r->constraint;
   const char* asked = nullptr;  // the field that asked for a constraint
+  std::string where;            // the schema's or expression's path in the request, for the compiler's message
   auto one = [&](const char* param) -> absl::Status {
     if (asked != nullptr) return Fail(error, param, StrCat("'", param, "' cannot be combined with '", asked, "'"));
     asked = param;
@@ -373,7 +367,7 @@ absl::Status ReadConstraint(const Json& body, std::string_view text, ApiError* e
         return Fail(error, "response_format", "'response_format.json_schema' must be an object with a 'schema'");
       }
       ODMOE_RETURN_IF_ERROR(
-          ReadSchema(text, {"response_format", "json_schema", "schema"}, "response_format", error, out));
+          ReadSchema(text, {"response_format", "json_schema", "schema"}, "response_format", error, out, &where));
     } else if (name != "text") {
       return Fail(error, "response_format",
                   StrCat("'response_format' of type '", name,
@@ -386,11 +380,12 @@ absl::Status ReadConstraint(const Json& body, std::string_view text, ApiError* e
   }
   if (Field(body, "guided_json") != nullptr) {
     ODMOE_RETURN_IF_ERROR(one("guided_json"));
-    ODMOE_RETURN_IF_ERROR(ReadSchema(text, {"guided_json"}, "guided_json", error, out));
+    ODMOE_RETURN_IF_ERROR(ReadSchema(text, {"guided_json"}, "guided_json", error, out, &where));
   }
   if (const Json* v = Field(body, "guided_regex")) {
     ODMOE_RETURN_IF_ERROR(one("guided_regex"));
-    ODMOE_RETURN_IF_ERROR(ReadRegex(*v, "guided_regex", "guided_regex", error, out));
+    where = "guided_regex";
+    ODMOE_RETURN_IF_ERROR(ReadRegex(*v, where, "guided_regex", error, out));
   }
   if (const Json* v = Field(body, "structured_outputs")) {
     constexpr char kParam[] = "structured_outputs";
@@ -430,10 +425,17 @@ absl::Status ReadConstraint(const Json& body, std::string_view text, ApiError* e
       ODMOE_RETURN_IF_ERROR(ReadChoices(*choice, "structured_outputs.choice", kParam, error, out));
     } else if (schema != nullptr) {
       ODMOE_RETURN_IF_ERROR(one(kParam));
-      ODMOE_RETURN_IF_ERROR(ReadSchema(text, {"structured_outputs", "json"}, kParam, error, out));
+      ODMOE_RETURN_IF_ERROR(ReadSchema(text, {"structured_outputs", "json"}, kParam, error, out, &where));
     } else if (regex != nullptr) {
       ODMOE_RETURN_IF_ERROR(one(kParam));
-      ODMOE_RETURN_IF_ERROR(ReadRegex(*regex, "structured_outputs.regex", kParam, error, out));
+      where = "structured_outputs.regex";
+      ODMOE_RETURN_IF_ERROR(ReadRegex(*regex, where, kParam, error, out));
+    }
+  }
+  // Compiled once its whitespace is known, and then found compiled by the request's validation and sampling.
+  if (out->kind == OutputConstraint::Kind::kJsonSchema || out->kind == OutputConstraint::Kind::kRegex) {
+    if (const auto grammar = CompileGrammar(*out); !grammar.ok()) {
+      return Fail(error, r->constraint_param, StrCat("'", where, "' ", grammar.status().message()));
     }
   }
   return absl::OkStatus();

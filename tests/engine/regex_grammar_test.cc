@@ -215,5 +215,58 @@ print("checked", n, "disagree", bad)
   EXPECT_LT(matching, written * 3 / 4);
 }
 
+// A schema or expression compiles once: the request's validation, sampling and replays find the grammar compiled.
+TEST(GrammarCacheTest, CompileGrammarKeepsWhatItCompiled) {
+  const OutputConstraint regex{.kind = OutputConstraint::Kind::kRegex, .regex = "kept{1,3}"};
+  const GrammarCache::Counts before = GrammarCache::Shared().counts();
+  const auto first = CompileGrammar(regex);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(regex.Validate().ok());
+  EXPECT_EQ(MakeGrammar(regex), *first);
+  const GrammarCache::Counts after = GrammarCache::Shared().counts();
+  EXPECT_EQ(after.misses, before.misses + 1);
+  EXPECT_EQ(after.hits, before.hits + 2);
+  // Whitespace is part of a schema's grammar: compact or not, two grammars.
+  OutputConstraint schema{.kind = OutputConstraint::Kind::kJsonSchema, .schema = R"({"type": "array"})"};
+  const auto spaced = CompileGrammar(schema);
+  schema.compact = true;
+  const auto compact = CompileGrammar(schema);
+  ASSERT_TRUE(spaced.ok() && compact.ok());
+  EXPECT_NE(*spaced, *compact);
+  EXPECT_TRUE(Takes(**spaced, "[ 1"));
+  EXPECT_FALSE(Takes(**compact, "[ 1"));
+  // What does not compile is told, and nothing is kept.
+  const OutputConstraint bad{.kind = OutputConstraint::Kind::kRegex, .regex = "(a"};
+  const size_t entries = GrammarCache::Shared().counts().entries;
+  EXPECT_EQ(CompileGrammar(bad).status().message(), "at character 2: a group is not closed");
+  EXPECT_EQ(GrammarCache::Shared().counts().entries, entries);
+}
+
+TEST(GrammarCacheTest, TheLeastRecentlyUsedGoFirstPastTheCountOrTheBytes) {
+  GrammarCache cache(/*max_entries=*/2, /*max_bytes=*/100);
+  auto grammar = [] { return std::make_shared<const ChoiceGrammar>(std::vector<std::string>{"x"}); };
+  const auto a = grammar(), b = grammar(), c = grammar(), d = grammar();
+  cache.Insert("a", a, 10);
+  cache.Insert("b", b, 10);
+  EXPECT_EQ(cache.Find("a"), a);  // now the most recently used
+  cache.Insert("c", c, 10);       // past the count: b goes
+  EXPECT_EQ(cache.Find("b"), nullptr);
+  EXPECT_EQ(cache.Find("a"), a);
+  EXPECT_EQ(cache.Find("c"), c);
+  cache.Insert("d", d, 85);  // past the bytes: a goes (c was used last), and d fits beside c
+  EXPECT_EQ(cache.Find("a"), nullptr);
+  EXPECT_EQ(cache.Find("d"), d);
+  EXPECT_EQ(cache.counts().entries, 2u);
+  EXPECT_EQ(cache.counts().bytes, 95u);
+  cache.Insert("e", grammar(), 101);  // over the bound alone: not kept, nothing dropped
+  EXPECT_EQ(cache.Find("e"), nullptr);
+  EXPECT_EQ(cache.counts().entries, 2u);
+  cache.Insert("d", d, 20);  // again: replaces its entry
+  EXPECT_EQ(cache.counts().bytes, 30u);
+  const GrammarCache::Counts counts = cache.counts();
+  EXPECT_EQ(counts.hits, 4u);
+  EXPECT_EQ(counts.misses, 3u);
+}
+
 }  // namespace
 }  // namespace odmoe

@@ -698,6 +698,8 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   EXPECT_GT(std::stod(number), 0.0) << number;
   // guided_regex: each sampled answer matches the expression whole, ends (EOS) once nothing can follow, and
   // streams alike.
+  const double grammar_hits_before = MetricValue(base + "/metrics", "odmoe_grammar_cache_hits_total");
+  const double grammar_misses_before = MetricValue(base + "/metrics", "odmoe_grammar_cache_misses_total");
   const std::string verse =
       R"((?P<who>[A-Z][a-z]{1,8}) (said|spake) unto [A-Z][a-z]{1,8}, [a-z]{1,8}( [a-z]{1,8}){0,3}\.)";
   Json said = {{"prompt", "And the man said"}, {"max_tokens", 96}, {"temperature", 1}, {"seed", 2}, {"n", 4},
@@ -713,6 +715,10 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   said["stream"] = true;
   const std::string said_stream = Post(base + "/v1/completions", said).body;
   for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(Collect(said_stream, false, i).text, said_json["choices"][i]["text"]);
+  // The expression compiled once on main, for the first request's API check: its validation and sampling, and the
+  // second request, found it compiled.
+  EXPECT_EQ(MetricValue(base + "/metrics", "odmoe_grammar_cache_misses_total") - grammar_misses_before, 1);
+  EXPECT_GE(MetricValue(base + "/metrics", "odmoe_grammar_cache_hits_total") - grammar_hits_before, 3);
   const HttpResult lookahead =
       Post(base + "/v1/completions", {{"prompt", "x"}, {"structured_outputs", {{"regex", "a(?!b)"}}}});
   EXPECT_EQ(lookahead.status, 400);
