@@ -1,9 +1,10 @@
 // odmoe's OpenAI-compatible HTTP API through the official `openai` JavaScript SDK (the version pinned in
 // package-lock.json, maxRetries: 0): a loopback cluster (`odmoe cluster up`: main with http_address and two
 // workers) serving ../shared/models/tiny-mixtral-kjv; a completion, a chat, streaming (the streamed text equals
-// the whole answer for the same seed), JSON mode, a JSON Schema read back by beta.chat.completions.parse, the
-// model list, and a 400 and a 404 surfaced as the SDK's BadRequestError and NotFoundError. Run by
-// tests/http/run_js_tests.sh (ctest http_openai_sdk), which sets ODMOE_BINARY_DIR and ODMOE_SHARED_DIR.
+// the whole answer for the same seed), JSON mode, a JSON Schema read back by beta.chat.completions.parse, vLLM's
+// guided_regex passed through the SDK as an extra field, the model list, and a 400 and a 404 surfaced as the SDK's
+// BadRequestError and NotFoundError. Run by tests/http/run_js_tests.sh (ctest http_openai_sdk), which sets
+// ODMOE_BINARY_DIR and ODMOE_SHARED_DIR.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -237,6 +238,20 @@ describe(`the OpenAI SDK against a cluster serving ${MODEL}`, { skip: haveModel 
         return true;
       });
     });
+
+  test('guided_regex, an extra field the SDK sends as it is: the whole answer matches the expression', async () => {
+    const regex = '(?P<who>[A-Z][a-z]{1,8}) (said|spake) unto [A-Z][a-z]{1,8}\\.';
+    const whole = /^[A-Z][a-z]{1,8} (said|spake) unto [A-Z][a-z]{1,8}\.$/;
+    for (const temperature of [0, 1]) {
+      const completion = await client.chat.completions.create({
+        model: MODEL, messages: [{ role: 'user', content: 'Who spoke?' }], max_tokens: 64, temperature, seed: 3,
+        guided_regex: regex,
+      });
+      const choice = completion.choices[0];
+      assert.equal(choice.finish_reason, 'stop', choice.message.content);
+      assert.match(choice.message.content, whole);
+    }
+  });
 
   test('a bad parameter is a BadRequestError', async () => {
     await assert.rejects(client.completions.create({ model: MODEL, prompt: 'x', n: 0 }), (err) => {
