@@ -228,8 +228,13 @@ class Parser {
           } else if ((Peek() == '<' && Peek(1) != '=' && Peek(1) != '!') || (Peek() == 'P' && Peek(1) == '<')) {
             while (!AtEnd() && Peek() != '>') ++pos_;  // a named group
             if (!Eat('>')) return Error("a group name is not closed");
-          } else {
+          } else if (Peek() == '=' || Peek() == '!' || Peek() == '<') {
             return Error("lookarounds are not supported");
+          } else {
+            // Python's inline flags (?i) and (?x), its conditionals, comments and atomic groups.
+            return Error(StrCat("'(?", AtEnd() ? std::string() : EncodeUtf8(Peek()),
+                                "' is not supported: of the groups that begin with '(?', only (?: ), (?<name> ) and "
+                                "(?P<name> ) are"));
           }
         }
         ODMOE_ASSIGN_OR_RETURN(int inner, Alternation(nesting + 1));

@@ -112,6 +112,10 @@ TEST(RegexGrammarTest, ValidateNamesTheRegexAndWhatIsRefused) {
   OutputConstraint c{.kind = OutputConstraint::Kind::kRegex, .regex = "a(?=b)"};
   EXPECT_EQ(c.Validate().message(), "constraint.regex at character 3: lookarounds are not supported");
   EXPECT_EQ(FieldOf(c.Validate()), "constraint.regex");
+  c.regex = "(?i)yes";
+  EXPECT_EQ(c.Validate().message(),
+            "constraint.regex at character 2: '(?i' is not supported: of the groups that begin with '(?', only (?: ), "
+            "(?<name> ) and (?P<name> ) are");
   c.regex = R"(\d+\b)";
   EXPECT_EQ(c.Validate().message(), "constraint.regex at character 4: word boundaries (\\b, \\B) are not supported");
   c.regex = "a{2}{3}";
