@@ -1,8 +1,9 @@
 // odmoe-bench grammar: what structured output costs per pick (src/engine/output_grammar.h). For a vocabulary (a
 // model's tokenizer, or N synthetic word-like tokens) it times the vocabulary's sorting once and the compiling
-// of a JSON Schema, then, at states along a JSON object, the schema's answer and a choice list, the walk that
-// finds the tokens a state allows (the work of one pick whose grammar state changed; a pick inside a JSON string
-// keeps the state and walks nothing, unless the string's length is bounded). One JSON line per state, then a
+// of a JSON Schema and of a regex, then, at states along a JSON object, the schema's answer, a choice list and the
+// regexes' answers, the walk that finds the tokens a state allows (the work of one pick whose grammar state
+// changed; a pick inside a JSON string keeps the state and walks nothing, unless the string's length is bounded;
+// a regex's stays the same only where its DFA's does, as in an unbounded loop). One JSON line per state, then a
 // table.
 #include <algorithm>
 #include <optional>
