@@ -256,6 +256,8 @@ def schema_seeds():
             "date": {"pattern": "^\\d{4}-(0[1-9]|1[0-2])-(?:0[1-9]|[12]\\d|3[01])$"},
             "q": {"type": "string", "pattern": "\"[^\"\\\\]*\"|\u00e9{2,}|[\\w.-]+@[a-z]+\\.com"}}},
          '{"date": "2024-02-29", "q": "x \\"hi\\" \\u00e9"}'),
+        ("tuple", {"type": "array", "prefixItems": [{"type": "number"}, {"enum": ["N", "S"]}], "items": {"type": "integer"},
+                   "maxItems": 4}, '[1.5, "N", 2, -3]'),
     ]:
         out("json_schema_fuzzer", f"{name}.bin", json.dumps(schema).encode() + b"\0" + text.encode("latin-1"))
     # Regular expressions (the fuzzer reads every input's first part as one too), with a text each matches whole.

@@ -32,7 +32,7 @@ struct GrammarNode {
     kJson,     // any JSON value `json` allows (RFC 8259)
     kObject,   // an object with `properties`, in their order; the optional ones may be left out
     kMap,      // an object with any keys, each value an `item`
-    kArray,    // an array of min_count..max_count `item`s
+    kArray,    // an array of min_count..max_count items: `prefix_items` first, then `item`s (none where -1)
     kString,   // a JSON string of min_count..max_count characters (code points; an escape is one)
     kPattern,  // a JSON string that `pattern` matches (its short escapes read as the bytes they stand for)
     kText,     // text that `pattern` (PatternScope::kWholeText) matches whole, unquoted: a whole answer only
@@ -61,7 +61,8 @@ struct GrammarNode {
   std::string path;  // where the node comes from (a JSON pointer into the schema), for messages
   JsonValues json = JsonValues::kAny;
   std::vector<Property> properties;  // kObject: at most kMaxProperties
-  int32_t item = -1;                 // kMap, kArray
+  int32_t item = -1;                 // kMap, kArray (-1: no items past prefix_items)
+  std::vector<int32_t> prefix_items;  // kArray: the items at the first positions (a tuple); at most kMaxProperties
   uint32_t min_count = 0;            // kArray: items; kString: characters
   uint32_t max_count = kUnbounded;
   int64_t minimum = -kMaxIntegerMagnitude;  // kInteger, inclusive
@@ -82,6 +83,9 @@ struct GrammarNode {
 
   // An object's properties fit a 64-bit mask of the keys still matching.
   static constexpr size_t kMaxProperties = 64;
+
+  // kArray: the item at `position` (0-based), or -1 where there is none.
+  int32_t ItemAt(size_t position) const { return position < prefix_items.size() ? prefix_items[position] : item; }
   // Integers have at most 18 digits, so that every one fits an int64.
   static constexpr int kMaxIntegerDigits = 18;
   static constexpr int64_t kMaxIntegerMagnitude = 999'999'999'999'999'999;

@@ -32,7 +32,6 @@ constexpr const char* kRefusedKeywords[] = {
     "if",
     "then",
     "else",
-    "prefixItems",
     "contains",
     "minContains",
     "maxContains",
@@ -54,6 +53,7 @@ constexpr const char* kValueKeywords[] = {
     "required",
     "additionalProperties",
     "items",
+    "prefixItems",
     "minItems",
     "maxItems",
     "minLength",
@@ -272,7 +272,7 @@ class SchemaCompiler {
     for (const char* k : {"properties", "required", "additionalProperties"}) {
       if (s.contains(k)) return "object";
     }
-    for (const char* k : {"items", "minItems", "maxItems"}) {
+    for (const char* k : {"items", "prefixItems", "minItems", "maxItems"}) {
       if (s.contains(k)) return "array";
     }
     for (const char* k : {"minLength", "maxLength", "pattern"}) {
@@ -349,6 +349,54 @@ class SchemaCompiler {
     return absl::OkStatus();
   }
 
+  // An array: `items` for every position, or a tuple (draft 2020-12's prefixItems, then `items` for the rest;
+  // draft 7's `items` as a list, then additionalItems), with minItems and maxItems. Past a tuple, no `items` (or
+  // true) is any value, false is none.
+  absl::Status CompileArray(const OrderedJson& s, const std::string& path, int nesting, GrammarNode* n) {
+    ODMOE_RETURN_IF_ERROR(CompileCounts(s, "minItems", "maxItems", path, n));
+    // The tuple and what follows it: prefixItems and items (draft 2020-12), or items as a list and
+    // additionalItems (draft 7); no tuple, and items.
+    const char* tuple_key = nullptr;
+    const char* rest_key = "items";
+    if (s.contains("prefixItems")) {
+      tuple_key = "prefixItems";
+    } else if (s.contains("items") && s.at("items").is_array()) {
+      tuple_key = "items";
+      rest_key = "additionalItems";
+    }
+    const auto rest = s.find(rest_key);
+    const bool any_rest = rest == s.end() || (rest->is_boolean() && rest->get<bool>());
+    if (tuple_key == nullptr && any_rest && n->min_count == 0 && n->max_count == GrammarNode::kUnbounded) {
+      n->kind = Kind::kJson;
+      n->json = JsonValues::kArrays;
+      return absl::OkStatus();
+    }
+    n->kind = Kind::kArray;
+    if (tuple_key != nullptr) {
+      const OrderedJson& tuple = s.at(tuple_key);
+      if (!tuple.is_array() || tuple.size() > GrammarNode::kMaxProperties) {
+        return Error(path, "'", tuple_key, "' must be a list of at most ", GrammarNode::kMaxProperties, " schemas");
+      }
+      for (size_t i = 0; i < tuple.size(); ++i) {
+        ODMOE_ASSIGN_OR_RETURN(const int32_t item,
+                               Compile(tuple[i], StrCat(path, "/", tuple_key, "/", i), nesting + 1));
+        n->prefix_items.push_back(item);
+      }
+    }
+    if (rest != s.end() && rest->is_boolean() && !rest->get<bool>()) {  // nothing past the tuple
+      const auto most = static_cast<uint32_t>(n->prefix_items.size());
+      if (n->min_count > most) {
+        return Error(path, "'minItems' ", n->min_count, " is more than the ", most, " items '", rest_key,
+                     "' false allows");
+      }
+      n->max_count = std::min(n->max_count, most);
+      return absl::OkStatus();
+    }
+    ODMOE_ASSIGN_OR_RETURN(n->item, any_rest ? Add(GrammarNode{.path = StrCat(path, "/", rest_key)})
+                                             : Compile(*rest, StrCat(path, "/", rest_key), nesting + 1));
+    return absl::OkStatus();
+  }
+
   absl::Status CompileTyped(const OrderedJson& s, const std::string& type, const std::string& path, int nesting,
                             int32_t slot) {
     GrammarNode n{.path = path};
@@ -357,18 +405,7 @@ class SchemaCompiler {
     } else if (type == "object") {
       ODMOE_RETURN_IF_ERROR(CompileObject(s, path, nesting, &n));
     } else if (type == "array") {
-      ODMOE_RETURN_IF_ERROR(CompileCounts(s, "minItems", "maxItems", path, &n));
-      const auto items = s.find("items");
-      const bool any_item = items == s.end() || (items->is_boolean() && items->get<bool>());
-      if (any_item && n.min_count == 0 && n.max_count == GrammarNode::kUnbounded) {
-        n.kind = Kind::kJson;
-        n.json = JsonValues::kArrays;
-      } else {
-        n.kind = Kind::kArray;
-        if (items != s.end() && items->is_array()) return Error(path, "'items' as a list (a tuple) is not supported");
-        ODMOE_ASSIGN_OR_RETURN(n.item, any_item ? Add(GrammarNode{.path = path + "/items"})
-                                                : Compile(*items, path + "/items", nesting + 1));
-      }
+      ODMOE_RETURN_IF_ERROR(CompileArray(s, path, nesting, &n));
     } else if (type == "string") {
       n.kind = Kind::kString;
       ODMOE_RETURN_IF_ERROR(CompileCounts(s, "minLength", "maxLength", path, &n));
@@ -821,7 +858,10 @@ class SchemaCompiler {
         int32_t d = 1;
         switch (n.kind) {
           case Kind::kArray:
-            if (n.min_count > 0) d = 1 + nodes[n.item].min_depth;
+            // Every position up to minItems holds an item.
+            for (size_t i = 0; i < std::min<size_t>(n.min_count, n.prefix_items.size() + 1); ++i) {
+              d = std::max(d, 1 + nodes[n.ItemAt(i)].min_depth);
+            }
             break;
           case Kind::kObject:
             for (const GrammarNode::Property& p : n.properties) {

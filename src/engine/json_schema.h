@@ -12,15 +12,16 @@
 //    model writes them; required; additionalProperties false, or left out, which is taken as false when
 //    properties are given (as OpenAI's strict mode and llama.cpp do); an object without properties is any object,
 //    or with additionalProperties a schema, an object of any keys with values of that schema.
-//  - arrays: items, minItems, maxItems. Strings: minLength, maxLength (in code points; an escape counts one), or
-//    pattern (src/engine/pattern_dfa.h), not beside them.
+//  - arrays: items, minItems, maxItems, and tuples (Pydantic's Tuple[...]): prefixItems, then items for the rest
+//    (false: none; left out: any value), or draft 7's items as a list, then additionalItems. Strings: minLength,
+//    maxLength (in code points; an escape counts one), or pattern (src/engine/pattern_dfa.h), not beside them.
 //    Integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum, at most 18 digits. Numbers: the same bounds;
 //    a number with bounds is written without an exponent in at most 15 digits, kept within them digit by digit
 //    (compared exactly as decimals, so that a validator reading the answer as a double agrees).
 //  - annotations (title, description, default, examples, format, ...) and unknown keywords are left alone;
 //    format is an annotation by default in draft 2020-12, and is not checked.
 // What is refused (InvalidArgument "at '<JSON pointer>': ..."): the keywords that assert what cannot be generated
-// this way (multipleOf, not, if/then/else, prefixItems, uniqueItems, contains, min/max properties,
+// this way (multipleOf, not, if/then/else, uniqueItems, contains, min/max properties,
 // patternProperties, propertyNames, dependent*, unevaluated*), number bounds that no such number meets, patterns
 // that pattern_dfa.h refuses, anyOf alternatives that can begin with the same byte (objects apart: above) and
 // objects of a union that cannot be told apart by their first property, additionalProperties true or a schema

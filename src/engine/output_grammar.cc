@@ -751,12 +751,16 @@ StructuredGrammar::Step StructuredGrammar::Take(GrammarState& s, uint8_t b) cons
         case kFirstItem:
           if (b == ']') return n.min_count == 0 ? Step::kDone : Step::kRefused;
           [[fallthrough]];
-        case kNextItem:
+        case kNextItem: {
           if (f.count >= n.max_count) return Step::kRefused;
+          const int32_t item = n.ItemAt(f.count);
           ++f.count;
-          return Enter(s, n.item, b);
+          return Enter(s, item, b);
+        }
         case kAfterItem:
-          if (b == ',' && f.count < n.max_count) {
+          // Another item only where one can follow and be finished (a tuple's next may nest deeper).
+          if (b == ',' && f.count < n.max_count &&
+              s.depth + program_.nodes[n.ItemAt(f.count)].min_depth <= kMaxGrammarDepth) {
             f.phase = kNextItem;
             return Step::kTaken;
           }

@@ -310,6 +310,53 @@ TEST(JsonSchemaTest, ArraysCountTheirItems) {
   ASSERT_NE(any, nullptr);
   EXPECT_EQ(Read(*any, R"([1, "a", {"b": [null]}])"), "complete");
   EXPECT_EQ(Read(*any, "{}"), "refused at 0");
+  // No item at all.
+  auto empty = Grammar(R"({"type": "array", "items": false})");
+  ASSERT_NE(empty, nullptr);
+  EXPECT_EQ(Read(*empty, "[]"), "complete");
+  EXPECT_EQ(Read(*empty, "[1"), "refused at 1");
+}
+
+// Tuples: Pydantic's Tuple[float, str] (prefixItems with minItems = maxItems), draft 7's items as a list, and
+// what follows a tuple: items (a schema, false, or any value where absent).
+TEST(JsonSchemaTest, TuplesHoldEachPositionToItsSchema) {
+  auto pair = Grammar(R"({"type": "array", "prefixItems": [{"type": "number"}, {"type": "string", "maxLength": 2}],
+                          "minItems": 2, "maxItems": 2})");
+  ASSERT_NE(pair, nullptr);
+  EXPECT_EQ(Read(*pair, R"([1.5, "ab"])"), "complete");
+  EXPECT_EQ(Read(*pair, R"(["ab", 1.5])"), "refused at 1");
+  EXPECT_EQ(Read(*pair, "[1.5]"), "refused at 4");
+  EXPECT_EQ(Read(*pair, R"([1.5, "ab", 2])"), "refused at 10");
+  EXPECT_EQ(Read(*pair, R"([1.5, "abc"])"), "refused at 9");
+  // Draft 7, then integers after the tuple; a tuple's items may be left out from the end down to minItems.
+  auto draft7 = Grammar(R"({"items": [{"const": "op"}, {"type": "boolean"}], "additionalItems": {"type": "integer"},
+                            "minItems": 1})");
+  ASSERT_NE(draft7, nullptr);
+  EXPECT_EQ(Read(*draft7, R"(["op"])"), "complete");
+  EXPECT_EQ(Read(*draft7, R"(["op", true, 1, -2])"), "complete");
+  EXPECT_EQ(Read(*draft7, R"(["op", 1])"), "refused at 7");
+  EXPECT_EQ(Read(*draft7, R"(["op", true, false])"), "refused at 13");
+  // Nothing past the tuple, or any value.
+  auto closed = Grammar(R"({"prefixItems": [{"type": "null"}], "items": false})");
+  ASSERT_NE(closed, nullptr);
+  EXPECT_EQ(Read(*closed, "[null]"), "complete");
+  EXPECT_EQ(Read(*closed, "[]"), "complete");
+  EXPECT_EQ(Read(*closed, "[null, null]"), "refused at 5");
+  auto open = Grammar(R"({"prefixItems": [{"type": "null"}]})");
+  ASSERT_NE(open, nullptr);
+  EXPECT_EQ(Read(*open, R"([null, {"a": 1}, "x"])"), "complete");
+  // A tuple's later item may nest deeper than its first: a comma is taken only where that item can still end.
+  std::string deep = "{}";  // kMaxGrammarDepth - 1 values deep at least
+  for (int i = 0; i < kMaxGrammarDepth - 2; ++i) deep = R"({"type": "array", "items": )" + deep + R"(, "minItems": 1})";
+  const std::string defs =
+      R"("$defs": {"deep": )" + deep + R"(, "pair": {"prefixItems": [{"type": "integer"}, {"$ref": "#/$defs/deep"}]}})";
+  auto top = Grammar("{" + defs + R"(, "$ref": "#/$defs/pair"})");
+  ASSERT_NE(top, nullptr);
+  EXPECT_EQ(Read(*top, "[1,"), "prefix");
+  auto inner = Grammar("{" + defs + R"(, "type": "array", "items": {"$ref": "#/$defs/pair"}})");
+  ASSERT_NE(inner, nullptr);
+  EXPECT_EQ(Read(*inner, "[[1]]"), "complete");
+  EXPECT_EQ(Read(*inner, "[[1,"), "refused at 3");
 }
 
 TEST(JsonSchemaTest, EnumsConstsAndAlternatives) {
@@ -468,7 +515,11 @@ TEST(JsonSchemaTest, RefusedSchemasSayWhereAndWhy) {
        "at '/': 'required' names 'b', which 'properties' does not list"},
       {R"({"properties": {"a": {}}, "additionalProperties": true})",
        "at '/': 'additionalProperties' beside 'properties' is supported only as false (or left out)"},
-      {R"({"items": false})", "at '/items': the schema false allows no value"},
+      {R"({"items": false, "minItems": 1})", "at '/': 'minItems' 1 is more than the 0 items 'items' false allows"},
+      {R"({"prefixItems": [{}, {}], "items": false, "minItems": 3})",
+       "at '/': 'minItems' 3 is more than the 2 items 'items' false allows"},
+      {R"({"prefixItems": {}})", "at '/': 'prefixItems' must be a list of at most 64 schemas"},
+      {R"({"prefixItems": [{"type": "integer"}, {"not": {}}]})", "at '/prefixItems/1': 'not' is not supported"},
       {R"({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"})",
        "at '/$defs/a': the schema refers to itself before any byte of its value"},
       {R"({"type": "integer", "minimum": 5, "maximum": 4.5})",
@@ -539,6 +590,10 @@ TEST(JsonSchemaTest, RandomAnswersAreValidForTheirSchemaAsJsonschemaReadsThem) {
            "required": ["op", "arg"], "additionalProperties": false},
           {"type": "object", "properties": {"num": {"type": "integer"}}, "required": ["num"]},
           {"const": 0}]}}, "$ref": "#/$defs/expr"})",
+      R"({"type": "object", "properties": {"point": {"type": "array", "prefixItems": [
+          {"type": "number", "minimum": -90, "maximum": 90}, {"type": "number", "minimum": -180, "maximum": 180}],
+          "minItems": 2, "maxItems": 2}, "tags": {"type": "array", "prefixItems": [{"const": "a"}, {"type": "boolean"}],
+          "items": {"type": "integer"}, "maxItems": 4}}, "required": ["point", "tags"]})",
   };
   std::mt19937 rng(7);
   const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "json_schema_oracle";
