@@ -759,9 +759,64 @@ class SchemaCompiler {
     return texts;
   }
 
+  // Whether `objects` can be told apart by their first property: each begins with a required one, and those that
+  // begin with the same key have a const or enum value there, no value in two.
+  bool ToldApartByFirstProperty(const std::vector<int32_t>& objects) const {
+    std::map<std::string, std::vector<int32_t>> by_key;
+    for (const int32_t o : objects) {
+      const GrammarNode& n = program_.nodes[o];
+      if (n.properties.empty() || !n.properties[0].required) return false;
+      by_key[n.properties[0].key].push_back(o);
+    }
+    for (const auto& [key, group] : by_key) {
+      if (group.size() > 1 && !DisjointLiterals(group, &key)) return false;
+    }
+    return true;
+  }
+
+  // Whether every one of `objects` requires the property `key` and holds a const or enum value there, no value in
+  // two.
+  bool DisjointLiterals(const std::vector<int32_t>& objects, const std::string* key) const {
+    std::vector<std::string> all;
+    for (const int32_t o : objects) {
+      const std::vector<GrammarNode::Property>& props = program_.nodes[o].properties;
+      const auto it =
+          std::find_if(props.begin(), props.end(), [&](const GrammarNode::Property& p) { return p.key == *key; });
+      if (it == props.end() || !it->required) return false;
+      std::vector<std::string> literals = LiteralsOf(it->node);
+      if (literals.empty()) return false;
+      all.insert(all.end(), literals.begin(), literals.end());
+    }
+    std::sort(all.begin(), all.end());
+    return std::adjacent_find(all.begin(), all.end()) == all.end();
+  }
+
+  // Pydantic's discriminated unions, and others like them, where the first properties do not tell the objects
+  // apart but another does: a property every object requires, with a const or enum value, no value in two (the
+  // first such in the first object's order). Each object is then generated from a copy of its node with that
+  // property first (JSON objects are unordered; the schema's other uses of the object keep the written order).
+  // Nothing changes where no property does.
+  absl::Status PutDiscriminatorFirst(std::vector<int32_t>* objects) {
+    if (ToldApartByFirstProperty(*objects)) return absl::OkStatus();
+    const std::vector<GrammarNode::Property> candidates = program_.nodes[objects->front()].properties;
+    for (const GrammarNode::Property& candidate : candidates) {
+      if (!DisjointLiterals(*objects, &candidate.key)) continue;
+      for (int32_t& o : *objects) {
+        GrammarNode copy = program_.nodes[o];
+        const auto at = std::find_if(copy.properties.begin(), copy.properties.end(),
+                                     [&](const GrammarNode::Property& p) { return p.key == candidate.key; });
+        std::rotate(copy.properties.begin(), at, at + 1);
+        ODMOE_ASSIGN_OR_RETURN(o, Add(std::move(copy)));
+      }
+      return absl::OkStatus();
+    }
+    return absl::OkStatus();
+  }
+
   // Where an anyOf's alternatives (`kept`) hold two or more objects (kObject, or an object union of an anyOf
   // within), they become one kObjectUnion, told apart by their first property: its key, or where several objects
-  // begin with the same key, its value, which must then be a const or enum in each, no value in two.
+  // begin with the same key, its value, which must then be a const or enum in each, no value in two; or where the
+  // first properties do not tell them apart, by a discriminator put first (PutDiscriminatorFirst).
   absl::Status MergeObjects(const std::string& path, std::vector<int32_t>* kept) {
     std::vector<int32_t> objects, rest;
     auto add_object = [&objects](int32_t o) {
@@ -778,13 +833,15 @@ class SchemaCompiler {
       }
     }
     if (objects.size() < 2) return absl::OkStatus();
+    ODMOE_RETURN_IF_ERROR(PutDiscriminatorFirst(&objects));
     std::vector<std::string> keys;  // in the order the objects come
     std::vector<std::vector<int32_t>> by_key;
     for (const int32_t o : objects) {
       const GrammarNode& n = program_.nodes[o];
       if (n.properties.empty() || !n.properties[0].required) {
         return Error(n.path, "an object that is one of several in an anyOf must begin with a required property: ",
-                     "odmoe tells the objects apart by it (its key, or its const or enum value)");
+                     "odmoe tells the objects apart by it (its key, or its const or enum value), or by a property ",
+                     "they all require with a const or enum value, no value in two");
       }
       const auto at = std::find(keys.begin(), keys.end(), n.properties[0].key);
       if (at == keys.end()) {

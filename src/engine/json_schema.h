@@ -6,8 +6,10 @@
 //  - type (one or a list), enum, const, anyOf / oneOf (alternatives that begin with different bytes; consts and
 //    enums among them merge, and integer beside number is number; objects among them, a union of object models,
 //    are told apart by their first property, which each must begin with and require: its key, or where several
-//    share the key, its const or enum value, no value in two), allOf of one schema, $ref within the document
-//    ("#/$defs/...", "#/definitions/...", "#", recursion included), true and {} (any JSON value).
+//    share the key, its const or enum value, no value in two; or where first properties do not tell them apart, by
+//    the first property they all require with such values, which each then writes first), allOf of one schema,
+//    $ref within the document ("#/$defs/...", "#/definitions/...", "#", recursion included), true and {} (any JSON
+//    value).
 //  - objects: properties, generated in the order written, the required ones always and the others where the
 //    model writes them; required; additionalProperties false, or left out, which is taken as false when
 //    properties are given (as OpenAI's strict mode and llama.cpp do); an object without properties is any object,

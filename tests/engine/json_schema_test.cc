@@ -436,6 +436,29 @@ TEST(JsonSchemaTest, ObjectsOfAnAnyOfAreToldApartByTheirFirstProperty) {
   EXPECT_EQ(Read(*tagged, R"({"t": "c", "y": null})"), "complete");
   EXPECT_EQ(Read(*tagged, R"({"t": "d", "x": 1})"), "refused at 12");  // "d" begins the second
 
+  // Pydantic's discriminated union with its tag written after other properties: each object of the union is
+  // generated with the tag first, the first property that every object requires with a const or enum value, no
+  // value in two. The object used alone keeps the written order.
+  auto tag_later = Grammar(R"({"$defs": {
+      "Cat": {"properties": {"name": {"type": "string"}, "pet_type": {"const": "cat"}, "meows": {"type": "integer"}},
+              "required": ["name", "pet_type", "meows"]},
+      "Dog": {"properties": {"name": {"type": "string"}, "barks": {"type": "number"}, "pet_type": {"const": "dog"}},
+              "required": ["name", "barks", "pet_type"]}},
+    "type": "object", "properties": {"favourite": {"$ref": "#/$defs/Cat"}, "pets": {"type": "array",
+      "items": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}], "discriminator": {
+        "propertyName": "pet_type", "mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"}}}}},
+    "required": ["favourite", "pets"]})");
+  ASSERT_NE(tag_later, nullptr);
+  EXPECT_EQ(Read(*tag_later, R"({"favourite": {"name": "Tom", "pet_type": "cat", "meows": 1}, "pets": [
+      {"pet_type": "dog", "name": "Rex", "barks": 2}, {"pet_type": "cat", "name": "Tom", "meows": 3}]})"),
+            "complete");
+  EXPECT_EQ(Read(*tag_later, R"({"favourite": {"pet_type": "cat")"), "refused at 16");
+  EXPECT_EQ(Read(*tag_later, R"({"favourite": {"name": "", "pet_type": "cat", "meows": 1}, "pets": [{"name")"),
+            "refused at 70");  // the tag comes first in a pet
+  EXPECT_EQ(Read(*tag_later, R"({"favourite": {"name": "", "pet_type": "cat", "meows": 1}, "pets": [
+      {"pet_type": "dog", "name": "Rex", "meows": 2})"),
+            "refused at 111");  // a dog barks
+
   const std::pair<const char*, const char*> refused[] = {
       {R"({"anyOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}, "required": ["b"]}]})",
        "at '/anyOf/0': an object that is one of several in an anyOf must begin with a required property: odmoe "
@@ -590,6 +613,11 @@ TEST(JsonSchemaTest, RandomAnswersAreValidForTheirSchemaAsJsonschemaReadsThem) {
            "required": ["op", "arg"], "additionalProperties": false},
           {"type": "object", "properties": {"num": {"type": "integer"}}, "required": ["num"]},
           {"const": 0}]}}, "$ref": "#/$defs/expr"})",
+      R"({"$defs": {"Cat": {"properties": {"name": {"type": "string", "maxLength": 5}, "pet_type": {"const": "cat"},
+          "meows": {"type": "integer"}}, "required": ["name", "pet_type", "meows"]}, "Dog": {"properties": {
+          "name": {"type": "string", "maxLength": 5}, "pet_type": {"enum": ["dog", "puppy"]}}, "required": ["name",
+          "pet_type"]}}, "type": "array", "items": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+          "discriminator": {"propertyName": "pet_type"}}, "maxItems": 3})",
       R"({"type": "object", "properties": {"point": {"type": "array", "prefixItems": [
           {"type": "number", "minimum": -90, "maximum": 90}, {"type": "number", "minimum": -180, "maximum": 180}],
           "minItems": 2, "maxItems": 2}, "tags": {"type": "array", "prefixItems": [{"const": "a"}, {"type": "boolean"}],
