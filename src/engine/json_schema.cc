@@ -455,9 +455,8 @@ class SchemaCompiler {
       }
       return absl::OkStatus();
     }
-    if (extra != s.end() && !extra_false) {
-      return Error(path, "'additionalProperties' beside 'properties' is supported only as false (or left out)");
-    }
+    // Beside properties, additionalProperties true or a schema is taken as false, as when it is left out: the
+    // answer holds the listed properties only, which the schema allows too.
     if (props->size() > GrammarNode::kMaxProperties) {
       return Error(path, "'properties' lists ", props->size(), ", at most ", GrammarNode::kMaxProperties);
     }

@@ -11,9 +11,10 @@
 //    $ref within the document ("#/$defs/...", "#/definitions/...", "#", recursion included), true and {} (any JSON
 //    value).
 //  - objects: properties, generated in the order written, the required ones always and the others where the
-//    model writes them; required; additionalProperties false, or left out, which is taken as false when
-//    properties are given (as OpenAI's strict mode and llama.cpp do); an object without properties is any object,
-//    or with additionalProperties a schema, an object of any keys with values of that schema.
+//    model writes them; required; additionalProperties, which beside properties is taken as false (the listed
+//    properties only, as OpenAI's strict mode and llama.cpp do, which the schema allows whatever it says); an
+//    object without properties is any object, or with additionalProperties a schema, an object of any keys with
+//    values of that schema.
 //  - arrays: items, minItems, maxItems, and tuples (Pydantic's Tuple[...]): prefixItems, then items for the rest
 //    (false: none; left out: any value), or draft 7's items as a list, then additionalItems. Strings: minLength,
 //    maxLength (in code points; an escape counts one), or pattern (src/engine/pattern_dfa.h), not beside them.
@@ -23,12 +24,12 @@
 //  - annotations (title, description, default, examples, format, ...) and unknown keywords are left alone;
 //    format is an annotation by default in draft 2020-12, and is not checked.
 // What is refused (InvalidArgument "at '<JSON pointer>': ..."): the keywords that assert what cannot be generated
-// this way (multipleOf, not, if/then/else, uniqueItems, contains, min/max properties,
-// patternProperties, propertyNames, dependent*, unevaluated*), number bounds that no such number meets, patterns
-// that pattern_dfa.h refuses, anyOf alternatives that can begin with the same byte (objects apart: above) and
-// objects of a union that cannot be told apart by their first property, additionalProperties true or a schema
-// beside properties, $ref outside the document, schemas past the limits below, and schemas none of whose values
-// nests at most kMaxGrammarDepth objects and arrays deep (a required property that recurses without end).
+// this way (multipleOf, not, if/then/else, uniqueItems, contains, min/max properties, patternProperties,
+// propertyNames, dependent*, unevaluated*), number bounds that no such number meets, patterns that pattern_dfa.h
+// refuses, anyOf alternatives that can begin with the same byte (objects apart: above) and objects of a union that
+// cannot be told apart by a property, $ref outside the document, schemas past the limits below, and schemas none
+// of whose values nests at most kMaxGrammarDepth objects and arrays deep (a required property that recurses
+// without end).
 #pragma once
 
 #include <cstddef>

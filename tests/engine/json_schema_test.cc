@@ -58,6 +58,16 @@ TEST(JsonSchemaTest, PropertiesComeInTheirOrderAndTheRequiredOnesAlways) {
   EXPECT_EQ(Read(*g, R"({"name": "Ann", "age": 30} )"), "refused at 26");  // nothing after the answer
   EXPECT_EQ(Read(*g, R"({"name": 5)"), "refused at 9");
   EXPECT_EQ(Read(*g, R"({"name": "Ann", "age": 1, "tags": [1]})"), "refused at 35");
+  // Pydantic's extra='allow' (additionalProperties true) or a schema for the extra keys: the listed properties only,
+  // as when it is left out.
+  for (const char* extra : {"true", R"({"type": "string"})"}) {
+    auto open = Grammar(StrCat(R"({"properties": {"a": {"type": "integer"}}, "required": ["a"],
+                                   "additionalProperties": )",
+                               extra, "}"));
+    ASSERT_NE(open, nullptr) << extra;
+    EXPECT_EQ(Read(*open, R"({"a": 1})"), "complete");
+    EXPECT_EQ(Read(*open, R"({"a": 1, "b": "x"})"), "refused at 7");
+  }
 }
 
 TEST(JsonSchemaTest, IntegersKeepTheirBoundsDigitByDigit) {
@@ -536,8 +546,6 @@ TEST(JsonSchemaTest, RefusedSchemasSayWhereAndWhy) {
       {R"({"$ref": "#/$defs/missing"})", "at '/': '$ref' '#/$defs/missing' names nothing in the schema"},
       {R"({"properties": {"a": {}}, "required": ["b"]})",
        "at '/': 'required' names 'b', which 'properties' does not list"},
-      {R"({"properties": {"a": {}}, "additionalProperties": true})",
-       "at '/': 'additionalProperties' beside 'properties' is supported only as false (or left out)"},
       {R"({"items": false, "minItems": 1})", "at '/': 'minItems' 1 is more than the 0 items 'items' false allows"},
       {R"({"prefixItems": [{}, {}], "items": false, "minItems": 3})",
        "at '/': 'minItems' 3 is more than the 2 items 'items' false allows"},
