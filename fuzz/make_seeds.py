@@ -258,6 +258,8 @@ def schema_seeds():
          '{"date": "2024-02-29", "q": "x \\"hi\\" \\u00e9"}'),
         ("tuple", {"type": "array", "prefixItems": [{"type": "number"}, {"enum": ["N", "S"]}], "items": {"type": "integer"},
                    "maxItems": 4}, '[1.5, "N", 2, -3]'),
+        ("unique", {"type": "array", "items": {"enum": ["a", "ab", True, None]}, "uniqueItems": True},
+         '["ab", null, "a", true]'),
     ]:
         out("json_schema_fuzzer", f"{name}.bin", json.dumps(schema).encode() + b"\0" + text.encode("latin-1"))
     # Regular expressions (the fuzzer reads every input's first part as one too), with a text each matches whole.

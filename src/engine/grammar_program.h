@@ -63,6 +63,9 @@ struct GrammarNode {
   std::vector<Property> properties;  // kObject: at most kMaxProperties
   int32_t item = -1;                 // kMap, kArray (-1: no items past prefix_items)
   std::vector<int32_t> prefix_items;  // kArray: the items at the first positions (a tuple); at most kMaxProperties
+  // kArray: no value twice (uniqueItems), its `item` then a kLiterals of at most kMaxUniqueLiterals values; its
+  // frame's `bits` holds the values taken so far.
+  bool unique_items = false;
   uint32_t min_count = 0;            // kArray: items; kString: characters
   uint32_t max_count = kUnbounded;
   int64_t minimum = -kMaxIntegerMagnitude;  // kInteger, inclusive
@@ -81,8 +84,10 @@ struct GrammarNode {
   // way to end.
   int32_t min_depth = 1;
 
-  // An object's properties fit a 64-bit mask of the keys still matching.
+  // An object's properties fit a 64-bit mask of the keys still matching, and a unique array's values one of those
+  // taken.
   static constexpr size_t kMaxProperties = 64;
+  static constexpr size_t kMaxUniqueLiterals = 64;
 
   // kArray: the item at `position` (0-based), or -1 where there is none.
   int32_t ItemAt(size_t position) const { return position < prefix_items.size() ? prefix_items[position] : item; }

@@ -97,6 +97,7 @@ class SchemaCompiler {
   absl::StatusOr<GrammarProgram> Run() {
     ODMOE_ASSIGN_OR_RETURN(const int32_t root, Compile(root_, "", 0));
     ODMOE_RETURN_IF_ERROR(ResolveAnyOf());
+    ODMOE_RETURN_IF_ERROR(CheckUniqueItems());
     SetMinDepths();
     if (program_.nodes[root].min_depth > kMaxGrammarDepth) {
       return Error("", "no value of the schema nests at most ", kMaxGrammarDepth,
@@ -201,8 +202,9 @@ class SchemaCompiler {
     for (const char* keyword : kRefusedKeywords) {
       if (s.contains(keyword)) return Error(path, "'", keyword, "' is not supported");
     }
-    if (const auto it = s.find("uniqueItems"); it != s.end() && !(it->is_boolean() && !it->get<bool>())) {
-      return Error(path, "'uniqueItems' is not supported");
+    if (const auto it = s.find("uniqueItems");
+        it != s.end() && !(it->is_boolean() && !it->get<bool>()) && s.value("type", OrderedJson()) != "array") {
+      return Error(path, "'uniqueItems' is supported beside \"type\": \"array\" only");
     }
     if (s.contains("$ref")) {
       ODMOE_RETURN_IF_ERROR(RefuseBeside(s, "$ref", path));
@@ -354,6 +356,10 @@ class SchemaCompiler {
   // true) is any value, false is none.
   absl::Status CompileArray(const OrderedJson& s, const std::string& path, int nesting, GrammarNode* n) {
     ODMOE_RETURN_IF_ERROR(CompileCounts(s, "minItems", "maxItems", path, n));
+    if (const auto unique = s.find("uniqueItems"); unique != s.end()) {
+      if (!unique->is_boolean()) return Error(path, "'uniqueItems' must be a boolean, got ", JsonTypeName(*unique));
+      n->unique_items = unique->get<bool>();  // CheckUniqueItems, once anyOfs are resolved, says where it is taken
+    }
     // The tuple and what follows it: prefixItems and items (draft 2020-12), or items as a list and
     // additionalItems (draft 7); no tuple, and items.
     const char* tuple_key = nullptr;
@@ -366,7 +372,8 @@ class SchemaCompiler {
     }
     const auto rest = s.find(rest_key);
     const bool any_rest = rest == s.end() || (rest->is_boolean() && rest->get<bool>());
-    if (tuple_key == nullptr && any_rest && n->min_count == 0 && n->max_count == GrammarNode::kUnbounded) {
+    if (tuple_key == nullptr && any_rest && n->min_count == 0 && n->max_count == GrammarNode::kUnbounded &&
+        !n->unique_items) {
       n->kind = Kind::kJson;
       n->json = JsonValues::kArrays;
       return absl::OkStatus();
@@ -899,6 +906,32 @@ class SchemaCompiler {
     ODMOE_ASSIGN_OR_RETURN(const int32_t merged, Add(std::move(u)));
     rest.push_back(merged);
     *kept = std::move(rest);
+    return absl::OkStatus();
+  }
+
+  // uniqueItems is kept for an array of enum values (Pydantic's Set[Color], or of booleans) only: its frame
+  // remembers the values taken in a 64-bit mask. Its `item` becomes that kLiterals node itself, and it holds at
+  // most as many items as there are values.
+  absl::Status CheckUniqueItems() {
+    for (GrammarNode& n : program_.nodes) {
+      if (n.kind != Kind::kArray || !n.unique_items) continue;
+      int32_t item = n.item;
+      while (item >= 0 && program_.nodes[item].kind == Kind::kAnyOf && program_.nodes[item].alternatives.size() == 1) {
+        item = program_.nodes[item].alternatives[0];
+      }
+      if (!n.prefix_items.empty() || item < 0 || program_.nodes[item].kind != Kind::kLiterals ||
+          program_.nodes[item].literals.size() > GrammarNode::kMaxUniqueLiterals) {
+        return Error(n.path, "'uniqueItems' is supported for items of an 'enum' (or 'const's, or booleans) of at most ",
+                     GrammarNode::kMaxUniqueLiterals, " values, without 'prefixItems'");
+      }
+      const auto values = static_cast<uint32_t>(program_.nodes[item].literals.size());
+      if (n.min_count > values) {
+        return Error(n.path, "'minItems' ", n.min_count, " is more than the ", values,
+                     " different values of its items");
+      }
+      n.item = item;
+      n.max_count = std::min(n.max_count, values);
+    }
     return absl::OkStatus();
   }
 

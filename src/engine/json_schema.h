@@ -16,7 +16,8 @@
 //    object without properties is any object, or with additionalProperties a schema, an object of any keys with
 //    values of that schema.
 //  - arrays: items, minItems, maxItems, and tuples (Pydantic's Tuple[...]): prefixItems, then items for the rest
-//    (false: none; left out: any value), or draft 7's items as a list, then additionalItems. Strings: minLength,
+//    (false: none; left out: any value), or draft 7's items as a list, then additionalItems; uniqueItems where the
+//    items are an enum's values (or consts, or booleans; at most 64: Pydantic's Set[Color]). Strings: minLength,
 //    maxLength (in code points; an escape counts one), or pattern (src/engine/pattern_dfa.h), not beside them.
 //    Integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum, at most 18 digits. Numbers: the same bounds;
 //    a number with bounds is written without an exponent in at most 15 digits, kept within them digit by digit
@@ -24,12 +25,12 @@
 //  - annotations (title, description, default, examples, format, ...) and unknown keywords are left alone;
 //    format is an annotation by default in draft 2020-12, and is not checked.
 // What is refused (InvalidArgument "at '<JSON pointer>': ..."): the keywords that assert what cannot be generated
-// this way (multipleOf, not, if/then/else, uniqueItems, contains, min/max properties, patternProperties,
-// propertyNames, dependent*, unevaluated*), number bounds that no such number meets, patterns that pattern_dfa.h
-// refuses, anyOf alternatives that can begin with the same byte (objects apart: above) and objects of a union that
-// cannot be told apart by a property, $ref outside the document, schemas past the limits below, and schemas none
-// of whose values nests at most kMaxGrammarDepth objects and arrays deep (a required property that recurses
-// without end).
+// this way (multipleOf, not, if/then/else, uniqueItems of other items, contains, min/max properties,
+// patternProperties, propertyNames, dependent*, unevaluated*), number bounds that no such number meets, patterns
+// that pattern_dfa.h refuses, anyOf alternatives that can begin with the same byte (objects apart: above) and
+// objects of a union that cannot be told apart by a property, $ref outside the document, schemas past the limits
+// below, and schemas none of whose values nests at most kMaxGrammarDepth objects and arrays deep (a required
+// property that recurses without end).
 #pragma once
 
 #include <cstddef>

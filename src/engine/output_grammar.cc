@@ -571,6 +571,8 @@ void StructuredGrammar::Pop(GrammarState& s) const {
       break;
     case Kind::kArray:
       parent.phase = kAfterItem;
+      // A uniqueItems array's item is a kLiterals frame: the literal that ended is the first of its range.
+      if (program_.nodes[parent.node].unique_items) parent.bits |= uint64_t{1} << (child.count & 0xffff);
       break;
     default:
       ODMOE_CHECK(false);  // only containers hold a frame above them
@@ -924,7 +926,21 @@ StructuredGrammar::Step StructuredGrammar::Take(GrammarState& s, uint8_t b) cons
       const auto end = n.literals.begin() + last;
       const auto lo = std::partition_point(begin, end, [&](const std::string& c) { return next(c) < b; });
       const auto hi = std::partition_point(lo, end, [&](const std::string& c) { return next(c) <= b; });
-      if (lo == hi) return f.phase != kStart && n.literals[first].size() == at ? Step::kEnded : Step::kRefused;
+      // An item of a uniqueItems array: the values its earlier items took are out.
+      const GrammarFrame* parent = s.depth >= 2 ? &s.frames[s.depth - 2] : nullptr;
+      const uint64_t taken_values = parent != nullptr && program_.nodes[parent->node].unique_items ? parent->bits : 0;
+      auto unused = [&](size_t from, size_t to) {  // whether a value in [from, to) is still free (to <= 64 then)
+        if (taken_values == 0) return true;
+        const uint64_t range = (to - from >= 64 ? ~uint64_t{0} : ((uint64_t{1} << (to - from)) - 1)) << from;
+        return (range & ~taken_values) != 0;
+      };
+      if (lo == hi) {
+        return f.phase != kStart && n.literals[first].size() == at && unused(first, first + 1) ? Step::kEnded
+                                                                                               : Step::kRefused;
+      }
+      if (!unused(static_cast<size_t>(lo - n.literals.begin()), static_cast<size_t>(hi - n.literals.begin()))) {
+        return Step::kRefused;
+      }
       f.phase = kInside;
       f.count = static_cast<uint32_t>(lo - n.literals.begin()) | (static_cast<uint32_t>(hi - n.literals.begin()) << 16);
       f.bits = at + 1;

@@ -327,6 +327,29 @@ TEST(JsonSchemaTest, ArraysCountTheirItems) {
   EXPECT_EQ(Read(*empty, "[1"), "refused at 1");
 }
 
+// uniqueItems over an enum's values (Pydantic's Set[Color]) or booleans: a value taken is out for the next items.
+TEST(JsonSchemaTest, UniqueItemsOfAnEnumTakeEachValueOnce) {
+  auto colors = Grammar(R"({"$defs": {"Color": {"enum": ["red", "green", "blue", "a", "ab"]}},
+                            "type": "array", "items": {"$ref": "#/$defs/Color"}, "uniqueItems": true})");
+  ASSERT_NE(colors, nullptr);
+  EXPECT_EQ(Read(*colors, R"(["red", "blue", "green", "ab", "a"])"), "complete");
+  EXPECT_EQ(Read(*colors, R"(["red", "red"])"), "refused at 9");
+  EXPECT_EQ(Read(*colors, R"(["a", "a"])"), "refused at 8");  // "a" is taken; "ab" goes on
+  EXPECT_EQ(Read(*colors, R"(["a", "ab"])"), "complete");
+  EXPECT_EQ(Read(*colors, R"(["ab", "a"])"), "complete");
+  EXPECT_EQ(Read(*colors, R"(["red", "blue", "green", "ab", "a",)"), "refused at 34");  // every value taken
+  auto flags = Grammar(R"({"type": "array", "items": {"type": "boolean"}, "uniqueItems": true, "minItems": 1})");
+  ASSERT_NE(flags, nullptr);
+  EXPECT_EQ(Read(*flags, "[true, false]"), "complete");
+  EXPECT_EQ(Read(*flags, "[false, false]"), "refused at 8");
+  // The same enum outside the set takes any value.
+  auto both = Grammar(R"({"$defs": {"C": {"enum": ["x", "y"]}}, "type": "object", "properties": {
+      "set": {"type": "array", "items": {"$ref": "#/$defs/C"}, "uniqueItems": true},
+      "list": {"type": "array", "items": {"$ref": "#/$defs/C"}}}, "required": ["set", "list"]})");
+  ASSERT_NE(both, nullptr);
+  EXPECT_EQ(Read(*both, R"({"set": ["x", "y"], "list": ["x", "x", "y"]})"), "complete");
+}
+
 // Tuples: Pydantic's Tuple[float, str] (prefixItems with minItems = maxItems), draft 7's items as a list, and
 // what follows a tuple: items (a schema, false, or any value where absent).
 TEST(JsonSchemaTest, TuplesHoldEachPositionToItsSchema) {
@@ -546,6 +569,13 @@ TEST(JsonSchemaTest, RefusedSchemasSayWhereAndWhy) {
       {R"({"$ref": "#/$defs/missing"})", "at '/': '$ref' '#/$defs/missing' names nothing in the schema"},
       {R"({"properties": {"a": {}}, "required": ["b"]})",
        "at '/': 'required' names 'b', which 'properties' does not list"},
+      {R"({"type": "array", "items": {"type": "string"}, "uniqueItems": true})",
+       "at '/': 'uniqueItems' is supported for items of an 'enum' (or 'const's, or booleans) of at most 64 values, "
+       "without 'prefixItems'"},
+      {R"({"uniqueItems": true, "items": {"enum": [1, 2]}})",
+       "at '/': 'uniqueItems' is supported beside \"type\": \"array\" only"},
+      {R"({"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": true, "minItems": 3})",
+       "at '/': 'minItems' 3 is more than the 2 different values of its items"},
       {R"({"items": false, "minItems": 1})", "at '/': 'minItems' 1 is more than the 0 items 'items' false allows"},
       {R"({"prefixItems": [{}, {}], "items": false, "minItems": 3})",
        "at '/': 'minItems' 3 is more than the 2 items 'items' false allows"},
@@ -626,6 +656,9 @@ TEST(JsonSchemaTest, RandomAnswersAreValidForTheirSchemaAsJsonschemaReadsThem) {
           "name": {"type": "string", "maxLength": 5}, "pet_type": {"enum": ["dog", "puppy"]}}, "required": ["name",
           "pet_type"]}}, "type": "array", "items": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
           "discriminator": {"propertyName": "pet_type"}}, "maxItems": 3})",
+      R"({"type": "object", "properties": {"colors": {"type": "array", "items": {"enum": ["red", "green", "blue",
+          "a", "ab", 1, null]}, "uniqueItems": true}, "flags": {"type": "array", "items": {"type": "boolean"},
+          "uniqueItems": true}}, "required": ["colors", "flags"]})",
       R"({"type": "object", "properties": {"point": {"type": "array", "prefixItems": [
           {"type": "number", "minimum": -90, "maximum": 90}, {"type": "number", "minimum": -180, "maximum": 180}],
           "minItems": 2, "maxItems": 2}, "tags": {"type": "array", "prefixItems": [{"const": "a"}, {"type": "boolean"}],
