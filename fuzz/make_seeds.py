@@ -260,6 +260,8 @@ def schema_seeds():
                    "maxItems": 4}, '[1.5, "N", 2, -3]'),
         ("unique", {"type": "array", "items": {"enum": ["a", "ab", True, None]}, "uniqueItems": True},
          '["ab", null, "a", true]'),
+        ("formats", {"type": "array", "items": {"type": "string", "format": "date-time"}},
+         '["2024-02-28T23:59:59.5+05:30", "1999-12-31T00:00:00Z"]'),
     ]:
         out("json_schema_fuzzer", f"{name}.bin", json.dumps(schema).encode() + b"\0" + text.encode("latin-1"))
     # Regular expressions (the fuzzer reads every input's first part as one too), with a text each matches whole.

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <bitset>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -43,6 +45,29 @@ constexpr const char* kRefusedKeywords[] = {
     "$dynamicRef",
     "$recursiveRef",
 };
+
+// The formats odmoe writes to the letter, as anchored patterns: RFC 3339's date, time and date-time (Pydantic's
+// date, time and datetime; a time with its offset, as RFC 3339 asks; days up to 28 in February, so that every date
+// is one in any year, and years from 1000), uuid (any version) and ipv4 (no leading zeros).
+std::optional<std::string_view> FormatPattern(std::string_view format) {
+  static const auto* const kFormats = [] {
+    const std::string date =
+        R"([1-9]\d{3}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)|)"
+        R"(02-(?:0[1-9]|1\d|2[0-8])))";
+    const std::string time = R"((?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d))";
+    const std::string octet = R"((?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))";
+    return new std::map<std::string, std::string, std::less<>>{
+        {"date", StrCat("^", date, "$")},
+        {"time", StrCat("^", time, "$")},
+        {"date-time", StrCat("^", date, "T", time, "$")},
+        {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
+        {"ipv4", StrCat("^(?:", octet, "\\.){3}", octet, "$")},
+    };
+  }();
+  const auto it = kFormats->find(format);
+  if (it == kFormats->end()) return std::nullopt;
+  return it->second;
+}
 
 // Keywords that say what a value is; a $ref, anyOf or allOf beside one of them is refused rather than combined.
 constexpr const char* kValueKeywords[] = {
@@ -417,6 +442,7 @@ class SchemaCompiler {
       n.kind = Kind::kString;
       ODMOE_RETURN_IF_ERROR(CompileCounts(s, "minLength", "maxLength", path, &n));
       ODMOE_RETURN_IF_ERROR(CompilePatternInto(s, path, &n));
+      ODMOE_RETURN_IF_ERROR(CompileFormatInto(s, path, &n));
     } else if (type == "integer") {
       n.kind = Kind::kInteger;
       ODMOE_RETURN_IF_ERROR(CompileIntegerBounds(s, path, &n));
@@ -488,6 +514,24 @@ class SchemaCompiler {
     }
     absl::StatusOr<PatternDfa> dfa = CompilePattern(it->get<std::string>(), PatternScope::kJsonString);
     if (!dfa.ok()) return Error(path, "'pattern' ", dfa.status().message());
+    n->kind = Kind::kPattern;
+    n->pattern = *std::move(dfa);
+    return absl::OkStatus();
+  }
+
+  // A string's `format`, where odmoe writes it to the letter and nothing else bounds the string: a kPattern node
+  // of its anchored pattern (FormatPattern). Other formats, and a format beside a pattern or length bounds, are
+  // annotations.
+  static absl::Status CompileFormatInto(const OrderedJson& s, const std::string& path, GrammarNode* n) {
+    const auto it = s.find("format");
+    if (it == s.end() || !it->is_string() || n->kind != Kind::kString || n->min_count > 0 ||
+        n->max_count != GrammarNode::kUnbounded) {
+      return absl::OkStatus();
+    }
+    const std::optional<std::string_view> pattern = FormatPattern(it->get<std::string>());
+    if (!pattern.has_value()) return absl::OkStatus();
+    absl::StatusOr<PatternDfa> dfa = CompilePattern(*pattern, PatternScope::kJsonString);
+    if (!dfa.ok()) return Error(path, "'format' ", dfa.status().message());  // never: the patterns are ours
     n->kind = Kind::kPattern;
     n->pattern = *std::move(dfa);
     return absl::OkStatus();

@@ -22,8 +22,10 @@
 //    Integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum, at most 18 digits. Numbers: the same bounds;
 //    a number with bounds is written without an exponent in at most 15 digits, kept within them digit by digit
 //    (compared exactly as decimals, so that a validator reading the answer as a double agrees).
-//  - annotations (title, description, default, examples, format, ...) and unknown keywords are left alone;
-//    format is an annotation by default in draft 2020-12, and is not checked.
+//  - format on a string with no pattern or length bounds: date, time and date-time (RFC 3339, with an offset),
+//    uuid and ipv4 are written to the letter (FormatPattern in json_schema.cc); other formats are annotations, as
+//    draft 2020-12 has them by default.
+//  - annotations (title, description, default, examples, ...) and unknown keywords are left alone.
 // What is refused (InvalidArgument "at '<JSON pointer>': ..."): the keywords that assert what cannot be generated
 // this way (multipleOf, not, if/then/else, uniqueItems of other items, contains, min/max properties,
 // patternProperties, propertyNames, dependent*, unevaluated*), number bounds that no such number meets, patterns

@@ -327,6 +327,24 @@ TEST(JsonSchemaTest, ArraysCountTheirItems) {
   EXPECT_EQ(Read(*empty, "[1"), "refused at 1");
 }
 
+// Formats written to the letter: RFC 3339's date, time and date-time, uuid and ipv4; others stay annotations.
+TEST(JsonSchemaTest, DateTimesUuidsAndAddressesAreWrittenToTheLetter) {
+  auto g = Grammar(R"({"type": "array", "prefixItems": [{"type": "string", "format": "date-time"},
+      {"type": "string", "format": "date"}, {"type": "string", "format": "time"}, {"type": "string", "format": "uuid"},
+      {"type": "string", "format": "ipv4"}, {"type": "string", "format": "email"}]})");
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(Read(*g, R"(["2024-02-28T23:59:60Z")"), "refused at 19");  // no leap second
+  const std::string head = R"(["2024-02-28T23:59:59.5+05:30", "1999-12-31", "00:00:00Z", )";
+  EXPECT_EQ(Read(*g, head + R"("0f8fad5b-d9cb-469f-A165-70867728950e", "192.168.0.1", "any text"])"), "complete");
+  EXPECT_EQ(Read(*g, R"(["2024-02-28T23:59:59")"), "refused at 21");  // the offset is required
+  EXPECT_EQ(Read(*g, R"(["2024-13)"), "refused at 8");
+  EXPECT_EQ(Read(*g, R"(["2024-04-31)"), "refused at 11");  // April has 30 days
+  EXPECT_EQ(Read(*g, R"(["2024-02-29)"), "refused at 11");  // not in every year
+  EXPECT_EQ(Read(*g, head + R"("0f8fad5b-d9cb")"), StrCat("refused at ", head.size() + 14));
+  EXPECT_EQ(Read(*g, head + R"("0f8fad5b-d9cb-469f-a165-70867728950e", "01)"),
+            StrCat("refused at ", head.size() + 42));  // no leading zero
+}
+
 // uniqueItems over an enum's values (Pydantic's Set[Color]) or booleans: a value taken is out for the next items.
 TEST(JsonSchemaTest, UniqueItemsOfAnEnumTakeEachValueOnce) {
   auto colors = Grammar(R"({"$defs": {"Color": {"enum": ["red", "green", "blue", "a", "ab"]}},
@@ -659,6 +677,10 @@ TEST(JsonSchemaTest, RandomAnswersAreValidForTheirSchemaAsJsonschemaReadsThem) {
       R"({"type": "object", "properties": {"colors": {"type": "array", "items": {"enum": ["red", "green", "blue",
           "a", "ab", 1, null]}, "uniqueItems": true}, "flags": {"type": "array", "items": {"type": "boolean"},
           "uniqueItems": true}}, "required": ["colors", "flags"]})",
+      R"({"type": "object", "properties": {"when": {"type": "string", "format": "date-time"}, "day": {"type":
+          "string", "format": "date"}, "at": {"type": "string", "format": "time"}, "id": {"type": "string",
+          "format": "uuid"}, "ip": {"type": "string", "format": "ipv4"}, "site": {"type": "string", "format": "uri",
+          "maxLength": 3}}, "required": ["when", "day", "at", "id", "ip", "site"]})",
       R"({"type": "object", "properties": {"point": {"type": "array", "prefixItems": [
           {"type": "number", "minimum": -90, "maximum": 90}, {"type": "number", "minimum": -180, "maximum": 180}],
           "minItems": 2, "maxItems": 2}, "tags": {"type": "array", "prefixItems": [{"const": "a"}, {"type": "boolean"}],
@@ -711,10 +733,15 @@ TEST(JsonSchemaTest, RandomAnswersAreValidForTheirSchemaAsJsonschemaReadsThem) {
     for (const std::string& s : schemas) joined += (joined.empty() ? "" : ",") + s;
     return joined;
   }() << "]";
+  // Formats are checked too: jsonschema's own date, uuid and ipv4, and date-time and time (which need a package
+  // Debian's python3-jsonschema does not pull in) by Python's fromisoformat, an offset required as RFC 3339 asks.
   const std::string script = R"(
-import json, sys
+import datetime, json, sys
 import jsonschema
 schemas = json.load(open(sys.argv[1]))
+formats = jsonschema.Draft202012Validator.FORMAT_CHECKER
+formats.checks("date-time", raises=ValueError)(lambda s: datetime.datetime.fromisoformat(s).tzinfo is not None)
+formats.checks("time", raises=ValueError)(lambda s: datetime.time.fromisoformat(s).tzinfo is not None)
 bad = 0
 n = 0
 for line in open(sys.argv[2]):
@@ -722,7 +749,8 @@ for line in open(sys.argv[2]):
     n += 1
     try:
         value = json.loads(case["text"])
-        jsonschema.validate(value, schemas[case["schema"]], cls=jsonschema.Draft202012Validator)
+        jsonschema.validate(value, schemas[case["schema"]], cls=jsonschema.Draft202012Validator,
+                            format_checker=formats)
     except Exception as e:
         bad += 1
         print("INVALID", case["schema"], repr(case["text"]), str(e).splitlines()[0])
