@@ -998,7 +998,7 @@ size_t ProgramBytes(const GrammarProgram& program) {
     bytes += n.pattern.next.size() * sizeof(uint16_t) + n.pattern.accepting.size() + n.path.size();
     for (const std::string& l : n.literals) bytes += sizeof(l) + l.size();
     for (const GrammarNode::Property& p : n.properties) bytes += sizeof(p) + p.key.size();
-    bytes += (n.alternatives.size() + n.literal_objects.size()) * sizeof(int32_t);
+    bytes += (n.alternatives.size() + n.literal_objects.size() + n.prefix_items.size()) * sizeof(int32_t);
   }
   return bytes;
 }
