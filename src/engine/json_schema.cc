@@ -841,24 +841,40 @@ class SchemaCompiler {
     return std::adjacent_find(all.begin(), all.end()) == all.end();
   }
 
-  // Pydantic's discriminated unions, and others like them, where the first properties do not tell the objects
-  // apart but another does: a property every object requires, with a const or enum value, no value in two (the
-  // first such in the first object's order). Each object is then generated from a copy of its node with that
-  // property first (JSON objects are unordered; the schema's other uses of the object keep the written order).
-  // Nothing changes where no property does.
+  // Where the objects of a union are not told apart by their first properties, another property may do it, which
+  // each object of the union is then generated with first, from a copy of its node (JSON objects are unordered; the
+  // schema's other uses of an object keep the written order):
+  //  - Pydantic's discriminated unions, and others like them: a property every object requires with a const or
+  //    enum value, no value in two (the first such in the first object's order);
+  //  - objects whose first properties have defaults: each object's first required property, where no two share
+  //    its key.
+  // Nothing changes where neither does.
   absl::Status PutDiscriminatorFirst(std::vector<int32_t>* objects) {
     if (ToldApartByFirstProperty(*objects)) return absl::OkStatus();
-    const std::vector<GrammarNode::Property> candidates = program_.nodes[objects->front()].properties;
-    for (const GrammarNode::Property& candidate : candidates) {
-      if (!DisjointLiterals(*objects, &candidate.key)) continue;
-      for (int32_t& o : *objects) {
-        GrammarNode copy = program_.nodes[o];
-        const auto at = std::find_if(copy.properties.begin(), copy.properties.end(),
-                                     [&](const GrammarNode::Property& p) { return p.key == candidate.key; });
-        std::rotate(copy.properties.begin(), at, at + 1);
-        ODMOE_ASSIGN_OR_RETURN(o, Add(std::move(copy)));
+    std::vector<std::string> firsts;  // per object: the key to put first
+    for (const GrammarNode::Property& candidate : program_.nodes[objects->front()].properties) {
+      if (DisjointLiterals(*objects, &candidate.key)) {
+        firsts.assign(objects->size(), candidate.key);
+        break;
       }
-      return absl::OkStatus();
+    }
+    if (firsts.empty()) {
+      for (const int32_t o : *objects) {
+        const std::vector<GrammarNode::Property>& props = program_.nodes[o].properties;
+        const auto required =
+            std::find_if(props.begin(), props.end(), [](const GrammarNode::Property& p) { return p.required; });
+        if (required == props.end() || std::find(firsts.begin(), firsts.end(), required->key) != firsts.end()) {
+          return absl::OkStatus();
+        }
+        firsts.push_back(required->key);
+      }
+    }
+    for (size_t i = 0; i < objects->size(); ++i) {
+      GrammarNode copy = program_.nodes[(*objects)[i]];
+      const auto at = std::find_if(copy.properties.begin(), copy.properties.end(),
+                                   [&](const GrammarNode::Property& p) { return p.key == firsts[i]; });
+      std::rotate(copy.properties.begin(), at, at + 1);
+      ODMOE_ASSIGN_OR_RETURN((*objects)[i], Add(std::move(copy)));
     }
     return absl::OkStatus();
   }
@@ -866,7 +882,7 @@ class SchemaCompiler {
   // Where an anyOf's alternatives (`kept`) hold two or more objects (kObject, or an object union of an anyOf
   // within), they become one kObjectUnion, told apart by their first property: its key, or where several objects
   // begin with the same key, its value, which must then be a const or enum in each, no value in two; or where the
-  // first properties do not tell them apart, by a discriminator put first (PutDiscriminatorFirst).
+  // first properties do not tell them apart, by another property put first (PutDiscriminatorFirst).
   absl::Status MergeObjects(const std::string& path, std::vector<int32_t>* kept) {
     std::vector<int32_t> objects, rest;
     auto add_object = [&objects](int32_t o) {
@@ -890,8 +906,9 @@ class SchemaCompiler {
       const GrammarNode& n = program_.nodes[o];
       if (n.properties.empty() || !n.properties[0].required) {
         return Error(n.path, "an object that is one of several in an anyOf must begin with a required property: ",
-                     "odmoe tells the objects apart by it (its key, or its const or enum value), or by a property ",
-                     "they all require with a const or enum value, no value in two");
+                     "odmoe tells the objects apart by it (its key, or its const or enum value), by a property ",
+                     "they all require with a const or enum value, no value in two, or by each one's first required ",
+                     "property where no two share its key");
       }
       const auto at = std::find(keys.begin(), keys.end(), n.properties[0].key);
       if (at == keys.end()) {

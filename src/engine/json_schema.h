@@ -7,7 +7,8 @@
 //    enums among them merge, and integer beside number is number; objects among them, a union of object models,
 //    are told apart by their first property, which each must begin with and require: its key, or where several
 //    share the key, its const or enum value, no value in two; or where first properties do not tell them apart, by
-//    the first property they all require with such values, which each then writes first), allOf of one schema,
+//    the first property they all require with such values, or else by each one's first required property where no
+//    two share its key, which each then writes first), allOf of one schema,
 //    $ref within the document ("#/$defs/...", "#/definitions/...", "#", recursion included), true and {} (any JSON
 //    value).
 //  - objects: properties, generated in the order written, the required ones always and the others where the

@@ -510,6 +510,15 @@ TEST(JsonSchemaTest, ObjectsOfAnAnyOfAreToldApartByTheirFirstProperty) {
       {"pet_type": "dog", "name": "Rex", "meows": 2})"),
             "refused at 111");  // a dog barks
 
+  // Models whose first fields have defaults: each object's first required property, no key in two, goes first.
+  auto defaults = Grammar(R"({"anyOf": [
+      {"properties": {"note": {"type": "string"}, "a": {"type": "integer"}}, "required": ["a"]},
+      {"properties": {"note": {"type": "string"}, "b": {"type": "boolean"}, "c": {}}, "required": ["b", "c"]}]})");
+  ASSERT_NE(defaults, nullptr);
+  EXPECT_EQ(Read(*defaults, R"({"a": 1, "note": "x"})"), "complete");
+  EXPECT_EQ(Read(*defaults, R"({"b": true, "note": "", "c": null})"), "complete");
+  EXPECT_EQ(Read(*defaults, R"({"note": "x")"), "refused at 2");
+
   const std::pair<const char*, const char*> refused[] = {
       {R"({"anyOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}, "required": ["b"]}]})",
        "at '/anyOf/0': an object that is one of several in an anyOf must begin with a required property: odmoe "
@@ -524,6 +533,9 @@ TEST(JsonSchemaTest, ObjectsOfAnAnyOfAreToldApartByTheirFirstProperty) {
        "by their first property"},
       {R"({"anyOf": [{"type": "object", "additionalProperties": false},
                      {"properties": {"k": {}}, "required": ["k"]}]})",
+       "at '/anyOf/0': an object that is one of several in an anyOf must begin with a required property"},
+      {R"({"anyOf": [{"properties": {"n": {}, "k": {"type": "string"}}, "required": ["k"]},
+                     {"properties": {"m": {}, "k": {"type": "integer"}}, "required": ["k"]}]})",
        "at '/anyOf/0': an object that is one of several in an anyOf must begin with a required property"},
   };
   for (const auto& [schema, message] : refused) {
@@ -674,6 +686,10 @@ TEST(JsonSchemaTest, RandomAnswersAreValidForTheirSchemaAsJsonschemaReadsThem) {
           "name": {"type": "string", "maxLength": 5}, "pet_type": {"enum": ["dog", "puppy"]}}, "required": ["name",
           "pet_type"]}}, "type": "array", "items": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
           "discriminator": {"propertyName": "pet_type"}}, "maxItems": 3})",
+      R"({"type": "array", "maxItems": 3, "items": {"anyOf": [{"properties": {"note": {"type": "string",
+          "maxLength": 3}, "a": {"type": "integer"}}, "required": ["a"], "additionalProperties": false},
+          {"properties": {"note": {"type": "string", "maxLength": 3}, "b": {"type": "boolean"}}, "required": ["b"],
+          "additionalProperties": false}]}})",
       R"({"type": "object", "properties": {"colors": {"type": "array", "items": {"enum": ["red", "green", "blue",
           "a", "ab", 1, null]}, "uniqueItems": true}, "flags": {"type": "array", "items": {"type": "boolean"},
           "uniqueItems": true}}, "required": ["colors", "flags"]})",
