@@ -883,7 +883,7 @@ class SchemaCompiler {
   // within), they become one kObjectUnion, told apart by their first property: its key, or where several objects
   // begin with the same key, its value, which must then be a const or enum in each, no value in two; or where the
   // first properties do not tell them apart, by another property put first (PutDiscriminatorFirst).
-  absl::Status MergeObjects(const std::string& path, std::vector<int32_t>* kept) {
+  absl::Status MergeObjects(std::string path, std::vector<int32_t>* kept) {  // by value: Add moves the nodes
     std::vector<int32_t> objects, rest;
     auto add_object = [&objects](int32_t o) {
       if (std::find(objects.begin(), objects.end(), o) == objects.end()) objects.push_back(o);

@@ -510,6 +510,16 @@ TEST(JsonSchemaTest, ObjectsOfAnAnyOfAreToldApartByTheirFirstProperty) {
       {"pet_type": "dog", "name": "Rex", "meows": 2})"),
             "refused at 111");  // a dog barks
 
+  // Many objects with their tag written later: the copies grow (and move) the node list while the union is built.
+  std::string many = R"({"anyOf": [)";
+  for (int i = 0; i < 24; ++i) {
+    many += StrCat(i == 0 ? "" : ", ", R"({"properties": {"name": {"type": "string"}, "kind": {"const": )", i,
+                   R"(}}, "required": ["name", "kind"]})");
+  }
+  auto tagged_many = Grammar(many + "]}");
+  ASSERT_NE(tagged_many, nullptr);
+  EXPECT_EQ(Read(*tagged_many, R"({"kind": 17, "name": "x"})"), "complete");
+
   // Models whose first fields have defaults: each object's first required property, no key in two, goes first.
   auto defaults = Grammar(R"({"anyOf": [
       {"properties": {"note": {"type": "string"}, "a": {"type": "integer"}}, "required": ["a"]},
