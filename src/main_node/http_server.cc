@@ -160,6 +160,9 @@ struct PreparedPrompt {
   v1::GenerateRequest request;
   int64_t prompt_tokens = 0;
   bool echo = false;  // the answer starts with the prompt (its text, and its logprobs when asked)
+  // Chat: how the answer's tool calls are read (CompletionRequest::tool_choice, tool_name).
+  openai::ToolChoice tool_choice = openai::ToolChoice::kNone;
+  std::string tool_name;
 };
 
 struct HttpServer::Impl {
@@ -192,15 +195,19 @@ struct HttpServer::Impl {
   // `instead`, when not empty, tells the client what to send instead.
   absl::StatusOr<const Tokenizer*> NeedTokenizer(std::string_view param, std::string_view instead,
                                                  ApiError* error) const;
-  absl::StatusOr<std::vector<int32_t>> ChatIds(const std::vector<openai::ChatMessage>& m, ApiError* error) const;
+  // The prompt of chat `m` offering `tools`: a 400 naming `tools` when the model cannot show them.
+  absl::StatusOr<std::vector<int32_t>> ChatIds(const std::vector<openai::ChatMessage>& m,
+                                               const std::vector<openai::ToolDefinition>& tools, ApiError* error) const;
 
   // Runs choice `index`, sample `sample` of prompt `p` (its seed is the prompt's plus `sample`); `on_piece` gets
-  // each piece of text (stop strings removed) with the ids it came with and their logprobs (when the request
-  // asked), and returns false when the client has gone (the choice then stops: Cancelled, unless `halt` gives
-  // another reason); `halt` is the choice's StopCheck. The choice's text is the concatenation of the pieces, so
-  // streamed and whole answers are the same.
-  using OnPiece = std::function<bool(const std::string& text, const std::vector<int32_t>& ids,
-                                     const std::vector<openai::TokenLogprobs>& logprobs)>;
+  // each piece of text (stop strings removed; chat: the content, with the pieces of the tool calls read out of the
+  // rest, openai::ToolCallReader) with the ids it came with and their logprobs (when the request asked), and
+  // returns false when the client has gone (the choice then stops: Cancelled, unless `halt` gives another reason);
+  // `halt` is the choice's StopCheck. The choice's text and calls are the concatenation of the pieces, so streamed
+  // and whole answers are the same.
+  using OnPiece =
+      std::function<bool(const std::string& text, const std::vector<openai::ToolCallDelta>& calls,
+                         const std::vector<int32_t>& ids, const std::vector<openai::TokenLogprobs>& logprobs)>;
   // `admitted` (nullable): the choice's place in main's queue (its thread's in ParallelChoices), taken before the
   // answer was committed.
   absl::StatusOr<openai::Choice> Run(const PreparedPrompt& p, int64_t sample, const std::vector<std::string>& stop,
@@ -281,6 +288,7 @@ absl::Status HttpServer::Impl::CheckModel(const std::optional<std::string>& mode
 }
 
 absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatIds(const std::vector<openai::ChatMessage>& messages,
+                                                               const std::vector<openai::ToolDefinition>& tools,
                                                                ApiError* error) const {
   ODMOE_ASSIGN_OR_RETURN(const Tokenizer* tokenizer,
                          NeedTokenizer("messages", "use /v1/completions with token ids", error));
@@ -289,7 +297,11 @@ absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatIds(const std::vector
                         "messages");
     return absl::InvalidArgumentError(error->message);
   }
-  absl::StatusOr<std::vector<openai::PromptPiece>> pieces = openai::RenderChat(chat_template, messages);
+  if (const std::string why = openai::ChatToolsMismatch(chat_template); !tools.empty() && !why.empty()) {
+    *error = BadRequest(StrCat("model '", options.model_id, "' cannot be offered tools: ", why), "tools");
+    return absl::InvalidArgumentError(error->message);
+  }
+  absl::StatusOr<std::vector<openai::PromptPiece>> pieces = openai::RenderChat(chat_template, messages, tools);
   if (!pieces.ok()) {
     *error = BadRequest(std::string(pieces.status().message()), "messages");
     return pieces.status();
@@ -316,7 +328,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
                                                                       ApiError* error) const {
   std::vector<std::vector<int32_t>> prompts;
   if (r.endpoint == Endpoint::kChatCompletions) {
-    ODMOE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatIds(r.messages, error));
+    ODMOE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatIds(r.messages, r.tools, error));
     prompts.push_back(std::move(ids));
   } else {
     for (const openai::Prompt& p : r.prompts) {
@@ -373,6 +385,8 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
     p.request.mutable_prompt_ids()->Add(ids.begin(), ids.end());
     rpc::OptionsToProto(checked, &p.request);
     p.echo = r.echo;
+    p.tool_choice = r.tool_choice;
+    p.tool_name = r.tool_name;
     out.push_back(std::move(p));
   }
   return out;
@@ -389,6 +403,7 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
   choice.has_logprobs = p.request.logprobs();
   openai::StopMatcher matcher(stop, p.request.include_stop_str_in_output());
   bool stop_matched = false;
+  openai::ToolCallReader tools(p.tool_choice, p.tool_name);
   const Tokenizer* tokenizer = node->tokenizer();
   // A message's logprobs (or prompt_logprobs) as the API shows them, each token with its text.
   auto shown = [tokenizer](const auto& list) {
@@ -420,7 +435,7 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
       }
       choice.text += text;
       choice.logprobs.insert(choice.logprobs.end(), logprobs.begin(), logprobs.end());
-      if (!on_piece(text, {}, logprobs)) client_gone = true;
+      if (!on_piece(text, {}, {}, logprobs)) client_gone = true;
     }
     const std::vector<int32_t> ids(r.tokens().begin(), r.tokens().end());
     const std::vector<openai::TokenLogprobs> logprobs = shown(r.logprobs());
@@ -432,10 +447,16 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
       text += matcher.Finish();
       choice.end = openai::ChoiceEndOf(r.stop_reason(), choice.token_ids);
     }
-    choice.text += text;
+    openai::ToolCallReader::Out piece = tools.Push(text);
+    if (r.done() || matcher.stopped()) {  // the last piece
+      openai::ToolCallReader::Out rest = tools.Finish();
+      piece.content += rest.content;
+      piece.calls.insert(piece.calls.end(), rest.calls.begin(), rest.calls.end());
+    }
+    choice.text += piece.content;
     choice.logprobs.insert(choice.logprobs.end(), logprobs.begin(), logprobs.end());
     // A client gone is seen by `stopped` below (the request ends as cancelled); emit's false is a stop.
-    if (!on_piece(text, ids, logprobs)) client_gone = true;
+    if (!on_piece(piece.content, piece.calls, ids, logprobs)) client_gone = true;
     if (matcher.stopped()) stop_matched = true;
     return !stop_matched;
   };
@@ -447,6 +468,8 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
   if (!status.ok()) return status;
   if (client_gone) return stopped();
   if (stop_matched) choice.end = openai::StopStringEnd(matcher.matched());
+  choice.tool_calls = tools.calls();
+  if (tools.finished_by_calls()) choice.end.finish_reason = "tool_calls";
   return choice;
 }
 
@@ -508,9 +531,8 @@ void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Respons
       logging::ScopedRequestId choice_scope(request_id);
       absl::StatusOr<openai::Choice> choice =
           Run((*prompts)[c / n], c % n, parsed->stop, c, request_id,
-              [](const std::string&, const std::vector<int32_t>&, const std::vector<openai::TokenLogprobs>&) {
-                return true;
-              },
+              [](const std::string&, const std::vector<openai::ToolCallDelta>&, const std::vector<int32_t>&,
+                 const std::vector<openai::TokenLogprobs>&) { return true; },
               [&] { return StopReason(client_gone.load(), runner.failed()); }, ticket);
       if (!choice.ok()) return choice.status();
       choices[c] = std::move(choice).value();
@@ -562,7 +584,7 @@ void HttpServer::Impl::Tokenize(const httplib::Request& req, httplib::Response& 
   absl::StatusOr<std::vector<int32_t>> ids = [&]() -> absl::StatusOr<std::vector<int32_t>> {
     ODMOE_ASSIGN_OR_RETURN(openai::TokenizeRequest r, openai::ParseTokenizeRequest(req.body, &error));
     ODMOE_RETURN_IF_ERROR(CheckModel(r.model, &error));
-    if (!r.prompt) return ChatIds(r.messages, &error);
+    if (!r.prompt) return ChatIds(r.messages, r.tools, &error);
     return IdsOf(openai::Prompt{true, *r.prompt, {}}, &error, r.add_special_tokens);
   }();
   Answer(kTokenizeRoute.label, ids.status(), error,
@@ -632,25 +654,27 @@ bool HttpServer::Impl::Stream(StreamJob& job, httplib::DataSink& sink) const {
     int64_t text_offset = 0;  // completions' logprobs.text_offset
     openai::Usage so_far{.prompt_tokens = job.prompts[c / n].prompt_tokens};  // continuous usage
     auto chunk = [&](std::string_view text, const std::vector<int32_t>& ids, const openai::ChoiceEnd& end, bool first,
-                     const std::vector<openai::TokenLogprobs>& logprobs = {}) {
+                     const std::vector<openai::TokenLogprobs>& logprobs = {},
+                     const std::vector<openai::ToolCallDelta>& calls = {}) {
       // A piece of generated tokens (their ids), or the echoed prompt's (none).
       Json lp = logprobs_wanted && (!ids.empty() || !logprobs.empty())
                     ? openai::LogprobsJson(endpoint, logprobs, &text_offset)
                     : Json(nullptr);
       so_far.completion_tokens += static_cast<int64_t>(ids.size());
-      return events.Push(openai::SseEvent(openai::StreamChunk(endpoint, job.id, job.created, options.model_id, c, text,
-                                                              ids, end, first, usage_wanted, std::move(lp),
-                                                              job.request.continuous_usage ? &so_far : nullptr)));
+      return events.Push(openai::SseEvent(
+          openai::StreamChunk(endpoint, job.id, job.created, options.model_id, c, text, ids, end, first, usage_wanted,
+                              std::move(lp), job.request.continuous_usage ? &so_far : nullptr, calls)));
     };
     // Chat opens each choice with the assistant's role; every piece goes out as it comes; a last chunk with no
     // text carries the finish reason.
     if (endpoint == Endpoint::kChatCompletions && !chunk("", {}, {}, true)) return stopped();
     absl::StatusOr<openai::Choice> choice = Run(
         job.prompts[c / n], c % n, job.request.stop, c, job.request_id,
-        [&](const std::string& text, const std::vector<int32_t>& ids,
+        [&](const std::string& text, const std::vector<openai::ToolCallDelta>& calls, const std::vector<int32_t>& ids,
             const std::vector<openai::TokenLogprobs>& logprobs) {
-          if (text.empty() && ids.empty() && logprobs.empty()) return true;  // main's last message, with nothing
-          return chunk(text, ids, {}, false, logprobs);
+          // main's last message, with nothing
+          if (text.empty() && calls.empty() && ids.empty() && logprobs.empty()) return true;
+          return chunk(text, ids, {}, false, logprobs, calls);
         },
         stopped, ticket);
     if (!choice.ok()) return choice.status();

@@ -174,6 +174,44 @@ absl::Status ReadContent(const Json& message, size_t i, ApiError* error, std::st
   return absl::OkStatus();
 }
 
+// An assistant message's `tool_calls` (messages[i]), each {"id", "type": "function", "function": {"name",
+// "arguments"}} with its arguments a JSON object's text (or the object itself, which some clients send).
+absl::Status ReadToolCalls(const Json& message, size_t i, ApiError* error, std::vector<ToolCall>* out) {
+  const Json* v = Field(message, "tool_calls");
+  if (v == nullptr) return absl::OkStatus();
+  const std::string where = StrCat("messages[", i, "].tool_calls");
+  if (!v->is_array()) return Fail(error, "messages", TypeError(where, "a list of calls", *v));
+  for (size_t j = 0; j < v->size(); ++j) {
+    const Json& call = (*v)[j];
+    const std::string at = StrCat(where, "[", j, "]");
+    const Json* function = call.is_object() ? Field(call, "function") : nullptr;
+    const Json* name = function != nullptr && function->is_object() ? Field(*function, "name") : nullptr;
+    if (name == nullptr || !name->is_string()) {
+      return Fail(error, "messages", StrCat("'", at, "' must be an object with a 'function' that has a string 'name'"));
+    }
+    const Json* id = Field(call, "id");
+    if (id != nullptr && !id->is_string()) {
+      return Fail(error, "messages", TypeError(StrCat(at, ".id"), "a string", *id));
+    }
+    const Json* arguments = Field(*function, "arguments");
+    std::string text = "{}";
+    if (arguments != nullptr && arguments->is_object()) {
+      text = DumpJson(*arguments);
+    } else if (arguments != nullptr) {
+      if (!arguments->is_string()) {
+        return Fail(error, "messages", TypeError(StrCat(at, ".function.arguments"), "a string", *arguments));
+      }
+      text = arguments->get<std::string>();
+      const absl::StatusOr<Json> parsed = ParseJson(text, "arguments");
+      if (!parsed.ok() || !parsed->is_object()) {
+        return Fail(error, "messages", StrCat("'", at, ".function.arguments' must be a JSON object's text"));
+      }
+    }
+    out->push_back({id != nullptr ? id->get<std::string>() : "", name->get<std::string>(), std::move(text)});
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadMessages(const Json& body, ApiError* error, std::vector<ChatMessage>* out) {
   const Json* v = Field(body, "messages");
   if (v == nullptr) return Fail(error, "messages", "'messages' is required");
@@ -189,13 +227,20 @@ absl::Status ReadMessages(const Json& body, ApiError* error, std::vector<ChatMes
     ChatMessage message;
     message.role = role->get<std::string>();
     if (message.role == "developer") message.role = "system";
-    if (message.role != "system" && message.role != "user" && message.role != "assistant") {
+    if (message.role != "system" && message.role != "user" && message.role != "assistant" && message.role != "tool") {
       return Fail(error, "messages",
                   StrCat("'messages[", i, "].role' is '", message.role,
-                         "': supported roles are system, user and "
-                         "assistant (tools are not supported)"));
+                         "': supported roles are system, user, assistant and tool"));
     }
     ODMOE_RETURN_IF_ERROR(ReadContent(m, i, error, &message.content));
+    if (message.role == "assistant") ODMOE_RETURN_IF_ERROR(ReadToolCalls(m, i, error, &message.tool_calls));
+    if (message.role == "tool") {
+      const Json* id = Field(m, "tool_call_id");
+      if (id == nullptr || !id->is_string()) {
+        return Fail(error, "messages", StrCat("'messages[", i, "].tool_call_id' must be a string (the call answered)"));
+      }
+      message.tool_call_id = id->get<std::string>();
+    }
     out->push_back(std::move(message));
   }
   return absl::OkStatus();
@@ -235,19 +280,16 @@ absl::Status RefuseUnsupported(const Json& body, ApiError* error) {
     if (!v->is_string()) return Fail(error, "suffix", TypeError("suffix", "a string", *v));
     if (!v->get<std::string>().empty()) return unsupported("suffix", "(insertion)");
   }
-  for (const char* key : {"tools", "functions"}) {
-    if (const Json* v = Field(body, key)) {
-      if (!v->is_array()) return Fail(error, key, TypeError(key, "a list", *v));
-      if (!v->empty()) return unsupported(key, "(tool calling)");
-    }
+  // The legacy form of tools (chat's `tools` and `tool_choice` take their place: ReadTools).
+  if (const Json* v = Field(body, "functions")) {
+    if (!v->is_array()) return Fail(error, "functions", TypeError("functions", "a list", *v));
+    if (!v->empty()) return unsupported("functions", "(the legacy form of 'tools')");
   }
-  // "none" and "auto" leave the answer to the model (text, with no tools); "required" or a named function would
+  // "none" and "auto" leave the answer to the model (text, with no functions); "required" or a named function would
   // demand a call.
-  for (const char* key : {"tool_choice", "function_call"}) {
-    if (const Json* v = Field(body, key)) {
-      if (!v->is_string() || (*v != "none" && *v != "auto")) {
-        return unsupported(key, StrCat("= ", v->dump(), " (tool calling)"));
-      }
+  if (const Json* v = Field(body, "function_call")) {
+    if (!v->is_string() || (*v != "none" && *v != "auto")) {
+      return unsupported("function_call", StrCat("= ", v->dump(), " (the legacy form of 'tool_choice')"));
     }
   }
   if (Field(body, "audio") != nullptr) return unsupported("audio", "(audio output)");
@@ -441,6 +483,112 @@ absl::Status ReadConstraint(const Json& body, std::string_view text, ApiError* e
   return absl::OkStatus();
 }
 
+// `tools`, into `out`: at most kMaxTools objects {"type": "function", "function": {"name", "description",
+// "parameters"}}, names distinct and as OpenAI allows them ([A-Za-z0-9_-]{1,64}). `text` is the body `body` was
+// read from: the tools are read again from it keeping their keys in the client's order, since the template shows
+// them as sent and a schema's properties are generated in that order.
+absl::Status ReadTools(const Json& body, std::string_view text, ApiError* error, std::vector<ToolDefinition>* out) {
+  const Json* v = Field(body, "tools");
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_array()) return Fail(error, "tools", TypeError("tools", "a list of tools", *v));
+  if (v->size() > kMaxTools) {
+    return Fail(error, "tools", StrCat("'tools' has ", v->size(), " tools, at most ", kMaxTools));
+  }
+  if (v->empty()) return absl::OkStatus();
+  absl::StatusOr<OrderedJson> ordered = ParseOrderedJson(text, "request body");
+  if (!ordered.ok()) return Fail(error, "tools", std::string(ordered.status().message()));
+  const OrderedJson& list = ordered->at("tools");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const OrderedJson& tool = list[i];
+    const std::string at = StrCat("tools[", i, "]");
+    if (!tool.is_object()) return Fail(error, "tools", TypeError(at, "an object", tool));
+    const auto type = tool.find("type");
+    if (type == tool.end() || *type != "function") {
+      return Fail(error, "tools", StrCat("'", at, ".type' must be 'function'"));
+    }
+    const auto function = tool.find("function");
+    if (function == tool.end() || !function->is_object()) {
+      return Fail(error, "tools", StrCat("'", at, ".function' must be an object"));
+    }
+    const auto name = function->find("name");
+    const std::string name_text = name != function->end() && name->is_string() ? name->get<std::string>() : "";
+    if (name_text.empty() || name_text.size() > 64 ||
+        name_text.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") !=
+            std::string::npos) {
+      return Fail(error, "tools",
+                  StrCat("'", at, ".function.name' must be a string of 1 to 64 letters, digits, '_' or '-'"));
+    }
+    for (const ToolDefinition& earlier : *out) {
+      if (earlier.name == name_text) {
+        return Fail(error, "tools", StrCat("'", at, ".function.name' '", name_text, "' is given twice"));
+      }
+    }
+    // No parameters: the function takes none (an empty object is its one call).
+    ToolDefinition definition{
+        name_text, {{"type", "object"}, {"properties", OrderedJson::object()}, {"additionalProperties", false}}, tool};
+    if (const auto parameters = function->find("parameters"); parameters != function->end() && !parameters->is_null()) {
+      if (!parameters->is_object()) {
+        return Fail(error, "tools",
+                    TypeError(StrCat(at, ".function.parameters"), "a JSON Schema (an object)", *parameters));
+      }
+      definition.parameters = *parameters;
+    }
+    out->push_back(std::move(definition));
+  }
+  return absl::OkStatus();
+}
+
+// Chat's `tool_choice` ("none", "auto", "required" or {"type": "function", "function": {"name"}}) over r->tools;
+// one that demands a call holds the answer to it (ToolCallConstraint), so it cannot be combined with another
+// constraint. Each tool whose parameters the answer may fill is compiled first, so a bad schema is named.
+absl::Status ReadToolChoice(const Json& body, ApiError* error, CompletionRequest* r) {
+  r->tool_choice = r->tools.empty() ? ToolChoice::kNone : ToolChoice::kAuto;
+  if (const Json* v = Field(body, "tool_choice")) {
+    const Json* function = v->is_object() ? Field(*v, "function") : nullptr;
+    const Json* name = function != nullptr && function->is_object() ? Field(*function, "name") : nullptr;
+    if (*v == "none") {
+      r->tool_choice = ToolChoice::kNone;
+    } else if (*v == "auto") {
+      // as without it
+    } else if (*v == "required") {
+      r->tool_choice = ToolChoice::kRequired;
+    } else if (name != nullptr && name->is_string()) {
+      r->tool_choice = ToolChoice::kNamed;
+      r->tool_name = name->get<std::string>();
+    } else {
+      return Fail(error, "tool_choice",
+                  StrCat("'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", ",
+                         "\"function\": {\"name\": ...}}, got ", v->dump()));
+    }
+  }
+  if (r->tool_choice != ToolChoice::kRequired && r->tool_choice != ToolChoice::kNamed) return absl::OkStatus();
+  if (r->tools.empty()) return Fail(error, "tool_choice", "'tool_choice' demands a call, but 'tools' offers none");
+  if (r->constraint.active()) {
+    return Fail(error, "tool_choice",
+                StrCat("'tool_choice' demands a call, which cannot be combined with '", r->constraint_param, "'"));
+  }
+  bool named_found = false;
+  for (size_t i = 0; i < r->tools.size(); ++i) {
+    if (r->tool_choice == ToolChoice::kNamed && r->tools[i].name != r->tool_name) continue;
+    named_found = true;
+    OutputConstraint parameters{.kind = OutputConstraint::Kind::kJsonSchema,
+                                .schema = DumpOrderedJson(r->tools[i].parameters)};
+    if (const auto grammar = CompileGrammar(parameters); !grammar.ok()) {
+      return Fail(error, "tools", StrCat("'tools[", i, "].function.parameters' ", grammar.status().message()));
+    }
+  }
+  if (!named_found) {
+    return Fail(error, "tool_choice",
+                StrCat("'tool_choice' names the function '", r->tool_name, "', which is not one of 'tools'"));
+  }
+  r->constraint = ToolCallConstraint(r->tool_choice, r->tools, r->tool_name);
+  r->constraint_param = "tool_choice";
+  if (const auto grammar = CompileGrammar(r->constraint); !grammar.ok()) {
+    return Fail(error, "tool_choice", StrCat("'tool_choice' = required: ", grammar.status().message()));
+  }
+  return absl::OkStatus();
+}
+
 // `logit_bias`: {"token id": bias in [-100, 100]}, at most kMaxLogitBias entries (ids checked against the model
 // later, with the rest of the sampling options).
 absl::Status ReadLogitBias(const Json& body, ApiError* error, std::vector<std::pair<int32_t, double>>* out) {
@@ -574,6 +722,7 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(std::string_view body, ApiE
     ODMOE_RETURN_IF_ERROR(ReadBool(j, "add_special_tokens", error, &r.add_special_tokens));
   } else {
     ODMOE_RETURN_IF_ERROR(ReadMessages(j, error, &r.messages));
+    ODMOE_RETURN_IF_ERROR(ReadTools(j, body, error, &r.tools));
   }
   return r;
 }
@@ -642,6 +791,17 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   }
   ODMOE_RETURN_IF_ERROR(RefuseUnsupported(j, error));
   ODMOE_RETURN_IF_ERROR(ReadConstraint(j, body, error, &r));
+  if (endpoint == Endpoint::kChatCompletions) {
+    ODMOE_RETURN_IF_ERROR(ReadTools(j, body, error, &r.tools));
+    ODMOE_RETURN_IF_ERROR(ReadToolChoice(j, error, &r));
+  } else {
+    for (const char* key : {"tools", "tool_choice"}) {  // chat options: refused where they would change anything
+      const Json* v = Field(j, key);
+      if (v != nullptr && !(v->is_array() && v->empty()) && *v != "none" && *v != "auto") {
+        return Fail(error, key, StrCat("'", key, "' is a chat option (POST /v1/chat/completions)"));
+      }
+    }
+  }
   std::optional<int64_t> choices;
   ODMOE_RETURN_IF_ERROR(ReadInt(j, "n", error, &choices));
   if (choices && (*choices < 1 || *choices > kMaxChoicesPerPrompt)) {
@@ -802,6 +962,7 @@ ChatTemplate ChooseChatTemplate(const Json& tokenizer_config, std::string_view a
     chat.format = ChatFormat::kChatMl;
     chat.default_system = ChatMlDefaultSystem(text);
     chat.drop_reasoning = text.find("split('</think>')") != std::string::npos;
+    chat.tools = text.find("<tools>") != std::string::npos && text.find("<tool_call>") != std::string::npos;
   } else if (architecture == "MixtralForCausalLM") {
     chat.format = ChatFormat::kMistralInst;
   }
@@ -824,32 +985,110 @@ std::string ChatTemplateMismatch(const ChatTemplate& chat, const Tokenizer& toke
 
 namespace {
 
-absl::StatusOr<std::vector<PromptPiece>> RenderChatMl(const ChatTemplate& chat,
-                                                      const std::vector<ChatMessage>& messages) {
-  std::string text;
-  if (!chat.default_system.empty() && (messages.empty() || messages[0].role != "system")) {
-    text = StrCat("<|im_start|>system\n", chat.default_system, "<|im_end|>\n");
+// Qwen's words for the tools in the system turn (Qwen2.5's and Qwen3's templates), around one line per tool.
+constexpr std::string_view kToolsPreamble =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+constexpr std::string_view kToolsPostscript =
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call>";
+
+// An assistant message's content as the template writes it: `answer`, after `reasoning` when that is not empty.
+struct AssistantTurn {
+  std::string_view reasoning, answer;
+  std::string Text() const {
+    return reasoning.empty() ? std::string(answer) : StrCat("<think>\n", reasoning, "\n</think>\n\n", answer);
   }
+};
+// Qwen3's (drop_reasoning): the reasoning (up to "</think>") of a turn before the last query is dropped; a later
+// turn's (one of a tool-calling run) is kept. Other templates write the content as it is.
+AssistantTurn SplitAssistantContent(const ChatTemplate& chat, std::string_view content, bool after_last_query) {
+  const size_t end = content.rfind("</think>");
+  if (!chat.drop_reasoning || end == std::string_view::npos) return {{}, content};
+  AssistantTurn turn;
+  turn.answer = content.substr(end + std::string_view("</think>").size());
+  while (!turn.answer.empty() && turn.answer.front() == '\n') turn.answer.remove_prefix(1);
+  if (!after_last_query) return turn;
+  std::string_view reasoning = content.substr(0, content.find("</think>"));
+  if (const size_t open = reasoning.rfind("<think>"); open != std::string_view::npos) {
+    reasoning.remove_prefix(open + std::string_view("<think>").size());
+  }
+  while (!reasoning.empty() && reasoning.front() == '\n') reasoning.remove_prefix(1);
+  while (!reasoning.empty() && reasoning.back() == '\n') reasoning.remove_suffix(1);
+  turn.reasoning = reasoning;
+  return turn;
+}
+
+// The last query of a conversation, as Qwen3's template finds it: the last user message that is not a tool's
+// response (<tool_response>...</tool_response>), else the last message.
+size_t LastQuery(const std::vector<ChatMessage>& messages) {
+  for (size_t i = messages.size(); i-- > 0;) {
+    const std::string_view content = messages[i].content;
+    if (messages[i].role == "user" &&
+        !(content.starts_with("<tool_response>") && content.ends_with("</tool_response>"))) {
+      return i;
+    }
+  }
+  return messages.size() - 1;
+}
+
+absl::StatusOr<std::vector<PromptPiece>> RenderChatMl(const ChatTemplate& chat,
+                                                      const std::vector<ChatMessage>& messages,
+                                                      const std::vector<ToolDefinition>& tools) {
+  if (messages.empty() || (messages.back().role != "user" && messages.back().role != "tool")) {
+    return absl::InvalidArgumentError(
+        messages.empty() ? std::string("messages: at least one user message is needed")
+                         : StrCat("messages[", messages.size() - 1,
+                                  "]: the last message must be the user's or a tool's (the model answers it)"));
+  }
+  const size_t last_query = LastQuery(messages);
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
-    if (m.role != "system" && m.role != "user" && m.role != "assistant") {
-      return absl::InvalidArgumentError(
-          StrCat("messages[", i, "]: role '", m.role, "'; expected system, user or assistant"));
+    if (!chat.tools && (m.role == "tool" || !m.tool_calls.empty())) {
+      return absl::InvalidArgumentError(StrCat(
+          "messages[", i, "]: ", m.role == "tool" ? "a tool message" : "tool calls", ": ", ChatToolsMismatch(chat)));
     }
-    std::string_view content = m.content;
-    if (m.role == "assistant" && chat.drop_reasoning) {  // earlier turns keep only their answer
-      if (const size_t end = content.rfind("</think>"); end != std::string_view::npos) {
-        content.remove_prefix(end + std::string_view("</think>").size());
-        while (!content.empty() && content.front() == '\n') content.remove_prefix(1);
-      }
-    }
-    text += StrCat("<|im_start|>", m.role, "\n", content, "<|im_end|>\n");
   }
-  if (messages.empty() || messages.back().role != "user") {
-    return absl::InvalidArgumentError(messages.empty()
-                                          ? std::string("messages: at least one user message is needed")
-                                          : StrCat("messages[", messages.size() - 1,
-                                                   "]: the last message must be the user's (the model answers it)"));
+  std::string text;
+  size_t first = 0;
+  if (!tools.empty()) {
+    if (!chat.tools) return absl::InvalidArgumentError(StrCat("tools: ", ChatToolsMismatch(chat)));
+    const bool own_system = messages[0].role == "system";
+    const std::string& system = own_system ? messages[0].content : chat.default_system;
+    first = own_system ? 1 : 0;
+    text = StrCat("<|im_start|>system\n", system, system.empty() ? "" : "\n\n", kToolsPreamble);
+    for (const ToolDefinition& tool : tools) text += StrCat("\n", TemplateJson(tool.tool));
+    text += StrCat(kToolsPostscript, "<|im_end|>\n");
+  } else if (!chat.default_system.empty() && messages[0].role != "system") {
+    text = StrCat("<|im_start|>system\n", chat.default_system, "<|im_end|>\n");
+  }
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "tool") {  // a run of tool results is one user turn
+      if (i == 0 || messages[i - 1].role != "tool") text += "<|im_start|>user";
+      text += StrCat("\n<tool_response>\n", m.content, "\n</tool_response>");
+      if (i + 1 == messages.size() || messages[i + 1].role != "tool") text += "<|im_end|>\n";
+      continue;
+    }
+    if (m.role != "assistant") {
+      text += StrCat("<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n");
+      continue;
+    }
+    const AssistantTurn turn = SplitAssistantContent(chat, m.content, i > last_query);
+    text += StrCat("<|im_start|>", m.role, "\n", turn.Text());
+    for (size_t j = 0; j < m.tool_calls.size(); ++j) {
+      const ToolCall& call = m.tool_calls[j];
+      // The arguments as the template's tojson writes them (vLLM hands the template the parsed object).
+      const absl::StatusOr<OrderedJson> arguments = ParseOrderedJson(call.arguments, "arguments");
+      if (!arguments.ok()) {
+        return absl::InvalidArgumentError(
+            StrCat("messages[", i, "].tool_calls[", j, "]: ", arguments.status().message()));
+      }
+      text += StrCat(j > 0 || !turn.answer.empty() ? "\n" : "", "<tool_call>\n{\"name\": \"", call.name,
+                     "\", \"arguments\": ", TemplateJson(*arguments), "}\n</tool_call>");
+    }
+    text += "<|im_end|>\n";
   }
   text += "<|im_start|>assistant\n";
   return std::vector<PromptPiece>{{PromptPiece::kText, std::move(text)}};
@@ -857,9 +1096,23 @@ absl::StatusOr<std::vector<PromptPiece>> RenderChatMl(const ChatTemplate& chat,
 
 }  // namespace
 
-absl::StatusOr<std::vector<PromptPiece>> RenderChat(const ChatTemplate& chat,
-                                                    const std::vector<ChatMessage>& messages) {
-  if (chat.format == ChatFormat::kChatMl) return RenderChatMl(chat, messages);
+std::string ChatToolsMismatch(const ChatTemplate& chat) {
+  if (chat.tools) return "";
+  if (chat.format == ChatFormat::kChatMl) {
+    return "this model's chat template has no place for tools (it lists no <tools> and teaches no <tool_call>)";
+  }
+  return StrCat("this model's chat format (", ChatFormatName(chat.format), ") has no place for tools");
+}
+
+absl::StatusOr<std::vector<PromptPiece>> RenderChat(const ChatTemplate& chat, const std::vector<ChatMessage>& messages,
+                                                    const std::vector<ToolDefinition>& tools) {
+  if (chat.format == ChatFormat::kChatMl) return RenderChatMl(chat, messages, tools);
+  if (!tools.empty()) return absl::InvalidArgumentError(StrCat("tools: ", ChatToolsMismatch(chat)));
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role == "tool" || !messages[i].tool_calls.empty()) {
+      return absl::InvalidArgumentError(StrCat("messages[", i, "]: ", ChatToolsMismatch(chat)));
+    }
+  }
   const ChatFormat format = chat.format;
   size_t first = 0;
   std::string system;
@@ -1058,7 +1311,14 @@ std::string CompletionBody(Endpoint endpoint, const std::string& id, int64_t cre
     if (endpoint == Endpoint::kCompletions) {
       choice["text"] = c.text;
     } else {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      Json message = {{"role", "assistant"},
+                      {"content", c.text.empty() && !c.tool_calls.empty() ? Json(nullptr) : Json(c.text)}};
+      for (const ToolCall& call : c.tool_calls) {
+        message["tool_calls"].push_back({{"id", call.id},
+                                         {"type", "function"},
+                                         {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+      }
+      choice["message"] = std::move(message);
     }
     list.push_back(std::move(choice));
   }
@@ -1071,7 +1331,8 @@ std::string SseEvent(const Json& data) { return StrCat("data: ", DumpJson(data),
 
 Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, int64_t index,
                  std::string_view text, const std::vector<int32_t>& token_ids, const ChoiceEnd& end, bool first,
-                 bool include_usage, Json logprobs, const Usage* usage_so_far) {
+                 bool include_usage, Json logprobs, const Usage* usage_so_far,
+                 const std::vector<ToolCallDelta>& tool_calls) {
   const std::string& finish_reason = end.finish_reason;
   Json out = Header(endpoint, true, id, created, model);
   Json choice = {{"index", index},
@@ -1084,7 +1345,16 @@ Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, cons
   } else {
     Json delta = Json::object();
     if (first) delta["role"] = "assistant";
-    if (!text.empty() || finish_reason.empty()) delta["content"] = std::string(text);
+    if (!text.empty() || (finish_reason.empty() && tool_calls.empty())) delta["content"] = std::string(text);
+    for (const ToolCallDelta& call : tool_calls) {
+      Json piece = {{"index", call.index}, {"function", {{"arguments", call.arguments}}}};
+      if (!call.id.empty()) {
+        piece["id"] = call.id;
+        piece["type"] = "function";
+        piece["function"]["name"] = call.name;
+      }
+      delta["tool_calls"].push_back(std::move(piece));
+    }
     choice["delta"] = std::move(delta);
   }
   out["choices"] = Json::array({std::move(choice)});

@@ -15,9 +15,11 @@
 // `token_ids` beside OpenAI's fields. Structured output: `response_format` {"type": "json_object"} (the answer is
 // one JSON object) or {"type": "json_schema"} (one value of the schema), vLLM's `guided_choice` (exactly one of a
 // list of strings), `guided_json` (a schema), `guided_regex` (a text the expression matches whole) and vLLM's
-// `structured_outputs` with `choice`, `json`, `regex` or `json_object`; src/engine/output_grammar.h. Unknown fields
-// are ignored; options odmoe does not implement are refused (400, `param` naming them) only when set to a value that
-// needs them: `best_of` > 1, chat's `echo`, `suffix`, `tools`, `functions`, a `tool_choice` / `function_call` that
+// `structured_outputs` with `choice`, `json`, `regex` or `json_object`; src/engine/output_grammar.h. Tool calling
+// (chat): `tools` (functions) and `tool_choice` ("none", "auto", "required" or a named function), assistant messages
+// with `tool_calls` and `tool` messages with the results; src/main_node/tool_calls.h. Unknown fields are ignored;
+// options odmoe does not implement are refused (400, `param` naming them) only when set to a value that needs them:
+// `best_of` > 1, chat's `echo`, `suffix`, completions' `tools`, the legacy `functions` and a `function_call` that
 // demands a call, `audio`, `modalities` other than text, and vLLM's `use_beam_search`, `guided_grammar`,
 // `structured_outputs`' grammar / structural_tag and `prompt_logprobs`, so that no answer is sampled otherwise than
 // asked.
@@ -35,6 +37,7 @@
 #include "src/engine/logprobs.h"
 #include "src/engine/output_grammar.h"
 #include "src/engine/sampler.h"
+#include "src/main_node/tool_calls.h"
 #include "src/model/tokenizer.h"
 
 namespace odmoe::openai {
@@ -58,8 +61,10 @@ ApiError ErrorOfStatus(const absl::Status& status);
 enum class Endpoint { kCompletions, kChatCompletions };
 
 struct ChatMessage {
-  std::string role;  // system, user, assistant (developer is read as system)
+  std::string role;  // system, user, assistant or tool (developer is read as system)
   std::string content;
+  std::vector<ToolCall> tool_calls;  // assistant: the calls it made (each one's arguments a JSON object's text)
+  std::string tool_call_id;          // tool: the call it answers
 };
 
 // One prompt of a completion request: text (tokenized by the server) or token ids.
@@ -120,6 +125,12 @@ struct CompletionRequest {
   // it).
   OutputConstraint constraint;
   std::string constraint_param;
+  // Chat: the functions the model may call (at most kMaxTools, names distinct), and how its answer makes calls
+  // (src/main_node/tool_calls.h; "auto" by default when there are tools). "required" and a named function (its
+  // name in `tool_name`) set `constraint` (ToolCallConstraint), with constraint_param "tool_choice".
+  std::vector<ToolDefinition> tools;
+  ToolChoice tool_choice = ToolChoice::kNone;
+  std::string tool_name;
 };
 
 // The sampling of a request that leaves these options out: OpenAI's defaults, or what the checkpoint's
@@ -156,6 +167,7 @@ struct TokenizeRequest {
   std::optional<std::string> model;  // as CompletionRequest::model
   std::optional<std::string> prompt;
   std::vector<ChatMessage> messages;  // when there is no prompt: at least one
+  std::vector<ToolDefinition> tools;  // with messages: as chat's
   bool add_special_tokens = true;
 };
 absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(std::string_view body, ApiError* error);
@@ -166,6 +178,8 @@ struct DetokenizeRequest {
 };
 absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body, ApiError* error);
 
+// The most tools a request may offer (OpenAI's limit).
+inline constexpr size_t kMaxTools = 128;
 // The largest `n` (OpenAI's limit).
 inline constexpr int64_t kMaxChoicesPerPrompt = 128;
 // prompts x n: so much as one request may ask for (each choice is a request to main, held in memory meanwhile).
@@ -200,6 +214,9 @@ struct ChatTemplate {
   // turns, as Qwen3's does.
   std::string default_system;
   bool drop_reasoning = false;
+  // kChatMl: the template lists tools in its system turn and teaches <tool_call> blocks (Qwen2.5's and Qwen3's do;
+  // Qwen2's and Qwen1.5's do not): RenderChat shows a request's tools, and tool messages, only then.
+  bool tools = false;
 };
 
 // The chat template of a checkpoint: tokenizer_config.json's `chat_template` (`tokenizer_config`: its parsed
@@ -213,6 +230,9 @@ ChatTemplate ChooseChatTemplate(const Json& tokenizer_config, std::string_view a
 // EOS. Main turns chat off, with this reason, when it is not "".
 std::string ChatTemplateMismatch(const ChatTemplate& chat, const Tokenizer& tokenizer);
 
+// Why `chat` cannot show a request's tools, or "" when it can (a ChatML template that knows them).
+std::string ChatToolsMismatch(const ChatTemplate& chat);
+
 // One piece of a rendered chat prompt: text to tokenize, or the BOS / EOS control token.
 struct PromptPiece {
   enum Kind { kText, kBos, kEos } kind = kText;
@@ -220,10 +240,14 @@ struct PromptPiece {
 };
 // The prompt `messages` make in `chat`'s format, ending where the assistant's answer begins. [INST] formats:
 // an optional leading system message goes into the first user turn; then user and assistant alternate,
-// starting and ending with user. ChatML: system, user and assistant messages in any order, the last one the
-// user's; one text piece whose markers (<|im_start|>, <|im_end|>) the tokenizer must read as its special
-// tokens. InvalidArgument naming the message index otherwise. REQUIRES: chat.format != kNone.
-absl::StatusOr<std::vector<PromptPiece>> RenderChat(const ChatTemplate& chat, const std::vector<ChatMessage>& messages);
+// starting and ending with user. ChatML: system, user, assistant and tool messages in any order, the last one the
+// user's or a tool's; one text piece whose markers (<|im_start|>, <|im_end|>) the tokenizer must read as its
+// special tokens. With `tools` (or tool messages: chat.tools only), Qwen's template's: the tools in the system turn
+// (after the system message, or the default one), an assistant's calls as <tool_call> blocks, and each run of tool
+// messages as one user turn of <tool_response> blocks. InvalidArgument naming the message index otherwise, or when
+// the format cannot show tools (ChatToolsMismatch). REQUIRES: chat.format != kNone.
+absl::StatusOr<std::vector<PromptPiece>> RenderChat(const ChatTemplate& chat, const std::vector<ChatMessage>& messages,
+                                                    const std::vector<ToolDefinition>& tools = {});
 
 // ---- stop strings ------------------------------------------------------------------------------------------
 
@@ -299,11 +323,12 @@ inline ChoiceEnd StopStringEnd(const std::string& stop) { return {"stop", stop};
 // The answer for one prompt.
 struct Choice {
   int64_t index = 0;
-  std::string text;
+  std::string text;                // chat: the message's content (null when empty beside tool calls)
   std::vector<int32_t> token_ids;  // the generated ids (odmoe's addition, as vLLM's token_ids)
   ChoiceEnd end;
   bool has_logprobs = false;  // the request asked: `logprobs` (one per token id) is shown, else null
   std::vector<TokenLogprobs> logprobs;
+  std::vector<ToolCall> tool_calls;  // chat: the calls the answer made (ToolCallReader)
 };
 struct Usage {
   int64_t prompt_tokens = 0;
@@ -320,10 +345,12 @@ std::string SseEvent(const Json& data);
 // A chunk of a streamed response for choice `index`: `text` (chat: delta.content; with `first` also
 // delta.role = assistant), `end` (finish_reason "" -> null, and stop_reason; {} while the choice goes on),
 // `logprobs` (LogprobsJson of the chunk's tokens, or null). With include_usage, every chunk has a "usage":
-// `usage_so_far` (CompletionRequest::continuous_usage), or null when that is nullptr.
+// `usage_so_far` (CompletionRequest::continuous_usage), or null when that is nullptr. Chat: `tool_calls` go in
+// delta.tool_calls (a call's id, type and name with its first piece).
 Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, int64_t index,
                  std::string_view text, const std::vector<int32_t>& token_ids, const ChoiceEnd& end, bool first,
-                 bool include_usage, Json logprobs = nullptr, const Usage* usage_so_far = nullptr);
+                 bool include_usage, Json logprobs = nullptr, const Usage* usage_so_far = nullptr,
+                 const std::vector<ToolCallDelta>& tool_calls = {});
 // The last chunk when include_usage: no choices, the usage of every prompt.
 Json UsageChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
                 const Usage& usage);

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <regex>
 #include <set>
 #include <span>
@@ -866,21 +867,24 @@ TEST(HttpClusterTest, ServesTheOpenAiApi) {
   EXPECT_NE(health.body.find("w1"), std::string::npos) << health.body;
 }
 
-// A Qwen-family checkpoint whose tokenizer ships as tokenizer.json, with Qwen3's kind of ChatML template: text
-// prompts and chat are tokenized as Hugging Face would (the same ids as HfTokenizer over the rendered
-// conversation), and the answers decoded from byte-level tokens.
-TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
+// qwen3moe-tiny in `model` with a tokenizer.json of its 512 ids (the 256 byte characters, merges of common English
+// pairs, ChatML's markers last) and a tokenizer_config.json of `chat_template`; its generation config recommends
+// 12 tokens (chat's max_tokens where a request has none). Its EOS is the checkpoint's id 2, a byte token whose text
+// answers show; with `long_prompts`, <|im_end|> (special, no text), and config.json's max_position_embeddings is
+// 2048 instead of the checkpoint's 512 (RoPE takes any position). Returns the tokenizer_config.json.
+Json QwenWithByteLevelTokens(const odmoe::testing::TempDir& model, const std::string& chat_template,
+                             bool long_prompts = false) {
   const std::string shared_model = odmoe::testing::SharedModel("qwen3moe-tiny");
-  if (!odmoe::testing::HaveSharedModel("qwen3moe-tiny")) GTEST_SKIP() << "needs " << shared_model;
-  odmoe::testing::TempDir model;
-  for (const char* f : {"config.json", "model.safetensors"}) {
-    std::filesystem::create_symlink(shared_model + "/" + f, model.File(f));
-  }
-  // The checkpoint's generation config, recommending a length: chat's max_tokens where a request has none.
+  std::filesystem::create_symlink(shared_model + "/model.safetensors", model.File("model.safetensors"));
+  Json config = ParseOrDie(odmoe::testing::ReadFile(shared_model + "/config.json"));
   Json generation = ParseOrDie(odmoe::testing::ReadFile(shared_model + "/generation_config.json"));
+  if (long_prompts) {
+    config["max_position_embeddings"] = 2048;
+    config["eos_token_id"] = generation["eos_token_id"] = 511;
+  }
+  odmoe::testing::WriteFile(model.File("config.json"), config.dump());
   generation["max_new_tokens"] = 12;
   odmoe::testing::WriteFile(model.File("generation_config.json"), generation.dump());
-  // The model's 512 ids: the 256 byte characters, merges of common English pairs, ChatML's markers last.
   Json vocab = Json::object(), merges = Json::array();
   for (int b = 0; b < 256; ++b) vocab[odmoe::testing::ByteLevelChar(static_cast<uint8_t>(b))] = b;
   for (const auto& [l, r] : std::vector<std::pair<std::string, std::string>>{
@@ -898,13 +902,22 @@ TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
                           {"post_processor", {{"type", "ByteLevel"}}},
                           {"decoder", {{"type", "ByteLevel"}}},
                           {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
-  const Json config = {{"eos_token", "<|im_end|>"},
-                       {"chat_template",
-                        "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + "
-                        "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' "
-                        "}}{%- endif %}"}};
+  const Json tokenizer_config = {{"eos_token", "<|im_end|>"}, {"chat_template", chat_template}};
   odmoe::testing::WriteFile(model.File("tokenizer.json"), tokenizer.dump());
-  odmoe::testing::WriteFile(model.File("tokenizer_config.json"), config.dump());
+  odmoe::testing::WriteFile(model.File("tokenizer_config.json"), tokenizer_config.dump());
+  return tokenizer_config;
+}
+
+// A Qwen-family checkpoint whose tokenizer ships as tokenizer.json, with Qwen3's kind of ChatML template: text
+// prompts and chat are tokenized as Hugging Face would (the same ids as HfTokenizer over the rendered
+// conversation), and the answers decoded from byte-level tokens.
+TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
+  if (!odmoe::testing::HaveSharedModel("qwen3moe-tiny")) GTEST_SKIP() << "needs the shared model qwen3moe-tiny";
+  odmoe::testing::TempDir model;
+  const Json config = QwenWithByteLevelTokens(
+      model,
+      "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + "
+      "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}");
   auto hf = Tokenizer::Load(model.path());
   ASSERT_TRUE(hf.ok()) << hf.status();
 
@@ -1067,6 +1080,195 @@ TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
     EXPECT_NE(e["message"].get<std::string>().find("the 128 positions served ([model] max_model_len)"),
               std::string::npos)
         << refused.body;
+  }
+}
+
+// The calls a streamed chat answer made, by choice: its tool_calls deltas joined (the id, type and name from each
+// call's first piece, the arguments concatenated), and each choice's finish_reason and content.
+struct StreamedCalls {
+  std::map<int64_t, Json> calls;  // index -> [{"id", "type", "function": {"name", "arguments"}}]
+  std::map<int64_t, std::string> content, finish_reason;
+};
+StreamedCalls CollectCalls(const std::string& body) {
+  StreamedCalls out;
+  const std::vector<std::string> events = SseEvents(body);
+  EXPECT_FALSE(events.empty());
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const Json chunk = ParseOrDie(events[i]);
+    for (const Json& c : chunk["choices"]) {
+      const int64_t index = c["index"];
+      if (!out.calls.contains(index)) out.calls[index] = Json::array();
+      out.content[index] += c["delta"].value("content", "");
+      if (c["finish_reason"].is_string()) out.finish_reason[index] = c["finish_reason"];
+      for (const Json& piece : c["delta"].value("tool_calls", Json::array())) {
+        Json& calls = out.calls[index];
+        const size_t at = piece["index"];
+        if (at == calls.size()) {
+          EXPECT_TRUE(piece.contains("id") && piece["type"] == "function") << events[i];
+          calls.push_back({{"id", piece["id"]},
+                           {"type", "function"},
+                           {"function", {{"name", piece["function"]["name"]}, {"arguments", ""}}}});
+        }
+        EXPECT_LT(at, calls.size()) << events[i];
+        if (at >= calls.size()) continue;
+        calls[at]["function"]["arguments"] =
+            calls[at]["function"]["arguments"].get<std::string>() + piece["function"]["arguments"].get<std::string>();
+      }
+    }
+  }
+  return out;
+}
+
+// Tool calling on a checkpoint whose ChatML template knows tools (Qwen2.5's and Qwen3's: <tools> and <tool_call>).
+// The model here is random, so the calls that "auto" would read are left to the unit tests
+// (tests/main_node/tool_calls_test.cc) and to the template oracle; here: the prompt shows the tools, and the
+// answers of "required" and a named function are calls whatever the model, whole and streamed alike.
+TEST(HttpClusterTest, CallsToolsThroughQwensTemplate) {
+  if (!odmoe::testing::HaveSharedModel("qwen3moe-tiny")) GTEST_SKIP() << "needs the shared model qwen3moe-tiny";
+  odmoe::testing::TempDir model;
+  // The tools' system turn alone is some 500 byte-level tokens: room for it.
+  QwenWithByteLevelTokens(model,
+                          "{%- if tools %}<tools>{{ tools }}</tools> <tool_call>{%- endif %}{%- for message in "
+                          "messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+                          "{%- endfor %}{{- '<|im_start|>assistant\\n' }}",
+                          /*long_prompts=*/true);
+  auto hf = Tokenizer::Load(model.path());
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  LoopbackCluster cluster(model.path());
+  ASSERT_EQ(cluster.up().exit_code, 0) << cluster.up().err;
+  const std::string base = cluster.base();
+  const Json tools = ParseOrDie(R"([
+      {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+       "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 4}},
+                      "required": ["city"]}}},
+      {"type": "function", "function": {"name": "now"}}])");
+  const Json messages = {{{"role", "user"}, {"content", "Weather in Oslo?"}}};
+
+  // The prompt: the tools in the system turn, as Qwen's template writes them, then the conversation (the text
+  // without the special tokens: <|im_start|> and <|im_end|>).
+  const HttpResult tokenized = Post(base + "/tokenize", {{"messages", messages}, {"tools", tools}});
+  ASSERT_EQ(tokenized.status, 200) << tokenized.body;
+  const std::vector<int32_t> prompt_ids = ParseOrDie(tokenized.body)["tokens"].get<std::vector<int32_t>>();
+  const std::string prompt = (*hf)->Decode(prompt_ids);
+  EXPECT_EQ(prompt.rfind("system\n# Tools\n\nYou may call one or more functions", 0), 0u) << prompt;
+  EXPECT_NE(prompt.find("\"name\": \"get_weather\", \"parameters\": {\"properties\": {\"city\": {\"maxLength\": 4"),
+            std::string::npos)
+      << prompt;
+  EXPECT_TRUE(prompt.ends_with("</tool_call>\nuser\nWeather in Oslo?\nassistant\n")) << prompt;
+
+  Json request = {{"messages", messages}, {"tools", tools}, {"max_tokens", 120},
+                  {"temperature", 1},     {"seed", 5},      {"n", 4}};
+  // "auto", the default: the answer is text unless it writes <tool_call> blocks (this model does not).
+  const HttpResult automatic = Post(base + "/v1/chat/completions", request);
+  ASSERT_EQ(automatic.status, 200) << automatic.body;
+  const Json automatic_json = ParseOrDie(automatic.body);
+  EXPECT_EQ(automatic_json["usage"]["prompt_tokens"], prompt_ids.size());
+  for (const Json& c : automatic_json["choices"]) {
+    EXPECT_TRUE(c["message"]["content"].is_string()) << c.dump();
+    EXPECT_FALSE(c["message"].contains("tool_calls")) << c.dump();
+  }
+
+  // A named function: each answer is its arguments, held to its parameters; content null, the model's reason kept.
+  Json named = request;
+  named["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  const HttpResult named_whole = Post(base + "/v1/chat/completions", named);
+  ASSERT_EQ(named_whole.status, 200) << named_whole.body;
+  const Json named_json = ParseOrDie(named_whole.body);  // kept: the loop runs over a part of it
+  named["stream"] = true;
+  const HttpResult named_stream = Post(base + "/v1/chat/completions", named);
+  ASSERT_EQ(named_stream.status, 200) << named_stream.body;
+  const StreamedCalls named_streamed = CollectCalls(named_stream.body);
+  int named_done = 0;
+  for (const Json& c : named_json["choices"]) {
+    const int64_t index = c["index"];
+    EXPECT_TRUE(c["message"]["content"].is_null()) << c.dump();
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << c.dump();
+    const Json& call = c["message"]["tool_calls"][0];
+    EXPECT_EQ(call["type"], "function");
+    EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u) << c.dump();
+    EXPECT_EQ(call["function"]["name"], "get_weather");
+    const std::string arguments = call["function"]["arguments"];
+    // Streamed: the same call in pieces (a fresh id), the same end.
+    ASSERT_EQ(named_streamed.calls.at(index).size(), 1u) << named_stream.body;
+    EXPECT_EQ(named_streamed.calls.at(index)[0]["function"]["name"], "get_weather");
+    EXPECT_EQ(named_streamed.calls.at(index)[0]["function"]["arguments"], arguments);
+    EXPECT_EQ(named_streamed.content.at(index), "");
+    EXPECT_EQ(named_streamed.finish_reason.at(index), c["finish_reason"]);
+    if (c["finish_reason"] != "stop") continue;  // whitespace may fill 120 tokens
+    ++named_done;
+    const Json parsed = ParseOrDie(arguments);
+    ASSERT_TRUE(parsed.is_object() && parsed.size() == 1 && parsed["city"].is_string()) << arguments;
+    EXPECT_LE(Utf8CodePoints(parsed["city"].get<std::string>()), 4u) << arguments;
+  }
+  EXPECT_GE(named_done, 1) << named_whole.body;
+
+  // "required": a list of calls of the tools, each with its own parameters; finish_reason "tool_calls".
+  Json required = request;
+  required["tool_choice"] = "required";
+  const HttpResult required_whole = Post(base + "/v1/chat/completions", required);
+  ASSERT_EQ(required_whole.status, 200) << required_whole.body;
+  const Json required_json = ParseOrDie(required_whole.body);  // kept: the loop runs over a part of it
+  required["stream"] = true;
+  const HttpResult required_stream = Post(base + "/v1/chat/completions", required);
+  ASSERT_EQ(required_stream.status, 200) << required_stream.body;
+  const StreamedCalls required_streamed = CollectCalls(required_stream.body);
+  int required_done = 0;
+  Json a_call;  // one call, sent back below
+  for (const Json& c : required_json["choices"]) {
+    const int64_t index = c["index"];
+    EXPECT_EQ(required_streamed.finish_reason.at(index), c["finish_reason"]);
+    if (c["finish_reason"] != "tool_calls") {  // cut short by max_tokens: the text as it came
+      EXPECT_EQ(c["finish_reason"], "length") << c.dump();
+      EXPECT_FALSE(c["message"].contains("tool_calls")) << c.dump();
+      EXPECT_EQ(required_streamed.content.at(index), c["message"]["content"]);
+      continue;
+    }
+    ++required_done;
+    EXPECT_TRUE(c["message"]["content"].is_null()) << c.dump();
+    const Json& calls = c["message"]["tool_calls"];
+    ASSERT_GE(calls.size(), 1u) << c.dump();
+    ASSERT_EQ(required_streamed.calls.at(index).size(), calls.size()) << required_stream.body;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const std::string name = calls[i]["function"]["name"];
+      const Json arguments = ParseOrDie(calls[i]["function"]["arguments"].get<std::string>());
+      EXPECT_TRUE(name == "get_weather" || name == "now") << c.dump();
+      EXPECT_EQ(arguments.size(), name == "now" ? 0u : 1u) << c.dump();
+      EXPECT_EQ(required_streamed.calls.at(index)[i]["function"]["name"], name);
+      EXPECT_EQ(required_streamed.calls.at(index)[i]["function"]["arguments"], calls[i]["function"]["arguments"]);
+      a_call = calls[i];
+    }
+  }
+  EXPECT_GE(required_done, 1) << required_whole.body;
+
+  // The conversation goes on with the call and its result: a tool message is the last, which the model answers.
+  if (!a_call.is_null()) {
+    Json next = {{"messages", messages}, {"tools", tools}, {"max_tokens", 4}};
+    next["messages"].push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {a_call}}});
+    next["messages"].push_back({{"role", "tool"}, {"tool_call_id", a_call["id"]}, {"content", "-3 and snow"}});
+    const HttpResult answered = Post(base + "/v1/chat/completions", next);
+    ASSERT_EQ(answered.status, 200) << answered.body;
+    EXPECT_GT(ParseOrDie(answered.body)["usage"]["prompt_tokens"], prompt_ids.size());
+  }
+
+  // Refused, naming the field: a choice of no tool, a call beside another constraint, a tool that is not one, a
+  // schema that does not compile.
+  for (const auto& [change, param] : std::vector<std::pair<Json, std::string>>{
+           {{{"tool_choice", {{"type", "function"}, {"function", {{"name", "later"}}}}}}, "tool_choice"},
+           {{{"tool_choice", "required"}, {"response_format", {{"type", "json_object"}}}}, "tool_choice"},
+           {{{"tool_choice", "sometimes"}}, "tool_choice"},
+           {{{"tools", {{{"type", "function"}, {"function", {{"name", "a b"}}}}}}}, "tools"},
+           {{{"tools", {{{"type", "retrieval"}}}}}, "tools"},
+           {{{"tool_choice", "required"},
+             {"tools",
+              {{{"type", "function"},
+                {"function", {{"name", "f"}, {"parameters", {{"type", "object"}, {"minProperties", "x"}}}}}}}}},
+            "tools"}}) {
+    Json bad = request;
+    bad.erase("n");
+    for (const auto& [key, value] : change.items()) bad[key] = value;
+    const HttpResult refused = Post(base + "/v1/chat/completions", bad);
+    EXPECT_EQ(refused.status, 400) << change.dump() << ": " << refused.body;
+    EXPECT_EQ(ParseOrDie(refused.body)["error"]["param"], param) << refused.body;
   }
 }
 

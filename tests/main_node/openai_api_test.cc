@@ -384,7 +384,28 @@ TEST(OpenAiParse, ErrorsNameTheField) {
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":30})",
        Endpoint::kChatCompletions, "top_logprobs", "[0, 20], got 30"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})",
-       Endpoint::kChatCompletions, "tools", "not supported"},
+       Endpoint::kChatCompletions, "tools", "'tools[0].function' must be an object"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":{"type":"function"}})",
+       Endpoint::kChatCompletions, "tools", "'tools' must be a list of tools"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":
+          "f"}},{"type":"function","function":{"name":"f"}}]})",
+       Endpoint::kChatCompletions, "tools", "'tools[1].function.name' 'f' is given twice"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":
+          "f","parameters":[]}}]})",
+       Endpoint::kChatCompletions, "tools", "'tools[0].function.parameters' must be a JSON Schema"},
+      {R"({"model":"m","prompt":"x","tools":[{"type":"function","function":{"name":"f"}}]})", Endpoint::kCompletions,
+       "tools", "'tools' is a chat option"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"functions":[{"name":"f"}]})",
+       Endpoint::kChatCompletions, "functions", "(the legacy form of 'tools') is not supported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":
+          "f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}})",
+       Endpoint::kChatCompletions, "tool_choice", "names the function 'g', which is not one of 'tools'"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":
+          "f"}}],"tool_choice":"required","guided_regex":"a+"})",
+       Endpoint::kChatCompletions, "tool_choice", "cannot be combined with 'guided_regex'"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"c",
+          "type":"function","function":{"name":"f","arguments":"[1]"}}]}]})",
+       Endpoint::kChatCompletions, "messages", "'messages[1].tool_calls[0].function.arguments' must be a JSON"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})",
        Endpoint::kChatCompletions, "response_format",
        "'response_format.json_schema' must be an object with a 'schema'"},
@@ -443,9 +464,9 @@ TEST(OpenAiParse, ErrorsNameTheField) {
       {R"({"model":"m","prompt":"x","guided_choice":["a",2]})", Endpoint::kCompletions, "guided_choice",
        "'guided_choice[1]' must be a string, got integer"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":"required"})",
-       Endpoint::kChatCompletions, "tool_choice", "'tool_choice' = \"required\" (tool calling) is not supported"},
+       Endpoint::kChatCompletions, "tool_choice", "'tool_choice' demands a call, but 'tools' offers none"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function"}})",
-       Endpoint::kChatCompletions, "tool_choice", "not supported"},
+       Endpoint::kChatCompletions, "tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"function_call":{"name":"f"}})",
        Endpoint::kChatCompletions, "function_call", "not supported"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"audio":{"voice":"alloy"}})",
@@ -459,7 +480,9 @@ TEST(OpenAiParse, ErrorsNameTheField) {
        "echo and logprobs"},
       {R"({"model":"m","messages":[]})", Endpoint::kChatCompletions, "messages", "empty list"},
       {R"({"model":"m","messages":[{"role":"tool","content":"x"}]})", Endpoint::kChatCompletions, "messages",
-       "supported roles"},
+       "'messages[0].tool_call_id' must be a string"},
+      {R"({"model":"m","messages":[{"role":"function","content":"x"}]})", Endpoint::kChatCompletions, "messages",
+       "supported roles are system, user, assistant and tool"},
       {R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]})", Endpoint::kChatCompletions,
        "messages", "only parts of type 'text'"},
   };
@@ -789,9 +812,15 @@ TEST(OpenAiChat, ChatMlTemplates) {
             "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nb<|im_end|>\n<|im_start|>user\nc<|im_end|>\n"
             "<|im_start|>assistant\n");
 
+  // This template knows no tools (it has no <tools>): a tool's message or tools cannot be shown.
+  EXPECT_FALSE(q3.tools);
   auto tool = RenderChat(q3, {{"user", "a"}, {"tool", "b"}, {"user", "c"}});
   ASSERT_FALSE(tool.ok());
-  EXPECT_THAT(std::string(tool.status().message()), HasSubstr("messages[1]: role 'tool'"));
+  EXPECT_THAT(std::string(tool.status().message()),
+              HasSubstr("messages[1]: a tool message: this model's chat template has no place for tools"));
+  auto offered = RenderChat(q3, {{"user", "a"}}, {ToolDefinition{"f", {}, {}}});
+  ASSERT_FALSE(offered.ok());
+  EXPECT_THAT(std::string(offered.status().message()), HasSubstr("tools: this model's chat template has no place"));
   auto last = RenderChat(q3, {{"user", "a"}, {"assistant", "b"}});
   ASSERT_FALSE(last.ok());
   EXPECT_THAT(std::string(last.status().message()), HasSubstr("messages[1]: the last message must be the user's"));
@@ -836,23 +865,29 @@ TEST(ChatTemplateOracleTest, QwenTemplatesMatchJinja) {
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   std::ifstream in(std::string(dir) + "/oracle.json");
   ASSERT_TRUE(in) << dir << "/oracle.json";
-  const Json oracle = Json::parse(in);
-  int cases = 0;
-  for (const Json& c : oracle["chat"]) {
+  const OrderedJson oracle = OrderedJson::parse(in);  // the tools' keys in their order, as the template shows them
+  int cases = 0, tool_cases = 0;
+  for (const OrderedJson& c : oracle["chat"]) {
     const std::string name = c["template"].get<std::string>();
     SCOPED_TRACE(name + ": " + c["messages"].dump());
-    const ChatTemplate chat = ChooseChatTemplate({{"chat_template", oracle["templates"][name]}}, "Qwen3MoeForCausalLM");
-    std::vector<ChatMessage> messages;
-    for (const Json& m : c["messages"])
-      messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
-    auto pieces = RenderChat(chat, messages);
+    const ChatTemplate chat =
+        ChooseChatTemplate({{"chat_template", oracle["templates"][name].get<std::string>()}}, "Qwen3MoeForCausalLM");
+    // The conversation as a client sends it, read by the API.
+    OrderedJson body = {{"messages", c["messages"]}};
+    if (c.contains("tools")) body["tools"] = c["tools"];
+    ApiError error;
+    auto request = ParseCompletionRequest(body.dump(), Endpoint::kChatCompletions, &error);
+    ASSERT_TRUE(request.ok()) << error.message;
+    auto pieces = RenderChat(chat, request->messages, request->tools);
     ASSERT_TRUE(pieces.ok()) << pieces.status();
     ASSERT_EQ(pieces->size(), 1u);
     EXPECT_EQ((*pieces)[0].text, c["text"].get<std::string>());
     EXPECT_EQ((*tokenizer)->Encode((*pieces)[0].text), c["ids"].get<std::vector<int32_t>>());
     ++cases;
+    if (c.contains("tools") || body.dump().find("tool_calls") != std::string::npos) ++tool_cases;
   }
-  EXPECT_GE(cases, 12);
+  EXPECT_GE(cases, 17);
+  EXPECT_GE(tool_cases, 5);
 }
 
 TEST(OpenAiFormat, ResponsesAndChunks) {

@@ -8,7 +8,9 @@
 // JavaScript's \s and Oniguruma's (which Hugging Face tokenizers uses, and odmoe follows) disagree on them.
 // Decode cases: random id runs of ordinary and special tokens, which cut characters at random byte boundaries.
 // Chat cases: conversations rendered by @huggingface/jinja with Qwen3's chat template and a Qwen2-style one (a
-// default system message), then encoded: what Hugging Face's apply_chat_template(tokenize=True) gives.
+// default system message), then encoded: what Hugging Face's apply_chat_template(tokenize=True) gives. Tool cases
+// (Qwen3's template): `tools` and conversations with calls and their results, the calls' arguments handed to the
+// template parsed, as vLLM does; the case keeps them as a client sends them (JSON text).
 // Usage: node oracle.mjs OUT_DIR
 import { copyFileSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
@@ -126,6 +128,78 @@ for (const [name, source] of Object.entries(templates)) {
     const text = template.render({ messages, add_generation_prompt: true, bos_token: "", eos_token: "<|im_end|>" });
     chat.push({ template: name, messages, text, ids: tokenizer.encode(text, { add_special_tokens: false }) });
   }
+}
+const weather = {
+  type: "function",
+  function: {
+    name: "get_weather",
+    description: "Today's weather in a city, «en Celsius»\n(or Fahrenheit).",
+    parameters: {
+      type: "object",
+      properties: {
+        city: { type: "string", description: "The city, e.g. \"Paris\"" },
+        unit: { type: "string", enum: ["celsius", "fahrenheit"] },
+        days: { type: "integer", minimum: 1, maximum: 7 },
+      },
+      required: ["city"],
+    },
+  },
+};
+const search = {
+  type: "function",
+  function: {
+    name: "search-docs",
+    parameters: {
+      type: "object",
+      properties: { query: { type: "string" }, filters: { type: "array", items: { type: "object", properties: { tag: { type: "string" }, weight: { type: "number" } } } } },
+    },
+  },
+};
+const now = { type: "function", function: { name: "now" } };
+const call = (id, name, args) => ({ id, type: "function", function: { name, arguments: JSON.stringify(args) } });
+const toolCases = [
+  { tools: [weather], messages: [{ role: "user", content: "Weather in Paris?" }] },
+  { tools: [weather, search, now], messages: [{ role: "system", content: "You are terse." }, { role: "user", content: "Find docs on 天空 😀" }] },
+  {
+    tools: [weather],
+    messages: [
+      { role: "system", content: "Use tools." },
+      { role: "user", content: "Weather in Paris and Oslo?" },
+      { role: "assistant", content: "", tool_calls: [call("c1", "get_weather", { city: "Paris" }), call("c2", "get_weather", { city: "Oslo", unit: "celsius", days: 2 })] },
+      { role: "tool", tool_call_id: "c1", content: "{\"temp\": 21}" },
+      { role: "tool", tool_call_id: "c2", content: "-3 and snow\nwindy" },
+    ],
+  },
+  {
+    tools: [weather, now],
+    messages: [
+      { role: "user", content: "What time is it?" },
+      { role: "assistant", content: "<think>\nThe user wants the time.\n</think>\n\nLet me check.", tool_calls: [call("t1", "now", {})] },
+      { role: "tool", tool_call_id: "t1", content: "12:00" },
+      { role: "assistant", content: "<think>\nIt said noon.\n</think>\n\nIt is noon." },
+      { role: "user", content: "And the weather in Rome?" },
+      { role: "assistant", content: "<think>\nCall the weather tool.\n</think>\n\n", tool_calls: [call("w1", "get_weather", { city: "Rome", nested: { list: [1, 2.5, "x\ty"], flag: true, none: null } })] },
+      { role: "tool", tool_call_id: "w1", content: "sunny" },
+    ],
+  },
+  {
+    messages: [
+      { role: "user", content: "Hi" },
+      { role: "assistant", content: "Calling.", tool_calls: [call("a", "now", {})] },
+      { role: "tool", tool_call_id: "a", content: "09:30" },
+      { role: "user", content: "Thanks, and now?" },
+    ],
+  },
+];
+const qwen3 = new Template(templates.qwen3);
+for (const { tools, messages } of toolCases) {
+  const parsed = messages.map((m) =>
+    m.tool_calls
+      ? { ...m, tool_calls: m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: JSON.parse(c.function.arguments) } })) }
+      : m,
+  );
+  const text = qwen3.render({ messages: parsed, tools, add_generation_prompt: true, bos_token: "", eos_token: "<|im_end|>" });
+  chat.push({ template: "qwen3", messages, tools, text, ids: tokenizer.encode(text, { add_special_tokens: false }) });
 }
 writeFileSync(join(out, "oracle.json"), JSON.stringify({ encode, decode, templates, chat }));
 console.log(`oracle: ${encode.length} encode, ${decode.length} decode and ${chat.length} chat cases in ${out}`);
