@@ -292,6 +292,20 @@ def openai_seeds():
                        "max_completion_tokens": 16, "temperature": 0.7, "stream": True}),
         ("chat_tools", "1", {"model": "m", "messages": [{"role": "user", "content": "x"}],
                              "tools": [{"type": "function", "function": {"name": "f"}}]}),
+        ("chat_tools_required", "1", {
+            "model": "m", "tool_choice": "required",
+            "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "x"},
+                         {"role": "assistant", "content": None, "tool_calls": [
+                             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+                         {"role": "tool", "tool_call_id": "c1", "content": "<tool_call>{\"name\": \"f\", "
+                                                                           "\"arguments\": {}}</tool_call>"}],
+            "tools": [{"type": "function", "function": {"name": "f", "description": "d",
+                                                        "parameters": PERSON_SCHEMA}},
+                      {"type": "function", "function": {"name": "g"}}]}),
+        ("chat_tools_named", "1", {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True,
+                                   "tool_choice": {"type": "function", "function": {"name": "f"}},
+                                   "tools": [{"type": "function", "function": {"name": "f",
+                                                                               "parameters": PERSON_SCHEMA}}]}),
         ("chat_json_schema", "1", {"model": "m", "messages": [{"role": "user", "content": "x"}],
                                    "response_format": {"type": "json_schema", "json_schema": {
                                        "name": "p", "strict": True, "schema": PERSON_SCHEMA}}}),

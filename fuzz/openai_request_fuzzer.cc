@@ -2,14 +2,18 @@
 // does with a body before a model is involved: the first byte picks the endpoint (even: /v1/completions, odd:
 // /v1/chat/completions), the rest is the body. Checked: a refused body is a 400 whose error object is valid JSON
 // naming it; an accepted one respects the documented ranges; chat messages render (or are refused) without
-// crashing; stop strings give the same text whatever the split of the text into pieces; the responses and
-// stream chunks built from the request's text are valid JSON. The same body as a /tokenize and a /detokenize
-// request: refused as a 400, or accepted with a prompt or messages (not both), ids >= 0 and a valid answer.
+// crashing, with the request's tools where the template knows them; stop strings, and the tool calls read out of
+// the text by the request's tool_choice, are the same whatever the split of the text into pieces; the responses
+// and stream chunks built from the request's text (and its calls) are valid JSON. The same body as a /tokenize
+// and a /detokenize request: refused as a 400, or accepted with a prompt or messages (not both), ids >= 0 and a
+// valid answer.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "src/main_node/openai_api.h"
 
@@ -52,6 +56,37 @@ void CheckTokenizeRequests(std::string_view body) {
   Check(odmoe::ParseJson(DetokenizeBody(std::string(body)), "detokenize").ok());
 }
 
+// The tool calls read out of `text` split at `cut` equal those read from it whole (content, names, arguments), and
+// each call's deltas join into it.
+std::vector<odmoe::openai::ToolCall> CheckToolCallSplit(odmoe::openai::ToolChoice choice, const std::string& name,
+                                                        const std::string& text, size_t cut) {
+  using odmoe::openai::ToolCallReader;
+  ToolCallReader whole(choice, name), split(choice, name);
+  ToolCallReader::Out a = whole.Push(text);
+  ToolCallReader::Out a_end = whole.Finish();
+  cut = std::min(cut, text.size());
+  std::vector<ToolCallReader::Out> pieces = {split.Push(text.substr(0, cut)), split.Push(text.substr(cut)),
+                                             split.Finish()};
+  std::string content;
+  std::vector<std::string> arguments;
+  for (const ToolCallReader::Out& piece : pieces) {
+    content += piece.content;
+    for (const odmoe::openai::ToolCallDelta& d : piece.calls) {
+      Check(d.index >= 0 && static_cast<size_t>(d.index) <= arguments.size());
+      if (static_cast<size_t>(d.index) == arguments.size()) arguments.emplace_back();
+      arguments[d.index] += d.arguments;
+    }
+  }
+  Check(a.content + a_end.content == content);
+  Check(whole.calls().size() == split.calls().size() && split.calls().size() == arguments.size());
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    Check(whole.calls()[i].name == split.calls()[i].name);
+    Check(whole.calls()[i].arguments == split.calls()[i].arguments && arguments[i] == split.calls()[i].arguments);
+  }
+  Check(whole.finished_by_calls() == split.finished_by_calls());
+  return whole.calls();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -84,8 +119,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       absl::StatusOr<std::vector<PromptPiece>> pieces = RenderChat({format}, r->messages);
       if (pieces.ok()) Check(!pieces->empty() && (*pieces)[0].kind == PromptPiece::kBos);
     }
-    const ChatTemplate chat_ml{ChatFormat::kChatMl, "You are a helpful assistant.", /*drop_reasoning=*/true};
-    absl::StatusOr<std::vector<PromptPiece>> chat = RenderChat(chat_ml, r->messages);
+    const ChatTemplate chat_ml{ChatFormat::kChatMl, "You are a helpful assistant.", /*drop_reasoning=*/true,
+                               /*tools=*/true};
+    absl::StatusOr<std::vector<PromptPiece>> chat = RenderChat(chat_ml, r->messages, r->tools);
     if (chat.ok()) {
       Check(chat->size() == 1 && (*chat)[0].kind == PromptPiece::kText);
       const std::string& prompt = (*chat)[0].text;
@@ -97,6 +133,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckStopSplit(r->stop, r->include_stop_str_in_output, text, text.size() / 2);
   CheckStopSplit(r->stop, r->include_stop_str_in_output, text, size % (text.size() + 1));
   std::vector<Choice> choices = {{0, text, {1, 2}, {"stop"}}};
+  choices[0].tool_calls = CheckToolCallSplit(r->tool_choice, r->tool_name, text, size % (text.size() + 1));
   Check(r->logprobs >= -1 && r->logprobs <= odmoe::kMaxTopLogprobs);
   if (r->logprobs >= 0) {  // the text's bytes as tokens (any bytes: cut characters, invalid UTF-8)
     choices[0].has_logprobs = true;
