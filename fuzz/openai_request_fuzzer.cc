@@ -58,10 +58,10 @@ void CheckTokenizeRequests(std::string_view body) {
 
 // The tool calls read out of `text` split at `cut` equal those read from it whole (content, names, arguments), and
 // each call's deltas join into it.
-std::vector<odmoe::openai::ToolCall> CheckToolCallSplit(odmoe::openai::ToolChoice choice, const std::string& name,
+std::vector<odmoe::openai::ToolCall> CheckToolCallSplit(const odmoe::openai::ToolCalling& calling,
                                                         const std::string& text, size_t cut) {
   using odmoe::openai::ToolCallReader;
-  ToolCallReader whole(choice, name), split(choice, name);
+  ToolCallReader whole(calling), split(calling);
   ToolCallReader::Out a = whole.Push(text);
   ToolCallReader::Out a_end = whole.Finish();
   cut = std::min(cut, text.size());
@@ -133,7 +133,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckStopSplit(r->stop, r->include_stop_str_in_output, text, text.size() / 2);
   CheckStopSplit(r->stop, r->include_stop_str_in_output, text, size % (text.size() + 1));
   std::vector<Choice> choices = {{0, text, {1, 2}, {"stop"}}};
-  choices[0].tool_calls = CheckToolCallSplit(r->tool_choice, r->tool_name, text, size % (text.size() + 1));
+  choices[0].tool_calls = CheckToolCallSplit(r->tool_calling, text, size % (text.size() + 1));
   Check(r->logprobs >= -1 && r->logprobs <= odmoe::kMaxTopLogprobs);
   if (r->logprobs >= 0) {  // the text's bytes as tokens (any bytes: cut characters, invalid UTF-8)
     choices[0].has_logprobs = true;

@@ -160,9 +160,7 @@ struct PreparedPrompt {
   v1::GenerateRequest request;
   int64_t prompt_tokens = 0;
   bool echo = false;  // the answer starts with the prompt (its text, and its logprobs when asked)
-  // Chat: how the answer's tool calls are read (CompletionRequest::tool_choice, tool_name).
-  openai::ToolChoice tool_choice = openai::ToolChoice::kNone;
-  std::string tool_name;
+  openai::ToolCalling tool_calling;  // chat: how the answer's tool calls are read (CompletionRequest's)
 };
 
 struct HttpServer::Impl {
@@ -385,8 +383,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
     p.request.mutable_prompt_ids()->Add(ids.begin(), ids.end());
     rpc::OptionsToProto(checked, &p.request);
     p.echo = r.echo;
-    p.tool_choice = r.tool_choice;
-    p.tool_name = r.tool_name;
+    p.tool_calling = r.tool_calling;
     out.push_back(std::move(p));
   }
   return out;
@@ -403,7 +400,7 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
   choice.has_logprobs = p.request.logprobs();
   openai::StopMatcher matcher(stop, p.request.include_stop_str_in_output());
   bool stop_matched = false;
-  openai::ToolCallReader tools(p.tool_choice, p.tool_name);
+  openai::ToolCallReader tools(p.tool_calling);
   const Tokenizer* tokenizer = node->tokenizer();
   // A message's logprobs (or prompt_logprobs) as the API shows them, each token with its text.
   auto shown = [tokenizer](const auto& list) {

@@ -538,30 +538,33 @@ absl::Status ReadTools(const Json& body, std::string_view text, ApiError* error,
   return absl::OkStatus();
 }
 
-// Chat's `tool_choice` ("none", "auto", "required" or {"type": "function", "function": {"name"}}) over r->tools;
-// one that demands a call holds the answer to it (ToolCallConstraint), so it cannot be combined with another
-// constraint. Each tool whose parameters the answer may fill is compiled first, so a bad schema is named.
+// Chat's `tool_choice` ("none", "auto", "required" or {"type": "function", "function": {"name"}}) over r->tools,
+// and `parallel_tool_calls`; a tool_choice that demands a call holds the answer to it (ToolCallConstraint), so it
+// cannot be combined with another constraint. Each tool whose parameters the answer may fill is compiled first, so
+// a bad schema is named.
 absl::Status ReadToolChoice(const Json& body, ApiError* error, CompletionRequest* r) {
-  r->tool_choice = r->tools.empty() ? ToolChoice::kNone : ToolChoice::kAuto;
+  ToolCalling& calling = r->tool_calling;
+  ODMOE_RETURN_IF_ERROR(ReadBool(body, "parallel_tool_calls", error, &calling.parallel));
+  calling.choice = r->tools.empty() ? ToolChoice::kNone : ToolChoice::kAuto;
   if (const Json* v = Field(body, "tool_choice")) {
     const Json* function = v->is_object() ? Field(*v, "function") : nullptr;
     const Json* name = function != nullptr && function->is_object() ? Field(*function, "name") : nullptr;
     if (*v == "none") {
-      r->tool_choice = ToolChoice::kNone;
+      calling.choice = ToolChoice::kNone;
     } else if (*v == "auto") {
       // as without it
     } else if (*v == "required") {
-      r->tool_choice = ToolChoice::kRequired;
+      calling.choice = ToolChoice::kRequired;
     } else if (name != nullptr && name->is_string()) {
-      r->tool_choice = ToolChoice::kNamed;
-      r->tool_name = name->get<std::string>();
+      calling.choice = ToolChoice::kNamed;
+      calling.function = name->get<std::string>();
     } else {
       return Fail(error, "tool_choice",
                   StrCat("'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", ",
                          "\"function\": {\"name\": ...}}, got ", v->dump()));
     }
   }
-  if (r->tool_choice != ToolChoice::kRequired && r->tool_choice != ToolChoice::kNamed) return absl::OkStatus();
+  if (calling.choice != ToolChoice::kRequired && calling.choice != ToolChoice::kNamed) return absl::OkStatus();
   if (r->tools.empty()) return Fail(error, "tool_choice", "'tool_choice' demands a call, but 'tools' offers none");
   if (r->constraint.active()) {
     return Fail(error, "tool_choice",
@@ -569,7 +572,7 @@ absl::Status ReadToolChoice(const Json& body, ApiError* error, CompletionRequest
   }
   bool named_found = false;
   for (size_t i = 0; i < r->tools.size(); ++i) {
-    if (r->tool_choice == ToolChoice::kNamed && r->tools[i].name != r->tool_name) continue;
+    if (calling.choice == ToolChoice::kNamed && r->tools[i].name != calling.function) continue;
     named_found = true;
     OutputConstraint parameters{.kind = OutputConstraint::Kind::kJsonSchema,
                                 .schema = DumpOrderedJson(r->tools[i].parameters)};
@@ -579,9 +582,9 @@ absl::Status ReadToolChoice(const Json& body, ApiError* error, CompletionRequest
   }
   if (!named_found) {
     return Fail(error, "tool_choice",
-                StrCat("'tool_choice' names the function '", r->tool_name, "', which is not one of 'tools'"));
+                StrCat("'tool_choice' names the function '", calling.function, "', which is not one of 'tools'"));
   }
-  r->constraint = ToolCallConstraint(r->tool_choice, r->tools, r->tool_name);
+  r->constraint = ToolCallConstraint(calling, r->tools);
   r->constraint_param = "tool_choice";
   if (const auto grammar = CompileGrammar(r->constraint); !grammar.ok()) {
     return Fail(error, "tool_choice", StrCat("'tool_choice' = required: ", grammar.status().message()));

@@ -16,8 +16,9 @@
 // one JSON object) or {"type": "json_schema"} (one value of the schema), vLLM's `guided_choice` (exactly one of a
 // list of strings), `guided_json` (a schema), `guided_regex` (a text the expression matches whole) and vLLM's
 // `structured_outputs` with `choice`, `json`, `regex` or `json_object`; src/engine/output_grammar.h. Tool calling
-// (chat): `tools` (functions) and `tool_choice` ("none", "auto", "required" or a named function), assistant messages
-// with `tool_calls` and `tool` messages with the results; src/main_node/tool_calls.h. Unknown fields are ignored;
+// (chat): `tools` (functions), `tool_choice` ("none", "auto", "required" or a named function) and
+// `parallel_tool_calls`, assistant messages with `tool_calls` and `tool` messages with the results;
+// src/main_node/tool_calls.h. Unknown fields are ignored;
 // options odmoe does not implement are refused (400, `param` naming them) only when set to a value that needs them:
 // `best_of` > 1, chat's `echo`, `suffix`, completions' `tools`, the legacy `functions` and a `function_call` that
 // demands a call, `audio`, `modalities` other than text, and vLLM's `use_beam_search`, `guided_grammar`,
@@ -126,11 +127,10 @@ struct CompletionRequest {
   OutputConstraint constraint;
   std::string constraint_param;
   // Chat: the functions the model may call (at most kMaxTools, names distinct), and how its answer makes calls
-  // (src/main_node/tool_calls.h; "auto" by default when there are tools). "required" and a named function (its
-  // name in `tool_name`) set `constraint` (ToolCallConstraint), with constraint_param "tool_choice".
+  // (src/main_node/tool_calls.h: `tool_choice`, "auto" by default when there are tools, and `parallel_tool_calls`).
+  // "required" and a named function set `constraint` (ToolCallConstraint), with constraint_param "tool_choice".
   std::vector<ToolDefinition> tools;
-  ToolChoice tool_choice = ToolChoice::kNone;
-  std::string tool_name;
+  ToolCalling tool_calling;
 };
 
 // The sampling of a request that leaves these options out: OpenAI's defaults, or what the checkpoint's

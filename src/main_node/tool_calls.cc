@@ -107,13 +107,12 @@ std::string TemplateJson(const OrderedJson& value) {
   return out;
 }
 
-OutputConstraint ToolCallConstraint(ToolChoice choice, const std::vector<ToolDefinition>& tools,
-                                    const std::string& name) {
+OutputConstraint ToolCallConstraint(const ToolCalling& calling, const std::vector<ToolDefinition>& tools) {
   OutputConstraint c;
   c.kind = OutputConstraint::Kind::kJsonSchema;
-  if (choice == ToolChoice::kNamed) {
+  if (calling.choice == ToolChoice::kNamed) {
     for (const ToolDefinition& tool : tools) {
-      if (tool.name == name) c.schema = DumpOrderedJson(tool.parameters);
+      if (tool.name == calling.function) c.schema = DumpOrderedJson(tool.parameters);
     }
     return c;
   }
@@ -124,25 +123,25 @@ OutputConstraint ToolCallConstraint(ToolChoice choice, const std::vector<ToolDef
                         {"required", {"name", "parameters"}}};
     calls.push_back(std::move(call));
   }
-  const OrderedJson schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", std::move(calls)}}}};
+  OrderedJson schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", std::move(calls)}}}};
+  if (!calling.parallel) schema["maxItems"] = 1;
   c.schema = DumpOrderedJson(schema);
   return c;
 }
 
-ToolCallReader::ToolCallReader(ToolChoice choice, std::string named_function)
-    : choice_(choice), named_function_(std::move(named_function)) {}
+ToolCallReader::ToolCallReader(ToolCalling calling) : calling_(std::move(calling)) {}
 
 ToolCallReader::Out ToolCallReader::Push(std::string_view text) {
   Out out;
   if (finished_) return out;
-  switch (choice_) {
+  switch (calling_.choice) {
     case ToolChoice::kNone:
       out.content = std::string(text);
       return out;
     case ToolChoice::kNamed:
       if (text.empty()) return out;
       if (calls_.empty()) {
-        calls_.push_back({NewToolCallId(), named_function_, ""});
+        calls_.push_back({NewToolCallId(), calling_.function, ""});
         out.calls.push_back({0, calls_[0].id, calls_[0].name, std::string(text)});
       } else {
         out.calls.push_back({0, "", "", std::string(text)});
@@ -157,6 +156,11 @@ ToolCallReader::Out ToolCallReader::Push(std::string_view text) {
   }
   pending_ += text;
   for (;;) {
+    if (!in_block_ && !calling_.parallel && !calls_.empty()) {  // the one call was made: the rest is content
+      Content(pending_, &out);
+      pending_.clear();
+      return out;
+    }
     if (!in_block_) {
       const size_t open = pending_.find(kOpen);
       if (open == std::string::npos) {  // all but what may start a block
@@ -183,12 +187,12 @@ ToolCallReader::Out ToolCallReader::Finish() {
   Out out;
   if (finished_) return out;
   finished_ = true;
-  switch (choice_) {
+  switch (calling_.choice) {
     case ToolChoice::kNone:
       return out;
     case ToolChoice::kNamed:
       if (calls_.empty()) {  // nothing was written: the call still answers the request, with no arguments
-        calls_.push_back({NewToolCallId(), named_function_, ""});
+        calls_.push_back({NewToolCallId(), calling_.function, ""});
         out.calls.push_back({0, calls_[0].id, calls_[0].name, ""});
       }
       return out;

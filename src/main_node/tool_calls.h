@@ -25,6 +25,14 @@ namespace odmoe::openai {
 
 enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
 
+// How a request's answer makes calls: its tool_choice, the function that names (kNamed), and whether one answer
+// may make several calls (OpenAI's parallel_tool_calls, true unless the request says false).
+struct ToolCalling {
+  ToolChoice choice = ToolChoice::kNone;
+  std::string function;
+  bool parallel = true;
+};
+
 // One function the client offers (`tools[i]`, of type "function").
 struct ToolDefinition {
   std::string name;
@@ -57,20 +65,19 @@ std::string NewToolCallId();
 // separators, keys in their order, non-ASCII characters as they are.
 std::string TemplateJson(const OrderedJson& value);
 
-// The output constraint of a tool_choice that demands a call: kRequired, a JSON list of at least one
-// {"name": <one of tools' names>, "parameters": <that tool's parameters>}; kNamed, the parameters of tools' `name`
-// (the answer is the call's arguments). REQUIRES: kRequired with tools not empty, or kNamed with `name` one of
-// tools'.
-OutputConstraint ToolCallConstraint(ToolChoice choice, const std::vector<ToolDefinition>& tools,
-                                    const std::string& name);
+// The output constraint of a tool_choice that demands a call: kRequired, a JSON list of at least one (and, unless
+// parallel, at most one) {"name": <one of tools' names>, "parameters": <that tool's parameters>}; kNamed, the
+// parameters of the function it names (the answer is the call's arguments). REQUIRES: kRequired with tools not
+// empty, or kNamed naming one of tools.
+OutputConstraint ToolCallConstraint(const ToolCalling& calling, const std::vector<ToolDefinition>& tools);
 
-// Reads one choice's calls out of its text as it arrives (see the file comment for each tool_choice). Push
-// returns the content released so far and the calls' pieces; Finish what is left at the end (once: later calls of
-// either give nothing). Not thread-safe.
+// Reads one choice's calls out of its text as it arrives (see the file comment for each tool_choice; "auto" without
+// parallel calls reads the first call only, what follows it is content). Push returns the content released so far
+// and the calls' pieces; Finish what is left at the end (once: later calls of either give nothing). Not
+// thread-safe.
 class ToolCallReader {
  public:
-  // `named_function`: kNamed's function.
-  explicit ToolCallReader(ToolChoice choice, std::string named_function = "");
+  explicit ToolCallReader(ToolCalling calling);
 
   struct Out {
     std::string content;
@@ -83,7 +90,7 @@ class ToolCallReader {
   const std::vector<ToolCall>& calls() const { return calls_; }
   // Whether the choice's finish_reason is "tool_calls": calls were read and the model chose to make them ("auto"
   // and "required"; a named function's call answers its tool_choice and keeps the model's reason, as OpenAI's).
-  bool finished_by_calls() const { return !calls_.empty() && choice_ != ToolChoice::kNamed; }
+  bool finished_by_calls() const { return !calls_.empty() && calling_.choice != ToolChoice::kNamed; }
 
  private:
   // kAuto: a whole <tool_call> block's text (without the markers) as a call when it is one; false when not.
@@ -91,8 +98,7 @@ class ToolCallReader {
   // kAuto: text outside the blocks, to the content (after the first call, held while it is only whitespace).
   void Content(std::string_view text, Out* out);
 
-  const ToolChoice choice_;
-  const std::string named_function_;
+  const ToolCalling calling_;
   std::vector<ToolCall> calls_;
   std::string pending_;    // kAuto: text that may open a block; in a block, its text; kRequired: the answer
   bool in_block_ = false;  // kAuto: inside <tool_call>

@@ -309,6 +309,55 @@ TEST(OpenAiParse, ChatMessages) {
   EXPECT_EQ(r->messages[2].content, "");
 }
 
+TEST(OpenAiParse, ToolsAndToolCalls) {
+  // The tools, their schemas in the client's key order; "auto" by default; a conversation with a call and its result.
+  auto r = Parse(R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":null,"tool_calls":[
+                     {"id":"c1","type":"function","function":{"name":"f","arguments":"{\"z\": 1, \"a\": 2}"}}]},
+                     {"role":"tool","tool_call_id":"c1","content":"3"}],
+                   "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object",
+                     "properties":{"z":{"type":"integer"},"a":{"type":"integer"}}}}},
+                     {"type":"function","function":{"name":"g-2"}}]})",
+                 Endpoint::kChatCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->tools.size(), 2u);
+  EXPECT_EQ(r->tools[0].name, "f");
+  EXPECT_EQ(DumpOrderedJson(r->tools[0].parameters["properties"]),
+            R"({"z":{"type":"integer"},"a":{"type":"integer"}})");
+  EXPECT_EQ(DumpOrderedJson(r->tools[1].parameters),
+            R"({"type":"object","properties":{},"additionalProperties":false})");
+  EXPECT_EQ(r->tool_calling.choice, ToolChoice::kAuto);
+  EXPECT_TRUE(r->tool_calling.parallel);
+  EXPECT_FALSE(r->constraint.active());
+  ASSERT_EQ(r->messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(r->messages[1].tool_calls[0].id, "c1");
+  EXPECT_EQ(r->messages[1].tool_calls[0].arguments, "{\"z\": 1, \"a\": 2}");
+  EXPECT_EQ(r->messages[2].tool_call_id, "c1");
+
+  // "required" without parallel calls: a list of one call, held by the grammar.
+  auto one = Parse(R"({"messages":[{"role":"user","content":"a"}],"tool_choice":"required","parallel_tool_calls":false,
+                     "tools":[{"type":"function","function":{"name":"f"}}]})",
+                   Endpoint::kChatCompletions);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->tool_calling.choice, ToolChoice::kRequired);
+  EXPECT_FALSE(one->tool_calling.parallel);
+  EXPECT_EQ(one->constraint_param, "tool_choice");
+  EXPECT_NE(one->constraint.schema.find(R"("maxItems":1)"), std::string::npos) << one->constraint.schema;
+  // A named function: its parameters are the answer's schema; "none" leaves the answer free.
+  auto named = Parse(R"({"messages":[{"role":"user","content":"a"}],"tools":[{"type":"function","function":{
+                       "name":"f","parameters":{"type":"object","properties":{"x":{"type":"string"}}}}}],
+                       "tool_choice":{"type":"function","function":{"name":"f"}}})",
+                     Endpoint::kChatCompletions);
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->tool_calling.function, "f");
+  EXPECT_EQ(named->constraint.schema, R"({"type":"object","properties":{"x":{"type":"string"}}})");
+  auto none = Parse(R"({"messages":[{"role":"user","content":"a"}],"tool_choice":"none",
+                      "tools":[{"type":"function","function":{"name":"f"}}]})",
+                    Endpoint::kChatCompletions);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->tool_calling.choice, ToolChoice::kNone);
+  EXPECT_FALSE(none->constraint.active());
+}
+
 // Each bad body: the param the error names and a piece of its message.
 TEST(OpenAiParse, ErrorsNameTheField) {
   const struct {
@@ -395,6 +444,8 @@ TEST(OpenAiParse, ErrorsNameTheField) {
        Endpoint::kChatCompletions, "tools", "'tools[0].function.parameters' must be a JSON Schema"},
       {R"({"model":"m","prompt":"x","tools":[{"type":"function","function":{"name":"f"}}]})", Endpoint::kCompletions,
        "tools", "'tools' is a chat option"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"parallel_tool_calls":"no"})",
+       Endpoint::kChatCompletions, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"functions":[{"name":"f"}]})",
        Endpoint::kChatCompletions, "functions", "(the legacy form of 'tools') is not supported"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":

@@ -18,8 +18,8 @@ struct Read {
   std::vector<ToolCall> joined;  // the deltas joined by index (ids and names from each call's first)
   bool by_calls = false;
 };
-Read ReadAll(ToolChoice choice, std::string_view text, size_t piece, const std::string& name = "") {
-  ToolCallReader reader(choice, name);
+Read ReadAll(const ToolCalling& calling, std::string_view text, size_t piece) {
+  ToolCallReader reader(calling);
   Read read;
   auto take = [&](const ToolCallReader::Out& out) {
     read.content += out.content;
@@ -45,11 +45,11 @@ Read ReadAll(ToolChoice choice, std::string_view text, size_t piece, const std::
 }
 
 // The same content and calls whatever the pieces; the deltas join into the calls.
-Read ReadEveryWay(ToolChoice choice, std::string_view text, const std::string& name = "") {
-  const Read whole = ReadAll(choice, text, 0, name);
+Read ReadEveryWay(const ToolCalling& calling, std::string_view text) {
+  const Read whole = ReadAll(calling, text, 0);
   for (size_t piece : {1, 2, 3, 5, 7, 11}) {
     SCOPED_TRACE(piece);
-    const Read split = ReadAll(choice, text, piece, name);
+    const Read split = ReadAll(calling, text, piece);
     EXPECT_EQ(split.content, whole.content);
     EXPECT_EQ(split.by_calls, whole.by_calls);
     EXPECT_EQ(split.calls.size(), whole.calls.size());
@@ -81,7 +81,7 @@ TEST(ToolCalls, IdsAreFreshAndOpenAiShaped) {
 }
 
 TEST(ToolCalls, AutoReadsHermesBlocksAndKeepsTheRestAsContent) {
-  const Read r = ReadEveryWay(ToolChoice::kAuto,
+  const Read r = ReadEveryWay({ToolChoice::kAuto},
                               "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
                               "\"Paris\", \"days\": 2}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": "
                               "{}}\n</tool_call>\n");
@@ -96,7 +96,7 @@ TEST(ToolCalls, AutoReadsHermesBlocksAndKeepsTheRestAsContent) {
 
   // Text after the calls that is more than whitespace stays content, with the whitespace before it.
   const Read after =
-      ReadEveryWay(ToolChoice::kAuto, "<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>\n\nDone <tool");
+      ReadEveryWay({ToolChoice::kAuto}, "<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>\n\nDone <tool");
   EXPECT_EQ(after.content, "\n\nDone <tool");
   EXPECT_EQ(after.calls.size(), 1u);
 }
@@ -109,13 +109,13 @@ TEST(ToolCalls, AutoLeavesWhatIsNoCallAsText) {
         "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>", "<tool_call>[1, 2]</tool_call>",
         "<tool_call>{\"name\": \"f\", \"argu"}) {  // cut short
     SCOPED_TRACE(text);
-    const Read r = ReadEveryWay(ToolChoice::kAuto, text);
+    const Read r = ReadEveryWay({ToolChoice::kAuto}, text);
     EXPECT_EQ(r.content, text);
     EXPECT_TRUE(r.calls.empty());
     EXPECT_FALSE(r.by_calls);
   }
   // A malformed block between two calls stays in the content, in its place.
-  const Read mixed = ReadEveryWay(ToolChoice::kAuto,
+  const Read mixed = ReadEveryWay({ToolChoice::kAuto},
                                   "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call><tool_call>oops"
                                   "</tool_call><tool_call>{\"name\": \"b\", \"arguments\": {\"x\": 1}}</tool_call>");
   EXPECT_EQ(mixed.content, "<tool_call>oops</tool_call>");
@@ -123,9 +123,20 @@ TEST(ToolCalls, AutoLeavesWhatIsNoCallAsText) {
   EXPECT_EQ(mixed.calls[1].arguments, R"({"x":1})");
 }
 
+TEST(ToolCalls, AutoWithoutParallelCallsReadsTheFirstCallOnly) {
+  const Read r = ReadEveryWay({ToolChoice::kAuto, "", /*parallel=*/false},
+                              "a <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n<tool_call>{\"name\": "
+                              "\"g\", \"arguments\": {}}</tool_call>");
+  EXPECT_EQ(r.content, "a \n<tool_call>{\"name\": \"g\", \"arguments\": {}}</tool_call>");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "f");
+  EXPECT_TRUE(r.by_calls);
+}
+
 TEST(ToolCalls, AutoTakesACallCutShortAfterItsJson) {
   // max_tokens ended the answer after the call's object but before </tool_call> (vLLM's parser takes it too).
-  const Read r = ReadEveryWay(ToolChoice::kAuto, "ok <tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"b\"}}\n");
+  const Read r =
+      ReadEveryWay({ToolChoice::kAuto}, "ok <tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"b\"}}\n");
   EXPECT_EQ(r.content, "ok ");
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0].arguments, R"({"a":"b"})");
@@ -133,24 +144,24 @@ TEST(ToolCalls, AutoTakesACallCutShortAfterItsJson) {
 
 TEST(ToolCalls, NoneAndNamed) {
   const std::string text = "<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>";
-  const Read none = ReadEveryWay(ToolChoice::kNone, text);
+  const Read none = ReadEveryWay({ToolChoice::kNone}, text);
   EXPECT_EQ(none.content, text);
   EXPECT_TRUE(none.calls.empty());
 
   // A named function's answer is its arguments, streamed as they come; the model's finish_reason stays.
-  const Read named = ReadEveryWay(ToolChoice::kNamed, "{\"city\": \"Oslo\"}", "get_weather");
+  const Read named = ReadEveryWay({ToolChoice::kNamed, "get_weather"}, "{\"city\": \"Oslo\"}");
   EXPECT_EQ(named.content, "");
   ASSERT_EQ(named.calls.size(), 1u);
   EXPECT_EQ(named.calls[0].name, "get_weather");
   EXPECT_EQ(named.calls[0].arguments, "{\"city\": \"Oslo\"}");
   EXPECT_FALSE(named.by_calls);
-  const Read empty = ReadEveryWay(ToolChoice::kNamed, "", "now");
+  const Read empty = ReadEveryWay({ToolChoice::kNamed, "now"}, "");
   ASSERT_EQ(empty.calls.size(), 1u) << "the call the request named, even with nothing written";
   EXPECT_EQ(empty.calls[0].arguments, "");
 }
 
 TEST(ToolCalls, RequiredReadsTheListOfCalls) {
-  const Read r = ReadEveryWay(ToolChoice::kRequired,
+  const Read r = ReadEveryWay({ToolChoice::kRequired},
                               R"([{"name": "a", "parameters": {"x": [1, 2]}}, {"name": "b", "parameters": {}}])");
   EXPECT_EQ(r.content, "");
   ASSERT_EQ(r.calls.size(), 2u);
@@ -159,7 +170,7 @@ TEST(ToolCalls, RequiredReadsTheListOfCalls) {
   EXPECT_EQ(r.calls[1].arguments, "{}");
   EXPECT_TRUE(r.by_calls);
   // Cut short (max_tokens): the text, as it came.
-  const Read cut = ReadEveryWay(ToolChoice::kRequired, R"([{"name": "a", "parameters": {"x")");
+  const Read cut = ReadEveryWay({ToolChoice::kRequired}, R"([{"name": "a", "parameters": {"x")");
   EXPECT_EQ(cut.content, R"([{"name": "a", "parameters": {"x")");
   EXPECT_TRUE(cut.calls.empty());
   EXPECT_FALSE(cut.by_calls);
@@ -184,12 +195,12 @@ TEST(ToolCalls, ConstraintsHoldTheAnswerToTheTools) {
       {"get_weather", *parameters, {}},
       {"now", {{"type", "object"}, {"properties", OrderedJson::object()}, {"additionalProperties", false}}, {}}};
 
-  auto named = CompileGrammar(ToolCallConstraint(ToolChoice::kNamed, tools, "get_weather"));
+  auto named = CompileGrammar(ToolCallConstraint({ToolChoice::kNamed, "get_weather"}, tools));
   ASSERT_TRUE(named.ok()) << named.status();
   EXPECT_TRUE(Matches(**named, R"({"city": "Oslo", "days": 2})"));
   EXPECT_FALSE(Matches(**named, R"({"days": 2})"));
 
-  auto required = CompileGrammar(ToolCallConstraint(ToolChoice::kRequired, tools, ""));
+  auto required = CompileGrammar(ToolCallConstraint({ToolChoice::kRequired}, tools));
   ASSERT_TRUE(required.ok()) << required.status();
   EXPECT_TRUE(Matches(**required, R"([{"name": "get_weather", "parameters": {"city": "Oslo"}}])"));
   EXPECT_TRUE(Matches(**required, R"([{"name": "now", "parameters": {}}, {"name": "get_weather", "parameters": )"
@@ -197,6 +208,12 @@ TEST(ToolCalls, ConstraintsHoldTheAnswerToTheTools) {
   EXPECT_FALSE(Matches(**required, "[]")) << "at least one call";
   EXPECT_FALSE(Matches(**required, R"([{"name": "later", "parameters": {}}])")) << "only the tools' names";
   EXPECT_FALSE(Matches(**required, R"([{"name": "now", "parameters": {"city": "x"}}])")) << "each its own parameters";
+
+  // Without parallel calls, one call at most.
+  auto one = CompileGrammar(ToolCallConstraint({ToolChoice::kRequired, "", /*parallel=*/false}, tools));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_TRUE(Matches(**one, R"([{"name": "now", "parameters": {}}])"));
+  EXPECT_FALSE(Matches(**one, R"([{"name": "now", "parameters": {}}, {"name": "now", "parameters": {}}])"));
 }
 
 }  // namespace
