@@ -193,9 +193,11 @@ struct HttpServer::Impl {
   // `instead`, when not empty, tells the client what to send instead.
   absl::StatusOr<const Tokenizer*> NeedTokenizer(std::string_view param, std::string_view instead,
                                                  ApiError* error) const;
-  // The prompt of chat `m` offering `tools`: a 400 naming `tools` when the model cannot show them.
+  // The prompt of chat `m` offering `tools`, with the template's `args`: a 400 naming `tools` when the model cannot
+  // show them.
   absl::StatusOr<std::vector<int32_t>> ChatIds(const std::vector<openai::ChatMessage>& m,
-                                               const std::vector<openai::ToolDefinition>& tools, ApiError* error) const;
+                                               const std::vector<openai::ToolDefinition>& tools,
+                                               const openai::ChatTemplateArgs& args, ApiError* error) const;
 
   // Runs choice `index`, sample `sample` of prompt `p` (its seed is the prompt's plus `sample`); `on_piece` gets
   // each piece of text (stop strings removed; chat: the content, with the pieces of the tool calls read out of the
@@ -287,6 +289,7 @@ absl::Status HttpServer::Impl::CheckModel(const std::optional<std::string>& mode
 
 absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatIds(const std::vector<openai::ChatMessage>& messages,
                                                                const std::vector<openai::ToolDefinition>& tools,
+                                                               const openai::ChatTemplateArgs& args,
                                                                ApiError* error) const {
   ODMOE_ASSIGN_OR_RETURN(const Tokenizer* tokenizer,
                          NeedTokenizer("messages", "use /v1/completions with token ids", error));
@@ -299,7 +302,7 @@ absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatIds(const std::vector
     *error = BadRequest(StrCat("model '", options.model_id, "' cannot be offered tools: ", why), "tools");
     return absl::InvalidArgumentError(error->message);
   }
-  absl::StatusOr<std::vector<openai::PromptPiece>> pieces = openai::RenderChat(chat_template, messages, tools);
+  absl::StatusOr<std::vector<openai::PromptPiece>> pieces = openai::RenderChat(chat_template, messages, tools, args);
   if (!pieces.ok()) {
     *error = BadRequest(std::string(pieces.status().message()), "messages");
     return pieces.status();
@@ -326,7 +329,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
                                                                       ApiError* error) const {
   std::vector<std::vector<int32_t>> prompts;
   if (r.endpoint == Endpoint::kChatCompletions) {
-    ODMOE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatIds(r.messages, r.tools, error));
+    ODMOE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, ChatIds(r.messages, r.tools, r.template_args, error));
     prompts.push_back(std::move(ids));
   } else {
     for (const openai::Prompt& p : r.prompts) {
@@ -581,7 +584,7 @@ void HttpServer::Impl::Tokenize(const httplib::Request& req, httplib::Response& 
   absl::StatusOr<std::vector<int32_t>> ids = [&]() -> absl::StatusOr<std::vector<int32_t>> {
     ODMOE_ASSIGN_OR_RETURN(openai::TokenizeRequest r, openai::ParseTokenizeRequest(req.body, &error));
     ODMOE_RETURN_IF_ERROR(CheckModel(r.model, &error));
-    if (!r.prompt) return ChatIds(r.messages, r.tools, &error);
+    if (!r.prompt) return ChatIds(r.messages, r.tools, r.template_args, &error);
     return IdsOf(openai::Prompt{true, *r.prompt, {}}, &error, r.add_special_tokens);
   }();
   Answer(kTokenizeRoute.label, ids.status(), error,

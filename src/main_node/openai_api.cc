@@ -592,6 +592,21 @@ absl::Status ReadToolChoice(const Json& body, ApiError* error, CompletionRequest
   return absl::OkStatus();
 }
 
+// vLLM's `chat_template_kwargs`: an object, whose `enable_thinking` (a boolean) odmoe's formats read.
+absl::Status ReadTemplateArgs(const Json& body, ApiError* error, ChatTemplateArgs* out) {
+  const Json* v = Field(body, "chat_template_kwargs");
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_object()) return Fail(error, "chat_template_kwargs", TypeError("chat_template_kwargs", "an object", *v));
+  if (const Json* thinking = Field(*v, "enable_thinking")) {
+    if (!thinking->is_boolean()) {
+      return Fail(error, "chat_template_kwargs",
+                  TypeError("chat_template_kwargs.enable_thinking", "a boolean", *thinking));
+    }
+    out->enable_thinking = thinking->get<bool>();
+  }
+  return absl::OkStatus();
+}
+
 // `logit_bias`: {"token id": bias in [-100, 100]}, at most kMaxLogitBias entries (ids checked against the model
 // later, with the rest of the sampling options).
 absl::Status ReadLogitBias(const Json& body, ApiError* error, std::vector<std::pair<int32_t, double>>* out) {
@@ -726,6 +741,7 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(std::string_view body, ApiE
   } else {
     ODMOE_RETURN_IF_ERROR(ReadMessages(j, error, &r.messages));
     ODMOE_RETURN_IF_ERROR(ReadTools(j, body, error, &r.tools));
+    ODMOE_RETURN_IF_ERROR(ReadTemplateArgs(j, error, &r.template_args));
   }
   return r;
 }
@@ -797,6 +813,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   if (endpoint == Endpoint::kChatCompletions) {
     ODMOE_RETURN_IF_ERROR(ReadTools(j, body, error, &r.tools));
     ODMOE_RETURN_IF_ERROR(ReadToolChoice(j, error, &r));
+    ODMOE_RETURN_IF_ERROR(ReadTemplateArgs(j, error, &r.template_args));
   } else {
     for (const char* key : {"tools", "tool_choice"}) {  // chat options: refused where they would change anything
       const Json* v = Field(j, key);
@@ -966,6 +983,7 @@ ChatTemplate ChooseChatTemplate(const Json& tokenizer_config, std::string_view a
     chat.default_system = ChatMlDefaultSystem(text);
     chat.drop_reasoning = text.find("split('</think>')") != std::string::npos;
     chat.tools = text.find("<tools>") != std::string::npos && text.find("<tool_call>") != std::string::npos;
+    chat.thinking_switch = text.find("enable_thinking") != std::string::npos;
   } else if (architecture == "MixtralForCausalLM") {
     chat.format = ChatFormat::kMistralInst;
   }
@@ -1038,7 +1056,8 @@ size_t LastQuery(const std::vector<ChatMessage>& messages) {
 
 absl::StatusOr<std::vector<PromptPiece>> RenderChatMl(const ChatTemplate& chat,
                                                       const std::vector<ChatMessage>& messages,
-                                                      const std::vector<ToolDefinition>& tools) {
+                                                      const std::vector<ToolDefinition>& tools,
+                                                      const ChatTemplateArgs& args) {
   if (messages.empty() || (messages.back().role != "user" && messages.back().role != "tool")) {
     return absl::InvalidArgumentError(
         messages.empty() ? std::string("messages: at least one user message is needed")
@@ -1094,6 +1113,7 @@ absl::StatusOr<std::vector<PromptPiece>> RenderChatMl(const ChatTemplate& chat,
     text += "<|im_end|>\n";
   }
   text += "<|im_start|>assistant\n";
+  if (chat.thinking_switch && !args.enable_thinking) text += "<think>\n\n</think>\n\n";
   return std::vector<PromptPiece>{{PromptPiece::kText, std::move(text)}};
 }
 
@@ -1108,8 +1128,9 @@ std::string ChatToolsMismatch(const ChatTemplate& chat) {
 }
 
 absl::StatusOr<std::vector<PromptPiece>> RenderChat(const ChatTemplate& chat, const std::vector<ChatMessage>& messages,
-                                                    const std::vector<ToolDefinition>& tools) {
-  if (chat.format == ChatFormat::kChatMl) return RenderChatMl(chat, messages, tools);
+                                                    const std::vector<ToolDefinition>& tools,
+                                                    const ChatTemplateArgs& args) {
+  if (chat.format == ChatFormat::kChatMl) return RenderChatMl(chat, messages, tools, args);
   if (!tools.empty()) return absl::InvalidArgumentError(StrCat("tools: ", ChatToolsMismatch(chat)));
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i].role == "tool" || !messages[i].tool_calls.empty()) {

@@ -18,7 +18,7 @@
 // `structured_outputs` with `choice`, `json`, `regex` or `json_object`; src/engine/output_grammar.h. Tool calling
 // (chat): `tools` (functions), `tool_choice` ("none", "auto", "required" or a named function) and
 // `parallel_tool_calls`, assistant messages with `tool_calls` and `tool` messages with the results;
-// src/main_node/tool_calls.h. Unknown fields are ignored;
+// src/main_node/tool_calls.h. vLLM's `chat_template_kwargs` (its `enable_thinking`: Qwen3's switch). Unknown fields are ignored;
 // options odmoe does not implement are refused (400, `param` naming them) only when set to a value that needs them:
 // `best_of` > 1, chat's `echo`, `suffix`, completions' `tools`, the legacy `functions` and a `function_call` that
 // demands a call, `audio`, `modalities` other than text, and vLLM's `use_beam_search`, `guided_grammar`,
@@ -60,6 +60,14 @@ std::string ErrorBody(const ApiError& error);
 ApiError ErrorOfStatus(const absl::Status& status);
 
 enum class Endpoint { kCompletions, kChatCompletions };
+
+// What a chat request passes its template besides the conversation (vLLM's `chat_template_kwargs`), as far as
+// odmoe's formats read it; other keys are left to the template, which ignores them here.
+struct ChatTemplateArgs {
+  // Qwen3's switch (ChatTemplate::thinking_switch): false opens the answer with an empty "<think>\n\n</think>\n\n",
+  // so that the model answers without reasoning first.
+  bool enable_thinking = true;
+};
 
 struct ChatMessage {
   std::string role;  // system, user, assistant or tool (developer is read as system)
@@ -131,6 +139,7 @@ struct CompletionRequest {
   // "required" and a named function set `constraint` (ToolCallConstraint), with constraint_param "tool_choice".
   std::vector<ToolDefinition> tools;
   ToolCalling tool_calling;
+  ChatTemplateArgs template_args;  // chat: `chat_template_kwargs`
 };
 
 // The sampling of a request that leaves these options out: OpenAI's defaults, or what the checkpoint's
@@ -168,6 +177,7 @@ struct TokenizeRequest {
   std::optional<std::string> prompt;
   std::vector<ChatMessage> messages;  // when there is no prompt: at least one
   std::vector<ToolDefinition> tools;  // with messages: as chat's
+  ChatTemplateArgs template_args;     // with messages: as chat's
   bool add_special_tokens = true;
 };
 absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(std::string_view body, ApiError* error);
@@ -217,6 +227,8 @@ struct ChatTemplate {
   // kChatMl: the template lists tools in its system turn and teaches <tool_call> blocks (Qwen2.5's and Qwen3's do;
   // Qwen2's and Qwen1.5's do not): RenderChat shows a request's tools, and tool messages, only then.
   bool tools = false;
+  // kChatMl: the template reads `enable_thinking` (Qwen3's), which ChatTemplateArgs may turn off.
+  bool thinking_switch = false;
 };
 
 // The chat template of a checkpoint: tokenizer_config.json's `chat_template` (`tokenizer_config`: its parsed
@@ -245,9 +257,11 @@ struct PromptPiece {
 // special tokens. With `tools` (or tool messages: chat.tools only), Qwen's template's: the tools in the system turn
 // (after the system message, or the default one), an assistant's calls as <tool_call> blocks, and each run of tool
 // messages as one user turn of <tool_response> blocks. InvalidArgument naming the message index otherwise, or when
-// the format cannot show tools (ChatToolsMismatch). REQUIRES: chat.format != kNone.
+// the format cannot show tools (ChatToolsMismatch). `args` as the template reads them (enable_thinking: where it
+// has the switch). REQUIRES: chat.format != kNone.
 absl::StatusOr<std::vector<PromptPiece>> RenderChat(const ChatTemplate& chat, const std::vector<ChatMessage>& messages,
-                                                    const std::vector<ToolDefinition>& tools = {});
+                                                    const std::vector<ToolDefinition>& tools = {},
+                                                    const ChatTemplateArgs& args = {});
 
 // ---- stop strings ------------------------------------------------------------------------------------------
 

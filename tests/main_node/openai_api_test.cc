@@ -444,6 +444,8 @@ TEST(OpenAiParse, ErrorsNameTheField) {
        Endpoint::kChatCompletions, "tools", "'tools[0].function.parameters' must be a JSON Schema"},
       {R"({"model":"m","prompt":"x","tools":[{"type":"function","function":{"name":"f"}}]})", Endpoint::kCompletions,
        "tools", "'tools' is a chat option"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"enable_thinking":1}})",
+       Endpoint::kChatCompletions, "chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a boolean"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"parallel_tool_calls":"no"})",
        Endpoint::kChatCompletions, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"functions":[{"name":"f"}]})",
@@ -926,10 +928,11 @@ TEST(ChatTemplateOracleTest, QwenTemplatesMatchJinja) {
     // The conversation as a client sends it, read by the API.
     OrderedJson body = {{"messages", c["messages"]}};
     if (c.contains("tools")) body["tools"] = c["tools"];
+    if (c.contains("kwargs")) body["chat_template_kwargs"] = c["kwargs"];
     ApiError error;
     auto request = ParseCompletionRequest(body.dump(), Endpoint::kChatCompletions, &error);
     ASSERT_TRUE(request.ok()) << error.message;
-    auto pieces = RenderChat(chat, request->messages, request->tools);
+    auto pieces = RenderChat(chat, request->messages, request->tools, request->template_args);
     ASSERT_TRUE(pieces.ok()) << pieces.status();
     ASSERT_EQ(pieces->size(), 1u);
     EXPECT_EQ((*pieces)[0].text, c["text"].get<std::string>());
@@ -937,7 +940,7 @@ TEST(ChatTemplateOracleTest, QwenTemplatesMatchJinja) {
     ++cases;
     if (c.contains("tools") || body.dump().find("tool_calls") != std::string::npos) ++tool_cases;
   }
-  EXPECT_GE(cases, 17);
+  EXPECT_GE(cases, 19);
   EXPECT_GE(tool_cases, 5);
 }
 

@@ -10,7 +10,8 @@
 // Chat cases: conversations rendered by @huggingface/jinja with Qwen3's chat template and a Qwen2-style one (a
 // default system message), then encoded: what Hugging Face's apply_chat_template(tokenize=True) gives. Tool cases
 // (Qwen3's template): `tools` and conversations with calls and their results, the calls' arguments handed to the
-// template parsed, as vLLM does; the case keeps them as a client sends them (JSON text).
+// template parsed, as vLLM does; the case keeps them as a client sends them (JSON text). And Qwen3's
+// enable_thinking (vLLM's chat_template_kwargs) on and off.
 // Usage: node oracle.mjs OUT_DIR
 import { copyFileSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
@@ -192,14 +193,17 @@ const toolCases = [
   },
 ];
 const qwen3 = new Template(templates.qwen3);
-for (const { tools, messages } of toolCases) {
+// Qwen3's enable_thinking: false opens the answer with an empty reasoning block.
+toolCases.push({ messages: [{ role: "user", content: "Quick: 2+2?" }], kwargs: { enable_thinking: false } });
+toolCases.push({ tools: [now], messages: [{ role: "user", content: "Time?" }], kwargs: { enable_thinking: true } });
+for (const { tools, messages, kwargs } of toolCases) {
   const parsed = messages.map((m) =>
     m.tool_calls
       ? { ...m, tool_calls: m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: JSON.parse(c.function.arguments) } })) }
       : m,
   );
-  const text = qwen3.render({ messages: parsed, tools, add_generation_prompt: true, bos_token: "", eos_token: "<|im_end|>" });
-  chat.push({ template: "qwen3", messages, tools, text, ids: tokenizer.encode(text, { add_special_tokens: false }) });
+  const text = qwen3.render({ messages: parsed, tools, add_generation_prompt: true, bos_token: "", eos_token: "<|im_end|>", ...kwargs });
+  chat.push({ template: "qwen3", messages, tools, kwargs, text, ids: tokenizer.encode(text, { add_special_tokens: false }) });
 }
 writeFileSync(join(out, "oracle.json"), JSON.stringify({ encode, decode, templates, chat }));
 console.log(`oracle: ${encode.length} encode, ${decode.length} decode and ${chat.length} chat cases in ${out}`);
