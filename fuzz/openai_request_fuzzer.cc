@@ -1,12 +1,12 @@
-// Fuzzes the OpenAI-compatible HTTP API's request handling (src/main_node/openai_api.h), everything the server
-// does with a body before a model is involved: the first byte picks the endpoint (even: /v1/completions, odd:
+// Fuzzes the OpenAI-compatible HTTP API's request handling (src/main_node/openai_api.h), everything the server does
+// with a body before a model is involved: the first byte picks the endpoint (even: /v1/completions, odd:
 // /v1/chat/completions), the rest is the body. Checked: a refused body is a 400 whose error object is valid JSON
-// naming it; an accepted one respects the documented ranges; chat messages render (or are refused) without
-// crashing, with the request's tools where the template knows them; stop strings, and the tool calls read out of
-// the text by the request's tool_choice, are the same whatever the split of the text into pieces; the responses
-// and stream chunks built from the request's text (and its calls) are valid JSON. The same body as a /tokenize
-// and a /detokenize request: refused as a 400, or accepted with a prompt or messages (not both), ids >= 0 and a
-// valid answer.
+// naming it; an accepted one respects the documented ranges; chat messages render (or are refused) without crashing,
+// with the request's tools where the template knows them; stop strings, and the tool calls read out of the text by
+// the request's tool_choice and its reasoning by each parser, are the same whatever the split of the text into
+// pieces; the responses and stream chunks built from the request's text (and its calls) are valid JSON. The same
+// body as a /tokenize and a /detokenize request: refused as a 400, or accepted with a prompt or messages (not both),
+// ids >= 0 and a valid answer.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "src/main_node/openai_api.h"
+#include "src/main_node/reasoning.h"
 
 namespace {
 
@@ -87,6 +88,22 @@ std::vector<odmoe::openai::ToolCall> CheckToolCallSplit(const odmoe::openai::Too
   return whole.calls();
 }
 
+// The reasoning told from `text` split at `cut` is the reasoning told from it whole, for each parser, and the
+// two parts hold the text's bytes but the tags.
+void CheckReasoningSplit(const std::string& text, size_t cut) {
+  using odmoe::openai::ReasoningReader;
+  for (const odmoe::ReasoningParser parser : {odmoe::ReasoningParser::kQwen3, odmoe::ReasoningParser::kDeepSeekR1}) {
+    ReasoningReader whole(parser), split(parser);
+    const ReasoningReader::Out a = whole.Push(text), a_end = whole.Finish();
+    cut = std::min(cut, text.size());
+    const ReasoningReader::Out b = split.Push(text.substr(0, cut)), c = split.Push(text.substr(cut)),
+                               b_end = split.Finish();
+    Check(a.reasoning + a_end.reasoning == b.reasoning + c.reasoning + b_end.reasoning);
+    Check(a.content + a_end.content == b.content + c.content + b_end.content);
+    Check((a.reasoning + a_end.reasoning + a.content + a_end.content).size() <= text.size());
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -133,6 +150,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckStopSplit(r->stop, r->include_stop_str_in_output, text, text.size() / 2);
   CheckStopSplit(r->stop, r->include_stop_str_in_output, text, size % (text.size() + 1));
   std::vector<Choice> choices = {{0, text, {1, 2}, {"stop"}}};
+  CheckReasoningSplit(text, size % (text.size() + 1));
   choices[0].tool_calls = CheckToolCallSplit(r->tool_calling, text, size % (text.size() + 1));
   Check(r->logprobs >= -1 && r->logprobs <= odmoe::kMaxTopLogprobs);
   if (r->logprobs >= 0) {  // the text's bytes as tokens (any bytes: cut characters, invalid UTF-8)

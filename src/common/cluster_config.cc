@@ -275,6 +275,12 @@ absl::StatusOr<ShadowQuant> ParseShadowQuant(std::string_view text) {
   return absl::InvalidArgumentError(StrCat("shadow quantization '", text, "' (expected fp16, int8, nf4 or none)"));
 }
 
+absl::StatusOr<ReasoningParser> ParseReasoningParser(std::string_view name) {
+  if (name == "qwen3") return ReasoningParser::kQwen3;
+  if (name == "deepseek_r1") return ReasoningParser::kDeepSeekR1;
+  return absl::InvalidArgumentError(StrCat("'", name, "' is not a reasoning parser (expected qwen3 or deepseek_r1)"));
+}
+
 absl::StatusOr<double> ParseHedgeMargin(std::string_view text) {
   const std::string s(text);
   char* end = nullptr;
@@ -553,7 +559,8 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
   if (const toml::node* mn = root.get("model")) {
     if (!mn->is_table()) return FieldError(where, "", "model", "expected a table");
     Fields f(*mn->as_table(), where, "[model]");
-    ODMOE_RETURN_IF_ERROR(f.OnlyKnown({"path", "synthetic", "layers", "seed", "served_model_name", "max_model_len"}));
+    ODMOE_RETURN_IF_ERROR(
+        f.OnlyKnown({"path", "synthetic", "layers", "seed", "served_model_name", "max_model_len", "reasoning_parser"}));
     auto resolve = [&](const std::string& relative) {
       std::filesystem::path p(relative);
       if (p.is_relative()) p = std::filesystem::path(base_dir) / p;
@@ -587,6 +594,12 @@ absl::StatusOr<ClusterConfig> ParseClusterConfig(std::string_view text, const st
             StrCat("must be >= 1 (leave it out for the model's max_position_embeddings), got ", *max_model_len));
       }
       c.model.max_model_len = *max_model_len;
+    }
+    ODMOE_ASSIGN_OR_RETURN(auto reasoning, f.String("reasoning_parser"));
+    if (reasoning) {
+      absl::StatusOr<ReasoningParser> parser = ParseReasoningParser(*reasoning);
+      if (!parser.ok()) return FieldError(where, "[model]", "reasoning_parser", std::string(parser.status().message()));
+      c.model.reasoning_parser = *parser;
     }
     ODMOE_ASSIGN_OR_RETURN(auto served, f.Strings("served_model_name"));
     if (served) {

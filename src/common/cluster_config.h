@@ -13,6 +13,7 @@
 //   path = "../models/demo-mixtral-kjv"   # relative to this file
 //   # or synthetic weights instead of path: synthetic = "config.json"  layers = 2  seed = 1
 //   served_model_name = ["mixtral", "demo"]  # optional: the names the HTTP API answers to (default: the folder's)
+//   reasoning_parser = "qwen3"  # optional: chat answers' reasoning as reasoning_content (qwen3 | deepseek_r1)
 //   [shadow]
 //   mode = "shadow"           # shadow | random | none (default: shadow when a shadow node exists, else none)
 //   quant = "int8"            # fp16 | int8 | nf4 | none: the shadow's replica
@@ -84,6 +85,13 @@ struct NodeConfig {
   std::vector<std::string> http_allowed_origins;
 };
 
+// How chat answers' reasoning (a <think> ... </think> block) is told from their content (vLLM's --reasoning-parser):
+// kNone, it is content; kQwen3, a block the answer opens with; kDeepSeekR1, everything up to </think> (the
+// template opened the block). src/main_node/reasoning.h reads them.
+enum class ReasoningParser { kNone, kQwen3, kDeepSeekR1 };
+// "qwen3" and "deepseek_r1"; InvalidArgument listing them for another name.
+absl::StatusOr<ReasoningParser> ParseReasoningParser(std::string_view name);
+
 // [model]: a checkpoint (`path`), or synthetic weights (`synthetic`, `layers`, `seed`; src/model/synthetic.h),
 // which every node generates for itself; the two are mutually exclusive.
 struct ModelSource {
@@ -98,6 +106,7 @@ struct ModelSource {
   // max_position_embeddings; 0: that. A request's KV cache is sized for its sequence, and a chat request without
   // max_tokens asks for the rest of the context, so a lower cap bounds each request's device memory.
   int64_t max_model_len = 0;
+  ReasoningParser reasoning_parser = ReasoningParser::kNone;  // reasoning_parser
   bool is_synthetic() const { return !synthetic.empty(); }
 };
 

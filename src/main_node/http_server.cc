@@ -22,6 +22,7 @@
 #include "src/main_node/choices.h"
 #include "src/main_node/client_connection.h"
 #include "src/main_node/drain.h"
+#include "src/main_node/reasoning.h"
 #include "src/rpc/http_serving.h"
 #include "src/rpc/logprobs_proto.h"
 #include "src/rpc/metrics_server.h"
@@ -161,6 +162,8 @@ struct PreparedPrompt {
   int64_t prompt_tokens = 0;
   bool echo = false;  // the answer starts with the prompt (its text, and its logprobs when asked)
   openai::ToolCalling tool_calling;  // chat: how the answer's tool calls are read (CompletionRequest's)
+  // Chat: how the answer's reasoning is told from its content (HttpServerOptions'); completions: kNone.
+  ReasoningParser reasoning_parser = ReasoningParser::kNone;
 };
 
 struct HttpServer::Impl {
@@ -200,14 +203,14 @@ struct HttpServer::Impl {
                                                const openai::ChatTemplateArgs& args, ApiError* error) const;
 
   // Runs choice `index`, sample `sample` of prompt `p` (its seed is the prompt's plus `sample`); `on_piece` gets
-  // each piece of text (stop strings removed; chat: the content, with the pieces of the tool calls read out of the
-  // rest, openai::ToolCallReader) with the ids it came with and their logprobs (when the request asked), and
-  // returns false when the client has gone (the choice then stops: Cancelled, unless `halt` gives another reason);
-  // `halt` is the choice's StopCheck. The choice's text and calls are the concatenation of the pieces, so streamed
-  // and whole answers are the same.
-  using OnPiece =
-      std::function<bool(const std::string& text, const std::vector<openai::ToolCallDelta>& calls,
-                         const std::vector<int32_t>& ids, const std::vector<openai::TokenLogprobs>& logprobs)>;
+  // each piece of the answer (stop strings removed; chat: its reasoning told from its content,
+  // openai::ReasoningReader, and the pieces of the tool calls read out of the content, openai::ToolCallReader) with
+  // the ids it came with and their logprobs (when the request asked), and returns false when the client has gone
+  // (the choice then stops: Cancelled, unless `halt` gives another reason); `halt` is the choice's StopCheck. The
+  // choice's text, reasoning and calls are the concatenation of the pieces, so streamed and whole answers are the
+  // same.
+  using OnPiece = std::function<bool(const openai::ChunkDelta& piece, const std::vector<int32_t>& ids,
+                                     const std::vector<openai::TokenLogprobs>& logprobs)>;
   // `admitted` (nullable): the choice's place in main's queue (its thread's in ParallelChoices), taken before the
   // answer was committed.
   absl::StatusOr<openai::Choice> Run(const PreparedPrompt& p, int64_t sample, const std::vector<std::string>& stop,
@@ -387,6 +390,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> HttpServer::Impl::Prepare(const open
     rpc::OptionsToProto(checked, &p.request);
     p.echo = r.echo;
     p.tool_calling = r.tool_calling;
+    if (r.endpoint == Endpoint::kChatCompletions) p.reasoning_parser = options.reasoning_parser;
     out.push_back(std::move(p));
   }
   return out;
@@ -403,7 +407,9 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
   choice.has_logprobs = p.request.logprobs();
   openai::StopMatcher matcher(stop, p.request.include_stop_str_in_output());
   bool stop_matched = false;
+  openai::ReasoningReader reasoning(p.reasoning_parser);
   openai::ToolCallReader tools(p.tool_calling);
+  choice.shows_reasoning = p.reasoning_parser != ReasoningParser::kNone;
   const Tokenizer* tokenizer = node->tokenizer();
   // A message's logprobs (or prompt_logprobs) as the API shows them, each token with its text.
   auto shown = [tokenizer](const auto& list) {
@@ -435,7 +441,7 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
       }
       choice.text += text;
       choice.logprobs.insert(choice.logprobs.end(), logprobs.begin(), logprobs.end());
-      if (!on_piece(text, {}, {}, logprobs)) client_gone = true;
+      if (!on_piece(text, {}, logprobs)) client_gone = true;
     }
     const std::vector<int32_t> ids(r.tokens().begin(), r.tokens().end());
     const std::vector<openai::TokenLogprobs> logprobs = shown(r.logprobs());
@@ -447,16 +453,28 @@ absl::StatusOr<openai::Choice> HttpServer::Impl::Run(const PreparedPrompt& p, in
       text += matcher.Finish();
       choice.end = openai::ChoiceEndOf(r.stop_reason(), choice.token_ids);
     }
-    openai::ToolCallReader::Out piece = tools.Push(text);
-    if (r.done() || matcher.stopped()) {  // the last piece
-      openai::ToolCallReader::Out rest = tools.Finish();
-      piece.content += rest.content;
-      piece.calls.insert(piece.calls.end(), rest.calls.begin(), rest.calls.end());
+    // The reasoning first, then the calls in what follows it.
+    const bool last = r.done() || matcher.stopped();
+    openai::ReasoningReader::Out split = reasoning.Push(text);
+    if (last) {
+      openai::ReasoningReader::Out rest = reasoning.Finish();
+      split.reasoning += rest.reasoning;
+      split.content += rest.content;
     }
-    choice.text += piece.content;
+    openai::ToolCallReader::Out content = tools.Push(split.content);
+    if (last) {
+      openai::ToolCallReader::Out rest = tools.Finish();
+      content.content += rest.content;
+      content.calls.insert(content.calls.end(), rest.calls.begin(), rest.calls.end());
+    }
+    choice.reasoning += split.reasoning;
+    choice.text += content.content;
     choice.logprobs.insert(choice.logprobs.end(), logprobs.begin(), logprobs.end());
+    openai::ChunkDelta piece(content.content);
+    piece.reasoning = split.reasoning;
+    piece.tool_calls = std::move(content.calls);
     // A client gone is seen by `stopped` below (the request ends as cancelled); emit's false is a stop.
-    if (!on_piece(piece.content, piece.calls, ids, logprobs)) client_gone = true;
+    if (!on_piece(piece, ids, logprobs)) client_gone = true;
     if (matcher.stopped()) stop_matched = true;
     return !stop_matched;
   };
@@ -531,8 +549,9 @@ void HttpServer::Impl::Completions(const httplib::Request& req, httplib::Respons
       logging::ScopedRequestId choice_scope(request_id);
       absl::StatusOr<openai::Choice> choice =
           Run((*prompts)[c / n], c % n, parsed->stop, c, request_id,
-              [](const std::string&, const std::vector<openai::ToolCallDelta>&, const std::vector<int32_t>&,
-                 const std::vector<openai::TokenLogprobs>&) { return true; },
+              [](const openai::ChunkDelta&, const std::vector<int32_t>&, const std::vector<openai::TokenLogprobs>&) {
+                return true;
+              },
               [&] { return StopReason(client_gone.load(), runner.failed()); }, ticket);
       if (!choice.ok()) return choice.status();
       choices[c] = std::move(choice).value();
@@ -653,28 +672,27 @@ bool HttpServer::Impl::Stream(StreamJob& job, httplib::DataSink& sink) const {
     logging::ScopedRequestId choice_scope(job.request_id);
     int64_t text_offset = 0;  // completions' logprobs.text_offset
     openai::Usage so_far{.prompt_tokens = job.prompts[c / n].prompt_tokens};  // continuous usage
-    auto chunk = [&](std::string_view text, const std::vector<int32_t>& ids, const openai::ChoiceEnd& end, bool first,
-                     const std::vector<openai::TokenLogprobs>& logprobs = {},
-                     const std::vector<openai::ToolCallDelta>& calls = {}) {
+    auto chunk = [&](const openai::ChunkDelta& piece, const std::vector<int32_t>& ids, const openai::ChoiceEnd& end,
+                     bool first, const std::vector<openai::TokenLogprobs>& logprobs = {}) {
       // A piece of generated tokens (their ids), or the echoed prompt's (none).
       Json lp = logprobs_wanted && (!ids.empty() || !logprobs.empty())
                     ? openai::LogprobsJson(endpoint, logprobs, &text_offset)
                     : Json(nullptr);
       so_far.completion_tokens += static_cast<int64_t>(ids.size());
-      return events.Push(openai::SseEvent(
-          openai::StreamChunk(endpoint, job.id, job.created, options.model_id, c, text, ids, end, first, usage_wanted,
-                              std::move(lp), job.request.continuous_usage ? &so_far : nullptr, calls)));
+      return events.Push(openai::SseEvent(openai::StreamChunk(endpoint, job.id, job.created, options.model_id, c, piece,
+                                                              ids, end, first, usage_wanted, std::move(lp),
+                                                              job.request.continuous_usage ? &so_far : nullptr)));
     };
     // Chat opens each choice with the assistant's role; every piece goes out as it comes; a last chunk with no
     // text carries the finish reason.
     if (endpoint == Endpoint::kChatCompletions && !chunk("", {}, {}, true)) return stopped();
     absl::StatusOr<openai::Choice> choice = Run(
         job.prompts[c / n], c % n, job.request.stop, c, job.request_id,
-        [&](const std::string& text, const std::vector<openai::ToolCallDelta>& calls, const std::vector<int32_t>& ids,
+        [&](const openai::ChunkDelta& piece, const std::vector<int32_t>& ids,
             const std::vector<openai::TokenLogprobs>& logprobs) {
-          // main's last message, with nothing
-          if (text.empty() && calls.empty() && ids.empty() && logprobs.empty()) return true;
-          return chunk(text, ids, {}, false, logprobs, calls);
+          const bool nothing = piece.text.empty() && piece.reasoning.empty() && piece.tool_calls.empty();
+          if (nothing && ids.empty() && logprobs.empty()) return true;  // main's last message, with nothing
+          return chunk(piece, ids, {}, false, logprobs);
         },
         stopped, ticket);
     if (!choice.ok()) return choice.status();
@@ -730,6 +748,7 @@ HttpServerOptions HttpServer::OptionsFor(const rpc::DaemonArgs& args, const metr
   for (const auto& [k, v] : labels) {
     if (k == "model") o.model_id = v;
   }
+  o.reasoning_parser = args.cluster.model.reasoning_parser;
   const std::vector<std::string>& served = args.cluster.model.served_names;
   if (served.size() > 1) o.model_aliases.assign(served.begin() + 1, served.end());
   // A connection per request main runs or queues (each holds its thread for its whole answer), some for the rest

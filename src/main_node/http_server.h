@@ -47,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "src/common/cluster_config.h"
 #include "src/common/metrics.h"
 #include "src/main_node/main_node.h"
 #include "src/main_node/openai_api.h"
@@ -75,6 +76,8 @@ struct HttpServerOptions {
   // The origins whose browser pages may call the API (CORS: NodeConfig::http_allowed_origins), or just "*" for
   // any; empty: none (a browser's preflight is answered 403).
   std::vector<std::string> allowed_origins;
+  // How chat answers' reasoning is told from their content ([model] reasoning_parser; src/main_node/reasoning.h).
+  ReasoningParser reasoning_parser = ReasoningParser::kNone;
   // PEM certificate and key: serve HTTPS; both empty: plain HTTP.
   std::string tls_cert, tls_key;
 };

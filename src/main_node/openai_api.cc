@@ -1337,6 +1337,7 @@ std::string CompletionBody(Endpoint endpoint, const std::string& id, int64_t cre
     } else {
       Json message = {{"role", "assistant"},
                       {"content", c.text.empty() && !c.tool_calls.empty() ? Json(nullptr) : Json(c.text)}};
+      if (c.shows_reasoning) message["reasoning_content"] = c.reasoning.empty() ? Json(nullptr) : Json(c.reasoning);
       for (const ToolCall& call : c.tool_calls) {
         message["tool_calls"].push_back({{"id", call.id},
                                          {"type", "function"},
@@ -1354,9 +1355,8 @@ std::string CompletionBody(Endpoint endpoint, const std::string& id, int64_t cre
 std::string SseEvent(const Json& data) { return StrCat("data: ", DumpJson(data), "\n\n"); }
 
 Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, int64_t index,
-                 std::string_view text, const std::vector<int32_t>& token_ids, const ChoiceEnd& end, bool first,
-                 bool include_usage, Json logprobs, const Usage* usage_so_far,
-                 const std::vector<ToolCallDelta>& tool_calls) {
+                 const ChunkDelta& piece, const std::vector<int32_t>& token_ids, const ChoiceEnd& end, bool first,
+                 bool include_usage, Json logprobs, const Usage* usage_so_far) {
   const std::string& finish_reason = end.finish_reason;
   Json out = Header(endpoint, true, id, created, model);
   Json choice = {{"index", index},
@@ -1365,19 +1365,23 @@ Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, cons
                  {"logprobs", std::move(logprobs)},
                  {"token_ids", token_ids}};
   if (endpoint == Endpoint::kCompletions) {
-    choice["text"] = std::string(text);
+    choice["text"] = std::string(piece.text);
   } else {
     Json delta = Json::object();
     if (first) delta["role"] = "assistant";
-    if (!text.empty() || (finish_reason.empty() && tool_calls.empty())) delta["content"] = std::string(text);
-    for (const ToolCallDelta& call : tool_calls) {
-      Json piece = {{"index", call.index}, {"function", {{"arguments", call.arguments}}}};
+    // An empty content only in a chunk that carries nothing else (the first, or one of no text).
+    if (!piece.text.empty() || (finish_reason.empty() && piece.tool_calls.empty() && piece.reasoning.empty())) {
+      delta["content"] = std::string(piece.text);
+    }
+    if (!piece.reasoning.empty()) delta["reasoning_content"] = std::string(piece.reasoning);
+    for (const ToolCallDelta& call : piece.tool_calls) {
+      Json part = {{"index", call.index}, {"function", {{"arguments", call.arguments}}}};
       if (!call.id.empty()) {
-        piece["id"] = call.id;
-        piece["type"] = "function";
-        piece["function"]["name"] = call.name;
+        part["id"] = call.id;
+        part["type"] = "function";
+        part["function"]["name"] = call.name;
       }
-      delta["tool_calls"].push_back(std::move(piece));
+      delta["tool_calls"].push_back(std::move(part));
     }
     choice["delta"] = std::move(delta);
   }

@@ -343,6 +343,9 @@ struct Choice {
   bool has_logprobs = false;  // the request asked: `logprobs` (one per token id) is shown, else null
   std::vector<TokenLogprobs> logprobs;
   std::vector<ToolCall> tool_calls;  // chat: the calls the answer made (ToolCallReader)
+  // Chat with a reasoning parser ([model] reasoning_parser): the message's reasoning_content (null when empty).
+  bool shows_reasoning = false;
+  std::string reasoning;
 };
 struct Usage {
   int64_t prompt_tokens = 0;
@@ -356,15 +359,25 @@ std::string CompletionBody(Endpoint endpoint, const std::string& id, int64_t cre
 // One server-sent event: "data: <json>\n\n". The stream ends with kSseDone.
 inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 std::string SseEvent(const Json& data);
-// A chunk of a streamed response for choice `index`: `text` (chat: delta.content; with `first` also
-// delta.role = assistant), `end` (finish_reason "" -> null, and stop_reason; {} while the choice goes on),
-// `logprobs` (LogprobsJson of the chunk's tokens, or null). With include_usage, every chunk has a "usage":
-// `usage_so_far` (CompletionRequest::continuous_usage), or null when that is nullptr. Chat: `tool_calls` go in
-// delta.tool_calls (a call's id, type and name with its first piece).
+// What a streamed chunk adds to its choice: text (completions' text, chat's delta.content) and, in chat, the pieces
+// of its reasoning (delta.reasoning_content) and of its tool calls (delta.tool_calls: a call's id, type and name
+// with its first piece).
+struct ChunkDelta {
+  // A piece of text alone (NOLINT: implicit, as the text it is).
+  ChunkDelta(std::string_view text = {}) : text(text) {}  // NOLINT(google-explicit-constructor)
+  ChunkDelta(const std::string& text) : text(text) {}     // NOLINT(google-explicit-constructor)
+  ChunkDelta(const char* text) : text(text) {}            // NOLINT(google-explicit-constructor)
+  std::string_view text;
+  std::string_view reasoning;
+  std::vector<ToolCallDelta> tool_calls;
+};
+// A chunk of a streamed response for choice `index`: `delta` (chat: with `first` also delta.role = assistant),
+// `end` (finish_reason "" -> null, and stop_reason; {} while the choice goes on), `logprobs` (LogprobsJson of the
+// chunk's tokens, or null). With include_usage, every chunk has a "usage": `usage_so_far`
+// (CompletionRequest::continuous_usage), or null when that is nullptr.
 Json StreamChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model, int64_t index,
-                 std::string_view text, const std::vector<int32_t>& token_ids, const ChoiceEnd& end, bool first,
-                 bool include_usage, Json logprobs = nullptr, const Usage* usage_so_far = nullptr,
-                 const std::vector<ToolCallDelta>& tool_calls = {});
+                 const ChunkDelta& delta, const std::vector<int32_t>& token_ids, const ChoiceEnd& end, bool first,
+                 bool include_usage, Json logprobs = nullptr, const Usage* usage_so_far = nullptr);
 // The last chunk when include_usage: no choices, the usage of every prompt.
 Json UsageChunk(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
                 const Usage& usage);

@@ -173,6 +173,8 @@ TEST(ClusterConfigTest, BadFilesNameTheFieldAtFault) {
        "[model]: field 'max_model_len': must be >= 1 (leave it out for the model's max_position_embeddings), got 0"},
       {"path = \"../models/demo\"", "path = \"../models/demo\"\nmax_model_len = \"4k\"",
        "field 'max_model_len': expected an integer"},
+      {"path = \"../models/demo\"", "path = \"../models/demo\"\nreasoning_parser = \"r1\"",
+       "[model]: field 'reasoning_parser': 'r1' is not a reasoning parser (expected qwen3 or deepseek_r1)"},
       {"name = \"lab\"", "name = \"lab", "invalid TOML"},
       {"metrics_address = \"10.0.0.4:7190\"", "metrics_address = \"10.0.0.4\"",
        "node 'w1': field 'metrics_address': expected host:port with a port in 1..65535, got '10.0.0.4'"},
@@ -243,6 +245,16 @@ TEST(ClusterConfigTest, ServedModelNames) {
   auto capped = ParseClusterConfig(text, "lab.toml", "/etc/odmoe");
   ASSERT_TRUE(capped.ok()) << capped.status();
   EXPECT_EQ(capped->model.max_model_len, 4096);
+  EXPECT_EQ(plain->model.reasoning_parser, ReasoningParser::kNone);
+  for (const auto& [name, parser] : std::vector<std::pair<std::string, ReasoningParser>>{
+           {"qwen3", ReasoningParser::kQwen3}, {"deepseek_r1", ReasoningParser::kDeepSeekR1}}) {
+    text = kGood;
+    text.replace(text.find("path = \"../models/demo\""), 23,
+                 "path = \"../models/demo\"\nreasoning_parser = \"" + name + "\"");
+    auto parsed = ParseClusterConfig(text, "lab.toml", "/etc/odmoe");
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->model.reasoning_parser, parser) << name;
+  }
 }
 
 TEST(ClusterConfigTest, ShadowSectionAndOverrides) {

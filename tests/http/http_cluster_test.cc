@@ -1134,7 +1134,8 @@ TEST(HttpClusterTest, CallsToolsThroughQwensTemplate) {
                           /*long_prompts=*/true);
   auto hf = Tokenizer::Load(model.path());
   ASSERT_TRUE(hf.ok()) << hf.status();
-  LoopbackCluster cluster(model.path());
+  // Qwen3's reasoning parser: an answer that opens a <think> block has it as reasoning_content.
+  LoopbackCluster cluster(model.path(), "reasoning_parser = \"qwen3\"");
   ASSERT_EQ(cluster.up().exit_code, 0) << cluster.up().err;
   const std::string base = cluster.base();
   const Json tools = ParseOrDie(R"([
@@ -1165,7 +1166,41 @@ TEST(HttpClusterTest, CallsToolsThroughQwensTemplate) {
   EXPECT_EQ(automatic_json["usage"]["prompt_tokens"], prompt_ids.size());
   for (const Json& c : automatic_json["choices"]) {
     EXPECT_TRUE(c["message"]["content"].is_string()) << c.dump();
+    EXPECT_TRUE(c["message"]["reasoning_content"].is_null()) << "opens no <think> block: " << c.dump();
     EXPECT_FALSE(c["message"].contains("tool_calls")) << c.dump();
+  }
+
+  // An answer with its reasoning first (held to that shape by a regex here, as the model is random): the block is
+  // reasoning_content, the rest content, whole and streamed alike.
+  Json thinking = {{"messages", messages},
+                   {"max_tokens", 60},
+                   {"temperature", 1},
+                   {"seed", 3},
+                   {"n", 3},
+                   {"guided_regex", "<think>[a-z ]{1,12}</think>\n\n[A-Z][a-z]{1,6}\\."}};
+  const HttpResult thought = Post(base + "/v1/chat/completions", thinking);
+  ASSERT_EQ(thought.status, 200) << thought.body;
+  const Json thought_json = ParseOrDie(thought.body);  // kept: the loop runs over a part of it
+  thinking["stream"] = true;
+  const HttpResult thought_stream = Post(base + "/v1/chat/completions", thinking);
+  ASSERT_EQ(thought_stream.status, 200) << thought_stream.body;
+  std::map<int64_t, std::string> streamed_reasoning;
+  const StreamedCalls streamed_thought = CollectCalls(thought_stream.body);
+  for (const std::string& event : SseEvents(thought_stream.body)) {
+    if (event == "[DONE]") continue;
+    const Json chunk = ParseOrDie(event);  // kept: the loop runs over a part of it
+    for (const Json& c : chunk["choices"]) {
+      streamed_reasoning[c["index"]] += c["delta"].value("reasoning_content", "");
+    }
+  }
+  for (const Json& c : thought_json["choices"]) {
+    ASSERT_EQ(c["finish_reason"], "stop") << c.dump();
+    const std::string reasoning = c["message"]["reasoning_content"];
+    const std::string content = c["message"]["content"];
+    EXPECT_TRUE(std::regex_match(reasoning, std::regex("[a-z ]{1,12}"))) << c.dump();
+    EXPECT_TRUE(std::regex_match(content, std::regex("\n\n[A-Z][a-z]{1,6}\\."))) << c.dump();
+    EXPECT_EQ(streamed_reasoning[c["index"]], reasoning);
+    EXPECT_EQ(streamed_thought.content.at(c["index"]), content);
   }
 
   // A named function: each answer is its arguments, held to its parameters; content null, the model's reason kept.
