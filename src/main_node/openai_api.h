@@ -4,26 +4,26 @@
 // (src/main_node/http_server.h wires these to cpp-httplib and MainNode), so all of it is unit-tested and fuzzed
 // (fuzz/openai_request_fuzzer.cc).
 //
-// What is accepted (POST /v1/completions and /v1/chat/completions): `model` (optional, as in vLLM: left out or
-// null, the served model); `prompt` as a string, a list of strings, a list of token ids or a list of such lists,
-// or `messages` for chat; `n` (choices per prompt);
-// `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `presence_penalty`, `frequency_penalty`,
-// `logit_bias`, `stop` (a string or a list of up to 16), `stream`, `stream_options.include_usage`, `logprobs`
-// (completions: the alternatives per token; chat: true, with `top_logprobs`), `echo` (completions), and vLLM's
-// extensions `ignore_eos`, `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
-// `include_stop_str_in_output` and `stream_options.continuous_usage_stats`; a choice carries vLLM's `stop_reason` and
-// `token_ids` beside OpenAI's fields. Structured output: `response_format` {"type": "json_object"} (the answer is
-// one JSON object) or {"type": "json_schema"} (one value of the schema), vLLM's `guided_choice` (exactly one of a
-// list of strings), `guided_json` (a schema), `guided_regex` (a text the expression matches whole) and vLLM's
-// `structured_outputs` with `choice`, `json`, `regex` or `json_object`; src/engine/output_grammar.h. Tool calling
-// (chat): `tools` (functions), `tool_choice` ("none", "auto", "required" or a named function) and
-// `parallel_tool_calls`, assistant messages with `tool_calls` and `tool` messages with the results;
-// src/main_node/tool_calls.h. vLLM's `chat_template_kwargs` (its `enable_thinking`: Qwen3's switch). Unknown fields are ignored;
-// options odmoe does not implement are refused (400, `param` naming them) only when set to a value that needs them:
-// `best_of` > 1, chat's `echo`, `suffix`, completions' `tools`, the legacy `functions` and a `function_call` that
-// demands a call, `audio`, `modalities` other than text, and vLLM's `use_beam_search`, `guided_grammar`,
-// `structured_outputs`' grammar / structural_tag and `prompt_logprobs`, so that no answer is sampled otherwise than
-// asked.
+// What is accepted (POST /v1/completions and /v1/chat/completions): `model` (optional, as in vLLM: left out or null,
+// the served model); `prompt` as a string, a list of strings, a list of token ids or a list of such lists, or
+// `messages` for chat; `n` (choices per prompt); `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`,
+// `seed`, `presence_penalty`, `frequency_penalty`, `logit_bias`, `stop` (a string or a list of up to 16), `stream`,
+// `stream_options.include_usage`, `logprobs` (completions: the alternatives per token; chat: true, with
+// `top_logprobs`), `echo` (completions), and vLLM's extensions `ignore_eos`, `top_k`, `min_p`, `repetition_penalty`,
+// `min_tokens`, `stop_token_ids`, `include_stop_str_in_output` and `stream_options.continuous_usage_stats`; a choice
+// carries vLLM's `stop_reason` and `token_ids` beside OpenAI's fields. Structured output: `response_format` {"type":
+// "json_object"} (the answer is one JSON object) or {"type": "json_schema"} (one value of the schema), vLLM's
+// `guided_choice` (exactly one of a list of strings), `guided_json` (a schema), `guided_regex` (a text the
+// expression matches whole) and vLLM's `structured_outputs` with `choice`, `json`, `regex` or `json_object`;
+// src/engine/output_grammar.h. Tool calling (chat): `tools` (functions), `tool_choice` ("none", "auto", "required"
+// or a named function) and `parallel_tool_calls`, assistant messages with `tool_calls` and `tool` messages with the
+// results; src/main_node/tool_calls.h. vLLM's `chat_template_kwargs` (its `enable_thinking`: Qwen3's switch); with a
+// reasoning parser, a chat answer's reasoning apart (`reasoning_content`, src/main_node/reasoning.h). Unknown fields
+// are ignored; options odmoe does not implement are refused (400, `param` naming them) only when set to a value that
+// needs them: `best_of` > 1, chat's `echo`, `suffix`, completions' `tools`, the legacy `functions` and a
+// `function_call` that demands a call, `audio`, `modalities` other than text, and vLLM's `use_beam_search`,
+// `guided_grammar`, `structured_outputs`' grammar / structural_tag and `prompt_logprobs`, so that no answer is
+// sampled otherwise than asked.
 #pragma once
 
 #include <cstdint>
