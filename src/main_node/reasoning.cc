@@ -1,20 +1,12 @@
 #include "src/main_node/reasoning.h"
 
-#include <algorithm>
+#include "src/common/markers.h"
 
 namespace odmoe::openai {
 namespace {
 
 constexpr std::string_view kOpen = "<think>";
 constexpr std::string_view kClose = "</think>";
-
-// The end of `text` that may be the start of `tag` (a proper prefix of it), in bytes.
-size_t PartialTagAtEnd(std::string_view text, std::string_view tag) {
-  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
-    if (text.substr(text.size() - n) == tag.substr(0, n)) return n;
-  }
-  return 0;
-}
 
 }  // namespace
 
@@ -55,7 +47,7 @@ ReasoningReader::Out ReasoningReader::Push(std::string_view text) {
     state_ = State::kContent;
     return out;
   }
-  const size_t release = pending_.size() - PartialTagAtEnd(pending_, kClose);
+  const size_t release = pending_.size() - MarkerPrefixAtEnd(pending_, kClose);
   out.reasoning = pending_.substr(0, release);
   pending_.erase(0, release);
   return out;

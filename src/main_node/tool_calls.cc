@@ -3,6 +3,7 @@
 #include <random>
 
 #include "absl/strings/str_format.h"
+#include "src/common/markers.h"
 #include "src/common/strings.h"
 
 namespace odmoe::openai {
@@ -74,14 +75,6 @@ void AppendTemplateJson(const OrderedJson& v, std::string* out) {
     default:  // numbers, booleans, null: as JSON writes them
       *out += v.dump();
   }
-}
-
-// The end of `text` that may be the start of `marker` (a proper prefix of it), in bytes.
-size_t PartialMarkerAtEnd(std::string_view text, std::string_view marker) {
-  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n) {
-    if (text.substr(text.size() - n) == marker.substr(0, n)) return n;
-  }
-  return 0;
 }
 
 std::string_view Trim(std::string_view s) {
@@ -164,7 +157,7 @@ ToolCallReader::Out ToolCallReader::Push(std::string_view text) {
     if (!in_block_) {
       const size_t open = pending_.find(kOpen);
       if (open == std::string::npos) {  // all but what may start a block
-        const size_t release = pending_.size() - PartialMarkerAtEnd(pending_, kOpen);
+        const size_t release = pending_.size() - MarkerPrefixAtEnd(pending_, kOpen);
         Content(std::string_view(pending_).substr(0, release), &out);
         pending_.erase(0, release);
         return out;

@@ -1084,10 +1084,10 @@ TEST(HttpClusterTest, ChatsThroughATokenizerJson) {
 }
 
 // The calls a streamed chat answer made, by choice: its tool_calls deltas joined (the id, type and name from each
-// call's first piece, the arguments concatenated), and each choice's finish_reason and content.
+// call's first piece, the arguments concatenated), and each choice's finish_reason, content and reasoning.
 struct StreamedCalls {
   std::map<int64_t, Json> calls;  // index -> [{"id", "type", "function": {"name", "arguments"}}]
-  std::map<int64_t, std::string> content, finish_reason;
+  std::map<int64_t, std::string> content, reasoning, finish_reason;
 };
 StreamedCalls CollectCalls(const std::string& body) {
   StreamedCalls out;
@@ -1099,6 +1099,7 @@ StreamedCalls CollectCalls(const std::string& body) {
       const int64_t index = c["index"];
       if (!out.calls.contains(index)) out.calls[index] = Json::array();
       out.content[index] += c["delta"].value("content", "");
+      out.reasoning[index] += c["delta"].value("reasoning_content", "");
       if (c["finish_reason"].is_string()) out.finish_reason[index] = c["finish_reason"];
       for (const Json& piece : c["delta"].value("tool_calls", Json::array())) {
         Json& calls = out.calls[index];
@@ -1116,6 +1117,23 @@ StreamedCalls CollectCalls(const std::string& body) {
       }
     }
   }
+  return out;
+}
+
+// A chat request answered whole, then streamed (the same request with "stream": true): the two responses, the
+// whole answer parsed and the stream's chunks joined (when they are 200s).
+struct WholeAndStreamed {
+  HttpResult whole_response, stream_response;
+  Json whole;
+  StreamedCalls streamed;
+};
+WholeAndStreamed PostWholeAndStreamed(const std::string& url, Json request) {
+  WholeAndStreamed out;
+  out.whole_response = Post(url, request);
+  request["stream"] = true;
+  out.stream_response = Post(url, request);
+  if (out.whole_response.status == 200) out.whole = ParseOrDie(out.whole_response.body);
+  if (out.stream_response.status == 200) out.streamed = CollectCalls(out.stream_response.body);
   return out;
 }
 
@@ -1178,43 +1196,28 @@ TEST(HttpClusterTest, CallsToolsThroughQwensTemplate) {
                    {"seed", 3},
                    {"n", 3},
                    {"guided_regex", "<think>[a-z ]{1,12}</think>\n\n[A-Z][a-z]{1,6}\\."}};
-  const HttpResult thought = Post(base + "/v1/chat/completions", thinking);
-  ASSERT_EQ(thought.status, 200) << thought.body;
-  const Json thought_json = ParseOrDie(thought.body);  // kept: the loop runs over a part of it
-  thinking["stream"] = true;
-  const HttpResult thought_stream = Post(base + "/v1/chat/completions", thinking);
-  ASSERT_EQ(thought_stream.status, 200) << thought_stream.body;
-  std::map<int64_t, std::string> streamed_reasoning;
-  const StreamedCalls streamed_thought = CollectCalls(thought_stream.body);
-  for (const std::string& event : SseEvents(thought_stream.body)) {
-    if (event == "[DONE]") continue;
-    const Json chunk = ParseOrDie(event);  // kept: the loop runs over a part of it
-    for (const Json& c : chunk["choices"]) {
-      streamed_reasoning[c["index"]] += c["delta"].value("reasoning_content", "");
-    }
-  }
-  for (const Json& c : thought_json["choices"]) {
+  const WholeAndStreamed thought = PostWholeAndStreamed(base + "/v1/chat/completions", thinking);
+  ASSERT_EQ(thought.whole_response.status, 200) << thought.whole_response.body;
+  ASSERT_EQ(thought.stream_response.status, 200) << thought.stream_response.body;
+  for (const Json& c : thought.whole["choices"]) {
     ASSERT_EQ(c["finish_reason"], "stop") << c.dump();
     const std::string reasoning = c["message"]["reasoning_content"];
     const std::string content = c["message"]["content"];
     EXPECT_TRUE(std::regex_match(reasoning, std::regex("[a-z ]{1,12}"))) << c.dump();
     EXPECT_TRUE(std::regex_match(content, std::regex("\n\n[A-Z][a-z]{1,6}\\."))) << c.dump();
-    EXPECT_EQ(streamed_reasoning[c["index"]], reasoning);
-    EXPECT_EQ(streamed_thought.content.at(c["index"]), content);
+    EXPECT_EQ(thought.streamed.reasoning.at(c["index"]), reasoning);
+    EXPECT_EQ(thought.streamed.content.at(c["index"]), content);
   }
 
   // A named function: each answer is its arguments, held to its parameters; content null, the model's reason kept.
   Json named = request;
   named["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
-  const HttpResult named_whole = Post(base + "/v1/chat/completions", named);
-  ASSERT_EQ(named_whole.status, 200) << named_whole.body;
-  const Json named_json = ParseOrDie(named_whole.body);  // kept: the loop runs over a part of it
-  named["stream"] = true;
-  const HttpResult named_stream = Post(base + "/v1/chat/completions", named);
-  ASSERT_EQ(named_stream.status, 200) << named_stream.body;
-  const StreamedCalls named_streamed = CollectCalls(named_stream.body);
+  const WholeAndStreamed named_answers = PostWholeAndStreamed(base + "/v1/chat/completions", named);
+  ASSERT_EQ(named_answers.whole_response.status, 200) << named_answers.whole_response.body;
+  ASSERT_EQ(named_answers.stream_response.status, 200) << named_answers.stream_response.body;
+  const StreamedCalls& named_streamed = named_answers.streamed;
   int named_done = 0;
-  for (const Json& c : named_json["choices"]) {
+  for (const Json& c : named_answers.whole["choices"]) {
     const int64_t index = c["index"];
     EXPECT_TRUE(c["message"]["content"].is_null()) << c.dump();
     ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << c.dump();
@@ -1224,7 +1227,7 @@ TEST(HttpClusterTest, CallsToolsThroughQwensTemplate) {
     EXPECT_EQ(call["function"]["name"], "get_weather");
     const std::string arguments = call["function"]["arguments"];
     // Streamed: the same call in pieces (a fresh id), the same end.
-    ASSERT_EQ(named_streamed.calls.at(index).size(), 1u) << named_stream.body;
+    ASSERT_EQ(named_streamed.calls.at(index).size(), 1u) << named_answers.stream_response.body;
     EXPECT_EQ(named_streamed.calls.at(index)[0]["function"]["name"], "get_weather");
     EXPECT_EQ(named_streamed.calls.at(index)[0]["function"]["arguments"], arguments);
     EXPECT_EQ(named_streamed.content.at(index), "");
@@ -1235,21 +1238,18 @@ TEST(HttpClusterTest, CallsToolsThroughQwensTemplate) {
     ASSERT_TRUE(parsed.is_object() && parsed.size() == 1 && parsed["city"].is_string()) << arguments;
     EXPECT_LE(Utf8CodePoints(parsed["city"].get<std::string>()), 4u) << arguments;
   }
-  EXPECT_GE(named_done, 1) << named_whole.body;
+  EXPECT_GE(named_done, 1) << named_answers.whole_response.body;
 
   // "required": a list of calls of the tools, each with its own parameters; finish_reason "tool_calls".
   Json required = request;
   required["tool_choice"] = "required";
-  const HttpResult required_whole = Post(base + "/v1/chat/completions", required);
-  ASSERT_EQ(required_whole.status, 200) << required_whole.body;
-  const Json required_json = ParseOrDie(required_whole.body);  // kept: the loop runs over a part of it
-  required["stream"] = true;
-  const HttpResult required_stream = Post(base + "/v1/chat/completions", required);
-  ASSERT_EQ(required_stream.status, 200) << required_stream.body;
-  const StreamedCalls required_streamed = CollectCalls(required_stream.body);
+  const WholeAndStreamed required_answers = PostWholeAndStreamed(base + "/v1/chat/completions", required);
+  ASSERT_EQ(required_answers.whole_response.status, 200) << required_answers.whole_response.body;
+  ASSERT_EQ(required_answers.stream_response.status, 200) << required_answers.stream_response.body;
+  const StreamedCalls& required_streamed = required_answers.streamed;
   int required_done = 0;
   Json a_call;  // one call, sent back below
-  for (const Json& c : required_json["choices"]) {
+  for (const Json& c : required_answers.whole["choices"]) {
     const int64_t index = c["index"];
     EXPECT_EQ(required_streamed.finish_reason.at(index), c["finish_reason"]);
     if (c["finish_reason"] != "tool_calls") {  // cut short by max_tokens: the text as it came
@@ -1262,7 +1262,7 @@ TEST(HttpClusterTest, CallsToolsThroughQwensTemplate) {
     EXPECT_TRUE(c["message"]["content"].is_null()) << c.dump();
     const Json& calls = c["message"]["tool_calls"];
     ASSERT_GE(calls.size(), 1u) << c.dump();
-    ASSERT_EQ(required_streamed.calls.at(index).size(), calls.size()) << required_stream.body;
+    ASSERT_EQ(required_streamed.calls.at(index).size(), calls.size()) << required_answers.stream_response.body;
     for (size_t i = 0; i < calls.size(); ++i) {
       const std::string name = calls[i]["function"]["name"];
       const Json arguments = ParseOrDie(calls[i]["function"]["arguments"].get<std::string>());
@@ -1273,7 +1273,7 @@ TEST(HttpClusterTest, CallsToolsThroughQwensTemplate) {
       a_call = calls[i];
     }
   }
-  EXPECT_GE(required_done, 1) << required_whole.body;
+  EXPECT_GE(required_done, 1) << required_answers.whole_response.body;
 
   // The conversation goes on with the call and its result: a tool message is the last, which the model answers.
   if (!a_call.is_null()) {
